@@ -1,0 +1,120 @@
+# qforge build. `make` builds the library, the CLI and the tests; `make test` runs the suite;
+# `make asan` builds and runs it again under AddressSanitizer + UBSan; `make fuzz` builds the
+# libFuzzer harnesses (clang). Every .c under src/ is part of libqforge; every tests/test_*.c is
+# one test binary; every tools/*.c is part of the CLI; every bench/*.c with a main is a benchmark.
+
+CC       ?= cc
+BUILD    ?= build
+PREFIX   ?= /usr/local
+VERSION  := 0.1.0
+GIT_COMMIT := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+
+WARN     := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wformat=2 -Wvla -Wno-format-truncation -Wno-format-nonliteral
+CSTD     := -std=c11 -D_GNU_SOURCE
+OPT      ?= -O2 -g
+SANFLAGS ?=
+CPPFLAGS := -Iinclude -Isrc -DQF_VERSION='"$(VERSION)"' -DQF_GIT_COMMIT='"$(GIT_COMMIT)"'
+CFLAGS   := $(CSTD) $(WARN) $(OPT) $(SANFLAGS) -fPIC -pthread
+LDLIBS   := -lopenblas -lpcre2-8 -lcbor -lcrypto -lcurl -ljansson -lxxhash -lpthread -lm
+LDFLAGS  := $(SANFLAGS) -pthread
+
+# Files named *_avx2.c hold the AVX2/FMA/F16C kernels; they are dispatched at run time.
+AVX2FLAGS := -mavx2 -mfma -mf16c
+
+LIB_SRC   := $(sort $(wildcard src/util/*.c src/engine/*.c src/forge/*.c))
+TOOL_SRC  := $(sort $(wildcard tools/*.c))
+TEST_SRC  := $(sort $(wildcard tests/test_*.c))
+TESTLIB_SRC := $(sort $(filter-out $(TEST_SRC),$(wildcard tests/*.c)))
+BENCH_SRC := $(sort $(wildcard bench/*.c))
+
+# CUDA backend: only when nvcc is present (QF_NO_CUDA=1 turns it off).
+NVCC ?= $(shell command -v nvcc 2>/dev/null)
+CUDA_SRC := $(sort $(wildcard src/engine/cuda/*.cu))
+ifeq ($(QF_NO_CUDA),1)
+  NVCC :=
+endif
+ifneq ($(and $(NVCC),$(CUDA_SRC)),)
+  CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+  CPPFLAGS += -DQF_HAVE_CUDA
+  LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -Wl,-rpath,$(CUDA_HOME)/lib64
+  CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
+endif
+
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CUDA_OBJ)
+TOOL_OBJ  := $(TOOL_SRC:%.c=$(BUILD)/obj/%.o)
+TESTLIB_OBJ := $(TESTLIB_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+.PHONY: all lib cli tests bench test asan fuzz install clean
+all: lib cli tests bench
+
+lib: $(BUILD)/libqforge.a $(BUILD)/libqforge.so $(BUILD)/qforge.pc
+cli: $(BUILD)/qforge
+tests: $(TEST_BIN)
+bench: $(BENCH_BIN)
+
+$(BUILD)/obj/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(AVX2FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -O3 -std=c++17 -Iinclude -Isrc -DQF_HAVE_CUDA -Xcompiler -fPIC -arch=sm_90 -c $< -o $@
+
+$(BUILD)/libqforge.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/libqforge.so: $(LIB_OBJ)
+	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/qforge.pc: Makefile
+	@mkdir -p $(BUILD)
+	@printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: qforge\nDescription: LLM inference engine and certified compression forge\nVersion: %s\nLibs: -L$${libdir} -lqforge\nLibs.private: %s\nCflags: -I$${includedir}\n' \
+		'$(PREFIX)' '$(VERSION)' '$(LDLIBS)' > $@
+
+$(BUILD)/qforge: $(TOOL_OBJ) $(BUILD)/libqforge.a
+	$(CC) $(LDFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libqforge.a $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TESTLIB_OBJ) $(BUILD)/libqforge.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libqforge.a $(LDLIBS)
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BUILD)/libqforge.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/libqforge.a $(LDLIBS)
+
+# The suite: every test binary, then the CLI end-to-end checks; one closing line.
+test: all
+	@QF_BUILD=$(BUILD) tests/run.sh
+
+asan:
+	$(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" \
+		SANFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" QF_NO_CUDA=1 test
+
+# libFuzzer harnesses (clang): fuzz/fuzz_*.c, linked with the library sources built with
+# -fsanitize=fuzzer-no-link so the reader and tokenizer are coverage-instrumented.
+FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
+FUZZ_BIN := $(FUZZ_SRC:fuzz/%.c=build-fuzz/%)
+fuzz: $(FUZZ_BIN)
+build-fuzz/%: fuzz/%.c $(LIB_SRC)
+	@mkdir -p build-fuzz
+	clang $(CSTD) $(CPPFLAGS) -O1 -g -fsanitize=fuzzer,address,undefined $(AVX2FLAGS) \
+		$^ -o $@ $(LDLIBS)
+
+install: lib cli
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/qforge $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 $(BUILD)/libqforge.a $(BUILD)/libqforge.so $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 include/qforge/*.h $(DESTDIR)$(PREFIX)/include/qforge/
+	install -m 755 $(BUILD)/qforge $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(BUILD)/qforge.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+
+clean:
+	rm -rf build build-asan build-fuzz
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

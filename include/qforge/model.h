@@ -1,0 +1,119 @@
+/* qforge/model.h: a loaded model (llama and qwen2 families) and the inference context that
+ * runs it: batched prefill, incremental decode, the KV cache and the capture taps. */
+#ifndef QFORGE_MODEL_H
+#define QFORGE_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qforge/error.h"
+#include "qforge/gguf.h"
+#include "qforge/quant.h"
+#include "qforge/tokenizer.h"
+
+typedef enum { QF_ARCH_LLAMA = 0, QF_ARCH_QWEN2 = 1 } qf_arch;
+typedef enum { QF_ROPE_NORM = 0, QF_ROPE_NEOX = 2 } qf_rope_type; /* ggml's numbering */
+
+typedef struct {
+    qf_arch arch;
+    char arch_name[32];
+    char name[128]; /* general.name */
+    int n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
+    int n_rot;      /* rope dimension count (<= head_dim) */
+    float rope_freq_base, rope_freq_scale, rms_eps;
+    qf_rope_type rope_type;
+    bool tied_output;
+} qf_hparams;
+
+/* One tensor of the model as stored in the file (data points into the mapping). */
+typedef struct {
+    qf_type type;
+    int64_t ne0, ne1; /* ne0 = input (contiguous) dim, ne1 = output rows */
+    const void *data;
+    size_t row_bytes;
+} qf_weight;
+
+typedef struct {
+    qf_weight attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+    qf_weight bq, bk, bv; /* qwen2 only; data == NULL when absent */
+} qf_layer_weights;
+
+typedef struct qf_model qf_model;
+
+qf_model *qf_model_load(const char *path, qf_error *err);
+void qf_model_free(qf_model *m);
+const qf_hparams *qf_model_hparams(const qf_model *m);
+const qf_tokenizer *qf_model_tokenizer(const qf_model *m);
+const qf_gguf *qf_model_gguf(const qf_model *m);
+const char *qf_model_path(const qf_model *m);
+/* SHA-256 of the whole GGUF file (computed once, on first call). */
+const uint8_t *qf_model_sha256(qf_model *m);
+const qf_layer_weights *qf_model_layer(const qf_model *m, int il);
+const qf_weight *qf_model_tok_embd(const qf_model *m);
+const qf_weight *qf_model_output_norm(const qf_model *m);
+const qf_weight *qf_model_output(const qf_model *m); /* tok_embd when tied */
+
+/* ---- KV cache storage ---- */
+typedef enum {
+    QF_KV_F32 = 0,
+    QF_KV_F16,
+    QF_KV_Q8_0,  /* llama.cpp -ctk/-ctv q8_0 equivalent */
+    QF_KV_Q4_0,  /* llama.cpp -ctk/-ctv q4_0 equivalent */
+    QF_KV_INT8,  /* int8 with static calibrated scales (forge artifact) */
+    QF_KV_DICT,  /* sparse dictionary codes (forge artifact) */
+    QF_KV_MODE_COUNT
+} qf_kv_mode;
+
+const char *qf_kv_mode_name(qf_kv_mode m);
+bool qf_kv_mode_from_name(const char *name, qf_kv_mode *out);
+
+/* ---- capture taps ----
+ * Per-context hook object: a context with tap == NULL pays one NULL check per site.
+ * on_kv receives, for one layer and a batch of n_tok tokens, the post-RoPE K and the V
+ * vectors exactly as written to the cache: k and v are [n_tok][n_head_kv][head_dim] f32.
+ * on_act receives the input of a group of linears: x is [n_tok][dim] f32. */
+typedef enum {
+    QF_ACT_ATTN_IN = 0, /* attn_norm output -> q, k, v */
+    QF_ACT_ATTN_OUT,    /* attention output -> attn_output (wo) */
+    QF_ACT_FFN_IN,      /* ffn_norm output -> gate, up */
+    QF_ACT_FFN_DOWN,    /* silu(gate)*up -> ffn_down */
+    QF_ACT_SITE_COUNT
+} qf_act_site;
+
+typedef struct qf_tap {
+    void *user;
+    void (*on_kv)(void *user, int layer, int pos0, int n_tok, int n_head_kv, int head_dim,
+                  const float *k, const float *v);
+    void (*on_act)(void *user, int layer, qf_act_site site, int n_tok, int dim, const float *x);
+} qf_tap;
+
+/* ---- context ---- */
+typedef struct {
+    int n_ctx;       /* max positions in the KV cache (0 = model's n_ctx_train) */
+    int n_batch;     /* max tokens per qf_decode call for scratch sizing (0 = n_ctx) */
+    int n_threads;   /* 0 = all cores */
+    qf_kv_mode kv_k, kv_v;
+    bool reference;  /* scalar oracle kernels and no BLAS: the CPU reference path */
+} qf_context_params;
+
+qf_context_params qf_context_default_params(void);
+
+typedef struct qf_context qf_context;
+
+qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *err);
+void qf_context_free(qf_context *c);
+const qf_context_params *qf_context_params_get(const qf_context *c);
+qf_model *qf_context_model(const qf_context *c);
+
+/* Run n tokens at positions [pos0, pos0+n) (the cache must already hold [0, pos0)).
+ * logits: NULL, or room for n * n_vocab floats (all_logits) or n_vocab floats (last only). */
+qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float *logits,
+                    bool all_logits, qf_error *err);
+void qf_context_kv_clear(qf_context *c);
+void qf_context_set_tap(qf_context *c, const qf_tap *tap); /* NULL turns capture off */
+
+/* KV cache bytes per token (all layers, K+V) in the current storage modes. */
+double qf_context_kv_bytes_per_token(const qf_context *c);
+
+#endif

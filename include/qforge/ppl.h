@@ -1,0 +1,51 @@
+/* qforge/ppl.h: perplexity and KL-divergence, computed the way llama.cpp's
+ * llama-perplexity does so the numbers can be compared side by side:
+ * tokenize the whole text, split into chunks of n_ctx tokens, put BOS first in each chunk
+ * when the vocabulary adds BOS, score only the second half of every chunk. */
+#ifndef QFORGE_PPL_H
+#define QFORGE_PPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "qforge/error.h"
+#include "qforge/model.h"
+
+typedef struct {
+    int n_ctx;          /* chunk length (tokens) */
+    int n_chunks;       /* <= 0: all chunks the text holds */
+    const char *kl_base_write; /* save reference log-probs here (llama.cpp --kl-divergence-base) */
+    const char *kl_base_read;  /* compare against this file (llama.cpp --kl-divergence) */
+    FILE *log;          /* running values ("[1]12.34,[2]..."), NULL for silence */
+    bool progress;      /* progress bar on a TTY */
+} qf_ppl_params;
+
+typedef struct {
+    double ppl, ppl_err;   /* Final estimate: PPL = ppl +/- ppl_err */
+    double nll_mean;
+    int n_chunks;
+    int64_t n_scored;
+    int64_t n_tokens_text; /* tokens the whole text has */
+    double seconds, tokens_per_sec; /* evaluated tokens (n_chunks * n_ctx) per second */
+    bool has_kl;
+    double kld_mean, kld_err, kld_median, kld_p99, kld_max;
+    double same_top_p, same_top_p_err; /* fraction of positions whose argmax agrees */
+    double rms_dp;       /* RMS of the probability difference of the actual next token */
+    double ppl_base;     /* PPL of the base logits (when has_kl) */
+} qf_ppl_result;
+
+qf_ppl_params qf_ppl_default_params(void);
+
+/* Evaluate `tokens` (already tokenized, BOS handling done by the caller: pass the whole
+ * file's tokens as llama.cpp does; the first token of each chunk is replaced by BOS when
+ * the vocabulary adds BOS). */
+qf_status qf_perplexity(qf_context *c, const int32_t *tokens, int64_t n_tokens,
+                        const qf_ppl_params *p, qf_ppl_result *r, qf_error *err);
+
+/* Tokenize a text file as llama-perplexity does (add BOS when the vocab adds it, no special
+ * parsing) and evaluate it. */
+qf_status qf_perplexity_text(qf_context *c, const char *text, size_t len, const qf_ppl_params *p,
+                             qf_ppl_result *r, qf_error *err);
+
+#endif

@@ -1,0 +1,167 @@
+/* file.c: read-only mappings, whole-file reads and atomic (temp + fsync + rename) writes. */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "util.h"
+
+qf_status qf_map_file(const char *path, qf_mapped_file *mf, qf_error *err) {
+    memset(mf, 0, sizeof *mf);
+    snprintf(mf->path, sizeof mf->path, "%s", path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return qf_fail(err, QF_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return qf_fail(err, QF_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return qf_fail(err, QF_ERR_IO, "%s: not a regular file", path);
+    }
+    mf->size = (size_t)st.st_size;
+    if (mf->size > 0) {
+        void *p = mmap(NULL, mf->size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return qf_fail(err, QF_ERR_IO, "%s: cannot mmap: %s", path, strerror(e));
+        }
+        mf->data = p;
+    }
+    close(fd);
+    return QF_OK;
+}
+
+void qf_unmap_file(qf_mapped_file *mf) {
+    if (mf->data && mf->size) munmap((void *)mf->data, mf->size);
+    mf->data = NULL;
+    mf->size = 0;
+}
+
+qf_status qf_read_file(const char *path, char **out, size_t *len, qf_error *err) {
+    *out = NULL;
+    *len = 0;
+    bool is_stdin = strcmp(path, "-") == 0;
+    FILE *fp = is_stdin ? stdin : fopen(path, "rb");
+    if (!fp) return qf_fail(err, QF_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) {
+        if (!is_stdin) fclose(fp);
+        return qf_fail(err, QF_ERR_NOMEM, "%s: out of memory", path);
+    }
+    for (;;) {
+        if (n == cap) {
+            char *nb = realloc(buf, cap * 2 + 1);
+            if (!nb) {
+                free(buf);
+                if (!is_stdin) fclose(fp);
+                return qf_fail(err, QF_ERR_NOMEM, "%s: out of memory", path);
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n, fp);
+        n += got;
+        if (got == 0) break;
+    }
+    bool bad = ferror(fp);
+    if (!is_stdin) fclose(fp);
+    if (bad) {
+        free(buf);
+        return qf_fail(err, QF_ERR_IO, "%s: read error", path);
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return QF_OK;
+}
+
+qf_status qf_atomic_open(qf_atomic_file *af, const char *path, qf_error *err) {
+    memset(af, 0, sizeof *af);
+    snprintf(af->path, sizeof af->path, "%s", path);
+    snprintf(af->tmp_path, sizeof af->tmp_path, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(af->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return qf_fail(err, QF_ERR_IO, "%s: cannot create temp file %s: %s", path, af->tmp_path,
+                       strerror(errno));
+    af->fp = fdopen(fd, "wb");
+    if (!af->fp) {
+        close(fd);
+        unlink(af->tmp_path);
+        return qf_fail(err, QF_ERR_IO, "%s: fdopen failed", path);
+    }
+    return QF_OK;
+}
+
+qf_status qf_atomic_write(qf_atomic_file *af, const void *buf, size_t n, qf_error *err) {
+    if (!af->fp) return qf_fail(err, QF_ERR_IO, "%s: write after close", af->path);
+    if (n && fwrite(buf, 1, n, af->fp) != n) {
+        int e = errno;
+        qf_atomic_abort(af);
+        return qf_fail(err, QF_ERR_IO, "%s: write failed: %s (nothing was written)", af->path,
+                       strerror(e));
+    }
+    return QF_OK;
+}
+
+static void fsync_parent_dir(const char *path) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    int dfd = open(dirname(tmp), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+}
+
+qf_status qf_atomic_commit(qf_atomic_file *af, qf_error *err) {
+    if (!af->fp) return qf_fail(err, QF_ERR_IO, "%s: commit after close", af->path);
+    int e = 0;
+    if (fflush(af->fp) != 0) e = errno;
+    if (!e && fsync(fileno(af->fp)) != 0) e = errno;
+    if (fclose(af->fp) != 0 && !e) e = errno;
+    af->fp = NULL;
+    if (e) {
+        unlink(af->tmp_path);
+        return qf_fail(err, QF_ERR_IO, "%s: write failed: %s (nothing was written)", af->path,
+                       strerror(e));
+    }
+    if (rename(af->tmp_path, af->path) != 0) {
+        e = errno;
+        unlink(af->tmp_path);
+        return qf_fail(err, QF_ERR_IO, "%s: rename failed: %s", af->path, strerror(e));
+    }
+    fsync_parent_dir(af->path);
+    return QF_OK;
+}
+
+void qf_atomic_abort(qf_atomic_file *af) {
+    if (af->fp) {
+        fclose(af->fp);
+        af->fp = NULL;
+    }
+    if (af->tmp_path[0]) unlink(af->tmp_path);
+}
+
+qf_status qf_write_file_atomic(const char *path, const void *buf, size_t n, qf_error *err) {
+    qf_atomic_file af;
+    qf_status st = qf_atomic_open(&af, path, err);
+    if (st) return st;
+    if ((st = qf_atomic_write(&af, buf, n, err))) return st;
+    return qf_atomic_commit(&af, err);
+}
+
+void *qf_malloc_aligned(size_t n) {
+    void *p = NULL;
+    if (n == 0) n = 64;
+    if (posix_memalign(&p, 64, (n + 63) & ~(size_t)63) != 0) return NULL;
+    return p;
+}

@@ -1,0 +1,94 @@
+/* misc.c: half-precision conversion, the monotonic clock and the TTY progress bar. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util.h"
+
+static inline uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float qf_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ff;
+    if (exp == 0) {
+        if (man == 0) return bits_f32(sign);
+        /* subnormal: value = man * 2^-24 */
+        float v = (float)man * 5.9604644775390625e-08f;
+        return sign ? -v : v;
+    }
+    if (exp == 31) return bits_f32(sign | 0x7f800000u | (man << 13));
+    return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+uint16_t qf_f32_to_f16(float f) {
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) /* inf or nan */
+        return sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0);
+    if (ax >= 0x477ff000u) return sign | 0x7c00; /* rounds to >= 65520: overflow to inf */
+    if (ax < 0x38800000u) {                      /* below smallest normal: subnormal or zero */
+        float v = bits_f32(ax);
+        /* v / 2^-24 rounded to nearest even (rintf honours the default rounding mode) */
+        return sign | (uint16_t)rintf(v * 16777216.0f);
+    }
+    uint32_t mant_odd = (ax >> 13) & 1;
+    ax += 0xfffu + mant_odd; /* round to nearest even on the 13 dropped bits */
+    return sign | (uint16_t)((ax - (112u << 23)) >> 13);
+}
+
+uint16_t qf_f32_to_bf16(float f) {
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 64); /* quiet nan */
+    return (uint16_t)((x + (0x7fff + ((x >> 16) & 1))) >> 16);
+}
+
+double qf_now_sec(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void qf_progress_begin(qf_progress *p, const char *label, int64_t total) {
+    p->label = label;
+    p->total = total > 0 ? total : 1;
+    p->t0 = qf_now_sec();
+    p->last_draw = 0;
+    p->tty = isatty(STDERR_FILENO) && getenv("QF_NO_PROGRESS") == NULL;
+}
+
+void qf_progress_update(qf_progress *p, int64_t done) {
+    if (!p->tty) return;
+    double now = qf_now_sec();
+    if (done < p->total && now - p->last_draw < 0.1) return;
+    p->last_draw = now;
+    int width = 30;
+    double frac = (double)done / (double)p->total;
+    if (frac > 1) frac = 1;
+    int fill = (int)(frac * width);
+    char bar[64];
+    for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+    bar[width] = '\0';
+    double el = now - p->t0;
+    double eta = frac > 0 ? el / frac - el : 0;
+    fprintf(stderr, "\r%-10s [%s] %5.1f%% %6.1fs eta %5.1fs", p->label, bar, frac * 100.0, el, eta);
+    fflush(stderr);
+}
+
+void qf_progress_end(qf_progress *p) {
+    if (!p->tty) return;
+    qf_progress_update(p, p->total);
+    fputc('\n', stderr);
+}

@@ -1,0 +1,102 @@
+/* util.h: the util layer (no model knowledge): mapped files, atomic writes, SHA-256,
+ * the thread pool, f16/bf16 conversion, timing and the TTY progress bar.
+ * Internal to the library; the public API lives in include/qforge/. */
+#ifndef QF_UTIL_H
+#define QF_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "qforge/error.h"
+
+/* ---- files ---- */
+typedef struct {
+    const uint8_t *data; /* read-only mapping (NULL for an empty file) */
+    size_t size;
+    char path[4096];
+} qf_mapped_file;
+
+qf_status qf_map_file(const char *path, qf_mapped_file *mf, qf_error *err);
+void qf_unmap_file(qf_mapped_file *mf);
+
+/* Read a whole file (or "-" for stdin) into a malloc'd NUL-terminated buffer. */
+qf_status qf_read_file(const char *path, char **out, size_t *len, qf_error *err);
+
+/* Atomic output: bytes go to "<path>.tmp.<pid>" in the same directory; commit fsyncs the
+ * file, renames it over `path` and fsyncs the directory; abort (or a crash) leaves `path`
+ * untouched. A failed write (ENOSPC) reports QF_ERR_IO and removes the temp file. */
+typedef struct {
+    FILE *fp;
+    char path[4096];
+    char tmp_path[4200];
+} qf_atomic_file;
+
+qf_status qf_atomic_open(qf_atomic_file *af, const char *path, qf_error *err);
+qf_status qf_atomic_write(qf_atomic_file *af, const void *buf, size_t n, qf_error *err);
+qf_status qf_atomic_commit(qf_atomic_file *af, qf_error *err);
+void qf_atomic_abort(qf_atomic_file *af);
+qf_status qf_write_file_atomic(const char *path, const void *buf, size_t n, qf_error *err);
+
+/* ---- hashing (OpenSSL) ---- */
+void qf_sha256(const void *data, size_t n, uint8_t out[32]);
+qf_status qf_sha256_file(const char *path, uint8_t out[32], qf_error *err);
+void qf_hex(const uint8_t *bytes, size_t n, char *out /* 2n+1 */);
+
+/* ---- thread pool ----
+ * A fixed set of workers that run one parallel-for at a time: fn(arg, ith, nth) is called
+ * once for every ith in [0, nth) and qf_pool_run returns when all calls are done. The
+ * calling thread takes part as ith = 0. nth == 1 runs inline with no synchronisation. */
+typedef struct qf_pool qf_pool;
+typedef void (*qf_pool_fn)(void *arg, int ith, int nth);
+
+qf_pool *qf_pool_create(int n_threads);
+void qf_pool_free(qf_pool *p);
+int qf_pool_size(const qf_pool *p);
+void qf_pool_run(qf_pool *p, qf_pool_fn fn, void *arg);
+
+/* Split [0, n) into nth contiguous ranges; ranges for ith. */
+static inline void qf_split_range(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
+    int64_t per = (n + nth - 1) / nth;
+    *lo = per * ith;
+    *hi = *lo + per;
+    if (*lo > n) *lo = n;
+    if (*hi > n) *hi = n;
+}
+
+/* ---- half precision (IEEE binary16 and bfloat16), exact round-to-nearest-even ---- */
+float qf_f16_to_f32(uint16_t h);
+uint16_t qf_f32_to_f16(float f);
+static inline float qf_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 };
+    return v.f;
+}
+uint16_t qf_f32_to_bf16(float f);
+
+/* ---- time and progress ---- */
+double qf_now_sec(void); /* monotonic */
+
+/* A one-line progress bar on stderr, drawn only when stderr is a TTY. */
+typedef struct {
+    const char *label;
+    int64_t total;
+    double t0, last_draw;
+    bool tty;
+} qf_progress;
+
+void qf_progress_begin(qf_progress *p, const char *label, int64_t total);
+void qf_progress_update(qf_progress *p, int64_t done);
+void qf_progress_end(qf_progress *p);
+
+/* ---- checked arithmetic for sizes read from files ---- */
+static inline bool qf_mul_overflow_u64(uint64_t a, uint64_t b, uint64_t *out) {
+    return __builtin_mul_overflow(a, b, out);
+}
+static inline bool qf_add_overflow_u64(uint64_t a, uint64_t b, uint64_t *out) {
+    return __builtin_add_overflow(a, b, out);
+}
+
+void *qf_malloc_aligned(size_t n); /* 64-byte aligned; free with free() */
+
+#endif

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# run.sh: run every test binary in $QF_BUILD/tests (default build/), then the CLI end-to-end
+# scripts tests/cli_*.sh, and print the suite's closing line "N passed, N failed, N skipped".
+# Run from the repository root. QF_TEST_FILTER=substr limits the run to matching names.
+set -u
+build=${QF_BUILD:-build}
+export QF_BUILD=$build
+export QF_DATA_DIR=${QF_DATA_DIR:-$(cd "$(dirname "$0")/.." && pwd)/../shared/data}
+export QF_NO_PROGRESS=1
+pass=0 fail=0 skip=0
+failed_names=()
+log_dir=$(mktemp -d)
+for t in "$build"/tests/test_* tests/cli_*.sh; do
+    [ -e "$t" ] || continue
+    name=$(basename "$t")
+    [ -n "${QF_TEST_FILTER:-}" ] && [[ "$name" != *"$QF_TEST_FILTER"* ]] && continue
+    start=$(date +%s)
+    if [[ "$t" == *.sh ]]; then bash "$t" >"$log_dir/$name.log" 2>&1; rc=$?
+    else "$t" >"$log_dir/$name.log" 2>&1; rc=$?; fi
+    secs=$(( $(date +%s) - start ))
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log_dir/$name.log" | tail -n 1)
+    if [ -z "$line" ]; then
+        echo "FAIL $name: no summary line (exit $rc)"; tail -n 20 "$log_dir/$name.log"
+        fail=$((fail + 1)); failed_names+=("$name"); continue
+    fi
+    p=$(echo "$line" | sed -E 's/^([0-9]+) passed.*/\1/')
+    f=$(echo "$line" | sed -E 's/^[0-9]+ passed, ([0-9]+) failed.*/\1/')
+    s=$(echo "$line" | sed -nE 's/.*, ([0-9]+) skipped.*/\1/p'); s=${s:-0}
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
+    printf '%-28s %3d passed, %d failed, %d skipped (%ds)\n' "$name" "$p" "$f" "$s" "$secs"
+    grep -E '^SKIP ' "$log_dir/$name.log" | sed 's/^/    /'
+    if [ "$f" -ne 0 ]; then failed_names+=("$name"); grep -vE '^(PASS|SKIP) ' "$log_dir/$name.log" | tail -n 40 | sed 's/^/    /'; fi
+done
+rm -rf "$log_dir"
+[ ${#failed_names[@]} -eq 0 ] || echo "failing: ${failed_names[*]}"
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]

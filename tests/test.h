@@ -1,0 +1,78 @@
+/* test.h: the tiny test harness every tests/test_*.c uses.
+ *
+ *   TEST(name) { CHECK(x); CHECK_NEAR(a, b, tol); if (!path) SKIP("why"); }
+ *   int main(void) { RUN(name); ...; return test_summary(); }
+ *
+ * Each binary prints PASS/FAIL/SKIP per case and a closing "N passed, N failed, N skipped"
+ * line; tests/run.sh adds these up into the suite's closing line. */
+#ifndef QF_TEST_H
+#define QF_TEST_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern int qf_test_failed_checks; /* checks failed in the current case */
+extern const char *qf_test_skip_reason;
+extern const char *qf_test_current;
+
+void qf_test_run(const char *name, void (*fn)(void));
+int test_summary(void);
+/* Path of a file under the shared data directory ($QF_DATA_DIR, default ../shared/data
+ * relative to the repository root), or NULL when it is absent. Returns a static buffer. */
+const char *test_data(const char *rel);
+/* A fresh empty temporary directory for the current test (removed by the OS, not us). */
+const char *test_tmpdir(void);
+/* Path of the built CLI binary (for end-to-end tests). */
+const char *test_cli(void);
+
+#define TEST(name) static void name(void)
+#define RUN(name) qf_test_run(#name, name)
+
+#define CHECK(cond)                                                                  \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            fprintf(stderr, "  %s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
+            qf_test_failed_checks++;                                                 \
+        }                                                                            \
+    } while (0)
+
+#define CHECK_MSG(cond, ...)                                                         \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            fprintf(stderr, "  %s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                            \
+            fputc('\n', stderr);                                                     \
+            qf_test_failed_checks++;                                                 \
+        }                                                                            \
+    } while (0)
+
+#define CHECK_EQ_INT(a, b)                                                           \
+    do {                                                                             \
+        long long qa_ = (long long)(a), qb_ = (long long)(b);                        \
+        if (qa_ != qb_) {                                                            \
+            fprintf(stderr, "  %s:%d: %s == %s failed: %lld vs %lld\n", __FILE__, __LINE__, \
+                    #a, #b, qa_, qb_);                                               \
+            qf_test_failed_checks++;                                                 \
+        }                                                                            \
+    } while (0)
+
+#define CHECK_NEAR(a, b, tol)                                                        \
+    do {                                                                             \
+        double qa_ = (double)(a), qb_ = (double)(b), qt_ = (double)(tol);            \
+        if (!(fabs(qa_ - qb_) <= qt_)) {                                             \
+            fprintf(stderr, "  %s:%d: |%s - %s| <= %g failed: %.9g vs %.9g\n", __FILE__, \
+                    __LINE__, #a, #b, qt_, qa_, qb_);                                \
+            qf_test_failed_checks++;                                                 \
+        }                                                                            \
+    } while (0)
+
+#define SKIP(reason)                                                                 \
+    do {                                                                             \
+        qf_test_skip_reason = (reason);                                              \
+        return;                                                                      \
+    } while (0)
+
+#endif

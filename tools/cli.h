@@ -1,0 +1,34 @@
+/* cli.h: what the qforge subcommands share: error reporting with per-status exit codes,
+ * strict number parsing for flags, and JSON printing. No pipeline logic lives in tools/. */
+#ifndef QF_CLI_H
+#define QF_CLI_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "qforge/error.h"
+
+/* Print "qforge <cmd>: error: <StatusName>: <message>" to stderr; return the exit code. */
+int cli_fail(const char *cmd, const qf_error *e);
+/* Usage error: print the message and the subcommand's usage, return 1. */
+int cli_usage(const char *cmd, const char *usage, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Strict parsers: the whole string must be a number in range; false otherwise. */
+bool cli_parse_int(const char *s, long lo, long hi, int *out);
+bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
+bool cli_parse_double(const char *s, double lo, double hi, double *out);
+
+/* `argv[*i]` is flag `name`: take its value into *val (advancing *i), or report a missing
+ * value. Returns 1 when matched, 0 when not this flag, -1 on a missing value. */
+int cli_flag_value(int argc, char **argv, int *i, const char *name, const char *alias,
+                   const char **val);
+
+/* Print a JSON value (indented) to stdout followed by a newline, and free it. */
+void cli_print_json(json_t *j);
+
+/* Subcommands: one function each, in tools/cmd_<name>.c. */
+typedef int (*cli_cmd_fn)(int argc, char **argv);
+
+#endif
