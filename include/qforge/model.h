@@ -107,9 +107,10 @@ const qf_context_params *qf_context_params_get(const qf_context *c);
 qf_model *qf_context_model(const qf_context *c);
 
 /* Run n tokens at positions [pos0, pos0+n) (the cache must already hold [0, pos0)).
- * logits: NULL, or room for n * n_vocab floats (all_logits) or n_vocab floats (last only). */
+ * logits: NULL, or room for (n - logits_from) * n_vocab floats: the logits of tokens
+ * logits_from .. n-1 of the batch (n - 1 = last token only, 0 = every token). */
 qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float *logits,
-                    bool all_logits, qf_error *err);
+                    int logits_from, qf_error *err);
 void qf_context_kv_clear(qf_context *c);
 void qf_context_set_tap(qf_context *c, const qf_tap *tap); /* NULL turns capture off */
 

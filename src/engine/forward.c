@@ -1,0 +1,441 @@
+/* forward.c: the batched forward pass of the llama / qwen2 transformer.
+ *
+ * One call runs n tokens at positions [pos0, pos0+n) through every layer, reading and
+ * writing the KV cache, and produces logits. It reads top to bottom like the math:
+ *
+ *   x = embed(tokens)
+ *   for each layer:  xn = rmsnorm(x) * attn_norm;  q,k,v = xn W_{q,k,v} (+ bias)
+ *                    rope(q, k);  cache <- k, v;  a = softmax(q k^T / sqrt(d) + causal) v
+ *                    x += a W_o;  xn = rmsnorm(x) * ffn_norm;  x += (silu(xn W_g) * xn W_u) W_d
+ *   logits = (rmsnorm(x) * output_norm) W_out
+ *
+ * Matmuls take one of two fast routes: a batch (prefill) dequantizes row tiles of the
+ * weight to f32 and multiplies them with OpenBLAS sgemm; a single token (decode) quantizes
+ * the activation to the weight's vec_dot type and uses the integer dot kernels, as ggml does.
+ * The reference route (params.reference) uses the scalar oracle kernels and plain loops: it is
+ * the CPU reference path that the fast route and the GPU are certified against. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+#define TILE_ROWS 32    /* weight rows dequantized per sgemm call */
+#define GEMM_MIN_TOKENS 4 /* below this, the vec_dot route wins */
+
+qf_context_params qf_context_default_params(void) {
+    qf_context_params p = {0};
+    p.kv_k = QF_KV_F16; /* llama.cpp's default cache type */
+    p.kv_v = QF_KV_F16;
+    return p;
+}
+
+/* f32 copies of the small per-layer vectors (norm gains, biases), whatever their stored type */
+typedef struct {
+    float *attn_norm, *ffn_norm, *bq, *bk, *bv;
+} layer_vecs;
+
+typedef struct {
+    layer_vecs *layers;
+    float *output_norm;
+    float *rope_ff; /* rope frequency factors or NULL */
+} ctx_vecs;
+
+static float *vec_to_f32(const qf_weight *w) {
+    if (!w->data) return NULL;
+    float *out = malloc((size_t)w->ne0 * sizeof(float));
+    if (out) qf_dequantize_row_ref(w->type, w->data, out, w->ne0);
+    return out;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* context                                                                                   */
+
+typedef struct qf_context_ext {
+    struct qf_context base;
+    ctx_vecs vecs;
+    float *kbuf, *vbuf; /* [n_head_kv][n_ctx][head_dim] f32 views of the cache for one layer */
+} ctx_ext;
+
+static ctx_ext *ext(qf_context *c) { return (ctx_ext *)c; }
+
+void qf_context_free(qf_context *c) {
+    if (!c) return;
+    ctx_ext *e = ext(c);
+    if (e->vecs.layers) {
+        for (int il = 0; il < c->model->hp.n_layer; il++) {
+            layer_vecs *lv = &e->vecs.layers[il];
+            free(lv->attn_norm), free(lv->ffn_norm), free(lv->bq), free(lv->bk), free(lv->bv);
+        }
+        free(e->vecs.layers);
+    }
+    free(e->vecs.output_norm);
+    free(e->vecs.rope_ff);
+    free(e->kbuf), free(e->vbuf);
+    qf_kv_cache_free(&c->kv);
+    qf_pool_free(c->pool);
+    free(c->x), free(c->xn), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
+        free(c->hb2), free(c->logits_tmp), free(c->xq), free(c->rope_cos), free(c->rope_sin);
+    if (c->thr_buf)
+        for (int i = 0; i < qf_pool_size(c->pool) + 1; i++) free(c->thr_buf[i]);
+    free(c->thr_buf);
+    free(c);
+}
+
+qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *err) {
+    ctx_ext *e = calloc(1, sizeof *e);
+    if (!e) {
+        qf_fail(err, QF_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    qf_context *c = &e->base;
+    const qf_hparams *hp = &m->hp;
+    c->model = m;
+    c->params = p ? *p : qf_context_default_params();
+    if (c->params.n_ctx <= 0) c->params.n_ctx = hp->n_ctx_train > 0 ? hp->n_ctx_train : 2048;
+    if (c->params.n_ctx > (1 << 20)) {
+        qf_fail(err, QF_ERR_ARG, "context size %d is too large", c->params.n_ctx);
+        goto fail;
+    }
+    if (c->params.n_batch <= 0 || c->params.n_batch > c->params.n_ctx) c->params.n_batch = c->params.n_ctx;
+    if (c->params.n_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        c->params.n_threads = n > 0 ? (int)n : 1;
+    }
+    c->n_batch = c->params.n_batch;
+    /* our pool does the parallelism; each thread calls a single-threaded sgemm */
+    openblas_set_num_threads(1);
+    c->pool = qf_pool_create(c->params.n_threads);
+    if (!c->pool) {
+        qf_fail(err, QF_ERR_NOMEM, "cannot start %d threads", c->params.n_threads);
+        goto fail;
+    }
+    if (qf_kv_cache_init(&c->kv, hp, c->params.n_ctx, c->params.kv_k, c->params.kv_v, err)) goto fail;
+
+    size_t B = (size_t)c->n_batch, D = hp->n_embd, Dq = (size_t)hp->n_head * hp->head_dim,
+           Dkv = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+    c->x = qf_malloc_aligned(B * D * 4);
+    c->xn = qf_malloc_aligned(B * (D > F ? D : F) * 4);
+    c->q = qf_malloc_aligned(B * Dq * 4);
+    c->k = qf_malloc_aligned(B * Dkv * 4);
+    c->v = qf_malloc_aligned(B * Dkv * 4);
+    c->att = qf_malloc_aligned(B * Dq * 4);
+    c->hb = qf_malloc_aligned(B * F * 4);
+    c->hb2 = qf_malloc_aligned(B * F * 4);
+    c->rope_cos = qf_malloc_aligned(B * hp->n_rot / 2 * 4);
+    c->rope_sin = qf_malloc_aligned(B * hp->n_rot / 2 * 4);
+    size_t maxK = D > F ? D : F;
+    if (Dq > maxK) maxK = Dq;
+    /* vec_dot activations: at most GEMM_MIN_TOKENS rows of the widest input, in the largest
+     * block format (Q8_K: 292 bytes per 256 = 1.15 B/elem; F32 is 4 B/elem) */
+    c->xq_bytes = (size_t)GEMM_MIN_TOKENS * maxK * 4 + 1024;
+    c->xq = qf_malloc_aligned(c->xq_bytes);
+    e->kbuf = qf_malloc_aligned((size_t)hp->n_head_kv * c->params.n_ctx * hp->head_dim * 4);
+    e->vbuf = qf_malloc_aligned((size_t)hp->n_head_kv * c->params.n_ctx * hp->head_dim * 4);
+    /* per-thread scratch: a weight tile (TILE_ROWS x maxK) or one attention score block */
+    size_t tile = (size_t)TILE_ROWS * maxK;
+    size_t scores = B * (size_t)c->params.n_ctx;
+    c->thr_buf_floats = tile > scores ? tile : scores;
+    int nthr = qf_pool_size(c->pool);
+    c->thr_buf = calloc((size_t)nthr + 1, sizeof(float *));
+    if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->hb || !c->hb2 || !c->rope_cos ||
+        !c->rope_sin || !c->xq || !e->kbuf || !e->vbuf || !c->thr_buf)
+        goto oom;
+    for (int i = 0; i < nthr; i++)
+        if (!(c->thr_buf[i] = qf_malloc_aligned(c->thr_buf_floats * 4))) goto oom;
+
+    e->vecs.layers = calloc((size_t)hp->n_layer, sizeof(layer_vecs));
+    if (!e->vecs.layers) goto oom;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const qf_layer_weights *L = &m->layers[il];
+        layer_vecs *lv = &e->vecs.layers[il];
+        lv->attn_norm = vec_to_f32(&L->attn_norm);
+        lv->ffn_norm = vec_to_f32(&L->ffn_norm);
+        lv->bq = vec_to_f32(&L->bq);
+        lv->bk = vec_to_f32(&L->bk);
+        lv->bv = vec_to_f32(&L->bv);
+        if (!lv->attn_norm || !lv->ffn_norm || (L->bq.data && !lv->bq) || (L->bk.data && !lv->bk) ||
+            (L->bv.data && !lv->bv))
+            goto oom;
+    }
+    e->vecs.output_norm = vec_to_f32(&m->output_norm);
+    if (!e->vecs.output_norm) goto oom;
+    if (m->rope_freqs.data && !(e->vecs.rope_ff = vec_to_f32(&m->rope_freqs))) goto oom;
+    return c;
+oom:
+    qf_fail(err, QF_ERR_NOMEM, "out of memory allocating a context (n_ctx %d, n_batch %d)",
+            c->params.n_ctx, c->n_batch);
+fail:
+    qf_context_free(c);
+    return NULL;
+}
+
+const qf_context_params *qf_context_params_get(const qf_context *c) { return &c->params; }
+qf_model *qf_context_model(const qf_context *c) { return c->model; }
+void qf_context_set_tap(qf_context *c, const qf_tap *tap) { c->tap = tap; }
+void qf_context_kv_clear(qf_context *c) { (void)c; /* positions are overwritten; nothing to do */ }
+double qf_context_kv_bytes_per_token(const qf_context *c) { return qf_kv_cache_bytes_per_token(&c->kv); }
+
+/* ---------------------------------------------------------------------------------------- */
+/* matmul: y[n][N] = x[n][K] . W[N][K]^T                                                     */
+
+typedef struct {
+    qf_context *c;
+    const qf_weight *w;
+    const float *x;
+    float *y;
+    int n;
+    int route; /* 0 gemm, 1 vec_dot, 2 reference */
+    size_t xq_row;
+} mm_job;
+
+static void mm_worker(void *arg, int ith, int nth) {
+    mm_job *j = arg;
+    const qf_weight *w = j->w;
+    int64_t K = w->ne0, N = w->ne1;
+    /* split output rows in whole tiles so every thread dequantizes its own tiles */
+    int64_t tiles = (N + TILE_ROWS - 1) / TILE_ROWS, t0, t1;
+    qf_split_range(tiles, ith, nth, &t0, &t1);
+    int64_t r0 = t0 * TILE_ROWS, r1 = t1 * TILE_ROWS < N ? t1 * TILE_ROWS : N;
+    float *buf = j->c->thr_buf[ith];
+    const uint8_t *wd = w->data;
+    if (j->route == 0) {
+        for (int64_t r = r0; r < r1; r += TILE_ROWS) {
+            int64_t tr = r1 - r < TILE_ROWS ? r1 - r : TILE_ROWS;
+            const float *wt;
+            if (w->type == QF_TYPE_F32) wt = (const float *)(wd + (size_t)r * w->row_bytes);
+            else {
+                for (int64_t i = 0; i < tr; i++)
+                    qf_dequantize_row(w->type, wd + (size_t)(r + i) * w->row_bytes, buf + i * K, K);
+                wt = buf;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, (int)tr, (int)K, 1.0f, j->x,
+                        (int)K, wt, (int)K, 0.0f, j->y + r, (int)N);
+        }
+    } else if (j->route == 1) {
+        const uint8_t *xq = j->c->xq;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *wr = wd + (size_t)r * w->row_bytes;
+            for (int t = 0; t < j->n; t++) j->y[(size_t)t * N + r] = qf_vec_dot(w->type, K, wr, xq + t * j->xq_row);
+        }
+    } else {
+        for (int64_t r = r0; r < r1; r++) {
+            qf_dequantize_row_ref(w->type, wd + (size_t)r * w->row_bytes, buf, K);
+            for (int t = 0; t < j->n; t++) {
+                const float *xr = j->x + (size_t)t * K;
+                double s = 0;
+                for (int64_t i = 0; i < K; i++) s += (double)xr[i] * buf[i];
+                j->y[(size_t)t * N + r] = (float)s;
+            }
+        }
+    }
+}
+
+static void matmul(qf_context *c, const qf_weight *w, const float *x, int n, float *y) {
+    mm_job j = {.c = c, .w = w, .x = x, .y = y, .n = n};
+    if (c->params.reference) j.route = 2;
+    else if (n >= GEMM_MIN_TOKENS) j.route = 0;
+    else {
+        j.route = 1;
+        qf_type vt = qf_vec_dot_type(w->type);
+        j.xq_row = qf_row_bytes(vt, w->ne0);
+        for (int t = 0; t < n; t++)
+            qf_quantize_row(vt, x + (size_t)t * w->ne0, (uint8_t *)c->xq + t * j.xq_row, w->ne0);
+    }
+    qf_pool_run(c->pool, mm_worker, &j);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* elementwise pieces                                                                        */
+
+static void rmsnorm(float *out, const float *x, const float *g, int n, float eps) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)(x[i] * x[i]);
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * g[i];
+}
+
+/* cos/sin of every rotated pair for positions pos0..pos0+n, as ggml's rope cache computes them
+ * (theta advanced by repeated multiplication in f32) */
+static void rope_tables(qf_context *c, int pos0, int n) {
+    const qf_hparams *hp = &c->model->hp;
+    int half = hp->n_rot / 2;
+    float theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->n_rot);
+    const float *ff = ext(c)->vecs.rope_ff;
+    for (int t = 0; t < n; t++) {
+        float theta = (float)(pos0 + t);
+        for (int i = 0; i < half; i++) {
+            float th = hp->rope_freq_scale * (ff ? theta / ff[i] : theta);
+            c->rope_cos[t * half + i] = cosf(th);
+            c->rope_sin[t * half + i] = sinf(th);
+            theta *= theta_scale;
+        }
+    }
+}
+
+/* rotate every head of one token's q or k (NORM: adjacent pairs; NEOX: halves) */
+static void rope_apply(const qf_context *c, float *v, int n_heads, int t) {
+    const qf_hparams *hp = &c->model->hp;
+    int half = hp->n_rot / 2, hd = hp->head_dim;
+    const float *cs = c->rope_cos + t * half, *sn = c->rope_sin + t * half;
+    for (int h = 0; h < n_heads; h++) {
+        float *x = v + (size_t)h * hd;
+        for (int i = 0; i < half; i++) {
+            int a = hp->rope_type == QF_ROPE_NEOX ? i : 2 * i;
+            int b = hp->rope_type == QF_ROPE_NEOX ? i + half : 2 * i + 1;
+            float x0 = x[a], x1 = x[b];
+            x[a] = x0 * cs[i] - x1 * sn[i];
+            x[b] = x0 * sn[i] + x1 * cs[i];
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* attention                                                                                 */
+
+typedef struct {
+    qf_context *c;
+    int layer, n, pos0;
+} att_job;
+
+/* gather the cache's f32 view of every kv head for positions [0, pos0+n) */
+static void kv_gather_worker(void *arg, int ith, int nth) {
+    att_job *j = arg;
+    qf_context *c = j->c;
+    const qf_hparams *hp = &c->model->hp;
+    int T = j->pos0 + j->n;
+    for (int idx = ith; idx < 2 * hp->n_head_kv; idx += nth) {
+        int stream = idx / hp->n_head_kv, h = idx % hp->n_head_kv;
+        float *dst = (stream ? ext(c)->vbuf : ext(c)->kbuf) + (size_t)h * c->params.n_ctx * hp->head_dim;
+        qf_kv_cache_read_head(&c->kv, stream, j->layer, h, T, dst);
+    }
+}
+
+static void attention_worker(void *arg, int ith, int nth) {
+    att_job *j = arg;
+    qf_context *c = j->c;
+    const qf_hparams *hp = &c->model->hp;
+    int hd = hp->head_dim, n = j->n, T = j->pos0 + n, gq = hp->n_head / hp->n_head_kv;
+    int Dq = hp->n_head * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *S = c->thr_buf[ith];
+    for (int h = ith; h < hp->n_head; h += nth) {
+        int kvh = h / gq;
+        const float *K = ext(c)->kbuf + (size_t)kvh * c->params.n_ctx * hd;
+        const float *V = ext(c)->vbuf + (size_t)kvh * c->params.n_ctx * hd;
+        const float *Q = c->q + (size_t)h * hd;
+        if (c->params.reference) {
+            for (int i = 0; i < n; i++)
+                for (int t = 0; t < T; t++) {
+                    double s = 0;
+                    for (int d = 0; d < hd; d++) s += (double)Q[(size_t)i * Dq + d] * K[(size_t)t * hd + d];
+                    S[(size_t)i * T + t] = (float)s * scale;
+                }
+        } else {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, T, hd, scale, Q, Dq, K, hd, 0.0f, S, T);
+        }
+        for (int i = 0; i < n; i++) {
+            float *row = S + (size_t)i * T;
+            int last = j->pos0 + i; /* causal: token i sees positions <= pos0 + i */
+            float mx = -INFINITY;
+            for (int t = 0; t <= last; t++) mx = row[t] > mx ? row[t] : mx;
+            double sum = 0;
+            for (int t = 0; t <= last; t++) {
+                row[t] = expf(row[t] - mx);
+                sum += row[t];
+            }
+            float inv = (float)(1.0 / sum);
+            for (int t = 0; t <= last; t++) row[t] *= inv;
+            for (int t = last + 1; t < T; t++) row[t] = 0.0f;
+        }
+        float *O = c->att + (size_t)h * hd;
+        if (c->params.reference) {
+            for (int i = 0; i < n; i++)
+                for (int d = 0; d < hd; d++) {
+                    double s = 0;
+                    for (int t = 0; t < T; t++) s += (double)S[(size_t)i * T + t] * V[(size_t)t * hd + d];
+                    O[(size_t)i * Dq + d] = (float)s;
+                }
+        } else {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, T, 1.0f, S, T, V, hd, 0.0f, O, Dq);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float *logits,
+                    int logits_from, qf_error *err) {
+    qf_model *m = c->model;
+    const qf_hparams *hp = &m->hp;
+    if (n <= 0) return qf_fail(err, QF_ERR_ARG, "decode: empty batch");
+    if (n > c->n_batch)
+        return qf_fail(err, QF_ERR_ARG, "decode: batch of %d tokens exceeds n_batch %d", n, c->n_batch);
+    if (pos0 < 0 || pos0 + n > c->params.n_ctx)
+        return qf_fail(err, QF_ERR_ARG, "decode: positions %d..%d exceed the context size %d", pos0,
+                       pos0 + n - 1, c->params.n_ctx);
+    for (int t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= hp->n_vocab)
+            return qf_fail(err, QF_ERR_ARG, "decode: token id %d out of range [0, %d)", tokens[t], hp->n_vocab);
+
+    const int D = hp->n_embd, hd = hp->head_dim, Dq = hp->n_head * hd, Dkv = hp->n_head_kv * hd,
+              F = hp->n_ff;
+    const qf_tap *tap = c->tap;
+    ctx_vecs *vecs = &ext(c)->vecs;
+    bool ref = c->params.reference;
+
+    for (int t = 0; t < n; t++) {
+        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
+        if (ref) qf_dequantize_row_ref(m->tok_embd.type, row, c->x + (size_t)t * D, D);
+        else qf_dequantize_row(m->tok_embd.type, row, c->x + (size_t)t * D, D);
+    }
+    rope_tables(c, pos0, n);
+
+    for (int il = 0; il < hp->n_layer; il++) {
+        const qf_layer_weights *L = &m->layers[il];
+        const layer_vecs *lv = &vecs->layers[il];
+
+        for (int t = 0; t < n; t++) rmsnorm(c->xn + (size_t)t * D, c->x + (size_t)t * D, lv->attn_norm, D, hp->rms_eps);
+        if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_ATTN_IN, n, D, c->xn);
+        matmul(c, &L->wq, c->xn, n, c->q);
+        matmul(c, &L->wk, c->xn, n, c->k);
+        matmul(c, &L->wv, c->xn, n, c->v);
+        for (int t = 0; t < n; t++) {
+            if (lv->bq) for (int i = 0; i < Dq; i++) c->q[(size_t)t * Dq + i] += lv->bq[i];
+            if (lv->bk) for (int i = 0; i < Dkv; i++) c->k[(size_t)t * Dkv + i] += lv->bk[i];
+            if (lv->bv) for (int i = 0; i < Dkv; i++) c->v[(size_t)t * Dkv + i] += lv->bv[i];
+            rope_apply(c, c->q + (size_t)t * Dq, hp->n_head, t);
+            rope_apply(c, c->k + (size_t)t * Dkv, hp->n_head_kv, t);
+        }
+        if (tap && tap->on_kv) tap->on_kv(tap->user, il, pos0, n, hp->n_head_kv, hd, c->k, c->v);
+        qf_kv_cache_write(&c->kv, 0, il, pos0, n, c->k);
+        qf_kv_cache_write(&c->kv, 1, il, pos0, n, c->v);
+
+        att_job aj = {.c = c, .layer = il, .n = n, .pos0 = pos0};
+        qf_pool_run(c->pool, kv_gather_worker, &aj);
+        qf_pool_run(c->pool, attention_worker, &aj);
+        if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_ATTN_OUT, n, Dq, c->att);
+        matmul(c, &L->wo, c->att, n, c->xn);
+        for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];
+
+        for (int t = 0; t < n; t++) rmsnorm(c->xn + (size_t)t * D, c->x + (size_t)t * D, lv->ffn_norm, D, hp->rms_eps);
+        if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_FFN_IN, n, D, c->xn);
+        matmul(c, &L->w_gate, c->xn, n, c->hb);
+        matmul(c, &L->w_up, c->xn, n, c->hb2);
+        for (size_t i = 0; i < (size_t)n * F; i++) c->hb[i] = silu(c->hb[i]) * c->hb2[i];
+        if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_FFN_DOWN, n, F, c->hb);
+        matmul(c, &L->w_down, c->hb, n, c->xn);
+        for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];
+    }
+
+    if (!logits || logits_from >= n) return QF_OK;
+    int first = logits_from < 0 ? 0 : logits_from, n_out = n - first;
+    for (int t = first; t < n; t++)
+        rmsnorm(c->xn + (size_t)(t - first) * D, c->x + (size_t)t * D, vecs->output_norm, D, hp->rms_eps);
+    matmul(c, &m->output, c->xn, n_out, logits);
+    return QF_OK;
+}

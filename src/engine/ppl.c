@@ -1,0 +1,127 @@
+/* ppl.c: the perplexity / KL-divergence oracle, computed exactly the way llama.cpp's
+ * llama-perplexity computes it so the two can be compared number for number:
+ *   - the whole text is tokenized once (BOS first when the vocabulary adds BOS);
+ *   - it is cut into floor(n_tokens / n_ctx) chunks of n_ctx tokens; each chunk starts from an
+ *     empty cache and, when the vocabulary adds BOS, its first token is replaced by BOS;
+ *   - only the second half is scored: positions first = n_ctx/2 .. n_ctx-2 predict the next
+ *     token, so each chunk contributes n_ctx - 1 - first negative log-likelihoods;
+ *   - PPL = exp(mean nll), with the error estimate exp(mean) * sqrt(var / (count - 1)).
+ * KL divergence compares against log-probabilities saved by an earlier (reference) run. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "qforge/ppl.h"
+#include "util/util.h"
+
+qf_ppl_params qf_ppl_default_params(void) {
+    qf_ppl_params p = {0};
+    p.n_ctx = 512;
+    return p;
+}
+
+/* log p(tok) under softmax(logits), as llama.cpp's log_softmax: f32 max, double sum of expf */
+static double log_softmax_tok(const float *logits, int n_vocab, int tok) {
+    float mx = logits[0];
+    for (int i = 1; i < n_vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n_vocab; i++) sum += expf(logits[i] - mx);
+    return (double)(logits[tok] - mx) - log(sum);
+}
+
+#include "ppl_kld.h"
+
+qf_status qf_perplexity(qf_context *c, const int32_t *tokens, int64_t n_tokens,
+                        const qf_ppl_params *p, qf_ppl_result *r, qf_error *err) {
+    memset(r, 0, sizeof *r);
+    const qf_model *m = c->model;
+    const int n_vocab = m->hp.n_vocab, n_ctx = p->n_ctx;
+    r->n_tokens_text = n_tokens;
+    if (n_ctx < 2 || n_ctx > c->params.n_ctx)
+        return qf_fail(err, QF_ERR_ARG, "perplexity: chunk size %d must be in [2, %d] (the context size)", n_ctx,
+                       c->params.n_ctx);
+    if (n_tokens < 2 * (int64_t)n_ctx)
+        return qf_fail(err, QF_ERR_ARG,
+                       "perplexity: you need at least %d tokens to evaluate perplexity with a context of %d; "
+                       "the text tokenizes to only %lld tokens",
+                       2 * n_ctx, n_ctx, (long long)n_tokens);
+    int n_chunk_max = (int)(n_tokens / n_ctx);
+    int n_chunk = p->n_chunks > 0 && p->n_chunks < n_chunk_max ? p->n_chunks : n_chunk_max;
+    const int first = n_ctx / 2, n_score = n_ctx - 1 - first;
+    const bool add_bos = qf_tokenizer_add_bos(m->tok) && qf_tokenizer_bos(m->tok) >= 0;
+    const int n_batch = c->n_batch < n_ctx ? c->n_batch : n_ctx;
+
+    kld_state kl;
+    qf_status st = kld_begin(&kl, p, n_ctx, n_vocab, n_chunk, tokens, err);
+    if (st) return st;
+    if (kl.reading && kl.n_chunk < n_chunk) n_chunk = kl.n_chunk;
+
+    float *logits = malloc((size_t)(n_ctx - first) * n_vocab * sizeof(float));
+    int32_t *chunk = malloc((size_t)n_ctx * sizeof(int32_t));
+    if (!logits || !chunk) {
+        free(logits), free(chunk);
+        kld_end(&kl);
+        return qf_fail(err, QF_ERR_NOMEM, "perplexity: out of memory for %d x %d logits", n_ctx - first, n_vocab);
+    }
+    double nll = 0, nll2 = 0;
+    int64_t count = 0;
+    qf_progress bar;
+    if (p->progress) qf_progress_begin(&bar, "ppl", n_chunk);
+    double t0 = qf_now_sec();
+    for (int i = 0; i < n_chunk && !st; i++) {
+        memcpy(chunk, tokens + (size_t)i * n_ctx, (size_t)n_ctx * sizeof(int32_t));
+        if (add_bos) chunk[0] = qf_tokenizer_bos(m->tok);
+        qf_context_kv_clear(c);
+        for (int j = 0; j < n_ctx && !st; j += n_batch) {
+            int bs = n_ctx - j < n_batch ? n_ctx - j : n_batch;
+            int from = first - j > 0 ? first - j : 0; /* first batch row that needs logits */
+            float *dst = from < bs ? logits + (size_t)(j + from - first) * n_vocab : NULL;
+            st = qf_decode(c, chunk + j, bs, j, dst, from, err);
+        }
+        if (st) break;
+        const int32_t *next = tokens + (size_t)i * n_ctx + first + 1;
+        for (int k = 0; k < n_score; k++) {
+            double v = -log_softmax_tok(logits + (size_t)k * n_vocab, n_vocab, next[k]);
+            nll += v;
+            nll2 += v * v;
+        }
+        count += n_score;
+        st = kld_chunk(&kl, logits, next, n_score, err);
+        if (p->log) {
+            fprintf(p->log, "[%d]%.4lf,", i + 1, exp(nll / (double)count));
+            fflush(p->log);
+        }
+        if (p->progress) qf_progress_update(&bar, i + 1);
+    }
+    double secs = qf_now_sec() - t0;
+    if (p->progress) qf_progress_end(&bar);
+    if (p->log) fputc('\n', p->log);
+    free(logits);
+    free(chunk);
+    if (!st) st = kld_finish(&kl, r, err);
+    kld_end(&kl);
+    if (st) return st;
+
+    r->n_chunks = n_chunk;
+    r->n_scored = count;
+    r->nll_mean = nll / (double)count;
+    r->ppl = exp(r->nll_mean);
+    double var = nll2 / (double)count - r->nll_mean * r->nll_mean;
+    r->ppl_err = var > 0 && count > 1 ? sqrt(var / (double)(count - 1)) * r->ppl : 0;
+    r->seconds = secs;
+    r->tokens_per_sec = secs > 0 ? (double)n_chunk * n_ctx / secs : 0;
+    return QF_OK;
+}
+
+qf_status qf_perplexity_text(qf_context *c, const char *text, size_t len, const qf_ppl_params *p,
+                             qf_ppl_result *r, qf_error *err) {
+    const qf_tokenizer *tok = c->model->tok;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    qf_status st = qf_tokenize(tok, text, len, qf_tokenizer_add_bos(tok), false, &ids, &n, err);
+    if (st) return st;
+    st = qf_perplexity(c, ids, (int64_t)n, p, r, err);
+    free(ids);
+    return st;
+}
