@@ -706,3 +706,292 @@ const char *qf_gguf_type_name(qf_gguf_type t) {
     };
     return (unsigned)t < QF_GGUF_TYPE_COUNT ? names[t] : "unknown";
 }
+
+/* ---- writer ----
+ * Values are held in their file encoding (type id kept apart), so a value copied from an
+ * opened file is a byte copy of the mapping and the written file can match the source. */
+
+typedef struct {
+    char *key;
+    size_t key_len;
+    uint32_t type;
+    uint8_t *blob; /* the encoded value, as it follows the type id in the file */
+    size_t blob_len;
+} wkv;
+
+typedef struct {
+    char *name;
+    qf_type type;
+    uint32_t n_dims;
+    int64_t ne[QF_GGUF_MAX_DIMS];
+    const void *data;
+    uint64_t nbytes;
+} wtensor;
+
+struct qf_gguf_writer {
+    wkv *kv;
+    size_t n_kv, cap_kv;
+    wtensor *t;
+    size_t n_t, cap_t;
+};
+
+qf_gguf_writer *qf_gguf_writer_new(void) { return calloc(1, sizeof(qf_gguf_writer)); }
+
+void qf_gguf_writer_free(qf_gguf_writer *w) {
+    if (!w) return;
+    for (size_t i = 0; i < w->n_kv; i++) {
+        free(w->kv[i].key);
+        free(w->kv[i].blob);
+    }
+    for (size_t i = 0; i < w->n_t; i++) free(w->t[i].name);
+    free(w->kv);
+    free(w->t);
+    free(w);
+}
+
+/* Set key (len bytes) to an encoded value; takes ownership of blob in every case. */
+static qf_status set_blob(qf_gguf_writer *w, const char *key, size_t key_len, uint32_t type,
+                          uint8_t *blob, size_t blob_len) {
+    for (size_t i = 0; i < w->n_kv; i++) {
+        wkv *kv = &w->kv[i];
+        if (kv->key_len == key_len && memcmp(kv->key, key, key_len) == 0) {
+            free(kv->blob);
+            kv->type = type;
+            kv->blob = blob;
+            kv->blob_len = blob_len;
+            return QF_OK;
+        }
+    }
+    if (w->n_kv == w->cap_kv) {
+        size_t cap = w->cap_kv ? w->cap_kv * 2 : 32;
+        wkv *n = realloc(w->kv, cap * sizeof *n);
+        if (!n) {
+            free(blob);
+            return QF_ERR_NOMEM;
+        }
+        w->kv = n;
+        w->cap_kv = cap;
+    }
+    char *k = malloc(key_len + 1);
+    if (!k) {
+        free(blob);
+        return QF_ERR_NOMEM;
+    }
+    memcpy(k, key, key_len);
+    k[key_len] = 0;
+    w->kv[w->n_kv++] = (wkv){k, key_len, type, blob, blob_len};
+    return QF_OK;
+}
+
+static qf_status set_bytes(qf_gguf_writer *w, const char *key, uint32_t type, const void *b,
+                           size_t n) {
+    uint8_t *blob = malloc(n ? n : 1);
+    if (!blob) return QF_ERR_NOMEM;
+    memcpy(blob, b, n);
+    return set_blob(w, key, strlen(key), type, blob, n);
+}
+
+qf_status qf_gguf_writer_set_u32(qf_gguf_writer *w, const char *key, uint32_t v) {
+    return set_bytes(w, key, QF_GGUF_UINT32, &v, 4);
+}
+qf_status qf_gguf_writer_set_f32(qf_gguf_writer *w, const char *key, float v) {
+    return set_bytes(w, key, QF_GGUF_FLOAT32, &v, 4);
+}
+qf_status qf_gguf_writer_set_bool(qf_gguf_writer *w, const char *key, bool v) {
+    uint8_t b = v;
+    return set_bytes(w, key, QF_GGUF_BOOL, &b, 1);
+}
+qf_status qf_gguf_writer_set_str(qf_gguf_writer *w, const char *key, const char *v) {
+    uint64_t len = strlen(v);
+    uint8_t *blob = malloc(8 + len);
+    if (!blob) return QF_ERR_NOMEM;
+    memcpy(blob, &len, 8);
+    memcpy(blob + 8, v, len);
+    return set_blob(w, key, strlen(key), QF_GGUF_STRING, blob, 8 + len);
+}
+
+/* Encode a value read by the reader: scalars from their widened fields, strings and arrays
+ * as the raw bytes they occupy in the source mapping. */
+static uint8_t *encode_value(const qf_gguf_value *v, size_t *len) {
+    size_t n = scalar_size(v->type);
+    uint8_t *b = NULL;
+    if (n) {
+        if (!(b = malloc(8))) return NULL;
+        switch (v->type) {
+        case QF_GGUF_UINT8: case QF_GGUF_BOOL: b[0] = (uint8_t)v->v.u64; break;
+        case QF_GGUF_INT8: b[0] = (uint8_t)(int8_t)v->v.i64; break;
+        case QF_GGUF_UINT16: { uint16_t x = (uint16_t)v->v.u64; memcpy(b, &x, 2); break; }
+        case QF_GGUF_INT16: { int16_t x = (int16_t)v->v.i64; memcpy(b, &x, 2); break; }
+        case QF_GGUF_UINT32: { uint32_t x = (uint32_t)v->v.u64; memcpy(b, &x, 4); break; }
+        case QF_GGUF_INT32: { int32_t x = (int32_t)v->v.i64; memcpy(b, &x, 4); break; }
+        case QF_GGUF_FLOAT32: { float x = (float)v->v.f64; memcpy(b, &x, 4); break; }
+        case QF_GGUF_UINT64: memcpy(b, &v->v.u64, 8); break;
+        case QF_GGUF_INT64: memcpy(b, &v->v.i64, 8); break;
+        case QF_GGUF_FLOAT64: memcpy(b, &v->v.f64, 8); break;
+        default: break;
+        }
+    } else if (v->type == QF_GGUF_STRING) {
+        n = 8 + v->v.str.len;
+        if (!(b = malloc(n))) return NULL;
+        memcpy(b, &v->v.str.len, 8);
+        if (v->v.str.len) memcpy(b + 8, v->v.str.ptr, v->v.str.len);
+    } else if (v->type == QF_GGUF_ARRAY) {
+        n = 12 + v->v.arr.nbytes;
+        if (!(b = malloc(n))) return NULL;
+        uint32_t et = v->v.arr.elem_type;
+        memcpy(b, &et, 4);
+        memcpy(b + 4, &v->v.arr.count, 8);
+        if (v->v.arr.nbytes) memcpy(b + 12, v->v.arr.data, v->v.arr.nbytes);
+    } else {
+        return NULL;
+    }
+    *len = n;
+    return b;
+}
+
+qf_status qf_gguf_writer_set_value(qf_gguf_writer *w, const char *key, const qf_gguf *src,
+                                   const qf_gguf_value *v) {
+    if ((unsigned)v->type >= QF_GGUF_TYPE_COUNT) return QF_ERR_ARG;
+    size_t n;
+    uint8_t *b = encode_value(v, &n);
+    if (!b) return QF_ERR_NOMEM;
+    return set_blob(w, key, strlen(key), v->type, b, n);
+}
+
+qf_status qf_gguf_writer_copy_kv(qf_gguf_writer *w, const qf_gguf *src, const char *skip_prefix,
+                                 qf_error *err) {
+    size_t plen = skip_prefix ? strlen(skip_prefix) : 0;
+    for (uint64_t i = 0; i < src->n_kv; i++) {
+        const qf_gguf_kv *kv = &src->kv[i];
+        if (plen && kv->key.len >= plen && memcmp(kv->key.ptr, skip_prefix, plen) == 0) continue;
+        size_t n;
+        uint8_t *b = encode_value(&kv->value, &n);
+        if (!b || set_blob(w, kv->key.ptr, kv->key.len, kv->value.type, b, n) != QF_OK)
+            return qf_fail(err, QF_ERR_NOMEM, "%s: out of memory copying metadata", src->name);
+    }
+    return QF_OK;
+}
+
+qf_status qf_gguf_writer_add_tensor(qf_gguf_writer *w, const char *name, qf_type type,
+                                    uint32_t n_dims, const int64_t *ne, const void *data,
+                                    uint64_t nbytes, qf_error *err) {
+    if (!name || !*name) return qf_fail(err, QF_ERR_ARG, "gguf writer: tensor name is empty");
+    for (size_t i = 0; i < w->n_t; i++)
+        if (strcmp(w->t[i].name, name) == 0)
+            return qf_fail(err, QF_ERR_ARG, "gguf writer: tensor '%s' added twice", name);
+    if (!qf_type_is_known(type))
+        return qf_fail(err, QF_ERR_ARG, "gguf writer: tensor '%s': unknown type %d", name, type);
+    if (n_dims < 1 || n_dims > QF_GGUF_MAX_DIMS)
+        return qf_fail(err, QF_ERR_ARG, "gguf writer: tensor '%s': n_dims %u, expected 1..%d",
+                       name, n_dims, QF_GGUF_MAX_DIMS);
+    wtensor t = {.type = type, .n_dims = n_dims, .data = data, .nbytes = nbytes};
+    uint64_t expect = 0;
+    for (int d = 0; d < QF_GGUF_MAX_DIMS; d++) t.ne[d] = (uint32_t)d < n_dims ? ne[d] : 1;
+    for (uint32_t d = 0; d < n_dims; d++)
+        if (ne[d] <= 0)
+            return qf_fail(err, QF_ERR_ARG, "gguf writer: tensor '%s': ne[%u] = %lld, expected > 0",
+                           name, d, (long long)ne[d]);
+    expect = qf_row_bytes(type, t.ne[0]);
+    if (expect == 0)
+        return qf_fail(err, QF_ERR_ARG,
+                       "gguf writer: tensor '%s': ne[0] = %lld is not a multiple of the %s block "
+                       "size %lld",
+                       name, (long long)t.ne[0], qf_type_name(type),
+                       (long long)qf_type_block_elems(type));
+    for (int d = 1; d < QF_GGUF_MAX_DIMS; d++)
+        if (qf_mul_overflow_u64(expect, (uint64_t)t.ne[d], &expect))
+            return qf_fail(err, QF_ERR_ARG, "gguf writer: tensor '%s': size overflows", name);
+    if (expect != nbytes)
+        return qf_fail(err, QF_ERR_ARG,
+                       "gguf writer: tensor '%s': %llu data bytes given, shape and type need %llu",
+                       name, (unsigned long long)nbytes, (unsigned long long)expect);
+    if (w->n_t == w->cap_t) {
+        size_t cap = w->cap_t ? w->cap_t * 2 : 64;
+        wtensor *n = realloc(w->t, cap * sizeof *n);
+        if (!n) return qf_fail(err, QF_ERR_NOMEM, "gguf writer: out of memory");
+        w->t = n;
+        w->cap_t = cap;
+    }
+    if (!(t.name = strdup(name))) return qf_fail(err, QF_ERR_NOMEM, "gguf writer: out of memory");
+    w->t[w->n_t++] = t;
+    return QF_OK;
+}
+
+static qf_status write_pad(qf_atomic_file *af, uint64_t pos, uint64_t align, qf_error *err) {
+    static const uint8_t zeros[4096];
+    uint64_t pad = (align - pos % align) % align;
+    while (pad) {
+        size_t n = pad < sizeof zeros ? (size_t)pad : sizeof zeros;
+        qf_status s = qf_atomic_write(af, zeros, n, err);
+        if (s != QF_OK) return s;
+        pad -= n;
+    }
+    return QF_OK;
+}
+
+static uint64_t pad_to(uint64_t n, uint64_t align) { return n + (align - n % align) % align; }
+
+qf_status qf_gguf_writer_write(qf_gguf_writer *w, const char *path, qf_error *err) {
+    uint64_t align = GGUF_DEFAULT_ALIGNMENT;
+    for (size_t i = 0; i < w->n_kv; i++) {
+        const wkv *kv = &w->kv[i];
+        if (strcmp(kv->key, "general.alignment") != 0 || kv->key_len != strlen(kv->key)) continue;
+        uint32_t a = 0;
+        if (kv->type != QF_GGUF_UINT32 || (memcpy(&a, kv->blob, 4), a == 0) || (a & (a - 1)))
+            return qf_fail(err, QF_ERR_ARG,
+                           "%s: general.alignment must be a uint32 nonzero power of two", path);
+        align = a;
+    }
+    qf_atomic_file af;
+    qf_status s = qf_atomic_open(&af, path, err);
+    if (s != QF_OK) return s;
+    uint64_t pos = 0;
+#define PUT(ptr, n)                                                      \
+    do {                                                                 \
+        if ((s = qf_atomic_write(&af, (ptr), (n), err)) != QF_OK) goto fail; \
+        pos += (n);                                                      \
+    } while (0)
+    uint32_t version = 3;
+    uint64_t n_t = w->n_t, n_kv = w->n_kv;
+    PUT(GGUF_MAGIC, 4);
+    PUT(&version, 4);
+    PUT(&n_t, 8);
+    PUT(&n_kv, 8);
+    for (size_t i = 0; i < w->n_kv; i++) {
+        const wkv *kv = &w->kv[i];
+        uint64_t kl = kv->key_len;
+        PUT(&kl, 8);
+        PUT(kv->key, kv->key_len);
+        PUT(&kv->type, 4);
+        PUT(kv->blob, kv->blob_len);
+    }
+    uint64_t off = 0;
+    for (size_t i = 0; i < w->n_t; i++) {
+        const wtensor *t = &w->t[i];
+        uint64_t nl = strlen(t->name);
+        uint32_t type = t->type;
+        PUT(&nl, 8);
+        PUT(t->name, nl);
+        PUT(&t->n_dims, 4);
+        PUT(t->ne, 8 * (size_t)t->n_dims);
+        PUT(&type, 4);
+        PUT(&off, 8);
+        off = pad_to(off + t->nbytes, align);
+    }
+    /* Like llama.cpp, a tensor-less file (a vocabulary) ends right after its metadata. */
+    if (w->n_t) {
+        if ((s = write_pad(&af, pos, align, err)) != QF_OK) goto fail;
+        for (size_t i = 0; i < w->n_t; i++) {
+            const wtensor *t = &w->t[i];
+            if (t->nbytes) {
+                if ((s = qf_atomic_write(&af, t->data, t->nbytes, err)) != QF_OK) goto fail;
+            }
+            if ((s = write_pad(&af, t->nbytes, align, err)) != QF_OK) goto fail;
+        }
+    }
+#undef PUT
+    return qf_atomic_commit(&af, err);
+fail:
+    qf_atomic_abort(&af);
+    return s;
+}
