@@ -217,7 +217,13 @@ static bool parse_array(parser *p, int depth, qf_gguf_value *out) {
         off[i] = p->pos;
         qf_gguf_value elem;
         if (et == QF_GGUF_STRING) {
-            if (!rd_str(p, &elem.v.str, "array string element")) return false;
+            size_t at = p->pos;
+            if (!rd_str(p, &elem.v.str, "array string element")) {
+                pfail(p, "array element %llu of %llu: string at offset %zu runs past end of file "
+                         "(size %zu)",
+                      (unsigned long long)i, (unsigned long long)count, at, p->g->size);
+                return false;
+            }
         } else if (!parse_array(p, depth + 1, &elem)) {
             return false;
         }
