@@ -75,12 +75,12 @@ void qf_context_free(qf_context *c) {
     free(e->vecs.rope_ff);
     free(e->kbuf), free(e->vbuf);
     qf_kv_cache_free(&c->kv);
-    qf_pool_free(c->pool);
     free(c->x), free(c->xn), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
         free(c->hb2), free(c->logits_tmp), free(c->xq), free(c->rope_cos), free(c->rope_sin);
     if (c->thr_buf)
-        for (int i = 0; i < qf_pool_size(c->pool) + 1; i++) free(c->thr_buf[i]);
+        for (int i = 0; i < qf_pool_size(c->pool); i++) free(c->thr_buf[i]);
     free(c->thr_buf);
+    qf_pool_free(c->pool);
     free(c);
 }
 
