@@ -89,12 +89,24 @@ typedef struct qf_tap {
 } qf_tap;
 
 /* ---- context ---- */
+typedef enum {
+    QF_DEVICE_AUTO = 0, /* CUDA when a GPU is found, else CPU */
+    QF_DEVICE_CPU,
+    QF_DEVICE_CUDA
+} qf_device;
+
+const char *qf_device_name(qf_device d);
+bool qf_device_from_name(const char *name, qf_device *out);
+/* True when this build has the CUDA backend and a GPU answers. */
+bool qf_cuda_available(void);
+
 typedef struct {
     int n_ctx;       /* max positions in the KV cache (0 = model's n_ctx_train) */
     int n_batch;     /* max tokens per qf_decode call for scratch sizing (0 = n_ctx) */
     int n_threads;   /* 0 = all cores */
     qf_kv_mode kv_k, kv_v;
     bool reference;  /* scalar oracle kernels and no BLAS: the CPU reference path */
+    qf_device device;
 } qf_context_params;
 
 qf_context_params qf_context_default_params(void);
@@ -104,6 +116,7 @@ typedef struct qf_context qf_context;
 qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *err);
 void qf_context_free(qf_context *c);
 const qf_context_params *qf_context_params_get(const qf_context *c);
+qf_device qf_context_device(const qf_context *c); /* the device actually in use */
 qf_model *qf_context_model(const qf_context *c);
 
 /* Run n tokens at positions [pos0, pos0+n) (the cache must already hold [0, pos0)).

@@ -43,8 +43,11 @@ void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, 
                            float *dst);
 double qf_kv_cache_bytes_per_token(const qf_kv_cache *kv);
 
+struct qf_cuda_ctx;
+
 struct qf_context {
     qf_model *model;
+    struct qf_cuda_ctx *gpu; /* non-NULL when the context runs on the GPU */
     qf_context_params params;
     qf_pool *pool;
     qf_kv_cache kv;

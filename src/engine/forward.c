@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "engine/cuda/cuda_backend.h"
 
 #define TILE_ROWS 32    /* weight rows dequantized per sgemm call */
 #define GEMM_MIN_TOKENS 4 /* below this, the vec_dot route wins */
@@ -64,6 +65,7 @@ static ctx_ext *ext(qf_context *c) { return (ctx_ext *)c; }
 void qf_context_free(qf_context *c) {
     if (!c) return;
     ctx_ext *e = ext(c);
+    qf_cuda_ctx_free(c->gpu);
     if (e->vecs.layers) {
         for (int il = 0; il < c->model->hp.n_layer; il++) {
             layer_vecs *lv = &e->vecs.layers[il];
@@ -163,6 +165,10 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     e->vecs.output_norm = vec_to_f32(&m->output_norm);
     if (!e->vecs.output_norm) goto oom;
     if (m->rope_freqs.data && !(e->vecs.rope_ff = vec_to_f32(&m->rope_freqs))) goto oom;
+    /* the reference path is the CPU oracle by definition */
+    bool want_gpu = !c->params.reference && (c->params.device == QF_DEVICE_CUDA ||
+                                              (c->params.device == QF_DEVICE_AUTO && qf_cuda_backend_available()));
+    if (want_gpu && qf_cuda_ctx_new(c, &c->gpu, err)) goto fail;
     return c;
 oom:
     qf_fail(err, QF_ERR_NOMEM, "out of memory allocating a context (n_ctx %d, n_batch %d)",
@@ -173,6 +179,19 @@ fail:
 }
 
 const qf_context_params *qf_context_params_get(const qf_context *c) { return &c->params; }
+qf_device qf_context_device(const qf_context *c) { return c->gpu ? QF_DEVICE_CUDA : QF_DEVICE_CPU; }
+
+static const char *const device_names[] = {"auto", "cpu", "cuda"};
+const char *qf_device_name(qf_device d) { return (unsigned)d < 3 ? device_names[d] : "unknown"; }
+bool qf_device_from_name(const char *name, qf_device *out) {
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, device_names[i]) == 0) {
+            *out = (qf_device)i;
+            return true;
+        }
+    return false;
+}
+bool qf_cuda_available(void) { return qf_cuda_backend_available(); }
 qf_model *qf_context_model(const qf_context *c) { return c->model; }
 void qf_context_set_tap(qf_context *c, const qf_tap *tap) { c->tap = tap; }
 void qf_context_kv_clear(qf_context *c) { (void)c; /* positions are overwritten; nothing to do */ }
@@ -381,6 +400,8 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
     for (int t = 0; t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= hp->n_vocab)
             return qf_fail(err, QF_ERR_ARG, "decode: token id %d out of range [0, %d)", tokens[t], hp->n_vocab);
+
+    if (c->gpu) return qf_cuda_decode(c, c->gpu, tokens, n, pos0, logits, logits_from, err);
 
     const int D = hp->n_embd, hd = hp->head_dim, Dq = hp->n_head * hd, Dkv = hp->n_head_kv * hd,
               F = hp->n_ff;

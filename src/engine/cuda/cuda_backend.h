@@ -1,0 +1,28 @@
+/* cuda_backend.h: the seam between the CPU engine (forward.c) and the CUDA backend
+ * (the .cu files under src/engine/cuda, built only when nvcc is present). Without CUDA, cuda_stub.c answers
+ * "not available" so everything still builds and the CPU path runs. */
+#ifndef QF_CUDA_BACKEND_H
+#define QF_CUDA_BACKEND_H
+
+#include "qforge/error.h"
+#include "qforge/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct qf_cuda_ctx qf_cuda_ctx;
+
+bool qf_cuda_backend_available(void);
+/* Upload the model's weights in their stored types, allocate the KV cache and scratch for
+ * the context (c->params: n_ctx, n_batch, kv modes). */
+qf_status qf_cuda_ctx_new(qf_context *c, qf_cuda_ctx **out, qf_error *err);
+void qf_cuda_ctx_free(qf_cuda_ctx *g);
+/* Same contract as qf_decode; calls c->tap with K/V read back from GPU memory when set. */
+qf_status qf_cuda_decode(qf_context *c, qf_cuda_ctx *g, const int32_t *tokens, int n, int pos0,
+                         float *logits, int logits_from, qf_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
