@@ -1,0 +1,214 @@
+/* test_forward.c: the forward pass. The fast route (sgemm tiles, AVX2 kernels, threads) is
+ * checked against the scalar reference route; incremental decode against batched prefill; the
+ * KV storage modes against f32; and stories260K's greedy continuation against the published one. */
+#include <stdlib.h>
+
+#include "qforge/model.h"
+#include "qforge/sample.h"
+#include "test.h"
+
+static qf_model *load(const char *rel) {
+    const char *p = test_data(rel);
+    if (!p) return NULL;
+    qf_error e = {0};
+    qf_model *m = qf_model_load(p, &e);
+    if (!m) fprintf(stderr, "  load %s: %s\n", rel, e.msg);
+    return m;
+}
+
+static float *run_logits(qf_model *m, const int32_t *toks, int n, qf_context_params cp, int step) {
+    qf_error e = {0};
+    cp.n_ctx = 64;
+    qf_context *c = qf_context_new(m, &cp, &e);
+    if (!c) return NULL;
+    int V = qf_model_hparams(m)->n_vocab;
+    float *lg = malloc((size_t)n * V * sizeof(float));
+    for (int i = 0; i < n; i += step) {
+        int bs = n - i < step ? n - i : step;
+        if (qf_decode(c, toks + i, bs, i, lg + (size_t)i * V, 0, &e)) {
+            fprintf(stderr, "  decode: %s\n", e.msg);
+            free(lg);
+            lg = NULL;
+            break;
+        }
+    }
+    qf_context_free(c);
+    return lg;
+}
+
+static double max_rel_diff(const float *a, const float *b, size_t n) {
+    double mx = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (d > mx) mx = d;
+        if (fabs(a[i]) > scale) scale = fabs(a[i]);
+    }
+    return mx / (scale > 0 ? scale : 1);
+}
+
+static const int32_t toks[] = {1, 403, 407, 261, 378, 300, 270, 280, 290, 310, 320, 330, 340, 350, 360, 370,
+                               380, 390, 400, 410};
+#define NT ((int)(sizeof toks / sizeof toks[0]))
+
+static void check_routes(const char *rel, double tol) {
+    qf_model *m = load(rel);
+    if (!m) {
+        qf_test_skip_reason = "model not in ../shared/data";
+        return;
+    }
+    int V = qf_model_hparams(m)->n_vocab;
+    int32_t t[NT];
+    for (int i = 0; i < NT; i++) t[i] = toks[i] % V;
+    qf_context_params cp = qf_context_default_params();
+    cp.kv_k = cp.kv_v = QF_KV_F32;
+    cp.n_threads = 2;
+    qf_context_params ref = cp;
+    ref.reference = true;
+    ref.n_threads = 1;
+    float *a = run_logits(m, t, NT, ref, NT);   /* oracle, one batch */
+    float *b = run_logits(m, t, NT, cp, NT);    /* fast, prefill */
+    float *d = run_logits(m, t, NT, cp, 1);     /* fast, token by token (vec_dot route) */
+    CHECK(a && b && d);
+    if (a && b && d) {
+        double e1 = max_rel_diff(a, b, (size_t)NT * V), e2 = max_rel_diff(a, d, (size_t)NT * V);
+        printf("  %s: prefill vs oracle %.2e, decode vs oracle %.2e\n", rel, e1, e2);
+        CHECK_MSG(e1 < tol, "prefill vs oracle %.3e", e1);
+        /* decode quantizes activations to the weights' vec_dot type (Q8_0 / Q8_K) as ggml
+         * does, so it differs from the f32 oracle by that rounding; the argmax must agree */
+        CHECK_MSG(e2 < 5e-2, "decode vs oracle %.3e", e2);
+        int agree = 0;
+        for (int t = 0; t < NT; t++) {
+            int ia = 0, id = 0;
+            for (int k = 1; k < V; k++) {
+                if (a[(size_t)t * V + k] > a[(size_t)t * V + ia]) ia = k;
+                if (d[(size_t)t * V + k] > d[(size_t)t * V + id]) id = k;
+            }
+            agree += ia == id;
+        }
+        CHECK_MSG(agree >= NT - 1, "argmax agrees at %d of %d positions", agree, NT);
+    }
+    free(a), free(b), free(d);
+    qf_model_free(m);
+}
+
+TEST(stories260k_fast_matches_reference) { check_routes("models/stories260K.gguf", 1e-4); }
+TEST(demo_f16_fast_matches_reference) { check_routes("models/qforge-demo-11m-f16.gguf", 1e-3); }
+TEST(demo_q4km_fast_matches_reference) { check_routes("models/qforge-demo-11m-q4_k_m.gguf", 1e-3); }
+TEST(qwen2_fast_matches_reference) { check_routes("models/qforge-demo-qwen2-5m-f16.gguf", 1e-3); }
+
+TEST(kv_modes_close_to_f32) {
+    qf_model *m = load("models/qforge-demo-11m-f16.gguf");
+    if (!m) SKIP("demo model not in ../shared/data");
+    int V = qf_model_hparams(m)->n_vocab;
+    int32_t t[NT];
+    for (int i = 0; i < NT; i++) t[i] = toks[i] % V;
+    qf_context_params cp = qf_context_default_params();
+    cp.n_threads = 2;
+    cp.kv_k = cp.kv_v = QF_KV_F32;
+    float *base = run_logits(m, t, NT, cp, NT);
+    qf_kv_mode modes[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0};
+    double tols[] = {2e-3, 2e-2, 2e-1};
+    for (int i = 0; i < 3; i++) {
+        cp.kv_k = cp.kv_v = modes[i];
+        float *l = run_logits(m, t, NT, cp, NT);
+        CHECK(l != NULL);
+        if (l) {
+            double e = max_rel_diff(base, l, (size_t)NT * V);
+            printf("  kv %s vs f32: %.2e\n", qf_kv_mode_name(modes[i]), e);
+            CHECK_MSG(e < tols[i], "kv %s: %.3e", qf_kv_mode_name(modes[i]), e);
+            CHECK(e > 0);
+        }
+        free(l);
+    }
+    free(base);
+    qf_model_free(m);
+}
+
+TEST(stories260k_greedy_matches_llama2c) {
+    qf_model *m = load("models/stories260K.gguf");
+    if (!m) SKIP("stories260K not in ../shared/data");
+    const qf_tokenizer *tok = qf_model_tokenizer(m);
+    qf_error e = {0};
+    int32_t *ids;
+    size_t n;
+    CHECK(qf_tokenize(tok, "Once upon a time", 16, true, false, &ids, &n, &e) == QF_OK);
+    CHECK_EQ_INT(n, 5);
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 128;
+    cp.n_threads = 2;
+    qf_context *c = qf_context_new(m, &cp, &e);
+    CHECK(c != NULL);
+    int V = qf_model_hparams(m)->n_vocab;
+    float *lg = malloc((size_t)V * sizeof(float));
+    CHECK(qf_decode(c, ids, (int)n, 0, lg, (int)n - 1, &e) == QF_OK);
+    qf_sampler s;
+    qf_sampler_params sp = {.temp = 0};
+    qf_sampler_init(&s, &sp, V);
+    char out[2048] = "";
+    size_t len = 0;
+    int pos = (int)n;
+    for (int i = 0; i < 40; i++) {
+        int32_t next = qf_sample(&s, lg);
+        char piece[64];
+        int pl = qf_token_to_piece(tok, next, false, piece, sizeof piece);
+        if (pl > 0 && len + (size_t)pl < sizeof out) {
+            memcpy(out + len, piece, (size_t)pl);
+            len += (size_t)pl;
+            out[len] = 0;
+        }
+        if (qf_decode(c, &next, 1, pos++, lg, 0, &e)) break;
+    }
+    printf("  continuation: %s\n", out);
+    CHECK(strstr(out, ", there was a little girl named Lily. She loved to play outside in the park.") == out);
+    qf_sampler_free(&s);
+    free(lg);
+    free(ids);
+    qf_context_free(c);
+    qf_model_free(m);
+}
+
+TEST(decode_rejects_bad_input) {
+    qf_model *m = load("models/stories260K.gguf");
+    if (!m) SKIP("stories260K not in ../shared/data");
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 8;
+    qf_error e = {0};
+    qf_context *c = qf_context_new(m, &cp, &e);
+    int32_t bad[] = {1, 100000};
+    CHECK(qf_decode(c, bad, 2, 0, NULL, 2, &e) == QF_ERR_ARG);
+    CHECK(strstr(e.msg, "token id") != NULL);
+    int32_t ok[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    CHECK(qf_decode(c, ok, 4, 6, NULL, 4, &e) == QF_ERR_ARG); /* past n_ctx */
+    CHECK(qf_decode(c, ok, 9, 0, NULL, 9, &e) == QF_ERR_ARG); /* batch > n_batch */
+    qf_context_free(c);
+    qf_model_free(m);
+}
+
+TEST(unsupported_and_missing_models) {
+    qf_error e = {0};
+    CHECK(qf_model_load("/nonexistent.gguf", &e) == NULL);
+    CHECK(strstr(e.msg, "/nonexistent.gguf") != NULL);
+    const char *vocab = test_data("vocab/ggml-vocab-bert-bge.gguf");
+    if (!vocab) SKIP("vocab files not in ../shared/data");
+    CHECK(qf_model_load(vocab, &e) == NULL);
+    CHECK_MSG(e.code == QF_ERR_UNSUPPORTED, "%s", e.msg); /* bert: not llama/qwen2 */
+    CHECK(strstr(e.msg, "bert") != NULL);
+    const char *spm = test_data("vocab/ggml-vocab-llama-spm.gguf");
+    if (spm) {
+        CHECK(qf_model_load(spm, &e) == NULL); /* llama arch, but no tensors */
+        CHECK_MSG(e.code == QF_ERR_FORMAT, "%s", e.msg);
+        printf("  vocab-only llama: %s\n", e.msg);
+    }
+}
+
+int main(void) {
+    RUN(stories260k_fast_matches_reference);
+    RUN(demo_f16_fast_matches_reference);
+    RUN(demo_q4km_fast_matches_reference);
+    RUN(qwen2_fast_matches_reference);
+    RUN(kv_modes_close_to_f32);
+    RUN(stories260k_greedy_matches_llama2c);
+    RUN(decode_rejects_bad_input);
+    RUN(unsupported_and_missing_models);
+    return test_summary();
+}

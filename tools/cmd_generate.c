@@ -1,0 +1,141 @@
+/* cmd_generate.c: `qforge generate`, streaming text from a prompt. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "qforge/model.h"
+#include "qforge/sample.h"
+#include "util/util.h"
+
+static const char *USAGE =
+    "qforge generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
+    "                [-c N] [-t N] [-ctk T] [-ctv T]\n"
+    "  -n N       tokens to generate (default 128; stops early at end-of-text)\n"
+    "  --temp T   temperature (default 0.8; 0 = greedy)\n"
+    "  --top-k K  keep the K most likely tokens (default 40; 0 = off)\n"
+    "  --top-p P  nucleus sampling mass (default 0.95; 1 = off)\n"
+    "  --seed S   random seed (default 42)";
+
+int qf_cmd_generate(int argc, char **argv) {
+    const char *model_path = NULL, *prompt = NULL, *val;
+    int n_gen = 128;
+    double temp = 0.8, top_p = 0.95;
+    int top_k = 40;
+    int64_t seed = 42;
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 0;
+    for (int i = 1; i < argc; i++) {
+        int r;
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            puts(USAGE);
+            return 0;
+        } else if ((r = cli_flag_value(argc, argv, &i, "-m", "--model", &val))) {
+            if (r < 0) goto missing;
+            model_path = val;
+        } else if ((r = cli_flag_value(argc, argv, &i, "-p", "--prompt", &val))) {
+            if (r < 0) goto missing;
+            prompt = val;
+        } else if ((r = cli_flag_value(argc, argv, &i, "-n", "--n-predict", &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 0, 1 << 20, &n_gen)) return cli_usage("generate", USAGE, "bad -n '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--temp", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_double(val, 0, 100, &temp)) return cli_usage("generate", USAGE, "bad --temp '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--top-k", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 0, 1 << 30, &top_k)) return cli_usage("generate", USAGE, "bad --top-k '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--top-p", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_double(val, 0, 1, &top_p)) return cli_usage("generate", USAGE, "bad --top-p '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--seed", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_i64(val, 0, INT64_MAX, &seed)) return cli_usage("generate", USAGE, "bad --seed '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "-c", "--ctx-size", &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 1, 1 << 20, &cp.n_ctx)) return cli_usage("generate", USAGE, "bad -c '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "-t", "--threads", &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 1, 1024, &cp.n_threads)) return cli_usage("generate", USAGE, "bad -t '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "-ctk", "--cache-type-k", &val))) {
+            if (r < 0) goto missing;
+            if (!qf_kv_mode_from_name(val, &cp.kv_k) || cp.kv_k >= QF_KV_INT8) return cli_usage("generate", USAGE, "bad -ctk '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "-ctv", "--cache-type-v", &val))) {
+            if (r < 0) goto missing;
+            if (!qf_kv_mode_from_name(val, &cp.kv_v) || cp.kv_v >= QF_KV_INT8) return cli_usage("generate", USAGE, "bad -ctv '%s'", val);
+        } else {
+            return cli_usage("generate", USAGE, "unknown option '%s'", a);
+        }
+        continue;
+    missing:
+        return cli_usage("generate", USAGE, "option '%s' needs a value", a);
+    }
+    if (!model_path) return cli_usage("generate", USAGE, "-m MODEL is required");
+    if (!prompt) return cli_usage("generate", USAGE, "-p PROMPT is required");
+
+    qf_error err = {0};
+    qf_model *m = qf_model_load(model_path, &err);
+    if (!m) return cli_fail("generate", &err);
+    const qf_tokenizer *tok = qf_model_tokenizer(m);
+    int32_t *ids = NULL;
+    size_t n_prompt = 0;
+    qf_context *c = NULL;
+    float *logits = NULL;
+    qf_sampler smp = {0};
+    int rc = 0;
+    if (qf_tokenize(tok, prompt, strlen(prompt), qf_tokenizer_add_bos(tok), false, &ids, &n_prompt, &err)) goto fail;
+    if (n_prompt == 0) {
+        qf_fail(&err, QF_ERR_ARG, "the prompt tokenizes to nothing");
+        goto fail;
+    }
+    if (cp.n_ctx <= 0) cp.n_ctx = qf_model_hparams(m)->n_ctx_train > 0 ? qf_model_hparams(m)->n_ctx_train : 2048;
+    if ((int)n_prompt >= cp.n_ctx) {
+        qf_fail(&err, QF_ERR_ARG, "the prompt has %zu tokens, more than the context size %d", n_prompt, cp.n_ctx);
+        goto fail;
+    }
+    if (!(c = qf_context_new(m, &cp, &err))) goto fail;
+    int n_vocab = qf_model_hparams(m)->n_vocab;
+    logits = malloc((size_t)n_vocab * sizeof(float));
+    qf_sampler_params sp = {.temp = (float)temp, .top_k = top_k, .top_p = (float)top_p, .seed = (uint64_t)seed};
+    if (!logits || qf_sampler_init(&smp, &sp, n_vocab)) {
+        qf_fail(&err, QF_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    fputs(prompt, stdout);
+    fflush(stdout);
+    double t0 = qf_now_sec();
+    int pos = 0;
+    for (size_t i = 0; i < n_prompt; i += (size_t)qf_context_params_get(c)->n_batch) {
+        int bs = (int)(n_prompt - i) < qf_context_params_get(c)->n_batch ? (int)(n_prompt - i) : qf_context_params_get(c)->n_batch;
+        bool last = i + (size_t)bs == n_prompt;
+        if (qf_decode(c, ids + i, bs, pos, last ? logits : NULL, bs - 1, &err)) goto fail;
+        pos += bs;
+    }
+    double t1 = qf_now_sec();
+    int n_done = 0;
+    char piece[256];
+    for (; n_done < n_gen && pos < cp.n_ctx; n_done++) {
+        int32_t next = qf_sample(&smp, logits);
+        if (next == qf_tokenizer_eos(tok)) break;
+        int len = qf_token_to_piece(tok, next, false, piece, sizeof piece);
+        if (len > 0) fwrite(piece, 1, (size_t)(len < (int)sizeof piece ? len : (int)sizeof piece), stdout);
+        fflush(stdout);
+        if (qf_decode(c, &next, 1, pos, logits, 0, &err)) goto fail;
+        pos++;
+    }
+    double t2 = qf_now_sec();
+    fputc('\n', stdout);
+    fprintf(stderr, "generate: prompt %zu tokens in %.2f s (%.1f t/s), generated %d tokens in %.2f s (%.1f t/s)\n",
+            n_prompt, t1 - t0, (double)n_prompt / (t1 - t0 + 1e-9), n_done, t2 - t1, n_done / (t2 - t1 + 1e-9));
+    goto done;
+fail:
+    rc = cli_fail("generate", &err);
+done:
+    qf_sampler_free(&smp);
+    free(logits);
+    free(ids);
+    qf_context_free(c);
+    qf_model_free(m);
+    return rc;
+}

@@ -1,0 +1,152 @@
+/* cmd_ppl.c: `qforge ppl`, perplexity and KL divergence the way llama-perplexity reports them. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "qforge/model.h"
+#include "qforge/ppl.h"
+#include "util/util.h"
+
+static const char *USAGE =
+    "qforge ppl -m MODEL -f TEXT [-c N] [-t N] [-b N] [--chunks N] [-ctk T] [-ctv T]\n"
+    "           [--kl-divergence-base FILE] [--kl-divergence] [--reference] [--json]\n"
+    "  -c N          chunk (context) size, default 512\n"
+    "  -t N          threads, default all cores\n"
+    "  -b N          batch size (tokens per forward call), default = -c\n"
+    "  --chunks N    evaluate at most N chunks\n"
+    "  -ctk/-ctv T   KV cache type for K/V: f32, f16 (default), q8_0, q4_0\n"
+    "  --kl-divergence-base FILE  save this run's log-probs to FILE (the reference)\n"
+    "  --kl-divergence            compare against --kl-divergence-base FILE\n"
+    "  --reference   use the scalar CPU reference path (slow; the oracle)\n"
+    "  --json        print the result as JSON";
+
+int qf_cmd_ppl(int argc, char **argv) {
+    const char *model_path = NULL, *text_path = NULL, *kl_base = NULL, *val;
+    qf_context_params cp = qf_context_default_params();
+    qf_ppl_params pp = qf_ppl_default_params();
+    bool json = false, kl = false;
+    int n_batch = 0;
+    for (int i = 1; i < argc; i++) {
+        int r;
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            puts(USAGE);
+            return 0;
+        } else if ((r = cli_flag_value(argc, argv, &i, "-m", "--model", &val))) {
+            if (r < 0) goto missing;
+            model_path = val;
+        } else if ((r = cli_flag_value(argc, argv, &i, "-f", "--file", &val))) {
+            if (r < 0) goto missing;
+            text_path = val;
+        } else if ((r = cli_flag_value(argc, argv, &i, "-c", "--ctx-size", &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 2, 1 << 20, &pp.n_ctx)) return cli_usage("ppl", USAGE, "bad -c '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "-t", "--threads", &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 1, 1024, &cp.n_threads)) return cli_usage("ppl", USAGE, "bad -t '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "-b", "--batch-size", &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 1, 1 << 20, &n_batch)) return cli_usage("ppl", USAGE, "bad -b '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--chunks", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 1, 1 << 30, &pp.n_chunks)) return cli_usage("ppl", USAGE, "bad --chunks '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "-ctk", "--cache-type-k", &val))) {
+            if (r < 0) goto missing;
+            if (!qf_kv_mode_from_name(val, &cp.kv_k) || cp.kv_k >= QF_KV_INT8)
+                return cli_usage("ppl", USAGE, "bad -ctk '%s' (f32, f16, q8_0, q4_0; int8/dict come with --artifact)", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "-ctv", "--cache-type-v", &val))) {
+            if (r < 0) goto missing;
+            if (!qf_kv_mode_from_name(val, &cp.kv_v) || cp.kv_v >= QF_KV_INT8)
+                return cli_usage("ppl", USAGE, "bad -ctv '%s' (f32, f16, q8_0, q4_0; int8/dict come with --artifact)", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--kl-divergence-base", NULL, &val))) {
+            if (r < 0) goto missing;
+            kl_base = val;
+        } else if (!strcmp(a, "--kl-divergence")) {
+            kl = true;
+        } else if (!strcmp(a, "--reference")) {
+            cp.reference = true;
+        } else if (!strcmp(a, "--json")) {
+            json = true;
+        } else {
+            return cli_usage("ppl", USAGE, "unknown option '%s'", a);
+        }
+        continue;
+    missing:
+        return cli_usage("ppl", USAGE, "option '%s' needs a value", a);
+    }
+    if (!model_path) return cli_usage("ppl", USAGE, "-m MODEL is required");
+    if (!text_path) return cli_usage("ppl", USAGE, "-f TEXT is required");
+    if (kl && !kl_base) return cli_usage("ppl", USAGE, "--kl-divergence needs --kl-divergence-base FILE");
+    if (kl) pp.kl_base_read = kl_base;
+    else pp.kl_base_write = kl_base;
+
+    qf_error err = {0};
+    char *text = NULL;
+    size_t len = 0;
+    if (qf_read_file(text_path, &text, &len, &err)) return cli_fail("ppl", &err);
+    qf_model *m = qf_model_load(model_path, &err);
+    if (!m) {
+        free(text);
+        return cli_fail("ppl", &err);
+    }
+    cp.n_ctx = pp.n_ctx;
+    cp.n_batch = n_batch > 0 && n_batch < pp.n_ctx ? n_batch : pp.n_ctx;
+    qf_context *c = qf_context_new(m, &cp, &err);
+    if (!c) {
+        free(text);
+        qf_model_free(m);
+        return cli_fail("ppl", &err);
+    }
+    if (!json) {
+        fprintf(stderr, "perplexity: model %s (%s, %d layers, n_embd %d), kv %s/%s, %d threads%s\n", model_path,
+                qf_model_hparams(m)->arch_name, qf_model_hparams(m)->n_layer, qf_model_hparams(m)->n_embd,
+                qf_kv_mode_name(cp.kv_k), qf_kv_mode_name(cp.kv_v), qf_context_params_get(c)->n_threads,
+                cp.reference ? ", reference path" : "");
+        fprintf(stderr, "perplexity: calculating perplexity over chunks of n_ctx=%d, batch_size=%d\n", pp.n_ctx,
+                cp.n_batch);
+        pp.log = stdout;
+        pp.progress = false;
+    } else {
+        pp.progress = true;
+    }
+    qf_ppl_result r;
+    qf_status st = qf_perplexity_text(c, text, len, &pp, &r, &err);
+    free(text);
+    int rc = 0;
+    if (st) {
+        rc = cli_fail("ppl", &err);
+    } else if (json) {
+        json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:I, s:I, s:f, s:f, s:f, s:f, s:s, s:s}", "model", model_path,
+                              "file", text_path, "n_ctx", pp.n_ctx, "chunks", r.n_chunks, "tokens", (json_int_t)r.n_tokens_text,
+                              "scored", (json_int_t)r.n_scored, "ppl", r.ppl, "ppl_err", r.ppl_err, "seconds", r.seconds,
+                              "tokens_per_sec", r.tokens_per_sec, "cache_type_k", qf_kv_mode_name(cp.kv_k),
+                              "cache_type_v", qf_kv_mode_name(cp.kv_v));
+        if (r.has_kl) {
+            json_object_set_new(j, "ppl_base", json_real(r.ppl_base));
+            json_object_set_new(j, "kld_mean", json_real(r.kld_mean));
+            json_object_set_new(j, "kld_err", json_real(r.kld_err));
+            json_object_set_new(j, "kld_median", json_real(r.kld_median));
+            json_object_set_new(j, "kld_p99", json_real(r.kld_p99));
+            json_object_set_new(j, "kld_max", json_real(r.kld_max));
+            json_object_set_new(j, "same_top_p", json_real(r.same_top_p));
+            json_object_set_new(j, "rms_dp", json_real(r.rms_dp));
+        }
+        cli_print_json(j);
+    } else {
+        printf("Final estimate: PPL = %.4f +/- %.5f\n", r.ppl, r.ppl_err);
+        if (r.has_kl) {
+            printf("Mean    KLD: %10.6f +/- %10.6f\n", r.kld_mean, r.kld_err);
+            printf("Median  KLD: %10.6f\n", r.kld_median);
+            printf("99.0%%   KLD: %10.6f\n", r.kld_p99);
+            printf("Maximum KLD: %10.6f\n", r.kld_max);
+            printf("Same top p: %6.3f +/- %6.3f %%\n", 100.0 * r.same_top_p, 100.0 * r.same_top_p_err);
+            printf("RMS Δp    : %6.3f %%\n", 100.0 * r.rms_dp);
+        }
+        fprintf(stderr, "perplexity: %d chunks, %lld tokens in the text, %.2f s, %.1f tokens/s\n", r.n_chunks,
+                (long long)r.n_tokens_text, r.seconds, r.tokens_per_sec);
+    }
+    qf_context_free(c);
+    qf_model_free(m);
+    return rc;
+}
