@@ -77,11 +77,11 @@ static void check_routes(const char *rel, double tol) {
          * does, so it differs from the f32 oracle by that rounding; the argmax must agree */
         CHECK_MSG(e2 < 5e-2, "decode vs oracle %.3e", e2);
         int agree = 0;
-        for (int t = 0; t < NT; t++) {
+        for (int p = 0; p < NT; p++) {
             int ia = 0, id = 0;
             for (int k = 1; k < V; k++) {
-                if (a[(size_t)t * V + k] > a[(size_t)t * V + ia]) ia = k;
-                if (d[(size_t)t * V + k] > d[(size_t)t * V + id]) id = k;
+                if (a[(size_t)p * V + k] > a[(size_t)p * V + ia]) ia = k;
+                if (d[(size_t)p * V + k] > d[(size_t)p * V + id]) id = k;
             }
             agree += ia == id;
         }
