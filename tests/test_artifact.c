@@ -215,6 +215,35 @@ TEST(every_byte_flip_refused) {
     free(buf);
 }
 
+/* The checksum is no secret: a crafted body with a fixed-up checksum reaches the decoder.
+ * Every such single-byte change must come back as a clean status (a change to a plain
+ * number is a legitimately different, valid file), never a crash or a leak. */
+TEST(crafted_bodies_never_crash) {
+    size_t n;
+    uint8_t *buf = small_artifact(&n, true, NULL);
+    if (!buf) return;
+    uint64_t body_len = 0;
+    for (int k = 7; k >= 0; k--) body_len = body_len << 8 | buf[12 + k];
+    uint8_t *m = malloc(n);
+    int accepted = 0;
+    for (size_t i = 20; i < 20 + body_len; i++) {
+        for (int mask = 1; mask <= 0x80; mask <<= 7) {
+            memcpy(m, buf, n);
+            m[i] ^= (uint8_t)mask;
+            qf_sha256(m, 20 + body_len, m + 20 + body_len);
+            qf_artifact a;
+            qf_error e;
+            qf_status st = qf_artifact_read_mem(m, n, NULL, &a, &e);
+            if (st == QF_OK) accepted++, qf_artifact_free(&a);
+            else CHECK_MSG(st == QF_ERR_ARTIFACT_CORRUPT, "byte %zu: %s", i, e.msg);
+        }
+    }
+    /* Only flips inside float64 values, integers and text contents can still decode. */
+    CHECK(accepted < (int)body_len);
+    free(m);
+    free(buf);
+}
+
 TEST(every_truncation_refused) {
     size_t n;
     uint8_t *buf = small_artifact(&n, true, NULL);
@@ -533,6 +562,7 @@ int main(void) {
     RUN(payload_api);
     RUN(round_trip_every_field);
     RUN(every_byte_flip_refused);
+    RUN(crafted_bodies_never_crash);
     RUN(every_truncation_refused);
     RUN(wrong_model_refused);
     RUN(uncertified_refused);
