@@ -302,9 +302,11 @@ static qf_status add_dir(qf_corpus *c, const char *dir, int depth, qf_error *err
             struct stat ls, s;
             if (w < 0 || (size_t)w >= sizeof path) {
                 st = qf_fail(err, QF_ERR_ARG, "%s/%s: path too long", dir, names[i]->d_name);
-            } else if (lstat(path, &ls) != 0 || stat(path, &s) != 0) {
+            } else if (lstat(path, &ls) != 0) {
+                st = qf_fail(err, QF_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+            } else if (stat(path, &s) != 0) {
                 /* a dangling symlink is not an input; anything else unreadable is an error */
-                if (!(lstat(path, &ls) == 0 && S_ISLNK(ls.st_mode)))
+                if (!S_ISLNK(ls.st_mode))
                     st = qf_fail(err, QF_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
             } else if (S_ISDIR(s.st_mode)) {
                 if (!S_ISLNK(ls.st_mode)) st = add_dir(c, path, depth + 1, err); /* no cycles */
