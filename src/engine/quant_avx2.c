@@ -55,6 +55,21 @@ static inline __m256i bits_to_bytes(const uint8_t *p) {
     return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
 }
 
+/* All eight 6-bit scales and mins of a Q4_K/Q5_K block at once, with 32-bit masks instead
+ * of eight qf_k4_scale_min calls (little-endian): sc[0..8) = bytes of u[0..1], m = u[2..3]. */
+static inline void k4_unpack(const uint8_t *q, uint8_t sc[8], uint8_t m[8]) {
+    uint32_t u[4];
+    memcpy(u, q, 12);
+    const uint32_t six = 0x3f3f3f3f, lo4 = 0x0f0f0f0f, top2 = 0x03030303;
+    u[3] = ((u[2] >> 4) & lo4) | (((u[1] >> 6) & top2) << 4); /* mins 4..7 */
+    const uint32_t mins03 = u[1] & six;
+    u[1] = (u[2] & lo4) | (((u[0] >> 6) & top2) << 4); /* scales 4..7 */
+    u[2] = mins03;
+    u[0] &= six;
+    memcpy(sc, u, 8);
+    memcpy(m, u + 2, 8);
+}
+
 /* ---- dequantization ---- */
 
 /* y[0..32) = (float)q * d for 32 signed bytes; the oracle's int*float multiply. */
@@ -107,13 +122,12 @@ static void dequant_q4_K(const block_q4_K *x, float *y, int64_t nb) {
     const __m256i m4 = _mm256_set1_epi8(0xF);
     for (int64_t i = 0; i < nb; i++) {
         const float d = h2f(x[i].d), dmin = h2f(x[i].dmin);
+        uint8_t sc[8], m[8];
+        k4_unpack(x[i].scales, sc, m);
         for (int s = 0; s < 8; s += 2, y += 64) {
-            uint8_t sc1, m1, sc2, m2;
-            qf_k4_scale_min(s, x[i].scales, &sc1, &m1);
-            qf_k4_scale_min(s + 1, x[i].scales, &sc2, &m2);
             __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 16 * s));
-            store_u8x32_affine(_mm256_and_si256(q, m4), d * sc1, dmin * m1, y);
-            store_u8x32_affine(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), d * sc2, dmin * m2, y + 32);
+            store_u8x32_affine(_mm256_and_si256(q, m4), d * sc[s], dmin * m[s], y);
+            store_u8x32_affine(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), d * sc[s + 1], dmin * m[s + 1], y + 32);
         }
     }
 }
@@ -123,16 +137,15 @@ static void dequant_q5_K(const block_q5_K *x, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         const float d = h2f(x[i].d), dmin = h2f(x[i].dmin);
         const __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
+        uint8_t sc[8], m[8];
+        k4_unpack(x[i].scales, sc, m);
         for (int s = 0; s < 8; s += 2, y += 64) {
-            uint8_t sc1, m1, sc2, m2;
-            qf_k4_scale_min(s, x[i].scales, &sc1, &m1);
-            qf_k4_scale_min(s + 1, x[i].scales, &sc2, &m2);
             __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 16 * s));
             __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(s)), one), 4);
             __m256i h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(s + 1)), one), 4);
-            store_u8x32_affine(_mm256_or_si256(_mm256_and_si256(q, m4), h1), d * sc1, dmin * m1, y);
+            store_u8x32_affine(_mm256_or_si256(_mm256_and_si256(q, m4), h1), d * sc[s], dmin * m[s], y);
             store_u8x32_affine(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h2),
-                               d * sc2, dmin * m2, y + 32);
+                               d * sc[s + 1], dmin * m[s + 1], y + 32);
         }
     }
 }
@@ -358,9 +371,12 @@ static float dot_q8_0(const block_q8_0 *w, const block_q8_0 *x, int64_t nb) {
 
 /* Sum over the 8 sub-blocks of min * (sum of the sub-block's activations), from bsums. */
 static inline int k4_min_sum(const uint8_t m[8], const int16_t *bsums) {
-    int s = 0;
-    for (int j = 0; j < 8; j++) s += m[j] * (bsums[2 * j] + bsums[2 * j + 1]);
-    return s;
+    __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
+    __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums), _mm_loadu_si128((const __m128i *)(bsums + 8)));
+    __m128i s = _mm_madd_epi16(mins, pairs);
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
 }
 
 static float dot_q4_K(const block_q4_K *w, const block_q8_K *x, int64_t nb) {
@@ -369,7 +385,7 @@ static float dot_q4_K(const block_q4_K *w, const block_q8_K *x, int64_t nb) {
     float acc_m = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         uint8_t sc[8], m[8];
-        for (int j = 0; j < 8; j++) qf_k4_scale_min(j, w[i].scales, &sc[j], &m[j]);
+        k4_unpack(w[i].scales, sc, m);
         __m256i sumi = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * j));
@@ -392,7 +408,7 @@ static float dot_q5_K(const block_q5_K *w, const block_q8_K *x, int64_t nb) {
     float acc_m = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         uint8_t sc[8], m[8];
-        for (int j = 0; j < 8; j++) qf_k4_scale_min(j, w[i].scales, &sc[j], &m[j]);
+        k4_unpack(w[i].scales, sc, m);
         const __m256i qh = _mm256_loadu_si256((const __m256i *)w[i].qh);
         __m256i sumi = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
