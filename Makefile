@@ -124,6 +124,8 @@ install: lib cli
 	install -m 644 include/qforge/*.h $(DESTDIR)$(PREFIX)/include/qforge/
 	install -m 755 $(BUILD)/qforge $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 $(BUILD)/qforge.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+	install -d $(DESTDIR)$(PREFIX)/share/qforge/corpora/kerneldoc-demo
+	install -m 644 assets/corpora/kerneldoc-demo/docs.txt assets/corpora/kerneldoc-demo/SOURCES.txt $(DESTDIR)$(PREFIX)/share/qforge/corpora/kerneldoc-demo/
 
 clean:
 	rm -rf build build-asan build-fuzz
