@@ -2,6 +2,9 @@
  * oracle every fast kernel is tested against) and the run-time dispatch to quant_avx2.c.
  * Block layouts and rounding follow ggml (ggml-quants.c) so results are bit-exact with it. */
 #include <ctype.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <math.h>
 #include <string.h>
 #include <strings.h>
@@ -505,14 +508,25 @@ static _Atomic bool force_scalar;
 
 void qf_quant_force_scalar(bool on) { force_scalar = on; }
 
-bool qf_quant_has_avx2(void) {
+/* Checked once: cpuid serialises the pipeline and dispatch runs once per row. */
+static bool cpu_has_avx2(void) {
+    static _Atomic int cached = -1;
+    int v = cached;
+    if (v < 0) {
 #if defined(__x86_64__) || defined(__i386__)
-    return !force_scalar && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+        /* clang's __builtin_cpu_supports does not know "f16c": ask cpuid (leaf 1, ecx bit 29) */
+        unsigned a, b, c = 0, d;
+        bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+        v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 #else
-    return false;
+        v = 0;
 #endif
+        cached = v;
+    }
+    return v == 1;
 }
+
+bool qf_quant_has_avx2(void) { return !force_scalar && cpu_has_avx2(); }
 
 void qf_dequantize_row(qf_type t, const void *src, float *dst, int64_t n) {
     if (qf_quant_has_avx2() && qf_dequantize_row_avx2(t, src, dst, n)) return;
