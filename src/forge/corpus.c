@@ -130,11 +130,9 @@ static bool looks_binary(const uint8_t *s, size_t n) {
     return bad * 10 > n;
 }
 
-/* Returns a malloc'd normalized copy (see corpus.h), or NULL when out of memory. */
-static char *normalize(const uint8_t *s, size_t n, size_t *out_len) {
-    if (n > (SIZE_MAX - 1) / 3) return NULL;
-    char *out = malloc(3 * n + 1); /* worst case: every byte becomes U+FFFD */
-    if (!out) return NULL;
+/* Normalize (see corpus.h) into `out`, or only measure when out is NULL; returns the length.
+ * Measuring first keeps memory at the output size instead of the 3x worst case. */
+static size_t normalize_into(const uint8_t *s, size_t n, char *out) {
     size_t o = 0, i = 0;
     if (n >= 3 && s[0] == 0xEF && s[1] == 0xBB && s[2] == 0xBF) i = 3;
     while (i < n) {
@@ -142,23 +140,33 @@ static char *normalize(const uint8_t *s, size_t n, size_t *out_len) {
         if (b == 0) {
             i++;
         } else if (b == '\r') {
-            out[o++] = '\n';
+            if (out) out[o] = '\n';
+            o++;
             i += (i + 1 < n && s[i + 1] == '\n') ? 2 : 1;
         } else {
             size_t l = utf8_len(s + i, n - i);
             if (l == 0) {
-                memcpy(out + o, "\xEF\xBF\xBD", 3);
+                if (out) memcpy(out + o, "\xEF\xBF\xBD", 3);
                 o += 3;
                 i++;
             } else {
-                memcpy(out + o, s + i, l);
+                if (out) memcpy(out + o, s + i, l);
                 o += l;
                 i += l;
             }
         }
     }
-    out[o] = '\0';
-    *out_len = o;
+    return o;
+}
+
+/* Returns a malloc'd normalized copy, or NULL when out of memory. */
+static char *normalize(const uint8_t *s, size_t n, size_t *out_len) {
+    size_t len = normalize_into(s, n, NULL);
+    char *out = malloc(len + 1);
+    if (!out) return NULL;
+    normalize_into(s, n, out);
+    out[len] = '\0';
+    *out_len = len;
     return out;
 }
 
