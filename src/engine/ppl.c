@@ -21,6 +21,8 @@ qf_ppl_params qf_ppl_default_params(void) {
     return p;
 }
 
+#include "ppl_kld.h"
+
 /* log p(tok) under softmax(logits), as llama.cpp's log_softmax: f32 max, double sum of expf */
 static double log_softmax_tok(const float *logits, int n_vocab, int tok) {
     float mx = logits[0];
@@ -30,10 +32,9 @@ static double log_softmax_tok(const float *logits, int n_vocab, int tok) {
     return (double)(logits[tok] - mx) - log(sum);
 }
 
-#include "ppl_kld.h"
 
-qf_status qf_perplexity(qf_context *c, const int32_t *tokens, int64_t n_tokens,
-                        const qf_ppl_params *p, qf_ppl_result *r, qf_error *err) {
+static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_tokens, const qf_ppl_params *p,
+                            const kld_base_file *base, qf_ppl_result *r, qf_error *err) {
     memset(r, 0, sizeof *r);
     const qf_model *m = c->model;
     const int n_vocab = m->hp.n_vocab, n_ctx = p->n_ctx;
@@ -53,9 +54,11 @@ qf_status qf_perplexity(qf_context *c, const int32_t *tokens, int64_t n_tokens,
     const int n_batch = c->n_batch < n_ctx ? c->n_batch : n_ctx;
 
     kld_state kl;
-    qf_status st = kld_begin(&kl, p, n_ctx, n_vocab, n_chunk, tokens, err);
-    if (st) return st;
-    if (kl.reading && kl.n_chunk < n_chunk) n_chunk = kl.n_chunk;
+    qf_status st = kld_begin(&kl, p, n_ctx, n_vocab, n_chunk, base, tokens, err);
+    if (st) {
+        kld_end(&kl);
+        return st;
+    }
 
     float *logits = malloc((size_t)(n_ctx - first) * n_vocab * sizeof(float));
     int32_t *chunk = malloc((size_t)n_ctx * sizeof(int32_t));
@@ -114,14 +117,35 @@ qf_status qf_perplexity(qf_context *c, const int32_t *tokens, int64_t n_tokens,
     return QF_OK;
 }
 
+/* With kl_base_read the tokens and the chunk size come from the base file, as llama.cpp does. */
+static qf_status perplexity_kl(qf_context *c, const int32_t *tokens, int64_t n_tokens, const qf_ppl_params *p,
+                               qf_ppl_result *r, qf_error *err) {
+    if (!p->kl_base_read) return perplexity(c, tokens, n_tokens, p, NULL, r, err);
+    kld_base_file base;
+    qf_status st = kld_base_open(&base, p->kl_base_read, err);
+    if (st) return st;
+    qf_ppl_params q = *p;
+    q.n_ctx = base.n_ctx;
+    q.n_chunks = p->n_chunks > 0 && p->n_chunks < base.n_chunk ? p->n_chunks : base.n_chunk;
+    st = perplexity(c, base.tokens, (int64_t)base.n_ctx * base.n_chunk, &q, &base, r, err);
+    qf_unmap_file(&base.mf);
+    return st;
+}
+
+qf_status qf_perplexity(qf_context *c, const int32_t *tokens, int64_t n_tokens,
+                        const qf_ppl_params *p, qf_ppl_result *r, qf_error *err) {
+    return perplexity_kl(c, tokens, n_tokens, p, r, err);
+}
+
 qf_status qf_perplexity_text(qf_context *c, const char *text, size_t len, const qf_ppl_params *p,
                              qf_ppl_result *r, qf_error *err) {
+    if (p->kl_base_read) return perplexity_kl(c, NULL, 0, p, r, err);
     const qf_tokenizer *tok = c->model->tok;
     int32_t *ids = NULL;
     size_t n = 0;
     qf_status st = qf_tokenize(tok, text, len, qf_tokenizer_add_bos(tok), false, &ids, &n, err);
     if (st) return st;
-    st = qf_perplexity(c, ids, (int64_t)n, p, r, err);
+    st = perplexity(c, ids, (int64_t)n, p, NULL, r, err);
     free(ids);
     return st;
 }

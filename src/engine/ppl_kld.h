@@ -1,30 +1,221 @@
-/* ppl_kld.h: KL-divergence bookkeeping for ppl.c (included there only).
- * Placeholder until the llama.cpp-compatible base-file format lands: --kl-divergence-base and
- * --kl-divergence answer NotYetImplemented rather than pretending. */
+/* ppl_kld.h: KL divergence for ppl.c (included there only), in llama-perplexity's file format
+ * so a base file written by either tool can be read by the other:
+ *
+ *   "_logits_"  (8 bytes)
+ *   int32 n_ctx, int32 n_vocab, int32 n_chunk          (little endian)
+ *   int32 tokens[n_chunk * n_ctx]                       (the text's tokens, BOS not substituted)
+ *   per chunk, per scored position (n_ctx - 1 - n_ctx/2 of them), nv = 2*((n_vocab+1)/2) + 4
+ *   uint16 words: float scale, float min_log_prob, then n_vocab quantized log-probs
+ *   q_i = round((logit_i - min_logit) / scale), min_logit = max(min logit, max logit - 16),
+ *   scale = (max_logit - min_logit) / 65535; log p_i = scale * q_i + min_log_prob.
+ *
+ * The statistics follow llama.cpp: KLD(base || candidate) summed over the base's tokens with
+ * log p_base > -16, same-top-1 rate, and the RMS of p(next token) differences. */
 #ifndef QF_PPL_KLD_H
 #define QF_PPL_KLD_H
 
 typedef struct {
     bool reading, writing;
-    int n_chunk;
+    qf_atomic_file out;
+    int n_ctx, n_vocab, n_chunk, n_score, nv;
+    uint16_t *rows;   /* one chunk of rows */
+    const uint8_t *in_rows; /* reading: the mapped file's rows */
+    size_t in_rows_len;
+    double sum_nll, sum_nll2, sum_nll_base, sum_nll_base2, sum_kld, sum_kld2, sum_p_diff2, sum_p_diff4;
+    size_t n_same_top, count;
+    float *kld_values;
+    int chunk;
 } kld_state;
 
+static int nearest_int_f(float f) {
+    return (int)lrintf(f);
+}
+
+/* header of a base file: n_ctx, n_vocab, n_chunk and a pointer to its tokens */
+typedef struct {
+    qf_mapped_file mf;
+    int n_ctx, n_vocab, n_chunk;
+    const int32_t *tokens;
+    const uint8_t *rows;
+    size_t rows_len;
+} kld_base_file;
+
+static qf_status kld_base_open(kld_base_file *b, const char *path, qf_error *err) {
+    memset(b, 0, sizeof *b);
+    qf_status st = qf_map_file(path, &b->mf, err);
+    if (st) return st;
+    if (b->mf.size < 20 || memcmp(b->mf.data, "_logits_", 8) != 0) {
+        qf_unmap_file(&b->mf);
+        return qf_fail(err, QF_ERR_FORMAT, "%s: does not look like a file of log-probabilities (no _logits_ header)", path);
+    }
+    int32_t h[3];
+    memcpy(h, b->mf.data + 8, 12);
+    b->n_ctx = h[0], b->n_vocab = h[1], b->n_chunk = h[2];
+    uint64_t ntok = (uint64_t)(uint32_t)b->n_ctx * (uint32_t)b->n_chunk;
+    if (b->n_ctx < 2 || b->n_vocab < 1 || b->n_chunk < 1 || b->n_ctx > (1 << 24) || b->n_chunk > (1 << 24) ||
+        20 + ntok * 4 > b->mf.size) {
+        qf_unmap_file(&b->mf);
+        return qf_fail(err, QF_ERR_FORMAT, "%s: header n_ctx %d, n_vocab %d, n_chunk %d does not fit the file size %zu",
+                       path, h[0], h[1], h[2], b->mf.size);
+    }
+    /* the mapping is page-aligned and the tokens start at byte 20: int32-aligned */
+    b->tokens = (const int32_t *)(const void *)(b->mf.data + 20);
+    b->rows = b->mf.data + 20 + ntok * 4;
+    b->rows_len = b->mf.size - 20 - ntok * 4;
+    return QF_OK;
+}
+
 static qf_status kld_begin(kld_state *k, const qf_ppl_params *p, int n_ctx, int n_vocab, int n_chunk,
-                           const int32_t *tokens, qf_error *err) {
-    (void)n_ctx, (void)n_vocab, (void)n_chunk, (void)tokens;
+                           const kld_base_file *base, const int32_t *tokens, qf_error *err) {
     memset(k, 0, sizeof *k);
-    if (p->kl_base_read || p->kl_base_write)
-        return qf_fail(err, QF_ERR_NOT_IMPLEMENTED, "KL divergence is not built yet");
+    k->n_ctx = n_ctx, k->n_vocab = n_vocab, k->n_chunk = n_chunk;
+    k->n_score = n_ctx - 1 - n_ctx / 2;
+    k->nv = 2 * ((n_vocab + 1) / 2) + 4;
+    if (base) {
+        k->reading = true;
+        if (base->n_vocab != n_vocab)
+            return qf_fail(err, QF_ERR_ARG, "%s: log-probs were computed with a vocabulary of %d tokens, this model has %d",
+                           p->kl_base_read, base->n_vocab, n_vocab);
+        size_t need = (size_t)base->n_chunk * k->n_score * k->nv * 2;
+        if (base->rows_len < need)
+            return qf_fail(err, QF_ERR_FORMAT, "%s: truncated: %zu bytes of log-probs, %zu expected", p->kl_base_read,
+                           base->rows_len, need);
+        k->in_rows = base->rows;
+        k->in_rows_len = base->rows_len;
+        k->kld_values = malloc((size_t)n_chunk * k->n_score * sizeof(float));
+        if (!k->kld_values) return qf_fail(err, QF_ERR_NOMEM, "out of memory");
+    } else if (p->kl_base_write) {
+        k->writing = true;
+        k->rows = malloc((size_t)k->n_score * k->nv * sizeof(uint16_t));
+        if (!k->rows) return qf_fail(err, QF_ERR_NOMEM, "out of memory");
+        qf_status st = qf_atomic_open(&k->out, p->kl_base_write, err);
+        if (st) return st;
+        int32_t h[3] = {n_ctx, n_vocab, n_chunk};
+        if ((st = qf_atomic_write(&k->out, "_logits_", 8, err)) || (st = qf_atomic_write(&k->out, h, 12, err)) ||
+            (st = qf_atomic_write(&k->out, tokens, (size_t)n_chunk * n_ctx * 4, err)))
+            return st;
+    }
     return QF_OK;
 }
+
+/* one scored position: write its quantized log-probs (llama.cpp's layout) */
+static void kld_encode_row(const float *logits, int n_vocab, uint16_t *row) {
+    float mx = logits[0], mn = logits[0];
+    for (int i = 1; i < n_vocab; i++) {
+        mx = logits[i] > mx ? logits[i] : mx;
+        mn = logits[i] < mn ? logits[i] : mn;
+    }
+    if (mn < mx - 16) mn = mx - 16;
+    double sum = 0;
+    for (int i = 0; i < n_vocab; i++) sum += expf(logits[i] - mx);
+    float lse = (float)log(sum);
+    float d[2] = {(mx - mn) / 65535.f, mn - mx - lse};
+    memcpy(row, d, 8);
+    uint16_t *q = row + 4;
+    if (d[0] != 0) {
+        float inv = 1 / d[0];
+        for (int i = 0; i < n_vocab; i++) q[i] = logits[i] > mn ? (uint16_t)nearest_int_f(inv * (logits[i] - mn)) : 0;
+    } else {
+        memset(q, 0, (size_t)n_vocab * sizeof(uint16_t));
+    }
+}
+
+/* one scored position against the base row: accumulate llama.cpp's statistics */
+static void kld_compare_row(kld_state *k, const float *logits, const uint16_t *row, int tok) {
+    int n_vocab = k->n_vocab, imax = 0;
+    float mx = logits[0];
+    for (int i = 1; i < n_vocab; i++)
+        if (logits[i] > mx) mx = logits[i], imax = i;
+    double sum_exp = 0;
+    for (int i = 0; i < n_vocab; i++) sum_exp += expf(logits[i] - mx);
+    float lse = (float)log(sum_exp);
+    float d[2];
+    memcpy(d, row, 8);
+    const uint16_t *q = row + 4;
+    float nll = mx + lse - logits[tok];
+    float nll_base = -(d[0] * q[tok] + d[1]);
+    k->sum_nll += nll, k->sum_nll2 += (double)nll * nll;
+    k->sum_nll_base += nll_base, k->sum_nll_base2 += (double)nll_base * nll_base;
+    float lz = mx + lse;
+    double kl = 0;
+    int imax_base = 0;
+    float best = 0;
+    for (int i = 0; i < n_vocab; i++) {
+        float lpb = d[0] * q[i] + d[1];
+        if (i == 0 || lpb > best) best = lpb, imax_base = i;
+        if (lpb > -16.f) kl += expf(lpb) * (lpb - logits[i] + lz);
+    }
+    k->sum_kld += kl, k->sum_kld2 += kl * kl;
+    k->kld_values[k->count] = (float)kl;
+    k->n_same_top += imax == imax_base;
+    float pd = expf(-nll) - expf(-nll_base);
+    double pd2 = (double)pd * pd;
+    k->sum_p_diff2 += pd2, k->sum_p_diff4 += pd2 * pd2;
+    k->count++;
+}
+
 static qf_status kld_chunk(kld_state *k, const float *logits, const int32_t *next, int n, qf_error *err) {
-    (void)k, (void)logits, (void)next, (void)n, (void)err;
+    if (k->writing) {
+        for (int i = 0; i < n; i++) kld_encode_row(logits + (size_t)i * k->n_vocab, k->n_vocab, k->rows + (size_t)i * k->nv);
+        qf_status st = qf_atomic_write(&k->out, k->rows, (size_t)n * k->nv * sizeof(uint16_t), err);
+        if (st) k->writing = false; /* qf_atomic_write aborted the temp file */
+        return st;
+    }
+    if (k->reading) {
+        const uint8_t *base = k->in_rows + (size_t)k->chunk * n * k->nv * 2;
+        uint16_t *row = malloc((size_t)k->nv * 2);
+        if (!row) return qf_fail(err, QF_ERR_NOMEM, "out of memory");
+        for (int i = 0; i < n; i++) {
+            memcpy(row, base + (size_t)i * k->nv * 2, (size_t)k->nv * 2); /* rows are not 4-byte aligned in general */
+            kld_compare_row(k, logits + (size_t)i * k->n_vocab, row, next[i]);
+        }
+        free(row);
+    }
+    k->chunk++;
     return QF_OK;
 }
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static void mean_unc(double sum, double sum2, size_t n, double *mean, double *unc) {
+    *mean = n ? sum / (double)n : 0;
+    double v = n ? sum2 / (double)n - *mean * *mean : 0;
+    *unc = v > 0 && n > 10 ? sqrt(v / (double)(n - 1)) : 0;
+}
+
 static qf_status kld_finish(kld_state *k, qf_ppl_result *r, qf_error *err) {
-    (void)k, (void)r, (void)err;
+    if (k->writing) {
+        k->writing = false;
+        return qf_atomic_commit(&k->out, err);
+    }
+    if (!k->reading || k->count == 0) return QF_OK;
+    double m, u;
+    r->has_kl = true;
+    mean_unc(k->sum_kld, k->sum_kld2, k->count, &r->kld_mean, &r->kld_err);
+    mean_unc(k->sum_nll_base, k->sum_nll_base2, k->count, &m, &u);
+    r->ppl_base = exp(m);
+    mean_unc(k->sum_p_diff2, k->sum_p_diff4, k->count, &m, &u);
+    r->rms_dp = sqrt(m);
+    r->same_top_p = (double)k->n_same_top / (double)k->count;
+    r->same_top_p_err = k->count > 1 ? sqrt(r->same_top_p * (1 - r->same_top_p) / (double)(k->count - 1)) : 0;
+    qsort(k->kld_values, k->count, sizeof(float), cmp_float);
+    size_t n = k->count;
+    r->kld_median = n % 2 ? k->kld_values[n / 2] : 0.5f * (k->kld_values[n / 2] + k->kld_values[n / 2 - 1]);
+    double pos = 0.99 * (double)(n - 1);
+    size_t ip = (size_t)pos;
+    double frac = pos - (double)ip;
+    r->kld_p99 = (1 - frac) * k->kld_values[ip] + frac * k->kld_values[ip + 1 < n ? ip + 1 : n - 1];
+    r->kld_max = k->kld_values[n - 1];
     return QF_OK;
 }
-static void kld_end(kld_state *k) { (void)k; }
+
+static void kld_end(kld_state *k) {
+    if (k->writing) qf_atomic_abort(&k->out);
+    free(k->rows);
+    free(k->kld_values);
+}
 
 #endif
