@@ -401,6 +401,19 @@ static int ksvd_update(qf_kv_dict *d, int64_t n, int s, int32_t *idx,
     return n_dead;
 }
 
+/* Atoms list[0..n) become the worst-represented training vectors (worst[] sorted). */
+static void replace_atoms(qf_kv_dict *d, const float *X, const worst_item *worst, int64_t nt,
+                          const int *list, int n) {
+    const int dim = d->head_dim;
+    int64_t w = 0;
+    for (int k = 0; k < n && w < nt; w++) {
+        if (!(worst[w].e > 0)) break;
+        float *da = d->atoms + (size_t)list[k] * dim;
+        memcpy(da, X + (size_t)worst[w].i * dim, sizeof(float) * (size_t)dim);
+        if (normalize_row(da, dim)) k++;
+    }
+}
+
 qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_dict_params *p,
                            qf_kv_dict *out, qf_error *err) {
     memset(out, 0, sizeof *out);
@@ -428,12 +441,17 @@ qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_
     int *dead = malloc(sizeof(int) * (size_t)A);
     int64_t *perm = malloc(sizeof(int64_t) * (size_t)nt);
     worst_item *worst = malloc(sizeof(worst_item) * (size_t)nt);
+    uint8_t *mark = malloc((size_t)A);
+    double *energy = malloc(sizeof(double) * (size_t)A);
+    float *sv_atoms = malloc(sizeof(float) * (size_t)A * dim);
+    int32_t *sv_idx = malloc(sizeof(int32_t) * (size_t)nt * s);
+    float *sv_coef = malloc(sizeof(float) * (size_t)nt * s);
     qf_pool *pool = p->n_threads > 1 ? qf_pool_create(p->n_threads) : NULL;
     out->head_dim = dim;
     out->n_atoms = A;
     out->atoms = malloc(sizeof(float) * (size_t)A * dim);
     out->gram = malloc(sizeof(float) * (size_t)A * A);
-    if (!X || !R || !idx || !coef || !e || !start || !users || !dead || !perm || !worst ||
+    if (!X || !R || !idx || !coef || !e || !start || !users || !dead || !perm || !worst || !mark || !energy || !sv_atoms || !sv_idx || !sv_coef ||
         !out->atoms || !out->gram) {
         st = qf_fail(err, QF_ERR_NOMEM, "kv dict learn: %lld x %d vectors, %d atoms: out of memory",
                      (long long)nt, dim, A);
@@ -476,6 +494,8 @@ qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_
     for (int64_t i = 0; i < nt; i++) num += e[i];
     if (p->err_trace) p->err_trace[0] = den > 0 ? fmin(num / den, 1.0) : 0;
 
+    bool stalled = false;
+    double prev_num = num;
     for (int it = 1; it <= p->iters; it++) {
         /* residuals of the current codes */
         for (int64_t i = 0; i < nt; i++) {
@@ -494,28 +514,80 @@ qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_
             st = qf_fail(err, QF_ERR_NOMEM, "kv dict learn: k-SVD scratch: out of memory");
             goto done;
         }
-        if (n_dead > 0) {
-            /* Dead atoms become the worst-represented vectors: no code uses them, so the
-             * current error is unchanged and the next coding can only gain. */
-            for (int64_t i = 0; i < nt; i++) {
-                const float *r = R + (size_t)i * dim;
-                worst[i].e = dot_d(r, r, dim);
-                worst[i].i = i;
-            }
-            qsort(worst, (size_t)nt, sizeof *worst, worst_cmp);
-            int64_t w = 0;
-            for (int k = 0; k < n_dead && w < nt; w++) {
-                if (!(worst[w].e > 0)) break;
-                float *da = out->atoms + (size_t)dead[k] * dim;
-                memcpy(da, X + (size_t)worst[w].i * dim, sizeof(float) * (size_t)dim);
-                if (normalize_row(da, dim)) k++;
+        /* Near-duplicate atoms (|cos| > 0.99) are k-SVD's usual local minimum: the pair
+         * shares one direction while some structure goes unrepresented. They are replaced
+         * like dead atoms, but their codes lose a slot, so the step is kept only if the
+         * recoded error is not above the current one; otherwise only the dead go. */
+        compute_gram(out);
+        memset(mark, 0, (size_t)A);
+        for (int k = 0; k < n_dead; k++) mark[dead[k]] = 1;
+        int n_rep = n_dead;
+        for (int a = 0; a < A; a++) {
+            if (mark[a]) continue;
+            for (int b2 = 0; b2 < a; b2++)
+                if (!mark[b2] && fabsf(out->gram[(size_t)b2 * A + a]) > 0.99f) {
+                    mark[a] = 2;
+                    dead[n_rep++] = a;
+                    break;
+                }
+        }
+        /* When learning stalls (< 1% gain), also try swapping out the least used atoms
+         * (smallest sum of squared coefficients): the same accept-or-revert test keeps
+         * the error from growing, and it moves atoms stuck on a mixture of directions. */
+        if (stalled) {
+            for (int a = 0; a < A; a++) energy[a] = mark[a] ? INFINITY : 0;
+            for (int64_t t = 0; t < nt * s; t++)
+                if (idx[t] >= 0) energy[idx[t]] += (double)coef[t] * coef[t];
+            int n_swap = A / 32 > 1 ? A / 32 : 1;
+            for (int k = 0; k < n_swap; k++) {
+                int lo = -1;
+                for (int a = 0; a < A; a++)
+                    if (!mark[a] && (lo < 0 || energy[a] < energy[lo])) lo = a;
+                if (lo < 0) break;
+                mark[lo] = 2;
+                dead[n_rep++] = lo;
             }
         }
-        compute_gram(out);
-        st = omp_pass(out, X, nt, s, pool, idx, coef, e, true, err);
-        if (st) goto done;
-        num = 0;
-        for (int64_t i = 0; i < nt; i++) num += e[i];
+        double before = 0;
+        for (int64_t i = 0; i < nt; i++) {
+            const float *r = R + (size_t)i * dim;
+            worst[i].e = dot_d(r, r, dim);
+            worst[i].i = i;
+            before += worst[i].e;
+        }
+        if (n_rep > 0) qsort(worst, (size_t)nt, sizeof *worst, worst_cmp);
+        bool tried_dups = n_rep > n_dead;
+        if (tried_dups) {
+            memcpy(sv_atoms, out->atoms, sizeof(float) * (size_t)A * dim);
+            memcpy(sv_idx, idx, sizeof(int32_t) * (size_t)nt * s);
+            memcpy(sv_coef, coef, sizeof(float) * (size_t)nt * s);
+            for (int64_t t = 0; t < nt * s; t++)
+                if (idx[t] >= 0 && mark[idx[t]] == 2) idx[t] = -1, coef[t] = 0;
+            replace_atoms(out, X, worst, nt, dead, n_rep);
+            compute_gram(out);
+            st = omp_pass(out, X, nt, s, pool, idx, coef, e, true, err);
+            if (st) goto done;
+            num = 0;
+            for (int64_t i = 0; i < nt; i++) num += e[i];
+            if (num > before) { /* rejected: back to the updated dictionary */
+                memcpy(out->atoms, sv_atoms, sizeof(float) * (size_t)A * dim);
+                memcpy(idx, sv_idx, sizeof(int32_t) * (size_t)nt * s);
+                memcpy(coef, sv_coef, sizeof(float) * (size_t)nt * s);
+                tried_dups = false;
+            }
+        }
+        if (!tried_dups) {
+            /* Dead atoms: no code uses them, so the error is unchanged and recoding can
+             * only gain. */
+            replace_atoms(out, X, worst, nt, dead, n_dead);
+            compute_gram(out);
+            st = omp_pass(out, X, nt, s, pool, idx, coef, e, true, err);
+            if (st) goto done;
+            num = 0;
+            for (int64_t i = 0; i < nt; i++) num += e[i];
+        }
+        stalled = num > prev_num * 0.99;
+        prev_num = num;
         if (p->err_trace) p->err_trace[it] = den > 0 ? fmin(num / den, 1.0) : 0;
     }
 
@@ -531,6 +603,11 @@ done:
     free(dead);
     free(perm);
     free(worst);
+    free(mark);
+    free(energy);
+    free(sv_atoms);
+    free(sv_idx);
+    free(sv_coef);
     if (st) qf_kv_dict_free(out);
     return st;
 }
