@@ -513,6 +513,19 @@ static int cmp_size(const void *a, const void *b) {
     return i < j ? -1 : i > j;
 }
 
+/* Undo a finalize that ran out of memory half way, so the corpus can be finalized again. */
+static qf_status split_oom(qf_corpus *c, size_t *order, qf_error *err) {
+    free(order);
+    for (int p = 0; p < 2; p++) {
+        free(c->text[p]);
+        free(c->part_idx[p]);
+        c->text[p] = NULL;
+        c->part_idx[p] = NULL;
+        c->text_len[p] = c->part_n[p] = 0;
+    }
+    return qf_fail(err, QF_ERR_NOMEM, "corpus: out of memory while splitting");
+}
+
 qf_status qf_corpus_finalize(qf_corpus *c, double eval_frac, qf_error *err) {
     qf_status st = check_open(c, err);
     if (st) return st;
@@ -576,10 +589,7 @@ qf_status qf_corpus_finalize(qf_corpus *c, double eval_frac, qf_error *err) {
         size_t cap = bytes[p] + (c->part_n[p] ? 2 * (c->part_n[p] - 1) : 0);
         c->text[p] = malloc(cap + 1);
         c->part_idx[p] = malloc((c->part_n[p] ? c->part_n[p] : 1) * sizeof(size_t));
-        if (!c->text[p] || !c->part_idx[p]) {
-            free(order);
-            return qf_fail(err, QF_ERR_NOMEM, "corpus: out of memory joining %zu bytes", cap);
-        }
+        if (!c->text[p] || !c->part_idx[p]) return split_oom(c, order, err);
         c->text[p][0] = '\0';
         c->part_n[p] = 0;
     }
@@ -587,8 +597,7 @@ qf_status qf_corpus_finalize(qf_corpus *c, double eval_frac, qf_error *err) {
     for (int k = 0; k < 3; k++) {
         if (!h[k] || !EVP_DigestInit_ex(h[k], EVP_sha256(), NULL)) {
             for (int j = 0; j < 3; j++) EVP_MD_CTX_free(h[j]);
-            free(order);
-            return qf_fail(err, QF_ERR_NOMEM, "corpus: cannot start SHA-256");
+            return split_oom(c, order, err);
         }
     }
     for (size_t k = 0; k < n; k++) {
