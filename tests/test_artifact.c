@@ -160,6 +160,9 @@ TEST(round_trip_every_field) {
     CHECK(n1 == n2 && memcmp(b1, b2, n1) == 0);
     free(b1);
     free(b2);
+    /* CBOR text must be UTF-8: a bad model name is refused at packaging, not written. */
+    snprintf(c.model_name, sizeof c.model_name, "bad \xff name");
+    CHECK(qf_artifact_serialize(&c, &p, NULL, &b1, &n1, &e) == QF_ERR_ARG);
     qf_certificate_free(&c);
     qf_payload_free(&p);
 }

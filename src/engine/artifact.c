@@ -210,6 +210,29 @@ bool qf_certificate_meets_gate(const qf_certificate *c) {
     return true;
 }
 
+/* CBOR text must be UTF-8 (RFC 8949 3.1); a reader such as cbor2 rejects anything else. */
+static bool utf8_ok(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        unsigned c = u[i];
+        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!len || n - i < len) return false;
+        uint32_t cp = len == 1 ? c : c & (0x7f >> len);
+        for (size_t k = 1; k < len; k++) {
+            if ((u[i + k] & 0xc0) != 0x80) return false;
+            cp = cp << 6 | (u[i + k] & 0x3f);
+        }
+        /* no overlong forms, surrogates or values past U+10FFFF */
+        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+            (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
+            return false;
+        i += len;
+    }
+    return true;
+}
+
+static bool text_ok(const char *s) { return utf8_ok(s, strlen(s)); }
+
 /* ---- encoding ----
  * Deterministic by construction: definite lengths, map keys in the fixed order below,
  * integers in their shortest form, every float as float64, arrays as little-endian bstr. */
@@ -314,6 +337,19 @@ qf_status qf_artifact_encode_body(qf_certificate *c, const qf_payload *payload, 
     if (c->corpus_docs < 0 || c->calib_docs < 0 || c->eval_docs < 0 || c->calib_tokens < 0 ||
         c->eval_tokens < 0)
         return qf_fail(err, QF_ERR_ARG, "artifact: provenance: document and token counts must be >= 0");
+    const char *texts[] = {c->model_name, c->model_arch, c->split, c->engine_version,
+                           c->engine_commit, c->created_utc};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+        if (!text_ok(texts[i]))
+            return qf_fail(err, QF_ERR_ARG, "artifact: provenance: text '%s' is not valid UTF-8", texts[i]);
+    const qf_payload *lists[] = {&c->config, payload};
+    for (size_t l = 0; l < 2; l++)
+        for (size_t i = 0; lists[l] && i < lists[l]->n; i++) {
+            const qf_payload_entry *e = &lists[l]->entries[i];
+            if (!text_ok(e->name) || (e->type == QF_PAYLOAD_STRING && !text_ok(e->str)))
+                return qf_fail(err, QF_ERR_ARG, "artifact: %s: entry '%s': name or value is not valid UTF-8",
+                               l ? "payload" : "config", e->name);
+        }
     for (size_t i = 0; i < c->config.n; i++)
         if (c->config.entries[i].type < QF_PAYLOAD_INT)
             return qf_fail(err, QF_ERR_ARG, "artifact: config: '%s': expected an int, float or string",
@@ -449,7 +485,9 @@ static bool is_map(const cbor_item_t *it, size_t n) {
 static bool get_text(const cbor_item_t *it, char *dst, size_t cap) {
     if (!it || !cbor_isa_string(it) || !cbor_string_is_definite(it)) return false;
     size_t n = cbor_string_length(it);
-    if (n >= cap || memchr(cbor_string_handle(it), 0, n)) return false;
+    if (n >= cap || memchr(cbor_string_handle(it), 0, n) ||
+        !utf8_ok((const char *)cbor_string_handle(it), n))
+        return false;
     memcpy(dst, cbor_string_handle(it), n);
     dst[n] = '\0';
     return true;
@@ -458,7 +496,8 @@ static bool get_text(const cbor_item_t *it, char *dst, size_t cap) {
 static char *dup_text(const cbor_item_t *it) {
     if (!it || !cbor_isa_string(it) || !cbor_string_is_definite(it)) return NULL;
     size_t n = cbor_string_length(it);
-    if (memchr(cbor_string_handle(it), 0, n)) return NULL;
+    if (memchr(cbor_string_handle(it), 0, n) || !utf8_ok((const char *)cbor_string_handle(it), n))
+        return NULL;
     char *s = malloc(n + 1);
     if (!s) return NULL;
     memcpy(s, cbor_string_handle(it), n);
