@@ -1,8 +1,10 @@
 /* test_gguf.c: the GGUF reader on every real file, on every truncation of a small model and
  * on hand-built hostile headers; the writer's round trip (KV, tensors, whole-file bytes). */
 #include <dirent.h>
+#include <jansson.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "qforge/gguf.h"
@@ -572,6 +574,69 @@ TEST(writer_api) {
     free(o.b);
 }
 
+/* ---- qforge info, end to end ---- */
+
+static char *run_cmd(const char *cmd, int *status) {
+    FILE *p = popen(cmd, "r");
+    if (!p) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *out = malloc(cap);
+    size_t got;
+    while ((got = fread(out + n, 1, cap - n - 1, p)) > 0) {
+        n += got;
+        if (n + 1 == cap) out = realloc(out, cap *= 2);
+    }
+    out[n] = 0;
+    *status = pclose(p);
+    return out;
+}
+
+TEST(cli_info) {
+    const char *path = test_data("models/stories260K.gguf");
+    if (!path) SKIP("models/stories260K.gguf not found");
+    if (access(test_cli(), X_OK) != 0) SKIP("qforge CLI not built");
+    char model[4096], cmd[8192];
+    snprintf(model, sizeof model, "%s", path);
+    snprintf(cmd, sizeof cmd, "'%s' info '%s' --json", test_cli(), model);
+    int st;
+    char *out = run_cmd(cmd, &st);
+    CHECK(out && st == 0);
+    json_error_t je;
+    json_t *j = out ? json_loads(out, 0, &je) : NULL;
+    CHECK_MSG(j, "info --json is not JSON: %s", je.text);
+    if (j) {
+        CHECK_EQ_INT(json_integer_value(json_object_get(j, "version")), 3);
+        CHECK_EQ_INT(json_integer_value(json_object_get(j, "data_offset")), 14176);
+        CHECK_EQ_INT(json_array_size(json_object_get(j, "tensors")), 48);
+        json_t *tok = json_object_get(json_object_get(json_object_get(j, "metadata"),
+                                                      "tokenizer.ggml.tokens"), "value");
+        CHECK_EQ_INT(json_integer_value(json_object_get(tok, "count")), 512);
+        CHECK_EQ_INT(json_array_size(json_object_get(tok, "head")), 8);
+        json_t *tot = json_object_get(j, "totals");
+        CHECK_EQ_INT(json_integer_value(json_object_get(tot, "params")), 292800);
+        json_decref(j);
+    }
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' info '%s'", test_cli(), model);
+    out = run_cmd(cmd, &st);
+    CHECK(out && st == 0 && has(out, "tensors (48)") && has(out, "token_embd.weight"));
+    free(out);
+    /* A truncated copy: a clean BadFormat exit naming the file. */
+    char cut[4096];
+    snprintf(cut, sizeof cut, "%s/cut.gguf", test_tmpdir());
+    qf_mapped_file mf;
+    qf_error err;
+    CHECK(qf_map_file(model, &mf, &err) == QF_OK);
+    CHECK(qf_write_file_atomic(cut, mf.data, 9000, &err) == QF_OK);
+    qf_unmap_file(&mf);
+    snprintf(cmd, sizeof cmd, "'%s' info '%s' 2>&1", test_cli(), cut);
+    out = run_cmd(cmd, &st);
+    CHECK(out && WIFEXITED(st) && WEXITSTATUS(st) == qf_status_exit_code(QF_ERR_FORMAT));
+    CHECK_MSG(out && has(out, "cut.gguf") && has(out, "BadFormat"), "%s", out ? out : "");
+    free(out);
+    unlink(cut);
+}
+
 int main(void) {
     RUN(open_every_model);
     RUN(open_every_vocab);
@@ -584,5 +649,6 @@ int main(void) {
     RUN(writer_roundtrip_models);
     RUN(writer_roundtrip_vocab);
     RUN(writer_api);
+    RUN(cli_info);
     return test_summary();
 }
