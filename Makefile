@@ -36,7 +36,7 @@ endif
 ifneq ($(and $(NVCC),$(CUDA_SRC)),)
   CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
   CPPFLAGS += -DQF_HAVE_CUDA
-  LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -Wl,-rpath,$(CUDA_HOME)/lib64
+  LDLIBS += -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++ -Wl,-rpath,$(CUDA_HOME)/lib64
   CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 endif
 
@@ -111,7 +111,7 @@ FUZZ_LIB_OBJ := $(LIB_SRC:%.c=build-fuzz/obj/%.o)
 fuzz: $(FUZZ_BIN)
 build-fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(AVX2FLAGS) -c $< -o $@
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(AVX2FLAGS) -MMD -MP -c $< -o $@
 build-fuzz/libqforge.a: $(FUZZ_LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
@@ -131,3 +131,6 @@ clean:
 	rm -rf build build-asan build-fuzz
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+ifneq ($(filter fuzz build-fuzz/%,$(MAKECMDGOALS)),)
+-include $(shell find build-fuzz/obj -name '*.d' 2>/dev/null)
+endif

@@ -73,13 +73,22 @@ for src in fuzz/fuzz_*.c; do
     bin=build-fuzz/$name
     corpus=$tmp/corpus-$name
     mkdir -p "$corpus"
-    cp "$seeds"/* "$corpus"/ 2>/dev/null
+    extra=()
     if [ "$name" = fuzz_tokenizer ]; then
+        # Text is what it tokenizes: the .inp test strings, plus only the small binary
+        # prefixes (32 KiB of binary makes each run slow and teaches the fuzzer nothing).
+        cp "$seeds"/*-256 "$corpus"/ 2>/dev/null
         for f in "$data"/vocab/*.inp; do [ -f "$f" ] && cp "$f" "$corpus/"; done
+        extra=(-max_len=4096)
+        if [ -z "${QF_FUZZ_VOCAB:-}" ] && [ -f "$data/vocab/ggml-vocab-gpt-2.gguf" ]; then
+            export QF_FUZZ_VOCAB="$data/vocab/ggml-vocab-gpt-2.gguf"
+        fi
+    else
+        cp "$seeds"/* "$corpus"/ 2>/dev/null
     fi
     log=$tmp/$name.log
     "$bin" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-        -artifact_prefix="$tmp/$name-" "$corpus" >"$log" 2>&1
+        "${extra[@]}" -artifact_prefix="$tmp/$name-" "$corpus" >"$log" 2>&1
     rc=$?
     runs=$(grep -oE 'Done [0-9]+ runs' "$log" | grep -oE '[0-9]+' | tail -n 1)
     if [ "$rc" -eq 0 ]; then
