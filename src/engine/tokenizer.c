@@ -608,10 +608,18 @@ typedef struct {
 } symbol;
 
 typedef struct {
-    double key; /* higher merges first: SPM score, or -rank for BPE */
+    uint32_t key; /* higher merges first: order-preserving SPM score bits, or ~rank for BPE */
     int left, right;
     uint32_t size;
-} bigram;
+} bigram; /* 16 bytes: the heap of a whole-file SPM fragment is cache-bound */
+
+/* float -> uint32 with the same order (-0 folded into +0, which compare equal as floats) */
+static uint32_t score_key(float f) {
+    uint32_t u;
+    if (f == 0.0f) f = 0.0f;
+    memcpy(&u, &f, 4);
+    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
+}
 
 typedef struct {
     const qf_tokenizer *t;
@@ -714,7 +722,7 @@ static void spm_try_bigram(sess *s, int left, int right) {
     uint32_t size = s->sym[left].n + s->sym[right].n;
     int32_t id = tok_find(s->t, s->buf + s->sym[left].off, size);
     if (id < 0) return;
-    heap_push(s, (bigram){s->t->tok[id].score, left, right, size});
+    heap_push(s, (bigram){score_key(s->t->tok[id].score), left, right, size});
 }
 
 static void spm_tokenize(sess *s, size_t n) {
@@ -772,7 +780,7 @@ static void bpe_try_bigram(sess *s, int left, int right) {
     const symbol *l = &s->sym[left], *r = &s->sym[right];
     int32_t rank = merge_rank(s->t, s->buf + l->off, l->n, s->buf + r->off, r->n);
     if (rank < 0) return;
-    heap_push(s, (bigram){-(double)rank, left, right, l->n + r->n});
+    heap_push(s, (bigram){~(uint32_t)rank, left, right, l->n + r->n});
 }
 
 /* One pre-tokenized word, already byte-encoded, in s->buf[0, n). */
