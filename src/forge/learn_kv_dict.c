@@ -128,13 +128,26 @@ static int omp_one(const qf_kv_dict *d, const float *x, const float *alpha0, int
     memcpy(w->alpha, alpha0, sizeof(float) * (size_t)A);
     int k = 0;
     for (; k < s; k++) {
-        int best = -1;
-        float bv = -1;
-        for (int a = 0; a < A; a++) {
-            float v = fabsf(w->alpha[a]);
-            if (v > bv) { bv = v, best = a; }
+        /* argmax |alpha| on the bit patterns: for non-NaN floats with the sign bit
+         * cleared, integer order is float order, and an integer max vectorises. */
+        const uint32_t *ab = (const uint32_t *)w->alpha;
+        /* (fixed 8-wide inner loops: gcc -O2 vectorises only constant trip counts) */
+        uint32_t m8[8] = {0}, mx = 0;
+        int a0 = 0;
+        for (; a0 + 8 <= A; a0 += 8)
+            for (int u = 0; u < 8; u++) {
+                uint32_t v = ab[a0 + u] & 0x7fffffffu;
+                m8[u] = v > m8[u] ? v : m8[u];
+            }
+        for (; a0 < A; a0++) {
+            uint32_t v = ab[a0] & 0x7fffffffu;
+            mx = v > mx ? v : mx;
         }
-        if (best < 0 || !(bv > stop)) break;
+        for (int u = 0; u < 8; u++) mx = m8[u] > mx ? m8[u] : mx;
+        int best = 0;
+        while (best < A && (ab[best] & 0x7fffffffu) != mx) best++;
+        float bv = fabsf(w->alpha[best < A ? best : 0]);
+        if (best >= A || !(bv > stop) || mx > 0x7f800000u) break; /* zero residual or NaN */
         bool dup = false;
         for (int j = 0; j < k; j++) dup |= idx[j] == best;
         if (dup) break; /* round-off picked an atom already in: nothing left to gain */
@@ -164,11 +177,15 @@ static int omp_one(const qf_kv_dict *d, const float *x, const float *alpha0, int
             for (int j = i + 1; j < m1; j++) v -= w->L[(size_t)j * s + i] * w->gam[j];
             w->gam[i] = v / w->L[(size_t)i * s + i];
         }
-        memcpy(w->alpha, alpha0, sizeof(float) * (size_t)A);
+        float *restrict al = w->alpha;
+        memcpy(al, alpha0, sizeof(float) * (size_t)A);
         for (int j = 0; j < m1; j++) {
-            const float *g = d->gram + (size_t)idx[j] * A;
+            const float *restrict g = d->gram + (size_t)idx[j] * A;
             float gj = (float)w->gam[j];
-            for (int a = 0; a < A; a++) w->alpha[a] -= g[a] * gj;
+            int a = 0;
+            for (; a + 8 <= A; a += 8)
+                for (int u = 0; u < 8; u++) al[a + u] -= g[a + u] * gj;
+            for (; a < A; a++) al[a] -= g[a] * gj;
         }
         for (int j = 0; j < m1; j++) w->alpha[idx[j]] = 0; /* never reselect */
     }
@@ -301,21 +318,8 @@ done:
     return st;
 }
 
-void qf_kv_dict_decode(const qf_kv_dict *d, const uint16_t *idx, const float *coef, int s,
-                       int64_t n, float *out) {
-    const int dim = d->head_dim;
-    for (int64_t i = 0; i < n; i++) {
-        float *o = out + (size_t)i * dim;
-        for (int t = 0; t < dim; t++) o[t] = 0;
-        for (int j = 0; j < s; j++) {
-            int a = idx[(size_t)i * s + j];
-            float c = coef[(size_t)i * s + j];
-            if (a >= d->n_atoms || c == 0) continue;
-            const float *at = d->atoms + (size_t)a * dim;
-            for (int t = 0; t < dim; t++) o[t] += c * at[t];
-        }
-    }
-}
+/* qf_kv_dict_decode, the code storage helpers (qf_kv_code_*) and qf_kv_coef_* live in
+ * src/engine/kv_codes.c: the engine stores and reads codes without the forge. */
 
 /* ---- learning ---- */
 
@@ -610,93 +614,4 @@ done:
     free(sv_coef);
     if (st) qf_kv_dict_free(out);
     return st;
-}
-
-/* ---- code storage ---- */
-
-const char *qf_kv_coef_name(qf_kv_coef f) { return f == QF_KV_COEF_Q8 ? "q8" : "f16"; }
-
-static int index_bits(int n_atoms) {
-    int b = 0;
-    while ((1 << b) < n_atoms) b++;
-    return b;
-}
-
-double qf_kv_code_bits(int n_atoms, int s, qf_kv_coef f) {
-    double ib = index_bits(n_atoms);
-    return f == QF_KV_COEF_Q8 ? s * (ib + 8) + 16 : s * (ib + 16);
-}
-
-size_t qf_kv_code_bytes(int n_atoms, int s, qf_kv_coef f) {
-    size_t ib = n_atoms <= 256 ? 1 : 2;
-    return (size_t)s * ib + (f == QF_KV_COEF_Q8 ? (size_t)s + 2 : (size_t)s * 2);
-}
-
-static float q8_scale(const float *coef, int s) {
-    float m = 0;
-    for (int j = 0; j < s; j++) m = fmaxf(m, fabsf(coef[j]));
-    return qf_f16_to_f32(qf_f32_to_f16(m / 127.0f));
-}
-
-static int8_t q8_one(float c, float inv) {
-    float v = fminf(fmaxf(c * inv, -127.0f), 127.0f);
-    return (int8_t)(v + (v >= 0 ? 0.5f : -0.5f));
-}
-
-void qf_kv_coef_round(float *coef, int s, qf_kv_coef f) {
-    if (f == QF_KV_COEF_F16) {
-        for (int j = 0; j < s; j++) coef[j] = qf_f16_to_f32(qf_f32_to_f16(coef[j]));
-        return;
-    }
-    float sc = q8_scale(coef, s);
-    float inv = sc > 0 ? 1.0f / sc : 0;
-    for (int j = 0; j < s; j++) coef[j] = (float)q8_one(coef[j], inv) * sc;
-}
-
-void qf_kv_code_pack(const uint16_t *idx, const float *coef, int s, int n_atoms, qf_kv_coef f,
-                     uint8_t *out) {
-    uint8_t *o = out;
-    for (int j = 0; j < s; j++) {
-        if (n_atoms <= 256) {
-            *o++ = (uint8_t)idx[j];
-        } else {
-            *o++ = (uint8_t)(idx[j] & 0xff);
-            *o++ = (uint8_t)(idx[j] >> 8);
-        }
-    }
-    if (f == QF_KV_COEF_F16) {
-        for (int j = 0; j < s; j++) {
-            uint16_t h = qf_f32_to_f16(coef[j]);
-            *o++ = (uint8_t)(h & 0xff);
-            *o++ = (uint8_t)(h >> 8);
-        }
-        return;
-    }
-    float sc = q8_scale(coef, s);
-    uint16_t h = qf_f32_to_f16(sc);
-    *o++ = (uint8_t)(h & 0xff);
-    *o++ = (uint8_t)(h >> 8);
-    float inv = sc > 0 ? 1.0f / sc : 0;
-    for (int j = 0; j < s; j++) *o++ = (uint8_t)q8_one(coef[j], inv);
-}
-
-void qf_kv_code_decode(const qf_kv_dict *d, const uint8_t *code, int s, qf_kv_coef f,
-                       float *out) {
-    const int dim = d->head_dim;
-    const uint8_t *ci = code;
-    const uint8_t *cc = code + (size_t)s * (d->n_atoms <= 256 ? 1 : 2);
-    float sc = 0;
-    if (f == QF_KV_COEF_Q8) {
-        sc = qf_f16_to_f32((uint16_t)(cc[0] | cc[1] << 8));
-        cc += 2;
-    }
-    for (int t = 0; t < dim; t++) out[t] = 0;
-    for (int j = 0; j < s; j++) {
-        int a = d->n_atoms <= 256 ? ci[j] : (ci[2 * j] | ci[2 * j + 1] << 8);
-        float c = f == QF_KV_COEF_Q8 ? (float)(int8_t)cc[j] * sc
-                                     : qf_f16_to_f32((uint16_t)(cc[2 * j] | cc[2 * j + 1] << 8));
-        if (a >= d->n_atoms || c == 0) continue; /* a corrupt index decodes to nothing */
-        const float *at = d->atoms + (size_t)a * dim;
-        for (int t = 0; t < dim; t++) out[t] += c * at[t];
-    }
 }

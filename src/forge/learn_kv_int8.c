@@ -101,19 +101,5 @@ qf_status qf_kv_int8_fit(const float *x, int64_t n, int n_kv_head, int head_dim,
     return QF_OK;
 }
 
-void qf_kv_int8_inv_scale(const float *scale, float *inv, int n) {
-    for (int i = 0; i < n; i++) inv[i] = scale[i] != 0 ? 1.0f / scale[i] : 0.0f;
-}
-
-/* Written so the compiler vectorises it: fmaxf/fminf also map NaN to -127 (fmaxf returns
- * the non-NaN operand), so the float-to-int conversion is always in range. */
-void qf_kv_int8_quantize(const float *x, const float *inv_scale, int8_t *q, int n) {
-    for (int i = 0; i < n; i++) {
-        float v = fminf(fmaxf(x[i] * inv_scale[i], -127.0f), 127.0f);
-        q[i] = (int8_t)(v + (v >= 0 ? 0.5f : -0.5f));
-    }
-}
-
-void qf_kv_int8_dequantize(const int8_t *q, const float *scale, float *x, int n) {
-    for (int i = 0; i < n; i++) x[i] = (float)q[i] * scale[i];
-}
+/* qf_kv_int8_inv_scale / _quantize / _dequantize (the row quantizer the engine calls per
+ * token) live in src/engine/kv_codes.c. */
