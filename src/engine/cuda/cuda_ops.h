@@ -1,0 +1,49 @@
+/* cuda_ops.h: single CUDA operations of the backend, exposed for tests/test_cuda.c, which
+ * checks each one against the CPU scalar oracle. Built only with QF_HAVE_CUDA (no stub):
+ * callers guard with #ifdef QF_HAVE_CUDA. Every pointer argument is host memory; each call
+ * uploads its inputs, runs the same kernel the forward pass runs and downloads the result. */
+#ifndef QF_CUDA_OPS_H
+#define QF_CUDA_OPS_H
+
+#include "qforge/error.h"
+#include "qforge/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* matmul routes */
+typedef enum {
+    QF_CUDA_MM_AUTO = 0,  /* what the forward pass picks for this n */
+    QF_CUDA_MM_MATVEC,    /* fused dequantize + dot, f32 activations (decode, n <= 8) */
+    QF_CUDA_MM_GEMM_F16,  /* dequantize to f16, cuBLAS f16 x f16 -> f32 accumulate (prefill) */
+    QF_CUDA_MM_GEMM_F32   /* dequantize to f32, cuBLAS sgemm (QF_CUDA_GEMM=f32) */
+} qf_cuda_mm_route;
+
+/* dst[rows][k] = dequantize(src) (src: rows of type t, k a multiple of the block size) */
+qf_status qf_cuda_op_dequant(qf_type t, const void *src, int64_t rows, int64_t k, float *dst, qf_error *err);
+/* y[n][w->ne1] = x[n][w->ne0] . W^T */
+qf_status qf_cuda_op_matmul(const qf_weight *w, const float *x, int n, float *y, qf_cuda_mm_route route,
+                            qf_error *err);
+qf_status qf_cuda_op_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, qf_error *err);
+/* rotate in place: v[n][n_heads][head_dim], tables cs/sn [n][n_rot/2] */
+qf_status qf_cuda_op_rope(float *v, int n, int n_heads, int head_dim, int n_rot, qf_rope_type type,
+                          const float *cs, const float *sn, qf_error *err);
+qf_status qf_cuda_op_silu_mul(const float *g, const float *u, size_t n, float *out, qf_error *err);
+/* Causal GQA attention of n queries at positions [pos0, pos0+n) against a cache holding
+ * positions [0, pos0+n): q[n][n_head][hd], k/v [pos0+n][n_head_kv][hd] (f32; stored in the
+ * cache in `mode`: f32, f16, q8_0, q4_0), out[n][n_head][hd]. */
+qf_status qf_cuda_op_attention(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
+                               int n_head_kv, int hd, qf_kv_mode mode, float *out, qf_error *err);
+
+/* Bytes of weights the context holds on the GPU and the route counters (for the bench). */
+typedef struct {
+    size_t weight_bytes, kv_bytes, scratch_bytes;
+} qf_cuda_info;
+struct qf_cuda_ctx;
+void qf_cuda_ctx_info(const struct qf_cuda_ctx *g, qf_cuda_info *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

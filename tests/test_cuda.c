@@ -1,0 +1,450 @@
+/* test_cuda.c: the CUDA backend certified against the CPU engine.
+ *
+ * Per operation (as ggml's test-backend-ops): each GPU kernel against the CPU scalar oracle on
+ * random inputs, with a normalized-MSE bound per op (sum (gpu-cpu)^2 / sum cpu^2).
+ * End to end: GPU vs CPU logits and captured K/V on the real demo models (prefill + decode),
+ * and perplexity on the kerneldoc-demo corpus within 0.1% of the CPU route with the same KV
+ * cache type. Everything GPU-side SKIPs with a message when no GPU answers; the device
+ * selection (cuda refused with QF_ERR_DEVICE, auto falls back to the CPU) runs everywhere. */
+#include <stdint.h>
+#include <unistd.h>
+
+#include "qforge/model.h"
+#include "qforge/ppl.h"
+#include "qforge/quant.h"
+#include "test.h"
+#ifdef QF_HAVE_CUDA
+#include "engine/cuda/cuda_ops.h"
+#endif
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float frand(void) { /* uniform [-1, 1) */
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+static double nmse(const float *got, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+        if (!isfinite(got[i])) return INFINITY;
+    }
+    return den > 0 ? num / den : num;
+}
+
+static const char *model_path(const char *name) {
+    const char *p = test_data(name);
+    if (!p && strcmp(name, "models/qforge-demo-11m-f16.gguf") == 0 &&
+        access("assets/models/qforge-demo-11m-f16.gguf", R_OK) == 0)
+        p = "assets/models/qforge-demo-11m-f16.gguf";
+    return p;
+}
+
+/* ---- runs everywhere: device selection ---- */
+
+TEST(device_selection) {
+    const char *path = model_path("models/qforge-demo-11m-f16.gguf");
+    if (!path) SKIP("demo model not found");
+    qf_error err = {0};
+    qf_model *m = qf_model_load(path, &err);
+    CHECK(m);
+    if (!m) return;
+    qf_context_params p = qf_context_default_params();
+    p.n_ctx = 64;
+    p.device = QF_DEVICE_AUTO;
+    qf_context *c = qf_context_new(m, &p, &err);
+    CHECK(c);
+    if (c) CHECK_EQ_INT(qf_context_device(c), qf_cuda_available() ? QF_DEVICE_CUDA : QF_DEVICE_CPU);
+    qf_context_free(c);
+    if (!qf_cuda_available()) {
+        p.device = QF_DEVICE_CUDA;
+        c = qf_context_new(m, &p, &err);
+        CHECK(!c);
+        CHECK_EQ_INT(err.code, QF_ERR_DEVICE);
+        printf("  --device cuda without a GPU: %s\n", err.msg);
+        qf_context_free(c);
+    }
+    qf_model_free(m);
+}
+
+#ifdef QF_HAVE_CUDA
+#define NEED_GPU()                                                                  \
+    do {                                                                            \
+        if (!qf_cuda_available()) SKIP("no CUDA GPU on this machine (built with nvcc)"); \
+    } while (0)
+
+static const qf_type all_types[] = {QF_TYPE_F32,  QF_TYPE_F16,  QF_TYPE_BF16, QF_TYPE_Q4_0, QF_TYPE_Q5_0,
+                                    QF_TYPE_Q8_0, QF_TYPE_Q4_K, QF_TYPE_Q5_K, QF_TYPE_Q6_K};
+#define N_TYPES (sizeof all_types / sizeof all_types[0])
+
+/* rows x k of type t: quantized from random floats where we have a quantizer, else random
+ * bytes with sane f16 super-block scales (the K formats) */
+static void *rand_weight(qf_type t, int64_t rows, int64_t k) {
+    size_t rb = qf_row_bytes(t, k);
+    uint8_t *buf = malloc(rb * rows);
+    float *src = malloc((size_t)k * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < k; i++) src[i] = frand() * 0.5f;
+        uint8_t *row = buf + (size_t)r * rb;
+        if (qf_quantize_row_ref(t, src, row, k)) continue;
+        for (size_t i = 0; i < rb; i++) row[i] = (uint8_t)(frand() * 128 + 128);
+        size_t bb = qf_type_block_bytes(t);
+        for (size_t b = 0; b < rb / bb; b++) {
+            uint8_t *p = row + b * bb;
+            uint16_t h = (uint16_t)(0x1C00 + ((uint16_t)(frand() * 100 + 100))); /* ~0.004 */
+            if (t == QF_TYPE_Q6_K) p[208] = h & 0xFF, p[209] = h >> 8;
+            else p[0] = h & 0xFF, p[1] = h >> 8, p[2] = h & 0xFF, p[3] = h >> 8;
+        }
+    }
+    free(src);
+    return buf;
+}
+
+TEST(op_dequant) {
+    NEED_GPU();
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        qf_type t = all_types[ti];
+        int64_t rows = 37, k = 512;
+        void *w = rand_weight(t, rows, k);
+        float *ref = malloc(rows * k * 4), *got = malloc(rows * k * 4);
+        for (int64_t r = 0; r < rows; r++)
+            qf_dequantize_row_ref(t, (uint8_t *)w + r * qf_row_bytes(t, k), ref + r * k, k);
+        qf_error err = {0};
+        CHECK_MSG(qf_cuda_op_dequant(t, w, rows, k, got, &err) == QF_OK, "%s", err.msg);
+        double e = nmse(got, ref, rows * k);
+        printf("  dequant %-5s nmse %.3g\n", qf_type_name(t), e);
+        CHECK_MSG(e <= 1e-12, "dequant %s nmse %g", qf_type_name(t), e);
+        free(w), free(ref), free(got);
+    }
+}
+
+TEST(op_matmul) {
+    NEED_GPU();
+    const int K = 512, N = 96, ns[] = {1, 5, 33};
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        qf_type t = all_types[ti];
+        qf_weight w = {.type = t, .ne0 = K, .ne1 = N, .row_bytes = qf_row_bytes(t, K)};
+        void *wd = rand_weight(t, N, K);
+        w.data = wd;
+        float *wf = malloc((size_t)N * K * 4);
+        for (int r = 0; r < N; r++) qf_dequantize_row_ref(t, (uint8_t *)wd + (size_t)r * w.row_bytes, wf + (size_t)r * K, K);
+        for (size_t ni = 0; ni < 3; ni++) {
+            int n = ns[ni];
+            float *x = malloc((size_t)n * K * 4), *ref = malloc((size_t)n * N * 4), *got = malloc((size_t)n * N * 4);
+            for (int i = 0; i < n * K; i++) x[i] = frand();
+            for (int tt = 0; tt < n; tt++)
+                for (int r = 0; r < N; r++) {
+                    double s = 0;
+                    for (int i = 0; i < K; i++) s += (double)x[(size_t)tt * K + i] * wf[(size_t)r * K + i];
+                    ref[(size_t)tt * N + r] = (float)s;
+                }
+            qf_cuda_mm_route routes[] = {QF_CUDA_MM_MATVEC, QF_CUDA_MM_GEMM_F16, QF_CUDA_MM_GEMM_F32};
+            const char *rn[] = {"matvec", "gemm-f16", "gemm-f32"};
+            double bound[] = {1e-10, 2e-6, 1e-10};
+            for (int ri = 0; ri < 3; ri++) {
+                if (routes[ri] == QF_CUDA_MM_MATVEC && n > 8) continue;
+                qf_error err = {0};
+                CHECK_MSG(qf_cuda_op_matmul(&w, x, n, got, routes[ri], &err) == QF_OK, "%s", err.msg);
+                double e = nmse(got, ref, (size_t)n * N);
+                if (n == ns[ni] && ni == 1) printf("  matmul %-5s n=%-2d %-8s nmse %.3g\n", qf_type_name(t), n, rn[ri], e);
+                CHECK_MSG(e <= bound[ri], "matmul %s n=%d %s nmse %g", qf_type_name(t), n, rn[ri], e);
+            }
+            free(x), free(ref), free(got);
+        }
+        free(wd), free(wf);
+    }
+}
+
+TEST(op_rmsnorm_silu) {
+    NEED_GPU();
+    const int n = 7, d = 384;
+    float x[7 * 384], g[384], ref[7 * 384], got[7 * 384], u[7 * 384];
+    for (int i = 0; i < n * d; i++) x[i] = frand() * 3, u[i] = frand() * 2;
+    for (int i = 0; i < d; i++) g[i] = frand();
+    for (int t = 0; t < n; t++) {
+        double ss = 0;
+        for (int i = 0; i < d; i++) ss += (double)(x[t * d + i] * x[t * d + i]);
+        float scale = 1.0f / sqrtf((float)(ss / d) + 1e-5f);
+        for (int i = 0; i < d; i++) ref[t * d + i] = x[t * d + i] * scale * g[i];
+    }
+    qf_error err = {0};
+    CHECK(qf_cuda_op_rmsnorm(x, g, n, d, 1e-5f, got, &err) == QF_OK);
+    double e = nmse(got, ref, n * d);
+    printf("  rmsnorm nmse %.3g\n", e);
+    CHECK(e <= 1e-12);
+    for (int i = 0; i < n * d; i++) ref[i] = x[i] / (1.0f + expf(-x[i])) * u[i];
+    CHECK(qf_cuda_op_silu_mul(x, u, (size_t)n * d, got, &err) == QF_OK);
+    e = nmse(got, ref, n * d);
+    printf("  silu*up nmse %.3g\n", e);
+    CHECK(e <= 1e-12);
+}
+
+TEST(op_rope) {
+    NEED_GPU();
+    const int n = 5, nh = 3, hd = 64;
+    for (int ty = 0; ty < 2; ty++)
+        for (int n_rot = hd; n_rot >= hd / 2; n_rot -= hd / 2) {
+            qf_rope_type type = ty ? QF_ROPE_NEOX : QF_ROPE_NORM;
+            int half = n_rot / 2;
+            float v[5 * 3 * 64], ref[5 * 3 * 64], cs[5 * 32], sn[5 * 32];
+            for (int i = 0; i < n * nh * hd; i++) ref[i] = v[i] = frand();
+            for (int t = 0; t < n; t++) {
+                float theta = (float)(100 + t), ts = powf(10000.0f, -2.0f / n_rot);
+                for (int i = 0; i < half; i++, theta *= ts) cs[t * half + i] = cosf(theta), sn[t * half + i] = sinf(theta);
+            }
+            for (int t = 0; t < n; t++)
+                for (int h = 0; h < nh; h++) {
+                    float *x = ref + (t * nh + h) * hd;
+                    for (int i = 0; i < half; i++) {
+                        int a = ty ? i : 2 * i, b = ty ? i + half : 2 * i + 1;
+                        float x0 = x[a], x1 = x[b];
+                        x[a] = x0 * cs[t * half + i] - x1 * sn[t * half + i];
+                        x[b] = x0 * sn[t * half + i] + x1 * cs[t * half + i];
+                    }
+                }
+            qf_error err = {0};
+            CHECK(qf_cuda_op_rope(v, n, nh, hd, n_rot, type, cs, sn, &err) == QF_OK);
+            double e = nmse(v, ref, n * nh * hd);
+            printf("  rope %s n_rot %d nmse %.3g\n", ty ? "neox" : "norm", n_rot, e);
+            CHECK(e <= 1e-12);
+        }
+}
+
+static qf_type kv_type(qf_kv_mode m) {
+    return m == QF_KV_F32 ? QF_TYPE_F32 : m == QF_KV_F16 ? QF_TYPE_F16 : m == QF_KV_Q8_0 ? QF_TYPE_Q8_0 : QF_TYPE_Q4_0;
+}
+
+TEST(op_attention) {
+    NEED_GPU();
+    struct { int n, pos0, nh, nkv, hd; } cases[] = {{7, 20, 8, 2, 64}, {1, 300, 4, 4, 128}, {33, 0, 8, 4, 8}, {16, 5, 6, 2, 256}};
+    qf_kv_mode modes[] = {QF_KV_F32, QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (int mi = 0; mi < 4; mi++) {
+            int n = cases[ci].n, pos0 = cases[ci].pos0, nh = cases[ci].nh, nkv = cases[ci].nkv, hd = cases[ci].hd;
+            qf_kv_mode mode = modes[mi];
+            if (hd % 32 && mode >= QF_KV_Q8_0) continue;
+            int T = pos0 + n, Dq = nh * hd;
+            size_t kvn = (size_t)T * nkv * hd;
+            float *q = malloc((size_t)n * Dq * 4), *k = malloc(kvn * 4), *v = malloc(kvn * 4), *kq = malloc(kvn * 4),
+                  *vq = malloc(kvn * 4), *ref = malloc((size_t)n * Dq * 4), *got = malloc((size_t)n * Dq * 4),
+                  *S = malloc((size_t)T * 4);
+            uint8_t *blk = malloc(qf_row_bytes(QF_TYPE_F32, hd));
+            for (int i = 0; i < n * Dq; i++) q[i] = frand() * 2;
+            for (size_t i = 0; i < kvn; i++) k[i] = frand() * 2, v[i] = frand();
+            /* the CPU sees the cache through the same storage type */
+            for (size_t r = 0; r < kvn / hd; r++) {
+                qf_quantize_row(kv_type(mode), k + r * hd, blk, hd);
+                qf_dequantize_row_ref(kv_type(mode), blk, kq + r * hd, hd);
+                qf_quantize_row(kv_type(mode), v + r * hd, blk, hd);
+                qf_dequantize_row_ref(kv_type(mode), blk, vq + r * hd, hd);
+            }
+            float scale = 1.0f / sqrtf((float)hd);
+            for (int i = 0; i < n; i++)
+                for (int h = 0; h < nh; h++) {
+                    int kvh = h / (nh / nkv), last = pos0 + i;
+                    float mx = -INFINITY;
+                    for (int t = 0; t <= last; t++) {
+                        double s = 0;
+                        for (int d = 0; d < hd; d++) s += (double)q[(size_t)i * Dq + h * hd + d] * kq[((size_t)t * nkv + kvh) * hd + d];
+                        S[t] = (float)s * scale;
+                        mx = S[t] > mx ? S[t] : mx;
+                    }
+                    double sum = 0;
+                    for (int t = 0; t <= last; t++) sum += (S[t] = expf(S[t] - mx));
+                    for (int d = 0; d < hd; d++) {
+                        double o = 0;
+                        for (int t = 0; t <= last; t++) o += (double)S[t] * vq[((size_t)t * nkv + kvh) * hd + d];
+                        ref[(size_t)i * Dq + h * hd + d] = (float)(o / sum);
+                    }
+                }
+            qf_error err = {0};
+            CHECK_MSG(qf_cuda_op_attention(q, k, v, n, pos0, nh, nkv, hd, mode, got, &err) == QF_OK, "%s", err.msg);
+            double e = nmse(got, ref, (size_t)n * Dq);
+            printf("  attention n=%d pos0=%d heads %d/%d hd %d kv %-4s nmse %.3g\n", n, pos0, nh, nkv, hd, qf_kv_mode_name(mode), e);
+            CHECK_MSG(e <= 1e-10, "attention kv %s nmse %g", qf_kv_mode_name(mode), e);
+            free(q), free(k), free(v), free(kq), free(vq), free(ref), free(got), free(S), free(blk);
+        }
+}
+
+/* ---- end to end on the real models ---- */
+
+typedef struct {
+    int n_layer, dkv, n_ctx;
+    float *k, *v; /* [layer][pos][dkv] */
+    double act_sum[4];
+} capture;
+
+static void cap_kv(void *user, int layer, int pos0, int n_tok, int n_head_kv, int head_dim, const float *k, const float *v) {
+    capture *c = user;
+    size_t off = ((size_t)layer * c->n_ctx + pos0) * c->dkv, cnt = (size_t)n_tok * n_head_kv * head_dim;
+    memcpy(c->k + off, k, cnt * 4);
+    memcpy(c->v + off, v, cnt * 4);
+}
+static void cap_act(void *user, int layer, qf_act_site site, int n_tok, int dim, const float *x) {
+    capture *c = user;
+    (void)layer;
+    for (size_t i = 0; i < (size_t)n_tok * dim; i++) c->act_sum[site] += fabs(x[i]);
+}
+
+/* prefill n0 tokens then decode n1 more one at a time; logits of every token */
+static bool run_seq(qf_model *m, qf_device dev, bool reference, qf_kv_mode kv, const int32_t *toks, int n0, int n1,
+                    float *logits, capture *cap) {
+    qf_context_params p = qf_context_default_params();
+    p.n_ctx = cap->n_ctx;
+    p.kv_k = p.kv_v = kv;
+    p.device = dev;
+    p.reference = reference;
+    qf_error err = {0};
+    qf_context *c = qf_context_new(m, &p, &err);
+    CHECK_MSG(c, "%s", err.msg);
+    if (!c) return false;
+    CHECK_EQ_INT(qf_context_device(c), dev);
+    qf_tap tap = {.user = cap, .on_kv = cap_kv, .on_act = cap_act};
+    qf_context_set_tap(c, &tap);
+    int nv = qf_model_hparams(m)->n_vocab;
+    bool ok = qf_decode(c, toks, n0, 0, logits, 0, &err) == QF_OK;
+    for (int i = 0; ok && i < n1; i++)
+        ok = qf_decode(c, toks + n0 + i, 1, n0 + i, logits + (size_t)(n0 + i) * nv, 0, &err) == QF_OK;
+    CHECK_MSG(ok, "%s", err.msg);
+    qf_context_free(c);
+    return ok;
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static void e2e_model(const char *name) {
+    const char *path = model_path(name);
+    if (!path) {
+        printf("  %s: not found, skipped\n", name);
+        return;
+    }
+    qf_error err = {0};
+    qf_model *m = qf_model_load(path, &err);
+    CHECK_MSG(m, "%s", err.msg);
+    if (!m) return;
+    const qf_hparams *hp = qf_model_hparams(m);
+    const int n0 = 40, n1 = 4, n = n0 + n1, nv = hp->n_vocab;
+    int32_t toks[44];
+    for (int i = 0; i < n; i++) toks[i] = (int32_t)((frand() * 0.5f + 0.5f) * (nv - 1));
+    capture cc = {hp->n_layer, hp->n_head_kv * hp->head_dim, 64, 0, 0, {0}}, gc = cc;
+    size_t kvn = (size_t)hp->n_layer * 64 * cc.dkv;
+    cc.k = calloc(kvn, 4), cc.v = calloc(kvn, 4), gc.k = calloc(kvn, 4), gc.v = calloc(kvn, 4);
+    float *lc = malloc((size_t)n * nv * 4), *lg = malloc((size_t)n * nv * 4);
+    qf_kv_mode modes[] = {QF_KV_F32, QF_KV_F16, QF_KV_Q8_0};
+    for (int mi = 0; mi < 3; mi++) {
+        if (modes[mi] == QF_KV_Q8_0 && hp->head_dim % 32) continue;
+        bool ok = run_seq(m, QF_DEVICE_CPU, true, modes[mi], toks, n0, n1, lc, &cc) &&
+                  run_seq(m, QF_DEVICE_CUDA, false, modes[mi], toks, n0, n1, lg, &gc);
+        if (!ok) break;
+        double e = nmse(lg, lc, (size_t)n * nv), ek = nmse(gc.k, cc.k, kvn), ev = nmse(gc.v, cc.v, kvn);
+        int agree = 0;
+        for (int t = 0; t < n; t++) agree += argmax(lg + (size_t)t * nv, nv) == argmax(lc + (size_t)t * nv, nv);
+        double ea = fabs(gc.act_sum[3] - cc.act_sum[3]) / cc.act_sum[3];
+        printf("  %-34s kv %-4s logits nmse %.3g (prefill+decode), top-1 %d/%d, tap K nmse %.3g V nmse %.3g, ffn_down act %.2g\n",
+               name + 7, qf_kv_mode_name(modes[mi]), e, agree, n, ek, ev, ea);
+        CHECK_MSG(e <= 1e-4, "%s kv %s: logits nmse %g", name, qf_kv_mode_name(modes[mi]), e);
+        CHECK_MSG(ek <= 1e-4 && ev <= 1e-4, "%s: tap K/V nmse %g %g", name, ek, ev);
+        CHECK(agree >= n - 2);
+        CHECK(ea < 1e-2);
+        memset(cc.act_sum, 0, sizeof cc.act_sum), memset(gc.act_sum, 0, sizeof gc.act_sum);
+    }
+    free(cc.k), free(cc.v), free(gc.k), free(gc.v), free(lc), free(lg);
+    qf_model_free(m);
+}
+
+TEST(e2e_logits_and_taps) {
+    NEED_GPU();
+    e2e_model("models/qforge-demo-11m-f16.gguf");
+    e2e_model("models/qforge-demo-11m-q8_0.gguf");
+    e2e_model("models/qforge-demo-11m-q4_k_m.gguf");
+    e2e_model("models/qforge-demo-qwen2-5m-f16.gguf");
+    e2e_model("models/qforge-demo-qwen2-5m-q4_k_m.gguf");
+}
+
+static char *read_text(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!s) {
+        fclose(f);
+        return NULL;
+    }
+    *len = fread(s, 1, (size_t)n, f);
+    fclose(f);
+    return s;
+}
+
+static double ppl_of(qf_model *m, qf_device dev, qf_kv_mode kv, const char *text, size_t len, double *tps) {
+    qf_context_params p = qf_context_default_params();
+    p.n_ctx = 512;
+    p.kv_k = p.kv_v = kv;
+    p.device = dev;
+    qf_error err = {0};
+    qf_context *c = qf_context_new(m, &p, &err);
+    CHECK_MSG(c, "%s", err.msg);
+    if (!c) return NAN;
+    qf_ppl_params pp = qf_ppl_default_params();
+    pp.n_ctx = 512;
+    pp.n_chunks = 6;
+    qf_ppl_result r;
+    qf_status st = qf_perplexity_text(c, text, len, &pp, &r, &err);
+    CHECK_MSG(st == QF_OK, "%s", err.msg);
+    qf_context_free(c);
+    *tps = r.tokens_per_sec;
+    return st == QF_OK ? r.ppl : NAN;
+}
+
+TEST(e2e_perplexity) {
+    NEED_GPU();
+    const char *cp = test_data("corpora/kerneldoc-demo/docs.txt");
+    if (!cp) SKIP("corpora/kerneldoc-demo/docs.txt not found");
+    size_t len = 0;
+    char *text = read_text(cp, &len);
+    if (!text) SKIP("cannot read the corpus");
+    const char *models[] = {"models/qforge-demo-11m-f16.gguf", "models/qforge-demo-11m-q4_k_m.gguf",
+                            "models/qforge-demo-qwen2-5m-q4_k_m.gguf"};
+    for (size_t i = 0; i < 3; i++) {
+        const char *path = model_path(models[i]);
+        if (!path) continue;
+        qf_error err = {0};
+        qf_model *m = qf_model_load(path, &err);
+        if (!m) continue;
+        qf_kv_mode kvs[] = {QF_KV_F32, QF_KV_F16};
+        for (int k = 0; k < 2; k++) {
+            double tc, tg;
+            double pc = ppl_of(m, QF_DEVICE_CPU, kvs[k], text, len, &tc);
+            double pg = ppl_of(m, QF_DEVICE_CUDA, kvs[k], text, len, &tg);
+            double rel = fabs(pg / pc - 1);
+            printf("  PPL %-34s kv %-3s: CPU %.4f (%.0f tok/s), GPU %.4f (%.0f tok/s), rel diff %.2e\n", models[i] + 7,
+                   qf_kv_mode_name(kvs[k]), pc, tc, pg, tg, rel);
+            CHECK_MSG(rel < 1e-3, "PPL %s: CPU %f vs GPU %f", models[i], pc, pg);
+        }
+        qf_model_free(m);
+    }
+    free(text);
+}
+#endif
+
+int main(void) {
+    RUN(device_selection);
+#ifdef QF_HAVE_CUDA
+    RUN(op_dequant);
+    RUN(op_matmul);
+    RUN(op_rmsnorm_silu);
+    RUN(op_rope);
+    RUN(op_attention);
+    RUN(e2e_logits_and_taps);
+    RUN(e2e_perplexity);
+#endif
+    return test_summary();
+}
