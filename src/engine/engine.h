@@ -3,6 +3,7 @@
 #ifndef QF_ENGINE_H
 #define QF_ENGINE_H
 
+#include "qforge/kvlearn.h"
 #include "qforge/model.h"
 #include "util/util.h"
 
@@ -32,8 +33,34 @@ typedef struct {
     struct qf_kv_dict_bind *dict[2]; /* QF_KV_DICT: per-layer dictionaries, bound by an artifact */
 } qf_kv_cache;
 
+/* QF_KV_DICT storage of one stream: a row is one packed code (qf_kv_code_pack layout:
+ * sparsity atom indices + coefficients); writes OMP-encode, reads decode. */
+struct qf_kv_dict_bind {
+    int n_atoms, sparsity;
+    qf_kv_coef coef;
+    qf_kv_dict *layer;     /* [n_layer]: unit-norm atoms and their Gram matrix */
+    float *scratch;        /* encoder scratch (cache writes run on one thread) */
+    uint16_t *idx;         /* [sparsity] */
+    float *coef_buf;       /* [sparsity] */
+};
+
+/* How one stream of a cache stores its rows. Plain modes (f32, f16, q8_0, q4_0) need only
+ * `mode`; INT8 needs the static scales, DICT the dictionaries (both copied). */
+typedef struct {
+    qf_kv_mode mode;
+    const float *int8_scale;   /* INT8: [n_layer][n_head_kv][head_dim], every entry > 0 */
+    int n_atoms, sparsity;     /* DICT */
+    qf_kv_coef coef;           /* DICT */
+    const float *const *atoms; /* DICT: atoms[layer] = [n_atoms][head_dim], unit norm */
+} qf_kv_stream_spec;
+
+/* Plain modes only: INT8 and DICT are refused here (they run a certified artifact; see
+ * qf_kv_cache_init_spec and src/engine/artifact_bind.c). */
 qf_status qf_kv_cache_init(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx, qf_kv_mode mk,
                            qf_kv_mode mv, qf_error *err);
+/* Any modes, with the data an artifact binds. On failure *kv is left freed (zeroed). */
+qf_status qf_kv_cache_init_spec(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx,
+                                const qf_kv_stream_spec spec[2], qf_error *err);
 void qf_kv_cache_free(qf_kv_cache *kv);
 /* Write n_rows consecutive rows starting at (pos, kv head 0): src is [n_rows][head_dim]. */
 void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos,
@@ -61,6 +88,10 @@ struct qf_context {
     void *xq;             /* quantized activations for the vec_dot path */
     size_t xq_bytes;
     float *rope_cos, *rope_sin; /* [n_batch][n_rot/2] for the current batch */
+    /* artifact binding (artifact_bind.c): while bound, params.kv_k/kv_v name the artifact's
+     * modes; base_kv_k/base_kv_v are the modes the context was created with */
+    int bound;            /* 0 = nothing bound (calloc'd), else 1 + the qf_artifact_kind */
+    qf_kv_mode base_kv_k, base_kv_v; /* recorded when binding */
 };
 
 #endif

@@ -2,13 +2,17 @@
  *
  * f32 and f16 store the vectors as they are; q8_0 and q4_0 store ggml blocks of 32 along
  * head_dim exactly like llama.cpp's -ctk/-ctv (the uncalibrated baselines); int8 stores one
- * signed byte per element with static scales that a certified kv-int8 artifact binds; dict
- * stores sparse codes that a certified kv-dict artifact's dictionaries reconstruct. */
+ * signed byte per element with the static per-channel scales a certified kv-int8 artifact
+ * binds; dict stores one packed sparse code per row (atom indices + coefficients, the
+ * qf_kv_code_pack layout), OMP-encoded on write against the dictionaries a certified kv-dict
+ * artifact binds and reconstructed on read, so the cache really holds only the codes.
+ * int8 and dict caches are built only through qf_kv_cache_init_spec, with their data. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine.h"
+#include "engine/kv_codes.h"
 
 static const char *const mode_names[QF_KV_MODE_COUNT] = {"f32", "f16", "q8_0", "q4_0", "int8", "dict"};
 
@@ -35,56 +39,147 @@ static qf_type mode_type(qf_kv_mode m) {
     }
 }
 
-static size_t mode_row_bytes(qf_kv_mode m, int head_dim) {
-    if (m == QF_KV_INT8) return (size_t)head_dim;
-    qf_type t = mode_type(m);
-    return t == QF_TYPE_COUNT ? 0 : qf_row_bytes(t, head_dim);
+static void dict_bind_free(struct qf_kv_dict_bind *d, int n_layer) {
+    if (!d) return;
+    if (d->layer)
+        for (int l = 0; l < n_layer; l++) free(d->layer[l].atoms), free(d->layer[l].gram);
+    free(d->layer);
+    free(d->scratch);
+    free(d->idx);
+    free(d->coef_buf);
+    free(d);
 }
 
-qf_status qf_kv_cache_init(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx, qf_kv_mode mk,
-                           qf_kv_mode mv, qf_error *err) {
+static qf_status dict_bind_new(const qf_kv_stream_spec *sp, const qf_hparams *hp, const char *sname,
+                               struct qf_kv_dict_bind **out, qf_error *err) {
+    *out = NULL;
+    int hd = hp->head_dim;
+    if (!sp->atoms || sp->n_atoms < 1 || sp->n_atoms > QF_KV_MAX_ATOMS || sp->sparsity < 1 ||
+        sp->sparsity > hd || sp->sparsity > 64 || sp->sparsity > sp->n_atoms ||
+        (sp->coef != QF_KV_COEF_F16 && sp->coef != QF_KV_COEF_Q8))
+        return qf_fail(err, QF_ERR_ARG,
+                       "dict KV cache (%s): expected 1..%d atoms, sparsity 1..min(atoms, head_dim %d, 64) and "
+                       "coefficients f16 or q8; got %d atoms, sparsity %d",
+                       sname, QF_KV_MAX_ATOMS, hd, sp->n_atoms, sp->sparsity);
+    struct qf_kv_dict_bind *d = calloc(1, sizeof *d);
+    if (!d) goto oom;
+    d->n_atoms = sp->n_atoms, d->sparsity = sp->sparsity, d->coef = sp->coef;
+    d->layer = calloc((size_t)hp->n_layer, sizeof *d->layer);
+    d->scratch = malloc(qf_kv_omp_scratch_floats(sp->n_atoms, sp->sparsity) * sizeof(float));
+    d->idx = malloc((size_t)sp->sparsity * sizeof(uint16_t));
+    d->coef_buf = malloc((size_t)sp->sparsity * sizeof(float));
+    if (!d->layer || !d->scratch || !d->idx || !d->coef_buf) goto oom;
+    size_t na = (size_t)sp->n_atoms;
+    for (int l = 0; l < hp->n_layer; l++) {
+        qf_kv_dict *L = &d->layer[l];
+        L->n_atoms = sp->n_atoms, L->head_dim = hd;
+        L->atoms = malloc(na * hd * sizeof(float));
+        L->gram = malloc(na * na * sizeof(float));
+        if (!L->atoms || !L->gram) goto oom;
+        if (!sp->atoms[l]) {
+            dict_bind_free(d, hp->n_layer);
+            return qf_fail(err, QF_ERR_ARG, "dict KV cache (%s): layer %d has no dictionary", sname, l);
+        }
+        memcpy(L->atoms, sp->atoms[l], na * hd * sizeof(float));
+        for (size_t a = 0; a < na; a++) {
+            float *at = L->atoms + a * hd;
+            double nn = 0;
+            for (int t = 0; t < hd; t++) nn += (double)at[t] * at[t];
+            if (!(nn > 0) || !isfinite(nn)) {
+                dict_bind_free(d, hp->n_layer);
+                return qf_fail(err, QF_ERR_ARG, "dict KV cache (%s): layer %d atom %zu is zero or not finite", sname,
+                               l, a);
+            }
+            float inv = (float)(1.0 / sqrt(nn));
+            for (int t = 0; t < hd; t++) at[t] *= inv;
+        }
+        qf_kv_gram(L->atoms, sp->n_atoms, hd, L->gram);
+    }
+    *out = d;
+    return QF_OK;
+oom:
+    dict_bind_free(d, hp->n_layer);
+    return qf_fail(err, QF_ERR_NOMEM, "dict KV cache (%s): out of memory for the dictionaries", sname);
+}
+
+qf_status qf_kv_cache_init_spec(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx, const qf_kv_stream_spec spec[2],
+                                qf_error *err) {
     memset(kv, 0, sizeof *kv);
-    kv->mode_k = mk;
-    kv->mode_v = mv;
+    kv->mode_k = spec[0].mode;
+    kv->mode_v = spec[1].mode;
     kv->n_layer = hp->n_layer;
     kv->n_ctx = n_ctx;
     kv->n_head_kv = hp->n_head_kv;
     kv->head_dim = hp->head_dim;
-    qf_kv_mode modes[2] = {mk, mv};
+    size_t n_scale = (size_t)hp->n_layer * hp->n_head_kv * hp->head_dim;
     for (int s = 0; s < 2; s++) {
-        if ((unsigned)modes[s] >= QF_KV_MODE_COUNT)
-            return qf_fail(err, QF_ERR_ARG, "unknown KV cache mode %d", (int)modes[s]);
-        if (modes[s] == QF_KV_DICT)
-            return qf_fail(err, QF_ERR_NOT_IMPLEMENTED,
-                           "the dict KV cache mode needs a certified kv-dict artifact (--artifact)");
-        size_t rb = mode_row_bytes(modes[s], hp->head_dim);
-        if (rb == 0)
-            return qf_fail(err, QF_ERR_UNSUPPORTED, "KV cache type %s needs head_dim to be a multiple of 32 (it is %d)",
-                           qf_kv_mode_name(modes[s]), hp->head_dim);
+        const qf_kv_stream_spec *sp = &spec[s];
+        const char *sname = s ? "V" : "K";
+        qf_status st;
+        size_t rb;
+        if ((unsigned)sp->mode >= QF_KV_MODE_COUNT) {
+            qf_kv_cache_free(kv);
+            return qf_fail(err, QF_ERR_ARG, "unknown KV cache mode %d", (int)sp->mode);
+        }
+        if (sp->mode == QF_KV_INT8) {
+            if (!sp->int8_scale) {
+                qf_kv_cache_free(kv);
+                return qf_fail(err, QF_ERR_ARG, "int8 KV cache (%s): no scales given", sname);
+            }
+            kv->int8_scale[s] = malloc(n_scale * sizeof(float));
+            kv->int8_inv_scale[s] = malloc(n_scale * sizeof(float));
+            if (!kv->int8_scale[s] || !kv->int8_inv_scale[s]) goto oom;
+            for (size_t i = 0; i < n_scale; i++) {
+                float v = sp->int8_scale[i];
+                if (!(v > 0) || !isfinite(v)) {
+                    qf_kv_cache_free(kv);
+                    return qf_fail(err, QF_ERR_ARG, "int8 KV cache (%s): scale %zu is %g, expected a finite value > 0",
+                                   sname, i, (double)v);
+                }
+                kv->int8_scale[s][i] = v;
+            }
+            qf_kv_int8_inv_scale(kv->int8_scale[s], kv->int8_inv_scale[s], (int)n_scale);
+            rb = (size_t)hp->head_dim;
+        } else if (sp->mode == QF_KV_DICT) {
+            if ((st = dict_bind_new(sp, hp, sname, &kv->dict[s], err))) {
+                qf_kv_cache_free(kv);
+                return st;
+            }
+            rb = qf_kv_code_bytes(sp->n_atoms, sp->sparsity, sp->coef);
+        } else {
+            rb = qf_row_bytes(mode_type(sp->mode), hp->head_dim);
+            if (rb == 0) {
+                qf_kv_cache_free(kv);
+                return qf_fail(err, QF_ERR_UNSUPPORTED,
+                               "KV cache type %s needs head_dim to be a multiple of 32 (it is %d)",
+                               qf_kv_mode_name(sp->mode), hp->head_dim);
+            }
+        }
         kv->row_bytes[s] = rb;
         kv->data[s] = calloc((size_t)hp->n_layer, sizeof(uint8_t *));
         if (!kv->data[s]) goto oom;
         size_t per_layer = rb * (size_t)n_ctx * (size_t)hp->n_head_kv;
-        for (int l = 0; l < hp->n_layer; l++) {
-            kv->data[s][l] = qf_malloc_aligned(per_layer);
-            if (!kv->data[s][l]) goto oom;
-        }
-        if (modes[s] == QF_KV_INT8) {
-            size_t n = (size_t)hp->n_layer * hp->n_head_kv * hp->head_dim;
-            kv->int8_scale[s] = malloc(n * sizeof(float));
-            kv->int8_inv_scale[s] = malloc(n * sizeof(float));
-            if (!kv->int8_scale[s] || !kv->int8_inv_scale[s]) goto oom;
-            /* until an artifact binds calibrated scales, a fixed conservative range */
-            for (size_t i = 0; i < n; i++) {
-                kv->int8_scale[s][i] = 16.0f / 127.0f;
-                kv->int8_inv_scale[s][i] = 127.0f / 16.0f;
-            }
-        }
+        for (int l = 0; l < hp->n_layer; l++)
+            if (!(kv->data[s][l] = qf_malloc_aligned(per_layer))) goto oom;
     }
     return QF_OK;
 oom:
     qf_kv_cache_free(kv);
     return qf_fail(err, QF_ERR_NOMEM, "out of memory allocating the KV cache (%d positions)", n_ctx);
+}
+
+qf_status qf_kv_cache_init(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx, qf_kv_mode mk,
+                           qf_kv_mode mv, qf_error *err) {
+    memset(kv, 0, sizeof *kv);
+    qf_kv_mode modes[2] = {mk, mv};
+    for (int s = 0; s < 2; s++)
+        if (modes[s] == QF_KV_INT8 || modes[s] == QF_KV_DICT)
+            return qf_fail(err, QF_ERR_ARTIFACT_NOT_CERTIFIED,
+                           "the %s KV cache mode runs only a certified kv-%s artifact: create the context in a "
+                           "plain mode and bind the artifact (qforge ... --artifact X.qfa)",
+                           qf_kv_mode_name(modes[s]), qf_kv_mode_name(modes[s]));
+    qf_kv_stream_spec spec[2] = {{.mode = mk}, {.mode = mv}};
+    return qf_kv_cache_init_spec(kv, hp, n_ctx, spec, err);
 }
 
 void qf_kv_cache_free(qf_kv_cache *kv) {
@@ -94,18 +189,10 @@ void qf_kv_cache_free(qf_kv_cache *kv) {
         free(kv->data[s]);
         free(kv->int8_scale[s]);
         free(kv->int8_inv_scale[s]);
+        dict_bind_free(kv->dict[s], kv->n_layer);
         kv->data[s] = NULL;
         kv->int8_scale[s] = kv->int8_inv_scale[s] = NULL;
-    }
-}
-
-/* Bind static int8 scales ([layer][kv head][head_dim]) for one stream. */
-void qf_kv_cache_set_int8_scales(qf_kv_cache *kv, int stream, const float *scales) {
-    size_t n = (size_t)kv->n_layer * kv->n_head_kv * kv->head_dim;
-    for (size_t i = 0; i < n; i++) {
-        float s = scales[i] > 0 ? scales[i] : 1e-8f;
-        kv->int8_scale[stream][i] = s;
-        kv->int8_inv_scale[stream][i] = 1.0f / s;
+        kv->dict[s] = NULL;
     }
 }
 
@@ -115,20 +202,23 @@ void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_po
     size_t rb = kv->row_bytes[stream];
     int hd = kv->head_dim, nh = kv->n_head_kv;
     uint8_t *dst = kv->data[stream][layer] + (size_t)pos * nh * rb;
-    for (int r = 0; r < n_pos * nh; r++) {
-        const float *x = src + (size_t)r * hd;
-        uint8_t *d = dst + (size_t)r * rb;
-        if (mode == QF_KV_INT8) {
-            const float *inv = kv->int8_inv_scale[stream] + ((size_t)layer * nh + r % nh) * hd;
-            int8_t *q = (int8_t *)d;
-            for (int i = 0; i < hd; i++) {
-                float v = roundf(x[i] * inv[i]);
-                q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
-            }
-        } else {
-            qf_quantize_row(mode_type(mode), x, d, hd);
-        }
+    if (mode == QF_KV_INT8) {
+        /* one token's row of all kv heads is [n_head_kv * head_dim], as the scales are laid out */
+        const float *inv = kv->int8_inv_scale[stream] + (size_t)layer * nh * hd;
+        for (int p = 0; p < n_pos; p++)
+            qf_kv_int8_quantize(src + (size_t)p * nh * hd, inv, (int8_t *)(dst + (size_t)p * nh * rb), nh * hd);
+        return;
     }
+    if (mode == QF_KV_DICT) {
+        struct qf_kv_dict_bind *d = kv->dict[stream];
+        const qf_kv_dict *L = &d->layer[layer];
+        for (int r = 0; r < n_pos * nh; r++) {
+            qf_kv_omp_one(L, src + (size_t)r * hd, d->sparsity, d->scratch, d->idx, d->coef_buf);
+            qf_kv_code_pack(d->idx, d->coef_buf, d->sparsity, d->n_atoms, d->coef, dst + (size_t)r * rb);
+        }
+        return;
+    }
+    for (int r = 0; r < n_pos * nh; r++) qf_quantize_row(mode_type(mode), src + (size_t)r * hd, dst + (size_t)r * rb, hd);
 }
 
 void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos,
@@ -142,11 +232,12 @@ void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, 
         for (int p = 0; p < n_pos; p++) memcpy(dst + (size_t)p * hd, base + p * stride, hd * sizeof(float));
     } else if (mode == QF_KV_INT8) {
         const float *sc = kv->int8_scale[stream] + ((size_t)layer * nh + h) * hd;
-        for (int p = 0; p < n_pos; p++) {
-            const int8_t *q = (const int8_t *)(base + p * stride);
-            float *o = dst + (size_t)p * hd;
-            for (int i = 0; i < hd; i++) o[i] = (float)q[i] * sc[i];
-        }
+        for (int p = 0; p < n_pos; p++)
+            qf_kv_int8_dequantize((const int8_t *)(base + p * stride), sc, dst + (size_t)p * hd, hd);
+    } else if (mode == QF_KV_DICT) {
+        const struct qf_kv_dict_bind *d = kv->dict[stream];
+        const qf_kv_dict *L = &d->layer[layer];
+        for (int p = 0; p < n_pos; p++) qf_kv_code_decode(L, base + p * stride, d->sparsity, d->coef, dst + (size_t)p * hd);
     } else {
         qf_type t = mode_type(mode);
         for (int p = 0; p < n_pos; p++) qf_dequantize_row(t, base + p * stride, dst + (size_t)p * hd, hd);

@@ -1,0 +1,42 @@
+/* qforge/artifact_bind.h: run a certified KV artifact in an inference context.
+ *
+ * A context is created in a plain KV mode (f32, f16, ...). Binding a kv-int8 artifact
+ * rebuilds its KV cache as int8 with the artifact's static per-channel scales; binding a
+ * kv-dict artifact rebuilds it as sparse codes (atom indices + coefficients per row, OMP
+ * encoded on write, reconstructed on read) against the artifact's per-layer dictionaries.
+ * Unbinding restores the modes the context was created with. Cache contents are dropped
+ * either way (clear the positions you run next, as perplexity and generation do).
+ * KV artifacts run on the CPU path: a context on the GPU is refused (QF_ERR_UNSUPPORTED).
+ *
+ * Payloads (what the forge's pipeline writes, docs/forge.md):
+ *   kv-int8  "k_scale", "v_scale": f32 [n_layer, n_head_kv, head_dim] (per channel) or
+ *            [n_layer, n_head_kv] (one scale per head slot), every scale finite and > 0.
+ *   kv-dict  "n_atoms" int, "sparsity" int, "coef" string ("f16" or "q8"), and per layer l
+ *            "k.<l>", "v.<l>": f32 [n_atoms, head_dim] (atoms, re-normalised on binding). */
+#ifndef QFORGE_ARTIFACT_BIND_H
+#define QFORGE_ARTIFACT_BIND_H
+
+#include <stdbool.h>
+
+#include "qforge/artifact.h"
+#include "qforge/model.h"
+
+/* Bind a loaded artifact. It is checked again here (qf_artifact_check against the SHA-256
+ * of the context's model, and its gate), so only an artifact certified for this exact model
+ * runs: QF_ERR_ARTIFACT_WRONG_MODEL / QF_ERR_ARTIFACT_NOT_CERTIFIED otherwise. An awq
+ * artifact is not a KV artifact (QF_ERR_UNSUPPORTED: load the GGUF it names instead). */
+qf_status qf_context_bind_artifact(qf_context *c, const qf_artifact *a, qf_error *err);
+
+/* The certifier's entry: bind a candidate payload that has no certificate yet. Same binding
+ * code as above (so the certified numbers are those of the artifact's real run), no check. */
+qf_status qf_context_bind_payload(qf_context *c, qf_artifact_kind kind, const qf_payload *p,
+                                  qf_error *err);
+
+/* Back to the KV modes the context was created with (a no-op when nothing is bound). Fails
+ * only when the cache cannot be reallocated (QF_ERR_NOMEM; the binding then stays). */
+qf_status qf_context_unbind(qf_context *c, qf_error *err);
+
+/* Whether an artifact is bound, and which kind (kind may be NULL). */
+bool qf_context_bound(const qf_context *c, qf_artifact_kind *kind);
+
+#endif

@@ -1,0 +1,143 @@
+/* artifact_bind.c: bind a loaded, verified KV artifact to an inference context: read the
+ * kv-int8 scales or the kv-dict dictionaries out of its payload, validate every shape
+ * against the context's model, and rebuild the context's KV cache in the artifact's storage
+ * mode (kv_cache.c); unbind restores the context's own modes. Engine side: no forge code. */
+#include "qforge/artifact_bind.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+/* Swap in a freshly built cache; the old one is freed only when the new one exists. */
+static qf_status rebuild(qf_context *c, const qf_kv_stream_spec spec[2], qf_error *err) {
+    qf_kv_cache fresh;
+    qf_status st = qf_kv_cache_init_spec(&fresh, &c->model->hp, c->params.n_ctx, spec, err);
+    if (st) return st;
+    qf_kv_cache_free(&c->kv);
+    c->kv = fresh;
+    c->params.kv_k = spec[0].mode;
+    c->params.kv_v = spec[1].mode;
+    return QF_OK;
+}
+
+static qf_status int8_scales(const qf_payload *p, const char *name, const qf_hparams *hp, float **out,
+                             qf_error *err) {
+    *out = NULL;
+    const qf_payload_entry *e = qf_payload_get(p, name);
+    if (!e || e->type != QF_PAYLOAD_F32)
+        return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-int8 payload: '%s': expected an f32 array", name);
+    size_t L = (size_t)hp->n_layer, H = (size_t)hp->n_head_kv, D = (size_t)hp->head_dim;
+    bool per_channel = e->n_dims == 3 && e->shape[0] == (int64_t)L && e->shape[1] == (int64_t)H &&
+                       e->shape[2] == (int64_t)D;
+    bool per_head = e->n_dims == 2 && e->shape[0] == (int64_t)L && e->shape[1] == (int64_t)H;
+    if (!per_channel && !per_head)
+        return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT,
+                       "kv-int8 payload: '%s': expected shape [%zu, %zu, %zu] or [%zu, %zu] for this model "
+                       "(n_layer, n_head_kv, head_dim), got %d dims [%lld, ...]",
+                       name, L, H, D, L, H, e->n_dims, (long long)e->shape[0]);
+    float *s = malloc(L * H * D * sizeof(float));
+    if (!s) return qf_fail(err, QF_ERR_NOMEM, "kv-int8: out of memory");
+    for (size_t i = 0; i < L * H; i++)
+        for (size_t d = 0; d < D; d++) s[i * D + d] = per_channel ? e->f32[i * D + d] : e->f32[i];
+    *out = s;
+    return QF_OK;
+}
+
+static qf_status bind_int8(qf_context *c, const qf_payload *p, qf_error *err) {
+    float *ks = NULL, *vs = NULL;
+    qf_status st = int8_scales(p, "k_scale", &c->model->hp, &ks, err);
+    if (!st) st = int8_scales(p, "v_scale", &c->model->hp, &vs, err);
+    if (!st) {
+        qf_kv_stream_spec spec[2] = {{.mode = QF_KV_INT8, .int8_scale = ks}, {.mode = QF_KV_INT8, .int8_scale = vs}};
+        st = rebuild(c, spec, err);
+    }
+    free(ks);
+    free(vs);
+    return st;
+}
+
+static qf_status bind_dict(qf_context *c, const qf_payload *p, qf_error *err) {
+    const qf_hparams *hp = &c->model->hp;
+    int64_t na = 0, s = 0;
+    const char *coef = qf_payload_get_string(p, "coef");
+    if (!qf_payload_get_int(p, "n_atoms", &na) || !qf_payload_get_int(p, "sparsity", &s) || !coef)
+        return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT,
+                       "kv-dict payload: expected int 'n_atoms', int 'sparsity' and string 'coef'");
+    qf_kv_coef cf;
+    if (!strcmp(coef, "f16")) cf = QF_KV_COEF_F16;
+    else if (!strcmp(coef, "q8")) cf = QF_KV_COEF_Q8;
+    else return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-dict payload: 'coef': expected \"f16\" or \"q8\", got \"%s\"", coef);
+    if (na < 1 || na > QF_KV_MAX_ATOMS || s < 1 || s > hp->head_dim || s > na)
+        return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-dict payload: n_atoms %lld / sparsity %lld out of range",
+                       (long long)na, (long long)s);
+    const float **atoms[2];
+    atoms[0] = calloc((size_t)hp->n_layer, sizeof(float *));
+    atoms[1] = calloc((size_t)hp->n_layer, sizeof(float *));
+    qf_status st = QF_OK;
+    if (!atoms[0] || !atoms[1]) {
+        st = qf_fail(err, QF_ERR_NOMEM, "kv-dict: out of memory");
+        goto done;
+    }
+    for (int sidx = 0; sidx < 2 && !st; sidx++)
+        for (int l = 0; l < hp->n_layer && !st; l++) {
+            char name[32];
+            snprintf(name, sizeof name, "%c.%d", sidx ? 'v' : 'k', l);
+            const qf_payload_entry *e = qf_payload_get(p, name);
+            if (!e || e->type != QF_PAYLOAD_F32 || e->n_dims != 2 || e->shape[0] != na || e->shape[1] != hp->head_dim)
+                st = qf_fail(err, QF_ERR_ARTIFACT_CORRUPT,
+                             "kv-dict payload: '%s': expected f32 [%lld, %d] (n_atoms, head_dim of this model)", name,
+                             (long long)na, hp->head_dim);
+            else atoms[sidx][l] = e->f32;
+        }
+    if (!st) {
+        qf_kv_stream_spec spec[2];
+        for (int sidx = 0; sidx < 2; sidx++)
+            spec[sidx] = (qf_kv_stream_spec){.mode = QF_KV_DICT, .n_atoms = (int)na, .sparsity = (int)s, .coef = cf,
+                                             .atoms = (const float *const *)atoms[sidx]};
+        st = rebuild(c, spec, err);
+        if (st == QF_ERR_ARG) err->code = st = QF_ERR_ARTIFACT_CORRUPT; /* a zero or non-finite atom */
+    }
+done:
+    free(atoms[0]);
+    free(atoms[1]);
+    return st;
+}
+
+qf_status qf_context_bind_payload(qf_context *c, qf_artifact_kind kind, const qf_payload *p, qf_error *err) {
+    if (c->gpu)
+        return qf_fail(err, QF_ERR_UNSUPPORTED, "KV artifacts run on the CPU path; this context runs on the GPU "
+                                                "(create it with device cpu)");
+    if (kind == QF_ARTIFACT_AWQ)
+        return qf_fail(err, QF_ERR_UNSUPPORTED,
+                       "an awq artifact is not a KV artifact: it names a re-quantized GGUF file to load instead");
+    if (kind != QF_ARTIFACT_KV_INT8 && kind != QF_ARTIFACT_KV_DICT)
+        return qf_fail(err, QF_ERR_ARG, "unknown artifact kind %d", (int)kind);
+    qf_kv_mode bk = c->bound ? c->base_kv_k : c->params.kv_k, bv = c->bound ? c->base_kv_v : c->params.kv_v;
+    qf_status st = kind == QF_ARTIFACT_KV_INT8 ? bind_int8(c, p, err) : bind_dict(c, p, err);
+    if (st) return qf_error_prefix(err, "binding %s: ", qf_artifact_kind_name(kind));
+    c->base_kv_k = bk, c->base_kv_v = bv;
+    c->bound = 1 + (int)kind;
+    return QF_OK;
+}
+
+qf_status qf_context_bind_artifact(qf_context *c, const qf_artifact *a, qf_error *err) {
+    qf_status st = qf_artifact_check(a, qf_model_sha256(c->model), err);
+    if (st) return st;
+    return qf_context_bind_payload(c, a->cert.kind, &a->payload, err);
+}
+
+qf_status qf_context_unbind(qf_context *c, qf_error *err) {
+    if (!c->bound) return QF_OK;
+    qf_kv_stream_spec spec[2] = {{.mode = c->base_kv_k}, {.mode = c->base_kv_v}};
+    qf_status st = rebuild(c, spec, err);
+    if (st) return st;
+    c->bound = 0;
+    return QF_OK;
+}
+
+bool qf_context_bound(const qf_context *c, qf_artifact_kind *kind) {
+    if (c->bound && kind) *kind = (qf_artifact_kind)(c->bound - 1);
+    return c->bound != 0;
+}
