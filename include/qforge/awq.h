@@ -57,7 +57,8 @@
  * Only llama and qwen2 models (QF_ERR_UNSUPPORTED otherwise). Output written atomically. */
 qf_status qf_quantize_model(const char *in_path, const char *out_path, qf_type type, qf_error *err);
 
-/* The type a tensor gets under qf_quantize_model (exposed for tests and docs). */
+/* The type a tensor gets under qf_quantize_model (exposed for tests and docs);
+ * QF_TYPE_COUNT: the tensor is copied unchanged (1-D tensors, norms, non-weights). */
 qf_type qf_quantize_tensor_type(const char *name, uint32_t n_dims, const int64_t *ne, qf_type type,
                                 bool output_tied);
 

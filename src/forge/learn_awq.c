@@ -1,0 +1,719 @@
+/* learn_awq.c: the AWQ learner. Runs the reference model over calibration tokens with a tap
+ * that feeds the capture stage's per-channel statistics and keeps a bounded reservoir of
+ * real input rows per layer and site; searches one alpha per group of linears sharing an
+ * input (s = mean|x|^alpha, scored by the group's output MSE on those rows with the Q4_0
+ * round trip in the loop), optionally a per-block clipping ratio, folds the scales into the
+ * RMSNorm gains / the previous linear's rows, and writes the Q4_0 GGUF through quantize.c.
+ * Also qf_awq_embed_certificate (the qforge.* metadata rewrite). */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "forge/awq_impl.h"
+#include "qforge/awq.h"
+#include "qforge/capture.h"
+#include "qforge/tokenizer.h"
+#include "util/util.h"
+
+#define AWQ_N_CLIP 11 /* clip ratios 1.0, 0.95, ..., 0.5 */
+
+const char *qf_awq_group_name(qf_awq_group g) {
+    switch (g) {
+    case QF_AWQ_QKV: return "qkv";
+    case QF_AWQ_GATE_UP: return "gate_up";
+    case QF_AWQ_DOWN: return "down";
+    case QF_AWQ_VO: return "vo";
+    default: return "?";
+    }
+}
+
+qf_awq_params qf_awq_default_params(void) {
+    qf_awq_params p = {
+        .n_grid = 20,
+        .rows_per_site = 512,
+        .n_ctx = 0,
+        .max_tokens = 8192,
+        .clip = true,
+        .scale_vo = true,
+        .fixed_alpha = -1.0f,
+        .keep_float = false,
+        .n_threads = 0,
+        .progress = false,
+        .seed = 0x5eed,
+    };
+    return p;
+}
+
+void qf_awq_report_free(qf_awq_report *r) {
+    if (!r) return;
+    free(r->alpha);
+    free(r->clip);
+    free(r->mse_rtn);
+    free(r->mse_awq);
+    r->alpha = r->clip = NULL;
+    r->mse_rtn = r->mse_awq = NULL;
+}
+
+/* ---- calibration rows: a reservoir per (layer, site) fed by the tap ---- */
+typedef struct {
+    int dim;
+    int64_t seen, kept;
+    float *rows; /* [cap][dim] */
+} reservoir;
+
+typedef struct {
+    const qf_tap *cap_tap;
+    reservoir *res; /* [n_layer][QF_ACT_SITE_COUNT] */
+    int64_t cap;
+    uint64_t rng;
+} awq_tap_state;
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void awq_on_act(void *user, int layer, qf_act_site site, int n_tok, int dim, const float *x) {
+    awq_tap_state *s = user;
+    if (s->cap_tap && s->cap_tap->on_act) s->cap_tap->on_act(s->cap_tap->user, layer, site, n_tok, dim, x);
+    reservoir *r = &s->res[layer * QF_ACT_SITE_COUNT + site];
+    if (!r->rows || r->dim != dim) return;
+    for (int t = 0; t < n_tok; t++) {
+        int64_t slot = -1;
+        r->seen++;
+        if (r->kept < s->cap) slot = r->kept++;
+        else {
+            uint64_t j = splitmix(&s->rng) % (uint64_t)r->seen;
+            if (j < (uint64_t)s->cap) slot = (int64_t)j;
+        }
+        if (slot >= 0) memcpy(r->rows + slot * dim, x + (size_t)t * dim, (size_t)dim * sizeof(float));
+    }
+}
+
+/* ---- f32 copies of the reference weights ---- */
+static float *weight_f32(const qf_weight *w) {
+    int64_t n = w->ne0 * (w->ne1 > 0 ? w->ne1 : 1);
+    float *out = malloc((size_t)n * sizeof(float));
+    if (!out) return NULL;
+    for (int64_t r = 0; r < (w->ne1 > 0 ? w->ne1 : 1); r++)
+        qf_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, out + r * w->ne0,
+                          w->ne0);
+    return out;
+}
+
+/* Q4_0 round trip of n floats (n a multiple of 32) into dst. */
+static void q4_roundtrip(const float *src, float *dst, int64_t n, void *tmp) {
+    qf_quantize_row(QF_TYPE_Q4_0, src, tmp, n);
+    qf_dequantize_row(QF_TYPE_Q4_0, tmp, dst, n);
+}
+
+/* ---- alpha search for one group ---- */
+typedef struct {
+    const float *X;  /* [n][D] calibration rows */
+    const float *W;  /* [R][D] the group's weights, stacked */
+    const float *Y;  /* [n][R] reference output */
+    const float *mean_abs; /* [D] */
+    int64_t n, D, R;
+    int n_alpha;
+    const float *alphas;
+    double *mse;     /* [n_alpha] */
+    float **wbuf, **ybuf; /* per thread [R][D], [n][R] */
+    void **qbuf;     /* per thread Q4_0 row */
+    bool failed;
+} search_job;
+
+static void make_scales(const float *mean_abs, int64_t D, float alpha, float *s) {
+    float mx = 0, mn = INFINITY;
+    for (int64_t c = 0; c < D; c++) {
+        float v = powf(fmaxf(mean_abs[c], 1e-12f), alpha);
+        if (v < 1e-4f) v = 1e-4f;
+        s[c] = v;
+        mx = fmaxf(mx, v);
+        mn = fminf(mn, v);
+    }
+    float norm = sqrtf(mx * mn);
+    if (!(norm > 0) || !isfinite(norm)) norm = 1;
+    for (int64_t c = 0; c < D; c++) s[c] /= norm;
+}
+
+static double group_mse(search_job *j, int ith, float alpha) {
+    const int64_t D = j->D, R = j->R, n = j->n;
+    float *Wq = j->wbuf[ith], *Yq = j->ybuf[ith];
+    float *s = malloc((size_t)D * sizeof(float)), *row = malloc((size_t)D * sizeof(float));
+    if (!s || !row) {
+        free(s);
+        free(row);
+        j->failed = true;
+        return INFINITY;
+    }
+    make_scales(j->mean_abs, D, alpha, s);
+    for (int64_t r = 0; r < R; r++) {
+        const float *w = j->W + r * D;
+        for (int64_t c = 0; c < D; c++) row[c] = w[c] * s[c];
+        q4_roundtrip(row, Wq + r * D, D, j->qbuf[ith]);
+        for (int64_t c = 0; c < D; c++) Wq[r * D + c] /= s[c];
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)R, (int)D, 1.0f, j->X, (int)D, Wq,
+                (int)D, 0.0f, Yq, (int)R);
+    double e = 0;
+    for (int64_t i = 0; i < n * R; i++) {
+        double d = (double)Yq[i] - (double)j->Y[i];
+        e += d * d;
+    }
+    free(s);
+    free(row);
+    return e / (double)(n * R);
+}
+
+static void search_worker(void *arg, int ith, int nth) {
+    search_job *j = arg;
+    for (int a = ith; a < j->n_alpha; a += nth) j->mse[a] = group_mse(j, ith, j->alphas[a]);
+}
+
+/* ---- per-block clip search on a folded weight (diagonal importance) ---- */
+typedef struct {
+    float *W;          /* [R][D], clamped in place */
+    const float *imp;  /* [D] E[x^2] of the (scaled) input */
+    int64_t R, D;
+    double chosen_sum; /* sum of chosen ratios (per thread slot) */
+    double *ratio_sum; /* [nth] */
+} clip_job;
+
+static void clip_worker(void *arg, int ith, int nth) {
+    clip_job *j = arg;
+    int64_t lo, hi;
+    qf_split_range(j->R, ith, nth, &lo, &hi);
+    uint8_t qb[32];
+    float cl[32], dq[32];
+    double sum = 0;
+    for (int64_t r = lo; r < hi; r++) {
+        for (int64_t b = 0; b < j->D; b += 32) {
+            float *w = j->W + r * j->D + b;
+            const float *imp = j->imp + b;
+            float amax = 0;
+            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(w[i]));
+            if (amax == 0) {
+                sum += 1;
+                continue;
+            }
+            double best = INFINITY;
+            float best_c = 1;
+            for (int k = 0; k < AWQ_N_CLIP; k++) {
+                float c = 1.0f - 0.05f * (float)k, lim = c * amax;
+                for (int i = 0; i < 32; i++) cl[i] = fminf(fmaxf(w[i], -lim), lim);
+                q4_roundtrip(cl, dq, 32, qb);
+                double e = 0;
+                for (int i = 0; i < 32; i++) {
+                    double d = (double)w[i] - (double)dq[i];
+                    e += (double)imp[i] * d * d;
+                }
+                if (e < best) {
+                    best = e;
+                    best_c = c;
+                }
+            }
+            if (best_c < 1) {
+                float lim = best_c * amax;
+                for (int i = 0; i < 32; i++) w[i] = fminf(fmaxf(w[i], -lim), lim);
+            }
+            sum += best_c;
+        }
+    }
+    j->ratio_sum[ith] = sum;
+}
+
+/* ---- folded tensors handed to the writer ---- */
+typedef struct {
+    char name[96];
+    float *data;
+    int64_t n;
+} override_t;
+
+typedef struct {
+    override_t *v;
+    int n, cap;
+} override_set;
+
+static float *ov_add(override_set *o, const char *name, float *data, int64_t n) {
+    if (!data) return NULL;
+    if (o->n == o->cap) {
+        int cap = o->cap ? o->cap * 2 : 64;
+        override_t *nv = realloc(o->v, (size_t)cap * sizeof *nv);
+        if (!nv) {
+            free(data);
+            return NULL;
+        }
+        o->v = nv;
+        o->cap = cap;
+    }
+    snprintf(o->v[o->n].name, sizeof o->v[o->n].name, "%s", name);
+    o->v[o->n].data = data;
+    o->v[o->n].n = n;
+    o->n++;
+    return data;
+}
+
+static float *ov_get(override_set *o, const char *name) {
+    for (int i = 0; i < o->n; i++)
+        if (!strcmp(o->v[i].name, name)) return o->v[i].data;
+    return NULL;
+}
+
+static const float *ov_lookup(void *user, const char *name) { return ov_get(user, name); }
+
+static void ov_free(override_set *o) {
+    for (int i = 0; i < o->n; i++) free(o->v[i].data);
+    free(o->v);
+}
+
+/* Folded f32 tensor for blk.<il>.<what>: created from the model's weight on first use. */
+static float *ov_tensor(override_set *o, int il, const char *what, const qf_weight *w) {
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.%s", il, what);
+    float *d = ov_get(o, name);
+    if (d) return d;
+    return ov_add(o, name, weight_f32(w), w->ne0 * (w->ne1 > 0 ? w->ne1 : 1));
+}
+
+static void scale_cols(float *W, int64_t R, int64_t D, const float *s) {
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c = 0; c < D; c++) W[r * D + c] *= s[c];
+}
+
+static void scale_rows_inv(float *W, int64_t R, int64_t D, const float *s) {
+    for (int64_t r = 0; r < R; r++) {
+        float inv = 1.0f / s[r];
+        for (int64_t c = 0; c < D; c++) W[r * D + c] *= inv;
+    }
+}
+
+static bool is_q4(const qf_weight *w) { return w->ne0 % 32 == 0; }
+
+qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
+                     const qf_awq_params *pin, const char *out_gguf, qf_awq_report *rep,
+                     qf_error *err) {
+    double t0 = qf_now_sec();
+    qf_awq_params p = pin ? *pin : qf_awq_default_params();
+    if (rep) memset(rep, 0, sizeof *rep);
+    if (!m || !out_gguf) return qf_fail(err, QF_ERR_ARG, "awq: model and output path are required");
+    if (p.n_grid < 1 || p.n_grid > 1000)
+        return qf_fail(err, QF_ERR_ARG, "awq: n_grid %d: expected 1..1000", p.n_grid);
+    if (p.rows_per_site < 1)
+        return qf_fail(err, QF_ERR_ARG, "awq: rows_per_site %d: expected >= 1", p.rows_per_site);
+    if (p.fixed_alpha > 1 || isnan(p.fixed_alpha))
+        return qf_fail(err, QF_ERR_ARG, "awq: fixed_alpha %g: expected < 0 (search) or [0, 1]",
+                       (double)p.fixed_alpha);
+    const qf_gguf *src = qf_model_gguf(m);
+    qf_status st = qf_forge_check_arch(src, err);
+    if (st) return st;
+    const qf_hparams *hp = qf_model_hparams(m);
+    int n_ctx = p.n_ctx > 0 ? p.n_ctx : (hp->n_ctx_train < 512 ? hp->n_ctx_train : 512);
+    if (n_ctx < 2) n_ctx = 2;
+    int64_t n_tok = n_calib;
+    if (p.max_tokens > 0 && p.max_tokens < n_tok) n_tok = p.max_tokens;
+    if (!calib_tokens || n_tok < 2)
+        return qf_fail(err, QF_ERR_ARG, "awq: %lld calibration tokens: expected at least 2",
+                       (long long)n_tok);
+    int n_threads = p.n_threads > 0 ? p.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (n_threads < 1) n_threads = 1;
+    const int L = hp->n_layer, D = hp->n_embd, F = hp->n_ff, Dq = hp->n_head * hp->head_dim;
+    const bool vo_ok = hp->n_head == hp->n_head_kv;
+
+    /* ---- capture: statistics (capture.h) + row reservoirs (our tap) ---- */
+    qf_capture_params cpar = {.max_per_layer = 0, .activations = true, .seed = p.seed};
+    qf_capture *cap = qf_capture_new(hp, &cpar, err);
+    if (!cap) return err ? err->code : QF_ERR_NOMEM;
+    awq_tap_state ts = {.cap_tap = qf_capture_tap(cap), .cap = p.rows_per_site, .rng = p.seed};
+    ts.res = calloc((size_t)L * QF_ACT_SITE_COUNT, sizeof(reservoir));
+    qf_context *ctx = NULL;
+    override_set ov = {0};
+    float *Y = NULL;
+    search_job sj = {0};
+    qf_pool *pool = NULL;
+    if (!ts.res) goto nomem;
+    for (int l = 0; l < L; l++)
+        for (int s = 0; s < QF_ACT_SITE_COUNT; s++) {
+            reservoir *r = &ts.res[l * QF_ACT_SITE_COUNT + s];
+            r->dim = s == QF_ACT_FFN_DOWN ? F : s == QF_ACT_ATTN_OUT ? Dq : D;
+            if (s == QF_ACT_ATTN_OUT && !(vo_ok && p.scale_vo)) continue;
+            r->rows = malloc((size_t)p.rows_per_site * (size_t)r->dim * sizeof(float));
+            if (!r->rows) goto nomem;
+        }
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = n_ctx;
+    cp.n_batch = n_ctx;
+    cp.n_threads = n_threads;
+    cp.device = QF_DEVICE_CPU;
+    ctx = qf_context_new(m, &cp, err);
+    if (!ctx) {
+        st = err ? err->code : QF_ERR_NOMEM;
+        goto done;
+    }
+    {
+        const qf_tokenizer *tok = qf_model_tokenizer(m);
+        bool add_bos = qf_tokenizer_add_bos(tok) && qf_tokenizer_bos(tok) >= 0;
+        int32_t *w = malloc((size_t)n_ctx * sizeof(int32_t));
+        if (!w) goto nomem;
+        qf_tap tap = {.user = &ts, .on_kv = NULL, .on_act = awq_on_act};
+        qf_context_set_tap(ctx, &tap);
+        qf_progress bar;
+        if (p.progress) qf_progress_begin(&bar, "awq capture", n_tok);
+        for (int64_t start = 0; start < n_tok && !st; start += n_ctx) {
+            int n = (int)(n_tok - start < n_ctx ? n_tok - start : n_ctx);
+            memcpy(w, calib_tokens + start, (size_t)n * sizeof(int32_t));
+            if (add_bos) w[0] = qf_tokenizer_bos(tok);
+            qf_context_kv_clear(ctx);
+            st = qf_decode(ctx, w, n, 0, NULL, n, err);
+            if (p.progress) qf_progress_update(&bar, start + n);
+        }
+        if (p.progress) qf_progress_end(&bar);
+        qf_context_set_tap(ctx, NULL);
+        free(w);
+        if (st) {
+            qf_error_prefix(err, "awq capture: ");
+            st = QF_ERR_CAPTURE_FAILED;
+            if (err) err->code = st;
+            goto done;
+        }
+    }
+    qf_context_free(ctx);
+    ctx = NULL;
+
+    if (rep) {
+        size_t k = (size_t)L * QF_AWQ_GROUP_COUNT;
+        rep->n_layer = L;
+        rep->alpha = malloc(k * sizeof(float));
+        rep->clip = malloc(k * sizeof(float));
+        rep->mse_rtn = calloc(k, sizeof(double));
+        rep->mse_awq = calloc(k, sizeof(double));
+        if (!rep->alpha || !rep->clip || !rep->mse_rtn || !rep->mse_awq) goto nomem;
+        for (size_t i = 0; i < k; i++) rep->alpha[i] = -1, rep->clip[i] = 1;
+        rep->vo_skipped_gqa = !vo_ok && p.scale_vo;
+        rep->calib_tokens = n_tok;
+        rep->rows_used = ts.res[QF_ACT_ATTN_IN].kept;
+        rep->n_grid = p.n_grid;
+    }
+
+    /* ---- search and fold, layer by layer ---- */
+    openblas_set_num_threads(1);
+    pool = qf_pool_create(n_threads);
+    int n_alpha = p.fixed_alpha >= 0 ? 2 : p.n_grid;
+    float *alphas = malloc((size_t)(n_alpha > 2 ? n_alpha : 2) * sizeof(float));
+    double *mse = malloc((size_t)(n_alpha > 2 ? n_alpha : 2) * sizeof(double));
+    sj.wbuf = calloc((size_t)n_threads, sizeof(float *));
+    sj.ybuf = calloc((size_t)n_threads, sizeof(float *));
+    sj.qbuf = calloc((size_t)n_threads, sizeof(void *));
+    if (!pool || !alphas || !mse || !sj.wbuf || !sj.ybuf || !sj.qbuf) {
+        free(alphas);
+        free(mse);
+        goto nomem;
+    }
+    if (p.fixed_alpha >= 0) alphas[0] = 0, alphas[1] = p.fixed_alpha;
+    else
+        for (int a = 0; a < n_alpha; a++) alphas[a] = (float)a / (float)p.n_grid;
+    int64_t maxR = 2 * (int64_t)F + Dq, maxD = F > Dq ? F : Dq;
+    if (D > maxD) maxD = D;
+    if (3 * (int64_t)D > maxR) maxR = 3 * (int64_t)D;
+    int64_t nrows = p.rows_per_site;
+    for (int t = 0; t < n_threads; t++) {
+        sj.wbuf[t] = malloc((size_t)maxR * (size_t)maxD * sizeof(float));
+        sj.ybuf[t] = malloc((size_t)nrows * (size_t)maxR * sizeof(float));
+        sj.qbuf[t] = malloc(qf_row_bytes(QF_TYPE_Q4_0, 32) * (size_t)(maxD / 32 + 1));
+        if (!sj.wbuf[t] || !sj.ybuf[t] || !sj.qbuf[t]) {
+            free(alphas);
+            free(mse);
+            goto nomem;
+        }
+    }
+    float *Wstack = malloc((size_t)maxR * (size_t)maxD * sizeof(float));
+    float *mean_abs = malloc((size_t)maxD * sizeof(float)), *s = malloc((size_t)maxD * sizeof(float));
+    Y = malloc((size_t)nrows * (size_t)maxR * sizeof(float));
+    if (!Wstack || !mean_abs || !s || !Y) {
+        free(Wstack);
+        free(mean_abs);
+        free(s);
+        free(alphas);
+        free(mse);
+        goto nomem;
+    }
+    qf_progress bar;
+    if (p.progress) qf_progress_begin(&bar, "awq search", (int64_t)L * QF_AWQ_GROUP_COUNT);
+    for (int l = 0; l < L && !st; l++) {
+        const qf_layer_weights *lw = qf_model_layer(m, l);
+        for (int g = 0; g < QF_AWQ_GROUP_COUNT && !st; g++) {
+            if (p.progress) qf_progress_update(&bar, (int64_t)l * QF_AWQ_GROUP_COUNT + g);
+            const qf_weight *ws[3] = {0};
+            int nw = 0;
+            qf_act_site site;
+            switch (g) {
+            case QF_AWQ_QKV: ws[0] = &lw->wq, ws[1] = &lw->wk, ws[2] = &lw->wv, nw = 3, site = QF_ACT_ATTN_IN; break;
+            case QF_AWQ_GATE_UP: ws[0] = &lw->w_gate, ws[1] = &lw->w_up, nw = 2, site = QF_ACT_FFN_IN; break;
+            case QF_AWQ_DOWN: ws[0] = &lw->w_down, nw = 1, site = QF_ACT_FFN_DOWN; break;
+            default: ws[0] = &lw->wo, nw = 1, site = QF_ACT_ATTN_OUT; break;
+            }
+            if (g == QF_AWQ_VO && !(vo_ok && p.scale_vo)) continue;
+            bool ok = true;
+            for (int k = 0; k < nw; k++) ok = ok && is_q4(ws[k]);
+            if (g == QF_AWQ_DOWN) ok = ok && is_q4(&lw->w_up); /* up's rows get 1/s */
+            if (g == QF_AWQ_VO) ok = ok && is_q4(&lw->wv);
+            reservoir *res = &ts.res[l * QF_ACT_SITE_COUNT + site];
+            const qf_act_stats *as = qf_capture_act(cap, l, site);
+            if (!ok || !res->rows || res->kept < 1 || !as || as->count < 1) continue;
+            int64_t Din = res->dim, R = 0;
+            for (int k = 0; k < nw; k++) {
+                float *wf = weight_f32(ws[k]);
+                if (!wf) {
+                    free(Wstack);
+                    free(mean_abs);
+                    free(s);
+                    free(alphas);
+                    free(mse);
+                    goto nomem;
+                }
+                memcpy(Wstack + R * Din, wf, (size_t)(ws[k]->ne1 * Din) * sizeof(float));
+                R += ws[k]->ne1;
+                free(wf);
+            }
+            for (int64_t c = 0; c < Din; c++) mean_abs[c] = (float)(as->sum_abs[c] / (double)as->count);
+            int64_t n = res->kept;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)R, (int)Din, 1.0f, res->rows,
+                        (int)Din, Wstack, (int)Din, 0.0f, Y, (int)R);
+            sj.X = res->rows, sj.W = Wstack, sj.Y = Y, sj.mean_abs = mean_abs;
+            sj.n = n, sj.D = Din, sj.R = R, sj.n_alpha = n_alpha, sj.alphas = alphas, sj.mse = mse;
+            qf_pool_run(pool, search_worker, &sj);
+            if (sj.failed) {
+                free(Wstack);
+                free(mean_abs);
+                free(s);
+                free(alphas);
+                free(mse);
+                goto nomem;
+            }
+            int best = 0;
+            if (p.fixed_alpha >= 0) best = 1;
+            else
+                for (int a = 1; a < n_alpha; a++)
+                    if (mse[a] < mse[best]) best = a;
+            float alpha = alphas[best];
+            if (rep) {
+                int k = l * QF_AWQ_GROUP_COUNT + g;
+                rep->alpha[k] = alpha;
+                rep->mse_rtn[k] = mse[0];
+                rep->mse_awq[k] = mse[best];
+            }
+            make_scales(mean_abs, Din, alpha, s);
+            /* fold: the consumers' columns *= s, the producer /= s */
+            for (int k = 0; k < nw; k++) {
+                const char *nm = g == QF_AWQ_QKV ? (k == 0 ? "attn_q.weight" : k == 1 ? "attn_k.weight" : "attn_v.weight")
+                                 : g == QF_AWQ_GATE_UP ? (k == 0 ? "ffn_gate.weight" : "ffn_up.weight")
+                                 : g == QF_AWQ_DOWN ? "ffn_down.weight" : "attn_output.weight";
+                float *wf = ov_tensor(&ov, l, nm, ws[k]);
+                if (!wf) goto nomem_search;
+                scale_cols(wf, ws[k]->ne1, Din, s);
+            }
+            if (g == QF_AWQ_QKV || g == QF_AWQ_GATE_UP) {
+                const qf_weight *nw_ = g == QF_AWQ_QKV ? &lw->attn_norm : &lw->ffn_norm;
+                float *gain = ov_tensor(&ov, l, g == QF_AWQ_QKV ? "attn_norm.weight" : "ffn_norm.weight", nw_);
+                if (!gain) goto nomem_search;
+                for (int64_t c = 0; c < Din; c++) gain[c] /= s[c];
+            } else {
+                const qf_weight *prod = g == QF_AWQ_DOWN ? &lw->w_up : &lw->wv;
+                float *wf = ov_tensor(&ov, l, g == QF_AWQ_DOWN ? "ffn_up.weight" : "attn_v.weight", prod);
+                if (!wf) goto nomem_search;
+                scale_rows_inv(wf, prod->ne1, prod->ne0, s);
+                if (g == QF_AWQ_VO && lw->bv.data) {
+                    float *bv = ov_tensor(&ov, l, "attn_v.bias", &lw->bv);
+                    if (!bv) goto nomem_search;
+                    for (int64_t c = 0; c < Din; c++) bv[c] /= s[c];
+                }
+            }
+            continue;
+        nomem_search:
+            free(Wstack);
+            free(mean_abs);
+            free(s);
+            free(alphas);
+            free(mse);
+            goto nomem;
+        }
+    }
+    if (p.progress) qf_progress_end(&bar);
+    free(Wstack);
+    free(mean_abs);
+    free(alphas);
+    free(mse);
+
+    /* ---- clip search on every folded weight that will be Q4_0 ---- */
+    if (p.clip && !p.keep_float) {
+        double *ratio_sum = calloc((size_t)n_threads, sizeof(double));
+        float *imp = malloc((size_t)maxD * sizeof(float));
+        if (!ratio_sum || !imp) {
+            free(ratio_sum);
+            free(imp);
+            free(s);
+            goto nomem;
+        }
+        for (int l = 0; l < L; l++) {
+            const qf_layer_weights *lw = qf_model_layer(m, l);
+            static const char *names[7] = {"attn_q.weight", "attn_k.weight", "attn_v.weight",
+                                           "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
+                                           "ffn_down.weight"};
+            const qf_weight *wts[7] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_up, &lw->w_down};
+            static const qf_act_site sites[7] = {QF_ACT_ATTN_IN, QF_ACT_ATTN_IN, QF_ACT_ATTN_IN,
+                                                 QF_ACT_ATTN_OUT, QF_ACT_FFN_IN, QF_ACT_FFN_IN,
+                                                 QF_ACT_FFN_DOWN};
+            static const int groups[7] = {QF_AWQ_QKV, QF_AWQ_QKV, QF_AWQ_QKV, QF_AWQ_VO,
+                                          QF_AWQ_GATE_UP, QF_AWQ_GATE_UP, QF_AWQ_DOWN};
+            for (int k = 0; k < 7; k++) {
+                const qf_weight *w = wts[k];
+                if (!is_q4(w)) continue;
+                const qf_act_stats *as = qf_capture_act(cap, l, sites[k]);
+                if (!as || as->count < 1 || as->dim != w->ne0) continue;
+                float *wf = ov_tensor(&ov, l, names[k], w);
+                if (!wf) {
+                    free(ratio_sum);
+                    free(imp);
+                    free(s);
+                    goto nomem;
+                }
+                /* the scaled input is x / s: recompute s from the chosen alpha */
+                float a = rep ? rep->alpha[l * QF_AWQ_GROUP_COUNT + groups[k]] : -1;
+                float *mabs = malloc((size_t)w->ne0 * sizeof(float));
+                if (!mabs) {
+                    free(ratio_sum);
+                    free(imp);
+                    free(s);
+                    goto nomem;
+                }
+                for (int64_t c = 0; c < w->ne0; c++) mabs[c] = (float)(as->sum_abs[c] / (double)as->count);
+                if (a >= 0) make_scales(mabs, w->ne0, a, s);
+                else
+                    for (int64_t c = 0; c < w->ne0; c++) s[c] = 1;
+                free(mabs);
+                for (int64_t c = 0; c < w->ne0; c++)
+                    imp[c] = (float)(as->sum_sq[c] / (double)as->count) / (s[c] * s[c]);
+                clip_job cj = {.W = wf, .imp = imp, .R = w->ne1, .D = w->ne0, .ratio_sum = ratio_sum};
+                memset(ratio_sum, 0, (size_t)n_threads * sizeof(double));
+                qf_pool_run(pool, clip_worker, &cj);
+                double tot = 0;
+                for (int t = 0; t < n_threads; t++) tot += ratio_sum[t];
+                if (rep && (k == 0 || k == 3 || k == 4 || k == 6)) /* q / gate stand for their group */
+                    rep->clip[l * QF_AWQ_GROUP_COUNT + groups[k]] = (float)(tot / (double)(w->ne1 * (w->ne0 / 32)));
+            }
+        }
+        free(ratio_sum);
+        free(imp);
+    }
+    free(s);
+
+    st = qf_forge_write_model(src, out_gguf, QF_TYPE_Q4_0, p.keep_float, ov_lookup, &ov, n_threads,
+                              rep ? rep->sha256 : NULL, rep ? rep->tensor_sha256 : NULL, err);
+    if (!st && rep) {
+        qf_hex(rep->sha256, 32, rep->sha256_hex);
+        qf_hex(rep->tensor_sha256, 32, rep->tensor_sha256_hex);
+        rep->seconds = qf_now_sec() - t0;
+    }
+    goto done;
+
+nomem:
+    st = qf_fail(err, QF_ERR_NOMEM, "awq: out of memory");
+done:
+    if (ts.res) {
+        for (int i = 0; i < L * QF_ACT_SITE_COUNT; i++) free(ts.res[i].rows);
+        free(ts.res);
+    }
+    if (sj.wbuf)
+        for (int t = 0; t < n_threads; t++) free(sj.wbuf[t]);
+    if (sj.ybuf)
+        for (int t = 0; t < n_threads; t++) free(sj.ybuf[t]);
+    if (sj.qbuf)
+        for (int t = 0; t < n_threads; t++) free(sj.qbuf[t]);
+    free(sj.wbuf);
+    free(sj.ybuf);
+    free(sj.qbuf);
+    free(Y);
+    if (pool) qf_pool_free(pool);
+    ov_free(&ov);
+    if (ctx) qf_context_free(ctx);
+    qf_capture_free(cap);
+    if (st && rep) qf_awq_report_free(rep);
+    return st;
+}
+
+/* ---- the qforge.* certificate keys ---- */
+qf_status qf_awq_embed_certificate(const char *gguf_path, const qf_certificate *cert,
+                                   const qf_awq_report *rep, uint8_t sha256_out[32],
+                                   qf_error *err) {
+    if (!gguf_path || !cert) return qf_fail(err, QF_ERR_ARG, "awq certificate: path and certificate are required");
+    qf_gguf *g = qf_gguf_open(gguf_path, err);
+    if (!g) return err ? err->code : QF_ERR_IO;
+    qf_status st = QF_OK;
+    qf_gguf_writer *w = qf_gguf_writer_new();
+    char *alpha_str = NULL;
+    if (!w) {
+        st = qf_fail(err, QF_ERR_NOMEM, "awq certificate: out of memory");
+        goto done;
+    }
+    st = qf_gguf_writer_copy_kv(w, g, "qforge.", err);
+    if (st) goto done;
+    char hex[65];
+    qf_gguf_writer_set_str(w, "qforge.kind", qf_artifact_kind_name(cert->kind));
+    qf_gguf_writer_set_str(w, "qforge.engine_version", cert->engine_version);
+    qf_gguf_writer_set_str(w, "qforge.engine_commit", cert->engine_commit);
+    qf_gguf_writer_set_str(w, "qforge.created_utc", cert->created_utc);
+    qf_hex(cert->model_sha256, 32, hex);
+    qf_gguf_writer_set_str(w, "qforge.model_sha256", hex);
+    qf_gguf_writer_set_str(w, "qforge.model_name", cert->model_name);
+    qf_hex(cert->corpus_sha256, 32, hex);
+    qf_gguf_writer_set_str(w, "qforge.corpus_sha256", hex);
+    qf_gguf_writer_set_str(w, "qforge.split", cert->split);
+    qf_gguf_writer_set_u32(w, "qforge.calib_tokens",
+                           cert->calib_tokens > UINT32_MAX ? UINT32_MAX : (uint32_t)(cert->calib_tokens > 0 ? cert->calib_tokens : 0));
+    qf_gguf_writer_set_u32(w, "qforge.eval_tokens",
+                           cert->eval_tokens > UINT32_MAX ? UINT32_MAX : (uint32_t)(cert->eval_tokens > 0 ? cert->eval_tokens : 0));
+    qf_gguf_writer_set_f32(w, "qforge.ref_ppl", (float)cert->ref_ppl);
+    qf_gguf_writer_set_f32(w, "qforge.cand_ppl", (float)cert->cand_ppl);
+    qf_gguf_writer_set_f32(w, "qforge.delta_ppl", (float)cert->delta_ppl);
+    qf_gguf_writer_set_f32(w, "qforge.kld_mean", (float)cert->kld_mean);
+    qf_gguf_writer_set_f32(w, "qforge.kld_p99", (float)cert->kld_p99);
+    qf_gguf_writer_set_f32(w, "qforge.top1_agreement", (float)cert->top1_agreement);
+    qf_gguf_writer_set_f32(w, "qforge.gate_max_delta_ppl", (float)cert->gate_max_delta_ppl);
+    qf_gguf_writer_set_bool(w, "qforge.passed", cert->passed);
+    if (rep && rep->alpha) {
+        size_t cap = (size_t)rep->n_layer * QF_AWQ_GROUP_COUNT * 8 + 1;
+        alpha_str = malloc(cap);
+        if (!alpha_str) {
+            st = qf_fail(err, QF_ERR_NOMEM, "awq certificate: out of memory");
+            goto done;
+        }
+        size_t o = 0;
+        alpha_str[0] = 0;
+        for (int l = 0; l < rep->n_layer; l++)
+            for (int k = 0; k < QF_AWQ_GROUP_COUNT; k++)
+                o += (size_t)snprintf(alpha_str + o, cap - o, "%s%.2f", k ? "," : (l ? ";" : ""),
+                                      (double)rep->alpha[l * QF_AWQ_GROUP_COUNT + k]);
+        qf_gguf_writer_set_str(w, "qforge.awq.alpha", alpha_str);
+        qf_gguf_writer_set_u32(w, "qforge.awq.grid", (uint32_t)rep->n_grid);
+        qf_gguf_writer_set_u32(w, "qforge.awq.rows", (uint32_t)rep->rows_used);
+        qf_gguf_writer_set_str(w, "qforge.awq.type", "q4_0");
+        qf_gguf_writer_set_str(w, "qforge.awq.tensor_sha256", rep->tensor_sha256_hex);
+    }
+    for (uint64_t i = 0; i < qf_gguf_n_tensors(g) && !st; i++) {
+        const qf_gguf_tensor *t = qf_gguf_tensor_at(g, i);
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)(t->name.len < 255 ? t->name.len : 255), t->name.ptr);
+        st = qf_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data, t->nbytes, err);
+    }
+    if (!st) st = qf_gguf_writer_write(w, gguf_path, err);
+    if (!st && sha256_out) st = qf_sha256_file(gguf_path, sha256_out, err);
+done:
+    free(alpha_str);
+    qf_gguf_writer_free(w);
+    qf_gguf_close(g);
+    return st;
+}
