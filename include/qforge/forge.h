@@ -1,0 +1,166 @@
+/* qforge/forge.h: the forge pipeline's driver: certify a candidate artifact against the
+ * reference, run one calibration job (corpus -> capture -> learn -> certify -> package), or
+ * sweep several kv-dict configurations paying one capture and one reference pass.
+ *
+ * Certification is honest (docs/forge.md): reference and candidate run in the SAME context
+ * (same params, threads, batch, code path) over the same evaluation tokens, which come only
+ * from the corpus's evaluation split; they differ only by the bound artifact. The one thing
+ * certification changes on the context (the KV binding) is restored on every exit path.
+ * A failed gate packages nothing: the job returns QF_ERR_CERTIFY_FAILED with the numbers. */
+#ifndef QFORGE_FORGE_H
+#define QFORGE_FORGE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "qforge/artifact.h"
+#include "qforge/error.h"
+#include "qforge/kvlearn.h"
+#include "qforge/model.h"
+
+#define QF_GATE_DEFAULT_MAX_DELTA_PPL 0.05
+
+typedef struct {
+    double max_delta_ppl; /* (cand - ref) / ref must be <= this (default 0.05) */
+    bool has_max_kld;     /* when set, mean KLD must be <= max_kld */
+    double max_kld;
+    bool has_min_top1;    /* when set, same-top-1 agreement must be >= min_top1 */
+    double min_top1;
+} qf_gate;
+
+qf_gate qf_gate_default(void);
+
+/* ================================ certify ================================ */
+
+typedef struct {
+    int n_ctx;     /* chunk length = the context's size is enough (default 256) */
+    int n_chunks;  /* chunks evaluated; <= 0: all the evaluation text holds */
+    bool progress; /* progress bars on a TTY */
+} qf_certify_params;
+
+typedef struct {
+    double ref_ppl, cand_ppl;
+    double delta_ppl;          /* (cand - ref) / ref */
+    double kld_mean, kld_p99;  /* KL(ref || cand) per scored token, nats */
+    double top1;               /* same argmax, fraction of scored positions */
+    int n_ctx, n_chunks;
+    int64_t n_scored;          /* positions scored (second half of every chunk) */
+    int64_t eval_tokens;       /* tokens run: n_chunks * n_ctx */
+    double ref_kv_bytes_per_token, cand_kv_bytes_per_token; /* whole model, K + V */
+    double seconds;            /* candidate pass */
+    bool passed;               /* the gate's verdict on these numbers */
+} qf_certify_result;
+
+typedef struct qf_certify_ref qf_certify_ref; /* reference numbers and its saved log-probs */
+
+/* Run the reference once over the evaluation text (tokenized as `qforge ppl -f` does: BOS
+ * first when the vocabulary adds it, chunks of n_ctx, first token of each chunk -> BOS,
+ * second half scored) and keep its log-probabilities in a temporary file (llama-perplexity's
+ * KL-divergence base format) for the candidates. The context must have nothing bound.
+ * Errors: QF_ERR_CERTIFY_FAILED (e.g. the text is shorter than 2 * n_ctx tokens). */
+qf_status qf_certify_reference(qf_context *c, const char *eval_text, size_t len,
+                               const qf_certify_params *p, qf_certify_ref **out, qf_error *err);
+double qf_certify_ref_ppl(const qf_certify_ref *ref);
+void qf_certify_ref_free(qf_certify_ref *ref); /* removes the temporary file */
+
+/* Bind the candidate (kind, payload) to the same context, run the same tokens, unbind (on
+ * every path), fill *r and judge the gate. A gate failure is QF_OK with r->passed false;
+ * errors (binding, evaluation) are QF_ERR_CERTIFY_FAILED with the cause in the message. */
+qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_artifact_kind kind,
+                               const qf_payload *payload, const qf_gate *gate,
+                               qf_certify_result *r, qf_error *err);
+
+/* Whether numbers meet a gate (NaN never does). */
+bool qf_gate_passes(const qf_gate *g, const qf_certify_result *r);
+
+/* ================================ jobs ================================ */
+
+typedef struct {
+    const char *model_path;
+    qf_artifact_kind kind;
+    /* corpus: paths (files or directories), the built-in demo corpus, Ollama synthesis */
+    const char *const *corpus_paths;
+    int n_corpus_paths;
+    bool builtin;
+    const char *ollama_url, *ollama_model;
+    int synth_docs;
+    double eval_frac;           /* 0 = QF_CORPUS_DEFAULT_EVAL_FRAC */
+    qf_gate gate;
+    int n_ctx;                  /* capture window and evaluation chunk (default 256) */
+    int64_t max_calib_tokens;   /* calibration tokens captured (0 = 16384; < 0 = all) */
+    int eval_chunks;            /* evaluation chunks (0 = 16; < 0 = all) */
+    int n_threads;              /* 0 = all cores */
+    qf_kv_mode ref_kv;          /* the reference KV mode (default f32) */
+    int64_t capture_per_layer;  /* K (and V) vectors kept per layer (0 = 16384) */
+    uint64_t seed;              /* capture reservoir and dictionary seed (default 1) */
+    /* kv-int8 */
+    double int8_percentile;     /* clip percentile of |x| (default 100 = absmax) */
+    /* kv-dict */
+    int dict_atoms, dict_sparsity, dict_iters; /* 256, 8, 10 */
+    qf_kv_coef dict_coef;       /* f16 */
+    int64_t dict_max_train;     /* training vectors per (layer, stream) (0 = all captured) */
+    /* awq (include/qforge/awq.h): the re-quantized GGUF is written here (default: OUT.qfa
+     * with .gguf instead of .qfa) */
+    const char *awq_gguf_path;
+    /* outputs */
+    const char *out_path;       /* the .qfa (required for qf_job_run) */
+    const char *sign_key_path;  /* PEM Ed25519 private key, or NULL */
+    const char *eval_out_path;  /* also write the exact evaluation text here, or NULL */
+    bool progress;              /* progress bars on a TTY */
+    FILE *log;                  /* one line per stage, or NULL */
+} qf_job;
+
+void qf_job_default(qf_job *j);
+
+#define QF_JOB_MAX_TRIED 4
+
+typedef struct {
+    qf_certificate cert;        /* provenance + numbers as far as the job got (free below) */
+    qf_certify_result result;   /* the chosen candidate's numbers */
+    bool packaged;              /* out_path was written */
+    char variant[32];           /* "per-channel", "per-head", "256x8 f16", ... */
+    int n_tried;                /* candidates certified (kv-int8 tries two scale modes) */
+    struct {
+        char variant[32];
+        qf_certify_result result;
+    } tried[QF_JOB_MAX_TRIED];
+    double f16_kv_bytes_per_token;
+    int64_t calib_tokens;
+    double seconds_corpus, seconds_capture, seconds_learn, seconds_certify, seconds_package;
+} qf_job_report;
+
+/* Run one job. Errors, each with its own status and exit code: QF_ERR_CORPUS_EMPTY,
+ * QF_ERR_OLLAMA_UNAVAILABLE, QF_ERR_CAPTURE_FAILED, QF_ERR_CERTIFY_FAILED (gate failed: the
+ * numbers are in the message and in *rep; nothing is written), QF_ERR_PACKAGE_FAILED,
+ * QF_ERR_NOT_IMPLEMENTED (a learner that is not built), QF_ERR_ARG / _IO / _FORMAT for bad
+ * input. rep is always filled as far as the job got; free with qf_job_report_free. */
+qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err);
+void qf_job_report_free(qf_job_report *rep);
+
+/* ================================ sweep ================================ */
+
+typedef struct {
+    int n_atoms, sparsity;
+} qf_dict_config;
+
+/* Parse "256x4,512x8" (atoms x sparsity, comma-separated, at most max entries). */
+qf_status qf_dict_configs_parse(const char *s, qf_dict_config *out, int max, int *n, qf_error *err);
+
+typedef struct {
+    qf_dict_config cfg;
+    double bits_per_elem;        /* code bits / head_dim (dictionaries amortised) */
+    double kv_bytes_per_token;   /* measured on the bound cache */
+    double f16_kv_bytes_per_token;
+    qf_certify_result result;
+    qf_status status;            /* QF_OK when certified (passed or not) */
+    char error[256];             /* when status != QF_OK */
+} qf_sweep_row;
+
+/* Certify every config (kv-dict, j->dict_iters / dict_coef / dict_max_train) with one
+ * corpus, one capture and one reference pass. A config that cannot be learned gets its own
+ * row status; the call fails only when the shared stages fail. rows has n entries. */
+qf_status qf_sweep_run(const qf_job *j, const qf_dict_config *cfgs, int n, qf_sweep_row *rows,
+                       double *ref_ppl, qf_error *err);
+
+#endif

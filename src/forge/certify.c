@@ -1,0 +1,135 @@
+/* certify.c: the certify stage. The reference runs once over the evaluation text and saves
+ * its log-probabilities (llama-perplexity's KL-divergence base format, in a temporary file);
+ * each candidate is bound to the SAME context (same params, threads, batch and code path),
+ * runs the same tokens read back from that file, and is unbound again on every exit path
+ * (the one cleanup label below is the C version of the seed's CpuRefPathGuard). Numbers:
+ * PPL of both, delta = (cand - ref) / ref, mean and p99 KL(ref || cand), same-top-1. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "qforge/artifact_bind.h"
+#include "qforge/forge.h"
+#include "qforge/ppl.h"
+#include "util/util.h"
+
+struct qf_certify_ref {
+    char base_path[4096]; /* saved reference log-probs */
+    qf_certify_params p;
+    qf_ppl_result r;
+    double kv_bytes_per_token;
+};
+
+qf_gate qf_gate_default(void) {
+    qf_gate g = {0};
+    g.max_delta_ppl = QF_GATE_DEFAULT_MAX_DELTA_PPL;
+    return g;
+}
+
+bool qf_gate_passes(const qf_gate *g, const qf_certify_result *r) {
+    /* written so that any NaN fails */
+    if (!(r->delta_ppl <= g->max_delta_ppl)) return false;
+    if (g->has_max_kld && !(r->kld_mean <= g->max_kld)) return false;
+    if (g->has_min_top1 && !(r->top1 >= g->min_top1)) return false;
+    return isfinite(r->cand_ppl) && isfinite(r->ref_ppl);
+}
+
+double qf_certify_ref_ppl(const qf_certify_ref *ref) { return ref ? ref->r.ppl : NAN; }
+
+void qf_certify_ref_free(qf_certify_ref *ref) {
+    if (!ref) return;
+    if (ref->base_path[0]) unlink(ref->base_path);
+    free(ref);
+}
+
+qf_status qf_certify_reference(qf_context *c, const char *eval_text, size_t len, const qf_certify_params *p,
+                               qf_certify_ref **out, qf_error *err) {
+    *out = NULL;
+    if (qf_context_bound(c, NULL))
+        return qf_fail(err, QF_ERR_ARG, "certify: the reference context must have no artifact bound");
+    if (p->n_ctx < 2 || p->n_ctx > qf_context_params_get(c)->n_ctx)
+        return qf_fail(err, QF_ERR_ARG, "certify: chunk size %d must be in [2, %d] (the context size)", p->n_ctx,
+                       qf_context_params_get(c)->n_ctx);
+    qf_certify_ref *ref = calloc(1, sizeof *ref);
+    if (!ref) return qf_fail(err, QF_ERR_NOMEM, "certify: out of memory");
+    ref->p = *p;
+    const char *tmp = getenv("TMPDIR");
+    snprintf(ref->base_path, sizeof ref->base_path, "%s/qforge-certify-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    int fd = mkstemp(ref->base_path);
+    if (fd < 0) {
+        qf_status st = qf_fail(err, QF_ERR_IO, "certify: cannot create a temporary file in %s for the reference "
+                                               "log-probs", tmp && *tmp ? tmp : "/tmp");
+        ref->base_path[0] = 0;
+        free(ref);
+        return st;
+    }
+    close(fd);
+    qf_ppl_params pp = qf_ppl_default_params();
+    pp.n_ctx = p->n_ctx;
+    pp.n_chunks = p->n_chunks;
+    pp.kl_base_write = ref->base_path;
+    pp.progress = p->progress;
+    qf_status st = qf_perplexity_text(c, eval_text, len, &pp, &ref->r, err);
+    if (st) {
+        qf_certify_ref_free(ref);
+        qf_error_prefix(err, "certify: reference pass: ");
+        if (st != QF_ERR_NOMEM && st != QF_ERR_IO) err->code = st = QF_ERR_CERTIFY_FAILED;
+        return st;
+    }
+    ref->kv_bytes_per_token = qf_context_kv_bytes_per_token(c);
+    *out = ref;
+    return QF_OK;
+}
+
+qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_artifact_kind kind,
+                               const qf_payload *payload, const qf_gate *gate, qf_certify_result *r,
+                               qf_error *err) {
+    memset(r, 0, sizeof *r);
+    r->ref_ppl = ref->r.ppl;
+    r->cand_ppl = r->delta_ppl = r->kld_mean = r->kld_p99 = r->top1 = NAN;
+    r->ref_kv_bytes_per_token = ref->kv_bytes_per_token;
+    if (qf_context_bound(c, NULL))
+        return qf_fail(err, QF_ERR_ARG, "certify: the context already has an artifact bound");
+
+    /* engage: the only thing certification changes on the context is its KV binding */
+    qf_status st = qf_context_bind_payload(c, kind, payload, err);
+    if (st) {
+        qf_error_prefix(err, "certify: ");
+        if (st != QF_ERR_NOMEM) err->code = st = QF_ERR_CERTIFY_FAILED;
+        return st; /* a failed bind leaves the context as it was */
+    }
+    r->cand_kv_bytes_per_token = qf_context_kv_bytes_per_token(c);
+    qf_ppl_params pp = qf_ppl_default_params();
+    pp.n_ctx = ref->p.n_ctx;
+    pp.n_chunks = ref->p.n_chunks;
+    pp.kl_base_read = ref->base_path;
+    pp.progress = ref->p.progress;
+    qf_ppl_result pr;
+    double t0 = qf_now_sec();
+    st = qf_perplexity(c, NULL, 0, &pp, &pr, err);
+    r->seconds = qf_now_sec() - t0;
+    if (st) {
+        qf_error_prefix(err, "certify: candidate pass: ");
+        if (st != QF_ERR_NOMEM) err->code = st = QF_ERR_CERTIFY_FAILED;
+        goto restore;
+    }
+    r->cand_ppl = pr.ppl;
+    r->delta_ppl = (pr.ppl - ref->r.ppl) / ref->r.ppl;
+    r->kld_mean = pr.kld_mean;
+    r->kld_p99 = pr.kld_p99;
+    r->top1 = pr.same_top_p;
+    r->n_ctx = pp.n_ctx;
+    r->n_chunks = pr.n_chunks;
+    r->n_scored = pr.n_scored;
+    r->eval_tokens = (int64_t)pr.n_chunks * pp.n_ctx;
+    r->passed = qf_gate_passes(gate, r);
+restore:;
+    /* restore on every path; an unbind failure outranks the result */
+    qf_error uerr = {0};
+    if (qf_context_unbind(c, &uerr)) {
+        if (err) *err = uerr;
+        return qf_error_prefix(err, "certify: restoring the context's KV mode: ");
+    }
+    return st;
+}

@@ -1,0 +1,511 @@
+/* pipeline.c: run one calibration job (corpus -> capture -> learn -> certify -> package) or
+ * a sweep of kv-dict configurations over one capture and one reference pass. Each stage maps
+ * its failures onto the forge taxonomy (CorpusEmpty, OllamaUnavailable, CaptureFailed,
+ * CertifyFailed, PackageFailed) and prints one line on the job's log. The certificate records
+ * the exact evaluation setup (eval text SHA-256, chunk size, chunks, reference KV mode,
+ * threads) so `qforge ppl --artifact` reproduces its candidate PPL (docs/forge.md). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "qforge/artifact_bind.h"
+#include "qforge/awq.h"
+#include "qforge/capture.h"
+#include "qforge/corpus.h"
+#include "qforge/forge.h"
+#include "util/util.h"
+
+void qf_job_default(qf_job *j) {
+    memset(j, 0, sizeof *j);
+    j->kind = QF_ARTIFACT_KV_INT8;
+    j->gate = qf_gate_default();
+    j->n_ctx = 256;
+    j->ref_kv = QF_KV_F32;
+    j->seed = 1;
+    j->int8_percentile = 100.0;
+    j->dict_atoms = 256;
+    j->dict_sparsity = 8;
+    j->dict_iters = 10;
+    j->dict_coef = QF_KV_COEF_F16;
+}
+
+void qf_job_report_free(qf_job_report *rep) {
+    if (rep) qf_certificate_free(&rep->cert);
+}
+
+static void stage(const qf_job *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void stage(const qf_job *j, const char *fmt, ...) {
+    if (!j->log) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("calibrate: ", j->log);
+    vfprintf(j->log, fmt, ap);
+    fputc('\n', j->log);
+    fflush(j->log);
+    va_end(ap);
+}
+
+/* Re-label a failure with a stage's status, keeping resource errors as they are. */
+static qf_status as_stage(qf_error *err, qf_status st, qf_status stage_status, const char *what) {
+    if (st == QF_OK) return QF_OK;
+    qf_error_prefix(err, "%s: ", what);
+    if (st == QF_ERR_NOMEM) return st;
+    if (err) err->code = stage_status;
+    return stage_status;
+}
+
+/* ---- shared stages ---- */
+
+typedef struct {
+    qf_corpus *corpus;
+    const qf_corpus_info *info;
+    qf_model *model;
+    qf_context *ctx;
+    qf_capture *cap;
+    qf_certify_ref *ref;
+    int64_t calib_tokens;
+    int n_ctx, eval_chunks;
+    uint8_t eval_sha[32];
+} shared;
+
+static void shared_free(shared *s) {
+    qf_certify_ref_free(s->ref);
+    qf_capture_free(s->cap);
+    qf_context_free(s->ctx);
+    qf_model_free(s->model);
+    qf_corpus_free(s->corpus);
+    memset(s, 0, sizeof *s);
+}
+
+static qf_status stage_corpus(const qf_job *j, shared *s, qf_job_report *rep, qf_error *err) {
+    double t0 = qf_now_sec();
+    if (!(s->corpus = qf_corpus_new())) return qf_fail(err, QF_ERR_NOMEM, "corpus: out of memory");
+    qf_status st = QF_OK;
+    for (int i = 0; i < j->n_corpus_paths && !st; i++) st = qf_corpus_add_path(s->corpus, j->corpus_paths[i], err);
+    if (!st && j->builtin) st = qf_corpus_add_builtin(s->corpus, err);
+    if (!st && j->ollama_url) {
+        qf_ollama_opts o = {.url = j->ollama_url, .model = j->ollama_model, .n_docs = j->synth_docs > 0 ? j->synth_docs : 16};
+        st = qf_corpus_synthesize_ollama(s->corpus, &o, err);
+    }
+    if (st) return st; /* CorpusEmpty / OllamaUnavailable / IO / FORMAT as the corpus stage says */
+    if (j->n_corpus_paths == 0 && !j->builtin && !j->ollama_url)
+        return qf_fail(err, QF_ERR_CORPUS_EMPTY, "corpus: no input given (a path, the built-in corpus or Ollama)");
+    double frac = j->eval_frac > 0 ? j->eval_frac : QF_CORPUS_DEFAULT_EVAL_FRAC;
+    if ((st = qf_corpus_finalize(s->corpus, frac, err))) return st;
+    s->info = qf_corpus_get_info(s->corpus);
+    if (s->info->n_eval_docs == 0 || s->info->n_calib_docs == 0)
+        return qf_fail(err, QF_ERR_CORPUS_EMPTY,
+                       "corpus: %zu document(s): certification needs at least one calibration and one evaluation "
+                       "document (disjoint); add text",
+                       s->info->n_docs);
+    size_t elen;
+    const char *etext = qf_corpus_eval_text(s->corpus, &elen);
+    qf_sha256(etext, elen, s->eval_sha);
+    if (j->eval_out_path && (st = qf_write_file_atomic(j->eval_out_path, etext, elen, err))) return st;
+    rep->seconds_corpus = qf_now_sec() - t0;
+    stage(j, "[1/5 corpus] %zu documents (%zu calibration, %zu evaluation), sha256 %.16s...", s->info->n_docs,
+          s->info->n_calib_docs, s->info->n_eval_docs, s->info->sha256_hex);
+    return QF_OK;
+}
+
+static qf_status stage_model(const qf_job *j, shared *s, qf_error *err) {
+    if (!(s->model = qf_model_load(j->model_path, err))) return err ? err->code : QF_ERR_IO;
+    qf_context_params cp = qf_context_default_params();
+    s->n_ctx = j->n_ctx > 0 ? j->n_ctx : 256;
+    cp.n_ctx = s->n_ctx;
+    cp.n_batch = s->n_ctx; /* as qforge ppl without -b */
+    cp.n_threads = j->n_threads;
+    cp.kv_k = cp.kv_v = j->ref_kv;
+    cp.device = QF_DEVICE_CPU; /* KV artifacts run on the CPU path */
+    if (!(s->ctx = qf_context_new(s->model, &cp, err))) return err ? err->code : QF_ERR_NOMEM;
+    s->eval_chunks = j->eval_chunks == 0 ? 16 : j->eval_chunks < 0 ? 0 : j->eval_chunks;
+    return QF_OK;
+}
+
+static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, qf_error *err) {
+    double t0 = qf_now_sec();
+    const qf_tokenizer *tok = qf_model_tokenizer(s->model);
+    size_t clen, n = 0;
+    const char *ctext = qf_corpus_calib_text(s->corpus, &clen);
+    int32_t *ids = NULL;
+    qf_status st = qf_tokenize(tok, ctext, clen, qf_tokenizer_add_bos(tok), false, &ids, &n, err);
+    if (st) return as_stage(err, st, QF_ERR_CAPTURE_FAILED, "capture: tokenizing the calibration text");
+    qf_capture_params cp = {.max_per_layer = j->capture_per_layer > 0 ? j->capture_per_layer : 16384,
+                            .activations = false, .seed = j->seed};
+    s->cap = qf_capture_new(qf_model_hparams(s->model), &cp, err);
+    if (!s->cap) {
+        free(ids);
+        return as_stage(err, err ? err->code : QF_ERR_NOMEM, QF_ERR_CAPTURE_FAILED, "capture");
+    }
+    int64_t max_tok = j->max_calib_tokens == 0 ? 16384 : j->max_calib_tokens < 0 ? 0 : j->max_calib_tokens;
+    st = qf_capture_run(s->ctx, s->cap, ids, (int64_t)n, s->n_ctx, max_tok, j->progress, err);
+    free(ids);
+    if (st) return as_stage(err, st, QF_ERR_CAPTURE_FAILED, "capture");
+    s->calib_tokens = qf_capture_tokens_seen(s->cap);
+    qf_kv_capture_view v = qf_capture_kv_view(s->cap);
+    if (s->calib_tokens <= 0 || !v.k || v.n_k[0] <= 0)
+        return qf_fail(err, QF_ERR_CAPTURE_FAILED, "capture: no KV vectors were captured");
+    rep->calib_tokens = s->calib_tokens;
+    rep->seconds_capture = qf_now_sec() - t0;
+    stage(j, "[2/5 capture] %lld calibration tokens, %lld K and %lld V vectors per layer kept", (long long)s->calib_tokens,
+          (long long)v.n_k[0], (long long)v.n_v[0]);
+    return QF_OK;
+}
+
+static qf_status stage_reference(const qf_job *j, shared *s, qf_error *err) {
+    size_t elen;
+    const char *etext = qf_corpus_eval_text(s->corpus, &elen);
+    qf_certify_params p = {.n_ctx = s->n_ctx, .n_chunks = s->eval_chunks, .progress = j->progress};
+    qf_status st = qf_certify_reference(s->ctx, etext, elen, &p, &s->ref, err);
+    if (st) return st;
+    stage(j, "[4/5 certify] reference (kv %s): PPL %.4f over %d chunks of %d evaluation tokens",
+          qf_kv_mode_name(j->ref_kv), qf_certify_ref_ppl(s->ref), s->eval_chunks, s->n_ctx);
+    return QF_OK;
+}
+
+/* ---- learners ---- */
+
+static qf_status learn_int8(const qf_job *j, const shared *s, qf_kv_scale_mode mode, qf_payload *pl, qf_error *err) {
+    qf_kv_capture_view v = qf_capture_kv_view(s->cap);
+    int L = v.n_layer, H = v.n_kv_head, D = v.head_dim;
+    size_t per = (size_t)H * D;
+    float *sc[2] = {malloc((size_t)L * per * sizeof(float)), malloc((size_t)L * per * sizeof(float))};
+    qf_status st = QF_OK;
+    if (!sc[0] || !sc[1]) st = qf_fail(err, QF_ERR_NOMEM, "learn: out of memory");
+    for (int l = 0; l < L && !st; l++)
+        for (int sidx = 0; sidx < 2 && !st; sidx++) {
+            const float *x = sidx ? v.v[l] : v.k[l];
+            int64_t n = sidx ? v.n_v[l] : v.n_k[l];
+            st = qf_kv_int8_fit(x, n, H, D, mode, j->int8_percentile, sc[sidx] + (size_t)l * per, err);
+            if (!st) /* a channel that never moved (all zero) still needs a positive scale */
+                for (size_t i = 0; i < per; i++)
+                    if (!(sc[sidx][(size_t)l * per + i] > 0)) sc[sidx][(size_t)l * per + i] = 1e-6f;
+        }
+    if (!st) {
+        const char *names[2] = {"k_scale", "v_scale"};
+        for (int sidx = 0; sidx < 2 && !st; sidx++) {
+            if (mode == QF_KV_SCALE_PER_CHANNEL) {
+                int64_t shape[3] = {L, H, D};
+                st = qf_payload_add_f32(pl, names[sidx], sc[sidx], 3, shape, err);
+            } else {
+                float *ph = malloc((size_t)L * H * sizeof(float));
+                if (!ph) {
+                    st = qf_fail(err, QF_ERR_NOMEM, "learn: out of memory");
+                    break;
+                }
+                for (int i = 0; i < L * H; i++) ph[i] = sc[sidx][(size_t)i * D];
+                int64_t shape[2] = {L, H};
+                st = qf_payload_add_f32(pl, names[sidx], ph, 2, shape, err);
+                free(ph);
+            }
+        }
+    }
+    free(sc[0]);
+    free(sc[1]);
+    return st;
+}
+
+static qf_status learn_dict(const qf_job *j, const shared *s, int n_atoms, int sparsity, qf_payload *pl,
+                            qf_error *err) {
+    qf_kv_capture_view v = qf_capture_kv_view(s->cap);
+    qf_status st;
+    if ((st = qf_payload_add_int(pl, "n_atoms", n_atoms, err)) || (st = qf_payload_add_int(pl, "sparsity", sparsity, err)) ||
+        (st = qf_payload_add_string(pl, "coef", qf_kv_coef_name(j->dict_coef), err)))
+        return st;
+    qf_kv_dict_params dp;
+    qf_kv_dict_params_default(&dp);
+    dp.n_atoms = n_atoms;
+    dp.sparsity = sparsity;
+    dp.iters = j->dict_iters > 0 ? j->dict_iters : 10;
+    dp.seed = j->seed;
+    dp.n_threads = qf_context_params_get(s->ctx)->n_threads;
+    dp.max_train = j->dict_max_train;
+    for (int sidx = 0; sidx < 2; sidx++)
+        for (int l = 0; l < v.n_layer; l++) {
+            const float *x = sidx ? v.v[l] : v.k[l];
+            int64_t n = sidx ? v.n_v[l] : v.n_k[l];
+            if (n < n_atoms)
+                return qf_fail(err, QF_ERR_CAPTURE_FAILED,
+                               "learn: layer %d %c has %lld captured vectors, fewer than the %d atoms to learn "
+                               "(capture more tokens: --max-tok)",
+                               l, sidx ? 'V' : 'K', (long long)n, n_atoms);
+            qf_kv_dict d = {0};
+            if ((st = qf_kv_dict_learn(x, n, v.head_dim, &dp, &d, err)))
+                return qf_error_prefix(err, "learn: layer %d %c: ", l, sidx ? 'V' : 'K');
+            char name[32];
+            snprintf(name, sizeof name, "%c.%d", sidx ? 'v' : 'k', l);
+            int64_t shape[2] = {n_atoms, v.head_dim};
+            st = qf_payload_add_f32(pl, name, d.atoms, 2, shape, err);
+            qf_kv_dict_free(&d);
+            if (st) return st;
+        }
+    return QF_OK;
+}
+
+/* ---- certificate ---- */
+
+static double f16_bytes_per_token(const qf_model *m) {
+    const qf_hparams *hp = qf_model_hparams(m);
+    return (double)hp->n_layer * hp->n_head_kv * hp->head_dim * 2.0 * 2.0;
+}
+
+static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_error *err) {
+    qf_certificate *c = &rep->cert;
+    const qf_hparams *hp = qf_model_hparams(s->model);
+    const qf_certify_result *r = &rep->result;
+    memcpy(c->model_sha256, qf_model_sha256(s->model), 32);
+    snprintf(c->model_name, sizeof c->model_name, "%s", hp->name);
+    snprintf(c->model_arch, sizeof c->model_arch, "%s", hp->arch_name);
+    memcpy(c->corpus_sha256, s->info->sha256, 32);
+    c->corpus_docs = (int64_t)s->info->n_docs;
+    c->calib_docs = (int64_t)s->info->n_calib_docs;
+    c->eval_docs = (int64_t)s->info->n_eval_docs;
+    snprintf(c->split, sizeof c->split, "sha256-smallest:eval_frac=%g", s->info->eval_frac);
+    c->calib_tokens = s->calib_tokens;
+    c->eval_tokens = r->eval_tokens;
+    c->ref_ppl = r->ref_ppl;
+    c->cand_ppl = r->cand_ppl;
+    c->delta_ppl = r->delta_ppl;
+    c->kld_mean = r->kld_mean;
+    c->kld_p99 = r->kld_p99;
+    c->top1_agreement = r->top1;
+    c->gate_max_delta_ppl = j->gate.max_delta_ppl;
+    c->gate_has_max_kld = j->gate.has_max_kld;
+    c->gate_max_kld = j->gate.max_kld;
+    c->gate_has_min_top1 = j->gate.has_min_top1;
+    c->gate_min_top1 = j->gate.min_top1;
+    c->passed = r->passed;
+    /* config: the learner's settings, then the exact evaluation setup (to rerun it) */
+    qf_payload *cf = &c->config;
+    char hex[65];
+    qf_hex(s->eval_sha, 32, hex);
+    char inputs[512];
+    snprintf(inputs, sizeof inputs, "%s", qf_corpus_inputs(s->corpus));
+    qf_status st = qf_payload_add_string(cf, "variant", rep->variant, err);
+    if (!st && j->kind == QF_ARTIFACT_KV_INT8) {
+        if (!st) st = qf_payload_add_float(cf, "percentile", j->int8_percentile, err);
+        for (int i = 0; i < rep->n_tried && !st; i++) {
+            char key[64];
+            snprintf(key, sizeof key, "delta_ppl.%s", rep->tried[i].variant);
+            st = qf_payload_add_float(cf, key, rep->tried[i].result.delta_ppl, err);
+        }
+    } else if (!st && j->kind == QF_ARTIFACT_KV_DICT) {
+        if (!st) st = qf_payload_add_int(cf, "iters", j->dict_iters, err);
+        if (!st) st = qf_payload_add_int(cf, "max_train", j->dict_max_train, err);
+    }
+    if (!st) st = qf_payload_add_float(cf, "kv_bytes_per_token", r->cand_kv_bytes_per_token, err);
+    if (!st) st = qf_payload_add_float(cf, "f16_kv_bytes_per_token", rep->f16_kv_bytes_per_token, err);
+    if (!st) st = qf_payload_add_int(cf, "capture_per_layer", j->capture_per_layer > 0 ? j->capture_per_layer : 16384, err);
+    if (!st) st = qf_payload_add_int(cf, "seed", (int64_t)j->seed, err);
+    if (!st) st = qf_payload_add_string(cf, "corpus_inputs", inputs, err);
+    if (!st) st = qf_payload_add_string(cf, "eval_text_sha256", hex, err);
+    if (!st) st = qf_payload_add_int(cf, "eval_n_ctx", r->n_ctx, err);
+    if (!st) st = qf_payload_add_int(cf, "eval_chunks", r->n_chunks, err);
+    if (!st) st = qf_payload_add_string(cf, "ref_kv", qf_kv_mode_name(j->ref_kv), err);
+    if (!st) st = qf_payload_add_int(cf, "n_threads", qf_context_params_get(s->ctx)->n_threads, err);
+    if (!st) {
+        char cmd[768];
+        snprintf(cmd, sizeof cmd,
+                 "qforge ppl -m MODEL --artifact ARTIFACT -f EVAL.txt -c %d --chunks %d -t %d "
+                 "(EVAL.txt: qforge calibrate --eval-out, or qforge corpus <same inputs> -o DIR -> DIR/eval.txt; "
+                 "sha256 above)",
+                 r->n_ctx, r->n_chunks, qf_context_params_get(s->ctx)->n_threads);
+        st = qf_payload_add_string(cf, "reproduce", cmd, err);
+    }
+    return st;
+}
+
+static void set_variant(char *dst, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void set_variant(char *dst, size_t n, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(dst, n, fmt, ap);
+    va_end(ap);
+}
+
+static bool readable(const char *path) { return access(path, R_OK) == 0; }
+
+/* ---- awq ---- */
+
+static qf_status run_awq(const qf_job *j, qf_job_report *rep, qf_error *err) {
+    (void)j, (void)rep;
+    /* qf_awq_run writes a re-quantized GGUF; certifying it needs a second model (the AWQ-Q4_0
+     * file) evaluated against the reference on the same tokens, which this pipeline's
+     * KV-binding certifier does not do yet. */
+    return qf_fail(err, QF_ERR_NOT_IMPLEMENTED,
+                   "--artifact awq: the AWQ learner exists (qf_awq_run, include/qforge/awq.h) but the pipeline's "
+                   "two-model certify (reference GGUF vs the AWQ-Q4_0 GGUF on the same evaluation tokens) and "
+                   "qf_awq_embed_certificate packaging are not wired into qforge calibrate yet; use kv-int8 or kv-dict");
+}
+
+/* ---- one job ---- */
+
+qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
+    memset(rep, 0, sizeof *rep);
+    qf_certificate_init(&rep->cert, j->kind);
+    if (!j->model_path) return qf_fail(err, QF_ERR_ARG, "calibrate: no model given");
+    if (!j->out_path) return qf_fail(err, QF_ERR_ARG, "calibrate: no output path given");
+    if (j->sign_key_path && !readable(j->sign_key_path))
+        return qf_fail(err, QF_ERR_ARG, "%s: cannot read the signing key", j->sign_key_path);
+    if (j->kind == QF_ARTIFACT_AWQ) return run_awq(j, rep, err);
+    if (j->kind != QF_ARTIFACT_KV_INT8 && j->kind != QF_ARTIFACT_KV_DICT)
+        return qf_fail(err, QF_ERR_ARG, "calibrate: unknown artifact kind %d", (int)j->kind);
+
+    shared s = {0};
+    qf_payload best = {0}, cand = {0};
+    qf_status st;
+    if ((st = stage_corpus(j, &s, rep, err))) goto done;
+    if ((st = stage_model(j, &s, err))) goto done;
+    rep->f16_kv_bytes_per_token = f16_bytes_per_token(s.model);
+    if ((st = stage_capture(j, &s, rep, err))) goto done;
+
+    double t_learn = 0, t_cert = 0, t0;
+
+    int n_cand = j->kind == QF_ARTIFACT_KV_INT8 ? 2 : 1;
+    int best_i = -1;
+    for (int ci = 0; ci < n_cand; ci++) {
+        qf_payload_free(&cand);
+        memset(&cand, 0, sizeof cand);
+        char variant[32];
+        t0 = qf_now_sec();
+        if (j->kind == QF_ARTIFACT_KV_INT8) {
+            qf_kv_scale_mode mode = ci == 0 ? QF_KV_SCALE_PER_CHANNEL : QF_KV_SCALE_PER_HEAD;
+            set_variant(variant, sizeof variant, "%s", ci == 0 ? "per-channel" : "per-head");
+            st = learn_int8(j, &s, mode, &cand, err);
+        } else {
+            set_variant(variant, sizeof variant, "%dx%d-%s", j->dict_atoms, j->dict_sparsity,
+                        qf_kv_coef_name(j->dict_coef));
+            st = learn_dict(j, &s, j->dict_atoms, j->dict_sparsity, &cand, err);
+        }
+        t_learn += qf_now_sec() - t0;
+        if (st) {
+            st = as_stage(err, st, st == QF_ERR_ARG || st == QF_ERR_CAPTURE_FAILED ? QF_ERR_CAPTURE_FAILED : st, "learn");
+            goto done;
+        }
+        stage(j, "[3/5 learn] %s %s in %.1f s", qf_artifact_kind_name(j->kind), variant, qf_now_sec() - t0);
+        t0 = qf_now_sec();
+        /* the reference runs once, before the first candidate; every candidate shares it */
+        if (!s.ref && (st = stage_reference(j, &s, err))) goto done;
+        qf_certify_result r;
+        st = qf_certify_candidate(s.ctx, s.ref, j->kind, &cand, &j->gate, &r, err);
+        t_cert += qf_now_sec() - t0;
+        if (st) goto done;
+        stage(j, "[4/5 certify] %s: PPL %.4f -> %.4f (delta %+.4f%%), KLD mean %.6f p99 %.6f, top-1 %.2f%%, KV %.0f B/token "
+                 "(f16 %.0f)",
+              variant, r.ref_ppl, r.cand_ppl, 100 * r.delta_ppl, r.kld_mean, r.kld_p99, 100 * r.top1,
+              r.cand_kv_bytes_per_token, rep->f16_kv_bytes_per_token);
+        if (rep->n_tried < QF_JOB_MAX_TRIED) {
+            set_variant(rep->tried[rep->n_tried].variant, sizeof rep->tried[0].variant, "%s", variant);
+            rep->tried[rep->n_tried++].result = r;
+        }
+        /* keep the lower delta; NaN never wins */
+        if (best_i < 0 || (r.delta_ppl < rep->result.delta_ppl) || (isnan(rep->result.delta_ppl) && !isnan(r.delta_ppl))) {
+            best_i = ci;
+            rep->result = r;
+            set_variant(rep->variant, sizeof rep->variant, "%s", variant);
+            qf_payload tmp = best;
+            best = cand;
+            cand = tmp;
+        }
+    }
+    rep->seconds_learn = t_learn;
+    rep->seconds_certify = t_cert;
+    if ((st = fill_cert(j, &s, rep, err))) goto done;
+    const qf_certify_result *r = &rep->result;
+    if (!r->passed) {
+        st = qf_fail(err, QF_ERR_CERTIFY_FAILED,
+                     "%s %s did not pass its gate: delta PPL %+.4f%% (max %.4f%%), KLD mean %.6f%s, top-1 %.2f%%%s; "
+                     "ref PPL %.4f, candidate %.4f; nothing written to %s",
+                     qf_artifact_kind_name(j->kind), rep->variant, 100 * r->delta_ppl, 100 * j->gate.max_delta_ppl,
+                     r->kld_mean, j->gate.has_max_kld ? " (gated)" : "", 100 * r->top1,
+                     j->gate.has_min_top1 ? " (gated)" : "", r->ref_ppl, r->cand_ppl, j->out_path);
+        goto done;
+    }
+    t0 = qf_now_sec();
+    st = qf_artifact_package(j->out_path, &rep->cert, &best, j->sign_key_path, err);
+    rep->seconds_package = qf_now_sec() - t0;
+    if (st) {
+        st = as_stage(err, st, QF_ERR_PACKAGE_FAILED, "package");
+        goto done;
+    }
+    rep->packaged = true;
+    stage(j, "[5/5 package] %s (%s, %s)", j->out_path, qf_artifact_kind_name(j->kind), rep->variant);
+done:
+    qf_payload_free(&best);
+    qf_payload_free(&cand);
+    shared_free(&s);
+    return st;
+}
+
+/* ---- sweep ---- */
+
+qf_status qf_dict_configs_parse(const char *str, qf_dict_config *out, int max, int *n, qf_error *err) {
+    *n = 0;
+    const char *p = str;
+    while (p && *p) {
+        char *end;
+        long a = strtol(p, &end, 10);
+        if (end == p || (*end != 'x' && *end != 'X'))
+            return qf_fail(err, QF_ERR_ARG, "--configs '%s': expected ATOMSxSPARSITY[,...], e.g. 256x4,512x8", str);
+        const char *q = end + 1;
+        long sp = strtol(q, &end, 10);
+        if (end == q || (*end && *end != ','))
+            return qf_fail(err, QF_ERR_ARG, "--configs '%s': expected ATOMSxSPARSITY[,...], e.g. 256x4,512x8", str);
+        if (a < 1 || a > QF_KV_MAX_ATOMS || sp < 1 || sp > 64 || sp > a)
+            return qf_fail(err, QF_ERR_ARG, "--configs: %ldx%ld: atoms must be in [1, %d], sparsity in [1, min(atoms, 64)]",
+                           a, sp, QF_KV_MAX_ATOMS);
+        if (*n >= max) return qf_fail(err, QF_ERR_ARG, "--configs: at most %d configurations", max);
+        out[*n].n_atoms = (int)a;
+        out[*n].sparsity = (int)sp;
+        (*n)++;
+        p = *end == ',' ? end + 1 : end;
+    }
+    if (*n == 0) return qf_fail(err, QF_ERR_ARG, "--configs: no configuration given");
+    return QF_OK;
+}
+
+qf_status qf_sweep_run(const qf_job *j, const qf_dict_config *cfgs, int n, qf_sweep_row *rows, double *ref_ppl,
+                       qf_error *err) {
+    qf_job_report rep;
+    memset(&rep, 0, sizeof rep);
+    memset(rows, 0, (size_t)n * sizeof *rows);
+    *ref_ppl = NAN;
+    if (!j->model_path) return qf_fail(err, QF_ERR_ARG, "sweep: no model given");
+    shared s = {0};
+    qf_status st;
+    if ((st = stage_corpus(j, &s, &rep, err)) || (st = stage_model(j, &s, err)) ||
+        (st = stage_capture(j, &s, &rep, err)) || (st = stage_reference(j, &s, err)))
+        goto done;
+    *ref_ppl = qf_certify_ref_ppl(s.ref);
+    const qf_hparams *hp = qf_model_hparams(s.model);
+    for (int i = 0; i < n; i++) {
+        qf_sweep_row *row = &rows[i];
+        row->cfg = cfgs[i];
+        row->bits_per_elem = qf_kv_code_bits(cfgs[i].n_atoms, cfgs[i].sparsity, j->dict_coef) / hp->head_dim;
+        row->f16_kv_bytes_per_token = f16_bytes_per_token(s.model);
+        qf_payload pl = {0};
+        qf_error e = {0};
+        double t0 = qf_now_sec();
+        row->status = learn_dict(j, &s, cfgs[i].n_atoms, cfgs[i].sparsity, &pl, &e);
+        double tl = qf_now_sec() - t0;
+        if (!row->status) row->status = qf_certify_candidate(s.ctx, s.ref, QF_ARTIFACT_KV_DICT, &pl, &j->gate, &row->result, &e);
+        qf_payload_free(&pl);
+        if (row->status) {
+            snprintf(row->error, sizeof row->error, "%s", e.msg);
+            stage(j, "[sweep] %dx%d: %s: %s", cfgs[i].n_atoms, cfgs[i].sparsity, qf_status_name(row->status), e.msg);
+            if (row->status == QF_ERR_NOMEM) {
+                st = qf_fail(err, QF_ERR_NOMEM, "sweep: %s", e.msg);
+                goto done;
+            }
+            continue;
+        }
+        row->kv_bytes_per_token = row->result.cand_kv_bytes_per_token;
+        stage(j, "[sweep] %dx%d: learned in %.1f s, delta PPL %+.4f%%, %s", cfgs[i].n_atoms, cfgs[i].sparsity, tl,
+              100 * row->result.delta_ppl, row->result.passed ? "passed" : "failed");
+    }
+done:
+    shared_free(&s);
+    return st;
+}

@@ -1,0 +1,219 @@
+/* cmd_calibrate.c: `qforge calibrate`, one forge job: corpus -> capture -> learn -> certify
+ * -> package (qf_job_run in include/qforge/forge.h). Flags map onto qf_job fields. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "qforge/forge.h"
+
+static const char *USAGE =
+    "qforge calibrate -m MODEL --artifact kv-int8|kv-dict|awq [--corpus PATH]... [--builtin]\n"
+    "                 [--gate G] [--max-kld K] [--min-top1 T] [-c N] [--max-tok N] [--eval-chunks N]\n"
+    "                 [-t N] [--sign-key PEM] -o OUT.qfa [--eval-out FILE] [--json]\n"
+    "  --corpus PATH     a text file or directory (repeatable); none = the built-in demo corpus\n"
+    "  --builtin         add the built-in demo corpus (assets/corpora/kerneldoc-demo)\n"
+    "  --ollama URL --ollama-model M [--synth-docs N]   add documents synthesized by a local Ollama\n"
+    "  --eval-frac F     share of documents held out for certification (default 0.2)\n"
+    "  --gate G          max relative PPL increase, fraction (default 0.05 = 5%)\n"
+    "  --max-kld K       also require mean KLD <= K (nats)\n"
+    "  --min-top1 T      also require same-top-1 agreement >= T (fraction)\n"
+    "  -c N              capture window and evaluation chunk, tokens (default 256)\n"
+    "  --max-tok N       calibration tokens to capture (default 16384; 0 = all)\n"
+    "  --eval-chunks N   evaluation chunks of N tokens (default 16; 0 = all)\n"
+    "  -t N              threads (default all cores)\n"
+    "  --ref-kv T        reference KV cache type: f32 (default) or f16\n"
+    "  --capture N       K (and V) vectors kept per layer (default 16384)\n"
+    "  --seed S          capture and dictionary seed (default 1)\n"
+    "  --percentile P    kv-int8 clip percentile of |x| (default 100 = absmax)\n"
+    "  --atoms N --sparsity S --iters N --coef f16|q8 --max-train N   kv-dict settings\n"
+    "                    (defaults 256, 8, 10, f16, all captured vectors)\n"
+    "  --sign-key PEM    sign the artifact (PEM Ed25519 private key)\n"
+    "  -o OUT.qfa        the artifact (written only when the gate passes)\n"
+    "  --eval-out FILE   write the exact evaluation text (to rerun: qforge ppl --artifact OUT.qfa -f FILE)\n"
+    "  --json            print the report as JSON";
+
+static json_t *result_json(const qf_certify_result *r) {
+    return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:I, s:f, s:f, s:b}", "ref_ppl", r->ref_ppl, "cand_ppl",
+                     r->cand_ppl, "delta_ppl", r->delta_ppl, "kld_mean", r->kld_mean, "kld_p99", r->kld_p99, "top1",
+                     r->top1, "n_ctx", r->n_ctx, "chunks", r->n_chunks, "eval_tokens", (json_int_t)r->eval_tokens,
+                     "kv_bytes_per_token", r->cand_kv_bytes_per_token, "ref_kv_bytes_per_token",
+                     r->ref_kv_bytes_per_token, "passed", r->passed);
+}
+
+int qf_cmd_calibrate(int argc, char **argv) {
+    qf_job j;
+    qf_job_default(&j);
+    const char *val, *kind = NULL;
+    const char **paths = calloc((size_t)argc + 1, sizeof(char *));
+    int n_paths = 0, rc;
+    bool json = false;
+    if (!paths) return 1;
+#define BAD(...)                                  \
+    do {                                          \
+        rc = cli_usage("calibrate", USAGE, __VA_ARGS__); \
+        goto out;                                 \
+    } while (0)
+    for (int i = 1; i < argc; i++) {
+        int r;
+        const char *a = argv[i];
+        int64_t i64;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            puts(USAGE);
+            rc = 0;
+            goto out;
+        } else if ((r = cli_flag_value(argc, argv, &i, "-m", "--model", &val))) {
+            if (r < 0) goto missing;
+            j.model_path = val;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--artifact", NULL, &val))) {
+            if (r < 0) goto missing;
+            kind = val;
+            if (!qf_artifact_kind_parse(val, &j.kind)) BAD("bad --artifact '%s' (kv-int8, kv-dict, awq)", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--corpus", NULL, &val))) {
+            if (r < 0) goto missing;
+            paths[n_paths++] = val;
+        } else if (!strcmp(a, "--builtin")) {
+            j.builtin = true;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--ollama", NULL, &val))) {
+            if (r < 0) goto missing;
+            j.ollama_url = val;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--ollama-model", NULL, &val))) {
+            if (r < 0) goto missing;
+            j.ollama_model = val;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--synth-docs", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 1, 100000, &j.synth_docs)) BAD("bad --synth-docs '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--eval-frac", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_double(val, 0, 1, &j.eval_frac) || j.eval_frac <= 0 || j.eval_frac >= 1)
+                BAD("bad --eval-frac '%s' (a fraction strictly between 0 and 1)", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--gate", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_double(val, 0, 1e6, &j.gate.max_delta_ppl)) BAD("bad --gate '%s' (a fraction >= 0)", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--max-kld", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_double(val, 0, 1e6, &j.gate.max_kld)) BAD("bad --max-kld '%s'", val);
+            j.gate.has_max_kld = true;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--min-top1", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_double(val, 0, 1, &j.gate.min_top1)) BAD("bad --min-top1 '%s' (a fraction in [0, 1])", val);
+            j.gate.has_min_top1 = true;
+        } else if ((r = cli_flag_value(argc, argv, &i, "-c", "--ctx-size", &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 8, 1 << 16, &j.n_ctx)) BAD("bad -c '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--max-tok", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_i64(val, 0, INT64_MAX, &j.max_calib_tokens)) BAD("bad --max-tok '%s'", val);
+            if (j.max_calib_tokens == 0) j.max_calib_tokens = -1; /* all */
+        } else if ((r = cli_flag_value(argc, argv, &i, "--eval-chunks", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 0, 1 << 30, &j.eval_chunks)) BAD("bad --eval-chunks '%s'", val);
+            if (j.eval_chunks == 0) j.eval_chunks = -1; /* all */
+        } else if ((r = cli_flag_value(argc, argv, &i, "-t", "--threads", &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 1, 1024, &j.n_threads)) BAD("bad -t '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--ref-kv", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!qf_kv_mode_from_name(val, &j.ref_kv) || j.ref_kv >= QF_KV_INT8) BAD("bad --ref-kv '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--capture", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_i64(val, 16, (int64_t)1 << 32, &j.capture_per_layer)) BAD("bad --capture '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--seed", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_i64(val, 0, INT64_MAX, &i64)) BAD("bad --seed '%s'", val);
+            j.seed = (uint64_t)i64;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--percentile", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_double(val, 0, 100, &j.int8_percentile) || j.int8_percentile <= 0)
+                BAD("bad --percentile '%s' (in (0, 100])", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--atoms", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 1, QF_KV_MAX_ATOMS, &j.dict_atoms)) BAD("bad --atoms '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--sparsity", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 1, 64, &j.dict_sparsity)) BAD("bad --sparsity '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--iters", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 1, 1000, &j.dict_iters)) BAD("bad --iters '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--max-train", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_i64(val, 0, INT64_MAX, &j.dict_max_train)) BAD("bad --max-train '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--coef", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!strcmp(val, "f16")) j.dict_coef = QF_KV_COEF_F16;
+            else if (!strcmp(val, "q8")) j.dict_coef = QF_KV_COEF_Q8;
+            else BAD("bad --coef '%s' (f16, q8)", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--sign-key", NULL, &val))) {
+            if (r < 0) goto missing;
+            j.sign_key_path = val;
+        } else if ((r = cli_flag_value(argc, argv, &i, "-o", "--output", &val))) {
+            if (r < 0) goto missing;
+            j.out_path = val;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--eval-out", NULL, &val))) {
+            if (r < 0) goto missing;
+            j.eval_out_path = val;
+        } else if (!strcmp(a, "--json")) {
+            json = true;
+        } else {
+            BAD("unknown option '%s'", a);
+        }
+        continue;
+    missing:
+        BAD("option '%s' needs a value", a);
+    }
+    if (!j.model_path) BAD("-m MODEL is required");
+    if (!kind) BAD("--artifact kv-int8|kv-dict|awq is required");
+    if (!j.out_path) BAD("-o OUT.qfa is required");
+    if (j.ollama_url && !j.ollama_model) BAD("--ollama needs --ollama-model M");
+    if (n_paths == 0 && !j.ollama_url) j.builtin = true; /* the embedded demo corpus */
+    j.corpus_paths = paths;
+    j.n_corpus_paths = n_paths;
+    j.log = stderr;
+    j.progress = true; /* bars only on a TTY */
+
+    qf_error err = {0};
+    qf_job_report rep;
+    qf_status st = qf_job_run(&j, &rep, &err);
+    if (json) {
+        json_t *o = json_pack("{s:s, s:s, s:s, s:b, s:s}", "kind", qf_artifact_kind_name(j.kind), "variant", rep.variant,
+                              "status", qf_status_name(st), "packaged", rep.packaged, "out", j.out_path);
+        if (rep.n_tried > 0) {
+            json_object_set_new(o, "result", result_json(&rep.result));
+            json_t *tried = json_array();
+            for (int i = 0; i < rep.n_tried; i++) {
+                json_t *t = result_json(&rep.tried[i].result);
+                json_object_set_new(t, "variant", json_string(rep.tried[i].variant));
+                json_array_append_new(tried, t);
+            }
+            json_object_set_new(o, "tried", tried);
+        }
+        json_object_set_new(o, "f16_kv_bytes_per_token", json_real(rep.f16_kv_bytes_per_token));
+        json_object_set_new(o, "calib_tokens", json_integer(rep.calib_tokens));
+        json_object_set_new(o, "gate_max_delta_ppl", json_real(j.gate.max_delta_ppl));
+        if (j.gate.has_max_kld) json_object_set_new(o, "gate_max_kld", json_real(j.gate.max_kld));
+        if (j.gate.has_min_top1) json_object_set_new(o, "gate_min_top1", json_real(j.gate.min_top1));
+        json_t *secs = json_pack("{s:f, s:f, s:f, s:f, s:f}", "corpus", rep.seconds_corpus, "capture", rep.seconds_capture,
+                                 "learn", rep.seconds_learn, "certify", rep.seconds_certify, "package", rep.seconds_package);
+        json_object_set_new(o, "seconds", secs);
+        if (st) json_object_set_new(o, "error", json_string(err.msg));
+        cli_print_json(o);
+    } else if (rep.n_tried > 0) {
+        const qf_certify_result *r = &rep.result;
+        printf("artifact   %s (%s)%s\n", qf_artifact_kind_name(j.kind), rep.variant, rep.packaged ? "" : "  NOT WRITTEN");
+        printf("ref PPL    %.4f   candidate PPL %.4f   delta %+.4f%% (gate %.4f%%)\n", r->ref_ppl, r->cand_ppl,
+               100 * r->delta_ppl, 100 * j.gate.max_delta_ppl);
+        printf("KLD        mean %.6f   p99 %.6f   same top-1 %.2f%%\n", r->kld_mean, r->kld_p99, 100 * r->top1);
+        printf("KV cache   %.0f bytes/token (f16 %.0f, reference %.0f)\n", r->cand_kv_bytes_per_token,
+               rep.f16_kv_bytes_per_token, r->ref_kv_bytes_per_token);
+        printf("eval       %d chunks x %d tokens from the evaluation split; calibration %lld tokens\n", r->n_chunks,
+               r->n_ctx, (long long)rep.calib_tokens);
+        if (rep.packaged) printf("wrote      %s\n", j.out_path);
+    }
+    rc = st ? cli_fail("calibrate", &err) : 0;
+    qf_job_report_free(&rep);
+out:
+    free(paths);
+    return rc;
+#undef BAD
+}
