@@ -4,21 +4,27 @@
 #include <string.h>
 
 #include "cli.h"
+#include "qforge/artifact.h"
+#include "qforge/artifact_bind.h"
 #include "qforge/model.h"
 #include "qforge/sample.h"
 #include "util/util.h"
 
 static const char *USAGE =
     "qforge generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
-    "                [-c N] [-t N] [-ctk T] [-ctv T]\n"
+    "                [-c N] [-t N] [-ctk T] [-ctv T] [--artifact X.qfa [--trust-key PEM]]\n"
     "  -n N       tokens to generate (default 128; stops early at end-of-text)\n"
     "  --temp T   temperature (default 0.8; 0 = greedy)\n"
     "  --top-k K  keep the K most likely tokens (default 40; 0 = off)\n"
     "  --top-p P  nucleus sampling mass (default 0.95; 1 = off)\n"
-    "  --seed S   random seed (default 42)";
+    "  --seed S   random seed (default 42)\n"
+    "  --artifact X   run a certified kv-int8 / kv-dict artifact in the KV cache (refused unless\n"
+    "                 certified for this exact model file)\n"
+    "  --trust-key K  require the artifact to be signed by this Ed25519 key (PEM)";
 
 int qf_cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *val;
+    const char *artifact_path = NULL, *trust_key = NULL;
     int n_gen = 128;
     double temp = 0.8, top_p = 0.95;
     int top_k = 40;
@@ -64,6 +70,12 @@ int qf_cmd_generate(int argc, char **argv) {
         } else if ((r = cli_flag_value(argc, argv, &i, "-ctv", "--cache-type-v", &val))) {
             if (r < 0) goto missing;
             if (!qf_kv_mode_from_name(val, &cp.kv_v) || cp.kv_v >= QF_KV_INT8) return cli_usage("generate", USAGE, "bad -ctv '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--artifact", NULL, &val))) {
+            if (r < 0) goto missing;
+            artifact_path = val;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--trust-key", NULL, &val))) {
+            if (r < 0) goto missing;
+            trust_key = val;
         } else {
             return cli_usage("generate", USAGE, "unknown option '%s'", a);
         }
@@ -73,6 +85,7 @@ int qf_cmd_generate(int argc, char **argv) {
     }
     if (!model_path) return cli_usage("generate", USAGE, "-m MODEL is required");
     if (!prompt) return cli_usage("generate", USAGE, "-p PROMPT is required");
+    if (trust_key && !artifact_path) return cli_usage("generate", USAGE, "--trust-key needs --artifact X.qfa");
 
     qf_error err = {0};
     qf_model *m = qf_model_load(model_path, &err);
@@ -83,7 +96,13 @@ int qf_cmd_generate(int argc, char **argv) {
     qf_context *c = NULL;
     float *logits = NULL;
     qf_sampler smp = {0};
+    qf_artifact art = {0};
     int rc = 0;
+    /* an artifact is verified against this exact model file before anything runs */
+    if (artifact_path) {
+        if (qf_artifact_load(artifact_path, qf_model_sha256(m), trust_key, &art, &err)) goto fail;
+        if (cp.device == QF_DEVICE_AUTO) cp.device = QF_DEVICE_CPU; /* KV artifacts run on the CPU path */
+    }
     if (qf_tokenize(tok, prompt, strlen(prompt), qf_tokenizer_add_bos(tok), false, &ids, &n_prompt, &err)) goto fail;
     if (n_prompt == 0) {
         qf_fail(&err, QF_ERR_ARG, "the prompt tokenizes to nothing");
@@ -95,6 +114,7 @@ int qf_cmd_generate(int argc, char **argv) {
         goto fail;
     }
     if (!(c = qf_context_new(m, &cp, &err))) goto fail;
+    if (artifact_path && qf_context_bind_artifact(c, &art, &err)) goto fail;
     int n_vocab = qf_model_hparams(m)->n_vocab;
     logits = malloc((size_t)n_vocab * sizeof(float));
     qf_sampler_params sp = {.temp = (float)temp, .top_k = top_k, .top_p = (float)top_p, .seed = (uint64_t)seed};
@@ -132,6 +152,7 @@ int qf_cmd_generate(int argc, char **argv) {
 fail:
     rc = cli_fail("generate", &err);
 done:
+    qf_artifact_free(&art);
     qf_sampler_free(&smp);
     free(logits);
     free(ids);

@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "qforge/artifact.h"
+#include "qforge/artifact_bind.h"
 #include "qforge/model.h"
 #include "qforge/ppl.h"
 #include "util/util.h"
@@ -11,6 +13,7 @@
 static const char *USAGE =
     "qforge ppl -m MODEL -f TEXT [-c N] [-t N] [-b N] [--chunks N] [-ctk T] [-ctv T]\n"
     "           [--kl-divergence-base FILE] [--kl-divergence] [--reference] [--json]\n"
+    "           [--artifact X.qfa [--trust-key PEM]]\n"
     "  -c N          chunk (context) size, default 512\n"
     "  -t N          threads, default all cores\n"
     "  -b N          batch size (tokens per forward call), default = -c\n"
@@ -19,10 +22,14 @@ static const char *USAGE =
     "  --kl-divergence-base FILE  save this run's log-probs to FILE (the reference)\n"
     "  --kl-divergence            compare against --kl-divergence-base FILE\n"
     "  --reference   use the scalar CPU reference path (slow; the oracle)\n"
+    "  --artifact X  run a certified kv-int8 / kv-dict artifact (.qfa) in the KV cache; it must be\n"
+    "                certified for this exact model file (refused otherwise, with its exit code)\n"
+    "  --trust-key K require the artifact to be signed by this Ed25519 key (PEM)\n"
     "  --json        print the result as JSON";
 
 int qf_cmd_ppl(int argc, char **argv) {
     const char *model_path = NULL, *text_path = NULL, *kl_base = NULL, *val;
+    const char *artifact_path = NULL, *trust_key = NULL;
     qf_context_params cp = qf_context_default_params();
     qf_ppl_params pp = qf_ppl_default_params();
     bool json = false, kl = false;
@@ -64,6 +71,12 @@ int qf_cmd_ppl(int argc, char **argv) {
             kl_base = val;
         } else if (!strcmp(a, "--kl-divergence")) {
             kl = true;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--artifact", NULL, &val))) {
+            if (r < 0) goto missing;
+            artifact_path = val;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--trust-key", NULL, &val))) {
+            if (r < 0) goto missing;
+            trust_key = val;
         } else if (!strcmp(a, "--reference")) {
             cp.reference = true;
         } else if (!strcmp(a, "--json")) {
@@ -78,6 +91,7 @@ int qf_cmd_ppl(int argc, char **argv) {
     if (!model_path) return cli_usage("ppl", USAGE, "-m MODEL is required");
     if (!text_path) return cli_usage("ppl", USAGE, "-f TEXT is required");
     if (kl && !kl_base) return cli_usage("ppl", USAGE, "--kl-divergence needs --kl-divergence-base FILE");
+    if (trust_key && !artifact_path) return cli_usage("ppl", USAGE, "--trust-key needs --artifact X.qfa");
     if (kl) pp.kl_base_read = kl_base;
     else pp.kl_base_write = kl_base;
 
@@ -90,9 +104,29 @@ int qf_cmd_ppl(int argc, char **argv) {
         free(text);
         return cli_fail("ppl", &err);
     }
+    /* an artifact is verified against this exact model file before anything runs */
+    qf_artifact art = {0};
+    bool have_art = false;
+    if (artifact_path) {
+        if (qf_artifact_load(artifact_path, qf_model_sha256(m), trust_key, &art, &err)) {
+            free(text);
+            qf_model_free(m);
+            return cli_fail("ppl", &err);
+        }
+        have_art = true;
+        if (cp.device == QF_DEVICE_AUTO) cp.device = QF_DEVICE_CPU; /* KV artifacts run on the CPU path */
+    }
     cp.n_ctx = pp.n_ctx;
     cp.n_batch = n_batch > 0 && n_batch < pp.n_ctx ? n_batch : pp.n_ctx;
     qf_context *c = qf_context_new(m, &cp, &err);
+    if (c && have_art && qf_context_bind_artifact(c, &art, &err)) {
+        qf_context_free(c);
+        c = NULL;
+    }
+    if (have_art && c)
+        fprintf(stderr, "perplexity: artifact %s (%s, certified delta PPL %+.4f%%, KV %.0f bytes/token)\n", artifact_path,
+                qf_artifact_kind_name(art.cert.kind), 100 * art.cert.delta_ppl, qf_context_kv_bytes_per_token(c));
+    qf_artifact_free(&art);
     if (!c) {
         free(text);
         qf_model_free(m);
@@ -101,7 +135,8 @@ int qf_cmd_ppl(int argc, char **argv) {
     if (!json) {
         fprintf(stderr, "perplexity: model %s (%s, %d layers, n_embd %d), kv %s/%s, %d threads%s\n", model_path,
                 qf_model_hparams(m)->arch_name, qf_model_hparams(m)->n_layer, qf_model_hparams(m)->n_embd,
-                qf_kv_mode_name(cp.kv_k), qf_kv_mode_name(cp.kv_v), qf_context_params_get(c)->n_threads,
+                qf_kv_mode_name(qf_context_params_get(c)->kv_k), qf_kv_mode_name(qf_context_params_get(c)->kv_v),
+                qf_context_params_get(c)->n_threads,
                 cp.reference ? ", reference path" : "");
         fprintf(stderr, "perplexity: calculating perplexity over chunks of n_ctx=%d, batch_size=%d\n", pp.n_ctx,
                 cp.n_batch);
@@ -120,8 +155,10 @@ int qf_cmd_ppl(int argc, char **argv) {
         json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:I, s:I, s:f, s:f, s:f, s:f, s:s, s:s}", "model", model_path,
                               "file", text_path, "n_ctx", pp.n_ctx, "chunks", r.n_chunks, "tokens", (json_int_t)r.n_tokens_text,
                               "scored", (json_int_t)r.n_scored, "ppl", r.ppl, "ppl_err", r.ppl_err, "seconds", r.seconds,
-                              "tokens_per_sec", r.tokens_per_sec, "cache_type_k", qf_kv_mode_name(cp.kv_k),
-                              "cache_type_v", qf_kv_mode_name(cp.kv_v));
+                              "tokens_per_sec", r.tokens_per_sec, "cache_type_k", qf_kv_mode_name(qf_context_params_get(c)->kv_k),
+                              "cache_type_v", qf_kv_mode_name(qf_context_params_get(c)->kv_v));
+        if (artifact_path) json_object_set_new(j, "artifact", json_string(artifact_path));
+        json_object_set_new(j, "kv_bytes_per_token", json_real(qf_context_kv_bytes_per_token(c)));
         if (r.has_kl) {
             json_object_set_new(j, "ppl_base", json_real(r.ppl_base));
             json_object_set_new(j, "kld_mean", json_real(r.kld_mean));
