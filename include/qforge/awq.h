@@ -77,7 +77,8 @@ typedef struct {
     int n_grid;            /* alpha grid: k / n_grid for k = 0 .. n_grid-1 (default 20) */
     int rows_per_site;     /* calibration rows kept per layer and site (default 512) */
     int n_ctx;             /* capture window in tokens (0 = min(512, n_ctx_train)) */
-    int64_t max_tokens;    /* calibration tokens used (<= 0: all given) */
+    int64_t max_tokens;    /* calibration tokens used (<= 0: all given; default 8192), in
+                              windows spread evenly over the whole calibration text */
     bool clip;             /* also search a per-output-row clipping ratio (default true) */
     bool scale_vo;         /* v -> o group when shapes allow (default true) */
     float fixed_alpha;     /* < 0: search (default -1); >= 0: this alpha for every group

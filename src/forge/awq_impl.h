@@ -9,8 +9,10 @@
 #include "qforge/awq.h"
 #include "qforge/gguf.h"
 
-/* Replacement f32 contents of a tensor (same shape), or NULL to use the source tensor. */
-typedef const float *(*qf_tensor_override_fn)(void *user, const char *name);
+/* Replacement f32 contents of a tensor (same shape), or NULL to use the source tensor. When the
+ * learner quantized the tensor itself it also sets *q4_0 to the tensor's Q4_0 rows, which the
+ * writer stores as they are when the tensor's destination type is Q4_0. */
+typedef const float *(*qf_tensor_override_fn)(void *user, const char *name, const void **q4_0);
 
 /* Write src re-quantized to `type` (qf_quantize_model's rules) to out_path atomically.
  * override (may be NULL) supplies f32 contents for some tensors; with keep_float, overridden

@@ -18,7 +18,7 @@
 #include "qforge/tokenizer.h"
 #include "util/util.h"
 
-#define AWQ_N_CLIP 11 /* clip ratios 1.0, 0.95, ..., 0.5 */
+#define AWQ_IMP_FLOOR 0.01 /* importance floor, as a share of the mean importance */
 
 const char *qf_awq_group_name(qf_awq_group g) {
     switch (g) {
@@ -175,12 +175,92 @@ static void search_worker(void *arg, int ith, int nth) {
     for (int a = ith; a < j->n_alpha; a += nth) j->mse[a] = group_mse(j, ith, j->alphas[a]);
 }
 
-/* ---- per-block clip search on a folded weight (diagonal importance) ---- */
+/* ---- per-block Q4_0 scale search on a folded weight (diagonal importance) ----
+ * For each block of 32: the RTN encoding and 19 candidate scales (ggml's make_qx_quants
+ * recipe: iscale = -(8 + 0.1 k) / max, k = -9..9, then a weighted least-squares refit of d),
+ * keeping the one with the smallest sum_i imp_i (w_i - d q_i)^2, imp = E[x^2] of the block's
+ * input channels after folding. RTN is a candidate, so no block gets worse under this metric.
+ * The result is ordinary Q4_0 (d f16, 4-bit q - 8). */
+#define Q4_BLOCK_BYTES 18
+
+static double q4_block_err(const float *x, const float *imp, const int8_t *l, float d) {
+    double e = 0;
+    for (int i = 0; i < 32; i++) {
+        double r = (double)x[i] - (double)d * l[i];
+        e += (double)imp[i] * r * r;
+    }
+    return e;
+}
+
+static void q4_pack(const int8_t *l, uint16_t dh, uint8_t *out) {
+    out[0] = (uint8_t)(dh & 0xff);
+    out[1] = (uint8_t)(dh >> 8);
+    for (int j = 0; j < 16; j++) out[2 + j] = (uint8_t)((l[j] + 8) | ((l[j + 16] + 8) << 4));
+}
+
+/* Returns the chosen d relative to RTN's (1 = RTN). */
+static float q4_block_search(const float *x, const float *imp, uint8_t *out) {
+    float dq[32];
+    int8_t l[32], bl[32];
+    qf_quantize_row(QF_TYPE_Q4_0, x, out, 32);
+    qf_dequantize_row(QF_TYPE_Q4_0, out, dq, 32);
+    uint16_t dh_rtn = (uint16_t)(out[0] | (out[1] << 8));
+    float d_rtn = qf_f16_to_f32(dh_rtn);
+    double best = 0;
+    for (int i = 0; i < 32; i++) {
+        double r = (double)x[i] - (double)dq[i];
+        best += (double)imp[i] * r * r;
+    }
+    float amax = 0, mx = 0;
+    for (int i = 0; i < 32; i++)
+        if (fabsf(x[i]) > amax) amax = fabsf(x[i]), mx = x[i];
+    if (amax == 0 || d_rtn == 0) return 1;
+    bool found = false;
+    uint16_t best_dh = dh_rtn;
+    for (int k = -9; k <= 9; k++) {
+        float iscale = -(8.0f + 0.1f * (float)k) / mx;
+        double slx = 0, sl2 = 0;
+        for (int i = 0; i < 32; i++) {
+            int v = (int)nearbyintf(iscale * x[i]);
+            v = v < -8 ? -8 : v > 7 ? 7 : v;
+            l[i] = (int8_t)v;
+            slx += (double)imp[i] * x[i] * v;
+            sl2 += (double)imp[i] * v * v;
+        }
+        if (!(sl2 > 0)) continue;
+        for (int it = 0; it < 2; it++) {
+            uint16_t dh = qf_f32_to_f16((float)(slx / sl2));
+            float d = qf_f16_to_f32(dh);
+            if (!(d != 0) || !isfinite(d)) break;
+            double e = q4_block_err(x, imp, l, d);
+            if (e < best) {
+                best = e;
+                best_dh = dh;
+                memcpy(bl, l, sizeof l);
+                found = true;
+            }
+            /* re-round with the refitted d and refit once more */
+            slx = sl2 = 0;
+            for (int i = 0; i < 32; i++) {
+                int v = (int)nearbyintf(x[i] / d);
+                v = v < -8 ? -8 : v > 7 ? 7 : v;
+                l[i] = (int8_t)v;
+                slx += (double)imp[i] * x[i] * v;
+                sl2 += (double)imp[i] * v * v;
+            }
+            if (!(sl2 > 0)) break;
+        }
+    }
+    if (!found) return 1;
+    q4_pack(bl, best_dh, out);
+    return fabsf(qf_f16_to_f32(best_dh) / d_rtn);
+}
+
 typedef struct {
-    float *W;          /* [R][D], clamped in place */
-    const float *imp;  /* [D] E[x^2] of the (scaled) input */
+    const float *W;    /* [R][D] folded f32 */
+    uint8_t *q4;       /* [R][D/32][18] out */
+    const float *imp;  /* [D] */
     int64_t R, D;
-    double chosen_sum; /* sum of chosen ratios (per thread slot) */
     double *ratio_sum; /* [nth] */
 } clip_job;
 
@@ -188,42 +268,12 @@ static void clip_worker(void *arg, int ith, int nth) {
     clip_job *j = arg;
     int64_t lo, hi;
     qf_split_range(j->R, ith, nth, &lo, &hi);
-    uint8_t qb[32];
-    float cl[32], dq[32];
     double sum = 0;
-    for (int64_t r = lo; r < hi; r++) {
-        for (int64_t b = 0; b < j->D; b += 32) {
-            float *w = j->W + r * j->D + b;
-            const float *imp = j->imp + b;
-            float amax = 0;
-            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(w[i]));
-            if (amax == 0) {
-                sum += 1;
-                continue;
-            }
-            double best = INFINITY;
-            float best_c = 1;
-            for (int k = 0; k < AWQ_N_CLIP; k++) {
-                float c = 1.0f - 0.05f * (float)k, lim = c * amax;
-                for (int i = 0; i < 32; i++) cl[i] = fminf(fmaxf(w[i], -lim), lim);
-                q4_roundtrip(cl, dq, 32, qb);
-                double e = 0;
-                for (int i = 0; i < 32; i++) {
-                    double d = (double)w[i] - (double)dq[i];
-                    e += (double)imp[i] * d * d;
-                }
-                if (e < best) {
-                    best = e;
-                    best_c = c;
-                }
-            }
-            if (best_c < 1) {
-                float lim = best_c * amax;
-                for (int i = 0; i < 32; i++) w[i] = fminf(fmaxf(w[i], -lim), lim);
-            }
-            sum += best_c;
-        }
-    }
+    int64_t nb = j->D / 32;
+    for (int64_t r = lo; r < hi; r++)
+        for (int64_t b = 0; b < nb; b++)
+            sum += q4_block_search(j->W + r * j->D + b * 32, j->imp + b * 32,
+                                   j->q4 + (r * nb + b) * Q4_BLOCK_BYTES);
     j->ratio_sum[ith] = sum;
 }
 
@@ -231,6 +281,7 @@ static void clip_worker(void *arg, int ith, int nth) {
 typedef struct {
     char name[96];
     float *data;
+    uint8_t *q4; /* Q4_0 rows from the block search, or NULL */
     int64_t n;
 } override_t;
 
@@ -253,6 +304,7 @@ static float *ov_add(override_set *o, const char *name, float *data, int64_t n) 
     }
     snprintf(o->v[o->n].name, sizeof o->v[o->n].name, "%s", name);
     o->v[o->n].data = data;
+    o->v[o->n].q4 = NULL;
     o->v[o->n].n = n;
     o->n++;
     return data;
@@ -264,10 +316,21 @@ static float *ov_get(override_set *o, const char *name) {
     return NULL;
 }
 
-static const float *ov_lookup(void *user, const char *name) { return ov_get(user, name); }
+static const float *ov_lookup(void *user, const char *name, const void **q4) {
+    override_set *o = user;
+    for (int i = 0; i < o->n; i++)
+        if (!strcmp(o->v[i].name, name)) {
+            *q4 = o->v[i].q4;
+            return o->v[i].data;
+        }
+    return NULL;
+}
 
 static void ov_free(override_set *o) {
-    for (int i = 0; i < o->n; i++) free(o->v[i].data);
+    for (int i = 0; i < o->n; i++) {
+        free(o->v[i].data);
+        free(o->v[i].q4);
+    }
     free(o->v);
 }
 
@@ -299,7 +362,9 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
                      qf_error *err) {
     double t0 = qf_now_sec();
     qf_awq_params p = pin ? *pin : qf_awq_default_params();
-    if (rep) memset(rep, 0, sizeof *rep);
+    qf_awq_report local_rep;
+    if (!rep) rep = &local_rep; /* the search needs the alphas whether or not the caller wants them */
+    memset(rep, 0, sizeof *rep);
     if (!m || !out_gguf) return qf_fail(err, QF_ERR_ARG, "awq: model and output path are required");
     if (p.n_grid < 1 || p.n_grid > 1000)
         return qf_fail(err, QF_ERR_ARG, "awq: n_grid %d: expected 1..1000", p.n_grid);
@@ -363,13 +428,20 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
         qf_context_set_tap(ctx, &tap);
         qf_progress bar;
         if (p.progress) qf_progress_begin(&bar, "awq capture", n_tok);
-        for (int64_t start = 0; start < n_tok && !st; start += n_ctx) {
-            int n = (int)(n_tok - start < n_ctx ? n_tok - start : n_ctx);
+        /* windows of n_ctx spread evenly over the whole text (not its first n_tok tokens),
+         * so every part of the calibration split is represented */
+        int64_t n_win = (n_tok + n_ctx - 1) / n_ctx, done_tok = 0;
+        for (int64_t wi = 0; wi < n_win && !st; wi++) {
+            int n = (int)(n_tok - done_tok < n_ctx ? n_tok - done_tok : n_ctx);
+            int64_t start = wi * n_ctx;
+            if (n_calib > n_tok && n_win > 1) start = wi * ((n_calib - n) / (n_win - 1));
+            if (start + n > n_calib) start = n_calib - n;
             memcpy(w, calib_tokens + start, (size_t)n * sizeof(int32_t));
+            done_tok += n;
             if (add_bos) w[0] = qf_tokenizer_bos(tok);
             qf_context_kv_clear(ctx);
             st = qf_decode(ctx, w, n, 0, NULL, n, err);
-            if (p.progress) qf_progress_update(&bar, start + n);
+            if (p.progress) qf_progress_update(&bar, done_tok);
         }
         if (p.progress) qf_progress_end(&bar);
         qf_context_set_tap(ctx, NULL);
@@ -595,9 +667,25 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
                 else
                     for (int64_t c = 0; c < w->ne0; c++) s[c] = 1;
                 free(mabs);
-                for (int64_t c = 0; c < w->ne0; c++)
+                double imp_mean = 0;
+                for (int64_t c = 0; c < w->ne0; c++) {
                     imp[c] = (float)(as->sum_sq[c] / (double)as->count) / (s[c] * s[c]);
-                clip_job cj = {.W = wf, .imp = imp, .R = w->ne1, .D = w->ne0, .ratio_sum = ratio_sum};
+                    imp_mean += imp[c];
+                }
+                imp_mean /= (double)w->ne0;
+                /* a floor so that channels quiet in calibration still count a little */
+                for (int64_t c = 0; c < w->ne0; c++) imp[c] += (float)(AWQ_IMP_FLOOR * imp_mean);
+                override_t *oe = NULL;
+                for (int i = 0; i < ov.n; i++)
+                    if (ov.v[i].data == wf) oe = &ov.v[i];
+                if (oe && !oe->q4) oe->q4 = malloc((size_t)w->ne1 * (size_t)(w->ne0 / 32) * Q4_BLOCK_BYTES);
+                if (!oe || !oe->q4) {
+                    free(ratio_sum);
+                    free(imp);
+                    free(s);
+                    goto nomem;
+                }
+                clip_job cj = {.W = wf, .q4 = oe->q4, .imp = imp, .R = w->ne1, .D = w->ne0, .ratio_sum = ratio_sum};
                 memset(ratio_sum, 0, (size_t)n_threads * sizeof(double));
                 qf_pool_run(pool, clip_worker, &cj);
                 double tot = 0;
@@ -641,7 +729,7 @@ done:
     ov_free(&ov);
     if (ctx) qf_context_free(ctx);
     qf_capture_free(cap);
-    if (st && rep) qf_awq_report_free(rep);
+    if (st || rep == &local_rep) qf_awq_report_free(rep);
     return st;
 }
 

@@ -126,7 +126,8 @@ qf_status qf_forge_write_model(const qf_gguf *src, const char *out_path, qf_type
             st = qf_fail(err, QF_ERR_NOMEM, "quantize: out of memory");
             goto done;
         }
-        const float *ov = override ? override(user, name) : NULL;
+        const void *q4 = NULL;
+        const float *ov = override ? override(user, name, &q4) : NULL;
         qf_type dst = qf_quantize_tensor_type(name, t->n_dims, t->ne, type, tied);
         if (keep_float) dst = ov ? QF_TYPE_F32 : QF_TYPE_COUNT;
         if (dst == QF_TYPE_COUNT && ov) dst = t->type == QF_TYPE_F16 ? QF_TYPE_F16 : QF_TYPE_F32;
@@ -143,6 +144,13 @@ qf_status qf_forge_write_model(const qf_gguf *src, const char *out_path, qf_type
             goto done;
         }
         int64_t nel = qf_gguf_tensor_nelements(t);
+        if (q4 && dst == QF_TYPE_Q4_0) {
+            st = qf_gguf_writer_add_tensor(w, name, dst, t->n_dims, t->ne, q4,
+                                           qf_row_bytes(dst, t->ne[0]) * (size_t)(nel / t->ne[0]), err);
+            free(name);
+            if (st != QF_OK) goto done;
+            continue;
+        }
         conv_job j = {.t = t, .f32 = ov, .dst = dst, .ne0 = t->ne[0], .nrows = nel / t->ne[0]};
         j.src_row = qf_row_bytes(t->type, t->ne[0]);
         j.dst_row = qf_row_bytes(dst, t->ne[0]);
