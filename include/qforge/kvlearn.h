@@ -207,11 +207,12 @@ typedef struct {
     int layer_stride;             /* 1: every layer; 2: every other one ... */
     int holdout_every;            /* 8: every 8th vector is held out to evaluate; 0 = seed
                                      behaviour (learn and evaluate on all vectors) */
-    int64_t max_train;            /* 0 = all training vectors; else a strided subsample */
+    int64_t max_train;            /* 4096; 0 = all training vectors, else a strided subsample */
     uint64_t seed;
     int n_threads;
     /* rate-distortion sweep: (atoms, sparsity) points, learned with rd_iters iterations;
-     * n_rd = 0 skips the sweep (baselines are always measured: the strict gate needs them) */
+     * (the go/no-go point, if listed, is reused); n_rd = 0 skips the sweep (baselines are
+     * always measured: the strict gate needs them) */
     int n_rd;
     int rd_atoms[QF_KV_RD_MAX_POINTS], rd_sparsity[QF_KV_RD_MAX_POINTS];
     int rd_iters;

@@ -2,7 +2,7 @@
  * k-SVD, plus the code storage formats (indices + f16 or 8-bit coefficients).
  *
  * Determinism: each vector's code depends only on the vector, the dictionary and the
- * correlations X*D^T (one cblas_sgemm per block, computed on the calling thread), so the
+ * correlations X*D^T (cblas_sgemm over fixed chunks of vectors), so the
  * thread count only changes who computes which vector. Sums are taken in vector order on
  * the calling thread. */
 #include <cblas.h>
@@ -13,7 +13,6 @@
 #include "qforge/kvlearn.h"
 #include "util/util.h"
 
-#define OMP_BLOCK 2048 /* vectors per correlation block: 2048 x 256 atoms = 2 MiB */
 
 double qf_rel_mse(const float *x, const float *xr, int64_t n) {
     double num = 0, den = 0;
@@ -207,12 +206,20 @@ static double code_err(const qf_kv_dict *d, const float *x, const int32_t *idx, 
     return dot_d(r, r, dim);
 }
 
-/* ---- a parallel OMP pass over n vectors ---- */
+/* ---- a parallel OMP pass over n vectors ----
+ * Vectors go in fixed chunks of corr_rows() (the same for any thread count, so each
+ * vector's correlations come out of an identical sgemm call). The chunk keeps
+ * rows*atoms*dim at or under OpenBLAS's single-thread threshold (65536*4): its own threads
+ * would otherwise spin in sched_yield against our pool for the second core. */
+static int corr_rows(int n_atoms, int dim) {
+    int r = (int)(262144 / ((int64_t)n_atoms * dim));
+    return r < 1 ? 1 : r > 64 ? 64 : r;
+}
+
 typedef struct {
     const qf_kv_dict *d;
-    const float *x;    /* block start */
-    const float *corr; /* [nb][A] */
-    int64_t nb;
+    const float *x;
+    int64_t n;
     int s;
     int32_t *idx;
     float *coef;
@@ -224,64 +231,56 @@ typedef struct {
 static void omp_worker(void *arg, int ith, int nth) {
     omp_job *jb = arg;
     const qf_kv_dict *d = jb->d;
-    int s = jb->s, dim = d->head_dim;
-    int64_t lo, hi;
-    qf_split_range(jb->nb, ith, nth, &lo, &hi);
-    if (lo >= hi) return;
+    const int s = jb->s, dim = d->head_dim, A = d->n_atoms, rows = corr_rows(A, dim);
+    int64_t c_lo, c_hi;
+    qf_split_range((jb->n + rows - 1) / rows, ith, nth, &c_lo, &c_hi);
+    if (c_lo >= c_hi) return;
     omp_scratch w;
     int32_t *ni = malloc(sizeof(int32_t) * (size_t)s);
     float *nc = malloc(sizeof(float) * (size_t)s);
     float *r = malloc(sizeof(float) * (size_t)dim);
-    if (!omp_scratch_alloc(&w, s, d->n_atoms) || !ni || !nc || !r) {
+    float *corr = malloc(sizeof(float) * (size_t)rows * A);
+    if (!omp_scratch_alloc(&w, s, A) || !ni || !nc || !r || !corr) {
         jb->oom = true; /* distinct threads only ever set it to true */
         goto done;
     }
-    for (int64_t i = lo; i < hi; i++) {
-        const float *x = jb->x + (size_t)i * dim;
-        int32_t *ci = jb->idx + (size_t)i * s;
-        float *cc = jb->coef + (size_t)i * s;
-        omp_one(d, x, jb->corr + (size_t)i * d->n_atoms, s, &w, ni, nc);
-        double e_new = code_err(d, x, ni, nc, s, r);
-        if (jb->keep_better) {
-            double e_old = code_err(d, x, ci, cc, s, r);
-            if (e_old < e_new) {
-                jb->err[i] = e_old;
-                continue;
+    for (int64_t c = c_lo; c < c_hi; c++) {
+        int64_t lo = c * rows, hi = lo + rows < jb->n ? lo + rows : jb->n;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(hi - lo), A, dim, 1.0f,
+                    jb->x + (size_t)lo * dim, dim, d->atoms, dim, 0.0f, corr, A);
+        for (int64_t i = lo; i < hi; i++) {
+            const float *x = jb->x + (size_t)i * dim;
+            int32_t *ci = jb->idx + (size_t)i * s;
+            float *cc = jb->coef + (size_t)i * s;
+            omp_one(d, x, corr + (size_t)(i - lo) * A, s, &w, ni, nc);
+            double e_new = code_err(d, x, ni, nc, s, r);
+            if (jb->keep_better) {
+                double e_old = code_err(d, x, ci, cc, s, r);
+                if (e_old < e_new) {
+                    jb->err[i] = e_old;
+                    continue;
+                }
             }
+            memcpy(ci, ni, sizeof(int32_t) * (size_t)s);
+            memcpy(cc, nc, sizeof(float) * (size_t)s);
+            jb->err[i] = e_new;
         }
-        memcpy(ci, ni, sizeof(int32_t) * (size_t)s);
-        memcpy(cc, nc, sizeof(float) * (size_t)s);
-        jb->err[i] = e_new;
     }
 done:
     omp_scratch_free(&w);
     free(ni);
     free(nc);
     free(r);
+    free(corr);
 }
 
 /* Code all n vectors; err[i] gets each squared residual. */
 static qf_status omp_pass(const qf_kv_dict *d, const float *x, int64_t n, int s, qf_pool *pool,
                           int32_t *idx, float *coef, double *err, bool keep_better,
                           qf_error *e) {
-    const int A = d->n_atoms, dim = d->head_dim;
-    int64_t bs = n < OMP_BLOCK ? n : OMP_BLOCK;
-    float *corr = malloc(sizeof(float) * (size_t)bs * (size_t)A);
-    if (!corr) return qf_fail(e, QF_ERR_NOMEM, "kv dict: OMP correlations: out of memory");
-    for (int64_t b0 = 0; b0 < n; b0 += bs) {
-        int64_t nb = n - b0 < bs ? n - b0 : bs;
-        const float *xb = x + (size_t)b0 * dim;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, A, dim, 1.0f, xb, dim,
-                    d->atoms, dim, 0.0f, corr, A);
-        omp_job jb = {d, xb, corr, nb, s, idx + (size_t)b0 * s, coef + (size_t)b0 * s,
-                      err + b0, keep_better, false};
-        qf_pool_run(pool, omp_worker, &jb);
-        if (jb.oom) {
-            free(corr);
-            return qf_fail(e, QF_ERR_NOMEM, "kv dict: OMP scratch: out of memory");
-        }
-    }
-    free(corr);
+    omp_job jb = {d, x, n, s, idx, coef, err, keep_better, false};
+    qf_pool_run(pool, omp_worker, &jb);
+    if (jb.oom) return qf_fail(e, QF_ERR_NOMEM, "kv dict: OMP scratch: out of memory");
     return QF_OK;
 }
 

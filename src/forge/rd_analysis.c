@@ -110,6 +110,7 @@ void qf_kv_analysis_params_default(qf_kv_analysis_params *p) {
     p->seed = 1;
     p->n_threads = 1;
     p->rd_iters = 10;
+    p->max_train = 4096;
     p->kivi_group = 64;
 }
 
@@ -329,7 +330,7 @@ static qf_status analyze_pair(const float *vecs, int64_t n_vec, int layer, char 
         rs->dict_bits[j] = qf_kv_code_bits(a, s, p->coef) / dim;
         rs->dict_err[j] = NAN;
         if (a < 1 || a > n_tr || s < 1 || s > dim || s > a) continue;
-        if (a == p->n_atoms && s == p->sparsity && p->rd_iters == p->iters) {
+        if (a == p->n_atoms && s == p->sparsity) { /* the go/no-go point: already measured */
             rs->dict_err[j] = v->recon_dict;
             continue;
         }
