@@ -1,0 +1,319 @@
+/* test_pipeline.c: the forge pipeline end to end on the demo model (small settings): kv-int8
+ * calibrate -> package -> load -> ppl reproduces the certificate's PPL; a failed gate writes
+ * nothing and answers CertifyFailed; an artifact is refused on another model (f16 vs q8_0);
+ * certification leaves the context as it found it; the engine's dict cache (OMP on write,
+ * decode on read) reconstructs as well as the forge's batch encoder. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "engine/engine.h"
+#include "engine/kv_codes.h"
+#include "qforge/artifact_bind.h"
+#include "qforge/capture.h"
+#include "qforge/forge.h"
+#include "qforge/ppl.h"
+#include "test.h"
+
+#define NCTX 128
+#define EVAL_CHUNKS 4
+
+static bool exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+/* test_data() returns a static buffer: keep copies */
+static const char *data(const char *rel, char *buf, size_t cap) {
+    const char *p = test_data(rel);
+    if (!p) return NULL;
+    snprintf(buf, cap, "%s", p);
+    return buf;
+}
+static char b_model[4096], b_corpus[4096], b_q8[4096];
+#define MODEL() data("models/qforge-demo-11m-f16.gguf", b_model, sizeof b_model)
+#define CORPUS() data("corpora/kerneldoc-demo/docs.txt", b_corpus, sizeof b_corpus)
+
+static void small_job(qf_job *j, const char *model, const char **corpus, qf_artifact_kind kind) {
+    qf_job_default(j);
+    j->model_path = model;
+    j->kind = kind;
+    j->corpus_paths = corpus;
+    j->n_corpus_paths = 1;
+    j->n_ctx = NCTX;
+    j->max_calib_tokens = 2048;
+    j->eval_chunks = EVAL_CHUNKS;
+    j->n_threads = 2;
+    j->dict_atoms = 32;
+    j->dict_sparsity = 4;
+    j->dict_iters = 2;
+    j->dict_max_train = 1024;
+}
+
+/* one kv-int8 job shared by the tests that need a certified artifact */
+static char g_art[4096], g_eval[4096];
+static bool g_done, g_ok;
+static qf_certificate g_cert;
+
+static bool int8_artifact(void) {
+    if (g_done) return g_ok;
+    g_done = true;
+    const char *mp = MODEL(), *cp = CORPUS();
+    if (!mp || !cp) return false;
+    const char *paths[1] = {cp};
+    snprintf(g_art, sizeof g_art, "%s/int8.qfa", test_tmpdir());
+    snprintf(g_eval, sizeof g_eval, "%s/eval.txt", test_tmpdir());
+    qf_job j;
+    small_job(&j, mp, paths, QF_ARTIFACT_KV_INT8);
+    j.out_path = g_art;
+    j.eval_out_path = g_eval;
+    qf_job_report rep;
+    qf_error e = {0};
+    qf_status st = qf_job_run(&j, &rep, &e);
+    CHECK_MSG(st == QF_OK, "%s", e.msg);
+    CHECK(rep.packaged);
+    CHECK_EQ_INT(rep.n_tried, 2);
+    printf("  kv-int8 %s: ref %.4f cand %.4f delta %+.4f%% kld %.6f top1 %.4f, per-head delta %+.4f%%\n", rep.variant,
+           rep.result.ref_ppl, rep.result.cand_ppl, 100 * rep.result.delta_ppl, rep.result.kld_mean, rep.result.top1,
+           100 * rep.tried[1].result.delta_ppl);
+    g_cert = rep.cert;
+    memset(&rep.cert.config, 0, sizeof rep.cert.config); /* keep nothing that needs freeing */
+    qf_certificate_free(&g_cert);
+    qf_job_report_free(&rep);
+    g_ok = st == QF_OK;
+    return g_ok;
+}
+
+TEST(int8_calibrate_package_load_ppl_reproduces) {
+    if (!int8_artifact()) SKIP("demo model or kerneldoc corpus not in ../shared/data");
+    qf_error e = {0};
+    qf_model *m = qf_model_load(MODEL(), &e);
+    if (!m) SKIP("demo model did not load");
+    qf_artifact a;
+    CHECK_MSG(qf_artifact_load(g_art, qf_model_sha256(m), NULL, &a, &e) == QF_OK, "%s", e.msg);
+    CHECK(a.cert.kind == QF_ARTIFACT_KV_INT8);
+    CHECK(a.cert.delta_ppl < 0.001); /* the target: within 0.1% of f32 KV */
+    int64_t chunks = 0, nctx = 0;
+    const char *sha = NULL;
+    CHECK(qf_payload_get_int(&a.cert.config, "eval_chunks", &chunks) && chunks == EVAL_CHUNKS);
+    CHECK(qf_payload_get_int(&a.cert.config, "eval_n_ctx", &nctx) && nctx == NCTX);
+    CHECK((sha = qf_payload_get_string(&a.cert.config, "eval_text_sha256")) != NULL);
+    /* what qforge ppl --artifact does */
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = NCTX;
+    cp.n_threads = 2;
+    cp.device = QF_DEVICE_CPU;
+    qf_context *c = qf_context_new(m, &cp, &e);
+    CHECK(c != NULL);
+    CHECK_MSG(qf_context_bind_artifact(c, &a, &e) == QF_OK, "%s", e.msg);
+    CHECK(qf_context_params_get(c)->kv_k == QF_KV_INT8);
+    CHECK_NEAR(qf_context_kv_bytes_per_token(c), 6.0 * 2 * 64 * 2, 0); /* 6 layers, 2 kv heads, 64, K+V */
+    char *text;
+    size_t len;
+    CHECK(qf_read_file(g_eval, &text, &len, &e) == QF_OK);
+    uint8_t h[32];
+    char hex[65];
+    qf_sha256(text, len, h);
+    qf_hex(h, 32, hex);
+    CHECK(sha && strcmp(sha, hex) == 0);
+    qf_ppl_params pp = qf_ppl_default_params();
+    pp.n_ctx = NCTX;
+    pp.n_chunks = EVAL_CHUNKS;
+    qf_ppl_result r;
+    CHECK(qf_perplexity_text(c, text, len, &pp, &r, &e) == QF_OK);
+    printf("  rerun PPL %.6f, certificate %.6f\n", r.ppl, a.cert.cand_ppl);
+    CHECK_NEAR(r.ppl, a.cert.cand_ppl, 1e-9 * a.cert.cand_ppl);
+    free(text);
+    qf_context_free(c);
+    qf_artifact_free(&a);
+    qf_model_free(m);
+}
+
+TEST(artifact_refused_on_another_model) {
+    if (!int8_artifact()) SKIP("demo model or kerneldoc corpus not in ../shared/data");
+    const char *q8 = data("models/qforge-demo-11m-q8_0.gguf", b_q8, sizeof b_q8);
+    if (!q8) SKIP("qforge-demo-11m-q8_0.gguf not in ../shared/data");
+    qf_error e = {0};
+    qf_model *m = qf_model_load(q8, &e);
+    if (!m) SKIP("q8_0 model did not load");
+    qf_artifact a;
+    CHECK_EQ_INT(qf_artifact_load(g_art, qf_model_sha256(m), NULL, &a, &e), QF_ERR_ARTIFACT_WRONG_MODEL);
+    /* the binding checks again: an artifact read without a model is still refused there */
+    CHECK(qf_artifact_load(g_art, NULL, NULL, &a, &e) == QF_OK);
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_threads = 2;
+    cp.device = QF_DEVICE_CPU;
+    qf_context *c = qf_context_new(m, &cp, &e);
+    CHECK(c != NULL);
+    CHECK_EQ_INT(qf_context_bind_artifact(c, &a, &e), QF_ERR_ARTIFACT_WRONG_MODEL);
+    CHECK(!qf_context_bound(c, NULL));
+    CHECK(qf_context_params_get(c)->kv_k == QF_KV_F16);
+    qf_artifact_free(&a);
+    qf_context_free(c);
+    qf_model_free(m);
+}
+
+TEST(failed_gate_writes_nothing) {
+    const char *mp = MODEL(), *cp = CORPUS();
+    if (!mp || !cp) SKIP("demo model or kerneldoc corpus not in ../shared/data");
+    const char *paths[1] = {cp};
+    char out[4096];
+    snprintf(out, sizeof out, "%s/dict.qfa", test_tmpdir());
+    qf_job j;
+    small_job(&j, mp, paths, QF_ARTIFACT_KV_DICT);
+    j.gate.max_delta_ppl = 0;
+    j.eval_chunks = 2;
+    j.max_calib_tokens = 512;
+    j.out_path = out;
+    qf_job_report rep;
+    qf_error e = {0};
+    CHECK_EQ_INT(qf_job_run(&j, &rep, &e), QF_ERR_CERTIFY_FAILED);
+    printf("  %s\n", e.msg);
+    CHECK(strstr(e.msg, "did not pass its gate") != NULL);
+    CHECK(!rep.packaged && !rep.result.passed && rep.result.delta_ppl > 0);
+    CHECK(rep.result.cand_kv_bytes_per_token < rep.f16_kv_bytes_per_token);
+    CHECK(!exists(out));
+    qf_job_report_free(&rep);
+    /* an empty corpus, a missing file */
+    char empty[4096];
+    snprintf(empty, sizeof empty, "%s/empty.txt", test_tmpdir());
+    FILE *f = fopen(empty, "w");
+    fputs("  \n\n", f);
+    fclose(f);
+    const char *ep[1] = {empty};
+    j.corpus_paths = ep;
+    CHECK_EQ_INT(qf_job_run(&j, &rep, &e), QF_ERR_CORPUS_EMPTY);
+    qf_job_report_free(&rep);
+    j.kind = QF_ARTIFACT_AWQ;
+    j.corpus_paths = paths;
+    qf_status st = qf_job_run(&j, &rep, &e);
+    CHECK(st == QF_ERR_NOT_IMPLEMENTED || st == QF_OK || st == QF_ERR_CERTIFY_FAILED);
+    qf_job_report_free(&rep);
+    CHECK(!exists(out));
+}
+
+TEST(certify_restores_the_context) {
+    const char *mp = MODEL(), *cpath = CORPUS();
+    if (!mp || !cpath) SKIP("demo model or kerneldoc corpus not in ../shared/data");
+    qf_error e = {0};
+    qf_model *m = qf_model_load(mp, &e);
+    if (!m) SKIP("demo model did not load");
+    const qf_hparams *hp = qf_model_hparams(m);
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = NCTX;
+    cp.n_threads = 2;
+    cp.device = QF_DEVICE_CPU; /* kv f16, the default */
+    qf_context *c = qf_context_new(m, &cp, &e);
+    char *text;
+    size_t len;
+    CHECK(qf_read_file(cpath, &text, &len, &e) == QF_OK);
+    if (len > 40000) len = 40000;
+    double bpt = qf_context_kv_bytes_per_token(c);
+    qf_certify_params p = {.n_ctx = NCTX, .n_chunks = 2};
+    qf_certify_ref *ref = NULL;
+    CHECK(qf_certify_reference(c, text, len, &p, &ref, &e) == QF_OK);
+    /* a dictionary of random unit atoms: certifiable, bad */
+    qf_payload pl = {0};
+    int na = 16;
+    float *atoms = malloc((size_t)na * hp->head_dim * sizeof(float));
+    uint64_t s = 12345;
+    for (int i = 0; i < na * hp->head_dim; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        atoms[i] = (float)((s >> 40) & 0xffff) / 65536.0f - 0.5f;
+    }
+    qf_payload_add_int(&pl, "n_atoms", na, &e);
+    qf_payload_add_int(&pl, "sparsity", 2, &e);
+    qf_payload_add_string(&pl, "coef", "f16", &e);
+    for (int l = 0; l < hp->n_layer; l++) {
+        char nk[16], nv[16];
+        snprintf(nk, sizeof nk, "k.%d", l);
+        snprintf(nv, sizeof nv, "v.%d", l);
+        int64_t shape[2] = {na, hp->head_dim};
+        qf_payload_add_f32(&pl, nk, atoms, 2, shape, &e);
+        if (l > 0) qf_payload_add_f32(&pl, nv, atoms, 2, shape, &e); /* v.0 missing */
+    }
+    qf_gate g = qf_gate_default();
+    qf_certify_result r;
+    /* a payload that cannot bind: CertifyFailed, context untouched */
+    CHECK_EQ_INT(qf_certify_candidate(c, ref, QF_ARTIFACT_KV_DICT, &pl, &g, &r, &e), QF_ERR_CERTIFY_FAILED);
+    CHECK(strstr(e.msg, "v.0") != NULL);
+    CHECK(!qf_context_bound(c, NULL) && qf_context_params_get(c)->kv_k == QF_KV_F16 &&
+          qf_context_params_get(c)->kv_v == QF_KV_F16 && qf_context_kv_bytes_per_token(c) == bpt);
+    int64_t shape[2] = {na, hp->head_dim};
+    qf_payload_add_f32(&pl, "v.0", atoms, 2, shape, &e);
+    g.max_delta_ppl = 0;
+    CHECK(qf_certify_candidate(c, ref, QF_ARTIFACT_KV_DICT, &pl, &g, &r, &e) == QF_OK);
+    printf("  random dict: delta %+.2f%%, %.0f B/token (context %.0f)\n", 100 * r.delta_ppl, r.cand_kv_bytes_per_token, bpt);
+    CHECK(!r.passed && r.delta_ppl > 0 && r.kld_mean > 0 && r.top1 < 1);
+    CHECK(r.cand_kv_bytes_per_token < bpt);
+    /* restored: same modes, same size, the same numbers as the reference */
+    CHECK(!qf_context_bound(c, NULL) && qf_context_params_get(c)->kv_k == QF_KV_F16 &&
+          qf_context_params_get(c)->kv_v == QF_KV_F16 && qf_context_kv_bytes_per_token(c) == bpt);
+    qf_ppl_params pp = qf_ppl_default_params();
+    pp.n_ctx = NCTX;
+    pp.n_chunks = 2;
+    qf_ppl_result pr;
+    CHECK(qf_perplexity_text(c, text, len, &pp, &pr, &e) == QF_OK);
+    CHECK(pr.ppl == qf_certify_ref_ppl(ref));
+    qf_certify_ref_free(ref);
+    qf_payload_free(&pl);
+    free(atoms);
+    free(text);
+    qf_context_free(c);
+    qf_model_free(m);
+}
+
+TEST(engine_dict_cache_matches_forge_encoder) {
+    /* vectors with structure: a few directions plus noise */
+    const int hd = 64, na = 64, s = 4, n = 2048;
+    float *x = malloc((size_t)n * hd * sizeof(float));
+    uint64_t r = 99;
+    for (int i = 0; i < n * hd; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = ((float)((r >> 40) & 0xffff) / 65536.0f - 0.5f) * (1.0f + 3.0f * (i % hd < 8));
+    }
+    qf_kv_dict_params dp;
+    qf_kv_dict_params_default(&dp);
+    dp.n_atoms = na, dp.sparsity = s, dp.iters = 3;
+    qf_kv_dict d = {0};
+    qf_error e = {0};
+    CHECK(qf_kv_dict_learn(x, n, hd, &dp, &d, &e) == QF_OK);
+    /* forge: batch OMP, coefficients rounded to f16 */
+    uint16_t *idx = malloc((size_t)n * s * sizeof(uint16_t));
+    float *coef = malloc((size_t)n * s * sizeof(float)), *y1 = malloc((size_t)n * hd * sizeof(float)),
+          *y2 = malloc((size_t)n * hd * sizeof(float));
+    CHECK(qf_kv_dict_encode(&d, x, n, s, 1, idx, coef, &e) == QF_OK);
+    for (int i = 0; i < n; i++) qf_kv_coef_round(coef + (size_t)i * s, s, QF_KV_COEF_F16);
+    qf_kv_dict_decode(&d, idx, coef, s, n, y1);
+    /* engine: a dict cache (1 layer, 1 kv head) written and read back */
+    qf_hparams hp = {0};
+    hp.n_layer = 1, hp.n_head_kv = 1, hp.head_dim = hd;
+    const float *at[1] = {d.atoms};
+    qf_kv_stream_spec spec[2] = {{.mode = QF_KV_DICT, .n_atoms = na, .sparsity = s, .coef = QF_KV_COEF_F16, .atoms = at},
+                                 {.mode = QF_KV_F32}};
+    qf_kv_cache kv;
+    CHECK(qf_kv_cache_init_spec(&kv, &hp, n, spec, &e) == QF_OK);
+    CHECK_EQ_INT(kv.row_bytes[0], qf_kv_code_bytes(na, s, QF_KV_COEF_F16));
+    qf_kv_cache_write(&kv, 0, 0, 0, n, x);
+    qf_kv_cache_read_head(&kv, 0, 0, 0, n, y2);
+    double e1 = qf_rel_mse(x, y1, (int64_t)n * hd), e2 = qf_rel_mse(x, y2, (int64_t)n * hd);
+    printf("  rel. MSE: forge encoder %.5f, engine cache %.5f\n", e1, e2);
+    CHECK(e2 < 1 && e2 <= e1 * 1.05 + 1e-6);
+    /* refusals: int8/dict without data */
+    qf_kv_cache bad;
+    CHECK_EQ_INT(qf_kv_cache_init(&bad, &hp, 8, QF_KV_INT8, QF_KV_F32, &e), QF_ERR_ARTIFACT_NOT_CERTIFIED);
+    qf_kv_cache_free(&kv);
+    qf_kv_dict_free(&d);
+    free(x), free(idx), free(coef), free(y1), free(y2);
+}
+
+int main(void) {
+    RUN(engine_dict_cache_matches_forge_encoder);
+    RUN(int8_calibrate_package_load_ppl_reproduces);
+    RUN(artifact_refused_on_another_model);
+    RUN(certify_restores_the_context);
+    RUN(failed_gate_writes_nothing);
+    return test_summary();
+}
