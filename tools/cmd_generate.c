@@ -18,6 +18,7 @@ static const char *USAGE =
     "  --top-k K  keep the K most likely tokens (default 40; 0 = off)\n"
     "  --top-p P  nucleus sampling mass (default 0.95; 1 = off)\n"
     "  --seed S   random seed (default 42)\n"
+    "  --device D cpu, cuda or auto (default auto: the GPU when one answers)\n"
     "  --artifact X   run a certified kv-int8 / kv-dict artifact in the KV cache (refused unless\n"
     "                 certified for this exact model file)\n"
     "  --trust-key K  require the artifact to be signed by this Ed25519 key (PEM)";
@@ -61,6 +62,9 @@ int qf_cmd_generate(int argc, char **argv) {
         } else if ((r = cli_flag_value(argc, argv, &i, "-c", "--ctx-size", &val))) {
             if (r < 0) goto missing;
             if (!cli_parse_int(val, 1, 1 << 20, &cp.n_ctx)) return cli_usage("generate", USAGE, "bad -c '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--device", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!qf_device_from_name(val, &cp.device)) return cli_usage("generate", USAGE, "bad --device '%s' (cpu, cuda or auto)", val);
         } else if ((r = cli_flag_value(argc, argv, &i, "-t", "--threads", &val))) {
             if (r < 0) goto missing;
             if (!cli_parse_int(val, 1, 1024, &cp.n_threads)) return cli_usage("generate", USAGE, "bad -t '%s'", val);

@@ -12,7 +12,7 @@
 
 static const char *USAGE =
     "qforge ppl -m MODEL -f TEXT [-c N] [-t N] [-b N] [--chunks N] [-ctk T] [-ctv T]\n"
-    "           [--kl-divergence-base FILE] [--kl-divergence] [--reference] [--json]\n"
+    "           [--kl-divergence-base FILE] [--kl-divergence] [--reference] [--device D] [--json]\n"
     "           [--artifact X.qfa [--trust-key PEM]]\n"
     "  -c N          chunk (context) size, default 512\n"
     "  -t N          threads, default all cores\n"
@@ -22,6 +22,7 @@ static const char *USAGE =
     "  --kl-divergence-base FILE  save this run's log-probs to FILE (the reference)\n"
     "  --kl-divergence            compare against --kl-divergence-base FILE\n"
     "  --reference   use the scalar CPU reference path (slow; the oracle)\n"
+    "  --device D    cpu, cuda or auto (default auto: the GPU when one answers)\n"
     "  --artifact X  run a certified kv-int8 / kv-dict artifact (.qfa) in the KV cache; it must be\n"
     "                certified for this exact model file (refused otherwise, with its exit code)\n"
     "  --trust-key K require the artifact to be signed by this Ed25519 key (PEM)\n"
@@ -49,6 +50,9 @@ int qf_cmd_ppl(int argc, char **argv) {
         } else if ((r = cli_flag_value(argc, argv, &i, "-c", "--ctx-size", &val))) {
             if (r < 0) goto missing;
             if (!cli_parse_int(val, 2, 1 << 20, &pp.n_ctx)) return cli_usage("ppl", USAGE, "bad -c '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--device", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!qf_device_from_name(val, &cp.device)) return cli_usage("ppl", USAGE, "bad --device '%s' (cpu, cuda or auto)", val);
         } else if ((r = cli_flag_value(argc, argv, &i, "-t", "--threads", &val))) {
             if (r < 0) goto missing;
             if (!cli_parse_int(val, 1, 1024, &cp.n_threads)) return cli_usage("ppl", USAGE, "bad -t '%s'", val);

@@ -20,6 +20,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -186,7 +187,23 @@ __global__ void k_dequant(const uint8_t *src, size_t rb, int64_t rows, int k, O 
     float y[32];
     deq32<T>(src + (size_t)r * rb, sb, y);
     O *o = dst + (size_t)r * k + (size_t)sb * 32;
-    for (int j = 0; j < 32; j++) o[j] = cvt_out<O>(y[j]);
+    /* 16-byte stores: a thread's 32 outputs are contiguous and 16-byte aligned */
+    if (sizeof(O) == 2) {
+        uint4 *o4 = (uint4 *)o;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            __half2 h[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) h[u] = __floats2half2_rn(y[8 * j + 2 * u], y[8 * j + 2 * u + 1]);
+            uint4 v;
+            memcpy(&v, h, 16);
+            o4[j] = v;
+        }
+    } else {
+        float4 *o4 = (float4 *)o;
+#pragma unroll
+        for (int j = 0; j < 8; j++) o4[j] = make_float4(y[4 * j], y[4 * j + 1], y[4 * j + 2], y[4 * j + 3]);
+    }
 }
 
 /* embedding rows: x[t] = dequantize(E[tokens[t]]) */
@@ -285,6 +302,59 @@ __global__ void k_silu_mul(float *g, const float *u, size_t n) {
 
 /* ---- KV cache rows: f32, f16, q8_0, q4_0 (ggml's reference quantizers) ---- */
 
+/* f32 -> f16 bits, round to nearest even, in integer arithmetic (the same on host and device) */
+__host__ __device__ static inline uint16_t f32_to_f16_bits(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7FFFFFFFu;
+    if (ax >= 0x7F800000u) return (uint16_t)(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u : 0)); /* inf, nan */
+    if (ax >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* rounds to >= 65520: inf */
+    if (ax < 0x38800000u) { /* f16 subnormal or zero */
+        if (ax < 0x33000000u) return (uint16_t)sign;
+        const uint32_t e = ax >> 23, m = (ax & 0x7FFFFFu) | 0x800000u;
+        const int shift = 126 - (int)e; /* 14..24 */
+        uint32_t r = m >> shift;
+        const uint32_t rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+        if (rem > halfway || (rem == halfway && (r & 1))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = ((ax - 0x38000000u) >> 13);
+    const uint32_t rem = ax & 0x1FFFu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1))) r++;
+    return (uint16_t)(sign | r);
+}
+
+/* one 32-element block of a q8_0 / q4_0 cache row, as ggml's reference quantizers */
+__host__ __device__ static inline void kv_quant_block(int mode, const float *x, uint8_t *out) {
+    if (mode == QF_KV_Q8_0) {
+        uint8_t *o = out;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127;
+        const float id = d ? 1.0f / d : 0.0f;
+        const uint16_t hx = f32_to_f16_bits(d);
+        o[0] = (uint8_t)(hx & 0xFF), o[1] = (uint8_t)(hx >> 8);
+        for (int j = 0; j < 32; j++) ((int8_t *)o)[2 + j] = (int8_t)roundf(x[j] * id);
+    } else { /* QF_KV_Q4_0 */
+        uint8_t *o = out;
+        float amax = 0.0f, mx = 0.0f;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                mx = x[j];
+            }
+        const float d = mx / -8;
+        const float id = d ? 1.0f / d : 0.0f;
+        const uint16_t hx = f32_to_f16_bits(d);
+        o[0] = (uint8_t)(hx & 0xFF), o[1] = (uint8_t)(hx >> 8);
+        for (int j = 0; j < 16; j++) {
+            int q0 = (int)(x[j] * id + 8.5f), q1 = (int)(x[j + 16] * id + 8.5f);
+            o[2 + j] = (uint8_t)((q0 < 15 ? q0 : 15) | ((q1 < 15 ? q1 : 15) << 4));
+        }
+    }
+}
+
 /* one thread per 32-element block of the n_rows x hd source */
 __global__ void k_kv_write(int mode, const float *src, int64_t n_rows, int hd, size_t rb, uint8_t *dst) {
     const int nb = hd / 32 > 0 ? hd / 32 : 1;
@@ -300,45 +370,19 @@ __global__ void k_kv_write(int mode, const float *src, int64_t n_rows, int hd, s
     if (i >= n_rows * nb) return;
     const int64_t r = i / nb;
     const int b = (int)(i % nb);
-    const float *x = src + r * hd + b * 32;
-    if (mode == QF_KV_Q8_0) {
-        uint8_t *o = dst + r * rb + b * 34;
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const float d = amax / 127;
-        const float id = d ? 1.0f / d : 0.0f;
-        __half_raw h = __half_raw(__float2half_rn(d));
-        o[0] = (uint8_t)(h.x & 0xFF), o[1] = (uint8_t)(h.x >> 8);
-        for (int j = 0; j < 32; j++) ((int8_t *)o)[2 + j] = (int8_t)roundf(x[j] * id);
-    } else { /* QF_KV_Q4_0 */
-        uint8_t *o = dst + r * rb + b * 18;
-        float amax = 0.0f, mx = 0.0f;
-        for (int j = 0; j < 32; j++)
-            if (fabsf(x[j]) > amax) {
-                amax = fabsf(x[j]);
-                mx = x[j];
-            }
-        const float d = mx / -8;
-        const float id = d ? 1.0f / d : 0.0f;
-        __half_raw h = __half_raw(__float2half_rn(d));
-        o[0] = (uint8_t)(h.x & 0xFF), o[1] = (uint8_t)(h.x >> 8);
-        for (int j = 0; j < 16; j++) {
-            int q0 = (int)(x[j] * id + 8.5f), q1 = (int)(x[j + 16] * id + 8.5f);
-            o[2 + j] = (uint8_t)((q0 < 15 ? q0 : 15) | ((q1 < 15 ? q1 : 15) << 4));
-        }
-    }
+    kv_quant_block(mode, src + r * hd + b * 32, dst + r * rb + b * (mode == QF_KV_Q8_0 ? 34 : 18));
 }
 
-template <int M> __device__ static inline float kv_elem(const uint8_t *row, int e);
-template <> __device__ inline float kv_elem<QF_KV_F32>(const uint8_t *row, int e) { return ((const float *)row)[e]; }
-template <> __device__ inline float kv_elem<QF_KV_F16>(const uint8_t *row, int e) {
+template <int M> __host__ __device__ static inline float kv_elem(const uint8_t *row, int e);
+template <> __host__ __device__ inline float kv_elem<QF_KV_F32>(const uint8_t *row, int e) { return ((const float *)row)[e]; }
+template <> __host__ __device__ inline float kv_elem<QF_KV_F16>(const uint8_t *row, int e) {
     return __half2float(((const __half *)row)[e]);
 }
-template <> __device__ inline float kv_elem<QF_KV_Q8_0>(const uint8_t *row, int e) {
+template <> __host__ __device__ inline float kv_elem<QF_KV_Q8_0>(const uint8_t *row, int e) {
     const uint8_t *b = row + (e >> 5) * 34;
     return ((const int8_t *)b)[2 + (e & 31)] * __half2float(*(const __half *)b);
 }
-template <> __device__ inline float kv_elem<QF_KV_Q4_0>(const uint8_t *row, int e) {
+template <> __host__ __device__ inline float kv_elem<QF_KV_Q4_0>(const uint8_t *row, int e) {
     const uint8_t *b = row + (e >> 5) * 18;
     const int i = e & 31;
     const int q = i < 16 ? (b[2 + i] & 0xF) : (b[2 + i - 16] >> 4);
@@ -354,6 +398,7 @@ __global__ void k_attention(const float *q, const uint8_t *K, const uint8_t *V, 
     const int i = w / n_head, h = w % n_head, kvh = h / (n_head / n_head_kv);
     const int Dq = n_head * hd, nj = (hd + 31) / 32;
     float qr[HD_MAX / 32], acc[HD_MAX / 32];
+#pragma unroll
     for (int j = 0; j < HD_MAX / 32; j++) {
         const int e = lane + 32 * j;
         qr[j] = (j < nj && e < hd) ? q[(size_t)i * Dq + (size_t)h * hd + e] : 0.0f;
@@ -364,25 +409,28 @@ __global__ void k_attention(const float *q, const uint8_t *K, const uint8_t *V, 
     for (int t = 0; t <= last; t++) {
         const uint8_t *kr = K + ((size_t)t * n_head_kv + kvh) * rbk;
         float s = 0.0f;
-        for (int j = 0; j < nj; j++) {
+#pragma unroll
+        for (int j = 0; j < HD_MAX / 32; j++) {
             const int e = lane + 32 * j;
-            if (e < hd) s += qr[j] * kv_elem<MK>(kr, e);
+            if (j < nj && e < hd) s += qr[j] * kv_elem<MK>(kr, e);
         }
         s = warp_sum(s) * scale;
         const float mn = fmaxf(m, s);
         const float corr = expf(m - mn), p = expf(s - mn);
         l = l * corr + p;
         const uint8_t *vr = V + ((size_t)t * n_head_kv + kvh) * rbv;
-        for (int j = 0; j < nj; j++) {
+#pragma unroll
+        for (int j = 0; j < HD_MAX / 32; j++) {
             const int e = lane + 32 * j;
-            if (e < hd) acc[j] = acc[j] * corr + p * kv_elem<MV>(vr, e);
+            if (j < nj && e < hd) acc[j] = acc[j] * corr + p * kv_elem<MV>(vr, e);
         }
         m = mn;
     }
     const float inv = 1.0f / l;
-    for (int j = 0; j < nj; j++) {
+#pragma unroll
+    for (int j = 0; j < HD_MAX / 32; j++) {
         const int e = lane + 32 * j;
-        if (e < hd) out[(size_t)i * Dq + (size_t)h * hd + e] = acc[j] * inv;
+        if (j < nj && e < hd) out[(size_t)i * Dq + (size_t)h * hd + e] = acc[j] * inv;
     }
 }
 
@@ -422,6 +470,11 @@ struct qf_cuda_ctx {
     /* host */
     float *h_cos, *h_sin, *h_k, *h_v, *h_act, *rope_ff;
     size_t weight_bytes, kv_bytes, scratch_bytes;
+    /* QF_CUDA_PROFILE=1: events between the stages of each decode, summed per category and
+     * printed when the context is freed */
+    cudaEvent_t *ev;
+    int *ev_cat, n_ev, prof_calls;
+    double prof_ms[4];
     /* uploads keyed by host pointer (tied output shares the embedding) */
 };
 
@@ -494,8 +547,35 @@ static void free_weight(dweight *w) {
     w->d = NULL;
 }
 
+#define PROF_MAX_EV 4096
+static const char *const prof_names[4] = {"norm/rope/misc", "matmul", "attention+kv", "logits"};
+/* close the stage that ends here as category `cat` */
+static void prof_mark(qf_cuda_ctx *g, int cat) {
+    if (!g->ev || g->n_ev >= PROF_MAX_EV) return;
+    g->ev_cat[g->n_ev] = cat;
+    cudaEventRecord(g->ev[g->n_ev++], 0);
+}
+static void prof_collect(qf_cuda_ctx *g) {
+    if (!g->ev || g->n_ev < 2) return;
+    cudaEventSynchronize(g->ev[g->n_ev - 1]);
+    for (int i = 1; i < g->n_ev; i++) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, g->ev[i - 1], g->ev[i]);
+        g->prof_ms[g->ev_cat[i]] += ms;
+    }
+    g->n_ev = 0;
+    g->prof_calls++;
+}
+
 extern "C" void qf_cuda_ctx_free(qf_cuda_ctx *g) {
     if (!g) return;
+    if (g->ev) {
+        fprintf(stderr, "QF_CUDA_PROFILE: %d decode calls:", g->prof_calls);
+        for (int i = 0; i < 4; i++) fprintf(stderr, " %s %.2f ms;", prof_names[i], g->prof_ms[i]);
+        fprintf(stderr, "\n");
+        for (int i = 0; i < PROF_MAX_EV; i++) cudaEventDestroy(g->ev[i]);
+        free(g->ev), free(g->ev_cat);
+    }
     if (g->layers) {
         for (int il = 0; il < g->n_layer; il++) {
             dlayer *L = &g->layers[il];
@@ -591,9 +671,13 @@ extern "C" qf_status qf_cuda_ctx_new(qf_context *c, qf_cuda_ctx **out, qf_error 
         qf_kv_mode mode = s ? c->params.kv_v : c->params.kv_k;
         g->kv_mode[s] = mode;
         g->kv_rb[s] = kv_row_bytes(mode, hp->head_dim);
+        /* the q8_0/q4_0 GPU cache rows do not yet match qf_quantize_row bit for bit on the
+         * device (tests/test_cuda.c op_kv_cache with QF_CUDA_KV_QUANT=1), so they are refused
+         * until they certify */
+        if ((mode == QF_KV_Q8_0 || mode == QF_KV_Q4_0) && !getenv("QF_CUDA_KV_QUANT")) g->kv_rb[s] = 0;
         if (!g->kv_rb[s]) {
-            st = qf_fail(err, QF_ERR_DEVICE, "CUDA backend: KV cache type %s is not supported on the GPU (f32, f16, q8_0, q4_0%s)",
-                         qf_kv_mode_name(mode), hp->head_dim % 32 ? " with head_dim a multiple of 32 for the quantized ones" : "");
+            st = qf_fail(err, QF_ERR_DEVICE, "CUDA backend: KV cache type %s is not supported on the GPU (f32 and f16 are; use --device cpu)",
+                         qf_kv_mode_name(mode));
             goto done;
         }
         g->kv_layer_bytes[s] = g->kv_rb[s] * (size_t)g->n_ctx * hp->n_head_kv;
@@ -629,6 +713,15 @@ extern "C" qf_status qf_cuda_ctx_new(qf_context *c, qf_cuda_ctx **out, qf_error 
             st = qf_fail(err, QF_ERR_NOMEM, "out of memory");
             goto done;
         }
+    }
+    if (getenv("QF_CUDA_PROFILE") && atoi(getenv("QF_CUDA_PROFILE")) > 0) {
+        g->ev = (cudaEvent_t *)calloc(PROF_MAX_EV, sizeof(cudaEvent_t));
+        g->ev_cat = (int *)calloc(PROF_MAX_EV, sizeof(int));
+        if (!g->ev || !g->ev_cat) {
+            st = qf_fail(err, QF_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        for (int i = 0; i < PROF_MAX_EV; i++) CK(cudaEventCreate(&g->ev[i]));
     }
     if (m->rope_freqs.data) {
         g->rope_ff = (float *)malloc((size_t)half * 4);
@@ -774,6 +867,7 @@ extern "C" qf_status qf_cuda_decode(qf_context *c, qf_cuda_ctx *g, const int32_t
     CK(cudaMemcpy(g->rcos, g->h_cos, (size_t)n * half * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(g->rsin, g->h_sin, (size_t)n * half * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(g->tok, tokens, (size_t)n * 4, cudaMemcpyHostToDevice));
+    prof_mark(g, 0);
     QF_TYPE_DISPATCH(g->tok_embd.type,
                      (k_embed<TT><<<nblk((size_t)n * (D / 32), 128), 128>>>(g->tok_embd.d, g->tok_embd.row_bytes, g->tok, n, D, g->x)));
 
@@ -781,9 +875,11 @@ extern "C" qf_status qf_cuda_decode(qf_context *c, qf_cuda_ctx *g, const int32_t
         const dlayer *L = &g->layers[il];
         k_rmsnorm<<<n, 256>>>(g->x, L->attn_norm, D, hp->rms_eps, g->xn);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_IN, n, D, g->xn, err))) goto done;
+        prof_mark(g, 0);
         if ((st = dev_matmul(g->blas, &L->wq, g->xn, n, g->q, false, route, g->wdeq, g->xh, err))) goto done;
         if ((st = dev_matmul(g->blas, &L->wk, g->xn, n, g->k, false, route, g->wdeq, g->xh, err))) goto done;
         if ((st = dev_matmul(g->blas, &L->wv, g->xn, n, g->v, false, route, g->wdeq, g->xh, err))) goto done;
+        prof_mark(g, 1);
         if (L->bq) k_add_bias<<<nblk((size_t)n * Dq, 256), 256>>>(g->q, L->bq, n, Dq);
         if (L->bk) k_add_bias<<<nblk((size_t)n * Dkv, 256), 256>>>(g->k, L->bk, n, Dkv);
         if (L->bv) k_add_bias<<<nblk((size_t)n * Dkv, 256), 256>>>(g->v, L->bv, n, Dkv);
@@ -796,21 +892,28 @@ extern "C" qf_status qf_cuda_decode(qf_context *c, qf_cuda_ctx *g, const int32_t
             CK(cudaMemcpy(g->h_v, g->v, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
             tap->on_kv(tap->user, il, pos0, n, nkv, hd, g->h_k, g->h_v);
         }
+        prof_mark(g, 0);
         uint8_t *Kc = g->kv[0] + g->kv_layer_bytes[0] * il, *Vc = g->kv[1] + g->kv_layer_bytes[1] * il;
         launch_kv_write(g->kv_mode[0], g->k, (int64_t)n * nkv, hd, g->kv_rb[0], Kc + (size_t)pos0 * nkv * g->kv_rb[0]);
         launch_kv_write(g->kv_mode[1], g->v, (int64_t)n * nkv, hd, g->kv_rb[1], Vc + (size_t)pos0 * nkv * g->kv_rb[1]);
         launch_attention(g->kv_mode[0], g->kv_mode[1], g->q, Kc, Vc, g->kv_rb[0], g->kv_rb[1], n, pos0, hp->n_head, nkv, hd,
                          g->att);
+        prof_mark(g, 2);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_OUT, n, Dq, g->att, err))) goto done;
         if ((st = dev_matmul(g->blas, &L->wo, g->att, n, g->x, true, route, g->wdeq, g->xh, err))) goto done;
+        prof_mark(g, 1);
 
         k_rmsnorm<<<n, 256>>>(g->x, L->ffn_norm, D, hp->rms_eps, g->xn);
         if ((st = tap_act(g, tap, il, QF_ACT_FFN_IN, n, D, g->xn, err))) goto done;
+        prof_mark(g, 0);
         if ((st = dev_matmul(g->blas, &L->wg, g->xn, n, g->hb, false, route, g->wdeq, g->xh, err))) goto done;
         if ((st = dev_matmul(g->blas, &L->wu, g->xn, n, g->hb2, false, route, g->wdeq, g->xh, err))) goto done;
+        prof_mark(g, 1);
         k_silu_mul<<<nblk((size_t)n * F, 256), 256>>>(g->hb, g->hb2, (size_t)n * F);
         if ((st = tap_act(g, tap, il, QF_ACT_FFN_DOWN, n, F, g->hb, err))) goto done;
+        prof_mark(g, 0);
         if ((st = dev_matmul(g->blas, &L->wd, g->hb, n, g->x, true, route, g->wdeq, g->xh, err))) goto done;
+        prof_mark(g, 1);
     }
     le = cudaGetLastError();
     if (le != cudaSuccess) {
@@ -822,10 +925,12 @@ extern "C" qf_status qf_cuda_decode(qf_context *c, qf_cuda_ctx *g, const int32_t
         k_rmsnorm<<<n_out, 256>>>(g->x + (size_t)first * D, g->output_norm, D, hp->rms_eps, g->xn);
         if ((st = dev_matmul(g->blas, &g->output, g->xn, n_out, g->logits, false, route, g->wdeq, g->xh, err))) goto done;
         CK(cudaMemcpy(logits, g->logits, (size_t)n_out * hp->n_vocab * 4, cudaMemcpyDeviceToHost));
+        prof_mark(g, 3);
     } else {
         CK(cudaDeviceSynchronize());
     }
 done:
+    prof_collect(g);
     return st;
 }
 
@@ -941,4 +1046,33 @@ extern "C" qf_status qf_cuda_op_attention(const float *q, const float *k, const 
     launch_kv_write(mode, dv, (int64_t)rows, hd, rb, cv);
     launch_attention(mode, mode, dq, ck, cv, rb, rb, n, pos0, n_head, n_head_kv, hd, dout);
     return op_finish(&a, out, dout, (size_t)n * n_head * hd * 4, err);
+}
+
+template <int M> __global__ void k_kv_read(const uint8_t *src, int64_t n_rows, int hd, size_t rb, float *out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n_rows * hd) out[i] = kv_elem<M>(src + (i / hd) * rb, (int)(i % hd));
+}
+
+extern "C" qf_status qf_cuda_op_kv_roundtrip(qf_kv_mode mode, const float *x, int64_t rows, int hd, void *bytes, float *out,
+                                             qf_error *err) {
+    size_t rb = kv_row_bytes(mode, hd);
+    if (!rb) return qf_fail(err, QF_ERR_DEVICE, "CUDA op: kv mode %s not supported", qf_kv_mode_name(mode));
+    dallocs a = {};
+    float *dx = (float *)dup_to(&a, x, (size_t)rows * hd * 4), *dout = (float *)dalloc(&a, (size_t)rows * hd * 4);
+    uint8_t *c = (uint8_t *)dalloc(&a, rows * rb);
+    OP_NEED(dx && dout && c);
+    launch_kv_write(mode, dx, rows, hd, rb, c);
+    unsigned nb = nblk((size_t)rows * hd, 256);
+    switch (mode) {
+    case QF_KV_F32: k_kv_read<QF_KV_F32><<<nb, 256>>>(c, rows, hd, rb, dout); break;
+    case QF_KV_F16: k_kv_read<QF_KV_F16><<<nb, 256>>>(c, rows, hd, rb, dout); break;
+    case QF_KV_Q8_0: k_kv_read<QF_KV_Q8_0><<<nb, 256>>>(c, rows, hd, rb, dout); break;
+    case QF_KV_Q4_0: k_kv_read<QF_KV_Q4_0><<<nb, 256>>>(c, rows, hd, rb, dout); break;
+    default: break;
+    }
+    if (cudaMemcpy(bytes, c, rows * rb, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        dfree(&a);
+        return qf_fail(err, QF_ERR_DEVICE, "CUDA op: copy failed");
+    }
+    return op_finish(&a, out, dout, (size_t)rows * hd * 4, err);
 }

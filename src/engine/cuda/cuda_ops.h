@@ -36,6 +36,11 @@ qf_status qf_cuda_op_silu_mul(const float *g, const float *u, size_t n, float *o
 qf_status qf_cuda_op_attention(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
                                int n_head_kv, int hd, qf_kv_mode mode, float *out, qf_error *err);
 
+/* Write rows x hd floats into a GPU cache of `mode` and read them back: the stored bytes
+ * (rows x row bytes, ggml layout) and their f32 values as the attention kernel sees them. */
+qf_status qf_cuda_op_kv_roundtrip(qf_kv_mode mode, const float *x, int64_t rows, int hd, void *bytes, float *out,
+                                  qf_error *err);
+
 /* Bytes of weights the context holds on the GPU and the route counters (for the bench). */
 typedef struct {
     size_t weight_bytes, kv_bytes, scratch_bytes;

@@ -1,0 +1,158 @@
+/* gen_model_shapes.c: write a random-weight GGUF with the shapes of a real model, for GPU
+ * benchmarks at real sizes without shipping weights.
+ *
+ *   build/bench/gen_model_shapes --shape llama3-8b|llama3.2-1b|qwen2.5-0.5b --type f16|q4_0
+ *       [--vocab-from GGUF] [--layers N] -o OUT.gguf
+ *
+ * Shapes (n_layer, n_embd, heads/kv heads, head_dim, n_ff, vocab, rope base): Llama-3-8B
+ * 32/4096/32/8/128/14336/128256/5e5, untied output; Llama-3.2-1B 16/2048/32/8/64/8192/128256/5e5,
+ * tied; Qwen2.5-0.5B (qwen2: Q/K/V bias, NEOX rope) 24/896/14/2/64/4864/151936/1e6, tied.
+ * The tokenizer (tokenizer.* keys) is copied from --vocab-from (default: the embedded demo
+ * model, a byte-level BPE like llama-3's); its ids are a prefix of the model's vocabulary.
+ * Weights: N(0, 0.02)-like values quantized with qf_quantize_row; every matrix of one type
+ * shares one random pool (the values do not matter to a throughput benchmark), norms are 1. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qforge/gguf.h"
+#include "qforge/quant.h"
+
+typedef struct {
+    const char *name, *arch, *gname;
+    int n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab;
+    float rope_base;
+    int tied, bias;
+} shape;
+
+static const shape shapes[] = {
+    {"llama3-8b", "llama", "Llama-3-8B-shaped (random weights)", 32, 4096, 32, 8, 128, 14336, 128256, 500000.0f, 0, 0},
+    {"llama3.2-1b", "llama", "Llama-3.2-1B-shaped (random weights)", 16, 2048, 32, 8, 64, 8192, 128256, 500000.0f, 1, 0},
+    {"qwen2.5-0.5b", "qwen2", "Qwen2.5-0.5B-shaped (random weights)", 24, 896, 14, 2, 64, 4864, 151936, 1000000.0f, 1, 1},
+};
+
+static uint64_t rs = 0x243F6A8885A308D3ull;
+static float grand(void) { /* sum of 4 uniforms: roughly normal, std 1 */
+    float s = 0;
+    for (int i = 0; i < 4; i++) {
+        rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+        s += (float)((rs >> 40) * (1.0 / 16777216.0)) - 0.5f;
+    }
+    return s * 1.7320508f;
+}
+
+static int die(const char *msg) {
+    fprintf(stderr, "gen_model_shapes: %s\n", msg);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    const char *sname = "llama3-8b", *tname = "f16", *out = NULL, *vocab = "assets/models/qforge-demo-11m-f16.gguf";
+    int layers = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--shape") && i + 1 < argc) sname = argv[++i];
+        else if (!strcmp(argv[i], "--type") && i + 1 < argc) tname = argv[++i];
+        else if (!strcmp(argv[i], "--vocab-from") && i + 1 < argc) vocab = argv[++i];
+        else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s --shape llama3-8b|llama3.2-1b|qwen2.5-0.5b --type f16|q4_0 [--vocab-from GGUF] "
+                            "[--layers N] -o OUT.gguf\n", argv[0]);
+            return 2;
+        }
+    }
+    const shape *S = NULL;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (!strcmp(shapes[i].name, sname)) S = &shapes[i];
+    qf_type wt;
+    if (!S) return die("unknown --shape");
+    if (!qf_type_from_name(tname, &wt) || (wt != QF_TYPE_F16 && wt != QF_TYPE_Q4_0 && wt != QF_TYPE_Q8_0 && wt != QF_TYPE_F32))
+        return die("--type must be f16, q4_0, q8_0 or f32");
+    if (!out) return die("-o OUT.gguf is required");
+    int L = layers > 0 ? layers : S->n_layer;
+    qf_error err = {0};
+    qf_gguf *src = qf_gguf_open(vocab, &err);
+    if (!src) return die(err.msg);
+
+    qf_gguf_writer *w = qf_gguf_writer_new();
+    char key[160], buf[160];
+    qf_gguf_writer_set_str(w, "general.architecture", S->arch);
+    qf_gguf_writer_set_str(w, "general.name", S->gname);
+#define AK(suffix) (snprintf(key, sizeof key, "%s.%s", S->arch, suffix), key)
+    qf_gguf_writer_set_u32(w, AK("block_count"), (uint32_t)L);
+    qf_gguf_writer_set_u32(w, AK("context_length"), 8192);
+    qf_gguf_writer_set_u32(w, AK("embedding_length"), (uint32_t)S->n_embd);
+    qf_gguf_writer_set_u32(w, AK("feed_forward_length"), (uint32_t)S->n_ff);
+    qf_gguf_writer_set_u32(w, AK("attention.head_count"), (uint32_t)S->n_head);
+    qf_gguf_writer_set_u32(w, AK("attention.head_count_kv"), (uint32_t)S->n_head_kv);
+    qf_gguf_writer_set_u32(w, AK("attention.key_length"), (uint32_t)S->head_dim);
+    qf_gguf_writer_set_u32(w, AK("attention.value_length"), (uint32_t)S->head_dim);
+    qf_gguf_writer_set_u32(w, AK("rope.dimension_count"), (uint32_t)S->head_dim);
+    qf_gguf_writer_set_f32(w, AK("rope.freq_base"), S->rope_base);
+    qf_gguf_writer_set_f32(w, AK("attention.layer_norm_rms_epsilon"), 1e-5f);
+    for (uint64_t i = 0; i < qf_gguf_n_kv(src); i++) {
+        const qf_gguf_kv *kv = qf_gguf_kv_at(src, i);
+        if (kv->key.len >= sizeof buf || kv->key.len < 10 || memcmp(kv->key.ptr, "tokenizer.", 10) != 0) continue;
+        memcpy(buf, kv->key.ptr, kv->key.len);
+        buf[kv->key.len] = 0;
+        if (qf_gguf_writer_set_value(w, buf, src, &kv->value)) return die("copying tokenizer metadata failed");
+    }
+
+    const int64_t D = S->n_embd, Dq = (int64_t)S->n_head * S->head_dim, Dkv = (int64_t)S->n_head_kv * S->head_dim,
+                  F = S->n_ff, V = S->n_vocab;
+    int64_t maxel = V * D;
+    if (F * D > maxel) maxel = F * D;
+    size_t pool_bytes = qf_row_bytes(wt, maxel);
+    uint8_t *pool = malloc(pool_bytes);
+    float *ones = malloc((size_t)(F > V ? F : V) * 4), *tmp = malloc(4096 * 4);
+    if (!pool || !ones || !tmp) return die("out of memory");
+    for (int64_t i = 0; i < (F > V ? F : V); i++) ones[i] = 1.0f;
+    size_t chunk_bytes = qf_row_bytes(wt, 4096);
+    for (int64_t off = 0; off < maxel; off += 4096) {
+        for (int j = 0; j < 4096; j++) tmp[j] = 0.02f * grand();
+        qf_quantize_row(wt, tmp, pool + (size_t)(off / 4096) * chunk_bytes, 4096);
+    }
+    float *bias = malloc((size_t)Dq * 4);
+    for (int64_t i = 0; i < Dq; i++) bias[i] = 0.01f * grand();
+
+    qf_status st = QF_OK;
+#define MAT(nm, ne0, ne1)                                                                                     \
+    do {                                                                                                      \
+        int64_t ne_[2] = {(ne0), (ne1)};                                                                      \
+        st = st ? st : qf_gguf_writer_add_tensor(w, nm, wt, 2, ne_, pool, qf_row_bytes(wt, (ne0)) * (ne1), &err); \
+    } while (0)
+#define VEC(nm, n, data)                                                                                       \
+    do {                                                                                                       \
+        int64_t ne_[1] = {(n)};                                                                                \
+        st = st ? st : qf_gguf_writer_add_tensor(w, nm, QF_TYPE_F32, 1, ne_, data, (uint64_t)(n) * 4, &err);   \
+    } while (0)
+    MAT("token_embd.weight", D, V);
+    VEC("output_norm.weight", D, ones);
+    if (!S->tied) MAT("output.weight", D, V);
+    char nm[96];
+    for (int il = 0; il < L; il++) {
+#define N(s) (snprintf(nm, sizeof nm, "blk.%d.%s", il, s), nm)
+        VEC(N("attn_norm.weight"), D, ones);
+        MAT(N("attn_q.weight"), D, Dq);
+        MAT(N("attn_k.weight"), D, Dkv);
+        MAT(N("attn_v.weight"), D, Dkv);
+        if (S->bias) {
+            VEC(N("attn_q.bias"), Dq, bias);
+            VEC(N("attn_k.bias"), Dkv, bias);
+            VEC(N("attn_v.bias"), Dkv, bias);
+        }
+        MAT(N("attn_output.weight"), Dq, D);
+        VEC(N("ffn_norm.weight"), D, ones);
+        MAT(N("ffn_gate.weight"), D, F);
+        MAT(N("ffn_up.weight"), D, F);
+        MAT(N("ffn_down.weight"), F, D);
+    }
+    if (!st) st = qf_gguf_writer_write(w, out, &err);
+    if (st) return die(err.msg);
+    printf("%s: %s %s, %d layers, vocab %lld\n", out, S->name, tname, L, (long long)V);
+    qf_gguf_writer_free(w);
+    qf_gguf_close(src);
+    free(pool), free(ones), free(tmp), free(bias);
+    return 0;
+}
