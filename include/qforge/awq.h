@@ -10,7 +10,8 @@
  *   attn_v    -> attn_output                (only when n_head == n_head_kv; skipped under GQA)
  * per input channel s = mean|x|^alpha (normalized by sqrt(max*min)), alpha chosen on a grid by
  * the MSE of the group's output on real calibration rows with the Q4_0 round trip in the loop:
- * || X W^T - (X/s) Q(W*s)^T ||^2. Then W*s is quantized and the gains / rows divided by s.
+ * || X W^T - (X/s) Q(W*s)^T ||^2. Then W*s is quantized (with a per-block scale search, see
+ * qf_awq_params.clip) and the gains / rows divided by s. docs/awq.md has the numbers.
  *
  * ---- Flow with the pipeline (qforge calibrate --artifact awq) ----
  *   1. qf_awq_run(ref_model, calib_tokens, ..., "OUT.gguf", &rep)    writes the AWQ-Q4_0 model
@@ -79,7 +80,10 @@ typedef struct {
     int n_ctx;             /* capture window in tokens (0 = min(512, n_ctx_train)) */
     int64_t max_tokens;    /* calibration tokens used (<= 0: all given; default 8192), in
                               windows spread evenly over the whole calibration text */
-    bool clip;             /* also search a per-output-row clipping ratio (default true) */
+    bool clip;             /* per-block Q4_0 scale search after folding (default true): for each
+                              block of 32, RTN and 19 candidate scales refitted by weighted least
+                              squares (ggml's make_qx_quants recipe), weights = E[x^2] of the
+                              folded input; keeps the best (RTN included). Off: plain RTN. */
     bool scale_vo;         /* v -> o group when shapes allow (default true) */
     float fixed_alpha;     /* < 0: search (default -1); >= 0: this alpha for every group
                               (0 gives exactly RTN when clip is false) */
@@ -96,7 +100,7 @@ typedef struct {
     int n_layer;
     /* [n_layer][QF_AWQ_GROUP_COUNT]; alpha -1 when the group was not scaled (skipped) */
     float *alpha;
-    float *clip;           /* chosen clip ratio per group (1 = none) */
+    float *clip;           /* mean |d| chosen / |d| of RTN per group (1 = RTN; q / gate / down / o) */
     double *mse_rtn;       /* group output MSE on the calibration rows, plain RTN */
     double *mse_awq;       /* ... with the chosen scales (and clip) */
     bool vo_skipped_gqa;   /* the v -> o group was skipped because n_head != n_head_kv */

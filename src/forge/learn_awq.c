@@ -118,6 +118,8 @@ typedef struct {
     const float *W;  /* [R][D] the group's weights, stacked */
     const float *Y;  /* [n][R] reference output */
     const float *mean_abs; /* [D] */
+    const float *msq;      /* [D] E[x^2] (block-search importance before scaling) */
+    bool block_search;     /* quantize with q4_block_search instead of RTN */
     int64_t n, D, R;
     int n_alpha;
     const float *alphas;
@@ -141,6 +143,19 @@ static void make_scales(const float *mean_abs, int64_t D, float alpha, float *s)
     for (int64_t c = 0; c < D; c++) s[c] /= norm;
 }
 
+static float q4_block_search(const float *x, const float *imp, uint8_t *out);
+
+/* Importance of the folded input channels: E[(x/s)^2] plus a floor (see AWQ_IMP_FLOOR). */
+static void folded_importance(const float *msq, const float *s, int64_t D, float *imp) {
+    double mean = 0;
+    for (int64_t c = 0; c < D; c++) {
+        imp[c] = msq[c] / (s[c] * s[c]);
+        mean += imp[c];
+    }
+    mean /= (double)D;
+    for (int64_t c = 0; c < D; c++) imp[c] += (float)(AWQ_IMP_FLOOR * mean);
+}
+
 static double group_mse(search_job *j, int ith, float alpha) {
     const int64_t D = j->D, R = j->R, n = j->n;
     float *Wq = j->wbuf[ith], *Yq = j->ybuf[ith];
@@ -152,12 +167,32 @@ static double group_mse(search_job *j, int ith, float alpha) {
         return INFINITY;
     }
     make_scales(j->mean_abs, D, alpha, s);
+    float *imp = NULL;
+    if (j->block_search) {
+        imp = malloc((size_t)D * sizeof(float));
+        if (!imp) {
+            free(s);
+            free(row);
+            j->failed = true;
+            return INFINITY;
+        }
+        folded_importance(j->msq, s, D, imp);
+    }
     for (int64_t r = 0; r < R; r++) {
         const float *w = j->W + r * D;
         for (int64_t c = 0; c < D; c++) row[c] = w[c] * s[c];
-        q4_roundtrip(row, Wq + r * D, D, j->qbuf[ith]);
+        if (imp) {
+            uint8_t *qb = j->qbuf[ith];
+            for (int64_t b = 0; b < D; b += 32) {
+                q4_block_search(row + b, imp + b, qb);
+                qf_dequantize_row(QF_TYPE_Q4_0, qb, Wq + r * D + b, 32);
+            }
+        } else {
+            q4_roundtrip(row, Wq + r * D, D, j->qbuf[ith]);
+        }
         for (int64_t c = 0; c < D; c++) Wq[r * D + c] /= s[c];
     }
+    free(imp);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)R, (int)D, 1.0f, j->X, (int)D, Wq,
                 (int)D, 0.0f, Yq, (int)R);
     double e = 0;
@@ -504,8 +539,10 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
     }
     float *Wstack = malloc((size_t)maxR * (size_t)maxD * sizeof(float));
     float *mean_abs = malloc((size_t)maxD * sizeof(float)), *s = malloc((size_t)maxD * sizeof(float));
+    float *msq = malloc((size_t)maxD * sizeof(float));
     Y = malloc((size_t)nrows * (size_t)maxR * sizeof(float));
-    if (!Wstack || !mean_abs || !s || !Y) {
+    if (!Wstack || !mean_abs || !s || !Y || !msq) {
+        free(msq);
         free(Wstack);
         free(mean_abs);
         free(s);
@@ -541,6 +578,7 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
                 float *wf = weight_f32(ws[k]);
                 if (!wf) {
                     free(Wstack);
+                    free(msq);
                     free(mean_abs);
                     free(s);
                     free(alphas);
@@ -551,15 +589,20 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
                 R += ws[k]->ne1;
                 free(wf);
             }
-            for (int64_t c = 0; c < Din; c++) mean_abs[c] = (float)(as->sum_abs[c] / (double)as->count);
+            for (int64_t c = 0; c < Din; c++) {
+                mean_abs[c] = (float)(as->sum_abs[c] / (double)as->count);
+                msq[c] = (float)(as->sum_sq[c] / (double)as->count);
+            }
             int64_t n = res->kept;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)R, (int)Din, 1.0f, res->rows,
                         (int)Din, Wstack, (int)Din, 0.0f, Y, (int)R);
-            sj.X = res->rows, sj.W = Wstack, sj.Y = Y, sj.mean_abs = mean_abs;
+            sj.X = res->rows, sj.W = Wstack, sj.Y = Y, sj.mean_abs = mean_abs, sj.msq = msq;
+            sj.block_search = false;
             sj.n = n, sj.D = Din, sj.R = R, sj.n_alpha = n_alpha, sj.alphas = alphas, sj.mse = mse;
             qf_pool_run(pool, search_worker, &sj);
             if (sj.failed) {
                 free(Wstack);
+                free(msq);
                 free(mean_abs);
                 free(s);
                 free(alphas);
@@ -572,11 +615,29 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
                 for (int a = 1; a < n_alpha; a++)
                     if (mse[a] < mse[best]) best = a;
             float alpha = alphas[best];
+            double mse_best = mse[best], mse_rtn0 = mse[0];
+            if (p.clip && !p.keep_float && p.fixed_alpha < 0) {
+                /* the alpha RTN liked may not be the best once the block scale search runs:
+                 * score 0, half of it and it with the final quantizer and keep the best */
+                float cand[3] = {0, alphas[best / 2], alpha};
+                double cm[3];
+                int nc = best == 0 ? 1 : best / 2 == 0 ? 2 : 3;
+                if (nc == 2) cand[1] = alpha;
+                sj.block_search = true;
+                sj.n_alpha = nc, sj.alphas = cand, sj.mse = cm;
+                qf_pool_run(pool, search_worker, &sj);
+                if (sj.failed) goto nomem_search;
+                int bc = 0;
+                for (int c = 1; c < nc; c++)
+                    if (cm[c] < cm[bc]) bc = c;
+                alpha = cand[bc];
+                mse_best = cm[bc];
+            }
             if (rep) {
                 int k = l * QF_AWQ_GROUP_COUNT + g;
                 rep->alpha[k] = alpha;
-                rep->mse_rtn[k] = mse[0];
-                rep->mse_awq[k] = mse[best];
+                rep->mse_rtn[k] = mse_rtn0;
+                rep->mse_awq[k] = mse_best;
             }
             make_scales(mean_abs, Din, alpha, s);
             /* fold: the consumers' columns *= s, the producer /= s */
@@ -606,6 +667,7 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
             }
             continue;
         nomem_search:
+            free(msq);
             free(Wstack);
             free(mean_abs);
             free(s);
@@ -616,6 +678,7 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
     }
     if (p.progress) qf_progress_end(&bar);
     free(Wstack);
+    free(msq);
     free(mean_abs);
     free(alphas);
     free(mse);
