@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# cli_calibrate.sh: `qforge calibrate` / `qforge ppl --artifact` end to end on the embedded
+# demo model and corpus with small settings: each forge failure's exit code (CorpusEmpty,
+# OllamaUnavailable, CaptureFailed, CertifyFailed, PackageFailed), a certified kv-int8
+# artifact that verifies and whose PPL `qforge ppl --artifact` reproduces, WrongModel on the
+# q8_0 model, and SIGKILL at random moments never leaving a partial .qfa behind.
+set -u
+cd "$(dirname "$0")/.."
+qf=${QF_BUILD:-build}/qforge
+data=${QF_DATA_DIR:-../shared/data}
+model=assets/models/qforge-demo-11m-f16.gguf
+pass=0 fail=0 skip=0
+ok() { echo "PASS $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+skp() { echo "SKIP $1"; skip=$((skip + 1)); }
+if [ ! -x "$qf" ] || [ ! -f "$model" ]; then
+    echo "SKIP cli_calibrate: needs $qf and $model"
+    echo "0 passed, 0 failed, 1 skipped"
+    exit 0
+fi
+d=$(mktemp -d)
+trap 'rm -rf "$d"' EXIT
+small=(-m "$model" -c 64 --max-tok 512 --eval-chunks 2 -t 2)
+
+# expect NAME CODE cmd...: the exit code must be CODE
+expect() {
+    local name=$1 code=$2
+    shift 2
+    "$@" >"$d/out" 2>"$d/err"
+    local rc=$?
+    if [ "$rc" -eq "$code" ]; then ok "$name (exit $rc)"; else
+        bad "$name: exit $rc, expected $code"
+        sed 's/^/    /' "$d/err" | tail -n 5
+    fi
+}
+
+expect "usage: no model" 1 "$qf" calibrate --artifact kv-int8 -o "$d/x.qfa"
+expect "usage: bad kind" 1 "$qf" calibrate "${small[@]}" --artifact kv-int4 -o "$d/x.qfa"
+printf '  \n\n\t\n' >"$d/empty.txt"
+expect "CorpusEmpty" 9 "$qf" calibrate "${small[@]}" --artifact kv-int8 --corpus "$d/empty.txt" -o "$d/x.qfa"
+expect "OllamaUnavailable" 10 "$qf" calibrate "${small[@]}" --artifact kv-int8 --builtin \
+    --ollama http://127.0.0.1:9 --ollama-model none -o "$d/x.qfa"
+expect "CaptureFailed (fewer vectors than atoms)" 11 "$qf" calibrate "${small[@]}" --artifact kv-dict \
+    --atoms 4096 --sparsity 4 -o "$d/x.qfa"
+expect "CertifyFailed (gate 0)" 12 "$qf" calibrate "${small[@]}" --artifact kv-dict --atoms 16 --sparsity 2 \
+    --iters 1 --gate 0 -o "$d/dict.qfa"
+if grep -q "did not pass its gate" "$d/err" && [ ! -e "$d/dict.qfa" ]; then ok "gate failure: numbers printed, no file"
+else bad "gate failure: message or file"; fi
+expect "PackageFailed (no such directory)" 13 "$qf" calibrate "${small[@]}" --artifact kv-int8 -o "$d/nodir/x.qfa"
+
+# a certified kv-int8 artifact, verified, reproduced by qforge ppl --artifact
+expect "kv-int8 certified" 0 "$qf" calibrate "${small[@]}" --artifact kv-int8 -o "$d/int8.qfa" \
+    --eval-out "$d/eval.txt" --json
+cand=$(sed -n 's/.*"cand_ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
+expect "verify" 0 "$qf" verify "$d/int8.qfa" -m "$model"
+expect "ppl --artifact" 0 "$qf" ppl -m "$model" --artifact "$d/int8.qfa" -f "$d/eval.txt" -c 64 --chunks 2 -t 2 --json
+got=$(sed -n 's/.*"ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
+if [ -n "$cand" ] && [ -n "$got" ] && awk -v a="$cand" -v b="$got" 'BEGIN { exit !((a - b) ^ 2 < (1e-9 * a) ^ 2) }'; then
+    ok "ppl --artifact reproduces the certificate ($got = $cand)"
+else bad "ppl --artifact reproduces the certificate ('$got' vs '$cand')"; fi
+if [ -f "$data/models/qforge-demo-11m-q8_0.gguf" ]; then
+    expect "WrongModel (q8_0)" 17 "$qf" ppl -m "$data/models/qforge-demo-11m-q8_0.gguf" --artifact "$d/int8.qfa" \
+        -f "$d/eval.txt" -c 64 --chunks 2
+else skp "WrongModel: $data/models/qforge-demo-11m-q8_0.gguf absent"; fi
+
+# SIGKILL at random moments: the output is absent or complete and verifying
+killed_ok=1 complete=0
+for i in 1 2 3 4 5 6; do
+    rm -f "$d/k.qfa"
+    "$qf" calibrate "${small[@]}" --artifact kv-int8 -o "$d/k.qfa" >/dev/null 2>&1 &
+    pid=$!
+    sleep "0.$((RANDOM % 10))$((RANDOM % 10))"
+    [ "$i" -ge 5 ] && sleep $((i - 4)) # the last rounds land late, near packaging
+    kill -9 "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    if [ -e "$d/k.qfa" ] && ! "$qf" verify "$d/k.qfa" -m "$model" >/dev/null 2>&1; then
+        killed_ok=0
+        echo "    round $i: a partial or bad k.qfa was left"
+    elif [ -e "$d/k.qfa" ]; then complete=$((complete + 1))
+    fi
+done
+if [ "$killed_ok" -eq 1 ]; then ok "SIGKILL never leaves a partial .qfa ($complete of 6 rounds finished a complete one)"; else bad "SIGKILL left a partial .qfa"; fi
+
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]
