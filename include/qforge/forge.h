@@ -71,6 +71,11 @@ qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_arti
                                const qf_payload *payload, const qf_gate *gate,
                                qf_certify_result *r, qf_error *err);
 
+/* The candidate is another model (e.g. an AWQ re-quantized GGUF) run in its own context,
+ * created with the reference context's params: same tokens and chunking as the reference. */
+qf_status qf_certify_context(qf_context *cand, const qf_certify_ref *ref, const qf_gate *gate,
+                             qf_certify_result *r, qf_error *err);
+
 /* Whether numbers meet a gate (NaN never does). */
 bool qf_gate_passes(const qf_gate *g, const qf_certify_result *r);
 

@@ -35,6 +35,9 @@ bool qf_gate_passes(const qf_gate *g, const qf_certify_result *r) {
     return isfinite(r->cand_ppl) && isfinite(r->ref_ppl);
 }
 
+static qf_status run_candidate(qf_context *c, const qf_certify_ref *ref, const qf_gate *gate, qf_certify_result *r,
+                               qf_error *err);
+
 double qf_certify_ref_ppl(const qf_certify_ref *ref) { return ref ? ref->r.ppl : NAN; }
 
 void qf_certify_ref_free(qf_certify_ref *ref) {
@@ -99,6 +102,29 @@ qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_arti
         if (st != QF_ERR_NOMEM) err->code = st = QF_ERR_CERTIFY_FAILED;
         return st; /* a failed bind leaves the context as it was */
     }
+    st = run_candidate(c, ref, gate, r, err);
+    /* restore on every path; an unbind failure outranks the result */
+    qf_error uerr = {0};
+    if (qf_context_unbind(c, &uerr)) {
+        if (err) *err = uerr;
+        return qf_error_prefix(err, "certify: restoring the context's KV mode: ");
+    }
+    return st;
+}
+
+qf_status qf_certify_context(qf_context *cand, const qf_certify_ref *ref, const qf_gate *gate, qf_certify_result *r,
+                             qf_error *err) {
+    memset(r, 0, sizeof *r);
+    r->ref_ppl = ref->r.ppl;
+    r->cand_ppl = r->delta_ppl = r->kld_mean = r->kld_p99 = r->top1 = NAN;
+    r->ref_kv_bytes_per_token = ref->kv_bytes_per_token;
+    return run_candidate(cand, ref, gate, r, err);
+}
+
+/* the candidate pass: the reference's tokens and chunking, read back from its base file */
+static qf_status run_candidate(qf_context *c, const qf_certify_ref *ref, const qf_gate *gate, qf_certify_result *r,
+                               qf_error *err) {
+    qf_status st;
     r->cand_kv_bytes_per_token = qf_context_kv_bytes_per_token(c);
     qf_ppl_params pp = qf_ppl_default_params();
     pp.n_ctx = ref->p.n_ctx;
@@ -112,7 +138,7 @@ qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_arti
     if (st) {
         qf_error_prefix(err, "certify: candidate pass: ");
         if (st != QF_ERR_NOMEM) err->code = st = QF_ERR_CERTIFY_FAILED;
-        goto restore;
+        return st;
     }
     r->cand_ppl = pr.ppl;
     r->delta_ppl = (pr.ppl - ref->r.ppl) / ref->r.ppl;
@@ -124,12 +150,5 @@ qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_arti
     r->n_scored = pr.n_scored;
     r->eval_tokens = (int64_t)pr.n_chunks * pp.n_ctx;
     r->passed = qf_gate_passes(gate, r);
-restore:;
-    /* restore on every path; an unbind failure outranks the result */
-    qf_error uerr = {0};
-    if (qf_context_unbind(c, &uerr)) {
-        if (err) *err = uerr;
-        return qf_error_prefix(err, "certify: restoring the context's KV mode: ");
-    }
-    return st;
+    return QF_OK;
 }

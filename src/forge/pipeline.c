@@ -294,6 +294,8 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
     } else if (!st && j->kind == QF_ARTIFACT_KV_DICT) {
         if (!st) st = qf_payload_add_int(cf, "iters", j->dict_iters, err);
         if (!st) st = qf_payload_add_int(cf, "max_train", j->dict_max_train, err);
+    } else if (!st && j->kind == QF_ARTIFACT_AWQ) {
+        st = qf_payload_add_string(cf, "weights", "q4_0 (AWQ-scaled, folded)", err);
     }
     if (!st) st = qf_payload_add_float(cf, "kv_bytes_per_token", r->cand_kv_bytes_per_token, err);
     if (!st) st = qf_payload_add_float(cf, "f16_kv_bytes_per_token", rep->f16_kv_bytes_per_token, err);
@@ -308,9 +310,10 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
     if (!st) {
         char cmd[768];
         snprintf(cmd, sizeof cmd,
-                 "qforge ppl -m MODEL --artifact ARTIFACT -f EVAL.txt -c %d --chunks %d -t %d "
+                 "qforge ppl -m %s -f EVAL.txt -c %d --chunks %d -t %d "
                  "(EVAL.txt: qforge calibrate --eval-out, or qforge corpus <same inputs> -o DIR -> DIR/eval.txt; "
                  "sha256 above)",
+                 j->kind == QF_ARTIFACT_AWQ ? "THE-AWQ.gguf (named by the payload)" : "MODEL --artifact ARTIFACT",
                  r->n_ctx, r->n_chunks, qf_context_params_get(s->ctx)->n_threads);
         st = qf_payload_add_string(cf, "reproduce", cmd, err);
     }
@@ -329,15 +332,103 @@ static bool readable(const char *path) { return access(path, R_OK) == 0; }
 
 /* ---- awq ---- */
 
-static qf_status run_awq(const qf_job *j, qf_job_report *rep, qf_error *err) {
-    (void)j, (void)rep;
-    /* qf_awq_run writes a re-quantized GGUF; certifying it needs a second model (the AWQ-Q4_0
-     * file) evaluated against the reference on the same tokens, which this pipeline's
-     * KV-binding certifier does not do yet. */
-    return qf_fail(err, QF_ERR_NOT_IMPLEMENTED,
-                   "--artifact awq: the AWQ learner exists (qf_awq_run, include/qforge/awq.h) but the pipeline's "
-                   "two-model certify (reference GGUF vs the AWQ-Q4_0 GGUF on the same evaluation tokens) and "
-                   "qf_awq_embed_certificate packaging are not wired into qforge calibrate yet; use kv-int8 or kv-dict");
+/* The AWQ learner writes a re-quantized GGUF (include/qforge/awq.h); certification runs that
+ * model in its own context with the reference context's params over the same evaluation
+ * tokens; a pass embeds the certificate in the GGUF and packages a .qfa naming its SHA-256;
+ * a failure removes the GGUF (no artifact). */
+static qf_status run_awq(const qf_job *j, shared *s, qf_job_report *rep, qf_error *err) {
+    char gguf[4096];
+    if (j->awq_gguf_path) snprintf(gguf, sizeof gguf, "%s", j->awq_gguf_path);
+    else {
+        size_t n = strlen(j->out_path);
+        if (n > 4 && !strcmp(j->out_path + n - 4, ".qfa")) snprintf(gguf, sizeof gguf, "%.*s.gguf", (int)(n - 4), j->out_path);
+        else snprintf(gguf, sizeof gguf, "%s.gguf", j->out_path);
+    }
+    const qf_tokenizer *tok = qf_model_tokenizer(s->model);
+    size_t clen, n = 0;
+    const char *ctext = qf_corpus_calib_text(s->corpus, &clen);
+    int32_t *ids = NULL;
+    qf_status st = qf_tokenize(tok, ctext, clen, qf_tokenizer_add_bos(tok), false, &ids, &n, err);
+    if (st) return as_stage(err, st, QF_ERR_CAPTURE_FAILED, "capture: tokenizing the calibration text");
+    qf_awq_params ap = qf_awq_default_params();
+    ap.n_ctx = s->n_ctx;
+    ap.max_tokens = j->max_calib_tokens == 0 ? 16384 : j->max_calib_tokens < 0 ? 0 : j->max_calib_tokens;
+    ap.n_threads = qf_context_params_get(s->ctx)->n_threads;
+    ap.progress = j->progress;
+    ap.seed = j->seed;
+    qf_awq_report arep;
+    memset(&arep, 0, sizeof arep);
+    double t0 = qf_now_sec();
+    st = qf_awq_run(s->model, ids, (int64_t)n, &ap, gguf, &arep, err);
+    free(ids);
+    if (st) return as_stage(err, st, QF_ERR_CAPTURE_FAILED, "awq (capture + learn)");
+    rep->seconds_learn = qf_now_sec() - t0;
+    s->calib_tokens = rep->calib_tokens = arep.calib_tokens;
+    stage(j, "[2-3/5 capture+learn] awq over %lld calibration tokens -> %s (%.1f s)", (long long)arep.calib_tokens, gguf,
+          rep->seconds_learn);
+    qf_model *cm = NULL;
+    qf_context *cc = NULL;
+    qf_payload pl = {0};
+    t0 = qf_now_sec();
+    if ((st = stage_reference(j, s, err))) goto fail;
+    if (!(cm = qf_model_load(gguf, err))) {
+        st = as_stage(err, err ? err->code : QF_ERR_IO, QF_ERR_CERTIFY_FAILED, "certify: loading the AWQ model");
+        goto fail;
+    }
+    qf_context_params cp = *qf_context_params_get(s->ctx);
+    if (!(cc = qf_context_new(cm, &cp, err))) {
+        st = err ? err->code : QF_ERR_NOMEM;
+        goto fail;
+    }
+    st = qf_certify_context(cc, s->ref, &j->gate, &rep->result, err);
+    rep->seconds_certify = qf_now_sec() - t0;
+    if (st) goto fail;
+    const qf_certify_result *r = &rep->result;
+    set_variant(rep->variant, sizeof rep->variant, "q4_0-awq");
+    rep->n_tried = 1;
+    set_variant(rep->tried[0].variant, sizeof rep->tried[0].variant, "%s", rep->variant);
+    rep->tried[0].result = *r;
+    stage(j, "[4/5 certify] awq: PPL %.4f -> %.4f (delta %+.4f%%), KLD mean %.6f p99 %.6f, top-1 %.2f%%", r->ref_ppl,
+          r->cand_ppl, 100 * r->delta_ppl, r->kld_mean, r->kld_p99, 100 * r->top1);
+    if ((st = fill_cert(j, s, rep, err))) goto fail;
+    if (!r->passed) {
+        st = qf_fail(err, QF_ERR_CERTIFY_FAILED,
+                     "awq did not pass its gate: delta PPL %+.4f%% (max %.4f%%), KLD mean %.6f, top-1 %.2f%%; ref PPL "
+                     "%.4f, candidate %.4f; nothing written (%s removed)",
+                     100 * r->delta_ppl, 100 * j->gate.max_delta_ppl, r->kld_mean, 100 * r->top1, r->ref_ppl,
+                     r->cand_ppl, gguf);
+        goto fail;
+    }
+    qf_context_free(cc), cc = NULL;
+    qf_model_free(cm), cm = NULL;
+    t0 = qf_now_sec();
+    uint8_t sha[32];
+    if ((st = qf_awq_embed_certificate(gguf, &rep->cert, &arep, sha, err))) {
+        st = as_stage(err, st, QF_ERR_PACKAGE_FAILED, "package: embedding the certificate in the GGUF");
+        goto fail;
+    }
+    const char *base = strrchr(gguf, '/');
+    base = base ? base + 1 : gguf;
+    int64_t shape[1] = {32};
+    if ((st = qf_payload_add_u8(&pl, "gguf_sha256", sha, 1, shape, err)) ||
+        (st = qf_payload_add_string(&pl, "gguf_file", base, err)) ||
+        (st = qf_artifact_package(j->out_path, &rep->cert, &pl, j->sign_key_path, err))) {
+        st = as_stage(err, st, QF_ERR_PACKAGE_FAILED, "package");
+        goto fail;
+    }
+    rep->seconds_package = qf_now_sec() - t0;
+    rep->packaged = true;
+    stage(j, "[5/5 package] %s (awq, names %s)", j->out_path, gguf);
+    qf_payload_free(&pl);
+    qf_awq_report_free(&arep);
+    return QF_OK;
+fail:
+    qf_payload_free(&pl);
+    qf_context_free(cc);
+    qf_model_free(cm);
+    qf_awq_report_free(&arep);
+    unlink(gguf); /* fail closed: no uncertified model is left behind */
+    return st;
 }
 
 /* ---- one job ---- */
@@ -349,8 +440,7 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
     if (!j->out_path) return qf_fail(err, QF_ERR_ARG, "calibrate: no output path given");
     if (j->sign_key_path && !readable(j->sign_key_path))
         return qf_fail(err, QF_ERR_ARG, "%s: cannot read the signing key", j->sign_key_path);
-    if (j->kind == QF_ARTIFACT_AWQ) return run_awq(j, rep, err);
-    if (j->kind != QF_ARTIFACT_KV_INT8 && j->kind != QF_ARTIFACT_KV_DICT)
+    if (j->kind != QF_ARTIFACT_KV_INT8 && j->kind != QF_ARTIFACT_KV_DICT && j->kind != QF_ARTIFACT_AWQ)
         return qf_fail(err, QF_ERR_ARG, "calibrate: unknown artifact kind %d", (int)j->kind);
 
     shared s = {0};
@@ -359,6 +449,10 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
     if ((st = stage_corpus(j, &s, rep, err))) goto done;
     if ((st = stage_model(j, &s, err))) goto done;
     rep->f16_kv_bytes_per_token = f16_bytes_per_token(s.model);
+    if (j->kind == QF_ARTIFACT_AWQ) {
+        st = run_awq(j, &s, rep, err);
+        goto done;
+    }
     if ((st = stage_capture(j, &s, rep, err))) goto done;
 
     double t_learn = 0, t_cert = 0, t0;
