@@ -23,7 +23,12 @@
 #include "engine.h"
 #include "engine/cuda/cuda_backend.h"
 
-#define TILE_ROWS 32    /* weight rows dequantized per sgemm call */
+#ifndef TILE_ROWS
+#define TILE_ROWS 128   /* weight rows dequantized per sgemm call (fewer calls = less operand packing) */
+#endif
+#ifndef ATT_QBLOCK
+#define ATT_QBLOCK 64   /* query rows per attention block: each block only reads its causal prefix */
+#endif
 #define GEMM_MIN_TOKENS 4 /* below this, the vec_dot route wins */
 
 qf_context_params qf_context_default_params(void) {
@@ -336,7 +341,7 @@ static void attention_worker(void *arg, int ith, int nth) {
     att_job *j = arg;
     qf_context *c = j->c;
     const qf_hparams *hp = &c->model->hp;
-    int hd = hp->head_dim, n = j->n, T = j->pos0 + n, gq = hp->n_head / hp->n_head_kv;
+    int hd = hp->head_dim, n = j->n, gq = hp->n_head / hp->n_head_kv;
     int Dq = hp->n_head * hd;
     float scale = 1.0f / sqrtf((float)hd);
     float *S = c->thr_buf[ith];
@@ -345,40 +350,46 @@ static void attention_worker(void *arg, int ith, int nth) {
         const float *K = ext(c)->kbuf + (size_t)kvh * c->params.n_ctx * hd;
         const float *V = ext(c)->vbuf + (size_t)kvh * c->params.n_ctx * hd;
         const float *Q = c->q + (size_t)h * hd;
-        if (c->params.reference) {
-            for (int i = 0; i < n; i++)
-                for (int t = 0; t < T; t++) {
-                    double s = 0;
-                    for (int d = 0; d < hd; d++) s += (double)Q[(size_t)i * Dq + d] * K[(size_t)t * hd + d];
-                    S[(size_t)i * T + t] = (float)s * scale;
-                }
-        } else {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, T, hd, scale, Q, Dq, K, hd, 0.0f, S, T);
-        }
-        for (int i = 0; i < n; i++) {
-            float *row = S + (size_t)i * T;
-            int last = j->pos0 + i; /* causal: token i sees positions <= pos0 + i */
-            float mx = -INFINITY;
-            for (int t = 0; t <= last; t++) mx = row[t] > mx ? row[t] : mx;
-            double sum = 0;
-            for (int t = 0; t <= last; t++) {
-                row[t] = expf(row[t] - mx);
-                sum += row[t];
-            }
-            float inv = (float)(1.0 / sum);
-            for (int t = 0; t <= last; t++) row[t] *= inv;
-            for (int t = last + 1; t < T; t++) row[t] = 0.0f;
-        }
         float *O = c->att + (size_t)h * hd;
-        if (c->params.reference) {
-            for (int i = 0; i < n; i++)
-                for (int d = 0; d < hd; d++) {
-                    double s = 0;
-                    for (int t = 0; t < T; t++) s += (double)S[(size_t)i * T + t] * V[(size_t)t * hd + d];
-                    O[(size_t)i * Dq + d] = (float)s;
+        for (int i0 = 0; i0 < n; i0 += ATT_QBLOCK) {
+            int nb = n - i0 < ATT_QBLOCK ? n - i0 : ATT_QBLOCK;
+            int Tb = j->pos0 + i0 + nb; /* keys this block can see */
+            const float *Qb = Q + (size_t)i0 * Dq;
+            if (c->params.reference) {
+                for (int i = 0; i < nb; i++)
+                    for (int t = 0; t < Tb; t++) {
+                        double s = 0;
+                        for (int d = 0; d < hd; d++) s += (double)Qb[(size_t)i * Dq + d] * K[(size_t)t * hd + d];
+                        S[(size_t)i * Tb + t] = (float)s * scale;
+                    }
+            } else {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, Tb, hd, scale, Qb, Dq, K, hd, 0.0f, S, Tb);
+            }
+            for (int i = 0; i < nb; i++) {
+                float *row = S + (size_t)i * Tb;
+                int last = j->pos0 + i0 + i; /* causal: query sees positions <= its own */
+                float mx = -INFINITY;
+                for (int t = 0; t <= last; t++) mx = row[t] > mx ? row[t] : mx;
+                double sum = 0;
+                for (int t = 0; t <= last; t++) {
+                    row[t] = expf(row[t] - mx);
+                    sum += row[t];
                 }
-        } else {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, T, 1.0f, S, T, V, hd, 0.0f, O, Dq);
+                float inv = (float)(1.0 / sum);
+                for (int t = 0; t <= last; t++) row[t] *= inv;
+                for (int t = last + 1; t < Tb; t++) row[t] = 0.0f;
+            }
+            float *Ob = O + (size_t)i0 * Dq;
+            if (c->params.reference) {
+                for (int i = 0; i < nb; i++)
+                    for (int d = 0; d < hd; d++) {
+                        double s = 0;
+                        for (int t = 0; t < Tb; t++) s += (double)S[(size_t)i * Tb + t] * V[(size_t)t * hd + d];
+                        Ob[(size_t)i * Dq + d] = (float)s;
+                    }
+            } else {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, Tb, 1.0f, S, Tb, V, hd, 0.0f, Ob, Dq);
+            }
         }
     }
 }
