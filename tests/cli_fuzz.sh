@@ -19,6 +19,13 @@ finish() {
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
+# The harnesses are built with ASan+UBSan whatever the pass; running them again in the
+# sanitizer pass of scripts/test.sh would only repeat the release pass's run.
+if [ -n "${QF_ASAN:-}" ]; then
+    echo "SKIP fuzz: the harnesses are sanitizer builds already; they ran in the release pass"
+    skip=1; finish
+fi
+
 if ! command -v clang >/dev/null 2>&1; then
     echo "SKIP fuzz: clang not found (apt-get install clang)"
     skip=1; finish
