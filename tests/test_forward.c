@@ -201,6 +201,53 @@ TEST(unsupported_and_missing_models) {
     }
 }
 
+/* Rewrite stories260K with one change and check the loader names the file and the field. */
+static void check_mutant(const char *what, const char *arch, const char *swap_tensor, const char *drop_tensor,
+                         qf_status want, const char *want_text) {
+    const char *src = test_data("models/stories260K.gguf");
+    if (!src) {
+        qf_test_skip_reason = "stories260K not in ../shared/data";
+        return;
+    }
+    qf_error e = {0};
+    qf_gguf *g = qf_gguf_open(src, &e);
+    CHECK(g != NULL);
+    qf_gguf_writer *w = qf_gguf_writer_new();
+    CHECK(qf_gguf_writer_copy_kv(w, g, NULL, &e) == QF_OK);
+    if (arch) qf_gguf_writer_set_str(w, "general.architecture", arch);
+    for (uint64_t i = 0; i < qf_gguf_n_tensors(g); i++) {
+        const qf_gguf_tensor *t = qf_gguf_tensor_at(g, i);
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        if (drop_tensor && !strcmp(name, drop_tensor)) continue;
+        const qf_gguf_tensor *use = t;
+        if (swap_tensor && !strcmp(name, swap_tensor)) use = qf_gguf_find_tensor(g, "blk.0.attn_k.weight");
+        CHECK(qf_gguf_writer_add_tensor(w, name, use->type, use->n_dims, use->ne, use->data, use->nbytes, &e) == QF_OK);
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s/mutant.gguf", test_tmpdir());
+    CHECK(qf_gguf_writer_write(w, path, &e) == QF_OK);
+    qf_gguf_writer_free(w);
+    qf_gguf_close(g);
+    qf_model *m = qf_model_load(path, &e);
+    CHECK(m == NULL);
+    printf("  %s: %s\n", what, e.msg);
+    CHECK_MSG(e.code == want, "%s: got %s", what, qf_status_name(e.code));
+    CHECK_MSG(strstr(e.msg, want_text) != NULL, "%s: message lacks '%s'", what, want_text);
+    CHECK(strstr(e.msg, "mutant.gguf") != NULL);
+    qf_model_free(m);
+}
+
+TEST(shape_mismatch_named) {
+    check_mutant("shape", NULL, "blk.0.attn_q.weight", NULL, QF_ERR_FORMAT, "blk.0.attn_q.weight");
+}
+TEST(missing_tensor_named) {
+    check_mutant("missing", NULL, NULL, "blk.3.ffn_down.weight", QF_ERR_FORMAT, "blk.3.ffn_down.weight");
+}
+TEST(unknown_architecture_named) {
+    check_mutant("arch", "gptj", NULL, NULL, QF_ERR_UNSUPPORTED, "gptj");
+}
+
 int main(void) {
     RUN(stories260k_fast_matches_reference);
     RUN(demo_f16_fast_matches_reference);
@@ -210,5 +257,8 @@ int main(void) {
     RUN(stories260k_greedy_matches_llama2c);
     RUN(decode_rejects_bad_input);
     RUN(unsupported_and_missing_models);
+    RUN(shape_mismatch_named);
+    RUN(missing_tensor_named);
+    RUN(unknown_architecture_named);
     return test_summary();
 }
