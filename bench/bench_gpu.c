@@ -2,12 +2,15 @@
  *
  *   build/bench/bench_gpu MODEL.gguf [--corpus TEXT] [--chunks 4] [-c 512] [--kv f16] [--device cuda|cpu]
  *       [--prefill-only]   (with QF_CUDA_PROFILE=1 the backend prints GPU time per stage at exit)
+ *       [--gemm]           (cuBLAS f16 GEMM rate for the model's shapes at M = -c, f32 and f16 output)
  *
  * Three measurements on chunks of -c tokens (BOS + text tokens, as the PPL pass feeds them):
  *   prefill  qf_decode of the whole chunk, logits of the last token only;
  *   ppl      qf_decode of the whole chunk with every token's logits copied back (what
  *            qf_perplexity asks for), and the full qf_perplexity pass (tokenize, decode, score);
- *   decode   single-token steps after a half-chunk prefill (tokens/s).
+ *   decode   single-token steps after a half-chunk prefill (tokens/s);
+ *   gpu ppl  the same PPL pass with the log-softmax on the GPU (qf_cuda_decode_nll: no logits
+ *            leave the device), its PPL compared with qf_perplexity's.
  * Roofline per chunk: FLOPs = 2 * (matmul params) * tokens + 2 * D * n_vocab * logit rows
  * + attention (4 * n_head * head_dim * causal pairs per layer); bytes = the weights as
  * stored, read once per chunk. Time bound = max(FLOPs / 989 TFLOP/s, bytes / 4.8 TB/s)
@@ -22,6 +25,10 @@
 #include "qforge/model.h"
 #include "qforge/ppl.h"
 #include "qforge/tokenizer.h"
+#ifdef QF_HAVE_CUDA
+#include "engine/cuda/cuda_ops.h"
+#include "engine/engine.h"
+#endif
 
 #define PEAK_FLOPS 989e12
 #define PEAK_BW 4.8e12
@@ -37,7 +44,7 @@ static double wparams(const qf_weight *w) { return w->data ? (double)w->ne0 * w-
 
 int main(int argc, char **argv) {
     const char *model = NULL, *corpus = NULL, *kvs = "f16", *devs = "cuda";
-    int n_ctx = 512, chunks = 4, prefill_only = 0;
+    int n_ctx = 512, chunks = 4, prefill_only = 0, gemm = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--corpus") && i + 1 < argc) corpus = argv[++i];
         else if (!strcmp(argv[i], "--chunks") && i + 1 < argc) chunks = atoi(argv[++i]);
@@ -45,6 +52,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc) kvs = argv[++i];
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) devs = argv[++i];
         else if (!strcmp(argv[i], "--prefill-only")) prefill_only = 1; /* e.g. with QF_CUDA_PROFILE=1 */
+        else if (!strcmp(argv[i], "--gemm")) gemm = 1;
         else if (argv[i][0] != '-' && !model) model = argv[i];
         else {
             fprintf(stderr, "usage: %s MODEL.gguf [--corpus TEXT] [--chunks N] [-c N] [--kv f16] [--device cuda|cpu]\n", argv[0]);
@@ -134,6 +142,31 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_gpu: %s\n", err.msg);
         return 1;
     }
+#ifdef QF_HAVE_CUDA
+    if (c->gpu) {
+        qf_cuda_info ci;
+        qf_cuda_ctx_info(c->gpu, &ci);
+        printf("GPU memory: weights %.2f GB, f16 cache of quantized weights %.2f GB, kv %.2f GB, scratch %.2f GB\n",
+               ci.weight_bytes / 1e9, ci.f16_cache_bytes / 1e9, ci.kv_bytes / 1e9, ci.scratch_bytes / 1e9);
+    }
+    if (gemm && c->gpu) {
+        const int D = hp->n_embd, Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+        struct { const char *name; int N, K; } sh[] = {{"q/o", Dq, D}, {"k/v", Dkv, D}, {"qkv fused", Dq + 2 * Dkv, D},
+                                                       {"gate/up", F, D}, {"gate+up fused", 2 * F, D}, {"down", D, F},
+                                                       {"output", hp->n_vocab, D}};
+        for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
+            double ms32 = 0, ms16 = 0;
+            if (qf_cuda_bench_gemm(n_ctx, sh[i].N, sh[i].K, 0, 20, &ms32, &err) ||
+                qf_cuda_bench_gemm(n_ctx, sh[i].N, sh[i].K, 1, 20, &ms16, &err)) {
+                fprintf(stderr, "bench_gpu: gemm: %s\n", err.msg);
+                break;
+            }
+            double fl = 2.0 * n_ctx * sh[i].N * sh[i].K;
+            printf("gemm %-14s M %d N %6d K %6d: f32 out %.3f ms %.0f TFLOP/s; f16 out %.3f ms %.0f TFLOP/s\n", sh[i].name,
+                   n_ctx, sh[i].N, sh[i].K, ms32, fl / ms32 / 1e9, ms16, fl / ms16 / 1e9);
+        }
+    }
+#endif
     double best_p = 1e30, best_a = 1e30, sum_p = 0, sum_a = 0;
     for (int ch = 0; ch < chunks; ch++) {
         const int32_t *tk = toks + (size_t)ch * n_ctx;
@@ -179,6 +212,42 @@ int main(int argc, char **argv) {
                    res.n_chunks, res.ppl, res.ppl_err, res.tokens_per_sec, hp->n_vocab);
         else
             fprintf(stderr, "bench_gpu: ppl: %s\n", err.msg);
+#ifdef QF_HAVE_CUDA
+        /* the same pass, scored on the GPU: ppl.c's chunking (BOS first, second half scored) */
+        int32_t *ids = NULL;
+        size_t nids = 0;
+        const qf_tokenizer *tkz = qf_model_tokenizer(m);
+        if (c->gpu && qf_tokenize(tkz, text, tlen, qf_tokenizer_add_bos(tkz), false, &ids, &nids, &err) == QF_OK &&
+            (int64_t)nids >= 2 * (int64_t)n_ctx && c->n_batch >= n_ctx) {
+            int n_chunk = (int)(nids / n_ctx) < chunks ? (int)(nids / n_ctx) : chunks;
+            const int first = n_ctx / 2, n_score = n_ctx - 1 - first;
+            const bool add_bos = qf_tokenizer_add_bos(tkz) && qf_tokenizer_bos(tkz) >= 0;
+            int32_t *chunk = malloc((size_t)n_ctx * sizeof(int32_t));
+            double *nll = malloc((size_t)n_ctx * sizeof(double)), sum = 0;
+            int64_t count = 0;
+            double t0p = now();
+            for (int i = 0; i < n_chunk && chunk && nll; i++) {
+                memcpy(chunk, ids + (size_t)i * n_ctx, (size_t)n_ctx * sizeof(int32_t));
+                if (add_bos) chunk[0] = qf_tokenizer_bos(tkz);
+                qf_context_kv_clear(c);
+                /* rows first .. n_ctx-2 predict tokens first+1 .. n_ctx-1; the last row is not scored */
+                if (qf_cuda_decode_nll(c, chunk, n_ctx - 1, 0, first, ids + (size_t)i * n_ctx + first + 1, nll, &err)) {
+                    fprintf(stderr, "bench_gpu: gpu ppl: %s\n", err.msg);
+                    break;
+                }
+                for (int k = 0; k < n_score; k++) sum += nll[k];
+                count += n_score;
+            }
+            double dtp = now() - t0p;
+            if (count == (int64_t)n_chunk * n_score) {
+                double ppl = exp(sum / (double)count);
+                printf("PPL pass, GPU log-softmax (qf_cuda_decode_nll, %d chunks): PPL %.4f (rel. diff to qf_perplexity %.2e), %.0f tok/s\n",
+                       n_chunk, ppl, fabs(ppl - res.ppl) / res.ppl, (double)n_chunk * n_ctx / dtp);
+            }
+            free(chunk), free(nll);
+        }
+        free(ids);
+#endif
     }
     free(text), free(toks), free(logits);
     qf_context_free(c);

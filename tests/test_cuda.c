@@ -247,7 +247,8 @@ TEST(op_kv_cache) {
 
 TEST(op_attention) {
     NEED_GPU();
-    struct { int n, pos0, nh, nkv, hd; } cases[] = {{7, 20, 8, 2, 64}, {1, 300, 4, 4, 128}, {33, 0, 8, 4, 8}, {16, 5, 6, 2, 256}};
+    struct { int n, pos0, nh, nkv, hd; } cases[] = {{7, 20, 8, 2, 64}, {1, 300, 4, 4, 128}, {33, 0, 8, 4, 8}, {16, 5, 6, 2, 256},
+                 {130, 70, 8, 2, 128}, {100, 0, 14, 2, 64}, {40, 3, 4, 1, 96}};
     qf_kv_mode modes[] = {QF_KV_F32, QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (int mi = 0; mi < (getenv("QF_CUDA_KV_QUANT") ? 4 : 2); mi++) {
@@ -293,6 +294,13 @@ TEST(op_attention) {
             double e = nmse(got, ref, (size_t)n * Dq);
             printf("  attention n=%d pos0=%d heads %d/%d hd %d kv %-4s nmse %.3g\n", n, pos0, nh, nkv, hd, qf_kv_mode_name(mode), e);
             CHECK_MSG(e <= 1e-10, "attention kv %s nmse %g", qf_kv_mode_name(mode), e);
+            if (mode == QF_KV_F16) { /* the tensor-core route prefill takes: Q and P in f16 */
+                CHECK_MSG(qf_cuda_op_attention_route(q, k, v, n, pos0, nh, nkv, hd, mode, true, got, &err) == QF_OK, "%s",
+                          err.msg);
+                e = nmse(got, ref, (size_t)n * Dq);
+                printf("  attention flash (tensor cores)            nmse %.3g\n", e);
+                CHECK_MSG(e <= 2e-6, "flash attention nmse %g", e);
+            }
             free(q), free(k), free(v), free(kq), free(vq), free(ref), free(got), free(S), free(blk);
         }
 }

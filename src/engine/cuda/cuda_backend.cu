@@ -434,6 +434,199 @@ __global__ void k_attention(const float *q, const uint8_t *K, const uint8_t *V, 
     }
 }
 
+/* ---- PPL scoring: -log softmax(logits[r])[target[r]], one block per row, as ppl.c's
+ * log_softmax_tok: f32 max, sum of expf(l - max) accumulated in double ---- */
+__global__ void k_nll(const float *logits, int V, const int32_t *tgt, double *nll) {
+    const float *l = logits + (size_t)blockIdx.x * V;
+    __shared__ float smx[32];
+    __shared__ double ssum[32];
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, l[i]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (threadIdx.x % 32 == 0) smx[threadIdx.x / 32] = mx;
+    __syncthreads();
+    mx = smx[0];
+    for (int w = 1; w < (int)blockDim.x / 32; w++) mx = fmaxf(mx, smx[w]);
+    double sum = 0;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) sum += (double)expf(l[i] - mx);
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (threadIdx.x % 32 == 0) ssum[threadIdx.x / 32] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0;
+        for (int w = 0; w < (int)blockDim.x / 32; w++) t += ssum[w];
+        nll[blockIdx.x] = -((double)(l[tgt[blockIdx.x]] - mx) - log(t));
+    }
+}
+
+/* ---- flash attention on tensor cores (f16 KV cache, prefill) ----
+ * One block of 4 warps per (64 rows, kv head). The rows of a kv head are its (query, head of
+ * the group) pairs, r = i * G + g, so the K/V tile in shared memory serves the whole GQA group.
+ * Each warp owns 16 rows: S = Q K^T and O += P V run as mma.sync m16n8k16 (f16 inputs, f32
+ * accumulation) with Q and P rounded to f16; the online softmax (running max, exp2, sum) is in
+ * f32. Tiles past the block's last query are never loaded (causal skip); head_dim is zero-
+ * padded to HDP (64, 128 or 256). */
+__device__ static inline uint32_t pack_h2(float a, float b) {
+    __half2 h = __floats2half2_rn(a, b);
+    uint32_t u;
+    memcpy(&u, &h, 4);
+    return u;
+}
+__device__ static inline void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int HDP, int BC>
+__global__ void __launch_bounds__(128) k_flash_f16(const float *q, const __half *K, const __half *V, int n, int pos0,
+                                                   int n_head, int n_head_kv, int hd, float scale_log2, float *out) {
+    constexpr int LD = HDP + 8; /* padded row: conflict-free fragment loads */
+    __shared__ __align__(16) __half sK[BC * LD];
+    __shared__ __align__(16) __half sV[BC * LD];
+    const int kvh = blockIdx.y, G = n_head / n_head_kv;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane >> 2, tig = lane & 3;
+    const int R = n * G, rb0 = blockIdx.x * 64;
+    const int i_lo = rb0 / G, i_hi = (min(R, rb0 + 64) - 1) / G;
+    const int kmax = pos0 + i_hi; /* last key any row of the block sees */
+    const int nc = (hd + 15) / 16;
+    /* this thread's two rows */
+    int rowi[2], rowh[2], lim[2];
+    bool ok[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int r = rb0 + warp * 16 + gq + 8 * u;
+        ok[u] = r < R;
+        const int rr = ok[u] ? r : R - 1;
+        rowi[u] = rr / G;
+        rowh[u] = kvh * G + rr % G;
+        lim[u] = pos0 + rowi[u];
+    }
+    uint32_t qa[HDP / 16][4];
+#pragma unroll
+    for (int c = 0; c < HDP / 16; c++) {
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++)
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int d = c * 16 + hi * 8 + tig * 2;
+                const float *qp = q + ((size_t)rowi[u] * n_head + rowh[u]) * hd;
+                const float x0 = ok[u] && d < hd ? qp[d] : 0.0f, x1 = ok[u] && d + 1 < hd ? qp[d + 1] : 0.0f;
+                qa[c][hi * 2 + u] = pack_h2(x0, x1);
+            }
+    }
+    float o[HDP / 8][4];
+#pragma unroll
+    for (int j = 0; j < HDP / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+    const bool vec = (hd % 8) == 0;
+    for (int j0 = 0; j0 <= kmax; j0 += BC) {
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < BC * (HDP / 8); idx += 128) {
+            const int key = idx / (HDP / 8), d = (idx % (HDP / 8)) * 8, t = j0 + key;
+            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
+            if (t <= kmax && d < hd) {
+                const size_t off = ((size_t)t * n_head_kv + kvh) * hd + d;
+                if (vec) {
+                    kv4 = *(const uint4 *)(K + off);
+                    vv4 = *(const uint4 *)(V + off);
+                } else {
+                    __half kh[8], vh[8];
+                    for (int e = 0; e < 8; e++) {
+                        kh[e] = d + e < hd ? K[off + e] : __float2half(0.0f);
+                        vh[e] = d + e < hd ? V[off + e] : __float2half(0.0f);
+                    }
+                    memcpy(&kv4, kh, 16);
+                    memcpy(&vv4, vh, 16);
+                }
+            }
+            *(uint4 *)(sK + key * LD + d) = kv4;
+            *(uint4 *)(sV + key * LD + d) = vv4;
+        }
+        __syncthreads();
+        float s[BC / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            const __half *kr = sK + (nt * 8 + gq) * LD + tig * 2;
+#pragma unroll
+            for (int c = 0; c < HDP / 16; c++)
+                if (c < nc) mma16816(s[nt], qa[c], *(const uint32_t *)(kr + c * 16), *(const uint32_t *)(kr + c * 16 + 8));
+        }
+        const bool mask = j0 + BC - 1 > pos0 + i_lo;
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int u = e >> 1, key = j0 + nt * 8 + tig * 2 + (e & 1);
+                float v = s[nt][e] * scale_log2;
+                if (mask && key > lim[u]) v = -INFINITY;
+                s[nt][e] = v;
+                mx[u] = fmaxf(mx[u], v);
+            }
+        float corr[2];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            mx[u] = fmaxf(mx[u], __shfl_xor_sync(0xffffffffu, mx[u], 1));
+            mx[u] = fmaxf(mx[u], __shfl_xor_sync(0xffffffffu, mx[u], 2));
+            const float mn = fmaxf(mrow[u], mx[u]);
+            corr[u] = exp2f(mrow[u] - mn); /* first tile: exp2(-inf) = 0 */
+            mrow[u] = mn;
+            lrow[u] *= corr[u];
+        }
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int u = e >> 1;
+                const float p = exp2f(s[nt][e] - mrow[u]);
+                s[nt][e] = p;
+                lrow[u] += p;
+            }
+#pragma unroll
+        for (int j = 0; j < HDP / 8; j++) {
+            o[j][0] *= corr[0], o[j][1] *= corr[0];
+            o[j][2] *= corr[1], o[j][3] *= corr[1];
+        }
+#pragma unroll
+        for (int kc = 0; kc < BC / 16; kc++) {
+            uint32_t pa[4] = {pack_h2(s[2 * kc][0], s[2 * kc][1]), pack_h2(s[2 * kc][2], s[2 * kc][3]),
+                              pack_h2(s[2 * kc + 1][0], s[2 * kc + 1][1]), pack_h2(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+            const int mi = lane >> 3, key = kc * 16 + (lane & 7) + (mi & 1) * 8;
+#pragma unroll
+            for (int dp = 0; dp < HDP / 16; dp++) {
+                if (dp >= nc) continue;
+                const unsigned addr = (unsigned)__cvta_generic_to_shared(sV + key * LD + dp * 16 + (mi >> 1) * 8);
+                uint32_t b0, b1, b2, b3;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                             : "r"(addr));
+                mma16816(o[2 * dp], pa, b0, b1);
+                mma16816(o[2 * dp + 1], pa, b2, b3);
+            }
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        lrow[u] += __shfl_xor_sync(0xffffffffu, lrow[u], 1);
+        lrow[u] += __shfl_xor_sync(0xffffffffu, lrow[u], 2);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        if (!ok[u]) continue;
+        const float inv = 1.0f / lrow[u];
+        float *op = out + ((size_t)rowi[u] * n_head + rowh[u]) * hd;
+#pragma unroll
+        for (int j = 0; j < HDP / 8; j++) {
+            const int d = j * 8 + tig * 2;
+            if (d < hd) op[d] = o[j][2 * u] * inv;
+            if (d + 1 < hd) op[d + 1] = o[j][2 * u + 1] * inv;
+        }
+    }
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* context                                                                                   */
 
@@ -442,6 +635,7 @@ typedef struct {
     int64_t ne0, ne1;
     size_t row_bytes;
     uint8_t *d;
+    __half *h16;           /* prefill: persistent f16 copy of a quantized weight (f16 cache), or NULL */
 } dweight;
 
 typedef struct {
@@ -461,12 +655,19 @@ struct qf_cuda_ctx {
     size_t kv_layer_bytes[2];
     int n_ctx, n_batch;
     bool gemm_f32;
+    bool attn_warp;        /* QF_CUDA_ATTN=warp: the one-warp-per-(query, head) kernel for prefill too */
+    bool f16_cache;        /* quantized weights keep an f16 copy for prefill GEMMs (QF_CUDA_F16_CACHE=0: off) */
+    size_t f16_cache_bytes;
     /* device scratch */
     float *x, *xn, *q, *k, *v, *att, *hb, *hb2, *logits, *rcos, *rsin;
     void *wdeq;            /* dequantized weight (f16 or f32) */
     size_t wdeq_bytes;
     __half *xh;            /* f16 activations for the f16 gemm */
-    int32_t *tok;
+    int32_t *tok, *tgt;
+    double *nll;           /* [n_batch] per-row NLL of the PPL scoring kernel */
+    float *h_pin;          /* pinned staging for the logits copy (2 halves), or NULL */
+    size_t pin_bytes;
+    cudaEvent_t pin_ev[2];
     /* host */
     float *h_cos, *h_sin, *h_k, *h_v, *h_act, *rope_ff;
     size_t weight_bytes, kv_bytes, scratch_bytes;
@@ -544,7 +745,8 @@ done:
 
 static void free_weight(dweight *w) {
     if (w->d) cudaFree(w->d);
-    w->d = NULL;
+    if (w->h16) cudaFree(w->h16);
+    w->d = NULL, w->h16 = NULL;
 }
 
 #define PROF_MAX_EV 4096
@@ -588,12 +790,17 @@ extern "C" void qf_cuda_ctx_free(qf_cuda_ctx *g) {
         free(g->layers);
     }
     if (g->output.d != g->tok_embd.d) free_weight(&g->output);
+    else if (g->output.h16) cudaFree(g->output.h16); /* tied: only the f16 cache is the output's own */
     free_weight(&g->tok_embd);
     void *bufs[] = {g->output_norm, g->kv[0], g->kv[1], g->x, g->xn, g->q, g->k, g->v, g->att, g->hb,
-                    g->hb2, g->logits, g->rcos, g->rsin, g->wdeq, g->xh, g->tok};
+                    g->hb2, g->logits, g->rcos, g->rsin, g->wdeq, g->xh, g->tok, g->tgt, g->nll};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     if (g->blas) cublasDestroy(g->blas);
+    if (g->h_pin) {
+        cudaFreeHost(g->h_pin);
+        cudaEventDestroy(g->pin_ev[0]), cudaEventDestroy(g->pin_ev[1]);
+    }
     free(g->h_cos), free(g->h_sin), free(g->h_k), free(g->h_v), free(g->h_act), free(g->rope_ff);
     free(g);
 }
@@ -629,6 +836,9 @@ extern "C" qf_status qf_cuda_ctx_new(qf_context *c, qf_cuda_ctx **out, qf_error 
     g->n_batch = c->n_batch;
     const char *gm = getenv("QF_CUDA_GEMM");
     g->gemm_f32 = gm && strcmp(gm, "f32") == 0;
+    const char *am = getenv("QF_CUDA_ATTN");
+    g->attn_warp = am && strcmp(am, "warp") == 0;
+    g->f16_cache = !(getenv("QF_CUDA_F16_CACHE") && atoi(getenv("QF_CUDA_F16_CACHE")) == 0);
     const int D = hp->n_embd, F = hp->n_ff, Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim,
               B = c->n_batch, half = hp->n_rot / 2;
     const size_t V = (size_t)hp->n_vocab;
@@ -701,6 +911,17 @@ extern "C" qf_status qf_cuda_ctx_new(qf_context *c, qf_cuda_ctx **out, qf_error 
         CK(cudaMalloc((void **)&g->rsin, (size_t)B * half * 4 + 4));
         CK(cudaMalloc((void **)&g->xh, (size_t)B * maxK * 2)); sc += (size_t)B * maxK * 2;
         CK(cudaMalloc((void **)&g->tok, (size_t)B * 4));
+        CK(cudaMalloc((void **)&g->tgt, (size_t)B * 4));
+        CK(cudaMalloc((void **)&g->nll, (size_t)B * 8));
+        /* pinned staging for logits copies of more than one row: 2 x 16 MiB */
+        if (B > 1 && cudaMallocHost((void **)&g->h_pin, (size_t)32 << 20) == cudaSuccess) {
+            g->pin_bytes = (size_t)32 << 20;
+            CK(cudaEventCreateWithFlags(&g->pin_ev[0], cudaEventDisableTiming));
+            CK(cudaEventCreateWithFlags(&g->pin_ev[1], cudaEventDisableTiming));
+        } else {
+            cudaGetLastError();
+            g->h_pin = NULL;
+        }
         g->wdeq_bytes = max_w * (g->gemm_f32 ? 4 : 2);
         CK(cudaMalloc(&g->wdeq, g->wdeq_bytes)); sc += g->wdeq_bytes;
         g->scratch_bytes = sc;
@@ -746,6 +967,7 @@ extern "C" void qf_cuda_ctx_info(const qf_cuda_ctx *g, qf_cuda_info *out) {
     out->weight_bytes = g->weight_bytes;
     out->kv_bytes = g->kv_bytes;
     out->scratch_bytes = g->scratch_bytes;
+    out->f16_cache_bytes = g->f16_cache_bytes;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -779,7 +1001,8 @@ static qf_status dev_matmul(cublasHandle_t blas, const dweight *w, const float *
         CKB(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, K, x, K, &beta, y, N));
     } else {
         const __half *W = (const __half *)w->d;
-        if (w->type != QF_TYPE_F16) {
+        if (w->h16) W = w->h16;
+        else if (w->type != QF_TYPE_F16) {
             launch_dequant(w, wdeq, false);
             W = (const __half *)wdeq;
         }
@@ -796,8 +1019,27 @@ done:
     return st;
 }
 
+/* flash route: f16 K and V, head_dim <= 256 */
+static bool flash_ok(qf_kv_mode mk, qf_kv_mode mv, int hd) { return mk == QF_KV_F16 && mv == QF_KV_F16 && hd <= 256; }
+
+static void launch_flash(const float *q, const uint8_t *K, const uint8_t *V, int n, int pos0, int n_head, int n_head_kv,
+                         int hd, float *out) {
+    const float scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+    const int G = n_head / n_head_kv;
+    dim3 grid(nblk((size_t)n * G, 64), (unsigned)n_head_kv);
+    const __half *Kh = (const __half *)K, *Vh = (const __half *)V;
+    if (hd <= 64) k_flash_f16<64, 64><<<grid, 128>>>(q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out);
+    else if (hd <= 128) k_flash_f16<128, 64><<<grid, 128>>>(q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out);
+    else k_flash_f16<256, 32><<<grid, 128>>>(q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out);
+}
+
 static void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
-                             size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out) {
+                             size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
+                             bool flash) {
+    if (flash && flash_ok(mk, mv, hd)) {
+        launch_flash(q, K, V, n, pos0, n_head, n_head_kv, hd, out);
+        return;
+    }
     const size_t warps = (size_t)n * n_head;
     const float scale = 1.0f / sqrtf((float)hd);
 #define QF_ATT(MK, MV) k_attention<MK, MV><<<nblk(warps, 4), 128>>>(q, K, V, rbk, rbv, n, pos0, n_head, n_head_kv, hd, scale, out)
@@ -828,6 +1070,29 @@ static void launch_kv_write(qf_kv_mode mode, const float *src, int64_t rows, int
 /* ---------------------------------------------------------------------------------------- */
 /* the forward pass                                                                          */
 
+/* f16 cache: on the first prefill GEMM of a quantized weight, dequantize it once into a
+ * persistent f16 matrix (the same k_dequant as the per-call route, so the GEMM sees identical
+ * values) while at least 2 GiB of device memory stay free; otherwise keep dequantizing per call. */
+static void ensure_h16(qf_cuda_ctx *g, dweight *w, int n) {
+    if (!g->f16_cache || g->gemm_f32 || n <= MATVEC_MAX || w->h16 || !w->d || w->type == QF_TYPE_F16 ||
+        w->type == QF_TYPE_F32)
+        return;
+    const size_t bytes = (size_t)w->ne0 * w->ne1 * 2;
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess || fr < bytes + ((size_t)2 << 30)) {
+        g->f16_cache = false;
+        return;
+    }
+    if (cudaMalloc((void **)&w->h16, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        w->h16 = NULL;
+        g->f16_cache = false;
+        return;
+    }
+    launch_dequant(w, w->h16, false);
+    g->f16_cache_bytes += bytes;
+}
+
 /* copy a device activation to the host and hand it to the tap */
 static qf_status tap_act(qf_cuda_ctx *g, const qf_tap *tap, int il, qf_act_site site, int n, int dim, const float *d,
                          qf_error *err) {
@@ -839,8 +1104,57 @@ done:
     return st;
 }
 
+/* device logits -> pageable host memory through the pinned staging buffer: the copy of one
+ * half overlaps the host memcpy of the other */
+static cudaError_t copy_logits(qf_cuda_ctx *g, float *dst, const float *src, size_t bytes) {
+    if (!g->h_pin || bytes <= ((size_t)1 << 20)) return cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+    const size_t half = g->pin_bytes / 2;
+    uint8_t *pin = (uint8_t *)g->h_pin, *d = (uint8_t *)dst;
+    const uint8_t *sp = (const uint8_t *)src;
+    size_t off[2] = {0, 0}, len[2] = {0, 0}, next = 0;
+    cudaError_t e = cudaSuccess;
+    int b = 0;
+    for (int k = 0; k < 2 && next < bytes; k++) { /* prime both halves */
+        off[k] = next, len[k] = bytes - next < half ? bytes - next : half;
+        if ((e = cudaMemcpyAsync(pin + k * half, sp + off[k], len[k], cudaMemcpyDeviceToHost, 0))) return e;
+        if ((e = cudaEventRecord(g->pin_ev[k], 0))) return e;
+        next += len[k];
+    }
+    while (len[b]) {
+        if ((e = cudaEventSynchronize(g->pin_ev[b]))) return e;
+        memcpy(d + off[b], pin + b * half, len[b]);
+        len[b] = 0;
+        if (next < bytes) {
+            off[b] = next, len[b] = bytes - next < half ? bytes - next : half;
+            if ((e = cudaMemcpyAsync(pin + b * half, sp + off[b], len[b], cudaMemcpyDeviceToHost, 0))) return e;
+            if ((e = cudaEventRecord(g->pin_ev[b], 0))) return e;
+            next += len[b];
+        }
+        b ^= 1;
+    }
+    return cudaSuccess;
+}
+
+static qf_status cuda_forward(qf_context *c, qf_cuda_ctx *g, const int32_t *tokens, int n, int pos0, float *logits,
+                              int logits_from, const int32_t *targets, double *nll, qf_error *err);
+
 extern "C" qf_status qf_cuda_decode(qf_context *c, qf_cuda_ctx *g, const int32_t *tokens, int n, int pos0,
                                     float *logits, int logits_from, qf_error *err) {
+    return cuda_forward(c, g, tokens, n, pos0, logits, logits_from, NULL, NULL, err);
+}
+
+extern "C" qf_status qf_cuda_decode_nll(qf_context *c, const int32_t *tokens, int n, int pos0, int from,
+                                        const int32_t *targets, double *nll, qf_error *err) {
+    if (!c->gpu) return qf_fail(err, QF_ERR_DEVICE, "decode_nll: the context does not run on the GPU");
+    if (from < 0 || from >= n) return qf_fail(err, QF_ERR_ARG, "decode_nll: first scored row %d outside [0, %d)", from, n);
+    for (int r = from; r < n; r++)
+        if (targets[r - from] < 0 || targets[r - from] >= c->model->hp.n_vocab)
+            return qf_fail(err, QF_ERR_ARG, "decode_nll: target token %d out of range", targets[r - from]);
+    return cuda_forward(c, c->gpu, tokens, n, pos0, NULL, from, targets, nll, err);
+}
+
+static qf_status cuda_forward(qf_context *c, qf_cuda_ctx *g, const int32_t *tokens, int n, int pos0, float *logits,
+                              int logits_from, const int32_t *targets, double *nll, qf_error *err) {
     const qf_model *m = c->model;
     const qf_hparams *hp = &m->hp;
     const int D = hp->n_embd, hd = hp->head_dim, Dq = hp->n_head * hd, Dkv = hp->n_head_kv * hd, F = hp->n_ff,
@@ -872,7 +1186,11 @@ extern "C" qf_status qf_cuda_decode(qf_context *c, qf_cuda_ctx *g, const int32_t
                      (k_embed<TT><<<nblk((size_t)n * (D / 32), 128), 128>>>(g->tok_embd.d, g->tok_embd.row_bytes, g->tok, n, D, g->x)));
 
     for (int il = 0; il < hp->n_layer; il++) {
-        const dlayer *L = &g->layers[il];
+        dlayer *L = &g->layers[il];
+        {
+            dweight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
+            for (int i = 0; i < 7; i++) ensure_h16(g, ws[i], n);
+        }
         k_rmsnorm<<<n, 256>>>(g->x, L->attn_norm, D, hp->rms_eps, g->xn);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_IN, n, D, g->xn, err))) goto done;
         prof_mark(g, 0);
@@ -897,7 +1215,7 @@ extern "C" qf_status qf_cuda_decode(qf_context *c, qf_cuda_ctx *g, const int32_t
         launch_kv_write(g->kv_mode[0], g->k, (int64_t)n * nkv, hd, g->kv_rb[0], Kc + (size_t)pos0 * nkv * g->kv_rb[0]);
         launch_kv_write(g->kv_mode[1], g->v, (int64_t)n * nkv, hd, g->kv_rb[1], Vc + (size_t)pos0 * nkv * g->kv_rb[1]);
         launch_attention(g->kv_mode[0], g->kv_mode[1], g->q, Kc, Vc, g->kv_rb[0], g->kv_rb[1], n, pos0, hp->n_head, nkv, hd,
-                         g->att);
+                         g->att, n > MATVEC_MAX && !g->attn_warp);
         prof_mark(g, 2);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_OUT, n, Dq, g->att, err))) goto done;
         if ((st = dev_matmul(g->blas, &L->wo, g->att, n, g->x, true, route, g->wdeq, g->xh, err))) goto done;
@@ -920,11 +1238,18 @@ extern "C" qf_status qf_cuda_decode(qf_context *c, qf_cuda_ctx *g, const int32_t
         st = cuda_fail(err, le, "forward kernels");
         goto done;
     }
-    if (logits && logits_from < n) {
+    if ((logits || nll) && logits_from < n) {
         int first = logits_from < 0 ? 0 : logits_from, n_out = n - first;
         k_rmsnorm<<<n_out, 256>>>(g->x + (size_t)first * D, g->output_norm, D, hp->rms_eps, g->xn);
+        ensure_h16(g, &g->output, n_out);
         if ((st = dev_matmul(g->blas, &g->output, g->xn, n_out, g->logits, false, route, g->wdeq, g->xh, err))) goto done;
-        CK(cudaMemcpy(logits, g->logits, (size_t)n_out * hp->n_vocab * 4, cudaMemcpyDeviceToHost));
+        if (nll) {
+            CK(cudaMemcpy(g->tgt, targets, (size_t)n_out * 4, cudaMemcpyHostToDevice));
+            k_nll<<<n_out, 1024>>>(g->logits, hp->n_vocab, g->tgt, g->nll);
+            CK(cudaGetLastError());
+            CK(cudaMemcpy(nll, g->nll, (size_t)n_out * 8, cudaMemcpyDeviceToHost));
+        }
+        if (logits) CK(copy_logits(g, logits, g->logits, (size_t)n_out * hp->n_vocab * 4));
         prof_mark(g, 3);
     } else {
         CK(cudaDeviceSynchronize());
@@ -1032,7 +1357,14 @@ extern "C" qf_status qf_cuda_op_silu_mul(const float *gt, const float *u, size_t
 
 extern "C" qf_status qf_cuda_op_attention(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
                                           int n_head_kv, int hd, qf_kv_mode mode, float *out, qf_error *err) {
+    return qf_cuda_op_attention_route(q, k, v, n, pos0, n_head, n_head_kv, hd, mode, false, out, err);
+}
+
+extern "C" qf_status qf_cuda_op_attention_route(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
+                                                int n_head_kv, int hd, qf_kv_mode mode, bool flash, float *out, qf_error *err) {
     size_t rb = kv_row_bytes(mode, hd);
+    if (flash && !flash_ok(mode, mode, hd))
+        return qf_fail(err, QF_ERR_DEVICE, "CUDA op: flash attention needs an f16 cache and head_dim <= 256");
     if (!rb || hd > HD_MAX) return qf_fail(err, QF_ERR_DEVICE, "CUDA op: kv mode %s / head_dim %d not supported", qf_kv_mode_name(mode), hd);
     dallocs a = {};
     const int T = pos0 + n;
@@ -1044,7 +1376,7 @@ extern "C" qf_status qf_cuda_op_attention(const float *q, const float *k, const 
     OP_NEED(dq && dk && dv && ck && cv && dout);
     launch_kv_write(mode, dk, (int64_t)rows, hd, rb, ck);
     launch_kv_write(mode, dv, (int64_t)rows, hd, rb, cv);
-    launch_attention(mode, mode, dq, ck, cv, rb, rb, n, pos0, n_head, n_head_kv, hd, dout);
+    launch_attention(mode, mode, dq, ck, cv, rb, rb, n, pos0, n_head, n_head_kv, hd, dout, flash);
     return op_finish(&a, out, dout, (size_t)n * n_head * hd * 4, err);
 }
 
@@ -1075,4 +1407,48 @@ extern "C" qf_status qf_cuda_op_kv_roundtrip(qf_kv_mode mode, const float *x, in
         return qf_fail(err, QF_ERR_DEVICE, "CUDA op: copy failed");
     }
     return op_finish(&a, out, dout, (size_t)rows * hd * 4, err);
+}
+
+/* GEMM microbenchmark for bench_gpu: y[M][N] = x[M][K] . W[N][K]^T as the prefill route runs
+ * it (cublasGemmEx, f16 inputs, CUBLAS_COMPUTE_32F), with f32 or f16 output; mean ms over
+ * iters after a warm-up. Inputs are small random values. */
+__global__ void k_fill_h(__half *p, size_t n, uint32_t seed) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        p[i] = __float2half(((h & 0xFFFF) / 65536.0f - 0.5f) * 0.1f);
+    }
+}
+extern "C" qf_status qf_cuda_bench_gemm(int M, int N, int K, int out_f16, int iters, double *ms, qf_error *err) {
+    qf_status st = QF_OK;
+    cublasHandle_t blas = NULL;
+    __half *W = NULL, *X = NULL;
+    void *Y = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    const float one = 1.0f, zero = 0.0f;
+    float t = 0;
+    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return qf_fail(err, QF_ERR_DEVICE, "cublasCreate failed");
+    CK(cudaMalloc((void **)&W, (size_t)N * K * 2));
+    CK(cudaMalloc((void **)&X, (size_t)M * K * 2));
+    CK(cudaMalloc(&Y, (size_t)M * N * 4));
+    k_fill_h<<<nblk((size_t)N * K, 256), 256>>>(W, (size_t)N * K, 1);
+    k_fill_h<<<nblk((size_t)M * K, 256), 256>>>(X, (size_t)M * K, 2);
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int it = -2; it < iters; it++) {
+        if (it == 0) CK(cudaEventRecord(e0, 0));
+        CKB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, W, CUDA_R_16F, K, X, CUDA_R_16F, K, &zero, Y,
+                         out_f16 ? CUDA_R_16F : CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    CK(cudaEventRecord(e1, 0));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    *ms = t / iters;
+done:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(W), cudaFree(X), cudaFree(Y);
+    cublasDestroy(blas);
+    return st;
 }

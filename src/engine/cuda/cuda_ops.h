@@ -35,15 +35,31 @@ qf_status qf_cuda_op_silu_mul(const float *g, const float *u, size_t n, float *o
  * cache in `mode`: f32, f16, q8_0, q4_0), out[n][n_head][hd]. */
 qf_status qf_cuda_op_attention(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
                                int n_head_kv, int hd, qf_kv_mode mode, float *out, qf_error *err);
+/* The same with the route chosen: flash = the tensor-core kernel prefill uses (f16 cache only,
+ * head_dim <= 256; Q and P rounded to f16, f32 accumulation), else the one-warp-per-(query,
+ * head) f32 kernel. */
+qf_status qf_cuda_op_attention_route(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
+                                     int n_head_kv, int hd, qf_kv_mode mode, bool flash, float *out, qf_error *err);
 
 /* Write rows x hd floats into a GPU cache of `mode` and read them back: the stored bytes
  * (rows x row bytes, ggml layout) and their f32 values as the attention kernel sees them. */
 qf_status qf_cuda_op_kv_roundtrip(qf_kv_mode mode, const float *x, int64_t rows, int hd, void *bytes, float *out,
                                   qf_error *err);
 
+/* The PPL pass on the GPU: decode tokens[0..n) at pos0 like qf_decode, then score rows
+ * [from, n) without copying logits to the host: nll[r - from] = -log softmax(logits[r])
+ * [targets[r - from]], computed as ppl.c's log_softmax_tok (f32 max, double sum of expf).
+ * c must run on the GPU (c->gpu). This is what qf_perplexity needs from the device when it
+ * does not keep logits (no KL divergence). */
+qf_status qf_cuda_decode_nll(qf_context *c, const int32_t *tokens, int n, int pos0, int from, const int32_t *targets,
+                             double *nll, qf_error *err);
+
+/* Time cublasGemmEx y[M][N] = x[M][K] W[N][K]^T (f16 in, f32 accumulate, f32 or f16 out): mean ms. */
+qf_status qf_cuda_bench_gemm(int M, int N, int K, int out_f16, int iters, double *ms, qf_error *err);
+
 /* Bytes of weights the context holds on the GPU and the route counters (for the bench). */
 typedef struct {
-    size_t weight_bytes, kv_bytes, scratch_bytes;
+    size_t weight_bytes, kv_bytes, scratch_bytes, f16_cache_bytes;
 } qf_cuda_info;
 struct qf_cuda_ctx;
 void qf_cuda_ctx_info(const struct qf_cuda_ctx *g, qf_cuda_info *out);
