@@ -10,9 +10,13 @@
  *   f32 activations, one warp per output row;
  *   RMSNorm, RoPE (NORM and NEOX, cos/sin tables computed on the host by the same f32 theta
  *   recurrence as forward.c's rope_tables), bias, SiLU*up and residuals are small kernels;
- *   attention is one warp per (query, head): q k^T, causal online softmax and the V sum in
- *   one pass over the cache, which lives on the GPU in f32, f16, q8_0 or q4_0 (ggml blocks
- *   quantized on the GPU with ggml's reference rounding);
+ *   prefill attention over an f16 cache is a flash-attention kernel on tensor cores
+ *   (k_flash_f16: mma.sync f16 x f16 -> f32, K/V tiles shared by a GQA group, causal tiles
+ *   skipped); decode and other caches use one warp per (query, head): q k^T, causal online
+ *   softmax and the V sum in one pass over the cache, which lives on the GPU in f32, f16, q8_0
+ *   or q4_0 (ggml blocks quantized on the GPU with ggml's reference rounding);
+ *   quantized weights keep a persistent f16 copy for prefill GEMMs (f16 cache, memory
+ *   permitting); qf_cuda_decode_nll scores PPL rows on the GPU (log-softmax, NLL);
  *   with a tap set, K (post-RoPE), V and the activation sites are read back to the host and
  *   handed to the tap in forward.c's layout. */
 #include <cublas_v2.h>
