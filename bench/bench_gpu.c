@@ -167,6 +167,7 @@ int main(int argc, char **argv) {
         }
     }
 #endif
+    (void)gemm; /* --gemm needs the CUDA backend */
     double best_p = 1e30, best_a = 1e30, sum_p = 0, sum_a = 0;
     for (int ch = 0; ch < chunks; ch++) {
         const int32_t *tk = toks + (size_t)ch * n_ctx;
