@@ -12,6 +12,9 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#ifdef QF_HAVE_CUDA
+#include "engine/cuda/cuda_ops.h"
+#endif
 #include "qforge/ppl.h"
 #include "util/util.h"
 
@@ -69,6 +72,14 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     }
     double nll = 0, nll2 = 0;
     int64_t count = 0;
+#ifdef QF_HAVE_CUDA
+    double *gpu_nll = c->gpu ? malloc((size_t)n_score * sizeof(double)) : NULL;
+    if (c->gpu && !gpu_nll) {
+        free(logits), free(chunk);
+        kld_end(&kl);
+        return qf_fail(err, QF_ERR_NOMEM, "perplexity: out of memory");
+    }
+#endif
     qf_progress bar;
     if (p->progress) qf_progress_begin(&bar, "ppl", n_chunk);
     double t0 = qf_now_sec();
@@ -76,6 +87,18 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
         memcpy(chunk, tokens + (size_t)i * n_ctx, (size_t)n_ctx * sizeof(int32_t));
         if (add_bos) chunk[0] = qf_tokenizer_bos(m->tok);
         qf_context_kv_clear(c);
+        const int32_t *next = tokens + (size_t)i * n_ctx + first + 1;
+#ifdef QF_HAVE_CUDA
+        /* on the GPU without KL divergence the scores are computed on the device: no logits
+         * cross to the host (the same log-softmax as log_softmax_tok) */
+        if (c->gpu && !kl.reading && !kl.writing && n_batch >= n_ctx) {
+            st = qf_cuda_decode_nll(c, chunk, n_ctx - 1, 0, first, next, gpu_nll, err);
+            if (st) break;
+            for (int k = 0; k < n_score; k++) nll += gpu_nll[k], nll2 += gpu_nll[k] * gpu_nll[k];
+            count += n_score;
+            goto chunk_done;
+        }
+#endif
         for (int j = 0; j < n_ctx && !st; j += n_batch) {
             int bs = n_ctx - j < n_batch ? n_ctx - j : n_batch;
             int from = first - j > 0 ? first - j : 0; /* first batch row that needs logits */
@@ -83,7 +106,6 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
             st = qf_decode(c, chunk + j, bs, j, dst, from, err);
         }
         if (st) break;
-        const int32_t *next = tokens + (size_t)i * n_ctx + first + 1;
         for (int k = 0; k < n_score; k++) {
             double v = -log_softmax_tok(logits + (size_t)k * n_vocab, n_vocab, next[k]);
             nll += v;
@@ -91,6 +113,9 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
         }
         count += n_score;
         st = kld_chunk(&kl, logits, next, n_score, err);
+#ifdef QF_HAVE_CUDA
+    chunk_done:
+#endif
         if (p->log) {
             fprintf(p->log, "[%d]%.4lf,", i + 1, exp(nll / (double)count));
             fflush(p->log);
@@ -102,6 +127,9 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     if (p->log) fputc('\n', p->log);
     free(logits);
     free(chunk);
+#ifdef QF_HAVE_CUDA
+    free(gpu_nll);
+#endif
     if (!st) st = kld_finish(&kl, r, err);
     kld_end(&kl);
     if (st) return st;
