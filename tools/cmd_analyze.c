@@ -15,7 +15,7 @@
 static const char *USAGE =
     "qforge analyze -m MODEL [--corpus PATH]... [--builtin] [--atoms N] [--sparsity S] [--iters I]\n"
     "               [--layer-stride L] [--max-per-layer N] [--max-tok N] [-c N] [-t N]\n"
-    "               [--rd 256x4,512x8,...] [--no-cross-check] [--json] [--svg FILE]\n"
+    "               [--rd 256x4,512x8,...] [--no-cross-check] [--device auto|cpu|cuda] [--json] [--svg FILE]\n"
     "  --corpus PATH      calibration text (file or directory; repeatable); default: the built-in demo corpus\n"
     "  --atoms/--sparsity/--iters   the go/no-go dictionary (default 256 / 4 / 20, the seed's)\n"
     "  --layer-stride L   analyse every L-th layer (default 1)\n"
@@ -23,6 +23,8 @@ static const char *USAGE =
     "  --max-tok N        calibration tokens run through the model (default 8192)\n"
     "  --rd LIST          rate-distortion points atoms x sparsity (default 64x2,128x4,256x4,256x8,512x8)\n"
     "  --no-cross-check   skip the reference-route capture of the first window\n"
+    "  --device D         where the capture runs (default auto: the GPU when one is found; K/V are\n"
+    "                     read back from GPU memory); the cross-check always uses the CPU reference\n"
     "  --svg FILE         draw the pooled rate-distortion curves";
 
 static bool parse_rd(const char *s, qf_kv_analysis_params *p) {
@@ -63,6 +65,7 @@ int qf_cmd_analyze(int argc, char **argv) {
     const char *corpora[64];
     int n_corpora = 0, n_ctx = 512, n_threads = 0;
     bool json = false, builtin = false, cross_check = true;
+    qf_device device = QF_DEVICE_AUTO;
     int64_t max_per_layer = 4096, max_tok = 8192;
     qf_kv_analysis_params ap;
     qf_kv_analysis_params_default(&ap);
@@ -112,6 +115,9 @@ int qf_cmd_analyze(int argc, char **argv) {
         } else if ((r = cli_flag_value(argc, argv, &i, "--svg", NULL, &val))) {
             if (r < 0) goto missing;
             svg = val;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--device", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!qf_device_from_name(val, &device)) return cli_usage("analyze", USAGE, "bad --device '%s'", val);
         } else if (!strcmp(a, "--no-cross-check")) {
             cross_check = false;
         } else if (!strcmp(a, "--json")) {
@@ -156,11 +162,14 @@ int qf_cmd_analyze(int argc, char **argv) {
     cp.n_ctx = n_ctx;
     cp.n_threads = n_threads;
     cp.kv_k = cp.kv_v = QF_KV_F32;
+    cp.device = device;
     if (!(c = qf_context_new(m, &cp, &err))) goto fail;
     ap.n_threads = qf_context_params_get(c)->n_threads;
     qf_capture_params capp = {.max_per_layer = max_per_layer, .activations = false, .seed = 1};
     if (!(cap = qf_capture_new(hp, &capp, &err))) goto fail;
-    if (!json) fprintf(stderr, "analyze: %s, calibration split %zu tokens, capturing up to %lld\n", model_path, n_ids, (long long)max_tok);
+    if (!json)
+        fprintf(stderr, "analyze: %s, calibration split %zu tokens, capturing up to %lld on the %s\n", model_path, n_ids,
+                (long long)max_tok, qf_context_device(c) == QF_DEVICE_CUDA ? "GPU (read back)" : "CPU");
     if (qf_capture_run(c, cap, ids, (int64_t)n_ids, n_ctx, max_tok, true, &err)) goto fail;
     double t_capture = qf_now_sec() - t0;
 
@@ -214,6 +223,7 @@ int qf_cmd_analyze(int argc, char **argv) {
                               "int8_bytes_per_token", rep.int8_bytes_per_token, "dict_bytes_per_token",
                               rep.dict_bytes_per_token, "rate_distortion", rd_json(&rep.rd_all), "capture_seconds",
                               t_capture, "seconds", total);
+        json_object_set_new(j, "capture_device", json_string(qf_device_name(qf_context_device(c))));
         if (cross >= 0) {
             json_object_set_new(j, "cross_check_tokens", json_integer(cross_tokens));
             json_object_set_new(j, "cross_check_max_rel_diff", json_real(cross));
@@ -222,8 +232,8 @@ int qf_cmd_analyze(int argc, char **argv) {
     } else {
         qf_kv_report_print(&rep, stdout);
         if (cross >= 0)
-            printf("capture routes: reference vs fast on the first %d tokens: max relative difference %.3e\n", cross_tokens,
-                   cross);
+            printf("capture routes: CPU reference vs %s on the first %d tokens: max relative difference %.3e\n",
+                   qf_context_device(c) == QF_DEVICE_CUDA ? "GPU read-back" : "CPU fast path", cross_tokens, cross);
         printf("verdict: %s (seed rule), %s (strict: best baseline at no more bits)\n", rep.overall_go ? "GO" : "NO-GO",
                rep.overall_go_strict ? "GO" : "NO-GO");
         printf("time: capture %.1f s, total %.1f s\n", t_capture, total);
