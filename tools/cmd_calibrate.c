@@ -10,7 +10,7 @@
 
 static const char *USAGE =
     "qforge calibrate -m MODEL --artifact kv-int8|kv-dict|awq [--corpus PATH]... [--builtin]\n"
-    "                 [--gate G] [--max-kld K] [--min-top1 T] [-c N] [--max-tok N] [--eval-chunks N]\n"
+    "                 [--gate G] [--max-kld K] [--min-top1 T] [-c N] [--max-tok N] [--eval-chunks N] [--device D]\n"
     "                 [-t N] [--sign-key PEM] -o OUT.qfa [--eval-out FILE] [--json]\n"
     "  --corpus PATH     a text file or directory (repeatable); none = the built-in demo corpus\n"
     "  --builtin         add the built-in demo corpus (assets/corpora/kerneldoc-demo)\n"
@@ -21,6 +21,8 @@ static const char *USAGE =
     "  --min-top1 T      also require same-top-1 agreement >= T (fraction)\n"
     "  -c N              capture window and evaluation chunk, tokens (default 256)\n"
     "  --max-tok N       calibration tokens to capture (default 16384; 0 = all)\n"
+    "  --device D        where the capture runs: auto (default: the GPU when one is found), cpu, cuda;\n"
+    "                    certification always runs on the CPU\n"
     "  --eval-chunks N   evaluation chunks of N tokens (default 16; 0 = all)\n"
     "  -t N              threads (default all cores)\n"
     "  --ref-kv T        reference KV cache type: f32 (default) or f16\n"
@@ -102,6 +104,9 @@ int qf_cmd_calibrate(int argc, char **argv) {
         } else if ((r = cli_flag_value(argc, argv, &i, "-c", "--ctx-size", &val))) {
             if (r < 0) goto missing;
             if (!cli_parse_int(val, 8, 1 << 16, &j.n_ctx)) BAD("bad -c '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--device", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!qf_device_from_name(val, &j.capture_device)) BAD("bad --device '%s' (auto, cpu, cuda)", val);
         } else if ((r = cli_flag_value(argc, argv, &i, "--max-tok", NULL, &val))) {
             if (r < 0) goto missing;
             if (!cli_parse_i64(val, 0, INT64_MAX, &j.max_calib_tokens)) BAD("bad --max-tok '%s'", val);

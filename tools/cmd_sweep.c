@@ -12,7 +12,7 @@
 
 static const char *USAGE =
     "qforge sweep -m MODEL [--corpus PATH]... [--builtin] --configs 256x4,512x8,... [--gate G]\n"
-    "             [--max-kld K] [--min-top1 T] [-c N] [--max-tok N] [--eval-chunks N] [-t N]\n"
+    "             [--max-kld K] [--min-top1 T] [-c N] [--max-tok N] [--eval-chunks N] [-t N] [--device D]\n"
     "             [--iters N] [--coef f16|q8] [--max-train N] [--json]\n"
     "  --configs L   kv-dict configurations, ATOMSxSPARSITY, comma-separated (at most 32)\n"
     "  other flags as in qforge calibrate (defaults: -c 256, --max-tok 16384, --eval-chunks 16,\n"
@@ -65,6 +65,9 @@ int qf_cmd_sweep(int argc, char **argv) {
         } else if ((r = cli_flag_value(argc, argv, &i, "-c", "--ctx-size", &val))) {
             if (r < 0) goto missing;
             if (!cli_parse_int(val, 8, 1 << 16, &j.n_ctx)) BAD("bad -c '%s'", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--device", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!qf_device_from_name(val, &j.capture_device)) BAD("bad --device '%s' (auto, cpu, cuda)", val);
         } else if ((r = cli_flag_value(argc, argv, &i, "--max-tok", NULL, &val))) {
             if (r < 0) goto missing;
             if (!cli_parse_i64(val, 0, INT64_MAX, &j.max_calib_tokens)) BAD("bad --max-tok '%s'", val);

@@ -99,6 +99,9 @@ typedef struct {
     qf_kv_mode ref_kv;          /* the reference KV mode (default f32) */
     int64_t capture_per_layer;  /* K (and V) vectors kept per layer (0 = 16384) */
     uint64_t seed;              /* capture reservoir and dictionary seed (default 1) */
+    qf_device capture_device;   /* where the capture runs (auto: the GPU when one is found, K/V read
+                                   back from GPU memory); certification always runs on the CPU,
+                                   where the int8 and dict KV modes live */
     /* kv-int8 */
     double int8_percentile;     /* clip percentile of |x| (default 100 = absmax) */
     /* kv-dict */

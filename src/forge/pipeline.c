@@ -140,7 +140,18 @@ static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, q
         return as_stage(err, err ? err->code : QF_ERR_NOMEM, QF_ERR_CAPTURE_FAILED, "capture");
     }
     int64_t max_tok = j->max_calib_tokens == 0 ? 16384 : j->max_calib_tokens < 0 ? 0 : j->max_calib_tokens;
-    st = qf_capture_run(s->ctx, s->cap, ids, (int64_t)n, s->n_ctx, max_tok, j->progress, err);
+    /* the GPU read-back route when asked for or found; the CPU context otherwise */
+    qf_context *gpu = NULL;
+    if (j->capture_device == QF_DEVICE_CUDA || (j->capture_device == QF_DEVICE_AUTO && qf_cuda_available())) {
+        qf_context_params gp = *qf_context_params_get(s->ctx);
+        gp.device = QF_DEVICE_CUDA;
+        if (!(gpu = qf_context_new(s->model, &gp, err))) {
+            free(ids);
+            return as_stage(err, err ? err->code : QF_ERR_DEVICE, QF_ERR_CAPTURE_FAILED, "capture");
+        }
+    }
+    st = qf_capture_run(gpu ? gpu : s->ctx, s->cap, ids, (int64_t)n, s->n_ctx, max_tok, j->progress, err);
+    qf_context_free(gpu);
     free(ids);
     if (st) return as_stage(err, st, QF_ERR_CAPTURE_FAILED, "capture");
     s->calib_tokens = qf_capture_tokens_seen(s->cap);
@@ -149,8 +160,8 @@ static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, q
         return qf_fail(err, QF_ERR_CAPTURE_FAILED, "capture: no KV vectors were captured");
     rep->calib_tokens = s->calib_tokens;
     rep->seconds_capture = qf_now_sec() - t0;
-    stage(j, "[2/5 capture] %lld calibration tokens, %lld K and %lld V vectors per layer kept", (long long)s->calib_tokens,
-          (long long)v.n_k[0], (long long)v.n_v[0]);
+    stage(j, "[2/5 capture] %lld calibration tokens on the %s, %lld K and %lld V vectors per layer kept",
+          (long long)s->calib_tokens, gpu ? "GPU (read back)" : "CPU", (long long)v.n_k[0], (long long)v.n_v[0]);
     return QF_OK;
 }
 
