@@ -103,6 +103,8 @@ int qf_cmd_ppl(int argc, char **argv) {
     char *text = NULL;
     size_t len = 0;
     if (qf_read_file(text_path, &text, &len, &err)) return cli_fail("ppl", &err);
+    /* llama.cpp's -f drops one trailing newline; so do we, so both see the same tokens */
+    if (len > 0 && text[len - 1] == '\n') text[--len] = '\0';
     qf_model *m = qf_model_load(model_path, &err);
     if (!m) {
         free(text);
