@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_job.h"
 #include "qforge/forge.h"
 
 static const char *USAGE =
@@ -51,6 +52,7 @@ int qf_cmd_calibrate(int argc, char **argv) {
     const char **paths = calloc((size_t)argc + 1, sizeof(char *));
     int n_paths = 0, rc;
     bool json = false;
+    char why[256];
     if (!paths) return 1;
 #define BAD(...)                                  \
     do {                                          \
@@ -60,95 +62,20 @@ int qf_cmd_calibrate(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         int r;
         const char *a = argv[i];
-        int64_t i64;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             puts(USAGE);
             rc = 0;
             goto out;
-        } else if ((r = cli_flag_value(argc, argv, &i, "-m", "--model", &val))) {
-            if (r < 0) goto missing;
-            j.model_path = val;
+        } else if ((r = cli_job_flag(argc, argv, &i, &j, paths, &n_paths, why, sizeof why))) {
+            if (r < 0) BAD("%s", why);
         } else if ((r = cli_flag_value(argc, argv, &i, "--artifact", NULL, &val))) {
             if (r < 0) goto missing;
             kind = val;
             if (!qf_artifact_kind_parse(val, &j.kind)) BAD("bad --artifact '%s' (kv-int8, kv-dict, awq)", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--corpus", NULL, &val))) {
-            if (r < 0) goto missing;
-            paths[n_paths++] = val;
-        } else if (!strcmp(a, "--builtin")) {
-            j.builtin = true;
-        } else if ((r = cli_flag_value(argc, argv, &i, "--ollama", NULL, &val))) {
-            if (r < 0) goto missing;
-            j.ollama_url = val;
-        } else if ((r = cli_flag_value(argc, argv, &i, "--ollama-model", NULL, &val))) {
-            if (r < 0) goto missing;
-            j.ollama_model = val;
-        } else if ((r = cli_flag_value(argc, argv, &i, "--synth-docs", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_int(val, 1, 100000, &j.synth_docs)) BAD("bad --synth-docs '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--eval-frac", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_double(val, 0, 1, &j.eval_frac) || j.eval_frac <= 0 || j.eval_frac >= 1)
-                BAD("bad --eval-frac '%s' (a fraction strictly between 0 and 1)", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--gate", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_double(val, 0, 1e6, &j.gate.max_delta_ppl)) BAD("bad --gate '%s' (a fraction >= 0)", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--max-kld", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_double(val, 0, 1e6, &j.gate.max_kld)) BAD("bad --max-kld '%s'", val);
-            j.gate.has_max_kld = true;
-        } else if ((r = cli_flag_value(argc, argv, &i, "--min-top1", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_double(val, 0, 1, &j.gate.min_top1)) BAD("bad --min-top1 '%s' (a fraction in [0, 1])", val);
-            j.gate.has_min_top1 = true;
-        } else if ((r = cli_flag_value(argc, argv, &i, "-c", "--ctx-size", &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_int(val, 8, 1 << 16, &j.n_ctx)) BAD("bad -c '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--device", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!qf_device_from_name(val, &j.capture_device)) BAD("bad --device '%s' (auto, cpu, cuda)", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--max-tok", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_i64(val, 0, INT64_MAX, &j.max_calib_tokens)) BAD("bad --max-tok '%s'", val);
-            if (j.max_calib_tokens == 0) j.max_calib_tokens = -1; /* all */
-        } else if ((r = cli_flag_value(argc, argv, &i, "--eval-chunks", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_int(val, 0, 1 << 30, &j.eval_chunks)) BAD("bad --eval-chunks '%s'", val);
-            if (j.eval_chunks == 0) j.eval_chunks = -1; /* all */
-        } else if ((r = cli_flag_value(argc, argv, &i, "-t", "--threads", &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_int(val, 1, 1024, &j.n_threads)) BAD("bad -t '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--ref-kv", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!qf_kv_mode_from_name(val, &j.ref_kv) || j.ref_kv >= QF_KV_INT8) BAD("bad --ref-kv '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--capture", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_i64(val, 16, (int64_t)1 << 32, &j.capture_per_layer)) BAD("bad --capture '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--seed", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_i64(val, 0, INT64_MAX, &i64)) BAD("bad --seed '%s'", val);
-            j.seed = (uint64_t)i64;
         } else if ((r = cli_flag_value(argc, argv, &i, "--percentile", NULL, &val))) {
             if (r < 0) goto missing;
             if (!cli_parse_double(val, 0, 100, &j.int8_percentile) || j.int8_percentile <= 0)
                 BAD("bad --percentile '%s' (in (0, 100])", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--atoms", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_int(val, 1, QF_KV_MAX_ATOMS, &j.dict_atoms)) BAD("bad --atoms '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--sparsity", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_int(val, 1, 64, &j.dict_sparsity)) BAD("bad --sparsity '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--iters", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_int(val, 1, 1000, &j.dict_iters)) BAD("bad --iters '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--max-train", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_i64(val, 0, INT64_MAX, &j.dict_max_train)) BAD("bad --max-train '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--coef", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!strcmp(val, "f16")) j.dict_coef = QF_KV_COEF_F16;
-            else if (!strcmp(val, "q8")) j.dict_coef = QF_KV_COEF_Q8;
-            else BAD("bad --coef '%s' (f16, q8)", val);
         } else if ((r = cli_flag_value(argc, argv, &i, "--sign-key", NULL, &val))) {
             if (r < 0) goto missing;
             j.sign_key_path = val;

@@ -1,0 +1,102 @@
+/* cli_job.c: parsing of the forge job flags shared by `qforge calibrate` and `qforge sweep`. */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "cli_job.h"
+
+#define BAD(...) return snprintf(msg, cap, __VA_ARGS__), -1
+
+int cli_job_flag(int argc, char **argv, int *i, qf_job *j, const char **paths, int *n_paths, char *msg,
+                 size_t cap) {
+    const char *a = argv[*i], *val = NULL;
+    int64_t i64;
+    int r;
+#define FLAG(name, alias) ((r = cli_flag_value(argc, argv, i, name, alias, &val)) != 0)
+    if (!strcmp(a, "--builtin")) {
+        j->builtin = true;
+        return 1;
+    }
+    if (FLAG("-m", "--model")) {
+        if (r < 0) goto missing;
+        j->model_path = val;
+    } else if (FLAG("--corpus", NULL)) {
+        if (r < 0) goto missing;
+        paths[(*n_paths)++] = val;
+    } else if (FLAG("--ollama", NULL)) {
+        if (r < 0) goto missing;
+        j->ollama_url = val;
+    } else if (FLAG("--ollama-model", NULL)) {
+        if (r < 0) goto missing;
+        j->ollama_model = val;
+    } else if (FLAG("--synth-docs", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_int(val, 1, 100000, &j->synth_docs)) BAD("bad --synth-docs '%s'", val);
+    } else if (FLAG("--eval-frac", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_double(val, 0, 1, &j->eval_frac) || j->eval_frac <= 0 || j->eval_frac >= 1)
+            BAD("bad --eval-frac '%s' (a fraction strictly between 0 and 1)", val);
+    } else if (FLAG("--gate", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_double(val, 0, 1e6, &j->gate.max_delta_ppl)) BAD("bad --gate '%s' (a fraction >= 0)", val);
+    } else if (FLAG("--max-kld", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_double(val, 0, 1e6, &j->gate.max_kld)) BAD("bad --max-kld '%s'", val);
+        j->gate.has_max_kld = true;
+    } else if (FLAG("--min-top1", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_double(val, 0, 1, &j->gate.min_top1)) BAD("bad --min-top1 '%s' (a fraction in [0, 1])", val);
+        j->gate.has_min_top1 = true;
+    } else if (FLAG("-c", "--ctx-size")) {
+        if (r < 0) goto missing;
+        if (!cli_parse_int(val, 8, 1 << 16, &j->n_ctx)) BAD("bad -c '%s'", val);
+    } else if (FLAG("--device", NULL)) {
+        if (r < 0) goto missing;
+        if (!qf_device_from_name(val, &j->capture_device)) BAD("bad --device '%s' (auto, cpu, cuda)", val);
+    } else if (FLAG("--max-tok", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_i64(val, 0, INT64_MAX, &j->max_calib_tokens)) BAD("bad --max-tok '%s'", val);
+        if (j->max_calib_tokens == 0) j->max_calib_tokens = -1; /* all */
+    } else if (FLAG("--eval-chunks", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_int(val, 0, 1 << 30, &j->eval_chunks)) BAD("bad --eval-chunks '%s'", val);
+        if (j->eval_chunks == 0) j->eval_chunks = -1; /* all */
+    } else if (FLAG("-t", "--threads")) {
+        if (r < 0) goto missing;
+        if (!cli_parse_int(val, 1, 1024, &j->n_threads)) BAD("bad -t '%s'", val);
+    } else if (FLAG("--ref-kv", NULL)) {
+        if (r < 0) goto missing;
+        if (!qf_kv_mode_from_name(val, &j->ref_kv) || j->ref_kv >= QF_KV_INT8) BAD("bad --ref-kv '%s'", val);
+    } else if (FLAG("--capture", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_i64(val, 16, (int64_t)1 << 32, &j->capture_per_layer)) BAD("bad --capture '%s'", val);
+    } else if (FLAG("--seed", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_i64(val, 0, INT64_MAX, &i64)) BAD("bad --seed '%s'", val);
+        j->seed = (uint64_t)i64;
+    } else if (FLAG("--atoms", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_int(val, 1, QF_KV_MAX_ATOMS, &j->dict_atoms)) BAD("bad --atoms '%s'", val);
+    } else if (FLAG("--sparsity", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_int(val, 1, 64, &j->dict_sparsity)) BAD("bad --sparsity '%s'", val);
+    } else if (FLAG("--iters", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_int(val, 1, 1000, &j->dict_iters)) BAD("bad --iters '%s'", val);
+    } else if (FLAG("--max-train", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_i64(val, 0, INT64_MAX, &j->dict_max_train)) BAD("bad --max-train '%s'", val);
+    } else if (FLAG("--coef", NULL)) {
+        if (r < 0) goto missing;
+        if (!strcmp(val, "f16")) j->dict_coef = QF_KV_COEF_F16;
+        else if (!strcmp(val, "q8")) j->dict_coef = QF_KV_COEF_Q8;
+        else BAD("bad --coef '%s' (f16, q8)", val);
+    } else {
+        return 0;
+    }
+#undef FLAG
+    return 1;
+missing:
+    BAD("option '%s' needs a value", a);
+}
