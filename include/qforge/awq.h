@@ -84,7 +84,15 @@ typedef struct {
                               block of 32, RTN and 19 candidate scales refitted by weighted least
                               squares (ggml's make_qx_quants recipe), weights = E[x^2] of the
                               folded input; keeps the best (RTN included). Off: plain RTN. */
-    bool scale_vo;         /* v -> o group when shapes allow (default true) */
+    bool scale_vo;         /* v -> o group when shapes allow (default true); under GQA one scale
+                              per kv-head channel, shared by the query heads of its group */
+    bool ffn_act_loss;     /* gate_up scored on the block output W_down (silu(gate) * up) with
+                              the f32 W_down instead of the stacked gate/up outputs (default true) */
+    bool block_cov;        /* block search with each block's full 32x32 input covariance
+                              E[x_b x_b^T] (folded) and a greedy rounding descent on it, instead
+                              of the diagonal importance (default true; needs clip) */
+    bool duo;              /* s = mean|x|^a / mean|w~|^(1-a) (AutoAWQ's duo_scaling, w~ = |w| /
+                              block max) instead of mean|x|^a (default false) */
     float fixed_alpha;     /* < 0: search (default -1); >= 0: this alpha for every group
                               (0 gives exactly RTN when clip is false) */
     bool keep_float;       /* testing: fold the scales but keep the input's weight types
@@ -103,7 +111,7 @@ typedef struct {
     float *clip;           /* mean |d| chosen / |d| of RTN per group (1 = RTN; q / gate / down / o) */
     double *mse_rtn;       /* group output MSE on the calibration rows, plain RTN */
     double *mse_awq;       /* ... with the chosen scales (and clip) */
-    bool vo_skipped_gqa;   /* the v -> o group was skipped because n_head != n_head_kv */
+    bool vo_skipped_gqa;   /* the v -> o group was skipped: n_head not a multiple of n_head_kv */
     int64_t calib_tokens;  /* tokens run through the model */
     int64_t rows_used;     /* rows kept per site (<= rows_per_site) */
     int n_grid;

@@ -1,10 +1,12 @@
 /* learn_awq.c: the AWQ learner. Runs the reference model over calibration tokens with a tap
- * that feeds the capture stage's per-channel statistics and keeps a bounded reservoir of
- * real input rows per layer and site; searches one alpha per group of linears sharing an
- * input (s = mean|x|^alpha, scored by the group's output MSE on those rows with the Q4_0
- * round trip in the loop), optionally a per-block clipping ratio, folds the scales into the
- * RMSNorm gains / the previous linear's rows, and writes the Q4_0 GGUF through quantize.c.
- * Also qf_awq_embed_certificate (the qforge.* metadata rewrite). */
+ * that feeds the capture stage's per-channel statistics, accumulates each 32-channel block's
+ * input covariance and keeps a bounded reservoir of real input rows per layer and site;
+ * searches one alpha per group of linears sharing an input (s = mean|x|^alpha, scored on those
+ * rows with the final Q4_0 quantizer in the loop: the group's outputs, or for gate/up the FFN
+ * block output W_down (silu(gate) * up)), folds the scales into the RMSNorm gains / the previous
+ * linear's rows (v -> o tied per kv head under GQA), quantizes each Q4_0 block with a
+ * covariance-weighted scale search and rounding descent, and writes the Q4_0 GGUF through
+ * quantize.c. Also qf_awq_embed_certificate (the qforge.* metadata rewrite). */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -38,6 +40,9 @@ qf_awq_params qf_awq_default_params(void) {
         .max_tokens = 8192,
         .clip = true,
         .scale_vo = true,
+        .ffn_act_loss = true,
+        .block_cov = true,
+        .duo = false,
         .fixed_alpha = -1.0f,
         .keep_float = false,
         .n_threads = 0,
@@ -62,6 +67,8 @@ typedef struct {
     int dim;
     int64_t seen, kept;
     float *rows; /* [cap][dim] */
+    double *cov; /* [dim/32][32][32] sum of x_b x_b^T (upper triangle), or NULL */
+    int64_t cov_n;
 } reservoir;
 
 typedef struct {
@@ -69,6 +76,7 @@ typedef struct {
     reservoir *res; /* [n_layer][QF_ACT_SITE_COUNT] */
     int64_t cap;
     uint64_t rng;
+    float tmp[32 * 32];
 } awq_tap_state;
 
 static uint64_t splitmix(uint64_t *s) {
@@ -82,7 +90,18 @@ static void awq_on_act(void *user, int layer, qf_act_site site, int n_tok, int d
     awq_tap_state *s = user;
     if (s->cap_tap && s->cap_tap->on_act) s->cap_tap->on_act(s->cap_tap->user, layer, site, n_tok, dim, x);
     reservoir *r = &s->res[layer * QF_ACT_SITE_COUNT + site];
-    if (!r->rows || r->dim != dim) return;
+    if (r->dim != dim) return;
+    if (r->cov) {
+        for (int b = 0; b < dim / 32; b++) {
+            cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, 32, n_tok, 1.0f, x + b * 32, dim, 0.0f,
+                        s->tmp, 32);
+            double *c = r->cov + (size_t)b * 1024;
+            for (int i = 0; i < 32; i++)
+                for (int j = i; j < 32; j++) c[i * 32 + j] += s->tmp[i * 32 + j];
+        }
+        r->cov_n += n_tok;
+    }
+    if (!r->rows) return;
     for (int t = 0; t < n_tok; t++) {
         int64_t slot = -1;
         r->seen++;
@@ -106,131 +125,45 @@ static float *weight_f32(const qf_weight *w) {
     return out;
 }
 
-/* Q4_0 round trip of n floats (n a multiple of 32) into dst. */
-static void q4_roundtrip(const float *src, float *dst, int64_t n, void *tmp) {
-    qf_quantize_row(QF_TYPE_Q4_0, src, tmp, n);
-    qf_dequantize_row(QF_TYPE_Q4_0, tmp, dst, n);
-}
-
-/* ---- alpha search for one group ---- */
-typedef struct {
-    const float *X;  /* [n][D] calibration rows */
-    const float *W;  /* [R][D] the group's weights, stacked */
-    const float *Y;  /* [n][R] reference output */
-    const float *mean_abs; /* [D] */
-    const float *msq;      /* [D] E[x^2] (block-search importance before scaling) */
-    bool block_search;     /* quantize with q4_block_search instead of RTN */
-    int64_t n, D, R;
-    int n_alpha;
-    const float *alphas;
-    double *mse;     /* [n_alpha] */
-    float **wbuf, **ybuf; /* per thread [R][D], [n][R] */
-    void **qbuf;     /* per thread Q4_0 row */
-    bool failed;
-} search_job;
-
-static void make_scales(const float *mean_abs, int64_t D, float alpha, float *s) {
-    float mx = 0, mn = INFINITY;
-    for (int64_t c = 0; c < D; c++) {
-        float v = powf(fmaxf(mean_abs[c], 1e-12f), alpha);
-        if (v < 1e-4f) v = 1e-4f;
-        s[c] = v;
-        mx = fmaxf(mx, v);
-        mn = fminf(mn, v);
-    }
-    float norm = sqrtf(mx * mn);
-    if (!(norm > 0) || !isfinite(norm)) norm = 1;
-    for (int64_t c = 0; c < D; c++) s[c] /= norm;
-}
-
-static float q4_block_search(const float *x, const float *imp, uint8_t *out);
-
-/* Importance of the folded input channels: E[(x/s)^2] plus a floor (see AWQ_IMP_FLOOR). */
-static void folded_importance(const float *msq, const float *s, int64_t D, float *imp) {
-    double mean = 0;
-    for (int64_t c = 0; c < D; c++) {
-        imp[c] = msq[c] / (s[c] * s[c]);
-        mean += imp[c];
-    }
-    mean /= (double)D;
-    for (int64_t c = 0; c < D; c++) imp[c] += (float)(AWQ_IMP_FLOOR * mean);
-}
-
-static double group_mse(search_job *j, int ith, float alpha) {
-    const int64_t D = j->D, R = j->R, n = j->n;
-    float *Wq = j->wbuf[ith], *Yq = j->ybuf[ith];
-    float *s = malloc((size_t)D * sizeof(float)), *row = malloc((size_t)D * sizeof(float));
-    if (!s || !row) {
-        free(s);
-        free(row);
-        j->failed = true;
-        return INFINITY;
-    }
-    make_scales(j->mean_abs, D, alpha, s);
-    float *imp = NULL;
-    if (j->block_search) {
-        imp = malloc((size_t)D * sizeof(float));
-        if (!imp) {
-            free(s);
-            free(row);
-            j->failed = true;
-            return INFINITY;
-        }
-        folded_importance(j->msq, s, D, imp);
-    }
-    for (int64_t r = 0; r < R; r++) {
-        const float *w = j->W + r * D;
-        for (int64_t c = 0; c < D; c++) row[c] = w[c] * s[c];
-        if (imp) {
-            uint8_t *qb = j->qbuf[ith];
-            for (int64_t b = 0; b < D; b += 32) {
-                q4_block_search(row + b, imp + b, qb);
-                qf_dequantize_row(QF_TYPE_Q4_0, qb, Wq + r * D + b, 32);
-            }
-        } else {
-            q4_roundtrip(row, Wq + r * D, D, j->qbuf[ith]);
-        }
-        for (int64_t c = 0; c < D; c++) Wq[r * D + c] /= s[c];
-    }
-    free(imp);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)R, (int)D, 1.0f, j->X, (int)D, Wq,
-                (int)D, 0.0f, Yq, (int)R);
-    double e = 0;
-    for (int64_t i = 0; i < n * R; i++) {
-        double d = (double)Yq[i] - (double)j->Y[i];
-        e += d * d;
-    }
-    free(s);
-    free(row);
-    return e / (double)(n * R);
-}
-
-static void search_worker(void *arg, int ith, int nth) {
-    search_job *j = arg;
-    for (int a = ith; a < j->n_alpha; a += nth) j->mse[a] = group_mse(j, ith, j->alphas[a]);
-}
-
-/* ---- per-block Q4_0 scale search on a folded weight (diagonal importance) ----
+/* ---- per-block Q4_0 scale search on a folded weight ----
  * For each block of 32: the RTN encoding and 19 candidate scales (ggml's make_qx_quants
- * recipe: iscale = -(8 + 0.1 k) / max, k = -9..9, then a weighted least-squares refit of d),
- * keeping the one with the smallest sum_i imp_i (w_i - d q_i)^2, imp = E[x^2] of the block's
- * input channels after folding. RTN is a candidate, so no block gets worse under this metric.
- * The result is ordinary Q4_0 (d f16, 4-bit q - 8). */
+ * recipe: iscale = -(8 + 0.1 k) / max, k = -9..9, then a weighted least-squares refit of d and
+ * one re-round), keeping the one with the smallest error under the block's importance:
+ *   diagonal:   sum_i imp_i (w_i - d q_i)^2, imp = E[x_i^2] of the folded input channels;
+ *   covariance: (w - d q)^T H (w - d q), H = E[x_b x_b^T] of the folded block (the exact output
+ *               MSE of this block's contribution), followed by a greedy rounding descent
+ *               (move single q_i by +-1 while the error falls, refit d, repeat).
+ * RTN is a candidate, so no block gets worse under its metric. The result is ordinary Q4_0
+ * (d f16, 4-bit q - 8). */
 #define Q4_BLOCK_BYTES 18
 
 static double q4_block_err(const float *x, const float *imp, const int8_t *l, float d) {
-    double e = 0;
+    float e = 0;
     for (int i = 0; i < 32; i++) {
-        double r = (double)x[i] - (double)d * l[i];
-        e += (double)imp[i] * r * r;
+        float r = x[i] - d * (float)l[i];
+        e += imp[i] * r * r;
     }
     return e;
+}
+
+/* round to nearest, clamped to the Q4_0 levels [-8, 7] (half away from zero is fine here) */
+static inline int8_t q4_level(float v) {
+    v = v < -8.0f ? -8.0f : v > 7.0f ? 7.0f : v;
+    return (int8_t)((int)(v + 8.5f) - 8);
 }
 
 static void q4_pack(const int8_t *l, uint16_t dh, uint8_t *out) {
     out[0] = (uint8_t)(dh & 0xff);
     out[1] = (uint8_t)(dh >> 8);
     for (int j = 0; j < 16; j++) out[2 + j] = (uint8_t)((l[j] + 8) | ((l[j + 16] + 8) << 4));
+}
+
+static void q4_unpack(const uint8_t *in, int8_t *l, float *d) {
+    *d = qf_f16_to_f32((uint16_t)(in[0] | (in[1] << 8)));
+    for (int j = 0; j < 16; j++) {
+        l[j] = (int8_t)((in[2 + j] & 0x0f) - 8);
+        l[j + 16] = (int8_t)((in[2 + j] >> 4) - 8);
+    }
 }
 
 /* Returns the chosen d relative to RTN's (1 = RTN). */
@@ -254,17 +187,16 @@ static float q4_block_search(const float *x, const float *imp, uint8_t *out) {
     uint16_t best_dh = dh_rtn;
     for (int k = -9; k <= 9; k++) {
         float iscale = -(8.0f + 0.1f * (float)k) / mx;
-        double slx = 0, sl2 = 0;
+        float slx = 0, sl2 = 0;
         for (int i = 0; i < 32; i++) {
-            int v = (int)nearbyintf(iscale * x[i]);
-            v = v < -8 ? -8 : v > 7 ? 7 : v;
-            l[i] = (int8_t)v;
-            slx += (double)imp[i] * x[i] * v;
-            sl2 += (double)imp[i] * v * v;
+            int8_t v = q4_level(iscale * x[i]);
+            l[i] = v;
+            slx += imp[i] * x[i] * (float)v;
+            sl2 += imp[i] * (float)v * (float)v;
         }
         if (!(sl2 > 0)) continue;
         for (int it = 0; it < 2; it++) {
-            uint16_t dh = qf_f32_to_f16((float)(slx / sl2));
+            uint16_t dh = qf_f32_to_f16(slx / sl2);
             float d = qf_f16_to_f32(dh);
             if (!(d != 0) || !isfinite(d)) break;
             double e = q4_block_err(x, imp, l, d);
@@ -276,12 +208,12 @@ static float q4_block_search(const float *x, const float *imp, uint8_t *out) {
             }
             /* re-round with the refitted d and refit once more */
             slx = sl2 = 0;
+            float id = 1.0f / d;
             for (int i = 0; i < 32; i++) {
-                int v = (int)nearbyintf(x[i] / d);
-                v = v < -8 ? -8 : v > 7 ? 7 : v;
-                l[i] = (int8_t)v;
-                slx += (double)imp[i] * x[i] * v;
-                sl2 += (double)imp[i] * v * v;
+                int8_t v = q4_level(x[i] * id);
+                l[i] = v;
+                slx += imp[i] * x[i] * (float)v;
+                sl2 += imp[i] * (float)v * (float)v;
             }
             if (!(sl2 > 0)) break;
         }
@@ -291,10 +223,258 @@ static float q4_block_search(const float *x, const float *imp, uint8_t *out) {
     return fabsf(qf_f16_to_f32(best_dh) / d_rtn);
 }
 
+/* y = H v (32 x 32, row-major) */
+static void mv32(const float *H, const float *v, float *y) {
+    for (int i = 0; i < 32; i++) {
+        float t = 0;
+        for (int j = 0; j < 32; j++) t += H[i * 32 + j] * v[j];
+        y[i] = t;
+    }
+}
+
+/* (x - d l)^T H (x - d l) */
+static double q4_block_err_h(const float *x, const float *H, const int8_t *l, float d) {
+    float e[32], he[32];
+    for (int i = 0; i < 32; i++) e[i] = x[i] - d * (float)l[i];
+    mv32(H, e, he);
+    double t = 0;
+    for (int i = 0; i < 32; i++) t += (double)e[i] * he[i];
+    return t;
+}
+
+/* Least-squares d for levels l under H: (l^T H x) / (l^T H l); 0 when undefined. */
+static float q4_refit_h(const float *H, const float *hx, const int8_t *l) {
+    float lf[32], hl[32];
+    for (int i = 0; i < 32; i++) lf[i] = (float)l[i];
+    mv32(H, lf, hl);
+    double num = 0, den = 0;
+    for (int i = 0; i < 32; i++) {
+        num += (double)lf[i] * hx[i];
+        den += (double)lf[i] * hl[i];
+    }
+    if (!(den > 0)) return 0;
+    return qf_f16_to_f32(qf_f32_to_f16((float)(num / den)));
+}
+
+/* Greedy rounding descent at fixed d: q_i +- 1 while (x - d q)^T H (x - d q) falls. */
+static void q4_descent_h(const float *x, const float *H, int8_t *l, float d) {
+    float e[32], g[32];
+    for (int i = 0; i < 32; i++) e[i] = x[i] - d * (float)l[i];
+    mv32(H, e, g); /* g = H e */
+    for (int pass = 0; pass < 4; pass++) {
+        bool moved = false;
+        for (int i = 0; i < 32; i++) {
+            float hii = H[i * 32 + i];
+            for (int dl = -1; dl <= 1; dl += 2) {
+                int nl = l[i] + dl;
+                if (nl < -8 || nl > 7) continue;
+                /* err(l + dl e_i) - err(l) = -2 d dl g_i + d^2 H_ii */
+                float delta = -2.0f * d * (float)dl * g[i] + d * d * hii;
+                if (delta < -1e-12f * fabsf(d * d * hii)) {
+                    l[i] = (int8_t)nl;
+                    for (int j = 0; j < 32; j++) g[j] -= d * (float)dl * H[j * 32 + i];
+                    moved = true;
+                    break;
+                }
+            }
+        }
+        if (!moved) break;
+    }
+}
+
+static float q4_block_search_h(const float *x, const float *H, uint8_t *out) {
+    int8_t l[32], bl[32];
+    qf_quantize_row(QF_TYPE_Q4_0, x, out, 32);
+    float d_rtn;
+    q4_unpack(out, bl, &d_rtn);
+    double best = q4_block_err_h(x, H, bl, d_rtn);
+    float best_d = d_rtn;
+    if (d_rtn == 0) return 1;
+    float hx[32], dg[32];
+    mv32(H, x, hx);
+    bool found = false;
+    /* start: the diagonal search under diag(H) (cheap), then the full metric */
+    for (int i = 0; i < 32; i++) dg[i] = H[i * 32 + i];
+    uint8_t tmp[Q4_BLOCK_BYTES];
+    q4_block_search(x, dg, tmp);
+    float d;
+    q4_unpack(tmp, l, &d);
+    if (d != 0 && isfinite(d)) {
+        double e = q4_block_err_h(x, H, l, d);
+        if (e < best) {
+            best = e;
+            best_d = d;
+            memcpy(bl, l, sizeof l);
+            found = true;
+        }
+    }
+    /* rounding descent from the best candidate, refit d, again */
+    memcpy(l, bl, sizeof l);
+    d = best_d;
+    for (int round = 0; round < 3; round++) {
+        q4_descent_h(x, H, l, d);
+        double e = q4_block_err_h(x, H, l, d);
+        if (e < best) {
+            best = e;
+            best_d = d;
+            memcpy(bl, l, sizeof l);
+            found = true;
+        }
+        float d2 = q4_refit_h(H, hx, l);
+        if (!(d2 != 0) || !isfinite(d2) || d2 == d) break;
+        double e2 = q4_block_err_h(x, H, l, d2);
+        if (!(e2 < best)) break;
+        best = e2;
+        best_d = d = d2;
+        memcpy(bl, l, sizeof l);
+        found = true;
+    }
+    if (!found) return 1;
+    q4_pack(bl, qf_f32_to_f16(best_d), out);
+    return fabsf(best_d / d_rtn);
+}
+
+/* Quantize one folded row (D a multiple of 32) with the chosen block quantizer: cov (the
+ * folded [D/32][32][32] covariance) when non-NULL, else imp (diagonal) when non-NULL, else RTN.
+ * q4 receives the Q4_0 row; deq (may be NULL) its dequantized values. Returns the sum of the
+ * per-block d ratios to RTN. */
+static double quant_row(const float *row, int64_t D, const float *imp, const float *cov, uint8_t *q4,
+                        float *deq) {
+    double sum = 0;
+    if (!imp && !cov) {
+        qf_quantize_row(QF_TYPE_Q4_0, row, q4, D);
+        sum = (double)(D / 32);
+    } else
+        for (int64_t b = 0; b < D / 32; b++)
+            sum += cov ? q4_block_search_h(row + b * 32, cov + b * 1024, q4 + b * Q4_BLOCK_BYTES)
+                       : q4_block_search(row + b * 32, imp + b * 32, q4 + b * Q4_BLOCK_BYTES);
+    if (deq) qf_dequantize_row(QF_TYPE_Q4_0, q4, deq, D);
+    return sum;
+}
+
+/* ---- scales ----
+ * s over the group's scale channels (Ds of them; under GQA the v -> o group has one per
+ * kv-head channel, cmap maps wo's input channel to it), normalized by sqrt(max * min), as
+ * AutoAWQ: s = x^alpha (or x^alpha / w^(1-alpha) with duo), clamped at 1e-4. */
+static void make_scales(const float *mean_abs, const float *wmean, int64_t Ds, float alpha, float *s) {
+    float mx = 0, mn = INFINITY;
+    for (int64_t c = 0; c < Ds; c++) {
+        float v = powf(fmaxf(mean_abs[c], 1e-12f), alpha);
+        if (wmean) v /= powf(fmaxf(wmean[c], 1e-12f), 1.0f - alpha) + 1e-4f;
+        if (v < 1e-4f) v = 1e-4f;
+        s[c] = v;
+        mx = fmaxf(mx, v);
+        mn = fminf(mn, v);
+    }
+    float norm = sqrtf(mx * mn);
+    if (!(norm > 0) || !isfinite(norm)) norm = 1;
+    for (int64_t c = 0; c < Ds; c++) s[c] /= norm;
+}
+
+static void expand_scales(const float *ss, const int *cmap, int64_t D, float *s) {
+    for (int64_t c = 0; c < D; c++) s[c] = cmap ? ss[cmap[c]] : ss[c];
+}
+
+/* Folded importance: imp = E[(x/s)^2] plus a floor; cov (may be NULL) = E[x_b x_b^T] / (s_i s_j)
+ * plus the same floor on the diagonal. raw_cov is [D/32][32][32] (full, symmetric). */
+static void folded_importance(const float *msq, const float *raw_cov, const float *s, int64_t D, float *imp,
+                              float *cov) {
+    double mean = 0;
+    for (int64_t c = 0; c < D; c++) {
+        imp[c] = msq[c] / (s[c] * s[c]);
+        mean += imp[c];
+    }
+    mean /= (double)D;
+    float floor_ = (float)(AWQ_IMP_FLOOR * mean);
+    for (int64_t c = 0; c < D; c++) imp[c] += floor_;
+    if (!cov) return;
+    for (int64_t b = 0; b < D / 32; b++) {
+        const float *rc = raw_cov + b * 1024, *sb = s + b * 32;
+        float *cb = cov + b * 1024;
+        for (int i = 0; i < 32; i++)
+            for (int j = 0; j < 32; j++) cb[i * 32 + j] = rc[i * 32 + j] / (sb[i] * sb[j]) + (i == j ? floor_ : 0);
+    }
+}
+
+/* ---- alpha search for one group ---- */
+typedef enum { QUANT_RTN = 0, QUANT_DIAG, QUANT_COV } quant_kind;
+
+typedef struct {
+    const float *X;        /* [n][D] calibration rows */
+    const float *W;        /* [R][D] the group's weights, stacked */
+    const float *Y;        /* [n][R] reference output */
+    const float *mean_abs; /* [Ds] per scale channel */
+    const float *wmean;    /* [Ds] duo weight term, or NULL */
+    const int *cmap;       /* [D] scale channel of each input channel, or NULL (Ds = D) */
+    const float *msq;      /* [D] E[x^2] */
+    const float *raw_cov;  /* [D/32][32][32] E[x_b x_b^T], or NULL */
+    quant_kind quant;
+    const float *Wdown;    /* gate_up scored on Wdown (silu(gate) * up): [Dout][R/2]; or NULL */
+    const float *Href;     /* [n][R/2] reference silu(gate) * up */
+    int64_t n, D, Ds, R, Dout;
+    int n_alpha;
+    const float *alphas;
+    double *mse;          /* [n_alpha] */
+    float **wbuf, **ybuf, **hbuf, **obuf; /* per thread [R][D], [n][R], [n][R/2], [n][Dout] */
+    void **qbuf;          /* per thread Q4_0 row */
+    bool failed;
+} search_job;
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+static double group_mse(search_job *j, int ith, float alpha) {
+    const int64_t D = j->D, R = j->R, n = j->n;
+    float *Wq = j->wbuf[ith], *Yq = j->ybuf[ith];
+    float *ss = malloc((size_t)j->Ds * sizeof(float)), *s = malloc((size_t)D * sizeof(float));
+    float *row = malloc((size_t)D * sizeof(float)), *imp = malloc((size_t)D * sizeof(float));
+    float *cov = j->quant == QUANT_COV ? malloc((size_t)D * 32 * sizeof(float)) : NULL;
+    if (!ss || !s || !row || !imp || (j->quant == QUANT_COV && !cov)) {
+        free(ss), free(s), free(row), free(imp), free(cov);
+        j->failed = true;
+        return INFINITY;
+    }
+    make_scales(j->mean_abs, j->wmean, j->Ds, alpha, ss);
+    expand_scales(ss, j->cmap, D, s);
+    if (j->quant != QUANT_RTN) folded_importance(j->msq, j->raw_cov, s, D, imp, cov);
+    for (int64_t r = 0; r < R; r++) {
+        const float *w = j->W + r * D;
+        for (int64_t c = 0; c < D; c++) row[c] = w[c] * s[c];
+        quant_row(row, D, j->quant == QUANT_DIAG ? imp : NULL, j->quant == QUANT_COV ? cov : NULL, j->qbuf[ith],
+                  Wq + r * D);
+        for (int64_t c = 0; c < D; c++) Wq[r * D + c] /= s[c];
+    }
+    free(ss), free(s), free(row), free(imp), free(cov);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)R, (int)D, 1.0f, j->X, (int)D, Wq,
+                (int)D, 0.0f, Yq, (int)R);
+    double e = 0;
+    if (j->Wdown) {
+        const int64_t F = R / 2;
+        float *h = j->hbuf[ith], *o = j->obuf[ith];
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t c = 0; c < F; c++)
+                h[i * F + c] = j->Href[i * F + c] - silu(Yq[i * R + c]) * Yq[i * R + F + c];
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)j->Dout, (int)F, 1.0f, h, (int)F,
+                    j->Wdown, (int)F, 0.0f, o, (int)j->Dout);
+        for (int64_t i = 0; i < n * j->Dout; i++) e += (double)o[i] * o[i];
+        return e / (double)(n * j->Dout);
+    }
+    for (int64_t i = 0; i < n * R; i++) {
+        double d = (double)Yq[i] - (double)j->Y[i];
+        e += d * d;
+    }
+    return e / (double)(n * R);
+}
+
+static void search_worker(void *arg, int ith, int nth) {
+    search_job *j = arg;
+    for (int a = ith; a < j->n_alpha; a += nth) j->mse[a] = group_mse(j, ith, j->alphas[a]);
+}
+
 typedef struct {
     const float *W;    /* [R][D] folded f32 */
     uint8_t *q4;       /* [R][D/32][18] out */
     const float *imp;  /* [D] */
+    const float *cov;  /* [D/32][32][32] or NULL */
     int64_t R, D;
     double *ratio_sum; /* [nth] */
 } clip_job;
@@ -306,9 +486,8 @@ static void clip_worker(void *arg, int ith, int nth) {
     double sum = 0;
     int64_t nb = j->D / 32;
     for (int64_t r = lo; r < hi; r++)
-        for (int64_t b = 0; b < nb; b++)
-            sum += q4_block_search(j->W + r * j->D + b * 32, j->imp + b * 32,
-                                   j->q4 + (r * nb + b) * Q4_BLOCK_BYTES);
+        sum += quant_row(j->W + r * j->D, j->D, j->cov ? NULL : j->imp, j->cov, j->q4 + r * nb * Q4_BLOCK_BYTES,
+                         NULL);
     j->ratio_sum[ith] = sum;
 }
 
@@ -392,6 +571,20 @@ static void scale_rows_inv(float *W, int64_t R, int64_t D, const float *s) {
 
 static bool is_q4(const qf_weight *w) { return w->ne0 % 32 == 0; }
 
+/* Full symmetric float copy of a site's accumulated covariance, divided by its count. */
+static float *site_cov(const reservoir *r) {
+    if (!r->cov || r->cov_n < 1) return NULL;
+    float *c = malloc((size_t)(r->dim / 32) * 1024 * sizeof(float));
+    if (!c) return NULL;
+    for (int b = 0; b < r->dim / 32; b++)
+        for (int i = 0; i < 32; i++)
+            for (int j = 0; j < 32; j++) {
+                const double *rc = r->cov + (size_t)b * 1024;
+                c[b * 1024 + i * 32 + j] = (float)((i <= j ? rc[i * 32 + j] : rc[j * 32 + i]) / (double)r->cov_n);
+            }
+    return c;
+}
+
 qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
                      const qf_awq_params *pin, const char *out_gguf, qf_awq_report *rep,
                      qf_error *err) {
@@ -422,9 +615,16 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
     int n_threads = p.n_threads > 0 ? p.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (n_threads < 1) n_threads = 1;
     const int L = hp->n_layer, D = hp->n_embd, F = hp->n_ff, Dq = hp->n_head * hp->head_dim;
-    const bool vo_ok = hp->n_head == hp->n_head_kv;
+    const int hd = hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim;
+    /* v -> o: one scale per kv-head channel; query head h reads kv head h / (n_head / n_head_kv) */
+    const bool vo_ok = hp->n_head_kv > 0 && hp->n_head % hp->n_head_kv == 0;
+    const int q_per_kv = vo_ok ? hp->n_head / hp->n_head_kv : 1;
+    const bool quantize = !p.keep_float;
+    const bool want_cov = p.clip && p.block_cov && quantize;
+    const quant_kind final_quant = !p.clip || !quantize ? QUANT_RTN : p.block_cov ? QUANT_COV : QUANT_DIAG;
+    const int G = QF_AWQ_GROUP_COUNT;
 
-    /* ---- capture: statistics (capture.h) + row reservoirs (our tap) ---- */
+    /* ---- capture: statistics (capture.h) + row reservoirs and block covariances (our tap) ---- */
     qf_capture_params cpar = {.max_per_layer = 0, .activations = true, .seed = p.seed};
     qf_capture *cap = qf_capture_new(hp, &cpar, err);
     if (!cap) return err ? err->code : QF_ERR_NOMEM;
@@ -432,17 +632,32 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
     ts.res = calloc((size_t)L * QF_ACT_SITE_COUNT, sizeof(reservoir));
     qf_context *ctx = NULL;
     override_set ov = {0};
-    float *Y = NULL;
     search_job sj = {0};
     qf_pool *pool = NULL;
+    float *Y = NULL, *Wstack = NULL, *mean_abs = NULL, *mean_s = NULL, *wmean = NULL, *wmean_s = NULL;
+    float *msq = NULL, *s = NULL, *ss = NULL, *alphas = NULL, *s_all = NULL, *Wdown = NULL, *Href = NULL;
+    float *raw_cov = NULL, *imp = NULL, *fcov = NULL;
+    double *mse = NULL, *ratio_sum = NULL;
+    int *cmap = NULL;
     if (!ts.res) goto nomem;
     for (int l = 0; l < L; l++)
-        for (int s = 0; s < QF_ACT_SITE_COUNT; s++) {
-            reservoir *r = &ts.res[l * QF_ACT_SITE_COUNT + s];
-            r->dim = s == QF_ACT_FFN_DOWN ? F : s == QF_ACT_ATTN_OUT ? Dq : D;
-            if (s == QF_ACT_ATTN_OUT && !(vo_ok && p.scale_vo)) continue;
+        for (int si = 0; si < QF_ACT_SITE_COUNT; si++) {
+            reservoir *r = &ts.res[l * QF_ACT_SITE_COUNT + si];
+            r->dim = si == QF_ACT_FFN_DOWN ? F : si == QF_ACT_ATTN_OUT ? Dq : D;
+            if (si == QF_ACT_ATTN_OUT && !(vo_ok && p.scale_vo)) continue;
             r->rows = malloc((size_t)p.rows_per_site * (size_t)r->dim * sizeof(float));
             if (!r->rows) goto nomem;
+            if (want_cov && r->dim % 32 == 0) {
+                r->cov = calloc((size_t)(r->dim / 32) * 1024, sizeof(double));
+                if (!r->cov) goto nomem;
+            }
+        }
+    /* wo is quantized with its block covariance even when v -> o is not scaled */
+    if (want_cov && !(vo_ok && p.scale_vo) && Dq % 32 == 0)
+        for (int l = 0; l < L; l++) {
+            reservoir *r = &ts.res[l * QF_ACT_SITE_COUNT + QF_ACT_ATTN_OUT];
+            r->cov = calloc((size_t)(Dq / 32) * 1024, sizeof(double));
+            if (!r->cov) goto nomem;
         }
     qf_context_params cp = qf_context_default_params();
     cp.n_ctx = n_ctx;
@@ -454,6 +669,7 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
         st = err ? err->code : QF_ERR_NOMEM;
         goto done;
     }
+    openblas_set_num_threads(1);
     {
         const qf_tokenizer *tok = qf_model_tokenizer(m);
         bool add_bos = qf_tokenizer_add_bos(tok) && qf_tokenizer_bos(tok) >= 0;
@@ -491,8 +707,8 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
     qf_context_free(ctx);
     ctx = NULL;
 
-    if (rep) {
-        size_t k = (size_t)L * QF_AWQ_GROUP_COUNT;
+    {
+        size_t k = (size_t)L * G;
         rep->n_layer = L;
         rep->alpha = malloc(k * sizeof(float));
         rep->clip = malloc(k * sizeof(float));
@@ -507,55 +723,57 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
     }
 
     /* ---- search and fold, layer by layer ---- */
-    openblas_set_num_threads(1);
     pool = qf_pool_create(n_threads);
     int n_alpha = p.fixed_alpha >= 0 ? 2 : p.n_grid;
-    float *alphas = malloc((size_t)(n_alpha > 2 ? n_alpha : 2) * sizeof(float));
-    double *mse = malloc((size_t)(n_alpha > 2 ? n_alpha : 2) * sizeof(double));
+    int64_t maxR = 2 * (int64_t)F + Dq, maxD = F > Dq ? F : Dq;
+    if (D > maxD) maxD = D;
+    if (3 * (int64_t)D > maxR) maxR = 3 * (int64_t)D;
+    if (Dq + 2 * (int64_t)Dkv > maxR) maxR = Dq + 2 * (int64_t)Dkv;
+    int64_t nrows = p.rows_per_site;
+    alphas = malloc((size_t)(n_alpha > 3 ? n_alpha : 3) * sizeof(float));
+    mse = malloc((size_t)(n_alpha > 3 ? n_alpha : 3) * sizeof(double));
     sj.wbuf = calloc((size_t)n_threads, sizeof(float *));
     sj.ybuf = calloc((size_t)n_threads, sizeof(float *));
+    sj.hbuf = calloc((size_t)n_threads, sizeof(float *));
+    sj.obuf = calloc((size_t)n_threads, sizeof(float *));
     sj.qbuf = calloc((size_t)n_threads, sizeof(void *));
-    if (!pool || !alphas || !mse || !sj.wbuf || !sj.ybuf || !sj.qbuf) {
-        free(alphas);
-        free(mse);
+    Wstack = malloc((size_t)maxR * (size_t)maxD * sizeof(float));
+    mean_abs = malloc((size_t)maxD * sizeof(float));
+    mean_s = malloc((size_t)maxD * sizeof(float));
+    wmean = malloc((size_t)maxD * sizeof(float));
+    wmean_s = malloc((size_t)maxD * sizeof(float));
+    msq = malloc((size_t)maxD * sizeof(float));
+    s = malloc((size_t)maxD * sizeof(float));
+    ss = malloc((size_t)maxD * sizeof(float));
+    imp = malloc((size_t)maxD * sizeof(float));
+    fcov = malloc((size_t)maxD * 32 * sizeof(float));
+    cmap = malloc((size_t)maxD * sizeof(int));
+    s_all = malloc((size_t)L * G * (size_t)maxD * sizeof(float));
+    Y = malloc((size_t)nrows * (size_t)maxR * sizeof(float));
+    Href = malloc((size_t)nrows * (size_t)F * sizeof(float));
+    ratio_sum = calloc((size_t)n_threads, sizeof(double));
+    if (!pool || !alphas || !mse || !sj.wbuf || !sj.ybuf || !sj.hbuf || !sj.obuf || !sj.qbuf || !Wstack ||
+        !mean_abs || !mean_s || !wmean || !wmean_s || !msq || !s || !ss || !imp || !fcov || !cmap || !s_all ||
+        !Y || !Href || !ratio_sum)
         goto nomem;
+    for (int t = 0; t < n_threads; t++) {
+        sj.wbuf[t] = malloc((size_t)maxR * (size_t)maxD * sizeof(float));
+        sj.ybuf[t] = malloc((size_t)nrows * (size_t)maxR * sizeof(float));
+        sj.hbuf[t] = malloc((size_t)nrows * (size_t)F * sizeof(float));
+        sj.obuf[t] = malloc((size_t)nrows * (size_t)D * sizeof(float));
+        sj.qbuf[t] = malloc(qf_row_bytes(QF_TYPE_Q4_0, 32) * (size_t)(maxD / 32 + 1));
+        if (!sj.wbuf[t] || !sj.ybuf[t] || !sj.hbuf[t] || !sj.obuf[t] || !sj.qbuf[t]) goto nomem;
     }
     if (p.fixed_alpha >= 0) alphas[0] = 0, alphas[1] = p.fixed_alpha;
     else
         for (int a = 0; a < n_alpha; a++) alphas[a] = (float)a / (float)p.n_grid;
-    int64_t maxR = 2 * (int64_t)F + Dq, maxD = F > Dq ? F : Dq;
-    if (D > maxD) maxD = D;
-    if (3 * (int64_t)D > maxR) maxR = 3 * (int64_t)D;
-    int64_t nrows = p.rows_per_site;
-    for (int t = 0; t < n_threads; t++) {
-        sj.wbuf[t] = malloc((size_t)maxR * (size_t)maxD * sizeof(float));
-        sj.ybuf[t] = malloc((size_t)nrows * (size_t)maxR * sizeof(float));
-        sj.qbuf[t] = malloc(qf_row_bytes(QF_TYPE_Q4_0, 32) * (size_t)(maxD / 32 + 1));
-        if (!sj.wbuf[t] || !sj.ybuf[t] || !sj.qbuf[t]) {
-            free(alphas);
-            free(mse);
-            goto nomem;
-        }
-    }
-    float *Wstack = malloc((size_t)maxR * (size_t)maxD * sizeof(float));
-    float *mean_abs = malloc((size_t)maxD * sizeof(float)), *s = malloc((size_t)maxD * sizeof(float));
-    float *msq = malloc((size_t)maxD * sizeof(float));
-    Y = malloc((size_t)nrows * (size_t)maxR * sizeof(float));
-    if (!Wstack || !mean_abs || !s || !Y || !msq) {
-        free(msq);
-        free(Wstack);
-        free(mean_abs);
-        free(s);
-        free(alphas);
-        free(mse);
-        goto nomem;
-    }
+    for (int64_t i = 0; i < (int64_t)L * G * maxD; i++) s_all[i] = 1;
     qf_progress bar;
-    if (p.progress) qf_progress_begin(&bar, "awq search", (int64_t)L * QF_AWQ_GROUP_COUNT);
+    if (p.progress) qf_progress_begin(&bar, "awq search", (int64_t)L * G);
     for (int l = 0; l < L && !st; l++) {
         const qf_layer_weights *lw = qf_model_layer(m, l);
-        for (int g = 0; g < QF_AWQ_GROUP_COUNT && !st; g++) {
-            if (p.progress) qf_progress_update(&bar, (int64_t)l * QF_AWQ_GROUP_COUNT + g);
+        for (int g = 0; g < G && !st; g++) {
+            if (p.progress) qf_progress_update(&bar, (int64_t)l * G + g);
             const qf_weight *ws[3] = {0};
             int nw = 0;
             qf_act_site site;
@@ -569,22 +787,14 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
             bool ok = true;
             for (int k = 0; k < nw; k++) ok = ok && is_q4(ws[k]);
             if (g == QF_AWQ_DOWN) ok = ok && is_q4(&lw->w_up); /* up's rows get 1/s */
-            if (g == QF_AWQ_VO) ok = ok && is_q4(&lw->wv);
+            if (g == QF_AWQ_VO) ok = ok && is_q4(&lw->wv) && lw->wv.ne1 == Dkv && ws[0]->ne0 == Dq;
             reservoir *res = &ts.res[l * QF_ACT_SITE_COUNT + site];
             const qf_act_stats *as = qf_capture_act(cap, l, site);
             if (!ok || !res->rows || res->kept < 1 || !as || as->count < 1) continue;
-            int64_t Din = res->dim, R = 0;
+            int64_t Din = res->dim, R = 0, Ds = Din;
             for (int k = 0; k < nw; k++) {
                 float *wf = weight_f32(ws[k]);
-                if (!wf) {
-                    free(Wstack);
-                    free(msq);
-                    free(mean_abs);
-                    free(s);
-                    free(alphas);
-                    free(mse);
-                    goto nomem;
-                }
+                if (!wf) goto nomem;
                 memcpy(Wstack + R * Din, wf, (size_t)(ws[k]->ne1 * Din) * sizeof(float));
                 R += ws[k]->ne1;
                 free(wf);
@@ -593,106 +803,124 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
                 mean_abs[c] = (float)(as->sum_abs[c] / (double)as->count);
                 msq[c] = (float)(as->sum_sq[c] / (double)as->count);
             }
+            /* duo term: mean over the group's rows of |w| / (max |w| of its block of 32) */
+            for (int64_t c = 0; c < Din; c++) wmean[c] = 0;
+            if (p.duo)
+                for (int64_t r = 0; r < R; r++)
+                    for (int64_t b = 0; b < Din; b += 32) {
+                        const float *w = Wstack + r * Din + b;
+                        float mx = 0;
+                        for (int i = 0; i < 32; i++) mx = fmaxf(mx, fabsf(w[i]));
+                        for (int i = 0; i < 32; i++) wmean[b + i] += mx > 0 ? fabsf(w[i]) / mx / (float)R : 0;
+                    }
+            /* scale channels: the input channels, or under GQA for v -> o the kv-head channels */
+            bool tied = g == QF_AWQ_VO && q_per_kv > 1;
+            if (tied) {
+                Ds = Dkv;
+                for (int64_t c = 0; c < Din; c++) cmap[c] = (int)(((c / hd) / q_per_kv) * hd + c % hd);
+                for (int64_t c = 0; c < Ds; c++) mean_s[c] = wmean_s[c] = 0;
+                for (int64_t c = 0; c < Din; c++) {
+                    mean_s[cmap[c]] += mean_abs[c] / (float)q_per_kv;
+                    wmean_s[cmap[c]] += wmean[c] / (float)q_per_kv;
+                }
+            } else {
+                memcpy(mean_s, mean_abs, (size_t)Din * sizeof(float));
+                memcpy(wmean_s, wmean, (size_t)Din * sizeof(float));
+            }
+            free(raw_cov);
+            raw_cov = final_quant == QUANT_COV ? site_cov(res) : NULL;
+            if (final_quant == QUANT_COV && !raw_cov) goto nomem;
             int64_t n = res->kept;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)R, (int)Din, 1.0f, res->rows,
                         (int)Din, Wstack, (int)Din, 0.0f, Y, (int)R);
-            sj.X = res->rows, sj.W = Wstack, sj.Y = Y, sj.mean_abs = mean_abs, sj.msq = msq;
-            sj.block_search = false;
-            sj.n = n, sj.D = Din, sj.R = R, sj.n_alpha = n_alpha, sj.alphas = alphas, sj.mse = mse;
-            qf_pool_run(pool, search_worker, &sj);
-            if (sj.failed) {
-                free(Wstack);
-                free(msq);
-                free(mean_abs);
-                free(s);
-                free(alphas);
-                free(mse);
-                goto nomem;
+            bool act = g == QF_AWQ_GATE_UP && p.ffn_act_loss && R == 2 * (int64_t)F;
+            free(Wdown);
+            Wdown = NULL;
+            if (act) {
+                Wdown = weight_f32(&lw->w_down);
+                if (!Wdown) goto nomem;
+                for (int64_t i = 0; i < n; i++)
+                    for (int64_t c = 0; c < F; c++) Href[i * F + c] = silu(Y[i * R + c]) * Y[i * R + F + c];
             }
+            sj.X = res->rows, sj.W = Wstack, sj.Y = Y, sj.mean_abs = mean_s, sj.msq = msq;
+            sj.wmean = p.duo ? wmean_s : NULL, sj.cmap = tied ? cmap : NULL, sj.raw_cov = raw_cov;
+            sj.Wdown = Wdown, sj.Href = Href, sj.Dout = D;
+            sj.n = n, sj.D = Din, sj.Ds = Ds, sj.R = R;
+            /* plain RTN at alpha 0 is the reference the report compares with */
+            float a0 = 0;
+            double m0 = 0;
+            sj.quant = QUANT_RTN, sj.n_alpha = 1, sj.alphas = &a0, sj.mse = &m0;
+            qf_pool_run(pool, search_worker, &sj);
+            /* the grid, scored with RTN (cheap); the final quantizer rescores the best below */
+            sj.quant = QUANT_RTN;
+            sj.n_alpha = n_alpha, sj.alphas = alphas, sj.mse = mse;
+            qf_pool_run(pool, search_worker, &sj);
+            if (sj.failed) goto nomem;
             int best = 0;
             if (p.fixed_alpha >= 0) best = 1;
             else
                 for (int a = 1; a < n_alpha; a++)
                     if (mse[a] < mse[best]) best = a;
             float alpha = alphas[best];
-            double mse_best = mse[best], mse_rtn0 = mse[0];
-            if (p.clip && !p.keep_float && p.fixed_alpha < 0) {
-                /* the alpha RTN liked may not be the best once the block scale search runs:
-                 * score 0, half of it and it with the final quantizer and keep the best */
+            double mse_best = mse[best];
+            if (final_quant != QUANT_RTN && p.fixed_alpha < 0) {
+                /* the alpha RTN liked may not be the best once the block quantizer runs: rescore
+                 * 0, best/2 and best with the final quantizer and keep the best */
                 float cand[3] = {0, alphas[best / 2], alpha};
                 double cm[3];
                 int nc = best == 0 ? 1 : best / 2 == 0 ? 2 : 3;
                 if (nc == 2) cand[1] = alpha;
-                sj.block_search = true;
+                sj.quant = final_quant;
                 sj.n_alpha = nc, sj.alphas = cand, sj.mse = cm;
                 qf_pool_run(pool, search_worker, &sj);
-                if (sj.failed) goto nomem_search;
+                if (sj.failed) goto nomem;
                 int bc = 0;
                 for (int c = 1; c < nc; c++)
                     if (cm[c] < cm[bc]) bc = c;
                 alpha = cand[bc];
                 mse_best = cm[bc];
             }
-            if (rep) {
-                int k = l * QF_AWQ_GROUP_COUNT + g;
-                rep->alpha[k] = alpha;
-                rep->mse_rtn[k] = mse_rtn0;
-                rep->mse_awq[k] = mse_best;
-            }
-            make_scales(mean_abs, Din, alpha, s);
+            int k_rep = l * G + g;
+            rep->alpha[k_rep] = alpha;
+            rep->mse_rtn[k_rep] = m0;
+            rep->mse_awq[k_rep] = mse_best;
+            make_scales(mean_s, p.duo ? wmean_s : NULL, Ds, alpha, ss);
+            float *sg = s_all + (size_t)k_rep * maxD;
+            expand_scales(ss, tied ? cmap : NULL, Din, sg);
             /* fold: the consumers' columns *= s, the producer /= s */
             for (int k = 0; k < nw; k++) {
                 const char *nm = g == QF_AWQ_QKV ? (k == 0 ? "attn_q.weight" : k == 1 ? "attn_k.weight" : "attn_v.weight")
                                  : g == QF_AWQ_GATE_UP ? (k == 0 ? "ffn_gate.weight" : "ffn_up.weight")
                                  : g == QF_AWQ_DOWN ? "ffn_down.weight" : "attn_output.weight";
                 float *wf = ov_tensor(&ov, l, nm, ws[k]);
-                if (!wf) goto nomem_search;
-                scale_cols(wf, ws[k]->ne1, Din, s);
+                if (!wf) goto nomem;
+                scale_cols(wf, ws[k]->ne1, Din, sg);
             }
             if (g == QF_AWQ_QKV || g == QF_AWQ_GATE_UP) {
                 const qf_weight *nw_ = g == QF_AWQ_QKV ? &lw->attn_norm : &lw->ffn_norm;
                 float *gain = ov_tensor(&ov, l, g == QF_AWQ_QKV ? "attn_norm.weight" : "ffn_norm.weight", nw_);
-                if (!gain) goto nomem_search;
-                for (int64_t c = 0; c < Din; c++) gain[c] /= s[c];
+                if (!gain) goto nomem;
+                for (int64_t c = 0; c < Din; c++) gain[c] /= sg[c];
             } else {
+                /* the producer's output channels are the scale channels (ffn_up: F; attn_v: the
+                 * kv-head channels, one per group of query heads) */
                 const qf_weight *prod = g == QF_AWQ_DOWN ? &lw->w_up : &lw->wv;
                 float *wf = ov_tensor(&ov, l, g == QF_AWQ_DOWN ? "ffn_up.weight" : "attn_v.weight", prod);
-                if (!wf) goto nomem_search;
-                scale_rows_inv(wf, prod->ne1, prod->ne0, s);
+                if (!wf) goto nomem;
+                const float *sp = tied ? ss : sg;
+                scale_rows_inv(wf, prod->ne1, prod->ne0, sp);
                 if (g == QF_AWQ_VO && lw->bv.data) {
                     float *bv = ov_tensor(&ov, l, "attn_v.bias", &lw->bv);
-                    if (!bv) goto nomem_search;
-                    for (int64_t c = 0; c < Din; c++) bv[c] /= s[c];
+                    if (!bv) goto nomem;
+                    for (int64_t c = 0; c < lw->bv.ne0; c++) bv[c] /= sp[c];
                 }
             }
-            continue;
-        nomem_search:
-            free(msq);
-            free(Wstack);
-            free(mean_abs);
-            free(s);
-            free(alphas);
-            free(mse);
-            goto nomem;
         }
     }
     if (p.progress) qf_progress_end(&bar);
-    free(Wstack);
-    free(msq);
-    free(mean_abs);
-    free(alphas);
-    free(mse);
 
-    /* ---- clip search on every folded weight that will be Q4_0 ---- */
-    if (p.clip && !p.keep_float) {
-        double *ratio_sum = calloc((size_t)n_threads, sizeof(double));
-        float *imp = malloc((size_t)maxD * sizeof(float));
-        if (!ratio_sum || !imp) {
-            free(ratio_sum);
-            free(imp);
-            free(s);
-            goto nomem;
-        }
+    /* ---- the final block quantizer on every folded weight that will be Q4_0 ---- */
+    if (final_quant != QUANT_RTN) {
         for (int l = 0; l < L; l++) {
             const qf_layer_weights *lw = qf_model_layer(m, l);
             static const char *names[7] = {"attn_q.weight", "attn_k.weight", "attn_v.weight",
@@ -710,61 +938,38 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
                 const qf_act_stats *as = qf_capture_act(cap, l, sites[k]);
                 if (!as || as->count < 1 || as->dim != w->ne0) continue;
                 float *wf = ov_tensor(&ov, l, names[k], w);
-                if (!wf) {
-                    free(ratio_sum);
-                    free(imp);
-                    free(s);
-                    goto nomem;
+                if (!wf) goto nomem;
+                /* the folded input is x / s (s = 1 for an unscaled group) */
+                const float *sg = s_all + (size_t)(l * G + groups[k]) * maxD;
+                for (int64_t c = 0; c < w->ne0; c++) msq[c] = (float)(as->sum_sq[c] / (double)as->count);
+                const float *cv = NULL;
+                if (final_quant == QUANT_COV) {
+                    free(raw_cov);
+                    raw_cov = site_cov(&ts.res[l * QF_ACT_SITE_COUNT + sites[k]]);
+                    if (!raw_cov) goto nomem;
+                    cv = fcov;
                 }
-                /* the scaled input is x / s: recompute s from the chosen alpha */
-                float a = rep ? rep->alpha[l * QF_AWQ_GROUP_COUNT + groups[k]] : -1;
-                float *mabs = malloc((size_t)w->ne0 * sizeof(float));
-                if (!mabs) {
-                    free(ratio_sum);
-                    free(imp);
-                    free(s);
-                    goto nomem;
-                }
-                for (int64_t c = 0; c < w->ne0; c++) mabs[c] = (float)(as->sum_abs[c] / (double)as->count);
-                if (a >= 0) make_scales(mabs, w->ne0, a, s);
-                else
-                    for (int64_t c = 0; c < w->ne0; c++) s[c] = 1;
-                free(mabs);
-                double imp_mean = 0;
-                for (int64_t c = 0; c < w->ne0; c++) {
-                    imp[c] = (float)(as->sum_sq[c] / (double)as->count) / (s[c] * s[c]);
-                    imp_mean += imp[c];
-                }
-                imp_mean /= (double)w->ne0;
-                /* a floor so that channels quiet in calibration still count a little */
-                for (int64_t c = 0; c < w->ne0; c++) imp[c] += (float)(AWQ_IMP_FLOOR * imp_mean);
+                folded_importance(msq, raw_cov, sg, w->ne0, imp, final_quant == QUANT_COV ? fcov : NULL);
                 override_t *oe = NULL;
                 for (int i = 0; i < ov.n; i++)
                     if (ov.v[i].data == wf) oe = &ov.v[i];
                 if (oe && !oe->q4) oe->q4 = malloc((size_t)w->ne1 * (size_t)(w->ne0 / 32) * Q4_BLOCK_BYTES);
-                if (!oe || !oe->q4) {
-                    free(ratio_sum);
-                    free(imp);
-                    free(s);
-                    goto nomem;
-                }
-                clip_job cj = {.W = wf, .q4 = oe->q4, .imp = imp, .R = w->ne1, .D = w->ne0, .ratio_sum = ratio_sum};
+                if (!oe || !oe->q4) goto nomem;
+                clip_job cj = {.W = wf, .q4 = oe->q4, .imp = imp, .cov = cv, .R = w->ne1, .D = w->ne0,
+                               .ratio_sum = ratio_sum};
                 memset(ratio_sum, 0, (size_t)n_threads * sizeof(double));
                 qf_pool_run(pool, clip_worker, &cj);
                 double tot = 0;
                 for (int t = 0; t < n_threads; t++) tot += ratio_sum[t];
-                if (rep && (k == 0 || k == 3 || k == 4 || k == 6)) /* q / gate stand for their group */
-                    rep->clip[l * QF_AWQ_GROUP_COUNT + groups[k]] = (float)(tot / (double)(w->ne1 * (w->ne0 / 32)));
+                if (k == 0 || k == 3 || k == 4 || k == 6) /* q / gate stand for their group */
+                    rep->clip[l * G + groups[k]] = (float)(tot / (double)(w->ne1 * (w->ne0 / 32)));
             }
         }
-        free(ratio_sum);
-        free(imp);
     }
-    free(s);
 
     st = qf_forge_write_model(src, out_gguf, QF_TYPE_Q4_0, p.keep_float, ov_lookup, &ov, n_threads,
-                              rep ? rep->sha256 : NULL, rep ? rep->tensor_sha256 : NULL, err);
-    if (!st && rep) {
+                              rep->sha256, rep->tensor_sha256, err);
+    if (!st) {
         qf_hex(rep->sha256, 32, rep->sha256_hex);
         qf_hex(rep->tensor_sha256, 32, rep->tensor_sha256_hex);
         rep->seconds = qf_now_sec() - t0;
@@ -775,19 +980,23 @@ nomem:
     st = qf_fail(err, QF_ERR_NOMEM, "awq: out of memory");
 done:
     if (ts.res) {
-        for (int i = 0; i < L * QF_ACT_SITE_COUNT; i++) free(ts.res[i].rows);
+        for (int i = 0; i < L * QF_ACT_SITE_COUNT; i++) {
+            free(ts.res[i].rows);
+            free(ts.res[i].cov);
+        }
         free(ts.res);
     }
-    if (sj.wbuf)
-        for (int t = 0; t < n_threads; t++) free(sj.wbuf[t]);
-    if (sj.ybuf)
-        for (int t = 0; t < n_threads; t++) free(sj.ybuf[t]);
-    if (sj.qbuf)
-        for (int t = 0; t < n_threads; t++) free(sj.qbuf[t]);
-    free(sj.wbuf);
-    free(sj.ybuf);
-    free(sj.qbuf);
-    free(Y);
+    for (int t = 0; t < n_threads; t++) {
+        if (sj.wbuf) free(sj.wbuf[t]);
+        if (sj.ybuf) free(sj.ybuf[t]);
+        if (sj.hbuf) free(sj.hbuf[t]);
+        if (sj.obuf) free(sj.obuf[t]);
+        if (sj.qbuf) free(sj.qbuf[t]);
+    }
+    free(sj.wbuf), free(sj.ybuf), free(sj.hbuf), free(sj.obuf), free(sj.qbuf);
+    free(Y), free(Wstack), free(mean_abs), free(mean_s), free(wmean), free(wmean_s), free(msq), free(s);
+    free(ss), free(alphas), free(s_all), free(Wdown), free(Href), free(raw_cov), free(imp), free(fcov);
+    free(mse), free(ratio_sum), free(cmap);
     if (pool) qf_pool_free(pool);
     ov_free(&ov);
     if (ctx) qf_context_free(ctx);
