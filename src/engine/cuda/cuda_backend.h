@@ -6,6 +6,7 @@
 
 #include "qforge/error.h"
 #include "qforge/model.h"
+#include "engine/engine.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -21,6 +22,12 @@ void qf_cuda_ctx_free(qf_cuda_ctx *g);
 /* Same contract as qf_decode; calls c->tap with K/V read back from GPU memory when set. */
 qf_status qf_cuda_decode(qf_context *c, qf_cuda_ctx *g, const int32_t *tokens, int n, int pos0,
                          float *logits, int logits_from, qf_error *err);
+
+/* Rebuild the GPU KV cache in the modes of kv (the context's CPU-side cache, or a fresh one
+ * an artifact binding is about to swap in): int8 uploads kv's static scales, dict its
+ * dictionaries (codes are encoded on the host by kv's encoder and decoded on the GPU). On
+ * failure the GPU cache is left as it was. Cache contents are dropped. */
+qf_status qf_cuda_ctx_set_kv(qf_cuda_ctx *g, const qf_kv_cache *kv, qf_error *err);
 
 #ifdef __cplusplus
 }

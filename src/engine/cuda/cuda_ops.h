@@ -46,6 +46,16 @@ qf_status qf_cuda_op_attention_route(const float *q, const float *k, const float
 qf_status qf_cuda_op_kv_roundtrip(qf_kv_mode mode, const float *x, int64_t rows, int hd, void *bytes, float *out,
                                   qf_error *err);
 
+/* kv-int8: quantize rows x dkv floats with inv (dkv reciprocal scales, one per channel of a
+ * token's K or V row) as the GPU cache writes them, and expand them with scale: the stored
+ * bytes and the f32 values attention sees. */
+qf_status qf_cuda_op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, const float *scale,
+                                       const float *inv, int8_t *bytes, float *out, qf_error *err);
+/* kv-dict: decode rows packed codes of rb bytes (qf_kv_code_pack layout) against atoms
+ * [n_atoms][hd] as the GPU cache reads them. */
+qf_status qf_cuda_op_kv_dict_decode(const uint8_t *codes, int64_t rows, int hd, size_t rb, const float *atoms,
+                                    int n_atoms, int sparsity, int coef_q8, float *out, qf_error *err);
+
 /* The PPL pass on the GPU: decode tokens[0..n) at pos0 like qf_decode, then score rows
  * [from, n) without copying logits to the host: nll[r - from] = -log softmax(logits[r])
  * [targets[r - from]], computed as ppl.c's log_softmax_tok (f32 max, double sum of expf).
