@@ -342,6 +342,29 @@ TEST(awq_search_and_certificate) {
     free(ids);
 }
 
+/* the non-default scoring options run and stay sane (gate/up on the FFN block output, duo) */
+TEST(awq_options_act_loss_duo) {
+    const char *mp = model_path("models/qforge-demo-qwen2-5m-f16.gguf");
+    if (!mp || !test_data("corpora/tinystories-valid-head.txt")) SKIP("qwen2-5m / tinystories not in ../shared/data");
+    qf_error e = {0};
+    qf_awq_params p = qf_awq_default_params();
+    p.ffn_act_loss = true;
+    p.duo = true;
+    p.rows_per_site = 64;
+    p.max_tokens = 256;
+    p.n_ctx = 128;
+    p.n_grid = 5;
+    p.n_threads = 2;
+    qf_awq_report rep;
+    CHECK(awq_on(mp, "corpora/tinystories-valid-head.txt", &p, tmp_path("awq-opt.gguf"), &rep, &e) == QF_OK);
+    if (e.code) fprintf(stderr, "  %s\n", e.msg);
+    for (int i = 0; i < rep.n_layer * QF_AWQ_GROUP_COUNT; i++) {
+        CHECK(rep.alpha[i] >= 0 && rep.alpha[i] < 1);
+        CHECK(rep.mse_awq[i] <= rep.mse_rtn[i] * 1.0001);
+    }
+    qf_awq_report_free(&rep);
+}
+
 TEST(bad_input_is_a_clear_error) {
     qf_error e = {0};
     char *out = tmp_path("bad.gguf");
@@ -393,6 +416,7 @@ int main(void) {
     RUN(folding_keeps_the_function_qwen2_biases);
     RUN(alpha_zero_equals_rtn);
     RUN(awq_search_and_certificate);
+    RUN(awq_options_act_loss_duo);
     RUN(bad_input_is_a_clear_error);
     return test_summary();
 }

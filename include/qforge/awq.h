@@ -7,7 +7,8 @@
  *   ffn_norm  -> ffn_gate, ffn_up           (scales fold into the ffn_norm gain)
  *   ffn_up    -> ffn_down                   (the input is silu(gate)*up: scales fold into
  *                                            ffn_up's rows)
- *   attn_v    -> attn_output                (only when n_head == n_head_kv; skipped under GQA)
+ *   attn_v    -> attn_output                (under GQA one scale per kv-head channel, 
+ *                                            applied to every query head of its group)
  * per input channel s = mean|x|^alpha (normalized by sqrt(max*min)), alpha chosen on a grid by
  * the MSE of the group's output on real calibration rows with the Q4_0 round trip in the loop:
  * || X W^T - (X/s) Q(W*s)^T ||^2. Then W*s is quantized (with a per-block scale search, see
@@ -87,7 +88,8 @@ typedef struct {
     bool scale_vo;         /* v -> o group when shapes allow (default true); under GQA one scale
                               per kv-head channel, shared by the query heads of its group */
     bool ffn_act_loss;     /* gate_up scored on the block output W_down (silu(gate) * up) with
-                              the f32 W_down instead of the stacked gate/up outputs (default true) */
+                              the f32 W_down instead of the stacked gate/up outputs (default false:
+                              measured no better, docs/awq.md) */
     bool block_cov;        /* block search with each block's full 32x32 input covariance
                               E[x_b x_b^T] (folded) and a greedy rounding descent on it, instead
                               of the diagonal importance (default true; needs clip) */

@@ -2,8 +2,8 @@
  * that feeds the capture stage's per-channel statistics, accumulates each 32-channel block's
  * input covariance and keeps a bounded reservoir of real input rows per layer and site;
  * searches one alpha per group of linears sharing an input (s = mean|x|^alpha, scored on those
- * rows with the final Q4_0 quantizer in the loop: the group's outputs, or for gate/up the FFN
- * block output W_down (silu(gate) * up)), folds the scales into the RMSNorm gains / the previous
+ * rows with the final Q4_0 quantizer in the loop: the group's outputs, or optionally for gate/up
+ * the FFN block output W_down (silu(gate) * up)), folds the scales into the RMSNorm gains / the previous
  * linear's rows (v -> o tied per kv head under GQA), quantizes each Q4_0 block with a
  * covariance-weighted scale search and rounding descent, and writes the Q4_0 GGUF through
  * quantize.c. Also qf_awq_embed_certificate (the qforge.* metadata rewrite). */
@@ -40,7 +40,7 @@ qf_awq_params qf_awq_default_params(void) {
         .max_tokens = 8192,
         .clip = true,
         .scale_vo = true,
-        .ffn_act_loss = true,
+        .ffn_act_loss = false,
         .block_cov = true,
         .duo = false,
         .fixed_alpha = -1.0f,
