@@ -7,7 +7,7 @@
  *   ffn_norm  -> ffn_gate, ffn_up           (scales fold into the ffn_norm gain)
  *   ffn_up    -> ffn_down                   (the input is silu(gate)*up: scales fold into
  *                                            ffn_up's rows)
- *   attn_v    -> attn_output                (under GQA one scale per kv-head channel, 
+ *   attn_v    -> attn_output                (under GQA one scale per kv-head channel,
  *                                            applied to every query head of its group)
  * per input channel s = mean|x|^alpha (normalized by sqrt(max*min)), alpha chosen on a grid by
  * the MSE of the group's output on real calibration rows with the Q4_0 round trip in the loop:
