@@ -22,6 +22,7 @@
 
 #include "engine.h"
 #include "engine/cuda/cuda_backend.h"
+#include "engine/vecmath.h"
 
 #ifndef TILE_ROWS
 #define TILE_ROWS 128   /* weight rows dequantized per sgemm call (fewer calls = less operand packing) */
@@ -370,11 +371,11 @@ static void attention_worker(void *arg, int ith, int nth) {
                 int last = j->pos0 + i0 + i; /* causal: query sees positions <= its own */
                 float mx = -INFINITY;
                 for (int t = 0; t <= last; t++) mx = row[t] > mx ? row[t] : mx;
+                for (int t = 0; t <= last; t++) row[t] -= mx;
+                if (c->params.reference) qf_vec_exp_ref(row, last + 1);
+                else qf_vec_exp(row, last + 1);
                 double sum = 0;
-                for (int t = 0; t <= last; t++) {
-                    row[t] = expf(row[t] - mx);
-                    sum += row[t];
-                }
+                for (int t = 0; t <= last; t++) sum += row[t];
                 float inv = (float)(1.0 / sum);
                 for (int t = 0; t <= last; t++) row[t] *= inv;
                 for (int t = last + 1; t < Tb; t++) row[t] = 0.0f;
@@ -396,7 +397,64 @@ static void attention_worker(void *arg, int ith, int nth) {
 
 /* ---------------------------------------------------------------------------------------- */
 
-static float silu(float x) { return x / (1.0f + expf(-x)); }
+/* The elementwise stages between matmuls, split over the pool by tokens: before attention
+ * (bias, RoPE), and the SwiGLU gate (silu(gate) * up, exp vectorized). */
+typedef struct {
+    qf_context *c;
+    const layer_vecs *lv;
+    int n;
+    int stage; /* 0: bias + rope on q, k, v; 1: hb = silu(hb) * hb2 */
+} ew_job;
+
+static void ew_worker(void *arg, int ith, int nth) {
+    ew_job *j = arg;
+    qf_context *c = j->c;
+    const qf_hparams *hp = &c->model->hp;
+    int64_t t0, t1;
+    qf_split_range(j->n, ith, nth, &t0, &t1);
+    if (j->stage == 0) {
+        const int Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim;
+        const layer_vecs *lv = j->lv;
+        for (int64_t t = t0; t < t1; t++) {
+            if (lv->bq) for (int i = 0; i < Dq; i++) c->q[(size_t)t * Dq + i] += lv->bq[i];
+            if (lv->bk) for (int i = 0; i < Dkv; i++) c->k[(size_t)t * Dkv + i] += lv->bk[i];
+            if (lv->bv) for (int i = 0; i < Dkv; i++) c->v[(size_t)t * Dkv + i] += lv->bv[i];
+            rope_apply(c, c->q + (size_t)t * Dq, hp->n_head, (int)t);
+            rope_apply(c, c->k + (size_t)t * Dkv, hp->n_head_kv, (int)t);
+        }
+    } else {
+        const int F = hp->n_ff;
+        float *e = c->thr_buf[ith]; /* exp(-gate) for one token */
+        for (int64_t t = t0; t < t1; t++) {
+            float *g = c->hb + (size_t)t * F, *u = c->hb2 + (size_t)t * F;
+            for (int i = 0; i < F; i++) e[i] = -g[i];
+            if (c->params.reference) qf_vec_exp_ref(e, F);
+            else qf_vec_exp(e, F);
+            for (int i = 0; i < F; i++) g[i] = g[i] / (1.0f + e[i]) * u[i];
+        }
+    }
+}
+
+typedef struct {
+    qf_context *c;
+    float *out;
+    const float *x, *g;
+    int n;
+} norm_job;
+
+static void norm_worker(void *arg, int ith, int nth) {
+    norm_job *j = arg;
+    const qf_hparams *hp = &j->c->model->hp;
+    int64_t t0, t1;
+    qf_split_range(j->n, ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++)
+        rmsnorm(j->out + (size_t)t * hp->n_embd, j->x + (size_t)t * hp->n_embd, j->g, hp->n_embd, hp->rms_eps);
+}
+
+static void rmsnorm_rows(qf_context *c, float *out, const float *x, const float *g, int n) {
+    norm_job j = {.c = c, .out = out, .x = x, .g = g, .n = n};
+    qf_pool_run(c->pool, norm_worker, &j);
+}
 
 qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float *logits,
                     int logits_from, qf_error *err) {
@@ -414,8 +472,7 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
 
     if (c->gpu) return qf_cuda_decode(c, c->gpu, tokens, n, pos0, logits, logits_from, err);
 
-    const int D = hp->n_embd, hd = hp->head_dim, Dq = hp->n_head * hd, Dkv = hp->n_head_kv * hd,
-              F = hp->n_ff;
+    const int D = hp->n_embd, hd = hp->head_dim, Dq = hp->n_head * hd, F = hp->n_ff;
     const qf_tap *tap = c->tap;
     ctx_vecs *vecs = &ext(c)->vecs;
     bool ref = c->params.reference;
@@ -431,18 +488,13 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         const qf_layer_weights *L = &m->layers[il];
         const layer_vecs *lv = &vecs->layers[il];
 
-        for (int t = 0; t < n; t++) rmsnorm(c->xn + (size_t)t * D, c->x + (size_t)t * D, lv->attn_norm, D, hp->rms_eps);
+        rmsnorm_rows(c, c->xn, c->x, lv->attn_norm, n);
         if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_ATTN_IN, n, D, c->xn);
         matmul(c, &L->wq, c->xn, n, c->q);
         matmul(c, &L->wk, c->xn, n, c->k);
         matmul(c, &L->wv, c->xn, n, c->v);
-        for (int t = 0; t < n; t++) {
-            if (lv->bq) for (int i = 0; i < Dq; i++) c->q[(size_t)t * Dq + i] += lv->bq[i];
-            if (lv->bk) for (int i = 0; i < Dkv; i++) c->k[(size_t)t * Dkv + i] += lv->bk[i];
-            if (lv->bv) for (int i = 0; i < Dkv; i++) c->v[(size_t)t * Dkv + i] += lv->bv[i];
-            rope_apply(c, c->q + (size_t)t * Dq, hp->n_head, t);
-            rope_apply(c, c->k + (size_t)t * Dkv, hp->n_head_kv, t);
-        }
+        ew_job ej = {.c = c, .lv = lv, .n = n, .stage = 0};
+        qf_pool_run(c->pool, ew_worker, &ej); /* bias, RoPE */
         if (tap && tap->on_kv) tap->on_kv(tap->user, il, pos0, n, hp->n_head_kv, hd, c->k, c->v);
         qf_kv_cache_write(&c->kv, 0, il, pos0, n, c->k);
         qf_kv_cache_write(&c->kv, 1, il, pos0, n, c->v);
@@ -454,11 +506,12 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         matmul(c, &L->wo, c->att, n, c->xn);
         for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];
 
-        for (int t = 0; t < n; t++) rmsnorm(c->xn + (size_t)t * D, c->x + (size_t)t * D, lv->ffn_norm, D, hp->rms_eps);
+        rmsnorm_rows(c, c->xn, c->x, lv->ffn_norm, n);
         if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_FFN_IN, n, D, c->xn);
         matmul(c, &L->w_gate, c->xn, n, c->hb);
         matmul(c, &L->w_up, c->xn, n, c->hb2);
-        for (size_t i = 0; i < (size_t)n * F; i++) c->hb[i] = silu(c->hb[i]) * c->hb2[i];
+        ej.stage = 1;
+        qf_pool_run(c->pool, ew_worker, &ej); /* hb = silu(hb) * hb2 */
         if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_FFN_DOWN, n, F, c->hb);
         matmul(c, &L->w_down, c->hb, n, c->xn);
         for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];

@@ -1,0 +1,39 @@
+/* vecmath_avx2.c: AVX2/FMA exp for the softmax and SiLU (compiled with -mavx2 -mfma).
+ *
+ * exp(x) = 2^k * exp(r), k = round(x / ln 2), r = x - k ln 2 (ln 2 split in two parts so r is
+ * exact to f32), exp(r) by a degree-6 polynomial on |r| <= ln2/2 (Cephes' expf coefficients).
+ * Inputs are clamped to [-87.3, 88.0] (k <= 127, no overflow): below, the result is flushed to 0 as the softmax and
+ * SiLU want; above, the result saturates at e^88 (only SiLU of x < -88 can get there, and it
+ * still yields 0). */
+#include <immintrin.h>
+#include <math.h>
+
+#include "engine/vecmath.h"
+
+static inline __m256 exp8(__m256 x) {
+    const __m256 hi = _mm256_set1_ps(88.0f), lo = _mm256_set1_ps(-87.3f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r2 = _mm256_mul_ps(r, r);
+    p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+
+bool qf_vec_exp_avx2(float *x, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp8(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++) x[i] = expf(x[i]);
+    return true;
+}
