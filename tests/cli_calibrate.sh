@@ -81,5 +81,24 @@ for i in 1 2 3 4 5 6; do
 done
 if [ "$killed_ok" -eq 1 ]; then ok "SIGKILL never leaves a partial .qfa ($complete of 6 rounds finished a complete one)"; else bad "SIGKILL left a partial .qfa"; fi
 
+# awq on stories260K (small and quick): the artifact names its GGUF, the certificate carries the
+# RTN-Q4_0 baseline measured on the same tokens, and a failed gate removes the GGUF it wrote
+s260=$data/models/stories260K.gguf
+ts=$data/corpora/tinystories-sample-cs336.txt
+if [ -f "$s260" ] && [ -f "$ts" ]; then
+    awq=(-m "$s260" --artifact awq --corpus "$ts" -c 64 --max-tok 512 --eval-chunks 2 -t 2)
+    expect "awq certified (gate 50%)" 0 "$qf" calibrate "${awq[@]}" --gate 0.5 -o "$d/awq.qfa"
+    if [ -f "$d/awq.gguf" ] && "$qf" verify "$d/awq.qfa" -m "$s260" 2>/dev/null | grep -q rtn_q4_0_ppl &&
+        "$qf" ppl -m "$d/awq.gguf" -f "$ts" -c 64 -t 2 >/dev/null 2>&1; then
+        ok "awq: .qfa + runnable GGUF, RTN baseline in the certificate"
+    else bad "awq: artifact, GGUF or RTN baseline missing"; fi
+    expect "awq gate 0 -> CertifyFailed" 12 "$qf" calibrate "${awq[@]}" --gate 0 -o "$d/awq0.qfa"
+    if [ ! -e "$d/awq0.qfa" ] && [ ! -e "$d/awq0.gguf" ] && ! ls "$d"/awq0.gguf.* >/dev/null 2>&1; then
+        ok "awq: a failed gate leaves neither .qfa nor GGUF"
+    else bad "awq: files left after a failed gate"; fi
+else
+    skp "awq: stories260K or the cs336 sample not in $data"
+fi
+
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

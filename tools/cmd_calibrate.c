@@ -128,6 +128,8 @@ int qf_cmd_calibrate(int argc, char **argv) {
         json_t *secs = json_pack("{s:f, s:f, s:f, s:f, s:f}", "corpus", rep.seconds_corpus, "capture", rep.seconds_capture,
                                  "learn", rep.seconds_learn, "certify", rep.seconds_certify, "package", rep.seconds_package);
         json_object_set_new(o, "seconds", secs);
+        if (j.kind == QF_ARTIFACT_AWQ && rep.n_tried > 1 && isfinite(rep.awq_gap_closed))
+            json_object_set_new(o, "awq_share_of_rtn_gap_closed", json_real(rep.awq_gap_closed));
         if (st) json_object_set_new(o, "error", json_string(err.msg));
         cli_print_json(o);
     } else if (rep.n_tried > 0) {
@@ -140,6 +142,10 @@ int qf_cmd_calibrate(int argc, char **argv) {
                rep.f16_kv_bytes_per_token, r->ref_kv_bytes_per_token);
         printf("eval       %d chunks x %d tokens from the evaluation split; calibration %lld tokens\n", r->n_chunks,
                r->n_ctx, (long long)rep.calib_tokens);
+        if (j.kind == QF_ARTIFACT_AWQ && rep.n_tried > 1)
+            printf("RTN q4_0   PPL %.4f   KLD mean %.6f   same top-1 %.2f%%   -> AWQ closes %.1f%% of RTN's gap\n",
+                   rep.tried[1].result.cand_ppl, rep.tried[1].result.kld_mean, 100 * rep.tried[1].result.top1,
+                   100 * rep.awq_gap_closed);
         if (rep.packaged) printf("wrote      %s\n", j.out_path);
     }
     rc = st ? cli_fail("calibrate", &err) : 0;

@@ -134,6 +134,7 @@ typedef struct {
         qf_certify_result result;
     } tried[QF_JOB_MAX_TRIED];
     double f16_kv_bytes_per_token;
+    double awq_gap_closed;      /* awq: (RTN PPL - AWQ PPL) / (RTN PPL - reference PPL); tried[1] is RTN */
     int64_t calib_tokens;
     double seconds_corpus, seconds_capture, seconds_learn, seconds_certify, seconds_package;
 } qf_job_report;

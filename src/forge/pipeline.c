@@ -307,6 +307,14 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
         if (!st) st = qf_payload_add_int(cf, "max_train", j->dict_max_train, err);
     } else if (!st && j->kind == QF_ARTIFACT_AWQ) {
         st = qf_payload_add_string(cf, "weights", "q4_0 (AWQ-scaled, folded)", err);
+        if (!st && rep->n_tried > 1) { /* the RTN-Q4_0 baseline on the same evaluation tokens */
+            const qf_certify_result *b = &rep->tried[1].result;
+            if (!st) st = qf_payload_add_float(cf, "rtn_q4_0_ppl", b->cand_ppl, err);
+            if (!st) st = qf_payload_add_float(cf, "rtn_q4_0_kld_mean", b->kld_mean, err);
+            if (!st) st = qf_payload_add_float(cf, "rtn_q4_0_top1", b->top1, err);
+            if (!st && isfinite(rep->awq_gap_closed))
+                st = qf_payload_add_float(cf, "awq_share_of_rtn_gap_closed", rep->awq_gap_closed, err);
+        }
     }
     if (!st) st = qf_payload_add_float(cf, "kv_bytes_per_token", r->cand_kv_bytes_per_token, err);
     if (!st) st = qf_payload_add_float(cf, "f16_kv_bytes_per_token", rep->f16_kv_bytes_per_token, err);
@@ -401,6 +409,31 @@ static qf_status run_awq(const qf_job *j, shared *s, qf_job_report *rep, qf_erro
     rep->tried[0].result = *r;
     stage(j, "[4/5 certify] awq: PPL %.4f -> %.4f (delta %+.4f%%), KLD mean %.6f p99 %.6f, top-1 %.2f%%", r->ref_ppl,
           r->cand_ppl, 100 * r->delta_ppl, r->kld_mean, r->kld_p99, 100 * r->top1);
+    qf_context_free(cc), cc = NULL;
+    qf_model_free(cm), cm = NULL;
+    /* the baseline AWQ has to beat: plain round-to-nearest Q4_0 of the same model, measured on
+     * the same evaluation tokens against the same reference (reported, not gated) */
+    char rtn[4200];
+    snprintf(rtn, sizeof rtn, "%s.rtn.tmp", gguf);
+    qf_certify_result rr;
+    st = qf_quantize_model(j->model_path, rtn, QF_TYPE_Q4_0, err);
+    if (!st && !(cm = qf_model_load(rtn, err))) st = err ? err->code : QF_ERR_IO;
+    if (!st && !(cc = qf_context_new(cm, &cp, err))) st = err ? err->code : QF_ERR_NOMEM;
+    if (!st) st = qf_certify_context(cc, s->ref, &j->gate, &rr, err);
+    qf_context_free(cc), cc = NULL;
+    qf_model_free(cm), cm = NULL;
+    unlink(rtn);
+    if (st) {
+        st = as_stage(err, st, QF_ERR_CERTIFY_FAILED, "certify: the RTN-Q4_0 baseline");
+        goto fail;
+    }
+    rep->n_tried = 2;
+    set_variant(rep->tried[1].variant, sizeof rep->tried[1].variant, "q4_0-rtn");
+    rep->tried[1].result = rr;
+    rep->awq_gap_closed = rr.cand_ppl > r->ref_ppl ? (rr.cand_ppl - r->cand_ppl) / (rr.cand_ppl - r->ref_ppl) : NAN;
+    stage(j, "[4/5 certify] rtn baseline: PPL %.4f (delta %+.4f%%), KLD mean %.6f, top-1 %.2f%%; awq closes %.1f%% of "
+             "RTN's gap to the reference",
+          rr.cand_ppl, 100 * rr.delta_ppl, rr.kld_mean, 100 * rr.top1, 100 * rep->awq_gap_closed);
     if ((st = fill_cert(j, s, rep, err))) goto fail;
     if (!r->passed) {
         st = qf_fail(err, QF_ERR_CERTIFY_FAILED,
@@ -410,8 +443,6 @@ static qf_status run_awq(const qf_job *j, shared *s, qf_job_report *rep, qf_erro
                      r->cand_ppl, gguf);
         goto fail;
     }
-    qf_context_free(cc), cc = NULL;
-    qf_model_free(cm), cm = NULL;
     t0 = qf_now_sec();
     uint8_t sha[32];
     if ((st = qf_awq_embed_certificate(gguf, &rep->cert, &arep, sha, err))) {
