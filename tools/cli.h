@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "qforge/error.h"
+#include "qforge/model.h"
 
 /* Print "qforge <cmd>: error: <StatusName>: <message>" to stderr; return the exit code. */
 int cli_fail(const char *cmd, const qf_error *e);
@@ -24,6 +25,15 @@ bool cli_parse_double(const char *s, double lo, double hi, double *out);
  * value. Returns 1 when matched, 0 when not this flag, -1 on a missing value. */
 int cli_flag_value(int argc, char **argv, int *i, const char *name, const char *alias,
                    const char **val);
+
+/* The engine flags `ppl` and `generate` share: -m MODEL, -c N (into cp->n_ctx), -t N,
+ * --device D, -ctk T, -ctv T, --artifact X.qfa, --trust-key PEM. Returns 1 when argv[*i] was
+ * one of them (value consumed), 0 when not, -1 on a missing or bad value (reason in msg). */
+typedef struct {
+    const char *model_path, *artifact_path, *trust_key;
+    qf_context_params cp;
+} cli_engine_opts;
+int cli_engine_flag(int argc, char **argv, int *i, cli_engine_opts *o, char *msg, size_t cap);
 
 /* Print a JSON value (indented) to stdout followed by a newline, and free it. */
 void cli_print_json(json_t *j);

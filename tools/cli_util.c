@@ -67,3 +67,41 @@ void cli_print_json(json_t *j) {
     }
     json_decref(j);
 }
+
+int cli_engine_flag(int argc, char **argv, int *i, cli_engine_opts *o, char *msg, size_t cap) {
+    const char *a = argv[*i], *val = NULL;
+    int r;
+#define FLAG(name, alias) ((r = cli_flag_value(argc, argv, i, name, alias, &val)) != 0)
+#define BAD(...) return snprintf(msg, cap, __VA_ARGS__), -1
+    if (FLAG("-m", "--model")) {
+        if (r < 0) goto missing;
+        o->model_path = val;
+    } else if (FLAG("-c", "--ctx-size")) {
+        if (r < 0) goto missing;
+        if (!cli_parse_int(val, 2, 1 << 20, &o->cp.n_ctx)) BAD("bad -c '%s'", val);
+    } else if (FLAG("-t", "--threads")) {
+        if (r < 0) goto missing;
+        if (!cli_parse_int(val, 1, 1024, &o->cp.n_threads)) BAD("bad -t '%s'", val);
+    } else if (FLAG("--device", NULL)) {
+        if (r < 0) goto missing;
+        if (!qf_device_from_name(val, &o->cp.device)) BAD("bad --device '%s' (cpu, cuda or auto)", val);
+    } else if (FLAG("-ctk", "--cache-type-k") || FLAG("-ctv", "--cache-type-v")) {
+        if (r < 0) goto missing;
+        qf_kv_mode *dst = a[3] == 'k' || !strcmp(a, "--cache-type-k") ? &o->cp.kv_k : &o->cp.kv_v;
+        if (!qf_kv_mode_from_name(val, dst) || *dst >= QF_KV_INT8)
+            BAD("bad %s '%s' (f32, f16, q8_0, q4_0; int8/dict come with --artifact)", a, val);
+    } else if (FLAG("--artifact", NULL)) {
+        if (r < 0) goto missing;
+        o->artifact_path = val;
+    } else if (FLAG("--trust-key", NULL)) {
+        if (r < 0) goto missing;
+        o->trust_key = val;
+    } else {
+        return 0;
+    }
+    return 1;
+missing:
+    BAD("option '%s' needs a value", a);
+#undef BAD
+#undef FLAG
+}

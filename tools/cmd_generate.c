@@ -24,23 +24,22 @@ static const char *USAGE =
     "  --trust-key K  require the artifact to be signed by this Ed25519 key (PEM)";
 
 int qf_cmd_generate(int argc, char **argv) {
-    const char *model_path = NULL, *prompt = NULL, *val;
-    const char *artifact_path = NULL, *trust_key = NULL;
+    const char *prompt = NULL, *val;
+    cli_engine_opts eo = {.cp = qf_context_default_params()};
+    char why[256];
     int n_gen = 128;
     double temp = 0.8, top_p = 0.95;
     int top_k = 40;
     int64_t seed = 42;
-    qf_context_params cp = qf_context_default_params();
-    cp.n_ctx = 0;
+    eo.cp.n_ctx = 0;
     for (int i = 1; i < argc; i++) {
         int r;
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             puts(USAGE);
             return 0;
-        } else if ((r = cli_flag_value(argc, argv, &i, "-m", "--model", &val))) {
-            if (r < 0) goto missing;
-            model_path = val;
+        } else if ((r = cli_engine_flag(argc, argv, &i, &eo, why, sizeof why))) {
+            if (r < 0) return cli_usage("generate", USAGE, "%s", why);
         } else if ((r = cli_flag_value(argc, argv, &i, "-p", "--prompt", &val))) {
             if (r < 0) goto missing;
             prompt = val;
@@ -59,27 +58,6 @@ int qf_cmd_generate(int argc, char **argv) {
         } else if ((r = cli_flag_value(argc, argv, &i, "--seed", NULL, &val))) {
             if (r < 0) goto missing;
             if (!cli_parse_i64(val, 0, INT64_MAX, &seed)) return cli_usage("generate", USAGE, "bad --seed '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "-c", "--ctx-size", &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_int(val, 1, 1 << 20, &cp.n_ctx)) return cli_usage("generate", USAGE, "bad -c '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--device", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!qf_device_from_name(val, &cp.device)) return cli_usage("generate", USAGE, "bad --device '%s' (cpu, cuda or auto)", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "-t", "--threads", &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_int(val, 1, 1024, &cp.n_threads)) return cli_usage("generate", USAGE, "bad -t '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "-ctk", "--cache-type-k", &val))) {
-            if (r < 0) goto missing;
-            if (!qf_kv_mode_from_name(val, &cp.kv_k) || cp.kv_k >= QF_KV_INT8) return cli_usage("generate", USAGE, "bad -ctk '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "-ctv", "--cache-type-v", &val))) {
-            if (r < 0) goto missing;
-            if (!qf_kv_mode_from_name(val, &cp.kv_v) || cp.kv_v >= QF_KV_INT8) return cli_usage("generate", USAGE, "bad -ctv '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--artifact", NULL, &val))) {
-            if (r < 0) goto missing;
-            artifact_path = val;
-        } else if ((r = cli_flag_value(argc, argv, &i, "--trust-key", NULL, &val))) {
-            if (r < 0) goto missing;
-            trust_key = val;
         } else {
             return cli_usage("generate", USAGE, "unknown option '%s'", a);
         }
@@ -87,6 +65,8 @@ int qf_cmd_generate(int argc, char **argv) {
     missing:
         return cli_usage("generate", USAGE, "option '%s' needs a value", a);
     }
+    const char *model_path = eo.model_path, *artifact_path = eo.artifact_path, *trust_key = eo.trust_key;
+    qf_context_params cp = eo.cp;
     if (!model_path) return cli_usage("generate", USAGE, "-m MODEL is required");
     if (!prompt) return cli_usage("generate", USAGE, "-p PROMPT is required");
     if (trust_key && !artifact_path) return cli_usage("generate", USAGE, "--trust-key needs --artifact X.qfa");

@@ -29,60 +29,37 @@ static const char *USAGE =
     "  --json        print the result as JSON";
 
 int qf_cmd_ppl(int argc, char **argv) {
-    const char *model_path = NULL, *text_path = NULL, *kl_base = NULL, *val;
-    const char *artifact_path = NULL, *trust_key = NULL;
-    qf_context_params cp = qf_context_default_params();
+    const char *text_path = NULL, *kl_base = NULL, *val;
+    cli_engine_opts eo = {.cp = qf_context_default_params()};
     qf_ppl_params pp = qf_ppl_default_params();
-    bool json = false, kl = false;
+    eo.cp.n_ctx = pp.n_ctx;
+    bool json = false, kl = false, reference = false;
     int n_batch = 0;
+    char why[256];
     for (int i = 1; i < argc; i++) {
         int r;
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             puts(USAGE);
             return 0;
-        } else if ((r = cli_flag_value(argc, argv, &i, "-m", "--model", &val))) {
-            if (r < 0) goto missing;
-            model_path = val;
+        } else if ((r = cli_engine_flag(argc, argv, &i, &eo, why, sizeof why))) {
+            if (r < 0) return cli_usage("ppl", USAGE, "%s", why);
         } else if ((r = cli_flag_value(argc, argv, &i, "-f", "--file", &val))) {
             if (r < 0) goto missing;
             text_path = val;
-        } else if ((r = cli_flag_value(argc, argv, &i, "-c", "--ctx-size", &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_int(val, 2, 1 << 20, &pp.n_ctx)) return cli_usage("ppl", USAGE, "bad -c '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--device", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!qf_device_from_name(val, &cp.device)) return cli_usage("ppl", USAGE, "bad --device '%s' (cpu, cuda or auto)", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "-t", "--threads", &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_int(val, 1, 1024, &cp.n_threads)) return cli_usage("ppl", USAGE, "bad -t '%s'", val);
         } else if ((r = cli_flag_value(argc, argv, &i, "-b", "--batch-size", &val))) {
             if (r < 0) goto missing;
             if (!cli_parse_int(val, 1, 1 << 20, &n_batch)) return cli_usage("ppl", USAGE, "bad -b '%s'", val);
         } else if ((r = cli_flag_value(argc, argv, &i, "--chunks", NULL, &val))) {
             if (r < 0) goto missing;
             if (!cli_parse_int(val, 1, 1 << 30, &pp.n_chunks)) return cli_usage("ppl", USAGE, "bad --chunks '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "-ctk", "--cache-type-k", &val))) {
-            if (r < 0) goto missing;
-            if (!qf_kv_mode_from_name(val, &cp.kv_k) || cp.kv_k >= QF_KV_INT8)
-                return cli_usage("ppl", USAGE, "bad -ctk '%s' (f32, f16, q8_0, q4_0; int8/dict come with --artifact)", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "-ctv", "--cache-type-v", &val))) {
-            if (r < 0) goto missing;
-            if (!qf_kv_mode_from_name(val, &cp.kv_v) || cp.kv_v >= QF_KV_INT8)
-                return cli_usage("ppl", USAGE, "bad -ctv '%s' (f32, f16, q8_0, q4_0; int8/dict come with --artifact)", val);
         } else if ((r = cli_flag_value(argc, argv, &i, "--kl-divergence-base", NULL, &val))) {
             if (r < 0) goto missing;
             kl_base = val;
         } else if (!strcmp(a, "--kl-divergence")) {
             kl = true;
-        } else if ((r = cli_flag_value(argc, argv, &i, "--artifact", NULL, &val))) {
-            if (r < 0) goto missing;
-            artifact_path = val;
-        } else if ((r = cli_flag_value(argc, argv, &i, "--trust-key", NULL, &val))) {
-            if (r < 0) goto missing;
-            trust_key = val;
         } else if (!strcmp(a, "--reference")) {
-            cp.reference = true;
+            reference = true;
         } else if (!strcmp(a, "--json")) {
             json = true;
         } else {
@@ -92,6 +69,10 @@ int qf_cmd_ppl(int argc, char **argv) {
     missing:
         return cli_usage("ppl", USAGE, "option '%s' needs a value", a);
     }
+    const char *model_path = eo.model_path, *artifact_path = eo.artifact_path, *trust_key = eo.trust_key;
+    qf_context_params cp = eo.cp;
+    cp.reference = reference;
+    pp.n_ctx = cp.n_ctx;
     if (!model_path) return cli_usage("ppl", USAGE, "-m MODEL is required");
     if (!text_path) return cli_usage("ppl", USAGE, "-f TEXT is required");
     if (kl && !kl_base) return cli_usage("ppl", USAGE, "--kl-divergence needs --kl-divergence-base FILE");
