@@ -73,10 +73,24 @@ $(BUILD)/libqforge.a: $(LIB_OBJ)
 $(BUILD)/libqforge.so: $(LIB_OBJ)
 	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# pkg-config file for PREFIX (written again by `make install` for the PREFIX given there)
+define QF_PC
+prefix=$(1)
+libdir=$${prefix}/lib
+includedir=$${prefix}/include
+
+Name: qforge
+Description: LLM inference engine and certified compression forge
+Version: $(VERSION)
+Libs: -L$${libdir} -lqforge
+Libs.private: $(LDLIBS)
+Cflags: -I$${includedir}
+endef
+export QF_PC_TEXT = $(call QF_PC,$(PREFIX))
+
 $(BUILD)/qforge.pc: Makefile
 	@mkdir -p $(BUILD)
-	@printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: qforge\nDescription: LLM inference engine and certified compression forge\nVersion: %s\nLibs: -L$${libdir} -lqforge\nLibs.private: %s\nCflags: -I$${includedir}\n' \
-		'$(PREFIX)' '$(VERSION)' '$(LDLIBS)' > $@
+	@printf '%s\n' "$$QF_PC_TEXT" > $@
 
 $(BUILD)/qforge: $(TOOL_OBJ) $(BUILD)/libqforge.a
 	$(CC) $(LDFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libqforge.a $(LDLIBS)
@@ -123,7 +137,7 @@ install: lib cli
 	install -m 644 $(BUILD)/libqforge.a $(BUILD)/libqforge.so $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 include/qforge/*.h $(DESTDIR)$(PREFIX)/include/qforge/
 	install -m 755 $(BUILD)/qforge $(DESTDIR)$(PREFIX)/bin/
-	install -m 644 $(BUILD)/qforge.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+	printf '%s\n' "$$QF_PC_TEXT" > $(DESTDIR)$(PREFIX)/lib/pkgconfig/qforge.pc
 	install -d $(DESTDIR)$(PREFIX)/share/qforge/corpora/kerneldoc-demo
 	install -m 644 assets/corpora/kerneldoc-demo/docs.txt assets/corpora/kerneldoc-demo/SOURCES.txt $(DESTDIR)$(PREFIX)/share/qforge/corpora/kerneldoc-demo/
 
