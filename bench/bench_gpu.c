@@ -2,7 +2,8 @@
  *
  *   build/bench/bench_gpu MODEL.gguf [--corpus TEXT] [--chunks 4] [-c 512] [--kv f16] [--device cuda|cpu]
  *       [--prefill-only]   (with QF_CUDA_PROFILE=1 the backend prints GPU time per stage at exit)
- *       [--gemm]           (cuBLAS f16 GEMM rate for the model's shapes at M = -c, f32 and f16 output)
+ *       [--gemm]           (cuBLAS f16 GEMM rate for the model's shapes at M = -c: f32 and f16 output,
+ *                           f32 accumulating into C, and f32 with W not in L2)
  *
  * Three measurements on chunks of -c tokens (BOS + text tokens, as the PPL pass feeds them):
  *   prefill  qf_decode of the whole chunk, logits of the last token only;
@@ -155,15 +156,18 @@ int main(int argc, char **argv) {
                                                        {"gate/up", F, D}, {"gate+up fused", 2 * F, D}, {"down", D, F},
                                                        {"output", hp->n_vocab, D}};
         for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
-            double ms32 = 0, ms16 = 0;
+            double ms32 = 0, ms16 = 0, msacc = 0, mscold = 0;
             if (qf_cuda_bench_gemm(n_ctx, sh[i].N, sh[i].K, 0, 20, &ms32, &err) ||
-                qf_cuda_bench_gemm(n_ctx, sh[i].N, sh[i].K, 1, 20, &ms16, &err)) {
+                qf_cuda_bench_gemm(n_ctx, sh[i].N, sh[i].K, 1, 20, &ms16, &err) ||
+                qf_cuda_bench_gemm(n_ctx, sh[i].N, sh[i].K, 2, 20, &msacc, &err) ||
+                qf_cuda_bench_gemm(n_ctx, sh[i].N, sh[i].K, 4, 20, &mscold, &err)) {
                 fprintf(stderr, "bench_gpu: gemm: %s\n", err.msg);
                 break;
             }
             double fl = 2.0 * n_ctx * sh[i].N * sh[i].K;
-            printf("gemm %-14s M %d N %6d K %6d: f32 out %.3f ms %.0f TFLOP/s; f16 out %.3f ms %.0f TFLOP/s\n", sh[i].name,
-                   n_ctx, sh[i].N, sh[i].K, ms32, fl / ms32 / 1e9, ms16, fl / ms16 / 1e9);
+            printf("gemm %-14s M %d N %6d K %6d: f32 out %.3f ms %.0f TFLOP/s; f16 out %.3f ms %.0f; f32 +=C %.3f ms %.0f; f32 cold L2 %.3f ms %.0f\n",
+                   sh[i].name, n_ctx, sh[i].N, sh[i].K, ms32, fl / ms32 / 1e9, ms16, fl / ms16 / 1e9, msacc,
+                   fl / msacc / 1e9, mscold, fl / mscold / 1e9);
         }
     }
 #endif

@@ -38,6 +38,7 @@ extern "C" {
 }
 
 #define MATVEC_MAX 8   /* batches up to this many tokens use the fused matvec kernel */
+#define PROF_NCAT 7
 #define HD_MAX 256     /* attention keeps head_dim / 32 values per lane in registers */
 
 /* ---------------------------------------------------------------------------------------- */
@@ -259,10 +260,12 @@ __global__ void k_f32_to_f16(const float *x, size_t n, __half *y) {
     if (i < n) y[i] = __float2half_rn(x[i]);
 }
 
-/* one block per token */
-__global__ void k_rmsnorm(const float *x, const float *g, int d, float eps, float *out) {
+/* one block per token; writes the f32 result to out and/or its f16 rounding to out16 (either
+ * may be NULL): the f16 values are the same as converting out afterwards */
+__global__ void k_rmsnorm(const float *x, const float *g, int d, float eps, float *out, __half *out16 = NULL) {
     const float *xr = x + (size_t)blockIdx.x * d;
-    float *o = out + (size_t)blockIdx.x * d;
+    float *o = out ? out + (size_t)blockIdx.x * d : NULL;
+    __half *o16 = out16 ? out16 + (size_t)blockIdx.x * d : NULL;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
     __shared__ float red[32];
@@ -276,7 +279,11 @@ __global__ void k_rmsnorm(const float *x, const float *g, int d, float eps, floa
     }
     __syncthreads();
     const float scale = 1.0f / sqrtf(red[0] / d + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * scale * g[i];
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        const float v = xr[i] * scale * g[i];
+        if (o) o[i] = v;
+        if (o16) o16[i] = __float2half_rn(v);
+    }
 }
 
 /* v[t][h][hd] rotated; one thread per (t, h, pair) */
@@ -304,6 +311,51 @@ __global__ void k_silu_mul(float *g, const float *u, size_t n) {
     if (i < n) {
         const float x = g[i];
         g[i] = x / (1.0f + expf(-x)) * u[i];
+    }
+}
+
+/* fused gate/up: gu[t] = [gate (F) | up (F)]; silu(gate) * up to o16 (f16, the down GEMM's
+ * input) and, when o32 is set (activation taps), to o32 in f32 */
+__global__ void k_silu_gu(const float *gu, int n, int F, float *o32, __half *o16) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)n * F) return;
+    const int64_t t = i / F;
+    const int j = (int)(i - t * F);
+    const float x = gu[t * 2 * F + j];
+    const float v = x / (1.0f + expf(-x)) * gu[t * 2 * F + F + j];
+    o16[i] = __float2half_rn(v);
+    if (o32) o32[i] = v;
+}
+
+/* fused q/k/v: qkv[t] = [q (nh heads) | k (nkv) | v (nkv)] x hd; adds the biases (if any),
+ * rotates q and k (k_rope's pairs and formula) and writes q, k, v to their own buffers.
+ * One thread per (token, head, pair of elements). */
+__global__ void k_qkv_split(const float *qkv, int n, int nh, int nkv, int hd, int half, int neox, const float *cs,
+                            const float *sn, const float *bq, const float *bk, const float *bv, float *q, float *k,
+                            float *v) {
+    const int hp = hd / 2, H = nh + 2 * nkv;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)n * H * hp) return;
+    const int j = (int)(i % hp);
+    const int64_t th = i / hp;
+    const int h = (int)(th % H), t = (int)(th / H);
+    const float *src = qkv + th * hd;
+    float *dst;
+    const float *b;
+    bool rot = true;
+    if (h < nh) dst = q + ((int64_t)t * nh + h) * hd, b = bq ? bq + (size_t)h * hd : NULL;
+    else if (h < nh + nkv) dst = k + ((int64_t)t * nkv + h - nh) * hd, b = bk ? bk + (size_t)(h - nh) * hd : NULL;
+    else dst = v + ((int64_t)t * nkv + h - nh - nkv) * hd, b = bv ? bv + (size_t)(h - nh - nkv) * hd : NULL, rot = false;
+    rot = rot && j < half;
+    const int a = rot && neox ? j : 2 * j, c = rot && neox ? j + half : 2 * j + 1;
+    float x0 = src[a], x1 = src[c];
+    if (b) x0 += b[a], x1 += b[c];
+    if (rot) {
+        const float cc = cs[(size_t)t * half + j], s = sn[(size_t)t * half + j];
+        dst[a] = x0 * cc - x1 * s;
+        dst[c] = x0 * s + x1 * cc;
+    } else {
+        dst[a] = x0, dst[c] = x1;
     }
 }
 
@@ -700,10 +752,14 @@ typedef struct {
     size_t row_bytes;
     uint8_t *d;
     __half *h16;           /* prefill: persistent f16 copy of a quantized weight (f16 cache), or NULL */
+    bool view;             /* d and h16 point into a fused weight (wqkv, wgu), which owns them */
 } dweight;
 
 typedef struct {
     dweight wq, wk, wv, wo, wg, wu, wd;
+    /* fused prefill weights: q|k|v and gate|up rows in one allocation (wq..wv, wg/wu are views
+     * into them); d is NULL where the parts differ in type or row size */
+    dweight wqkv, wgu;
     float *attn_norm, *ffn_norm, *bq, *bk, *bv;
 } dlayer;
 
@@ -731,6 +787,7 @@ struct qf_cuda_ctx {
     size_t f16_cache_bytes;
     /* device scratch */
     float *x, *xn, *q, *k, *v, *att, *hb, *hb2, *logits, *rcos, *rsin;
+    float *qkv, *gu;       /* fused GEMM outputs: [n_batch][Dq + 2 Dkv], [n_batch][2 n_ff] */
     void *wdeq;            /* dequantized weight (f16 or f32) */
     size_t wdeq_bytes;
     __half *xh;            /* f16 activations for the f16 gemm */
@@ -746,7 +803,7 @@ struct qf_cuda_ctx {
      * printed when the context is freed */
     cudaEvent_t *ev;
     int *ev_cat, n_ev, prof_calls;
-    double prof_ms[4];
+    double prof_ms[PROF_NCAT], prof_first[PROF_NCAT]; /* all calls; the first call alone */
     /* uploads keyed by host pointer (tied output shares the embedding) */
 };
 
@@ -815,13 +872,52 @@ done:
 }
 
 static void free_weight(dweight *w) {
-    if (w->d) cudaFree(w->d);
-    if (w->h16) cudaFree(w->h16);
+    if (!w->view) {
+        if (w->d) cudaFree(w->d);
+        if (w->h16) cudaFree(w->h16);
+    }
     w->d = NULL, w->h16 = NULL;
 }
 
+/* Upload cnt weights that share type and row size as consecutive rows of one allocation
+ * (*fused), the parts being views into it; otherwise upload them one by one (fused->d NULL). */
+static qf_status upload_fused(qf_cuda_ctx *g, const qf_weight *const *ws, const char *const *names, int cnt,
+                              dweight *const *parts, dweight *fused, qf_error *err) {
+    qf_status st = QF_OK;
+    bool ok = true;
+    int64_t rows = 0;
+    memset(fused, 0, sizeof *fused);
+    for (int i = 0; i < cnt; i++) {
+        const qf_weight *w = ws[i];
+        ok = ok && w->data && w->type == ws[0]->type && w->ne0 == ws[0]->ne0 && w->row_bytes == ws[0]->row_bytes &&
+             gpu_type_ok(w->type) && w->type != QF_TYPE_F32 && w->ne0 % 32 == 0;
+        rows += w->ne1;
+    }
+    if (!ok) {
+        for (int i = 0; i < cnt; i++)
+            if ((st = upload_weight(g, ws[i], names[i], parts[i], err))) return st;
+        return QF_OK;
+    }
+    const size_t rb = ws[0]->row_bytes;
+    fused->type = ws[0]->type, fused->ne0 = ws[0]->ne0, fused->ne1 = rows, fused->row_bytes = rb;
+    CK(cudaMalloc((void **)&fused->d, rb * (size_t)rows));
+    g->weight_bytes += rb * (size_t)rows;
+    rows = 0;
+    for (int i = 0; i < cnt; i++) {
+        dweight *p = parts[i];
+        memset(p, 0, sizeof *p);
+        p->type = ws[i]->type, p->ne0 = ws[i]->ne0, p->ne1 = ws[i]->ne1, p->row_bytes = rb, p->view = true;
+        p->d = fused->d + rb * (size_t)rows;
+        CK(cudaMemcpy(p->d, ws[i]->data, rb * (size_t)ws[i]->ne1, cudaMemcpyHostToDevice));
+        rows += ws[i]->ne1;
+    }
+done:
+    return st;
+}
+
 #define PROF_MAX_EV 4096
-static const char *const prof_names[4] = {"norm/rope/misc", "matmul", "attention+kv", "logits"};
+static const char *const prof_names[PROF_NCAT] = {"norm/rope/misc", "matmul q/k/v", "attention+kv", "logits",
+                                                  "matmul o",       "matmul gate/up", "matmul down"};
 /* close the stage that ends here as category `cat` */
 static void prof_mark(qf_cuda_ctx *g, int cat) {
     if (!g->ev || g->n_ev >= PROF_MAX_EV) return;
@@ -835,6 +931,7 @@ static void prof_collect(qf_cuda_ctx *g) {
         float ms = 0;
         cudaEventElapsedTime(&ms, g->ev[i - 1], g->ev[i]);
         g->prof_ms[g->ev_cat[i]] += ms;
+        if (!g->prof_calls) g->prof_first[g->ev_cat[i]] += ms;
     }
     g->n_ev = 0;
     g->prof_calls++;
@@ -844,8 +941,14 @@ extern "C" void qf_cuda_ctx_free(qf_cuda_ctx *g) {
     if (!g) return;
     if (g->ev) {
         fprintf(stderr, "QF_CUDA_PROFILE: %d decode calls:", g->prof_calls);
-        for (int i = 0; i < 4; i++) fprintf(stderr, " %s %.2f ms;", prof_names[i], g->prof_ms[i]);
+        for (int i = 0; i < PROF_NCAT; i++) fprintf(stderr, " %s %.2f ms;", prof_names[i], g->prof_ms[i]);
         fprintf(stderr, "\n");
+        if (g->prof_calls > 1) {
+            fprintf(stderr, "QF_CUDA_PROFILE: per call after the first (%d calls):", g->prof_calls - 1);
+            for (int i = 0; i < PROF_NCAT; i++)
+                fprintf(stderr, " %s %.3f ms;", prof_names[i], (g->prof_ms[i] - g->prof_first[i]) / (g->prof_calls - 1));
+            fprintf(stderr, "\n");
+        }
         for (int i = 0; i < PROF_MAX_EV; i++) cudaEventDestroy(g->ev[i]);
         free(g->ev), free(g->ev_cat);
     }
@@ -854,6 +957,7 @@ extern "C" void qf_cuda_ctx_free(qf_cuda_ctx *g) {
             dlayer *L = &g->layers[il];
             free_weight(&L->wq), free_weight(&L->wk), free_weight(&L->wv), free_weight(&L->wo);
             free_weight(&L->wg), free_weight(&L->wu), free_weight(&L->wd);
+            free_weight(&L->wqkv), free_weight(&L->wgu);
             float *vs[] = {L->attn_norm, L->ffn_norm, L->bq, L->bk, L->bv};
             for (int i = 0; i < 5; i++)
                 if (vs[i]) cudaFree(vs[i]);
@@ -864,7 +968,8 @@ extern "C" void qf_cuda_ctx_free(qf_cuda_ctx *g) {
     else if (g->output.h16) cudaFree(g->output.h16); /* tied: only the f16 cache is the output's own */
     free_weight(&g->tok_embd);
     void *bufs[] = {g->output_norm, g->kv[0], g->kv[1], g->x, g->xn, g->q, g->k, g->v, g->att, g->hb,
-                    g->hb2, g->logits, g->rcos, g->rsin, g->wdeq, g->xh, g->tok, g->tgt, g->nll};
+                    g->hb2, g->logits, g->rcos, g->rsin, g->wdeq, g->xh, g->tok, g->tgt, g->nll,
+                    g->qkv, g->gu};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     if (g->blas) cublasDestroy(g->blas);
@@ -997,7 +1102,6 @@ extern "C" qf_status qf_cuda_ctx_new(qf_context *c, qf_cuda_ctx **out, qf_error 
               B = c->n_batch, half = hp->n_rot / 2;
     const size_t V = (size_t)hp->n_vocab;
     size_t max_w = 0; /* largest weight in elements */
-    char name[96];
 
     if (cublasCreate(&g->blas) != CUBLAS_STATUS_SUCCESS) {
         st = qf_fail(err, QF_ERR_DEVICE, "CUDA backend: cublasCreate failed");
@@ -1020,11 +1124,21 @@ extern "C" qf_status qf_cuda_ctx_new(qf_context *c, qf_cuda_ctx **out, qf_error 
             {&L->wq, &dl->wq, "attn_q"}, {&L->wk, &dl->wk, "attn_k"}, {&L->wv, &dl->wv, "attn_v"},
             {&L->wo, &dl->wo, "attn_output"}, {&L->w_gate, &dl->wg, "ffn_gate"}, {&L->w_up, &dl->wu, "ffn_up"},
             {&L->w_down, &dl->wd, "ffn_down"}};
+        char nm[7][96];
+        const char *nmp[7];
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
-            snprintf(name, sizeof name, "blk.%d.%s.weight", il, ws[i].n);
-            if ((st = upload_weight(g, ws[i].w, name, ws[i].d, err))) goto done;
+            snprintf(nm[i], sizeof nm[i], "blk.%d.%s.weight", il, ws[i].n);
+            nmp[i] = nm[i];
             max_w = wmax(max_w, (size_t)ws[i].w->ne0 * ws[i].w->ne1);
         }
+        {
+            const qf_weight *f3[3] = {&L->wq, &L->wk, &L->wv}, *f2[2] = {&L->w_gate, &L->w_up};
+            dweight *p3[3] = {&dl->wq, &dl->wk, &dl->wv}, *p2[2] = {&dl->wg, &dl->wu};
+            if ((st = upload_fused(g, f3, nmp, 3, p3, &dl->wqkv, err))) goto done;
+            if ((st = upload_fused(g, f2, nmp + 4, 2, p2, &dl->wgu, err))) goto done;
+        }
+        for (int i = 3; i < 7; i += 3)
+            if ((st = upload_weight(g, ws[i].w, nmp[i], ws[i].d, err))) goto done;
         if ((st = upload_vec(g, &L->attn_norm, &dl->attn_norm, err)) || (st = upload_vec(g, &L->ffn_norm, &dl->ffn_norm, err)) ||
             (st = upload_vec(g, &L->bq, &dl->bq, err)) || (st = upload_vec(g, &L->bk, &dl->bk, err)) ||
             (st = upload_vec(g, &L->bv, &dl->bv, err)))
@@ -1045,6 +1159,10 @@ extern "C" qf_status qf_cuda_ctx_new(qf_context *c, qf_cuda_ctx **out, qf_error 
         CK(cudaMalloc((void **)&g->att, (size_t)B * Dq * 4)); sc += (size_t)B * Dq * 4;
         CK(cudaMalloc((void **)&g->hb, (size_t)B * F * 4)); sc += (size_t)B * F * 4;
         CK(cudaMalloc((void **)&g->hb2, (size_t)B * F * 4)); sc += (size_t)B * F * 4;
+        if (B > MATVEC_MAX) {
+            CK(cudaMalloc((void **)&g->qkv, (size_t)B * (Dq + 2 * Dkv) * 4)); sc += (size_t)B * (Dq + 2 * Dkv) * 4;
+            CK(cudaMalloc((void **)&g->gu, (size_t)B * 2 * F * 4)); sc += (size_t)B * 2 * F * 4;
+        }
         CK(cudaMalloc((void **)&g->logits, (size_t)B * V * 4)); sc += (size_t)B * V * 4;
         CK(cudaMalloc((void **)&g->rcos, (size_t)B * half * 4 + 4));
         CK(cudaMalloc((void **)&g->rsin, (size_t)B * half * 4 + 4));
@@ -1158,6 +1276,34 @@ done:
     return st;
 }
 
+/* y[n][N] (+)= xh[n][K] . W^T, the f16 route with f16 activations already in place */
+static qf_status dev_gemm_h(cublasHandle_t blas, const dweight *w, const __half *xh, int n, float *y, bool accumulate,
+                            void *wdeq, qf_error *err) {
+    qf_status st = QF_OK;
+    const int K = (int)w->ne0, N = (int)w->ne1;
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    const __half *W = (const __half *)w->d;
+    if (w->h16) W = w->h16;
+    else if (w->type != QF_TYPE_F16) {
+        launch_dequant(w, wdeq, false);
+        W = (const __half *)wdeq;
+    }
+    CKB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16F, K, xh, CUDA_R_16F, K, &beta, y,
+                     CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    {
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) st = cuda_fail(err, e, "matmul kernel");
+    }
+done:
+    return st;
+}
+
+/* can w run dev_gemm_h: f16 or cached-f16 weights, or a per-call dequantization that fits wdeq */
+static bool gemm_h_ok(const qf_cuda_ctx *g, const dweight *w) {
+    return w->d && w->type != QF_TYPE_F32 &&
+           (w->h16 || w->type == QF_TYPE_F16 || (size_t)w->ne0 * w->ne1 * 2 <= g->wdeq_bytes);
+}
+
 /* flash route: f16 K and V, head_dim <= 256 */
 static bool flash_ok(qf_kv_mode mk, qf_kv_mode mv, int hd) { return mk == QF_KV_F16 && mv == QF_KV_F16 && hd <= 256; }
 
@@ -1256,7 +1402,7 @@ done:
  * persistent f16 matrix (the same k_dequant as the per-call route, so the GEMM sees identical
  * values) while at least 2 GiB of device memory stay free; otherwise keep dequantizing per call. */
 static void ensure_h16(qf_cuda_ctx *g, dweight *w, int n) {
-    if (!g->f16_cache || g->gemm_f32 || n <= MATVEC_MAX || w->h16 || !w->d || w->type == QF_TYPE_F16 ||
+    if (!g->f16_cache || g->gemm_f32 || n <= MATVEC_MAX || w->h16 || w->view || !w->d || w->type == QF_TYPE_F16 ||
         w->type == QF_TYPE_F32)
         return;
     const size_t bytes = (size_t)w->ne0 * w->ne1 * 2;
@@ -1273,6 +1419,18 @@ static void ensure_h16(qf_cuda_ctx *g, dweight *w, int n) {
     }
     launch_dequant(w, w->h16, false);
     g->f16_cache_bytes += bytes;
+}
+
+/* the same for a fused weight; its parts then read their rows of the fused f16 copy */
+static void ensure_h16_fused(qf_cuda_ctx *g, dweight *f, dweight *const *parts, int cnt, int n) {
+    if (!f->d) return;
+    ensure_h16(g, f, n);
+    if (!f->h16 || parts[0]->h16) return;
+    int64_t rows = 0;
+    for (int i = 0; i < cnt; i++) {
+        parts[i]->h16 = f->h16 + (size_t)rows * f->ne0;
+        rows += parts[i]->ne1;
+    }
 }
 
 /* copy a device activation to the host and hand it to the tap */
@@ -1372,33 +1530,52 @@ static qf_status cuda_forward(qf_context *c, qf_cuda_ctx *g, const int32_t *toke
         {
             dweight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
             for (int i = 0; i < 7; i++) ensure_h16(g, ws[i], n);
+            dweight *p3[3] = {&L->wq, &L->wk, &L->wv}, *p2[2] = {&L->wg, &L->wu};
+            ensure_h16_fused(g, &L->wqkv, p3, 3, n), ensure_h16_fused(g, &L->wgu, p2, 2, n);
         }
-        k_rmsnorm<<<n, 256>>>(g->x, L->attn_norm, D, hp->rms_eps, g->xn);
+        /* prefill on the f16 route with fused weights: one GEMM for q|k|v (f32 and f16 KV
+         * only, see below) and one for gate|up, the norms and SiLU*up writing the GEMMs' f16
+         * inputs directly */
+        const bool pre16 = n > MATVEC_MAX && route == QF_CUDA_MM_AUTO && g->qkv;
+        const bool fqkv = pre16 && gemm_h_ok(g, &L->wqkv) && hd % 2 == 0 &&
+                          (g->kv_mode[0] == QF_KV_F32 || g->kv_mode[0] == QF_KV_F16) &&
+                          (g->kv_mode[1] == QF_KV_F32 || g->kv_mode[1] == QF_KV_F16);
+        const bool fgu = pre16 && gemm_h_ok(g, &L->wgu);
+        const bool want_act = tap && tap->on_act;
+        k_rmsnorm<<<n, 256>>>(g->x, L->attn_norm, D, hp->rms_eps, !fqkv || want_act ? g->xn : NULL, fqkv ? g->xh : NULL);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_IN, n, D, g->xn, err))) goto done;
         prof_mark(g, 0);
-        if ((st = dev_matmul(g->blas, &L->wq, g->xn, n, g->q, false, route, g->wdeq, g->xh, err))) goto done;
-        {
-            /* a quantized cache (q8_0, q4_0, int8, dict) rounds K and V to a coarse grid or picks
-             * atoms by argmax, and f16 GEMM inputs move some of those decisions away from the
-             * CPU's: with such a cache the prefill projects K and V in f32 (sgemm) */
-            qf_cuda_mm_route rkv[2];
-            const dweight *wkv[2] = {&L->wk, &L->wv};
-            for (int s = 0; s < 2; s++)
-                rkv[s] = n > MATVEC_MAX && g->kv_mode[s] != QF_KV_F32 && g->kv_mode[s] != QF_KV_F16 &&
-                                 (size_t)wkv[s]->ne0 * wkv[s]->ne1 * 4 <= g->wdeq_bytes
-                             ? QF_CUDA_MM_GEMM_F32
-                             : route;
-            if ((st = dev_matmul(g->blas, &L->wk, g->xn, n, g->k, false, rkv[0], g->wdeq, g->xh, err))) goto done;
-            if ((st = dev_matmul(g->blas, &L->wv, g->xn, n, g->v, false, rkv[1], g->wdeq, g->xh, err))) goto done;
+        if (fqkv) {
+            if ((st = dev_gemm_h(g->blas, &L->wqkv, g->xh, n, g->qkv, false, g->wdeq, err))) goto done;
+            prof_mark(g, 1);
+            k_qkv_split<<<nblk((size_t)n * (hp->n_head + 2 * nkv) * (hd / 2), 256), 256>>>(
+                g->qkv, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, g->rcos, g->rsin, L->bq, L->bk,
+                L->bv, g->q, g->k, g->v);
+        } else {
+            if ((st = dev_matmul(g->blas, &L->wq, g->xn, n, g->q, false, route, g->wdeq, g->xh, err))) goto done;
+            {
+                /* a quantized cache (q8_0, q4_0, int8, dict) rounds K and V to a coarse grid or picks
+                 * atoms by argmax, and f16 GEMM inputs move some of those decisions away from the
+                 * CPU's: with such a cache the prefill projects K and V in f32 (sgemm) */
+                qf_cuda_mm_route rkv[2];
+                const dweight *wkv[2] = {&L->wk, &L->wv};
+                for (int s = 0; s < 2; s++)
+                    rkv[s] = n > MATVEC_MAX && g->kv_mode[s] != QF_KV_F32 && g->kv_mode[s] != QF_KV_F16 &&
+                                     (size_t)wkv[s]->ne0 * wkv[s]->ne1 * 4 <= g->wdeq_bytes
+                                 ? QF_CUDA_MM_GEMM_F32
+                                 : route;
+                if ((st = dev_matmul(g->blas, &L->wk, g->xn, n, g->k, false, rkv[0], g->wdeq, g->xh, err))) goto done;
+                if ((st = dev_matmul(g->blas, &L->wv, g->xn, n, g->v, false, rkv[1], g->wdeq, g->xh, err))) goto done;
+            }
+            prof_mark(g, 1);
+            if (L->bq) k_add_bias<<<nblk((size_t)n * Dq, 256), 256>>>(g->q, L->bq, n, Dq);
+            if (L->bk) k_add_bias<<<nblk((size_t)n * Dkv, 256), 256>>>(g->k, L->bk, n, Dkv);
+            if (L->bv) k_add_bias<<<nblk((size_t)n * Dkv, 256), 256>>>(g->v, L->bv, n, Dkv);
+            k_rope<<<nblk((size_t)n * hp->n_head * half, 256), 256>>>(g->q, n, hp->n_head, hd, half,
+                                                                      hp->rope_type == QF_ROPE_NEOX, g->rcos, g->rsin);
+            k_rope<<<nblk((size_t)n * nkv * half, 256), 256>>>(g->k, n, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX,
+                                                                 g->rcos, g->rsin);
         }
-        prof_mark(g, 1);
-        if (L->bq) k_add_bias<<<nblk((size_t)n * Dq, 256), 256>>>(g->q, L->bq, n, Dq);
-        if (L->bk) k_add_bias<<<nblk((size_t)n * Dkv, 256), 256>>>(g->k, L->bk, n, Dkv);
-        if (L->bv) k_add_bias<<<nblk((size_t)n * Dkv, 256), 256>>>(g->v, L->bv, n, Dkv);
-        k_rope<<<nblk((size_t)n * hp->n_head * half, 256), 256>>>(g->q, n, hp->n_head, hd, half,
-                                                                  hp->rope_type == QF_ROPE_NEOX, g->rcos, g->rsin);
-        k_rope<<<nblk((size_t)n * nkv * half, 256), 256>>>(g->k, n, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX,
-                                                             g->rcos, g->rsin);
         if (tap && tap->on_kv) {
             CK(cudaMemcpy(g->h_k, g->k, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(g->h_v, g->v, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
@@ -1417,19 +1594,28 @@ static qf_status cuda_forward(qf_context *c, qf_cuda_ctx *g, const int32_t *toke
         prof_mark(g, 2);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_OUT, n, Dq, g->att, err))) goto done;
         if ((st = dev_matmul(g->blas, &L->wo, g->att, n, g->x, true, route, g->wdeq, g->xh, err))) goto done;
-        prof_mark(g, 1);
+        prof_mark(g, 4);
 
-        k_rmsnorm<<<n, 256>>>(g->x, L->ffn_norm, D, hp->rms_eps, g->xn);
+        k_rmsnorm<<<n, 256>>>(g->x, L->ffn_norm, D, hp->rms_eps, !fgu || want_act ? g->xn : NULL, fgu ? g->xh : NULL);
         if ((st = tap_act(g, tap, il, QF_ACT_FFN_IN, n, D, g->xn, err))) goto done;
         prof_mark(g, 0);
-        if ((st = dev_matmul(g->blas, &L->wg, g->xn, n, g->hb, false, route, g->wdeq, g->xh, err))) goto done;
-        if ((st = dev_matmul(g->blas, &L->wu, g->xn, n, g->hb2, false, route, g->wdeq, g->xh, err))) goto done;
-        prof_mark(g, 1);
-        k_silu_mul<<<nblk((size_t)n * F, 256), 256>>>(g->hb, g->hb2, (size_t)n * F);
-        if ((st = tap_act(g, tap, il, QF_ACT_FFN_DOWN, n, F, g->hb, err))) goto done;
-        prof_mark(g, 0);
-        if ((st = dev_matmul(g->blas, &L->wd, g->hb, n, g->x, true, route, g->wdeq, g->xh, err))) goto done;
-        prof_mark(g, 1);
+        if (fgu) {
+            if ((st = dev_gemm_h(g->blas, &L->wgu, g->xh, n, g->gu, false, g->wdeq, err))) goto done;
+            prof_mark(g, 5);
+            k_silu_gu<<<nblk((size_t)n * F, 256), 256>>>(g->gu, n, F, want_act ? g->hb : NULL, g->xh);
+            if ((st = tap_act(g, tap, il, QF_ACT_FFN_DOWN, n, F, g->hb, err))) goto done;
+            prof_mark(g, 0);
+            if ((st = dev_gemm_h(g->blas, &L->wd, g->xh, n, g->x, true, g->wdeq, err))) goto done;
+        } else {
+            if ((st = dev_matmul(g->blas, &L->wg, g->xn, n, g->hb, false, route, g->wdeq, g->xh, err))) goto done;
+            if ((st = dev_matmul(g->blas, &L->wu, g->xn, n, g->hb2, false, route, g->wdeq, g->xh, err))) goto done;
+            prof_mark(g, 5);
+            k_silu_mul<<<nblk((size_t)n * F, 256), 256>>>(g->hb, g->hb2, (size_t)n * F);
+            if ((st = tap_act(g, tap, il, QF_ACT_FFN_DOWN, n, F, g->hb, err))) goto done;
+            prof_mark(g, 0);
+            if ((st = dev_matmul(g->blas, &L->wd, g->hb, n, g->x, true, route, g->wdeq, g->xh, err))) goto done;
+        }
+        prof_mark(g, 6);
     }
     le = cudaGetLastError();
     if (le != cudaSuccess) {
@@ -1438,9 +1624,14 @@ static qf_status cuda_forward(qf_context *c, qf_cuda_ctx *g, const int32_t *toke
     }
     if ((logits || nll) && logits_from < n) {
         int first = logits_from < 0 ? 0 : logits_from, n_out = n - first;
-        k_rmsnorm<<<n_out, 256>>>(g->x + (size_t)first * D, g->output_norm, D, hp->rms_eps, g->xn);
         ensure_h16(g, &g->output, n_out);
-        if ((st = dev_matmul(g->blas, &g->output, g->xn, n_out, g->logits, false, route, g->wdeq, g->xh, err))) goto done;
+        if (n_out > MATVEC_MAX && route == QF_CUDA_MM_AUTO && gemm_h_ok(g, &g->output)) {
+            k_rmsnorm<<<n_out, 256>>>(g->x + (size_t)first * D, g->output_norm, D, hp->rms_eps, NULL, g->xh);
+            if ((st = dev_gemm_h(g->blas, &g->output, g->xh, n_out, g->logits, false, g->wdeq, err))) goto done;
+        } else {
+            k_rmsnorm<<<n_out, 256>>>(g->x + (size_t)first * D, g->output_norm, D, hp->rms_eps, g->xn);
+            if ((st = dev_matmul(g->blas, &g->output, g->xn, n_out, g->logits, false, route, g->wdeq, g->xh, err))) goto done;
+        }
         if (nll) {
             CK(cudaMemcpy(g->tgt, targets, (size_t)n_out * 4, cudaMemcpyHostToDevice));
             k_nll<<<n_out, 1024>>>(g->logits, hp->n_vocab, g->tgt, g->nll);
@@ -1645,25 +1836,30 @@ __global__ void k_fill_h(__half *p, size_t n, uint32_t seed) {
         p[i] = __float2half(((h & 0xFFFF) / 65536.0f - 0.5f) * 0.1f);
     }
 }
-extern "C" qf_status qf_cuda_bench_gemm(int M, int N, int K, int out_f16, int iters, double *ms, qf_error *err) {
+extern "C" qf_status qf_cuda_bench_gemm(int M, int N, int K, int flags, int iters, double *ms, qf_error *err) {
     qf_status st = QF_OK;
     cublasHandle_t blas = NULL;
     __half *W = NULL, *X = NULL;
     void *Y = NULL;
     cudaEvent_t e0 = NULL, e1 = NULL;
-    const float one = 1.0f, zero = 0.0f;
+    const bool out_f16 = (flags & 1) && !(flags & 2);
+    const int copies = flags & 4 ? 4 : 1;
+    const size_t wn = (size_t)N * K;
+    const float one = 1.0f, beta = flags & 2 ? 1.0f : 0.0f;
     float t = 0;
     if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return qf_fail(err, QF_ERR_DEVICE, "cublasCreate failed");
-    CK(cudaMalloc((void **)&W, (size_t)N * K * 2));
+    CK(cudaMalloc((void **)&W, wn * 2 * copies));
     CK(cudaMalloc((void **)&X, (size_t)M * K * 2));
     CK(cudaMalloc(&Y, (size_t)M * N * 4));
-    k_fill_h<<<nblk((size_t)N * K, 256), 256>>>(W, (size_t)N * K, 1);
+    CK(cudaMemset(Y, 0, (size_t)M * N * 4));
+    k_fill_h<<<nblk(wn * copies, 256), 256>>>(W, wn * copies, 1);
     k_fill_h<<<nblk((size_t)M * K, 256), 256>>>(X, (size_t)M * K, 2);
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     for (int it = -2; it < iters; it++) {
         if (it == 0) CK(cudaEventRecord(e0, 0));
-        CKB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, W, CUDA_R_16F, K, X, CUDA_R_16F, K, &zero, Y,
+        const __half *Wi = W + wn * (size_t)((it + 2) % copies);
+        CKB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, Wi, CUDA_R_16F, K, X, CUDA_R_16F, K, &beta, Y,
                          out_f16 ? CUDA_R_16F : CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
     CK(cudaEventRecord(e1, 0));

@@ -64,7 +64,9 @@ qf_status qf_cuda_op_kv_dict_decode(const uint8_t *codes, int64_t rows, int hd, 
 qf_status qf_cuda_decode_nll(qf_context *c, const int32_t *tokens, int n, int pos0, int from, const int32_t *targets,
                              double *nll, qf_error *err);
 
-/* Time cublasGemmEx y[M][N] = x[M][K] W[N][K]^T (f16 in, f32 accumulate, f32 or f16 out): mean ms. */
+/* Time cublasGemmEx y[M][N] = x[M][K] W[N][K]^T (f16 in, f32 accumulate): mean ms. flags: bit 0 =
+ * f16 output (else f32), bit 1 = accumulate (beta = 1, f32 output), bit 2 = cold L2 (cycle
+ * through 4 copies of W, as in a forward pass where the weight was not just read). */
 qf_status qf_cuda_bench_gemm(int M, int N, int K, int out_f16, int iters, double *ms, qf_error *err);
 
 /* Bytes of weights the context holds on the GPU and the route counters (for the bench). */
