@@ -316,15 +316,18 @@ __global__ void k_silu_mul(float *g, const float *u, size_t n) {
 
 /* fused gate/up: gu[t] = [gate (F) | up (F)]; silu(gate) * up to o16 (f16, the down GEMM's
  * input) and, when o32 is set (activation taps), to o32 in f32 */
-__global__ void k_silu_gu(const float *gu, int n, int F, float *o32, __half *o16) {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (int64_t)n * F) return;
-    const int64_t t = i / F;
-    const int j = (int)(i - t * F);
-    const float x = gu[t * 2 * F + j];
-    const float v = x / (1.0f + expf(-x)) * gu[t * 2 * F + F + j];
-    o16[i] = __float2half_rn(v);
-    if (o32) o32[i] = v;
+__global__ void k_silu_gu(const float *gu, int F, float *o32, __half *o16) {
+    /* grid (F / 4 / 256, n): four elements per thread, F a multiple of 32 */
+    const int j = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (j >= F) return;
+    const size_t t = blockIdx.y;
+    const float4 x = *(const float4 *)(gu + t * 2 * F + j), u = *(const float4 *)(gu + t * 2 * F + F + j);
+    const float v[4] = {x.x / (1.0f + expf(-x.x)) * u.x, x.y / (1.0f + expf(-x.y)) * u.y,
+                        x.z / (1.0f + expf(-x.z)) * u.z, x.w / (1.0f + expf(-x.w)) * u.w};
+    __half2 *h = (__half2 *)(o16 + t * F + j);
+    h[0] = __halves2half2(__float2half_rn(v[0]), __float2half_rn(v[1]));
+    h[1] = __halves2half2(__float2half_rn(v[2]), __float2half_rn(v[3]));
+    if (o32) *(float4 *)(o32 + t * F + j) = make_float4(v[0], v[1], v[2], v[3]);
 }
 
 /* fused q/k/v: qkv[t] = [q (nh heads) | k (nkv) | v (nkv)] x hd; adds the biases (if any),
@@ -333,13 +336,12 @@ __global__ void k_silu_gu(const float *gu, int n, int F, float *o32, __half *o16
 __global__ void k_qkv_split(const float *qkv, int n, int nh, int nkv, int hd, int half, int neox, const float *cs,
                             const float *sn, const float *bq, const float *bk, const float *bv, float *q, float *k,
                             float *v) {
+    /* grid (H * hd / 2 / 256, n) */
     const int hp = hd / 2, H = nh + 2 * nkv;
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (int64_t)n * H * hp) return;
-    const int j = (int)(i % hp);
-    const int64_t th = i / hp;
-    const int h = (int)(th % H), t = (int)(th / H);
-    const float *src = qkv + th * hd;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= H * hp) return;
+    const int h = i / hp, j = i - h * hp, t = blockIdx.y;
+    const float *src = qkv + ((int64_t)t * H + h) * hd;
     float *dst;
     const float *b;
     bool rot = true;
@@ -597,7 +599,8 @@ __device__ static inline void mma16816(float *c, const uint32_t *a, uint32_t b0,
 
 template <int HDP, int BC>
 __global__ void __launch_bounds__(128) k_flash_f16(const float *q, const __half *K, const __half *V, int n, int pos0,
-                                                   int n_head, int n_head_kv, int hd, float scale_log2, float *out) {
+                                                   int n_head, int n_head_kv, int hd, float scale_log2, float *out,
+                                                   __half *out16) {
     constexpr int LD = HDP + 8; /* padded row: conflict-free fragment loads */
     __shared__ __align__(16) __half sK[BC * LD];
     __shared__ __align__(16) __half sV[BC * LD];
@@ -733,7 +736,17 @@ __global__ void __launch_bounds__(128) k_flash_f16(const float *q, const __half 
     for (int u = 0; u < 2; u++) {
         if (!ok[u]) continue;
         const float inv = 1.0f / lrow[u];
-        float *op = out + ((size_t)rowi[u] * n_head + rowh[u]) * hd;
+        const size_t ob = ((size_t)rowi[u] * n_head + rowh[u]) * hd;
+        if (out16) { /* f16 output (the wo GEMM's input): the rounding of the f32 values */
+#pragma unroll
+            for (int j = 0; j < HDP / 8; j++) {
+                const int d = j * 8 + tig * 2;
+                if (d < hd) out16[ob + d] = __float2half_rn(o[j][2 * u] * inv);
+                if (d + 1 < hd) out16[ob + d + 1] = __float2half_rn(o[j][2 * u + 1] * inv);
+            }
+            continue;
+        }
+        float *op = out + ob;
 #pragma unroll
         for (int j = 0; j < HDP / 8; j++) {
             const int d = j * 8 + tig * 2;
@@ -1308,21 +1321,21 @@ static bool gemm_h_ok(const qf_cuda_ctx *g, const dweight *w) {
 static bool flash_ok(qf_kv_mode mk, qf_kv_mode mv, int hd) { return mk == QF_KV_F16 && mv == QF_KV_F16 && hd <= 256; }
 
 static void launch_flash(const float *q, const uint8_t *K, const uint8_t *V, int n, int pos0, int n_head, int n_head_kv,
-                         int hd, float *out) {
+                         int hd, float *out, __half *out16 = NULL) {
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
     const int G = n_head / n_head_kv;
     dim3 grid(nblk((size_t)n * G, 64), (unsigned)n_head_kv);
     const __half *Kh = (const __half *)K, *Vh = (const __half *)V;
-    if (hd <= 64) k_flash_f16<64, 64><<<grid, 128>>>(q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out);
-    else if (hd <= 128) k_flash_f16<128, 64><<<grid, 128>>>(q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out);
-    else k_flash_f16<256, 32><<<grid, 128>>>(q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out);
+    if (hd <= 64) k_flash_f16<64, 64><<<grid, 128>>>(q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16);
+    else if (hd <= 128) k_flash_f16<128, 64><<<grid, 128>>>(q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16);
+    else k_flash_f16<256, 32><<<grid, 128>>>(q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16);
 }
 
 static void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
                              size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
-                             bool flash) {
-    if (flash && flash_ok(mk, mv, hd)) {
-        launch_flash(q, K, V, n, pos0, n_head, n_head_kv, hd, out);
+                             bool flash, __half *out16 = NULL) {
+    if (flash && flash_ok(mk, mv, hd)) { /* out16 set: f16 output only */
+        launch_flash(q, K, V, n, pos0, n_head, n_head_kv, hd, out, out16);
         return;
     }
     const size_t warps = (size_t)n * n_head;
@@ -1542,13 +1555,14 @@ static qf_status cuda_forward(qf_context *c, qf_cuda_ctx *g, const int32_t *toke
                           (g->kv_mode[1] == QF_KV_F32 || g->kv_mode[1] == QF_KV_F16);
         const bool fgu = pre16 && gemm_h_ok(g, &L->wgu);
         const bool want_act = tap && tap->on_act;
+        bool att16 = false;
         k_rmsnorm<<<n, 256>>>(g->x, L->attn_norm, D, hp->rms_eps, !fqkv || want_act ? g->xn : NULL, fqkv ? g->xh : NULL);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_IN, n, D, g->xn, err))) goto done;
         prof_mark(g, 0);
         if (fqkv) {
             if ((st = dev_gemm_h(g->blas, &L->wqkv, g->xh, n, g->qkv, false, g->wdeq, err))) goto done;
             prof_mark(g, 1);
-            k_qkv_split<<<nblk((size_t)n * (hp->n_head + 2 * nkv) * (hd / 2), 256), 256>>>(
+            k_qkv_split<<<dim3(nblk((size_t)(hp->n_head + 2 * nkv) * (hd / 2), 256), (unsigned)n), 256>>>(
                 g->qkv, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, g->rcos, g->rsin, L->bq, L->bk,
                 L->bv, g->q, g->k, g->v);
         } else {
@@ -1588,12 +1602,17 @@ static qf_status cuda_forward(qf_context *c, qf_cuda_ctx *g, const int32_t *toke
             size_t krb[2];
             for (int s = 0; s < 2; s++)
                 if ((st = kv_store(c, g, s, il, s ? g->v : g->k, n, pos0, &kvp[s], &km[s], &krb[s], err))) goto done;
+            /* flash attention on the f16 route writes the wo GEMM's f16 input directly */
+            const bool fl = n > MATVEC_MAX && !g->attn_warp && flash_ok(km[0], km[1], hd);
+            att16 = fl && pre16 && !want_act && gemm_h_ok(g, &L->wo);
             launch_attention(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv, hd, g->att,
-                             n > MATVEC_MAX && !g->attn_warp);
+                             n > MATVEC_MAX && !g->attn_warp, att16 ? g->xh : NULL);
         }
         prof_mark(g, 2);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_OUT, n, Dq, g->att, err))) goto done;
-        if ((st = dev_matmul(g->blas, &L->wo, g->att, n, g->x, true, route, g->wdeq, g->xh, err))) goto done;
+        if (att16) {
+            if ((st = dev_gemm_h(g->blas, &L->wo, g->xh, n, g->x, true, g->wdeq, err))) goto done;
+        } else if ((st = dev_matmul(g->blas, &L->wo, g->att, n, g->x, true, route, g->wdeq, g->xh, err))) goto done;
         prof_mark(g, 4);
 
         k_rmsnorm<<<n, 256>>>(g->x, L->ffn_norm, D, hp->rms_eps, !fgu || want_act ? g->xn : NULL, fgu ? g->xh : NULL);
@@ -1602,7 +1621,7 @@ static qf_status cuda_forward(qf_context *c, qf_cuda_ctx *g, const int32_t *toke
         if (fgu) {
             if ((st = dev_gemm_h(g->blas, &L->wgu, g->xh, n, g->gu, false, g->wdeq, err))) goto done;
             prof_mark(g, 5);
-            k_silu_gu<<<nblk((size_t)n * F, 256), 256>>>(g->gu, n, F, want_act ? g->hb : NULL, g->xh);
+            k_silu_gu<<<dim3(nblk((size_t)F / 4, 256), (unsigned)n), 256>>>(g->gu, F, want_act ? g->hb : NULL, g->xh);
             if ((st = tap_act(g, tap, il, QF_ACT_FFN_DOWN, n, F, g->hb, err))) goto done;
             prof_mark(g, 0);
             if ((st = dev_gemm_h(g->blas, &L->wd, g->xh, n, g->x, true, g->wdeq, err))) goto done;
