@@ -13,7 +13,7 @@ WARN     := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wformat=2 -Wvl
 CSTD     := -std=c11 -D_GNU_SOURCE
 OPT      ?= -O2 -g
 SANFLAGS ?=
-CPPFLAGS := -Iinclude -Isrc -DQF_VERSION='"$(VERSION)"' -DQF_GIT_COMMIT='"$(GIT_COMMIT)"'
+CPPFLAGS := -Iinclude -Isrc -DQF_VERSION='"$(VERSION)"'
 CFLAGS   := $(CSTD) $(WARN) $(OPT) $(SANFLAGS) -fPIC -pthread
 LDLIBS   := -lopenblas -lpcre2-8 -lcbor -lcrypto -lcurl -ljansson -lxxhash -lpthread -lm
 LDFLAGS  := $(SANFLAGS) -pthread
@@ -65,6 +65,12 @@ $(BUILD)/obj/%.o: %.c
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) -O3 -std=c++17 -Iinclude -Isrc -DQF_HAVE_CUDA -Xcompiler -fPIC -arch=sm_90 -c $< -o $@
+
+# The commit is compiled into version.o alone, which is rebuilt whenever the commit changes.
+GIT_STAMP := $(BUILD)/git-commit
+$(shell mkdir -p $(BUILD) && (echo '$(GIT_COMMIT)' | cmp -s - $(GIT_STAMP) || echo '$(GIT_COMMIT)' > $(GIT_STAMP)))
+$(BUILD)/obj/src/util/version.o: $(GIT_STAMP)
+$(BUILD)/obj/src/util/version.o: CPPFLAGS += -DQF_GIT_COMMIT='"$(GIT_COMMIT)"'
 
 $(BUILD)/libqforge.a: $(LIB_OBJ)
 	@rm -f $@

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "qforge/version.h"
 
 int qf_cmd_info(int argc, char **argv);
 int qf_cmd_tokenize(int argc, char **argv);
@@ -36,7 +37,7 @@ static const struct {
 static void usage(FILE *f) {
     fprintf(f, "qforge %s (%s): LLM inference engine and certified compression forge\n\n"
                "usage: qforge <command> [options]   (qforge <command> --help for its options)\n\n",
-            QF_VERSION, QF_GIT_COMMIT);
+            qf_version(), qf_git_commit());
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
 }
@@ -52,7 +53,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
-        printf("qforge %s (%s)\n", QF_VERSION, QF_GIT_COMMIT);
+        printf("qforge %s (%s)\n", qf_version(), qf_git_commit());
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

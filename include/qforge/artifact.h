@@ -98,8 +98,8 @@ typedef struct {
     char split[64];             /* how documents were assigned, e.g. "sha256-mod-10:eval=0" */
     int64_t calib_tokens, eval_tokens; /* tokens used to learn / to certify */
     /* the engine that produced it */
-    char engine_version[32];    /* QF_VERSION */
-    char engine_commit[48];     /* QF_GIT_COMMIT */
+    char engine_version[32];    /* qf_version() */
+    char engine_commit[48];     /* qf_git_commit() */
     qf_payload config;          /* learner settings: INT, FLOAT and STRING entries only */
     /* measured on the evaluation split, reference vs candidate (same code path) */
     double ref_ppl, cand_ppl;

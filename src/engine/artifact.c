@@ -3,6 +3,7 @@
  * what is corrupt, of an unknown version, badly signed, for another model or uncertified.
  * Byte layout and keys: docs/artifact-format.md. Must not depend on src/forge/. */
 #include "qforge/artifact.h"
+#include "qforge/version.h"
 
 #include <cbor.h>
 #include <math.h>
@@ -190,8 +191,8 @@ const char *qf_payload_get_string(const qf_payload *p, const char *name) {
 void qf_certificate_init(qf_certificate *c, qf_artifact_kind kind) {
     memset(c, 0, sizeof *c);
     c->kind = kind;
-    snprintf(c->engine_version, sizeof c->engine_version, "%s", QF_VERSION);
-    snprintf(c->engine_commit, sizeof c->engine_commit, "%s", QF_GIT_COMMIT);
+    snprintf(c->engine_version, sizeof c->engine_version, "%s", qf_version());
+    snprintf(c->engine_commit, sizeof c->engine_commit, "%s", qf_git_commit());
     time_t now = time(NULL);
     struct tm tm;
     gmtime_r(&now, &tm);
