@@ -286,6 +286,55 @@ __global__ void k_rmsnorm(const float *x, const float *g, int d, float eps, floa
     }
 }
 
+/* k_rmsnorm with the row held in registers: float4 loads, one read of x. d a multiple of 4 and
+ * at most 4 * NV * blockDim.x (launch_rmsnorm checks) */
+template <int NV>
+__global__ void k_rmsnorm4(const float *x, const float *g, int d, float eps, float *out, __half *out16) {
+    const int d4 = d / 4;
+    const float4 *xr = (const float4 *)(x + (size_t)blockIdx.x * d);
+    float4 v[NV];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        v[k] = i < d4 ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    }
+    __shared__ float red[32];
+    ss = warp_sum(ss);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float r = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+        r = warp_sum(r);
+        if (threadIdx.x == 0) red[0] = r;
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf(red[0] / d + eps);
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i >= d4) break;
+        const float4 gg = ((const float4 *)g)[i];
+        const float4 r = make_float4(v[k].x * scale * gg.x, v[k].y * scale * gg.y, v[k].z * scale * gg.z,
+                                     v[k].w * scale * gg.w);
+        if (out) ((float4 *)(out + (size_t)blockIdx.x * d))[i] = r;
+        if (out16) {
+            __half2 *h = (__half2 *)(out16 + (size_t)blockIdx.x * d) + 2 * i;
+            h[0] = __halves2half2(__float2half_rn(r.x), __float2half_rn(r.y));
+            h[1] = __halves2half2(__float2half_rn(r.z), __float2half_rn(r.w));
+        }
+    }
+}
+
+/* one launch of RMSNorm over n rows of d: the register kernel when the row fits, else k_rmsnorm */
+static void launch_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, __half *out16 = NULL) {
+    if (n <= 0) return;
+    if (d % 4 == 0 && d <= 4 * 4 * 256) k_rmsnorm4<4><<<n, 256>>>(x, g, d, eps, out, out16);
+    else if (d % 4 == 0 && d <= 4 * 8 * 256) k_rmsnorm4<8><<<n, 256>>>(x, g, d, eps, out, out16);
+    else k_rmsnorm<<<n, 256>>>(x, g, d, eps, out, out16);
+}
+
 /* v[t][h][hd] rotated; one thread per (t, h, pair) */
 __global__ void k_rope(float *v, int n, int n_heads, int hd, int half, int neox, const float *cs, const float *sn) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -597,19 +646,58 @@ __device__ static inline void mma16816(float *c, const uint32_t *a, uint32_t b0,
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* 16-byte asynchronous copy global -> shared; src_bytes 0 writes zeros (src must still be a
+ * valid address) */
+__device__ static inline void cp_async16(void *smem, const void *gmem, int src_bytes) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ static inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ static inline void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+/* dynamic shared memory of k_flash_f16: two stages of K and V tiles */
+template <int HDP, int BC> constexpr size_t flash_smem() { return (size_t)2 * 2 * BC * (HDP + 8) * sizeof(__half); }
+
 template <int HDP, int BC>
 __global__ void __launch_bounds__(128) k_flash_f16(const float *q, const __half *K, const __half *V, int n, int pos0,
                                                    int n_head, int n_head_kv, int hd, float scale_log2, float *out,
                                                    __half *out16) {
     constexpr int LD = HDP + 8; /* padded row: conflict-free fragment loads */
-    __shared__ __align__(16) __half sK[BC * LD];
-    __shared__ __align__(16) __half sV[BC * LD];
-    const int kvh = blockIdx.y, G = n_head / n_head_kv;
+    /* two stages of [K tile | V tile]: the next tile is copied (cp.async) while this one is used */
+    extern __shared__ __align__(16) unsigned char flash_sm[];
+    __half *const sbase = (__half *)flash_sm;
+    /* grid (kv heads, row blocks); the row blocks run last-first, so the longest (causal) start first */
+    const int kvh = blockIdx.x, G = n_head / n_head_kv;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane >> 2, tig = lane & 3;
-    const int R = n * G, rb0 = blockIdx.x * 64;
+    const int R = n * G, rb0 = (gridDim.y - 1 - blockIdx.y) * 64;
     const int i_lo = rb0 / G, i_hi = (min(R, rb0 + 64) - 1) / G;
     const int kmax = pos0 + i_hi; /* last key any row of the block sees */
     const int nc = (hd + 15) / 16;
+    const bool vec = (hd % 8) == 0;
+    /* K/V tile of keys [j0, j0 + BC) into stage st; rows past kmax and columns past hd are zero */
+    auto load_tile = [&](int j0, int st) {
+        __half *dK = sbase + (size_t)st * 2 * BC * LD, *dV = dK + BC * LD;
+#pragma unroll 4
+        for (int idx = threadIdx.x; idx < BC * (HDP / 8); idx += 128) {
+            const int key = idx / (HDP / 8), d = (idx % (HDP / 8)) * 8, t = j0 + key;
+            const bool in = t <= kmax && d < hd;
+            const size_t off = in ? ((size_t)t * n_head_kv + kvh) * hd + d : 0;
+            if (vec) {
+                cp_async16(dK + key * LD + d, K + off, in ? 16 : 0);
+                cp_async16(dV + key * LD + d, V + off, in ? 16 : 0);
+            } else {
+                __half kh[8], vh[8];
+                for (int e = 0; e < 8; e++) {
+                    kh[e] = in && d + e < hd ? K[off + e] : __float2half(0.0f);
+                    vh[e] = in && d + e < hd ? V[off + e] : __float2half(0.0f);
+                }
+                memcpy(dK + key * LD + d, kh, 16);
+                memcpy(dV + key * LD + d, vh, 16);
+            }
+        }
+        cp_async_commit();
+    };
+    load_tile(0, 0); /* in flight while Q is read */
     /* this thread's two rows */
     int rowi[2], rowh[2], lim[2];
     bool ok[2];
@@ -639,31 +727,13 @@ __global__ void __launch_bounds__(128) k_flash_f16(const float *q, const __half 
 #pragma unroll
     for (int j = 0; j < HDP / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
-    const bool vec = (hd % 8) == 0;
-    for (int j0 = 0; j0 <= kmax; j0 += BC) {
+    int st = 0;
+    for (int j0 = 0; j0 <= kmax; j0 += BC, st ^= 1) {
+        if (j0 + BC <= kmax) load_tile(j0 + BC, st ^ 1);
+        else cp_async_commit(); /* an empty group keeps the wait below uniform */
+        cp_async_wait1();       /* this tile's group has landed (the next may be in flight) */
         __syncthreads();
-        for (int idx = threadIdx.x; idx < BC * (HDP / 8); idx += 128) {
-            const int key = idx / (HDP / 8), d = (idx % (HDP / 8)) * 8, t = j0 + key;
-            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
-            if (t <= kmax && d < hd) {
-                const size_t off = ((size_t)t * n_head_kv + kvh) * hd + d;
-                if (vec) {
-                    kv4 = *(const uint4 *)(K + off);
-                    vv4 = *(const uint4 *)(V + off);
-                } else {
-                    __half kh[8], vh[8];
-                    for (int e = 0; e < 8; e++) {
-                        kh[e] = d + e < hd ? K[off + e] : __float2half(0.0f);
-                        vh[e] = d + e < hd ? V[off + e] : __float2half(0.0f);
-                    }
-                    memcpy(&kv4, kh, 16);
-                    memcpy(&vv4, vh, 16);
-                }
-            }
-            *(uint4 *)(sK + key * LD + d) = kv4;
-            *(uint4 *)(sV + key * LD + d) = vv4;
-        }
-        __syncthreads();
+        const __half *sK = sbase + (size_t)st * 2 * BC * LD, *sV = sK + BC * LD;
         float s[BC / 8][4];
 #pragma unroll
         for (int nt = 0; nt < BC / 8; nt++) {
@@ -726,6 +796,7 @@ __global__ void __launch_bounds__(128) k_flash_f16(const float *q, const __half 
                 mma16816(o[2 * dp + 1], pa, b2, b3);
             }
         }
+        __syncthreads(); /* every warp is done with stage st before it is refilled */
     }
 #pragma unroll
     for (int u = 0; u < 2; u++) {
@@ -1320,15 +1391,28 @@ static bool gemm_h_ok(const qf_cuda_ctx *g, const dweight *w) {
 /* flash route: f16 K and V, head_dim <= 256 */
 static bool flash_ok(qf_kv_mode mk, qf_kv_mode mv, int hd) { return mk == QF_KV_F16 && mv == QF_KV_F16 && hd <= 256; }
 
+/* one instantiation of k_flash_f16; its dynamic shared memory (over 48 KiB) is allowed once */
+template <int HDP, int BC>
+static void launch_flash_t(dim3 grid, const float *q, const __half *K, const __half *V, int n, int pos0, int n_head,
+                           int n_head_kv, int hd, float scale_log2, float *out, __half *out16) {
+    static bool attr_set = false;
+    if (!attr_set) {
+        cudaFuncSetAttribute(k_flash_f16<HDP, BC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)flash_smem<HDP, BC>());
+        attr_set = true;
+    }
+    k_flash_f16<HDP, BC><<<grid, 128, flash_smem<HDP, BC>()>>>(q, K, V, n, pos0, n_head, n_head_kv, hd, scale_log2,
+                                                              out, out16);
+}
+
 static void launch_flash(const float *q, const uint8_t *K, const uint8_t *V, int n, int pos0, int n_head, int n_head_kv,
                          int hd, float *out, __half *out16 = NULL) {
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
     const int G = n_head / n_head_kv;
-    dim3 grid(nblk((size_t)n * G, 64), (unsigned)n_head_kv);
+    dim3 grid((unsigned)n_head_kv, nblk((size_t)n * G, 64));
     const __half *Kh = (const __half *)K, *Vh = (const __half *)V;
-    if (hd <= 64) k_flash_f16<64, 64><<<grid, 128>>>(q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16);
-    else if (hd <= 128) k_flash_f16<128, 64><<<grid, 128>>>(q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16);
-    else k_flash_f16<256, 32><<<grid, 128>>>(q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16);
+    if (hd <= 64) launch_flash_t<64, 64>(grid, q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16);
+    else if (hd <= 128) launch_flash_t<128, 64>(grid, q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16);
+    else launch_flash_t<256, 32>(grid, q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16);
 }
 
 static void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
@@ -1556,7 +1640,7 @@ static qf_status cuda_forward(qf_context *c, qf_cuda_ctx *g, const int32_t *toke
         const bool fgu = pre16 && gemm_h_ok(g, &L->wgu);
         const bool want_act = tap && tap->on_act;
         bool att16 = false;
-        k_rmsnorm<<<n, 256>>>(g->x, L->attn_norm, D, hp->rms_eps, !fqkv || want_act ? g->xn : NULL, fqkv ? g->xh : NULL);
+        launch_rmsnorm(g->x, L->attn_norm, n, D, hp->rms_eps, !fqkv || want_act ? g->xn : NULL, fqkv ? g->xh : NULL);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_IN, n, D, g->xn, err))) goto done;
         prof_mark(g, 0);
         if (fqkv) {
@@ -1615,7 +1699,7 @@ static qf_status cuda_forward(qf_context *c, qf_cuda_ctx *g, const int32_t *toke
         } else if ((st = dev_matmul(g->blas, &L->wo, g->att, n, g->x, true, route, g->wdeq, g->xh, err))) goto done;
         prof_mark(g, 4);
 
-        k_rmsnorm<<<n, 256>>>(g->x, L->ffn_norm, D, hp->rms_eps, !fgu || want_act ? g->xn : NULL, fgu ? g->xh : NULL);
+        launch_rmsnorm(g->x, L->ffn_norm, n, D, hp->rms_eps, !fgu || want_act ? g->xn : NULL, fgu ? g->xh : NULL);
         if ((st = tap_act(g, tap, il, QF_ACT_FFN_IN, n, D, g->xn, err))) goto done;
         prof_mark(g, 0);
         if (fgu) {
@@ -1645,10 +1729,10 @@ static qf_status cuda_forward(qf_context *c, qf_cuda_ctx *g, const int32_t *toke
         int first = logits_from < 0 ? 0 : logits_from, n_out = n - first;
         ensure_h16(g, &g->output, n_out);
         if (n_out > MATVEC_MAX && route == QF_CUDA_MM_AUTO && gemm_h_ok(g, &g->output)) {
-            k_rmsnorm<<<n_out, 256>>>(g->x + (size_t)first * D, g->output_norm, D, hp->rms_eps, NULL, g->xh);
+            launch_rmsnorm(g->x + (size_t)first * D, g->output_norm, n_out, D, hp->rms_eps, NULL, g->xh);
             if ((st = dev_gemm_h(g->blas, &g->output, g->xh, n_out, g->logits, false, g->wdeq, err))) goto done;
         } else {
-            k_rmsnorm<<<n_out, 256>>>(g->x + (size_t)first * D, g->output_norm, D, hp->rms_eps, g->xn);
+            launch_rmsnorm(g->x + (size_t)first * D, g->output_norm, n_out, D, hp->rms_eps, g->xn);
             if ((st = dev_matmul(g->blas, &g->output, g->xn, n_out, g->logits, false, route, g->wdeq, g->xh, err))) goto done;
         }
         if (nll) {
@@ -1739,7 +1823,7 @@ extern "C" qf_status qf_cuda_op_rmsnorm(const float *x, const float *gn, int n, 
     float *dx = (float *)dup_to(&a, x, (size_t)n * d * 4), *dg = (float *)dup_to(&a, gn, (size_t)d * 4);
     float *dout = (float *)dalloc(&a, (size_t)n * d * 4);
     OP_NEED(dx && dg && dout);
-    k_rmsnorm<<<n, 256>>>(dx, dg, d, eps, dout);
+    launch_rmsnorm(dx, dg, n, d, eps, dout);
     return op_finish(&a, out, dout, (size_t)n * d * 4, err);
 }
 
