@@ -365,12 +365,20 @@ __global__ void k_silu_mul(float *g, const float *u, size_t n) {
 
 /* fused gate/up: gu[t] = [gate (F) | up (F)]; silu(gate) * up to o16 (f16, the down GEMM's
  * input) and, when o32 is set (activation taps), to o32 in f32 */
-__global__ void k_silu_gu(const float *gu, int F, float *o32, __half *o16) {
+__device__ static inline float4 ld4(const float *p) { return *(const float4 *)p; }
+__device__ static inline float4 ld4(const __half *p) {
+    const __half2 a = ((const __half2 *)p)[0], b = ((const __half2 *)p)[1];
+    return make_float4(__low2float(a), __high2float(a), __low2float(b), __high2float(b));
+}
+
+/* IT = __half: the gate|up GEMM wrote f16 (QF_CUDA_GU16=1, not certified) */
+template <typename IT>
+__global__ void k_silu_gu(const IT *gu, int F, float *o32, __half *o16) {
     /* grid (F / 4 / 256, n): four elements per thread, F a multiple of 32 */
     const int j = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
     if (j >= F) return;
     const size_t t = blockIdx.y;
-    const float4 x = *(const float4 *)(gu + t * 2 * F + j), u = *(const float4 *)(gu + t * 2 * F + F + j);
+    const float4 x = ld4(gu + t * 2 * F + j), u = ld4(gu + t * 2 * F + F + j);
     const float v[4] = {x.x / (1.0f + expf(-x.x)) * u.x, x.y / (1.0f + expf(-x.y)) * u.y,
                         x.z / (1.0f + expf(-x.z)) * u.z, x.w / (1.0f + expf(-x.w)) * u.w};
     __half2 *h = (__half2 *)(o16 + t * F + j);
@@ -382,16 +390,22 @@ __global__ void k_silu_gu(const float *gu, int F, float *o32, __half *o16) {
 /* fused q/k/v: qkv[t] = [q (nh heads) | k (nkv) | v (nkv)] x hd; adds the biases (if any),
  * rotates q and k (k_rope's pairs and formula) and writes q, k, v to their own buffers.
  * One thread per (token, head, pair of elements). */
+__device__ static inline void st_out(float *p, float x) { *p = x; }
+__device__ static inline void st_out(__half *p, float x) { *p = __float2half_rn(x); }
+
+/* OT = __half: q goes to the flash kernel's f16 Q and k, v straight into the f16 KV cache
+ * (rows [t][nkv][hd] from pos0), the __float2half_rn of the same f32 values that the f32
+ * route's k_kv_write and the flash kernel's Q load would round */
+template <typename OT>
 __global__ void k_qkv_split(const float *qkv, int n, int nh, int nkv, int hd, int half, int neox, const float *cs,
-                            const float *sn, const float *bq, const float *bk, const float *bv, float *q, float *k,
-                            float *v) {
+                            const float *sn, const float *bq, const float *bk, const float *bv, OT *q, OT *k, OT *v) {
     /* grid (H * hd / 2 / 256, n) */
     const int hp = hd / 2, H = nh + 2 * nkv;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= H * hp) return;
     const int h = i / hp, j = i - h * hp, t = blockIdx.y;
     const float *src = qkv + ((int64_t)t * H + h) * hd;
-    float *dst;
+    OT *dst;
     const float *b;
     bool rot = true;
     if (h < nh) dst = q + ((int64_t)t * nh + h) * hd, b = bq ? bq + (size_t)h * hd : NULL;
@@ -403,10 +417,10 @@ __global__ void k_qkv_split(const float *qkv, int n, int nh, int nkv, int hd, in
     if (b) x0 += b[a], x1 += b[c];
     if (rot) {
         const float cc = cs[(size_t)t * half + j], s = sn[(size_t)t * half + j];
-        dst[a] = x0 * cc - x1 * s;
-        dst[c] = x0 * s + x1 * cc;
+        const float y0 = x0 * cc - x1 * s, y1 = x0 * s + x1 * cc;
+        st_out(dst + a, y0), st_out(dst + c, y1);
     } else {
-        dst[a] = x0, dst[c] = x1;
+        st_out(dst + a, x0), st_out(dst + c, x1);
     }
 }
 
@@ -658,8 +672,13 @@ __device__ static inline void cp_async_wait1() { asm volatile("cp.async.wait_gro
 /* dynamic shared memory of k_flash_f16: two stages of K and V tiles */
 template <int HDP, int BC> constexpr size_t flash_smem() { return (size_t)2 * 2 * BC * (HDP + 8) * sizeof(__half); }
 
-template <int HDP, int BC>
-__global__ void __launch_bounds__(128) k_flash_f16(const float *q, const __half *K, const __half *V, int n, int pos0,
+__device__ static inline float ld_f(const float *p) { return *p; }
+__device__ static inline float ld_f(const __half *p) { return __half2float(*p); }
+
+/* QT: f32 Q, or f16 Q written by k_qkv_split<__half> (the same f16 values: Q is rounded to
+ * f16 on load either way) */
+template <int HDP, int BC, typename QT>
+__global__ void __launch_bounds__(128) k_flash_f16(const QT *q, const __half *K, const __half *V, int n, int pos0,
                                                    int n_head, int n_head_kv, int hd, float scale_log2, float *out,
                                                    __half *out16) {
     constexpr int LD = HDP + 8; /* padded row: conflict-free fragment loads */
@@ -718,8 +737,8 @@ __global__ void __launch_bounds__(128) k_flash_f16(const float *q, const __half 
 #pragma unroll
             for (int u = 0; u < 2; u++) {
                 const int d = c * 16 + hi * 8 + tig * 2;
-                const float *qp = q + ((size_t)rowi[u] * n_head + rowh[u]) * hd;
-                const float x0 = ok[u] && d < hd ? qp[d] : 0.0f, x1 = ok[u] && d + 1 < hd ? qp[d + 1] : 0.0f;
+                const QT *qp = q + ((size_t)rowi[u] * n_head + rowh[u]) * hd;
+                const float x0 = ok[u] && d < hd ? ld_f(qp + d) : 0.0f, x1 = ok[u] && d + 1 < hd ? ld_f(qp + d + 1) : 0.0f;
                 qa[c][hi * 2 + u] = pack_h2(x0, x1);
             }
     }
@@ -867,6 +886,7 @@ struct qf_cuda_ctx {
     int n_ctx, n_batch;
     bool gemm_f32;
     bool attn_warp;        /* QF_CUDA_ATTN=warp: the one-warp-per-(query, head) kernel for prefill too */
+    bool gu16;             /* QF_CUDA_GU16=1 (experimental, not certified): the gate|up GEMM writes f16 */
     bool f16_cache;        /* quantized weights keep an f16 copy for prefill GEMMs (QF_CUDA_F16_CACHE=0: off) */
     size_t f16_cache_bytes;
     /* device scratch */
@@ -1181,6 +1201,7 @@ extern "C" qf_status qf_cuda_ctx_new(qf_context *c, qf_cuda_ctx **out, qf_error 
     g->gemm_f32 = gm && strcmp(gm, "f32") == 0;
     const char *am = getenv("QF_CUDA_ATTN");
     g->attn_warp = am && strcmp(am, "warp") == 0;
+    g->gu16 = getenv("QF_CUDA_GU16") && atoi(getenv("QF_CUDA_GU16")) == 1;
     g->f16_cache = !(getenv("QF_CUDA_F16_CACHE") && atoi(getenv("QF_CUDA_F16_CACHE")) == 0);
     const int D = hp->n_embd, F = hp->n_ff, Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim,
               B = c->n_batch, half = hp->n_rot / 2;
@@ -1361,8 +1382,8 @@ done:
 }
 
 /* y[n][N] (+)= xh[n][K] . W^T, the f16 route with f16 activations already in place */
-static qf_status dev_gemm_h(cublasHandle_t blas, const dweight *w, const __half *xh, int n, float *y, bool accumulate,
-                            void *wdeq, qf_error *err) {
+static qf_status dev_gemm_h(cublasHandle_t blas, const dweight *w, const __half *xh, int n, void *y, bool accumulate,
+                            void *wdeq, qf_error *err, cudaDataType yt = CUDA_R_32F) {
     qf_status st = QF_OK;
     const int K = (int)w->ne0, N = (int)w->ne1;
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
@@ -1372,8 +1393,8 @@ static qf_status dev_gemm_h(cublasHandle_t blas, const dweight *w, const __half 
         launch_dequant(w, wdeq, false);
         W = (const __half *)wdeq;
     }
-    CKB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16F, K, xh, CUDA_R_16F, K, &beta, y,
-                     CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CKB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16F, K, xh, CUDA_R_16F, K, &beta, y, yt,
+                     N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     {
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) st = cuda_fail(err, e, "matmul kernel");
@@ -1392,19 +1413,21 @@ static bool gemm_h_ok(const qf_cuda_ctx *g, const dweight *w) {
 static bool flash_ok(qf_kv_mode mk, qf_kv_mode mv, int hd) { return mk == QF_KV_F16 && mv == QF_KV_F16 && hd <= 256; }
 
 /* one instantiation of k_flash_f16; its dynamic shared memory (over 48 KiB) is allowed once */
-template <int HDP, int BC>
-static void launch_flash_t(dim3 grid, const float *q, const __half *K, const __half *V, int n, int pos0, int n_head,
+template <int HDP, int BC, typename QT>
+static void launch_flash_t(dim3 grid, const QT *q, const __half *K, const __half *V, int n, int pos0, int n_head,
                            int n_head_kv, int hd, float scale_log2, float *out, __half *out16) {
     static bool attr_set = false;
     if (!attr_set) {
-        cudaFuncSetAttribute(k_flash_f16<HDP, BC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)flash_smem<HDP, BC>());
+        cudaFuncSetAttribute(k_flash_f16<HDP, BC, QT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)flash_smem<HDP, BC>());
         attr_set = true;
     }
-    k_flash_f16<HDP, BC><<<grid, 128, flash_smem<HDP, BC>()>>>(q, K, V, n, pos0, n_head, n_head_kv, hd, scale_log2,
-                                                              out, out16);
+    k_flash_f16<HDP, BC, QT><<<grid, 128, flash_smem<HDP, BC>()>>>(q, K, V, n, pos0, n_head, n_head_kv, hd,
+                                                                  scale_log2, out, out16);
 }
 
-static void launch_flash(const float *q, const uint8_t *K, const uint8_t *V, int n, int pos0, int n_head, int n_head_kv,
+template <typename QT>
+static void launch_flash(const QT *q, const uint8_t *K, const uint8_t *V, int n, int pos0, int n_head, int n_head_kv,
                          int hd, float *out, __half *out16 = NULL) {
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
     const int G = n_head / n_head_kv;
@@ -1415,11 +1438,13 @@ static void launch_flash(const float *q, const uint8_t *K, const uint8_t *V, int
     else launch_flash_t<256, 32>(grid, q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16);
 }
 
+/* q16 set (flash route only): Q in f16, q unused */
 static void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
                              size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
-                             bool flash, __half *out16 = NULL) {
+                             bool flash, __half *out16 = NULL, const __half *q16 = NULL) {
     if (flash && flash_ok(mk, mv, hd)) { /* out16 set: f16 output only */
-        launch_flash(q, K, V, n, pos0, n_head, n_head_kv, hd, out, out16);
+        if (q16) launch_flash(q16, K, V, n, pos0, n_head, n_head_kv, hd, out, out16);
+        else launch_flash(q, K, V, n, pos0, n_head, n_head_kv, hd, out, out16);
         return;
     }
     const size_t warps = (size_t)n * n_head;
@@ -1639,6 +1664,11 @@ static qf_status cuda_forward(qf_context *c, qf_cuda_ctx *g, const int32_t *toke
                           (g->kv_mode[1] == QF_KV_F32 || g->kv_mode[1] == QF_KV_F16);
         const bool fgu = pre16 && gemm_h_ok(g, &L->wgu);
         const bool want_act = tap && tap->on_act;
+        /* f16 KV on the flash route, no K/V tap: the split writes the f16 Q and the cache rows */
+        const bool kv16 = fqkv && g->kv_mode[0] == QF_KV_F16 && g->kv_mode[1] == QF_KV_F16 && !g->attn_warp &&
+                          flash_ok(QF_KV_F16, QF_KV_F16, hd) && g->kv_rb[0] == (size_t)hd * 2 &&
+                          g->kv_rb[1] == (size_t)hd * 2 && !(tap && tap->on_kv);
+        __half *const q16 = kv16 ? (__half *)g->q : NULL; /* f16 Q in g->q's memory */
         bool att16 = false;
         launch_rmsnorm(g->x, L->attn_norm, n, D, hp->rms_eps, !fqkv || want_act ? g->xn : NULL, fqkv ? g->xh : NULL);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_IN, n, D, g->xn, err))) goto done;
@@ -1646,9 +1676,16 @@ static qf_status cuda_forward(qf_context *c, qf_cuda_ctx *g, const int32_t *toke
         if (fqkv) {
             if ((st = dev_gemm_h(g->blas, &L->wqkv, g->xh, n, g->qkv, false, g->wdeq, err))) goto done;
             prof_mark(g, 1);
-            k_qkv_split<<<dim3(nblk((size_t)(hp->n_head + 2 * nkv) * (hd / 2), 256), (unsigned)n), 256>>>(
-                g->qkv, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, g->rcos, g->rsin, L->bq, L->bk,
-                L->bv, g->q, g->k, g->v);
+            const dim3 sg(nblk((size_t)(hp->n_head + 2 * nkv) * (hd / 2), 256), (unsigned)n);
+            if (kv16) {
+                const size_t at = (size_t)pos0 * nkv * hd; /* f16 elements before row pos0 */
+                k_qkv_split<__half><<<sg, 256>>>(g->qkv, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX,
+                                                 g->rcos, g->rsin, L->bq, L->bk, L->bv, q16,
+                                                 (__half *)(g->kv[0] + g->kv_layer_bytes[0] * il) + at,
+                                                 (__half *)(g->kv[1] + g->kv_layer_bytes[1] * il) + at);
+            } else
+                k_qkv_split<float><<<sg, 256>>>(g->qkv, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX,
+                                                g->rcos, g->rsin, L->bq, L->bk, L->bv, g->q, g->k, g->v);
         } else {
             if ((st = dev_matmul(g->blas, &L->wq, g->xn, n, g->q, false, route, g->wdeq, g->xh, err))) goto done;
             {
@@ -1685,12 +1722,15 @@ static qf_status cuda_forward(qf_context *c, qf_cuda_ctx *g, const int32_t *toke
             qf_kv_mode km[2];
             size_t krb[2];
             for (int s = 0; s < 2; s++)
-                if ((st = kv_store(c, g, s, il, s ? g->v : g->k, n, pos0, &kvp[s], &km[s], &krb[s], err))) goto done;
+                if (kv16) /* already written by the split */
+                    kvp[s] = g->kv[s] + g->kv_layer_bytes[s] * il, km[s] = QF_KV_F16, krb[s] = g->kv_rb[s];
+                else if ((st = kv_store(c, g, s, il, s ? g->v : g->k, n, pos0, &kvp[s], &km[s], &krb[s], err)))
+                    goto done;
             /* flash attention on the f16 route writes the wo GEMM's f16 input directly */
             const bool fl = n > MATVEC_MAX && !g->attn_warp && flash_ok(km[0], km[1], hd);
             att16 = fl && pre16 && !want_act && gemm_h_ok(g, &L->wo);
             launch_attention(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv, hd, g->att,
-                             n > MATVEC_MAX && !g->attn_warp, att16 ? g->xh : NULL);
+                             n > MATVEC_MAX && !g->attn_warp, att16 ? g->xh : NULL, q16);
         }
         prof_mark(g, 2);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_OUT, n, Dq, g->att, err))) goto done;
@@ -1703,9 +1743,16 @@ static qf_status cuda_forward(qf_context *c, qf_cuda_ctx *g, const int32_t *toke
         if ((st = tap_act(g, tap, il, QF_ACT_FFN_IN, n, D, g->xn, err))) goto done;
         prof_mark(g, 0);
         if (fgu) {
-            if ((st = dev_gemm_h(g->blas, &L->wgu, g->xh, n, g->gu, false, g->wdeq, err))) goto done;
-            prof_mark(g, 5);
-            k_silu_gu<<<dim3(nblk((size_t)F / 4, 256), (unsigned)n), 256>>>(g->gu, F, want_act ? g->hb : NULL, g->xh);
+            const dim3 sg(nblk((size_t)F / 4, 256), (unsigned)n);
+            if (g->gu16) { /* f16 gate|up in g->gu's memory */
+                if ((st = dev_gemm_h(g->blas, &L->wgu, g->xh, n, g->gu, false, g->wdeq, err, CUDA_R_16F))) goto done;
+                prof_mark(g, 5);
+                k_silu_gu<__half><<<sg, 256>>>((const __half *)g->gu, F, want_act ? g->hb : NULL, g->xh);
+            } else {
+                if ((st = dev_gemm_h(g->blas, &L->wgu, g->xh, n, g->gu, false, g->wdeq, err))) goto done;
+                prof_mark(g, 5);
+                k_silu_gu<float><<<sg, 256>>>(g->gu, F, want_act ? g->hb : NULL, g->xh);
+            }
             if ((st = tap_act(g, tap, il, QF_ACT_FFN_DOWN, n, F, g->hb, err))) goto done;
             prof_mark(g, 0);
             if ((st = dev_gemm_h(g->blas, &L->wd, g->xh, n, g->x, true, g->wdeq, err))) goto done;
