@@ -725,20 +725,26 @@ static void spm_try_bigram(sess *s, int left, int right) {
     heap_push(s, (bigram){score_key(s->t->tok[id].score), left, right, size});
 }
 
-static void spm_tokenize(sess *s, size_t n) {
-    const qf_tokenizer *t = s->t;
-    make_symbols(s, n);
-    if (s->oom || s->n_sym == 0) return;
+/* Merge the best adjacent pair until no pair is left: SPM and BPE share this loop and differ
+ * only in how try_pair scores a pair (SPM: the merged token's score; BPE: the merge's rank). */
+static void merge_pairs(sess *s, void (*try_pair)(sess *, int, int)) {
     s->n_heap = 0;
-    for (size_t i = 1; i < s->n_sym; i++) spm_try_bigram(s, (int)i - 1, (int)i);
+    for (size_t i = 1; i < s->n_sym; i++) try_pair(s, (int)i - 1, (int)i);
     while (s->n_heap && !s->oom) {
         bigram b = heap_pop(s);
         symbol *l = &s->sym[b.left], *r = &s->sym[b.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != b.size) continue; /* stale */
         merge_symbols(s, b.left);
-        spm_try_bigram(s, s->sym[b.left].prev, b.left);
-        spm_try_bigram(s, b.left, s->sym[b.left].next);
+        try_pair(s, s->sym[b.left].prev, b.left);
+        try_pair(s, b.left, s->sym[b.left].next);
     }
+}
+
+static void spm_tokenize(sess *s, size_t n) {
+    const qf_tokenizer *t = s->t;
+    make_symbols(s, n);
+    if (s->oom || s->n_sym == 0) return;
+    merge_pairs(s, spm_try_bigram);
     /* every merged symbol is a token by construction; what is left unmerged falls back to bytes */
     for (int i = 0; i != -1; i = s->sym[i].next) {
         const symbol *sy = &s->sym[i];
@@ -795,16 +801,7 @@ static void bpe_word(sess *s, size_t n) {
     }
     make_symbols(s, n);
     if (s->oom || s->n_sym == 0) return;
-    s->n_heap = 0;
-    for (size_t i = 1; i < s->n_sym; i++) bpe_try_bigram(s, (int)i - 1, (int)i);
-    while (s->n_heap && !s->oom) {
-        bigram b = heap_pop(s);
-        symbol *l = &s->sym[b.left], *r = &s->sym[b.right];
-        if (l->n == 0 || r->n == 0 || l->n + r->n != b.size) continue; /* stale */
-        merge_symbols(s, b.left);
-        bpe_try_bigram(s, s->sym[b.left].prev, b.left);
-        bpe_try_bigram(s, b.left, s->sym[b.left].next);
-    }
+    merge_pairs(s, bpe_try_bigram);
     for (int i = 0; i != -1; i = s->sym[i].next) {
         const symbol *sy = &s->sym[i];
         int32_t id = tok_find(t, s->buf + sy->off, sy->n);
