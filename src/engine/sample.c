@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "qforge/sample.h"
+#include "util/util.h"
 
 int qf_sampler_init(qf_sampler *s, const qf_sampler_params *p, int n_vocab) {
     s->p = *p;
@@ -20,10 +21,7 @@ void qf_sampler_free(qf_sampler *s) {
 }
 
 static double next_uniform(qf_sampler *s) {
-    s->state ^= s->state >> 12;
-    s->state ^= s->state << 25;
-    s->state ^= s->state >> 27;
-    return (double)((s->state * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
+    return (double)(qf_xorshift64s(&s->state) >> 11) * (1.0 / 9007199254740992.0);
 }
 
 static int by_prob_desc(const void *a, const void *b) {

@@ -26,13 +26,6 @@ struct qf_capture {
     qf_tap tap;
 };
 
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t x = *s;
-    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
-    *s = x;
-    return x * 0x2545F4914F6CDD1Dull;
-}
-
 static void on_kv(void *user, int layer, int pos0, int n_tok, int n_head_kv, int head_dim, const float *k,
                   const float *v) {
     (void)pos0;
@@ -44,7 +37,7 @@ static void on_kv(void *user, int layer, int pos0, int n_tok, int n_head_kv, int
         int64_t seen = ++cap->seen[layer];
         if (cap->filled[layer] < cap->cap_tokens) slot = cap->filled[layer]++;
         else {
-            uint64_t r = rng_next(&cap->rng[layer]) % (uint64_t)seen;
+            uint64_t r = qf_xorshift64s(&cap->rng[layer]) % (uint64_t)seen;
             if (r >= (uint64_t)cap->cap_tokens) continue;
             slot = (int64_t)r;
         }

@@ -79,13 +79,6 @@ typedef struct {
     float tmp[32 * 32];
 } awq_tap_state;
 
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static void awq_on_act(void *user, int layer, qf_act_site site, int n_tok, int dim, const float *x) {
     awq_tap_state *s = user;
     if (s->cap_tap && s->cap_tap->on_act) s->cap_tap->on_act(s->cap_tap->user, layer, site, n_tok, dim, x);
@@ -107,7 +100,7 @@ static void awq_on_act(void *user, int layer, qf_act_site site, int n_tok, int d
         r->seen++;
         if (r->kept < s->cap) slot = r->kept++;
         else {
-            uint64_t j = splitmix(&s->rng) % (uint64_t)r->seen;
+            uint64_t j = qf_splitmix64(&s->rng) % (uint64_t)r->seen;
             if (j < (uint64_t)s->cap) slot = (int64_t)j;
         }
         if (slot >= 0) memcpy(r->rows + slot * dim, x + (size_t)t * dim, (size_t)dim * sizeof(float));

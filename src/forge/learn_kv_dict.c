@@ -322,13 +322,6 @@ done:
 
 /* ---- learning ---- */
 
-static uint64_t splitmix64(uint64_t *st) {
-    uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* Sort key for dead-atom replacement: residual descending, index ascending on ties. */
 typedef struct {
     double e;
@@ -475,7 +468,7 @@ qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_
     for (int64_t i = 0; i < nt; i++) perm[i] = i;
     int got = 0;
     for (int64_t i = 0; i < nt && got < A; i++) {
-        int64_t j = i + (int64_t)(splitmix64(&rng) % (uint64_t)(nt - i));
+        int64_t j = i + (int64_t)(qf_splitmix64(&rng) % (uint64_t)(nt - i));
         int64_t tmp = perm[i];
         perm[i] = perm[j];
         perm[j] = tmp;
@@ -486,7 +479,7 @@ qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_
     while (got < A) {
         float *da = out->atoms + (size_t)got * dim;
         for (int q = 0; q < dim; q++)
-            da[q] = (float)((double)(splitmix64(&rng) >> 11) / 9007199254740992.0 - 0.5);
+            da[q] = (float)((double)(qf_splitmix64(&rng) >> 11) / 9007199254740992.0 - 0.5);
         if (normalize_row(da, dim)) got++;
     }
     compute_gram(out);

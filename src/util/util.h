@@ -97,6 +97,20 @@ static inline bool qf_add_overflow_u64(uint64_t a, uint64_t b, uint64_t *out) {
     return __builtin_add_overflow(a, b, out);
 }
 
-void *qf_malloc_aligned(size_t n); /* 64-byte aligned; free with free() */
+void *qf_malloc_aligned(size_t n);
+
+/* ---- seeded pseudo-random generators (a seed reproduces a sample, a dictionary, a draw) ---- */
+static inline uint64_t qf_xorshift64s(uint64_t *s) { /* xorshift64*; *s must be nonzero */
+    uint64_t x = *s;
+    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+    *s = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+static inline uint64_t qf_splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+} /* 64-byte aligned; free with free() */
 
 #endif
