@@ -21,7 +21,7 @@ LDFLAGS  := $(SANFLAGS) -pthread
 # Files named *_avx2.c hold the AVX2/FMA/F16C kernels; they are dispatched at run time.
 AVX2FLAGS := -mavx2 -mfma -mf16c
 
-LIB_SRC   := $(sort $(wildcard src/util/*.c src/engine/*.c src/forge/*.c))
+LIB_SRC   := $(sort $(wildcard src/util/*.c src/format/*.c src/kernels/*.c src/kernels/cuda/*.c src/text/*.c src/engine/*.c src/eval/*.c src/forge/*.c))
 TOOL_SRC  := $(sort $(wildcard tools/*.c))
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 TESTLIB_SRC := $(sort $(filter-out $(TEST_SRC),$(wildcard tests/*.c)))
@@ -29,7 +29,7 @@ BENCH_SRC := $(sort $(wildcard bench/*.c))
 
 # CUDA backend: only when nvcc is present (QF_NO_CUDA=1 turns it off).
 NVCC ?= $(shell command -v nvcc 2>/dev/null)
-CUDA_SRC := $(sort $(wildcard src/engine/cuda/*.cu))
+CUDA_SRC := $(sort $(wildcard src/kernels/cuda/*.cu))
 ifeq ($(QF_NO_CUDA),1)
   NVCC :=
 endif

@@ -27,7 +27,7 @@
 #include "qforge/ppl.h"
 #include "qforge/tokenizer.h"
 #ifdef QF_HAVE_CUDA
-#include "engine/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "engine/engine.h"
 #endif
 

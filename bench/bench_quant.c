@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/quant_impl.h"
+#include "kernels/quant_impl.h"
 #include "qforge/quant.h"
 #include "util/util.h"
 

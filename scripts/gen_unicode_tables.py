@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""gen_unicode_tables.py: writes src/engine/unicode_tables.h, the codepoint category ranges the
+"""gen_unicode_tables.py: writes src/text/unicode_tables.h, the codepoint category ranges the
 tokenizer's pre-tokenizers need, from the local python3 unicodedata module (no network).
 
 Flags follow llama.cpp's unicode_cpt_flags so the custom gpt2/llama3 splitters behave the same:
 one category class per codepoint (Cn -> UNDEFINED) plus the White_Space property.
 
-usage: python3 scripts/gen_unicode_tables.py > src/engine/unicode_tables.h
+usage: python3 scripts/gen_unicode_tables.py > src/text/unicode_tables.h
 """
 import unicodedata
 

@@ -17,7 +17,7 @@
 #include "qforge/quant.h"
 #include "test.h"
 #ifdef QF_HAVE_CUDA
-#include "engine/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #endif
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;

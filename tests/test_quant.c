@@ -4,7 +4,7 @@
  * tensors: dequantize and quantize bit-exact, vec_dot within 1e-5 of sum|w*x|. */
 #include <stdint.h>
 
-#include "engine/quant_impl.h"
+#include "kernels/quant_impl.h"
 #include "qforge/gguf.h"
 #include "qforge/quant.h"
 #include "test.h"

@@ -2,7 +2,7 @@
  * SiLU use, the flush to zero below -87.3 and saturation instead of overflow above 88. */
 #include <stdlib.h>
 
-#include "engine/vecmath.h"
+#include "kernels/vecmath.h"
 #include "qforge/quant.h"
 #include "test.h"
 

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "engine.h"
-#include "engine/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 
 /* Swap in a freshly built cache; the old one is freed only when the new one exists. */
 static qf_status rebuild(qf_context *c, const qf_kv_stream_spec spec[2], qf_error *err) {

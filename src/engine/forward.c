@@ -21,8 +21,8 @@
 #include <unistd.h>
 
 #include "engine.h"
-#include "engine/cuda/cuda_backend.h"
-#include "engine/vecmath.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/vecmath.h"
 
 #ifndef TILE_ROWS
 #define TILE_ROWS 128   /* weight rows dequantized per sgemm call (fewer calls = less operand packing) */

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "engine/quant_impl.h"
+#include "kernels/quant_impl.h"
 #include "qforge/quant.h"
 #include "util/util.h"
 

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "engine/unicode.h"
+#include "text/unicode.h"
 
 enum { TYPE_SPM, TYPE_BPE };
 

@@ -8,7 +8,7 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "engine/vecmath.h"
+#include "kernels/vecmath.h"
 
 static inline __m256 exp8(__m256 x) {
     const __m256 hi = _mm256_set1_ps(88.0f), lo = _mm256_set1_ps(-87.3f);

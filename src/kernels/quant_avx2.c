@@ -9,7 +9,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "engine/quant_impl.h"
+#include "kernels/quant_impl.h"
 #include "util/util.h"
 
 #ifdef __clang__
@@ -522,7 +522,7 @@ bool qf_vec_dot_avx2(qf_type t, int64_t n, const void *w, const void *x, float *
 
 #else /* not x86: no fast kernels; quant.c never calls these */
 
-#include "engine/quant_impl.h"
+#include "kernels/quant_impl.h"
 
 bool qf_dequantize_row_avx2(qf_type t, const void *src, float *dst, int64_t n) { return false; }
 bool qf_quantize_row_avx2(qf_type t, const float *src, void *dst, int64_t n) { return false; }

@@ -1,7 +1,7 @@
 /* cuda_stub.c: the CUDA backend's entry points for builds without nvcc: nothing is available
  * and asking for the GPU is a clear error. */
 #ifndef QF_HAVE_CUDA
-#include "engine/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 
 bool qf_cuda_backend_available(void) { return false; }
 

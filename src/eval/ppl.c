@@ -13,7 +13,7 @@
 
 #include "engine/engine.h"
 #ifdef QF_HAVE_CUDA
-#include "engine/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #endif
 #include "qforge/ppl.h"
 #include "util/util.h"

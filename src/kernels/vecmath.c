@@ -1,7 +1,7 @@
 /* vecmath.c: dispatch of the elementwise kernels (see vecmath.h). */
 #include <math.h>
 
-#include "engine/vecmath.h"
+#include "kernels/vecmath.h"
 #include "qforge/quant.h"
 
 void qf_vec_exp_ref(float *x, int n) {

@@ -31,8 +31,8 @@
 #include <string.h>
 
 extern "C" {
-#include "engine/cuda/cuda_backend.h"
-#include "engine/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "engine/engine.h"
 #include "engine/kv_codes.h"
 }

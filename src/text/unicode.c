@@ -1,8 +1,8 @@
 /* unicode.c: UTF-8 decoding with llama.cpp's error semantics, UTF-8 encoding, and the codepoint
  * category lookup over the generated range table (src/engine/unicode_tables.h). */
-#include "engine/unicode.h"
+#include "text/unicode.h"
 
-#include "engine/unicode_tables.h"
+#include "text/unicode_tables.h"
 
 uint32_t qf_utf8_next(const uint8_t *s, size_t len, size_t *off) {
     size_t o = *off;
