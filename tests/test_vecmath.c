@@ -2,6 +2,7 @@
  * SiLU use, the flush to zero below -87.3 and saturation instead of overflow above 88. */
 #include <stdlib.h>
 
+#include "kernels/hadamard.h"
 #include "kernels/vecmath.h"
 #include "qforge/quant.h"
 #include "test.h"
@@ -40,7 +41,32 @@ TEST(dispatch_follows_force_scalar) {
     for (int i = 0; i < 16; i++) CHECK(x[i] == y[i]);
 }
 
+TEST(hadamard_matches_matrix_and_is_involution) {
+    int sizes[] = {1, 2, 8, 32, 64, 128, 256};
+    CHECK(!qf_hadamard_size_ok(0) && !qf_hadamard_size_ok(48) && !qf_hadamard_size_ok(-4));
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        int n = sizes[k];
+        CHECK(qf_hadamard_size_ok(n));
+        float x[256], y[256], z[256];
+        double nx = 0, ny = 0;
+        for (int i = 0; i < n; i++) {
+            x[i] = z[i] = sinf(0.7f * (float)i + 0.3f) * (1.0f + (float)(i % 5));
+            nx += (double)x[i] * x[i];
+        }
+        qf_hadamard_ref(x, y, n);
+        qf_hadamard(z, n);
+        for (int i = 0; i < n; i++) {
+            CHECK_NEAR(z[i], y[i], 1e-5 * (1 + fabs(y[i])));
+            ny += (double)z[i] * z[i];
+        }
+        CHECK_NEAR(ny, nx, 1e-4 * nx); /* orthogonal: the norm is kept */
+        qf_hadamard(z, n);
+        for (int i = 0; i < n; i++) CHECK_NEAR(z[i], x[i], 1e-5 * (1 + fabs(x[i]))); /* its own inverse */
+    }
+}
+
 int main(void) {
+    RUN(hadamard_matches_matrix_and_is_involution);
     RUN(exp_avx2_matches_expf);
     RUN(dispatch_follows_force_scalar);
     return test_summary();
