@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/hadamard.h"
 #include "qforge/kvlearn.h"
 #include "test.h"
 

@@ -132,8 +132,6 @@ qf_status qf_kv_rt_hadamard(const float *x, int64_t n, int dim, int bits, float 
 void qf_kv_rt_per_channel(const float *x, int64_t n, int dim, int n_kv_head, int group, int bits,
                           float *out);
 double qf_kv_bits_per_channel(int group, int bits);
-/* In-place orthonormal fast Walsh-Hadamard transform (its own inverse); n a power of two. */
-void qf_hadamard(float *x, int n);
 
 /* ================================ analysis ================================ */
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/hadamard.h"
 #include "qforge/kvlearn.h"
 #include "util/util.h"
 
@@ -36,18 +37,6 @@ void qf_kv_rt_uniform(const float *x, int64_t n, int dim, int bits, float *out) 
 }
 
 double qf_kv_bits_uniform(int dim, int bits) { return bits + 16.0 / dim; }
-
-void qf_hadamard(float *x, int n) {
-    for (int h = 1; h < n; h *= 2)
-        for (int i = 0; i < n; i += 2 * h)
-            for (int j = i; j < i + h; j++) {
-                float a = x[j], b = x[j + h];
-                x[j] = a + b;
-                x[j + h] = a - b;
-            }
-    float sc = (float)(1.0 / sqrt((double)n));
-    for (int i = 0; i < n; i++) x[i] *= sc;
-}
 
 qf_status qf_kv_rt_hadamard(const float *x, int64_t n, int dim, int bits, float *out,
                             qf_error *err) {
