@@ -65,6 +65,14 @@ typedef enum {
     QF_KV_MODE_COUNT
 } qf_kv_mode;
 
+/* Rotation applied to every K and V row (per kv head, head_dim long) before it is stored and
+ * undone after it is read, so attention sees the same vectors up to quantization error.
+ * HADAMARD is llama.cpp's default for quantized caches (head_dim must be a power of two). */
+typedef enum {
+    QF_KV_ROT_NONE = 0,
+    QF_KV_ROT_HADAMARD = 1
+} qf_kv_rot;
+
 const char *qf_kv_mode_name(qf_kv_mode m);
 bool qf_kv_mode_from_name(const char *name, qf_kv_mode *out);
 
@@ -105,6 +113,7 @@ typedef struct {
     int n_batch;     /* max tokens per qf_decode call for scratch sizing (0 = n_ctx) */
     int n_threads;   /* 0 = all cores */
     qf_kv_mode kv_k, kv_v;
+    qf_kv_rot kv_rot; /* NONE (default) or HADAMARD: see qf_kv_rot (not yet honoured by every route) */
     bool reference;  /* scalar oracle kernels and no BLAS: the CPU reference path */
     qf_device device;
 } qf_context_params;

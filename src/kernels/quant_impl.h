@@ -1,47 +1,14 @@
 /* quant_impl.h: the ggml block layouts and the kernel entry points shared by quant.c (the
  * scalar oracle and dispatch) and quant_avx2.c (the fast kernels). Internal to the library.
- * Halves are stored as raw uint16_t bits; layouts match ggml-common.h byte for byte. */
+ * The block layouts themselves are defined once, in format/quant_blocks.h. */
 #ifndef QF_QUANT_IMPL_H
 #define QF_QUANT_IMPL_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "format/quant_blocks.h"
 #include "qforge/quant.h"
-
-#define QK 32   /* elements per block of the _0 formats */
-#define QK_K 256 /* elements per super-block of the K formats */
-
-typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_q4_0;
-typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_0;
-typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;
-/* Eight 32-element sub-blocks, each with a 6-bit scale and a 6-bit min packed into scales[12]. */
-typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K;
-typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
-/* Sixteen 16-element sub-blocks with int8 scales; 4 low bits in ql, 2 high bits in qh. */
-typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } block_q6_K;
-/* Activation side of the K dot products: bsums are the sums of each 16 quants, so the
- * weight's min/offset term costs one small dot product per block. */
-typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
-
-_Static_assert(sizeof(block_q4_0) == 18, "q4_0 layout");
-_Static_assert(sizeof(block_q5_0) == 22, "q5_0 layout");
-_Static_assert(sizeof(block_q8_0) == 34, "q8_0 layout");
-_Static_assert(sizeof(block_q4_K) == 144, "q4_K layout");
-_Static_assert(sizeof(block_q5_K) == 176, "q5_K layout");
-_Static_assert(sizeof(block_q6_K) == 210, "q6_K layout");
-_Static_assert(sizeof(block_q8_K) == 292, "q8_K layout");
-
-/* 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block (ggml's get_scale_min_k4). */
-static inline void qf_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
-}
 
 /* The AVX2/FMA/F16C kernels (quant_avx2.c). Call only when the CPU has all three.
  * Each returns false for a type it has no fast version of (the caller then uses the oracle). */

@@ -1,0 +1,54 @@
+/* quant_blocks.h: the one definition of every quantized block layout qforge reads or writes
+ * (the ggml formats of GGUF weights and of the q8_0/q4_0 KV caches), for C and CUDA alike, as
+ * ggml-common.h is for ggml. Halves are stored as raw uint16_t bits; every layout matches
+ * ggml-common.h byte for byte, and each size is checked at compile time. Include this header
+ * wherever a block is read, written or sized: never write 18/34/144 by hand. */
+#ifndef QF_QUANT_BLOCKS_H
+#define QF_QUANT_BLOCKS_H
+
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define QF_HD __host__ __device__
+#define QF_STATIC_ASSERT(c, m) static_assert(c, m)
+#else
+#define QF_HD
+#define QF_STATIC_ASSERT(c, m) _Static_assert(c, m)
+#endif
+
+#define QK 32    /* elements per block of the _0 formats */
+#define QK_K 256 /* elements per super-block of the K formats */
+
+typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_q4_0;
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_0;
+typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;
+/* Eight 32-element sub-blocks, each with a 6-bit scale and a 6-bit min packed into scales[12]. */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
+/* Sixteen 16-element sub-blocks with int8 scales; 4 low bits in ql, 2 high bits in qh. */
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } block_q6_K;
+/* Activation side of the K dot products: bsums are the sums of each 16 quants, so the
+ * weight's min/offset term costs one small dot product per block. */
+typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
+
+QF_STATIC_ASSERT(sizeof(block_q4_0) == 18, "q4_0 layout");
+QF_STATIC_ASSERT(sizeof(block_q5_0) == 22, "q5_0 layout");
+QF_STATIC_ASSERT(sizeof(block_q8_0) == 34, "q8_0 layout");
+QF_STATIC_ASSERT(sizeof(block_q4_K) == 144, "q4_K layout");
+QF_STATIC_ASSERT(sizeof(block_q5_K) == 176, "q5_K layout");
+QF_STATIC_ASSERT(sizeof(block_q6_K) == 210, "q6_K layout");
+QF_STATIC_ASSERT(sizeof(block_q8_K) == 292, "q8_K layout");
+
+/* 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block (ggml's get_scale_min_k4);
+ * q = the block's scales[12]. */
+QF_HD static inline void qf_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+#endif
