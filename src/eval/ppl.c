@@ -12,9 +12,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
-#ifdef QF_HAVE_CUDA
-#include "kernels/cuda/cuda_ops.h"
-#endif
+#include "engine/gpu.h"
 #include "qforge/ppl.h"
 #include "util/util.h"
 
@@ -72,14 +70,16 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     }
     double nll = 0, nll2 = 0;
     int64_t count = 0;
-#ifdef QF_HAVE_CUDA
-    double *gpu_nll = c->gpu ? malloc((size_t)n_score * sizeof(double)) : NULL;
-    if (c->gpu && !gpu_nll) {
+    /* on the GPU without KL divergence the scores are computed on the device: no logits cross
+     * to the host (the same log-softmax as log_softmax_tok) */
+    const bool score_on_device =
+        qf_context_device(c) == QF_DEVICE_CUDA && !kl.reading && !kl.writing && n_batch >= n_ctx;
+    double *gpu_nll = score_on_device ? malloc((size_t)n_score * sizeof(double)) : NULL;
+    if (score_on_device && !gpu_nll) {
         free(logits), free(chunk);
         kld_end(&kl);
         return qf_fail(err, QF_ERR_NOMEM, "perplexity: out of memory");
     }
-#endif
     qf_progress bar;
     if (p->progress) qf_progress_begin(&bar, "ppl", n_chunk);
     double t0 = qf_now_sec();
@@ -88,34 +88,27 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
         if (add_bos) chunk[0] = qf_tokenizer_bos(m->tok);
         qf_context_kv_clear(c);
         const int32_t *next = tokens + (size_t)i * n_ctx + first + 1;
-#ifdef QF_HAVE_CUDA
-        /* on the GPU without KL divergence the scores are computed on the device: no logits
-         * cross to the host (the same log-softmax as log_softmax_tok) */
-        if (c->gpu && !kl.reading && !kl.writing && n_batch >= n_ctx) {
-            st = qf_cuda_decode_nll(c, chunk, n_ctx - 1, 0, first, next, gpu_nll, err);
+        if (score_on_device) {
+            st = qf_decode_nll(c, chunk, n_ctx - 1, 0, first, next, gpu_nll, err);
             if (st) break;
             for (int k = 0; k < n_score; k++) nll += gpu_nll[k], nll2 += gpu_nll[k] * gpu_nll[k];
             count += n_score;
-            goto chunk_done;
+        } else {
+            for (int j = 0; j < n_ctx && !st; j += n_batch) {
+                int bs = n_ctx - j < n_batch ? n_ctx - j : n_batch;
+                int from = first - j > 0 ? first - j : 0; /* first batch row that needs logits */
+                float *dst = from < bs ? logits + (size_t)(j + from - first) * n_vocab : NULL;
+                st = qf_decode(c, chunk + j, bs, j, dst, from, err);
+            }
+            if (st) break;
+            for (int k = 0; k < n_score; k++) {
+                double v = -log_softmax_tok(logits + (size_t)k * n_vocab, n_vocab, next[k]);
+                nll += v;
+                nll2 += v * v;
+            }
+            count += n_score;
+            st = kld_chunk(&kl, logits, next, n_score, err);
         }
-#endif
-        for (int j = 0; j < n_ctx && !st; j += n_batch) {
-            int bs = n_ctx - j < n_batch ? n_ctx - j : n_batch;
-            int from = first - j > 0 ? first - j : 0; /* first batch row that needs logits */
-            float *dst = from < bs ? logits + (size_t)(j + from - first) * n_vocab : NULL;
-            st = qf_decode(c, chunk + j, bs, j, dst, from, err);
-        }
-        if (st) break;
-        for (int k = 0; k < n_score; k++) {
-            double v = -log_softmax_tok(logits + (size_t)k * n_vocab, n_vocab, next[k]);
-            nll += v;
-            nll2 += v * v;
-        }
-        count += n_score;
-        st = kld_chunk(&kl, logits, next, n_score, err);
-#ifdef QF_HAVE_CUDA
-    chunk_done:
-#endif
         if (p->log) {
             fprintf(p->log, "[%d]%.4lf,", i + 1, exp(nll / (double)count));
             fflush(p->log);
@@ -127,9 +120,7 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     if (p->log) fputc('\n', p->log);
     free(logits);
     free(chunk);
-#ifdef QF_HAVE_CUDA
     free(gpu_nll);
-#endif
     if (!st) st = kld_finish(&kl, r, err);
     kld_end(&kl);
     if (st) return st;
