@@ -8,7 +8,7 @@
 #include "qforge/artifact_bind.h"
 #include "qforge/model.h"
 #include "qforge/sample.h"
-#include "util/util.h"
+#include "qforge/util.h"
 
 static const char *USAGE =
     "qforge generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"

@@ -8,7 +8,7 @@
 #include "qforge/artifact_bind.h"
 #include "qforge/model.h"
 #include "qforge/ppl.h"
-#include "util/util.h"
+#include "qforge/util.h"
 
 static const char *USAGE =
     "qforge ppl -m MODEL -f TEXT [-c N] [-t N] [-b N] [--chunks N] [-ctk T] [-ctv T]\n"

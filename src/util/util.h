@@ -1,6 +1,7 @@
 /* util.h: the util layer (no model knowledge): mapped files, atomic writes, SHA-256,
  * the thread pool, f16/bf16 conversion, timing and the TTY progress bar.
- * Internal to the library; the public API lives in include/qforge/. */
+ * Internal to the library; the public API lives in include/qforge/ (the part of this layer
+ * programs outside the library use is include/qforge/util.h, included here). */
 #ifndef QF_UTIL_H
 #define QF_UTIL_H
 
@@ -10,6 +11,7 @@
 #include <stdio.h>
 
 #include "qforge/error.h"
+#include "qforge/util.h" /* the public part: qf_read_file, qf_write_file_atomic, qf_sha256_file, qf_hex, qf_now_sec */
 
 /* ---- files ---- */
 typedef struct {
@@ -21,8 +23,6 @@ typedef struct {
 qf_status qf_map_file(const char *path, qf_mapped_file *mf, qf_error *err);
 void qf_unmap_file(qf_mapped_file *mf);
 
-/* Read a whole file (or "-" for stdin) into a malloc'd NUL-terminated buffer. */
-qf_status qf_read_file(const char *path, char **out, size_t *len, qf_error *err);
 
 /* Atomic output: bytes go to "<path>.tmp.<pid>" in the same directory; commit fsyncs the
  * file, renames it over `path` and fsyncs the directory; abort (or a crash) leaves `path`
@@ -37,12 +37,9 @@ qf_status qf_atomic_open(qf_atomic_file *af, const char *path, qf_error *err);
 qf_status qf_atomic_write(qf_atomic_file *af, const void *buf, size_t n, qf_error *err);
 qf_status qf_atomic_commit(qf_atomic_file *af, qf_error *err);
 void qf_atomic_abort(qf_atomic_file *af);
-qf_status qf_write_file_atomic(const char *path, const void *buf, size_t n, qf_error *err);
 
 /* ---- hashing (OpenSSL) ---- */
 void qf_sha256(const void *data, size_t n, uint8_t out[32]);
-qf_status qf_sha256_file(const char *path, uint8_t out[32], qf_error *err);
-void qf_hex(const uint8_t *bytes, size_t n, char *out /* 2n+1 */);
 
 /* ---- thread pool ----
  * A fixed set of workers that run one parallel-for at a time: fn(arg, ith, nth) is called
@@ -75,7 +72,6 @@ static inline float qf_bf16_to_f32(uint16_t h) {
 uint16_t qf_f32_to_bf16(float f);
 
 /* ---- time and progress ---- */
-double qf_now_sec(void); /* monotonic */
 
 /* A one-line progress bar on stderr, drawn only when stderr is a TTY. */
 typedef struct {
