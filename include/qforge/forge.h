@@ -10,6 +10,7 @@
 #ifndef QFORGE_FORGE_H
 #define QFORGE_FORGE_H
 
+#include "qforge/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,7 +30,7 @@ typedef struct {
     double min_top1;
 } qf_gate;
 
-qf_gate qf_gate_default(void);
+QF_API qf_gate qf_gate_default(void);
 
 /* ================================ certify ================================ */
 
@@ -59,25 +60,25 @@ typedef struct qf_certify_ref qf_certify_ref; /* reference numbers and its saved
  * second half scored) and keep its log-probabilities in a temporary file (llama-perplexity's
  * KL-divergence base format) for the candidates. The context must have nothing bound.
  * Errors: QF_ERR_CERTIFY_FAILED (e.g. the text is shorter than 2 * n_ctx tokens). */
-qf_status qf_certify_reference(qf_context *c, const char *eval_text, size_t len,
+QF_API qf_status qf_certify_reference(qf_context *c, const char *eval_text, size_t len,
                                const qf_certify_params *p, qf_certify_ref **out, qf_error *err);
-double qf_certify_ref_ppl(const qf_certify_ref *ref);
-void qf_certify_ref_free(qf_certify_ref *ref); /* removes the temporary file */
+QF_API double qf_certify_ref_ppl(const qf_certify_ref *ref);
+QF_API void qf_certify_ref_free(qf_certify_ref *ref); /* removes the temporary file */
 
 /* Bind the candidate (kind, payload) to the same context, run the same tokens, unbind (on
  * every path), fill *r and judge the gate. A gate failure is QF_OK with r->passed false;
  * errors (binding, evaluation) are QF_ERR_CERTIFY_FAILED with the cause in the message. */
-qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_artifact_kind kind,
+QF_API qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_artifact_kind kind,
                                const qf_payload *payload, const qf_gate *gate,
                                qf_certify_result *r, qf_error *err);
 
 /* The candidate is another model (e.g. an AWQ re-quantized GGUF) run in its own context,
  * created with the reference context's params: same tokens and chunking as the reference. */
-qf_status qf_certify_context(qf_context *cand, const qf_certify_ref *ref, const qf_gate *gate,
+QF_API qf_status qf_certify_context(qf_context *cand, const qf_certify_ref *ref, const qf_gate *gate,
                              qf_certify_result *r, qf_error *err);
 
 /* Whether numbers meet a gate (NaN never does). */
-bool qf_gate_passes(const qf_gate *g, const qf_certify_result *r);
+QF_API bool qf_gate_passes(const qf_gate *g, const qf_certify_result *r);
 
 /* ================================ jobs ================================ */
 
@@ -119,7 +120,7 @@ typedef struct {
     FILE *log;                  /* one line per stage, or NULL */
 } qf_job;
 
-void qf_job_default(qf_job *j);
+QF_API void qf_job_default(qf_job *j);
 
 #define QF_JOB_MAX_TRIED 4
 
@@ -144,8 +145,8 @@ typedef struct {
  * numbers are in the message and in *rep; nothing is written), QF_ERR_PACKAGE_FAILED,
  * QF_ERR_NOT_IMPLEMENTED (a learner that is not built), QF_ERR_ARG / _IO / _FORMAT for bad
  * input. rep is always filled as far as the job got; free with qf_job_report_free. */
-qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err);
-void qf_job_report_free(qf_job_report *rep);
+QF_API qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err);
+QF_API void qf_job_report_free(qf_job_report *rep);
 
 /* ================================ sweep ================================ */
 
@@ -154,7 +155,7 @@ typedef struct {
 } qf_dict_config;
 
 /* Parse "256x4,512x8" (atoms x sparsity, comma-separated, at most max entries). */
-qf_status qf_dict_configs_parse(const char *s, qf_dict_config *out, int max, int *n, qf_error *err);
+QF_API qf_status qf_dict_configs_parse(const char *s, qf_dict_config *out, int max, int *n, qf_error *err);
 
 typedef struct {
     qf_dict_config cfg;
@@ -169,7 +170,7 @@ typedef struct {
 /* Certify every config (kv-dict, j->dict_iters / dict_coef / dict_max_train) with one
  * corpus, one capture and one reference pass. A config that cannot be learned gets its own
  * row status; the call fails only when the shared stages fail. rows has n entries. */
-qf_status qf_sweep_run(const qf_job *j, const qf_dict_config *cfgs, int n, qf_sweep_row *rows,
+QF_API qf_status qf_sweep_run(const qf_job *j, const qf_dict_config *cfgs, int n, qf_sweep_row *rows,
                        double *ref_ppl, qf_error *err);
 
 #endif
