@@ -229,7 +229,7 @@ qf_status qf_capture_run(qf_context *c, qf_capture *cap, const int32_t *tokens, 
         int n = (int)(n_tokens - start < n_ctx ? n_tokens - start : n_ctx);
         if (shard && w % N != R) {
             if (cap->k) skip_kv(cap, n);
-        } else if (!(st = qf_par_injected("capture", err))) {
+        } else if (!(st = qf_par_injected("capture window", err))) {
             memcpy(win, tokens + start, (size_t)n * sizeof(int32_t));
             if (add_bos) win[0] = qf_tokenizer_bos(tok);
             qf_context_kv_clear(c);
@@ -245,7 +245,10 @@ qf_status qf_capture_run(qf_context *c, qf_capture *cap, const int32_t *tokens, 
     qf_context_set_tap(c, NULL);
     free(win);
     if (shard) {
-        if ((st = qf_par_agree(st, err))) return qf_error_prefix(err, "capture: "), QF_ERR_CAPTURE_FAILED;
+        if ((st = qf_par_agree(st, err))) {
+            if (err) err->code = QF_ERR_CAPTURE_FAILED;
+            return QF_ERR_CAPTURE_FAILED;
+        }
         if (cap->k && (st = qf_par_agree(merge_kv(cap, n_ctx, err), err))) return st;
     }
     if (st) return qf_error_prefix(err, "capture: "), QF_ERR_CAPTURE_FAILED;
