@@ -18,7 +18,7 @@ declare -A RANK=([util]=0 [format]=1 [kernels]=2 [text]=3 [engine]=4 [eval]=5 [f
 # The room each public header belongs to (the room whose code implements it).
 declare -A PUB=([api]=util [error]=util [util]=util [version]=util [gguf]=format [artifact]=format
                 [quant]=kernels [tokenizer]=text [model]=engine [sample]=engine [artifact_bind]=engine
-                [ppl]=eval [capture]=forge [corpus]=forge [forge]=forge [kvlearn]=forge [awq]=forge)
+                [mpi]=util [ppl]=eval [capture]=forge [corpus]=forge [forge]=forge [kvlearn]=forge [awq]=forge)
 
 # room_of_include FILE INCLUDE -> the room of the included header ("?" when unknown)
 room_of_include() {
@@ -87,7 +87,7 @@ for v in "${leaks[@]}"; do echo "    $v"; done
 [ ${#leaks[@]} -eq 0 ] && ok "tools/: only include/qforge/" || bad "tools/: ${#leaks[@]} internal include(s)"
 
 # 3. public declarations carry QF_API; the shared library exports exactly them
-noapi=$(grep -nE '^[a-z_][a-z0-9_ *]*\bqf_[A-Za-z0-9_]+[[:space:]]*\(' include/qforge/*.h |
+noapi=$(grep -nE '^[A-Za-z_][A-Za-z0-9_ *]*\bqf_[A-Za-z0-9_]+[[:space:]]*\(' include/qforge/*.h |
         grep -vE ':(static|typedef|QF_API)\b')
 if [ -z "$noapi" ]; then ok "every function declared in include/qforge/ carries QF_API"
 else echo "$noapi" | sed 's/^/    /'; bad "public declarations without QF_API"; fi

@@ -17,6 +17,9 @@ QF_API qf_status qf_read_file(const char *path, char **out, size_t *len, qf_erro
  * of the directory. On failure `path` is untouched and no temp file is left. */
 QF_API qf_status qf_write_file_atomic(const char *path, const void *buf, size_t n, qf_error *err);
 
+/* SHA-256 of n bytes in memory. */
+QF_API void qf_sha256(const void *data, size_t n, uint8_t out[32]);
+
 /* SHA-256 of a file's contents (streamed). */
 QF_API qf_status qf_sha256_file(const char *path, uint8_t out[32], qf_error *err);
 

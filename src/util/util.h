@@ -11,7 +11,7 @@
 #include <stdio.h>
 
 #include "qforge/error.h"
-#include "qforge/util.h" /* the public part: qf_read_file, qf_write_file_atomic, qf_sha256_file, qf_hex, qf_now_sec */
+#include "qforge/util.h" /* the public part: qf_read_file, qf_write_file_atomic, qf_sha256(_file), qf_hex, qf_now_sec */
 
 /* ---- files ---- */
 typedef struct {
@@ -37,9 +37,6 @@ qf_status qf_atomic_open(qf_atomic_file *af, const char *path, qf_error *err);
 qf_status qf_atomic_write(qf_atomic_file *af, const void *buf, size_t n, qf_error *err);
 qf_status qf_atomic_commit(qf_atomic_file *af, qf_error *err);
 void qf_atomic_abort(qf_atomic_file *af);
-
-/* ---- hashing (OpenSSL) ---- */
-void qf_sha256(const void *data, size_t n, uint8_t out[32]);
 
 /* ---- thread pool ----
  * A fixed set of workers that run one parallel-for at a time: fn(arg, ith, nth) is called
