@@ -47,7 +47,6 @@ QF_API void qf_model_free(qf_model *m);
 QF_API const qf_hparams *qf_model_hparams(const qf_model *m);
 QF_API const qf_tokenizer *qf_model_tokenizer(const qf_model *m);
 QF_API const qf_gguf *qf_model_gguf(const qf_model *m);
-QF_API const char *qf_model_path(const qf_model *m);
 /* SHA-256 of the whole GGUF file (computed once, on first call). */
 QF_API const uint8_t *qf_model_sha256(qf_model *m);
 QF_API const qf_layer_weights *qf_model_layer(const qf_model *m, int il);
@@ -129,12 +128,12 @@ QF_API const qf_context_params *qf_context_params_get(const qf_context *c);
 QF_API qf_device qf_context_device(const qf_context *c); /* the device actually in use */
 QF_API qf_model *qf_context_model(const qf_context *c);
 
-/* Run n tokens at positions [pos0, pos0+n) (the cache must already hold [0, pos0)).
+/* Run n tokens at positions [pos0, pos0+n) (the cache must already hold [0, pos0)); pos0 = 0
+ * starts a new sequence (whatever the cache holds past pos0 is overwritten before it is read).
  * logits: NULL, or room for (n - logits_from) * n_vocab floats: the logits of tokens
  * logits_from .. n-1 of the batch (n - 1 = last token only, 0 = every token). */
 QF_API qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float *logits,
                     int logits_from, qf_error *err);
-QF_API void qf_context_kv_clear(qf_context *c);
 QF_API void qf_context_set_tap(qf_context *c, const qf_tap *tap); /* NULL turns capture off */
 
 /* KV cache bytes per token (all layers, K+V) in the current storage modes. */

@@ -23,9 +23,6 @@ QF_API int32_t qf_tokenizer_eos(const qf_tokenizer *t); /* -1 if none */
 QF_API bool qf_tokenizer_add_bos(const qf_tokenizer *t); /* tokenizer.ggml.add_bos_token, or the type's default */
 QF_API const char *qf_tokenizer_model(const qf_tokenizer *t); /* "llama" or "gpt2" */
 QF_API const char *qf_tokenizer_pre(const qf_tokenizer *t);   /* tokenizer.ggml.pre, or "default" */
-/* The raw vocabulary text of a token (byte-level/▁ encoding kept), NUL-terminated; *len gets
- * its length (may be NULL). NULL for an invalid id. */
-QF_API const char *qf_tokenizer_token_text(const qf_tokenizer *t, int32_t id, size_t *len);
 
 /* Tokenize `len` bytes of UTF-8 (invalid UTF-8 is handled as llama.cpp does, never a crash).
  * add_bos: prepend BOS when the vocab has one. parse_special: recognise control/user-defined
