@@ -13,6 +13,14 @@
 #include "qforge/error.h"
 #include "qforge/util.h" /* the public part: qf_read_file, qf_write_file_atomic, qf_sha256(_file), qf_hex, qf_now_sec */
 
+/* ---- programmer errors ----
+ * QF_ASSERT(cond): an internal invariant that only a bug in qforge can break. It stays on in
+ * release builds (as GGML_ASSERT does): when cond is false it prints "file:line: assertion
+ * failed: cond" to stderr and aborts. Never for input validation: bad input (files, flags, API
+ * arguments a caller can get wrong) gets a qf_error and a status, not an abort. */
+#define QF_ASSERT(cond) (__builtin_expect(!!(cond), 1) ? (void)0 : qf_assert_fail(__FILE__, __LINE__, #cond))
+_Noreturn void qf_assert_fail(const char *file, int line, const char *cond);
+
 /* ---- files ---- */
 typedef struct {
     const uint8_t *data; /* read-only mapping (NULL for an empty file) */
@@ -52,6 +60,7 @@ void qf_pool_run(qf_pool *p, qf_pool_fn fn, void *arg);
 
 /* Split [0, n) into nth contiguous ranges; ranges for ith. */
 static inline void qf_split_range(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
+    QF_ASSERT(nth >= 1 && ith >= 0 && ith < nth);
     int64_t per = (n + nth - 1) / nth;
     *lo = per * ith;
     *hi = *lo + per;
