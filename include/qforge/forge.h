@@ -82,6 +82,9 @@ QF_API bool qf_gate_passes(const qf_gate *g, const qf_certify_result *r);
 
 /* ================================ jobs ================================ */
 
+/* The default calibration budget: tokens captured and K (and V) vectors kept per layer. */
+#define QF_JOB_DEFAULT_BUDGET 16384
+
 typedef struct {
     const char *model_path;
     qf_artifact_kind kind;
@@ -94,11 +97,11 @@ typedef struct {
     double eval_frac;           /* 0 = QF_CORPUS_DEFAULT_EVAL_FRAC */
     qf_gate gate;
     int n_ctx;                  /* capture window and evaluation chunk (default 256) */
-    int64_t max_calib_tokens;   /* calibration tokens captured (0 = 16384; < 0 = all) */
+    int64_t max_calib_tokens;   /* calibration tokens captured (0 = QF_JOB_DEFAULT_BUDGET; < 0 = all) */
     int eval_chunks;            /* evaluation chunks (0 = 16; < 0 = all) */
     int n_threads;              /* 0 = all cores */
     qf_kv_mode ref_kv;          /* the reference KV mode (default f32) */
-    int64_t capture_per_layer;  /* K (and V) vectors kept per layer (0 = 16384) */
+    int64_t capture_per_layer;  /* K (and V) vectors kept per layer (0 = QF_JOB_DEFAULT_BUDGET) */
     uint64_t seed;              /* capture reservoir and dictionary seed (default 1) */
     qf_device capture_device;   /* where the capture runs (auto: the GPU when one is found, K/V read
                                    back from GPU memory); certification always runs on the CPU,
