@@ -27,7 +27,7 @@ int cli_flag_value(int argc, char **argv, int *i, const char *name, const char *
                    const char **val);
 
 /* The engine flags `ppl` and `generate` share: -m MODEL, -c N (into cp->n_ctx), -t N,
- * --device D, -ctk T, -ctv T, --artifact X.qfa, --trust-key PEM. Returns 1 when argv[*i] was
+ * --device D, -ctk T, -ctv T, --kv-rot R, --artifact X.qfa, --trust-key PEM. Returns 1 when argv[*i] was
  * one of them (value consumed), 0 when not, -1 on a missing or bad value (reason in msg). */
 typedef struct {
     const char *model_path, *artifact_path, *trust_key;

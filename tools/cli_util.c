@@ -90,6 +90,9 @@ int cli_engine_flag(int argc, char **argv, int *i, cli_engine_opts *o, char *msg
         qf_kv_mode *dst = a[3] == 'k' || !strcmp(a, "--cache-type-k") ? &o->cp.kv_k : &o->cp.kv_v;
         if (!qf_kv_mode_from_name(val, dst) || *dst >= QF_KV_INT8)
             BAD("bad %s '%s' (f32, f16, q8_0, q4_0; int8/dict come with --artifact)", a, val);
+    } else if (FLAG("--kv-rot", NULL)) {
+        if (r < 0) goto missing;
+        if (!qf_kv_rot_from_name(val, &o->cp.kv_rot)) BAD("bad --kv-rot '%s' (none or hadamard)", val);
     } else if (FLAG("--artifact", NULL)) {
         if (r < 0) goto missing;
         o->artifact_path = val;

@@ -12,7 +12,7 @@
 
 static const char *USAGE =
     "qforge generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
-    "                [-c N] [-t N] [-ctk T] [-ctv T] [--artifact X.qfa [--trust-key PEM]]\n"
+    "                [-c N] [-t N] [-ctk T] [-ctv T] [--kv-rot none|hadamard] [--artifact X.qfa [--trust-key PEM]]\n"
     "  -n N       tokens to generate (default 128; stops early at end-of-text)\n"
     "  --temp T   temperature (default 0.8; 0 = greedy)\n"
     "  --top-k K  keep the K most likely tokens (default 40; 0 = off)\n"

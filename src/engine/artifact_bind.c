@@ -112,11 +112,18 @@ done:
 }
 
 qf_status qf_context_bind_payload(qf_context *c, qf_artifact_kind kind, const qf_payload *p, qf_error *err) {
+    qf_error local; /* err is optional: the helpers below re-label err->code */
+    if (!err) err = &local;
     if (kind == QF_ARTIFACT_AWQ)
         return qf_fail(err, QF_ERR_UNSUPPORTED,
                        "an awq artifact is not a KV artifact: it names a re-quantized GGUF file to load instead");
     if (kind != QF_ARTIFACT_KV_INT8 && kind != QF_ARTIFACT_KV_DICT)
         return qf_fail(err, QF_ERR_ARG, "unknown artifact kind %d", (int)kind);
+    if (c->params.kv_rot != QF_KV_ROT_NONE)
+        return qf_fail(err, QF_ERR_ARG,
+                       "binding %s: --kv-rot %s applies to the plain KV cache types only; a KV artifact defines its "
+                       "own storage (and rotation): drop --kv-rot to run the artifact",
+                       qf_artifact_kind_name(kind), qf_kv_rot_name(c->params.kv_rot));
     qf_kv_mode bk = c->bound ? c->base_kv_k : c->params.kv_k, bv = c->bound ? c->base_kv_v : c->params.kv_v;
     qf_status st = kind == QF_ARTIFACT_KV_INT8 ? bind_int8(c, p, err) : bind_dict(c, p, err);
     if (st) return qf_error_prefix(err, "binding %s: ", qf_artifact_kind_name(kind));

@@ -48,6 +48,8 @@ void qf_certify_ref_free(qf_certify_ref *ref) {
 
 qf_status qf_certify_reference(qf_context *c, const char *eval_text, size_t len, const qf_certify_params *p,
                                qf_certify_ref **out, qf_error *err) {
+    qf_error local; /* err is optional (NULL): failures below re-label err->code */
+    if (!err) err = &local;
     *out = NULL;
     if (qf_context_bound(c, NULL))
         return qf_fail(err, QF_ERR_ARG, "certify: the reference context must have no artifact bound");
@@ -88,6 +90,8 @@ qf_status qf_certify_reference(qf_context *c, const char *eval_text, size_t len,
 qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_artifact_kind kind,
                                const qf_payload *payload, const qf_gate *gate, qf_certify_result *r,
                                qf_error *err) {
+    qf_error local; /* err is optional (NULL): failures below re-label err->code */
+    if (!err) err = &local;
     memset(r, 0, sizeof *r);
     r->ref_ppl = ref->r.ppl;
     r->cand_ppl = r->delta_ppl = r->kld_mean = r->kld_p99 = r->top1 = NAN;
@@ -106,7 +110,7 @@ qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_arti
     /* restore on every path; an unbind failure outranks the result */
     qf_error uerr = {0};
     if (qf_context_unbind(c, &uerr)) {
-        if (err) *err = uerr;
+        *err = uerr;
         return qf_error_prefix(err, "certify: restoring the context's KV mode: ");
     }
     return st;
@@ -114,6 +118,8 @@ qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_arti
 
 qf_status qf_certify_context(qf_context *cand, const qf_certify_ref *ref, const qf_gate *gate, qf_certify_result *r,
                              qf_error *err) {
+    qf_error local; /* err is optional (NULL): failures below re-label err->code */
+    if (!err) err = &local;
     memset(r, 0, sizeof *r);
     r->ref_ppl = ref->r.ppl;
     r->cand_ppl = r->delta_ppl = r->kld_mean = r->kld_p99 = r->top1 = NAN;
