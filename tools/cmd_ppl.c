@@ -13,7 +13,7 @@
 static const char *USAGE =
     "qforge ppl -m MODEL -f TEXT [-c N] [-t N] [-b N] [--chunks N] [-ctk T] [-ctv T] [--kv-rot R]\n"
     "           [--kl-divergence-base FILE] [--kl-divergence] [--reference] [--device D] [--json]\n"
-    "           [--artifact X.qfa [--trust-key PEM]]\n"
+    "           [--artifact X.qfa [--trust-key PEM] [--force-uncertified-ctx]]\n"
     "  -c N          chunk (context) size, default 512\n"
     "  -t N          threads, default all cores\n"
     "  -b N          batch size (tokens per forward call), default = -c\n"
@@ -28,6 +28,8 @@ static const char *USAGE =
     "  --artifact X  run a certified kv-int8 / kv-dict artifact (.qfa) in the KV cache; it must be\n"
     "                certified for this exact model file (refused otherwise, with its exit code)\n"
     "  --trust-key K require the artifact to be signed by this Ed25519 key (PEM)\n"
+    "  --force-uncertified-ctx  run an artifact at a -c above its largest certified context\n"
+    "                (refused otherwise, ArtifactNotCertified); a warning says so\n"
     "  --json        print the result as JSON";
 
 int qf_cmd_ppl(int argc, char **argv) {
@@ -103,6 +105,13 @@ int qf_cmd_ppl(int argc, char **argv) {
             return cli_fail("ppl", &err);
         }
         have_art = true;
+        int rc = cli_artifact_ctx("ppl", &eo, &art, pp.n_ctx);
+        if (rc) {
+            qf_artifact_free(&art);
+            free(text);
+            qf_model_free(m);
+            return rc;
+        }
     }
     cp.n_ctx = pp.n_ctx;
     cp.n_batch = n_batch > 0 && n_batch < pp.n_ctx ? n_batch : pp.n_ctx;

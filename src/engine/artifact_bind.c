@@ -4,6 +4,7 @@
  * mode (kv_cache.c); unbind restores the context's own modes. Engine side: no forge code. */
 #include "qforge/artifact_bind.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,4 +151,33 @@ qf_status qf_context_unbind(qf_context *c, qf_error *err) {
 bool qf_context_bound(const qf_context *c, qf_artifact_kind *kind) {
     if (c->bound && kind) *kind = (qf_artifact_kind)(c->bound - 1);
     return c->bound != 0;
+}
+
+/* ---- bits per element, one function per kind ---- */
+
+/* kv-int8: one byte per element; the static scales are a fixed table (not counted) */
+static double bits_int8(const qf_payload *p, const qf_hparams *hp, int n_ctx) {
+    (void)n_ctx;
+    if (!qf_payload_get(p, "k_scale") || !qf_payload_get(p, "v_scale") || hp->head_dim < 1) return NAN;
+    return 8.0;
+}
+
+/* kv-dict: one packed code per row of head_dim elements (what the cache stores, padding included) */
+static double bits_dict(const qf_payload *p, const qf_hparams *hp, int n_ctx) {
+    (void)n_ctx;
+    int64_t na = 0, s = 0;
+    const char *coef = qf_payload_get_string(p, "coef");
+    if (!qf_payload_get_int(p, "n_atoms", &na) || !qf_payload_get_int(p, "sparsity", &s) || !coef) return NAN;
+    if (na < 1 || na > QF_KV_MAX_ATOMS || s < 1 || s > na || hp->head_dim < 1) return NAN;
+    qf_kv_coef cf = !strcmp(coef, "q8") ? QF_KV_COEF_Q8 : QF_KV_COEF_F16;
+    return 8.0 * (double)qf_kv_code_bytes((int)na, (int)s, cf) / hp->head_dim;
+}
+
+double qf_artifact_bits_per_element(qf_artifact_kind kind, const qf_payload *p, const qf_hparams *hp, int n_ctx) {
+    if (!p || !hp) return NAN;
+    switch (kind) {
+    case QF_ARTIFACT_KV_INT8: return bits_int8(p, hp, n_ctx);
+    case QF_ARTIFACT_KV_DICT: return bits_dict(p, hp, n_ctx);
+    default: return NAN; /* awq is a weight artifact; a new KV kind adds its case here */
+    }
 }
