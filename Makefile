@@ -14,7 +14,8 @@ CSTD     := -std=c11 -D_GNU_SOURCE
 OPT      ?= -O2 -g
 SANFLAGS ?=
 CPPFLAGS := -Iinclude -Isrc -DQF_VERSION='"$(VERSION)"'
-CFLAGS   := $(CSTD) $(WARN) $(OPT) $(SANFLAGS) -fPIC -pthread
+# -fvisibility=hidden: libqforge.so exports only what include/qforge/ marks QF_API (qforge/api.h).
+CFLAGS   := $(CSTD) $(WARN) $(OPT) $(SANFLAGS) -fPIC -fvisibility=hidden -pthread
 LDLIBS   := -lopenblas -lpcre2-8 -lcbor -lcrypto -lcurl -ljansson -lxxhash -ldl -lpthread -lm
 LDFLAGS  := $(SANFLAGS) -pthread
 
@@ -49,6 +50,17 @@ ifneq ($(and $(NVCC),$(CUDA_SRC)),)
   CUDA_PLUGIN := $(BUILD)/libqforge-cuda.so
 endif
 CUDA_HDR := $(wildcard src/kernels/cuda/*.cuh src/kernels/cuda/*.h) src/format/quant_blocks.h $(wildcard include/qforge/*.h)
+
+# Open MPI (docs/mpi.md): only when pkg-config finds ompi-c (QF_NO_MPI=1 turns it off). Only
+# src/util/mpi.c sees MPI; everything else goes through qforge/mpi.h and util/par.h.
+ifneq ($(QF_NO_MPI),1)
+  MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null)
+  MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null)
+endif
+ifneq ($(MPI_LIBS),)
+  LDLIBS += $(MPI_LIBS)
+$(BUILD)/obj/src/util/mpi.o: CPPFLAGS += -DQF_HAVE_MPI $(MPI_CFLAGS)
+endif
 
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TOOL_OBJ  := $(TOOL_SRC:%.c=$(BUILD)/obj/%.o)

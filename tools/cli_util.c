@@ -6,11 +6,27 @@
 #include <string.h>
 
 #include "cli.h"
+#include "qforge/mpi.h"
 
 int cli_fail(const char *cmd, const qf_error *e) {
-    fprintf(stderr, "qforge %s: error: %s: %s\n", cmd, qf_status_name(e->code), e->msg);
+    if (qf_mpi_size() == 1) {
+        fprintf(stderr, "qforge %s: error: %s: %s\n", cmd, qf_status_name(e->code), e->msg);
+        return qf_status_exit_code(e->code);
+    }
+    /* under mpirun: a failure every rank agreed on (its message names the rank) is printed by
+     * rank 0 and every rank exits with its code; a failure only this rank saw is printed with
+     * the rank and ends the whole job (MPI_Abort) so no rank waits forever */
+    bool shared = qf_mpi_error_shared(e);
+    char who[48] = "";
+    if (!shared) snprintf(who, sizeof who, "rank %d of %d: ", qf_mpi_rank(), qf_mpi_size());
+    if (!shared || qf_mpi_rank() == 0)
+        fprintf(stderr, "qforge %s: error: %s: %s%s\n", cmd, qf_status_name(e->code), who, e->msg);
+    if (!shared) qf_mpi_abort(qf_status_exit_code(e->code));
+    qf_mpi_finalize();
     return qf_status_exit_code(e->code);
 }
+
+bool cli_root(void) { return qf_mpi_rank() == 0; }
 
 int cli_usage(const char *cmd, const char *usage, const char *fmt, ...) {
     va_list ap;
@@ -90,6 +106,12 @@ int cli_engine_flag(int argc, char **argv, int *i, cli_engine_opts *o, char *msg
         qf_kv_mode *dst = a[3] == 'k' || !strcmp(a, "--cache-type-k") ? &o->cp.kv_k : &o->cp.kv_v;
         if (!qf_kv_mode_from_name(val, dst) || *dst >= QF_KV_INT8)
             BAD("bad %s '%s' (f32, f16, q8_0, q4_0; int8/dict come with --artifact)", a, val);
+    } else if (FLAG("--kv-rot", NULL)) {
+        if (r < 0) goto missing;
+        if (!qf_kv_rot_from_name(val, &o->cp.kv_rot)) BAD("bad --kv-rot '%s' (none or hadamard)", val);
+    } else if (!strcmp(a, "--force-uncertified-ctx")) {
+        o->force_uncertified_ctx = true;
+        return 1;
     } else if (FLAG("--artifact", NULL)) {
         if (r < 0) goto missing;
         o->artifact_path = val;
@@ -104,6 +126,18 @@ missing:
     BAD("option '%s' needs a value", a);
 #undef BAD
 #undef FLAG
+}
+
+int cli_artifact_ctx(const char *cmd, const cli_engine_opts *o, const qf_artifact *a, int n_ctx) {
+    qf_error e = {0};
+    bool forced = false;
+    if (qf_artifact_check_ctx(a, n_ctx, o->force_uncertified_ctx, &forced, &e)) return cli_fail(cmd, &e);
+    if (forced)
+        fprintf(stderr,
+                "qforge %s: warning: --force-uncertified-ctx: running at -c %d, above the largest context the "
+                "artifact is certified at (%d); its certificate does not cover these numbers\n",
+                cmd, n_ctx, qf_artifact_max_certified_ctx(a));
+    return 0;
 }
 
 void cli_cuda_env(qf_cuda_params *k) {

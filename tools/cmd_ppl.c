@@ -7,18 +7,21 @@
 #include "qforge/artifact.h"
 #include "qforge/artifact_bind.h"
 #include "qforge/model.h"
+#include "qforge/mpi.h"
 #include "qforge/ppl.h"
-#include "util/util.h"
+#include "qforge/util.h"
 
 static const char *USAGE =
-    "qforge ppl -m MODEL -f TEXT [-c N] [-t N] [-b N] [--chunks N] [-ctk T] [-ctv T]\n"
+    "qforge ppl -m MODEL -f TEXT [-c N] [-t N] [-b N] [--chunks N] [-ctk T] [-ctv T] [--kv-rot R]\n"
     "           [--kl-divergence-base FILE] [--kl-divergence] [--reference] [--device D] [--json]\n"
-    "           [--artifact X.qfa [--trust-key PEM]]\n"
+    "           [--artifact X.qfa [--trust-key PEM] [--force-uncertified-ctx]]\n"
     "  -c N          chunk (context) size, default 512\n"
     "  -t N          threads, default all cores\n"
     "  -b N          batch size (tokens per forward call), default = -c\n"
     "  --chunks N    evaluate at most N chunks\n"
     "  -ctk/-ctv T   KV cache type for K/V: f32, f16 (default), q8_0, q4_0\n"
+    "  --kv-rot R    none (default) or hadamard: Walsh-Hadamard rotate each K/V row before it is\n"
+    "                stored, rotate back on read (as llama.cpp; head_dim must be a power of two)\n"
     "  --kl-divergence-base FILE  save this run's log-probs to FILE (the reference)\n"
     "  --kl-divergence            compare against --kl-divergence-base FILE\n"
     "  --reference   use the scalar CPU reference path (slow; the oracle)\n"
@@ -26,6 +29,8 @@ static const char *USAGE =
     "  --artifact X  run a certified kv-int8 / kv-dict artifact (.qfa) in the KV cache; it must be\n"
     "                certified for this exact model file (refused otherwise, with its exit code)\n"
     "  --trust-key K require the artifact to be signed by this Ed25519 key (PEM)\n"
+    "  --force-uncertified-ctx  run an artifact at a -c above its largest certified context\n"
+    "                (refused otherwise, ArtifactNotCertified); a warning says so\n"
     "  --json        print the result as JSON";
 
 int qf_cmd_ppl(int argc, char **argv) {
@@ -87,6 +92,10 @@ int qf_cmd_ppl(int argc, char **argv) {
     if (qf_read_file(text_path, &text, &len, &err)) return cli_fail("ppl", &err);
     /* llama.cpp's -f drops one trailing newline; so do we, so both see the same tokens */
     if (len > 0 && text[len - 1] == '\n') text[--len] = '\0';
+    uint8_t text_sha[32];
+    qf_sha256(text, len, text_sha);
+    char mpi_note[96];
+    snprintf(mpi_note, sizeof mpi_note, ", %d MPI ranks (chunk i on rank i %% %d)", qf_mpi_size(), qf_mpi_size());
     qf_model *m = qf_model_load(model_path, &err);
     if (!m) {
         free(text);
@@ -102,6 +111,13 @@ int qf_cmd_ppl(int argc, char **argv) {
             return cli_fail("ppl", &err);
         }
         have_art = true;
+        int rc = cli_artifact_ctx("ppl", &eo, &art, pp.n_ctx);
+        if (rc) {
+            qf_artifact_free(&art);
+            free(text);
+            qf_model_free(m);
+            return rc;
+        }
     }
     cp.n_ctx = pp.n_ctx;
     cp.n_batch = n_batch > 0 && n_batch < pp.n_ctx ? n_batch : pp.n_ctx;
@@ -110,7 +126,7 @@ int qf_cmd_ppl(int argc, char **argv) {
         qf_context_free(c);
         c = NULL;
     }
-    if (have_art && c)
+    if (have_art && c && cli_root())
         fprintf(stderr, "perplexity: artifact %s (%s, certified delta PPL %+.4f%%, KV %.0f bytes/token)\n", artifact_path,
                 qf_artifact_kind_name(art.cert.kind), 100 * art.cert.delta_ppl, qf_context_kv_bytes_per_token(c));
     qf_artifact_free(&art);
@@ -120,19 +136,30 @@ int qf_cmd_ppl(int argc, char **argv) {
         return cli_fail("ppl", &err);
     }
     if (!json) {
-        fprintf(stderr, "perplexity: model %s (%s, %d layers, n_embd %d), kv %s/%s, %d threads%s\n", model_path,
+        if (cli_root()) {
+        fprintf(stderr, "perplexity: model %s (%s, %d layers, n_embd %d), kv %s/%s%s%s, %d threads%s\n", model_path,
                 qf_model_hparams(m)->arch_name, qf_model_hparams(m)->n_layer, qf_model_hparams(m)->n_embd,
                 qf_kv_mode_name(qf_context_params_get(c)->kv_k), qf_kv_mode_name(qf_context_params_get(c)->kv_v),
+                cp.kv_rot != QF_KV_ROT_NONE ? " rot " : "", cp.kv_rot != QF_KV_ROT_NONE ? qf_kv_rot_name(cp.kv_rot) : "",
                 qf_context_params_get(c)->n_threads,
                 cp.reference ? ", reference path" : "");
-        fprintf(stderr, "perplexity: calculating perplexity over chunks of n_ctx=%d, batch_size=%d\n", pp.n_ctx,
-                cp.n_batch);
+        fprintf(stderr, "perplexity: calculating perplexity over chunks of n_ctx=%d, batch_size=%d%s\n", pp.n_ctx,
+                cp.n_batch, qf_mpi_size() > 1 ? mpi_note : "");
+        }
         pp.log = stdout;
         pp.progress = false;
     } else {
         pp.progress = true;
     }
     qf_ppl_result r;
+    /* the same model and text on every rank, refused before any work otherwise */
+    if (qf_mpi_check_same(qf_model_sha256(m), 32, "model SHA-256", &err) ||
+        qf_mpi_check_same(text_sha, 32, "text file's SHA-256", &err)) {
+        free(text);
+        qf_context_free(c);
+        qf_model_free(m);
+        return cli_fail("ppl", &err);
+    }
     qf_status st = qf_perplexity_text(c, text, len, &pp, &r, &err);
     free(text);
     int rc = 0;
@@ -145,6 +172,7 @@ int qf_cmd_ppl(int argc, char **argv) {
                               "tokens_per_sec", r.tokens_per_sec, "cache_type_k", qf_kv_mode_name(qf_context_params_get(c)->kv_k),
                               "cache_type_v", qf_kv_mode_name(qf_context_params_get(c)->kv_v));
         if (artifact_path) json_object_set_new(j, "artifact", json_string(artifact_path));
+        json_object_set_new(j, "kv_rot", json_string(qf_kv_rot_name(cp.kv_rot)));
         json_object_set_new(j, "kv_bytes_per_token", json_real(qf_context_kv_bytes_per_token(c)));
         if (r.has_kl) {
             json_object_set_new(j, "ppl_base", json_real(r.ppl_base));
@@ -167,7 +195,8 @@ int qf_cmd_ppl(int argc, char **argv) {
             printf("Same top p: %6.3f +/- %6.3f %%\n", 100.0 * r.same_top_p, 100.0 * r.same_top_p_err);
             printf("RMS Δp    : %6.3f %%\n", 100.0 * r.rms_dp);
         }
-        fprintf(stderr, "perplexity: %d chunks, %lld tokens in the text, %.2f s, %.1f tokens/s\n", r.n_chunks,
+        if (cli_root())
+            fprintf(stderr, "perplexity: %d chunks, %lld tokens in the text, %.2f s, %.1f tokens/s\n", r.n_chunks,
                 (long long)r.n_tokens_text, r.seconds, r.tokens_per_sec);
     }
     qf_context_free(c);

@@ -5,6 +5,7 @@
 #ifndef QFORGE_PPL_H
 #define QFORGE_PPL_H
 
+#include "qforge/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,6 +18,10 @@ typedef struct {
     int n_chunks;       /* <= 0: all chunks the text holds */
     const char *kl_base_write; /* save reference log-probs here (llama.cpp --kl-divergence-base) */
     const char *kl_base_read;  /* compare against this file (llama.cpp --kl-divergence) */
+    bool kl_base_local; /* under mpirun (qforge/mpi.h): the base file is this rank's own and holds
+                           only the chunks it runs; written and read by the same N ranks (the
+                           forge's private reference files). Without it rank 0 writes one
+                           llama.cpp file and every rank reads that one file. */
     FILE *log;          /* running values ("[1]12.34,[2]..."), NULL for silence */
     bool progress;      /* progress bar on a TTY */
 } qf_ppl_params;
@@ -35,17 +40,17 @@ typedef struct {
     double ppl_base;     /* PPL of the base logits (when has_kl) */
 } qf_ppl_result;
 
-qf_ppl_params qf_ppl_default_params(void);
+QF_API qf_ppl_params qf_ppl_default_params(void);
 
 /* Evaluate `tokens` (already tokenized, BOS handling done by the caller: pass the whole
  * file's tokens as llama.cpp does; the first token of each chunk is replaced by BOS when
  * the vocabulary adds BOS). */
-qf_status qf_perplexity(qf_context *c, const int32_t *tokens, int64_t n_tokens,
+QF_API qf_status qf_perplexity(qf_context *c, const int32_t *tokens, int64_t n_tokens,
                         const qf_ppl_params *p, qf_ppl_result *r, qf_error *err);
 
 /* Tokenize a text file as llama-perplexity does (add BOS when the vocab adds it, no special
  * parsing) and evaluate it. */
-qf_status qf_perplexity_text(qf_context *c, const char *text, size_t len, const qf_ppl_params *p,
+QF_API qf_status qf_perplexity_text(qf_context *c, const char *text, size_t len, const qf_ppl_params *p,
                              qf_ppl_result *r, qf_error *err);
 
 #endif

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "engine/kv_codes.h"
+#include "util/par.h"
 
 /* dict rows on the GPU are encoded by the host cache's own encoder (c->kv.dict[s]) */
 static void dict_encode(void *user, int s, int il, const float *rows, int64_t n, uint8_t *codes) {
@@ -60,11 +61,20 @@ qf_status qf_gpu_attach(qf_context *c, qf_error *err) {
         if (!a) return qf_fail(err, QF_ERR_DEVICE, "--device cuda: the CUDA backend is not available: %s", why);
         return qf_fail(err, QF_ERR_DEVICE, "--device cuda: no CUDA GPU is available (cudaGetDeviceCount found none)");
     }
+    /* a KV rotation the backend cannot run: auto stays on the CPU, an explicit cuda is refused */
+    if (p->kv_rot != QF_KV_ROT_NONE && !qf_cuda_backend_kv_rot_ok(p->kv_rot)) {
+        if (p->device == QF_DEVICE_AUTO) return QF_OK;
+        return qf_fail(err, QF_ERR_UNSUPPORTED,
+                       "--kv-rot %s is not supported by the CUDA backend of this build: use --device cpu (or auto, "
+                       "which runs it on the CPU)",
+                       qf_kv_rot_name(p->kv_rot));
+    }
     const qf_model *m = c->model;
     qf_gpu_model gm = {.hp = &m->hp, .path = m->path, .tok_embd = &m->tok_embd, .output_norm = &m->output_norm,
                        .output = &m->output, .rope_freqs = &m->rope_freqs, .layers = m->layers,
                        .dequant_row = dequant_row};
-    qf_gpu_params gp = {.n_ctx = p->n_ctx, .n_batch = c->n_batch, .kv_rot = p->kv_rot, .knobs = p->cuda};
+    qf_gpu_params gp = {.n_ctx = p->n_ctx, .n_batch = c->n_batch, .kv_rot = p->kv_rot,
+                        .device_index = qf_par_device_index(), .knobs = p->cuda};
     qf_gpu_kv kv;
     const float **at;
     qf_status st = kv_view(c, &c->kv, &kv, &at, err);

@@ -15,7 +15,20 @@
 #include "qforge/capture.h"
 #include "qforge/corpus.h"
 #include "qforge/forge.h"
+#include "util/par.h"
 #include "util/util.h"
+
+/* The job's calibration budgets with "0 = default" (forge.h) decoded, in this one place:
+ * calib_tokens = tokens captured (0 = all), per_layer = K (and V) vectors kept per layer. */
+typedef struct {
+    int64_t calib_tokens, per_layer;
+} job_budget;
+static job_budget job_budgets(const qf_job *j) {
+    job_budget b = {.calib_tokens = j->max_calib_tokens == 0 ? QF_JOB_DEFAULT_BUDGET
+                                    : j->max_calib_tokens < 0 ? 0 : j->max_calib_tokens,
+                    .per_layer = j->capture_per_layer > 0 ? j->capture_per_layer : QF_JOB_DEFAULT_BUDGET};
+    return b;
+}
 
 void qf_job_default(qf_job *j) {
     memset(j, 0, sizeof *j);
@@ -37,7 +50,7 @@ void qf_job_report_free(qf_job_report *rep) {
 
 static void stage(const qf_job *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void stage(const qf_job *j, const char *fmt, ...) {
-    if (!j->log) return;
+    if (!j->log || qf_mpi_rank() != 0) return; /* under mpirun rank 0 tells the story */
     va_list ap;
     va_start(ap, fmt);
     fputs("calibrate: ", j->log);
@@ -103,7 +116,8 @@ static qf_status stage_corpus(const qf_job *j, shared *s, qf_job_report *rep, qf
     size_t elen;
     const char *etext = qf_corpus_eval_text(s->corpus, &elen);
     qf_sha256(etext, elen, s->eval_sha);
-    if (j->eval_out_path && (st = qf_write_file_atomic(j->eval_out_path, etext, elen, err))) return st;
+    if (j->eval_out_path && qf_mpi_rank() == 0 && (st = qf_write_file_atomic(j->eval_out_path, etext, elen, err)))
+        return st;
     rep->seconds_corpus = qf_now_sec() - t0;
     stage(j, "[1/5 corpus] %zu documents (%zu calibration, %zu evaluation), sha256 %.16s...", s->info->n_docs,
           s->info->n_calib_docs, s->info->n_eval_docs, s->info->sha256_hex);
@@ -113,7 +127,7 @@ static qf_status stage_corpus(const qf_job *j, shared *s, qf_job_report *rep, qf
 static qf_status stage_model(const qf_job *j, shared *s, qf_error *err) {
     if (!(s->model = qf_model_load(j->model_path, err))) return err ? err->code : QF_ERR_IO;
     qf_context_params cp = qf_context_default_params();
-    s->n_ctx = j->n_ctx > 0 ? j->n_ctx : 256;
+    s->n_ctx = j->n_ctx_list > 0 ? j->ctx_list[0] : j->n_ctx > 0 ? j->n_ctx : 256;
     cp.n_ctx = s->n_ctx;
     cp.n_batch = s->n_ctx; /* as qforge ppl without -b */
     cp.n_threads = j->n_threads;
@@ -132,14 +146,14 @@ static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, q
     int32_t *ids = NULL;
     qf_status st = qf_tokenize(tok, ctext, clen, qf_tokenizer_add_bos(tok), false, &ids, &n, err);
     if (st) return as_stage(err, st, QF_ERR_CAPTURE_FAILED, "capture: tokenizing the calibration text");
-    qf_capture_params cp = {.max_per_layer = j->capture_per_layer > 0 ? j->capture_per_layer : 16384,
+    qf_capture_params cp = {.max_per_layer = job_budgets(j).per_layer,
                             .activations = false, .seed = j->seed};
     s->cap = qf_capture_new(qf_model_hparams(s->model), &cp, err);
     if (!s->cap) {
         free(ids);
         return as_stage(err, err ? err->code : QF_ERR_NOMEM, QF_ERR_CAPTURE_FAILED, "capture");
     }
-    int64_t max_tok = j->max_calib_tokens == 0 ? 16384 : j->max_calib_tokens < 0 ? 0 : j->max_calib_tokens;
+    int64_t max_tok = job_budgets(j).calib_tokens;
     /* the GPU read-back route when asked for or found; the CPU context otherwise */
     qf_context *gpu = NULL;
     if (j->capture_device == QF_DEVICE_CUDA || (j->capture_device == QF_DEVICE_AUTO && qf_cuda_available())) {
@@ -174,6 +188,63 @@ static qf_status stage_reference(const qf_job *j, shared *s, qf_error *err) {
     stage(j, "[4/5 certify] reference (kv %s): PPL %.4f over %d chunks of %d evaluation tokens",
           qf_kv_mode_name(j->ref_kv), qf_certify_ref_ppl(s->ref), s->eval_chunks, s->n_ctx);
     return QF_OK;
+}
+
+/* ---- MPI ---- */
+
+/* Every rank runs the same inputs: the corpus and the model are compared with rank 0's before
+ * any work (docs/mpi.md). */
+static qf_status same_inputs(const shared *s, qf_error *err) {
+    qf_status st = qf_par_same(s->info->sha256, 32, "corpus SHA-256", err);
+    if (!st) st = qf_par_same(qf_model_sha256(s->model), 32, "model SHA-256", err);
+    return st;
+}
+
+/* A payload learned on rank `owner` (its learning status in *learn_st, message in *lerr)
+ * reaches every rank: the status and message first, then the payload as the artifact body's
+ * exact bytes (serialize / read back, which the loader proves lossless). Collective; with one
+ * rank a no-op. Returns only communication failures. */
+static qf_status share_payload(int owner, qf_artifact_kind kind, qf_status *learn_st, qf_error *lerr, qf_payload *pl,
+                               qf_error *err) {
+    if (qf_mpi_size() == 1) return QF_OK;
+    const bool mine = qf_mpi_rank() == owner;
+    struct {
+        int32_t st;
+        char msg[sizeof lerr->msg];
+    } head;
+    memset(&head, 0, sizeof head);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    qf_status st = QF_OK;
+    if (mine && !*learn_st) {
+        qf_certificate c;
+        qf_certificate_init(&c, kind);
+        qf_error e = {0};
+        if ((*learn_st = qf_artifact_serialize(&c, pl, NULL, &buf, &len, &e))) *lerr = e;
+        qf_certificate_free(&c);
+    }
+    if (mine) {
+        head.st = (int32_t)*learn_st;
+        snprintf(head.msg, sizeof head.msg, "%s", *learn_st ? lerr->msg : "");
+    }
+    if ((st = qf_par_bcast(&head, sizeof head, owner, err))) goto out;
+    *learn_st = (qf_status)head.st;
+    if (*learn_st) {
+        if (!mine) qf_fail(lerr, *learn_st, "%s", head.msg);
+        goto out;
+    }
+    if ((st = qf_par_bcast_alloc((void **)&buf, &len, owner, err))) goto out;
+    if (!mine) {
+        qf_artifact a;
+        if ((st = qf_artifact_read_mem(buf, len, NULL, &a, err))) goto out;
+        qf_payload_free(pl);
+        *pl = a.payload;
+        memset(&a.payload, 0, sizeof a.payload);
+        qf_artifact_free(&a);
+    }
+out:
+    free(buf);
+    return st;
 }
 
 /* ---- learners ---- */
@@ -262,6 +333,58 @@ static double f16_bytes_per_token(const qf_model *m) {
     return (double)hp->n_layer * hp->n_head_kv * hp->head_dim * 2.0 * 2.0;
 }
 
+/* The keys issue 15 added to the certificate's config (docs/artifact-format.md "Gate and context
+ * keys"): the gate's p99 / two-sided / baseline switches, the free baseline's numbers, the rate,
+ * and the numbers at every context of the --ctx list with the list of those that passed. */
+static qf_status add_gate_keys(qf_payload *cf, const qf_job_report *rep, qf_error *err) {
+    const qf_certify_result *r = &rep->result;
+    const qf_gate *g = &r->gate;
+    qf_status st = QF_OK;
+    if (!st && g->has_max_kld_p99) st = qf_payload_add_float(cf, "gate.max_kld_p99", g->max_kld_p99, err);
+    if (!st) st = qf_payload_add_int(cf, "gate.two_sided", g->two_sided, err);
+    if (!st) st = qf_payload_add_int(cf, "gate.vs_baseline", g->vs_baseline, err);
+    if (!st && isfinite(rep->bits_per_element)) st = qf_payload_add_float(cf, "bits_per_element", rep->bits_per_element, err);
+    if (!st && r->has_baseline) {
+        if (!st) st = qf_payload_add_string(cf, "baseline.kv", r->baseline, err);
+        if (!st) st = qf_payload_add_float(cf, "baseline.bits_per_element", r->baseline_bits, err);
+        if (!st) st = qf_payload_add_float(cf, "baseline.ppl", r->baseline_ppl, err);
+        if (!st) st = qf_payload_add_float(cf, "baseline.delta_ppl", r->baseline_delta_ppl, err);
+        if (!st) st = qf_payload_add_float(cf, "baseline.kld_mean", r->baseline_kld_mean, err);
+        if (!st) st = qf_payload_add_float(cf, "baseline.kld_p99", r->baseline_kld_p99, err);
+        if (!st) st = qf_payload_add_float(cf, "baseline.top1", r->baseline_top1, err);
+    }
+    for (int i = 0; i < rep->n_ctx_results && !st; i++) {
+        const qf_certify_result *x = &rep->ctx_results[i].result;
+        char k[64];
+        int n = rep->ctx_results[i].n_ctx;
+#define PUTF(name, v) (snprintf(k, sizeof k, "ctx.%d." name, n), qf_payload_add_float(cf, k, (v), err))
+        snprintf(k, sizeof k, "ctx.%d.passed", n);
+        st = qf_payload_add_int(cf, k, x->passed, err);
+        if (!st) st = PUTF("ref_ppl", x->ref_ppl);
+        if (!st) st = PUTF("cand_ppl", x->cand_ppl);
+        if (!st) st = PUTF("delta_ppl", x->delta_ppl);
+        if (!st) st = PUTF("kld_mean", x->kld_mean);
+        if (!st) st = PUTF("kld_p99", x->kld_p99);
+        if (!st) st = PUTF("top1", x->top1);
+        if (!st && x->has_baseline) st = PUTF("baseline_kld_mean", x->baseline_kld_mean);
+        if (!st && x->has_baseline) st = PUTF("baseline_kld_p99", x->baseline_kld_p99);
+        if (!st && x->has_baseline) st = PUTF("baseline_delta_ppl", x->baseline_delta_ppl);
+        if (!st) {
+            snprintf(k, sizeof k, "ctx.%d.chunks", n);
+            st = qf_payload_add_int(cf, k, x->n_chunks, err);
+        }
+#undef PUTF
+    }
+    if (!st && rep->n_ctx_results > 0) {
+        char list[QF_JOB_MAX_CTX * 9 + 1] = "";
+        size_t off = 0;
+        for (int i = 0; i < rep->n_certified_ctx; i++)
+            off += (size_t)snprintf(list + off, sizeof list - off, "%s%d", i ? "," : "", rep->certified_ctx[i]);
+        st = qf_payload_add_string(cf, "certified_ctx", list, err);
+    }
+    return st;
+}
+
 static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_error *err) {
     qf_certificate *c = &rep->cert;
     const qf_hparams *hp = qf_model_hparams(s->model);
@@ -282,11 +405,13 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
     c->kld_mean = r->kld_mean;
     c->kld_p99 = r->kld_p99;
     c->top1_agreement = r->top1;
-    c->gate_max_delta_ppl = j->gate.max_delta_ppl;
-    c->gate_has_max_kld = j->gate.has_max_kld;
-    c->gate_max_kld = j->gate.max_kld;
-    c->gate_has_min_top1 = j->gate.has_min_top1;
-    c->gate_min_top1 = j->gate.min_top1;
+    /* the resolved gate the verdict used (thresholds by rate filled in) */
+    const qf_gate *g = &r->gate;
+    c->gate_max_delta_ppl = g->max_delta_ppl;
+    c->gate_has_max_kld = g->has_max_kld;
+    c->gate_max_kld = g->max_kld;
+    c->gate_has_min_top1 = g->has_min_top1;
+    c->gate_min_top1 = g->min_top1;
     c->passed = r->passed;
     /* config: the learner's settings, then the exact evaluation setup (to rerun it) */
     qf_payload *cf = &c->config;
@@ -317,8 +442,9 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
         }
     }
     if (!st) st = qf_payload_add_float(cf, "kv_bytes_per_token", r->cand_kv_bytes_per_token, err);
+    if (!st) st = qf_payload_add_int(cf, "mpi_ranks", qf_mpi_size(), err); /* docs/mpi.md */
     if (!st) st = qf_payload_add_float(cf, "f16_kv_bytes_per_token", rep->f16_kv_bytes_per_token, err);
-    if (!st) st = qf_payload_add_int(cf, "capture_per_layer", j->capture_per_layer > 0 ? j->capture_per_layer : 16384, err);
+    if (!st) st = qf_payload_add_int(cf, "capture_per_layer", job_budgets(j).per_layer, err);
     if (!st) st = qf_payload_add_int(cf, "seed", (int64_t)j->seed, err);
     if (!st) st = qf_payload_add_string(cf, "corpus_inputs", inputs, err);
     if (!st) st = qf_payload_add_string(cf, "eval_text_sha256", hex, err);
@@ -326,6 +452,7 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
     if (!st) st = qf_payload_add_int(cf, "eval_chunks", r->n_chunks, err);
     if (!st) st = qf_payload_add_string(cf, "ref_kv", qf_kv_mode_name(j->ref_kv), err);
     if (!st) st = qf_payload_add_int(cf, "n_threads", qf_context_params_get(s->ctx)->n_threads, err);
+    if (!st) st = add_gate_keys(cf, rep, err);
     if (!st) {
         char cmd[768];
         snprintf(cmd, sizeof cmd,
@@ -371,7 +498,7 @@ static qf_status run_awq(const qf_job *j, shared *s, qf_job_report *rep, qf_erro
     if (st) return as_stage(err, st, QF_ERR_CAPTURE_FAILED, "capture: tokenizing the calibration text");
     qf_awq_params ap = qf_awq_default_params();
     ap.n_ctx = s->n_ctx;
-    ap.max_tokens = j->max_calib_tokens == 0 ? 16384 : j->max_calib_tokens < 0 ? 0 : j->max_calib_tokens;
+    ap.max_tokens = job_budgets(j).calib_tokens;
     ap.n_threads = qf_context_params_get(s->ctx)->n_threads;
     ap.progress = j->progress;
     ap.seed = j->seed;
@@ -475,8 +602,34 @@ fail:
 
 /* ---- one job ---- */
 
+/* Certify the chosen payload at another context n: its own context and reference pass over the
+ * same evaluation text (chunks of n), its own free baseline, the same gate. */
+static qf_status certify_at_ctx(const qf_job *j, shared *s, int n, const qf_payload *pl, qf_certify_result *r,
+                                qf_error *err) {
+    qf_context_params cp = *qf_context_params_get(s->ctx);
+    cp.n_ctx = cp.n_batch = n;
+    qf_context *c = qf_context_new(s->model, &cp, err);
+    if (!c) return as_stage(err, err ? err->code : QF_ERR_NOMEM, QF_ERR_CERTIFY_FAILED, "certify");
+    size_t elen;
+    const char *etext = qf_corpus_eval_text(s->corpus, &elen);
+    qf_certify_params p = {.n_ctx = n, .n_chunks = s->eval_chunks, .progress = j->progress};
+    qf_certify_ref *ref = NULL;
+    qf_status st = qf_certify_reference(c, etext, elen, &p, &ref, err);
+    if (st) qf_error_prefix(err, "at -c %d: ", n);
+    if (!st) st = qf_certify_candidate(c, ref, j->kind, pl, &j->gate, r, err);
+    if (!st)
+        stage(j, "[4/5 certify] -c %d: PPL %.4f -> %.4f (delta %+.4f%%), KLD mean %.6f p99 %.6f, top-1 %.2f%%; baseline %s "
+                 "KLD mean %.6f; gate %s%s%s",
+              n, r->ref_ppl, r->cand_ppl, 100 * r->delta_ppl, r->kld_mean, r->kld_p99, 100 * r->top1, r->baseline,
+              r->baseline_kld_mean, r->passed ? "passed" : "failed", r->passed ? "" : ": ", r->why);
+    qf_certify_ref_free(ref);
+    qf_context_free(c);
+    return st;
+}
+
 qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
     memset(rep, 0, sizeof *rep);
+    rep->bits_per_element = NAN;
     qf_certificate_init(&rep->cert, j->kind);
     if (!j->model_path) return qf_fail(err, QF_ERR_ARG, "calibrate: no model given");
     if (!j->out_path) return qf_fail(err, QF_ERR_ARG, "calibrate: no output path given");
@@ -488,9 +641,16 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
     shared s = {0};
     qf_payload best = {0}, cand = {0};
     qf_status st;
-    if ((st = stage_corpus(j, &s, rep, err))) goto done;
-    if ((st = stage_model(j, &s, err))) goto done;
+    /* every rank reaches the agreement, so a rank that cannot read an input fails them all */
+    st = stage_corpus(j, &s, rep, err);
+    if (!st) st = stage_model(j, &s, err);
+    if ((st = qf_par_agree(st, err))) goto done;
+    if ((st = same_inputs(&s, err))) goto done;
     rep->f16_kv_bytes_per_token = f16_bytes_per_token(s.model);
+    if (j->kind == QF_ARTIFACT_AWQ && qf_mpi_size() > 1) {
+        st = qf_fail(err, QF_ERR_UNSUPPORTED, "calibrate: awq is not sharded over MPI ranks yet: run it with one process");
+        goto done;
+    }
     if (j->kind == QF_ARTIFACT_AWQ) {
         st = run_awq(j, &s, rep, err);
         goto done;
@@ -506,14 +666,22 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
         memset(&cand, 0, sizeof cand);
         char variant[32];
         t0 = qf_now_sec();
+        /* under mpirun candidate ci is learned on rank ci % N and shared with every rank */
+        int owner = ci % qf_mpi_size();
+        st = QF_OK;
         if (j->kind == QF_ARTIFACT_KV_INT8) {
             qf_kv_scale_mode mode = ci == 0 ? QF_KV_SCALE_PER_CHANNEL : QF_KV_SCALE_PER_HEAD;
             set_variant(variant, sizeof variant, "%s", ci == 0 ? "per-channel" : "per-head");
-            st = learn_int8(j, &s, mode, &cand, err);
+            if (qf_mpi_rank() == owner) st = learn_int8(j, &s, mode, &cand, err);
         } else {
             set_variant(variant, sizeof variant, "%dx%d-%s", j->dict_atoms, j->dict_sparsity,
                         qf_kv_coef_name(j->dict_coef));
-            st = learn_dict(j, &s, j->dict_atoms, j->dict_sparsity, &cand, err);
+            if (qf_mpi_rank() == owner) st = learn_dict(j, &s, j->dict_atoms, j->dict_sparsity, &cand, err);
+        }
+        qf_status cst = share_payload(owner, j->kind, &st, err, &cand, err);
+        if (cst) {
+            st = cst;
+            goto done;
         }
         t_learn += qf_now_sec() - t0;
         if (st) {
@@ -529,15 +697,20 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
         t_cert += qf_now_sec() - t0;
         if (st) goto done;
         stage(j, "[4/5 certify] %s: PPL %.4f -> %.4f (delta %+.4f%%), KLD mean %.6f p99 %.6f, top-1 %.2f%%, KV %.0f B/token "
-                 "(f16 %.0f)",
+                 "(f16 %.0f), %.3f bits/element",
               variant, r.ref_ppl, r.cand_ppl, 100 * r.delta_ppl, r.kld_mean, r.kld_p99, 100 * r.top1,
-              r.cand_kv_bytes_per_token, rep->f16_kv_bytes_per_token);
+              r.cand_kv_bytes_per_token, rep->f16_kv_bytes_per_token, r.bits_per_element);
+        if (r.has_baseline)
+            stage(j, "[4/5 certify] free baseline %s (%.1f bits) on the same tokens: delta %+.4f%%, KLD mean %.6f p99 %.6f; "
+                     "gate %s%s%s",
+                  r.baseline, r.baseline_bits, 100 * r.baseline_delta_ppl, r.baseline_kld_mean, r.baseline_kld_p99,
+                  r.passed ? "passed" : "failed", r.passed ? "" : ": ", r.why);
         if (rep->n_tried < QF_JOB_MAX_TRIED) {
             set_variant(rep->tried[rep->n_tried].variant, sizeof rep->tried[0].variant, "%s", variant);
             rep->tried[rep->n_tried++].result = r;
         }
-        /* keep the lower delta; NaN never wins */
-        if (best_i < 0 || (r.delta_ppl < rep->result.delta_ppl) || (isnan(rep->result.delta_ppl) && !isnan(r.delta_ppl))) {
+        /* keep the lower mean KLD (the end metric; ΔPPL is noise at these levels); NaN never wins */
+        if (best_i < 0 || (r.kld_mean < rep->result.kld_mean) || (isnan(rep->result.kld_mean) && !isnan(r.kld_mean))) {
             best_i = ci;
             rep->result = r;
             set_variant(rep->variant, sizeof rep->variant, "%s", variant);
@@ -546,21 +719,42 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
             cand = tmp;
         }
     }
+    /* the chosen candidate at every other context of the --ctx list */
+    rep->n_ctx_results = 1;
+    rep->ctx_results[0].n_ctx = s.n_ctx;
+    rep->ctx_results[0].result = rep->result;
+    t0 = qf_now_sec();
+    for (int ci = 1; ci < j->n_ctx_list && ci < QF_JOB_MAX_CTX; ci++) {
+        qf_certify_result rc;
+        if ((st = certify_at_ctx(j, &s, j->ctx_list[ci], &best, &rc, err))) goto done;
+        rep->ctx_results[rep->n_ctx_results].n_ctx = j->ctx_list[ci];
+        rep->ctx_results[rep->n_ctx_results++].result = rc;
+    }
+    t_cert += qf_now_sec() - t0;
+    for (int ci = 0; ci < rep->n_ctx_results; ci++)
+        if (rep->ctx_results[ci].result.passed) rep->certified_ctx[rep->n_certified_ctx++] = rep->ctx_results[ci].n_ctx;
     rep->seconds_learn = t_learn;
     rep->seconds_certify = t_cert;
+    int max_ctx = s.n_ctx;
+    for (int ci = 0; ci < rep->n_certified_ctx; ci++)
+        if (rep->certified_ctx[ci] > max_ctx) max_ctx = rep->certified_ctx[ci];
+    rep->bits_per_element = qf_artifact_bits_per_element(j->kind, &best, qf_model_hparams(s.model), max_ctx);
     if ((st = fill_cert(j, &s, rep, err))) goto done;
     const qf_certify_result *r = &rep->result;
     if (!r->passed) {
         st = qf_fail(err, QF_ERR_CERTIFY_FAILED,
-                     "%s %s did not pass its gate: delta PPL %+.4f%% (max %.4f%%), KLD mean %.6f%s, top-1 %.2f%%%s; "
-                     "ref PPL %.4f, candidate %.4f; nothing written to %s",
-                     qf_artifact_kind_name(j->kind), rep->variant, 100 * r->delta_ppl, 100 * j->gate.max_delta_ppl,
-                     r->kld_mean, j->gate.has_max_kld ? " (gated)" : "", 100 * r->top1,
-                     j->gate.has_min_top1 ? " (gated)" : "", r->ref_ppl, r->cand_ppl, j->out_path);
+                     "%s %s did not pass its gate at -c %d: %s; delta PPL %+.4f%% (max %.4f%%), KLD mean %.6f p99 %.6f, "
+                     "top-1 %.2f%%, %.3f bits/element%s%s; ref PPL %.4f, candidate %.4f; nothing written to %s",
+                     qf_artifact_kind_name(j->kind), rep->variant, s.n_ctx, r->why, 100 * r->delta_ppl,
+                     100 * r->gate.max_delta_ppl, r->kld_mean, r->kld_p99, 100 * r->top1, r->bits_per_element,
+                     r->has_baseline ? "; free baseline " : "", r->has_baseline ? r->baseline : "", r->ref_ppl,
+                     r->cand_ppl, j->out_path);
         goto done;
     }
     t0 = qf_now_sec();
-    st = qf_artifact_package(j->out_path, &rep->cert, &best, j->sign_key_path, err);
+    /* one artifact, written by rank 0 (atomically); every rank learns how that went */
+    if (qf_mpi_rank() == 0) st = qf_artifact_package(j->out_path, &rep->cert, &best, j->sign_key_path, err);
+    st = qf_par_agree(st, err);
     rep->seconds_package = qf_now_sec() - t0;
     if (st) {
         st = as_stage(err, st, QF_ERR_PACKAGE_FAILED, "package");
@@ -569,6 +763,9 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
     rep->packaged = true;
     stage(j, "[5/5 package] %s (%s, %s)", j->out_path, qf_artifact_kind_name(j->kind), rep->variant);
 done:
+    /* past the first agreement every failure is collective or the same on every rank: agree on
+     * it so rank 0 alone reports it */
+    if (st && qf_mpi_size() > 1 && !qf_mpi_error_shared(err)) st = qf_par_agree(st, err);
     qf_payload_free(&best);
     qf_payload_free(&cand);
     shared_free(&s);
@@ -576,6 +773,26 @@ done:
 }
 
 /* ---- sweep ---- */
+
+qf_status qf_ctx_list_parse(const char *str, int *out, int max, int *n, qf_error *err) {
+    *n = 0;
+    const char *p = str;
+    while (p && *p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || (*end && *end != ',') || v < 8 || v > (1 << 20))
+            return qf_fail(err, QF_ERR_ARG, "--ctx '%s': expected N[,N...], each context in [8, %d], e.g. 512,4096", str,
+                           1 << 20);
+        for (int i = 0; i < *n; i++)
+            if (out[i] == (int)v) return qf_fail(err, QF_ERR_ARG, "--ctx '%s': context %ld is listed twice", str, v);
+        if (*n >= max) return qf_fail(err, QF_ERR_ARG, "--ctx '%s': at most %d contexts", str, max);
+        out[(*n)++] = (int)v;
+        p = *end == ',' ? end + 1 : end;
+        if (*end == ',' && !*p) return qf_fail(err, QF_ERR_ARG, "--ctx '%s': trailing comma", str);
+    }
+    if (*n == 0) return qf_fail(err, QF_ERR_ARG, "--ctx: no context given");
+    return QF_OK;
+}
 
 qf_status qf_dict_configs_parse(const char *str, qf_dict_config *out, int max, int *n, qf_error *err) {
     *n = 0;
@@ -611,37 +828,67 @@ qf_status qf_sweep_run(const qf_job *j, const qf_dict_config *cfgs, int n, qf_sw
     if (!j->model_path) return qf_fail(err, QF_ERR_ARG, "sweep: no model given");
     shared s = {0};
     qf_status st;
-    if ((st = stage_corpus(j, &s, &rep, err)) || (st = stage_model(j, &s, err)) ||
-        (st = stage_capture(j, &s, &rep, err)) || (st = stage_reference(j, &s, err)))
+    st = stage_corpus(j, &s, &rep, err);
+    if (!st) st = stage_model(j, &s, err);
+    if ((st = qf_par_agree(st, err)) || (st = same_inputs(&s, err)) || (st = stage_capture(j, &s, &rep, err)) ||
+        (st = stage_reference(j, &s, err)))
         goto done;
     *ref_ppl = qf_certify_ref_ppl(s.ref);
     const qf_hparams *hp = qf_model_hparams(s.model);
-    for (int i = 0; i < n; i++) {
-        qf_sweep_row *row = &rows[i];
-        row->cfg = cfgs[i];
-        row->bits_per_elem = qf_kv_code_bits(cfgs[i].n_atoms, cfgs[i].sparsity, j->dict_coef) / hp->head_dim;
-        row->f16_kv_bytes_per_token = f16_bytes_per_token(s.model);
-        qf_payload pl = {0};
-        qf_error e = {0};
-        double t0 = qf_now_sec();
-        row->status = learn_dict(j, &s, cfgs[i].n_atoms, cfgs[i].sparsity, &pl, &e);
-        double tl = qf_now_sec() - t0;
-        if (!row->status) row->status = qf_certify_candidate(s.ctx, s.ref, QF_ARTIFACT_KV_DICT, &pl, &j->gate, &row->result, &e);
-        qf_payload_free(&pl);
-        if (row->status) {
-            snprintf(row->error, sizeof row->error, "%s", e.msg);
-            stage(j, "[sweep] %dx%d: %s: %s", cfgs[i].n_atoms, cfgs[i].sparsity, qf_status_name(row->status), e.msg);
-            if (row->status == QF_ERR_NOMEM) {
-                st = qf_fail(err, QF_ERR_NOMEM, "sweep: %s", e.msg);
-                goto done;
-            }
-            continue;
-        }
-        row->kv_bytes_per_token = row->result.cand_kv_bytes_per_token;
-        stage(j, "[sweep] %dx%d: learned in %.1f s, delta PPL %+.4f%%, %s", cfgs[i].n_atoms, cfgs[i].sparsity, tl,
-              100 * row->result.delta_ppl, row->result.passed ? "passed" : "failed");
+    /* under mpirun the configurations are learned in rounds of N, config i on rank i % N,
+     * then each is shared and certified by all ranks together (chunks sharded) in order */
+    const int N = qf_mpi_size(), R = qf_mpi_rank();
+    qf_payload *pls = calloc((size_t)N, sizeof *pls);
+    qf_error *errs = calloc((size_t)N, sizeof *errs);
+    qf_status *lst = calloc((size_t)N, sizeof *lst);
+    double *tls = calloc((size_t)N, sizeof *tls);
+    if (!pls || !errs || !lst || !tls) {
+        free(pls), free(errs), free(lst), free(tls);
+        st = qf_fail(err, QF_ERR_NOMEM, "sweep: out of memory");
+        goto done;
     }
+    for (int base = 0; base < n && !st; base += N) {
+        for (int q = 0; q < N; q++) {
+            qf_payload_free(&pls[q]);
+            memset(&pls[q], 0, sizeof pls[q]);
+            memset(&errs[q], 0, sizeof errs[q]);
+            lst[q] = QF_OK;
+        }
+        if (base + R < n) {
+            double t0 = qf_now_sec();
+            lst[R] = learn_dict(j, &s, cfgs[base + R].n_atoms, cfgs[base + R].sparsity, &pls[R], &errs[R]);
+            tls[R] = qf_now_sec() - t0;
+        }
+        for (int q = 0; q < N && base + q < n && !st; q++) {
+            int i = base + q;
+            qf_sweep_row *row = &rows[i];
+            row->cfg = cfgs[i];
+            row->bits_per_elem = qf_kv_code_bits(cfgs[i].n_atoms, cfgs[i].sparsity, j->dict_coef) / hp->head_dim;
+            row->f16_kv_bytes_per_token = f16_bytes_per_token(s.model);
+            if ((st = share_payload(q, QF_ARTIFACT_KV_DICT, &lst[q], &errs[q], &pls[q], err))) break;
+            if ((st = qf_par_bcast(&tls[q], sizeof tls[q], q, err))) break;
+            qf_error e = errs[q];
+            row->status = lst[q];
+            if (!row->status)
+                row->status = qf_certify_candidate(s.ctx, s.ref, QF_ARTIFACT_KV_DICT, &pls[q], &j->gate, &row->result, &e);
+            if (row->status) {
+                snprintf(row->error, sizeof row->error, "%s", e.msg);
+                stage(j, "[sweep] %dx%d: %s: %s", cfgs[i].n_atoms, cfgs[i].sparsity, qf_status_name(row->status), e.msg);
+                if (row->status == QF_ERR_NOMEM) {
+                    st = qf_fail(err, QF_ERR_NOMEM, "sweep: %s", e.msg);
+                    break;
+                }
+                continue;
+            }
+            row->kv_bytes_per_token = row->result.cand_kv_bytes_per_token;
+            stage(j, "[sweep] %dx%d: learned in %.1f s, delta PPL %+.4f%%, %s", cfgs[i].n_atoms, cfgs[i].sparsity,
+                  tls[q], 100 * row->result.delta_ppl, row->result.passed ? "passed" : "failed");
+        }
+    }
+    for (int q = 0; q < N; q++) qf_payload_free(&pls[q]);
+    free(pls), free(errs), free(lst), free(tls);
 done:
+    if (st && qf_mpi_size() > 1 && !qf_mpi_error_shared(err)) st = qf_par_agree(st, err);
     shared_free(&s);
     return st;
 }

@@ -335,6 +335,11 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
     *out = NULL;
     if (!available())
         return cu_fail(err, QF_ERR_DEVICE, "--device cuda: no CUDA GPU is available (cudaGetDeviceCount found none)");
+    if (p->device_index >= 0) { /* under mpirun one rank per GPU: local rank r drives device r % count (docs/mpi.md) */
+        int count = 0;
+        if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0 && cudaSetDevice(p->device_index % count) != cudaSuccess)
+            cudaGetLastError();
+    }
     const qf_hparams *hp = m->hp;
     qf_status st = QF_OK;
     if (p->kv_rot == QF_KV_ROT_HADAMARD && (hp->head_dim & (hp->head_dim - 1)))

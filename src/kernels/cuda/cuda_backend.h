@@ -58,6 +58,7 @@ typedef struct {
 typedef struct {
     int n_ctx, n_batch;
     qf_kv_rot kv_rot;                   /* HADAMARD: K/V rows rotated before they are stored */
+    int device_index;                   /* under mpirun, the local rank: device index % count; -1 = default */
     qf_cuda_params knobs;               /* gemm_f32, attn_warp, gu16, no_f16_cache, profile */
 } qf_gpu_params;
 
@@ -114,6 +115,10 @@ const qf_cuda_api *qf_cuda_plugin_api(int abi);
 const qf_cuda_api *qf_cuda_api_get(const char **why);
 /* true when the plugin loads and a CUDA device answers */
 bool qf_cuda_backend_available(void);
+/* Whether the backend runs KV rotation `rot` (--kv-rot) in its cache: NONE and HADAMARD (q8_0
+ * and q4_0 caches, and f32/f16; not int8/dict artifacts). When it answers false, the one device
+ * decision (engine/gpu.c) keeps --device auto on the CPU and refuses --device cuda. */
+bool qf_cuda_backend_kv_rot_ok(qf_kv_rot rot);
 
 #ifdef __cplusplus
 }

@@ -86,6 +86,8 @@ bool qf_cuda_backend_available(void) {
     return a && a->available();
 }
 
+bool qf_cuda_backend_kv_rot_ok(qf_kv_rot rot) { return rot == QF_KV_ROT_NONE || rot == QF_KV_ROT_HADAMARD; }
+
 /* ---- cuda_ops.h: forwarded to the plugin ---- */
 
 static const qf_cuda_api *need(qf_error *err) {

@@ -1,46 +1,17 @@
-/* ppl_kld.h: KL divergence for ppl.c (included there only), in llama-perplexity's file format
- * so a base file written by either tool can be read by the other:
- *
- *   "_logits_"  (8 bytes)
- *   int32 n_ctx, int32 n_vocab, int32 n_chunk          (little endian)
- *   int32 tokens[n_chunk * n_ctx]                       (the text's tokens, BOS not substituted)
- *   per chunk, per scored position (n_ctx - 1 - n_ctx/2 of them), nv = 2*((n_vocab+1)/2) + 4
- *   uint16 words: float scale, float min_log_prob, then n_vocab quantized log-probs
- *   q_i = round((logit_i - min_logit) / scale), min_logit = max(min logit, max logit - 16),
- *   scale = (max_logit - min_logit) / 65535; log p_i = scale * q_i + min_log_prob.
- *
- * The statistics follow llama.cpp: KLD(base || candidate) summed over the base's tokens with
- * log p_base > -16, same-top-1 rate, and the RMS of p(next token) differences. */
-#ifndef QF_PPL_KLD_H
-#define QF_PPL_KLD_H
+/* kld.c: KL divergence against a llama-perplexity base file (format and contracts in kld.h). */
+#include "eval/kld.h"
 
-typedef struct {
-    bool reading, writing;
-    qf_atomic_file out;
-    int n_ctx, n_vocab, n_chunk, n_score, nv;
-    uint16_t *rows;   /* one chunk of rows */
-    const uint8_t *in_rows; /* reading: the mapped file's rows */
-    size_t in_rows_len;
-    double sum_nll, sum_nll2, sum_nll_base, sum_nll_base2, sum_kld, sum_kld2, sum_p_diff2, sum_p_diff4;
-    size_t n_same_top, count;
-    float *kld_values;
-    int chunk;
-} kld_state;
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qforge/mpi.h"
 
 static int nearest_int_f(float f) {
     return (int)lrintf(f);
 }
 
-/* header of a base file: n_ctx, n_vocab, n_chunk and a pointer to its tokens */
-typedef struct {
-    qf_mapped_file mf;
-    int n_ctx, n_vocab, n_chunk;
-    const int32_t *tokens;
-    const uint8_t *rows;
-    size_t rows_len;
-} kld_base_file;
-
-static qf_status kld_base_open(kld_base_file *b, const char *path, qf_error *err) {
+qf_status qf_kld_base_open(qf_kld_base_file *b, const char *path, qf_error *err) {
     memset(b, 0, sizeof *b);
     qf_status st = qf_map_file(path, &b->mf, err);
     if (st) return st;
@@ -65,35 +36,42 @@ static qf_status kld_base_open(kld_base_file *b, const char *path, qf_error *err
     return QF_OK;
 }
 
-static qf_status kld_begin(kld_state *k, const qf_ppl_params *p, int n_ctx, int n_vocab, int n_chunk,
-                           const kld_base_file *base, const int32_t *tokens, qf_error *err) {
+/* n_own: the chunks this rank runs (its rows in a local base file). */
+qf_status qf_kld_begin(qf_kld_state *k, const qf_ppl_params *p, int n_ctx, int n_vocab, int n_chunk, int n_own,
+                       const qf_kld_base_file *base, const int32_t *tokens, qf_error *err) {
     memset(k, 0, sizeof *k);
     k->n_ctx = n_ctx, k->n_vocab = n_vocab, k->n_chunk = n_chunk;
     k->n_score = n_ctx - 1 - n_ctx / 2;
     k->nv = 2 * ((n_vocab + 1) / 2) + 4;
+    k->local = p->kl_base_local && qf_mpi_size() > 1;
     if (base) {
         k->reading = true;
         if (base->n_vocab != n_vocab)
             return qf_fail(err, QF_ERR_ARG, "%s: log-probs were computed with a vocabulary of %d tokens, this model has %d",
                            p->kl_base_read, base->n_vocab, n_vocab);
-        size_t need = (size_t)base->n_chunk * k->n_score * k->nv * 2;
+        size_t need = (size_t)(k->local ? n_own : base->n_chunk) * k->n_score * k->nv * 2;
         if (base->rows_len < need)
             return qf_fail(err, QF_ERR_FORMAT, "%s: truncated: %zu bytes of log-probs, %zu expected", p->kl_base_read,
                            base->rows_len, need);
         k->in_rows = base->rows;
         k->in_rows_len = base->rows_len;
         k->kld_values = malloc((size_t)n_chunk * k->n_score * sizeof(float));
-        if (!k->kld_values) return qf_fail(err, QF_ERR_NOMEM, "out of memory");
+        k->row = malloc((size_t)k->nv * 2);
+        if (!k->kld_values || !k->row) return qf_fail(err, QF_ERR_NOMEM, "out of memory");
     } else if (p->kl_base_write) {
         k->writing = true;
         k->rows = malloc((size_t)k->n_score * k->nv * sizeof(uint16_t));
         if (!k->rows) return qf_fail(err, QF_ERR_NOMEM, "out of memory");
+        if (!k->local && qf_mpi_rank() != 0) return QF_OK; /* rank 0 writes the rows it gathers */
         qf_status st = qf_atomic_open(&k->out, p->kl_base_write, err);
         if (st) return st;
+        k->file_open = true;
         int32_t h[3] = {n_ctx, n_vocab, n_chunk};
         if ((st = qf_atomic_write(&k->out, "_logits_", 8, err)) || (st = qf_atomic_write(&k->out, h, 12, err)) ||
-            (st = qf_atomic_write(&k->out, tokens, (size_t)n_chunk * n_ctx * 4, err)))
+            (st = qf_atomic_write(&k->out, tokens, (size_t)n_chunk * n_ctx * 4, err))) {
+            k->file_open = false; /* qf_atomic_write aborted the temp file */
             return st;
+        }
     }
     return QF_OK;
 }
@@ -120,8 +98,8 @@ static void kld_encode_row(const float *logits, int n_vocab, uint16_t *row) {
     }
 }
 
-/* one scored position against the base row: accumulate llama.cpp's statistics */
-static void kld_compare_row(kld_state *k, const float *logits, const uint16_t *row, int tok) {
+/* one scored position against the base row: llama.cpp's per-position statistics */
+static void kld_compare_row(const qf_kld_state *k, const float *logits, const uint16_t *row, int tok, qf_kld_pos *o) {
     int n_vocab = k->n_vocab, imax = 0;
     float mx = logits[0];
     for (int i = 1; i < n_vocab; i++)
@@ -134,8 +112,6 @@ static void kld_compare_row(kld_state *k, const float *logits, const uint16_t *r
     const uint16_t *q = row + 4;
     float nll = mx + lse - logits[tok];
     float nll_base = -(d[0] * q[tok] + d[1]);
-    k->sum_nll += nll, k->sum_nll2 += (double)nll * nll;
-    k->sum_nll_base += nll_base, k->sum_nll_base2 += (double)nll_base * nll_base;
     float lz = mx + lse;
     double kl = 0;
     int imax_base = 0;
@@ -145,34 +121,59 @@ static void kld_compare_row(kld_state *k, const float *logits, const uint16_t *r
         if (i == 0 || lpb > best) best = lpb, imax_base = i;
         if (lpb > -16.f) kl += expf(lpb) * (lpb - logits[i] + lz);
     }
-    k->sum_kld += kl, k->sum_kld2 += kl * kl;
-    k->kld_values[k->count] = (float)kl;
-    k->n_same_top += imax == imax_base;
-    float pd = expf(-nll) - expf(-nll_base);
-    double pd2 = (double)pd * pd;
-    k->sum_p_diff2 += pd2, k->sum_p_diff4 += pd2 * pd2;
-    k->count++;
+    o->nll = nll;
+    o->nll_base = nll_base;
+    o->kl = kl;
+    o->same_top = imax == imax_base;
+    o->pd = expf(-nll) - expf(-nll_base);
 }
 
-static qf_status kld_chunk(kld_state *k, const float *logits, const int32_t *next, int n, qf_error *err) {
+/* rank 0, in chunk order: add one chunk's positions to the sums (the single-process order) */
+void qf_kld_accumulate(qf_kld_state *k, const qf_kld_pos *pos, int n) {
+    for (int i = 0; i < n; i++) {
+        const qf_kld_pos *o = &pos[i];
+        float nll = o->nll, nll_base = o->nll_base;
+        double kl = o->kl;
+        k->sum_nll += nll, k->sum_nll2 += (double)nll * nll;
+        k->sum_nll_base += nll_base, k->sum_nll_base2 += (double)nll_base * nll_base;
+        k->sum_kld += kl, k->sum_kld2 += kl * kl;
+        k->kld_values[k->count] = (float)kl;
+        k->n_same_top += o->same_top != 0;
+        double pd2 = (double)o->pd * o->pd;
+        k->sum_p_diff2 += pd2, k->sum_p_diff4 += pd2 * pd2;
+        k->count++;
+    }
+}
+
+/* The rank that ran a chunk: encode its rows into `rows_out` (writing; NULL when local: they
+ * go to this rank's own file at once) or compare them with base row block `row_block` into
+ * `pos` (reading). */
+qf_status qf_kld_chunk(qf_kld_state *k, const float *logits, const int32_t *next, int n, int row_block,
+                       uint16_t *rows_out, qf_kld_pos *pos, qf_error *err) {
     if (k->writing) {
-        for (int i = 0; i < n; i++) kld_encode_row(logits + (size_t)i * k->n_vocab, k->n_vocab, k->rows + (size_t)i * k->nv);
+        uint16_t *dst = rows_out ? rows_out : k->rows;
+        for (int i = 0; i < n; i++) kld_encode_row(logits + (size_t)i * k->n_vocab, k->n_vocab, dst + (size_t)i * k->nv);
+        if (rows_out) return QF_OK;
         qf_status st = qf_atomic_write(&k->out, k->rows, (size_t)n * k->nv * sizeof(uint16_t), err);
-        if (st) k->writing = false; /* qf_atomic_write aborted the temp file */
+        if (st) k->file_open = false; /* qf_atomic_write aborted the temp file */
         return st;
     }
     if (k->reading) {
-        const uint8_t *base = k->in_rows + (size_t)k->chunk * n * k->nv * 2;
-        uint16_t *row = malloc((size_t)k->nv * 2);
-        if (!row) return qf_fail(err, QF_ERR_NOMEM, "out of memory");
+        const uint8_t *base = k->in_rows + (size_t)row_block * n * k->nv * 2;
         for (int i = 0; i < n; i++) {
-            memcpy(row, base + (size_t)i * k->nv * 2, (size_t)k->nv * 2); /* rows are not 4-byte aligned in general */
-            kld_compare_row(k, logits + (size_t)i * k->n_vocab, row, next[i]);
+            memcpy(k->row, base + (size_t)i * k->nv * 2, (size_t)k->nv * 2); /* rows are not 4-byte aligned in general */
+            kld_compare_row(k, logits + (size_t)i * k->n_vocab, k->row, next[i], &pos[i]);
         }
-        free(row);
     }
-    k->chunk++;
     return QF_OK;
+}
+
+/* rank 0: append gathered rows to the base file */
+qf_status qf_kld_write_rows(qf_kld_state *k, const uint16_t *rows, int n, qf_error *err) {
+    if (!k->file_open) return QF_OK;
+    qf_status st = qf_atomic_write(&k->out, rows, (size_t)n * k->nv * sizeof(uint16_t), err);
+    if (st) k->file_open = false;
+    return st;
 }
 
 static int cmp_float(const void *a, const void *b) {
@@ -186,11 +187,16 @@ static void mean_unc(double sum, double sum2, size_t n, double *mean, double *un
     *unc = v > 0 && n > 10 ? sqrt(v / (double)(n - 1)) : 0;
 }
 
-static qf_status kld_finish(kld_state *k, qf_ppl_result *r, qf_error *err) {
-    if (k->writing) {
-        k->writing = false;
-        return qf_atomic_commit(&k->out, err);
-    }
+/* commit the base file (every rank that writes one) */
+qf_status qf_kld_commit(qf_kld_state *k, qf_error *err) {
+    if (!k->file_open) return QF_OK;
+    k->file_open = false;
+    return qf_atomic_commit(&k->out, err);
+}
+
+/* rank 0: the statistics from the accumulated sums */
+qf_status qf_kld_finish(qf_kld_state *k, qf_ppl_result *r, qf_error *err) {
+    (void)err;
     if (!k->reading || k->count == 0) return QF_OK;
     double m, u;
     r->has_kl = true;
@@ -212,10 +218,11 @@ static qf_status kld_finish(kld_state *k, qf_ppl_result *r, qf_error *err) {
     return QF_OK;
 }
 
-static void kld_end(kld_state *k) {
-    if (k->writing) qf_atomic_abort(&k->out);
+void qf_kld_base_close(qf_kld_base_file *b) { qf_unmap_file(&b->mf); }
+
+void qf_kld_end(qf_kld_state *k) {
+    if (k->file_open) qf_atomic_abort(&k->out);
     free(k->rows);
+    free(k->row);
     free(k->kld_values);
 }
-
-#endif
