@@ -29,6 +29,7 @@
 #ifdef QF_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
 #include "engine/engine.h"
+#include "util/util.h"
 #endif
 
 #define PEAK_FLOPS 989e12
@@ -132,8 +133,7 @@ int main(int argc, char **argv) {
     }
     uint64_t r = 12345;
     for (int64_t i = nt; i < (int64_t)n_ctx * chunks; i++) {
-        r = r * 6364136223846793005ull + 1442695040888963407ull;
-        toks[i] = (int32_t)((r >> 33) % (uint64_t)(hp->n_vocab < 4096 ? hp->n_vocab : 4096));
+        toks[i] = (int32_t)((qf_splitmix64(&r) >> 33) % (uint64_t)(hp->n_vocab < 4096 ? hp->n_vocab : 4096));
     }
 
     float *logits = malloc((size_t)n_ctx * hp->n_vocab * sizeof(float));
@@ -258,7 +258,6 @@ int main(int argc, char **argv) {
             for (int i = 0; i < n_chunk && chunk && nll; i++) {
                 memcpy(chunk, ids + (size_t)i * n_ctx, (size_t)n_ctx * sizeof(int32_t));
                 if (add_bos) chunk[0] = qf_tokenizer_bos(tkz);
-                qf_context_kv_clear(c);
                 /* rows first .. n_ctx-2 predict tokens first+1 .. n_ctx-1; the last row is not scored */
                 if (qf_cuda_decode_nll(c, chunk, n_ctx - 1, 0, first, ids + (size_t)i * n_ctx + first + 1, nll, &err)) {
                     fprintf(stderr, "bench_gpu: gpu ppl: %s\n", err.msg);

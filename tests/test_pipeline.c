@@ -15,6 +15,7 @@
 #include "qforge/forge.h"
 #include "qforge/ppl.h"
 #include "test.h"
+#include "util/util.h"
 
 #define NCTX 128
 #define EVAL_CHUNKS 4
@@ -49,6 +50,9 @@ static void small_job(qf_job *j, const char *model, const char **corpus, qf_arti
     j->dict_sparsity = 4;
     j->dict_iters = 2;
     j->dict_max_train = 1024;
+    /* tiny runs (2048 calibration tokens, 2 chunks of 128): the baseline comparison is tested in
+     * test_gate.c and cli_calibrate.sh at sizes where it means something */
+    j->gate.vs_baseline = false;
 }
 
 /* one kv-int8 job shared by the tests that need a certified artifact */
@@ -219,8 +223,7 @@ TEST(certify_restores_the_context) {
     float *atoms = malloc((size_t)na * hp->head_dim * sizeof(float));
     uint64_t s = 12345;
     for (int i = 0; i < na * hp->head_dim; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        atoms[i] = (float)((s >> 40) & 0xffff) / 65536.0f - 0.5f;
+        atoms[i] = (float)qf_rand_unit(&s) - 0.5f;
     }
     qf_payload_add_int(&pl, "n_atoms", na, &e);
     qf_payload_add_int(&pl, "sparsity", 2, &e);
@@ -270,8 +273,7 @@ TEST(engine_dict_cache_matches_forge_encoder) {
     float *x = malloc((size_t)n * hd * sizeof(float));
     uint64_t r = 99;
     for (int i = 0; i < n * hd; i++) {
-        r = r * 6364136223846793005ull + 1442695040888963407ull;
-        x[i] = ((float)((r >> 40) & 0xffff) / 65536.0f - 0.5f) * (1.0f + 3.0f * (i % hd < 8));
+        x[i] = ((float)qf_rand_unit(&r) - 0.5f) * (1.0f + 3.0f * (i % hd < 8));
     }
     qf_kv_dict_params dp;
     qf_kv_dict_params_default(&dp);

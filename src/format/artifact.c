@@ -204,35 +204,14 @@ void qf_certificate_free(qf_certificate *c) {
 }
 
 bool qf_certificate_meets_gate(const qf_certificate *c) {
-    /* Written so that a NaN anywhere fails: every comparison with NaN is false. */
-    if (!(c->delta_ppl <= c->gate_max_delta_ppl)) return false;
-    if (c->gate_has_max_kld && !(c->kld_mean <= c->gate_max_kld)) return false;
-    if (c->gate_has_min_top1 && !(c->top1_agreement >= c->gate_min_top1)) return false;
-    return true;
+    qf_gate g;
+    qf_gate_numbers n;
+    qf_certificate_gate(c, &g, &n);
+    return qf_gate_judge(&g, &n, NULL, 0);
 }
 
 /* CBOR text must be UTF-8 (RFC 8949 3.1); a reader such as cbor2 rejects anything else. */
-static bool utf8_ok(const char *s, size_t n) {
-    const unsigned char *u = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
-        unsigned c = u[i];
-        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        if (!len || n - i < len) return false;
-        uint32_t cp = len == 1 ? c : c & (0x7f >> len);
-        for (size_t k = 1; k < len; k++) {
-            if ((u[i + k] & 0xc0) != 0x80) return false;
-            cp = cp << 6 | (u[i + k] & 0x3f);
-        }
-        /* no overlong forms, surrogates or values past U+10FFFF */
-        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-            (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
-            return false;
-        i += len;
-    }
-    return true;
-}
-
-static bool text_ok(const char *s) { return utf8_ok(s, strlen(s)); }
+static bool text_ok(const char *s) { return qf_utf8_valid(s, strlen(s)); }
 
 /* ---- encoding ----
  * Deterministic by construction: definite lengths, map keys in the fixed order below,
@@ -487,7 +466,7 @@ static bool get_text(const cbor_item_t *it, char *dst, size_t cap) {
     if (!it || !cbor_isa_string(it) || !cbor_string_is_definite(it)) return false;
     size_t n = cbor_string_length(it);
     if (n >= cap || memchr(cbor_string_handle(it), 0, n) ||
-        !utf8_ok((const char *)cbor_string_handle(it), n))
+        !qf_utf8_valid((const char *)cbor_string_handle(it), n))
         return false;
     memcpy(dst, cbor_string_handle(it), n);
     dst[n] = '\0';
@@ -497,7 +476,7 @@ static bool get_text(const cbor_item_t *it, char *dst, size_t cap) {
 static char *dup_text(const cbor_item_t *it) {
     if (!it || !cbor_isa_string(it) || !cbor_string_is_definite(it)) return NULL;
     size_t n = cbor_string_length(it);
-    if (memchr(cbor_string_handle(it), 0, n) || !utf8_ok((const char *)cbor_string_handle(it), n))
+    if (memchr(cbor_string_handle(it), 0, n) || !qf_utf8_valid((const char *)cbor_string_handle(it), n))
         return NULL;
     char *s = malloc(n + 1);
     if (!s) return NULL;
@@ -885,19 +864,46 @@ qf_status qf_artifact_check(const qf_artifact *a, const uint8_t *model_sha256, q
                        "artifact was certified for model sha256 %s (%s), but this model is sha256 %s",
                        want, c->model_name, got);
     }
-    char gate[160] = "";
-    int off = snprintf(gate, sizeof gate, "delta_ppl %.6g <= %.6g", c->delta_ppl, c->gate_max_delta_ppl);
-    if (c->gate_has_max_kld)
-        off += snprintf(gate + off, sizeof gate - (size_t)off, ", kld_mean %.6g <= %.6g", c->kld_mean, c->gate_max_kld);
-    if (c->gate_has_min_top1)
-        snprintf(gate + off, sizeof gate - (size_t)off, ", top1 %.6g >= %.6g", c->top1_agreement, c->gate_min_top1);
+    qf_gate g;
+    qf_gate_numbers n;
+    qf_certificate_gate(c, &g, &n);
+    char gate[256] = "";
+    int off = snprintf(gate, sizeof gate, "%sdelta_ppl%s %.6g <= %.6g", g.two_sided ? "|" : "", g.two_sided ? "|" : "",
+                       c->delta_ppl, g.max_delta_ppl);
+    if (g.has_max_kld)
+        off += snprintf(gate + off, sizeof gate - (size_t)off, ", kld_mean %.6g <= %.6g", c->kld_mean, g.max_kld);
+    if (g.has_max_kld_p99)
+        off += snprintf(gate + off, sizeof gate - (size_t)off, ", kld_p99 %.6g <= %.6g", c->kld_p99, g.max_kld_p99);
+    if (g.has_min_top1)
+        off += snprintf(gate + off, sizeof gate - (size_t)off, ", top1 %.6g >= %.6g", c->top1_agreement, g.min_top1);
+    if (g.vs_baseline)
+        snprintf(gate + off, sizeof gate - (size_t)off, ", kld_mean <= baseline's %.6g", n.baseline_kld_mean);
     if (!c->passed)
         return qf_fail(err, QF_ERR_ARTIFACT_NOT_CERTIFIED,
                        "artifact did not pass its gate (passed = false; gate: %s; ref_ppl %.6g, cand_ppl %.6g)",
                        gate, c->ref_ppl, c->cand_ppl);
-    if (!qf_certificate_meets_gate(c))
-        return qf_fail(err, QF_ERR_ARTIFACT_NOT_CERTIFIED,
-                       "artifact claims passed, but its numbers fail its gate (gate: %s)", gate);
+    char why[256];
+    if (!qf_gate_judge(&g, &n, why, sizeof why))
+        return qf_fail(err, QF_ERR_ARTIFACT_NOT_CERTIFIED, "artifact claims passed, but its numbers fail its gate: %s (gate: %s)",
+                       why, gate);
+    /* every other context it claims: its own recorded numbers pass the same gate */
+    int ctxs[16];
+    int nc = qf_certificate_certified_ctx(c, ctxs, 16);
+    if (nc < 0) return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "artifact: config.certified_ctx: expected \"N[,N...]\"");
+    for (int i = 0; i < nc; i++) {
+        qf_gate_numbers cn;
+        bool passed = false;
+        if (!qf_certificate_ctx_numbers(c, ctxs[i], &cn, &passed)) {
+            if (qf_payload_get_string(&c->config, "certified_ctx"))
+                return qf_fail(err, QF_ERR_ARTIFACT_NOT_CERTIFIED,
+                               "artifact claims context %d certified but records no numbers for it", ctxs[i]);
+            continue; /* an older certificate: its one context is the primary numbers above */
+        }
+        if (!passed || !qf_gate_judge(&g, &cn, why, sizeof why))
+            return qf_fail(err, QF_ERR_ARTIFACT_NOT_CERTIFIED,
+                           "artifact claims context %d certified, but its numbers there fail its gate: %s", ctxs[i],
+                           passed ? why : "passed = false");
+    }
     return QF_OK;
 }
 
