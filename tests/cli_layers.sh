@@ -40,10 +40,7 @@ room_of_include() {
 KNOWN=(
     'src/engine/engine.h (engine) includes "qforge/kvlearn.h" (forge)'               # [kvdict]
     'src/engine/kv_codes.h (engine) includes "qforge/kvlearn.h" (forge)'             # [kvdict]
-    'src/kernels/cuda/cuda_backend.cu (kernels) includes "engine/engine.h" (engine)'   # [cuda]
-    'src/kernels/cuda/cuda_backend.cu (kernels) includes "engine/kv_codes.h" (engine)' # [cuda]
     'src/kernels/cuda/cuda_backend.h (kernels) includes "qforge/model.h" (engine)'     # [cuda]
-    'src/kernels/cuda/cuda_backend.h (kernels) includes "engine/engine.h" (engine)'    # [cuda]
     'src/kernels/cuda/cuda_ops.h (kernels) includes "qforge/model.h" (engine)'         # [cuda]
 )
 is_known() { local k; for k in "${KNOWN[@]}"; do [ "$k" = "$1" ] && return 0; done; return 1; }
