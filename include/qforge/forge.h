@@ -44,6 +44,7 @@ typedef struct {
     double ref_ppl, cand_ppl;
     double delta_ppl;          /* (cand - ref) / ref */
     double kld_mean, kld_p99;  /* KL(ref || cand) per scored token, nats */
+    double kld_err;            /* standard error of kld_mean */
     double top1;               /* same argmax, fraction of scored positions */
     int n_ctx, n_chunks;
     int64_t n_scored;          /* positions scored (second half of every chunk) */
