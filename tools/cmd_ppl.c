@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "qforge/mpi.h"
 #include "qforge/ppl.h"
 #include "qforge/run.h"
 
@@ -84,7 +85,10 @@ int qf_cmd_ppl(int argc, char **argv) {
     qf_error err = {0};
     char *text = NULL;
     size_t len = 0;
-    if (qf_ppl_read_text(text_path, &text, &len, &err)) return cli_fail("ppl", &err);
+    uint8_t text_sha[32];
+    if (qf_ppl_read_text(text_path, &text, &len, text_sha, &err)) return cli_fail("ppl", &err);
+    char mpi_note[96];
+    snprintf(mpi_note, sizeof mpi_note, ", %d MPI ranks (chunk i on rank i %% %d)", qf_mpi_size(), qf_mpi_size());
     qf_run run;
     if (qf_run_open(&rp, &run, &err)) {
         free(text);
@@ -93,23 +97,32 @@ int qf_cmd_ppl(int argc, char **argv) {
     qf_context *c = run.ctx;
     const qf_context_params *cp = qf_context_params_get(c);
     pp.n_ctx = cp->n_ctx; /* the chunk is the context */
-    if (run.has_artifact)
+    if (run.has_artifact && cli_root())
         fprintf(stderr, "perplexity: artifact %s (%s, certified delta PPL %+.4f%%, KV %.0f bytes/token)\n", artifact_path,
                 qf_artifact_kind_name(run.artifact.cert.kind), 100 * run.artifact.cert.delta_ppl,
                 qf_context_kv_bytes_per_token(c));
     if (!json) {
+        if (cli_root()) {
         fprintf(stderr, "perplexity: model %s (%s, %d layers, n_embd %d), kv %s/%s, %d threads%s\n", model_path,
                 qf_model_hparams(run.model)->arch_name, qf_model_hparams(run.model)->n_layer,
                 qf_model_hparams(run.model)->n_embd, qf_kv_mode_name(cp->kv_k), qf_kv_mode_name(cp->kv_v),
                 cp->n_threads, cp->reference ? ", reference path" : "");
-        fprintf(stderr, "perplexity: calculating perplexity over chunks of n_ctx=%d, batch_size=%d\n", pp.n_ctx,
-                cp->n_batch);
+        fprintf(stderr, "perplexity: calculating perplexity over chunks of n_ctx=%d, batch_size=%d%s\n", pp.n_ctx,
+                cp->n_batch, qf_mpi_size() > 1 ? mpi_note : "");
+        }
         pp.log = stdout;
         pp.progress = false;
     } else {
         pp.progress = true;
     }
     qf_ppl_result r;
+    /* the same model and text on every rank, refused before any work otherwise */
+    if (qf_mpi_check_same(qf_model_sha256(run.model), 32, "model SHA-256", &err) ||
+        qf_mpi_check_same(text_sha, 32, "text file's SHA-256", &err)) {
+        free(text);
+        qf_run_close(&run);
+        return cli_fail("ppl", &err);
+    }
     qf_status st = qf_perplexity_text(c, text, len, &pp, &r, &err);
     free(text);
     int rc = 0;
@@ -144,7 +157,8 @@ int qf_cmd_ppl(int argc, char **argv) {
             printf("Same top p: %6.3f +/- %6.3f %%\n", 100.0 * r.same_top_p, 100.0 * r.same_top_p_err);
             printf("RMS Δp    : %6.3f %%\n", 100.0 * r.rms_dp);
         }
-        fprintf(stderr, "perplexity: %d chunks, %lld tokens in the text, %.2f s, %.1f tokens/s\n", r.n_chunks,
+        if (cli_root())
+            fprintf(stderr, "perplexity: %d chunks, %lld tokens in the text, %.2f s, %.1f tokens/s\n", r.n_chunks,
                 (long long)r.n_tokens_text, r.seconds, r.tokens_per_sec);
     }
     qf_run_close(&run);

@@ -17,6 +17,10 @@ typedef struct {
     int n_chunks;       /* <= 0: all chunks the text holds */
     const char *kl_base_write; /* save reference log-probs here (llama.cpp --kl-divergence-base) */
     const char *kl_base_read;  /* compare against this file (llama.cpp --kl-divergence) */
+    bool kl_base_local; /* under mpirun (qforge/mpi.h): the base file is this rank's own and holds
+                           only the chunks it runs; written and read by the same N ranks (the
+                           forge's private reference files). Without it rank 0 writes one
+                           llama.cpp file and every rank reads that one file. */
     FILE *log;          /* running values ("[1]12.34,[2]..."), NULL for silence */
     bool progress;      /* progress bar on a TTY */
 } qf_ppl_params;
@@ -49,7 +53,8 @@ qf_status qf_perplexity_text(qf_context *c, const char *text, size_t len, const 
                              qf_ppl_result *r, qf_error *err);
 
 /* Read a text file the way llama-perplexity's -f does: the whole file, one trailing newline
- * dropped, so both tools see the same tokens. *text is malloc'd and NUL-terminated. */
-qf_status qf_ppl_read_text(const char *path, char **text, size_t *len, qf_error *err);
+ * dropped, so both tools see the same tokens. *text is malloc'd and NUL-terminated. sha256
+ * (NULL, or 32 bytes) receives the SHA-256 of the bytes kept (what MPI ranks compare). */
+qf_status qf_ppl_read_text(const char *path, char **text, size_t *len, uint8_t *sha256, qf_error *err);
 
 #endif
