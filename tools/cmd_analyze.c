@@ -201,11 +201,15 @@ int qf_cmd_analyze(int argc, char **argv) {
         goto out;
     }
     ap.corpus_paths = corpora;
-    ap.log = json ? NULL : stderr;
-    ap.progress = json;
+    /* under mpirun every rank runs the same analysis (capture and evaluation are sharded
+     * inside the library); rank 0 prints */
+    ap.log = json || !cli_root() ? NULL : stderr;
+    ap.progress = json && cli_root();
     qf_analyze_report rep;
     if (qf_analyze_run(&ap, &rep, &err)) {
         rc = cli_fail("analyze", &err);
+    } else if (!cli_root()) {
+        /* nothing to print */
     } else if (json) {
         print_json(ap.model_path, &rep);
     } else {
@@ -218,7 +222,7 @@ int qf_cmd_analyze(int argc, char **argv) {
                rep.seconds);
     }
     /* the numbers are out before the picture: a bad --svg path loses nothing but the picture */
-    if (!rc && svg) {
+    if (!rc && svg && cli_root()) {
         fflush(stdout);
         if (qf_analyze_write_svg(&rep, svg, &err)) rc = cli_fail("analyze", &err);
     }

@@ -67,13 +67,15 @@ typedef struct {
     int n_generated;       /* tokens sampled and fed back (end-of-text not counted) */
     double prompt_seconds; /* prompt prefill */
     double gen_seconds;    /* sampling + decoding of the generated tokens */
+    bool context_full;     /* stopped before n_predict because the context was full */
 } qf_generate_stats;
 
 /* Tokenize `prompt` (BOS first when the vocabulary adds it), evaluate it from position 0 in
  * batches of the context's n_batch, then sample and decode up to n_predict tokens. The cache
  * positions used are overwritten. stats (may be NULL) is filled as far as it got.
  * Errors: QF_ERR_ARG when the prompt tokenizes to nothing or does not fit the context (it must
- * leave at least one position), the tokenizer's and the decoder's errors, QF_ERR_NOMEM. */
+ * leave at least one position), QF_ERR_FORMAT when the model produces non-finite logits (damaged
+ * weights: nothing garbled is sampled), the tokenizer's and the decoder's errors, QF_ERR_NOMEM. */
 qf_status qf_generate(qf_context *c, const char *prompt, size_t len, const qf_generate_params *p,
                       qf_generate_stats *stats, qf_error *err);
 

@@ -2,6 +2,7 @@
  * defaults resolved once, binding) and the generation loop `qforge generate` streams. */
 #include "qforge/run.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,6 +53,16 @@ fail:
     return st ? st : QF_ERR_NOMEM;
 }
 
+/* Logits with a NaN/Inf come from damaged weights (or a tensor type that does not match its
+ * data); sampling them would print garbage as if it were text. */
+static qf_status logits_finite(const float *logits, int n, qf_error *err) {
+    for (int i = 0; i < n; i++)
+        if (!isfinite(logits[i]))
+            return qf_fail(err, QF_ERR_FORMAT, "the model produced non-finite logits (NaN/Inf): its weights are "
+                                               "damaged or a tensor's type does not match its data");
+    return QF_OK;
+}
+
 qf_status qf_generate(qf_context *c, const char *prompt, size_t len, const qf_generate_params *p,
                       qf_generate_stats *stats, qf_error *err) {
     qf_generate_stats s;
@@ -90,6 +101,7 @@ qf_status qf_generate(qf_context *c, const char *prompt, size_t len, const qf_ge
         if ((st = qf_decode(c, ids + i, bs, pos, last ? logits : NULL, bs - 1, err))) goto done;
         pos += bs;
     }
+    if ((st = logits_finite(logits, n_vocab, err))) goto done;
     double t1 = qf_now_sec();
     s.prompt_seconds = t1 - t0;
     char piece[256];
@@ -98,10 +110,11 @@ qf_status qf_generate(qf_context *c, const char *prompt, size_t len, const qf_ge
         if (next == qf_tokenizer_eos(tok)) break;
         int n = qf_token_to_piece(tok, next, false, piece, sizeof piece);
         if (n > 0 && p->on_text) p->on_text(p->user, piece, (size_t)(n < (int)sizeof piece ? n : (int)sizeof piece));
-        if ((st = qf_decode(c, &next, 1, pos, logits, 0, err))) goto done;
+        if ((st = qf_decode(c, &next, 1, pos, logits, 0, err)) || (st = logits_finite(logits, n_vocab, err))) goto done;
         pos++;
     }
     s.gen_seconds = qf_now_sec() - t1;
+    s.context_full = s.n_generated < p->n_predict && pos >= n_ctx;
 done:
     if (stats) *stats = s;
     qf_sampler_free(&smp);
