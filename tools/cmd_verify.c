@@ -9,7 +9,7 @@
 
 #include "cli.h"
 #include "qforge/artifact.h"
-#include "util/util.h"
+#include "qforge/util.h"
 
 #define VERIFY_USAGE "qforge verify X.qfa [-m MODEL.gguf] [--trust-key PEM] [--json]"
 

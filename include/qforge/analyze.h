@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "qforge/api.h"
 #include "qforge/error.h"
 #include "qforge/forge.h"
 #include "qforge/model.h"
@@ -54,13 +55,13 @@ typedef struct {
     FILE *log;                /* one line per stage and point, or NULL */
 } qf_analyze_params;
 
-void qf_analyze_params_default(qf_analyze_params *p);
+QF_API void qf_analyze_params_default(qf_analyze_params *p);
 
 /* The method table, in report order: f16, q8_0, q4_0, q8_0+hadamard, q4_0+hadamard, kv-int8,
  * kv-dict (and kv-rq once its artifact kind is built). i out of range: NULL. */
-const char *qf_analyze_method_name(int i);
+QF_API const char *qf_analyze_method_name(int i);
 /* Whether the method learns from the calibration split (a capture is needed). */
-bool qf_analyze_method_learned(int i);
+QF_API bool qf_analyze_method_learned(int i);
 
 typedef struct {
     char method[32];      /* a method table name: "q4_0+hadamard", "kv-dict" */
@@ -120,19 +121,19 @@ typedef struct {
  * shorter than 2 * n_ctx tokens), QF_ERR_NOMEM. A point that cannot be measured (e.g. the
  * rotation on a head_dim that is not a power of two, or a learner without enough vectors) is
  * listed in skipped, not an error. rep is filled as far as it got; free it either way. */
-qf_status qf_analyze_run(const qf_analyze_params *p, qf_analyze_report *rep, qf_error *err);
-void qf_analyze_report_free(qf_analyze_report *rep);
+QF_API qf_status qf_analyze_run(const qf_analyze_params *p, qf_analyze_report *rep, qf_error *err);
+QF_API void qf_analyze_report_free(qf_analyze_report *rep);
 
 /* From rep->points (and tables_in_rate): the Pareto frontier over (rate, mean KLD) - a point
  * is on it when no other point has at most its bits and at most its KLD with one of them
  * strictly smaller - each point's dominated_by / within_noise, and one verdict per method named
  * in `methods` (n of them; methods with no point get "not measured" plus the skip reason).
  * Replaces what was there. QF_ERR_NOMEM only. */
-qf_status qf_analyze_judge(qf_analyze_report *rep, const char *const *methods, int n, qf_error *err);
+QF_API qf_status qf_analyze_judge(qf_analyze_report *rep, const char *const *methods, int n, qf_error *err);
 
 /* The table, the frontier and the verdicts as text. */
-void qf_analyze_report_print(const qf_analyze_report *rep, FILE *fp);
+QF_API void qf_analyze_report_print(const qf_analyze_report *rep, FILE *fp);
 /* KLD (log scale) vs bits per element: one curve per method, the frontier dashed; atomic. */
-qf_status qf_analyze_write_svg(const qf_analyze_report *rep, const char *path, qf_error *err);
+QF_API qf_status qf_analyze_write_svg(const qf_analyze_report *rep, const char *path, qf_error *err);
 
 #endif

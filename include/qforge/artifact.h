@@ -19,6 +19,7 @@
 #ifndef QFORGE_ARTIFACT_H
 #define QFORGE_ARTIFACT_H
 
+#include "qforge/api.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -32,8 +33,8 @@
 typedef enum { QF_ARTIFACT_KV_INT8 = 0, QF_ARTIFACT_KV_DICT, QF_ARTIFACT_AWQ } qf_artifact_kind;
 
 /* "kv-int8", "kv-dict", "awq"; parse returns false for anything else. */
-const char *qf_artifact_kind_name(qf_artifact_kind k);
-bool qf_artifact_kind_parse(const char *s, qf_artifact_kind *out);
+QF_API const char *qf_artifact_kind_name(qf_artifact_kind k);
+QF_API bool qf_artifact_kind_parse(const char *s, qf_artifact_kind *out);
 
 /* ---- payload ---- */
 typedef enum {
@@ -65,25 +66,25 @@ typedef struct {
 
 /* Each add copies its data. Names are non-empty, at most 255 bytes and unique in the list
  * (QF_ERR_ARG otherwise); for arrays the product of shape must equal the element count. */
-qf_status qf_payload_add_f32(qf_payload *p, const char *name, const float *data, int n_dims,
+QF_API qf_status qf_payload_add_f32(qf_payload *p, const char *name, const float *data, int n_dims,
                              const int64_t *shape, qf_error *err);
-qf_status qf_payload_add_u8(qf_payload *p, const char *name, const uint8_t *data, int n_dims,
+QF_API qf_status qf_payload_add_u8(qf_payload *p, const char *name, const uint8_t *data, int n_dims,
                             const int64_t *shape, qf_error *err);
-qf_status qf_payload_add_i8(qf_payload *p, const char *name, const int8_t *data, int n_dims,
+QF_API qf_status qf_payload_add_i8(qf_payload *p, const char *name, const int8_t *data, int n_dims,
                             const int64_t *shape, qf_error *err);
-qf_status qf_payload_add_int(qf_payload *p, const char *name, int64_t v, qf_error *err);
-qf_status qf_payload_add_float(qf_payload *p, const char *name, double v, qf_error *err);
-qf_status qf_payload_add_string(qf_payload *p, const char *name, const char *s, qf_error *err);
-void qf_payload_free(qf_payload *p);
+QF_API qf_status qf_payload_add_int(qf_payload *p, const char *name, int64_t v, qf_error *err);
+QF_API qf_status qf_payload_add_float(qf_payload *p, const char *name, double v, qf_error *err);
+QF_API qf_status qf_payload_add_string(qf_payload *p, const char *name, const char *s, qf_error *err);
+QF_API void qf_payload_free(qf_payload *p);
 
 /* Lookup by name: NULL when absent. The typed getters also return NULL (or false) when the
  * entry has another type; *count receives the element count. */
-const qf_payload_entry *qf_payload_get(const qf_payload *p, const char *name);
-const float *qf_payload_get_f32(const qf_payload *p, const char *name, size_t *count);
-const uint8_t *qf_payload_get_bytes(const qf_payload *p, const char *name, size_t *count);
-bool qf_payload_get_int(const qf_payload *p, const char *name, int64_t *out);
-bool qf_payload_get_float(const qf_payload *p, const char *name, double *out);
-const char *qf_payload_get_string(const qf_payload *p, const char *name);
+QF_API const qf_payload_entry *qf_payload_get(const qf_payload *p, const char *name);
+QF_API const float *qf_payload_get_f32(const qf_payload *p, const char *name, size_t *count);
+QF_API const uint8_t *qf_payload_get_bytes(const qf_payload *p, const char *name, size_t *count);
+QF_API bool qf_payload_get_int(const qf_payload *p, const char *name, int64_t *out);
+QF_API bool qf_payload_get_float(const qf_payload *p, const char *name, double *out);
+QF_API const char *qf_payload_get_string(const qf_payload *p, const char *name);
 
 /* ---- certificate ---- */
 typedef struct {
@@ -119,10 +120,10 @@ typedef struct {
 
 /* Zero the certificate and fill engine_version / engine_commit from this build and
  * created_utc with the current time; everything else is the caller's to fill. */
-void qf_certificate_init(qf_certificate *c, qf_artifact_kind kind);
-void qf_certificate_free(qf_certificate *c); /* frees config */
+QF_API void qf_certificate_init(qf_certificate *c, qf_artifact_kind kind);
+QF_API void qf_certificate_free(qf_certificate *c); /* frees config */
 /* Whether the measured numbers meet the gate (NaN never does). */
-bool qf_certificate_meets_gate(const qf_certificate *c);
+QF_API bool qf_certificate_meets_gate(const qf_certificate *c);
 
 /* ---- engine side: read and verify ---- */
 typedef struct {
@@ -140,39 +141,39 @@ typedef struct {
  * always checked against the key embedded with it; with trust_key_path (a PEM Ed25519 public
  * or private key) a signature by exactly that key is required (QF_ERR_ARTIFACT_BAD_SIGNATURE).
  * On success *a is filled (free with qf_artifact_free); on failure it is left empty. */
-qf_status qf_artifact_load(const char *path, const uint8_t *model_sha256,
+QF_API qf_status qf_artifact_load(const char *path, const uint8_t *model_sha256,
                            const char *trust_key_path, qf_artifact *a, qf_error *err);
 
 /* The two halves of qf_artifact_load, for tools that print a certificate before judging it:
  * read = integrity and signature only (fills *a on success); check = model and gate. */
-qf_status qf_artifact_read(const char *path, const char *trust_key_path, qf_artifact *a,
+QF_API qf_status qf_artifact_read(const char *path, const char *trust_key_path, qf_artifact *a,
                            qf_error *err);
-qf_status qf_artifact_read_mem(const uint8_t *data, size_t n, const char *trust_key_path,
+QF_API qf_status qf_artifact_read_mem(const uint8_t *data, size_t n, const char *trust_key_path,
                                qf_artifact *a, qf_error *err);
-qf_status qf_artifact_check(const qf_artifact *a, const uint8_t *model_sha256, qf_error *err);
-void qf_artifact_free(qf_artifact *a);
+QF_API qf_status qf_artifact_check(const qf_artifact *a, const uint8_t *model_sha256, qf_error *err);
+QF_API void qf_artifact_free(qf_artifact *a);
 
 /* Payload lookup on a loaded artifact (see qf_payload_get). */
-const qf_payload_entry *qf_artifact_entry(const qf_artifact *a, const char *name);
+QF_API const qf_payload_entry *qf_artifact_entry(const qf_artifact *a, const char *name);
 
 /* The deterministic CBOR body for (cert, payload) in a malloc'd buffer; also stores the
  * payload hash into cert->payload_sha256. Shared by the packager and the loader, which
  * re-encodes what it decoded and requires identical bytes. */
-qf_status qf_artifact_encode_body(qf_certificate *cert, const qf_payload *payload,
+QF_API qf_status qf_artifact_encode_body(qf_certificate *cert, const qf_payload *payload,
                                   uint8_t **out, size_t *out_len, qf_error *err);
 
 /* ---- forge side: package ---- */
 
 /* The complete .qfa bytes (malloc'd), signed with sign_key_path (PEM Ed25519 private key)
  * when non-NULL. Does not judge the gate, so tests can build refusable files. */
-qf_status qf_artifact_serialize(qf_certificate *cert, const qf_payload *payload,
+QF_API qf_status qf_artifact_serialize(qf_certificate *cert, const qf_payload *payload,
                                 const char *sign_key_path, uint8_t **out, size_t *out_len,
                                 qf_error *err);
 
 /* Package a certified artifact to `path`, atomically (a failure leaves any existing file
  * untouched). Refuses with QF_ERR_PACKAGE_FAILED when the certificate did not pass its
  * gate: a gate failure produces no artifact. */
-qf_status qf_artifact_package(const char *path, qf_certificate *cert, const qf_payload *payload,
+QF_API qf_status qf_artifact_package(const char *path, qf_certificate *cert, const qf_payload *payload,
                               const char *sign_key_path, qf_error *err);
 
 #endif

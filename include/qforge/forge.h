@@ -10,6 +10,7 @@
 #ifndef QFORGE_FORGE_H
 #define QFORGE_FORGE_H
 
+#include "qforge/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -30,7 +31,7 @@ typedef struct {
     double min_top1;
 } qf_gate;
 
-qf_gate qf_gate_default(void);
+QF_API qf_gate qf_gate_default(void);
 
 /* ================================ certify ================================ */
 
@@ -61,27 +62,30 @@ typedef struct qf_certify_ref qf_certify_ref; /* reference numbers and its saved
  * second half scored) and keep its log-probabilities in a temporary file (llama-perplexity's
  * KL-divergence base format) for the candidates. The context must have nothing bound.
  * Errors: QF_ERR_CERTIFY_FAILED (e.g. the text is shorter than 2 * n_ctx tokens). */
-qf_status qf_certify_reference(qf_context *c, const char *eval_text, size_t len,
+QF_API qf_status qf_certify_reference(qf_context *c, const char *eval_text, size_t len,
                                const qf_certify_params *p, qf_certify_ref **out, qf_error *err);
-double qf_certify_ref_ppl(const qf_certify_ref *ref);
-void qf_certify_ref_free(qf_certify_ref *ref); /* removes the temporary file */
+QF_API double qf_certify_ref_ppl(const qf_certify_ref *ref);
+QF_API void qf_certify_ref_free(qf_certify_ref *ref); /* removes the temporary file */
 
 /* Bind the candidate (kind, payload) to the same context, run the same tokens, unbind (on
  * every path), fill *r and judge the gate. A gate failure is QF_OK with r->passed false;
  * errors (binding, evaluation) are QF_ERR_CERTIFY_FAILED with the cause in the message. */
-qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_artifact_kind kind,
+QF_API qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_artifact_kind kind,
                                const qf_payload *payload, const qf_gate *gate,
                                qf_certify_result *r, qf_error *err);
 
 /* The candidate is another model (e.g. an AWQ re-quantized GGUF) run in its own context,
  * created with the reference context's params: same tokens and chunking as the reference. */
-qf_status qf_certify_context(qf_context *cand, const qf_certify_ref *ref, const qf_gate *gate,
+QF_API qf_status qf_certify_context(qf_context *cand, const qf_certify_ref *ref, const qf_gate *gate,
                              qf_certify_result *r, qf_error *err);
 
 /* Whether numbers meet a gate (NaN never does). */
-bool qf_gate_passes(const qf_gate *g, const qf_certify_result *r);
+QF_API bool qf_gate_passes(const qf_gate *g, const qf_certify_result *r);
 
 /* ================================ jobs ================================ */
+
+/* The default calibration budget: tokens captured and K (and V) vectors kept per layer. */
+#define QF_JOB_DEFAULT_BUDGET 16384
 
 typedef struct {
     const char *model_path;
@@ -95,11 +99,11 @@ typedef struct {
     double eval_frac;           /* 0 = QF_CORPUS_DEFAULT_EVAL_FRAC */
     qf_gate gate;
     int n_ctx;                  /* capture window and evaluation chunk (default 256) */
-    int64_t max_calib_tokens;   /* calibration tokens captured (0 = 16384; < 0 = all) */
+    int64_t max_calib_tokens;   /* calibration tokens captured (0 = QF_JOB_DEFAULT_BUDGET; < 0 = all) */
     int eval_chunks;            /* evaluation chunks (0 = 16; < 0 = all) */
     int n_threads;              /* 0 = all cores */
     qf_kv_mode ref_kv;          /* the reference KV mode (default f32) */
-    int64_t capture_per_layer;  /* K (and V) vectors kept per layer (0 = 16384) */
+    int64_t capture_per_layer;  /* K (and V) vectors kept per layer (0 = QF_JOB_DEFAULT_BUDGET) */
     uint64_t seed;              /* capture reservoir and dictionary seed (default 1) */
     qf_device capture_device;   /* where the capture runs (auto: the GPU when one is found, K/V read
                                    back from GPU memory); certification always runs on the CPU,
@@ -121,7 +125,7 @@ typedef struct {
     FILE *log;                  /* one line per stage, or NULL */
 } qf_job;
 
-void qf_job_default(qf_job *j);
+QF_API void qf_job_default(qf_job *j);
 
 #define QF_JOB_MAX_TRIED 4
 
@@ -146,8 +150,8 @@ typedef struct {
  * numbers are in the message and in *rep; nothing is written), QF_ERR_PACKAGE_FAILED,
  * QF_ERR_NOT_IMPLEMENTED (a learner that is not built), QF_ERR_ARG / _IO / _FORMAT for bad
  * input. rep is always filled as far as the job got; free with qf_job_report_free. */
-qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err);
-void qf_job_report_free(qf_job_report *rep);
+QF_API qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err);
+QF_API void qf_job_report_free(qf_job_report *rep);
 
 /* ================================ sweep ================================ */
 
@@ -156,7 +160,7 @@ typedef struct {
 } qf_dict_config;
 
 /* Parse "256x4,512x8" (atoms x sparsity, comma-separated, at most max entries). */
-qf_status qf_dict_configs_parse(const char *s, qf_dict_config *out, int max, int *n, qf_error *err);
+QF_API qf_status qf_dict_configs_parse(const char *s, qf_dict_config *out, int max, int *n, qf_error *err);
 
 typedef struct {
     qf_dict_config cfg;
@@ -171,7 +175,7 @@ typedef struct {
 /* Certify every config (kv-dict, j->dict_iters / dict_coef / dict_max_train) with one
  * corpus, one capture and one reference pass. A config that cannot be learned gets its own
  * row status; the call fails only when the shared stages fail. rows has n entries. */
-qf_status qf_sweep_run(const qf_job *j, const qf_dict_config *cfgs, int n, qf_sweep_row *rows,
+QF_API qf_status qf_sweep_run(const qf_job *j, const qf_dict_config *cfgs, int n, qf_sweep_row *rows,
                        double *ref_ppl, qf_error *err);
 
 /* ================================ one learner ================================ */
@@ -183,7 +187,7 @@ qf_status qf_sweep_run(const qf_job *j, const qf_dict_config *cfgs, int n, qf_sw
  * `label` receives the variant's name ("per-channel", "256x8-f16"). *out must be empty.
  * Errors: the learner's (QF_ERR_CAPTURE_FAILED when too few vectors were captured),
  * QF_ERR_NOT_IMPLEMENTED for a kind with no KV learner. For `qforge analyze`. */
-qf_status qf_job_learn(const qf_job *j, qf_context *ctx, const qf_capture *cap, int variant,
+QF_API qf_status qf_job_learn(const qf_job *j, qf_context *ctx, const qf_capture *cap, int variant,
                        qf_payload *out, char *label, size_t label_cap, qf_error *err);
 
 #endif

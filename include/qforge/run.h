@@ -17,6 +17,7 @@
 #include <stddef.h>
 
 #include "qforge/artifact.h"
+#include "qforge/api.h"
 #include "qforge/error.h"
 #include "qforge/model.h"
 #include "qforge/sample.h"
@@ -31,7 +32,7 @@ typedef struct {
 } qf_run_params;
 
 /* qf_context_default_params() with n_ctx 0 (the model's context), no artifact. */
-qf_run_params qf_run_default_params(void);
+QF_API qf_run_params qf_run_default_params(void);
 
 typedef struct {
     qf_model *model;
@@ -46,9 +47,9 @@ typedef struct {
  * and *r is zeroed. Errors: QF_ERR_ARG (no model path, a trust key without an artifact, bad
  * context params), the model loader's (QF_ERR_IO / _FORMAT / _UNSUPPORTED), the artifact's
  * (QF_ERR_ARTIFACT_*), QF_ERR_NOMEM. */
-qf_status qf_run_open(const qf_run_params *p, qf_run *r, qf_error *err);
+QF_API qf_status qf_run_open(const qf_run_params *p, qf_run *r, qf_error *err);
 /* Release what qf_run_open made (safe on a zeroed or already closed *r). */
-void qf_run_close(qf_run *r);
+QF_API void qf_run_close(qf_run *r);
 
 /* ---- generation ---- */
 
@@ -76,7 +77,7 @@ typedef struct {
  * Errors: QF_ERR_ARG when the prompt tokenizes to nothing or does not fit the context (it must
  * leave at least one position), QF_ERR_FORMAT when the model produces non-finite logits (damaged
  * weights: nothing garbled is sampled), the tokenizer's and the decoder's errors, QF_ERR_NOMEM. */
-qf_status qf_generate(qf_context *c, const char *prompt, size_t len, const qf_generate_params *p,
+QF_API qf_status qf_generate(qf_context *c, const char *prompt, size_t len, const qf_generate_params *p,
                       qf_generate_stats *stats, qf_error *err);
 
 #endif

@@ -84,7 +84,7 @@ void qf_context_free(qf_context *c) {
     free(e->kbuf), free(e->vbuf);
     qf_kv_cache_free(&c->kv);
     free(c->x), free(c->xn), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
-        free(c->hb2), free(c->logits_tmp), free(c->xq), free(c->rope_cos), free(c->rope_sin);
+        free(c->hb2), free(c->xq), free(c->rope_cos), free(c->rope_sin);
     if (c->thr_buf)
         for (int i = 0; i < qf_pool_size(c->pool); i++) free(c->thr_buf[i]);
     free(c->thr_buf);
@@ -200,7 +200,6 @@ bool qf_device_from_name(const char *name, qf_device *out) {
 bool qf_cuda_available(void) { return qf_cuda_backend_available(); }
 qf_model *qf_context_model(const qf_context *c) { return c->model; }
 void qf_context_set_tap(qf_context *c, const qf_tap *tap) { c->tap = tap; }
-void qf_context_kv_clear(qf_context *c) { (void)c; /* positions are overwritten; nothing to do */ }
 double qf_context_kv_bytes_per_token(const qf_context *c) { return qf_kv_cache_bytes_per_token(&c->kv); }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -266,6 +265,7 @@ static void matmul(qf_context *c, const qf_weight *w, const float *x, int n, flo
         j.route = 1;
         qf_type vt = qf_vec_dot_type(w->type);
         j.xq_row = qf_row_bytes(vt, w->ne0);
+        QF_ASSERT((size_t)n * j.xq_row <= c->xq_bytes); /* sized in qf_context_new for GEMM_MIN_TOKENS rows */
         for (int t = 0; t < n; t++)
             qf_quantize_row(vt, x + (size_t)t * w->ne0, (uint8_t *)c->xq + t * j.xq_row, w->ne0);
     }
