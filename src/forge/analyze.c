@@ -15,6 +15,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "plot.h"
 #include "qforge/artifact_bind.h"
@@ -35,6 +36,10 @@ typedef struct {
     qf_artifact_kind kind;
     int (*n_rates)(const qf_analyze_params *p);
     void (*rate)(const qf_analyze_params *p, int i, qf_job *j, int *variant);
+    /* learned by the whole calibrate job (qf_job_run: a learner that searches its allocation by
+     * certifying candidates), then measured here like any payload; a rate whose job cannot
+     * certify anything within its budget is a skip */
+    bool via_job;
 } method;
 
 static int int8_rates(const qf_analyze_params *p) {
@@ -57,8 +62,9 @@ static void dict_rate(const qf_analyze_params *p, int i, qf_job *j, int *variant
  *   static int rq_rates(const qf_analyze_params *p) { return p->n_rq_bits; }
  *   static void rq_rate(const qf_analyze_params *p, int i, qf_job *j, int *variant) {
  *       j->rq_bits = p->rq_bits[i]; *variant = 0; }
- *   {"kv-rq", .learned = true, .kind = QF_ARTIFACT_KV_RQ, .n_rates = rq_rates, .rate = rq_rate},
- * (and its case in qf_job_learn). p->rq_bits already carries the budgets (2, 3, 4). */
+ *   {"kv-rq", .learned = true, .kind = QF_ARTIFACT_KV_RQ, .n_rates = rq_rates, .rate = rq_rate,
+ *    .via_job = true},
+ * p->rq_bits already carries the budgets (2, 3, 4). */
 
 static const method METHODS[] = {
     {"f16", .kv = QF_KV_F16},
@@ -293,6 +299,44 @@ static void fill_point(qf_analyze_point *pt, const qf_analyze_report *rep, const
     pt->dominated_by = -1;
 }
 
+/* A learned method through the whole calibrate job: corpus, capture, learn, certify, package
+ * to a temporary .qfa, whose payload is returned (*out empty on failure). */
+static qf_status learn_via_job(const qf_analyze_params *p, state *s, qf_job *j, qf_payload *out, char *label,
+                               size_t label_cap, qf_error *err) {
+    const char *tmp = getenv("TMPDIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/qforge-analyze-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    int fd = mkstemp(path);
+    if (fd < 0) return qf_fail(err, QF_ERR_IO, "analyze: cannot create a temporary file in %s", tmp && *tmp ? tmp : "/tmp");
+    close(fd);
+    j->model_path = p->model_path;
+    j->corpus_paths = p->corpus_paths;
+    j->n_corpus_paths = p->n_corpus_paths;
+    j->builtin = p->builtin || p->n_corpus_paths == 0;
+    j->eval_frac = p->eval_frac;
+    j->n_ctx = qf_context_params_get(s->ctx)->n_ctx;
+    j->max_calib_tokens = p->max_calib_tokens;
+    j->eval_chunks = p->eval_chunks < 0 ? -1 : p->eval_chunks;
+    j->n_threads = p->n_threads;
+    j->capture_per_layer = p->capture_per_layer;
+    j->capture_device = p->capture_device;
+    j->gate.max_delta_ppl = 1e9; /* the analysis judges; the job only has to package its best */
+    j->out_path = path;
+    qf_job_report rep;
+    qf_status st = qf_job_run(j, &rep, err);
+    if (!st) snprintf(label, label_cap, "%s", rep.variant);
+    qf_job_report_free(&rep);
+    qf_artifact a;
+    memset(&a, 0, sizeof a);
+    if (!st && !(st = qf_artifact_load(path, qf_model_sha256(s->model), NULL, &a, err))) {
+        *out = a.payload; /* moved out of the artifact */
+        memset(&a.payload, 0, sizeof a.payload);
+    }
+    qf_artifact_free(&a);
+    unlink(path);
+    return st;
+}
+
 /* Measure every rate of METHODS[mi]; a point that cannot be measured is a skip (resource
  * errors abort). */
 static qf_status measure_method(const qf_analyze_params *p, state *s, int mi, qf_analyze_report *rep, int *skip_cap,
@@ -323,7 +367,8 @@ static qf_status measure_method(const qf_analyze_params *p, state *s, int mi, qf
             m->rate(p, i, &j, &variant);
             snprintf(label, sizeof label, "rate %d", i);
             qf_payload pl = {0};
-            st = qf_job_learn(&j, s->ctx, s->cap, variant, &pl, label, sizeof label, &e);
+            st = m->via_job ? learn_via_job(p, s, &j, &pl, label, sizeof label, &e)
+                            : qf_job_learn(&j, s->ctx, s->cap, variant, &pl, label, sizeof label, &e);
             if (!st) st = qf_certify_candidate(s->ctx, s->ref, m->kind, &pl, &gate, &r, &e);
             table = payload_table_bytes(&pl);
             qf_payload_free(&pl);
