@@ -31,6 +31,8 @@ for p in pts:
     assert math.isfinite(p["delta_ppl"]), p
 # the end metric orders what relative MSE did not: q8_0 beats q4_0 beats a 1-bit dictionary
 assert by[("q8_0", "q8_0")]["kld_mean"] < by[("q4_0", "q4_0")]["kld_mean"] < by[("kv-dict", "32x2-f16")]["kld_mean"]
+# the rotation is measured for real (--kv-rot hadamard): it beats plain q4_0 at the same rate
+assert by[("q4_0+hadamard", "q4_0+hadamard")]["kld_mean"] < by[("q4_0", "q4_0")]["kld_mean"]
 # the frontier: the interface names, increasing bits, decreasing KLD, every entry a point
 fr = j["frontier"]
 assert len(fr) >= 3

@@ -31,7 +31,7 @@ static void synthetic(qf_analyze_report *r, qf_analyze_point *P) {
     P[2] = pt("kv-int8", "per-channel", 8, 7e-3, 1e-4);
     P[3] = pt("kv-int8", "per-head", 8, 3e-4, 1e-5);
     P[4] = pt("q4_0", "q4_0", 4.5, 1.8e-2, 1e-3);
-    P[5] = pt("q8_0+hadamard", "q8_0", 9, 6.5e-5, 1e-5);
+    P[5] = pt("q8_0+hadamard", "q8_0+hadamard", 9, 6.5e-5, 1e-5);
     P[6] = pt("kv-dict", "64x4-f16", 1.5, NAN, 0);
     P[7] = pt("kv-dict", "256x4-f16", 1.5, 2.5, 0.1);
     r->points = P;
@@ -58,7 +58,7 @@ TEST(judge_frontier_and_verdicts) {
     CHECK(!P[6].on_frontier && P[6].dominated_by == -1); /* NaN is never judged */
     CHECK_EQ_INT(r.n_verdicts, 7);
     CHECK(strstr(r.verdicts[0].verdict, "on the frontier at 16.00 b") == r.verdicts[0].verdict);
-    CHECK(strstr(r.verdicts[3].verdict, "dominated at 9.00 b (q8_0) by q8_0 q8_0") != NULL);
+    CHECK(strstr(r.verdicts[3].verdict, "dominated at 9.00 b by q8_0 (8.50 b, KLD 6.00e-05 vs 6.50e-05") != NULL);
     CHECK(strstr(r.verdicts[3].verdict, "within noise") != NULL);
     CHECK(strstr(r.verdicts[4].verdict, "on the frontier at 8.00 b (per-head") != NULL);
     CHECK(strstr(r.verdicts[4].verdict, "dominated elsewhere: at 8.00 b (per-channel) by kv-int8 per-head") != NULL);
@@ -158,10 +158,11 @@ TEST(run_params_errors) {
     CHECK(qf_analyze_method_learned(5) && !qf_analyze_method_learned(0));
 }
 
-/* The whole pipeline on the tiny stories260K: plain and learned points, and skips. */
+/* The whole pipeline on the demo model at toy sizes: plain, rotated and learned points, a
+ * learner without enough vectors skipped. */
 TEST(tiny_end_to_end) {
-    const char *model = test_data("models/stories260K.gguf");
-    if (!model) SKIP("models/stories260K.gguf is missing from the shared data");
+    const char *model = test_data("models/qforge-demo-11m-f16.gguf");
+    if (!model) SKIP("models/qforge-demo-11m-f16.gguf is missing from the shared data");
     qf_analyze_params p;
     qf_analyze_params_default(&p);
     p.model_path = model;
@@ -170,7 +171,7 @@ TEST(tiny_end_to_end) {
     p.max_calib_tokens = 512;
     p.capture_per_layer = 256;
     p.n_threads = 2;
-    p.methods = "f16,q4_0,q4_0+hadamard,kv-int8,kv-dict";
+    p.methods = "f16,q4_0+hadamard,kv-int8,kv-dict";
     p.dict[0] = (qf_dict_config){16, 2};
     p.dict[1] = (qf_dict_config){4096, 2}; /* more atoms than captured vectors: skipped */
     p.n_dict = 2;
@@ -181,22 +182,42 @@ TEST(tiny_end_to_end) {
     qf_status st = qf_analyze_run(&p, &r, &e);
     CHECK_MSG(st == QF_OK, "%s", e.msg);
     if (st == QF_OK) {
-        /* head_dim 8: q4_0 (blocks of 32) cannot run, with or without the rotation; the 4096-atom
-         * dictionary has too few vectors. Measured: f16, kv-int8 x 2, kv-dict 16x2 */
-        CHECK_EQ_INT(r.n_points, 4);
-        CHECK_EQ_INT(r.n_skipped, 3);
-        CHECK(r.n_skipped == 3 && !strcmp(r.skipped[0].method, "q4_0") && strstr(r.skipped[0].reason, "head_dim"));
-        CHECK(r.n_skipped == 3 && !strcmp(r.skipped[2].method, "kv-dict") && strstr(r.skipped[2].reason, "4096"));
+        CHECK_EQ_INT(r.n_points, 5); /* f16, q4_0+hadamard, kv-int8 x 2, kv-dict 16x2 */
+        CHECK_EQ_INT(r.n_skipped, 1);
+        CHECK(r.n_skipped == 1 && !strcmp(r.skipped[0].method, "kv-dict") && strstr(r.skipped[0].reason, "4096"));
         CHECK_NEAR(r.points[0].bits_per_element, 16.0, 1e-9);
-        CHECK_NEAR(r.points[1].bits_per_element, 8.0, 1e-9);
-        CHECK(r.points[1].table_bytes > 0 && r.points[1].bits_per_element_with_tables > 8.0);
-        CHECK(!strcmp(r.points[3].label, "16x2-f16"));
-        CHECK(r.n_verdicts == 5 && strstr(r.verdicts[1].verdict, "not measured: ") == r.verdicts[1].verdict);
-        CHECK(r.n_frontier >= 1 && r.n_verdicts == 5);
+        CHECK_NEAR(r.points[1].bits_per_element, 4.5, 1e-9);
+        CHECK_NEAR(r.points[2].bits_per_element, 8.0, 1e-9);
+        CHECK(r.points[2].table_bytes > 0 && r.points[2].bits_per_element_with_tables > 8.0);
+        CHECK(!strcmp(r.points[4].label, "16x2-f16"));
+        CHECK_NEAR(r.points[4].bits_per_element, (2 * 1 + 2 * 2) * 8.0 / 64, 1e-9); /* stored bytes */
+        CHECK(r.n_frontier >= 2 && r.n_verdicts == 4);
         CHECK(r.n_chunks == 2 && r.n_ctx == 64 && r.n_scored > 0 && r.ref_ppl > 1);
         CHECK(r.cross_check_tokens > 0 && r.cross_check_max_rel_diff < 1e-3);
-        for (int i = 0; i < r.n_points; i++) CHECK(r.points[i].kld_mean >= 0 && isfinite(r.points[i].delta_ppl));
+        for (int i = 0; i < r.n_points; i++) CHECK(r.points[i].kld_mean > -1e-4 && isfinite(r.points[i].delta_ppl));
+        CHECK(r.points[1].kld_mean < r.points[4].kld_mean); /* 4.5 bits beat 0.75 */
     }
+    qf_analyze_report_free(&r);
+}
+
+/* head_dim 8 (stories260K): q4_0 tiles by 32, so neither plain nor rotated q4_0 can run; with
+ * nothing measured the run fails and says why. */
+TEST(nothing_measurable) {
+    const char *model = test_data("models/stories260K.gguf");
+    if (!model) SKIP("models/stories260K.gguf is missing from the shared data");
+    qf_analyze_params p;
+    qf_analyze_params_default(&p);
+    p.model_path = model;
+    p.n_ctx = 64;
+    p.eval_chunks = 2;
+    p.n_threads = 2;
+    p.methods = "q4_0,q4_0+hadamard";
+    qf_analyze_report r;
+    qf_error e = {0};
+    CHECK(qf_analyze_run(&p, &r, &e) == QF_ERR_ARG);
+    CHECK(strstr(e.msg, "no method could be measured") && strstr(e.msg, "head_dim"));
+    CHECK_EQ_INT(r.n_skipped, 2);
+    CHECK_EQ_INT(r.n_points, 0);
     qf_analyze_report_free(&r);
 }
 
@@ -290,6 +311,7 @@ int main(void) {
     RUN(svg_written_atomically);
     RUN(run_params_errors);
     RUN(tiny_end_to_end);
+    RUN(nothing_measurable);
     RUN(run_open_errors);
     RUN(generate_seeded_and_errors);
     return test_summary();

@@ -106,6 +106,12 @@ int cli_engine_flag(int argc, char **argv, int *i, cli_engine_opts *o, char *msg
         qf_kv_mode *dst = a[3] == 'k' || !strcmp(a, "--cache-type-k") ? &o->cp.kv_k : &o->cp.kv_v;
         if (!qf_kv_mode_from_name(val, dst) || *dst >= QF_KV_INT8)
             BAD("bad %s '%s' (f32, f16, q8_0, q4_0; int8/dict come with --artifact)", a, val);
+    } else if (FLAG("--kv-rot", NULL)) {
+        if (r < 0) goto missing;
+        if (!qf_kv_rot_from_name(val, &o->cp.kv_rot)) BAD("bad --kv-rot '%s' (none or hadamard)", val);
+    } else if (!strcmp(a, "--force-uncertified-ctx")) {
+        o->force_uncertified_ctx = true;
+        return 1;
     } else if (FLAG("--artifact", NULL)) {
         if (r < 0) goto missing;
         o->artifact_path = val;
@@ -120,4 +126,12 @@ missing:
     BAD("option '%s' needs a value", a);
 #undef BAD
 #undef FLAG
+}
+
+void cli_warn_uncertified_ctx(const char *cmd, const qf_run *run) {
+    if (!run->uncertified_ctx || !cli_root()) return;
+    fprintf(stderr,
+            "qforge %s: warning: --force-uncertified-ctx: running at -c %d, above the largest context the "
+            "artifact is certified at (%d); its certificate does not cover these numbers\n",
+            cmd, qf_context_params_get(run->ctx)->n_ctx, run->certified_ctx);
 }

@@ -8,7 +8,8 @@
 
 static const char *USAGE =
     "qforge generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
-    "                [-c N] [-t N] [-ctk T] [-ctv T] [--artifact X.qfa [--trust-key PEM]]\n"
+    "                [-c N] [-t N] [-ctk T] [-ctv T] [--kv-rot none|hadamard]\n"
+    "                [--artifact X.qfa [--trust-key PEM] [--force-uncertified-ctx]]\n"
     "  -n N       tokens to generate (default 128; stops early at end-of-text)\n"
     "  --temp T   temperature (default 0.8; 0 = greedy)\n"
     "  --top-k K  keep the K most likely tokens (default 40; 0 = off)\n"
@@ -76,7 +77,8 @@ int qf_cmd_generate(int argc, char **argv) {
     rp.model_path = eo.model_path;
     rp.artifact_path = eo.artifact_path;
     rp.trust_key = eo.trust_key;
-    rp.cp = eo.cp; /* -c 0 / not given: the model's context */
+    rp.cp = eo.cp; /* -c 0 / not given: the model's context (an artifact's certified one) */
+    rp.force_uncertified_ctx = eo.force_uncertified_ctx;
     qf_generate_params gp = {.n_predict = n_gen,
                              .sampler = {.temp = (float)temp, .top_k = top_k, .top_p = (float)top_p, .seed = (uint64_t)seed},
                              .on_text = print_text};
@@ -84,6 +86,7 @@ int qf_cmd_generate(int argc, char **argv) {
     qf_run run;
     qf_generate_stats gs;
     if (qf_run_open(&rp, &run, &err)) return cli_fail("generate", &err);
+    cli_warn_uncertified_ctx("generate", &run);
     qf_status st = qf_generate(run.ctx, prompt, strlen(prompt), &gp, &gs, &err);
     qf_run_close(&run);
     if (st) return cli_fail("generate", &err);

@@ -11,10 +11,11 @@
  * (bits per element, mean KLD) and a verdict per method.
  *
  * Bits per element count what the cache stores per token, every per-token overhead included
- * (block scales, codes, per-vector scales): kv_bytes_per_token * 8 / (n_layer * n_head_kv *
- * head_dim * 2). Static side tables (calibrated scales, dictionaries) are reported next to it
- * (table_bytes) and amortised over one context (bits_per_element_with_tables); the frontier
- * uses bits_per_element unless tables_in_rate is set. */
+ * (block scales, codes, per-vector scales, sink and window rows amortised at n_ctx): for a plain
+ * cache kv_bytes_per_token * 8 / (n_layer * n_head_kv * head_dim * 2), for a learned payload
+ * qf_artifact_bits_per_element (what `qforge verify` reports). Static side tables (calibrated
+ * scales, dictionaries) are reported next to it (table_bytes) and amortised over one context
+ * (bits_per_element_with_tables); the frontier uses bits_per_element unless tables_in_rate. */
 #ifndef QFORGE_ANALYZE_H
 #define QFORGE_ANALYZE_H
 
@@ -73,7 +74,8 @@ typedef struct {
     double ppl, delta_ppl;               /* delta = (ppl - ref) / ref */
     double kld_mean, kld_err, kld_p99;   /* KL(ref || method), nats per scored token */
     double top1;                         /* same argmax as the reference, fraction */
-    bool passes_gate;                    /* would pass the default certification gate */
+    bool passes_gate;                    /* would pass the default certification gate (a plain
+                                            cache: the KV thresholds for its rate) */
     double seconds;                      /* learning + evaluation */
     /* filled by qf_analyze_judge */
     bool on_frontier;

@@ -37,6 +37,15 @@ QF_API qf_status qf_context_bind_payload(qf_context *c, qf_artifact_kind kind, c
  * only when the cache cannot be reallocated (QF_ERR_NOMEM; the binding then stays). */
 QF_API qf_status qf_context_unbind(qf_context *c, qf_error *err);
 
+/* Bits per KV element of a KV artifact's payload on a model with these hparams, run at context
+ * n_ctx, every per-token overhead included: codes, per-row or per-token scales, sink and window
+ * rows amortized over n_ctx. Fixed per-model tables (static scales, dictionaries) are not
+ * counted (they do not grow with the context). Each kind provides its own function (one case
+ * below per kind in artifact_bind.c); NaN for awq, a kind without one, or a payload that does
+ * not fit the model. q8_0 is 8.5 on this scale, q4_0 4.5, f16 16. */
+QF_API double qf_artifact_bits_per_element(qf_artifact_kind kind, const qf_payload *p, const qf_hparams *hp,
+                                    int n_ctx);
+
 /* Whether an artifact is bound, and which kind (kind may be NULL). */
 QF_API bool qf_context_bound(const qf_context *c, qf_artifact_kind *kind);
 

@@ -73,6 +73,9 @@ typedef enum {
     QF_KV_ROT_HADAMARD = 1
 } qf_kv_rot;
 
+/* "none", "hadamard" (case-insensitive on parse; false for anything else) */
+QF_API const char *qf_kv_rot_name(qf_kv_rot r);
+QF_API bool qf_kv_rot_from_name(const char *name, qf_kv_rot *out);
 QF_API const char *qf_kv_mode_name(qf_kv_mode m);
 QF_API bool qf_kv_mode_from_name(const char *name, qf_kv_mode *out);
 
@@ -113,7 +116,11 @@ typedef struct {
     int n_batch;     /* max tokens per qf_decode call for scratch sizing (0 = n_ctx) */
     int n_threads;   /* 0 = all cores */
     qf_kv_mode kv_k, kv_v;
-    qf_kv_rot kv_rot; /* NONE (default) or HADAMARD: see qf_kv_rot (not yet honoured by every route) */
+    qf_kv_rot kv_rot; /* NONE (default) or HADAMARD (--kv-rot): each K and V row is Walsh-Hadamard
+                         rotated before it is stored and rotated back on read; plain modes only
+                         (binding an artifact to such a context is refused), head_dim a power of
+                         two. On the GPU route only when the backend supports it: under --device
+                         auto the context falls back to the CPU, under --device cuda it is refused */
     bool reference;  /* scalar oracle kernels and no BLAS: the CPU reference path */
     qf_device device;
 } qf_context_params;

@@ -29,6 +29,10 @@ typedef struct {
     /* The context. n_ctx 0 = the model's training context (2048 when the file has none);
      * n_batch 0 (or more than n_ctx) = n_ctx; n_threads 0 = all cores. */
     qf_context_params cp;
+    /* With an artifact: n_ctx 0 = the model's context capped at the largest context the artifact
+     * is certified at; a larger n_ctx is refused (QF_ERR_ARTIFACT_NOT_CERTIFIED) unless this is
+     * set, when the run goes on with qf_run.uncertified_ctx set (say so). */
+    bool force_uncertified_ctx;
 } qf_run_params;
 
 /* qf_context_default_params() with n_ctx 0 (the model's context), no artifact. */
@@ -39,14 +43,17 @@ typedef struct {
     qf_context *ctx;      /* its params (qf_context_params_get) hold the resolved defaults */
     qf_artifact artifact; /* loaded and verified when has_artifact */
     bool has_artifact;
+    bool uncertified_ctx; /* forced above the artifact's certified context */
+    int certified_ctx;    /* the artifact's largest certified context (0: none recorded) */
 } qf_run;
 
 /* Open p->model_path, load p->artifact_path (verified against the SHA-256 of this exact model
  * file and its certificate's gate, signature required when p->trust_key is set) BEFORE
- * anything runs, create the context and bind the artifact. On failure everything is released
- * and *r is zeroed. Errors: QF_ERR_ARG (no model path, a trust key without an artifact, bad
- * context params), the model loader's (QF_ERR_IO / _FORMAT / _UNSUPPORTED), the artifact's
- * (QF_ERR_ARTIFACT_*), QF_ERR_NOMEM. */
+ * anything runs, check the context against the contexts it is certified at (see
+ * force_uncertified_ctx), create the context and bind the artifact. On failure everything is
+ * released and *r is zeroed. Errors: QF_ERR_ARG (no model path, a trust key without an artifact,
+ * bad context params), the model loader's (QF_ERR_IO / _FORMAT / _UNSUPPORTED), the artifact's
+ * (QF_ERR_ARTIFACT_*, QF_ERR_ARTIFACT_NOT_CERTIFIED for an uncertified context), QF_ERR_NOMEM. */
 QF_API qf_status qf_run_open(const qf_run_params *p, qf_run *r, qf_error *err);
 /* Release what qf_run_open made (safe on a zeroed or already closed *r). */
 QF_API void qf_run_close(qf_run *r);

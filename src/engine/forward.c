@@ -121,6 +121,7 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
         goto fail;
     }
     if (qf_kv_cache_init(&c->kv, hp, c->params.n_ctx, c->params.kv_k, c->params.kv_v, err)) goto fail;
+    if (qf_kv_cache_set_rot(&c->kv, c->params.kv_rot, err)) goto fail;
 
     size_t B = (size_t)c->n_batch, D = hp->n_embd, Dq = (size_t)hp->n_head * hp->head_dim,
            Dkv = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
@@ -174,6 +175,17 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     /* the reference path is the CPU oracle by definition */
     bool want_gpu = !c->params.reference && (c->params.device == QF_DEVICE_CUDA ||
                                               (c->params.device == QF_DEVICE_AUTO && qf_cuda_backend_available()));
+    /* a KV rotation the backend cannot run: auto stays on the CPU, an explicit cuda is refused */
+    if (want_gpu && c->params.kv_rot != QF_KV_ROT_NONE && !qf_cuda_backend_kv_rot_ok(c->params.kv_rot)) {
+        if (c->params.device == QF_DEVICE_CUDA) {
+            qf_fail(err, QF_ERR_UNSUPPORTED,
+                    "--kv-rot %s is not supported by the CUDA backend of this build: use --device cpu (or auto, "
+                    "which runs it on the CPU)",
+                    qf_kv_rot_name(c->params.kv_rot));
+            goto fail;
+        }
+        want_gpu = false;
+    }
     if (want_gpu && qf_cuda_ctx_new(c, &c->gpu, err)) goto fail;
     return c;
 oom:

@@ -41,8 +41,20 @@ qf_status qf_run_open(const qf_run_params *p, qf_run *r, qf_error *err) {
         r->has_artifact = true;
     }
     /* the one place a run's context is made: n_ctx 0 and n_batch 0 are resolved by
-     * qf_context_new and read back from the context by everyone after */
-    if (!(r->ctx = qf_context_new(r->model, &p->cp, err))) {
+     * qf_context_new and read back from the context by everyone after; an artifact caps the
+     * default at the largest context it is certified at and refuses a larger one */
+    qf_context_params cp = p->cp;
+    if (r->has_artifact) {
+        r->certified_ctx = qf_artifact_max_certified_ctx(&r->artifact);
+        if (cp.n_ctx <= 0) {
+            const qf_hparams *hp = qf_model_hparams(r->model);
+            cp.n_ctx = hp->n_ctx_train > 0 ? hp->n_ctx_train : 2048;
+            if (r->certified_ctx > 0 && r->certified_ctx < cp.n_ctx) cp.n_ctx = r->certified_ctx;
+        }
+        if ((st = qf_artifact_check_ctx(&r->artifact, cp.n_ctx, p->force_uncertified_ctx, &r->uncertified_ctx, err)))
+            goto fail;
+    }
+    if (!(r->ctx = qf_context_new(r->model, &cp, err))) {
         st = err ? err->code : QF_ERR_NOMEM;
         goto fail;
     }

@@ -285,9 +285,12 @@ static void fill_point(qf_analyze_point *pt, const qf_analyze_report *rep, const
     snprintf(pt->label, sizeof pt->label, "%s", label);
     double elems = (double)rep->n_layer * rep->n_head_kv * rep->head_dim * 2.0;
     pt->kv_bytes_per_token = r->cand_kv_bytes_per_token;
-    pt->bits_per_element = r->cand_kv_bytes_per_token * 8.0 / elems;
+    /* a learned payload's rate is the artifact's own (qf_artifact_bits_per_element, what verify
+     * reports: sink/window rows amortised at n_ctx); a plain cache's is what it stores */
+    pt->bits_per_element = isfinite(r->bits_per_element) ? r->bits_per_element
+                                                         : r->cand_kv_bytes_per_token * 8.0 / elems;
     pt->table_bytes = table_bytes;
-    pt->bits_per_element_with_tables = (r->cand_kv_bytes_per_token * rep->n_ctx + table_bytes) * 8.0 / (elems * rep->n_ctx);
+    pt->bits_per_element_with_tables = pt->bits_per_element + table_bytes * 8.0 / (elems * rep->n_ctx);
     pt->ppl = r->cand_ppl;
     pt->delta_ppl = r->delta_ppl;
     pt->kld_mean = r->kld_mean;
@@ -295,6 +298,14 @@ static void fill_point(qf_analyze_point *pt, const qf_analyze_report *rep, const
     pt->kld_p99 = r->kld_p99;
     pt->top1 = r->top1;
     pt->passes_gate = r->passed;
+    if (!isfinite(r->bits_per_element)) {
+        /* a plain cache: the KV thresholds for its rate (no baseline: it is one) */
+        qf_gate g = qf_gate_default_for(QF_ARTIFACT_KV_INT8, pt->bits_per_element);
+        g.vs_baseline = false;
+        qf_gate_numbers n = {.ref_ppl = r->ref_ppl, .cand_ppl = r->cand_ppl, .delta_ppl = r->delta_ppl,
+                             .kld_mean = r->kld_mean, .kld_p99 = r->kld_p99, .top1 = r->top1};
+        pt->passes_gate = qf_gate_judge(&g, &n, NULL, 0);
+    }
     pt->seconds = seconds;
     pt->dominated_by = -1;
 }
@@ -320,7 +331,8 @@ static qf_status learn_via_job(const qf_analyze_params *p, state *s, qf_job *j, 
     j->n_threads = p->n_threads;
     j->capture_per_layer = p->capture_per_layer;
     j->capture_device = p->capture_device;
-    j->gate.max_delta_ppl = 1e9; /* the analysis judges; the job only has to package its best */
+    memset(&j->gate, 0, sizeof j->gate); /* the analysis judges; the job only has to package its best */
+    j->gate.max_delta_ppl = 1e9;
     j->out_path = path;
     qf_job_report rep;
     qf_status st = qf_job_run(j, &rep, err);
@@ -351,7 +363,7 @@ static qf_status measure_method(const qf_analyze_params *p, state *s, int mi, qf
         double table = 0, t0 = qf_now_sec();
         qf_status st;
         if (!m->learned) {
-            snprintf(label, sizeof label, "%s", qf_kv_mode_name(m->kv));
+            snprintf(label, sizeof label, "%s", m->name); /* one rate: the label is the method */
             qf_context_params cp = *qf_context_params_get(s->ctx);
             cp.kv_k = cp.kv_v = m->kv;
             cp.kv_rot = m->rot;
@@ -496,10 +508,18 @@ static void sort_by_rate(const qf_analyze_report *rep, int *idx, int n) {
         }
 }
 
-/* "4.50 b (q4_0: KLD 1.85e-02, ΔPPL +3.78%)" */
+/* "kv-dict 256x8-f16", or just "q4_0+hadamard" when the label is the method */
+static const char *pt_name(const qf_analyze_point *pt, char *out, size_t cap) {
+    if (!strcmp(pt->method, pt->label)) snprintf(out, cap, "%s", pt->method);
+    else snprintf(out, cap, "%s %s", pt->method, pt->label);
+    return out;
+}
+
+/* "4.50 b (KLD 1.85e-02, ΔPPL +3.78%)", "8.00 b (per-head: KLD ...)" */
 static void describe(const qf_analyze_report *rep, const qf_analyze_point *pt, char *out, size_t cap) {
-    snprintf(out, cap, "%.2f b (%s: KLD %.2e, ΔPPL %+.2f%%%s)", rate_of(rep, pt), pt->label, pt->kld_mean,
-             100 * pt->delta_ppl, pt->passes_gate ? "" : ", fails the default gate");
+    bool same = !strcmp(pt->method, pt->label);
+    snprintf(out, cap, "%.2f b (%s%sKLD %.2e, ΔPPL %+.2f%%%s)", rate_of(rep, pt), same ? "" : pt->label,
+             same ? "" : ": ", pt->kld_mean, 100 * pt->delta_ppl, pt->passes_gate ? "" : ", fails the default gate");
 }
 
 static void append(char *dst, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -564,8 +584,10 @@ qf_status qf_analyze_judge(qf_analyze_report *rep, const char *const *methods, i
                 append(on, sizeof on, "%s%s", on[0] ? ", " : "", d);
             } else if (P[i].dominated_by >= 0) {
                 const qf_analyze_point *f = &P[P[i].dominated_by];
-                append(off, sizeof off, "%sat %.2f b (%s) by %s %s (%.2f b, KLD %.2e vs %.2e%s)", off[0] ? "; " : "",
-                       rate_of(rep, &P[i]), P[i].label, f->method, f->label, rate_of(rep, f), f->kld_mean,
+                char fn[80], lab[48] = "";
+                if (strcmp(P[i].method, P[i].label) != 0) snprintf(lab, sizeof lab, " (%s)", P[i].label);
+                append(off, sizeof off, "%sat %.2f b%s by %s (%.2f b, KLD %.2e vs %.2e%s)", off[0] ? "; " : "",
+                       rate_of(rep, &P[i]), lab, pt_name(f, fn, sizeof fn), rate_of(rep, f), f->kld_mean,
                        P[i].kld_mean, P[i].within_noise ? ", within noise" : "");
             } else {
                 append(off, sizeof off, "%sat %s: no finite KLD", off[0] ? "; " : "", P[i].label);
@@ -601,9 +623,10 @@ void qf_analyze_report_print(const qf_analyze_report *rep, FILE *fp) {
         const qf_analyze_point *pt = &rep->points[i];
         char fr[96] = "yes";
         if (!pt->on_frontier) {
+            char fn[80];
             if (pt->dominated_by >= 0)
-                snprintf(fr, sizeof fr, "no: %s %s%s", rep->points[pt->dominated_by].method,
-                         rep->points[pt->dominated_by].label, pt->within_noise ? " (within noise)" : "");
+                snprintf(fr, sizeof fr, "no: %s%s", pt_name(&rep->points[pt->dominated_by], fn, sizeof fn),
+                         pt->within_noise ? " (within noise)" : "");
             else
                 snprintf(fr, sizeof fr, "no");
         }
@@ -617,9 +640,8 @@ void qf_analyze_report_print(const qf_analyze_report *rep, FILE *fp) {
     fprintf(fp, "frontier (%s vs mean KLD):", rep->tables_in_rate ? "bits per element with tables" : "bits per element");
     for (int k = 0; k < rep->n_frontier; k++) {
         const qf_analyze_point *pt = &rep->points[rep->frontier[k]];
-        bool same = strncmp(pt->method, pt->label, strlen(pt->label)) == 0; /* "q8_0+hadamard" / "q8_0" */
-        fprintf(fp, "%s %s%s%s %.2f b %.2e", k ? " |" : "", pt->method, same ? "" : " ", same ? "" : pt->label,
-                rate_of(rep, pt), pt->kld_mean);
+        char fn[80];
+        fprintf(fp, "%s %s %.2f b %.2e", k ? " |" : "", pt_name(pt, fn, sizeof fn), rate_of(rep, pt), pt->kld_mean);
     }
     fputc('\n', fp);
     fprintf(fp, "verdicts:\n");

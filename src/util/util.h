@@ -19,7 +19,11 @@
  * failed: cond" to stderr and aborts. Never for input validation: bad input (files, flags, API
  * arguments a caller can get wrong) gets a qf_error and a status, not an abort. */
 #define QF_ASSERT(cond) (__builtin_expect(!!(cond), 1) ? (void)0 : qf_assert_fail(__FILE__, __LINE__, #cond))
+#ifdef __cplusplus
+[[noreturn]] void qf_assert_fail(const char *file, int line, const char *cond); /* the CUDA .cu files are C++ */
+#else
 _Noreturn void qf_assert_fail(const char *file, int line, const char *cond);
+#endif
 
 /* ---- files ---- */
 typedef struct {
