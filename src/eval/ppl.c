@@ -213,3 +213,13 @@ qf_status qf_perplexity_text(qf_context *c, const char *text, size_t len, const 
     free(ids);
     return st;
 }
+
+qf_status qf_ppl_read_text(const char *path, char **text, size_t *len, uint8_t *sha256, qf_error *err) {
+    *text = NULL;
+    *len = 0;
+    qf_status st = qf_read_file(path, text, len, err);
+    if (st) return st;
+    if (*len > 0 && (*text)[*len - 1] == '\n') (*text)[--*len] = '\0';
+    if (sha256) qf_sha256(*text, *len, sha256);
+    return QF_OK;
+}
