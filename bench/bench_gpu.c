@@ -26,10 +26,10 @@
 #include "qforge/model.h"
 #include "qforge/ppl.h"
 #include "qforge/tokenizer.h"
+#include "util/util.h"
 #ifdef QF_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
 #include "engine/engine.h"
-#include "util/util.h"
 #endif
 
 #define PEAK_FLOPS 989e12
