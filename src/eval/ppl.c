@@ -12,10 +12,8 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "engine/gpu.h"
 #include "eval/kld.h"
-#ifdef QF_HAVE_CUDA
-#include "kernels/cuda/cuda_ops.h"
-#endif
 #include "qforge/ppl.h"
 #include "util/par.h"
 #include "util/util.h"
@@ -64,11 +62,9 @@ static qf_status ppl_chunk(ppl_run *u, qf_kld_state *kl, int i, int own_idx, uin
     if (u->add_bos) u->chunk[0] = qf_tokenizer_bos(m->tok);
     const int32_t *next = u->tokens + (size_t)i * n_ctx + first + 1;
     qf_status st = QF_OK;
-#ifdef QF_HAVE_CUDA
     /* on the GPU without KL divergence the scores are computed on the device: no logits
      * cross to the host (the same log-softmax as log_softmax_tok) */
-    if (u->gpu_scores) return qf_cuda_decode_nll(c, u->chunk, n_ctx - 1, 0, first, next, nll, err);
-#endif
+    if (u->gpu_scores) return qf_decode_nll(c, u->chunk, n_ctx - 1, 0, first, next, nll, err);
     for (int j = 0; j < n_ctx && !st; j += n_batch) {
         int bs = n_ctx - j < n_batch ? n_ctx - j : n_batch;
         int from = first - j > 0 ? first - j : 0; /* first batch row that needs logits */
@@ -110,9 +106,7 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     qf_kld_state kl;
     uint8_t *rec = NULL, *all = NULL;
     qf_status st = qf_kld_begin(&kl, p, n_ctx, n_vocab, n_chunk, n_own, base, tokens, err);
-#ifdef QF_HAVE_CUDA
-    u.gpu_scores = c->gpu && !kl.reading && !kl.writing && u.n_batch >= n_ctx;
-#endif
+    u.gpu_scores = qf_context_device(c) == QF_DEVICE_CUDA && !kl.reading && !kl.writing && u.n_batch >= n_ctx;
     u.off_pos = (size_t)n_score * sizeof(double);
     u.off_rows = u.off_pos + (kl.reading ? (size_t)n_score * sizeof(qf_kld_pos) : 0);
     u.rec_bytes = u.off_rows + (kl.writing && !kl.local ? (size_t)n_score * kl.nv * sizeof(uint16_t) : 0);
