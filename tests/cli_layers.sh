@@ -48,7 +48,7 @@ is_known() { local k; for k in "${KNOWN[@]}"; do [ "$k" = "$1" ] && return 0; do
 
 # 1. src/: arrows downwards
 arrows=()
-for f in $(find src -name '*.c' -o -name '*.h' -o -name '*.cu' | sort); do
+for f in $(find src -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | sort); do
     room=${f#src/}; room=${room%%/*}
     while IFS= read -r inc; do
         room_of_include "$f" "$inc"; r=$ROOM
