@@ -43,6 +43,11 @@ typedef struct {
 int cli_artifact_ctx(const char *cmd, const cli_engine_opts *o, const qf_artifact *a, int n_ctx);
 int cli_engine_flag(int argc, char **argv, int *i, cli_engine_opts *o, char *msg, size_t cap);
 
+/* The CUDA backend's knobs from the environment (the CLI's defaults; the library never reads
+ * it): QF_CUDA_GEMM=f32, QF_CUDA_ATTN=warp, QF_CUDA_GU16=1, QF_CUDA_F16_CACHE=0,
+ * QF_CUDA_PROFILE=1. */
+void cli_cuda_env(qf_cuda_params *k);
+
 /* Print a JSON value (indented) to stdout followed by a newline, and free it. */
 void cli_print_json(json_t *j);
 

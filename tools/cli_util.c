@@ -139,3 +139,12 @@ int cli_artifact_ctx(const char *cmd, const cli_engine_opts *o, const qf_artifac
                 cmd, n_ctx, qf_artifact_max_certified_ctx(a));
     return 0;
 }
+
+void cli_cuda_env(qf_cuda_params *k) {
+    const char *v;
+    if ((v = getenv("QF_CUDA_GEMM")) && strcmp(v, "f32") == 0) k->gemm_f32 = true;
+    if ((v = getenv("QF_CUDA_ATTN")) && strcmp(v, "warp") == 0) k->attn_warp = true;
+    if ((v = getenv("QF_CUDA_GU16")) && strcmp(v, "1") == 0) k->gu16 = true;
+    if ((v = getenv("QF_CUDA_F16_CACHE")) && strcmp(v, "0") == 0) k->no_f16_cache = true;
+    if ((v = getenv("QF_CUDA_PROFILE")) && atoi(v) > 0) k->profile = true;
+}

@@ -8,7 +8,7 @@
 #include "qforge/artifact_bind.h"
 #include "qforge/model.h"
 #include "qforge/sample.h"
-#include "util/util.h"
+#include "qforge/util.h"
 
 static const char *USAGE =
     "qforge generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
@@ -27,6 +27,7 @@ static const char *USAGE =
 int qf_cmd_generate(int argc, char **argv) {
     const char *prompt = NULL, *val;
     cli_engine_opts eo = {.cp = qf_context_default_params()};
+    cli_cuda_env(&eo.cp.cuda);
     char why[256];
     int n_gen = 128;
     double temp = 0.8, top_p = 0.95;

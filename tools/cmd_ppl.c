@@ -9,7 +9,7 @@
 #include "qforge/model.h"
 #include "qforge/mpi.h"
 #include "qforge/ppl.h"
-#include "util/util.h"
+#include "qforge/util.h"
 
 static const char *USAGE =
     "qforge ppl -m MODEL -f TEXT [-c N] [-t N] [-b N] [--chunks N] [-ctk T] [-ctv T] [--kv-rot R]\n"
@@ -36,6 +36,7 @@ static const char *USAGE =
 int qf_cmd_ppl(int argc, char **argv) {
     const char *text_path = NULL, *kl_base = NULL, *val;
     cli_engine_opts eo = {.cp = qf_context_default_params()};
+    cli_cuda_env(&eo.cp.cuda);
     qf_ppl_params pp = qf_ppl_default_params();
     eo.cp.n_ctx = pp.n_ctx;
     bool json = false, kl = false, reference = false;

@@ -12,7 +12,7 @@
 #include "qforge/artifact.h"
 #include "qforge/artifact_bind.h"
 #include "qforge/model.h"
-#include "util/util.h"
+#include "qforge/util.h"
 
 #define VERIFY_USAGE "qforge verify X.qfa [-m MODEL.gguf] [--trust-key PEM] [--json]"
 

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "engine.h"
-#include "kernels/cuda/cuda_backend.h"
+#include "engine/gpu.h"
 
 /* Swap in a freshly built cache; the old one is freed only when the new one exists. */
 static qf_status rebuild(qf_context *c, const qf_kv_stream_spec spec[2], qf_error *err) {
@@ -25,7 +25,7 @@ static qf_status rebuild(qf_context *c, const qf_kv_stream_spec spec[2], qf_erro
     qf_status st = qf_kv_cache_init_spec(&fresh, &c->model->hp, c->params.n_ctx, spec, err);
     if (st) return st;
     /* a GPU context gets the same cache on the device (scales, dictionaries uploaded) */
-    if (c->gpu && (st = qf_cuda_ctx_set_kv(c->gpu, &fresh, err))) {
+    if (c->gpu && (st = qf_gpu_set_kv(c, &fresh, err))) {
         qf_kv_cache_free(&fresh);
         return st;
     }

@@ -110,7 +110,7 @@ struct qf_context {
     const qf_tap *tap;
     int n_batch;
     /* scratch activations, sized for n_batch tokens */
-    float *x, *xn, *q, *k, *v, *att, *hb, *hb2, *logits_tmp;
+    float *x, *xn, *q, *k, *v, *att, *hb, *hb2;
     /* per-thread scratch for matmul tiles and attention */
     float **thr_buf;
     size_t thr_buf_floats;

@@ -19,6 +19,18 @@
 #include "util/par.h"
 #include "util/util.h"
 
+/* The job's calibration budgets with "0 = default" (forge.h) decoded, in this one place:
+ * calib_tokens = tokens captured (0 = all), per_layer = K (and V) vectors kept per layer. */
+typedef struct {
+    int64_t calib_tokens, per_layer;
+} job_budget;
+static job_budget job_budgets(const qf_job *j) {
+    job_budget b = {.calib_tokens = j->max_calib_tokens == 0 ? QF_JOB_DEFAULT_BUDGET
+                                    : j->max_calib_tokens < 0 ? 0 : j->max_calib_tokens,
+                    .per_layer = j->capture_per_layer > 0 ? j->capture_per_layer : QF_JOB_DEFAULT_BUDGET};
+    return b;
+}
+
 void qf_job_default(qf_job *j) {
     memset(j, 0, sizeof *j);
     j->kind = QF_ARTIFACT_KV_INT8;
@@ -135,14 +147,14 @@ static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, q
     int32_t *ids = NULL;
     qf_status st = qf_tokenize(tok, ctext, clen, qf_tokenizer_add_bos(tok), false, &ids, &n, err);
     if (st) return as_stage(err, st, QF_ERR_CAPTURE_FAILED, "capture: tokenizing the calibration text");
-    qf_capture_params cp = {.max_per_layer = j->capture_per_layer > 0 ? j->capture_per_layer : 16384,
+    qf_capture_params cp = {.max_per_layer = job_budgets(j).per_layer,
                             .activations = false, .seed = j->seed};
     s->cap = qf_capture_new(qf_model_hparams(s->model), &cp, err);
     if (!s->cap) {
         free(ids);
         return as_stage(err, err ? err->code : QF_ERR_NOMEM, QF_ERR_CAPTURE_FAILED, "capture");
     }
-    int64_t max_tok = j->max_calib_tokens == 0 ? 16384 : j->max_calib_tokens < 0 ? 0 : j->max_calib_tokens;
+    int64_t max_tok = job_budgets(j).calib_tokens;
     /* the GPU read-back route when asked for or found; the CPU context otherwise */
     qf_context *gpu = NULL;
     if (j->capture_device == QF_DEVICE_CUDA || (j->capture_device == QF_DEVICE_AUTO && qf_cuda_available())) {
@@ -473,7 +485,7 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
     if (!st) st = qf_payload_add_float(cf, "kv_bytes_per_token", r->cand_kv_bytes_per_token, err);
     if (!st) st = qf_payload_add_int(cf, "mpi_ranks", qf_mpi_size(), err); /* docs/mpi.md */
     if (!st) st = qf_payload_add_float(cf, "f16_kv_bytes_per_token", rep->f16_kv_bytes_per_token, err);
-    if (!st) st = qf_payload_add_int(cf, "capture_per_layer", j->capture_per_layer > 0 ? j->capture_per_layer : 16384, err);
+    if (!st) st = qf_payload_add_int(cf, "capture_per_layer", job_budgets(j).per_layer, err);
     if (!st) st = qf_payload_add_int(cf, "seed", (int64_t)j->seed, err);
     if (!st) st = qf_payload_add_string(cf, "corpus_inputs", inputs, err);
     if (!st) st = qf_payload_add_string(cf, "eval_text_sha256", hex, err);
@@ -527,7 +539,7 @@ static qf_status run_awq(const qf_job *j, shared *s, qf_job_report *rep, qf_erro
     if (st) return as_stage(err, st, QF_ERR_CAPTURE_FAILED, "capture: tokenizing the calibration text");
     qf_awq_params ap = qf_awq_default_params();
     ap.n_ctx = s->n_ctx;
-    ap.max_tokens = j->max_calib_tokens == 0 ? 16384 : j->max_calib_tokens < 0 ? 0 : j->max_calib_tokens;
+    ap.max_tokens = job_budgets(j).calib_tokens;
     ap.n_threads = qf_context_params_get(s->ctx)->n_threads;
     ap.progress = j->progress;
     ap.seed = j->seed;
