@@ -186,8 +186,11 @@ static qf_status stage_reference(const qf_job *j, shared *s, qf_error *err) {
     qf_certify_params p = {.n_ctx = s->n_ctx, .n_chunks = s->eval_chunks, .progress = j->progress};
     qf_status st = qf_certify_reference(s->ctx, etext, elen, &p, &s->ref, err);
     if (st) return st;
-    stage(j, "[4/5 certify] reference (kv %s): PPL %.4f over %d chunks of %d evaluation tokens",
-          qf_kv_mode_name(j->ref_kv), qf_certify_ref_ppl(s->ref), s->eval_chunks, s->n_ctx);
+    char chunks[24];
+    if (s->eval_chunks > 0) snprintf(chunks, sizeof chunks, "%d", s->eval_chunks);
+    else snprintf(chunks, sizeof chunks, "all");
+    stage(j, "[4/5 certify] reference (kv %s): PPL %.4f over %s chunks of %d evaluation tokens",
+          qf_kv_mode_name(j->ref_kv), qf_certify_ref_ppl(s->ref), chunks, s->n_ctx);
     return QF_OK;
 }
 
