@@ -935,3 +935,24 @@ done:
     shared_free(&s);
     return st;
 }
+
+/* ---- one learner, for qforge analyze ---- */
+
+qf_status qf_job_learn(const qf_job *j, qf_context *ctx, const qf_capture *cap, int variant, qf_payload *out,
+                       char *label, size_t label_cap, qf_error *err) {
+    /* the learners read only the capture and the context's thread count from the shared state */
+    shared s = {0};
+    s.ctx = ctx;
+    s.cap = (qf_capture *)cap;
+    if (j->kind == QF_ARTIFACT_KV_INT8) {
+        if (variant < 0 || variant > 1) return qf_fail(err, QF_ERR_ARG, "learn: kv-int8 has variants 0 and 1");
+        set_variant(label, label_cap, "%s", variant == 0 ? "per-channel" : "per-head");
+        return learn_int8(j, &s, variant == 0 ? QF_KV_SCALE_PER_CHANNEL : QF_KV_SCALE_PER_HEAD, out, err);
+    }
+    if (j->kind == QF_ARTIFACT_KV_DICT) {
+        set_variant(label, label_cap, "%dx%d-%s", j->dict_atoms, j->dict_sparsity, qf_kv_coef_name(j->dict_coef));
+        return learn_dict(j, &s, j->dict_atoms, j->dict_sparsity, out, err);
+    }
+    return qf_fail(err, QF_ERR_NOT_IMPLEMENTED, "learn: no KV learner for artifact kind %s",
+                   qf_artifact_kind_name(j->kind));
+}
