@@ -267,7 +267,7 @@ typedef struct {
  * per-channel + V per-token 23x q8_0's KLD), the rotated per-token layout beats it at 8.0 bits;
  * the original per-channel layout stays as the second candidate, for the record */
 static const int8_candidate int8_candidates[] = {
-    {"token-rot", {"token-rot", "token-rot"}, QF_KV_SCALE_PER_CHANNEL},
+    {"token-rot", {"token-rot", "token-rot"}, QF_KV_SCALE_PER_HEAD}, /* placeholder scales: [L, H] of 1 */
     {"per-channel", {"static", "static"}, QF_KV_SCALE_PER_CHANNEL},
 };
 #define N_INT8_CANDIDATES ((int)(sizeof int8_candidates / sizeof int8_candidates[0]))
@@ -946,7 +946,7 @@ qf_status qf_job_learn(const qf_job *j, qf_context *ctx, const qf_capture *cap, 
     s.cap = (qf_capture *)cap;
     if (j->kind == QF_ARTIFACT_KV_INT8) {
         if (variant < 0 || variant >= N_INT8_CANDIDATES)
-            return qf_fail(err, QF_ERR_ARG, "learn: kv-int8 has variants 0..%d", N_INT8_CANDIDATES - 1);
+            return qf_fail(err, QF_ERR_ARG, "learn: kv-int8 has variants 0 to %d", N_INT8_CANDIDATES - 1);
         set_variant(label, label_cap, "%s", int8_candidates[variant].name);
         return learn_int8(j, &s, &int8_candidates[variant], out, err);
     }
