@@ -575,7 +575,8 @@ static char *read_text(const char *path, size_t *len) {
     return s;
 }
 
-static qf_kv_rot ppl_rot; /* the rotation ppl_of_art's contexts run with */
+static qf_kv_rot ppl_rot;  /* the rotation ppl_of_art's contexts run with */
+static bool ppl_gemm_f32;  /* and the f32 GEMM route (qf_cuda_params.gemm_f32) */
 
 static double ppl_of_art(qf_model *m, qf_device dev, qf_kv_mode kv, const qf_artifact *art, const char *text, size_t len,
                          double *tps) {
@@ -583,6 +584,7 @@ static double ppl_of_art(qf_model *m, qf_device dev, qf_kv_mode kv, const qf_art
     p.n_ctx = 512;
     p.kv_k = p.kv_v = kv;
     p.kv_rot = ppl_rot;
+    p.cuda.gemm_f32 = ppl_gemm_f32;
     p.device = dev;
     qf_error err = {0};
     qf_context *c = qf_context_new(m, &p, &err);
@@ -638,8 +640,12 @@ TEST(e2e_perplexity) {
     free(text);
 }
 
-/* --kv-rot hadamard, q8_0 / q4_0 caches: GPU PPL within 0.1% of the CPU with the same rotation.
- * SKIPs while the CPU cache does not rotate yet (its PPL identical to the unrotated one). */
+/* --kv-rot hadamard, q8_0 / q4_0 caches: GPU PPL within 0.1% of the CPU with the same rotation,
+ * measured with every GEMM in f32 (QF_CUDA_GEMM=f32), which isolates the rotation itself. The
+ * default route (f16 GEMM inputs) is bounded at 0.5%: with q4_0 K and V, its input rounding
+ * moves whole quantization steps in later layers (qforge-demo-11m-f16: 2.3e-3 with the default
+ * route, 1.7e-4 with f32 GEMMs, 2.6e-4 with -b 8, i.e. the decode route; K alone or V alone in
+ * q4_0: 2.2e-4 / 1.5e-4; H200, see docs/gpu.md). SKIPs while the CPU cache does not rotate. */
 TEST(e2e_kv_rot) {
     NEED_GPU();
     const char *cp = test_data("corpora/kerneldoc-demo/docs.txt");
@@ -664,16 +670,21 @@ TEST(e2e_kv_rot) {
             ppl_rot = QF_KV_ROT_HADAMARD;
             double pc = ppl_of(m, QF_DEVICE_CPU, kvs[k], text, len, &tc);
             double pg = ppl_of(m, QF_DEVICE_CUDA, kvs[k], text, len, &tg);
+            ppl_gemm_f32 = true;
+            double pg32 = ppl_of(m, QF_DEVICE_CUDA, kvs[k], text, len, &t0);
+            ppl_gemm_f32 = false;
             ppl_rot = QF_KV_ROT_NONE;
-            double rel = fabs(pg / pc - 1);
+            double rel = fabs(pg / pc - 1), rel32 = fabs(pg32 / pc - 1);
             printf("  PPL %-28s kv %-4s: no rotation CPU %.4f GPU %.4f; --kv-rot hadamard CPU %.4f, GPU %.4f (%.0f tok/s), "
-                   "rel diff %.2e\n",
-                   models[i] + 7, qf_kv_mode_name(kvs[k]), p0, g0, pc, pg, tg, rel);
+                   "rel diff %.2e; GPU with f32 GEMMs %.4f, rel diff %.2e\n",
+                   models[i] + 7, qf_kv_mode_name(kvs[k]), p0, g0, pc, pg, tg, rel, pg32, rel32);
             if (pc == p0) {
                 cpu_rotates = false;
                 break;
             }
-            CHECK_MSG(rel < 1e-3, "PPL %s kv %s rot: CPU %f vs GPU %f", models[i], qf_kv_mode_name(kvs[k]), pc, pg);
+            CHECK_MSG(rel32 < 1e-3, "PPL %s kv %s rot, f32 GEMMs: CPU %f vs GPU %f", models[i], qf_kv_mode_name(kvs[k]), pc,
+                      pg32);
+            CHECK_MSG(rel < 5e-3, "PPL %s kv %s rot: CPU %f vs GPU %f", models[i], qf_kv_mode_name(kvs[k]), pc, pg);
         }
         qf_model_free(m);
     }

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -29,8 +30,9 @@ static int try_open(const char *path) {
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *e = dlerror();
-        /* keep the first informative reason: a plugin that exists but fails to load matters more */
-        if (strstr(why_not, "not found") || strstr(why_not, "not loaded"))
+        /* a plugin that exists but fails to load (missing cudart, say) is the reason to report;
+         * a path where there is none is not */
+        if ((!strchr(path, '/') || access(path, F_OK) == 0) && !strstr(why_not, "cannot"))
             snprintf(why_not, sizeof why_not, "%s", e ? e : path);
         return 0;
     }
