@@ -25,6 +25,7 @@ assert abs(by[("q8_0", "q8_0")]["bits_per_element"] - 8.5) < 1e-9
 assert abs(by[("q4_0", "q4_0")]["bits_per_element"] - 4.5) < 1e-9
 assert abs(by[("kv-int8", "per-channel")]["bits_per_element"] - 8) < 1e-9
 assert by[("kv-int8", "per-channel")]["bits_per_element_with_tables"] > 8
+assert abs(by[("kv-int8", "token-rot")]["bits_per_element"] - 8) < 1e-9  # every layout calibrate tries
 assert abs(by[("kv-dict", "32x2-f16")]["bits_per_element"] - (2 * 1 + 2 * 2) * 8 / 64) < 1e-9  # stored: u8 indices, f16 coefficients
 for p in pts:
     assert p["kld_mean"] > -1e-5 and 0 <= p["top1"] <= 1, p  # KLD against 16-bit quantized base log-probs: noise can dip below 0

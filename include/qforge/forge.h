@@ -211,12 +211,15 @@ QF_API qf_status qf_sweep_run(const qf_job *j, const qf_dict_config *cfgs, int n
 
 /* ================================ one learner ================================ */
 
+/* How many candidates qf_job_run tries for a kind (qf_job_learn's variants): kv-int8 its
+ * layouts (token-rot, per-channel), kv-dict 1, other kinds 0. */
+QF_API int qf_job_learn_variants(qf_artifact_kind kind);
+
 /* Learn one KV candidate payload of kind j->kind from a capture of the calibration split,
- * with exactly the learner qf_job_run certifies (kv-int8: variant 0 = token-rot, rotated rows
- * with a per-row scale carried in the codes, 1 = static per-channel scales with
- * j->int8_percentile; kv-dict: j->dict_atoms x j->dict_sparsity,
+ * with exactly the learner qf_job_run certifies (kv-int8: variant i = its i-th candidate layout,
+ * with j->int8_percentile; kv-dict: j->dict_atoms x j->dict_sparsity,
  * j->dict_iters, j->dict_coef, j->dict_max_train, j->seed). ctx supplies the thread count.
- * `label` receives the variant's name ("token-rot", "per-channel", "256x8-f16"). *out must be empty.
+ * `label` receives the variant's name ("token-rot", "256x8-f16"). *out must be empty.
  * Errors: the learner's (QF_ERR_CAPTURE_FAILED when too few vectors were captured),
  * QF_ERR_NOT_IMPLEMENTED for a kind with no KV learner. For `qforge analyze`. */
 QF_API qf_status qf_job_learn(const qf_job *j, qf_context *ctx, const qf_capture *cap, int variant,

@@ -44,7 +44,7 @@ typedef struct {
 
 static int int8_rates(const qf_analyze_params *p) {
     (void)p;
-    return 2; /* token-rot and static per-channel scales (pipeline.c int8_candidates) */
+    return qf_job_learn_variants(QF_ARTIFACT_KV_INT8); /* every layout calibrate tries */
 }
 static void int8_rate(const qf_analyze_params *p, int i, qf_job *j, int *variant) {
     (void)p, (void)j;

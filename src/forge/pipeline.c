@@ -938,6 +938,10 @@ done:
 
 /* ---- one learner, for qforge analyze ---- */
 
+int qf_job_learn_variants(qf_artifact_kind kind) {
+    return kind == QF_ARTIFACT_KV_INT8 ? N_INT8_CANDIDATES : kind == QF_ARTIFACT_KV_DICT ? 1 : 0;
+}
+
 qf_status qf_job_learn(const qf_job *j, qf_context *ctx, const qf_capture *cap, int variant, qf_payload *out,
                        char *label, size_t label_cap, qf_error *err) {
     /* the learners read only the capture and the context's thread count from the shared state */
@@ -946,7 +950,7 @@ qf_status qf_job_learn(const qf_job *j, qf_context *ctx, const qf_capture *cap, 
     s.cap = (qf_capture *)cap;
     if (j->kind == QF_ARTIFACT_KV_INT8) {
         if (variant < 0 || variant >= N_INT8_CANDIDATES)
-            return qf_fail(err, QF_ERR_ARG, "learn: kv-int8 has variants 0 to %d", N_INT8_CANDIDATES - 1);
+            return qf_fail(err, QF_ERR_ARG, "learn: kv-int8 has variants 0 .. %d", N_INT8_CANDIDATES - 1);
         set_variant(label, label_cap, "%s", int8_candidates[variant].name);
         return learn_int8(j, &s, &int8_candidates[variant], out, err);
     }
