@@ -945,9 +945,10 @@ qf_status qf_job_learn(const qf_job *j, qf_context *ctx, const qf_capture *cap, 
     s.ctx = ctx;
     s.cap = (qf_capture *)cap;
     if (j->kind == QF_ARTIFACT_KV_INT8) {
-        if (variant < 0 || variant > 1) return qf_fail(err, QF_ERR_ARG, "learn: kv-int8 has variants 0 and 1");
-        set_variant(label, label_cap, "%s", variant == 0 ? "per-channel" : "per-head");
-        return learn_int8(j, &s, variant == 0 ? QF_KV_SCALE_PER_CHANNEL : QF_KV_SCALE_PER_HEAD, out, err);
+        if (variant < 0 || variant >= N_INT8_CANDIDATES)
+            return qf_fail(err, QF_ERR_ARG, "learn: kv-int8 has variants 0 to %d", N_INT8_CANDIDATES - 1);
+        set_variant(label, label_cap, "%s", int8_candidates[variant].name);
+        return learn_int8(j, &s, &int8_candidates[variant], out, err);
     }
     if (j->kind == QF_ARTIFACT_KV_DICT) {
         set_variant(label, label_cap, "%dx%d-%s", j->dict_atoms, j->dict_sparsity, qf_kv_coef_name(j->dict_coef));
