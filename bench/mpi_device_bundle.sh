@@ -5,7 +5,7 @@
 # openmpi-bin, libopenmpi3, openmpi-common, libpmix2, paths kept, to be used with OPAL_PREFIX)
 # and every shared library those need except glibc, libstdc++/libgcc and CUDA's. Components for
 # fabrics a single host does not use (ucx, ofi, psm, verbs) are left out.
-# On the target: tar xJf OUT.tar.xz -C B; then
+# On the target: tar xJf OUT.tar.xz -C B; then export QF_CUDA_PLUGIN=B/bin/libqforge-cuda.so and
 #   export OPAL_PREFIX=B/ompi/usr PATH=B/ompi/usr/bin:$PATH
 #   export LD_LIBRARY_PATH=B/lib:B/ompi/usr/lib/x86_64-linux-gnu:B/ompi/usr/lib/x86_64-linux-gnu/openmpi/lib
 set -euo pipefail
@@ -15,6 +15,7 @@ st=$(mktemp -d)
 trap 'rm -rf "$st"' EXIT
 mkdir -p "$st/bin" "$st/lib" "$st/ompi"
 cp build/qforge build/bench/gen_model_shapes "$st/bin/"
+[ -f build/libqforge-cuda.so ] && cp build/libqforge-cuda.so "$st/bin/" # the GPU plugin: QF_CUDA_PLUGIN=B/bin/libqforge-cuda.so
 strip "$st/bin/"*
 for p in openmpi-bin libopenmpi3 openmpi-common libpmix2; do
     dpkg -L "$p" | while read -r f; do
@@ -33,5 +34,5 @@ done | sort -u | while read -r name path; do
     [ -e "$st/ompi$path" ] && continue
     cp -L "$path" "$st/lib/$name"
 done
-tar cJf "$out" -C "$st" .
+tar cf - -C "$st" . | xz -1 -T2 >"$out"
 du -h "$out"

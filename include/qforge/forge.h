@@ -216,8 +216,8 @@ QF_API qf_status qf_sweep_run(const qf_job *j, const qf_dict_config *cfgs, int n
 QF_API int qf_job_learn_variants(qf_artifact_kind kind);
 
 /* Learn one KV candidate payload of kind j->kind from a capture of the calibration split,
- * with exactly the learner qf_job_run certifies (kv-int8: variant i = its i-th candidate layout,
- * with j->int8_percentile; kv-dict: j->dict_atoms x j->dict_sparsity,
+ * with exactly the learner qf_job_run certifies (kv-int8: variant i = qf_job_run's i-th
+ * candidate, 0 = token-rot, 1 = per-channel, with j->int8_percentile; kv-dict: j->dict_atoms x j->dict_sparsity,
  * j->dict_iters, j->dict_coef, j->dict_max_train, j->seed). ctx supplies the thread count.
  * `label` receives the variant's name ("token-rot", "256x8-f16"). *out must be empty.
  * Errors: the learner's (QF_ERR_CAPTURE_FAILED when too few vectors were captured),

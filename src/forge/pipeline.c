@@ -950,7 +950,7 @@ qf_status qf_job_learn(const qf_job *j, qf_context *ctx, const qf_capture *cap, 
     s.cap = (qf_capture *)cap;
     if (j->kind == QF_ARTIFACT_KV_INT8) {
         if (variant < 0 || variant >= N_INT8_CANDIDATES)
-            return qf_fail(err, QF_ERR_ARG, "learn: kv-int8 has variants 0 .. %d", N_INT8_CANDIDATES - 1);
+            return qf_fail(err, QF_ERR_ARG, "learn: kv-int8 has variants 0 to %d", N_INT8_CANDIDATES - 1);
         set_variant(label, label_cap, "%s", int8_candidates[variant].name);
         return learn_int8(j, &s, &int8_candidates[variant], out, err);
     }
