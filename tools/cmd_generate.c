@@ -19,7 +19,7 @@ static const char *USAGE =
     "  --top-p P  nucleus sampling mass (default 0.95; 1 = off)\n"
     "  --seed S   random seed (default 42)\n"
     "  --device D cpu, cuda or auto (default auto: the GPU when one answers)\n"
-    "  --artifact X   run a certified kv-int8 / kv-dict artifact in the KV cache (refused unless\n"
+    "  --artifact X   run a certified kv-int8 / kv-dict / kv-rq artifact in the KV cache (refused unless\n"
     "                 certified for this exact model file)\n"
     "  --trust-key K  require the artifact to be signed by this Ed25519 key (PEM)";
 
@@ -94,6 +94,12 @@ int qf_cmd_generate(int argc, char **argv) {
     if (cp.n_ctx <= 0) cp.n_ctx = qf_model_hparams(m)->n_ctx_train > 0 ? qf_model_hparams(m)->n_ctx_train : 2048;
     if ((int)n_prompt >= cp.n_ctx) {
         qf_fail(&err, QF_ERR_ARG, "the prompt has %zu tokens, more than the context size %d", n_prompt, cp.n_ctx);
+        goto fail;
+    }
+    if (artifact_path && art.cert.kind == QF_ARTIFACT_KV_RQ && cp.device == QF_DEVICE_AUTO)
+        cp.device = QF_DEVICE_CPU; /* kv-rq runs on the CPU only: auto picks it (cuda is refused at bind) */
+    if (artifact_path && art.cert.kind == QF_ARTIFACT_KV_RQ && cp.device == QF_DEVICE_CUDA) {
+        qf_fail(&err, QF_ERR_UNSUPPORTED, "kv-rq runs on the CPU only in this build (use --device cpu or auto)");
         goto fail;
     }
     if (!(c = qf_context_new(m, &cp, &err))) goto fail;

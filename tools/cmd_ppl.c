@@ -23,7 +23,7 @@ static const char *USAGE =
     "  --kl-divergence            compare against --kl-divergence-base FILE\n"
     "  --reference   use the scalar CPU reference path (slow; the oracle)\n"
     "  --device D    cpu, cuda or auto (default auto: the GPU when one answers)\n"
-    "  --artifact X  run a certified kv-int8 / kv-dict artifact (.qfa) in the KV cache; it must be\n"
+    "  --artifact X  run a certified kv-int8 / kv-dict / kv-rq artifact (.qfa) in the KV cache; it must be\n"
     "                certified for this exact model file (refused otherwise, with its exit code)\n"
     "  --trust-key K require the artifact to be signed by this Ed25519 key (PEM)\n"
     "  --json        print the result as JSON";
@@ -104,6 +104,15 @@ int qf_cmd_ppl(int argc, char **argv) {
     }
     cp.n_ctx = pp.n_ctx;
     cp.n_batch = n_batch > 0 && n_batch < pp.n_ctx ? n_batch : pp.n_ctx;
+    if (have_art && art.cert.kind == QF_ARTIFACT_KV_RQ && cp.device == QF_DEVICE_AUTO)
+        cp.device = QF_DEVICE_CPU; /* kv-rq runs on the CPU only: auto picks it (cuda is refused at bind) */
+    if (have_art && art.cert.kind == QF_ARTIFACT_KV_RQ && cp.device == QF_DEVICE_CUDA) {
+        qf_fail(&err, QF_ERR_UNSUPPORTED, "kv-rq runs on the CPU only in this build (use --device cpu or auto)");
+        qf_artifact_free(&art);
+        free(text);
+        qf_model_free(m);
+        return cli_fail("ppl", &err);
+    }
     qf_context *c = qf_context_new(m, &cp, &err);
     if (c && have_art && qf_context_bind_artifact(c, &art, &err)) {
         qf_context_free(c);
