@@ -19,8 +19,8 @@ static float gauss(uint64_t *s) {
 }
 
 TEST(pack_unpack_bit_by_bit) {
-    for (int bits = 2; bits <= 4; bits++) {
-        uint8_t codes[64], back[64], packed[32];
+    for (int bits = 2; bits <= 6; bits++) {
+        uint8_t codes[64], back[64], packed[64];
         uint64_t s = 7 + bits;
         for (int i = 0; i < 64; i++) codes[i] = (uint8_t)(qf_xorshift64s(&s) % (1u << bits));
         qf_kv_rq_pack(codes, 64, bits, packed);
@@ -40,7 +40,8 @@ TEST(row_sizes) {
     CHECK_EQ_INT(qf_kv_rq_row_bytes(64, 4), 34);
     CHECK_EQ_INT(qf_kv_rq_row_bytes(128, 3), 50);
     CHECK_EQ_INT(qf_kv_rq_row_bytes(64, QF_KV_RQ_BITS_F16), 128);
-    CHECK_EQ_INT(qf_kv_rq_row_bytes(64, 5), 0);
+    CHECK_EQ_INT(qf_kv_rq_row_bytes(64, 5), 42);
+    CHECK_EQ_INT(qf_kv_rq_row_bytes(64, 7), 0);
     CHECK_EQ_INT(qf_kv_rq_row_bytes(48, 3), 0);
     CHECK_EQ_INT(qf_kv_rq_row_bytes(4, 2), 0);
 }
@@ -91,7 +92,7 @@ TEST(encode_decode_matches_oracle_and_fit) {
     }
     double want[3] = {0.1175, 0.03454, 0.009497}; /* Lloyd-Max MSE of a unit Gaussian */
     for (int bits = 2; bits <= 4; bits++) {
-        float lv[16];
+        float lv[64];
         qf_error e = {0};
         float *tmp = malloc(sizeof(float) * (size_t)n * hd);
         memcpy(tmp, u, sizeof(float) * (size_t)n * hd);
@@ -131,17 +132,17 @@ TEST(encode_decode_matches_oracle_and_fit) {
 }
 
 TEST(lloyd_rejects_bad_input) {
-    float v[4] = {1, 2, NAN, 3}, lv[16];
+    float v[4] = {1, 2, NAN, 3}, lv[64];
     qf_error e = {0};
     CHECK_EQ_INT(qf_kv_rq_lloyd(v, 4, 2, 10, lv, &e), QF_ERR_ARG);
     CHECK_EQ_INT(qf_kv_rq_lloyd(v, 2, 4, 10, lv, &e), QF_ERR_ARG);
-    CHECK_EQ_INT(qf_kv_rq_lloyd(v, 4, 32, 10, lv, &e), QF_ERR_ARG);
+    CHECK_EQ_INT(qf_kv_rq_lloyd(v, 4, 128, 10, lv, &e), QF_ERR_ARG);
 }
 
 /* an rq stream spec with Gaussian Lloyd-Max levels, no centring or smoothing */
 typedef struct {
     int bits[8];
-    float levels[8 * 4 * 16], mean[8 * 4 * 128], cs[8 * 4 * 128];
+    float levels[8 * 4 * 64], mean[8 * 4 * 128], cs[8 * 4 * 128];
 } rq_spec_data;
 
 static void rq_spec(rq_spec_data *d, int L, int H, int hd, const int *bits) {
@@ -150,8 +151,8 @@ static void rq_spec(rq_spec_data *d, int L, int H, int hd, const int *bits) {
     for (int l = 0; l < L; l++) {
         d->bits[l] = bits[l];
         for (int h = 0; h < H; h++)
-            for (int k = 0; k < 16; k++)
-                d->levels[(l * H + h) * 16 + k] = k < 4 && bits[l] == 2 ? g2[k] : k < 8 ? g3[k] : (float)k;
+            for (int k = 0; k < 64; k++)
+                d->levels[(l * H + h) * 64 + k] = k < 4 && bits[l] == 2 ? g2[k] : k < 8 ? g3[k] : (float)k;
     }
     for (int i = 0; i < L * H * hd; i++) d->mean[i] = 0, d->cs[i] = 1;
 }
@@ -194,7 +195,7 @@ TEST(rq_cache_mode_roundtrip_and_refusals) {
     d.bits[1] = 5;
     CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, 16, spec, &e), QF_ERR_ARG);
     d.bits[1] = 2;
-    d.levels[16 + 1] = d.levels[16]; /* layer 0 head 1 not ascending */
+    d.levels[64 + 1] = d.levels[64]; /* layer 0 head 1 not ascending */
     CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, 16, spec, &e), QF_ERR_ARG);
     rq_spec(&d, 2, 2, 64, b32);
     d.cs[7] = 0;

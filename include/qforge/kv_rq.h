@@ -10,8 +10,8 @@
  *
  * Payload ("kv-rq" artifacts; L layers, H kv heads, D head_dim):
  *   "format" int 1, "rotation" string "hadamard", "n_sink" int, "n_window" int,
- *   "k_bits", "v_bits"      u8  [L]           2, 3, 4 (16 = kept as f16)
- *   "k_levels", "v_levels"  f32 [L, H, 16]    ascending, first 2^bits used
+ *   "k_bits", "v_bits"      u8  [L]           2..6 (16 = kept as f16)
+ *   "k_levels", "v_levels"  f32 [L, H, 64]    ascending, first 2^bits used
  *   "k_mean", "v_mean"      f32 [L, H, D]
  *   "k_cs", "v_cs"          f32 [L, H, D]     signed channel scales, finite and nonzero */
 #ifndef QFORGE_KV_RQ_H
@@ -24,7 +24,7 @@
 #include "qforge/kvlearn.h"
 
 #define QF_KV_RQ_FORMAT 1
-#define QF_KV_RQ_N_WIDTHS 3 /* 2, 3 and 4 bits */
+#define QF_KV_RQ_N_WIDTHS 5 /* 2, 3, 4, 5 and 6 bits */
 
 typedef struct {
     double k_alpha;    /* K channel smoothing: cs_c = rms_c^alpha (geometric mean 1); 0 = off */
@@ -36,12 +36,12 @@ typedef struct {
 
 void qf_kv_rq_learn_params_default(qf_kv_rq_learn_params *p);
 
-/* Everything learned for one model: [stream][layer][head] blocks, codebooks for 2, 3, 4 bits,
+/* Everything learned for one model: [stream][layer][head] blocks, codebooks for 2..6 bits,
  * and per (stream, layer, width) the relative reconstruction MSE on the fitting rows. */
 typedef struct {
     int n_layer, n_kv_head, head_dim;
     float *mean[2], *cs[2];                   /* [L][H][D] */
-    float *levels[2][QF_KV_RQ_N_WIDTHS];      /* [L][H][16] */
+    float *levels[2][QF_KV_RQ_N_WIDTHS];      /* [L][H][64] */
     double *rel_mse[2];                       /* [L][QF_KV_RQ_N_WIDTHS] */
 } qf_kv_rq_fit;
 
@@ -50,7 +50,7 @@ qf_status qf_kv_rq_learn(const qf_kv_capture_view *v, const qf_kv_rq_learn_param
                          qf_error *err);
 void qf_kv_rq_fit_free(qf_kv_rq_fit *f);
 
-/* The artifact payload for a bit allocation (bits[s][l] in 2, 3, 4 or 16) and sink/window. */
+/* The artifact payload for a bit allocation (bits[s][l] in 2..6 or 16) and sink/window. */
 qf_status qf_kv_rq_payload(const qf_kv_rq_fit *f, const int *const bits[2], int n_sink, int n_window, qf_payload *pl,
                            qf_error *err);
 

@@ -77,7 +77,7 @@ static qf_status bind_rq(qf_context *c, const qf_payload *p, qf_error *err) {
                 e->shape[2] != last)
                 st = qf_fail(err, QF_ERR_ARTIFACT_CORRUPT,
                              "kv-rq payload: '%s': expected f32 [%lld, %lld, %lld] (n_layer, n_head_kv, %s of this model)",
-                             name, (long long)L, (long long)H, (long long)last, a == 0 ? "16 levels" : "head_dim");
+                             name, (long long)L, (long long)H, (long long)last, a == 0 ? "64 levels" : "head_dim");
             else arr[s][a] = e->f32;
         }
     }

@@ -44,7 +44,7 @@ typedef struct {
 /* QF_KV_RQ storage of one stream: layer l's rows are qf_kv_rq_row_bytes(head_dim, bits[l])
  * bytes (format/kv_rq_row.h); writes encode, reads decode. */
 struct qf_kv_rq_bind {
-    int *bits;          /* [n_layer]: 2, 3, 4 or QF_KV_RQ_BITS_F16 */
+    int *bits;          /* [n_layer]: 2..6 or QF_KV_RQ_BITS_F16 */
     size_t *row_bytes;  /* [n_layer] */
     float *levels;      /* [n_layer][n_head_kv][QF_KV_RQ_MAX_LEVELS] (first 2^bits used) */
     float *mean, *cs, *inv_cs; /* [n_layer][n_head_kv][head_dim] */
@@ -70,7 +70,7 @@ typedef struct {
     int n_atoms, sparsity;     /* DICT */
     qf_kv_coef coef;           /* DICT */
     const float *const *atoms; /* DICT: atoms[layer] = [n_atoms][head_dim], unit norm */
-    const int *rq_bits;        /* RQ: [n_layer], each 2, 3, 4 or QF_KV_RQ_BITS_F16 */
+    const int *rq_bits;        /* RQ: [n_layer], each 2..6 or QF_KV_RQ_BITS_F16 */
     const float *rq_levels;    /* RQ: [n_layer][n_head_kv][QF_KV_RQ_MAX_LEVELS], first 2^bits ascending */
     const float *rq_mean, *rq_cs; /* RQ: [n_layer][n_head_kv][head_dim]; cs finite and nonzero */
 } qf_kv_stream_spec;

@@ -135,7 +135,7 @@ static qf_status rq_bind_new(const qf_kv_stream_spec *sp, const qf_hparams *hp, 
     for (int l = 0; l < L && !st; l++) {
         int b = sp->rq_bits[l];
         if (!qf_kv_rq_bits_ok(b)) {
-            st = qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): layer %d has %d bits (expected 2, 3, 4 or 16)", sname, l, b);
+            st = qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): layer %d has %d bits (expected 2..6 or 16)", sname, l, b);
             break;
         }
         r->bits[l] = b;

@@ -38,7 +38,7 @@ void qf_kv_rq_encode(const qf_kv_rq_codec *c, const float *x, float *scratch, ui
 /* Decode one row into out[head_dim]. */
 void qf_kv_rq_decode(const qf_kv_rq_codec *c, const uint8_t *row, float *out);
 
-/* Lloyd-Max: fit n_levels (2..16) ascending levels to the n values v (n >= n_levels,
+/* Lloyd-Max: fit n_levels (2..64) ascending levels to the n values v (n >= n_levels,
  * finite) minimizing the squared error of nearest-level quantization; starts from the
  * quantiles, runs `iters` rounds. v is reordered (sorted). QF_ERR_ARG on bad sizes or a
  * non-finite value, QF_ERR_NOMEM. */

@@ -1,6 +1,6 @@
 /* learn_kv_rq.c: the kv-rq learner (include/qforge/kv_rq.h): per (layer, stream, kv head) the
  * mean, the signed channel scales (random signs, times rms^alpha for smoothing) and Lloyd-Max
- * codebooks at 2, 3 and 4 bits fitted on the normalized rotated coordinates of the captured
+ * codebooks at 2..6 bits fitted on the normalized rotated coordinates of the captured
  * vectors; the payload; bits per element; the greedy sensitivity-driven bit allocation. */
 #include "qforge/kv_rq.h"
 
@@ -16,7 +16,7 @@ void qf_kv_rq_learn_params_default(qf_kv_rq_learn_params *p) {
     memset(p, 0, sizeof *p);
     p->k_alpha = 0.5;
     p->v_alpha = 0.0;
-    p->lloyd_iters = 40;
+    p->lloyd_iters = 30;
     p->max_rows = 4096;
     p->seed = 1;
 }

@@ -9,10 +9,11 @@
  *
  * and decodes to x = mean + cs (.) H(s * levels[code]) (H the normalized Walsh-Hadamard
  * transform, cs the signed channel scales, levels the Lloyd-Max codebook of the (layer,
- * stream, head)). bits is 2, 3 or 4; QF_KV_RQ_BITS_F16 marks a (layer, stream) kept as plain
+ * stream, head)). bits is 2..6 (2-4 for most rows; 5-6 for the few (layer, stream) the
+ * allocation finds most sensitive); QF_KV_RQ_BITS_F16 marks a (layer, stream) kept as plain
  * halves (head_dim * 2 bytes, no scale), used by the learner's sensitivity runs and allowed in
  * artifacts (it is counted as 16 bits per element). head_dim must be a power of two >= 8
- * (Hadamard; whole bytes for 3-bit codes). */
+ * (Hadamard; whole bytes for 3- and 5-bit codes). */
 #ifndef QF_KV_RQ_ROW_H
 #define QF_KV_RQ_ROW_H
 
@@ -21,9 +22,9 @@
 
 #define QF_KV_RQ_SCALE_BYTES 2  /* the half-precision row scale */
 #define QF_KV_RQ_MIN_BITS 2
-#define QF_KV_RQ_MAX_BITS 4
+#define QF_KV_RQ_MAX_BITS 6
 #define QF_KV_RQ_BITS_F16 16    /* a (layer, stream) stored as plain halves */
-#define QF_KV_RQ_MAX_LEVELS 16  /* 1 << QF_KV_RQ_MAX_BITS */
+#define QF_KV_RQ_MAX_LEVELS 64  /* 1 << QF_KV_RQ_MAX_BITS */
 #define QF_KV_RQ_MIN_HEAD_DIM 8
 #define QF_KV_RQ_MAX_HEAD_DIM 256
 
@@ -46,7 +47,9 @@ _Static_assert(QF_KV_RQ_MAX_LEVELS == 1 << QF_KV_RQ_MAX_BITS, "kv-rq codebook si
 _Static_assert(QF_KV_RQ_SCALE_BYTES + 64 * 2 / 8 == 18, "kv-rq 2-bit row, head_dim 64");
 _Static_assert(QF_KV_RQ_SCALE_BYTES + 64 * 3 / 8 == 26, "kv-rq 3-bit row, head_dim 64");
 _Static_assert(QF_KV_RQ_SCALE_BYTES + 128 * 4 / 8 == 66, "kv-rq 4-bit row, head_dim 128");
-_Static_assert(QF_KV_RQ_MIN_HEAD_DIM * QF_KV_RQ_MIN_BITS % 8 == 0 && QF_KV_RQ_MIN_HEAD_DIM * 3 % 8 == 0,
+_Static_assert(QF_KV_RQ_SCALE_BYTES + 64 * 5 / 8 == 42, "kv-rq 5-bit row, head_dim 64");
+_Static_assert(QF_KV_RQ_MIN_HEAD_DIM * QF_KV_RQ_MIN_BITS % 8 == 0 && QF_KV_RQ_MIN_HEAD_DIM * 3 % 8 == 0 &&
+                   QF_KV_RQ_MIN_HEAD_DIM * 5 % 8 == 0,
                "kv-rq codes fill whole bytes");
 
 #endif
