@@ -76,8 +76,25 @@ void qf_kv_rq_encode(const qf_kv_rq_codec *c, const float *x, float *scratch, ui
             s = (float)(num / den);
         }
     }
-    uint16_t hs = qf_f32_to_f16(s);
-    memcpy(row, &hs, QF_KV_RQ_SCALE_BYTES);
+    /* the scale code: of the two codes around s, the one whose re-coded row errs least */
+    uint8_t sc = 0;
+    if (s > 0) {
+        int c0 = (int)floorf(log2f(s) * QF_KV_RQ_SCALE_STEPS) + 128;
+        double best = INFINITY;
+        uint8_t tmp[QF_KV_RQ_MAX_HEAD_DIM];
+        for (int cand = c0; cand <= c0 + 1; cand++) {
+            uint8_t cc = (uint8_t)(cand < 1 ? 1 : cand > 255 ? 255 : cand);
+            float sv = qf_kv_rq_scale(cc), inv = 1.0f / sv;
+            double e = 0;
+            for (int i = 0; i < hd; i++) {
+                tmp[i] = (uint8_t)qf_kv_rq_nearest(c->levels, L, y[i] * inv);
+                double d = y[i] - sv * c->levels[tmp[i]];
+                e += d * d;
+            }
+            if (e < best) best = e, sc = cc, memcpy(codes, tmp, (size_t)hd);
+        }
+    }
+    row[0] = sc;
     qf_kv_rq_pack(codes, hd, c->bits, row + QF_KV_RQ_SCALE_BYTES);
 }
 
@@ -88,9 +105,7 @@ void qf_kv_rq_decode(const qf_kv_rq_codec *c, const uint8_t *row, float *out) {
         for (int i = 0; i < hd; i++) out[i] = qf_f16_to_f32(h[i]);
         return;
     }
-    uint16_t hs;
-    memcpy(&hs, row, QF_KV_RQ_SCALE_BYTES);
-    float s = qf_f16_to_f32(hs);
+    float s = qf_kv_rq_scale(row[0]);
     uint8_t codes[QF_KV_RQ_MAX_HEAD_DIM];
     qf_kv_rq_unpack(row + QF_KV_RQ_SCALE_BYTES, hd, c->bits, codes);
     for (int i = 0; i < hd; i++) out[i] = s * c->levels[codes[i]];
@@ -123,7 +138,9 @@ qf_status qf_kv_rq_lloyd(float *v, int64_t n, int n_levels, int iters, float *le
         if (!isfinite(v[i])) return qf_fail(err, QF_ERR_ARG, "kv-rq Lloyd-Max: value %lld is not finite", (long long)i);
     double *pre = malloc(sizeof(double) * (size_t)(n + 1));
     if (!pre) return qf_fail(err, QF_ERR_NOMEM, "kv-rq Lloyd-Max: out of memory for %lld values", (long long)n);
-    qsort(v, (size_t)n, sizeof(float), cmp_float);
+    bool sorted = true;
+    for (int64_t i = 1; i < n && sorted; i++) sorted = v[i - 1] <= v[i];
+    if (!sorted) qsort(v, (size_t)n, sizeof(float), cmp_float);
     pre[0] = 0;
     for (int64_t i = 0; i < n; i++) pre[i + 1] = pre[i] + v[i];
     for (int k = 0; k < n_levels; k++) levels[k] = v[(int64_t)(((double)k + 0.5) / n_levels * (double)n)];

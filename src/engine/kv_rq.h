@@ -4,7 +4,8 @@
  * Encoding one row x[head_dim] of a (layer, stream, kv head):
  *   y = H((x - mean) (.) inv_cs)             centre, smooth channels (signed scales), rotate
  *   s = argmin_s |y - s levels[q(y/s)]|      per-row scale (two least-squares refinements
- *                                            starting at rms(y)), stored as a half
+ *                                            starting at rms(y)), stored as a log code
+ *                                            (the neighbour that errs least)
  *   code_i = nearest level to y_i / s        Lloyd-Max codebook of 2^bits levels
  * Decoding: x = mean + cs (.) H(s levels[code]) (H is its own inverse).
  * The learner (src/forge/learn_kv_rq.c) fits mean, cs and levels on the calibration split. */
@@ -40,7 +41,7 @@ void qf_kv_rq_decode(const qf_kv_rq_codec *c, const uint8_t *row, float *out);
 
 /* Lloyd-Max: fit n_levels (2..64) ascending levels to the n values v (n >= n_levels,
  * finite) minimizing the squared error of nearest-level quantization; starts from the
- * quantiles, runs `iters` rounds. v is reordered (sorted). QF_ERR_ARG on bad sizes or a
+ * quantiles, runs `iters` rounds. v is sorted in place (already sorted input is not re-sorted). QF_ERR_ARG on bad sizes or a
  * non-finite value, QF_ERR_NOMEM. */
 qf_status qf_kv_rq_lloyd(float *v, int64_t n, int n_levels, int iters, float *levels, qf_error *err);
 

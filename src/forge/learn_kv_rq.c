@@ -73,13 +73,11 @@ static qf_status fit_one(const float *x, int64_t n, int64_t stride, int D, doubl
         m++;
     }
     qf_status status = QF_OK;
-    float *tmp = malloc(sizeof(float) * (size_t)(m * D > 0 ? m * D : 1));
-    if (!tmp) status = qf_fail(err, QF_ERR_NOMEM, "kv-rq learn: out of memory");
     for (int w = 0; w < QF_KV_RQ_N_WIDTHS && !status; w++) {
         int bits = QF_KV_RQ_MIN_BITS + w, L = 1 << bits;
-        memcpy(tmp, u, sizeof(float) * (size_t)(m * D));
         for (int k = 0; k < QF_KV_RQ_MAX_LEVELS; k++) levels[w][k] = 0;
-        if ((status = qf_kv_rq_lloyd(tmp, m * D, L, iters, levels[w], err))) break;
+        /* u is sorted by the first fit and reused as it is by the others */
+        if ((status = qf_kv_rq_lloyd(u, m * D, L, iters, levels[w], err))) break;
         for (int k = L; k < QF_KV_RQ_MAX_LEVELS; k++) levels[w][k] = levels[w][L - 1] + (float)(k - L + 1);
         /* measured: relative squared error of the real codec (row scale refined, half) */
         qf_kv_rq_codec cd = {.head_dim = D, .bits = bits, .levels = levels[w], .mean = mean, .cs = cs, .inv_cs = ics};
@@ -97,7 +95,6 @@ static qf_status fit_one(const float *x, int64_t n, int64_t stride, int D, doubl
         }
         rel_mse[w] = den > 0 ? num / den : 0;
     }
-    free(tmp);
     free(ics);
     return status;
 }

@@ -628,7 +628,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     rep->seconds_learn = qf_now_sec() - t0;
     t0 = qf_now_sec();
     if ((st = stage_reference(j, s, err))) goto done;
-    double overhead = 16.0 / D + 16.0 * (S + R) / s->n_ctx; /* row scale + sinks and window */
+    double overhead = 8.0 * QF_KV_RQ_SCALE_BYTES / D + 16.0 * (S + R) / s->n_ctx; /* row scale + sinks and window */
     qf_certify_result r;
     double bpe = NAN;
     if (j->rq_bits > 0) {
@@ -637,7 +637,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
             st = qf_fail(err, QF_ERR_ARG,
                          "kv-rq: a budget of %.3f bits per element leaves %.3f for codes at -c %d (row scales %.3f, %d "
                          "sinks + %d window tokens %.3f): at least 2 are needed; lower --sinks/--window or raise --bits",
-                         j->rq_bits, max_code, s->n_ctx, 16.0 / D, S, R, 16.0 * (S + R) / s->n_ctx);
+                         j->rq_bits, max_code, s->n_ctx, 8.0 * QF_KV_RQ_SCALE_BYTES / D, S, R, 16.0 * (S + R) / s->n_ctx);
             goto done;
         }
         double pred = qf_kv_rq_allocate(&fit, (const double *const *)sens, max_code, bits);
