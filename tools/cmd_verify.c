@@ -94,6 +94,17 @@ static json_t *to_json(const char *path, const qf_artifact *a, qf_status st, con
         "created_utc", jstr(c->created_utc), "payload_sha256", jhex(c->payload_sha256, 32),
         "payload", pl,
         "verdict", "status", qf_status_name(st), "message", st == QF_OK ? "verified" : e->msg);
+    /* kv-rq: bits per element (every overhead included) and the context it was certified at,
+     * as its certificate's config records them */
+    double bpe;
+    int64_t cctx;
+    if (c->kind == QF_ARTIFACT_KV_RQ && qf_payload_get_float(&c->config, "bits_per_element", &bpe) &&
+        qf_payload_get_int(&c->config, "certified_n_ctx", &cctx)) {
+        json_object_set_new(j, "bits_per_element", json_real(bpe));
+        json_t *ctxs = json_array();
+        json_array_append_new(ctxs, json_integer((json_int_t)cctx));
+        json_object_set_new(j, "certified_ctx", ctxs);
+    }
     return j;
 }
 

@@ -582,10 +582,15 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
             for (int w = 0; w < QF_KV_RQ_N_WIDTHS; w++) mse[w] += fit.rel_mse[sidx][l * QF_KV_RQ_N_WIDTHS + w] / U;
     stage(j, "[3/5 learn] kv-rq codebooks in %.1f s: relative MSE %.4f / %.4f / %.4f at 2 / 3 / 4 bits",
           qf_now_sec() - t0, mse[0], mse[1], mse[2]);
-    /* sinks and window: a few sinks always; the window is what the context affords: a
-     * sixteenth of the budget's overhead room at -c N (see docs/kv-rq.md for the measurement) */
-    int S = j->rq_sink >= 0 ? j->rq_sink : 4;
-    int R = j->rq_window >= 0 ? j->rq_window : s->n_ctx >= 2048 ? 32 : s->n_ctx >= 512 ? 12 : 4;
+    /* sinks and window (docs/kv-rq.md has the measurement behind this): 4 sinks, and f16
+     * tokens worth up to 0.75 bits per element at -c N (24 tokens at 512), or less when a
+     * budget leaves less room above 2-bit codes and row scales */
+    double scale_bits = 8.0 * QF_KV_RQ_SCALE_BYTES / D, win_bits = 0.75;
+    if (j->rq_bits > 0 && j->rq_bits - QF_KV_RQ_MIN_BITS - scale_bits < win_bits)
+        win_bits = j->rq_bits - QF_KV_RQ_MIN_BITS - scale_bits;
+    int SR = win_bits > 0 ? (int)floor(win_bits * s->n_ctx / 16.0 + 1e-9) : 0;
+    int S = j->rq_sink >= 0 ? j->rq_sink : SR < 4 ? SR : 4;
+    int R = j->rq_window >= 0 ? j->rq_window : SR - S > 0 ? SR - S : 0;
     if (S + R >= s->n_ctx) S = S < s->n_ctx / 4 ? S : s->n_ctx / 4, R = R < s->n_ctx / 4 ? R : s->n_ctx / 4;
     /* sensitivity on calibration text */
     int *bits[2] = {malloc(sizeof(int) * (size_t)L), malloc(sizeof(int) * (size_t)L)};
@@ -643,6 +648,35 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         double pred = qf_kv_rq_allocate(&fit, (const double *const *)sens, max_code, bits);
         stage(j, "[3/5 learn] kv-rq allocation within %.3f bits (codes <= %.3f): predicted KLD %.5f", j->rq_bits, max_code,
               pred);
+        if (j->rq_sink < 0 && j->rq_window < 0) {
+            /* the window competes with the codes for the budget: measure a few splits on the
+             * calibration text (mean KLD of the whole allocation) and keep the best */
+            static const double levels[] = {0.75, 0.5, 0.375, 0.25, 0.125, 0.0625, 0};
+            double best_kld = INFINITY;
+            int bS = S, bR = R, last_sr = -1;
+            for (size_t li = 0; li < sizeof levels / sizeof levels[0]; li++) {
+                double wb = levels[li] < j->rq_bits - QF_KV_RQ_MIN_BITS - scale_bits ? levels[li]
+                                                                                 : j->rq_bits - QF_KV_RQ_MIN_BITS - scale_bits;
+                int sr = wb > 0 ? (int)floor(wb * s->n_ctx / 16.0 + 1e-9) : 0;
+                if (sr == last_sr || sr >= s->n_ctx / 2) continue;
+                last_sr = sr;
+                int cs = sr < 4 ? sr : 4, cr = sr - cs;
+                double mc = j->rq_bits - scale_bits - 16.0 * sr / s->n_ctx;
+                if (mc < QF_KV_RQ_MIN_BITS) continue;
+                qf_kv_rq_allocate(&fit, (const double *const *)sens, mc, bits);
+                qf_payload_free(&pl);
+                memset(&pl, 0, sizeof pl);
+                qf_certify_result cr_;
+                if ((st = qf_kv_rq_payload(&fit, (const int *const *)bits, cs, cr, &pl, err)) ||
+                    (st = qf_certify_candidate(s->ctx, cref, QF_ARTIFACT_KV_RQ, &pl, &any, &cr_, err)))
+                    goto done;
+                stage(j, "[3/5 learn] kv-rq split S%d R%d (codes <= %.3f): calibration KLD %.5f", cs, cr, mc, cr_.kld_mean);
+                if (cr_.kld_mean < best_kld) best_kld = cr_.kld_mean, bS = cs, bR = cr;
+            }
+            S = bS, R = bR;
+            max_code = j->rq_bits - scale_bits - 16.0 * (S + R) / s->n_ctx;
+            qf_kv_rq_allocate(&fit, (const double *const *)sens, max_code, bits);
+        }
         if ((st = rq_certify(j, s, &fit, bits, S, R, &pl, &r, &bpe, err))) goto done;
         rep->result = r;
         rep->bits_per_element = bpe;
