@@ -20,7 +20,7 @@ if [ ! -x "$qf" ] || [ ! -f "$model" ]; then
 fi
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
-small=(-m "$model" -c 64 --max-tok 1024 --eval-chunks 2 --sens-chunks 1 -t 2 --artifact kv-rq)
+small=(-m "$model" -c 64 --max-tok 1024 --eval-chunks 2 --sens-chunks 2 -t 2 --artifact kv-rq)
 
 expect() {
     local name=$1 code=$2
@@ -39,7 +39,10 @@ cand=$(sed -n 's/.*"cand_ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
 bpe=$(sed -n 's/.*"bits_per_element": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
 if [ -n "$bpe" ] && awk -v b="$bpe" 'BEGIN { exit !(b <= 3.5 && b >= 2.25) }'; then ok "within the budget ($bpe <= 3.5)"
 else bad "bits per element '$bpe' not within 3.5"; fi
-expect "verify" 0 "$qf" verify "$d/rq.qfa" -m "$model"
+expect "verify" 0 "$qf" verify "$d/rq.qfa" -m "$model" --json
+if python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(not (2 < j["bits_per_element"] <= 3.5 and j["certified_ctx"] == [64]))' "$d/out"; then
+    ok "verify --json: bits_per_element and certified_ctx"
+else bad "verify --json: bits_per_element / certified_ctx missing"; fi
 expect "ppl --artifact" 0 "$qf" ppl -m "$model" --artifact "$d/rq.qfa" -f "$d/eval.txt" -c 64 --chunks 2 -t 2 --json
 got=$(sed -n 's/.*"ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
 if [ -n "$cand" ] && [ -n "$got" ] && awk -v a="$cand" -v b="$got" 'BEGIN { exit !((a - b) ^ 2 < (1e-9 * a) ^ 2) }'; then

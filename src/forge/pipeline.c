@@ -592,6 +592,14 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     int S = j->rq_sink >= 0 ? j->rq_sink : SR < 4 ? SR : 4;
     int R = j->rq_window >= 0 ? j->rq_window : SR - S > 0 ? SR - S : 0;
     if (S + R >= s->n_ctx) S = S < s->n_ctx / 4 ? S : s->n_ctx / 4, R = R < s->n_ctx / 4 ? R : s->n_ctx / 4;
+    if (j->rq_bits > 0 && j->rq_bits - scale_bits - 16.0 * (S + R) / s->n_ctx < QF_KV_RQ_MIN_BITS) {
+        qf_kv_rq_fit_free(&fit);
+        return qf_fail(err, QF_ERR_ARG,
+                       "kv-rq: a budget of %.3f bits per element leaves %.3f for codes at -c %d (row scales %.3f, %d "
+                       "sinks + %d window tokens %.3f): at least 2 are needed; lower --sinks/--window or raise --bits",
+                       j->rq_bits, j->rq_bits - scale_bits - 16.0 * (S + R) / s->n_ctx, s->n_ctx, scale_bits, S, R,
+                       16.0 * (S + R) / s->n_ctx);
+    }
     /* sensitivity on calibration text */
     int *bits[2] = {malloc(sizeof(int) * (size_t)L), malloc(sizeof(int) * (size_t)L)};
     double *sens[2] = {calloc((size_t)L, sizeof(double)), calloc((size_t)L, sizeof(double))};
@@ -604,7 +612,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     t0 = qf_now_sec();
     size_t clen;
     const char *ctext = qf_corpus_calib_text(s->corpus, &clen);
-    qf_certify_params cp = {.n_ctx = s->n_ctx < 512 ? s->n_ctx : 512, .n_chunks = j->rq_sens_chunks > 0 ? j->rq_sens_chunks : 2};
+    qf_certify_params cp = {.n_ctx = s->n_ctx < 512 ? s->n_ctx : 512, .n_chunks = j->rq_sens_chunks > 2 ? j->rq_sens_chunks : 2};
     if ((st = qf_certify_reference(s->ctx, ctext, clen, &cp, &cref, err))) {
         st = as_stage(err, st, QF_ERR_CAPTURE_FAILED, "kv-rq sensitivity: reference on the calibration text");
         goto done;
@@ -653,14 +661,19 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
              * calibration text (mean KLD of the whole allocation) and keep the best */
             static const double levels[] = {0.75, 0.5, 0.375, 0.25, 0.125, 0.0625, 0};
             double best_kld = INFINITY;
-            int bS = S, bR = R, last_sr = -1;
-            for (size_t li = 0; li < sizeof levels / sizeof levels[0]; li++) {
-                double wb = levels[li] < j->rq_bits - QF_KV_RQ_MIN_BITS - scale_bits ? levels[li]
-                                                                                 : j->rq_bits - QF_KV_RQ_MIN_BITS - scale_bits;
+            int bS = S, bR = R, tried_s[32], tried_r[32], n_tried = 0;
+            for (size_t li = 0; li < 2 * (sizeof levels / sizeof levels[0]); li++) {
+                int max_sinks = li % 2 ? 4 : 1; /* BOS alone, or StreamingLLM's 4 */
+                double wb = levels[li / 2] < j->rq_bits - QF_KV_RQ_MIN_BITS - scale_bits
+                                ? levels[li / 2]
+                                : j->rq_bits - QF_KV_RQ_MIN_BITS - scale_bits;
                 int sr = wb > 0 ? (int)floor(wb * s->n_ctx / 16.0 + 1e-9) : 0;
-                if (sr == last_sr || sr >= s->n_ctx / 2) continue;
-                last_sr = sr;
-                int cs = sr < 4 ? sr : 4, cr = sr - cs;
+                if (sr >= s->n_ctx / 2) continue;
+                int cs = sr < max_sinks ? sr : max_sinks, cr = sr - cs;
+                bool seen = false;
+                for (int t = 0; t < n_tried; t++) seen |= tried_s[t] == cs && tried_r[t] == cr;
+                if (seen || n_tried >= 32) continue;
+                tried_s[n_tried] = cs, tried_r[n_tried++] = cr;
                 double mc = j->rq_bits - scale_bits - 16.0 * sr / s->n_ctx;
                 if (mc < QF_KV_RQ_MIN_BITS) continue;
                 qf_kv_rq_allocate(&fit, (const double *const *)sens, mc, bits);
