@@ -54,11 +54,8 @@ void qf_kv_rq_fit_free(qf_kv_rq_fit *f);
 qf_status qf_kv_rq_payload(const qf_kv_rq_fit *f, const int *const bits[2], int n_sink, int n_window, qf_payload *pl,
                            qf_error *err);
 
-/* Bits per element of a payload's cache at context n_ctx, every overhead included: codes,
- * row scales and the f16 sink and window copies spread over n_ctx. NAN when the payload is
- * not a valid kv-rq payload for head_dim / n_layer. */
-double qf_kv_rq_payload_bits_per_element(const qf_payload *pl, int n_layer, int head_dim, int n_ctx);
-/* The same from the parts: mean over (stream, layer) of row bits / head_dim, plus
+/* Bits per element at context n_ctx, every overhead included (the engine's
+ * qf_artifact_bits_per_element computes the same from a payload): mean over (stream, layer) of row bits / head_dim, plus
  * 16 * (n_sink + n_window) / n_ctx. */
 double qf_kv_rq_bits_per_element(const int *const bits[2], int n_layer, int head_dim, int n_sink, int n_window,
                                  int n_ctx);

@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "engine.h"
-#include "kernels/cuda/cuda_backend.h"
+#include "engine/gpu.h"
 #include "kernels/vecmath.h"
 
 #ifndef TILE_ROWS
@@ -74,7 +74,7 @@ static ctx_ext *ext(qf_context *c) { return (ctx_ext *)c; }
 void qf_context_free(qf_context *c) {
     if (!c) return;
     ctx_ext *e = ext(c);
-    qf_cuda_ctx_free(c->gpu);
+    qf_gpu_detach(c);
     if (e->vecs.layers) {
         for (int il = 0; il < c->model->hp.n_layer; il++) {
             layer_vecs *lv = &e->vecs.layers[il];
@@ -87,7 +87,7 @@ void qf_context_free(qf_context *c) {
     free(e->kbuf), free(e->vbuf), free(e->ekbuf), free(e->evbuf);
     qf_kv_cache_free(&c->kv);
     free(c->x), free(c->xn), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
-        free(c->hb2), free(c->logits_tmp), free(c->xq), free(c->rope_cos), free(c->rope_sin);
+        free(c->hb2), free(c->xq), free(c->rope_cos), free(c->rope_sin);
     if (c->thr_buf)
         for (int i = 0; i < qf_pool_size(c->pool); i++) free(c->thr_buf[i]);
     free(c->thr_buf);
@@ -124,6 +124,7 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
         goto fail;
     }
     if (qf_kv_cache_init(&c->kv, hp, c->params.n_ctx, c->params.kv_k, c->params.kv_v, err)) goto fail;
+    if (qf_kv_cache_set_rot(&c->kv, c->params.kv_rot, err)) goto fail;
 
     size_t B = (size_t)c->n_batch, D = hp->n_embd, Dq = (size_t)hp->n_head * hp->head_dim,
            Dkv = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
@@ -176,10 +177,8 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     e->vecs.output_norm = vec_to_f32(&m->output_norm);
     if (!e->vecs.output_norm) goto oom;
     if (m->rope_freqs.data && !(e->vecs.rope_ff = vec_to_f32(&m->rope_freqs))) goto oom;
-    /* the reference path is the CPU oracle by definition */
-    bool want_gpu = !c->params.reference && (c->params.device == QF_DEVICE_CUDA ||
-                                              (c->params.device == QF_DEVICE_AUTO && qf_cuda_backend_available()));
-    if (want_gpu && qf_cuda_ctx_new(c, &c->gpu, err)) goto fail;
+    /* the one place that decides the device (gpu.c) */
+    if (qf_gpu_attach(c, err)) goto fail;
     return c;
 oom:
     qf_fail(err, QF_ERR_NOMEM, "out of memory allocating a context (n_ctx %d, n_batch %d)",
@@ -205,7 +204,6 @@ bool qf_device_from_name(const char *name, qf_device *out) {
 bool qf_cuda_available(void) { return qf_cuda_backend_available(); }
 qf_model *qf_context_model(const qf_context *c) { return c->model; }
 void qf_context_set_tap(qf_context *c, const qf_tap *tap) { c->tap = tap; }
-void qf_context_kv_clear(qf_context *c) { (void)c; /* positions are overwritten; nothing to do */ }
 double qf_context_kv_bytes_per_token(const qf_context *c) { return qf_kv_cache_bytes_per_token(&c->kv); }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -271,6 +269,7 @@ static void matmul(qf_context *c, const qf_weight *w, const float *x, int n, flo
         j.route = 1;
         qf_type vt = qf_vec_dot_type(w->type);
         j.xq_row = qf_row_bytes(vt, w->ne0);
+        QF_ASSERT((size_t)n * j.xq_row <= c->xq_bytes); /* sized in qf_context_new for GEMM_MIN_TOKENS rows */
         for (int t = 0; t < n; t++)
             qf_quantize_row(vt, x + (size_t)t * w->ne0, (uint8_t *)c->xq + t * j.xq_row, w->ne0);
     }
@@ -545,7 +544,7 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         if (tokens[t] < 0 || tokens[t] >= hp->n_vocab)
             return qf_fail(err, QF_ERR_ARG, "decode: token id %d out of range [0, %d)", tokens[t], hp->n_vocab);
 
-    if (c->gpu) return qf_cuda_decode(c, c->gpu, tokens, n, pos0, logits, logits_from, err);
+    if (c->gpu) return qf_gpu_decode(c, tokens, n, pos0, logits, logits_from, err);
 
     const int D = hp->n_embd, hd = hp->head_dim, Dq = hp->n_head * hd, F = hp->n_ff;
     const qf_tap *tap = c->tap;

@@ -210,27 +210,6 @@ double qf_kv_rq_bits_per_element(const int *const bits[2], int n_layer, int head
     return b;
 }
 
-double qf_kv_rq_payload_bits_per_element(const qf_payload *pl, int n_layer, int head_dim, int n_ctx) {
-    int64_t S = 0, R = 0;
-    size_t nk = 0, nv = 0;
-    const uint8_t *kb = qf_payload_get_bytes(pl, "k_bits", &nk), *vb = qf_payload_get_bytes(pl, "v_bits", &nv);
-    if (!qf_payload_get_int(pl, "n_sink", &S) || !qf_payload_get_int(pl, "n_window", &R) || !kb || !vb ||
-        nk != (size_t)n_layer || nv != (size_t)n_layer || n_layer < 1 || S < 0 || R < 0)
-        return NAN;
-    int *b[2] = {malloc(sizeof(int) * (size_t)n_layer), malloc(sizeof(int) * (size_t)n_layer)};
-    double r = NAN;
-    if (b[0] && b[1]) {
-        bool ok = true;
-        for (int l = 0; l < n_layer; l++) {
-            b[0][l] = kb[l], b[1][l] = vb[l];
-            ok &= qf_kv_rq_row_bytes(head_dim, kb[l]) > 0 && qf_kv_rq_row_bytes(head_dim, vb[l]) > 0;
-        }
-        if (ok) r = qf_kv_rq_bits_per_element((const int *const *)b, n_layer, head_dim, (int)S, (int)R, n_ctx);
-    }
-    free(b[0]), free(b[1]);
-    return r;
-}
-
 double qf_kv_rq_allocate(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int *const bits[2]) {
     int L = f->n_layer, U = 2 * L;
     for (int s = 0; s < 2; s++)
