@@ -19,6 +19,8 @@
 
 #include <stdint.h>
 
+#include "qforge/api.h"
+
 #include "qforge/artifact.h"
 #include "qforge/error.h"
 #include "qforge/kvlearn.h"
@@ -34,7 +36,7 @@ typedef struct {
     uint64_t seed;     /* the random signs of the rotation */
 } qf_kv_rq_learn_params;
 
-void qf_kv_rq_learn_params_default(qf_kv_rq_learn_params *p);
+QF_API void qf_kv_rq_learn_params_default(qf_kv_rq_learn_params *p);
 
 /* Everything learned for one model: [stream][layer][head] blocks, codebooks for 2..6 bits,
  * and per (stream, layer, width) the relative reconstruction MSE on the fitting rows. */
@@ -46,18 +48,18 @@ typedef struct {
 } qf_kv_rq_fit;
 
 /* Fit from a capture (every layer and both streams must have at least 64 vectors). */
-qf_status qf_kv_rq_learn(const qf_kv_capture_view *v, const qf_kv_rq_learn_params *p, qf_kv_rq_fit *out,
+QF_API qf_status qf_kv_rq_learn(const qf_kv_capture_view *v, const qf_kv_rq_learn_params *p, qf_kv_rq_fit *out,
                          qf_error *err);
-void qf_kv_rq_fit_free(qf_kv_rq_fit *f);
+QF_API void qf_kv_rq_fit_free(qf_kv_rq_fit *f);
 
 /* The artifact payload for a bit allocation (bits[s][l] in 2..6 or 16) and sink/window. */
-qf_status qf_kv_rq_payload(const qf_kv_rq_fit *f, const int *const bits[2], int n_sink, int n_window, qf_payload *pl,
+QF_API qf_status qf_kv_rq_payload(const qf_kv_rq_fit *f, const int *const bits[2], int n_sink, int n_window, qf_payload *pl,
                            qf_error *err);
 
 /* Bits per element at context n_ctx, every overhead included (the engine's
  * qf_artifact_bits_per_element computes the same from a payload): mean over (stream, layer) of row bits / head_dim, plus
  * 16 * (n_sink + n_window) / n_ctx. */
-double qf_kv_rq_bits_per_element(const int *const bits[2], int n_layer, int head_dim, int n_sink, int n_window,
+QF_API double qf_kv_rq_bits_per_element(const int *const bits[2], int n_layer, int head_dim, int n_sink, int n_window,
                                  int n_ctx);
 
 /* Greedy bit allocation. sens[s][l] is the measured damage (e.g. mean KLD) of (layer l,
@@ -65,6 +67,6 @@ double qf_kv_rq_bits_per_element(const int *const bits[2], int n_layer, int head
  * rel_mse(2). Starting from 2 bits everywhere, repeatedly raise by one bit the unit with the
  * largest predicted gain, while the mean code bits stay <= max_code_bits. bits[s][l] out;
  * returns the predicted total damage. */
-double qf_kv_rq_allocate(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int *const bits[2]);
+QF_API double qf_kv_rq_allocate(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int *const bits[2]);
 
 #endif
