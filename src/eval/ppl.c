@@ -122,10 +122,13 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     int64_t count = 0;
     qf_progress bar;
     bool bar_on = p->progress && rank == 0, agreed = false;
+    /* every rank is ready (or all learn why not) before the clock starts: a rank that loads
+     * its model later does not count as evaluation time */
+    if ((st = qf_par_agree(st, err))) agreed = true;
     if (bar_on) qf_progress_begin(&bar, "ppl", n_chunk);
     double t0 = qf_now_sec();
     int n_round = (n_chunk + n_rank - 1) / n_rank;
-    for (int round = 0; round < n_round; round++) {
+    for (int round = 0; round < n_round && !agreed; round++) {
         int i = round * n_rank + rank;
         if (!st && i < n_chunk) st = qf_par_injected("perplexity", err);
         if (!st && i < n_chunk) st = ppl_chunk(&u, &kl, i, round, rec, err);
@@ -212,4 +215,14 @@ qf_status qf_perplexity_text(qf_context *c, const char *text, size_t len, const 
     st = perplexity(c, ids, (int64_t)n, p, NULL, r, err);
     free(ids);
     return st;
+}
+
+qf_status qf_ppl_read_text(const char *path, char **text, size_t *len, uint8_t *sha256, qf_error *err) {
+    *text = NULL;
+    *len = 0;
+    qf_status st = qf_read_file(path, text, len, err);
+    if (st) return st;
+    if (*len > 0 && (*text)[*len - 1] == '\n') (*text)[--*len] = '\0';
+    if (sha256) qf_sha256(*text, *len, sha256);
+    return QF_OK;
 }
