@@ -18,7 +18,7 @@ declare -A RANK=([util]=0 [format]=1 [kernels]=2 [text]=3 [engine]=4 [eval]=5 [f
 # The room each public header belongs to (the room whose code implements it).
 declare -A PUB=([api]=util [error]=util [util]=util [version]=util [gguf]=format [artifact]=format
                 [quant]=kernels [tokenizer]=text [model]=engine [sample]=engine [artifact_bind]=engine
-                [mpi]=util [run]=engine [ppl]=eval [capture]=forge [corpus]=forge [forge]=forge [kvlearn]=forge [awq]=forge
+                [mpi]=util [run]=engine [ppl]=eval [capture]=forge [corpus]=forge [forge]=forge [kvlearn]=forge [kv_rq]=forge [awq]=forge
                 [analyze]=forge)
 
 # room_of_include FILE INCLUDE: sets ROOM to the room of the included header ("?" when unknown)

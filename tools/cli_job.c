@@ -97,6 +97,21 @@ int cli_job_flag(int argc, char **argv, int *i, qf_job *j, const char **paths, i
     } else if (FLAG("--max-train", NULL)) {
         if (r < 0) goto missing;
         if (!cli_parse_i64(val, 0, INT64_MAX, &j->dict_max_train)) BAD("bad --max-train '%s'", val);
+    } else if (FLAG("--bits", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_double(val, 2.0, 16.0, &j->rq_bits)) BAD("bad --bits '%s' (kv-rq budget, bits per element in [2, 16])", val);
+    } else if (FLAG("--sinks", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_int(val, 0, 1 << 20, &j->rq_sink)) BAD("bad --sinks '%s'", val);
+    } else if (FLAG("--window", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_int(val, 0, 1 << 20, &j->rq_window)) BAD("bad --window '%s'", val);
+    } else if (FLAG("--rq-alpha", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_double(val, 0, 2, &j->rq_k_alpha)) BAD("bad --rq-alpha '%s' (in [0, 2])", val);
+    } else if (FLAG("--sens-chunks", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_int(val, 1, 1000, &j->rq_sens_chunks)) BAD("bad --sens-chunks '%s'", val);
     } else if (FLAG("--coef", NULL)) {
         if (r < 0) goto missing;
         if (!strcmp(val, "f16")) j->dict_coef = QF_KV_COEF_F16;

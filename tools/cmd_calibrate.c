@@ -10,7 +10,7 @@
 #include "qforge/forge.h"
 
 static const char *USAGE =
-    "qforge calibrate -m MODEL --artifact kv-int8|kv-dict|awq [--corpus PATH]... [--builtin]\n"
+    "qforge calibrate -m MODEL --artifact kv-int8|kv-dict|awq|kv-rq [--corpus PATH]... [--builtin]\n"
     "                 [--gate G] [--max-kld K] [--max-kld-p99 K] [--min-top1 T] [--allow-worse-than-baseline]\n"
     "                 [-c N] [--ctx N,N...] [--max-tok N] [--eval-chunks N] [--device D]\n"
     "                 [-t N] [--sign-key PEM] -o OUT.qfa [--eval-out FILE] [--json]\n"
@@ -40,6 +40,10 @@ static const char *USAGE =
     "  --percentile P    kv-int8 clip percentile of |x| (default 100 = absmax)\n"
     "  --atoms N --sparsity S --iters N --coef f16|q8 --max-train N   kv-dict settings\n"
     "                    (defaults 256, 8, 10, f16, all captured vectors)\n"
+    "  --bits B          kv-rq: budget, bits per element at -c N with every overhead (codes, row scales,\n"
+    "                    f16 sinks and window); none = the fewest bits that pass the gate\n"
+    "  --sinks S --window R   kv-rq: f16 sink and recent-window tokens (default: chosen by the learner)\n"
+    "  --rq-alpha A --sens-chunks N   kv-rq: K channel smoothing exponent (0.5), sensitivity chunks (2)\n"
     "  --sign-key PEM    sign the artifact (PEM Ed25519 private key)\n"
     "  -o OUT.qfa        the artifact (written only when the gate passes)\n"
     "  --eval-out FILE   write the exact evaluation text (to rerun: qforge ppl --artifact OUT.qfa -f FILE)\n"
@@ -90,7 +94,7 @@ int qf_cmd_calibrate(int argc, char **argv) {
         } else if ((r = cli_flag_value(argc, argv, &i, "--artifact", NULL, &val))) {
             if (r < 0) goto missing;
             kind = val;
-            if (!qf_artifact_kind_parse(val, &j.kind)) BAD("bad --artifact '%s' (kv-int8, kv-dict, awq)", val);
+            if (!qf_artifact_kind_parse(val, &j.kind)) BAD("bad --artifact '%s' (kv-int8, kv-dict, awq, kv-rq)", val);
         } else if ((r = cli_flag_value(argc, argv, &i, "--percentile", NULL, &val))) {
             if (r < 0) goto missing;
             if (!cli_parse_double(val, 0, 100, &j.int8_percentile) || j.int8_percentile <= 0)
@@ -114,7 +118,8 @@ int qf_cmd_calibrate(int argc, char **argv) {
         BAD("option '%s' needs a value", a);
     }
     if (!j.model_path) BAD("-m MODEL is required");
-    if (!kind) BAD("--artifact kv-int8|kv-dict|awq is required");
+    if (!kind) BAD("--artifact kv-int8|kv-dict|awq|kv-rq is required");
+    if (j.rq_bits > 0 && j.kind != QF_ARTIFACT_KV_RQ) BAD("--bits is a kv-rq setting");
     if (!j.out_path) BAD("-o OUT.qfa is required");
     if (j.ollama_url && !j.ollama_model) BAD("--ollama needs --ollama-model M");
     if (n_paths == 0 && !j.ollama_url) j.builtin = true; /* the embedded demo corpus */
@@ -157,6 +162,8 @@ int qf_cmd_calibrate(int argc, char **argv) {
         json_t *secs = json_pack("{s:f, s:f, s:f, s:f, s:f}", "corpus", rep.seconds_corpus, "capture", rep.seconds_capture,
                                  "learn", rep.seconds_learn, "certify", rep.seconds_certify, "package", rep.seconds_package);
         json_object_set_new(o, "seconds", secs);
+        if (j.kind == QF_ARTIFACT_KV_RQ && rep.n_tried > 0)
+            json_object_set_new(o, "bits_per_element", json_real(rep.bits_per_element));
         if (j.kind == QF_ARTIFACT_AWQ && rep.n_tried > 1 && isfinite(rep.awq_gap_closed))
             json_object_set_new(o, "awq_share_of_rtn_gap_closed", json_real(rep.awq_gap_closed));
         if (st) json_object_set_new(o, "error", json_string(err.msg));
@@ -186,6 +193,9 @@ int qf_cmd_calibrate(int argc, char **argv) {
         }
         printf("KV cache   %.0f bytes/token (f16 %.0f, reference %.0f)\n", r->cand_kv_bytes_per_token,
                rep.f16_kv_bytes_per_token, r->ref_kv_bytes_per_token);
+        if (j.kind == QF_ARTIFACT_KV_RQ)
+            printf("bits       %.3f per element at -c %d (codes, row scales, f16 sinks and window)\n", rep.bits_per_element,
+                   r->n_ctx);
         printf("eval       %d chunks x %d tokens from the evaluation split; calibration %lld tokens\n", r->n_chunks,
                r->n_ctx, (long long)rep.calib_tokens);
         if (j.kind == QF_ARTIFACT_AWQ && rep.n_tried > 1)

@@ -16,7 +16,7 @@ static const char *USAGE =
     "  --top-p P  nucleus sampling mass (default 0.95; 1 = off)\n"
     "  --seed S   random seed (default 42)\n"
     "  --device D cpu, cuda or auto (default auto: the GPU when one answers)\n"
-    "  --artifact X   run a certified kv-int8 / kv-dict artifact in the KV cache (refused unless\n"
+    "  --artifact X   run a certified kv-int8 / kv-dict / kv-rq artifact in the KV cache (refused unless\n"
     "                 certified for this exact model file)\n"
     "  --trust-key K  require the artifact to be signed by this Ed25519 key (PEM)";
 

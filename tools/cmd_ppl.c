@@ -23,7 +23,7 @@ static const char *USAGE =
     "  --kl-divergence            compare against --kl-divergence-base FILE\n"
     "  --reference   use the scalar CPU reference path (slow; the oracle)\n"
     "  --device D    cpu, cuda or auto (default auto: the GPU when one answers)\n"
-    "  --artifact X  run a certified kv-int8 / kv-dict artifact (.qfa) in the KV cache; it must be\n"
+    "  --artifact X  run a certified kv-int8 / kv-dict / kv-rq artifact (.qfa) in the KV cache; it must be\n"
     "                certified for this exact model file (refused otherwise, with its exit code)\n"
     "  --trust-key K require the artifact to be signed by this Ed25519 key (PEM)\n"
     "  --force-uncertified-ctx  run an artifact at a -c above its largest certified context\n"

@@ -30,9 +30,9 @@
 #define QF_ARTIFACT_VERSION 1u
 #define QF_ARTIFACT_MAX_DIMS 4
 
-typedef enum { QF_ARTIFACT_KV_INT8 = 0, QF_ARTIFACT_KV_DICT, QF_ARTIFACT_AWQ } qf_artifact_kind;
+typedef enum { QF_ARTIFACT_KV_INT8 = 0, QF_ARTIFACT_KV_DICT, QF_ARTIFACT_AWQ, QF_ARTIFACT_KV_RQ } qf_artifact_kind;
 
-/* "kv-int8", "kv-dict", "awq"; parse returns false for anything else. */
+/* "kv-int8", "kv-dict", "awq", "kv-rq"; parse returns false for anything else. */
 QF_API const char *qf_artifact_kind_name(qf_artifact_kind k);
 QF_API bool qf_artifact_kind_parse(const char *s, qf_artifact_kind *out);
 

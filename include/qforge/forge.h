@@ -136,6 +136,12 @@ typedef struct {
     /* awq (include/qforge/awq.h): the re-quantized GGUF is written here (default: OUT.qfa
      * with .gguf instead of .qfa) */
     const char *awq_gguf_path;
+    /* kv-rq (include/qforge/kv_rq.h) */
+    double rq_bits;             /* budget in bits per element, every overhead included at n_ctx
+                                   (0 = the fewest bits that pass the gate) */
+    int rq_sink, rq_window;     /* f16 sink / recent-window tokens (-1 = the learner's choice) */
+    double rq_k_alpha;          /* K channel smoothing exponent (default 0.5) */
+    int rq_sens_chunks;         /* calibration chunks per sensitivity run (default 2) */
     /* outputs */
     const char *out_path;       /* the .qfa (required for qf_job_run) */
     const char *sign_key_path;  /* PEM Ed25519 private key, or NULL */

@@ -62,6 +62,7 @@ typedef enum {
     QF_KV_Q4_0,  /* llama.cpp -ctk/-ctv q4_0 equivalent */
     QF_KV_INT8,  /* int8 with static calibrated scales (forge artifact) */
     QF_KV_DICT,  /* sparse dictionary codes (forge artifact) */
+    QF_KV_RQ,    /* calibrated rotated low-bit codes (kv-rq artifact, CPU only) */
     QF_KV_MODE_COUNT
 } qf_kv_mode;
 

@@ -10,10 +10,13 @@
 #include <string.h>
 
 #include "engine.h"
+#include "format/kv_rq_row.h"
 #include "engine/gpu.h"
 
-/* Swap in a freshly built cache; the old one is freed only when the new one exists. */
-static qf_status rebuild(qf_context *c, const qf_kv_stream_spec spec[2], qf_error *err) {
+/* Swap in a freshly built cache with n_sink / n_window exact positions (kv_cache.c); the old
+ * one is freed only when the new one exists. */
+static qf_status rebuild_exact(qf_context *c, const qf_kv_stream_spec spec[2], int n_sink, int n_window,
+                               qf_error *err) {
     /* the GPU cache knows the static int8 layout only: refuse rather than run other numbers */
     for (int s = 0; s < 2; s++)
         if (c->gpu && spec[s].mode == QF_KV_INT8 && spec[s].int8_layout != QF_KV_INT8_STATIC)
@@ -24,6 +27,10 @@ static qf_status rebuild(qf_context *c, const qf_kv_stream_spec spec[2], qf_erro
     qf_kv_cache fresh;
     qf_status st = qf_kv_cache_init_spec(&fresh, &c->model->hp, c->params.n_ctx, spec, err);
     if (st) return st;
+    if ((n_sink || n_window) && (st = qf_kv_cache_set_exact(&fresh, n_sink, n_window, err))) {
+        qf_kv_cache_free(&fresh);
+        return st;
+    }
     /* a GPU context gets the same cache on the device (scales, dictionaries uploaded) */
     if (c->gpu && (st = qf_gpu_set_kv(c, &fresh, err))) {
         qf_kv_cache_free(&fresh);
@@ -34,6 +41,64 @@ static qf_status rebuild(qf_context *c, const qf_kv_stream_spec spec[2], qf_erro
     c->params.kv_k = spec[0].mode;
     c->params.kv_v = spec[1].mode;
     return QF_OK;
+}
+
+static qf_status rebuild(qf_context *c, const qf_kv_stream_spec spec[2], qf_error *err) {
+    return rebuild_exact(c, spec, 0, 0, err);
+}
+
+/* kv-rq (include/qforge/kv_rq.h has the payload): every shape checked against this model */
+static qf_status bind_rq(qf_context *c, const qf_payload *p, qf_error *err) {
+    const qf_hparams *hp = &c->model->hp;
+    if (c->gpu)
+        return qf_fail(err, QF_ERR_UNSUPPORTED, "kv-rq runs on the CPU only in this build (use --device cpu)");
+    int64_t fmt = 0, S = -1, R = -1, L = hp->n_layer, H = hp->n_head_kv, D = hp->head_dim;
+    const char *rot = qf_payload_get_string(p, "rotation");
+    if (!qf_payload_get_int(p, "format", &fmt) || fmt != 1)
+        return qf_fail(err, QF_ERR_ARTIFACT_VERSION, "kv-rq payload: 'format': expected 1 (this build's row format)");
+    if (!rot || strcmp(rot, "hadamard"))
+        return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-rq payload: 'rotation': expected \"hadamard\"");
+    if (!qf_payload_get_int(p, "n_sink", &S) || !qf_payload_get_int(p, "n_window", &R) || S < 0 || R < 0 ||
+        S > c->params.n_ctx || R > c->params.n_ctx)
+        return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-rq payload: 'n_sink'/'n_window': expected ints in [0, %d]",
+                       c->params.n_ctx);
+    int *bits[2] = {calloc((size_t)L, sizeof(int)), calloc((size_t)L, sizeof(int))};
+    const float *arr[2][3] = {{0}};
+    static const char *const an[3] = {"levels", "mean", "cs"};
+    qf_status st = QF_OK;
+    if (!bits[0] || !bits[1]) st = qf_fail(err, QF_ERR_NOMEM, "kv-rq: out of memory");
+    for (int s = 0; s < 2 && !st; s++) {
+        char name[32];
+        snprintf(name, sizeof name, "%c_bits", s ? 'v' : 'k');
+        const qf_payload_entry *e = qf_payload_get(p, name);
+        if (!e || e->type != QF_PAYLOAD_U8 || e->n_dims != 1 || e->shape[0] != L) {
+            st = qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-rq payload: '%s': expected u8 [%lld] (n_layer of this model)",
+                         name, (long long)L);
+            break;
+        }
+        for (int l = 0; l < L; l++) bits[s][l] = e->bytes[l];
+        for (int a = 0; a < 3 && !st; a++) {
+            snprintf(name, sizeof name, "%c_%s", s ? 'v' : 'k', an[a]);
+            int64_t last = a == 0 ? QF_KV_RQ_MAX_LEVELS : D;
+            e = qf_payload_get(p, name);
+            if (!e || e->type != QF_PAYLOAD_F32 || e->n_dims != 3 || e->shape[0] != L || e->shape[1] != H ||
+                e->shape[2] != last)
+                st = qf_fail(err, QF_ERR_ARTIFACT_CORRUPT,
+                             "kv-rq payload: '%s': expected f32 [%lld, %lld, %lld] (n_layer, n_head_kv, %s of this model)",
+                             name, (long long)L, (long long)H, (long long)last, a == 0 ? "64 levels" : "head_dim");
+            else arr[s][a] = e->f32;
+        }
+    }
+    if (!st) {
+        qf_kv_stream_spec spec[2];
+        for (int s = 0; s < 2; s++)
+            spec[s] = (qf_kv_stream_spec){.mode = QF_KV_RQ, .rq_bits = bits[s], .rq_levels = arr[s][0],
+                                          .rq_mean = arr[s][1], .rq_cs = arr[s][2]};
+        st = rebuild_exact(c, spec, (int)S, (int)R, err);
+        if (st == QF_ERR_ARG) err->code = st = QF_ERR_ARTIFACT_CORRUPT; /* bad bits, codebook or scale */
+    }
+    free(bits[0]), free(bits[1]);
+    return st;
 }
 
 static qf_status int8_scales(const qf_payload *p, const char *name, const qf_hparams *hp, float **out,
@@ -143,7 +208,7 @@ qf_status qf_context_bind_payload(qf_context *c, qf_artifact_kind kind, const qf
     if (kind == QF_ARTIFACT_AWQ)
         return qf_fail(err, QF_ERR_UNSUPPORTED,
                        "an awq artifact is not a KV artifact: it names a re-quantized GGUF file to load instead");
-    if (kind != QF_ARTIFACT_KV_INT8 && kind != QF_ARTIFACT_KV_DICT)
+    if (kind != QF_ARTIFACT_KV_INT8 && kind != QF_ARTIFACT_KV_DICT && kind != QF_ARTIFACT_KV_RQ)
         return qf_fail(err, QF_ERR_ARG, "unknown artifact kind %d", (int)kind);
     if (c->params.kv_rot != QF_KV_ROT_NONE)
         return qf_fail(err, QF_ERR_ARG,
@@ -151,7 +216,9 @@ qf_status qf_context_bind_payload(qf_context *c, qf_artifact_kind kind, const qf
                        "own storage (and rotation): drop --kv-rot to run the artifact",
                        qf_artifact_kind_name(kind), qf_kv_rot_name(c->params.kv_rot));
     qf_kv_mode bk = c->bound ? c->base_kv_k : c->params.kv_k, bv = c->bound ? c->base_kv_v : c->params.kv_v;
-    qf_status st = kind == QF_ARTIFACT_KV_INT8 ? bind_int8(c, p, err) : bind_dict(c, p, err);
+    qf_status st = kind == QF_ARTIFACT_KV_INT8 ? bind_int8(c, p, err)
+                   : kind == QF_ARTIFACT_KV_RQ ? bind_rq(c, p, err)
+                                               : bind_dict(c, p, err);
     if (st) return qf_error_prefix(err, "binding %s: ", qf_artifact_kind_name(kind));
     c->base_kv_k = bk, c->base_kv_v = bv;
     c->bound = 1 + (int)kind;
@@ -198,11 +265,31 @@ static double bits_dict(const qf_payload *p, const qf_hparams *hp, int n_ctx) {
     return 8.0 * (double)qf_kv_code_bytes((int)na, (int)s, cf) / hp->head_dim;
 }
 
+/* kv-rq: every row's bytes (codes + scale) per element, averaged over layers and K/V, plus the
+ * f16 sink and window copies spread over n_ctx */
+static double bits_rq(const qf_payload *p, const qf_hparams *hp, int n_ctx) {
+    int64_t S = 0, R = 0;
+    size_t nk = 0, nv = 0;
+    const uint8_t *kb = qf_payload_get_bytes(p, "k_bits", &nk), *vb = qf_payload_get_bytes(p, "v_bits", &nv);
+    int L = hp->n_layer;
+    if (!qf_payload_get_int(p, "n_sink", &S) || !qf_payload_get_int(p, "n_window", &R) || !kb || !vb ||
+        nk != (size_t)L || nv != (size_t)L || L < 1 || S < 0 || R < 0 || n_ctx < 1)
+        return NAN;
+    double b = 0;
+    for (int l = 0; l < L; l++) {
+        size_t rk = qf_kv_rq_row_bytes(hp->head_dim, kb[l]), rv = qf_kv_rq_row_bytes(hp->head_dim, vb[l]);
+        if (!rk || !rv) return NAN;
+        b += 8.0 * (double)(rk + rv) / hp->head_dim;
+    }
+    return b / (2.0 * L) + 16.0 * (double)(S + R) / n_ctx;
+}
+
 double qf_artifact_bits_per_element(qf_artifact_kind kind, const qf_payload *p, const qf_hparams *hp, int n_ctx) {
     if (!p || !hp) return NAN;
     switch (kind) {
     case QF_ARTIFACT_KV_INT8: return bits_int8(p, hp, n_ctx);
     case QF_ARTIFACT_KV_DICT: return bits_dict(p, hp, n_ctx);
+    case QF_ARTIFACT_KV_RQ: return bits_rq(p, hp, n_ctx);
     default: return NAN; /* awq is a weight artifact; a new KV kind adds its case here */
     }
 }

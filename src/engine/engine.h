@@ -31,6 +31,14 @@ typedef struct {
      * are stored expanded). NULL until an artifact binds them. */
     float *int8_scale[2], *int8_inv_scale[2];
     struct qf_kv_dict_bind *dict[2]; /* QF_KV_DICT: per-layer dictionaries, bound by an artifact */
+    struct qf_kv_rq_bind *rq[2];     /* QF_KV_RQ: per-layer bit widths and codecs (kv_rq.h) */
+    /* Exact sinks and recent window, any mode (qf_kv_cache_set_exact): positions < n_sink keep
+     * an f16 copy (sink[s][layer]: [n_sink][n_head_kv][head_dim]); the last n_window positions
+     * written by qf_kv_cache_push_window keep one in a ring (win[s][layer]: [n_window][n_head_kv]
+     * [head_dim], slot p % n_window, win_pos[layer][slot] = the position it holds or -1). */
+    int n_sink, n_window;
+    uint16_t **sink[2], **win[2];
+    int32_t **win_pos;
     /* --kv-rot (plain modes only): every row is rotated by qf_hadamard before it is stored and
      * rotated back after it is read; rot_buf is the write-side scratch [head_dim] (cache writes
      * run on one thread; reads rotate in the caller's buffer, so they may run in parallel) */
@@ -42,6 +50,15 @@ typedef struct {
     float *int8_buf;
 } qf_kv_cache;
 
+/* QF_KV_RQ storage of one stream: layer l's rows are qf_kv_rq_row_bytes(head_dim, bits[l])
+ * bytes (format/kv_rq_row.h); writes encode, reads decode. */
+struct qf_kv_rq_bind {
+    int *bits;          /* [n_layer]: 2..6 or QF_KV_RQ_BITS_F16 */
+    size_t *row_bytes;  /* [n_layer] */
+    float *levels;      /* [n_layer][n_head_kv][QF_KV_RQ_MAX_LEVELS] (first 2^bits used) */
+    float *mean, *cs, *inv_cs; /* [n_layer][n_head_kv][head_dim] */
+    float *scratch;     /* encoder scratch (cache writes run on one thread) */
+};
 /* How an int8 stream stores a row (kv-int8 payload "k_layout"/"v_layout"):
  *   STATIC      x / scale[channel] (the static per-channel scales), the original kv-int8
  *   STATIC_ROT  the same on the Walsh-Hadamard rotated row (scales fitted on rotated vectors)
@@ -76,6 +93,9 @@ typedef struct {
     int n_atoms, sparsity;     /* DICT */
     qf_kv_coef coef;           /* DICT */
     const float *const *atoms; /* DICT: atoms[layer] = [n_atoms][head_dim], unit norm */
+    const int *rq_bits;        /* RQ: [n_layer], each 2..6 or QF_KV_RQ_BITS_F16 */
+    const float *rq_levels;    /* RQ: [n_layer][n_head_kv][QF_KV_RQ_MAX_LEVELS], first 2^bits ascending */
+    const float *rq_mean, *rq_cs; /* RQ: [n_layer][n_head_kv][head_dim]; cs finite and nonzero */
 } qf_kv_stream_spec;
 
 /* Plain modes only: INT8 and DICT are refused here (they run a certified artifact; see
@@ -97,7 +117,22 @@ void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_po
 /* Read kv head `h` for positions [0, n_pos) into dst [n_pos][head_dim] f32. */
 void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos,
                            float *dst);
+/* Bytes per token of the whole cache (K + V, every layer) at its n_ctx: the rows of every
+ * position plus the exact sink and window copies spread over n_ctx positions. */
 double qf_kv_cache_bytes_per_token(const qf_kv_cache *kv);
+
+/* ---- exact sinks and recent window (generic: any storage mode) ----
+ * For a query at position t, positions p < n_sink and t - n_window < p <= t are read exactly
+ * (f16) and every other position reads the stored (compressed) row; forward.c applies it per
+ * (t, p). Set after init (0, 0 switches it off); QF_ERR_ARG for negative sizes or more than
+ * n_ctx, QF_ERR_NOMEM. */
+qf_status qf_kv_cache_set_exact(qf_kv_cache *kv, int n_sink, int n_window, qf_error *err);
+/* After a batch at [pos0, pos0+n) has run its attention for `layer`: keep the f16 copy of its
+ * last min(n, n_window) positions (k, v: [n][n_head_kv][head_dim]) in the window ring. */
+void qf_kv_cache_push_window(qf_kv_cache *kv, int layer, int pos0, int n, const float *k, const float *v);
+/* The exact copy of (stream, layer, kv head h, position p) into dst[head_dim]: true when the
+ * sink store or the window ring holds p, false otherwise (dst untouched). */
+bool qf_kv_cache_exact_row(const qf_kv_cache *kv, int stream, int layer, int h, int p, float *dst);
 
 struct qf_cuda_ctx;
 

@@ -64,6 +64,9 @@ typedef struct qf_context_ext {
     struct qf_context base;
     ctx_vecs vecs;
     float *kbuf, *vbuf; /* [n_head_kv][n_ctx][head_dim] f32 views of the cache for one layer */
+    /* exact (f16-valued) views of the sink and window positions the current batch reads, same
+     * layout; only the sink rows and the window rows of the batch are filled (kv.n_sink/n_window) */
+    float *ekbuf, *evbuf;
 } ctx_ext;
 
 static ctx_ext *ext(qf_context *c) { return (ctx_ext *)c; }
@@ -81,7 +84,7 @@ void qf_context_free(qf_context *c) {
     }
     free(e->vecs.output_norm);
     free(e->vecs.rope_ff);
-    free(e->kbuf), free(e->vbuf);
+    free(e->kbuf), free(e->vbuf), free(e->ekbuf), free(e->evbuf);
     qf_kv_cache_free(&c->kv);
     free(c->x), free(c->xn), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
         free(c->hb2), free(c->xq), free(c->rope_cos), free(c->rope_sin);
@@ -143,6 +146,8 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     c->xq = qf_malloc_aligned(c->xq_bytes);
     e->kbuf = qf_malloc_aligned((size_t)hp->n_head_kv * c->params.n_ctx * hp->head_dim * 4);
     e->vbuf = qf_malloc_aligned((size_t)hp->n_head_kv * c->params.n_ctx * hp->head_dim * 4);
+    e->ekbuf = qf_malloc_aligned((size_t)hp->n_head_kv * c->params.n_ctx * hp->head_dim * 4);
+    e->evbuf = qf_malloc_aligned((size_t)hp->n_head_kv * c->params.n_ctx * hp->head_dim * 4);
     /* per-thread scratch: a weight tile (TILE_ROWS x maxK) or one attention score block */
     size_t tile = (size_t)TILE_ROWS * maxK;
     size_t scores = B * (size_t)c->params.n_ctx;
@@ -150,7 +155,7 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     int nthr = qf_pool_size(c->pool);
     c->thr_buf = calloc((size_t)nthr + 1, sizeof(float *));
     if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->hb || !c->hb2 || !c->rope_cos ||
-        !c->rope_sin || !c->xq || !e->kbuf || !e->vbuf || !c->thr_buf)
+        !c->rope_sin || !c->xq || !e->kbuf || !e->vbuf || !e->ekbuf || !e->evbuf || !c->thr_buf)
         goto oom;
     for (int i = 0; i < nthr; i++)
         if (!(c->thr_buf[i] = qf_malloc_aligned(c->thr_buf_floats * 4))) goto oom;
@@ -324,6 +329,19 @@ typedef struct {
     int layer, n, pos0;
 } att_job;
 
+/* ---- exact sinks and recent window (kv_cache.c's qf_kv_cache_set_exact) ----
+ * For query position t, keys p < n_sink and t - n_window < p <= t are exact (f16 values) and
+ * every other key is the stored row. The stored-row scores and output come from the usual
+ * sgemm; the exact keys then replace their scores before the softmax and add
+ * w_p (Vexact_p - Vstored_p) after it, a per-(t, p) choice costing (n_sink + n_window) * head_dim
+ * per query. exact_gather fills the exact view of one (stream, kv head) for the positions a
+ * batch at [pos0, pos0+n) reads exactly: the sinks and [pos0 - n_window + 1, pos0 + n). The
+ * batch's own positions come from its fresh k/v rounded to f16 (what the window ring will
+ * hold), earlier ones from the cache's sink store or window ring; a position neither holds
+ * (e.g. after a rewind) falls back to the stored row `stored`. So decode and batched prefill
+ * read the same values. */
+static void exact_gather(qf_context *c, const void *jv, int stream, int h, const float *stored);
+
 /* gather the cache's f32 view of every kv head for positions [0, pos0+n) */
 static void kv_gather_worker(void *arg, int ith, int nth) {
     att_job *j = arg;
@@ -334,6 +352,56 @@ static void kv_gather_worker(void *arg, int ith, int nth) {
         int stream = idx / hp->n_head_kv, h = idx % hp->n_head_kv;
         float *dst = (stream ? ext(c)->vbuf : ext(c)->kbuf) + (size_t)h * c->params.n_ctx * hp->head_dim;
         qf_kv_cache_read_head(&c->kv, stream, j->layer, h, T, dst);
+        if (c->kv.n_sink || c->kv.n_window) exact_gather(c, j, stream, h, dst);
+    }
+}
+
+static void exact_gather(qf_context *c, const void *jv, int stream, int h, const float *stored) {
+    const att_job *j = jv;
+    const qf_hparams *hp = &c->model->hp;
+    int hd = hp->head_dim, Dkv = hp->n_head_kv * hd;
+    int lw = j->pos0 - c->kv.n_window + 1, lo = lw < c->kv.n_sink ? c->kv.n_sink : lw, hi = j->pos0 + j->n;
+    float *dst = (stream ? ext(c)->evbuf : ext(c)->ekbuf) + (size_t)h * c->params.n_ctx * hd;
+    const float *fresh = stream ? c->v : c->k;
+    for (int p = 0; p < hi; p++) {
+        if (p >= c->kv.n_sink && p < lo) {
+            p = lo - 1; /* skip to the window */
+            continue;
+        }
+        float *d = dst + (size_t)p * hd;
+        if (p >= j->pos0) {
+            const float *f = fresh + (size_t)(p - j->pos0) * Dkv + (size_t)h * hd;
+            for (int i = 0; i < hd; i++) d[i] = qf_f16_to_f32(qf_f32_to_f16(f[i]));
+        } else if (!qf_kv_cache_exact_row(&c->kv, stream, j->layer, h, p, d)) {
+            memcpy(d, stored + (size_t)p * hd, (size_t)hd * sizeof(float));
+        }
+    }
+}
+
+/* query at tq: the exact keys' scores (before the softmax) */
+static void exact_scores(const qf_context *c, int tq, const float *q, const float *EK, float *row, float scale) {
+    int hd = c->model->hp.head_dim, lw = tq - c->kv.n_window + 1;
+    for (int p = 0; p <= tq; p++) {
+        if (p >= c->kv.n_sink && p < lw) {
+            p = lw - 1;
+            continue;
+        }
+        double s = 0;
+        for (int d = 0; d < hd; d++) s += (double)q[d] * EK[(size_t)p * hd + d];
+        row[p] = (float)s * scale;
+    }
+}
+
+/* query at tq with softmax weights w: o += w_p (Vexact_p - Vstored_p) over the exact keys */
+static void exact_values(const qf_context *c, int tq, const float *w, const float *EV, const float *V, float *o) {
+    int hd = c->model->hp.head_dim, lw = tq - c->kv.n_window + 1;
+    for (int p = 0; p <= tq; p++) {
+        if (p >= c->kv.n_sink && p < lw) {
+            p = lw - 1;
+            continue;
+        }
+        float a = w[p];
+        for (int d = 0; d < hd; d++) o[d] += a * (EV[(size_t)p * hd + d] - V[(size_t)p * hd + d]);
     }
 }
 
@@ -365,9 +433,13 @@ static void attention_worker(void *arg, int ith, int nth) {
             } else {
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, Tb, hd, scale, Qb, Dq, K, hd, 0.0f, S, Tb);
             }
+            bool exact = c->kv.n_sink || c->kv.n_window;
+            const float *EK = ext(c)->ekbuf + (size_t)kvh * c->params.n_ctx * hd;
+            const float *EV = ext(c)->evbuf + (size_t)kvh * c->params.n_ctx * hd;
             for (int i = 0; i < nb; i++) {
                 float *row = S + (size_t)i * Tb;
                 int last = j->pos0 + i0 + i; /* causal: query sees positions <= its own */
+                if (exact) exact_scores(c, last, Qb + (size_t)i * Dq, EK, row, scale);
                 float mx = -INFINITY;
                 for (int t = 0; t <= last; t++) mx = row[t] > mx ? row[t] : mx;
                 for (int t = 0; t <= last; t++) row[t] -= mx;
@@ -390,6 +462,9 @@ static void attention_worker(void *arg, int ith, int nth) {
             } else {
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, Tb, 1.0f, S, Tb, V, hd, 0.0f, Ob, Dq);
             }
+            if (exact)
+                for (int i = 0; i < nb; i++)
+                    exact_values(c, j->pos0 + i0 + i, S + (size_t)i * Tb, EV, V, Ob + (size_t)i * Dq);
         }
     }
 }
@@ -501,6 +576,7 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         att_job aj = {.c = c, .layer = il, .n = n, .pos0 = pos0};
         qf_pool_run(c->pool, kv_gather_worker, &aj);
         qf_pool_run(c->pool, attention_worker, &aj);
+        qf_kv_cache_push_window(&c->kv, il, pos0, n, c->k, c->v); /* exact window: keep this batch's f16 */
         if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_ATTN_OUT, n, Dq, c->att);
         matmul(c, &L->wo, c->att, n, c->xn);
         for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];

@@ -6,7 +6,10 @@
  * binds; dict stores one packed sparse code per row (atom indices + coefficients, the
  * qf_kv_code_pack layout), OMP-encoded on write against the dictionaries a certified kv-dict
  * artifact binds and reconstructed on read, so the cache really holds only the codes.
- * int8 and dict caches are built only through qf_kv_cache_init_spec, with their data.
+ * int8, dict and rq caches are built only through qf_kv_cache_init_spec, with their data;
+ * rq stores kv-rq rows (format/kv_rq_row.h, engine/kv_rq.c) with a bit width per layer.
+ * Any mode can keep exact f16 copies of the attention sinks and of a recent window
+ * (qf_kv_cache_set_exact; forward.c chooses exact or stored per (query, key) position).
  * --kv-rot hadamard (plain modes): each row is rotated by the normalized Walsh-Hadamard
  * transform before it is quantized and rotated back (H is its own inverse) after it is
  * dequantized, as llama.cpp does for quantized caches: outlier channels are spread over the
@@ -17,9 +20,10 @@
 
 #include "engine.h"
 #include "engine/kv_codes.h"
+#include "engine/kv_rq.h"
 #include "kernels/hadamard.h"
 
-static const char *const mode_names[QF_KV_MODE_COUNT] = {"f32", "f16", "q8_0", "q4_0", "int8", "dict"};
+static const char *const mode_names[QF_KV_MODE_COUNT] = {"f32", "f16", "q8_0", "q4_0", "int8", "dict", "rq"};
 
 const char *qf_kv_mode_name(qf_kv_mode m) {
     return (unsigned)m < QF_KV_MODE_COUNT ? mode_names[m] : "unknown";
@@ -107,9 +111,86 @@ oom:
     return qf_fail(err, QF_ERR_NOMEM, "dict KV cache (%s): out of memory for the dictionaries", sname);
 }
 
+static void rq_bind_free(struct qf_kv_rq_bind *r) {
+    if (!r) return;
+    free(r->bits), free(r->row_bytes), free(r->levels), free(r->mean), free(r->cs), free(r->inv_cs), free(r->scratch);
+    free(r);
+}
+
+static qf_status rq_bind_new(const qf_kv_stream_spec *sp, const qf_hparams *hp, const char *sname,
+                             struct qf_kv_rq_bind **out, qf_error *err) {
+    *out = NULL;
+    int L = hp->n_layer, H = hp->n_head_kv, hd = hp->head_dim;
+    if (!sp->rq_bits || !sp->rq_levels || !sp->rq_mean || !sp->rq_cs)
+        return qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): bit widths, codebooks, means and channel scales are required",
+                       sname);
+    if (qf_kv_rq_row_bytes(hd, QF_KV_RQ_MIN_BITS) == 0)
+        return qf_fail(err, QF_ERR_UNSUPPORTED, "rq KV cache needs head_dim a power of two in [%d, %d] (it is %d)",
+                       QF_KV_RQ_MIN_HEAD_DIM, QF_KV_RQ_MAX_HEAD_DIM, hd);
+    size_t nv = (size_t)L * H * hd, nl = (size_t)L * H * QF_KV_RQ_MAX_LEVELS;
+    struct qf_kv_rq_bind *r = calloc(1, sizeof *r);
+    if (!r || !(r->bits = malloc((size_t)L * sizeof(int))) || !(r->row_bytes = malloc((size_t)L * sizeof(size_t))) ||
+        !(r->levels = malloc(nl * sizeof(float))) || !(r->mean = malloc(nv * sizeof(float))) ||
+        !(r->cs = malloc(nv * sizeof(float))) || !(r->inv_cs = malloc(nv * sizeof(float))) ||
+        !(r->scratch = malloc(2 * (size_t)hd * sizeof(float)))) {
+        rq_bind_free(r);
+        return qf_fail(err, QF_ERR_NOMEM, "rq KV cache (%s): out of memory", sname);
+    }
+    qf_status st = QF_OK;
+    for (int l = 0; l < L && !st; l++) {
+        int b = sp->rq_bits[l];
+        if (!qf_kv_rq_bits_ok(b)) {
+            st = qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): layer %d has %d bits (expected 2..6 or 16)", sname, l, b);
+            break;
+        }
+        r->bits[l] = b;
+        r->row_bytes[l] = qf_kv_rq_row_bytes(hd, b);
+        for (int h = 0; h < H && b != QF_KV_RQ_BITS_F16 && !st; h++) {
+            const float *lv = sp->rq_levels + ((size_t)l * H + h) * QF_KV_RQ_MAX_LEVELS;
+            for (int k = 0; k < (1 << b); k++)
+                if (!isfinite(lv[k]) || (k > 0 && !(lv[k] > lv[k - 1])))
+                    st = qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): layer %d head %d: codebook not finite and ascending",
+                                 sname, l, h);
+        }
+    }
+    memcpy(r->levels, sp->rq_levels, nl * sizeof(float));
+    for (size_t i = 0; i < nv && !st; i++) {
+        float m = sp->rq_mean[i], c = sp->rq_cs[i];
+        if (!isfinite(m) || !isfinite(c) || c == 0 || !isfinite(1.0f / c))
+            st = qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): mean/channel scale %zu is %g/%g (expected finite, scale "
+                                          "nonzero)",
+                         sname, i, (double)m, (double)c);
+        r->mean[i] = m, r->cs[i] = c, r->inv_cs[i] = 1.0f / c;
+    }
+    if (st) {
+        rq_bind_free(r);
+        return st;
+    }
+    *out = r;
+    return QF_OK;
+}
+
+static qf_kv_rq_codec rq_codec(const struct qf_kv_rq_bind *r, const qf_kv_cache *kv, int layer, int h) {
+    size_t lh = (size_t)layer * kv->n_head_kv + h;
+    return (qf_kv_rq_codec){.head_dim = kv->head_dim,
+                            .bits = r->bits[layer],
+                            .levels = r->levels + lh * QF_KV_RQ_MAX_LEVELS,
+                            .mean = r->mean + lh * kv->head_dim,
+                            .cs = r->cs + lh * kv->head_dim,
+                            .inv_cs = r->inv_cs + lh * kv->head_dim};
+}
+
+/* row bytes of (stream, layer): per layer for rq, per stream otherwise */
+static size_t layer_row_bytes(const qf_kv_cache *kv, int s, int layer) {
+    return kv->rq[s] ? kv->rq[s]->row_bytes[layer] : kv->row_bytes[s];
+}
+
 qf_status qf_kv_cache_init_spec(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx, const qf_kv_stream_spec spec[2],
                                 qf_error *err) {
     memset(kv, 0, sizeof *kv);
+    if (hp->n_layer < 1 || hp->n_layer > 4096 || hp->n_head_kv < 1 || hp->head_dim < 1 || n_ctx < 1)
+        return qf_fail(err, QF_ERR_ARG, "KV cache: %d layers, %d kv heads, head_dim %d, n_ctx %d: expected positive sizes",
+                       hp->n_layer, hp->n_head_kv, hp->head_dim, n_ctx);
     kv->mode_k = spec[0].mode;
     kv->mode_v = spec[1].mode;
     kv->n_layer = hp->n_layer;
@@ -167,6 +248,13 @@ qf_status qf_kv_cache_init_spec(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx
                 return st;
             }
             rb = qf_kv_code_bytes(sp->n_atoms, sp->sparsity, sp->coef);
+        } else if (sp->mode == QF_KV_RQ) {
+            if ((st = rq_bind_new(sp, hp, sname, &kv->rq[s], err))) {
+                qf_kv_cache_free(kv);
+                return st;
+            }
+            rb = 0;
+            for (int l = 0; l < hp->n_layer; l++) rb = kv->rq[s]->row_bytes[l] > rb ? kv->rq[s]->row_bytes[l] : rb;
         } else {
             rb = qf_row_bytes(mode_type(sp->mode), hp->head_dim);
             if (rb == 0) {
@@ -177,11 +265,11 @@ qf_status qf_kv_cache_init_spec(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx
             }
         }
         kv->row_bytes[s] = rb;
-        kv->data[s] = calloc((size_t)hp->n_layer, sizeof(uint8_t *));
+        kv->data[s] = calloc((size_t)(unsigned)kv->n_layer, sizeof(uint8_t *));
         if (!kv->data[s]) goto oom;
-        size_t per_layer = rb * (size_t)n_ctx * (size_t)hp->n_head_kv;
         for (int l = 0; l < hp->n_layer; l++)
-            if (!(kv->data[s][l] = qf_malloc_aligned(per_layer))) goto oom;
+            if (!(kv->data[s][l] = qf_malloc_aligned(layer_row_bytes(kv, s, l) * (size_t)n_ctx * (size_t)hp->n_head_kv)))
+                goto oom;
     }
     return QF_OK;
 oom:
@@ -194,7 +282,7 @@ qf_status qf_kv_cache_init(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx, qf_
     memset(kv, 0, sizeof *kv);
     qf_kv_mode modes[2] = {mk, mv};
     for (int s = 0; s < 2; s++)
-        if (modes[s] == QF_KV_INT8 || modes[s] == QF_KV_DICT)
+        if (modes[s] == QF_KV_INT8 || modes[s] == QF_KV_DICT || modes[s] == QF_KV_RQ)
             return qf_fail(err, QF_ERR_ARTIFACT_NOT_CERTIFIED,
                            "the %s KV cache mode runs only a certified kv-%s artifact: create the context in a "
                            "plain mode and bind the artifact (qforge ... --artifact X.qfa)",
@@ -203,7 +291,81 @@ qf_status qf_kv_cache_init(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx, qf_
     return qf_kv_cache_init_spec(kv, hp, n_ctx, spec, err);
 }
 
+static void exact_free(qf_kv_cache *kv) {
+    for (int s = 0; s < 2; s++) {
+        for (int l = 0; l < kv->n_layer; l++) {
+            if (kv->sink[s]) free(kv->sink[s][l]);
+            if (kv->win[s]) free(kv->win[s][l]);
+        }
+        free(kv->sink[s]), free(kv->win[s]);
+        kv->sink[s] = kv->win[s] = NULL;
+    }
+    if (kv->win_pos)
+        for (int l = 0; l < kv->n_layer; l++) free(kv->win_pos[l]);
+    free(kv->win_pos);
+    kv->win_pos = NULL;
+    kv->n_sink = kv->n_window = 0;
+}
+
+qf_status qf_kv_cache_set_exact(qf_kv_cache *kv, int n_sink, int n_window, qf_error *err) {
+    exact_free(kv);
+    if (n_sink < 0 || n_window < 0 || n_sink > kv->n_ctx || n_window > kv->n_ctx)
+        return qf_fail(err, QF_ERR_ARG, "KV cache: %d sink and %d window positions: expected each in [0, %d] (n_ctx)",
+                       n_sink, n_window, kv->n_ctx);
+    size_t row = (size_t)kv->n_head_kv * kv->head_dim;
+    int L = kv->n_layer;
+    for (int s = 0; s < 2; s++) {
+        if (n_sink && !(kv->sink[s] = calloc((size_t)L, sizeof(uint16_t *)))) goto oom;
+        if (n_window && !(kv->win[s] = calloc((size_t)L, sizeof(uint16_t *)))) goto oom;
+        for (int l = 0; l < L; l++) {
+            if (n_sink && !(kv->sink[s][l] = calloc((size_t)n_sink * row, sizeof(uint16_t)))) goto oom;
+            if (n_window && !(kv->win[s][l] = calloc((size_t)n_window * row, sizeof(uint16_t)))) goto oom;
+        }
+    }
+    if (n_window) {
+        if (!(kv->win_pos = calloc((size_t)L, sizeof(int32_t *)))) goto oom;
+        for (int l = 0; l < L; l++) {
+            if (!(kv->win_pos[l] = malloc((size_t)n_window * sizeof(int32_t)))) goto oom;
+            for (int i = 0; i < n_window; i++) kv->win_pos[l][i] = -1;
+        }
+    }
+    kv->n_sink = n_sink, kv->n_window = n_window;
+    return QF_OK;
+oom:
+    exact_free(kv);
+    return qf_fail(err, QF_ERR_NOMEM, "KV cache: out of memory for %d sink and %d window positions", n_sink, n_window);
+}
+
+void qf_kv_cache_push_window(qf_kv_cache *kv, int layer, int pos0, int n, const float *k, const float *v) {
+    int R = kv->n_window;
+    if (R <= 0) return;
+    size_t row = (size_t)kv->n_head_kv * kv->head_dim;
+    int first = n > R ? n - R : 0;
+    for (int t = first; t < n; t++) {
+        int p = pos0 + t, slot = p % R;
+        for (int s = 0; s < 2; s++) {
+            const float *src = (s ? v : k) + (size_t)t * row;
+            uint16_t *dst = kv->win[s][layer] + (size_t)slot * row;
+            for (size_t i = 0; i < row; i++) dst[i] = qf_f32_to_f16(src[i]);
+        }
+        kv->win_pos[layer][slot] = p;
+    }
+}
+
+bool qf_kv_cache_exact_row(const qf_kv_cache *kv, int stream, int layer, int h, int p, float *dst) {
+    size_t row = (size_t)kv->n_head_kv * kv->head_dim;
+    const uint16_t *src = NULL;
+    if (p >= 0 && p < kv->n_sink) src = kv->sink[stream][layer] + (size_t)p * row;
+    else if (kv->n_window > 0 && p >= 0 && kv->win_pos[layer][p % kv->n_window] == p)
+        src = kv->win[stream][layer] + (size_t)(p % kv->n_window) * row;
+    if (!src) return false;
+    src += (size_t)h * kv->head_dim;
+    for (int d = 0; d < kv->head_dim; d++) dst[d] = qf_f16_to_f32(src[d]);
+    return true;
+}
+
 void qf_kv_cache_free(qf_kv_cache *kv) {
+    exact_free(kv);
     for (int s = 0; s < 2; s++) {
         if (kv->data[s])
             for (int l = 0; l < kv->n_layer; l++) free(kv->data[s][l]);
@@ -211,6 +373,8 @@ void qf_kv_cache_free(qf_kv_cache *kv) {
         free(kv->int8_scale[s]);
         free(kv->int8_inv_scale[s]);
         dict_bind_free(kv->dict[s], kv->n_layer);
+        rq_bind_free(kv->rq[s]);
+        kv->rq[s] = NULL;
         kv->data[s] = NULL;
         kv->int8_scale[s] = kv->int8_inv_scale[s] = NULL;
         kv->dict[s] = NULL;
@@ -266,9 +430,26 @@ qf_status qf_kv_cache_set_rot(qf_kv_cache *kv, qf_kv_rot rot, qf_error *err) {
 void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos,
                        const float *src) {
     qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
-    size_t rb = kv->row_bytes[stream];
+    size_t rb = layer_row_bytes(kv, stream, layer);
     int hd = kv->head_dim, nh = kv->n_head_kv;
     uint8_t *dst = kv->data[stream][layer] + (size_t)pos * nh * rb;
+    /* the exact copies of sink positions (the window ring is filled after attention) */
+    for (int p = pos; p < pos + n_pos && p < kv->n_sink; p++) {
+        size_t row = (size_t)nh * hd;
+        const float *s = src + (size_t)(p - pos) * row;
+        uint16_t *d = kv->sink[stream][layer] + (size_t)p * row;
+        for (size_t i = 0; i < row; i++) d[i] = qf_f32_to_f16(s[i]);
+    }
+    if (mode == QF_KV_RQ) {
+        const struct qf_kv_rq_bind *r = kv->rq[stream];
+        for (int p = 0; p < n_pos; p++)
+            for (int h = 0; h < nh; h++) {
+                qf_kv_rq_codec c = rq_codec(r, kv, layer, h);
+                size_t i = (size_t)p * nh + h;
+                qf_kv_rq_encode(&c, src + i * hd, r->scratch, dst + i * rb);
+            }
+        return;
+    }
     if (mode == QF_KV_INT8) {
         /* one token's row of all kv heads is [n_head_kv * head_dim], as the scales are laid out */
         const float *inv = kv->int8_inv_scale[stream] + (size_t)layer * nh * hd;
@@ -314,11 +495,14 @@ void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_po
 void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos,
                            float *dst) {
     qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
-    size_t rb = kv->row_bytes[stream];
+    size_t rb = layer_row_bytes(kv, stream, layer);
     int hd = kv->head_dim, nh = kv->n_head_kv;
     const uint8_t *base = kv->data[stream][layer] + (size_t)h * rb;
     size_t stride = (size_t)nh * rb;
-    if (mode == QF_KV_F32) {
+    if (mode == QF_KV_RQ) {
+        qf_kv_rq_codec c = rq_codec(kv->rq[stream], kv, layer, h);
+        for (int p = 0; p < n_pos; p++) qf_kv_rq_decode(&c, base + p * stride, dst + (size_t)p * hd);
+    } else if (mode == QF_KV_F32) {
         for (int p = 0; p < n_pos; p++) memcpy(dst + (size_t)p * hd, base + p * stride, hd * sizeof(float));
     } else if (mode == QF_KV_INT8) {
         const float *sc = kv->int8_scale[stream] + ((size_t)layer * nh + h) * hd;
@@ -342,5 +526,10 @@ void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, 
 }
 
 double qf_kv_cache_bytes_per_token(const qf_kv_cache *kv) {
-    return (double)kv->n_layer * kv->n_head_kv * (double)(kv->row_bytes[0] + kv->row_bytes[1]);
+    double b = 0;
+    for (int s = 0; s < 2; s++)
+        for (int l = 0; l < kv->n_layer; l++) b += (double)kv->n_head_kv * (double)layer_row_bytes(kv, s, l);
+    if (kv->n_ctx > 0) /* the f16 sink and window copies, spread over the context */
+        b += 2.0 * kv->n_layer * kv->n_head_kv * kv->head_dim * 2.0 * (kv->n_sink + kv->n_window) / kv->n_ctx;
+    return b;
 }

@@ -15,6 +15,8 @@
 #include "qforge/capture.h"
 #include "qforge/corpus.h"
 #include "qforge/forge.h"
+#include "qforge/kv_rq.h"
+#include "format/kv_rq_row.h"
 #include "kernels/hadamard.h"
 #include "util/par.h"
 #include "util/util.h"
@@ -43,6 +45,9 @@ void qf_job_default(qf_job *j) {
     j->dict_sparsity = 8;
     j->dict_iters = 10;
     j->dict_coef = QF_KV_COEF_F16;
+    j->rq_sink = j->rq_window = -1;
+    j->rq_k_alpha = 0.5;
+    j->rq_sens_chunks = 2;
 }
 
 void qf_job_report_free(qf_job_report *rep) {
@@ -644,6 +649,255 @@ fail:
     return st;
 }
 
+/* ---- kv-rq ---- */
+
+static qf_status certify_at_ctx(const qf_job *j, shared *s, int n, const qf_payload *pl, qf_certify_result *r,
+                                qf_error *err);
+
+/* One kv-rq candidate certified on the evaluation split (s->ref) and logged. */
+static qf_status rq_certify(const qf_job *j, shared *s, const qf_kv_rq_fit *fit, int *const bits[2], int S, int R,
+                            qf_payload *pl, qf_certify_result *r, double *bpe, qf_error *err) {
+    qf_payload_free(pl);
+    memset(pl, 0, sizeof *pl);
+    qf_status st = qf_kv_rq_payload(fit, (const int *const *)bits, S, R, pl, err);
+    if (st) return st;
+    *bpe = qf_kv_rq_bits_per_element((const int *const *)bits, fit->n_layer, fit->head_dim, S, R, s->n_ctx);
+    if ((st = qf_certify_candidate(s->ctx, s->ref, QF_ARTIFACT_KV_RQ, pl, &j->gate, r, err))) return st;
+    char kb[64] = "", vb[64] = "";
+    for (int l = 0; l < fit->n_layer && l < 60; l++) kb[l] = (char)('0' + bits[0][l]), vb[l] = (char)('0' + bits[1][l]);
+    stage(j, "[4/5 certify] kv-rq K %s V %s S%d R%d: %.3f bits/element, PPL %.4f -> %.4f (delta %+.4f%%), KLD mean "
+             "%.6f p99 %.6f, top-1 %.2f%% -> %s",
+          kb, vb, S, R, *bpe, r->ref_ppl, r->cand_ppl, 100 * r->delta_ppl, r->kld_mean, r->kld_p99, 100 * r->top1,
+          r->passed ? "passes" : "fails");
+    return QF_OK;
+}
+
+/* kv-rq: learn (means, channel scales, codebooks), measure each (layer, stream)'s sensitivity
+ * alone at 2 bits as mean KLD on calibration text (never the evaluation split), allocate bits
+ * greedily, certify: with a budget (--bits) the best allocation within it, else the fewest
+ * bits (binary search along the greedy path) that pass the gate. */
+static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error *err) {
+    const qf_hparams *hp = qf_model_hparams(s->model);
+    int L = hp->n_layer, D = hp->head_dim, U = 2 * L;
+    if (qf_context_device(s->ctx) != QF_DEVICE_CPU)
+        return qf_fail(err, QF_ERR_UNSUPPORTED, "kv-rq runs on the CPU only in this build");
+    qf_kv_rq_fit fit;
+    qf_kv_rq_learn_params lp;
+    qf_kv_rq_learn_params_default(&lp);
+    lp.k_alpha = j->rq_k_alpha;
+    lp.seed = j->seed;
+    qf_kv_capture_view v = qf_capture_kv_view(s->cap);
+    double t0 = qf_now_sec();
+    qf_status st = qf_kv_rq_learn(&v, &lp, &fit, err);
+    if (st) return as_stage(err, st, st == QF_ERR_NOMEM ? st : QF_ERR_CAPTURE_FAILED, "learn");
+    double mse[QF_KV_RQ_N_WIDTHS] = {0};
+    for (int sidx = 0; sidx < 2; sidx++)
+        for (int l = 0; l < L; l++)
+            for (int w = 0; w < QF_KV_RQ_N_WIDTHS; w++) mse[w] += fit.rel_mse[sidx][l * QF_KV_RQ_N_WIDTHS + w] / U;
+    stage(j, "[3/5 learn] kv-rq codebooks in %.1f s: relative MSE %.4f / %.4f / %.4f at 2 / 3 / 4 bits",
+          qf_now_sec() - t0, mse[0], mse[1], mse[2]);
+    /* sinks and window (docs/kv-rq.md has the measurement behind this): 4 sinks, and f16
+     * tokens worth up to 0.75 bits per element at -c N (24 tokens at 512), or less when a
+     * budget leaves less room above 2-bit codes and row scales */
+    double scale_bits = 8.0 * QF_KV_RQ_SCALE_BYTES / D, win_bits = 0.75;
+    if (j->rq_bits > 0 && j->rq_bits - QF_KV_RQ_MIN_BITS - scale_bits < win_bits)
+        win_bits = j->rq_bits - QF_KV_RQ_MIN_BITS - scale_bits;
+    int SR = win_bits > 0 ? (int)floor(win_bits * s->n_ctx / 16.0 + 1e-9) : 0;
+    int S = j->rq_sink >= 0 ? j->rq_sink : SR < 4 ? SR : 4;
+    int R = j->rq_window >= 0 ? j->rq_window : SR - S > 0 ? SR - S : 0;
+    if (S + R >= s->n_ctx) S = S < s->n_ctx / 4 ? S : s->n_ctx / 4, R = R < s->n_ctx / 4 ? R : s->n_ctx / 4;
+    if (j->rq_bits > 0 && j->rq_bits - scale_bits - 16.0 * (S + R) / s->n_ctx < QF_KV_RQ_MIN_BITS) {
+        qf_kv_rq_fit_free(&fit);
+        return qf_fail(err, QF_ERR_ARG,
+                       "kv-rq: a budget of %.3f bits per element leaves %.3f for codes at -c %d (row scales %.3f, %d "
+                       "sinks + %d window tokens %.3f): at least 2 are needed; lower --sinks/--window or raise --bits",
+                       j->rq_bits, j->rq_bits - scale_bits - 16.0 * (S + R) / s->n_ctx, s->n_ctx, scale_bits, S, R,
+                       16.0 * (S + R) / s->n_ctx);
+    }
+    /* sensitivity on calibration text */
+    int *bits[2] = {malloc(sizeof(int) * (size_t)L), malloc(sizeof(int) * (size_t)L)};
+    double *sens[2] = {calloc((size_t)L, sizeof(double)), calloc((size_t)L, sizeof(double))};
+    qf_certify_ref *cref = NULL;
+    qf_payload pl = {0}, best = {0};
+    if (!bits[0] || !bits[1] || !sens[0] || !sens[1]) {
+        st = qf_fail(err, QF_ERR_NOMEM, "kv-rq: out of memory");
+        goto done;
+    }
+    t0 = qf_now_sec();
+    size_t clen;
+    const char *ctext = qf_corpus_calib_text(s->corpus, &clen);
+    qf_certify_params cp = {.n_ctx = s->n_ctx < 512 ? s->n_ctx : 512, .n_chunks = j->rq_sens_chunks > 2 ? j->rq_sens_chunks : 2};
+    if ((st = qf_certify_reference(s->ctx, ctext, clen, &cp, &cref, err))) {
+        st = as_stage(err, st, QF_ERR_CAPTURE_FAILED, "kv-rq sensitivity: reference on the calibration text");
+        goto done;
+    }
+    qf_gate any = qf_gate_default();
+    any.max_delta_ppl = 1e30;
+    for (int u = 0; u < U; u++) {
+        for (int sidx = 0; sidx < 2; sidx++)
+            for (int l = 0; l < L; l++) bits[sidx][l] = QF_KV_RQ_BITS_F16;
+        bits[u % 2][u / 2] = QF_KV_RQ_MIN_BITS;
+        qf_payload_free(&pl);
+        memset(&pl, 0, sizeof pl);
+        qf_certify_result r;
+        if ((st = qf_kv_rq_payload(&fit, (const int *const *)bits, S, R, &pl, err)) ||
+            (st = qf_certify_candidate(s->ctx, cref, QF_ARTIFACT_KV_RQ, &pl, &any, &r, err)))
+            goto done;
+        sens[u % 2][u / 2] = r.kld_mean > 1e-9 ? r.kld_mean : 1e-9;
+    }
+    {
+        char line[1024];
+        int o = 0;
+        for (int l = 0; l < L && o < 900; l++) o += snprintf(line + o, sizeof line - (size_t)o, " %d:%.4f/%.4f", l, sens[0][l], sens[1][l]);
+        stage(j, "[3/5 learn] kv-rq sensitivity (mean KLD at 2 bits alone, K/V per layer, %d calibration chunks, %.1f s):%s",
+              cp.n_chunks, qf_now_sec() - t0, line);
+    }
+    rep->seconds_learn = qf_now_sec() - t0;
+    t0 = qf_now_sec();
+    if ((st = stage_reference(j, s, err))) goto done;
+    double overhead = 8.0 * QF_KV_RQ_SCALE_BYTES / D + 16.0 * (S + R) / s->n_ctx; /* row scale + sinks and window */
+    qf_certify_result r;
+    double bpe = NAN;
+    if (j->rq_bits > 0) {
+        double max_code = j->rq_bits - overhead;
+        if (max_code < QF_KV_RQ_MIN_BITS) {
+            st = qf_fail(err, QF_ERR_ARG,
+                         "kv-rq: a budget of %.3f bits per element leaves %.3f for codes at -c %d (row scales %.3f, %d "
+                         "sinks + %d window tokens %.3f): at least 2 are needed; lower --sinks/--window or raise --bits",
+                         j->rq_bits, max_code, s->n_ctx, 8.0 * QF_KV_RQ_SCALE_BYTES / D, S, R, 16.0 * (S + R) / s->n_ctx);
+            goto done;
+        }
+        double pred = qf_kv_rq_allocate(&fit, (const double *const *)sens, max_code, bits);
+        stage(j, "[3/5 learn] kv-rq allocation within %.3f bits (codes <= %.3f): predicted KLD %.5f", j->rq_bits, max_code,
+              pred);
+        if (j->rq_sink < 0 && j->rq_window < 0) {
+            /* the window competes with the codes for the budget: measure a few splits on the
+             * calibration text (mean KLD of the whole allocation) and keep the best */
+            static const double levels[] = {0.75, 0.5, 0.375, 0.25, 0.125, 0.0625, 0};
+            double best_kld = INFINITY;
+            int bS = S, bR = R, tried_s[32], tried_r[32], n_tried = 0;
+            for (size_t li = 0; li < 2 * (sizeof levels / sizeof levels[0]); li++) {
+                int max_sinks = li % 2 ? 4 : 1; /* BOS alone, or StreamingLLM's 4 */
+                double wb = levels[li / 2] < j->rq_bits - QF_KV_RQ_MIN_BITS - scale_bits
+                                ? levels[li / 2]
+                                : j->rq_bits - QF_KV_RQ_MIN_BITS - scale_bits;
+                int sr = wb > 0 ? (int)floor(wb * s->n_ctx / 16.0 + 1e-9) : 0;
+                if (sr >= s->n_ctx / 2) continue;
+                int cs = sr < max_sinks ? sr : max_sinks, cr = sr - cs;
+                bool seen = false;
+                for (int t = 0; t < n_tried; t++) seen |= tried_s[t] == cs && tried_r[t] == cr;
+                if (seen || n_tried >= 32) continue;
+                tried_s[n_tried] = cs, tried_r[n_tried++] = cr;
+                double mc = j->rq_bits - scale_bits - 16.0 * sr / s->n_ctx;
+                if (mc < QF_KV_RQ_MIN_BITS) continue;
+                qf_kv_rq_allocate(&fit, (const double *const *)sens, mc, bits);
+                qf_payload_free(&pl);
+                memset(&pl, 0, sizeof pl);
+                qf_certify_result cr_;
+                if ((st = qf_kv_rq_payload(&fit, (const int *const *)bits, cs, cr, &pl, err)) ||
+                    (st = qf_certify_candidate(s->ctx, cref, QF_ARTIFACT_KV_RQ, &pl, &any, &cr_, err)))
+                    goto done;
+                stage(j, "[3/5 learn] kv-rq split S%d R%d (codes <= %.3f): calibration KLD %.5f", cs, cr, mc, cr_.kld_mean);
+                if (cr_.kld_mean < best_kld) best_kld = cr_.kld_mean, bS = cs, bR = cr;
+            }
+            S = bS, R = bR;
+            max_code = j->rq_bits - scale_bits - 16.0 * (S + R) / s->n_ctx;
+            qf_kv_rq_allocate(&fit, (const double *const *)sens, max_code, bits);
+        }
+        if ((st = rq_certify(j, s, &fit, bits, S, R, &pl, &r, &bpe, err))) goto done;
+        rep->result = r;
+        rep->bits_per_element = bpe;
+        qf_payload tmp = best;
+        best = pl, pl = tmp;
+    } else {
+        /* binary search over k = upgrades along the greedy path (k = 0: all 2 bits, 2U: all 4) */
+        int lo = 0, hi = U * (QF_KV_RQ_MAX_BITS - QF_KV_RQ_MIN_BITS), found = -1;
+        while (lo <= hi) {
+            int k = (lo + hi) / 2;
+            qf_kv_rq_allocate(&fit, (const double *const *)sens, QF_KV_RQ_MIN_BITS + (double)k / U, bits);
+            if ((st = rq_certify(j, s, &fit, bits, S, R, &pl, &r, &bpe, err))) goto done;
+            if (rep->n_tried < QF_JOB_MAX_TRIED) {
+                set_variant(rep->tried[rep->n_tried].variant, sizeof rep->tried[0].variant, "%.3f-bits", bpe);
+                rep->tried[rep->n_tried++].result = r;
+            }
+            if (r.passed || found < 0) { /* keep the passing one (or, until one passes, the last) */
+                if (r.passed) found = k;
+                rep->result = r;
+                rep->bits_per_element = bpe;
+                qf_payload tmp = best;
+                best = pl, pl = tmp;
+            }
+            if (r.passed) hi = k - 1;
+            else lo = k + 1;
+        }
+        if (found >= 0) { /* re-derive the passing allocation's bits for the variant name */
+            qf_kv_rq_allocate(&fit, (const double *const *)sens, QF_KV_RQ_MIN_BITS + (double)found / U, bits);
+        }
+    }
+    double bpe_first = rep->bits_per_element;
+    set_variant(rep->variant, sizeof rep->variant, "%.3f-bits-S%d-R%d", rep->bits_per_element, S, R);
+    if (j->rq_bits > 0) {
+        rep->n_tried = 1;
+        set_variant(rep->tried[0].variant, sizeof rep->tried[0].variant, "%s", rep->variant);
+        rep->tried[0].result = rep->result;
+    }
+    /* the chosen payload at every other context of the --ctx list (the budget held at the first) */
+    rep->n_ctx_results = 1;
+    rep->ctx_results[0].n_ctx = s->n_ctx;
+    rep->ctx_results[0].result = rep->result;
+    for (int ci = 1; ci < j->n_ctx_list && ci < QF_JOB_MAX_CTX; ci++) {
+        qf_certify_result rc;
+        if ((st = certify_at_ctx(j, s, j->ctx_list[ci], &best, &rc, err))) goto done;
+        rep->ctx_results[rep->n_ctx_results].n_ctx = j->ctx_list[ci];
+        rep->ctx_results[rep->n_ctx_results++].result = rc;
+    }
+    for (int ci = 0; ci < rep->n_ctx_results; ci++)
+        if (rep->ctx_results[ci].result.passed) rep->certified_ctx[rep->n_certified_ctx++] = rep->ctx_results[ci].n_ctx;
+    int max_ctx = s->n_ctx;
+    for (int ci = 0; ci < rep->n_certified_ctx; ci++)
+        if (rep->certified_ctx[ci] > max_ctx) max_ctx = rep->certified_ctx[ci];
+    rep->bits_per_element = qf_artifact_bits_per_element(QF_ARTIFACT_KV_RQ, &best, hp, max_ctx);
+    rep->seconds_certify = qf_now_sec() - t0;
+    if ((st = fill_cert(j, s, rep, err))) goto done;
+    qf_payload *cf = &rep->cert.config;
+    char kb[128] = "", vb[128] = "";
+    {
+        size_t nb;
+        const uint8_t *b0 = qf_payload_get_bytes(&best, "k_bits", &nb), *b1 = qf_payload_get_bytes(&best, "v_bits", &nb);
+        for (int l = 0; b0 && b1 && l < L && l < 120; l++) kb[l] = (char)('0' + (b0[l] % 10)), vb[l] = (char)('0' + (b1[l] % 10));
+    }
+    if ((st = qf_payload_add_float(cf, "bits_per_element_at_first_ctx", bpe_first, err)) ||
+        (st = qf_payload_add_int(cf, "n_sink", S, err)) || (st = qf_payload_add_int(cf, "n_window", R, err)) ||
+        (st = qf_payload_add_string(cf, "k_bits", kb, err)) || (st = qf_payload_add_string(cf, "v_bits", vb, err)) ||
+        (st = qf_payload_add_float(cf, "k_alpha", j->rq_k_alpha, err)) ||
+        (j->rq_bits > 0 && (st = qf_payload_add_float(cf, "budget_bits", j->rq_bits, err))))
+        goto done;
+    if (!rep->result.passed) {
+        const qf_certify_result *rr = &rep->result;
+        st = qf_fail(err, QF_ERR_CERTIFY_FAILED,
+                     "kv-rq %s did not pass its gate at -c %d: %s; delta PPL %+.4f%%, KLD mean %.6f p99 %.6f, top-1 "
+                     "%.2f%%%s%s; nothing written to %s",
+                     rep->variant, s->n_ctx, rr->why, 100 * rr->delta_ppl, rr->kld_mean, rr->kld_p99, 100 * rr->top1,
+                     rr->has_baseline ? "; free baseline " : "", rr->has_baseline ? rr->baseline : "", j->out_path);
+        goto done;
+    }
+    t0 = qf_now_sec();
+    if ((st = qf_artifact_package(j->out_path, &rep->cert, &best, j->sign_key_path, err))) {
+        st = as_stage(err, st, QF_ERR_PACKAGE_FAILED, "package");
+        goto done;
+    }
+    rep->seconds_package = qf_now_sec() - t0;
+    rep->packaged = true;
+    stage(j, "[5/5 package] %s (kv-rq, %s)", j->out_path, rep->variant);
+done:
+    qf_certify_ref_free(cref);
+    qf_payload_free(&pl);
+    qf_payload_free(&best);
+    free(bits[0]), free(bits[1]), free(sens[0]), free(sens[1]);
+    qf_kv_rq_fit_free(&fit);
+    return st;
+}
+
 /* ---- one job ---- */
 
 /* Certify the chosen payload at another context n: its own context and reference pass over the
@@ -679,7 +933,8 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
     if (!j->out_path) return qf_fail(err, QF_ERR_ARG, "calibrate: no output path given");
     if (j->sign_key_path && !readable(j->sign_key_path))
         return qf_fail(err, QF_ERR_ARG, "%s: cannot read the signing key", j->sign_key_path);
-    if (j->kind != QF_ARTIFACT_KV_INT8 && j->kind != QF_ARTIFACT_KV_DICT && j->kind != QF_ARTIFACT_AWQ)
+    if (j->kind != QF_ARTIFACT_KV_INT8 && j->kind != QF_ARTIFACT_KV_DICT && j->kind != QF_ARTIFACT_AWQ &&
+        j->kind != QF_ARTIFACT_KV_RQ)
         return qf_fail(err, QF_ERR_ARG, "calibrate: unknown artifact kind %d", (int)j->kind);
 
     shared s = {0};
@@ -691,6 +946,10 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
     if ((st = qf_par_agree(st, err))) goto done;
     if ((st = same_inputs(&s, err))) goto done;
     rep->f16_kv_bytes_per_token = f16_bytes_per_token(s.model);
+    if (j->kind == QF_ARTIFACT_KV_RQ && qf_mpi_size() > 1) {
+        st = qf_fail(err, QF_ERR_UNSUPPORTED, "calibrate: kv-rq is not sharded over MPI ranks yet: run it with one process");
+        goto done;
+    }
     if (j->kind == QF_ARTIFACT_AWQ && qf_mpi_size() > 1) {
         st = qf_fail(err, QF_ERR_UNSUPPORTED, "calibrate: awq is not sharded over MPI ranks yet: run it with one process");
         goto done;
@@ -700,6 +959,10 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
         goto done;
     }
     if ((st = stage_capture(j, &s, rep, err))) goto done;
+    if (j->kind == QF_ARTIFACT_KV_RQ) {
+        st = run_rq(j, &s, rep, err);
+        goto done;
+    }
 
     double t_learn = 0, t_cert = 0, t0;
 

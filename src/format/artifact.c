@@ -20,7 +20,7 @@
 #define MAX_DEPTH 16
 
 /* ---- kinds ---- */
-static const char *const kind_names[] = {"kv-int8", "kv-dict", "awq"};
+static const char *const kind_names[] = {"kv-int8", "kv-dict", "awq", "kv-rq"};
 
 const char *qf_artifact_kind_name(qf_artifact_kind k) {
     if ((unsigned)k >= sizeof kind_names / sizeof kind_names[0]) return "unknown";
@@ -312,8 +312,8 @@ qf_status qf_artifact_encode_body(qf_certificate *c, const qf_payload *payload, 
                                   size_t *out_len, qf_error *err) {
     *out = NULL;
     *out_len = 0;
-    if ((unsigned)c->kind > QF_ARTIFACT_AWQ)
-        return qf_fail(err, QF_ERR_ARG, "artifact: kind: expected kv-int8, kv-dict or awq");
+    if ((unsigned)c->kind > QF_ARTIFACT_KV_RQ)
+        return qf_fail(err, QF_ERR_ARG, "artifact: kind: expected kv-int8, kv-dict, awq or kv-rq");
     if (c->corpus_docs < 0 || c->calib_docs < 0 || c->eval_docs < 0 || c->calib_tokens < 0 ||
         c->eval_tokens < 0)
         return qf_fail(err, QF_ERR_ARG, "artifact: provenance: document and token counts must be >= 0");
@@ -641,7 +641,7 @@ static qf_status dec_body(dec *d, const cbor_item_t *body, qf_artifact *a) {
     if (!is_map(body, 7)) return CORRUPT(d, "%s: body: expected a map of 7 keys", d->src);
     char kind[16];
     if (!get_text(field(body, 0, "kind"), kind, sizeof kind) || !qf_artifact_kind_parse(kind, &c->kind))
-        return CORRUPT(d, "%s: kind: expected \"kv-int8\", \"kv-dict\" or \"awq\"", d->src);
+        return CORRUPT(d, "%s: kind: expected \"kv-int8\", \"kv-dict\", \"awq\" or \"kv-rq\"", d->src);
 
     const cbor_item_t *pv = field(body, 1, "provenance");
     if (!is_map(pv, 13)) return CORRUPT(d, "%s: provenance: expected a map of 13 keys", d->src);

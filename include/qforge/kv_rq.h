@@ -1,0 +1,72 @@
+/* qforge/kv_rq.h: the kv-rq learner (src/forge/learn_kv_rq.c; docs/kv-rq.md).
+ *
+ * kv-rq stores every KV row as a per-row half scale plus 2-, 3- or 4-bit codes of a Lloyd-Max
+ * codebook, after centring, signed per-channel scaling (K smoothing) and a Walsh-Hadamard
+ * rotation (row layout: src/format/kv_rq_row.h); the first n_sink and the last n_window tokens
+ * are also kept in f16 (the KV cache's exact sink/window facility). The learner fits, from the
+ * captured K and V vectors, per (layer, stream, kv head): the mean, the signed channel scales
+ * and a codebook for each bit width; the pipeline then measures each (layer, stream)'s
+ * sensitivity and allocates bits greedily (qf_kv_rq_allocate).
+ *
+ * Payload ("kv-rq" artifacts; L layers, H kv heads, D head_dim):
+ *   "format" int 1, "rotation" string "hadamard", "n_sink" int, "n_window" int,
+ *   "k_bits", "v_bits"      u8  [L]           2..6 (16 = kept as f16)
+ *   "k_levels", "v_levels"  f32 [L, H, 64]    ascending, first 2^bits used
+ *   "k_mean", "v_mean"      f32 [L, H, D]
+ *   "k_cs", "v_cs"          f32 [L, H, D]     signed channel scales, finite and nonzero */
+#ifndef QFORGE_KV_RQ_H
+#define QFORGE_KV_RQ_H
+
+#include <stdint.h>
+
+#include "qforge/api.h"
+
+#include "qforge/artifact.h"
+#include "qforge/error.h"
+#include "qforge/kvlearn.h"
+
+#define QF_KV_RQ_FORMAT 1
+#define QF_KV_RQ_N_WIDTHS 5 /* 2, 3, 4, 5 and 6 bits */
+
+typedef struct {
+    double k_alpha;    /* K channel smoothing: cs_c = rms_c^alpha (geometric mean 1); 0 = off */
+    double v_alpha;    /* the same for V (default 0) */
+    int lloyd_iters;   /* per fit (default 60) */
+    int64_t max_rows;  /* rows per (layer, stream, head) used to fit (0 = all captured) */
+    uint64_t seed;     /* the random signs of the rotation */
+} qf_kv_rq_learn_params;
+
+QF_API void qf_kv_rq_learn_params_default(qf_kv_rq_learn_params *p);
+
+/* Everything learned for one model: [stream][layer][head] blocks, codebooks for 2..6 bits,
+ * and per (stream, layer, width) the relative reconstruction MSE on the fitting rows. */
+typedef struct {
+    int n_layer, n_kv_head, head_dim;
+    float *mean[2], *cs[2];                   /* [L][H][D] */
+    float *levels[2][QF_KV_RQ_N_WIDTHS];      /* [L][H][64] */
+    double *rel_mse[2];                       /* [L][QF_KV_RQ_N_WIDTHS] */
+} qf_kv_rq_fit;
+
+/* Fit from a capture (every layer and both streams must have at least 64 vectors). */
+QF_API qf_status qf_kv_rq_learn(const qf_kv_capture_view *v, const qf_kv_rq_learn_params *p, qf_kv_rq_fit *out,
+                         qf_error *err);
+QF_API void qf_kv_rq_fit_free(qf_kv_rq_fit *f);
+
+/* The artifact payload for a bit allocation (bits[s][l] in 2..6 or 16) and sink/window. */
+QF_API qf_status qf_kv_rq_payload(const qf_kv_rq_fit *f, const int *const bits[2], int n_sink, int n_window, qf_payload *pl,
+                           qf_error *err);
+
+/* Bits per element at context n_ctx, every overhead included (the engine's
+ * qf_artifact_bits_per_element computes the same from a payload): mean over (stream, layer) of row bits / head_dim, plus
+ * 16 * (n_sink + n_window) / n_ctx. */
+QF_API double qf_kv_rq_bits_per_element(const int *const bits[2], int n_layer, int head_dim, int n_sink, int n_window,
+                                 int n_ctx);
+
+/* Greedy bit allocation. sens[s][l] is the measured damage (e.g. mean KLD) of (layer l,
+ * stream s) alone at 2 bits; its damage at b bits is predicted as sens * rel_mse(b) /
+ * rel_mse(2). Starting from 2 bits everywhere, repeatedly raise by one bit the unit with the
+ * largest predicted gain, while the mean code bits stay <= max_code_bits. bits[s][l] out;
+ * returns the predicted total damage. */
+QF_API double qf_kv_rq_allocate(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int *const bits[2]);
+
+#endif

@@ -1,0 +1,241 @@
+/* learn_kv_rq.c: the kv-rq learner (include/qforge/kv_rq.h): per (layer, stream, kv head) the
+ * mean, the signed channel scales (random signs, times rms^alpha for smoothing) and Lloyd-Max
+ * codebooks at 2..6 bits fitted on the normalized rotated coordinates of the captured
+ * vectors; the payload; bits per element; the greedy sensitivity-driven bit allocation. */
+#include "qforge/kv_rq.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/kv_rq.h"
+#include "kernels/hadamard.h"
+#include "util/util.h"
+
+void qf_kv_rq_learn_params_default(qf_kv_rq_learn_params *p) {
+    memset(p, 0, sizeof *p);
+    p->k_alpha = 0.5;
+    p->v_alpha = 0.0;
+    p->lloyd_iters = 30;
+    p->max_rows = 4096;
+    p->seed = 1;
+}
+
+void qf_kv_rq_fit_free(qf_kv_rq_fit *f) {
+    if (!f) return;
+    for (int s = 0; s < 2; s++) {
+        free(f->mean[s]), free(f->cs[s]), free(f->rel_mse[s]);
+        for (int w = 0; w < QF_KV_RQ_N_WIDTHS; w++) free(f->levels[s][w]);
+    }
+    memset(f, 0, sizeof *f);
+}
+
+/* Fit one (layer, stream, head): rows x_r = x + (r * stride) * D for r < n. */
+static qf_status fit_one(const float *x, int64_t n, int64_t stride, int D, double alpha, uint64_t sign_seed,
+                         int iters, float *mean, float *cs, float *levels[QF_KV_RQ_N_WIDTHS], double *rel_mse,
+                         float *u, qf_error *err) {
+    /* mean and per-channel rms around it */
+    double *acc = calloc((size_t)D * 2, sizeof(double));
+    if (!acc) return qf_fail(err, QF_ERR_NOMEM, "kv-rq learn: out of memory");
+    for (int64_t r = 0; r < n; r++)
+        for (int c = 0; c < D; c++) acc[c] += x[r * stride * D + c];
+    for (int c = 0; c < D; c++) mean[c] = (float)(acc[c] / (double)n);
+    for (int64_t r = 0; r < n; r++)
+        for (int c = 0; c < D; c++) {
+            double d = x[r * stride * D + c] - mean[c];
+            acc[D + c] += d * d;
+        }
+    double lg = 0;
+    for (int c = 0; c < D; c++) {
+        double rms = sqrt(acc[D + c] / (double)n);
+        acc[c] = alpha > 0 ? pow(rms > 1e-6 ? rms : 1e-6, alpha) : 1.0;
+        lg += log(acc[c]);
+    }
+    double gm = exp(lg / D);
+    uint64_t st = sign_seed;
+    for (int c = 0; c < D; c++) cs[c] = (float)(acc[c] / gm) * ((qf_splitmix64(&st) >> 63) ? -1.0f : 1.0f);
+    free(acc);
+    /* normalized rotated coordinates u = H((x - mean) / cs) / rms */
+    float *ics = malloc(sizeof(float) * (size_t)D * 3);
+    if (!ics) return qf_fail(err, QF_ERR_NOMEM, "kv-rq learn: out of memory");
+    float *scratch = ics + D;
+    for (int c = 0; c < D; c++) ics[c] = 1.0f / cs[c];
+    int64_t m = 0;
+    for (int64_t r = 0; r < n; r++) {
+        float *y = u + m * D;
+        double ss = 0;
+        for (int c = 0; c < D; c++) y[c] = (x[r * stride * D + c] - mean[c]) * ics[c];
+        qf_hadamard(y, D);
+        for (int c = 0; c < D; c++) ss += (double)y[c] * y[c];
+        if (!(ss > 0)) continue;
+        float inv = (float)(1.0 / sqrt(ss / D));
+        for (int c = 0; c < D; c++) y[c] *= inv;
+        m++;
+    }
+    qf_status status = QF_OK;
+    for (int w = 0; w < QF_KV_RQ_N_WIDTHS && !status; w++) {
+        int bits = QF_KV_RQ_MIN_BITS + w, L = 1 << bits;
+        for (int k = 0; k < QF_KV_RQ_MAX_LEVELS; k++) levels[w][k] = 0;
+        /* u is sorted by the first fit and reused as it is by the others */
+        if ((status = qf_kv_rq_lloyd(u, m * D, L, iters, levels[w], err))) break;
+        for (int k = L; k < QF_KV_RQ_MAX_LEVELS; k++) levels[w][k] = levels[w][L - 1] + (float)(k - L + 1);
+        /* measured: relative squared error of the real codec (row scale refined, half) */
+        qf_kv_rq_codec cd = {.head_dim = D, .bits = bits, .levels = levels[w], .mean = mean, .cs = cs, .inv_cs = ics};
+        uint8_t row[QF_KV_RQ_SCALE_BYTES + QF_KV_RQ_MAX_HEAD_DIM];
+        double num = 0, den = 0;
+        int64_t step = n > 2048 ? n / 2048 : 1;
+        for (int64_t r = 0; r < n; r += step) {
+            const float *xr = x + r * stride * D;
+            qf_kv_rq_encode(&cd, xr, scratch, row);
+            qf_kv_rq_decode(&cd, row, scratch);
+            for (int c = 0; c < D; c++) {
+                double d = (double)xr[c] - scratch[c], e = (double)xr[c] - mean[c];
+                num += d * d, den += e * e;
+            }
+        }
+        rel_mse[w] = den > 0 ? num / den : 0;
+    }
+    free(ics);
+    return status;
+}
+
+qf_status qf_kv_rq_learn(const qf_kv_capture_view *v, const qf_kv_rq_learn_params *p, qf_kv_rq_fit *f,
+                         qf_error *err) {
+    memset(f, 0, sizeof *f);
+    int L = v->n_layer, H = v->n_kv_head, D = v->head_dim;
+    if (L < 1 || H < 1 || qf_kv_rq_row_bytes(D, QF_KV_RQ_MIN_BITS) == 0)
+        return qf_fail(err, QF_ERR_ARG, "kv-rq learn: %d layers, %d kv heads, head_dim %d: expected head_dim a power of "
+                                        "two in [%d, %d]",
+                       L, H, D, QF_KV_RQ_MIN_HEAD_DIM, QF_KV_RQ_MAX_HEAD_DIM);
+    f->n_layer = L, f->n_kv_head = H, f->head_dim = D;
+    size_t nv = (size_t)L * H * D, nl = (size_t)L * H * QF_KV_RQ_MAX_LEVELS;
+    for (int s = 0; s < 2; s++) {
+        f->mean[s] = malloc(nv * sizeof(float));
+        f->cs[s] = malloc(nv * sizeof(float));
+        f->rel_mse[s] = calloc((size_t)L * QF_KV_RQ_N_WIDTHS, sizeof(double));
+        if (!f->mean[s] || !f->cs[s] || !f->rel_mse[s]) goto oom;
+        for (int w = 0; w < QF_KV_RQ_N_WIDTHS; w++)
+            if (!(f->levels[s][w] = malloc(nl * sizeof(float)))) goto oom;
+    }
+    int64_t max_rows = 0;
+    for (int l = 0; l < L; l++)
+        for (int s = 0; s < 2; s++) {
+            int64_t n = s ? v->n_v[l] : v->n_k[l];
+            const float *x = s ? v->v[l] : v->k[l];
+            if (!x || n / H < 64)
+                return qf_kv_rq_fit_free(f),
+                       qf_fail(err, QF_ERR_CAPTURE_FAILED, "kv-rq learn: layer %d %c: %lld captured vectors, need at "
+                                                           "least %d (capture more tokens)",
+                               l, s ? 'V' : 'K', (long long)n, 64 * H);
+            int64_t rows = n / H;
+            if (p->max_rows > 0 && rows > p->max_rows) rows = p->max_rows;
+            if (rows > max_rows) max_rows = rows;
+        }
+    float *u = malloc(sizeof(float) * (size_t)max_rows * D);
+    if (!u) goto oom;
+    for (int l = 0; l < L; l++)
+        for (int s = 0; s < 2; s++) {
+            int64_t n = (s ? v->n_v[l] : v->n_k[l]) / H, rows = p->max_rows > 0 && n > p->max_rows ? p->max_rows : n;
+            int64_t stride = n / rows; /* strided subsample of the rows, in whole rows */
+            const float *x = s ? v->v[l] : v->k[l];
+            for (int h = 0; h < H; h++) {
+                size_t o = ((size_t)l * H + h) * D, ol = ((size_t)l * H + h) * QF_KV_RQ_MAX_LEVELS;
+                float *lv[QF_KV_RQ_N_WIDTHS];
+                for (int w = 0; w < QF_KV_RQ_N_WIDTHS; w++) lv[w] = f->levels[s][w] + ol;
+                double rm[QF_KV_RQ_N_WIDTHS];
+                /* rows of head h are vectors r * H + h: x + h * D with a stride of stride * H vectors */
+                qf_status st = fit_one(x + (size_t)h * D, rows, stride * H, D, s ? p->v_alpha : p->k_alpha,
+                                       p->seed * 0x9E3779B97F4A7C15ull + (uint64_t)((l * 2 + s) * H + h), p->lloyd_iters,
+                                       f->mean[s] + o, f->cs[s] + o, lv, rm, u, err);
+                if (st) {
+                    free(u);
+                    qf_kv_rq_fit_free(f);
+                    return qf_error_prefix(err, "layer %d %c head %d: ", l, s ? 'V' : 'K', h);
+                }
+                for (int w = 0; w < QF_KV_RQ_N_WIDTHS; w++) f->rel_mse[s][l * QF_KV_RQ_N_WIDTHS + w] += rm[w] / H;
+            }
+        }
+    free(u);
+    return QF_OK;
+oom:
+    qf_kv_rq_fit_free(f);
+    return qf_fail(err, QF_ERR_NOMEM, "kv-rq learn: out of memory");
+}
+
+qf_status qf_kv_rq_payload(const qf_kv_rq_fit *f, const int *const bits[2], int n_sink, int n_window, qf_payload *pl,
+                           qf_error *err) {
+    int L = f->n_layer, H = f->n_kv_head, D = f->head_dim;
+    size_t nl = (size_t)L * H * QF_KV_RQ_MAX_LEVELS;
+    float *lv = malloc(nl * sizeof(float));
+    uint8_t *b = malloc((size_t)L);
+    if (!lv || !b) {
+        free(lv), free(b);
+        return qf_fail(err, QF_ERR_NOMEM, "kv-rq payload: out of memory");
+    }
+    qf_status st = qf_payload_add_int(pl, "format", QF_KV_RQ_FORMAT, err);
+    if (!st) st = qf_payload_add_string(pl, "rotation", "hadamard", err);
+    if (!st) st = qf_payload_add_int(pl, "n_sink", n_sink, err);
+    if (!st) st = qf_payload_add_int(pl, "n_window", n_window, err);
+    for (int s = 0; s < 2 && !st; s++) {
+        const char *sn = s ? "v" : "k";
+        char name[32];
+        for (int l = 0; l < L; l++) {
+            int bb = bits[s][l];
+            b[l] = (uint8_t)bb;
+            int w = bb >= QF_KV_RQ_MIN_BITS && bb <= QF_KV_RQ_MAX_BITS ? bb - QF_KV_RQ_MIN_BITS : 0;
+            memcpy(lv + (size_t)l * H * QF_KV_RQ_MAX_LEVELS, f->levels[s][w] + (size_t)l * H * QF_KV_RQ_MAX_LEVELS,
+                   (size_t)H * QF_KV_RQ_MAX_LEVELS * sizeof(float));
+        }
+        int64_t sh1[1] = {L}, sh3l[3] = {L, H, QF_KV_RQ_MAX_LEVELS}, sh3[3] = {L, H, D};
+        snprintf(name, sizeof name, "%s_bits", sn);
+        if (!st) st = qf_payload_add_u8(pl, name, b, 1, sh1, err);
+        snprintf(name, sizeof name, "%s_levels", sn);
+        if (!st) st = qf_payload_add_f32(pl, name, lv, 3, sh3l, err);
+        snprintf(name, sizeof name, "%s_mean", sn);
+        if (!st) st = qf_payload_add_f32(pl, name, f->mean[s], 3, sh3, err);
+        snprintf(name, sizeof name, "%s_cs", sn);
+        if (!st) st = qf_payload_add_f32(pl, name, f->cs[s], 3, sh3, err);
+    }
+    free(lv), free(b);
+    return st;
+}
+
+double qf_kv_rq_bits_per_element(const int *const bits[2], int n_layer, int head_dim, int n_sink, int n_window,
+                                 int n_ctx) {
+    double b = 0;
+    for (int s = 0; s < 2; s++)
+        for (int l = 0; l < n_layer; l++) b += 8.0 * (double)qf_kv_rq_row_bytes(head_dim, bits[s][l]) / head_dim;
+    b /= 2.0 * n_layer;
+    if (n_ctx > 0) b += 16.0 * (n_sink + n_window) / n_ctx;
+    return b;
+}
+
+double qf_kv_rq_allocate(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int *const bits[2]) {
+    int L = f->n_layer, U = 2 * L;
+    for (int s = 0; s < 2; s++)
+        for (int l = 0; l < L; l++) bits[s][l] = QF_KV_RQ_MIN_BITS;
+    double total_bits = QF_KV_RQ_MIN_BITS * (double)U;
+#define PRED(s, l, b) \
+    (sens[s][l] * f->rel_mse[s][(l) * QF_KV_RQ_N_WIDTHS + (b) - QF_KV_RQ_MIN_BITS] / f->rel_mse[s][(l) * QF_KV_RQ_N_WIDTHS])
+    for (;;) {
+        int bs = -1, bl = -1;
+        double best = -1;
+        if ((total_bits + 1) / U > max_code_bits + 1e-9) break;
+        for (int s = 0; s < 2; s++)
+            for (int l = 0; l < L; l++) {
+                int b = bits[s][l];
+                if (b >= QF_KV_RQ_MAX_BITS || !(f->rel_mse[s][l * QF_KV_RQ_N_WIDTHS] > 0)) continue;
+                double gain = PRED(s, l, b) - PRED(s, l, b + 1);
+                if (gain > best) best = gain, bs = s, bl = l;
+            }
+        if (bs < 0) break;
+        bits[bs][bl]++;
+        total_bits += 1;
+    }
+    double pred = 0;
+    for (int s = 0; s < 2; s++)
+        for (int l = 0; l < L; l++)
+            pred += f->rel_mse[s][l * QF_KV_RQ_N_WIDTHS] > 0 ? PRED(s, l, bits[s][l]) : 0;
+#undef PRED
+    return pred;
+}

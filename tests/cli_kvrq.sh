@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# cli_kvrq.sh: the kv-rq artifact end to end on the embedded demo model with small settings:
+# a budgeted artifact (--bits) that certifies within its budget, verifies, and whose PPL
+# `qforge ppl --artifact` reproduces; the no-budget search; refusals: a budget too small for
+# the sinks and window (Arg), --device cuda (Unsupported: CPU only), another model
+# (WrongModel), a tampered file (ArtifactCorrupt).
+set -u
+cd "$(dirname "$0")/.."
+qf=${QF_BUILD:-build}/qforge
+data=${QF_DATA_DIR:-../shared/data}
+model=assets/models/qforge-demo-11m-f16.gguf
+pass=0 fail=0 skip=0
+ok() { echo "PASS $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+skp() { echo "SKIP $1"; skip=$((skip + 1)); }
+if [ ! -x "$qf" ] || [ ! -f "$model" ]; then
+    echo "SKIP cli_kvrq: needs $qf and $model"
+    echo "0 passed, 0 failed, 1 skipped"
+    exit 0
+fi
+d=$(mktemp -d)
+trap 'rm -rf "$d"' EXIT
+# tiny settings (-c 64, 1024 calibration tokens): mechanics, not quality, hence --allow-worse-than-baseline
+small=(-m "$model" -c 64 --max-tok 1024 --eval-chunks 2 --sens-chunks 2 -t 2 --artifact kv-rq --allow-worse-than-baseline)
+
+expect() {
+    local name=$1 code=$2
+    shift 2
+    "$@" >"$d/out" 2>"$d/err"
+    local rc=$?
+    if [ "$rc" -eq "$code" ]; then ok "$name (exit $rc)"; else
+        bad "$name: exit $rc, expected $code"
+        sed 's/^/    /' "$d/err" | tail -n 5
+    fi
+}
+
+expect "kv-rq --bits 3.5 certified" 0 "$qf" calibrate "${small[@]}" --bits 3.5 --sinks 1 --window 2 \
+    -o "$d/rq.qfa" --eval-out "$d/eval.txt" --json
+cand=$(sed -n 's/.*"cand_ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
+bpe=$(sed -n 's/.*"bits_per_element": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
+if [ -n "$bpe" ] && awk -v b="$bpe" 'BEGIN { exit !(b <= 3.5 && b >= 2.25) }'; then ok "within the budget ($bpe <= 3.5)"
+else bad "bits per element '$bpe' not within 3.5"; fi
+expect "verify" 0 "$qf" verify "$d/rq.qfa" -m "$model" --json
+if python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(not (2 < j["bits_per_element"] <= 3.5 and j["certified_ctx"] == [64]))' "$d/out"; then
+    ok "verify --json: bits_per_element and certified_ctx"
+else bad "verify --json: bits_per_element / certified_ctx missing"; fi
+expect "ppl --artifact" 0 "$qf" ppl -m "$model" --artifact "$d/rq.qfa" -f "$d/eval.txt" -c 64 --chunks 2 -t 2 --json
+got=$(sed -n 's/.*"ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
+if [ -n "$cand" ] && [ -n "$got" ] && awk -v a="$cand" -v b="$got" 'BEGIN { exit !((a - b) ^ 2 < (1e-9 * a) ^ 2) }'; then
+    ok "ppl --artifact reproduces the certificate ($got = $cand)"
+else bad "ppl --artifact reproduces the certificate ('$got' vs '$cand')"; fi
+expect "generate --artifact (CPU under auto)" 0 "$qf" generate -m "$model" --artifact "$d/rq.qfa" -p "The kernel" -n 8 -c 64 -t 2
+expect "--device cuda refused" 7 "$qf" ppl -m "$model" --artifact "$d/rq.qfa" -f "$d/eval.txt" -c 64 --chunks 2 --device cuda
+if grep -q "CPU only" "$d/err"; then ok "cuda refusal says kv-rq runs on the CPU only"; else bad "cuda refusal message"; fi
+expect "budget below 2 code bits" 3 "$qf" calibrate "${small[@]}" --bits 2.5 --sinks 4 --window 8 -o "$d/x.qfa"
+if [ ! -e "$d/x.qfa" ]; then ok "no file after a refused budget"; else bad "file after a refused budget"; fi
+expect "fewest bits that pass (gate 50%)" 0 "$qf" calibrate "${small[@]}" --gate 0.5 --sinks 0 --window 0 -o "$d/few.qfa"
+if [ -f "$data/models/qforge-demo-11m-q8_0.gguf" ]; then
+    expect "WrongModel (q8_0)" 17 "$qf" ppl -m "$data/models/qforge-demo-11m-q8_0.gguf" --artifact "$d/rq.qfa" \
+        -f "$d/eval.txt" -c 64 --chunks 2
+else skp "WrongModel: $data/models/qforge-demo-11m-q8_0.gguf absent"; fi
+cp "$d/rq.qfa" "$d/bad.qfa"
+size=$(stat -c %s "$d/bad.qfa")
+printf '\x5a' | dd of="$d/bad.qfa" bs=1 seek=$((size - 200)) conv=notrunc 2>/dev/null
+expect "tampered payload refused" 14 "$qf" ppl -m "$model" --artifact "$d/bad.qfa" -f "$d/eval.txt" -c 64 --chunks 2
+
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]

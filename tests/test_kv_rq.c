@@ -1,0 +1,307 @@
+/* test_kv_rq.c: the kv-rq row codec against a scalar oracle (explicit Hadamard matrix, brute-
+ * force nearest level, bit-by-bit packing), its sizes and its Lloyd-Max fit; the rq cache mode
+ * written and read back; and the generic exact sink/window facility of the KV cache: with
+ * every position exact a q4_0 cache equals an f16 one, and token-by-token decode equals the
+ * batched prefill (the per-(query, key) choice is the same in both). */
+#include <stdlib.h>
+
+#include "engine/engine.h"
+#include "engine/kv_rq.h"
+#include "kernels/hadamard.h"
+#include "qforge/model.h"
+#include "test.h"
+#include "util/util.h"
+
+static float gauss(uint64_t *s) {
+    double u1 = ((double)(qf_xorshift64s(s) >> 11) + 0.5) / 9007199254740992.0;
+    double u2 = ((double)(qf_xorshift64s(s) >> 11) + 0.5) / 9007199254740992.0;
+    return (float)(sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+TEST(pack_unpack_bit_by_bit) {
+    for (int bits = 2; bits <= 6; bits++) {
+        uint8_t codes[64], back[64], packed[64];
+        uint64_t s = 7 + bits;
+        for (int i = 0; i < 64; i++) codes[i] = (uint8_t)(qf_xorshift64s(&s) % (1u << bits));
+        qf_kv_rq_pack(codes, 64, bits, packed);
+        for (int i = 0; i < 64; i++) /* oracle: bit j of code i is stream bit i*bits + j */
+            for (int j = 0; j < bits; j++) {
+                int sb = i * bits + j;
+                CHECK(((packed[sb / 8] >> (sb % 8)) & 1) == ((codes[i] >> j) & 1));
+            }
+        qf_kv_rq_unpack(packed, 64, bits, back);
+        CHECK(memcmp(codes, back, 64) == 0);
+    }
+}
+
+TEST(row_sizes) {
+    CHECK_EQ_INT(qf_kv_rq_row_bytes(64, 2), 17);
+    CHECK_EQ_INT(qf_kv_rq_row_bytes(64, 3), 25);
+    CHECK_EQ_INT(qf_kv_rq_row_bytes(64, 4), 33);
+    CHECK_EQ_INT(qf_kv_rq_row_bytes(128, 3), 49);
+    CHECK(qf_kv_rq_scale(0) == 0 && qf_kv_rq_scale(128) == 1.0f && qf_kv_rq_scale(136) == 2.0f);
+    CHECK_EQ_INT(qf_kv_rq_row_bytes(64, QF_KV_RQ_BITS_F16), 128);
+    CHECK_EQ_INT(qf_kv_rq_row_bytes(64, 5), 41);
+    CHECK_EQ_INT(qf_kv_rq_row_bytes(64, 7), 0);
+    CHECK_EQ_INT(qf_kv_rq_row_bytes(48, 3), 0);
+    CHECK_EQ_INT(qf_kv_rq_row_bytes(4, 2), 0);
+}
+
+TEST(nearest_matches_brute_force) {
+    float lv[8] = {-2.1f, -1.3f, -0.7f, -0.2f, 0.25f, 0.8f, 1.4f, 2.2f};
+    uint64_t s = 3;
+    for (int t = 0; t < 10000; t++) {
+        float v = 3 * gauss(&s);
+        int best = 0;
+        for (int k = 1; k < 8; k++)
+            if (fabsf(v - lv[k]) < fabsf(v - lv[best])) best = k;
+        CHECK_EQ_INT(qf_kv_rq_nearest(lv, 8, v), best);
+    }
+}
+
+/* the oracle encoder: the same math with the explicit Hadamard matrix, brute-force nearest */
+static void oracle_decode(const qf_kv_rq_codec *c, const uint8_t *row, float *out) {
+    int hd = c->head_dim;
+    float s = row[0] ? (float)pow(2.0, (row[0] - 128) / 8.0) : 0.0f, y[256], z[256];
+    for (int i = 0; i < hd; i++) {
+        int sb = i * c->bits, code = 0;
+        for (int j = 0; j < c->bits; j++) code |= ((row[1 + (sb + j) / 8] >> ((sb + j) % 8)) & 1) << j;
+        y[i] = s * c->levels[code];
+    }
+    qf_hadamard_ref(y, z, hd);
+    for (int i = 0; i < hd; i++) out[i] = c->mean[i] + c->cs[i] * z[i];
+}
+
+TEST(encode_decode_matches_oracle_and_fit) {
+    int hd = 64, n = 4000;
+    uint64_t s = 11;
+    float *x = malloc(sizeof(float) * (size_t)n * hd), mean[64], cs[64], ics[64];
+    for (int i = 0; i < hd; i++) mean[i] = 0.3f * gauss(&s), cs[i] = (i % 3 ? 1.0f : -2.0f), ics[i] = 1.0f / cs[i];
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < hd; i++) x[(size_t)r * hd + i] = mean[i] + cs[i] * (i == 5 ? 4.0f : 1.0f) * gauss(&s);
+    /* normalized rotated coordinates for the codebook, as the learner makes them */
+    float *u = malloc(sizeof(float) * (size_t)n * hd);
+    for (int r = 0; r < n; r++) {
+        float *y = u + (size_t)r * hd;
+        double ss = 0;
+        for (int i = 0; i < hd; i++) y[i] = (x[(size_t)r * hd + i] - mean[i]) * ics[i];
+        qf_hadamard(y, hd);
+        for (int i = 0; i < hd; i++) ss += (double)y[i] * y[i];
+        for (int i = 0; i < hd; i++) y[i] /= (float)sqrt(ss / hd);
+    }
+    double want[3] = {0.1175, 0.03454, 0.009497}; /* Lloyd-Max MSE of a unit Gaussian */
+    for (int bits = 2; bits <= 4; bits++) {
+        float lv[64];
+        qf_error e = {0};
+        float *tmp = malloc(sizeof(float) * (size_t)n * hd);
+        memcpy(tmp, u, sizeof(float) * (size_t)n * hd);
+        CHECK(qf_kv_rq_lloyd(tmp, (int64_t)n * hd, 1 << bits, 100, lv, &e) == QF_OK);
+        free(tmp);
+        for (int k = 1; k < (1 << bits); k++) CHECK(lv[k] > lv[k - 1]);
+        qf_kv_rq_codec c = {.head_dim = hd, .bits = bits, .levels = lv, .mean = mean, .cs = cs, .inv_cs = ics};
+        uint8_t row[64];
+        float scratch[128], a[64], b[64];
+        double num = 0, den = 0, worst = 0;
+        for (int r = 0; r < n; r++) {
+            const float *xr = x + (size_t)r * hd;
+            qf_kv_rq_encode(&c, xr, scratch, row);
+            qf_kv_rq_decode(&c, row, a);
+            oracle_decode(&c, row, b);
+            for (int i = 0; i < hd; i++) {
+                worst = fmax(worst, fabs((double)a[i] - b[i]));
+                double d = (xr[i] - a[i]) * ics[i];
+                num += d * d;
+                den += (double)(xr[i] - mean[i]) * (xr[i] - mean[i]) * ics[i] * ics[i];
+            }
+        }
+        printf("  %d bits: rel. MSE %.5f (Gaussian Lloyd-Max %.5f), decode vs oracle %.2e\n", bits, num / den,
+               want[bits - 2], worst);
+        CHECK(worst < 1e-4);
+        CHECK(num / den < want[bits - 2] * 1.2);
+    }
+    /* non-finite input: a zero row that decodes to the mean */
+    float lv4[4] = {-1.5f, -0.45f, 0.45f, 1.5f}, bad[64], out[64], scratch[128];
+    qf_kv_rq_codec c = {.head_dim = hd, .bits = 2, .levels = lv4, .mean = mean, .cs = cs, .inv_cs = ics};
+    for (int i = 0; i < hd; i++) bad[i] = i == 3 ? NAN : 1.0f;
+    uint8_t row[17];
+    qf_kv_rq_encode(&c, bad, scratch, row);
+    qf_kv_rq_decode(&c, row, out);
+    for (int i = 0; i < hd; i++) CHECK(out[i] == mean[i]);
+    free(x), free(u);
+}
+
+TEST(lloyd_rejects_bad_input) {
+    float v[4] = {1, 2, NAN, 3}, lv[64];
+    qf_error e = {0};
+    CHECK_EQ_INT(qf_kv_rq_lloyd(v, 4, 2, 10, lv, &e), QF_ERR_ARG);
+    CHECK_EQ_INT(qf_kv_rq_lloyd(v, 2, 4, 10, lv, &e), QF_ERR_ARG);
+    CHECK_EQ_INT(qf_kv_rq_lloyd(v, 4, 128, 10, lv, &e), QF_ERR_ARG);
+}
+
+/* an rq stream spec with Gaussian Lloyd-Max levels, no centring or smoothing */
+typedef struct {
+    int bits[8];
+    float levels[8 * 4 * 64], mean[8 * 4 * 128], cs[8 * 4 * 128];
+} rq_spec_data;
+
+static void rq_spec(rq_spec_data *d, int L, int H, int hd, const int *bits) {
+    static const float g2[4] = {-1.510f, -0.4528f, 0.4528f, 1.510f};
+    static const float g3[8] = {-2.152f, -1.344f, -0.756f, -0.2451f, 0.2451f, 0.756f, 1.344f, 2.152f};
+    for (int l = 0; l < L; l++) {
+        d->bits[l] = bits[l];
+        for (int h = 0; h < H; h++)
+            for (int k = 0; k < 64; k++)
+                d->levels[(l * H + h) * 64 + k] = k < 4 && bits[l] == 2 ? g2[k] : k < 8 ? g3[k] : (float)k;
+    }
+    for (int i = 0; i < L * H * hd; i++) d->mean[i] = 0, d->cs[i] = 1;
+}
+
+TEST(rq_cache_mode_roundtrip_and_refusals) {
+    qf_hparams hp = {0};
+    hp.n_layer = 2, hp.n_head_kv = 2, hp.head_dim = 64;
+    rq_spec_data d;
+    static const int b32[2] = {3, 2};
+    rq_spec(&d, 2, 2, 64, b32);
+    qf_kv_stream_spec spec[2] = {
+        {.mode = QF_KV_RQ, .rq_bits = d.bits, .rq_levels = d.levels, .rq_mean = d.mean, .rq_cs = d.cs},
+        {.mode = QF_KV_F16}};
+    qf_kv_cache kv;
+    qf_error e = {0};
+    CHECK(qf_kv_cache_init_spec(&kv, &hp, 16, spec, &e) == QF_OK);
+    uint64_t s = 5;
+    float x[16 * 2 * 64], y[16 * 64];
+    for (int i = 0; i < 16 * 2 * 64; i++) x[i] = gauss(&s);
+    for (int l = 0; l < 2; l++) {
+        qf_kv_cache_write(&kv, 0, l, 0, 16, x);
+        qf_kv_cache_read_head(&kv, 0, l, 1, 16, y);
+        double num = 0, den = 0;
+        for (int p = 0; p < 16; p++)
+            for (int i = 0; i < 64; i++) {
+                double a = x[(p * 2 + 1) * 64 + i], b = y[p * 64 + i];
+                num += (a - b) * (a - b), den += a * a;
+            }
+        printf("  layer %d (%d bits): rel. MSE %.4f\n", l, d.bits[l], num / den);
+        CHECK(num / den < (l ? 0.16 : 0.05));
+    }
+    /* bytes: K rows 25 + 17 bytes, V f16 128, per kv head */
+    CHECK_NEAR(qf_kv_cache_bytes_per_token(&kv), 2.0 * (25 + 17 + 2 * 128), 1e-9);
+    CHECK(qf_kv_cache_set_exact(&kv, 2, 4, &e) == QF_OK);
+    CHECK_NEAR(qf_kv_cache_bytes_per_token(&kv), 2.0 * (25 + 17 + 2 * 128) + 2.0 * 2 * 2 * 64 * 2 * 6 / 16, 1e-9);
+    CHECK_EQ_INT(qf_kv_cache_set_exact(&kv, 17, 0, &e), QF_ERR_ARG);
+    CHECK_EQ_INT(qf_kv_cache_set_exact(&kv, 0, -1, &e), QF_ERR_ARG);
+    qf_kv_cache_free(&kv);
+    /* refusals */
+    d.bits[1] = 5;
+    CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, 16, spec, &e), QF_ERR_ARG);
+    d.bits[1] = 2;
+    d.levels[64 + 1] = d.levels[64]; /* layer 0 head 1 not ascending */
+    CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, 16, spec, &e), QF_ERR_ARG);
+    rq_spec(&d, 2, 2, 64, b32);
+    d.cs[7] = 0;
+    CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, 16, spec, &e), QF_ERR_ARG);
+    d.cs[7] = 1;
+    spec[0].rq_mean = NULL;
+    CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, 16, spec, &e), QF_ERR_ARG);
+    spec[0].rq_mean = d.mean;
+    hp.head_dim = 48;
+    CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, 16, spec, &e), QF_ERR_UNSUPPORTED);
+    CHECK_EQ_INT(qf_kv_cache_init(&kv, &hp, 8, QF_KV_RQ, QF_KV_F16, &e), QF_ERR_ARTIFACT_NOT_CERTIFIED);
+}
+
+/* ---- the exact sink/window facility on a real model ---- */
+
+static qf_model *load(const char *rel) {
+    const char *p = test_data(rel);
+    if (!p) return NULL;
+    qf_error e = {0};
+    return qf_model_load(p, &e);
+}
+
+/* logits of n tokens in batches of `step`, the cache rebuilt as (mk, mv) with S sinks and R
+ * window positions */
+static bool g_ref; /* run the scalar reference route */
+static float *logits(qf_model *m, const int32_t *t, int n, qf_kv_mode mk, qf_kv_mode mv, int S, int R, int step) {
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 64, cp.n_threads = 2, cp.kv_k = mk, cp.kv_v = mv, cp.reference = g_ref;
+    qf_error e = {0};
+    qf_context *c = qf_context_new(m, &cp, &e);
+    if (!c) return NULL;
+    int V = qf_model_hparams(m)->n_vocab;
+    float *lg = malloc((size_t)n * V * sizeof(float));
+    if (qf_kv_cache_set_exact(&c->kv, S, R, &e)) goto fail;
+    for (int i = 0; i < n; i += step) {
+        int bs = n - i < step ? n - i : step;
+        if (qf_decode(c, t + i, bs, i, lg + (size_t)i * V, 0, &e)) goto fail;
+    }
+    qf_context_free(c);
+    return lg;
+fail:
+    fprintf(stderr, "  %s\n", e.msg);
+    free(lg);
+    qf_context_free(c);
+    return NULL;
+}
+
+static double max_rel(const float *a, const float *b, size_t n) {
+    double mx = 0, sc = 0;
+    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs((double)a[i] - b[i])), sc = fmax(sc, fabs(a[i]));
+    return mx / (sc > 0 ? sc : 1);
+}
+
+TEST(exact_window_all_exact_equals_f16_and_decode_equals_prefill) {
+    qf_model *m = load("models/qforge-demo-11m-f16.gguf");
+    if (!m) SKIP("demo model not in ../shared/data");
+    int V = qf_model_hparams(m)->n_vocab, n = 40;
+    int32_t t[40];
+    uint64_t s = 9;
+    for (int i = 0; i < n; i++) t[i] = (int32_t)(qf_xorshift64s(&s) % (uint64_t)V);
+    size_t N = (size_t)n * V;
+    float *f16 = logits(m, t, n, QF_KV_F16, QF_KV_F16, 0, 0, n);
+    float *q4 = logits(m, t, n, QF_KV_Q4_0, QF_KV_Q4_0, 0, 0, n);
+    float *all_sink = logits(m, t, n, QF_KV_Q4_0, QF_KV_Q4_0, 64, 0, n);
+    float *all_win = logits(m, t, n, QF_KV_Q4_0, QF_KV_Q4_0, 0, 64, n);
+    float *pre = logits(m, t, n, QF_KV_Q4_0, QF_KV_Q4_0, 3, 8, n);
+    float *dec = logits(m, t, n, QF_KV_Q4_0, QF_KV_Q4_0, 3, 8, 1);
+    float *mix = logits(m, t, n, QF_KV_Q4_0, QF_KV_Q4_0, 3, 8, 7);
+    CHECK(f16 && q4 && all_sink && all_win && pre && dec && mix);
+    if (f16 && q4 && all_sink && all_win && pre && dec && mix) {
+        double e_q4 = max_rel(f16, q4, N), e_s = max_rel(f16, all_sink, N), e_w = max_rel(f16, all_win, N),
+               e_d = max_rel(pre, dec, N), e_m = max_rel(pre, mix, N), e_p = max_rel(f16, pre, N);
+        printf("  vs f16: q4_0 %.2e, all sinks %.2e, all window %.2e, S3/R8 %.2e; S3/R8 decode vs prefill %.2e, "
+               "batches of 7 %.2e\n",
+               e_q4, e_s, e_w, e_p, e_d, e_m);
+        CHECK(e_s < 1e-4 && e_w < 1e-4);
+        /* the fast route's summation order differs with the batch (and single tokens take the
+         * quantized-activation matmuls), and a q4_0 rounding flip amplifies that: loose here,
+         * exact on the reference route below */
+        CHECK(e_d < 2e-2 && e_m < 1e-2);
+        CHECK(e_p < e_q4 && e_p > e_s);
+    }
+    free(f16), free(q4), free(all_sink), free(all_win), free(pre), free(dec), free(mix);
+    /* the reference route computes every token alike: the per-(t, p) choice is identical */
+    g_ref = true;
+    int nr = 24;
+    float *rp = logits(m, t, nr, QF_KV_Q4_0, QF_KV_Q4_0, 2, 5, nr), *rd = logits(m, t, nr, QF_KV_Q4_0, QF_KV_Q4_0, 2, 5, 1),
+          *rm = logits(m, t, nr, QF_KV_Q4_0, QF_KV_Q4_0, 2, 5, 7), *rq = logits(m, t, nr, QF_KV_Q4_0, QF_KV_Q4_0, 0, 0, nr);
+    g_ref = false;
+    CHECK(rp && rd && rm && rq);
+    if (rp && rd && rm && rq) {
+        size_t Nr = (size_t)nr * V;
+        double a = max_rel(rp, rd, Nr), b = max_rel(rp, rm, Nr), q = max_rel(rp, rq, Nr);
+        printf("  reference route, S2/R5: decode vs prefill %.2e, batches of 7 %.2e (vs no window %.2e)\n", a, b, q);
+        CHECK(a < 1e-5 && b < 1e-5 && q > 1e-3);
+    }
+    free(rp), free(rd), free(rm), free(rq);
+    qf_model_free(m);
+}
+
+int main(void) {
+    RUN(pack_unpack_bit_by_bit);
+    RUN(row_sizes);
+    RUN(nearest_matches_brute_force);
+    RUN(encode_decode_matches_oracle_and_fit);
+    RUN(lloyd_rejects_bad_input);
+    RUN(rq_cache_mode_roundtrip_and_refusals);
+    RUN(exact_window_all_exact_equals_f16_and_decode_equals_prefill);
+    return test_summary();
+}
