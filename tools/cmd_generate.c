@@ -1,4 +1,5 @@
 /* cmd_generate.c: `qforge generate`, streaming text from a prompt. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,11 @@
 
 static const char *USAGE =
     "qforge generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
-    "                [-c N] [-t N] [-ctk T] [-ctv T] [--artifact X.qfa [--trust-key PEM]]\n"
+    "                [-c N] [-b N] [-t N] [-ctk T] [-ctv T] [--artifact X.qfa [--trust-key PEM]]\n"
+    "  -c N       context size (default: the model's trained context); generation stops, with a\n"
+    "             message, when it is full\n"
+    "  -b N       batch size for the prompt (tokens per forward call; default = -c); a smaller\n"
+    "             batch needs less memory\n"
     "  -n N       tokens to generate (default 128; stops early at end-of-text)\n"
     "  --temp T   temperature (default 0.8; 0 = greedy)\n"
     "  --top-k K  keep the K most likely tokens (default 40; 0 = off)\n"
@@ -23,6 +28,18 @@ static const char *USAGE =
     "                 certified for this exact model file)\n"
     "  --trust-key K  require the artifact to be signed by this Ed25519 key (PEM)";
 
+/* Logits with a NaN/Inf come from damaged weights (or a tensor type that does not match its
+ * data); sampling them would print garbage as if it were text. False with the error set. */
+static bool logits_finite(const float *logits, int n, qf_error *err) {
+    for (int i = 0; i < n; i++)
+        if (!isfinite(logits[i])) {
+            qf_fail(err, QF_ERR_FORMAT, "the model produced non-finite logits (NaN/Inf): its weights are damaged "
+                                        "or a tensor's type does not match its data");
+            return false;
+        }
+    return true;
+}
+
 int qf_cmd_generate(int argc, char **argv) {
     const char *prompt = NULL, *val;
     cli_engine_opts eo = {.cp = qf_context_default_params()};
@@ -31,6 +48,7 @@ int qf_cmd_generate(int argc, char **argv) {
     double temp = 0.8, top_p = 0.95;
     int top_k = 40;
     int64_t seed = 42;
+    int n_batch = 0;
     eo.cp.n_ctx = 0;
     for (int i = 1; i < argc; i++) {
         int r;
@@ -42,7 +60,10 @@ int qf_cmd_generate(int argc, char **argv) {
             if (r < 0) return cli_usage("generate", USAGE, "%s", why);
         } else if ((r = cli_flag_value(argc, argv, &i, "-p", "--prompt", &val))) {
             if (r < 0) goto missing;
-            prompt = val;
+            if (!cli_set_once(&prompt, a, val, why, sizeof why)) return cli_usage("generate", USAGE, "%s", why);
+        } else if ((r = cli_flag_value(argc, argv, &i, "-b", "--batch-size", &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 1, 1 << 20, &n_batch)) return cli_usage("generate", USAGE, "bad -b '%s'", val);
         } else if ((r = cli_flag_value(argc, argv, &i, "-n", "--n-predict", &val))) {
             if (r < 0) goto missing;
             if (!cli_parse_int(val, 0, 1 << 20, &n_gen)) return cli_usage("generate", USAGE, "bad -n '%s'", val);
@@ -69,7 +90,7 @@ int qf_cmd_generate(int argc, char **argv) {
     qf_context_params cp = eo.cp;
     if (!model_path) return cli_usage("generate", USAGE, "-m MODEL is required");
     if (!prompt) return cli_usage("generate", USAGE, "-p PROMPT is required");
-    if (trust_key && !artifact_path) return cli_usage("generate", USAGE, "--trust-key needs --artifact X.qfa");
+    if (!cli_engine_check(&eo, why, sizeof why)) return cli_usage("generate", USAGE, "%s", why);
 
     qf_error err = {0};
     qf_model *m = qf_model_load(model_path, &err);
@@ -96,7 +117,12 @@ int qf_cmd_generate(int argc, char **argv) {
         qf_fail(&err, QF_ERR_ARG, "the prompt has %zu tokens, more than the context size %d", n_prompt, cp.n_ctx);
         goto fail;
     }
-    if (!(c = qf_context_new(m, &cp, &err))) goto fail;
+    cli_warn_ctx("generate", m, cp.n_ctx);
+    if (n_batch > 0 && n_batch < cp.n_ctx) cp.n_batch = n_batch;
+    if (!(c = qf_context_new(m, &cp, &err))) {
+        cli_nomem_hint(&err);
+        goto fail;
+    }
     if (artifact_path && qf_context_bind_artifact(c, &art, &err)) goto fail;
     int n_vocab = qf_model_hparams(m)->n_vocab;
     logits = malloc((size_t)n_vocab * sizeof(float));
@@ -115,6 +141,7 @@ int qf_cmd_generate(int argc, char **argv) {
         if (qf_decode(c, ids + i, bs, pos, last ? logits : NULL, bs - 1, &err)) goto fail;
         pos += bs;
     }
+    if (!logits_finite(logits, n_vocab, &err)) goto fail;
     double t1 = qf_now_sec();
     int n_done = 0;
     char piece[256];
@@ -125,10 +152,14 @@ int qf_cmd_generate(int argc, char **argv) {
         if (len > 0) fwrite(piece, 1, (size_t)(len < (int)sizeof piece ? len : (int)sizeof piece), stdout);
         fflush(stdout);
         if (qf_decode(c, &next, 1, pos, logits, 0, &err)) goto fail;
+        if (!logits_finite(logits, n_vocab, &err)) goto fail;
         pos++;
     }
     double t2 = qf_now_sec();
     fputc('\n', stdout);
+    if (n_done < n_gen && pos >= cp.n_ctx)
+        fprintf(stderr, "generate: stopped after %d of %d tokens: the context (-c %d) is full\n", n_done, n_gen,
+                cp.n_ctx);
     fprintf(stderr, "generate: prompt %zu tokens in %.2f s (%.1f t/s), generated %d tokens in %.2f s (%.1f t/s)\n",
             n_prompt, t1 - t0, (double)n_prompt / (t1 - t0 + 1e-9), n_done, t2 - t1, n_done / (t2 - t1 + 1e-9));
     goto done;

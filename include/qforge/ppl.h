@@ -16,7 +16,9 @@ typedef struct {
     int n_ctx;          /* chunk length (tokens) */
     int n_chunks;       /* <= 0: all chunks the text holds */
     const char *kl_base_write; /* save reference log-probs here (llama.cpp --kl-divergence-base) */
-    const char *kl_base_read;  /* compare against this file (llama.cpp --kl-divergence) */
+    const char *kl_base_read;  /* compare against this file (llama.cpp --kl-divergence); it must have
+                                * been made with this n_ctx (when > 0) and, when tokens are given,
+                                * from these tokens: QF_ERR_ARG otherwise */
     FILE *log;          /* running values ("[1]12.34,[2]..."), NULL for silence */
     bool progress;      /* progress bar on a TTY */
 } qf_ppl_params;
@@ -37,6 +39,8 @@ typedef struct {
 
 qf_ppl_params qf_ppl_default_params(void);
 
+/* Errors: QF_ERR_ARG when no token would be scored (n_ctx < 3, text too short); QF_ERR_FORMAT
+ * when the model yields a non-finite log-likelihood (damaged weights): never a NaN result. */
 /* Evaluate `tokens` (already tokenized, BOS handling done by the caller: pass the whole
  * file's tokens as llama.cpp does; the first token of each chunk is replaced by BOS when
  * the vocabulary adds BOS). */

@@ -35,6 +35,14 @@ static double log_softmax_tok(const float *logits, int n_vocab, int tok) {
     return (double)(logits[tok] - mx) - log(sum);
 }
 
+/* The error for a NaN/Inf negative log-likelihood: a number that is not a result is never
+ * averaged into one. Real weights never produce it; damaged ones (a tensor type relabelled
+ * with sizes still consistent, NaN/Inf bit patterns in the data) do. */
+static qf_status non_finite(qf_error *err, int chunk, int pos) {
+    return qf_fail(err, QF_ERR_FORMAT,
+                   "perplexity: the model produced non-finite logits (NaN/Inf) at chunk %d, position %d: "
+                   "its weights are damaged or a tensor's type does not match its data", chunk + 1, pos);
+}
 
 static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_tokens, const qf_ppl_params *p,
                             const kld_base_file *base, qf_ppl_result *r, qf_error *err) {
@@ -50,6 +58,10 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
                        "perplexity: you need at least %d tokens to evaluate perplexity with a context of %d; "
                        "the text tokenizes to only %lld tokens",
                        2 * n_ctx, n_ctx, (long long)n_tokens);
+    if (n_ctx - 1 - n_ctx / 2 < 1)
+        return qf_fail(err, QF_ERR_ARG,
+                       "perplexity: a chunk of %d tokens scores no token (only the second half of each chunk "
+                       "is scored); use a chunk size (-c) of at least 3", n_ctx);
     int n_chunk_max = (int)(n_tokens / n_ctx);
     int n_chunk = p->n_chunks > 0 && p->n_chunks < n_chunk_max ? p->n_chunks : n_chunk_max;
     const int first = n_ctx / 2, n_score = n_ctx - 1 - first;
@@ -94,7 +106,11 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
         if (c->gpu && !kl.reading && !kl.writing && n_batch >= n_ctx) {
             st = qf_cuda_decode_nll(c, chunk, n_ctx - 1, 0, first, next, gpu_nll, err);
             if (st) break;
-            for (int k = 0; k < n_score; k++) nll += gpu_nll[k], nll2 += gpu_nll[k] * gpu_nll[k];
+            for (int k = 0; k < n_score && !st; k++) {
+                if (!isfinite(gpu_nll[k])) st = non_finite(err, i, first + k);
+                nll += gpu_nll[k], nll2 += gpu_nll[k] * gpu_nll[k];
+            }
+            if (st) break;
             count += n_score;
             goto chunk_done;
         }
@@ -106,11 +122,13 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
             st = qf_decode(c, chunk + j, bs, j, dst, from, err);
         }
         if (st) break;
-        for (int k = 0; k < n_score; k++) {
+        for (int k = 0; k < n_score && !st; k++) {
             double v = -log_softmax_tok(logits + (size_t)k * n_vocab, n_vocab, next[k]);
+            if (!isfinite(v)) st = non_finite(err, i, first + k);
             nll += v;
             nll2 += v * v;
         }
+        if (st) break;
         count += n_score;
         st = kld_chunk(&kl, logits, next, n_score, err);
 #ifdef QF_HAVE_CUDA
@@ -134,6 +152,7 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     kld_end(&kl);
     if (st) return st;
 
+    if (count == 0) return qf_fail(err, QF_ERR_ARG, "perplexity: no token was scored");
     r->n_chunks = n_chunk;
     r->n_scored = count;
     r->nll_mean = nll / (double)count;
@@ -145,13 +164,38 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     return QF_OK;
 }
 
-/* With kl_base_read the tokens and the chunk size come from the base file, as llama.cpp does. */
+/* A base file is only comparable with the run that asks for it: the same chunk size (p->n_ctx,
+ * when > 0) and, when the caller has the text's tokens, the same tokens (the base stores the
+ * n_chunk * n_ctx tokens it scored; the text must start with exactly those). QF_ERR_ARG otherwise. */
+static qf_status kld_base_matches(const kld_base_file *b, const qf_ppl_params *p, const int32_t *tokens,
+                                  int64_t n_tokens, qf_error *err) {
+    if (p->n_ctx > 0 && p->n_ctx != b->n_ctx)
+        return qf_fail(err, QF_ERR_ARG, "%s: the KL base was made with a chunk size (-c) of %d, this run uses %d",
+                       p->kl_base_read, b->n_ctx, p->n_ctx);
+    if (!tokens) return QF_OK;
+    int64_t need = (int64_t)b->n_ctx * b->n_chunk;
+    if (n_tokens < need)
+        return qf_fail(err, QF_ERR_ARG, "%s: the KL base was made from another text (%lld tokens scored; this text "
+                       "has %lld)", p->kl_base_read, (long long)need, (long long)n_tokens);
+    for (int64_t i = 0; i < need; i++)
+        if (b->tokens[i] != tokens[i])
+            return qf_fail(err, QF_ERR_ARG, "%s: the KL base was made from another text (token %lld differs)",
+                           p->kl_base_read, (long long)i);
+    return QF_OK;
+}
+
+/* With kl_base_read the tokens and the chunk size come from the base file, as llama.cpp does,
+ * once kld_base_matches has checked that they are those of this run. */
 static qf_status perplexity_kl(qf_context *c, const int32_t *tokens, int64_t n_tokens, const qf_ppl_params *p,
                                qf_ppl_result *r, qf_error *err) {
     if (!p->kl_base_read) return perplexity(c, tokens, n_tokens, p, NULL, r, err);
     kld_base_file base;
     qf_status st = kld_base_open(&base, p->kl_base_read, err);
     if (st) return st;
+    if ((st = kld_base_matches(&base, p, tokens, n_tokens, err))) {
+        qf_unmap_file(&base.mf);
+        return st;
+    }
     qf_ppl_params q = *p;
     q.n_ctx = base.n_ctx;
     q.n_chunks = p->n_chunks > 0 && p->n_chunks < base.n_chunk ? p->n_chunks : base.n_chunk;
@@ -167,13 +211,12 @@ qf_status qf_perplexity(qf_context *c, const int32_t *tokens, int64_t n_tokens,
 
 qf_status qf_perplexity_text(qf_context *c, const char *text, size_t len, const qf_ppl_params *p,
                              qf_ppl_result *r, qf_error *err) {
-    if (p->kl_base_read) return perplexity_kl(c, NULL, 0, p, r, err);
     const qf_tokenizer *tok = c->model->tok;
     int32_t *ids = NULL;
     size_t n = 0;
     qf_status st = qf_tokenize(tok, text, len, qf_tokenizer_add_bos(tok), false, &ids, &n, err);
     if (st) return st;
-    st = perplexity(c, ids, (int64_t)n, p, NULL, r, err);
+    st = perplexity_kl(c, ids, (int64_t)n, p, r, err);
     free(ids);
     return st;
 }

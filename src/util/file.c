@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -51,6 +52,11 @@ qf_status qf_read_file(const char *path, char **out, size_t *len, qf_error *err)
     bool is_stdin = strcmp(path, "-") == 0;
     FILE *fp = is_stdin ? stdin : fopen(path, "rb");
     if (!fp) return qf_fail(err, QF_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (!is_stdin && fstat(fileno(fp), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(fp);
+        return qf_fail(err, QF_ERR_IO, "%s: is a directory (expected a file)", path);
+    }
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap + 1);
     if (!buf) {
@@ -75,8 +81,9 @@ qf_status qf_read_file(const char *path, char **out, size_t *len, qf_error *err)
     bool bad = ferror(fp);
     if (!is_stdin) fclose(fp);
     if (bad) {
+        int e = errno;
         free(buf);
-        return qf_fail(err, QF_ERR_IO, "%s: read error", path);
+        return qf_fail(err, QF_ERR_IO, "%s: read error: %s", path, strerror(e));
     }
     buf[n] = '\0';
     *out = buf;
@@ -164,4 +171,55 @@ void *qf_malloc_aligned(size_t n) {
     if (n == 0) n = 64;
     if (posix_memalign(&p, 64, (n + 63) & ~(size_t)63) != 0) return NULL;
     return p;
+}
+
+/* realpath of path's directory + "/" + its last component into out; false when the directory
+ * does not resolve. */
+static bool canonical_path(const char *path, char *out, size_t cap) {
+    char d[4096], b[4096], rd[PATH_MAX];
+    snprintf(d, sizeof d, "%s", path);
+    snprintf(b, sizeof b, "%s", path);
+    const char *base = basename(b);
+    if (!realpath(dirname(d), rd)) return false;
+    return (size_t)snprintf(out, cap, "%s/%s", strcmp(rd, "/") ? rd : "", base) < cap;
+}
+
+bool qf_same_file(const char *a, const char *b) {
+    if (!a || !b || !strcmp(a, "-") || !strcmp(b, "-")) return false;
+    struct stat sa, sb;
+    if (stat(a, &sa) == 0 && stat(b, &sb) == 0) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    char ca[PATH_MAX + 256], cb[PATH_MAX + 256];
+    if (canonical_path(a, ca, sizeof ca) && canonical_path(b, cb, sizeof cb)) return strcmp(ca, cb) == 0;
+    return strcmp(a, b) == 0;
+}
+
+qf_status qf_check_writable(const char *path, qf_status code, qf_error *err) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return qf_fail(err, code, "%s: is a directory (expected a file name to write)", path);
+    char d[4096];
+    snprintf(d, sizeof d, "%s", path);
+    const char *dir = dirname(d);
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return qf_fail(err, code, "%s: cannot write: the directory %s does not exist", path, dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return qf_fail(err, code, "%s: cannot write: the directory %s is not writable: %s", path, dir,
+                       strerror(errno));
+    return QF_OK;
+}
+
+qf_status qf_check_outputs(const char *const *ins, const char *const *in_names, int n_in,
+                           const char *const *outs, const char *const *out_names, int n_out, qf_error *err) {
+    for (int i = 0; i < n_out; i++) {
+        if (!outs[i]) continue;
+        for (int j = 0; j < n_in; j++)
+            if (ins[j] && qf_same_file(outs[i], ins[j]))
+                return qf_fail(err, QF_ERR_ARG, "%s %s is the input %s %s: refusing to overwrite an input",
+                               out_names[i], outs[i], in_names[j], ins[j]);
+        for (int j = 0; j < i; j++)
+            if (outs[j] && qf_same_file(outs[i], outs[j]))
+                return qf_fail(err, QF_ERR_ARG, "%s %s and %s %s are the same file: one would replace the other",
+                               out_names[j], outs[j], out_names[i], outs[i]);
+    }
+    return QF_OK;
 }

@@ -39,6 +39,22 @@ qf_status qf_atomic_commit(qf_atomic_file *af, qf_error *err);
 void qf_atomic_abort(qf_atomic_file *af);
 qf_status qf_write_file_atomic(const char *path, const void *buf, size_t n, qf_error *err);
 
+/* Whether paths a and b name the same file: both exist with the same device and inode (hard
+ * links, symlinks, "./x" vs "x"), or their canonical forms (realpath of the directory + the
+ * last component) are equal, which also catches an output that does not exist yet named twice.
+ * NULL or "-" (stdin/stdout) is never the same as anything. */
+bool qf_same_file(const char *a, const char *b);
+
+/* Before any work: can `path` be written as an output? It must not be a directory, and its
+ * directory must exist and be writable. QF_OK, or `code` with a message naming the path. */
+qf_status qf_check_writable(const char *path, qf_status code, qf_error *err);
+
+/* Refuse outputs that would destroy an input or each other: every non-NULL outs[i] is compared
+ * (qf_same_file) with every non-NULL ins[j] and every earlier output. QF_ERR_ARG naming both
+ * flags (out_names[i], in_names[j]) and the path, or QF_OK. */
+qf_status qf_check_outputs(const char *const *ins, const char *const *in_names, int n_in,
+                           const char *const *outs, const char *const *out_names, int n_out, qf_error *err);
+
 /* ---- hashing (OpenSSL) ---- */
 void qf_sha256(const void *data, size_t n, uint8_t out[32]);
 qf_status qf_sha256_file(const char *path, uint8_t out[32], qf_error *err);
