@@ -121,10 +121,11 @@ asan:
 # build-fuzz/libqforge.a with -fsanitize=fuzzer-no-link so the reader and tokenizer are
 # coverage-instrumented. clang 14 rejects __builtin_cpu_supports("f16c"), so the fuzz build
 # defines it away: fuzzing runs the scalar kernels, which is what it should reach anyway.
+# The fuzz build is CPU-only (no -DQF_HAVE_CUDA: the harnesses link no CUDA objects).
 FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
 FUZZ_BIN := $(FUZZ_SRC:fuzz/%.c=build-fuzz/%)
 FUZZ_CC  ?= clang
-FUZZ_FLAGS := $(CSTD) $(CPPFLAGS) -O1 -g -fno-omit-frame-pointer \
+FUZZ_FLAGS := $(CSTD) $(filter-out -DQF_HAVE_CUDA,$(CPPFLAGS)) -O1 -g -fno-omit-frame-pointer \
 	-fsanitize=address,undefined -fno-sanitize-recover=undefined \
 	'-D__builtin_cpu_supports(x)=0'
 FUZZ_LIB_OBJ := $(LIB_SRC:%.c=build-fuzz/obj/%.o)
