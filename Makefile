@@ -15,8 +15,10 @@ OPT      ?= -O2 -g
 SANFLAGS ?=
 CPPFLAGS := -Iinclude -Isrc -DQF_VERSION='"$(VERSION)"'
 CFLAGS   := $(CSTD) $(WARN) $(OPT) $(SANFLAGS) -fPIC -pthread
-LDLIBS   := -lopenblas -lpcre2-8 -lcbor -lcrypto -lcurl -ljansson -lxxhash -lpthread -lm
+LDLIBS   := -lpcre2-8 -lcbor -lcrypto -lcurl -ljansson -lxxhash -lpthread -lm
 LDFLAGS  := $(SANFLAGS) -pthread
+# OpenBLAS is not linked: src/kernels/blas.c loads it on first use (dlopen, libc), so that it
+# starts no threads of its own and an address-space limit is an error, not a hang.
 
 # Files named *_avx2.c hold the AVX2/FMA/F16C kernels; they are dispatched at run time.
 AVX2FLAGS := -mavx2 -mfma -mf16c

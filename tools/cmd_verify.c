@@ -166,6 +166,7 @@ static qf_status bind_check(const char *model_path, const qf_artifact *a, qf_err
     cp.n_batch = 1;
     cp.n_threads = 1;
     cp.device = QF_DEVICE_CPU;
+    cp.reference = true; /* nothing is decoded: no BLAS buffers needed, so it fits tight limits */
     qf_context *c = qf_context_new(m, &cp, e);
     qf_status st = c ? qf_context_bind_artifact(c, a, e) : e->code;
     qf_context_free(c);

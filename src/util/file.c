@@ -32,6 +32,9 @@ qf_status qf_map_file(const char *path, qf_mapped_file *mf, qf_error *err) {
         if (p == MAP_FAILED) {
             int e = errno;
             close(fd);
+            if (e == ENOMEM) /* the address-space limit (ulimit -v), not the file */
+                return qf_fail(err, QF_ERR_NOMEM, "%s: out of memory mapping %zu bytes (address-space limit?)",
+                               path, mf->size);
             return qf_fail(err, QF_ERR_IO, "%s: cannot mmap: %s", path, strerror(e));
         }
         mf->data = p;
