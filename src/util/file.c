@@ -1,6 +1,9 @@
 /* file.c: read-only mappings, whole-file reads and atomic (temp + fsync + rename) writes. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <libgen.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -94,18 +97,141 @@ qf_status qf_read_file(const char *path, char **out, size_t *len, qf_error *err)
     return QF_OK;
 }
 
+/* ---- temp-file registry and signal cleanup ---- */
+
+#define TEMP_SLOTS 64
+static struct {
+    volatile sig_atomic_t used;
+    char path[4200];
+} temp_slots[TEMP_SLOTS];
+static pthread_mutex_t temp_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t temp_once = PTHREAD_ONCE_INIT;
+static const int temp_signals[] = {SIGINT, SIGTERM, SIGHUP};
+
+/* async-signal-safe: unlink the registered files, then die of the signal as we would have */
+static void temp_on_signal(int sig) {
+    for (int i = 0; i < TEMP_SLOTS; i++)
+        if (temp_slots[i].used) unlink(temp_slots[i].path);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void temp_install(void) {
+    for (size_t i = 0; i < sizeof temp_signals / sizeof temp_signals[0]; i++) {
+        struct sigaction old;
+        if (sigaction(temp_signals[i], NULL, &old) != 0) continue;
+        if (old.sa_handler != SIG_DFL) continue; /* ignored (nohup) or the program's own handler */
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = temp_on_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(temp_signals[i], &sa, NULL);
+    }
+}
+
+/* Register path for removal on a signal; silently not registered when all slots are taken. */
+static void temp_register(const char *path) {
+    pthread_once(&temp_once, temp_install);
+    pthread_mutex_lock(&temp_mu);
+    for (int i = 0; i < TEMP_SLOTS; i++)
+        if (!temp_slots[i].used) {
+            snprintf(temp_slots[i].path, sizeof temp_slots[i].path, "%s", path);
+            __atomic_store_n(&temp_slots[i].used, 1, __ATOMIC_SEQ_CST);
+            break;
+        }
+    pthread_mutex_unlock(&temp_mu);
+}
+
+static void temp_unregister(const char *path) {
+    pthread_mutex_lock(&temp_mu);
+    for (int i = 0; i < TEMP_SLOTS; i++)
+        if (temp_slots[i].used && strcmp(temp_slots[i].path, path) == 0) {
+            __atomic_store_n(&temp_slots[i].used, 0, __ATOMIC_SEQ_CST);
+            break;
+        }
+    pthread_mutex_unlock(&temp_mu);
+}
+
+/* Whether process pid is gone (it cannot have a temp file being written any more). */
+static bool pid_dead(long pid) {
+    if (pid <= 0 || pid == (long)getpid()) return false;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+/* In directory dir, unlink entries named <stem><pid><rest> whose pid is dead; rest must be
+ * empty or start with sep (sep 0: must be empty). */
+static void sweep_dir(const char *dir, const char *stem, char sep) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    size_t n = strlen(stem);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (strncmp(de->d_name, stem, n) != 0) continue;
+        char *end;
+        errno = 0;
+        long pid = strtol(de->d_name + n, &end, 10);
+        if (errno || end == de->d_name + n || (*end && *end != sep) || (*end && !sep)) continue;
+        if (!pid_dead(pid)) continue;
+        char p[4096 + 256];
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        unlink(p);
+    }
+    closedir(d);
+}
+
+static const char *temp_dir(void) {
+    const char *t = getenv("TMPDIR");
+    return t && *t ? t : "/tmp";
+}
+
+qf_status qf_temp_create(const char *prefix, char *path, size_t cap, qf_error *err) {
+    const char *dir = temp_dir();
+    char stem[256];
+    snprintf(stem, sizeof stem, "%s-", prefix);
+    sweep_dir(dir, stem, '-');
+    if ((size_t)snprintf(path, cap, "%s/%s-%ld-XXXXXX", dir, prefix, (long)getpid()) >= cap)
+        return qf_fail(err, QF_ERR_IO, "%s: temp directory path too long", dir);
+    int fd = mkstemp(path);
+    if (fd < 0) {
+        int e = errno;
+        path[0] = 0;
+        return qf_fail(err, QF_ERR_IO, "cannot create a temporary file in %s: %s", dir, strerror(e));
+    }
+    close(fd);
+    temp_register(path);
+    return QF_OK;
+}
+
+void qf_temp_remove(const char *path) {
+    if (!path || !path[0]) return;
+    unlink(path);
+    temp_unregister(path);
+}
+
 qf_status qf_atomic_open(qf_atomic_file *af, const char *path, qf_error *err) {
     memset(af, 0, sizeof *af);
     snprintf(af->path, sizeof af->path, "%s", path);
     snprintf(af->tmp_path, sizeof af->tmp_path, "%s.tmp.%ld", path, (long)getpid());
+    { /* sweep "<path>.tmp.<pid>" left by a process that died (kill -9) */
+        char d[4096], b[4096], stem[4200];
+        snprintf(d, sizeof d, "%s", path);
+        snprintf(b, sizeof b, "%s", path);
+        snprintf(stem, sizeof stem, "%s.tmp.", basename(b));
+        sweep_dir(dirname(d), stem, 0);
+    }
+    temp_register(af->tmp_path);
     int fd = open(af->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
+    if (fd < 0) {
+        int e = errno;
+        temp_unregister(af->tmp_path);
         return qf_fail(err, QF_ERR_IO, "%s: cannot create temp file %s: %s", path, af->tmp_path,
-                       strerror(errno));
+                       strerror(e));
+    }
     af->fp = fdopen(fd, "wb");
     if (!af->fp) {
         close(fd);
         unlink(af->tmp_path);
+        temp_unregister(af->tmp_path);
         return qf_fail(err, QF_ERR_IO, "%s: fdopen failed", path);
     }
     return QF_OK;
@@ -141,14 +267,17 @@ qf_status qf_atomic_commit(qf_atomic_file *af, qf_error *err) {
     af->fp = NULL;
     if (e) {
         unlink(af->tmp_path);
+        temp_unregister(af->tmp_path);
         return qf_fail(err, QF_ERR_IO, "%s: write failed: %s (nothing was written)", af->path,
                        strerror(e));
     }
     if (rename(af->tmp_path, af->path) != 0) {
         e = errno;
         unlink(af->tmp_path);
+        temp_unregister(af->tmp_path);
         return qf_fail(err, QF_ERR_IO, "%s: rename failed: %s", af->path, strerror(e));
     }
+    temp_unregister(af->tmp_path);
     fsync_parent_dir(af->path);
     return QF_OK;
 }
@@ -158,7 +287,10 @@ void qf_atomic_abort(qf_atomic_file *af) {
         fclose(af->fp);
         af->fp = NULL;
     }
-    if (af->tmp_path[0]) unlink(af->tmp_path);
+    if (af->tmp_path[0]) {
+        unlink(af->tmp_path);
+        temp_unregister(af->tmp_path);
+    }
 }
 
 qf_status qf_write_file_atomic(const char *path, const void *buf, size_t n, qf_error *err) {
