@@ -19,6 +19,10 @@ typedef struct {
     const char *kl_base_read;  /* compare against this file (llama.cpp --kl-divergence); it must have
                                 * been made with this n_ctx (when > 0) and, when tokens are given,
                                 * from these tokens: QF_ERR_ARG otherwise */
+    bool kl_base_local; /* under mpirun (qforge/mpi.h): the base file is this rank's own and holds
+                           only the chunks it runs; written and read by the same N ranks (the
+                           forge's private reference files). Without it rank 0 writes one
+                           llama.cpp file and every rank reads that one file. */
     FILE *log;          /* running values ("[1]12.34,[2]..."), NULL for silence */
     bool progress;      /* progress bar on a TTY */
 } qf_ppl_params;
