@@ -104,7 +104,11 @@ expect f_is_directory 4 "is a directory" "$qf" ppl -m "$M" -f "$d"
 expect usage_bad_type_exits_1 1 "expected f16, q8_0 or q4_0" "$qf" quantize "$M" "$d/q.gguf" q9
 expect usage_unknown_flag_exits_1 1 "unknown option" "$qf" ppl -m "$M" -f "$T" --bogus
 expect usage_missing_value_exits_1 1 "needs a value" "$qf" generate -m "$M" -p
-expect nomem_suggests_b 5 "smaller -b" bash -c "ulimit -v 3000000; exec '$qf' ppl -m '$M' -f '$T' -c 100000 -t 1"
+if [ -n "${QF_ASAN:-}" ]; then
+    echo "SKIP nomem_suggests_b: ASan needs terabytes of address space (ulimit -v cannot apply)"; skip=$((skip + 1))
+else
+    expect nomem_suggests_b 5 "smaller -b" bash -c "ulimit -v 3000000; exec '$qf' ppl -m '$M' -f '$T' -c 100000 -t 1"
+fi
 
 # -- temp files: SIGTERM during quantize leaves no OUT.tmp.<pid>; a stale one is swept
 "$qf" quantize "$M" "$d/q8.gguf" q8_0 >/dev/null 2>&1 &
@@ -123,10 +127,10 @@ printf 'stale' >"$TMPDIR/qforge-certify-$deadpid-abcdef"
 "$qf" calibrate -m "$M" --artifact kv-int8 -c 64 --max-tok 256 --eval-chunks 1 -o "$d/c.qfa" -t 2 >/dev/null 2>&1 &
 pid=$!
 sleep 3
-kill -INT "$pid" 2>/dev/null
+kill -TERM "$pid" 2>/dev/null  # (SIGINT is ignored in background jobs of a script)
 wait "$pid" 2>/dev/null
 left=$(ls "$TMPDIR" | grep -c qforge-certify)
-[ "$left" -eq 0 ] && ok calibrate_sigint_and_sweep_leave_no_temp || { bad "calibrate_sigint_and_sweep_leave_no_temp ($left left)"; ls "$TMPDIR" | sed 's/^/    /'; }
+[ "$left" -eq 0 ] && ok calibrate_sigterm_and_sweep_leave_no_temp || { bad "calibrate_sigterm_and_sweep_leave_no_temp ($left left)"; ls "$TMPDIR" | sed 's/^/    /'; }
 
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]
