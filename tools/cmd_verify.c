@@ -208,12 +208,15 @@ int qf_cmd_verify(int argc, char **argv) {
     qf_artifact a;
     qf_status st = qf_artifact_read(path, trust, &a, &e);
     if (st != QF_OK) return cli_fail(cmd, &e);
+    qf_artifact_kind kind = a.cert.kind;
     st = qf_artifact_check(&a, model ? msha : NULL, &e);
     if (st == QF_OK && model) st = bind_check(model, &a, &e);
     if (json) cli_print_json(to_json(path, &a, st, &e));
     else print_table(path, &a);
     qf_artifact_free(&a);
     if (st != QF_OK) return cli_fail(cmd, &e);
-    if (!json) printf("verdict         verified%s\n", model ? " for this model" : " (model and payload not checked: no -m)");
+    if (!json)
+        printf("verdict         verified%s%s\n", model ? " for this model" : " (model and payload not checked: no -m)",
+               kind == QF_ARTIFACT_AWQ ? " (awq: run the GGUF it names; it is not a --artifact for the KV cache)" : "");
     return 0;
 }
