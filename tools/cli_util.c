@@ -7,7 +7,7 @@
 
 #include "cli.h"
 #include "qforge/mpi.h"
-#include "util/util.h"
+#include "qforge/util.h"
 
 int cli_fail(const char *cmd, const qf_error *e) {
     if (qf_mpi_size() == 1) {
@@ -108,6 +108,12 @@ int cli_engine_flag(int argc, char **argv, int *i, cli_engine_opts *o, char *msg
         if (!qf_kv_mode_from_name(val, dst) || *dst >= QF_KV_INT8)
             BAD("bad %s '%s' (f32, f16, q8_0, q4_0; int8/dict come with --artifact)", a, val);
         o->kv_given = true;
+    } else if (FLAG("--kv-rot", NULL)) {
+        if (r < 0) goto missing;
+        if (!qf_kv_rot_from_name(val, &o->cp.kv_rot)) BAD("bad --kv-rot '%s' (none or hadamard)", val);
+    } else if (!strcmp(a, "--force-uncertified-ctx")) {
+        o->force_uncertified_ctx = true;
+        return 1;
     } else if (FLAG("--artifact", NULL)) {
         if (r < 0) goto missing;
         if (!cli_set_once(&o->artifact_path, a, val, msg, cap)) return -1;
@@ -169,5 +175,17 @@ int cli_check_outputs(const char *cmd, const char *const *ins, const char *const
     if (qf_check_outputs(ins, in_names, n_in, outs, out_names, n_out, &e)) return cli_fail(cmd, &e);
     for (int i = 0; i < n_out; i++)
         if (outs[i] && qf_check_writable(outs[i], QF_ERR_IO, &e)) return cli_fail(cmd, &e);
+    return 0;
+}
+
+int cli_artifact_ctx(const char *cmd, const cli_engine_opts *o, const qf_artifact *a, int n_ctx) {
+    qf_error e = {0};
+    bool forced = false;
+    if (qf_artifact_check_ctx(a, n_ctx, o->force_uncertified_ctx, &forced, &e)) return cli_fail(cmd, &e);
+    if (forced)
+        fprintf(stderr,
+                "qforge %s: warning: --force-uncertified-ctx: running at -c %d, above the largest context the "
+                "artifact is certified at (%d); its certificate does not cover these numbers\n",
+                cmd, n_ctx, qf_artifact_max_certified_ctx(a));
     return 0;
 }

@@ -16,6 +16,7 @@
 #ifndef QFORGE_KVLEARN_H
 #define QFORGE_KVLEARN_H
 
+#include "qforge/api.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -27,7 +28,7 @@
 
 /* sum||x - xr||^2 / sum||x||^2 over n floats, clamped to [0, 1]; 0 when x is all zero and
  * xr matches it. */
-double qf_rel_mse(const float *x, const float *xr, int64_t n);
+QF_API double qf_rel_mse(const float *x, const float *xr, int64_t n);
 
 /* ================================ kv-dict ================================ */
 
@@ -50,27 +51,27 @@ typedef struct {
     double *err_trace;
 } qf_kv_dict_params;
 
-void qf_kv_dict_params_default(qf_kv_dict_params *p);
+QF_API void qf_kv_dict_params_default(qf_kv_dict_params *p);
 
 /* Learn a dictionary from n vectors x[n][head_dim]. Unused atoms are replaced each
  * iteration by the worst-represented training vectors. Fills *out (free with
  * qf_kv_dict_free). Fails with QF_ERR_ARG on bad parameters or too few vectors. */
-qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_dict_params *p,
+QF_API qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_dict_params *p,
                            qf_kv_dict *out, qf_error *err);
 
 /* Build a dictionary from stored atoms (e.g. read from an artifact): copies and
  * re-normalises them and computes the Gram matrix. */
-qf_status qf_kv_dict_init(qf_kv_dict *d, const float *atoms, int n_atoms, int head_dim,
+QF_API qf_status qf_kv_dict_init(qf_kv_dict *d, const float *atoms, int n_atoms, int head_dim,
                           qf_error *err);
-void qf_kv_dict_free(qf_kv_dict *d);
+QF_API void qf_kv_dict_free(qf_kv_dict *d);
 
 /* OMP-encode n vectors with s atoms each: idx[n][s], coef[n][s] (f32, not yet rounded to
  * the storage format). A vector that needs fewer atoms gets idx 0 / coef 0 in the unused
  * slots. n_threads as above. Cost per vector ~ n_atoms*(head_dim + s*s) flops. */
-qf_status qf_kv_dict_encode(const qf_kv_dict *d, const float *x, int64_t n, int s, int n_threads,
+QF_API qf_status qf_kv_dict_encode(const qf_kv_dict *d, const float *x, int64_t n, int s, int n_threads,
                             uint16_t *idx, float *coef, qf_error *err);
 /* out[n][head_dim] = sum_j coef[j] * atom[idx[j]]. */
-void qf_kv_dict_decode(const qf_kv_dict *d, const uint16_t *idx, const float *coef, int s,
+QF_API void qf_kv_dict_decode(const qf_kv_dict *d, const uint16_t *idx, const float *coef, int s,
                        int64_t n, float *out);
 
 /* ---- code storage: atom indices + coefficients in a fixed number of bytes ----
@@ -79,20 +80,20 @@ void qf_kv_dict_decode(const qf_kv_dict *d, const uint16_t *idx, const float *co
  *   QF_KV_COEF_Q8:  one f16 scale (max|coef| / 127) then s int8 coefficients. */
 typedef enum { QF_KV_COEF_F16 = 0, QF_KV_COEF_Q8 = 1 } qf_kv_coef;
 
-const char *qf_kv_coef_name(qf_kv_coef f); /* "f16", "q8" */
+QF_API const char *qf_kv_coef_name(qf_kv_coef f); /* "f16", "q8" */
 /* Information content of a code: s*ceil(log2 n_atoms) index bits + coefficient bits
  * (+16 for the q8 scale). Dictionary storage is amortised away, as at deployment scale. */
-double qf_kv_code_bits(int n_atoms, int s, qf_kv_coef f);
+QF_API double qf_kv_code_bits(int n_atoms, int s, qf_kv_coef f);
 /* Bytes one stored code takes with the layout above. Bytes per token for a model are
  * qf_kv_code_bytes() * n_kv_head * 2 (K and V) * n_layer. */
-size_t qf_kv_code_bytes(int n_atoms, int s, qf_kv_coef f);
+QF_API size_t qf_kv_code_bytes(int n_atoms, int s, qf_kv_coef f);
 /* Round coefficients in place to what the storage format keeps (for measuring error). */
-void qf_kv_coef_round(float *coef, int s, qf_kv_coef f);
+QF_API void qf_kv_coef_round(float *coef, int s, qf_kv_coef f);
 /* Pack one code (writes qf_kv_code_bytes() bytes) and decode a packed code to head_dim
  * floats. */
-void qf_kv_code_pack(const uint16_t *idx, const float *coef, int s, int n_atoms, qf_kv_coef f,
+QF_API void qf_kv_code_pack(const uint16_t *idx, const float *coef, int s, int n_atoms, qf_kv_coef f,
                      uint8_t *out);
-void qf_kv_code_decode(const qf_kv_dict *d, const uint8_t *code, int s, qf_kv_coef f,
+QF_API void qf_kv_code_decode(const qf_kv_dict *d, const uint8_t *code, int s, qf_kv_coef f,
                        float *out);
 
 /* ================================ kv-int8 ================================ */
@@ -107,31 +108,31 @@ typedef enum {
  * absmax) of |x| over each channel's (or head's) values; scale = clip / 127.
  * scale[n_kv_head * head_dim] is always written per channel (a per-head scale is repeated)
  * so the quantizer below needs no mode. n must be a positive multiple of n_kv_head. */
-qf_status qf_kv_int8_fit(const float *x, int64_t n, int n_kv_head, int head_dim,
+QF_API qf_status qf_kv_int8_fit(const float *x, int64_t n, int n_kv_head, int head_dim,
                          qf_kv_scale_mode mode, double percentile, float *scale, qf_error *err);
 
 /* inv[i] = 1 / scale[i] (0 for a zero scale): compute once, quantize with it per token. */
-void qf_kv_int8_inv_scale(const float *scale, float *inv, int n);
+QF_API void qf_kv_int8_inv_scale(const float *scale, float *inv, int n);
 /* q[i] = clamp(round(x[i] * inv_scale[i]), -127, 127), round half away from zero; NaN -> -127.
  * The engine calls these on a whole K or V row (n = n_kv_head * head_dim) per token. */
-void qf_kv_int8_quantize(const float *x, const float *inv_scale, int8_t *q, int n);
-void qf_kv_int8_dequantize(const int8_t *q, const float *scale, float *x, int n);
+QF_API void qf_kv_int8_quantize(const float *x, const float *inv_scale, int8_t *q, int n);
+QF_API void qf_kv_int8_dequantize(const int8_t *q, const float *scale, float *x, int n);
 
 /* ===================== baselines (rate-distortion references) ===================== */
 
 /* Round trips: write the reconstruction of x[n][dim] to out (may equal x). bits in [2, 8].
  * Bits per element including scale overhead are returned by the matching *_bits(). */
 /* Symmetric per-vector absmax, levels +-(2^(bits-1) - 1), one f16 scale per vector. */
-void qf_kv_rt_uniform(const float *x, int64_t n, int dim, int bits, float *out);
-double qf_kv_bits_uniform(int dim, int bits);
+QF_API void qf_kv_rt_uniform(const float *x, int64_t n, int dim, int bits, float *out);
+QF_API double qf_kv_bits_uniform(int dim, int bits);
 /* The same after an orthonormal Walsh-Hadamard rotation (dim must be a power of two). */
-qf_status qf_kv_rt_hadamard(const float *x, int64_t n, int dim, int bits, float *out,
+QF_API qf_status qf_kv_rt_hadamard(const float *x, int64_t n, int dim, int bits, float *out,
                             qf_error *err);
 /* KIVI-style per channel: asymmetric min/max over groups of `group` consecutive tokens of
  * one kv-head, 2^bits levels, f16 scale + f16 zero per channel per group. */
-void qf_kv_rt_per_channel(const float *x, int64_t n, int dim, int n_kv_head, int group, int bits,
+QF_API void qf_kv_rt_per_channel(const float *x, int64_t n, int dim, int n_kv_head, int group, int bits,
                           float *out);
-double qf_kv_bits_per_channel(int group, int bits);
+QF_API double qf_kv_bits_per_channel(int group, int bits);
 
 /* ================================ analysis ================================ */
 
@@ -218,18 +219,18 @@ typedef struct {
     int kivi_group; /* 64 tokens per per-channel scale group */
 } qf_kv_analysis_params;
 
-void qf_kv_analysis_params_default(qf_kv_analysis_params *p);
+QF_API void qf_kv_analysis_params_default(qf_kv_analysis_params *p);
 
 /* Run the go/no-go (and the sweep) over a capture. Pairs with fewer than max(n_atoms, 16)
  * vectors are skipped (too few to learn from). Fails when no pair could be analysed. */
-qf_status qf_kv_analyze(const qf_kv_capture_view *cap, const qf_kv_analysis_params *p,
+QF_API qf_status qf_kv_analyze(const qf_kv_capture_view *cap, const qf_kv_analysis_params *p,
                         qf_kv_report *out, qf_error *err);
-void qf_kv_report_free(qf_kv_report *r);
+QF_API void qf_kv_report_free(qf_kv_report *r);
 /* A plain-text table of the verdicts and the pooled sweep. */
-void qf_kv_report_print(const qf_kv_report *r, FILE *fp);
+QF_API void qf_kv_report_print(const qf_kv_report *r, FILE *fp);
 
 /* Plot a rate-distortion table: x = bits per element, y = relative MSE (log scale), one
  * polyline per curve, legend. Plain SVG, written atomically. */
-qf_status qf_kv_rd_write_svg(const qf_kv_rd_table *t, const char *path, qf_error *err);
+QF_API qf_status qf_kv_rd_write_svg(const qf_kv_rd_table *t, const char *path, qf_error *err);
 
 #endif
