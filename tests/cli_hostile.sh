@@ -123,14 +123,20 @@ wait "$deadpid"
 printf 'stale' >"$d/q8.gguf.tmp.$deadpid"
 expect quantize_sweeps_stale_temp 0 "wrote" "$qf" quantize "$M" "$d/q8.gguf" q8_0
 [ -e "$d/q8.gguf.tmp.$deadpid" ] && bad stale_temp_swept || ok stale_temp_swept
-printf 'stale' >"$TMPDIR/qforge-certify-$deadpid-abcdef"
+# calibrate killed (SIGTERM) at whatever stage it reached: none of its temp files remain
 "$qf" calibrate -m "$M" --artifact kv-int8 -c 64 --max-tok 256 --eval-chunks 1 -o "$d/c.qfa" -t 2 >/dev/null 2>&1 &
 pid=$!
 sleep 3
 kill -TERM "$pid" 2>/dev/null  # (SIGINT is ignored in background jobs of a script)
 wait "$pid" 2>/dev/null
+left=$(ls "$TMPDIR" | grep -c "qforge-certify-$pid-")
+[ "$left" -eq 0 ] && ok calibrate_sigterm_leaves_no_temp || { bad "calibrate_sigterm_leaves_no_temp ($left left)"; ls "$TMPDIR" | sed 's/^/    /'; }
+# a stale certify temp file of a dead process is swept by the next certification
+printf 'stale' >"$TMPDIR/qforge-certify-$deadpid-abcdef"
+expect calibrate_completes 0 "wrote" "$qf" calibrate -m "$M" --artifact kv-int8 -c 64 --max-tok 256 --eval-chunks 1 \
+    -o "$d/c.qfa" -t 2 --gate 1000
 left=$(ls "$TMPDIR" | grep -c qforge-certify)
-[ "$left" -eq 0 ] && ok calibrate_sigterm_and_sweep_leave_no_temp || { bad "calibrate_sigterm_and_sweep_leave_no_temp ($left left)"; ls "$TMPDIR" | sed 's/^/    /'; }
+[ "$left" -eq 0 ] && ok calibrate_sweeps_stale_certify_temp || { bad "calibrate_sweeps_stale_certify_temp ($left left)"; ls "$TMPDIR" | sed 's/^/    /'; }
 
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

@@ -109,7 +109,9 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     if (n_ctx < 2 || n_ctx > c->params.n_ctx)
         return qf_fail(err, QF_ERR_ARG, "perplexity: chunk size %d must be in [2, %d] (the context size)", n_ctx,
                        c->params.n_ctx);
-    if (n_tokens < 2 * (int64_t)n_ctx)
+    /* llama.cpp asks a text for two chunks; a base file's tokens are exactly the chunks it
+     * scored (--eval-chunks 1 / --chunks 1 leaves one), so one chunk is enough there */
+    if (n_tokens < (base ? 1 : 2) * (int64_t)n_ctx)
         return qf_fail(err, QF_ERR_ARG,
                        "perplexity: you need at least %d tokens to evaluate perplexity with a context of %d; "
                        "the text tokenizes to only %lld tokens",
