@@ -16,8 +16,10 @@ SANFLAGS ?=
 CPPFLAGS := -Iinclude -Isrc -DQF_VERSION='"$(VERSION)"'
 # -fvisibility=hidden: libqforge.so exports only what include/qforge/ marks QF_API (qforge/api.h).
 CFLAGS   := $(CSTD) $(WARN) $(OPT) $(SANFLAGS) -fPIC -fvisibility=hidden -pthread
-LDLIBS   := -lopenblas -lpcre2-8 -lcbor -lcrypto -lcurl -ljansson -lxxhash -ldl -lpthread -lm
+LDLIBS   := -lpcre2-8 -lcbor -lcrypto -lcurl -ljansson -lxxhash -ldl -lpthread -lm
 LDFLAGS  := $(SANFLAGS) -pthread
+# OpenBLAS is not linked: src/kernels/blas.c loads it on first use (dlopen, libc), so that it
+# starts no threads of its own and an address-space limit is an error, not a hang.
 
 # Files named *_avx2.c hold the AVX2/FMA/F16C kernels; they are dispatched at run time.
 AVX2FLAGS := -mavx2 -mfma -mf16c
@@ -149,10 +151,11 @@ asan:
 # build-fuzz/libqforge.a with -fsanitize=fuzzer-no-link so the reader and tokenizer are
 # coverage-instrumented. clang 14 rejects __builtin_cpu_supports("f16c"), so the fuzz build
 # defines it away: fuzzing runs the scalar kernels, which is what it should reach anyway.
+# The fuzz build is CPU-only (no -DQF_HAVE_CUDA: the harnesses link no CUDA objects).
 FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
 FUZZ_BIN := $(FUZZ_SRC:fuzz/%.c=build-fuzz/%)
 FUZZ_CC  ?= clang
-FUZZ_FLAGS := $(CSTD) $(CPPFLAGS) -O1 -g -fno-omit-frame-pointer \
+FUZZ_FLAGS := $(CSTD) $(filter-out -DQF_HAVE_CUDA,$(CPPFLAGS)) -O1 -g -fno-omit-frame-pointer \
 	-fsanitize=address,undefined -fno-sanitize-recover=undefined \
 	'-D__builtin_cpu_supports(x)=0'
 FUZZ_LIB_OBJ := $(LIB_SRC:%.c=build-fuzz/obj/%.o)

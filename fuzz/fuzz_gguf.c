@@ -1,7 +1,8 @@
 /* fuzz_gguf.c: libFuzzer harness for the GGUF reader. Opens the input as a GGUF buffer and,
  * when it is accepted, touches everything the reader hands out (every KV, array element at
  * any depth, tensor, and the first and last byte of every tensor's data) so ASan sees any
- * pointer the validation let through. */
+ * pointer the validation let through. Zero-byte tensors are invalid (every dimension is
+ * positive); the reader refuses them and an accepted one aborts here. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (uint64_t i = 0; i < qf_gguf_n_tensors(g); i++) {
         const qf_gguf_tensor *t = qf_gguf_tensor_at(g, i);
         const uint8_t *d = t->data;
+        /* Every dimension is positive, so no valid tensor is empty: the reader refuses a
+         * tensor whose byte size is 0 (or wraps), and the harness holds it to that. */
+        if (t->nbytes == 0) abort();
         sink += d[0] + d[t->nbytes - 1] + (uint64_t)qf_gguf_tensor_nelements(t);
         char *n = cstr(&t->name);
         if (n) {

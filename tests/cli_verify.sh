@@ -19,7 +19,9 @@ if [ ! -x "$qf" ] || [ -z "$py" ]; then
 fi
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
-printf 'not really a model' >"$d/model.gguf"
+# the model is a copy of the embedded demo model (6 layers, 2 KV heads): with -m, verify binds
+# the payload to it exactly as `ppl --artifact` does, so the payload below is a valid kv-int8 one
+cp "$(dirname "$0")/../assets/models/qforge-demo-11m-f16.gguf" "$d/model.gguf"
 
 # make_qfa OUT PASSED VERSION [KEY.pem]
 make_qfa() {
@@ -27,11 +29,13 @@ make_qfa() {
 import cbor2, hashlib, struct, subprocess, sys
 model, out, passed, version = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
 key = sys.argv[5] if len(sys.argv) > 5 else None
-payload = [{"name": "k_scale", "type": "f32", "shape": [2], "data": struct.pack("<2f", 0.5, 2.0)},
-           {"name": "sparsity", "type": "int", "value": 8}]
+import os
+scales = struct.pack("<12f", *([0.05] * 12))
+payload = [{"name": "k_scale", "type": "f32", "shape": [6, 2], "data": scales},
+           {"name": "v_scale", "type": "f32", "shape": [6, 2], "data": scales}]
 pbytes = cbor2.dumps(payload)
 body = cbor2.dumps({
-    "kind": "kv-int8",
+    "kind": os.environ.get("KIND", "kv-int8"),
     "provenance": {"model_sha256": hashlib.sha256(open(model, "rb").read()).digest(),
                    "model_name": "dummy", "model_arch": "llama", "corpus_sha256": bytes(32),
                    "corpus_docs": 10, "calib_docs": 8, "eval_docs": 2, "split": "test",
@@ -77,6 +81,24 @@ cp "$d/ok.qfa" "$d/flip.qfa"
 printf '\x00' | dd of="$d/flip.qfa" bs=1 seek=40 conv=notrunc status=none
 expect corrupt 14 "$qf" verify "$d/flip.qfa"
 expect missing_file 4 "$qf" verify "$d/nope.qfa"
+# kind relabelled kv-int8 -> kv-dict with the checksum recomputed (unsigned): the container is
+# intact, but the payload is no kv-dict payload. verify -m must refuse it with the same code
+# as the loader (`ppl --artifact`), never say "verified".
+KIND=kv-dict make_qfa "$d/kind.qfa" 1 1
+printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 60) >"$d/text.txt"
+"$qf" ppl -m "$d/model.gguf" -f "$d/text.txt" -c 64 --chunks 1 --artifact "$d/kind.qfa" >/dev/null 2>&1
+ppl_rc=$?
+"$qf" verify "$d/kind.qfa" -m "$d/model.gguf" >"$d/out" 2>&1
+v_rc=$?
+if [ "$ppl_rc" -ne 0 ] && [ "$v_rc" -eq "$ppl_rc" ] && ! grep -q "verdict.*verified" "$d/out"; then
+    ok relabelled_kind_refused_like_loader
+else
+    bad "relabelled_kind_refused_like_loader (verify exit $v_rc, ppl --artifact exit $ppl_rc)"; sed 's/^/    /' "$d/out"
+fi
+# and a valid artifact verify accepts is one ppl --artifact runs
+"$qf" ppl -m "$d/model.gguf" -f "$d/text.txt" -c 64 --chunks 1 --artifact "$d/ok.qfa" >/dev/null 2>"$d/out"
+rc=$?
+if [ "$rc" -eq 0 ]; then ok verified_artifact_runs; else bad "verified_artifact_runs (exit $rc)"; sed 's/^/    /' "$d/out"; fi
 expect usage 1 "$qf" verify
 
 if "$qf" verify "$d/ok.qfa" --json | "$py" -c 'import json,sys; j=json.load(sys.stdin); sys.exit(0 if j["gate"]["passed"] and j["verdict"]["status"]=="Ok" and j["provenance"]["config"]=={"bits":8} else 1)'; then

@@ -1,6 +1,10 @@
 /* test_util.c: the util layer: f16/bf16 conversion, atomic writes, SHA-256, the pool. */
+#include <signal.h>
 #include <stdint.h>
 #include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -109,6 +113,139 @@ TEST(error_names_and_codes) {
             CHECK(qf_status_exit_code(a) != qf_status_exit_code(b));
 }
 
+
+static bool exists(const char *p) { return access(p, F_OK) == 0; }
+
+/* A pid that is certainly dead: a child that exited and was reaped. */
+static long dead_pid(void) {
+    pid_t c = fork();
+    if (c == 0) _exit(0);
+    int st;
+    waitpid(c, &st, 0);
+    return (long)c;
+}
+
+/* SIGTERM/SIGINT while an atomic write or a temp file is open: the temp files go, the target
+ * is untouched, and the process still dies of the signal. */
+TEST(temp_files_removed_on_signal) {
+    const char *dir = test_tmpdir();
+    char target[4096], tmp[4200], tpath[4096], env[4200];
+    snprintf(target, sizeof target, "%s/sig-target.bin", dir);
+    snprintf(env, sizeof env, "%s", dir);
+    int sigs[2] = {SIGTERM, SIGINT};
+    for (int k = 0; k < 2; k++) {
+        /* a signal the process ignores (a background job's SIGINT, nohup's SIGHUP) stays
+         * ignored: nothing to clean up because nothing dies of it */
+        struct sigaction cur;
+        if (sigaction(sigs[k], NULL, &cur) == 0 && cur.sa_handler == SIG_IGN) continue;
+        unlink(target);
+        int fds[2];
+        CHECK(pipe(fds) == 0);
+        pid_t c = fork();
+        if (c == 0) {
+            close(fds[0]);
+            setenv("TMPDIR", env, 1);
+            qf_atomic_file af;
+            qf_error e;
+            char tp[4096];
+            if (qf_atomic_open(&af, target, &e) || qf_atomic_write(&af, "partial", 7, &e)) _exit(3);
+            if (qf_temp_create("qforge-test", tp, sizeof tp, &e)) _exit(4);
+            fflush(af.fp);
+            dprintf(fds[1], "%s\n%s\n", af.tmp_path, tp);
+            close(fds[1]);
+            kill(getpid(), sigs[k]);
+            _exit(5); /* not reached */
+        }
+        close(fds[1]);
+        char buf[9000] = {0};
+        ssize_t n = 0, r;
+        while ((r = read(fds[0], buf + n, sizeof buf - 1 - (size_t)n)) > 0) n += r;
+        close(fds[0]);
+        int st;
+        waitpid(c, &st, 0);
+        CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == sigs[k], "child status %d", st);
+        CHECK(sscanf(buf, "%4199s %4095s", tmp, tpath) == 2);
+        CHECK_MSG(!exists(tmp), "%s left behind", tmp);
+        CHECK_MSG(!exists(tpath), "%s left behind", tpath);
+        CHECK(!exists(target));
+    }
+}
+
+/* kill -9 cannot be caught: the next writer of the same target sweeps "<target>.tmp.<pid>" of
+ * dead processes (never a live one's), and qf_temp_create sweeps "<prefix>-<pid>-*". */
+TEST(stale_temp_files_swept) {
+    const char *dir = test_tmpdir();
+    char target[4096], stale[4200], live[4200], other[4200], stale2[4200];
+    snprintf(target, sizeof target, "%s/sweep-target.bin", dir);
+    long dead = dead_pid();
+    snprintf(stale, sizeof stale, "%s.tmp.%ld", target, dead);
+    snprintf(live, sizeof live, "%s.tmp.%ld", target, (long)getppid()); /* alive */
+    snprintf(other, sizeof other, "%s/unrelated.bin.tmp.%ld", dir, dead);
+    qf_error e;
+    CHECK(qf_write_file_atomic(stale, "x", 1, &e) == QF_OK);
+    CHECK(qf_write_file_atomic(live, "x", 1, &e) == QF_OK);
+    CHECK(qf_write_file_atomic(other, "x", 1, &e) == QF_OK);
+    CHECK(qf_write_file_atomic(target, "new", 3, &e) == QF_OK);
+    CHECK(!exists(stale));
+    CHECK(exists(live));  /* its owner may still be writing */
+    CHECK(exists(other)); /* another target's temp file is not ours to judge */
+    unlink(live), unlink(other), unlink(target);
+
+    char old_tmpdir[4096] = "";
+    const char *t = getenv("TMPDIR");
+    if (t) snprintf(old_tmpdir, sizeof old_tmpdir, "%s", t);
+    setenv("TMPDIR", dir, 1);
+    snprintf(stale2, sizeof stale2, "%s/qforge-test-%ld-abcdef", dir, dead);
+    CHECK(qf_write_file_atomic(stale2, "x", 1, &e) == QF_OK);
+    char p[4096];
+    CHECK(qf_temp_create("qforge-test", p, sizeof p, &e) == QF_OK);
+    CHECK(!exists(stale2));
+    CHECK(exists(p));
+    qf_temp_remove(p);
+    CHECK(!exists(p));
+    if (old_tmpdir[0]) setenv("TMPDIR", old_tmpdir, 1);
+    else unsetenv("TMPDIR");
+}
+
+/* Outputs that are inputs: same path, another spelling, a symlink, a hard link; outputs that
+ * are each other; unwritable or missing directories; a directory as an output. */
+TEST(output_path_checks) {
+    const char *dir = test_tmpdir();
+    char a[4096], a2[4096], ln[4096], hl[4096], b[4096], sub[4096];
+    snprintf(a, sizeof a, "%s/in.gguf", dir);
+    snprintf(a2, sizeof a2, "%s/./in.gguf", dir);
+    snprintf(ln, sizeof ln, "%s/link.gguf", dir);
+    snprintf(hl, sizeof hl, "%s/hard.gguf", dir);
+    snprintf(b, sizeof b, "%s/new.gguf", dir);
+    snprintf(sub, sizeof sub, "%s/nodir/x.gguf", dir);
+    qf_error e;
+    CHECK(qf_write_file_atomic(a, "GGUF", 4, &e) == QF_OK);
+    unlink(ln), unlink(hl);
+    CHECK(symlink(a, ln) == 0);
+    CHECK(link(a, hl) == 0);
+    CHECK(qf_same_file(a, a));
+    CHECK(qf_same_file(a, a2));
+    CHECK(qf_same_file(a, ln));
+    CHECK(qf_same_file(a, hl));
+    CHECK(!qf_same_file(a, b));
+    CHECK(qf_same_file(b, b)); /* does not exist yet: same canonical path */
+    CHECK(!qf_same_file("-", "-"));
+    const char *ins[] = {a}, *in_names[] = {"-m"};
+    const char *outs[] = {ln}, *out_names[] = {"-o"};
+    CHECK(qf_check_outputs(ins, in_names, 1, outs, out_names, 1, &e) == QF_ERR_ARG);
+    CHECK(strstr(e.msg, "-o") && strstr(e.msg, "-m"));
+    const char *outs2[] = {b, b}, *out_names2[] = {"-o", "--eval-out"};
+    CHECK(qf_check_outputs(ins, in_names, 1, outs2, out_names2, 2, &e) == QF_ERR_ARG);
+    CHECK(qf_check_outputs(ins, in_names, 1, outs2, out_names2, 1, &e) == QF_OK);
+    CHECK(qf_check_writable(b, QF_ERR_IO, &e) == QF_OK);
+    CHECK(qf_check_writable(sub, QF_ERR_PACKAGE_FAILED, &e) == QF_ERR_PACKAGE_FAILED);
+    CHECK(qf_check_writable(dir, QF_ERR_IO, &e) == QF_ERR_IO && strstr(e.msg, "directory"));
+    char *got;
+    size_t len;
+    CHECK(qf_read_file(dir, &got, &len, &e) == QF_ERR_IO && strstr(e.msg, "is a directory"));
+    unlink(ln), unlink(hl), unlink(a);
+}
+
 /* The one strict validator (artifact text, corpus reader): RFC 3629, checked byte by byte
  * against a decoder written from the RFC's table. */
 TEST(utf8_strict_validator) {
@@ -208,5 +345,8 @@ int main(void) {
     RUN(read_missing_file);
     RUN(pool_runs_every_index);
     RUN(error_names_and_codes);
+    RUN(temp_files_removed_on_signal);
+    RUN(stale_temp_files_swept);
+    RUN(output_path_checks);
     return test_summary();
 }

@@ -37,17 +37,39 @@ int cli_flag_value(int argc, char **argv, int *i, const char *name, const char *
 typedef struct {
     const char *model_path, *artifact_path, *trust_key;
     qf_context_params cp;
+    bool kv_given; /* -ctk or -ctv was given */
     bool force_uncertified_ctx; /* --force-uncertified-ctx: run an artifact above its certified context */
 } cli_engine_opts;
 /* The warning --force-uncertified-ctx earns when qf_run_open ran an artifact above the largest
  * context it is certified at (qf_run_open refuses that without the flag); nothing otherwise. */
 void cli_warn_uncertified_ctx(const char *cmd, const qf_run *run);
-int cli_engine_flag(int argc, char **argv, int *i, cli_engine_opts *o, char *msg, size_t cap);
 
 /* The CUDA backend's knobs from the environment (the CLI's defaults; the library never reads
  * it): QF_CUDA_GEMM=f32, QF_CUDA_ATTN=warp, QF_CUDA_GU16=1, QF_CUDA_F16_CACHE=0,
  * QF_CUDA_PROFILE=1. */
 void cli_cuda_env(qf_cuda_params *k);
+/* A path flag given twice (-m, --artifact, --trust-key) is refused, never "last one wins". */
+int cli_engine_flag(int argc, char **argv, int *i, cli_engine_opts *o, char *msg, size_t cap);
+
+/* After parsing: flags that contradict each other are refused rather than one silently
+ * ignored: -ctk/-ctv with --artifact (the artifact sets the KV cache), --reference with
+ * --device cuda (the reference is the CPU oracle), --trust-key without --artifact. Returns
+ * false with the reason in msg. */
+bool cli_engine_check(const cli_engine_opts *o, char *msg, size_t cap);
+
+/* A path flag that may be given once: false (reason in msg) when *slot is already set. */
+bool cli_set_once(const char **slot, const char *flag, const char *val, char *msg, size_t cap);
+
+/* Warn on stderr when n_ctx exceeds the model's trained context (quality degrades past it). */
+void cli_warn_ctx(const char *cmd, const qf_model *m, int n_ctx);
+
+/* Append to an out-of-memory error that a smaller -b (batch) and -c lower the memory needed. */
+void cli_nomem_hint(qf_error *e);
+
+/* Refuse outputs that are inputs or each other (qf_check_outputs) and outputs that cannot be
+ * written (qf_check_writable, QF_ERR_IO), before any work. 0 or the printed error's exit code. */
+int cli_check_outputs(const char *cmd, const char *const *ins, const char *const *in_names, int n_in,
+                      const char *const *outs, const char *const *out_names, int n_out);
 
 /* Print a JSON value (indented) to stdout followed by a newline, and free it. */
 void cli_print_json(json_t *j);

@@ -7,6 +7,7 @@
 
 #include "cli.h"
 #include "qforge/mpi.h"
+#include "qforge/util.h"
 
 int cli_fail(const char *cmd, const qf_error *e) {
     if (qf_mpi_size() == 1) {
@@ -91,7 +92,7 @@ int cli_engine_flag(int argc, char **argv, int *i, cli_engine_opts *o, char *msg
 #define BAD(...) return snprintf(msg, cap, __VA_ARGS__), -1
     if (FLAG("-m", "--model")) {
         if (r < 0) goto missing;
-        o->model_path = val;
+        if (!cli_set_once(&o->model_path, a, val, msg, cap)) return -1;
     } else if (FLAG("-c", "--ctx-size")) {
         if (r < 0) goto missing;
         if (!cli_parse_int(val, 2, 1 << 20, &o->cp.n_ctx)) BAD("bad -c '%s'", val);
@@ -106,6 +107,7 @@ int cli_engine_flag(int argc, char **argv, int *i, cli_engine_opts *o, char *msg
         qf_kv_mode *dst = a[3] == 'k' || !strcmp(a, "--cache-type-k") ? &o->cp.kv_k : &o->cp.kv_v;
         if (!qf_kv_mode_from_name(val, dst) || *dst >= QF_KV_INT8)
             BAD("bad %s '%s' (f32, f16, q8_0, q4_0; int8/dict come with --artifact)", a, val);
+        o->kv_given = true;
     } else if (FLAG("--kv-rot", NULL)) {
         if (r < 0) goto missing;
         if (!qf_kv_rot_from_name(val, &o->cp.kv_rot)) BAD("bad --kv-rot '%s' (none or hadamard)", val);
@@ -114,10 +116,10 @@ int cli_engine_flag(int argc, char **argv, int *i, cli_engine_opts *o, char *msg
         return 1;
     } else if (FLAG("--artifact", NULL)) {
         if (r < 0) goto missing;
-        o->artifact_path = val;
+        if (!cli_set_once(&o->artifact_path, a, val, msg, cap)) return -1;
     } else if (FLAG("--trust-key", NULL)) {
         if (r < 0) goto missing;
-        o->trust_key = val;
+        if (!cli_set_once(&o->trust_key, a, val, msg, cap)) return -1;
     } else {
         return 0;
     }
@@ -126,6 +128,54 @@ missing:
     BAD("option '%s' needs a value", a);
 #undef BAD
 #undef FLAG
+}
+
+bool cli_set_once(const char **slot, const char *flag, const char *val, char *msg, size_t cap) {
+    if (*slot) {
+        snprintf(msg, cap, "%s given twice ('%s' and '%s'): give it once", flag, *slot, val);
+        return false;
+    }
+    *slot = val;
+    return true;
+}
+
+bool cli_engine_check(const cli_engine_opts *o, char *msg, size_t cap) {
+    if (o->kv_given && o->artifact_path) {
+        snprintf(msg, cap, "-ctk/-ctv and --artifact conflict: the artifact sets the KV cache type");
+        return false;
+    }
+    if (o->cp.reference && o->cp.device == QF_DEVICE_CUDA) {
+        snprintf(msg, cap, "--reference and --device cuda conflict: the reference path is the CPU oracle");
+        return false;
+    }
+    if (o->trust_key && !o->artifact_path) {
+        snprintf(msg, cap, "--trust-key needs --artifact X.qfa");
+        return false;
+    }
+    return true;
+}
+
+void cli_warn_ctx(const char *cmd, const qf_model *m, int n_ctx) {
+    int train = qf_model_hparams(m)->n_ctx_train;
+    if (train > 0 && n_ctx > train)
+        fprintf(stderr, "qforge %s: warning: -c %d exceeds the model's trained context (%d tokens); "
+                        "positions past %d are out of distribution and quality degrades\n",
+                cmd, n_ctx, train, train);
+}
+
+void cli_nomem_hint(qf_error *e) {
+    if (e->code != QF_ERR_NOMEM) return;
+    size_t n = strlen(e->msg);
+    snprintf(e->msg + n, sizeof e->msg - n, " (a smaller -b batch, or a smaller -c, needs less memory)");
+}
+
+int cli_check_outputs(const char *cmd, const char *const *ins, const char *const *in_names, int n_in,
+                      const char *const *outs, const char *const *out_names, int n_out) {
+    qf_error e = {0};
+    if (qf_check_outputs(ins, in_names, n_in, outs, out_names, n_out, &e)) return cli_fail(cmd, &e);
+    for (int i = 0; i < n_out; i++)
+        if (outs[i] && qf_check_writable(outs[i], QF_ERR_IO, &e)) return cli_fail(cmd, &e);
+    return 0;
 }
 
 void cli_warn_uncertified_ctx(const char *cmd, const qf_run *run) {

@@ -1,4 +1,5 @@
 /* cmd_generate.c: `qforge generate`, streaming text from a prompt. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,8 +9,12 @@
 
 static const char *USAGE =
     "qforge generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
-    "                [-c N] [-t N] [-ctk T] [-ctv T] [--kv-rot none|hadamard]\n"
+    "                [-c N] [-b N] [-t N] [-ctk T] [-ctv T] [--kv-rot none|hadamard]\n"
     "                [--artifact X.qfa [--trust-key PEM] [--force-uncertified-ctx]]\n"
+    "  -c N       context size (default: the model's trained context); generation stops, with a\n"
+    "             message, when it is full\n"
+    "  -b N       batch size for the prompt (tokens per forward call; default = -c); a smaller\n"
+    "             batch needs less memory\n"
     "  -n N       tokens to generate (default 128; stops early at end-of-text)\n"
     "  --temp T   temperature (default 0.8; 0 = greedy)\n"
     "  --top-k K  keep the K most likely tokens (default 40; 0 = off)\n"
@@ -36,6 +41,7 @@ int qf_cmd_generate(int argc, char **argv) {
     double temp = 0.8, top_p = 0.95;
     int top_k = 40;
     int64_t seed = 42;
+    int n_batch = 0;
     eo.cp.n_ctx = 0;
     for (int i = 1; i < argc; i++) {
         int r;
@@ -47,7 +53,10 @@ int qf_cmd_generate(int argc, char **argv) {
             if (r < 0) return cli_usage("generate", USAGE, "%s", why);
         } else if ((r = cli_flag_value(argc, argv, &i, "-p", "--prompt", &val))) {
             if (r < 0) goto missing;
-            prompt = val;
+            if (!cli_set_once(&prompt, a, val, why, sizeof why)) return cli_usage("generate", USAGE, "%s", why);
+        } else if ((r = cli_flag_value(argc, argv, &i, "-b", "--batch-size", &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 1, 1 << 20, &n_batch)) return cli_usage("generate", USAGE, "bad -b '%s'", val);
         } else if ((r = cli_flag_value(argc, argv, &i, "-n", "--n-predict", &val))) {
             if (r < 0) goto missing;
             if (!cli_parse_int(val, 0, 1 << 20, &n_gen)) return cli_usage("generate", USAGE, "bad -n '%s'", val);
@@ -72,7 +81,7 @@ int qf_cmd_generate(int argc, char **argv) {
     }
     if (!eo.model_path) return cli_usage("generate", USAGE, "-m MODEL is required");
     if (!prompt) return cli_usage("generate", USAGE, "-p PROMPT is required");
-    if (eo.trust_key && !eo.artifact_path) return cli_usage("generate", USAGE, "--trust-key needs --artifact X.qfa");
+    if (!cli_engine_check(&eo, why, sizeof why)) return cli_usage("generate", USAGE, "%s", why);
 
     qf_run_params rp = qf_run_default_params();
     rp.model_path = eo.model_path;
@@ -86,7 +95,11 @@ int qf_cmd_generate(int argc, char **argv) {
     qf_error err = {0};
     qf_run run;
     qf_generate_stats gs;
-    if (qf_run_open(&rp, &run, &err)) return cli_fail("generate", &err);
+    if (qf_run_open(&rp, &run, &err)) {
+        cli_nomem_hint(&err);
+        return cli_fail("generate", &err);
+    }
+    cli_warn_ctx("generate", run.model, qf_context_params_get(run.ctx)->n_ctx);
     cli_warn_uncertified_ctx("generate", &run);
     qf_status st = qf_generate(run.ctx, prompt, strlen(prompt), &gp, &gs, &err);
     qf_run_close(&run);

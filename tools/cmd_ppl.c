@@ -49,7 +49,7 @@ int qf_cmd_ppl(int argc, char **argv) {
             if (r < 0) return cli_usage("ppl", USAGE, "%s", why);
         } else if ((r = cli_flag_value(argc, argv, &i, "-f", "--file", &val))) {
             if (r < 0) goto missing;
-            text_path = val;
+            if (!cli_set_once(&text_path, a, val, why, sizeof why)) return cli_usage("ppl", USAGE, "%s", why);
         } else if ((r = cli_flag_value(argc, argv, &i, "-b", "--batch-size", &val))) {
             if (r < 0) goto missing;
             if (!cli_parse_int(val, 1, 1 << 20, &n_batch)) return cli_usage("ppl", USAGE, "bad -b '%s'", val);
@@ -58,7 +58,7 @@ int qf_cmd_ppl(int argc, char **argv) {
             if (!cli_parse_int(val, 1, 1 << 30, &pp.n_chunks)) return cli_usage("ppl", USAGE, "bad --chunks '%s'", val);
         } else if ((r = cli_flag_value(argc, argv, &i, "--kl-divergence-base", NULL, &val))) {
             if (r < 0) goto missing;
-            kl_base = val;
+            if (!cli_set_once(&kl_base, a, val, why, sizeof why)) return cli_usage("ppl", USAGE, "%s", why);
         } else if (!strcmp(a, "--kl-divergence")) {
             kl = true;
         } else if (!strcmp(a, "--reference")) {
@@ -76,9 +76,17 @@ int qf_cmd_ppl(int argc, char **argv) {
     if (!model_path) return cli_usage("ppl", USAGE, "-m MODEL is required");
     if (!text_path) return cli_usage("ppl", USAGE, "-f TEXT is required");
     if (kl && !kl_base) return cli_usage("ppl", USAGE, "--kl-divergence needs --kl-divergence-base FILE");
-    if (eo.trust_key && !artifact_path) return cli_usage("ppl", USAGE, "--trust-key needs --artifact X.qfa");
+    eo.cp.reference = reference;
+    if (!cli_engine_check(&eo, why, sizeof why)) return cli_usage("ppl", USAGE, "%s", why);
     if (kl) pp.kl_base_read = kl_base;
     else pp.kl_base_write = kl_base;
+    if (pp.kl_base_write) { /* the base file is the one output: never one of the inputs */
+        const char *ins[] = {model_path, text_path, artifact_path, eo.trust_key};
+        const char *in_names[] = {"-m", "-f", "--artifact", "--trust-key"};
+        const char *outs[] = {pp.kl_base_write}, *out_names[] = {"--kl-divergence-base"};
+        int rc = cli_check_outputs("ppl", ins, in_names, 4, outs, out_names, 1);
+        if (rc) return rc;
+    }
     qf_run_params rp = qf_run_default_params();
     rp.model_path = model_path;
     rp.artifact_path = artifact_path;
@@ -98,8 +106,10 @@ int qf_cmd_ppl(int argc, char **argv) {
     qf_run run;
     if (qf_run_open(&rp, &run, &err)) {
         free(text);
+        cli_nomem_hint(&err);
         return cli_fail("ppl", &err);
     }
+    cli_warn_ctx("ppl", run.model, qf_context_params_get(run.ctx)->n_ctx);
     cli_warn_uncertified_ctx("ppl", &run);
     qf_context *c = run.ctx;
     const qf_context_params *cp = qf_context_params_get(c);
@@ -135,6 +145,7 @@ int qf_cmd_ppl(int argc, char **argv) {
     free(text);
     int rc = 0;
     if (st) {
+        cli_nomem_hint(&err);
         rc = cli_fail("ppl", &err);
     } else if (json) {
         json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:I, s:I, s:f, s:f, s:f, s:f, s:s, s:s}", "model", model_path,

@@ -183,6 +183,14 @@ int qf_cmd_quantize(int argc, char **argv) {
         return cli_usage("quantize", USAGE, "%s needs a value", a);
     }
     if (n_pos != 3) return cli_usage("quantize", USAGE, "expected IN.gguf OUT.gguf TYPE");
+    {   /* OUT must not be IN (nor a corpus file): refused before anything is read or written */
+        const char *ins[65], *in_names[65];
+        ins[0] = pos[0], in_names[0] = "IN";
+        for (int k = 0; k < n_paths; k++) ins[k + 1] = paths[k], in_names[k + 1] = "--calib";
+        const char *outs[] = {pos[1]}, *out_names[] = {"OUT"};
+        int rc = cli_check_outputs("quantize", ins, in_names, n_paths + 1, outs, out_names, 1);
+        if (rc) return rc;
+    }
     qf_type type;
     qf_error e;
     qf_error_clear(&e);

@@ -187,6 +187,28 @@ static void print_table(const char *path, const qf_artifact *a, double bits) {
     }
 }
 
+/* The loader's own checks, run on the model: `ppl --artifact` binds a KV artifact to a context
+ * of the model (payload names, shapes, scales, dictionaries against n_layer/n_head_kv/head_dim);
+ * verify binds it to a small CPU context of the same model the same way, so it says "verified"
+ * exactly when ppl/generate would run the artifact. An awq artifact has nothing to bind (the
+ * GGUF it names is what runs). Returns QF_OK or the bind's refusal (in *e). */
+static qf_status bind_check(const char *model_path, const qf_artifact *a, qf_error *e) {
+    if (a->cert.kind == QF_ARTIFACT_AWQ) return QF_OK;
+    qf_model *m = qf_model_load(model_path, e);
+    if (!m) return e->code;
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 16;
+    cp.n_batch = 1;
+    cp.n_threads = 1;
+    cp.device = QF_DEVICE_CPU;
+    cp.reference = true; /* nothing is decoded: no BLAS buffers needed, so it fits tight limits */
+    qf_context *c = qf_context_new(m, &cp, e);
+    qf_status st = c ? qf_context_bind_artifact(c, a, e) : e->code;
+    qf_context_free(c);
+    qf_model_free(m);
+    return st;
+}
+
 int qf_cmd_verify(int argc, char **argv) {
     const char *cmd = "verify", *path = NULL, *model = NULL, *trust = NULL, *v;
     bool json = false;
@@ -199,11 +221,13 @@ int qf_cmd_verify(int argc, char **argv) {
         if (!strcmp(argv[i], "--json")) { json = true; continue; }
         if ((r = cli_flag_value(argc, argv, &i, "--model", "-m", &v))) {
             if (r < 0) return cli_usage(cmd, VERIFY_USAGE, "%s needs a value", argv[i]);
+            if (model) return cli_usage(cmd, VERIFY_USAGE, "-m given twice ('%s', '%s')", model, v);
             model = v;
             continue;
         }
         if ((r = cli_flag_value(argc, argv, &i, "--trust-key", NULL, &v))) {
             if (r < 0) return cli_usage(cmd, VERIFY_USAGE, "%s needs a value", argv[i]);
+            if (trust) return cli_usage(cmd, VERIFY_USAGE, "--trust-key given twice");
             trust = v;
             continue;
         }
@@ -219,12 +243,16 @@ int qf_cmd_verify(int argc, char **argv) {
     qf_artifact a;
     qf_status st = qf_artifact_read(path, trust, &a, &e);
     if (st != QF_OK) return cli_fail(cmd, &e);
+    qf_artifact_kind kind = a.cert.kind;
     st = qf_artifact_check(&a, model ? msha : NULL, &e);
+    if (st == QF_OK && model) st = bind_check(model, &a, &e);
     double bits = bits_of(&a, model);
     if (json) cli_print_json(to_json(path, &a, st, &e, bits));
     else print_table(path, &a, bits);
     qf_artifact_free(&a);
     if (st != QF_OK) return cli_fail(cmd, &e);
-    if (!json) printf("verdict         verified%s\n", model ? " for this model" : " (model not checked: no -m)");
+    if (!json)
+        printf("verdict         verified%s%s\n", model ? " for this model" : " (model and payload not checked: no -m)",
+               kind == QF_ARTIFACT_AWQ ? " (awq: run the GGUF it names; it is not a --artifact for the KV cache)" : "");
     return 0;
 }

@@ -223,6 +223,10 @@ QF_API qf_status qf_artifact_encode_body(qf_certificate *cert, const qf_payload 
 
 /* ---- forge side: package ---- */
 
+/* Whether path is a readable PEM Ed25519 private key, as packaging will need it: QF_OK,
+ * QF_ERR_IO (cannot open) or QF_ERR_ARG (not such a key). For checks before any work. */
+QF_API qf_status qf_sign_key_check(const char *path, qf_error *err);
+
 /* The complete .qfa bytes (malloc'd), signed with sign_key_path (PEM Ed25519 private key)
  * when non-NULL. Does not judge the gate, so tests can build refusable files. */
 QF_API qf_status qf_artifact_serialize(qf_certificate *cert, const qf_payload *payload,

@@ -51,7 +51,8 @@ QF_API void qf_error_clear(qf_error *e);
 /* Stable name, e.g. "CorpusEmpty", used in messages and --json output. */
 QF_API const char *qf_status_name(qf_status s);
 
-/* Process exit code for a status: 0 for QF_OK, distinct small integers otherwise. */
+/* Process exit code for a status: 0 for QF_OK, 1 for QF_ERR_ARG (the CLI's usage errors exit 1
+ * too: one code for every bad flag or argument), 2 + the enum value otherwise (all distinct). */
 QF_API int qf_status_exit_code(qf_status s);
 
 #endif

@@ -17,7 +17,9 @@ typedef struct {
     int n_ctx;          /* chunk length (tokens) */
     int n_chunks;       /* <= 0: all chunks the text holds */
     const char *kl_base_write; /* save reference log-probs here (llama.cpp --kl-divergence-base) */
-    const char *kl_base_read;  /* compare against this file (llama.cpp --kl-divergence) */
+    const char *kl_base_read;  /* compare against this file (llama.cpp --kl-divergence); it must have
+                                * been made with this n_ctx (when > 0) and, when tokens are given,
+                                * from these tokens: QF_ERR_ARG otherwise */
     bool kl_base_local; /* under mpirun (qforge/mpi.h): the base file is this rank's own and holds
                            only the chunks it runs; written and read by the same N ranks (the
                            forge's private reference files). Without it rank 0 writes one
@@ -42,6 +44,8 @@ typedef struct {
 
 QF_API qf_ppl_params qf_ppl_default_params(void);
 
+/* Errors: QF_ERR_ARG when no token would be scored (n_ctx < 3, text too short); QF_ERR_FORMAT
+ * when the model yields a non-finite log-likelihood (damaged weights): never a NaN result. */
 /* Evaluate `tokens` (already tokenized, BOS handling done by the caller: pass the whole
  * file's tokens as llama.cpp does; the first token of each chunk is replaced by BOS when
  * the vocabulary adds BOS). */

@@ -44,7 +44,8 @@ QF_API bool qf_type_is_known(qf_type t);
 QF_API bool qf_type_is_supported(qf_type t); /* F32 F16 BF16 Q8_0 Q4_0 Q5_0 Q4_K Q5_K Q6_K */
 QF_API int64_t qf_type_block_elems(qf_type t); /* elements per block (1 for float types) */
 QF_API size_t qf_type_block_bytes(qf_type t);  /* bytes per block */
-/* Bytes of a row of n elements; 0 if n is not a multiple of the block size. */
+/* Bytes of a row of n elements; 0 if n is not a multiple of the block size or the byte count
+ * overflows size_t. */
 QF_API size_t qf_row_bytes(qf_type t, int64_t n);
 
 /* The activation format a weight type's dot product consumes (ggml's vec_dot_type):

@@ -3,6 +3,7 @@
 #ifndef QFORGE_UTIL_H
 #define QFORGE_UTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -16,6 +17,22 @@ QF_API qf_status qf_read_file(const char *path, char **out, size_t *len, qf_erro
 /* Write n bytes to `path` atomically: a temp file in the same directory, fsync, rename, fsync
  * of the directory. On failure `path` is untouched and no temp file is left. */
 QF_API qf_status qf_write_file_atomic(const char *path, const void *buf, size_t n, qf_error *err);
+
+/* Whether paths a and b name the same file: both exist with the same device and inode (hard
+ * links, symlinks, "./x" vs "x"), or their canonical forms (realpath of the directory + the
+ * last component) are equal, which also catches an output that does not exist yet named twice.
+ * NULL or "-" (stdin/stdout) is never the same as anything. */
+QF_API bool qf_same_file(const char *a, const char *b);
+
+/* Before any work: can `path` be written as an output? It must not be a directory, and its
+ * directory must exist and be writable. QF_OK, or `code` with a message naming the path. */
+QF_API qf_status qf_check_writable(const char *path, qf_status code, qf_error *err);
+
+/* Refuse outputs that would destroy an input or each other: every non-NULL outs[i] is compared
+ * (qf_same_file) with every non-NULL ins[j] and every earlier output. QF_ERR_ARG naming both
+ * flags (out_names[i], in_names[j]) and the path, or QF_OK. */
+QF_API qf_status qf_check_outputs(const char *const *ins, const char *const *in_names, int n_in,
+                                  const char *const *outs, const char *const *out_names, int n_out, qf_error *err);
 
 /* SHA-256 of n bytes in memory. */
 QF_API void qf_sha256(const void *data, size_t n, uint8_t out[32]);

@@ -14,13 +14,13 @@
  * the activation to the weight's vec_dot type and uses the integer dot kernels, as ggml does.
  * The reference route (params.reference) uses the scalar oracle kernels and plain loops: it is
  * the CPU reference path that the fast route and the GPU are certified against. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "engine.h"
+#include "kernels/blas.h"
 #include "engine/gpu.h"
 #include "kernels/vecmath.h"
 
@@ -116,8 +116,9 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
         c->params.n_threads = n > 0 ? (int)n : 1;
     }
     c->n_batch = c->params.n_batch;
-    /* our pool does the parallelism; each thread calls a single-threaded sgemm */
-    openblas_set_num_threads(1);
+    /* our pool does the parallelism; each thread calls a single-threaded sgemm (kernels/blas.h:
+     * OpenBLAS is loaded here, and its work buffers must fit an address-space limit) */
+    if (!c->params.reference && qf_blas_init(c->params.n_threads, err)) goto fail;
     c->pool = qf_pool_create(c->params.n_threads);
     if (!c->pool) {
         qf_fail(err, QF_ERR_NOMEM, "cannot start %d threads", c->params.n_threads);
@@ -239,7 +240,7 @@ static void mm_worker(void *arg, int ith, int nth) {
                     qf_dequantize_row(w->type, wd + (size_t)(r + i) * w->row_bytes, buf + i * K, K);
                 wt = buf;
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, (int)tr, (int)K, 1.0f, j->x,
+            qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, (int)tr, (int)K, 1.0f, j->x,
                         (int)K, wt, (int)K, 0.0f, j->y + r, (int)N);
         }
     } else if (j->route == 1) {
@@ -431,7 +432,7 @@ static void attention_worker(void *arg, int ith, int nth) {
                         S[(size_t)i * Tb + t] = (float)s * scale;
                     }
             } else {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, Tb, hd, scale, Qb, Dq, K, hd, 0.0f, S, Tb);
+                qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, Tb, hd, scale, Qb, Dq, K, hd, 0.0f, S, Tb);
             }
             bool exact = c->kv.n_sink || c->kv.n_window;
             const float *EK = ext(c)->ekbuf + (size_t)kvh * c->params.n_ctx * hd;
@@ -460,7 +461,7 @@ static void attention_worker(void *arg, int ith, int nth) {
                         Ob[(size_t)i * Dq + d] = (float)s;
                     }
             } else {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, Tb, 1.0f, S, Tb, V, hd, 0.0f, Ob, Dq);
+                qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, Tb, 1.0f, S, Tb, V, hd, 0.0f, Ob, Dq);
             }
             if (exact)
                 for (int i = 0; i < nb; i++)

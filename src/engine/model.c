@@ -121,6 +121,48 @@ static qf_status read_hparams(qf_model *m, qf_error *err) {
     return QF_OK;
 }
 
+static int cmp_tensor_offset(const void *a, const void *b) {
+    uint64_t x = (*(const qf_gguf_tensor *const *)a)->offset, y = (*(const qf_gguf_tensor *const *)b)->offset;
+    return (x > y) - (x < y);
+}
+
+/* The loader's cheap guard against a tensor whose type (or shape) was changed without its data:
+ * GGUF writers (ggml's, ours) store tensor data back to back, each padded to the alignment, so
+ * the declared sizes tile the data section. A tensor that leaves a whole alignment unit or more
+ * unused before the next tensor (or the end of the file) declares fewer bytes than it occupies:
+ * its type does not describe its data (f16 relabelled q4_0 reads 768-byte rows as 216-byte
+ * ones). QF_ERR_FORMAT naming the tensor. Costs one sort of the tensor table, no data is read;
+ * what it cannot see (a relabel that keeps the byte count) is caught at run time, where
+ * perplexity and generation refuse non-finite logits. */
+static qf_status check_packed(const qf_model *m, qf_error *err) {
+    const qf_gguf *g = m->gguf;
+    uint64_t n = qf_gguf_n_tensors(g), align = qf_gguf_alignment(g);
+    if (n == 0) return QF_OK;
+    const qf_gguf_tensor **order = malloc(n * sizeof *order);
+    if (!order) return qf_fail(err, QF_ERR_NOMEM, "%s: out of memory", m->path);
+    for (uint64_t i = 0; i < n; i++) order[i] = qf_gguf_tensor_at(g, i);
+    qsort(order, n, sizeof *order, cmp_tensor_offset);
+    size_t size;
+    qf_gguf_file_data(g, &size);
+    uint64_t data_size = size - qf_gguf_data_offset(g);
+    qf_status st = QF_OK;
+    for (uint64_t i = 0; i < n && !st; i++) {
+        const qf_gguf_tensor *t = order[i];
+        uint64_t end = t->offset + t->nbytes, next = i + 1 < n ? order[i + 1]->offset : data_size;
+        if (next - end >= align) {
+            char nm[96];
+            snprintf(nm, sizeof nm, "%.*s", (int)(t->name.len < 80 ? t->name.len : 80), t->name.ptr);
+            st = qf_fail(err, QF_ERR_FORMAT,
+                         "%s: tensor '%s' (%s) declares %llu bytes but occupies %llu: its type or shape does not "
+                         "match its data (relabelled?)",
+                         m->path, nm, qf_type_name(t->type), (unsigned long long)t->nbytes,
+                         (unsigned long long)(next - t->offset));
+        }
+    }
+    free(order);
+    return st;
+}
+
 qf_model *qf_model_load(const char *path, qf_error *err) {
     qf_model *m = calloc(1, sizeof *m);
     if (!m) {
@@ -130,6 +172,7 @@ qf_model *qf_model_load(const char *path, qf_error *err) {
     snprintf(m->path, sizeof m->path, "%s", path);
     m->gguf = qf_gguf_open(path, err);
     if (!m->gguf) goto fail;
+    if (check_packed(m, err)) goto fail;
     if (read_hparams(m, err)) goto fail;
     qf_hparams *hp = &m->hp;
 

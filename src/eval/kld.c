@@ -11,29 +11,37 @@ static int nearest_int_f(float f) {
     return (int)lrintf(f);
 }
 
+/* Parse a base file held in memory (data, size; `path` names it in messages): the header must
+ * fit the size, and every stored token must be a valid id of its own vocabulary (they are fed
+ * to the model). Fills b's fields except mf. QF_ERR_FORMAT otherwise. */
+qf_status qf_kld_base_parse(qf_kld_base_file *b, const uint8_t *data, size_t size, const char *path, qf_error *err) {
+    if (size < 20 || memcmp(data, "_logits_", 8) != 0)
+        return qf_fail(err, QF_ERR_FORMAT, "%s: does not look like a file of log-probabilities (no _logits_ header)", path);
+    int32_t h[3];
+    memcpy(h, data + 8, 12);
+    b->n_ctx = h[0], b->n_vocab = h[1], b->n_chunk = h[2];
+    uint64_t ntok = (uint64_t)(uint32_t)b->n_ctx * (uint32_t)b->n_chunk;
+    if (b->n_ctx < 2 || b->n_vocab < 1 || b->n_chunk < 1 || b->n_ctx > (1 << 24) || b->n_chunk > (1 << 24) ||
+        20 + ntok * 4 > size)
+        return qf_fail(err, QF_ERR_FORMAT, "%s: header n_ctx %d, n_vocab %d, n_chunk %d does not fit the file size %zu",
+                       path, h[0], h[1], h[2], size);
+    /* the mapping is page-aligned and the tokens start at byte 20: int32-aligned */
+    b->tokens = (const int32_t *)(const void *)(data + 20);
+    for (uint64_t i = 0; i < ntok; i++)
+        if (b->tokens[i] < 0 || b->tokens[i] >= b->n_vocab)
+            return qf_fail(err, QF_ERR_FORMAT, "%s: token %llu is %d, outside the vocabulary of %d", path,
+                           (unsigned long long)i, b->tokens[i], b->n_vocab);
+    b->rows = data + 20 + ntok * 4;
+    b->rows_len = size - 20 - ntok * 4;
+    return QF_OK;
+}
+
 qf_status qf_kld_base_open(qf_kld_base_file *b, const char *path, qf_error *err) {
     memset(b, 0, sizeof *b);
     qf_status st = qf_map_file(path, &b->mf, err);
     if (st) return st;
-    if (b->mf.size < 20 || memcmp(b->mf.data, "_logits_", 8) != 0) {
-        qf_unmap_file(&b->mf);
-        return qf_fail(err, QF_ERR_FORMAT, "%s: does not look like a file of log-probabilities (no _logits_ header)", path);
-    }
-    int32_t h[3];
-    memcpy(h, b->mf.data + 8, 12);
-    b->n_ctx = h[0], b->n_vocab = h[1], b->n_chunk = h[2];
-    uint64_t ntok = (uint64_t)(uint32_t)b->n_ctx * (uint32_t)b->n_chunk;
-    if (b->n_ctx < 2 || b->n_vocab < 1 || b->n_chunk < 1 || b->n_ctx > (1 << 24) || b->n_chunk > (1 << 24) ||
-        20 + ntok * 4 > b->mf.size) {
-        qf_unmap_file(&b->mf);
-        return qf_fail(err, QF_ERR_FORMAT, "%s: header n_ctx %d, n_vocab %d, n_chunk %d does not fit the file size %zu",
-                       path, h[0], h[1], h[2], b->mf.size);
-    }
-    /* the mapping is page-aligned and the tokens start at byte 20: int32-aligned */
-    b->tokens = (const int32_t *)(const void *)(b->mf.data + 20);
-    b->rows = b->mf.data + 20 + ntok * 4;
-    b->rows_len = b->mf.size - 20 - ntok * 4;
-    return QF_OK;
+    if ((st = qf_kld_base_parse(b, b->mf.data, b->mf.size, path, err))) qf_unmap_file(&b->mf);
+    return st;
 }
 
 /* n_own: the chunks this rank runs (its rows in a local base file). */
@@ -165,6 +173,11 @@ qf_status qf_kld_chunk(qf_kld_state *k, const float *logits, const int32_t *next
         const uint8_t *base = k->in_rows + (size_t)row_block * n * k->nv * 2;
         for (int i = 0; i < n; i++) {
             memcpy(k->row, base + (size_t)i * k->nv * 2, (size_t)k->nv * 2); /* rows are not 4-byte aligned in general */
+            float d[2];
+            memcpy(d, k->row, 8);
+            if (!isfinite(d[0]) || !isfinite(d[1]))
+                return qf_fail(err, QF_ERR_FORMAT, "KL base: row %d of block %d: non-finite scale/offset (damaged file)",
+                               i, row_block);
             kld_compare_row(k, logits + (size_t)i * k->n_vocab, k->row, next[i], &pos[i]);
         }
     }

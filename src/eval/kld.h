@@ -57,9 +57,13 @@ typedef struct {
     float *kld_values;
 } qf_kld_state;
 
-/* Map the base file at `path` and check its header against its size (QF_ERR_FORMAT when it is
- * not a base file or is truncated). Release with qf_kld_base_close. */
+/* Map the base file at `path` and check its header against its size and its tokens against its
+ * vocabulary (QF_ERR_FORMAT when it is not a base file, is truncated or holds bad ids). Release with qf_kld_base_close. */
 qf_status qf_kld_base_open(qf_kld_base_file *b, const char *path, qf_error *err);
+/* The parse qf_kld_base_open does, over bytes in memory (`path` names them in messages): the
+ * header must fit the size, and every stored token must be an id of its own vocabulary (they
+ * are fed to the model). Fills b's fields except mf. QF_ERR_FORMAT otherwise. (fuzz_klbase) */
+qf_status qf_kld_base_parse(qf_kld_base_file *b, const uint8_t *data, size_t size, const char *path, qf_error *err);
 void qf_kld_base_close(qf_kld_base_file *b);
 
 /* Start a run over n_chunk chunks of n_ctx tokens (n_own of them run on this rank: its rows in a

@@ -33,6 +33,14 @@ static double log_softmax_tok(const float *logits, int n_vocab, int tok) {
     return (double)(logits[tok] - mx) - log(sum);
 }
 
+/* The error for a NaN/Inf negative log-likelihood: a number that is not a result is never
+ * averaged into one. Real weights never produce it; damaged ones (a tensor type relabelled
+ * with sizes still consistent, NaN/Inf bit patterns in the data) do. */
+static qf_status non_finite(qf_error *err, int chunk, int pos) {
+    return qf_fail(err, QF_ERR_FORMAT,
+                   "perplexity: the model produced non-finite logits (NaN/Inf) at chunk %d, position %d: "
+                   "its weights are damaged or a tensor's type does not match its data", chunk + 1, pos);
+}
 
 /* The sharded loop (docs/mpi.md): chunk i runs on rank i % N, in rounds of N chunks. Each
  * chunk's results travel as one fixed-size record: its n_score negative log-likelihoods
@@ -64,7 +72,12 @@ static qf_status ppl_chunk(ppl_run *u, qf_kld_state *kl, int i, int own_idx, uin
     qf_status st = QF_OK;
     /* on the GPU without KL divergence the scores are computed on the device: no logits
      * cross to the host (the same log-softmax as log_softmax_tok) */
-    if (u->gpu_scores) return qf_decode_nll(c, u->chunk, n_ctx - 1, 0, first, next, nll, err);
+    if (u->gpu_scores) {
+        if ((st = qf_decode_nll(c, u->chunk, n_ctx - 1, 0, first, next, nll, err))) return st;
+        for (int k = 0; k < u->n_score; k++)
+            if (!isfinite(nll[k])) return non_finite(err, i, first + k);
+        return QF_OK;
+    }
     for (int j = 0; j < n_ctx && !st; j += n_batch) {
         int bs = n_ctx - j < n_batch ? n_ctx - j : n_batch;
         int from = first - j > 0 ? first - j : 0; /* first batch row that needs logits */
@@ -72,7 +85,10 @@ static qf_status ppl_chunk(ppl_run *u, qf_kld_state *kl, int i, int own_idx, uin
         st = qf_decode(c, u->chunk + j, bs, j, dst, from, err);
     }
     if (st) return st;
-    for (int k = 0; k < u->n_score; k++) nll[k] = -log_softmax_tok(u->logits + (size_t)k * u->n_vocab, u->n_vocab, next[k]);
+    for (int k = 0; k < u->n_score; k++) {
+        nll[k] = -log_softmax_tok(u->logits + (size_t)k * u->n_vocab, u->n_vocab, next[k]);
+        if (!isfinite(nll[k])) return non_finite(err, i, first + k);
+    }
     return qf_kld_chunk(kl, u->logits, next, u->n_score, kl->local ? own_idx : i,
                      kl->writing && !kl->local ? (uint16_t *)(void *)(rec + u->off_rows) : NULL,
                      (qf_kld_pos *)(void *)(rec + u->off_pos), err);
@@ -89,11 +105,17 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     if (n_ctx < 2 || n_ctx > c->params.n_ctx)
         return qf_fail(err, QF_ERR_ARG, "perplexity: chunk size %d must be in [2, %d] (the context size)", n_ctx,
                        c->params.n_ctx);
-    if (n_tokens < 2 * (int64_t)n_ctx)
+    /* llama.cpp asks a text for two chunks; a base file's tokens are exactly the chunks it
+     * scored (--eval-chunks 1 / --chunks 1 leaves one), so one chunk is enough there */
+    if (n_tokens < (base ? 1 : 2) * (int64_t)n_ctx)
         return qf_fail(err, QF_ERR_ARG,
                        "perplexity: you need at least %d tokens to evaluate perplexity with a context of %d; "
                        "the text tokenizes to only %lld tokens",
                        2 * n_ctx, n_ctx, (long long)n_tokens);
+    if (n_ctx - 1 - n_ctx / 2 < 1)
+        return qf_fail(err, QF_ERR_ARG,
+                       "perplexity: a chunk of %d tokens scores no token (only the second half of each chunk "
+                       "is scored); use a chunk size (-c) of at least 3", n_ctx);
     int n_chunk_max = (int)(n_tokens / n_ctx);
     int n_chunk = p->n_chunks > 0 && p->n_chunks < n_chunk_max ? p->n_chunks : n_chunk_max;
     const int first = n_ctx / 2, n_score = n_ctx - 1 - first;
@@ -184,13 +206,38 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     return qf_par_agree(qf_par_bcast(r, sizeof *r, 0, err), err);
 }
 
-/* With kl_base_read the tokens and the chunk size come from the base file, as llama.cpp does. */
+/* A base file is only comparable with the run that asks for it: the same chunk size (p->n_ctx,
+ * when > 0) and, when the caller has the text's tokens, the same tokens (the base stores the
+ * n_chunk * n_ctx tokens it scored; the text must start with exactly those). QF_ERR_ARG otherwise. */
+static qf_status kld_base_matches(const qf_kld_base_file *b, const qf_ppl_params *p, const int32_t *tokens,
+                                  int64_t n_tokens, qf_error *err) {
+    if (p->n_ctx > 0 && p->n_ctx != b->n_ctx)
+        return qf_fail(err, QF_ERR_ARG, "%s: the KL base was made with a chunk size (-c) of %d, this run uses %d",
+                       p->kl_base_read, b->n_ctx, p->n_ctx);
+    if (!tokens) return QF_OK;
+    int64_t need = (int64_t)b->n_ctx * b->n_chunk;
+    if (n_tokens < need)
+        return qf_fail(err, QF_ERR_ARG, "%s: the KL base was made from another text (%lld tokens scored; this text "
+                       "has %lld)", p->kl_base_read, (long long)need, (long long)n_tokens);
+    for (int64_t i = 0; i < need; i++)
+        if (b->tokens[i] != tokens[i])
+            return qf_fail(err, QF_ERR_ARG, "%s: the KL base was made from another text (token %lld differs)",
+                           p->kl_base_read, (long long)i);
+    return QF_OK;
+}
+
+/* With kl_base_read the tokens and the chunk size come from the base file, as llama.cpp does,
+ * once kld_base_matches has checked that they are those of this run. */
 static qf_status perplexity_kl(qf_context *c, const int32_t *tokens, int64_t n_tokens, const qf_ppl_params *p,
                                qf_ppl_result *r, qf_error *err) {
     if (!p->kl_base_read) return perplexity(c, tokens, n_tokens, p, NULL, r, err);
     qf_kld_base_file base;
     qf_status st = qf_kld_base_open(&base, p->kl_base_read, err);
     if (st) return st;
+    if ((st = kld_base_matches(&base, p, tokens, n_tokens, err))) {
+        qf_kld_base_close(&base);
+        return st;
+    }
     qf_ppl_params q = *p;
     q.n_ctx = base.n_ctx;
     q.n_chunks = p->n_chunks > 0 && p->n_chunks < base.n_chunk ? p->n_chunks : base.n_chunk;
@@ -206,13 +253,12 @@ qf_status qf_perplexity(qf_context *c, const int32_t *tokens, int64_t n_tokens,
 
 qf_status qf_perplexity_text(qf_context *c, const char *text, size_t len, const qf_ppl_params *p,
                              qf_ppl_result *r, qf_error *err) {
-    if (p->kl_base_read) return perplexity_kl(c, NULL, 0, p, r, err);
     const qf_tokenizer *tok = c->model->tok;
     int32_t *ids = NULL;
     size_t n = 0;
     qf_status st = qf_tokenize(tok, text, len, qf_tokenizer_add_bos(tok), false, &ids, &n, err);
     if (st) return st;
-    st = perplexity(c, ids, (int64_t)n, p, NULL, r, err);
+    st = perplexity_kl(c, ids, (int64_t)n, p, r, err);
     free(ids);
     return st;
 }

@@ -63,7 +63,7 @@ double qf_certify_ref_ppl(const qf_certify_ref *ref) { return ref ? ref->r.ppl :
 
 void qf_certify_ref_free(qf_certify_ref *ref) {
     if (!ref) return;
-    if (ref->base_path[0]) unlink(ref->base_path);
+    if (ref->base_path[0]) qf_temp_remove(ref->base_path);
     free(ref);
 }
 
@@ -80,17 +80,13 @@ qf_status qf_certify_reference(qf_context *c, const char *eval_text, size_t len,
     qf_certify_ref *ref = calloc(1, sizeof *ref);
     if (!ref) return qf_fail(err, QF_ERR_NOMEM, "certify: out of memory");
     ref->p = *p;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(ref->base_path, sizeof ref->base_path, "%s/qforge-certify-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    int fd = mkstemp(ref->base_path);
-    if (fd < 0) {
-        qf_status st = qf_fail(err, QF_ERR_IO, "certify: cannot create a temporary file in %s for the reference "
-                                               "log-probs", tmp && *tmp ? tmp : "/tmp");
-        ref->base_path[0] = 0;
+    /* removed on SIGINT/SIGTERM, swept by the next run after a kill -9 (util.h) */
+    qf_status tst = qf_temp_create("qforge-certify", ref->base_path, sizeof ref->base_path, err);
+    if (tst) {
+        qf_error_prefix(err, "certify: reference log-probs: ");
         free(ref);
-        return st;
+        return tst;
     }
-    close(fd);
     qf_ppl_params pp = qf_ppl_default_params();
     pp.n_ctx = p->n_ctx;
     pp.n_chunks = p->n_chunks;

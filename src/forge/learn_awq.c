@@ -7,13 +7,13 @@
  * linear's rows (v -> o tied per kv head under GQA), quantizes each Q4_0 block with a
  * covariance-weighted scale search and rounding descent, and writes the Q4_0 GGUF through
  * quantize.c. Also qf_awq_embed_certificate (the qforge.* metadata rewrite). */
-#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "kernels/blas.h"
 #include "forge/awq_impl.h"
 #include "format/quant_blocks.h"
 #include "qforge/awq.h"
@@ -87,7 +87,7 @@ static void awq_on_act(void *user, int layer, qf_act_site site, int n_tok, int d
     if (r->dim != dim) return;
     if (r->cov) {
         for (int b = 0; b < dim / 32; b++) {
-            cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, 32, n_tok, 1.0f, x + b * 32, dim, 0.0f,
+            qf_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, 32, n_tok, 1.0f, x + b * 32, dim, 0.0f,
                         s->tmp, 32);
             double *c = r->cov + (size_t)b * 1024;
             for (int i = 0; i < 32; i++)
@@ -429,7 +429,7 @@ static double group_mse(search_job *j, int ith, float alpha) {
         for (int64_t c = 0; c < D; c++) Wq[r * D + c] /= s[c];
     }
     free(ss), free(s), free(row), free(imp), free(cov);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)R, (int)D, 1.0f, j->X, (int)D, Wq,
+    qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)R, (int)D, 1.0f, j->X, (int)D, Wq,
                 (int)D, 0.0f, Yq, (int)R);
     double e = 0;
     if (j->Wdown) {
@@ -438,7 +438,7 @@ static double group_mse(search_job *j, int ith, float alpha) {
         for (int64_t i = 0; i < n; i++)
             for (int64_t c = 0; c < F; c++)
                 h[i * F + c] = j->Href[i * F + c] - silu(Yq[i * R + c]) * Yq[i * R + F + c];
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)j->Dout, (int)F, 1.0f, h, (int)F,
+        qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)j->Dout, (int)F, 1.0f, h, (int)F,
                     j->Wdown, (int)F, 0.0f, o, (int)j->Dout);
         for (int64_t i = 0; i < n * j->Dout; i++) e += (double)o[i] * o[i];
         return e / (double)(n * j->Dout);
@@ -654,7 +654,6 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
         st = err ? err->code : QF_ERR_NOMEM;
         goto done;
     }
-    openblas_set_num_threads(1);
     {
         const qf_tokenizer *tok = qf_model_tokenizer(m);
         bool add_bos = qf_tokenizer_add_bos(tok) && qf_tokenizer_bos(tok) >= 0;
@@ -815,7 +814,7 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
             raw_cov = final_quant == QUANT_COV ? site_cov(res) : NULL;
             if (final_quant == QUANT_COV && !raw_cov) goto nomem;
             int64_t n = res->kept;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)R, (int)Din, 1.0f, res->rows,
+            qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)R, (int)Din, 1.0f, res->rows,
                         (int)Din, Wstack, (int)Din, 0.0f, Y, (int)R);
             bool act = g == QF_AWQ_GATE_UP && p.ffn_act_loss && R == 2 * (int64_t)F;
             free(Wdown);

@@ -5,11 +5,11 @@
  * correlations X*D^T (cblas_sgemm over fixed chunks of vectors), so the
  * thread count only changes who computes which vector. Sums are taken in vector order on
  * the calling thread. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/blas.h"
 #include "qforge/kvlearn.h"
 #include "util/util.h"
 
@@ -44,7 +44,7 @@ void qf_kv_dict_free(qf_kv_dict *d) {
 }
 
 static void compute_gram(qf_kv_dict *d) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d->n_atoms, d->n_atoms, d->head_dim, 1.0f,
+    qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d->n_atoms, d->n_atoms, d->head_dim, 1.0f,
                 d->atoms, d->head_dim, d->atoms, d->head_dim, 0.0f, d->gram, d->n_atoms);
 }
 
@@ -66,6 +66,7 @@ static bool normalize_row(float *a, int n) {
 qf_status qf_kv_dict_init(qf_kv_dict *d, const float *atoms, int n_atoms, int head_dim,
                           qf_error *err) {
     memset(d, 0, sizeof *d);
+    if (qf_blas_init(1, err)) return err ? err->code : QF_ERR_NOMEM;
     if (head_dim < 1 || n_atoms < 1 || n_atoms > QF_KV_MAX_ATOMS)
         return qf_fail(err, QF_ERR_ARG,
                        "kv dict: n_atoms %d, head_dim %d: expected 1..%d atoms of >= 1 floats",
@@ -246,7 +247,7 @@ static void omp_worker(void *arg, int ith, int nth) {
     }
     for (int64_t c = c_lo; c < c_hi; c++) {
         int64_t lo = c * rows, hi = lo + rows < jb->n ? lo + rows : jb->n;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(hi - lo), A, dim, 1.0f,
+        qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(hi - lo), A, dim, 1.0f,
                     jb->x + (size_t)lo * dim, dim, d->atoms, dim, 0.0f, corr, A);
         for (int64_t i = lo; i < hi; i++) {
             const float *x = jb->x + (size_t)i * dim;
@@ -413,6 +414,7 @@ static void replace_atoms(qf_kv_dict *d, const float *X, const worst_item *worst
 qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_dict_params *p,
                            qf_kv_dict *out, qf_error *err) {
     memset(out, 0, sizeof *out);
+    if (qf_blas_init(1, err)) return err ? err->code : QF_ERR_NOMEM;
     const int A = p->n_atoms, s = p->sparsity, dim = head_dim;
     if (dim < 1 || A < 1 || A > QF_KV_MAX_ATOMS || s < 1 || s > dim || s > A || p->iters < 0)
         return qf_fail(err, QF_ERR_ARG,

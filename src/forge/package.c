@@ -16,17 +16,36 @@ static void put_le(uint8_t *p, uint64_t v, int n) {
     for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
-/* Sign msg with the PEM Ed25519 private key at path; out = public key (32) + signature (64). */
-static qf_status sign(const char *path, const uint8_t *msg, size_t n, uint8_t out[SIG_BLOCK_BYTES],
-                      qf_error *err) {
+/* The PEM Ed25519 private key at path, or NULL with the error (QF_ERR_IO: cannot open;
+ * QF_ERR_ARG: not a PEM Ed25519 private key). Free with EVP_PKEY_free. */
+static EVP_PKEY *read_sign_key(const char *path, qf_error *err) {
     FILE *f = fopen(path, "rb");
-    if (!f) return qf_fail(err, QF_ERR_IO, "%s: cannot open signing key", path);
+    if (!f) {
+        qf_fail(err, QF_ERR_IO, "%s: cannot open signing key", path);
+        return NULL;
+    }
     EVP_PKEY *k = PEM_read_PrivateKey(f, NULL, NULL, NULL);
     fclose(f);
     if (!k || EVP_PKEY_id(k) != EVP_PKEY_ED25519) {
         EVP_PKEY_free(k);
-        return qf_fail(err, QF_ERR_ARG, "%s: signing key: expected a PEM Ed25519 private key", path);
+        qf_fail(err, QF_ERR_ARG, "%s: signing key: expected a PEM Ed25519 private key", path);
+        return NULL;
     }
+    return k;
+}
+
+qf_status qf_sign_key_check(const char *path, qf_error *err) {
+    EVP_PKEY *k = read_sign_key(path, err);
+    if (!k) return err ? err->code : QF_ERR_ARG;
+    EVP_PKEY_free(k);
+    return QF_OK;
+}
+
+/* Sign msg with the PEM Ed25519 private key at path; out = public key (32) + signature (64). */
+static qf_status sign(const char *path, const uint8_t *msg, size_t n, uint8_t out[SIG_BLOCK_BYTES],
+                      qf_error *err) {
+    EVP_PKEY *k = read_sign_key(path, err);
+    if (!k) return err ? err->code : QF_ERR_ARG;
     size_t pub_len = 32, sig_len = 64;
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     bool ok = ctx && EVP_PKEY_get_raw_public_key(k, out, &pub_len) == 1 && pub_len == 32 &&

@@ -523,7 +523,6 @@ static void set_variant(char *dst, size_t n, const char *fmt, ...) {
     va_end(ap);
 }
 
-static bool readable(const char *path) { return access(path, R_OK) == 0; }
 
 /* ---- awq ---- */
 
@@ -531,14 +530,19 @@ static bool readable(const char *path) { return access(path, R_OK) == 0; }
  * model in its own context with the reference context's params over the same evaluation
  * tokens; a pass embeds the certificate in the GGUF and packages a .qfa naming its SHA-256;
  * a failure removes the GGUF (no artifact). */
-static qf_status run_awq(const qf_job *j, shared *s, qf_job_report *rep, qf_error *err) {
-    char gguf[4096];
-    if (j->awq_gguf_path) snprintf(gguf, sizeof gguf, "%s", j->awq_gguf_path);
+/* Where an awq job writes its GGUF: awq_gguf_path, else OUT.qfa with .gguf for .qfa. */
+static void awq_gguf_path(const qf_job *j, char *gguf, size_t cap) {
+    if (j->awq_gguf_path) snprintf(gguf, cap, "%s", j->awq_gguf_path);
     else {
         size_t n = strlen(j->out_path);
-        if (n > 4 && !strcmp(j->out_path + n - 4, ".qfa")) snprintf(gguf, sizeof gguf, "%.*s.gguf", (int)(n - 4), j->out_path);
-        else snprintf(gguf, sizeof gguf, "%s.gguf", j->out_path);
+        if (n > 4 && !strcmp(j->out_path + n - 4, ".qfa")) snprintf(gguf, cap, "%.*s.gguf", (int)(n - 4), j->out_path);
+        else snprintf(gguf, cap, "%s.gguf", j->out_path);
     }
+}
+
+static qf_status run_awq(const qf_job *j, shared *s, qf_job_report *rep, qf_error *err) {
+    char gguf[4096];
+    awq_gguf_path(j, gguf, sizeof gguf);
     const qf_tokenizer *tok = qf_model_tokenizer(s->model);
     size_t clen, n = 0;
     const char *ctext = qf_corpus_calib_text(s->corpus, &clen);
@@ -900,6 +904,31 @@ done:
 
 /* ---- one job ---- */
 
+/* Everything that would otherwise fail only after capture and certification, checked before
+ * any work: no output is an input (model, corpus paths, signing key) or another output
+ * (-o, --eval-out, the awq GGUF) (QF_ERR_ARG); the signing key is a readable PEM Ed25519
+ * private key (qf_sign_key_check); every output's directory exists and is writable
+ * (QF_ERR_PACKAGE_FAILED for -o and the awq GGUF, QF_ERR_IO for --eval-out). */
+static qf_status job_preflight(const qf_job *j, qf_error *err) {
+    char gguf[4096];
+    awq_gguf_path(j, gguf, sizeof gguf);
+    enum { MAX_IN = 64 };
+    const char *ins[MAX_IN + 2], *in_names[MAX_IN + 2];
+    int n_in = 0;
+    ins[n_in] = j->model_path, in_names[n_in++] = "-m";
+    ins[n_in] = j->sign_key_path, in_names[n_in++] = "--sign-key";
+    for (int i = 0; i < j->n_corpus_paths && n_in < MAX_IN + 2; i++)
+        ins[n_in] = j->corpus_paths[i], in_names[n_in++] = "--corpus";
+    const char *outs[3] = {j->out_path, j->eval_out_path, j->kind == QF_ARTIFACT_AWQ ? gguf : NULL};
+    const char *out_names[3] = {"-o", "--eval-out", "the awq GGUF"};
+    qf_status st = qf_check_outputs(ins, in_names, n_in, outs, out_names, 3, err);
+    if (!st && j->sign_key_path) st = qf_sign_key_check(j->sign_key_path, err);
+    if (!st) st = qf_check_writable(j->out_path, QF_ERR_PACKAGE_FAILED, err);
+    if (!st && j->kind == QF_ARTIFACT_AWQ) st = qf_check_writable(gguf, QF_ERR_PACKAGE_FAILED, err);
+    if (!st && j->eval_out_path) st = qf_check_writable(j->eval_out_path, QF_ERR_IO, err);
+    return st;
+}
+
 /* Certify the chosen payload at another context n: its own context and reference pass over the
  * same evaluation text (chunks of n), its own free baseline, the same gate. */
 static qf_status certify_at_ctx(const qf_job *j, shared *s, int n, const qf_payload *pl, qf_certify_result *r,
@@ -931,11 +960,11 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
     qf_certificate_init(&rep->cert, j->kind);
     if (!j->model_path) return qf_fail(err, QF_ERR_ARG, "calibrate: no model given");
     if (!j->out_path) return qf_fail(err, QF_ERR_ARG, "calibrate: no output path given");
-    if (j->sign_key_path && !readable(j->sign_key_path))
-        return qf_fail(err, QF_ERR_ARG, "%s: cannot read the signing key", j->sign_key_path);
     if (j->kind != QF_ARTIFACT_KV_INT8 && j->kind != QF_ARTIFACT_KV_DICT && j->kind != QF_ARTIFACT_AWQ &&
         j->kind != QF_ARTIFACT_KV_RQ)
         return qf_fail(err, QF_ERR_ARG, "calibrate: unknown artifact kind %d", (int)j->kind);
+    qf_status pre = job_preflight(j, err);
+    if (pre) return pre;
 
     shared s = {0};
     qf_payload best = {0}, cand = {0};

@@ -441,12 +441,23 @@ static bool parse_tensors(parser *p) {
                   (long long)t->ne[0], qf_type_name(t->type), (long long)blk);
             return false;
         }
-        uint64_t row = qf_row_bytes(t->type, t->ne[0]), nbytes = row;
+        /* (ne[0] / blk) * block bytes, overflow-checked: qf_row_bytes() would wrap for a huge
+         * ne[0] (2^62 f32 elements is 2^64 bytes = 0), and a tensor that claims zero bytes
+         * must never get past here: every dimension is positive, so no valid tensor is empty. */
+        uint64_t nbytes;
+        if (qf_mul_overflow_u64((uint64_t)(t->ne[0] / blk), qf_type_block_bytes(t->type), &nbytes)) {
+            pfail(p, "byte size overflows 64 bits");
+            return false;
+        }
         for (int d = 1; d < QF_GGUF_MAX_DIMS; d++) {
             if (qf_mul_overflow_u64(nbytes, (uint64_t)t->ne[d], &nbytes)) {
                 pfail(p, "byte size overflows 64 bits");
                 return false;
             }
+        }
+        if (nbytes == 0) {
+            pfail(p, "zero-byte tensor (type %s has no size)", qf_type_name(t->type));
+            return false;
         }
         t->nbytes = nbytes;
         if (!rd_u64(p, &t->offset, "offset")) return false;

@@ -107,7 +107,9 @@ size_t qf_type_block_bytes(qf_type t) {
 size_t qf_row_bytes(qf_type t, int64_t n) {
     const type_info *ti = info(t);
     if (!ti || n < 0 || n % ti->blck != 0) return 0;
-    return (size_t)(n / ti->blck) * ti->bytes;
+    size_t r;
+    if (__builtin_mul_overflow((size_t)(n / ti->blck), ti->bytes, &r)) return 0; /* 0 = no size */
+    return r;
 }
 
 qf_type qf_vec_dot_type(qf_type t) {

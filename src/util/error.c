@@ -71,9 +71,10 @@ const char *qf_status_name(qf_status s) {
 }
 
 int qf_status_exit_code(qf_status s) {
-    /* 0 ok, 1 generic usage error stays reserved for getopt-level failures in the CLI,
-     * so every status maps to 2 + its enum value. */
+    /* 0 ok; 1 usage: a bad flag or argument exits 1 whether the CLI's parser or a later check
+     * (a library QF_ERR_ARG) finds it; every other status maps to 2 + its enum value. */
     if (s == QF_OK) return 0;
+    if (s == QF_ERR_ARG) return 1;
     if ((unsigned)s >= QF_STATUS_COUNT) return 1;
     return 2 + (int)s;
 }

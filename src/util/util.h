@@ -49,6 +49,20 @@ qf_status qf_atomic_open(qf_atomic_file *af, const char *path, qf_error *err);
 qf_status qf_atomic_write(qf_atomic_file *af, const void *buf, size_t n, qf_error *err);
 qf_status qf_atomic_commit(qf_atomic_file *af, qf_error *err);
 void qf_atomic_abort(qf_atomic_file *af);
+/* ---- temporary files: removed on SIGINT/SIGTERM/SIGHUP, swept when their owner is dead ----
+ * Every temp file (an atomic write's "<path>.tmp.<pid>", a qf_temp_create file) is registered
+ * while it exists; the first registration installs handlers for SIGINT, SIGTERM and SIGHUP (not
+ * for a signal the process ignores) that unlink every registered file and then die of the signal
+ * as before. kill -9 cannot be caught, so creating a temp file also sweeps the ones a dead
+ * process left: "<path>.tmp.<pid>" siblings of the same target, and "<prefix>-<pid>-*" in the
+ * temp directory, whose <pid> is no longer alive (kill(pid, 0) says ESRCH). */
+
+/* Create an empty private temp file $TMPDIR/<prefix>-<pid>-XXXXXX (default /tmp), registered
+ * for removal on signals; its path goes to path (cap bytes). QF_ERR_IO naming the directory. */
+qf_status qf_temp_create(const char *prefix, char *path, size_t cap, qf_error *err);
+/* Unlink a qf_temp_create file (and its "<path>.tmp.<pid>" atomic sibling) and unregister it. */
+void qf_temp_remove(const char *path);
+
 
 /* ---- thread pool ----
  * A fixed set of workers that run one parallel-for at a time: fn(arg, ith, nth) is called
