@@ -264,6 +264,65 @@ TEST(certify_restores_the_context) {
     qf_model_free(m);
 }
 
+
+/* A cache that stores K before RoPE and rotates on read gives bit-identical logits with f32 K
+ * (f16 K: rounded before the rotation instead of after, so only close), and a capture with k_prerope keeps K before RoPE (position 0: RoPE is the identity). */
+TEST(prerope_k_cache_is_bit_identical) {
+    const char *mp = MODEL();
+    if (!mp) SKIP("demo model not in ../shared/data");
+    qf_error e = {0};
+    qf_model *m = qf_model_load(mp, &e);
+    if (!m) SKIP("demo model did not load");
+    const qf_hparams *hp = qf_model_hparams(m);
+    enum { N = 40 };
+    int32_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = (i * 37 + 11) % hp->n_vocab;
+    for (int mode = 0; mode < 2; mode++) {
+        qf_context_params cp = qf_context_default_params();
+        cp.n_ctx = 64, cp.n_threads = 2, cp.device = QF_DEVICE_CPU;
+        cp.kv_k = cp.kv_v = mode ? QF_KV_F16 : QF_KV_F32;
+        qf_context *c = qf_context_new(m, &cp, &e);
+        CHECK(c != NULL);
+        if (!c) break;
+        size_t nl = (size_t)hp->n_vocab * 8;
+        float *a = malloc(nl * sizeof(float)), *b = malloc(nl * sizeof(float));
+        /* a prefill of 32 then 8 single-token decodes */
+        CHECK(qf_decode(c, tok, 32, 0, a, 31, &e) == QF_OK);
+        for (int i = 32; i < N; i++) CHECK(qf_decode(c, tok + i, 1, i, a + (size_t)(i - 32) * hp->n_vocab, 0, &e) == QF_OK);
+        qf_kv_stream_spec spec[2] = {{.mode = cp.kv_k, .prerope = true}, {.mode = cp.kv_v}};
+        qf_kv_cache_free(&c->kv);
+        CHECK(qf_kv_cache_init_spec(&c->kv, hp, cp.n_ctx, spec, &e) == QF_OK);
+        CHECK(c->kv.k_prerope);
+        CHECK(qf_decode(c, tok, 32, 0, b, 31, &e) == QF_OK);
+        for (int i = 32; i < N; i++) CHECK(qf_decode(c, tok + i, 1, i, b + (size_t)(i - 32) * hp->n_vocab, 0, &e) == QF_OK);
+        double md = 0;
+        for (size_t i = 0; i < nl; i++) md = fmax(md, fabs((double)a[i] - b[i]));
+        /* f32: bit-identical; f16 rounds before instead of after the rotation: close */
+        if (mode == 0) CHECK_MSG(memcmp(a, b, nl * sizeof(float)) == 0, "f32: max |diff| %g", md);
+        else CHECK_MSG(md > 0 && md < 0.05, "f16: max |diff| %g", md);
+        free(a), free(b);
+        qf_context_free(c);
+    }
+    /* capture: pre-RoPE K equals post-RoPE K at position 0 and differs later; V is unchanged */
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 64, cp.n_threads = 1, cp.device = QF_DEVICE_CPU;
+    qf_context *c = qf_context_new(m, &cp, &e);
+    qf_capture_params pp = {.max_per_layer = 4096, .seed = 1}, pq = pp;
+    pq.k_prerope = true;
+    qf_capture *post = qf_capture_new(hp, &pp, &e), *pre = qf_capture_new(hp, &pq, &e);
+    CHECK(post && pre);
+    CHECK(qf_capture_run(c, post, tok, N, 64, 0, false, &e) == QF_OK);
+    CHECK(qf_capture_run(c, pre, tok, N, 64, 0, false, &e) == QF_OK);
+    qf_kv_capture_view vp = qf_capture_kv_view(post), vq = qf_capture_kv_view(pre);
+    size_t tokf = (size_t)hp->n_head_kv * hp->head_dim;
+    CHECK(memcmp(vp.k[1], vq.k[1], tokf * sizeof(float)) == 0);
+    CHECK(memcmp(vp.k[1] + tokf, vq.k[1] + tokf, tokf * sizeof(float)) != 0);
+    CHECK(memcmp(vp.v[1], vq.v[1], (size_t)N * tokf * sizeof(float)) == 0);
+    qf_capture_free(post), qf_capture_free(pre);
+    qf_context_free(c);
+    qf_model_free(m);
+}
+
 TEST(engine_dict_cache_matches_forge_encoder) {
     /* vectors with structure: a few directions plus noise */
     const int hd = 64, na = 64, s = 4, n = 2048;
@@ -310,6 +369,7 @@ TEST(engine_dict_cache_matches_forge_encoder) {
 
 int main(void) {
     RUN(engine_dict_cache_matches_forge_encoder);
+    RUN(prerope_k_cache_is_bit_identical);
     RUN(int8_calibrate_package_load_ppl_reproduces);
     RUN(artifact_refused_on_another_model);
     RUN(certify_restores_the_context);

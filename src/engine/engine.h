@@ -3,7 +3,7 @@
 #ifndef QF_ENGINE_H
 #define QF_ENGINE_H
 
-#include "qforge/kvlearn.h"
+#include "qforge/kv.h"
 #include "qforge/model.h"
 #include "util/util.h"
 
@@ -31,13 +31,18 @@ typedef struct {
      * are stored expanded). NULL until an artifact binds them. */
     float *int8_scale[2], *int8_inv_scale[2];
     struct qf_kv_dict_bind *dict[2]; /* QF_KV_DICT: per-layer dictionaries, bound by an artifact */
+    /* K rows are stored before RoPE (any mode); the reader (forward.c) rotates each position
+     * after qf_kv_cache_read_head. Writers must hand pre-RoPE K to qf_kv_cache_write. */
+    bool k_prerope;
 } qf_kv_cache;
 
-/* QF_KV_DICT storage of one stream: a row is one packed code (qf_kv_code_pack layout:
- * sparsity atom indices + coefficients); writes OMP-encode, reads decode. */
+/* QF_KV_DICT storage of one stream: a row is one packed code (qf_kv_code_fmt layout:
+ * sparsity atom-index slots + coefficients); writes OMP-encode, reads decode. */
 struct qf_kv_dict_bind {
     int n_atoms, sparsity;
     qf_kv_coef coef;
+    qf_kv_code_fmt fmt;    /* the row layout (fmt.packed: bit-packed indices, payload v2) */
+    float *tol;            /* [n_layer] error bound per layer (qf_kv_omp_ex tol), or NULL */
     qf_kv_dict *layer;     /* [n_layer]: unit-norm atoms and their Gram matrix */
     float *scratch;        /* encoder scratch (cache writes run on one thread) */
     uint16_t *idx;         /* [sparsity] */
@@ -52,6 +57,9 @@ typedef struct {
     int n_atoms, sparsity;     /* DICT */
     qf_kv_coef coef;           /* DICT */
     const float *const *atoms; /* DICT: atoms[layer] = [n_atoms][head_dim], unit norm */
+    bool packed;               /* DICT: bit-packed indices (v2 layout) */
+    const float *tol;          /* DICT: [n_layer] per-layer error bound, or NULL (fixed sparsity) */
+    bool prerope;              /* K stream only: rows are stored before RoPE (qf_kv_cache.k_prerope) */
 } qf_kv_stream_spec;
 
 /* Plain modes only: INT8 and DICT are refused here (they run a certified artifact; see
