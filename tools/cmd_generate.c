@@ -96,6 +96,7 @@ int qf_cmd_generate(int argc, char **argv) {
         qf_fail(&err, QF_ERR_ARG, "the prompt has %zu tokens, more than the context size %d", n_prompt, cp.n_ctx);
         goto fail;
     }
+    if (artifact_path && cp.device == QF_DEVICE_AUTO && qf_artifact_cpu_only(&art)) cp.device = QF_DEVICE_CPU;
     if (!(c = qf_context_new(m, &cp, &err))) goto fail;
     if (artifact_path && qf_context_bind_artifact(c, &art, &err)) goto fail;
     int n_vocab = qf_model_hparams(m)->n_vocab;

@@ -102,6 +102,7 @@ int qf_cmd_ppl(int argc, char **argv) {
         }
         have_art = true;
     }
+    if (have_art && cp.device == QF_DEVICE_AUTO && qf_artifact_cpu_only(&art)) cp.device = QF_DEVICE_CPU;
     cp.n_ctx = pp.n_ctx;
     cp.n_batch = n_batch > 0 && n_batch < pp.n_ctx ? n_batch : pp.n_ctx;
     qf_context *c = qf_context_new(m, &cp, &err);

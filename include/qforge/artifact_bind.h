@@ -12,7 +12,11 @@
  *   kv-int8  "k_scale", "v_scale": f32 [n_layer, n_head_kv, head_dim] (per channel) or
  *            [n_layer, n_head_kv] (one scale per head slot), every scale finite and > 0.
  *   kv-dict  "n_atoms" int, "sparsity" int, "coef" string ("f16" or "q8"), and per layer l
- *            "k.<l>", "v.<l>": f32 [n_atoms, head_dim] (atoms, re-normalised on binding). */
+ *            "k.<l>", "v.<l>": f32 [n_atoms, head_dim] (atoms, re-normalised on binding).
+ *            Version 2 adds "version" 2 (absent = 1), "k_prerope" int (keys learned and
+ *            stored before RoPE, rotated on read), bit-packed indices (ceil(log2 n_atoms) bits
+ *            each) and optional "k_tol", "v_tol": f32 [n_layer] error bounds (error-bounded
+ *            OMP, rows still sized at the sparsity cap). v2 runs on the CPU only. */
 #ifndef QFORGE_ARTIFACT_BIND_H
 #define QFORGE_ARTIFACT_BIND_H
 
@@ -35,6 +39,10 @@ qf_status qf_context_bind_payload(qf_context *c, qf_artifact_kind kind, const qf
 /* Back to the KV modes the context was created with (a no-op when nothing is bound). Fails
  * only when the cache cannot be reallocated (QF_ERR_NOMEM; the binding then stays). */
 qf_status qf_context_unbind(qf_context *c, qf_error *err);
+
+/* True for artifacts only the CPU route runs (kv-dict payload version 2): a caller creating
+ * the context with QF_DEVICE_AUTO should pick QF_DEVICE_CPU for them. */
+bool qf_artifact_cpu_only(const qf_artifact *a);
 
 /* Whether an artifact is bound, and which kind (kind may be NULL). */
 bool qf_context_bound(const qf_context *c, qf_artifact_kind *kind);
