@@ -79,13 +79,14 @@ static double code_err(const qf_kv_dict *d, const float *x, const int32_t *idx, 
 }
 
 /* ---- a parallel OMP pass over n vectors ----
- * Vectors go in fixed chunks of corr_rows() (the same for any thread count, so each
- * vector's correlations come out of an identical sgemm call). The chunk keeps
- * rows*atoms*dim at or under OpenBLAS's single-thread threshold (65536*4): its own threads
- * would otherwise spin in sched_yield against our pool for the second core. */
+ * Vectors go in fixed chunks of CORR_ROWS (the same for any thread count, so each vector's
+ * correlations come out of an identical sgemm call). OpenBLAS runs single-threaded during
+ * learning (qf_kv_dict_learn sets it, as the engine's contexts do): its own threads would
+ * otherwise spin in sched_yield against our pool for the second core. */
+#define CORR_ROWS 64
 static int corr_rows(int n_atoms, int dim) {
-    int r = (int)(262144 / ((int64_t)n_atoms * dim));
-    return r < 1 ? 1 : r > 64 ? 64 : r;
+    (void)n_atoms, (void)dim;
+    return CORR_ROWS;
 }
 
 typedef struct {
@@ -308,6 +309,7 @@ qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_
                        A, s, dim, p->iters, QF_KV_MAX_ATOMS);
     int64_t nt = n;
     if (p->max_train > 0 && p->max_train < nt) nt = p->max_train;
+    openblas_set_num_threads(1);
     if (nt < A)
         return qf_fail(err, QF_ERR_ARG,
                        "kv dict learn: %lld training vectors: expected at least n_atoms = %d",
