@@ -323,6 +323,91 @@ TEST(prerope_k_cache_is_bit_identical) {
     qf_model_free(m);
 }
 
+/* kv-dict payloads: v1 (no version) binds with byte indices; v2 binds with bit-packed indices,
+ * pre-RoPE keys and per-layer error bounds; an unknown version, a bad bound or a bad bound
+ * shape are refused with the context left as it was. */
+static void dict_payload(qf_payload *pl, const qf_hparams *hp, int na, int s, const float *atoms, int version) {
+    qf_error e;
+    qf_payload_add_int(pl, "n_atoms", na, &e);
+    qf_payload_add_int(pl, "sparsity", s, &e);
+    qf_payload_add_string(pl, "coef", "q8", &e);
+    if (version) qf_payload_add_int(pl, "version", version, &e);
+    if (version >= 2) qf_payload_add_int(pl, "k_prerope", 1, &e);
+    for (int l = 0; l < hp->n_layer; l++) {
+        char nk[16], nv[16];
+        snprintf(nk, sizeof nk, "k.%d", l);
+        snprintf(nv, sizeof nv, "v.%d", l);
+        int64_t shape[2] = {na, hp->head_dim};
+        qf_payload_add_f32(pl, nk, atoms, 2, shape, &e);
+        qf_payload_add_f32(pl, nv, atoms, 2, shape, &e);
+    }
+}
+
+TEST(dict_v2_payload_binds_and_v1_still_loads) {
+    const char *mp = MODEL();
+    if (!mp) SKIP("demo model not in ../shared/data");
+    qf_error e = {0};
+    qf_model *m = qf_model_load(mp, &e);
+    if (!m) SKIP("demo model did not load");
+    const qf_hparams *hp = qf_model_hparams(m);
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 32, cp.n_threads = 1, cp.device = QF_DEVICE_CPU;
+    qf_context *c = qf_context_new(m, &cp, &e);
+    const int na = 300, s = 4; /* 9-bit indices: v1 stores u16, v2 packs 36 bits in 5 bytes */
+    float *atoms = malloc((size_t)na * hp->head_dim * sizeof(float));
+    uint64_t r = 7;
+    for (int i = 0; i < na * hp->head_dim; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        atoms[i] = (float)((r >> 40) & 0xffff) / 65536.0f - 0.5f;
+    }
+    int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    for (int version = 0; version <= 2; version += 2) {
+        qf_payload pl = {0};
+        dict_payload(&pl, hp, na, s, atoms, version);
+        CHECK(qf_context_bind_payload(c, QF_ARTIFACT_KV_DICT, &pl, &e) == QF_OK);
+        CHECK_EQ_INT(c->kv.row_bytes[0], version ? 5 + 2 + s : 2 * s + 2 + s);
+        CHECK(c->kv.k_prerope == (version == 2));
+        CHECK(qf_decode(c, tok, 8, 0, NULL, 8, &e) == QF_OK);
+        CHECK(qf_context_unbind(c, &e) == QF_OK && !c->kv.k_prerope);
+        qf_payload_free(&pl);
+    }
+    /* error bounds: f32 [n_layer] in [0, 1) */
+    qf_payload pl = {0};
+    dict_payload(&pl, hp, na, s, atoms, 2);
+    float *tol = calloc((size_t)hp->n_layer, sizeof(float));
+    int64_t sh1[1] = {hp->n_layer}, sh2[1] = {hp->n_layer - 1};
+    for (int l = 0; l < hp->n_layer; l++) tol[l] = 0.2f;
+    qf_payload_add_f32(&pl, "k_tol", tol, 1, sh1, &e);
+    CHECK(qf_context_bind_payload(c, QF_ARTIFACT_KV_DICT, &pl, &e) == QF_OK);
+    CHECK(c->kv.dict[0]->tol && c->kv.dict[0]->tol[0] == 0.2f && !c->kv.dict[1]->tol);
+    CHECK(qf_decode(c, tok, 8, 0, NULL, 8, &e) == QF_OK);
+    CHECK(qf_context_unbind(c, &e) == QF_OK);
+    qf_payload_add_f32(&pl, "v_tol", tol, 1, sh2, &e); /* wrong shape */
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_DICT, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
+    CHECK(strstr(e.msg, "v_tol") != NULL);
+    qf_payload_free(&pl);
+    memset(&pl, 0, sizeof pl);
+    dict_payload(&pl, hp, na, s, atoms, 2);
+    tol[1] = 1.5f;
+    qf_payload_add_f32(&pl, "v_tol", tol, 1, sh1, &e); /* out of range */
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_DICT, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
+    qf_payload_free(&pl);
+    memset(&pl, 0, sizeof pl);
+    dict_payload(&pl, hp, na, s, atoms, 3);
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_DICT, &pl, &e), QF_ERR_UNSUPPORTED);
+    CHECK(!qf_context_bound(c, NULL) && !c->kv.k_prerope && qf_context_params_get(c)->kv_k == QF_KV_F16);
+    qf_payload_free(&pl);
+    /* a zero atom: corrupt, whichever version */
+    memset(&pl, 0, sizeof pl);
+    memset(atoms, 0, (size_t)hp->head_dim * sizeof(float));
+    dict_payload(&pl, hp, na, s, atoms, 2);
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_DICT, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
+    qf_payload_free(&pl);
+    free(tol), free(atoms);
+    qf_context_free(c);
+    qf_model_free(m);
+}
+
 TEST(engine_dict_cache_matches_forge_encoder) {
     /* vectors with structure: a few directions plus noise */
     const int hd = 64, na = 64, s = 4, n = 2048;
@@ -370,6 +455,7 @@ TEST(engine_dict_cache_matches_forge_encoder) {
 int main(void) {
     RUN(engine_dict_cache_matches_forge_encoder);
     RUN(prerope_k_cache_is_bit_identical);
+    RUN(dict_v2_payload_binds_and_v1_still_loads);
     RUN(int8_calibrate_package_load_ppl_reproduces);
     RUN(artifact_refused_on_another_model);
     RUN(certify_restores_the_context);
