@@ -40,6 +40,17 @@ ifneq ($(and $(NVCC),$(CUDA_SRC)),)
   CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 endif
 
+# Open MPI (docs/mpi.md): only when pkg-config finds ompi-c (QF_NO_MPI=1 turns it off). Only
+# src/util/mpi.c sees MPI; everything else goes through qforge/mpi.h and util/par.h.
+ifneq ($(QF_NO_MPI),1)
+  MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null)
+  MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null)
+endif
+ifneq ($(MPI_LIBS),)
+  LDLIBS += $(MPI_LIBS)
+$(BUILD)/obj/src/util/mpi.o: CPPFLAGS += -DQF_HAVE_MPI $(MPI_CFLAGS)
+endif
+
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CUDA_OBJ)
 TOOL_OBJ  := $(TOOL_SRC:%.c=$(BUILD)/obj/%.o)
 TESTLIB_OBJ := $(TESTLIB_SRC:%.c=$(BUILD)/obj/%.o)

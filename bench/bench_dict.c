@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "qforge/kvlearn.h"
+#include "util/util.h"
 
 static double now(void) {
     struct timespec ts;
@@ -24,10 +25,8 @@ static double now(void) {
 
 static uint64_t rs = 42;
 static double nrand(void) {
-    rs = rs * 6364136223846793005ull + 1442695040888963407ull;
-    double u = ((rs >> 11) + 1.0) / 9007199254740993.0;
-    rs = rs * 6364136223846793005ull + 1442695040888963407ull;
-    double v = (rs >> 11) / 9007199254740992.0;
+    double u = 1.0 - qf_rand_unit(&rs); /* (0, 1]: log(u) is finite */
+    double v = qf_rand_unit(&rs);
     return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
 }
 

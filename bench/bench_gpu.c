@@ -29,6 +29,7 @@
 #ifdef QF_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
 #include "engine/engine.h"
+#include "util/util.h"
 #endif
 
 #define PEAK_FLOPS 989e12
@@ -132,8 +133,7 @@ int main(int argc, char **argv) {
     }
     uint64_t r = 12345;
     for (int64_t i = nt; i < (int64_t)n_ctx * chunks; i++) {
-        r = r * 6364136223846793005ull + 1442695040888963407ull;
-        toks[i] = (int32_t)((r >> 33) % (uint64_t)(hp->n_vocab < 4096 ? hp->n_vocab : 4096));
+        toks[i] = (int32_t)((qf_splitmix64(&r) >> 33) % (uint64_t)(hp->n_vocab < 4096 ? hp->n_vocab : 4096));
     }
 
     float *logits = malloc((size_t)n_ctx * hp->n_vocab * sizeof(float));

@@ -11,12 +11,7 @@
 #include "util/util.h"
 
 static uint64_t rng = 88172645463325252ull;
-static uint32_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
+static uint32_t rnd(void) { return (uint32_t)(qf_xorshift64s(&rng) >> 32); }
 static float rndf(void) { return (float)rnd() / 4294967296.0f * 2.0f - 1.0f; }
 
 /* Weights of type t: quantized from random floats where we have a quantizer, otherwise

@@ -18,6 +18,7 @@
 
 #include "qforge/gguf.h"
 #include "qforge/quant.h"
+#include "util/util.h"
 
 typedef struct {
     const char *name, *arch, *gname;
@@ -36,8 +37,7 @@ static uint64_t rs = 0x243F6A8885A308D3ull;
 static float grand(void) { /* sum of 4 uniforms: roughly normal, std 1 */
     float s = 0;
     for (int i = 0; i < 4; i++) {
-        rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
-        s += (float)((rs >> 40) * (1.0 / 16777216.0)) - 0.5f;
+        s += (float)((qf_xorshift64s(&rs) >> 40) * (1.0 / 16777216.0)) - 0.5f;
     }
     return s * 1.7320508f;
 }

@@ -2,7 +2,7 @@
 # deps.sh: install the Debian (bookworm) packages qforge builds and tests with, when missing.
 # Needs root for apt-get; does nothing when everything is already there.
 set -euo pipefail
-pkgs=(build-essential pkg-config clang libclang-rt-14-dev
+pkgs=(build-essential pkg-config clang libclang-rt-14-dev libopenmpi-dev openmpi-bin
       libopenblas-dev libpcre2-dev libcbor-dev libssl-dev libcurl4-openssl-dev libjansson-dev
       libxxhash-dev python3 python3-cbor2)
 missing=()

@@ -7,12 +7,14 @@
 #include "test.h"
 
 int qf_test_failed_checks;
+int qf_test_checks;
 const char *qf_test_skip_reason;
 const char *qf_test_current;
 static int n_pass, n_fail, n_skip;
 
 void qf_test_run(const char *name, void (*fn)(void)) {
     qf_test_failed_checks = 0;
+    qf_test_checks = 0;
     qf_test_skip_reason = NULL;
     qf_test_current = name;
     fn();
@@ -22,6 +24,9 @@ void qf_test_run(const char *name, void (*fn)(void)) {
     } else if (qf_test_skip_reason) {
         printf("SKIP %s: %s\n", name, qf_test_skip_reason);
         n_skip++;
+    } else if (qf_test_checks == 0) {
+        printf("FAIL %s: ran no checks (a case must CHECK something or SKIP with a reason)\n", name);
+        n_fail++;
     } else {
         printf("PASS %s\n", name);
         n_pass++;

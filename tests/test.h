@@ -4,7 +4,9 @@
  *   int main(void) { RUN(name); ...; return test_summary(); }
  *
  * Each binary prints PASS/FAIL/SKIP per case and a closing "N passed, N failed, N skipped"
- * line; tests/run.sh adds these up into the suite's closing line. */
+ * line; tests/run.sh adds these up into the suite's closing line. A case fails when any check
+ * fails, and also when it ran no check at all without calling SKIP. A case whose data file is
+ * missing must SKIP with the reason (see TEST_DATA_OR_SKIP), never return silently. */
 #ifndef QF_TEST_H
 #define QF_TEST_H
 
@@ -15,6 +17,8 @@
 #include <string.h>
 
 extern int qf_test_failed_checks; /* checks failed in the current case */
+extern int qf_test_checks;        /* checks run in the current case (a case that runs none and
+                                   * does not SKIP fails: it tested nothing) */
 extern const char *qf_test_skip_reason;
 extern const char *qf_test_current;
 
@@ -33,6 +37,7 @@ const char *test_cli(void);
 
 #define CHECK(cond)                                                                  \
     do {                                                                             \
+    qf_test_checks++;                                                            \
         if (!(cond)) {                                                               \
             fprintf(stderr, "  %s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
             qf_test_failed_checks++;                                                 \
@@ -41,6 +46,7 @@ const char *test_cli(void);
 
 #define CHECK_MSG(cond, ...)                                                         \
     do {                                                                             \
+    qf_test_checks++;                                                            \
         if (!(cond)) {                                                               \
             fprintf(stderr, "  %s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
             fprintf(stderr, __VA_ARGS__);                                            \
@@ -51,6 +57,7 @@ const char *test_cli(void);
 
 #define CHECK_EQ_INT(a, b)                                                           \
     do {                                                                             \
+    qf_test_checks++;                                                            \
         long long qa_ = (long long)(a), qb_ = (long long)(b);                        \
         if (qa_ != qb_) {                                                            \
             fprintf(stderr, "  %s:%d: %s == %s failed: %lld vs %lld\n", __FILE__, __LINE__, \
@@ -61,12 +68,20 @@ const char *test_cli(void);
 
 #define CHECK_NEAR(a, b, tol)                                                        \
     do {                                                                             \
+    qf_test_checks++;                                                            \
         double qa_ = (double)(a), qb_ = (double)(b), qt_ = (double)(tol);            \
         if (!(fabs(qa_ - qb_) <= qt_)) {                                             \
             fprintf(stderr, "  %s:%d: |%s - %s| <= %g failed: %.9g vs %.9g\n", __FILE__, \
                     __LINE__, #a, #b, qt_, qa_, qb_);                                \
             qf_test_failed_checks++;                                                 \
         }                                                                            \
+    } while (0)
+
+/* Set `var` to the path of the data file `rel` (see test_data), or SKIP the case naming it. */
+#define TEST_DATA_OR_SKIP(var, rel)                                                  \
+    do {                                                                             \
+        (var) = test_data(rel);                                                      \
+        if (!(var)) SKIP("data file " rel " not found under $QF_DATA_DIR");           \
     } while (0)
 
 #define SKIP(reason)                                                                 \

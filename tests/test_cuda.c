@@ -16,14 +16,14 @@
 #include "qforge/ppl.h"
 #include "qforge/quant.h"
 #include "test.h"
+#include "util/util.h"
 #ifdef QF_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
 #endif
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static __attribute__((unused)) float frand(void) { /* uniform [-1, 1) */
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+    return (float)qf_rand_unit(&rng) * 2.0f - 1.0f;
 }
 
 static __attribute__((unused)) double nmse(const float *got, const float *ref, size_t n) {

@@ -8,11 +8,11 @@
 #include "kernels/hadamard.h"
 #include "qforge/kvlearn.h"
 #include "test.h"
+#include "util/util.h"
 
 static uint64_t rng_state = 12345;
 static double urand(void) { /* [0, 1) */
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(rng_state >> 11) / 9007199254740992.0;
+    return qf_rand_unit(&rng_state);
 }
 static double nrand(void) {
     double u = urand() + 1e-12, v = urand();

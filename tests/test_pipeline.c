@@ -15,6 +15,7 @@
 #include "qforge/forge.h"
 #include "qforge/ppl.h"
 #include "test.h"
+#include "util/util.h"
 
 #define NCTX 128
 #define EVAL_CHUNKS 4
@@ -219,8 +220,7 @@ TEST(certify_restores_the_context) {
     float *atoms = malloc((size_t)na * hp->head_dim * sizeof(float));
     uint64_t s = 12345;
     for (int i = 0; i < na * hp->head_dim; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        atoms[i] = (float)((s >> 40) & 0xffff) / 65536.0f - 0.5f;
+        atoms[i] = (float)qf_rand_unit(&s) - 0.5f;
     }
     qf_payload_add_int(&pl, "n_atoms", na, &e);
     qf_payload_add_int(&pl, "sparsity", 2, &e);
@@ -414,8 +414,7 @@ TEST(engine_dict_cache_matches_forge_encoder) {
     float *x = malloc((size_t)n * hd * sizeof(float));
     uint64_t r = 99;
     for (int i = 0; i < n * hd; i++) {
-        r = r * 6364136223846793005ull + 1442695040888963407ull;
-        x[i] = ((float)((r >> 40) & 0xffff) / 65536.0f - 0.5f) * (1.0f + 3.0f * (i % hd < 8));
+        x[i] = ((float)qf_rand_unit(&r) - 0.5f) * (1.0f + 3.0f * (i % hd < 8));
     }
     qf_kv_dict_params dp;
     qf_kv_dict_params_default(&dp);

@@ -15,12 +15,7 @@ static const qf_type WEIGHT_TYPES[] = {QF_TYPE_F32, QF_TYPE_F16, QF_TYPE_BF16, Q
 #define N_WEIGHT_TYPES (int)(sizeof WEIGHT_TYPES / sizeof WEIGHT_TYPES[0])
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
+static uint32_t rnd(void) { return (uint32_t)(qf_xorshift64s(&rng) >> 32); }
 static float rndf(void) { return (float)rnd() / 4294967296.0f * 2.0f - 1.0f; } /* [-1, 1) */
 
 /* Random weight row of type t: random bytes, then every scale field set to a sane half

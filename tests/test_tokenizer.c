@@ -25,11 +25,30 @@ static const char *vocabs[] = {"llama-spm", "phi-3", "gpt-2", "falcon", "deepsee
                                "deepseek-llm", "mpt", "refact", "starcoder"};
 static int n_pass, n_total;
 
-/* One vocab: split .inp on the separator, compare each string's ids with the .out line. */
+/* The reason to SKIP when one of the vocab files `names` (ggml-vocab-<name>.gguf, with its
+ * .inp/.out when `vectors`) is missing under the data directory; NULL when all are there. */
+static const char *missing_vocab(const char *const *names, size_t n, bool vectors) {
+    static char why[300];
+    for (size_t i = 0; i < n; i++) {
+        char rel[256];
+        for (int k = 0; k < (vectors ? 3 : 1); k++) {
+            snprintf(rel, sizeof rel, "vocab/ggml-vocab-%s.gguf%s", names[i], k == 1 ? ".inp" : k == 2 ? ".out" : "");
+            if (!test_data(rel)) {
+                snprintf(why, sizeof why, "data file %s not found under $QF_DATA_DIR", rel);
+                return why;
+            }
+        }
+    }
+    return NULL;
+}
+
+/* One vocab (its files checked present by the caller): split .inp on the separator, compare
+ * each string's ids with the .out line. */
 static void check_vocab(const char *name) {
     char rel[256];
     snprintf(rel, sizeof rel, "vocab/ggml-vocab-%s.gguf", name);
     const char *p = test_data(rel);
+    CHECK_MSG(p != NULL, "%s vanished", rel);
     if (!p) return;
     char gguf[4096], inp[4200], outp[4200];
     snprintf(gguf, sizeof gguf, "%s", p);
@@ -77,16 +96,17 @@ done:
 }
 
 TEST(llama_cpp_vectors) {
-    if (!test_data("vocab/ggml-vocab-gpt-2.gguf")) SKIP("no shared/data/vocab");
+    const char *why = missing_vocab(vocabs, sizeof vocabs / sizeof vocabs[0], true);
+    if (why) SKIP(why);
     for (size_t i = 0; i < sizeof vocabs / sizeof vocabs[0]; i++) check_vocab(vocabs[i]);
     printf("  llama.cpp vectors: %d/%d passed\n", n_pass, n_total);
 }
 
 /* Decoding the ids gives the input back for the vocabs MANIFEST.md lists as exact. */
 TEST(detokenize_roundtrip) {
-    const char *p = test_data("vocab/ggml-vocab-gpt-2.gguf");
-    if (!p) SKIP("no shared/data/vocab");
     const char *names[] = {"gpt-2", "falcon", "refact", "starcoder", "llama-spm"};
+    const char *why = missing_vocab(names, 5, false);
+    if (why) SKIP(why);
     for (size_t v = 0; v < 5; v++) {
         char rel[256];
         snprintf(rel, sizeof rel, "vocab/ggml-vocab-%s.gguf", names[v]);
@@ -215,8 +235,11 @@ TEST(demo_model_vocab_and_speed) {
 
 /* Invalid UTF-8 never crashes; byte-level BPE maps each bad byte to U+FFFD like llama.cpp. */
 TEST(invalid_utf8) {
-    const char *p = test_data("vocab/ggml-vocab-gpt-2.gguf");
-    if (!p) SKIP("no shared/data/vocab");
+    const char *names[] = {"gpt-2", "llama-spm", "deepseek-llm", "falcon"};
+    const char *why = missing_vocab(names, 4, false);
+    if (why) SKIP(why);
+    char p[4096]; /* test_data returns a static buffer: keep gpt-2's path */
+    snprintf(p, sizeof p, "%s", test_data("vocab/ggml-vocab-gpt-2.gguf"));
     const char *paths[] = {"vocab/ggml-vocab-gpt-2.gguf", "vocab/ggml-vocab-llama-spm.gguf",
                            "vocab/ggml-vocab-deepseek-llm.gguf", "vocab/ggml-vocab-falcon.gguf"};
     const char bad[] = "a\xff\xfe b\xe2\x82 \xc3\x28 \xed\xa0\x80 \xf4\x90\x80\x80 \xf8\x88\x80\x80\x80 \x80z\xe2";
@@ -238,6 +261,7 @@ TEST(invalid_utf8) {
         qf_tokenizer_free(t);
     }
     qf_tokenizer *t = load(p);
+    CHECK(t != NULL);
     if (!t) return;
     int32_t *ids;
     size_t n;
@@ -271,6 +295,7 @@ TEST(rejects_bad_metadata) {
     CHECK(qf_gguf_writer_write(w, path, &e) == QF_OK);
     qf_gguf_writer_free(w);
     g = qf_gguf_open(path, &e);
+    CHECK(g != NULL);
     if (!g) return;
     t = qf_tokenizer_load(g, &e);
     CHECK(t == NULL && e.code == QF_ERR_FORMAT && strstr(e.msg, "tokenizer.ggml.tokens"));

@@ -107,7 +107,65 @@ TEST(error_names_and_codes) {
             CHECK(qf_status_exit_code(a) != qf_status_exit_code(b));
 }
 
+/* The one strict validator (artifact text, corpus reader): RFC 3629, checked byte by byte
+ * against a decoder written from the RFC's table. */
+TEST(utf8_strict_validator) {
+    CHECK(qf_utf8_valid("", 0));
+    CHECK(qf_utf8_valid("plain ascii\n", 12));
+    CHECK(qf_utf8_valid("a\0b", 3)); /* NUL is a valid code point */
+    const char *good = "\xc3\xa9 \xe2\x82\xac \xf0\x9f\x9a\x80 \xf4\x8f\xbf\xbf"; /* e-acute, euro, rocket, U+10FFFF */
+    CHECK(qf_utf8_valid(good, strlen(good)));
+    static const char *bad[] = {
+        "\x80",             /* lone continuation */
+        "\xc0\xaf",         /* overlong '/' */
+        "\xc1\xbf",         /* overlong */
+        "\xe0\x80\xaf",     /* overlong 3-byte */
+        "\xf0\x80\x80\xaf", /* overlong 4-byte */
+        "\xed\xa0\x80",     /* surrogate U+D800 */
+        "\xed\xbf\xbf",     /* surrogate U+DFFF */
+        "\xf4\x90\x80\x80", /* U+110000 */
+        "\xf5\x80\x80\x80", /* lead byte past F4 */
+        "\xff",
+        "\xe2\x82",         /* truncated */
+        "\xc3\x28",         /* bad continuation */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK_MSG(!qf_utf8_valid(bad[i], strlen(bad[i])), "bad[%zu] accepted", i);
+        CHECK_EQ_INT(qf_utf8_valid_len((const uint8_t *)bad[i], strlen(bad[i])), 0);
+    }
+    CHECK_EQ_INT(qf_utf8_valid_len((const uint8_t *)"\xe2\x82\xac!", 4), 3);
+    CHECK_EQ_INT(qf_utf8_valid_len((const uint8_t *)"x", 0), 0);
+    /* every 1-, 2- and 3-byte sequence against the RFC's rules */
+    int wrong = 0;
+    for (uint32_t a = 0; a < 256; a++)
+        for (uint32_t b = 0; b < 256; b++) {
+            uint8_t s2[2] = {(uint8_t)a, (uint8_t)b};
+            bool want = a < 0x80 ? (b < 0x80) : (a >= 0xc2 && a <= 0xdf && (b & 0xc0) == 0x80);
+            if (qf_utf8_valid(s2, 2) != want) wrong++;
+        }
+    for (uint32_t cp = 0x800; cp < 0x10000; cp++) {
+        uint8_t s3[3] = {(uint8_t)(0xe0 | cp >> 12), (uint8_t)(0x80 | ((cp >> 6) & 0x3f)), (uint8_t)(0x80 | (cp & 0x3f))};
+        if (qf_utf8_valid(s3, 3) != !(cp >= 0xd800 && cp <= 0xdfff)) wrong++;
+    }
+    CHECK_EQ_INT(wrong, 0);
+}
+
+/* Cases run only by tests/cli_harness.sh (QF_TEST_HARNESS_SELFTEST=1): the harness must FAIL
+ * a case that checks nothing and report a missing data file as SKIP with its name. */
+TEST(selftest_checks_nothing) {}
+TEST(selftest_missing_data) {
+    const char *p;
+    TEST_DATA_OR_SKIP(p, "no/such/file.gguf");
+    CHECK(p != NULL);
+}
+
 int main(void) {
+    if (getenv("QF_TEST_HARNESS_SELFTEST")) {
+        RUN(selftest_checks_nothing);
+        RUN(selftest_missing_data);
+        return test_summary();
+    }
+    RUN(utf8_strict_validator);
     RUN(f16_roundtrip_all_finite);
     RUN(sha256_known_vector);
     RUN(atomic_write_and_abort);

@@ -12,6 +12,8 @@
 
 /* Print "qforge <cmd>: error: <StatusName>: <message>" to stderr; return the exit code. */
 int cli_fail(const char *cmd, const qf_error *e);
+/* Whether this process prints informational output (rank 0 of an mpirun job, or alone). */
+bool cli_root(void);
 /* Usage error: print the message and the subcommand's usage, return 1. */
 int cli_usage(const char *cmd, const char *usage, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -6,11 +6,27 @@
 #include <string.h>
 
 #include "cli.h"
+#include "qforge/mpi.h"
 
 int cli_fail(const char *cmd, const qf_error *e) {
-    fprintf(stderr, "qforge %s: error: %s: %s\n", cmd, qf_status_name(e->code), e->msg);
+    if (qf_mpi_size() == 1) {
+        fprintf(stderr, "qforge %s: error: %s: %s\n", cmd, qf_status_name(e->code), e->msg);
+        return qf_status_exit_code(e->code);
+    }
+    /* under mpirun: a failure every rank agreed on (its message names the rank) is printed by
+     * rank 0 and every rank exits with its code; a failure only this rank saw is printed with
+     * the rank and ends the whole job (MPI_Abort) so no rank waits forever */
+    bool shared = qf_mpi_error_shared(e);
+    char who[48] = "";
+    if (!shared) snprintf(who, sizeof who, "rank %d of %d: ", qf_mpi_rank(), qf_mpi_size());
+    if (!shared || qf_mpi_rank() == 0)
+        fprintf(stderr, "qforge %s: error: %s: %s%s\n", cmd, qf_status_name(e->code), who, e->msg);
+    if (!shared) qf_mpi_abort(qf_status_exit_code(e->code));
+    qf_mpi_finalize();
     return qf_status_exit_code(e->code);
 }
+
+bool cli_root(void) { return qf_mpi_rank() == 0; }
 
 int cli_usage(const char *cmd, const char *usage, const char *fmt, ...) {
     va_list ap;

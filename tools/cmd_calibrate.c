@@ -105,7 +105,7 @@ int qf_cmd_calibrate(int argc, char **argv) {
     if (n_paths == 0 && !j.ollama_url) j.builtin = true; /* the embedded demo corpus */
     j.corpus_paths = paths;
     j.n_corpus_paths = n_paths;
-    j.log = stderr;
+    j.log = cli_root() ? stderr : NULL; /* under mpirun rank 0 prints */
     j.progress = true; /* bars only on a TTY */
 
     qf_error err = {0};

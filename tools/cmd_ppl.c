@@ -7,6 +7,7 @@
 #include "qforge/artifact.h"
 #include "qforge/artifact_bind.h"
 #include "qforge/model.h"
+#include "qforge/mpi.h"
 #include "qforge/ppl.h"
 #include "util/util.h"
 
@@ -86,6 +87,10 @@ int qf_cmd_ppl(int argc, char **argv) {
     if (qf_read_file(text_path, &text, &len, &err)) return cli_fail("ppl", &err);
     /* llama.cpp's -f drops one trailing newline; so do we, so both see the same tokens */
     if (len > 0 && text[len - 1] == '\n') text[--len] = '\0';
+    uint8_t text_sha[32];
+    qf_sha256(text, len, text_sha);
+    char mpi_note[96];
+    snprintf(mpi_note, sizeof mpi_note, ", %d MPI ranks (chunk i on rank i %% %d)", qf_mpi_size(), qf_mpi_size());
     qf_model *m = qf_model_load(model_path, &err);
     if (!m) {
         free(text);
@@ -110,7 +115,7 @@ int qf_cmd_ppl(int argc, char **argv) {
         qf_context_free(c);
         c = NULL;
     }
-    if (have_art && c)
+    if (have_art && c && cli_root())
         fprintf(stderr, "perplexity: artifact %s (%s, certified delta PPL %+.4f%%, KV %.0f bytes/token)\n", artifact_path,
                 qf_artifact_kind_name(art.cert.kind), 100 * art.cert.delta_ppl, qf_context_kv_bytes_per_token(c));
     qf_artifact_free(&art);
@@ -120,19 +125,29 @@ int qf_cmd_ppl(int argc, char **argv) {
         return cli_fail("ppl", &err);
     }
     if (!json) {
+        if (cli_root()) {
         fprintf(stderr, "perplexity: model %s (%s, %d layers, n_embd %d), kv %s/%s, %d threads%s\n", model_path,
                 qf_model_hparams(m)->arch_name, qf_model_hparams(m)->n_layer, qf_model_hparams(m)->n_embd,
                 qf_kv_mode_name(qf_context_params_get(c)->kv_k), qf_kv_mode_name(qf_context_params_get(c)->kv_v),
                 qf_context_params_get(c)->n_threads,
                 cp.reference ? ", reference path" : "");
-        fprintf(stderr, "perplexity: calculating perplexity over chunks of n_ctx=%d, batch_size=%d\n", pp.n_ctx,
-                cp.n_batch);
+        fprintf(stderr, "perplexity: calculating perplexity over chunks of n_ctx=%d, batch_size=%d%s\n", pp.n_ctx,
+                cp.n_batch, qf_mpi_size() > 1 ? mpi_note : "");
+        }
         pp.log = stdout;
         pp.progress = false;
     } else {
         pp.progress = true;
     }
     qf_ppl_result r;
+    /* the same model and text on every rank, refused before any work otherwise */
+    if (qf_mpi_check_same(qf_model_sha256(m), 32, "model SHA-256", &err) ||
+        qf_mpi_check_same(text_sha, 32, "text file's SHA-256", &err)) {
+        free(text);
+        qf_context_free(c);
+        qf_model_free(m);
+        return cli_fail("ppl", &err);
+    }
     qf_status st = qf_perplexity_text(c, text, len, &pp, &r, &err);
     free(text);
     int rc = 0;
@@ -167,7 +182,8 @@ int qf_cmd_ppl(int argc, char **argv) {
             printf("Same top p: %6.3f +/- %6.3f %%\n", 100.0 * r.same_top_p, 100.0 * r.same_top_p_err);
             printf("RMS Δp    : %6.3f %%\n", 100.0 * r.rms_dp);
         }
-        fprintf(stderr, "perplexity: %d chunks, %lld tokens in the text, %.2f s, %.1f tokens/s\n", r.n_chunks,
+        if (cli_root())
+            fprintf(stderr, "perplexity: %d chunks, %lld tokens in the text, %.2f s, %.1f tokens/s\n", r.n_chunks,
                 (long long)r.n_tokens_text, r.seconds, r.tokens_per_sec);
     }
     qf_context_free(c);

@@ -68,7 +68,7 @@ int qf_cmd_sweep(int argc, char **argv) {
     if (n_paths == 0) j.builtin = true;
     j.corpus_paths = paths;
     j.n_corpus_paths = n_paths;
-    j.log = stderr;
+    j.log = cli_root() ? stderr : NULL; /* under mpirun rank 0 prints */
     j.progress = true;
     qf_sweep_row rows[MAX_CONFIGS];
     double ref_ppl;

@@ -1,9 +1,11 @@
 /* qforge.c: the command-line entry point. It only dispatches: each subcommand lives in
  * tools/cmd_<name>.c and maps onto public API calls. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "qforge/mpi.h"
 #include "qforge/version.h"
 
 int qf_cmd_info(int argc, char **argv);
@@ -42,6 +44,33 @@ static void usage(FILE *f) {
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
 }
 
+/* Run one subcommand inside the MPI job when started by mpirun (docs/mpi.md): ranks other
+ * than 0 print nothing on stdout; the hidden test flag --mpi-fail-rank R[:exit] (anywhere on
+ * the line) is taken out before the subcommand parses its flags. */
+static int run_command(cli_cmd_fn fn, int argc, char **argv) {
+    qf_error err = {0};
+    if (qf_mpi_init(&argc, &argv, &err)) return cli_fail(argv[0], &err);
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--mpi-fail-rank") != 0) continue;
+        if (i + 1 >= argc) return cli_usage(argv[0], "--mpi-fail-rank R[:exit]", "option '--mpi-fail-rank' needs a value");
+        char *end;
+        long r = strtol(argv[i + 1], &end, 10);
+        if (end == argv[i + 1] || r < 0 || (*end && strcmp(end, ":exit") != 0))
+            return cli_usage(argv[0], "--mpi-fail-rank R[:exit]", "bad --mpi-fail-rank '%s'", argv[i + 1]);
+        qf_mpi_inject_failure((int)r, *end != 0);
+        memmove(argv + i, argv + i + 2, (size_t)(argc - i - 2) * sizeof *argv);
+        argc -= 2;
+        break;
+    }
+    if (qf_mpi_rank() != 0 && !freopen("/dev/null", "w", stdout)) {
+        fprintf(stderr, "qforge: rank %d: cannot silence stdout\n", qf_mpi_rank());
+        qf_mpi_abort(1);
+    }
+    int rc = fn(argc, argv);
+    qf_mpi_finalize();
+    return rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -57,7 +86,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (strcmp(cmd, commands[i].name) == 0) return commands[i].fn(argc - 1, argv + 1);
+        if (strcmp(cmd, commands[i].name) == 0) return run_command(commands[i].fn, argc - 1, argv + 1);
     fprintf(stderr, "qforge: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 1;

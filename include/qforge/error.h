@@ -16,7 +16,7 @@ typedef enum {
     QF_ERR_FORMAT,         /* malformed input file (GGUF, corpus, tokenizer metadata) */
     QF_ERR_UNSUPPORTED,    /* well-formed but not something we run (arch, tensor type) */
     QF_ERR_NOT_IMPLEMENTED,/* an artifact kind or mode that is not built yet */
-    /* forge pipeline taxonomy (seed: CalibrationError) */
+    /* forge pipeline failures (corpus -> capture -> learn -> certify -> package) */
     QF_ERR_CORPUS_EMPTY,
     QF_ERR_OLLAMA_UNAVAILABLE,
     QF_ERR_CAPTURE_FAILED,

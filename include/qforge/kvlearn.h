@@ -128,14 +128,15 @@ typedef struct {
     int layer;
     char stream; /* 'K' or 'V' */
     int64_t n_vectors, n_train, n_eval;
-    /* int8 incumbent: per-vector absmax (the seed's), and the engine's static calibrated
+    /* int8 incumbent: per-vector absmax (one f16 scale per vector), and the engine's static calibrated
      * per-(kv-head, channel) scales. Context, not the gate. */
     double recon_int8, int8_bits; /* bits per vector */
     double recon_int8_static;
     /* the dictionary: error on the evaluation vectors (held out unless holdout_every = 0)
      * and on its training vectors, with coefficients rounded to the storage format */
     double recon_dict, recon_dict_train, dict_code_bits;
-    /* the seed's gate: uniform per-vector quantization at round(code bits / head_dim) */
+    /* the matched-rate gate (go): uniform per-vector quantization at round(code bits / head_dim)
+     * bits (clamped 2..8); GO when the dictionary's error is not above it */
     int matched_bits;
     double recon_uniform_matched;
     bool go;
@@ -154,7 +155,7 @@ typedef struct {
     qf_kv_coef coef;
     int n_layers;
     qf_kv_layer_verdict *layers;
-    bool overall_go;        /* seed rule: GO iff at least half the pairs are GO */
+    bool overall_go;        /* majority rule: GO iff at least half the pairs are GO */
     bool overall_go_strict; /* the same majority over go_strict */
     /* whole-model KV bytes per token (all layers, K and V, all kv heads) */
     double f16_bytes_per_token, int8_bytes_per_token, dict_bytes_per_token;
@@ -163,11 +164,11 @@ typedef struct {
 } qf_kv_report;
 
 typedef struct {
-    int n_atoms, sparsity, iters; /* the go/no-go dictionary: 256, 4, 20 (the seed's) */
-    qf_kv_coef coef;              /* F16 (the seed counts 16-bit coefficients) */
+    int n_atoms, sparsity, iters; /* the go/no-go dictionary: 256 atoms, sparsity 4, 20 iterations */
+    qf_kv_coef coef;              /* F16 (the code bits count 16 bits per coefficient) */
     int layer_stride;             /* 1: every layer; 2: every other one ... */
-    int holdout_every;            /* 8: every 8th vector is held out to evaluate; 0 = seed
-                                     behaviour (learn and evaluate on all vectors) */
+    int holdout_every;            /* 8: every 8th vector is held out to evaluate; 0 = in-sample
+                                     (learn and evaluate on all vectors) */
     int64_t max_train;            /* 4096; 0 = all training vectors, else a strided subsample */
     uint64_t seed;
     int n_threads;
@@ -183,7 +184,7 @@ typedef struct {
 void qf_kv_analysis_params_default(qf_kv_analysis_params *p);
 
 /* Run the go/no-go (and the sweep) over a capture. Pairs with fewer than max(n_atoms, 16)
- * vectors are skipped, as in the seed. Fails when no pair could be analysed. */
+ * vectors are skipped (too few to learn from). Fails when no pair could be analysed. */
 qf_status qf_kv_analyze(const qf_kv_capture_view *cap, const qf_kv_analysis_params *p,
                         qf_kv_report *out, qf_error *err);
 void qf_kv_report_free(qf_kv_report *r);

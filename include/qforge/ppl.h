@@ -17,6 +17,10 @@ typedef struct {
     int n_chunks;       /* <= 0: all chunks the text holds */
     const char *kl_base_write; /* save reference log-probs here (llama.cpp --kl-divergence-base) */
     const char *kl_base_read;  /* compare against this file (llama.cpp --kl-divergence) */
+    bool kl_base_local; /* under mpirun (qforge/mpi.h): the base file is this rank's own and holds
+                           only the chunks it runs; written and read by the same N ranks (the
+                           forge's private reference files). Without it rank 0 writes one
+                           llama.cpp file and every rank reads that one file. */
     FILE *log;          /* running values ("[1]12.34,[2]..."), NULL for silence */
     bool progress;      /* progress bar on a TTY */
 } qf_ppl_params;

@@ -16,6 +16,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #endif
 #include "qforge/ppl.h"
+#include "util/par.h"
 #include "util/util.h"
 
 qf_ppl_params qf_ppl_default_params(void) {
@@ -36,12 +37,61 @@ static double log_softmax_tok(const float *logits, int n_vocab, int tok) {
 }
 
 
+/* The sharded loop (docs/mpi.md): chunk i runs on rank i % N, in rounds of N chunks. Each
+ * chunk's results travel as one fixed-size record: its n_score negative log-likelihoods
+ * (double), its KL positions (reading) and its encoded base rows (writing, unless each rank
+ * keeps its own local base file). After every round the records are gathered to rank 0,
+ * which adds them in chunk order, exactly the additions one process makes, prints the
+ * running value and writes the rows; so every printed digit is the same for any N. With one
+ * rank this is the plain loop. A failure on any rank is agreed after the round and returned
+ * on every rank, naming the rank. */
+typedef struct {
+    qf_context *c;
+    const int32_t *tokens;
+    int n_ctx, n_vocab, first, n_score, n_batch;
+    bool add_bos, gpu_scores;
+    float *logits;
+    int32_t *chunk;
+    size_t off_pos, off_rows, rec_bytes;
+} ppl_run;
+
+/* run chunk i (this rank's own_idx-th) into its record */
+static qf_status ppl_chunk(ppl_run *u, kld_state *kl, int i, int own_idx, uint8_t *rec, qf_error *err) {
+    qf_context *c = u->c;
+    const qf_model *m = c->model;
+    const int n_ctx = u->n_ctx, first = u->first, n_batch = u->n_batch;
+    double *nll = (double *)(void *)rec;
+    memcpy(u->chunk, u->tokens + (size_t)i * n_ctx, (size_t)n_ctx * sizeof(int32_t));
+    if (u->add_bos) u->chunk[0] = qf_tokenizer_bos(m->tok);
+    qf_context_kv_clear(c);
+    const int32_t *next = u->tokens + (size_t)i * n_ctx + first + 1;
+    qf_status st = QF_OK;
+#ifdef QF_HAVE_CUDA
+    /* on the GPU without KL divergence the scores are computed on the device: no logits
+     * cross to the host (the same log-softmax as log_softmax_tok) */
+    if (u->gpu_scores) return qf_cuda_decode_nll(c, u->chunk, n_ctx - 1, 0, first, next, nll, err);
+#endif
+    for (int j = 0; j < n_ctx && !st; j += n_batch) {
+        int bs = n_ctx - j < n_batch ? n_ctx - j : n_batch;
+        int from = first - j > 0 ? first - j : 0; /* first batch row that needs logits */
+        float *dst = from < bs ? u->logits + (size_t)(j + from - first) * u->n_vocab : NULL;
+        st = qf_decode(c, u->chunk + j, bs, j, dst, from, err);
+    }
+    if (st) return st;
+    for (int k = 0; k < u->n_score; k++) nll[k] = -log_softmax_tok(u->logits + (size_t)k * u->n_vocab, u->n_vocab, next[k]);
+    return kld_chunk(kl, u->logits, next, u->n_score, kl->local ? own_idx : i,
+                     kl->writing && !kl->local ? (uint16_t *)(void *)(rec + u->off_rows) : NULL,
+                     (kld_pos *)(void *)(rec + u->off_pos), err);
+}
+
 static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_tokens, const qf_ppl_params *p,
                             const kld_base_file *base, qf_ppl_result *r, qf_error *err) {
     memset(r, 0, sizeof *r);
     const qf_model *m = c->model;
     const int n_vocab = m->hp.n_vocab, n_ctx = p->n_ctx;
+    const int n_rank = qf_mpi_size(), rank = qf_mpi_rank();
     r->n_tokens_text = n_tokens;
+    /* the same inputs give the same refusal on every rank: no collective needed yet */
     if (n_ctx < 2 || n_ctx > c->params.n_ctx)
         return qf_fail(err, QF_ERR_ARG, "perplexity: chunk size %d must be in [2, %d] (the context size)", n_ctx,
                        c->params.n_ctx);
@@ -53,96 +103,90 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     int n_chunk_max = (int)(n_tokens / n_ctx);
     int n_chunk = p->n_chunks > 0 && p->n_chunks < n_chunk_max ? p->n_chunks : n_chunk_max;
     const int first = n_ctx / 2, n_score = n_ctx - 1 - first;
-    const bool add_bos = qf_tokenizer_add_bos(m->tok) && qf_tokenizer_bos(m->tok) >= 0;
-    const int n_batch = c->n_batch < n_ctx ? c->n_batch : n_ctx;
+    int n_own = n_chunk / n_rank + (rank < n_chunk % n_rank);
+
+    ppl_run u = {.c = c, .tokens = tokens, .n_ctx = n_ctx, .n_vocab = n_vocab, .first = first, .n_score = n_score};
+    u.add_bos = qf_tokenizer_add_bos(m->tok) && qf_tokenizer_bos(m->tok) >= 0;
+    u.n_batch = c->n_batch < n_ctx ? c->n_batch : n_ctx;
 
     kld_state kl;
-    qf_status st = kld_begin(&kl, p, n_ctx, n_vocab, n_chunk, base, tokens, err);
-    if (st) {
-        kld_end(&kl);
-        return st;
-    }
-
-    float *logits = malloc((size_t)(n_ctx - first) * n_vocab * sizeof(float));
-    int32_t *chunk = malloc((size_t)n_ctx * sizeof(int32_t));
-    if (!logits || !chunk) {
-        free(logits), free(chunk);
-        kld_end(&kl);
-        return qf_fail(err, QF_ERR_NOMEM, "perplexity: out of memory for %d x %d logits", n_ctx - first, n_vocab);
+    uint8_t *rec = NULL, *all = NULL;
+    qf_status st = kld_begin(&kl, p, n_ctx, n_vocab, n_chunk, n_own, base, tokens, err);
+#ifdef QF_HAVE_CUDA
+    u.gpu_scores = c->gpu && !kl.reading && !kl.writing && u.n_batch >= n_ctx;
+#endif
+    u.off_pos = (size_t)n_score * sizeof(double);
+    u.off_rows = u.off_pos + (kl.reading ? (size_t)n_score * sizeof(kld_pos) : 0);
+    u.rec_bytes = u.off_rows + (kl.writing && !kl.local ? (size_t)n_score * kl.nv * sizeof(uint16_t) : 0);
+    if (!st) {
+        u.logits = malloc((size_t)(n_ctx - first) * n_vocab * sizeof(float));
+        u.chunk = malloc((size_t)n_ctx * sizeof(int32_t));
+        rec = calloc(1, u.rec_bytes);
+        all = rank == 0 ? malloc(u.rec_bytes * n_rank) : NULL;
+        if (!u.logits || !u.chunk || !rec || (rank == 0 && !all))
+            st = qf_fail(err, QF_ERR_NOMEM, "perplexity: out of memory for %d x %d logits", n_ctx - first, n_vocab);
     }
     double nll = 0, nll2 = 0;
     int64_t count = 0;
-#ifdef QF_HAVE_CUDA
-    double *gpu_nll = c->gpu ? malloc((size_t)n_score * sizeof(double)) : NULL;
-    if (c->gpu && !gpu_nll) {
-        free(logits), free(chunk);
-        kld_end(&kl);
-        return qf_fail(err, QF_ERR_NOMEM, "perplexity: out of memory");
-    }
-#endif
     qf_progress bar;
-    if (p->progress) qf_progress_begin(&bar, "ppl", n_chunk);
+    bool bar_on = p->progress && rank == 0, agreed = false;
+    if (bar_on) qf_progress_begin(&bar, "ppl", n_chunk);
     double t0 = qf_now_sec();
-    for (int i = 0; i < n_chunk && !st; i++) {
-        memcpy(chunk, tokens + (size_t)i * n_ctx, (size_t)n_ctx * sizeof(int32_t));
-        if (add_bos) chunk[0] = qf_tokenizer_bos(m->tok);
-        qf_context_kv_clear(c);
-        const int32_t *next = tokens + (size_t)i * n_ctx + first + 1;
-#ifdef QF_HAVE_CUDA
-        /* on the GPU without KL divergence the scores are computed on the device: no logits
-         * cross to the host (the same log-softmax as log_softmax_tok) */
-        if (c->gpu && !kl.reading && !kl.writing && n_batch >= n_ctx) {
-            st = qf_cuda_decode_nll(c, chunk, n_ctx - 1, 0, first, next, gpu_nll, err);
-            if (st) break;
-            for (int k = 0; k < n_score; k++) nll += gpu_nll[k], nll2 += gpu_nll[k] * gpu_nll[k];
+    int n_round = (n_chunk + n_rank - 1) / n_rank;
+    for (int round = 0; round < n_round; round++) {
+        int i = round * n_rank + rank;
+        if (!st && i < n_chunk) st = qf_par_injected("perplexity", err);
+        if (!st && i < n_chunk) st = ppl_chunk(&u, &kl, i, round, rec, err);
+        if ((st = qf_par_agree(st, err))) {
+            agreed = true;
+            break;
+        }
+        if ((st = qf_par_gather(rec, u.rec_bytes, all, err))) break;
+        for (int q = 0; rank == 0 && q < n_rank && !st; q++) {
+            int ci = round * n_rank + q;
+            if (ci >= n_chunk) break;
+            const uint8_t *cr = all + (size_t)q * u.rec_bytes;
+            const double *v = (const double *)(const void *)cr;
+            for (int k = 0; k < n_score; k++) {
+                nll += v[k];
+                nll2 += v[k] * v[k];
+            }
             count += n_score;
-            goto chunk_done;
+            if (kl.reading) kld_accumulate(&kl, (const kld_pos *)(const void *)(cr + u.off_pos), n_score);
+            if (kl.writing && !kl.local)
+                st = kld_write_rows(&kl, (const uint16_t *)(const void *)(cr + u.off_rows), n_score, err);
+            if (p->log) {
+                fprintf(p->log, "[%d]%.4lf,", ci + 1, exp(nll / (double)count));
+                fflush(p->log);
+            }
+            if (bar_on) qf_progress_update(&bar, ci + 1);
         }
-#endif
-        for (int j = 0; j < n_ctx && !st; j += n_batch) {
-            int bs = n_ctx - j < n_batch ? n_ctx - j : n_batch;
-            int from = first - j > 0 ? first - j : 0; /* first batch row that needs logits */
-            float *dst = from < bs ? logits + (size_t)(j + from - first) * n_vocab : NULL;
-            st = qf_decode(c, chunk + j, bs, j, dst, from, err);
-        }
-        if (st) break;
-        for (int k = 0; k < n_score; k++) {
-            double v = -log_softmax_tok(logits + (size_t)k * n_vocab, n_vocab, next[k]);
-            nll += v;
-            nll2 += v * v;
-        }
-        count += n_score;
-        st = kld_chunk(&kl, logits, next, n_score, err);
-#ifdef QF_HAVE_CUDA
-    chunk_done:
-#endif
-        if (p->log) {
-            fprintf(p->log, "[%d]%.4lf,", i + 1, exp(nll / (double)count));
-            fflush(p->log);
-        }
-        if (p->progress) qf_progress_update(&bar, i + 1);
     }
     double secs = qf_now_sec() - t0;
-    if (p->progress) qf_progress_end(&bar);
-    if (p->log) fputc('\n', p->log);
-    free(logits);
-    free(chunk);
-#ifdef QF_HAVE_CUDA
-    free(gpu_nll);
-#endif
-    if (!st) st = kld_finish(&kl, r, err);
+    if (bar_on) qf_progress_end(&bar);
+    if (p->log && rank == 0) fputc('\n', p->log);
+    free(u.logits);
+    free(u.chunk);
+    free(rec);
+    free(all);
+    if (!st) st = kld_commit(&kl, err);
+    if (!st && rank == 0) st = kld_finish(&kl, r, err);
     kld_end(&kl);
+    if (!agreed) st = qf_par_agree(st, err);
     if (st) return st;
 
-    r->n_chunks = n_chunk;
-    r->n_scored = count;
-    r->nll_mean = nll / (double)count;
-    r->ppl = exp(r->nll_mean);
-    double var = nll2 / (double)count - r->nll_mean * r->nll_mean;
-    r->ppl_err = var > 0 && count > 1 ? sqrt(var / (double)(count - 1)) * r->ppl : 0;
-    r->seconds = secs;
-    r->tokens_per_sec = secs > 0 ? (double)n_chunk * n_ctx / secs : 0;
-    return QF_OK;
+    if (rank == 0) {
+        r->n_chunks = n_chunk;
+        r->n_scored = count;
+        r->nll_mean = nll / (double)count;
+        r->ppl = exp(r->nll_mean);
+        double var = nll2 / (double)count - r->nll_mean * r->nll_mean;
+        r->ppl_err = var > 0 && count > 1 ? sqrt(var / (double)(count - 1)) * r->ppl : 0;
+        r->seconds = secs;
+        r->tokens_per_sec = secs > 0 ? (double)n_chunk * n_ctx / secs : 0;
+    }
+    /* every rank returns rank 0's result */
+    return qf_par_agree(qf_par_bcast(r, sizeof *r, 0, err), err);
 }
 
 /* With kl_base_read the tokens and the chunk size come from the base file, as llama.cpp does. */

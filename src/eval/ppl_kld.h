@@ -15,21 +15,32 @@
 #define QF_PPL_KLD_H
 
 typedef struct {
-    bool reading, writing;
+    bool reading, writing; /* this rank compares against base rows / encodes rows to save */
+    bool local;           /* MPI: the base file is this rank's own and holds only its chunks */
+    bool file_open;       /* this rank writes the base file (rank 0, or every rank when local) */
     qf_atomic_file out;
     int n_ctx, n_vocab, n_chunk, n_score, nv;
-    uint16_t *rows;   /* one chunk of rows */
+    uint16_t *rows;   /* one chunk of rows (local writing) */
+    uint16_t *row;    /* one row (reading) */
     const uint8_t *in_rows; /* reading: the mapped file's rows */
     size_t in_rows_len;
     double sum_nll, sum_nll2, sum_nll_base, sum_nll_base2, sum_kld, sum_kld2, sum_p_diff2, sum_p_diff4;
     size_t n_same_top, count;
     float *kld_values;
-    int chunk;
 } kld_state;
 
 static int nearest_int_f(float f) {
     return (int)lrintf(f);
 }
+
+/* What one scored position contributes to the KL statistics: computed on the rank that ran
+ * the chunk, accumulated on rank 0 in chunk order (kld_accumulate), so the sums are the same
+ * additions in the same order for any number of ranks. */
+typedef struct {
+    float nll, nll_base, pd;
+    int32_t same_top;
+    double kl;
+} kld_pos;
 
 /* header of a base file: n_ctx, n_vocab, n_chunk and a pointer to its tokens */
 typedef struct {
@@ -65,35 +76,42 @@ static qf_status kld_base_open(kld_base_file *b, const char *path, qf_error *err
     return QF_OK;
 }
 
-static qf_status kld_begin(kld_state *k, const qf_ppl_params *p, int n_ctx, int n_vocab, int n_chunk,
+/* n_own: the chunks this rank runs (its rows in a local base file). */
+static qf_status kld_begin(kld_state *k, const qf_ppl_params *p, int n_ctx, int n_vocab, int n_chunk, int n_own,
                            const kld_base_file *base, const int32_t *tokens, qf_error *err) {
     memset(k, 0, sizeof *k);
     k->n_ctx = n_ctx, k->n_vocab = n_vocab, k->n_chunk = n_chunk;
     k->n_score = n_ctx - 1 - n_ctx / 2;
     k->nv = 2 * ((n_vocab + 1) / 2) + 4;
+    k->local = p->kl_base_local && qf_mpi_size() > 1;
     if (base) {
         k->reading = true;
         if (base->n_vocab != n_vocab)
             return qf_fail(err, QF_ERR_ARG, "%s: log-probs were computed with a vocabulary of %d tokens, this model has %d",
                            p->kl_base_read, base->n_vocab, n_vocab);
-        size_t need = (size_t)base->n_chunk * k->n_score * k->nv * 2;
+        size_t need = (size_t)(k->local ? n_own : base->n_chunk) * k->n_score * k->nv * 2;
         if (base->rows_len < need)
             return qf_fail(err, QF_ERR_FORMAT, "%s: truncated: %zu bytes of log-probs, %zu expected", p->kl_base_read,
                            base->rows_len, need);
         k->in_rows = base->rows;
         k->in_rows_len = base->rows_len;
         k->kld_values = malloc((size_t)n_chunk * k->n_score * sizeof(float));
-        if (!k->kld_values) return qf_fail(err, QF_ERR_NOMEM, "out of memory");
+        k->row = malloc((size_t)k->nv * 2);
+        if (!k->kld_values || !k->row) return qf_fail(err, QF_ERR_NOMEM, "out of memory");
     } else if (p->kl_base_write) {
         k->writing = true;
         k->rows = malloc((size_t)k->n_score * k->nv * sizeof(uint16_t));
         if (!k->rows) return qf_fail(err, QF_ERR_NOMEM, "out of memory");
+        if (!k->local && qf_mpi_rank() != 0) return QF_OK; /* rank 0 writes the rows it gathers */
         qf_status st = qf_atomic_open(&k->out, p->kl_base_write, err);
         if (st) return st;
+        k->file_open = true;
         int32_t h[3] = {n_ctx, n_vocab, n_chunk};
         if ((st = qf_atomic_write(&k->out, "_logits_", 8, err)) || (st = qf_atomic_write(&k->out, h, 12, err)) ||
-            (st = qf_atomic_write(&k->out, tokens, (size_t)n_chunk * n_ctx * 4, err)))
+            (st = qf_atomic_write(&k->out, tokens, (size_t)n_chunk * n_ctx * 4, err))) {
+            k->file_open = false; /* qf_atomic_write aborted the temp file */
             return st;
+        }
     }
     return QF_OK;
 }
@@ -120,8 +138,8 @@ static void kld_encode_row(const float *logits, int n_vocab, uint16_t *row) {
     }
 }
 
-/* one scored position against the base row: accumulate llama.cpp's statistics */
-static void kld_compare_row(kld_state *k, const float *logits, const uint16_t *row, int tok) {
+/* one scored position against the base row: llama.cpp's per-position statistics */
+static void kld_compare_row(const kld_state *k, const float *logits, const uint16_t *row, int tok, kld_pos *o) {
     int n_vocab = k->n_vocab, imax = 0;
     float mx = logits[0];
     for (int i = 1; i < n_vocab; i++)
@@ -134,8 +152,6 @@ static void kld_compare_row(kld_state *k, const float *logits, const uint16_t *r
     const uint16_t *q = row + 4;
     float nll = mx + lse - logits[tok];
     float nll_base = -(d[0] * q[tok] + d[1]);
-    k->sum_nll += nll, k->sum_nll2 += (double)nll * nll;
-    k->sum_nll_base += nll_base, k->sum_nll_base2 += (double)nll_base * nll_base;
     float lz = mx + lse;
     double kl = 0;
     int imax_base = 0;
@@ -145,34 +161,59 @@ static void kld_compare_row(kld_state *k, const float *logits, const uint16_t *r
         if (i == 0 || lpb > best) best = lpb, imax_base = i;
         if (lpb > -16.f) kl += expf(lpb) * (lpb - logits[i] + lz);
     }
-    k->sum_kld += kl, k->sum_kld2 += kl * kl;
-    k->kld_values[k->count] = (float)kl;
-    k->n_same_top += imax == imax_base;
-    float pd = expf(-nll) - expf(-nll_base);
-    double pd2 = (double)pd * pd;
-    k->sum_p_diff2 += pd2, k->sum_p_diff4 += pd2 * pd2;
-    k->count++;
+    o->nll = nll;
+    o->nll_base = nll_base;
+    o->kl = kl;
+    o->same_top = imax == imax_base;
+    o->pd = expf(-nll) - expf(-nll_base);
 }
 
-static qf_status kld_chunk(kld_state *k, const float *logits, const int32_t *next, int n, qf_error *err) {
+/* rank 0, in chunk order: add one chunk's positions to the sums (the single-process order) */
+static void kld_accumulate(kld_state *k, const kld_pos *pos, int n) {
+    for (int i = 0; i < n; i++) {
+        const kld_pos *o = &pos[i];
+        float nll = o->nll, nll_base = o->nll_base;
+        double kl = o->kl;
+        k->sum_nll += nll, k->sum_nll2 += (double)nll * nll;
+        k->sum_nll_base += nll_base, k->sum_nll_base2 += (double)nll_base * nll_base;
+        k->sum_kld += kl, k->sum_kld2 += kl * kl;
+        k->kld_values[k->count] = (float)kl;
+        k->n_same_top += o->same_top != 0;
+        double pd2 = (double)o->pd * o->pd;
+        k->sum_p_diff2 += pd2, k->sum_p_diff4 += pd2 * pd2;
+        k->count++;
+    }
+}
+
+/* The rank that ran a chunk: encode its rows into `rows_out` (writing; NULL when local: they
+ * go to this rank's own file at once) or compare them with base row block `row_block` into
+ * `pos` (reading). */
+static qf_status kld_chunk(kld_state *k, const float *logits, const int32_t *next, int n, int row_block,
+                           uint16_t *rows_out, kld_pos *pos, qf_error *err) {
     if (k->writing) {
-        for (int i = 0; i < n; i++) kld_encode_row(logits + (size_t)i * k->n_vocab, k->n_vocab, k->rows + (size_t)i * k->nv);
+        uint16_t *dst = rows_out ? rows_out : k->rows;
+        for (int i = 0; i < n; i++) kld_encode_row(logits + (size_t)i * k->n_vocab, k->n_vocab, dst + (size_t)i * k->nv);
+        if (rows_out) return QF_OK;
         qf_status st = qf_atomic_write(&k->out, k->rows, (size_t)n * k->nv * sizeof(uint16_t), err);
-        if (st) k->writing = false; /* qf_atomic_write aborted the temp file */
+        if (st) k->file_open = false; /* qf_atomic_write aborted the temp file */
         return st;
     }
     if (k->reading) {
-        const uint8_t *base = k->in_rows + (size_t)k->chunk * n * k->nv * 2;
-        uint16_t *row = malloc((size_t)k->nv * 2);
-        if (!row) return qf_fail(err, QF_ERR_NOMEM, "out of memory");
+        const uint8_t *base = k->in_rows + (size_t)row_block * n * k->nv * 2;
         for (int i = 0; i < n; i++) {
-            memcpy(row, base + (size_t)i * k->nv * 2, (size_t)k->nv * 2); /* rows are not 4-byte aligned in general */
-            kld_compare_row(k, logits + (size_t)i * k->n_vocab, row, next[i]);
+            memcpy(k->row, base + (size_t)i * k->nv * 2, (size_t)k->nv * 2); /* rows are not 4-byte aligned in general */
+            kld_compare_row(k, logits + (size_t)i * k->n_vocab, k->row, next[i], &pos[i]);
         }
-        free(row);
     }
-    k->chunk++;
     return QF_OK;
+}
+
+/* rank 0: append gathered rows to the base file */
+static qf_status kld_write_rows(kld_state *k, const uint16_t *rows, int n, qf_error *err) {
+    if (!k->file_open) return QF_OK;
+    qf_status st = qf_atomic_write(&k->out, rows, (size_t)n * k->nv * sizeof(uint16_t), err);
+    if (st) k->file_open = false;
+    return st;
 }
 
 static int cmp_float(const void *a, const void *b) {
@@ -186,11 +227,16 @@ static void mean_unc(double sum, double sum2, size_t n, double *mean, double *un
     *unc = v > 0 && n > 10 ? sqrt(v / (double)(n - 1)) : 0;
 }
 
+/* commit the base file (every rank that writes one) */
+static qf_status kld_commit(kld_state *k, qf_error *err) {
+    if (!k->file_open) return QF_OK;
+    k->file_open = false;
+    return qf_atomic_commit(&k->out, err);
+}
+
+/* rank 0: the statistics from the accumulated sums */
 static qf_status kld_finish(kld_state *k, qf_ppl_result *r, qf_error *err) {
-    if (k->writing) {
-        k->writing = false;
-        return qf_atomic_commit(&k->out, err);
-    }
+    (void)err;
     if (!k->reading || k->count == 0) return QF_OK;
     double m, u;
     r->has_kl = true;
@@ -213,8 +259,9 @@ static qf_status kld_finish(kld_state *k, qf_ppl_result *r, qf_error *err) {
 }
 
 static void kld_end(kld_state *k) {
-    if (k->writing) qf_atomic_abort(&k->out);
+    if (k->file_open) qf_atomic_abort(&k->out);
     free(k->rows);
+    free(k->row);
     free(k->kld_values);
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "qforge/capture.h"
+#include "util/par.h"
 #include "util/util.h"
 
 struct qf_capture {
@@ -21,6 +22,7 @@ struct qf_capture {
     int64_t *seen;                  /* tokens offered to each layer */
     uint64_t *rng;                  /* per-layer generator state */
     int64_t *n_vec;                 /* filled * n_kv, for the view */
+    int64_t **slot_tok;             /* [layer][slot]: the stream index of the token kept there */
     qf_act_stats *act;              /* [layer][site] */
     int64_t tokens_seen;
     float *kpre;                    /* k_prerope: this batch's pre-RoPE K, taken by on_kv */
@@ -65,10 +67,63 @@ static void on_kv(void *user, int layer, int pos0, int n_tok, int n_head_kv, int
             if (r >= (uint64_t)cap->cap_tokens) continue;
             slot = (int64_t)r;
         }
+        cap->slot_tok[layer][slot] = seen - 1;
         memcpy(cap->k[layer] + slot * tok_floats, k + t * tok_floats, tok_floats * sizeof(float));
         memcpy(cap->v[layer] + slot * tok_floats, v + t * tok_floats, tok_floats * sizeof(float));
     }
     cap->n_vec[layer] = cap->filled[layer] * cap->n_kv;
+}
+
+/* Under MPI, a window another rank runs: the same reservoir decisions as on_kv for its n
+ * tokens (the generator does not depend on the data), recording which slots they take. */
+static void skip_kv(qf_capture *cap, int n_tok) {
+    for (int layer = 0; layer < cap->n_layer; layer++) {
+        for (int t = 0; t < n_tok; t++) {
+            int64_t slot;
+            int64_t seen = ++cap->seen[layer];
+            if (cap->filled[layer] < cap->cap_tokens) slot = cap->filled[layer]++;
+            else {
+                uint64_t r = qf_xorshift64s(&cap->rng[layer]) % (uint64_t)seen;
+                if (r >= (uint64_t)cap->cap_tokens) continue;
+                slot = (int64_t)r;
+            }
+            cap->slot_tok[layer][slot] = seen - 1;
+        }
+        cap->n_vec[layer] = cap->filled[layer] * cap->n_kv;
+    }
+}
+
+/* Under MPI: every slot's token was run by rank (token / n_ctx) % N; gather the kept K and V
+ * rows so every rank holds the reservoir one process would have (in slot order). */
+static qf_status merge_kv(qf_capture *cap, int n_ctx, qf_error *err) {
+    const int N = qf_mpi_size(), R = qf_mpi_rank();
+    const size_t tf = (size_t)cap->n_kv * cap->hd, row = 2 * tf * sizeof(float);
+    size_t *counts = calloc((size_t)N, sizeof *counts), *at = calloc((size_t)N, sizeof *at);
+    float *send = malloc((size_t)(cap->cap_tokens ? cap->cap_tokens : 1) * row);
+    qf_status st = counts && at && send ? QF_OK : qf_fail(err, QF_ERR_NOMEM, "capture: out of memory for the merge");
+    for (int l = 0; l < cap->n_layer && !st; l++) {
+        size_t n = 0;
+        for (int64_t s = 0; s < cap->filled[l]; s++)
+            if ((cap->slot_tok[l][s] / n_ctx) % N == R) {
+                memcpy(send + n * 2 * tf, cap->k[l] + s * tf, tf * sizeof(float));
+                memcpy(send + n * 2 * tf + tf, cap->v[l] + s * tf, tf * sizeof(float));
+                n++;
+            }
+        void *all = NULL;
+        if ((st = qf_par_allgatherv(send, n * row, &all, counts, err))) break;
+        at[0] = 0;
+        for (int r = 1; r < N; r++) at[r] = at[r - 1] + counts[r - 1];
+        for (int64_t s = 0; s < cap->filled[l]; s++) {
+            int o = (int)((cap->slot_tok[l][s] / n_ctx) % N);
+            const float *src = (const float *)(const void *)((const uint8_t *)all + at[o]);
+            memcpy(cap->k[l] + s * tf, src, tf * sizeof(float));
+            memcpy(cap->v[l] + s * tf, src + tf, tf * sizeof(float));
+            at[o] += row;
+        }
+        free(all);
+    }
+    free(counts), free(at), free(send);
+    return st;
 }
 
 static void on_act(void *user, int layer, qf_act_site site, int n_tok, int dim, const float *x) {
@@ -93,13 +148,14 @@ void qf_capture_free(qf_capture *cap) {
     for (int l = 0; l < cap->n_layer; l++) {
         if (cap->k) free(cap->k[l]);
         if (cap->v) free(cap->v[l]);
+        if (cap->slot_tok) free(cap->slot_tok[l]);
         if (cap->act)
             for (int s = 0; s < QF_ACT_SITE_COUNT; s++) {
                 qf_act_stats *a = &cap->act[l * QF_ACT_SITE_COUNT + s];
                 free(a->sum_abs), free(a->sum_sq), free(a->max_abs);
             }
     }
-    free(cap->k), free(cap->v), free(cap->filled), free(cap->seen), free(cap->rng), free(cap->n_vec);
+    free(cap->k), free(cap->v), free(cap->slot_tok), free(cap->filled), free(cap->seen), free(cap->rng), free(cap->n_vec);
     free(cap->act);
     free(cap->kpre);
     free(cap);
@@ -125,10 +181,13 @@ qf_capture *qf_capture_new(const qf_hparams *hp, const qf_capture_params *p, qf_
     if (cap->cap_tokens > 0) {
         cap->k = calloc((size_t)hp->n_layer, sizeof(float *));
         cap->v = calloc((size_t)hp->n_layer, sizeof(float *));
-        if (!cap->k || !cap->v) goto oom;
+        cap->slot_tok = calloc((size_t)hp->n_layer, sizeof(int64_t *));
+        if (!cap->k || !cap->v || !cap->slot_tok) goto oom;
         size_t n = (size_t)cap->cap_tokens * hp->n_head_kv * hp->head_dim;
         for (int l = 0; l < hp->n_layer; l++)
-            if (!(cap->k[l] = malloc(n * sizeof(float))) || !(cap->v[l] = malloc(n * sizeof(float)))) goto oom;
+            if (!(cap->k[l] = malloc(n * sizeof(float))) || !(cap->v[l] = malloc(n * sizeof(float))) ||
+                !(cap->slot_tok[l] = malloc((size_t)cap->cap_tokens * sizeof(int64_t))))
+                goto oom;
     }
     if (p->activations) {
         cap->act = calloc((size_t)hp->n_layer * QF_ACT_SITE_COUNT, sizeof(qf_act_stats));
@@ -182,21 +241,28 @@ qf_status qf_capture_run(qf_context *c, qf_capture *cap, const int32_t *tokens, 
     if (n_ctx <= 0 || n_ctx > cp->n_ctx) n_ctx = cp->n_ctx;
     if (max_tokens > 0 && max_tokens < n_tokens) n_tokens = max_tokens;
     if (n_tokens <= 0) return qf_fail(err, QF_ERR_CAPTURE_FAILED, "capture: no tokens to run");
+    /* under mpirun window w runs on rank w % N (KV taps only: activation sums are not split) */
+    const int N = qf_mpi_size(), R = qf_mpi_rank();
+    const bool shard = N > 1 && !cap->act;
     bool add_bos = qf_tokenizer_add_bos(tok) && qf_tokenizer_bos(tok) >= 0;
     int32_t *win = malloc((size_t)n_ctx * sizeof(int32_t));
-    if (!win) return qf_fail(err, QF_ERR_NOMEM, "capture: out of memory");
+    qf_status st = win ? QF_OK : qf_fail(err, QF_ERR_NOMEM, "capture: out of memory");
     qf_context_set_tap(c, qf_capture_tap(cap));
     qf_progress bar;
+    progress = progress && R == 0;
     if (progress) qf_progress_begin(&bar, "capture", n_tokens);
-    qf_status st = QF_OK;
-    for (int64_t start = 0; start < n_tokens && !st; start += n_ctx) {
+    for (int64_t start = 0, w = 0; start < n_tokens && !st; start += n_ctx, w++) {
         int n = (int)(n_tokens - start < n_ctx ? n_tokens - start : n_ctx);
-        memcpy(win, tokens + start, (size_t)n * sizeof(int32_t));
-        if (add_bos) win[0] = qf_tokenizer_bos(tok);
-        qf_context_kv_clear(c);
-        for (int j = 0; j < n && !st; j += cp->n_batch) {
-            int bs = n - j < cp->n_batch ? n - j : cp->n_batch;
-            st = qf_decode(c, win + j, bs, j, NULL, bs, err);
+        if (shard && w % N != R) {
+            if (cap->k) skip_kv(cap, n);
+        } else if (!(st = qf_par_injected("capture window", err))) {
+            memcpy(win, tokens + start, (size_t)n * sizeof(int32_t));
+            if (add_bos) win[0] = qf_tokenizer_bos(tok);
+            qf_context_kv_clear(c);
+            for (int j = 0; j < n && !st; j += cp->n_batch) {
+                int bs = n - j < cp->n_batch ? n - j : cp->n_batch;
+                st = qf_decode(c, win + j, bs, j, NULL, bs, err);
+            }
         }
         cap->tokens_seen += n;
         if (progress) qf_progress_update(&bar, start + n);
@@ -205,6 +271,13 @@ qf_status qf_capture_run(qf_context *c, qf_capture *cap, const int32_t *tokens, 
     qf_context_set_tap(c, NULL);
     free(win);
     if (!st && cap->kpre_oom) st = qf_fail(err, QF_ERR_NOMEM, "out of memory for the pre-RoPE keys");
+    if (shard) {
+        if ((st = qf_par_agree(st, err))) {
+            if (err) err->code = QF_ERR_CAPTURE_FAILED;
+            return QF_ERR_CAPTURE_FAILED;
+        }
+        if (cap->k && (st = qf_par_agree(merge_kv(cap, n_ctx, err), err))) return st;
+    }
     if (st) return qf_error_prefix(err, "capture: "), QF_ERR_CAPTURE_FAILED;
     return QF_OK;
 }

@@ -72,6 +72,7 @@ qf_status qf_certify_reference(qf_context *c, const char *eval_text, size_t len,
     pp.n_ctx = p->n_ctx;
     pp.n_chunks = p->n_chunks;
     pp.kl_base_write = ref->base_path;
+    pp.kl_base_local = true; /* under mpirun each rank keeps the rows of its own chunks */
     pp.progress = p->progress;
     qf_status st = qf_perplexity_text(c, eval_text, len, &pp, &ref->r, err);
     if (st) {
@@ -130,6 +131,7 @@ static qf_status run_candidate(qf_context *c, const qf_certify_ref *ref, const q
     pp.n_ctx = ref->p.n_ctx;
     pp.n_chunks = ref->p.n_chunks;
     pp.kl_base_read = ref->base_path;
+    pp.kl_base_local = true;
     pp.progress = ref->p.progress;
     qf_ppl_result pr;
     double t0 = qf_now_sec();

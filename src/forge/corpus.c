@@ -98,32 +98,11 @@ static qf_status note_input(qf_corpus *c, const char *name, qf_error *err) {
 
 /* ---- UTF-8 and normalization ---- */
 
-/* Length of the valid UTF-8 sequence at s (1-4), or 0 when s does not begin one. Overlong
- * forms, surrogates and code points past U+10FFFF are invalid. */
-static size_t utf8_len(const uint8_t *s, size_t n) {
-    uint8_t b = s[0];
-    if (b < 0x80) return 1;
-    size_t len;
-    uint32_t cp;
-    if (b >= 0xC2 && b <= 0xDF) len = 2, cp = b & 0x1F;
-    else if (b >= 0xE0 && b <= 0xEF) len = 3, cp = b & 0x0F;
-    else if (b >= 0xF0 && b <= 0xF4) len = 4, cp = b & 0x07;
-    else return 0;
-    if (n < len) return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if (len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) return 0;
-    if (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) return 0;
-    return len;
-}
-
 static bool looks_binary(const uint8_t *s, size_t n) {
     if (memchr(s, 0, n < BINARY_PROBE ? n : BINARY_PROBE)) return true;
     size_t bad = 0;
     for (size_t i = 0; i < n;) {
-        size_t l = utf8_len(s + i, n - i);
+        size_t l = qf_utf8_valid_len(s + i, n - i);
         if (l == 0) bad++, l = 1;
         i += l;
     }
@@ -144,7 +123,7 @@ static size_t normalize_into(const uint8_t *s, size_t n, char *out) {
             o++;
             i += (i + 1 < n && s[i + 1] == '\n') ? 2 : 1;
         } else {
-            size_t l = utf8_len(s + i, n - i);
+            size_t l = qf_utf8_valid_len(s + i, n - i);
             if (l == 0) {
                 if (out) memcpy(out + o, "\xEF\xBF\xBD", 3);
                 o += 3;

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "forge/awq_impl.h"
+#include "format/quant_blocks.h"
 #include "qforge/awq.h"
 #include "qforge/capture.h"
 #include "qforge/tokenizer.h"
@@ -128,7 +129,6 @@ static float *weight_f32(const qf_weight *w) {
  *               (move single q_i by +-1 while the error falls, refit d, repeat).
  * RTN is a candidate, so no block gets worse under its metric. The result is ordinary Q4_0
  * (d f16, 4-bit q - 8). */
-#define Q4_BLOCK_BYTES 18
 
 static double q4_block_err(const float *x, const float *imp, const int8_t *l, float d) {
     float e = 0;
@@ -145,27 +145,19 @@ static inline int8_t q4_level(float v) {
     return (int8_t)((int)(v + 8.5f) - 8);
 }
 
-static void q4_pack(const int8_t *l, uint16_t dh, uint8_t *out) {
-    out[0] = (uint8_t)(dh & 0xff);
-    out[1] = (uint8_t)(dh >> 8);
-    for (int j = 0; j < 16; j++) out[2 + j] = (uint8_t)((l[j] + 8) | ((l[j + 16] + 8) << 4));
-}
-
-static void q4_unpack(const uint8_t *in, int8_t *l, float *d) {
-    *d = qf_f16_to_f32((uint16_t)(in[0] | (in[1] << 8)));
-    for (int j = 0; j < 16; j++) {
-        l[j] = (int8_t)((in[2 + j] & 0x0f) - 8);
-        l[j + 16] = (int8_t)((in[2 + j] >> 4) - 8);
-    }
+/* The block's levels and its scale as a float. */
+static void q4_unpack(const block_q4_0 *in, int8_t *l, float *d) {
+    *d = qf_f16_to_f32(in->d);
+    for (int i = 0; i < QK; i++) l[i] = (int8_t)qf_q4_0_level(in, i);
 }
 
 /* Returns the chosen d relative to RTN's (1 = RTN). */
-static float q4_block_search(const float *x, const float *imp, uint8_t *out) {
+static float q4_block_search(const float *x, const float *imp, block_q4_0 *out) {
     float dq[32];
     int8_t l[32], bl[32];
     qf_quantize_row(QF_TYPE_Q4_0, x, out, 32);
     qf_dequantize_row(QF_TYPE_Q4_0, out, dq, 32);
-    uint16_t dh_rtn = (uint16_t)(out[0] | (out[1] << 8));
+    uint16_t dh_rtn = out->d;
     float d_rtn = qf_f16_to_f32(dh_rtn);
     double best = 0;
     for (int i = 0; i < 32; i++) {
@@ -212,7 +204,7 @@ static float q4_block_search(const float *x, const float *imp, uint8_t *out) {
         }
     }
     if (!found) return 1;
-    q4_pack(bl, best_dh, out);
+    qf_q4_0_pack(out, best_dh, bl);
     return fabsf(qf_f16_to_f32(best_dh) / d_rtn);
 }
 
@@ -275,7 +267,7 @@ static void q4_descent_h(const float *x, const float *H, int8_t *l, float d) {
     }
 }
 
-static float q4_block_search_h(const float *x, const float *H, uint8_t *out) {
+static float q4_block_search_h(const float *x, const float *H, block_q4_0 *out) {
     int8_t l[32], bl[32];
     qf_quantize_row(QF_TYPE_Q4_0, x, out, 32);
     float d_rtn;
@@ -288,10 +280,10 @@ static float q4_block_search_h(const float *x, const float *H, uint8_t *out) {
     bool found = false;
     /* start: the diagonal search under diag(H) (cheap), then the full metric */
     for (int i = 0; i < 32; i++) dg[i] = H[i * 32 + i];
-    uint8_t tmp[Q4_BLOCK_BYTES];
-    q4_block_search(x, dg, tmp);
+    block_q4_0 tmp;
+    q4_block_search(x, dg, &tmp);
     float d;
-    q4_unpack(tmp, l, &d);
+    q4_unpack(&tmp, l, &d);
     if (d != 0 && isfinite(d)) {
         double e = q4_block_err_h(x, H, l, d);
         if (e < best) {
@@ -323,7 +315,7 @@ static float q4_block_search_h(const float *x, const float *H, uint8_t *out) {
         found = true;
     }
     if (!found) return 1;
-    q4_pack(bl, qf_f32_to_f16(best_d), out);
+    qf_q4_0_pack(out, qf_f32_to_f16(best_d), bl);
     return fabsf(best_d / d_rtn);
 }
 
@@ -331,7 +323,7 @@ static float q4_block_search_h(const float *x, const float *H, uint8_t *out) {
  * folded [D/32][32][32] covariance) when non-NULL, else imp (diagonal) when non-NULL, else RTN.
  * q4 receives the Q4_0 row; deq (may be NULL) its dequantized values. Returns the sum of the
  * per-block d ratios to RTN. */
-static double quant_row(const float *row, int64_t D, const float *imp, const float *cov, uint8_t *q4,
+static double quant_row(const float *row, int64_t D, const float *imp, const float *cov, block_q4_0 *q4,
                         float *deq) {
     double sum = 0;
     if (!imp && !cov) {
@@ -339,8 +331,8 @@ static double quant_row(const float *row, int64_t D, const float *imp, const flo
         sum = (double)(D / 32);
     } else
         for (int64_t b = 0; b < D / 32; b++)
-            sum += cov ? q4_block_search_h(row + b * 32, cov + b * 1024, q4 + b * Q4_BLOCK_BYTES)
-                       : q4_block_search(row + b * 32, imp + b * 32, q4 + b * Q4_BLOCK_BYTES);
+            sum += cov ? q4_block_search_h(row + b * 32, cov + b * 1024, q4 + b)
+                       : q4_block_search(row + b * 32, imp + b * 32, q4 + b);
     if (deq) qf_dequantize_row(QF_TYPE_Q4_0, q4, deq, D);
     return sum;
 }
@@ -465,7 +457,7 @@ static void search_worker(void *arg, int ith, int nth) {
 
 typedef struct {
     const float *W;    /* [R][D] folded f32 */
-    uint8_t *q4;       /* [R][D/32][18] out */
+    block_q4_0 *q4;    /* [R][D/32] out */
     const float *imp;  /* [D] */
     const float *cov;  /* [D/32][32][32] or NULL */
     int64_t R, D;
@@ -479,7 +471,7 @@ static void clip_worker(void *arg, int ith, int nth) {
     double sum = 0;
     int64_t nb = j->D / 32;
     for (int64_t r = lo; r < hi; r++)
-        sum += quant_row(j->W + r * j->D, j->D, j->cov ? NULL : j->imp, j->cov, j->q4 + r * nb * Q4_BLOCK_BYTES,
+        sum += quant_row(j->W + r * j->D, j->D, j->cov ? NULL : j->imp, j->cov, j->q4 + r * nb,
                          NULL);
     j->ratio_sum[ith] = sum;
 }
@@ -488,7 +480,7 @@ static void clip_worker(void *arg, int ith, int nth) {
 typedef struct {
     char name[96];
     float *data;
-    uint8_t *q4; /* Q4_0 rows from the block search, or NULL */
+    block_q4_0 *q4; /* Q4_0 rows from the block search, or NULL */
     int64_t n;
 } override_t;
 
@@ -946,7 +938,7 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
                 override_t *oe = NULL;
                 for (int i = 0; i < ov.n; i++)
                     if (ov.v[i].data == wf) oe = &ov.v[i];
-                if (oe && !oe->q4) oe->q4 = malloc((size_t)w->ne1 * (size_t)(w->ne0 / 32) * Q4_BLOCK_BYTES);
+                if (oe && !oe->q4) oe->q4 = malloc((size_t)w->ne1 * (size_t)(w->ne0 / QK) * sizeof(block_q4_0));
                 if (!oe || !oe->q4) goto nomem;
                 clip_job cj = {.W = wf, .q4 = oe->q4, .imp = imp, .cov = cv, .R = w->ne1, .D = w->ne0,
                                .ratio_sum = ratio_sum};

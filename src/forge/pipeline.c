@@ -15,6 +15,7 @@
 #include "qforge/capture.h"
 #include "qforge/corpus.h"
 #include "qforge/forge.h"
+#include "util/par.h"
 #include "util/util.h"
 
 void qf_job_default(qf_job *j) {
@@ -38,7 +39,7 @@ void qf_job_report_free(qf_job_report *rep) {
 
 static void stage(const qf_job *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void stage(const qf_job *j, const char *fmt, ...) {
-    if (!j->log) return;
+    if (!j->log || qf_mpi_rank() != 0) return; /* under mpirun rank 0 tells the story */
     va_list ap;
     va_start(ap, fmt);
     fputs("calibrate: ", j->log);
@@ -104,7 +105,8 @@ static qf_status stage_corpus(const qf_job *j, shared *s, qf_job_report *rep, qf
     size_t elen;
     const char *etext = qf_corpus_eval_text(s->corpus, &elen);
     qf_sha256(etext, elen, s->eval_sha);
-    if (j->eval_out_path && (st = qf_write_file_atomic(j->eval_out_path, etext, elen, err))) return st;
+    if (j->eval_out_path && qf_mpi_rank() == 0 && (st = qf_write_file_atomic(j->eval_out_path, etext, elen, err)))
+        return st;
     rep->seconds_corpus = qf_now_sec() - t0;
     stage(j, "[1/5 corpus] %zu documents (%zu calibration, %zu evaluation), sha256 %.16s...", s->info->n_docs,
           s->info->n_calib_docs, s->info->n_eval_docs, s->info->sha256_hex);
@@ -177,6 +179,63 @@ static qf_status stage_reference(const qf_job *j, shared *s, qf_error *err) {
     stage(j, "[4/5 certify] reference (kv %s): PPL %.4f over %d chunks of %d evaluation tokens",
           qf_kv_mode_name(j->ref_kv), qf_certify_ref_ppl(s->ref), s->eval_chunks, s->n_ctx);
     return QF_OK;
+}
+
+/* ---- MPI ---- */
+
+/* Every rank runs the same inputs: the corpus and the model are compared with rank 0's before
+ * any work (docs/mpi.md). */
+static qf_status same_inputs(const shared *s, qf_error *err) {
+    qf_status st = qf_par_same(s->info->sha256, 32, "corpus SHA-256", err);
+    if (!st) st = qf_par_same(qf_model_sha256(s->model), 32, "model SHA-256", err);
+    return st;
+}
+
+/* A payload learned on rank `owner` (its learning status in *learn_st, message in *lerr)
+ * reaches every rank: the status and message first, then the payload as the artifact body's
+ * exact bytes (serialize / read back, which the loader proves lossless). Collective; with one
+ * rank a no-op. Returns only communication failures. */
+static qf_status share_payload(int owner, qf_artifact_kind kind, qf_status *learn_st, qf_error *lerr, qf_payload *pl,
+                               qf_error *err) {
+    if (qf_mpi_size() == 1) return QF_OK;
+    const bool mine = qf_mpi_rank() == owner;
+    struct {
+        int32_t st;
+        char msg[sizeof lerr->msg];
+    } head;
+    memset(&head, 0, sizeof head);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    qf_status st = QF_OK;
+    if (mine && !*learn_st) {
+        qf_certificate c;
+        qf_certificate_init(&c, kind);
+        qf_error e = {0};
+        if ((*learn_st = qf_artifact_serialize(&c, pl, NULL, &buf, &len, &e))) *lerr = e;
+        qf_certificate_free(&c);
+    }
+    if (mine) {
+        head.st = (int32_t)*learn_st;
+        snprintf(head.msg, sizeof head.msg, "%s", *learn_st ? lerr->msg : "");
+    }
+    if ((st = qf_par_bcast(&head, sizeof head, owner, err))) goto out;
+    *learn_st = (qf_status)head.st;
+    if (*learn_st) {
+        if (!mine) qf_fail(lerr, *learn_st, "%s", head.msg);
+        goto out;
+    }
+    if ((st = qf_par_bcast_alloc((void **)&buf, &len, owner, err))) goto out;
+    if (!mine) {
+        qf_artifact a;
+        if ((st = qf_artifact_read_mem(buf, len, NULL, &a, err))) goto out;
+        qf_payload_free(pl);
+        *pl = a.payload;
+        memset(&a.payload, 0, sizeof a.payload);
+        qf_artifact_free(&a);
+    }
+out:
+    free(buf);
+    return st;
 }
 
 /* ---- learners ---- */
@@ -376,6 +435,7 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
         }
     }
     if (!st) st = qf_payload_add_float(cf, "kv_bytes_per_token", r->cand_kv_bytes_per_token, err);
+    if (!st) st = qf_payload_add_int(cf, "mpi_ranks", qf_mpi_size(), err); /* docs/mpi.md */
     if (!st) st = qf_payload_add_float(cf, "f16_kv_bytes_per_token", rep->f16_kv_bytes_per_token, err);
     if (!st) st = qf_payload_add_int(cf, "capture_per_layer", j->capture_per_layer > 0 ? j->capture_per_layer : 16384, err);
     if (!st) st = qf_payload_add_int(cf, "seed", (int64_t)j->seed, err);
@@ -547,9 +607,16 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
     shared s = {0};
     qf_payload best = {0}, cand = {0};
     qf_status st;
-    if ((st = stage_corpus(j, &s, rep, err))) goto done;
-    if ((st = stage_model(j, &s, err))) goto done;
+    /* every rank reaches the agreement, so a rank that cannot read an input fails them all */
+    st = stage_corpus(j, &s, rep, err);
+    if (!st) st = stage_model(j, &s, err);
+    if ((st = qf_par_agree(st, err))) goto done;
+    if ((st = same_inputs(&s, err))) goto done;
     rep->f16_kv_bytes_per_token = f16_bytes_per_token(s.model);
+    if (j->kind == QF_ARTIFACT_AWQ && qf_mpi_size() > 1) {
+        st = qf_fail(err, QF_ERR_UNSUPPORTED, "calibrate: awq is not sharded over MPI ranks yet: run it with one process");
+        goto done;
+    }
     if (j->kind == QF_ARTIFACT_AWQ) {
         st = run_awq(j, &s, rep, err);
         goto done;
@@ -565,14 +632,22 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
         memset(&cand, 0, sizeof cand);
         char variant[32];
         t0 = qf_now_sec();
+        /* under mpirun candidate ci is learned on rank ci % N and shared with every rank */
+        int owner = ci % qf_mpi_size();
+        st = QF_OK;
         if (j->kind == QF_ARTIFACT_KV_INT8) {
             qf_kv_scale_mode mode = ci == 0 ? QF_KV_SCALE_PER_CHANNEL : QF_KV_SCALE_PER_HEAD;
             set_variant(variant, sizeof variant, "%s", ci == 0 ? "per-channel" : "per-head");
-            st = learn_int8(j, &s, mode, &cand, err);
+            if (qf_mpi_rank() == owner) st = learn_int8(j, &s, mode, &cand, err);
         } else {
             set_variant(variant, sizeof variant, "%dx%d-%s%s", j->dict_atoms, j->dict_sparsity,
                         qf_kv_coef_name(j->dict_coef), j->dict_version == 2 ? "-v2" : "");
-            st = learn_dict(j, &s, j->dict_atoms, j->dict_sparsity, &cand, err);
+            if (qf_mpi_rank() == owner) st = learn_dict(j, &s, j->dict_atoms, j->dict_sparsity, &cand, err);
+        }
+        qf_status cst = share_payload(owner, j->kind, &st, err, &cand, err);
+        if (cst) {
+            st = cst;
+            goto done;
         }
         t_learn += qf_now_sec() - t0;
         if (st) {
@@ -619,7 +694,9 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
         goto done;
     }
     t0 = qf_now_sec();
-    st = qf_artifact_package(j->out_path, &rep->cert, &best, j->sign_key_path, err);
+    /* one artifact, written by rank 0 (atomically); every rank learns how that went */
+    if (qf_mpi_rank() == 0) st = qf_artifact_package(j->out_path, &rep->cert, &best, j->sign_key_path, err);
+    st = qf_par_agree(st, err);
     rep->seconds_package = qf_now_sec() - t0;
     if (st) {
         st = as_stage(err, st, QF_ERR_PACKAGE_FAILED, "package");
@@ -628,6 +705,9 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
     rep->packaged = true;
     stage(j, "[5/5 package] %s (%s, %s)", j->out_path, qf_artifact_kind_name(j->kind), rep->variant);
 done:
+    /* past the first agreement every failure is collective or the same on every rank: agree on
+     * it so rank 0 alone reports it */
+    if (st && qf_mpi_size() > 1 && !qf_mpi_error_shared(err)) st = qf_par_agree(st, err);
     qf_payload_free(&best);
     qf_payload_free(&cand);
     shared_free(&s);
@@ -670,37 +750,67 @@ qf_status qf_sweep_run(const qf_job *j, const qf_dict_config *cfgs, int n, qf_sw
     if (!j->model_path) return qf_fail(err, QF_ERR_ARG, "sweep: no model given");
     shared s = {0};
     qf_status st;
-    if ((st = stage_corpus(j, &s, &rep, err)) || (st = stage_model(j, &s, err)) ||
-        (st = stage_capture(j, &s, &rep, err)) || (st = stage_reference(j, &s, err)))
+    st = stage_corpus(j, &s, &rep, err);
+    if (!st) st = stage_model(j, &s, err);
+    if ((st = qf_par_agree(st, err)) || (st = same_inputs(&s, err)) || (st = stage_capture(j, &s, &rep, err)) ||
+        (st = stage_reference(j, &s, err)))
         goto done;
     *ref_ppl = qf_certify_ref_ppl(s.ref);
     const qf_hparams *hp = qf_model_hparams(s.model);
-    for (int i = 0; i < n; i++) {
-        qf_sweep_row *row = &rows[i];
-        row->cfg = cfgs[i];
-        row->bits_per_elem = qf_kv_code_bits(cfgs[i].n_atoms, cfgs[i].sparsity, j->dict_coef) / hp->head_dim;
-        row->f16_kv_bytes_per_token = f16_bytes_per_token(s.model);
-        qf_payload pl = {0};
-        qf_error e = {0};
-        double t0 = qf_now_sec();
-        row->status = learn_dict(j, &s, cfgs[i].n_atoms, cfgs[i].sparsity, &pl, &e);
-        double tl = qf_now_sec() - t0;
-        if (!row->status) row->status = qf_certify_candidate(s.ctx, s.ref, QF_ARTIFACT_KV_DICT, &pl, &j->gate, &row->result, &e);
-        qf_payload_free(&pl);
-        if (row->status) {
-            snprintf(row->error, sizeof row->error, "%s", e.msg);
-            stage(j, "[sweep] %dx%d: %s: %s", cfgs[i].n_atoms, cfgs[i].sparsity, qf_status_name(row->status), e.msg);
-            if (row->status == QF_ERR_NOMEM) {
-                st = qf_fail(err, QF_ERR_NOMEM, "sweep: %s", e.msg);
-                goto done;
-            }
-            continue;
-        }
-        row->kv_bytes_per_token = row->result.cand_kv_bytes_per_token;
-        stage(j, "[sweep] %dx%d: learned in %.1f s, delta PPL %+.4f%%, %s", cfgs[i].n_atoms, cfgs[i].sparsity, tl,
-              100 * row->result.delta_ppl, row->result.passed ? "passed" : "failed");
+    /* under mpirun the configurations are learned in rounds of N, config i on rank i % N,
+     * then each is shared and certified by all ranks together (chunks sharded) in order */
+    const int N = qf_mpi_size(), R = qf_mpi_rank();
+    qf_payload *pls = calloc((size_t)N, sizeof *pls);
+    qf_error *errs = calloc((size_t)N, sizeof *errs);
+    qf_status *lst = calloc((size_t)N, sizeof *lst);
+    double *tls = calloc((size_t)N, sizeof *tls);
+    if (!pls || !errs || !lst || !tls) {
+        free(pls), free(errs), free(lst), free(tls);
+        st = qf_fail(err, QF_ERR_NOMEM, "sweep: out of memory");
+        goto done;
     }
+    for (int base = 0; base < n && !st; base += N) {
+        for (int q = 0; q < N; q++) {
+            qf_payload_free(&pls[q]);
+            memset(&pls[q], 0, sizeof pls[q]);
+            memset(&errs[q], 0, sizeof errs[q]);
+            lst[q] = QF_OK;
+        }
+        if (base + R < n) {
+            double t0 = qf_now_sec();
+            lst[R] = learn_dict(j, &s, cfgs[base + R].n_atoms, cfgs[base + R].sparsity, &pls[R], &errs[R]);
+            tls[R] = qf_now_sec() - t0;
+        }
+        for (int q = 0; q < N && base + q < n && !st; q++) {
+            int i = base + q;
+            qf_sweep_row *row = &rows[i];
+            row->cfg = cfgs[i];
+            row->bits_per_elem = qf_kv_code_bits(cfgs[i].n_atoms, cfgs[i].sparsity, j->dict_coef) / hp->head_dim;
+            row->f16_kv_bytes_per_token = f16_bytes_per_token(s.model);
+            if ((st = share_payload(q, QF_ARTIFACT_KV_DICT, &lst[q], &errs[q], &pls[q], err))) break;
+            if ((st = qf_par_bcast(&tls[q], sizeof tls[q], q, err))) break;
+            qf_error e = errs[q];
+            row->status = lst[q];
+            if (!row->status)
+                row->status = qf_certify_candidate(s.ctx, s.ref, QF_ARTIFACT_KV_DICT, &pls[q], &j->gate, &row->result, &e);
+            if (row->status) {
+                snprintf(row->error, sizeof row->error, "%s", e.msg);
+                stage(j, "[sweep] %dx%d: %s: %s", cfgs[i].n_atoms, cfgs[i].sparsity, qf_status_name(row->status), e.msg);
+                if (row->status == QF_ERR_NOMEM) {
+                    st = qf_fail(err, QF_ERR_NOMEM, "sweep: %s", e.msg);
+                    break;
+                }
+                continue;
+            }
+            row->kv_bytes_per_token = row->result.cand_kv_bytes_per_token;
+            stage(j, "[sweep] %dx%d: learned in %.1f s, delta PPL %+.4f%%, %s", cfgs[i].n_atoms, cfgs[i].sparsity,
+                  tls[q], 100 * row->result.delta_ppl, row->result.passed ? "passed" : "failed");
+        }
+    }
+    for (int q = 0; q < N; q++) qf_payload_free(&pls[q]);
+    free(pls), free(errs), free(lst), free(tls);
 done:
+    if (st && qf_mpi_size() > 1 && !qf_mpi_error_shared(err)) st = qf_par_agree(st, err);
     shared_free(&s);
     return st;
 }

@@ -212,27 +212,7 @@ bool qf_certificate_meets_gate(const qf_certificate *c) {
 }
 
 /* CBOR text must be UTF-8 (RFC 8949 3.1); a reader such as cbor2 rejects anything else. */
-static bool utf8_ok(const char *s, size_t n) {
-    const unsigned char *u = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
-        unsigned c = u[i];
-        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        if (!len || n - i < len) return false;
-        uint32_t cp = len == 1 ? c : c & (0x7f >> len);
-        for (size_t k = 1; k < len; k++) {
-            if ((u[i + k] & 0xc0) != 0x80) return false;
-            cp = cp << 6 | (u[i + k] & 0x3f);
-        }
-        /* no overlong forms, surrogates or values past U+10FFFF */
-        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-            (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
-            return false;
-        i += len;
-    }
-    return true;
-}
-
-static bool text_ok(const char *s) { return utf8_ok(s, strlen(s)); }
+static bool text_ok(const char *s) { return qf_utf8_valid(s, strlen(s)); }
 
 /* ---- encoding ----
  * Deterministic by construction: definite lengths, map keys in the fixed order below,
@@ -487,7 +467,7 @@ static bool get_text(const cbor_item_t *it, char *dst, size_t cap) {
     if (!it || !cbor_isa_string(it) || !cbor_string_is_definite(it)) return false;
     size_t n = cbor_string_length(it);
     if (n >= cap || memchr(cbor_string_handle(it), 0, n) ||
-        !utf8_ok((const char *)cbor_string_handle(it), n))
+        !qf_utf8_valid((const char *)cbor_string_handle(it), n))
         return false;
     memcpy(dst, cbor_string_handle(it), n);
     dst[n] = '\0';
@@ -497,7 +477,7 @@ static bool get_text(const cbor_item_t *it, char *dst, size_t cap) {
 static char *dup_text(const cbor_item_t *it) {
     if (!it || !cbor_isa_string(it) || !cbor_string_is_definite(it)) return NULL;
     size_t n = cbor_string_length(it);
-    if (memchr(cbor_string_handle(it), 0, n) || !utf8_ok((const char *)cbor_string_handle(it), n))
+    if (memchr(cbor_string_handle(it), 0, n) || !qf_utf8_valid((const char *)cbor_string_handle(it), n))
         return NULL;
     char *s = malloc(n + 1);
     if (!s) return NULL;

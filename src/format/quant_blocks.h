@@ -39,6 +39,17 @@ QF_STATIC_ASSERT(sizeof(block_q5_K) == 176, "q5_K layout");
 QF_STATIC_ASSERT(sizeof(block_q6_K) == 210, "q6_K layout");
 QF_STATIC_ASSERT(sizeof(block_q8_K) == 292, "q8_K layout");
 
+/* Q4_0 levels: element i (0..31) of a block is d * l_i with l_i = q_i - 8 in [-8, 7]; element
+ * j < 16 is the low nibble of qs[j], element j + 16 its high nibble. */
+QF_HD static inline int qf_q4_0_level(const block_q4_0 *b, int i) {
+    return i < QK / 2 ? (b->qs[i] & 0xF) - 8 : (b->qs[i - QK / 2] >> 4) - 8;
+}
+/* Store levels l[0..31] (each in [-8, 7]) and the f16 bits of d into b. */
+QF_HD static inline void qf_q4_0_pack(block_q4_0 *b, uint16_t d, const int8_t *l) {
+    b->d = d;
+    for (int j = 0; j < QK / 2; j++) b->qs[j] = (uint8_t)((l[j] + 8) | ((l[j + QK / 2] + 8) << 4));
+}
+
 /* 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block (ggml's get_scale_min_k4);
  * q = the block's scales[12]. */
 QF_HD static inline void qf_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {

@@ -20,7 +20,9 @@
 
 /* ---- type table ----
  * Every type ggml defines a size for, including ones we only recognise (so the GGUF reader
- * can size their data and give a precise "unsupported" message). */
+ * can size their data and give a precise "unsupported" message). The sizes of the types we
+ * read or write come from their layouts in format/quant_blocks.h; the recognised-only types
+ * have no layout here, only ggml's block size in bytes. */
 typedef struct {
     const char *name;
     int64_t blck;
@@ -31,19 +33,19 @@ typedef struct {
 static const type_info TYPES[QF_TYPE_COUNT] = {
     [QF_TYPE_F32] = {"f32", 1, 4, true},
     [QF_TYPE_F16] = {"f16", 1, 2, true},
-    [QF_TYPE_Q4_0] = {"q4_0", 32, 18, true},
+    [QF_TYPE_Q4_0] = {"q4_0", QK, sizeof(block_q4_0), true},
     [QF_TYPE_Q4_1] = {"q4_1", 32, 20, false},
-    [QF_TYPE_Q5_0] = {"q5_0", 32, 22, true},
+    [QF_TYPE_Q5_0] = {"q5_0", QK, sizeof(block_q5_0), true},
     [QF_TYPE_Q5_1] = {"q5_1", 32, 24, false},
-    [QF_TYPE_Q8_0] = {"q8_0", 32, 34, true},
+    [QF_TYPE_Q8_0] = {"q8_0", QK, sizeof(block_q8_0), true},
     [QF_TYPE_Q8_1] = {"q8_1", 32, 36, false},
     [QF_TYPE_Q2_K] = {"q2_K", 256, 84, false},
     [QF_TYPE_Q3_K] = {"q3_K", 256, 110, false},
-    [QF_TYPE_Q4_K] = {"q4_K", 256, 144, true},
-    [QF_TYPE_Q5_K] = {"q5_K", 256, 176, true},
-    [QF_TYPE_Q6_K] = {"q6_K", 256, 210, true},
+    [QF_TYPE_Q4_K] = {"q4_K", QK_K, sizeof(block_q4_K), true},
+    [QF_TYPE_Q5_K] = {"q5_K", QK_K, sizeof(block_q5_K), true},
+    [QF_TYPE_Q6_K] = {"q6_K", QK_K, sizeof(block_q6_K), true},
     /* Q8_K is an activation format only: a weight of this type has no vec_dot partner. */
-    [QF_TYPE_Q8_K] = {"q8_K", 256, 292, false},
+    [QF_TYPE_Q8_K] = {"q8_K", QK_K, sizeof(block_q8_K), false},
     [16] = {"iq2_xxs", 256, 66, false},
     [17] = {"iq2_xs", 256, 74, false},
     [18] = {"iq3_xxs", 256, 98, false},

@@ -97,7 +97,13 @@ static inline bool qf_add_overflow_u64(uint64_t a, uint64_t b, uint64_t *out) {
     return __builtin_add_overflow(a, b, out);
 }
 
-void *qf_malloc_aligned(size_t n);
+void *qf_malloc_aligned(size_t n); /* 64-byte aligned; free with free() */
+
+/* ---- strict UTF-8 (RFC 3629): no overlong forms, surrogates or code points past U+10FFFF ----
+ * qf_utf8_valid_len: length (1-4) of the valid sequence at s[0..n), 0 when s does not begin one
+ * (or n == 0). qf_utf8_valid: whether all n bytes are valid UTF-8 (NUL bytes count as valid). */
+size_t qf_utf8_valid_len(const uint8_t *s, size_t n);
+bool qf_utf8_valid(const void *s, size_t n);
 
 /* ---- seeded pseudo-random generators (a seed reproduces a sample, a dictionary, a draw) ---- */
 static inline uint64_t qf_xorshift64s(uint64_t *s) { /* xorshift64*; *s must be nonzero */
@@ -111,6 +117,8 @@ static inline uint64_t qf_splitmix64(uint64_t *s) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
-} /* 64-byte aligned; free with free() */
+}
+/* Uniform double in [0, 1) from splitmix64 (53 random bits). */
+static inline double qf_rand_unit(uint64_t *s) { return (double)(qf_splitmix64(s) >> 11) * 0x1.0p-53; }
 
 #endif

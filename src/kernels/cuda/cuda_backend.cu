@@ -931,6 +931,8 @@ static qf_status cuda_fail(qf_error *err, cudaError_t e, const char *what) {
         }                                                                                           \
     } while (0)
 
+extern "C" int qf_par_device_index(void); /* util/par.h: the MPI local rank, -1 alone */
+
 extern "C" bool qf_cuda_backend_available(void) {
     static int cached = -1;
     if (cached < 0) {
@@ -938,6 +940,9 @@ extern "C" bool qf_cuda_backend_available(void) {
         cudaError_t e = cudaGetDeviceCount(&n);
         cached = (e == cudaSuccess && n > 0) ? 1 : 0;
         if (e != cudaSuccess) cudaGetLastError(); /* clear */
+        /* under mpirun one rank per GPU: local rank r drives device r % n (docs/mpi.md) */
+        int want = qf_par_device_index();
+        if (cached == 1 && want >= 0 && cudaSetDevice(want % n) != cudaSuccess) cudaGetLastError();
     }
     return cached == 1;
 }
