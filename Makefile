@@ -14,7 +14,8 @@ CSTD     := -std=c11 -D_GNU_SOURCE
 OPT      ?= -O2 -g
 SANFLAGS ?=
 CPPFLAGS := -Iinclude -Isrc -DQF_VERSION='"$(VERSION)"'
-CFLAGS   := $(CSTD) $(WARN) $(OPT) $(SANFLAGS) -fPIC -pthread
+# -fvisibility=hidden: libqforge.so exports only what include/qforge/ marks QF_API (qforge/api.h).
+CFLAGS   := $(CSTD) $(WARN) $(OPT) $(SANFLAGS) -fPIC -fvisibility=hidden -pthread
 LDLIBS   := -lopenblas -lpcre2-8 -lcbor -lcrypto -lcurl -ljansson -lxxhash -lpthread -lm
 LDFLAGS  := $(SANFLAGS) -pthread
 
@@ -75,7 +76,7 @@ $(BUILD)/obj/%.o: %.c
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) -O3 -std=c++17 -Iinclude -Isrc -DQF_HAVE_CUDA -Xcompiler -fPIC -arch=sm_90 -c $< -o $@
+	$(NVCC) -O3 -std=c++17 -Iinclude -Isrc -DQF_HAVE_CUDA -Xcompiler -fPIC -Xcompiler -fvisibility=hidden -arch=sm_90 -c $< -o $@
 
 # The commit is compiled into version.o alone, which is rebuilt whenever the commit changes.
 GIT_STAMP := $(BUILD)/git-commit

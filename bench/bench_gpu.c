@@ -258,7 +258,6 @@ int main(int argc, char **argv) {
             for (int i = 0; i < n_chunk && chunk && nll; i++) {
                 memcpy(chunk, ids + (size_t)i * n_ctx, (size_t)n_ctx * sizeof(int32_t));
                 if (add_bos) chunk[0] = qf_tokenizer_bos(tkz);
-                qf_context_kv_clear(c);
                 /* rows first .. n_ctx-2 predict tokens first+1 .. n_ctx-1; the last row is not scored */
                 if (qf_cuda_decode_nll(c, chunk, n_ctx - 1, 0, first, ids + (size_t)i * n_ctx + first + 1, nll, &err)) {
                     fprintf(stderr, "bench_gpu: gpu ppl: %s\n", err.msg);

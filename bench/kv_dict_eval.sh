@@ -8,6 +8,8 @@
 #   CAND: a KV type pair "q4_0" / "q8_0" / "f16" (-ctk T -ctv T), "T+rot" (adds --kv-rot
 #         hadamard, when the build has it), or a .qfa artifact path.
 # Runs on the CPU with 2 threads (QF_THREADS to change). Prints one markdown row per candidate.
+# QF_REF_DIR=DIR keeps the reference run (ref.kld, ref.json) there and reuses it when present,
+# so candidates can be added later against the same reference.
 set -euo pipefail
 qf=${QF:-build/qforge}
 model=$1 text=$2 ctx=$3 chunks=$4
@@ -15,8 +17,12 @@ shift 4
 t=${QF_THREADS:-2}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+ref=${QF_REF_DIR:-$tmp}
+mkdir -p "$ref"
 common=(-m "$model" -f "$text" -c "$ctx" --chunks "$chunks" -t "$t" --device cpu --json)
-"$qf" ppl "${common[@]}" -ctk f32 -ctv f32 --kl-divergence-base "$tmp/ref.kld" >"$tmp/ref.json" 2>/dev/null
+if [ ! -s "$ref/ref.json" ] || [ ! -s "$ref/ref.kld" ]; then
+    "$qf" ppl "${common[@]}" -ctk f32 -ctv f32 --kl-divergence-base "$ref/ref.kld" >"$ref/ref.json" 2>/dev/null
+fi
 echo "| candidate | bits/elem | PPL | dPPL | mean KLD | p99 KLD | same top-1 |"
 echo "|---|---|---|---|---|---|---|"
 for c in "$@"; do
@@ -25,12 +31,12 @@ for c in "$@"; do
     *+rot) args=(-ctk "${c%+rot}" -ctv "${c%+rot}" --kv-rot hadamard) ;;
     *) args=(-ctk "$c" -ctv "$c") ;;
     esac
-    if ! "$qf" ppl "${common[@]}" "${args[@]}" --kl-divergence-base "$tmp/ref.kld" --kl-divergence \
+    if ! "$qf" ppl "${common[@]}" "${args[@]}" --kl-divergence-base "$ref/ref.kld" --kl-divergence \
         >"$tmp/c.json" 2>"$tmp/c.err"; then
         echo "| $c | (failed: $(tail -1 "$tmp/c.err")) |||||"
         continue
     fi
-    python3 - "$tmp/ref.json" "$tmp/c.json" "$c" <<'PY'
+    python3 - "$ref/ref.json" "$tmp/c.json" "$c" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); c = json.load(open(sys.argv[2]))
 name = sys.argv[3]

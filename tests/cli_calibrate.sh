@@ -20,7 +20,8 @@ if [ ! -x "$qf" ] || [ ! -f "$model" ]; then
 fi
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
-small=(-m "$model" -c 64 --max-tok 512 --eval-chunks 2 -t 2)
+# tiny runs: the free-baseline comparison is checked on its own below
+small=(-m "$model" -c 64 --max-tok 512 --eval-chunks 2 -t 2 --allow-worse-than-baseline)
 
 # expect NAME CODE cmd...: the exit code must be CODE
 expect() {
@@ -50,7 +51,7 @@ expect "PackageFailed (no such directory)" 13 "$qf" calibrate "${small[@]}" --ar
 
 # a certified kv-int8 artifact, verified, reproduced by qforge ppl --artifact
 expect "kv-int8 certified" 0 "$qf" calibrate "${small[@]}" --artifact kv-int8 -o "$d/int8.qfa" \
-    --eval-out "$d/eval.txt" --json
+    --eval-out "$d/eval.txt" --json --allow-worse-than-baseline
 cand=$(sed -n 's/.*"cand_ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
 expect "verify" 0 "$qf" verify "$d/int8.qfa" -m "$model"
 expect "ppl --artifact" 0 "$qf" ppl -m "$model" --artifact "$d/int8.qfa" -f "$d/eval.txt" -c 64 --chunks 2 -t 2 --json
@@ -62,6 +63,48 @@ if [ -f "$data/models/qforge-demo-11m-q8_0.gguf" ]; then
     expect "WrongModel (q8_0)" 17 "$qf" ppl -m "$data/models/qforge-demo-11m-q8_0.gguf" --artifact "$d/int8.qfa" \
         -f "$d/eval.txt" -c 64 --chunks 2
 else skp "WrongModel: $data/models/qforge-demo-11m-q8_0.gguf absent"; fi
+
+# the gate against the free baseline at the same rate (q4_0 + hadamard here: 16x2 codes are
+# 1.5 bits): every threshold opened, the baseline still refuses; the message names it
+base=(-m "$model" -c 64 --max-tok 512 --eval-chunks 2 -t 2)
+expect "CertifyFailed (worse than the free baseline)" 12 "$qf" calibrate "${base[@]}" --artifact kv-dict --atoms 16 \
+    --sparsity 2 --iters 1 --gate 1e6 --max-kld 1e6 --max-kld-p99 1e6 -o "$d/dictb.qfa"
+if grep -q "worse than the free baseline" "$d/err" && grep -q "q4_0+hadamard" "$d/err" && [ ! -e "$d/dictb.qfa" ]; then
+    ok "baseline refusal: named, no file"
+else bad "baseline refusal: message or file"; fi
+expect "usage: bad --ctx" 1 "$qf" calibrate "${small[@]}" --artifact kv-int8 --ctx 64,64 -o "$d/x.qfa"
+expect "usage: bad --ctx (not a list)" 1 "$qf" calibrate "${small[@]}" --artifact kv-int8 --ctx 64x -o "$d/x.qfa"
+
+# --ctx: certified at each listed context; verify --json reports them and the rate
+expect "kv-int8 --ctx 64,128" 0 "$qf" calibrate "${small[@]}" --artifact kv-int8 --ctx 64,128 -o "$d/ctx.qfa"
+expect "verify --json" 0 "$qf" verify "$d/ctx.qfa" -m "$model" --json
+if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(not (d["certified_ctx"] == [64, 128] and d["bits_per_element"] == 8.0))' "$d/out"; then
+    ok "verify --json: certified_ctx [64, 128], bits_per_element 8.0"
+else bad "verify --json: certified_ctx / bits_per_element: $(grep -E 'certified_ctx|bits_per' "$d/out" | tr -d '\n')"; fi
+expect "ppl --artifact above the certified context" 16 "$qf" ppl -m "$model" --artifact "$d/ctx.qfa" -f "$d/eval.txt" \
+    -c 256 --chunks 1 -t 2
+if grep -q "largest context this artifact is certified at (128)" "$d/err"; then ok "ctx refusal names the context"
+else bad "ctx refusal message"; fi
+expect "ppl --force-uncertified-ctx" 0 "$qf" ppl -m "$model" --artifact "$d/ctx.qfa" -f "$d/eval.txt" -c 256 --chunks 1 \
+    -t 2 --force-uncertified-ctx
+if grep -q "warning: --force-uncertified-ctx" "$d/err" && grep -q "Final estimate: PPL" "$d/out"; then ok "forced: warned, ran"
+else bad "forced: warning or result missing"; fi
+expect "ppl --artifact at the certified context" 0 "$qf" ppl -m "$model" --artifact "$d/ctx.qfa" -f "$d/eval.txt" -c 128 \
+    --chunks 1 -t 2
+expect "generate above the certified context" 16 "$qf" generate -m "$model" --artifact "$d/ctx.qfa" -p "The kernel" -n 2 -c 512
+expect "generate (no -c: the certified context)" 0 "$qf" generate -m "$model" --artifact "$d/ctx.qfa" -p "The kernel" -n 2 \
+    --temp 0
+
+# --kv-rot: the free baseline's flag; refused with an artifact, and for a bad name
+expect "ppl q4_0 --kv-rot hadamard" 0 "$qf" ppl -m "$model" -f "$d/eval.txt" -c 64 --chunks 2 -t 2 -ctk q4_0 -ctv q4_0 \
+    --kv-rot hadamard
+if grep -q "^Final estimate: PPL = [0-9.]* +/- [0-9.]*$" "$d/out"; then ok "--kv-rot hadamard prints the Final estimate line"
+else bad "--kv-rot hadamard: no Final estimate line"; fi
+expect "usage: bad --kv-rot" 1 "$qf" ppl -m "$model" -f "$d/eval.txt" -c 64 --kv-rot walsh
+expect "--kv-rot with --artifact" 3 "$qf" ppl -m "$model" --artifact "$d/ctx.qfa" -f "$d/eval.txt" -c 64 --chunks 1 \
+    --kv-rot hadamard
+if grep -q "kv-rot hadamard applies to the plain KV cache types" "$d/err"; then ok "--kv-rot + artifact: clear message"
+else bad "--kv-rot + artifact message"; fi
 
 # SIGKILL at random moments: the output is absent or complete and verifying
 killed_ok=1 complete=0

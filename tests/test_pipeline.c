@@ -50,6 +50,9 @@ static void small_job(qf_job *j, const char *model, const char **corpus, qf_arti
     j->dict_sparsity = 4;
     j->dict_iters = 2;
     j->dict_max_train = 1024;
+    /* tiny runs (2048 calibration tokens, 2 chunks of 128): the baseline comparison is tested in
+     * test_gate.c and cli_calibrate.sh at sizes where it means something */
+    j->gate.vs_baseline = false;
 }
 
 /* one kv-int8 job shared by the tests that need a certified artifact */

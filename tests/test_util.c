@@ -1,6 +1,8 @@
 /* test_util.c: the util layer: f16/bf16 conversion, atomic writes, SHA-256, the pool. */
 #include <stdint.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "test.h"
@@ -150,6 +152,38 @@ TEST(utf8_strict_validator) {
     CHECK_EQ_INT(wrong, 0);
 }
 
+/* QF_ASSERT stays on in every build: a broken invariant prints file:line and the condition on
+ * stderr and aborts (checked in a child process); a true one costs nothing visible. */
+static int assert_twice(int x) {
+    QF_ASSERT(x == 2);
+    return x * 2;
+}
+TEST(qf_assert_aborts_with_file_line) {
+    CHECK_EQ_INT(assert_twice(2), 4);
+    int fd[2];
+    CHECK(pipe(fd) == 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid < 0) return;
+    if (pid == 0) {
+        dup2(fd[1], 2);
+        close(fd[0]);
+        assert_twice(3);
+        _exit(0); /* not reached */
+    }
+    close(fd[1]);
+    char buf[512] = {0};
+    size_t got = 0;
+    ssize_t r;
+    while (got < sizeof buf - 1 && (r = read(fd[0], buf + got, sizeof buf - 1 - got)) > 0) got += (size_t)r;
+    close(fd[0]);
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT, "child status 0x%x", status);
+    CHECK_MSG(strstr(buf, "test_util.c:") && strstr(buf, "assertion failed: x == 2"), "stderr: %s", buf);
+}
+
 /* Cases run only by tests/cli_harness.sh (QF_TEST_HARNESS_SELFTEST=1): the harness must FAIL
  * a case that checks nothing and report a missing data file as SKIP with its name. */
 TEST(selftest_checks_nothing) {}
@@ -166,6 +200,7 @@ int main(void) {
         return test_summary();
     }
     RUN(utf8_strict_validator);
+    RUN(qf_assert_aborts_with_file_line);
     RUN(f16_roundtrip_all_finite);
     RUN(sha256_known_vector);
     RUN(atomic_write_and_abort);

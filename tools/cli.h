@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "qforge/artifact.h"
 #include "qforge/error.h"
 #include "qforge/model.h"
 
@@ -29,12 +30,17 @@ int cli_flag_value(int argc, char **argv, int *i, const char *name, const char *
                    const char **val);
 
 /* The engine flags `ppl` and `generate` share: -m MODEL, -c N (into cp->n_ctx), -t N,
- * --device D, -ctk T, -ctv T, --artifact X.qfa, --trust-key PEM. Returns 1 when argv[*i] was
+ * --device D, -ctk T, -ctv T, --kv-rot R, --artifact X.qfa, --trust-key PEM,
+ * --force-uncertified-ctx. Returns 1 when argv[*i] was
  * one of them (value consumed), 0 when not, -1 on a missing or bad value (reason in msg). */
 typedef struct {
     const char *model_path, *artifact_path, *trust_key;
     qf_context_params cp;
+    bool force_uncertified_ctx; /* --force-uncertified-ctx: run an artifact above its certified context */
 } cli_engine_opts;
+/* After qf_artifact_load: refuse (print, return the exit code) a -c larger than the artifact's
+ * largest certified context unless --force-uncertified-ctx, which prints a warning; 0 = go on. */
+int cli_artifact_ctx(const char *cmd, const cli_engine_opts *o, const qf_artifact *a, int n_ctx);
 int cli_engine_flag(int argc, char **argv, int *i, cli_engine_opts *o, char *msg, size_t cap);
 
 /* Print a JSON value (indented) to stdout followed by a newline, and free it. */

@@ -44,6 +44,16 @@ int cli_job_flag(int argc, char **argv, int *i, qf_job *j, const char **paths, i
         if (r < 0) goto missing;
         if (!cli_parse_double(val, 0, 1e6, &j->gate.max_kld)) BAD("bad --max-kld '%s'", val);
         j->gate.has_max_kld = true;
+    } else if (FLAG("--max-kld-p99", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_double(val, 0, 1e6, &j->gate.max_kld_p99)) BAD("bad --max-kld-p99 '%s'", val);
+        j->gate.has_max_kld_p99 = true;
+    } else if (!strcmp(a, "--allow-worse-than-baseline")) {
+        j->gate.vs_baseline = false;
+    } else if (FLAG("--ctx", NULL)) {
+        if (r < 0) goto missing;
+        qf_error e = {0};
+        if (qf_ctx_list_parse(val, j->ctx_list, QF_JOB_MAX_CTX, &j->n_ctx_list, &e)) BAD("%s", e.msg);
     } else if (FLAG("--min-top1", NULL)) {
         if (r < 0) goto missing;
         if (!cli_parse_double(val, 0, 1, &j->gate.min_top1)) BAD("bad --min-top1 '%s' (a fraction in [0, 1])", val);

@@ -10,7 +10,7 @@
 #include "qforge/corpus.h"
 #include "qforge/kvlearn.h"
 #include "qforge/model.h"
-#include "util/util.h"
+#include "qforge/util.h"
 
 static const char *USAGE =
     "qforge analyze -m MODEL [--corpus PATH]... [--builtin] [--atoms N] [--sparsity S] [--iters I]\n"

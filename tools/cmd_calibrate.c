@@ -11,16 +11,24 @@
 
 static const char *USAGE =
     "qforge calibrate -m MODEL --artifact kv-int8|kv-dict|awq [--corpus PATH]... [--builtin]\n"
-    "                 [--gate G] [--max-kld K] [--min-top1 T] [-c N] [--max-tok N] [--eval-chunks N] [--device D]\n"
+    "                 [--gate G] [--max-kld K] [--max-kld-p99 K] [--min-top1 T] [--allow-worse-than-baseline]\n"
+    "                 [-c N] [--ctx N,N...] [--max-tok N] [--eval-chunks N] [--device D]\n"
     "                 [-t N] [--sign-key PEM] -o OUT.qfa [--eval-out FILE] [--json]\n"
     "  --corpus PATH     a text file or directory (repeatable); none = the built-in demo corpus\n"
     "  --builtin         add the built-in demo corpus (assets/corpora/kerneldoc-demo)\n"
     "  --ollama URL --ollama-model M [--synth-docs N]   add documents synthesized by a local Ollama\n"
     "  --eval-frac F     share of documents held out for certification (default 0.2)\n"
-    "  --gate G          max relative PPL increase, fraction (default 0.05 = 5%)\n"
-    "  --max-kld K       also require mean KLD <= K (nats)\n"
+    "  --gate G          max |relative PPL change|, fraction (default 0.05 = 5%)\n"
+    "  --max-kld K       require mean KLD <= K (nats; default by the artifact's bits per element:\n"
+    "                    >= 6 bits 0.002, >= 3.5 bits 0.02, below 0.05; awq: not gated)\n"
+    "  --max-kld-p99 K   require p99 KLD <= K (default by rate: 0.02, 0.2, 0.5)\n"
     "  --min-top1 T      also require same-top-1 agreement >= T (fraction)\n"
+    "  --allow-worse-than-baseline   accept a mean KLD above the free baseline's at the same rate\n"
+    "                    (q8_0 above 6 bits, q4_0 + hadamard below; measured on the same tokens)\n"
     "  -c N              capture window and evaluation chunk, tokens (default 256)\n"
+    "  --ctx N,N...      certify at each context (e.g. 512,4096; the first is the capture window and\n"
+    "                    replaces -c); the certificate's certified_ctx lists those that passed, and\n"
+    "                    ppl/generate --artifact refuse a larger -c\n"
     "  --max-tok N       calibration tokens to capture (default 16384; 0 = all)\n"
     "  --device D        where the capture runs: auto (default: the GPU when one is found), cpu, cuda;\n"
     "                    certification always runs on the CPU\n"
@@ -41,12 +49,23 @@ static const char *USAGE =
     "  --eval-out FILE   write the exact evaluation text (to rerun: qforge ppl --artifact OUT.qfa -f FILE)\n"
     "  --json            print the report as JSON";
 
+static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
 static json_t *result_json(const qf_certify_result *r) {
-    return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:I, s:f, s:f, s:b}", "ref_ppl", r->ref_ppl, "cand_ppl",
-                     r->cand_ppl, "delta_ppl", r->delta_ppl, "kld_mean", r->kld_mean, "kld_p99", r->kld_p99, "top1",
-                     r->top1, "n_ctx", r->n_ctx, "chunks", r->n_chunks, "eval_tokens", (json_int_t)r->eval_tokens,
-                     "kv_bytes_per_token", r->cand_kv_bytes_per_token, "ref_kv_bytes_per_token",
-                     r->ref_kv_bytes_per_token, "passed", r->passed);
+    json_t *o = json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:i, s:I, s:f, s:f, s:b}", "ref_ppl", jnum(r->ref_ppl),
+                          "cand_ppl", jnum(r->cand_ppl), "delta_ppl", jnum(r->delta_ppl), "kld_mean", jnum(r->kld_mean),
+                          "kld_p99", jnum(r->kld_p99), "top1", jnum(r->top1), "n_ctx", r->n_ctx, "chunks", r->n_chunks,
+                          "eval_tokens", (json_int_t)r->eval_tokens, "kv_bytes_per_token", r->cand_kv_bytes_per_token,
+                          "ref_kv_bytes_per_token", r->ref_kv_bytes_per_token, "passed", r->passed);
+    json_object_set_new(o, "bits_per_element", jnum(r->bits_per_element));
+    if (r->has_baseline)
+        json_object_set_new(o, "baseline",
+                            json_pack("{s:s, s:f, s:o, s:o, s:o, s:o, s:o}", "kv", r->baseline, "bits_per_element",
+                                      r->baseline_bits, "ppl", jnum(r->baseline_ppl), "delta_ppl", jnum(r->baseline_delta_ppl),
+                                      "kld_mean", jnum(r->baseline_kld_mean), "kld_p99", jnum(r->baseline_kld_p99), "top1",
+                                      jnum(r->baseline_top1)));
+    if (r->why[0]) json_object_set_new(o, "gate_failed", json_string(r->why));
+    return o;
 }
 
 int qf_cmd_calibrate(int argc, char **argv) {
@@ -126,9 +145,19 @@ int qf_cmd_calibrate(int argc, char **argv) {
         }
         json_object_set_new(o, "f16_kv_bytes_per_token", json_real(rep.f16_kv_bytes_per_token));
         json_object_set_new(o, "calib_tokens", json_integer(rep.calib_tokens));
-        json_object_set_new(o, "gate_max_delta_ppl", json_real(j.gate.max_delta_ppl));
-        if (j.gate.has_max_kld) json_object_set_new(o, "gate_max_kld", json_real(j.gate.max_kld));
-        if (j.gate.has_min_top1) json_object_set_new(o, "gate_min_top1", json_real(j.gate.min_top1));
+        const qf_gate *g = rep.n_tried > 0 ? &rep.result.gate : &j.gate; /* resolved for the rate when known */
+        json_object_set_new(o, "gate_max_delta_ppl", json_real(g->max_delta_ppl));
+        if (g->has_max_kld) json_object_set_new(o, "gate_max_kld", json_real(g->max_kld));
+        if (g->has_max_kld_p99) json_object_set_new(o, "gate_max_kld_p99", json_real(g->max_kld_p99));
+        if (g->has_min_top1) json_object_set_new(o, "gate_min_top1", json_real(g->min_top1));
+        json_object_set_new(o, "gate_vs_baseline", json_boolean(g->vs_baseline));
+        if (rep.n_ctx_results > 0) {
+            json_t *per = json_array(), *cc = json_array();
+            for (int i = 0; i < rep.n_ctx_results; i++) json_array_append_new(per, result_json(&rep.ctx_results[i].result));
+            for (int i = 0; i < rep.n_certified_ctx; i++) json_array_append_new(cc, json_integer(rep.certified_ctx[i]));
+            json_object_set_new(o, "ctx_results", per);
+            json_object_set_new(o, "certified_ctx", cc);
+        }
         json_t *secs = json_pack("{s:f, s:f, s:f, s:f, s:f}", "corpus", rep.seconds_corpus, "capture", rep.seconds_capture,
                                  "learn", rep.seconds_learn, "certify", rep.seconds_certify, "package", rep.seconds_package);
         json_object_set_new(o, "seconds", secs);
@@ -139,9 +168,26 @@ int qf_cmd_calibrate(int argc, char **argv) {
     } else if (rep.n_tried > 0) {
         const qf_certify_result *r = &rep.result;
         printf("artifact   %s (%s)%s\n", qf_artifact_kind_name(j.kind), rep.variant, rep.packaged ? "" : "  NOT WRITTEN");
-        printf("ref PPL    %.4f   candidate PPL %.4f   delta %+.4f%% (gate %.4f%%)\n", r->ref_ppl, r->cand_ppl,
-               100 * r->delta_ppl, 100 * j.gate.max_delta_ppl);
-        printf("KLD        mean %.6f   p99 %.6f   same top-1 %.2f%%\n", r->kld_mean, r->kld_p99, 100 * r->top1);
+        printf("ref PPL    %.4f   candidate PPL %.4f   delta %+.4f%% (gate |delta| %.4f%%)\n", r->ref_ppl, r->cand_ppl,
+               100 * r->delta_ppl, 100 * r->gate.max_delta_ppl);
+        printf("KLD        mean %.6f   p99 %.6f   same top-1 %.2f%%   (%.3f bits/element)\n", r->kld_mean, r->kld_p99,
+               100 * r->top1, r->bits_per_element);
+        if (r->has_baseline)
+            printf("baseline   %s (%.1f bits, same tokens): delta %+.4f%%   KLD mean %.6f   p99 %.6f   same top-1 %.2f%%\n",
+                   r->baseline, r->baseline_bits, 100 * r->baseline_delta_ppl, r->baseline_kld_mean,
+                   r->baseline_kld_p99, 100 * r->baseline_top1);
+        printf("gate       %s%s%s\n", r->passed ? "passed" : "FAILED", r->passed ? "" : ": ", r->why);
+        for (int i = 1; i < rep.n_ctx_results; i++) {
+            const qf_certify_result *x = &rep.ctx_results[i].result;
+            printf("at -c %-5d delta %+.4f%%   KLD mean %.6f   p99 %.6f   baseline KLD mean %.6f   %s%s%s\n", x->n_ctx,
+                   100 * x->delta_ppl, x->kld_mean, x->kld_p99, x->baseline_kld_mean, x->passed ? "passed" : "FAILED",
+                   x->passed ? "" : ": ", x->why);
+        }
+        if (rep.n_ctx_results > 0) {
+            printf("certified  -c");
+            for (int i = 0; i < rep.n_certified_ctx; i++) printf("%s%d", i ? "," : " ", rep.certified_ctx[i]);
+            printf("\n");
+        }
         printf("KV cache   %.0f bytes/token (f16 %.0f, reference %.0f)\n", r->cand_kv_bytes_per_token,
                rep.f16_kv_bytes_per_token, r->ref_kv_bytes_per_token);
         printf("eval       %d chunks x %d tokens from the evaluation split; calibration %lld tokens\n", r->n_chunks,

@@ -9,7 +9,7 @@
 
 #include "cli.h"
 #include "qforge/corpus.h"
-#include "util/util.h"
+#include "qforge/util.h"
 
 static const char *USAGE =
     "qforge corpus [PATH...] [--builtin] [--stdin | -] [--eval-frac F] [--doc-kb N]\n"

@@ -8,11 +8,12 @@
 #include "qforge/artifact_bind.h"
 #include "qforge/model.h"
 #include "qforge/sample.h"
-#include "util/util.h"
+#include "qforge/util.h"
 
 static const char *USAGE =
     "qforge generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
-    "                [-c N] [-t N] [-ctk T] [-ctv T] [--artifact X.qfa [--trust-key PEM]]\n"
+    "                [-c N] [-t N] [-ctk T] [-ctv T] [--kv-rot none|hadamard]\n"
+    "                [--artifact X.qfa [--trust-key PEM] [--force-uncertified-ctx]]\n"
     "  -n N       tokens to generate (default 128; stops early at end-of-text)\n"
     "  --temp T   temperature (default 0.8; 0 = greedy)\n"
     "  --top-k K  keep the K most likely tokens (default 40; 0 = off)\n"
@@ -91,7 +92,13 @@ int qf_cmd_generate(int argc, char **argv) {
         qf_fail(&err, QF_ERR_ARG, "the prompt tokenizes to nothing");
         goto fail;
     }
-    if (cp.n_ctx <= 0) cp.n_ctx = qf_model_hparams(m)->n_ctx_train > 0 ? qf_model_hparams(m)->n_ctx_train : 2048;
+    if (cp.n_ctx <= 0) {
+        cp.n_ctx = qf_model_hparams(m)->n_ctx_train > 0 ? qf_model_hparams(m)->n_ctx_train : 2048;
+        /* no -c with an artifact: at most the context it is certified at */
+        int mx = artifact_path ? qf_artifact_max_certified_ctx(&art) : 0;
+        if (mx > 0 && mx < cp.n_ctx) cp.n_ctx = mx;
+    }
+    if (artifact_path && (rc = cli_artifact_ctx("generate", &eo, &art, cp.n_ctx))) goto fail_rc;
     if ((int)n_prompt >= cp.n_ctx) {
         qf_fail(&err, QF_ERR_ARG, "the prompt has %zu tokens, more than the context size %d", n_prompt, cp.n_ctx);
         goto fail;
@@ -135,6 +142,7 @@ int qf_cmd_generate(int argc, char **argv) {
     goto done;
 fail:
     rc = cli_fail("generate", &err);
+fail_rc:
 done:
     qf_artifact_free(&art);
     qf_sampler_free(&smp);

@@ -9,17 +9,19 @@
 #include "qforge/model.h"
 #include "qforge/mpi.h"
 #include "qforge/ppl.h"
-#include "util/util.h"
+#include "qforge/util.h"
 
 static const char *USAGE =
-    "qforge ppl -m MODEL -f TEXT [-c N] [-t N] [-b N] [--chunks N] [-ctk T] [-ctv T]\n"
+    "qforge ppl -m MODEL -f TEXT [-c N] [-t N] [-b N] [--chunks N] [-ctk T] [-ctv T] [--kv-rot R]\n"
     "           [--kl-divergence-base FILE] [--kl-divergence] [--reference] [--device D] [--json]\n"
-    "           [--artifact X.qfa [--trust-key PEM]]\n"
+    "           [--artifact X.qfa [--trust-key PEM] [--force-uncertified-ctx]]\n"
     "  -c N          chunk (context) size, default 512\n"
     "  -t N          threads, default all cores\n"
     "  -b N          batch size (tokens per forward call), default = -c\n"
     "  --chunks N    evaluate at most N chunks\n"
     "  -ctk/-ctv T   KV cache type for K/V: f32, f16 (default), q8_0, q4_0\n"
+    "  --kv-rot R    none (default) or hadamard: Walsh-Hadamard rotate each K/V row before it is\n"
+    "                stored, rotate back on read (as llama.cpp; head_dim must be a power of two)\n"
     "  --kl-divergence-base FILE  save this run's log-probs to FILE (the reference)\n"
     "  --kl-divergence            compare against --kl-divergence-base FILE\n"
     "  --reference   use the scalar CPU reference path (slow; the oracle)\n"
@@ -27,6 +29,8 @@ static const char *USAGE =
     "  --artifact X  run a certified kv-int8 / kv-dict artifact (.qfa) in the KV cache; it must be\n"
     "                certified for this exact model file (refused otherwise, with its exit code)\n"
     "  --trust-key K require the artifact to be signed by this Ed25519 key (PEM)\n"
+    "  --force-uncertified-ctx  run an artifact at a -c above its largest certified context\n"
+    "                (refused otherwise, ArtifactNotCertified); a warning says so\n"
     "  --json        print the result as JSON";
 
 int qf_cmd_ppl(int argc, char **argv) {
@@ -106,6 +110,13 @@ int qf_cmd_ppl(int argc, char **argv) {
             return cli_fail("ppl", &err);
         }
         have_art = true;
+        int rc = cli_artifact_ctx("ppl", &eo, &art, pp.n_ctx);
+        if (rc) {
+            qf_artifact_free(&art);
+            free(text);
+            qf_model_free(m);
+            return rc;
+        }
     }
     if (have_art && cp.device == QF_DEVICE_AUTO && qf_artifact_cpu_only(&art)) cp.device = QF_DEVICE_CPU;
     cp.n_ctx = pp.n_ctx;
@@ -126,9 +137,10 @@ int qf_cmd_ppl(int argc, char **argv) {
     }
     if (!json) {
         if (cli_root()) {
-        fprintf(stderr, "perplexity: model %s (%s, %d layers, n_embd %d), kv %s/%s, %d threads%s\n", model_path,
+        fprintf(stderr, "perplexity: model %s (%s, %d layers, n_embd %d), kv %s/%s%s%s, %d threads%s\n", model_path,
                 qf_model_hparams(m)->arch_name, qf_model_hparams(m)->n_layer, qf_model_hparams(m)->n_embd,
                 qf_kv_mode_name(qf_context_params_get(c)->kv_k), qf_kv_mode_name(qf_context_params_get(c)->kv_v),
+                cp.kv_rot != QF_KV_ROT_NONE ? " rot " : "", cp.kv_rot != QF_KV_ROT_NONE ? qf_kv_rot_name(cp.kv_rot) : "",
                 qf_context_params_get(c)->n_threads,
                 cp.reference ? ", reference path" : "");
         fprintf(stderr, "perplexity: calculating perplexity over chunks of n_ctx=%d, batch_size=%d%s\n", pp.n_ctx,
@@ -160,6 +172,7 @@ int qf_cmd_ppl(int argc, char **argv) {
                               "tokens_per_sec", r.tokens_per_sec, "cache_type_k", qf_kv_mode_name(qf_context_params_get(c)->kv_k),
                               "cache_type_v", qf_kv_mode_name(qf_context_params_get(c)->kv_v));
         if (artifact_path) json_object_set_new(j, "artifact", json_string(artifact_path));
+        json_object_set_new(j, "kv_rot", json_string(qf_kv_rot_name(cp.kv_rot)));
         json_object_set_new(j, "kv_bytes_per_token", json_real(qf_context_kv_bytes_per_token(c)));
         if (r.has_kl) {
             json_object_set_new(j, "ppl_base", json_real(r.ppl_base));

@@ -8,7 +8,7 @@
 #include "cli.h"
 #include "qforge/gguf.h"
 #include "qforge/tokenizer.h"
-#include "util/util.h"
+#include "qforge/util.h"
 
 #define TOKENIZE_USAGE \
     "qforge tokenize -m MODEL.gguf (-p TEXT | -f FILE | --stdin) [--ids] [--no-bos] [--parse-special]"

@@ -3,13 +3,16 @@
  * document) and exit with the refusal's own code. A certificate that was read intact is
  * printed even when the model or gate check then refuses it, so the reason is visible. */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
 #include "qforge/artifact.h"
-#include "util/util.h"
+#include "qforge/artifact_bind.h"
+#include "qforge/model.h"
+#include "qforge/util.h"
 
 #define VERIFY_USAGE "qforge verify X.qfa [-m MODEL.gguf] [--trust-key PEM] [--json]"
 
@@ -51,7 +54,23 @@ static json_t *jscalar(const qf_payload_entry *e) {
 
 static json_t *jopt(bool has, double v) { return has ? jnum(v) : json_null(); }
 
-static json_t *to_json(const char *path, const qf_artifact *a, qf_status st, const qf_error *e) {
+/* The artifact's rate at its largest certified context: the certificate's "bits_per_element"
+ * when it records one, else the kind's own function on the model (-m) when one is given. */
+static double bits_of(const qf_artifact *a, const char *model_path) {
+    double b = NAN;
+    if (qf_payload_get_float(&a->cert.config, "bits_per_element", &b)) return b;
+    if (!model_path) return NAN;
+    qf_error e = {0};
+    qf_model *m = qf_model_load(model_path, &e);
+    if (!m) return NAN;
+    int mx = qf_artifact_max_certified_ctx(a);
+    b = qf_artifact_bits_per_element(a->cert.kind, &a->payload, qf_model_hparams(m),
+                                     mx > 0 ? mx : qf_model_hparams(m)->n_ctx_train);
+    qf_model_free(m);
+    return b;
+}
+
+static json_t *to_json(const char *path, const qf_artifact *a, qf_status st, const qf_error *e, double bits) {
     const qf_certificate *c = &a->cert;
     json_t *cfg = json_object(), *pl = json_array();
     for (size_t i = 0; i < c->config.n; i++)
@@ -94,10 +113,17 @@ static json_t *to_json(const char *path, const qf_artifact *a, qf_status st, con
         "created_utc", jstr(c->created_utc), "payload_sha256", jhex(c->payload_sha256, 32),
         "payload", pl,
         "verdict", "status", qf_status_name(st), "message", st == QF_OK ? "verified" : e->msg);
+    /* issue 15's top-level keys: the rate (every overhead included) and the certified contexts */
+    json_object_set_new(j, "bits_per_element", isfinite(bits) ? json_real(bits) : json_null());
+    int ctx[16];
+    int n = qf_certificate_certified_ctx(c, ctx, 16);
+    json_t *cc = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(cc, json_integer(ctx[i]));
+    json_object_set_new(j, "certified_ctx", cc);
     return j;
 }
 
-static void print_table(const char *path, const qf_artifact *a) {
+static void print_table(const char *path, const qf_artifact *a, double bits) {
     const qf_certificate *c = &a->cert;
     char h[65], b[256];
     printf("artifact        %s\n", clean(path, b, sizeof b));
@@ -132,10 +158,21 @@ static void print_table(const char *path, const qf_artifact *a) {
            100.0 * c->delta_ppl);
     printf("kld             mean %.6f, p99 %.6f\n", c->kld_mean, c->kld_p99);
     printf("top-1 agreement %.2f%%\n", 100.0 * c->top1_agreement);
-    printf("gate            delta_ppl <= %.3f%%", 100.0 * c->gate_max_delta_ppl);
-    if (c->gate_has_max_kld) printf(", kld_mean <= %.6f", c->gate_max_kld);
-    if (c->gate_has_min_top1) printf(", top-1 >= %.2f%%", 100.0 * c->gate_min_top1);
+    qf_gate g;
+    qf_gate_numbers gn;
+    qf_certificate_gate(c, &g, &gn);
+    printf("gate            %s <= %.3f%%", g.two_sided ? "|delta_ppl|" : "delta_ppl", 100.0 * g.max_delta_ppl);
+    if (g.has_max_kld) printf(", kld_mean <= %.6f", g.max_kld);
+    if (g.has_max_kld_p99) printf(", kld_p99 <= %.6f", g.max_kld_p99);
+    if (g.has_min_top1) printf(", top-1 >= %.2f%%", 100.0 * g.min_top1);
+    if (g.vs_baseline) printf(", kld_mean <= free baseline's %.6f", gn.baseline_kld_mean);
     printf(": %s\n", c->passed ? "PASSED" : "FAILED");
+    if (isfinite(bits)) printf("bits/element    %.4f\n", bits);
+    int ctx[16];
+    int n = qf_certificate_certified_ctx(c, ctx, 16);
+    printf("certified ctx  ");
+    for (int i = 0; i < n; i++) printf("%s%d", i ? "," : " ", ctx[i]);
+    printf("%s\n", n > 0 ? "" : " (not recorded)");
     qf_hex(c->payload_sha256, 32, h);
     printf("payload sha256  %s\n", h);
     for (size_t i = 0; i < a->payload.n; i++) {
@@ -183,8 +220,9 @@ int qf_cmd_verify(int argc, char **argv) {
     qf_status st = qf_artifact_read(path, trust, &a, &e);
     if (st != QF_OK) return cli_fail(cmd, &e);
     st = qf_artifact_check(&a, model ? msha : NULL, &e);
-    if (json) cli_print_json(to_json(path, &a, st, &e));
-    else print_table(path, &a);
+    double bits = bits_of(&a, model);
+    if (json) cli_print_json(to_json(path, &a, st, &e, bits));
+    else print_table(path, &a, bits);
     qf_artifact_free(&a);
     if (st != QF_OK) return cli_fail(cmd, &e);
     if (!json) printf("verdict         verified%s\n", model ? " for this model" : " (model not checked: no -m)");

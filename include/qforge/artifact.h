@@ -19,6 +19,7 @@
 #ifndef QFORGE_ARTIFACT_H
 #define QFORGE_ARTIFACT_H
 
+#include "qforge/api.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -32,8 +33,8 @@
 typedef enum { QF_ARTIFACT_KV_INT8 = 0, QF_ARTIFACT_KV_DICT, QF_ARTIFACT_AWQ } qf_artifact_kind;
 
 /* "kv-int8", "kv-dict", "awq"; parse returns false for anything else. */
-const char *qf_artifact_kind_name(qf_artifact_kind k);
-bool qf_artifact_kind_parse(const char *s, qf_artifact_kind *out);
+QF_API const char *qf_artifact_kind_name(qf_artifact_kind k);
+QF_API bool qf_artifact_kind_parse(const char *s, qf_artifact_kind *out);
 
 /* ---- payload ---- */
 typedef enum {
@@ -65,25 +66,65 @@ typedef struct {
 
 /* Each add copies its data. Names are non-empty, at most 255 bytes and unique in the list
  * (QF_ERR_ARG otherwise); for arrays the product of shape must equal the element count. */
-qf_status qf_payload_add_f32(qf_payload *p, const char *name, const float *data, int n_dims,
+QF_API qf_status qf_payload_add_f32(qf_payload *p, const char *name, const float *data, int n_dims,
                              const int64_t *shape, qf_error *err);
-qf_status qf_payload_add_u8(qf_payload *p, const char *name, const uint8_t *data, int n_dims,
+QF_API qf_status qf_payload_add_u8(qf_payload *p, const char *name, const uint8_t *data, int n_dims,
                             const int64_t *shape, qf_error *err);
-qf_status qf_payload_add_i8(qf_payload *p, const char *name, const int8_t *data, int n_dims,
+QF_API qf_status qf_payload_add_i8(qf_payload *p, const char *name, const int8_t *data, int n_dims,
                             const int64_t *shape, qf_error *err);
-qf_status qf_payload_add_int(qf_payload *p, const char *name, int64_t v, qf_error *err);
-qf_status qf_payload_add_float(qf_payload *p, const char *name, double v, qf_error *err);
-qf_status qf_payload_add_string(qf_payload *p, const char *name, const char *s, qf_error *err);
-void qf_payload_free(qf_payload *p);
+QF_API qf_status qf_payload_add_int(qf_payload *p, const char *name, int64_t v, qf_error *err);
+QF_API qf_status qf_payload_add_float(qf_payload *p, const char *name, double v, qf_error *err);
+QF_API qf_status qf_payload_add_string(qf_payload *p, const char *name, const char *s, qf_error *err);
+QF_API void qf_payload_free(qf_payload *p);
 
 /* Lookup by name: NULL when absent. The typed getters also return NULL (or false) when the
  * entry has another type; *count receives the element count. */
-const qf_payload_entry *qf_payload_get(const qf_payload *p, const char *name);
-const float *qf_payload_get_f32(const qf_payload *p, const char *name, size_t *count);
-const uint8_t *qf_payload_get_bytes(const qf_payload *p, const char *name, size_t *count);
-bool qf_payload_get_int(const qf_payload *p, const char *name, int64_t *out);
-bool qf_payload_get_float(const qf_payload *p, const char *name, double *out);
-const char *qf_payload_get_string(const qf_payload *p, const char *name);
+QF_API const qf_payload_entry *qf_payload_get(const qf_payload *p, const char *name);
+QF_API const float *qf_payload_get_f32(const qf_payload *p, const char *name, size_t *count);
+QF_API const uint8_t *qf_payload_get_bytes(const qf_payload *p, const char *name, size_t *count);
+QF_API bool qf_payload_get_int(const qf_payload *p, const char *name, int64_t *out);
+QF_API bool qf_payload_get_float(const qf_payload *p, const char *name, double *out);
+QF_API const char *qf_payload_get_string(const qf_payload *p, const char *name);
+
+/* ---- the gate ----
+ * One predicate (qf_gate_judge) decides for the forge's certifier (src/forge/certify.c) and for
+ * the loader (qf_artifact_check): what certification passed is exactly what loading accepts.
+ * Thresholds by rate (qf_gate_default_for, docs/forge.md "The gate"): a gate with by_rate set
+ * takes the kind's / rate's default for every KLD threshold it does not set itself. */
+typedef struct {
+    double max_delta_ppl; /* (cand - ref) / ref, or its absolute value when two_sided, <= this */
+    bool has_max_kld;     /* when set, mean KLD must be <= max_kld */
+    double max_kld;
+    bool has_min_top1;    /* when set, same-top-1 agreement must be >= min_top1 */
+    double min_top1;
+    /* since issue 15 (zero = the old one-sided ΔPPL gate, which old certificates keep) */
+    bool has_max_kld_p99; /* when set, p99 KLD must be <= max_kld_p99 */
+    double max_kld_p99;
+    bool two_sided;       /* gate |ΔPPL|: a PPL far BELOW the reference is noise too */
+    bool vs_baseline;     /* refuse a mean KLD above the free baseline's at the same rate,
+                             measured on the same tokens (q8_0 or q4_0 + hadamard) */
+    bool by_rate;         /* unset KLD thresholds come from qf_gate_default_for */
+} qf_gate;
+
+/* What the gate judges: one certification's numbers (at one context). */
+typedef struct {
+    double ref_ppl, cand_ppl, delta_ppl, kld_mean, kld_p99, top1;
+    bool has_baseline;        /* the free baseline was measured on the same tokens */
+    double baseline_kld_mean;
+} qf_gate_numbers;
+
+/* Default thresholds for a kind at a rate (bits per element, every overhead included).
+ * KV kinds: >= 6 bits: mean KLD <= 0.002, p99 <= 0.02; >= 3.5 bits: 0.02 / 0.2; below: 0.05 /
+ * 0.5; |ΔPPL| <= 5 %; vs_baseline on. awq (a weight artifact, no KV baseline): |ΔPPL| <= 5 %
+ * only. Always two_sided; by_rate off (the result is resolved). */
+QF_API qf_gate qf_gate_default_for(qf_artifact_kind kind, double bits_per_element);
+/* g with its unset KLD thresholds filled from qf_gate_default_for when g->by_rate (a copy
+ * of g otherwise); by_rate is cleared in the result. */
+QF_API qf_gate qf_gate_resolve(const qf_gate *g, qf_artifact_kind kind, double bits_per_element);
+/* THE gate predicate. NaN anywhere fails; reference and candidate PPL must be finite; with
+ * vs_baseline the baseline must have been measured (has_baseline) and the candidate's mean
+ * KLD must not exceed it. why (may be NULL) receives the first failing condition, or "". */
+QF_API bool qf_gate_judge(const qf_gate *g, const qf_gate_numbers *n, char *why, size_t cap);
 
 /* ---- certificate ---- */
 typedef struct {
@@ -119,10 +160,21 @@ typedef struct {
 
 /* Zero the certificate and fill engine_version / engine_commit from this build and
  * created_utc with the current time; everything else is the caller's to fill. */
-void qf_certificate_init(qf_certificate *c, qf_artifact_kind kind);
-void qf_certificate_free(qf_certificate *c); /* frees config */
-/* Whether the measured numbers meet the gate (NaN never does). */
-bool qf_certificate_meets_gate(const qf_certificate *c);
+QF_API void qf_certificate_init(qf_certificate *c, qf_artifact_kind kind);
+QF_API void qf_certificate_free(qf_certificate *c); /* frees config */
+/* Whether the measured numbers meet the gate (NaN never does): qf_gate_judge on the
+ * certificate's gate and numbers (qf_certificate_gate). */
+QF_API bool qf_certificate_meets_gate(const qf_certificate *c);
+/* The certificate's gate and its primary numbers, including the keys added with issue 15
+ * (config "gate.max_kld_p99", "gate.two_sided", "gate.vs_baseline", "baseline.kld_mean");
+ * a certificate without them gets the old gate (one-sided ΔPPL, no p99, no baseline). */
+QF_API void qf_certificate_gate(const qf_certificate *c, qf_gate *g, qf_gate_numbers *n);
+/* The numbers recorded at context n_ctx (config "ctx.<n_ctx>.*"); false when absent. */
+QF_API bool qf_certificate_ctx_numbers(const qf_certificate *c, int n_ctx, qf_gate_numbers *n, bool *passed);
+/* The contexts the artifact is certified at (config "certified_ctx", e.g. "512,4096"; an
+ * older certificate: its "eval_n_ctx"), at most max into out. Returns the count, 0 when
+ * unknown, -1 when the list is malformed. */
+QF_API int qf_certificate_certified_ctx(const qf_certificate *c, int *out, int max);
 
 /* ---- engine side: read and verify ---- */
 typedef struct {
@@ -140,39 +192,47 @@ typedef struct {
  * always checked against the key embedded with it; with trust_key_path (a PEM Ed25519 public
  * or private key) a signature by exactly that key is required (QF_ERR_ARTIFACT_BAD_SIGNATURE).
  * On success *a is filled (free with qf_artifact_free); on failure it is left empty. */
-qf_status qf_artifact_load(const char *path, const uint8_t *model_sha256,
+QF_API qf_status qf_artifact_load(const char *path, const uint8_t *model_sha256,
                            const char *trust_key_path, qf_artifact *a, qf_error *err);
 
 /* The two halves of qf_artifact_load, for tools that print a certificate before judging it:
  * read = integrity and signature only (fills *a on success); check = model and gate. */
-qf_status qf_artifact_read(const char *path, const char *trust_key_path, qf_artifact *a,
+QF_API qf_status qf_artifact_read(const char *path, const char *trust_key_path, qf_artifact *a,
                            qf_error *err);
-qf_status qf_artifact_read_mem(const uint8_t *data, size_t n, const char *trust_key_path,
+QF_API qf_status qf_artifact_read_mem(const uint8_t *data, size_t n, const char *trust_key_path,
                                qf_artifact *a, qf_error *err);
-qf_status qf_artifact_check(const qf_artifact *a, const uint8_t *model_sha256, qf_error *err);
-void qf_artifact_free(qf_artifact *a);
+QF_API qf_status qf_artifact_check(const qf_artifact *a, const uint8_t *model_sha256, qf_error *err);
+QF_API void qf_artifact_free(qf_artifact *a);
+
+/* The largest context the artifact is certified at (qf_certificate_certified_ctx), 0 when the
+ * certificate does not say. */
+QF_API int qf_artifact_max_certified_ctx(const qf_artifact *a);
+/* Whether a KV artifact may run at context n_ctx: QF_ERR_ARTIFACT_NOT_CERTIFIED when n_ctx is
+ * larger than its largest certified context, unless force (then *forced, which may be NULL, is
+ * set so the caller can warn). awq artifacts and certificates without a context pass. */
+QF_API qf_status qf_artifact_check_ctx(const qf_artifact *a, int n_ctx, bool force, bool *forced, qf_error *err);
 
 /* Payload lookup on a loaded artifact (see qf_payload_get). */
-const qf_payload_entry *qf_artifact_entry(const qf_artifact *a, const char *name);
+QF_API const qf_payload_entry *qf_artifact_entry(const qf_artifact *a, const char *name);
 
 /* The deterministic CBOR body for (cert, payload) in a malloc'd buffer; also stores the
  * payload hash into cert->payload_sha256. Shared by the packager and the loader, which
  * re-encodes what it decoded and requires identical bytes. */
-qf_status qf_artifact_encode_body(qf_certificate *cert, const qf_payload *payload,
+QF_API qf_status qf_artifact_encode_body(qf_certificate *cert, const qf_payload *payload,
                                   uint8_t **out, size_t *out_len, qf_error *err);
 
 /* ---- forge side: package ---- */
 
 /* The complete .qfa bytes (malloc'd), signed with sign_key_path (PEM Ed25519 private key)
  * when non-NULL. Does not judge the gate, so tests can build refusable files. */
-qf_status qf_artifact_serialize(qf_certificate *cert, const qf_payload *payload,
+QF_API qf_status qf_artifact_serialize(qf_certificate *cert, const qf_payload *payload,
                                 const char *sign_key_path, uint8_t **out, size_t *out_len,
                                 qf_error *err);
 
 /* Package a certified artifact to `path`, atomically (a failure leaves any existing file
  * untouched). Refuses with QF_ERR_PACKAGE_FAILED when the certificate did not pass its
  * gate: a gate failure produces no artifact. */
-qf_status qf_artifact_package(const char *path, qf_certificate *cert, const qf_payload *payload,
+QF_API qf_status qf_artifact_package(const char *path, qf_certificate *cert, const qf_payload *payload,
                               const char *sign_key_path, qf_error *err);
 
 #endif

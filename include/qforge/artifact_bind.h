@@ -20,6 +20,7 @@
 #ifndef QFORGE_ARTIFACT_BIND_H
 #define QFORGE_ARTIFACT_BIND_H
 
+#include "qforge/api.h"
 #include <stdbool.h>
 
 #include "qforge/artifact.h"
@@ -29,22 +30,31 @@
  * of the context's model, and its gate), so only an artifact certified for this exact model
  * runs: QF_ERR_ARTIFACT_WRONG_MODEL / QF_ERR_ARTIFACT_NOT_CERTIFIED otherwise. An awq
  * artifact is not a KV artifact (QF_ERR_UNSUPPORTED: load the GGUF it names instead). */
-qf_status qf_context_bind_artifact(qf_context *c, const qf_artifact *a, qf_error *err);
+QF_API qf_status qf_context_bind_artifact(qf_context *c, const qf_artifact *a, qf_error *err);
 
 /* The certifier's entry: bind a candidate payload that has no certificate yet. Same binding
  * code as above (so the certified numbers are those of the artifact's real run), no check. */
-qf_status qf_context_bind_payload(qf_context *c, qf_artifact_kind kind, const qf_payload *p,
+QF_API qf_status qf_context_bind_payload(qf_context *c, qf_artifact_kind kind, const qf_payload *p,
                                   qf_error *err);
 
 /* Back to the KV modes the context was created with (a no-op when nothing is bound). Fails
  * only when the cache cannot be reallocated (QF_ERR_NOMEM; the binding then stays). */
-qf_status qf_context_unbind(qf_context *c, qf_error *err);
+QF_API qf_status qf_context_unbind(qf_context *c, qf_error *err);
+
+/* Bits per KV element of a KV artifact's payload on a model with these hparams, run at context
+ * n_ctx, every per-token overhead included: codes, per-row or per-token scales, sink and window
+ * rows amortized over n_ctx. Fixed per-model tables (static scales, dictionaries) are not
+ * counted (they do not grow with the context). Each kind provides its own function (one case
+ * below per kind in artifact_bind.c); NaN for awq, a kind without one, or a payload that does
+ * not fit the model. q8_0 is 8.5 on this scale, q4_0 4.5, f16 16. */
+QF_API double qf_artifact_bits_per_element(qf_artifact_kind kind, const qf_payload *p, const qf_hparams *hp,
+                                    int n_ctx);
 
 /* True for artifacts only the CPU route runs (kv-dict payload version 2): a caller creating
  * the context with QF_DEVICE_AUTO should pick QF_DEVICE_CPU for them. */
 bool qf_artifact_cpu_only(const qf_artifact *a);
 
 /* Whether an artifact is bound, and which kind (kind may be NULL). */
-bool qf_context_bound(const qf_context *c, qf_artifact_kind *kind);
+QF_API bool qf_context_bound(const qf_context *c, qf_artifact_kind *kind);
 
 #endif

@@ -40,6 +40,7 @@
 #ifndef QFORGE_AWQ_H
 #define QFORGE_AWQ_H
 
+#include "qforge/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -57,11 +58,11 @@
  * of the block size stays F16. All metadata is copied; general.file_type is updated. Input
  * tensors may be F32, F16, BF16, Q8_0, Q4_0, ... (anything qf_dequantize_row reads).
  * Only llama and qwen2 models (QF_ERR_UNSUPPORTED otherwise). Output written atomically. */
-qf_status qf_quantize_model(const char *in_path, const char *out_path, qf_type type, qf_error *err);
+QF_API qf_status qf_quantize_model(const char *in_path, const char *out_path, qf_type type, qf_error *err);
 
 /* The type a tensor gets under qf_quantize_model (exposed for tests and docs);
  * QF_TYPE_COUNT: the tensor is copied unchanged (1-D tensors, norms, non-weights). */
-qf_type qf_quantize_tensor_type(const char *name, uint32_t n_dims, const int64_t *ne, qf_type type,
+QF_API qf_type qf_quantize_tensor_type(const char *name, uint32_t n_dims, const int64_t *ne, qf_type type,
                                 bool output_tied);
 
 /* ---- AWQ ---- */
@@ -73,7 +74,7 @@ typedef enum {
     QF_AWQ_GROUP_COUNT
 } qf_awq_group;
 
-const char *qf_awq_group_name(qf_awq_group g); /* "qkv", "gate_up", "down", "vo" */
+QF_API const char *qf_awq_group_name(qf_awq_group g); /* "qkv", "gate_up", "down", "vo" */
 
 typedef struct {
     int n_grid;            /* alpha grid: k / n_grid for k = 0 .. n_grid-1 (default 20) */
@@ -104,7 +105,7 @@ typedef struct {
     uint64_t seed;         /* row reservoir seed */
 } qf_awq_params;
 
-qf_awq_params qf_awq_default_params(void);
+QF_API qf_awq_params qf_awq_default_params(void);
 
 typedef struct {
     int n_layer;
@@ -123,7 +124,7 @@ typedef struct {
     char sha256_hex[65], tensor_sha256_hex[65];
 } qf_awq_report;
 
-void qf_awq_report_free(qf_awq_report *r);
+QF_API void qf_awq_report_free(qf_awq_report *r);
 
 /* Learn the scales on calib_tokens (one tokenized text, BOS handled like capture: windows of
  * n_ctx, BOS first when the vocabulary adds it) with the reference model `m` (its weights may
@@ -131,14 +132,14 @@ void qf_awq_report_free(qf_awq_report *r);
  * qf_quantize_model does) and write out_gguf atomically. rep may be NULL; when given it is
  * filled (free with qf_awq_report_free). Errors: QF_ERR_ARG (bad params, too few tokens),
  * QF_ERR_UNSUPPORTED (architecture), QF_ERR_IO. */
-qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
+QF_API qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
                      const qf_awq_params *p, const char *out_gguf, qf_awq_report *rep,
                      qf_error *err);
 
 /* Step 3 of the flow: rewrite gguf_path atomically with the qforge.* keys from cert (and the
  * alphas of rep when non-NULL), tensors unchanged. sha256_out (may be NULL) receives the new
  * file's SHA-256. */
-qf_status qf_awq_embed_certificate(const char *gguf_path, const qf_certificate *cert,
+QF_API qf_status qf_awq_embed_certificate(const char *gguf_path, const qf_certificate *cert,
                                    const qf_awq_report *rep, uint8_t sha256_out[32],
                                    qf_error *err);
 

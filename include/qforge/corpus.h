@@ -21,6 +21,7 @@
 #ifndef QFORGE_CORPUS_H
 #define QFORGE_CORPUS_H
 
+#include "qforge/api.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -52,28 +53,28 @@ typedef struct {
     char sha256_hex[65], calib_sha256_hex[65], eval_sha256_hex[65];
 } qf_corpus_info;
 
-qf_corpus *qf_corpus_new(void); /* NULL when out of memory */
-void qf_corpus_free(qf_corpus *c);
+QF_API qf_corpus *qf_corpus_new(void); /* NULL when out of memory */
+QF_API void qf_corpus_free(qf_corpus *c);
 
 /* Paragraph-split size in KiB for later additions; 0 never splits (only "<|endoftext|>"). */
-qf_status qf_corpus_set_doc_kb(qf_corpus *c, size_t kb, qf_error *err);
+QF_API qf_status qf_corpus_set_doc_kb(qf_corpus *c, size_t kb, qf_error *err);
 
 /* A file or a directory. Directories are walked recursively in byte-wise sorted order;
  * names starting with '.' and symlinked directories are skipped, and so are files that look
  * binary (a NUL byte in the first 8000 bytes, or more than 10% of bytes not valid UTF-8).
  * A file named directly that looks binary is an error (QF_ERR_FORMAT). "-" is stdin. */
-qf_status qf_corpus_add_path(qf_corpus *c, const char *path, qf_error *err);
-qf_status qf_corpus_add_stdin(qf_corpus *c, qf_error *err);
+QF_API qf_status qf_corpus_add_path(qf_corpus *c, const char *path, qf_error *err);
+QF_API qf_status qf_corpus_add_stdin(qf_corpus *c, qf_error *err);
 /* Any bytes (normalized like a file); `name` labels it in messages. */
-qf_status qf_corpus_add_text(qf_corpus *c, const char *name, const char *text, size_t len,
+QF_API qf_status qf_corpus_add_text(qf_corpus *c, const char *name, const char *text, size_t len,
                              qf_error *err);
 
 /* The demo corpus, found at: $QF_ASSETS_DIR/<rel>; else next to the running executable
  * (<exe dir>/../assets/<rel>, <exe dir>/../../assets/<rel>, <exe dir>/../share/qforge/<rel>);
  * else /usr/local/share/qforge/<rel>, /usr/share/qforge/<rel>. Writes the path found into
  * `path` (may be NULL). QF_ERR_IO naming every place tried when none has it. */
-qf_status qf_corpus_builtin_path(char *path, size_t cap, qf_error *err);
-qf_status qf_corpus_add_builtin(qf_corpus *c, qf_error *err);
+QF_API qf_status qf_corpus_builtin_path(char *path, size_t cap, qf_error *err);
+QF_API qf_status qf_corpus_add_builtin(qf_corpus *c, qf_error *err);
 
 /* ---- synthesis through a local Ollama server (forge-side only; never used to run models) ---- */
 typedef struct {
@@ -89,12 +90,12 @@ typedef struct {
  * return the reply's "response" string (malloc'd, NUL-terminated). Unreachable server, HTTP
  * 4xx/5xx: QF_ERR_OLLAMA_UNAVAILABLE naming the URL (with Ollama's "error" text when given);
  * a reply that is not JSON or has no string "response": QF_ERR_FORMAT. Proxies are not used. */
-qf_status qf_ollama_generate(const qf_ollama_opts *o, const char *prompt, long seed, char **out,
+QF_API qf_status qf_ollama_generate(const qf_ollama_opts *o, const char *prompt, long seed, char **out,
                              size_t *out_len, qf_error *err);
 
 /* n_docs requests, prompt i = prompts[i % n_prompts], seed i; each reply becomes documents
  * by the rules above. Stops at the first error. */
-qf_status qf_corpus_synthesize_ollama(qf_corpus *c, const qf_ollama_opts *o, qf_error *err);
+QF_API qf_status qf_corpus_synthesize_ollama(qf_corpus *c, const qf_ollama_opts *o, qf_error *err);
 
 /* ---- split and results ---- */
 
@@ -103,16 +104,16 @@ qf_status qf_corpus_synthesize_ollama(qf_corpus *c, const qf_ollama_opts *o, qf_
  * are those whose SHA-256 is smallest, so the choice depends only on the documents, not on
  * their order; each part keeps input order. eval_frac must be in (0, 1). No documents (or
  * only whitespace): QF_ERR_CORPUS_EMPTY naming the inputs. Call once; no additions after. */
-qf_status qf_corpus_finalize(qf_corpus *c, double eval_frac, qf_error *err);
+QF_API qf_status qf_corpus_finalize(qf_corpus *c, double eval_frac, qf_error *err);
 
 /* After finalize (NULL / 0 before). Texts are the part's documents joined with "\n\n". */
-const qf_corpus_info *qf_corpus_get_info(const qf_corpus *c);
-const char *qf_corpus_calib_text(const qf_corpus *c, size_t *len);
-const char *qf_corpus_eval_text(const qf_corpus *c, size_t *len);
-size_t qf_corpus_part_docs(const qf_corpus *c, qf_corpus_part part);
-const char *qf_corpus_part_doc(const qf_corpus *c, qf_corpus_part part, size_t i, size_t *len);
+QF_API const qf_corpus_info *qf_corpus_get_info(const qf_corpus *c);
+QF_API const char *qf_corpus_calib_text(const qf_corpus *c, size_t *len);
+QF_API const char *qf_corpus_eval_text(const qf_corpus *c, size_t *len);
+QF_API size_t qf_corpus_part_docs(const qf_corpus *c, qf_corpus_part part);
+QF_API const char *qf_corpus_part_doc(const qf_corpus *c, qf_corpus_part part, size_t i, size_t *len);
 
 /* The inputs added so far, comma-separated, for messages and provenance. */
-const char *qf_corpus_inputs(const qf_corpus *c);
+QF_API const char *qf_corpus_inputs(const qf_corpus *c);
 
 #endif

@@ -6,6 +6,7 @@
 #ifndef QFORGE_ERROR_H
 #define QFORGE_ERROR_H
 
+#include "qforge/api.h"
 #include <stddef.h>
 
 typedef enum {
@@ -38,19 +39,19 @@ typedef struct {
 } qf_error;
 
 /* Record an error (printf-style message) and return `code`. `e` may be NULL. */
-qf_status qf_fail(qf_error *e, qf_status code, const char *fmt, ...)
+QF_API qf_status qf_fail(qf_error *e, qf_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Prefix an existing message with context ("loading X: " + old message); returns e->code. */
-qf_status qf_error_prefix(qf_error *e, const char *fmt, ...)
+QF_API qf_status qf_error_prefix(qf_error *e, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-void qf_error_clear(qf_error *e);
+QF_API void qf_error_clear(qf_error *e);
 
 /* Stable name, e.g. "CorpusEmpty", used in messages and --json output. */
-const char *qf_status_name(qf_status s);
+QF_API const char *qf_status_name(qf_status s);
 
 /* Process exit code for a status: 0 for QF_OK, distinct small integers otherwise. */
-int qf_status_exit_code(qf_status s);
+QF_API int qf_status_exit_code(qf_status s);
 
 #endif

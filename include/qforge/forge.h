@@ -10,6 +10,7 @@
 #ifndef QFORGE_FORGE_H
 #define QFORGE_FORGE_H
 
+#include "qforge/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,16 +21,13 @@
 #include "qforge/model.h"
 
 #define QF_GATE_DEFAULT_MAX_DELTA_PPL 0.05
+#define QF_JOB_MAX_CTX 8 /* contexts in one --ctx list */
 
-typedef struct {
-    double max_delta_ppl; /* (cand - ref) / ref must be <= this (default 0.05) */
-    bool has_max_kld;     /* when set, mean KLD must be <= max_kld */
-    double max_kld;
-    bool has_min_top1;    /* when set, same-top-1 agreement must be >= min_top1 */
-    double min_top1;
-} qf_gate;
+/* qf_gate (the thresholds) and qf_gate_judge (the one predicate) are in qforge/artifact.h. */
 
-qf_gate qf_gate_default(void);
+/* The calibrate default: |ΔPPL| <= 5 %, KLD thresholds by the artifact's rate (by_rate),
+ * two-sided, vs_baseline on. */
+QF_API qf_gate qf_gate_default(void);
 
 /* ================================ certify ================================ */
 
@@ -50,6 +48,14 @@ typedef struct {
     double ref_kv_bytes_per_token, cand_kv_bytes_per_token; /* whole model, K + V */
     double seconds;            /* candidate pass */
     bool passed;               /* the gate's verdict on these numbers */
+    /* since issue 15 */
+    double bits_per_element;   /* the candidate's rate (qf_artifact_bits_per_element); NaN for awq */
+    bool has_baseline;         /* the free baseline at that rate was run on the same tokens */
+    char baseline[24];         /* "q8_0" or "q4_0+hadamard" (plain "q4_0" when head_dim is no power of two) */
+    double baseline_bits;      /* its bits per element (8.5, 4.5) */
+    double baseline_ppl, baseline_delta_ppl, baseline_kld_mean, baseline_kld_p99, baseline_top1;
+    qf_gate gate;              /* the resolved gate the verdict used */
+    char why[256];             /* the first failing condition when !passed, else "" */
 } qf_certify_result;
 
 typedef struct qf_certify_ref qf_certify_ref; /* reference numbers and its saved log-probs */
@@ -59,27 +65,40 @@ typedef struct qf_certify_ref qf_certify_ref; /* reference numbers and its saved
  * second half scored) and keep its log-probabilities in a temporary file (llama-perplexity's
  * KL-divergence base format) for the candidates. The context must have nothing bound.
  * Errors: QF_ERR_CERTIFY_FAILED (e.g. the text is shorter than 2 * n_ctx tokens). */
-qf_status qf_certify_reference(qf_context *c, const char *eval_text, size_t len,
+QF_API qf_status qf_certify_reference(qf_context *c, const char *eval_text, size_t len,
                                const qf_certify_params *p, qf_certify_ref **out, qf_error *err);
-double qf_certify_ref_ppl(const qf_certify_ref *ref);
-void qf_certify_ref_free(qf_certify_ref *ref); /* removes the temporary file */
+QF_API double qf_certify_ref_ppl(const qf_certify_ref *ref);
+QF_API void qf_certify_ref_free(qf_certify_ref *ref); /* removes the temporary file */
 
 /* Bind the candidate (kind, payload) to the same context, run the same tokens, unbind (on
- * every path), fill *r and judge the gate. A gate failure is QF_OK with r->passed false;
+ * every path), fill *r and judge the gate (resolved for the kind and the payload's rate,
+ * qf_artifact_bits_per_element at the reference's chunk size; the free baseline at that rate
+ * is measured, qf_certify_baseline, and recorded whether or not the gate uses it). A gate failure is QF_OK with r->passed false;
  * errors (binding, evaluation) are QF_ERR_CERTIFY_FAILED with the cause in the message. */
-qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_artifact_kind kind,
+QF_API qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_artifact_kind kind,
                                const qf_payload *payload, const qf_gate *gate,
                                qf_certify_result *r, qf_error *err);
 
 /* The candidate is another model (e.g. an AWQ re-quantized GGUF) run in its own context,
  * created with the reference context's params: same tokens and chunking as the reference. */
-qf_status qf_certify_context(qf_context *cand, const qf_certify_ref *ref, const qf_gate *gate,
+QF_API qf_status qf_certify_context(qf_context *cand, const qf_certify_ref *ref, const qf_gate *gate,
                              qf_certify_result *r, qf_error *err);
 
-/* Whether numbers meet a gate (NaN never does). */
-bool qf_gate_passes(const qf_gate *g, const qf_certify_result *r);
+/* Whether numbers meet a gate (NaN never does): qf_gate_judge on r's numbers (its baseline
+ * when r->has_baseline). g is used as given (resolve a by_rate gate first). */
+QF_API bool qf_gate_passes(const qf_gate *g, const qf_certify_result *r);
+
+/* The free baseline for a rate: q8_0 above 6 bits per element, q4_0 + --kv-rot hadamard at or
+ * below (plain q4_0 when head_dim is not a power of two), run in a fresh plain-cache context
+ * with c's params over the reference's tokens. Fills r->has_baseline and r->baseline*.
+ * Measured once per (ref, baseline) and cached in ref (not thread-safe). */
+QF_API qf_status qf_certify_baseline(qf_context *c, const qf_certify_ref *ref, double bits_per_element,
+                              qf_certify_result *r, qf_error *err);
 
 /* ================================ jobs ================================ */
+
+/* The default calibration budget: tokens captured and K (and V) vectors kept per layer. */
+#define QF_JOB_DEFAULT_BUDGET 16384
 
 typedef struct {
     const char *model_path;
@@ -93,11 +112,15 @@ typedef struct {
     double eval_frac;           /* 0 = QF_CORPUS_DEFAULT_EVAL_FRAC */
     qf_gate gate;
     int n_ctx;                  /* capture window and evaluation chunk (default 256) */
+    int ctx_list[QF_JOB_MAX_CTX];           /* --ctx: certify at each of these contexts (the first is the
+                                   capture window and the primary certification; it replaces
+                                   n_ctx); n_ctx_list 0 = just n_ctx */
+    int n_ctx_list;
     int64_t max_calib_tokens;   /* calibration tokens captured (0 = 16384; < 0 = all) */
     int eval_chunks;            /* evaluation chunks (0 = 16; < 0 = all) */
     int n_threads;              /* 0 = all cores */
     qf_kv_mode ref_kv;          /* the reference KV mode (default f32) */
-    int64_t capture_per_layer;  /* K (and V) vectors kept per layer (0 = 16384) */
+    int64_t capture_per_layer;  /* K (and V) vectors kept per layer (0 = QF_JOB_DEFAULT_BUDGET) */
     uint64_t seed;              /* capture reservoir and dictionary seed (default 1) */
     qf_device capture_device;   /* where the capture runs (auto: the GPU when one is found, K/V read
                                    back from GPU memory); certification always runs on the CPU,
@@ -125,9 +148,12 @@ typedef struct {
     FILE *log;                  /* one line per stage, or NULL */
 } qf_job;
 
-void qf_job_default(qf_job *j);
+QF_API void qf_job_default(qf_job *j);
 
 #define QF_JOB_MAX_TRIED 4
+
+/* Parse "512,4096" (--ctx): 1..max distinct contexts, each in [8, 1 << 20], comma-separated. */
+QF_API qf_status qf_ctx_list_parse(const char *s, int *out, int max, int *n, qf_error *err);
 
 typedef struct {
     qf_certificate cert;        /* provenance + numbers as far as the job got (free below) */
@@ -141,6 +167,15 @@ typedef struct {
     } tried[QF_JOB_MAX_TRIED];
     double f16_kv_bytes_per_token;
     double awq_gap_closed;      /* awq: (RTN PPL - AWQ PPL) / (RTN PPL - reference PPL); tried[1] is RTN */
+    /* the chosen candidate at every context of the job's --ctx list ([0] = result above) */
+    int n_ctx_results;
+    struct {
+        int n_ctx;
+        qf_certify_result result;
+    } ctx_results[QF_JOB_MAX_CTX];
+    int certified_ctx[QF_JOB_MAX_CTX]; /* the contexts whose gate passed (recorded in the certificate) */
+    int n_certified_ctx;
+    double bits_per_element;    /* the packaged payload's rate at its largest certified context (NaN: awq) */
     int64_t calib_tokens;
     double seconds_corpus, seconds_capture, seconds_learn, seconds_certify, seconds_package;
 } qf_job_report;
@@ -150,8 +185,8 @@ typedef struct {
  * numbers are in the message and in *rep; nothing is written), QF_ERR_PACKAGE_FAILED,
  * QF_ERR_NOT_IMPLEMENTED (a learner that is not built), QF_ERR_ARG / _IO / _FORMAT for bad
  * input. rep is always filled as far as the job got; free with qf_job_report_free. */
-qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err);
-void qf_job_report_free(qf_job_report *rep);
+QF_API qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err);
+QF_API void qf_job_report_free(qf_job_report *rep);
 
 /* ================================ sweep ================================ */
 
@@ -160,7 +195,7 @@ typedef struct {
 } qf_dict_config;
 
 /* Parse "256x4,512x8" (atoms x sparsity, comma-separated, at most max entries). */
-qf_status qf_dict_configs_parse(const char *s, qf_dict_config *out, int max, int *n, qf_error *err);
+QF_API qf_status qf_dict_configs_parse(const char *s, qf_dict_config *out, int max, int *n, qf_error *err);
 
 typedef struct {
     qf_dict_config cfg;
@@ -175,7 +210,7 @@ typedef struct {
 /* Certify every config (kv-dict, j->dict_iters / dict_coef / dict_max_train) with one
  * corpus, one capture and one reference pass. A config that cannot be learned gets its own
  * row status; the call fails only when the shared stages fail. rows has n entries. */
-qf_status qf_sweep_run(const qf_job *j, const qf_dict_config *cfgs, int n, qf_sweep_row *rows,
+QF_API qf_status qf_sweep_run(const qf_job *j, const qf_dict_config *cfgs, int n, qf_sweep_row *rows,
                        double *ref_ppl, qf_error *err);
 
 #endif

@@ -6,6 +6,7 @@
 #ifndef QFORGE_GGUF_H
 #define QFORGE_GGUF_H
 
+#include "qforge/api.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -75,41 +76,41 @@ typedef struct qf_gguf qf_gguf;
 
 /* Open and validate a GGUF file. On failure returns NULL and err says which field of which
  * file is wrong ("model.gguf: tensor 12 'blk.1.attn_q.weight': offset ... past end of file"). */
-qf_gguf *qf_gguf_open(const char *path, qf_error *err);
+QF_API qf_gguf *qf_gguf_open(const char *path, qf_error *err);
 /* Same, over a caller-owned buffer (fuzzing, tests); the buffer must outlive the handle. */
-qf_gguf *qf_gguf_open_buffer(const void *data, size_t size, const char *name, qf_error *err);
-void qf_gguf_close(qf_gguf *g);
+QF_API qf_gguf *qf_gguf_open_buffer(const void *data, size_t size, const char *name, qf_error *err);
+QF_API void qf_gguf_close(qf_gguf *g);
 
-const char *qf_gguf_path(const qf_gguf *g);
-uint32_t qf_gguf_version(const qf_gguf *g);
-uint64_t qf_gguf_alignment(const qf_gguf *g);
-uint64_t qf_gguf_data_offset(const qf_gguf *g);
-const uint8_t *qf_gguf_file_data(const qf_gguf *g, size_t *size);
+QF_API const char *qf_gguf_path(const qf_gguf *g);
+QF_API uint32_t qf_gguf_version(const qf_gguf *g);
+QF_API uint64_t qf_gguf_alignment(const qf_gguf *g);
+QF_API uint64_t qf_gguf_data_offset(const qf_gguf *g);
+QF_API const uint8_t *qf_gguf_file_data(const qf_gguf *g, size_t *size);
 
-uint64_t qf_gguf_n_kv(const qf_gguf *g);
-const qf_gguf_kv *qf_gguf_kv_at(const qf_gguf *g, uint64_t i);
-const qf_gguf_value *qf_gguf_find(const qf_gguf *g, const char *key); /* NULL if absent */
+QF_API uint64_t qf_gguf_n_kv(const qf_gguf *g);
+QF_API const qf_gguf_kv *qf_gguf_kv_at(const qf_gguf *g, uint64_t i);
+QF_API const qf_gguf_value *qf_gguf_find(const qf_gguf *g, const char *key); /* NULL if absent */
 
 /* Typed getters: return false when the key is absent or has an incompatible type.
  * Integer getters accept any integer type whose value fits; get_f32 accepts floats and ints. */
-bool qf_gguf_get_u32(const qf_gguf *g, const char *key, uint32_t *out);
-bool qf_gguf_get_i64(const qf_gguf *g, const char *key, int64_t *out);
-bool qf_gguf_get_f32(const qf_gguf *g, const char *key, float *out);
-bool qf_gguf_get_bool(const qf_gguf *g, const char *key, bool *out);
+QF_API bool qf_gguf_get_u32(const qf_gguf *g, const char *key, uint32_t *out);
+QF_API bool qf_gguf_get_i64(const qf_gguf *g, const char *key, int64_t *out);
+QF_API bool qf_gguf_get_f32(const qf_gguf *g, const char *key, float *out);
+QF_API bool qf_gguf_get_bool(const qf_gguf *g, const char *key, bool *out);
 /* Copies into a NUL-terminated buffer; false if absent, not a string, or truncated. */
-bool qf_gguf_get_str(const qf_gguf *g, const char *key, char *buf, size_t cap);
+QF_API bool qf_gguf_get_str(const qf_gguf *g, const char *key, char *buf, size_t cap);
 
 /* Element i of an array value (bounds-checked; nested arrays decode into another array
  * value). Returns false when i is out of range. Element access of a string array is O(1)
  * after the first call: the reader indexes string arrays when it opens the file. */
-bool qf_gguf_array_get(const qf_gguf *g, const qf_gguf_value *arr, uint64_t i, qf_gguf_value *out);
+QF_API bool qf_gguf_array_get(const qf_gguf *g, const qf_gguf_value *arr, uint64_t i, qf_gguf_value *out);
 
-uint64_t qf_gguf_n_tensors(const qf_gguf *g);
-const qf_gguf_tensor *qf_gguf_tensor_at(const qf_gguf *g, uint64_t i);
-const qf_gguf_tensor *qf_gguf_find_tensor(const qf_gguf *g, const char *name);
-int64_t qf_gguf_tensor_nelements(const qf_gguf_tensor *t);
+QF_API uint64_t qf_gguf_n_tensors(const qf_gguf *g);
+QF_API const qf_gguf_tensor *qf_gguf_tensor_at(const qf_gguf *g, uint64_t i);
+QF_API const qf_gguf_tensor *qf_gguf_find_tensor(const qf_gguf *g, const char *name);
+QF_API int64_t qf_gguf_tensor_nelements(const qf_gguf_tensor *t);
 
-const char *qf_gguf_type_name(qf_gguf_type t);
+QF_API const char *qf_gguf_type_name(qf_gguf_type t);
 
 /* ---- writer ----
  * Collect metadata and tensors, then write atomically. Tensor data is copied by pointer
@@ -117,21 +118,21 @@ const char *qf_gguf_type_name(qf_gguf_type t);
  * setting an existing key replaces its value in place. */
 typedef struct qf_gguf_writer qf_gguf_writer;
 
-qf_gguf_writer *qf_gguf_writer_new(void);
-void qf_gguf_writer_free(qf_gguf_writer *w);
+QF_API qf_gguf_writer *qf_gguf_writer_new(void);
+QF_API void qf_gguf_writer_free(qf_gguf_writer *w);
 /* Copy every KV pair of an opened file (values deep-copied), optionally skipping keys with
  * a given prefix (NULL = copy all). */
-qf_status qf_gguf_writer_copy_kv(qf_gguf_writer *w, const qf_gguf *src, const char *skip_prefix,
+QF_API qf_status qf_gguf_writer_copy_kv(qf_gguf_writer *w, const qf_gguf *src, const char *skip_prefix,
                                  qf_error *err);
-qf_status qf_gguf_writer_set_u32(qf_gguf_writer *w, const char *key, uint32_t v);
-qf_status qf_gguf_writer_set_f32(qf_gguf_writer *w, const char *key, float v);
-qf_status qf_gguf_writer_set_bool(qf_gguf_writer *w, const char *key, bool v);
-qf_status qf_gguf_writer_set_str(qf_gguf_writer *w, const char *key, const char *v);
-qf_status qf_gguf_writer_set_value(qf_gguf_writer *w, const char *key, const qf_gguf *src,
+QF_API qf_status qf_gguf_writer_set_u32(qf_gguf_writer *w, const char *key, uint32_t v);
+QF_API qf_status qf_gguf_writer_set_f32(qf_gguf_writer *w, const char *key, float v);
+QF_API qf_status qf_gguf_writer_set_bool(qf_gguf_writer *w, const char *key, bool v);
+QF_API qf_status qf_gguf_writer_set_str(qf_gguf_writer *w, const char *key, const char *v);
+QF_API qf_status qf_gguf_writer_set_value(qf_gguf_writer *w, const char *key, const qf_gguf *src,
                                    const qf_gguf_value *v); /* deep copy (arrays too) */
-qf_status qf_gguf_writer_add_tensor(qf_gguf_writer *w, const char *name, qf_type type,
+QF_API qf_status qf_gguf_writer_add_tensor(qf_gguf_writer *w, const char *name, qf_type type,
                                     uint32_t n_dims, const int64_t *ne, const void *data,
                                     uint64_t nbytes, qf_error *err);
-qf_status qf_gguf_writer_write(qf_gguf_writer *w, const char *path, qf_error *err);
+QF_API qf_status qf_gguf_writer_write(qf_gguf_writer *w, const char *path, qf_error *err);
 
 #endif

@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "qforge/api.h"
 #include "qforge/error.h"
 
 #define QF_KV_MAX_ATOMS 4096 /* 12-bit indices; the Gram matrix is n_atoms^2 floats (64 MiB) */
@@ -42,16 +43,16 @@ typedef struct {
  * dictionary: QF_ERR_ARG for n_atoms outside 1..QF_KV_MAX_ATOMS or head_dim < 1,
  * QF_ERR_FORMAT for a zero or non-finite atom (the data is malformed), QF_ERR_NOMEM.
  * On failure *d is zeroed. */
-qf_status qf_kv_dict_init(qf_kv_dict *d, const float *atoms, int n_atoms, int head_dim,
+QF_API qf_status qf_kv_dict_init(qf_kv_dict *d, const float *atoms, int n_atoms, int head_dim,
                           qf_error *err);
-void qf_kv_dict_free(qf_kv_dict *d);
+QF_API void qf_kv_dict_free(qf_kv_dict *d);
 /* gram[n][n] = atoms * atoms^T (cblas_sgemm; deterministic for given inputs). */
-void qf_kv_gram(const float *atoms, int n_atoms, int head_dim, float *gram);
+QF_API void qf_kv_gram(const float *atoms, int n_atoms, int head_dim, float *gram);
 
 /* ---- the encoder ---- */
 
 /* Bytes of scratch qf_kv_omp_ex needs for n_atoms atoms and sparsity cap s (8-aligned). */
-size_t qf_kv_omp_scratch_bytes(int n_atoms, int s);
+QF_API size_t qf_kv_omp_scratch_bytes(int n_atoms, int s);
 
 /* Orthogonal matching pursuit of ONE vector x[head_dim]: at most s (<= QF_KV_MAX_SPARSITY)
  * atoms, stopping early by the rules at the top of this file; tol = 0 runs to s atoms (or a
@@ -60,7 +61,7 @@ size_t qf_kv_omp_scratch_bytes(int n_atoms, int s);
  * for training only: a GEMM may round them differently in the last bit). Writes idx[s],
  * coef[s] (unused slots idx 0 / coef 0) and returns the atoms used. Deterministic; no
  * allocation; scratch is qf_kv_omp_scratch_bytes() bytes, 8-aligned. */
-int qf_kv_omp_ex(const qf_kv_dict *d, const float *x, const float *alpha0, int s, double tol,
+QF_API int qf_kv_omp_ex(const qf_kv_dict *d, const float *x, const float *alpha0, int s, double tol,
                  void *scratch, uint16_t *idx, float *coef);
 
 /* ---- code storage: atom indices + coefficients in a fixed number of bytes ----
@@ -78,37 +79,37 @@ typedef struct {
     bool packed; /* bit-packed indices (artifact payload version 2) */
 } qf_kv_code_fmt;
 
-const char *qf_kv_coef_name(qf_kv_coef f); /* "f16", "q8" */
-int qf_kv_index_bits(int n_atoms);          /* ceil(log2 n_atoms), at least 1 */
-size_t qf_kv_fmt_bytes(const qf_kv_code_fmt *f);
-void qf_kv_fmt_pack(const qf_kv_code_fmt *f, const uint16_t *idx, const float *coef,
+QF_API const char *qf_kv_coef_name(qf_kv_coef f); /* "f16", "q8" */
+QF_API int qf_kv_index_bits(int n_atoms);          /* ceil(log2 n_atoms), at least 1 */
+QF_API size_t qf_kv_fmt_bytes(const qf_kv_code_fmt *f);
+QF_API void qf_kv_fmt_pack(const qf_kv_code_fmt *f, const uint16_t *idx, const float *coef,
                     uint8_t *out);
 /* Decode a packed code to head_dim floats; an index >= n_atoms decodes to nothing. */
-void qf_kv_fmt_decode(const qf_kv_code_fmt *f, const qf_kv_dict *d, const uint8_t *code,
+QF_API void qf_kv_fmt_decode(const qf_kv_code_fmt *f, const qf_kv_dict *d, const uint8_t *code,
                       float *out);
 
 /* The V1 layout (u8/u16 indices), as the CUDA backend reads it. */
-size_t qf_kv_code_bytes(int n_atoms, int s, qf_kv_coef f);
-void qf_kv_code_pack(const uint16_t *idx, const float *coef, int s, int n_atoms, qf_kv_coef f,
+QF_API size_t qf_kv_code_bytes(int n_atoms, int s, qf_kv_coef f);
+QF_API void qf_kv_code_pack(const uint16_t *idx, const float *coef, int s, int n_atoms, qf_kv_coef f,
                      uint8_t *out);
-void qf_kv_code_decode(const qf_kv_dict *d, const uint8_t *code, int s, qf_kv_coef f,
+QF_API void qf_kv_code_decode(const qf_kv_dict *d, const uint8_t *code, int s, qf_kv_coef f,
                        float *out);
 /* Information content of a code: s*ceil(log2 n_atoms) index bits + coefficient bits
  * (+16 for the q8 scale). Dictionary storage is amortised away, as at deployment scale. */
-double qf_kv_code_bits(int n_atoms, int s, qf_kv_coef f);
+QF_API double qf_kv_code_bits(int n_atoms, int s, qf_kv_coef f);
 /* Round coefficients in place to what the storage format keeps (for measuring error). */
-void qf_kv_coef_round(float *coef, int s, qf_kv_coef f);
+QF_API void qf_kv_coef_round(float *coef, int s, qf_kv_coef f);
 /* out[n][head_dim] = sum_j coef[j] * atom[idx[j]] (coef 0 or idx >= n_atoms: skipped). */
-void qf_kv_dict_decode(const qf_kv_dict *d, const uint16_t *idx, const float *coef, int s,
+QF_API void qf_kv_dict_decode(const qf_kv_dict *d, const uint16_t *idx, const float *coef, int s,
                        int64_t n, float *out);
 
 /* ---- kv-int8 row quantizer ---- */
 
 /* inv[i] = 1 / scale[i] (0 for a zero scale): compute once, quantize with it per token. */
-void qf_kv_int8_inv_scale(const float *scale, float *inv, int n);
+QF_API void qf_kv_int8_inv_scale(const float *scale, float *inv, int n);
 /* q[i] = clamp(round(x[i] * inv_scale[i]), -127, 127), round half away from zero; NaN -> -127.
  * The engine calls these on a whole K or V row (n = n_kv_head * head_dim) per token. */
-void qf_kv_int8_quantize(const float *x, const float *inv_scale, int8_t *q, int n);
-void qf_kv_int8_dequantize(const int8_t *q, const float *scale, float *x, int n);
+QF_API void qf_kv_int8_quantize(const float *x, const float *inv_scale, int8_t *q, int n);
+QF_API void qf_kv_int8_dequantize(const int8_t *q, const float *scale, float *x, int n);
 
 #endif

@@ -16,6 +16,7 @@
 #ifndef QFORGE_KVLEARN_H
 #define QFORGE_KVLEARN_H
 
+#include "qforge/api.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -26,7 +27,7 @@
 
 /* sum||x - xr||^2 / sum||x||^2 over n floats, clamped to [0, 1]; 0 when x is all zero and
  * xr matches it. */
-double qf_rel_mse(const float *x, const float *xr, int64_t n);
+QF_API double qf_rel_mse(const float *x, const float *xr, int64_t n);
 
 /* ================================ kv-dict ================================ */
 
@@ -43,23 +44,23 @@ typedef struct {
     double *err_trace;
 } qf_kv_dict_params;
 
-void qf_kv_dict_params_default(qf_kv_dict_params *p);
+QF_API void qf_kv_dict_params_default(qf_kv_dict_params *p);
 
 /* Learn a dictionary from n vectors x[n][head_dim]. Unused atoms are replaced each
  * iteration by the worst-represented training vectors. Fills *out (free with
  * qf_kv_dict_free). Fails with QF_ERR_ARG on bad parameters or too few vectors. */
-qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_dict_params *p,
+QF_API qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_dict_params *p,
                            qf_kv_dict *out, qf_error *err);
 
 /* OMP-encode n vectors with s atoms each: idx[n][s], coef[n][s] (f32, not yet rounded to
  * the storage format). A vector that needs fewer atoms gets idx 0 / coef 0 in the unused
  * slots. n_threads as above. Cost per vector ~ n_atoms*(head_dim + s*s) flops. */
-qf_status qf_kv_dict_encode(const qf_kv_dict *d, const float *x, int64_t n, int s, int n_threads,
+QF_API qf_status qf_kv_dict_encode(const qf_kv_dict *d, const float *x, int64_t n, int s, int n_threads,
                             uint16_t *idx, float *coef, qf_error *err);
 /* The same with an error bound (qf_kv_omp_ex's tol; 0 = none); used[n] (or NULL) gets the
  * atoms each code uses. Every code is exactly what the engine's dict cache stores for the
  * vector (the engine's encoder, correlations computed by the encoder). */
-qf_status qf_kv_dict_encode_ex(const qf_kv_dict *d, const float *x, int64_t n, int s, double tol,
+QF_API qf_status qf_kv_dict_encode_ex(const qf_kv_dict *d, const float *x, int64_t n, int s, double tol,
                                int n_threads, uint16_t *idx, float *coef, uint8_t *used,
                                qf_error *err);
 
@@ -75,7 +76,7 @@ typedef enum {
  * absmax) of |x| over each channel's (or head's) values; scale = clip / 127.
  * scale[n_kv_head * head_dim] is always written per channel (a per-head scale is repeated)
  * so the quantizer below needs no mode. n must be a positive multiple of n_kv_head. */
-qf_status qf_kv_int8_fit(const float *x, int64_t n, int n_kv_head, int head_dim,
+QF_API qf_status qf_kv_int8_fit(const float *x, int64_t n, int n_kv_head, int head_dim,
                          qf_kv_scale_mode mode, double percentile, float *scale, qf_error *err);
 
 /* The row quantizer the engine calls (qf_kv_int8_quantize and friends) is in qforge/kv.h. */
@@ -85,16 +86,16 @@ qf_status qf_kv_int8_fit(const float *x, int64_t n, int n_kv_head, int head_dim,
 /* Round trips: write the reconstruction of x[n][dim] to out (may equal x). bits in [2, 8].
  * Bits per element including scale overhead are returned by the matching *_bits(). */
 /* Symmetric per-vector absmax, levels +-(2^(bits-1) - 1), one f16 scale per vector. */
-void qf_kv_rt_uniform(const float *x, int64_t n, int dim, int bits, float *out);
-double qf_kv_bits_uniform(int dim, int bits);
+QF_API void qf_kv_rt_uniform(const float *x, int64_t n, int dim, int bits, float *out);
+QF_API double qf_kv_bits_uniform(int dim, int bits);
 /* The same after an orthonormal Walsh-Hadamard rotation (dim must be a power of two). */
-qf_status qf_kv_rt_hadamard(const float *x, int64_t n, int dim, int bits, float *out,
+QF_API qf_status qf_kv_rt_hadamard(const float *x, int64_t n, int dim, int bits, float *out,
                             qf_error *err);
 /* KIVI-style per channel: asymmetric min/max over groups of `group` consecutive tokens of
  * one kv-head, 2^bits levels, f16 scale + f16 zero per channel per group. */
-void qf_kv_rt_per_channel(const float *x, int64_t n, int dim, int n_kv_head, int group, int bits,
+QF_API void qf_kv_rt_per_channel(const float *x, int64_t n, int dim, int n_kv_head, int group, int bits,
                           float *out);
-double qf_kv_bits_per_channel(int group, int bits);
+QF_API double qf_kv_bits_per_channel(int group, int bits);
 
 /* ================================ analysis ================================ */
 
@@ -181,18 +182,18 @@ typedef struct {
     int kivi_group; /* 64 tokens per per-channel scale group */
 } qf_kv_analysis_params;
 
-void qf_kv_analysis_params_default(qf_kv_analysis_params *p);
+QF_API void qf_kv_analysis_params_default(qf_kv_analysis_params *p);
 
 /* Run the go/no-go (and the sweep) over a capture. Pairs with fewer than max(n_atoms, 16)
  * vectors are skipped (too few to learn from). Fails when no pair could be analysed. */
-qf_status qf_kv_analyze(const qf_kv_capture_view *cap, const qf_kv_analysis_params *p,
+QF_API qf_status qf_kv_analyze(const qf_kv_capture_view *cap, const qf_kv_analysis_params *p,
                         qf_kv_report *out, qf_error *err);
-void qf_kv_report_free(qf_kv_report *r);
+QF_API void qf_kv_report_free(qf_kv_report *r);
 /* A plain-text table of the verdicts and the pooled sweep. */
-void qf_kv_report_print(const qf_kv_report *r, FILE *fp);
+QF_API void qf_kv_report_print(const qf_kv_report *r, FILE *fp);
 
 /* Plot a rate-distortion table: x = bits per element, y = relative MSE (log scale), one
  * polyline per curve, legend. Plain SVG, written atomically. */
-qf_status qf_kv_rd_write_svg(const qf_kv_rd_table *t, const char *path, qf_error *err);
+QF_API qf_status qf_kv_rd_write_svg(const qf_kv_rd_table *t, const char *path, qf_error *err);
 
 #endif

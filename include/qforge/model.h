@@ -3,6 +3,7 @@
 #ifndef QFORGE_MODEL_H
 #define QFORGE_MODEL_H
 
+#include "qforge/api.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -41,18 +42,17 @@ typedef struct {
 
 typedef struct qf_model qf_model;
 
-qf_model *qf_model_load(const char *path, qf_error *err);
-void qf_model_free(qf_model *m);
-const qf_hparams *qf_model_hparams(const qf_model *m);
-const qf_tokenizer *qf_model_tokenizer(const qf_model *m);
-const qf_gguf *qf_model_gguf(const qf_model *m);
-const char *qf_model_path(const qf_model *m);
+QF_API qf_model *qf_model_load(const char *path, qf_error *err);
+QF_API void qf_model_free(qf_model *m);
+QF_API const qf_hparams *qf_model_hparams(const qf_model *m);
+QF_API const qf_tokenizer *qf_model_tokenizer(const qf_model *m);
+QF_API const qf_gguf *qf_model_gguf(const qf_model *m);
 /* SHA-256 of the whole GGUF file (computed once, on first call). */
-const uint8_t *qf_model_sha256(qf_model *m);
-const qf_layer_weights *qf_model_layer(const qf_model *m, int il);
-const qf_weight *qf_model_tok_embd(const qf_model *m);
-const qf_weight *qf_model_output_norm(const qf_model *m);
-const qf_weight *qf_model_output(const qf_model *m); /* tok_embd when tied */
+QF_API const uint8_t *qf_model_sha256(qf_model *m);
+QF_API const qf_layer_weights *qf_model_layer(const qf_model *m, int il);
+QF_API const qf_weight *qf_model_tok_embd(const qf_model *m);
+QF_API const qf_weight *qf_model_output_norm(const qf_model *m);
+QF_API const qf_weight *qf_model_output(const qf_model *m); /* tok_embd when tied */
 
 /* ---- KV cache storage ---- */
 typedef enum {
@@ -73,8 +73,11 @@ typedef enum {
     QF_KV_ROT_HADAMARD = 1
 } qf_kv_rot;
 
-const char *qf_kv_mode_name(qf_kv_mode m);
-bool qf_kv_mode_from_name(const char *name, qf_kv_mode *out);
+/* "none", "hadamard" (case-insensitive on parse; false for anything else) */
+QF_API const char *qf_kv_rot_name(qf_kv_rot r);
+QF_API bool qf_kv_rot_from_name(const char *name, qf_kv_rot *out);
+QF_API const char *qf_kv_mode_name(qf_kv_mode m);
+QF_API bool qf_kv_mode_from_name(const char *name, qf_kv_mode *out);
 
 /* ---- capture taps ----
  * Per-context hook object: a context with tap == NULL pays one NULL check per site.
@@ -107,40 +110,44 @@ typedef enum {
     QF_DEVICE_CUDA
 } qf_device;
 
-const char *qf_device_name(qf_device d);
-bool qf_device_from_name(const char *name, qf_device *out);
+QF_API const char *qf_device_name(qf_device d);
+QF_API bool qf_device_from_name(const char *name, qf_device *out);
 /* True when this build has the CUDA backend and a GPU answers. */
-bool qf_cuda_available(void);
+QF_API bool qf_cuda_available(void);
 
 typedef struct {
     int n_ctx;       /* max positions in the KV cache (0 = model's n_ctx_train) */
     int n_batch;     /* max tokens per qf_decode call for scratch sizing (0 = n_ctx) */
     int n_threads;   /* 0 = all cores */
     qf_kv_mode kv_k, kv_v;
-    qf_kv_rot kv_rot; /* NONE (default) or HADAMARD: see qf_kv_rot (not yet honoured by every route) */
+    qf_kv_rot kv_rot; /* NONE (default) or HADAMARD (--kv-rot): each K and V row is Walsh-Hadamard
+                         rotated before it is stored and rotated back on read; plain modes only
+                         (binding an artifact to such a context is refused), head_dim a power of
+                         two. On the GPU route only when the backend supports it: under --device
+                         auto the context falls back to the CPU, under --device cuda it is refused */
     bool reference;  /* scalar oracle kernels and no BLAS: the CPU reference path */
     qf_device device;
 } qf_context_params;
 
-qf_context_params qf_context_default_params(void);
+QF_API qf_context_params qf_context_default_params(void);
 
 typedef struct qf_context qf_context;
 
-qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *err);
-void qf_context_free(qf_context *c);
-const qf_context_params *qf_context_params_get(const qf_context *c);
-qf_device qf_context_device(const qf_context *c); /* the device actually in use */
-qf_model *qf_context_model(const qf_context *c);
+QF_API qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *err);
+QF_API void qf_context_free(qf_context *c);
+QF_API const qf_context_params *qf_context_params_get(const qf_context *c);
+QF_API qf_device qf_context_device(const qf_context *c); /* the device actually in use */
+QF_API qf_model *qf_context_model(const qf_context *c);
 
-/* Run n tokens at positions [pos0, pos0+n) (the cache must already hold [0, pos0)).
+/* Run n tokens at positions [pos0, pos0+n) (the cache must already hold [0, pos0)); pos0 = 0
+ * starts a new sequence (whatever the cache holds past pos0 is overwritten before it is read).
  * logits: NULL, or room for (n - logits_from) * n_vocab floats: the logits of tokens
  * logits_from .. n-1 of the batch (n - 1 = last token only, 0 = every token). */
-qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float *logits,
+QF_API qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float *logits,
                     int logits_from, qf_error *err);
-void qf_context_kv_clear(qf_context *c);
-void qf_context_set_tap(qf_context *c, const qf_tap *tap); /* NULL turns capture off */
+QF_API void qf_context_set_tap(qf_context *c, const qf_tap *tap); /* NULL turns capture off */
 
 /* KV cache bytes per token (all layers, K+V) in the current storage modes. */
-double qf_context_kv_bytes_per_token(const qf_context *c);
+QF_API double qf_context_kv_bytes_per_token(const qf_context *c);
 
 #endif

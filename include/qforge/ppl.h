@@ -5,6 +5,7 @@
 #ifndef QFORGE_PPL_H
 #define QFORGE_PPL_H
 
+#include "qforge/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,17 +40,17 @@ typedef struct {
     double ppl_base;     /* PPL of the base logits (when has_kl) */
 } qf_ppl_result;
 
-qf_ppl_params qf_ppl_default_params(void);
+QF_API qf_ppl_params qf_ppl_default_params(void);
 
 /* Evaluate `tokens` (already tokenized, BOS handling done by the caller: pass the whole
  * file's tokens as llama.cpp does; the first token of each chunk is replaced by BOS when
  * the vocabulary adds BOS). */
-qf_status qf_perplexity(qf_context *c, const int32_t *tokens, int64_t n_tokens,
+QF_API qf_status qf_perplexity(qf_context *c, const int32_t *tokens, int64_t n_tokens,
                         const qf_ppl_params *p, qf_ppl_result *r, qf_error *err);
 
 /* Tokenize a text file as llama-perplexity does (add BOS when the vocab adds it, no special
  * parsing) and evaluate it. */
-qf_status qf_perplexity_text(qf_context *c, const char *text, size_t len, const qf_ppl_params *p,
+QF_API qf_status qf_perplexity_text(qf_context *c, const char *text, size_t len, const qf_ppl_params *p,
                              qf_ppl_result *r, qf_error *err);
 
 #endif

@@ -6,6 +6,7 @@
 #ifndef QFORGE_QUANT_H
 #define QFORGE_QUANT_H
 
+#include "qforge/api.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -35,37 +36,37 @@ typedef enum {
 } qf_type;
 
 /* ggml's name ("q4_K", "f16", ...) or NULL for an id ggml does not define. */
-const char *qf_type_name(qf_type t);
+QF_API const char *qf_type_name(qf_type t);
 /* Parse a name as used on the command line ("f16", "q8_0", "q4_0", case-insensitive). */
-bool qf_type_from_name(const char *name, qf_type *out);
+QF_API bool qf_type_from_name(const char *name, qf_type *out);
 /* Known to ggml (size is defined) vs. runnable by our kernels. */
-bool qf_type_is_known(qf_type t);
-bool qf_type_is_supported(qf_type t); /* F32 F16 BF16 Q8_0 Q4_0 Q5_0 Q4_K Q5_K Q6_K */
-int64_t qf_type_block_elems(qf_type t); /* elements per block (1 for float types) */
-size_t qf_type_block_bytes(qf_type t);  /* bytes per block */
+QF_API bool qf_type_is_known(qf_type t);
+QF_API bool qf_type_is_supported(qf_type t); /* F32 F16 BF16 Q8_0 Q4_0 Q5_0 Q4_K Q5_K Q6_K */
+QF_API int64_t qf_type_block_elems(qf_type t); /* elements per block (1 for float types) */
+QF_API size_t qf_type_block_bytes(qf_type t);  /* bytes per block */
 /* Bytes of a row of n elements; 0 if n is not a multiple of the block size. */
-size_t qf_row_bytes(qf_type t, int64_t n);
+QF_API size_t qf_row_bytes(qf_type t, int64_t n);
 
 /* The activation format a weight type's dot product consumes (ggml's vec_dot_type):
  * F32->F32, F16->F16, BF16->BF16, Q4_0/Q5_0/Q8_0->Q8_0, Q4_K/Q5_K/Q6_K->Q8_K. */
-qf_type qf_vec_dot_type(qf_type t);
+QF_API qf_type qf_vec_dot_type(qf_type t);
 
 /* Dequantize n elements (n a multiple of the block size). */
-void qf_dequantize_row(qf_type t, const void *src, float *dst, int64_t n);
-void qf_dequantize_row_ref(qf_type t, const void *src, float *dst, int64_t n);
+QF_API void qf_dequantize_row(qf_type t, const void *src, float *dst, int64_t n);
+QF_API void qf_dequantize_row_ref(qf_type t, const void *src, float *dst, int64_t n);
 
 /* Quantize n floats to type t. Supported targets: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q8_K
  * (round-to-nearest, bit-exact with ggml's reference quantizers). Returns false otherwise. */
-bool qf_quantize_row(qf_type t, const float *src, void *dst, int64_t n);
-bool qf_quantize_row_ref(qf_type t, const float *src, void *dst, int64_t n);
+QF_API bool qf_quantize_row(qf_type t, const float *src, void *dst, int64_t n);
+QF_API bool qf_quantize_row_ref(qf_type t, const float *src, void *dst, int64_t n);
 
 /* Dot product of a weight row of type t with an activation row already in qf_vec_dot_type(t). */
-float qf_vec_dot(qf_type t, int64_t n, const void *w, const void *x);
-float qf_vec_dot_ref(qf_type t, int64_t n, const void *w, const void *x);
+QF_API float qf_vec_dot(qf_type t, int64_t n, const void *w, const void *x);
+QF_API float qf_vec_dot_ref(qf_type t, int64_t n, const void *w, const void *x);
 
 /* True when the fast (AVX2/FMA/F16C) kernels are in use on this CPU. */
-bool qf_quant_has_avx2(void);
+QF_API bool qf_quant_has_avx2(void);
 /* Force the scalar oracle everywhere (tests, the reference capture route). */
-void qf_quant_force_scalar(bool on);
+QF_API void qf_quant_force_scalar(bool on);
 
 #endif

@@ -3,6 +3,7 @@
 #ifndef QFORGE_SAMPLE_H
 #define QFORGE_SAMPLE_H
 
+#include "qforge/api.h"
 #include <stdint.h>
 
 typedef struct {
@@ -19,8 +20,8 @@ typedef struct {
     struct qf_prob_idx { float p; int32_t id; } *cand;
 } qf_sampler;
 
-int qf_sampler_init(qf_sampler *s, const qf_sampler_params *p, int n_vocab); /* 0 ok, -1 oom */
-void qf_sampler_free(qf_sampler *s);
-int32_t qf_sample(qf_sampler *s, const float *logits);
+QF_API int qf_sampler_init(qf_sampler *s, const qf_sampler_params *p, int n_vocab); /* 0 ok, -1 oom */
+QF_API void qf_sampler_free(qf_sampler *s);
+QF_API int32_t qf_sample(qf_sampler *s, const float *logits);
 
 #endif

@@ -3,7 +3,9 @@
 #ifndef QFORGE_VERSION_H
 #define QFORGE_VERSION_H
 
-const char *qf_version(void);
-const char *qf_git_commit(void);
+#include "qforge/api.h"
+
+QF_API const char *qf_version(void);
+QF_API const char *qf_git_commit(void);
 
 #endif

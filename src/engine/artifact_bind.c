@@ -4,6 +4,7 @@
  * mode (kv_cache.c); unbind restores the context's own modes. Engine side: no forge code. */
 #include "qforge/artifact_bind.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,11 +140,18 @@ done:
 }
 
 qf_status qf_context_bind_payload(qf_context *c, qf_artifact_kind kind, const qf_payload *p, qf_error *err) {
+    qf_error local; /* err is optional: the helpers below re-label err->code */
+    if (!err) err = &local;
     if (kind == QF_ARTIFACT_AWQ)
         return qf_fail(err, QF_ERR_UNSUPPORTED,
                        "an awq artifact is not a KV artifact: it names a re-quantized GGUF file to load instead");
     if (kind != QF_ARTIFACT_KV_INT8 && kind != QF_ARTIFACT_KV_DICT)
         return qf_fail(err, QF_ERR_ARG, "unknown artifact kind %d", (int)kind);
+    if (c->params.kv_rot != QF_KV_ROT_NONE)
+        return qf_fail(err, QF_ERR_ARG,
+                       "binding %s: --kv-rot %s applies to the plain KV cache types only; a KV artifact defines its "
+                       "own storage (and rotation): drop --kv-rot to run the artifact",
+                       qf_artifact_kind_name(kind), qf_kv_rot_name(c->params.kv_rot));
     qf_kv_mode bk = c->bound ? c->base_kv_k : c->params.kv_k, bv = c->bound ? c->base_kv_v : c->params.kv_v;
     qf_status st = kind == QF_ARTIFACT_KV_INT8 ? bind_int8(c, p, err) : bind_dict(c, p, err);
     if (st) return qf_error_prefix(err, "binding %s: ", qf_artifact_kind_name(kind));
@@ -175,4 +183,33 @@ bool qf_artifact_cpu_only(const qf_artifact *a) {
 bool qf_context_bound(const qf_context *c, qf_artifact_kind *kind) {
     if (c->bound && kind) *kind = (qf_artifact_kind)(c->bound - 1);
     return c->bound != 0;
+}
+
+/* ---- bits per element, one function per kind ---- */
+
+/* kv-int8: one byte per element; the static scales are a fixed table (not counted) */
+static double bits_int8(const qf_payload *p, const qf_hparams *hp, int n_ctx) {
+    (void)n_ctx;
+    if (!qf_payload_get(p, "k_scale") || !qf_payload_get(p, "v_scale") || hp->head_dim < 1) return NAN;
+    return 8.0;
+}
+
+/* kv-dict: one packed code per row of head_dim elements (what the cache stores, padding included) */
+static double bits_dict(const qf_payload *p, const qf_hparams *hp, int n_ctx) {
+    (void)n_ctx;
+    int64_t na = 0, s = 0;
+    const char *coef = qf_payload_get_string(p, "coef");
+    if (!qf_payload_get_int(p, "n_atoms", &na) || !qf_payload_get_int(p, "sparsity", &s) || !coef) return NAN;
+    if (na < 1 || na > QF_KV_MAX_ATOMS || s < 1 || s > na || hp->head_dim < 1) return NAN;
+    qf_kv_coef cf = !strcmp(coef, "q8") ? QF_KV_COEF_Q8 : QF_KV_COEF_F16;
+    return 8.0 * (double)qf_kv_code_bytes((int)na, (int)s, cf) / hp->head_dim;
+}
+
+double qf_artifact_bits_per_element(qf_artifact_kind kind, const qf_payload *p, const qf_hparams *hp, int n_ctx) {
+    if (!p || !hp) return NAN;
+    switch (kind) {
+    case QF_ARTIFACT_KV_INT8: return bits_int8(p, hp, n_ctx);
+    case QF_ARTIFACT_KV_DICT: return bits_dict(p, hp, n_ctx);
+    default: return NAN; /* awq is a weight artifact; a new KV kind adds its case here */
+    }
 }

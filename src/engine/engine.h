@@ -34,6 +34,11 @@ typedef struct {
     /* K rows are stored before RoPE (any mode); the reader (forward.c) rotates each position
      * after qf_kv_cache_read_head. Writers must hand pre-RoPE K to qf_kv_cache_write. */
     bool k_prerope;
+    /* --kv-rot (plain modes only): every row is rotated by qf_hadamard before it is stored and
+     * rotated back after it is read; rot_buf is the write-side scratch [head_dim] (cache writes
+     * run on one thread; reads rotate in the caller's buffer, so they may run in parallel) */
+    qf_kv_rot rot;
+    float *rot_buf;
 } qf_kv_cache;
 
 /* QF_KV_DICT storage of one stream: a row is one packed code (qf_kv_code_fmt layout:
@@ -70,6 +75,11 @@ qf_status qf_kv_cache_init(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx, qf_
 qf_status qf_kv_cache_init_spec(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx,
                                 const qf_kv_stream_spec spec[2], qf_error *err);
 void qf_kv_cache_free(qf_kv_cache *kv);
+/* Set the cache's row rotation (--kv-rot). NONE always succeeds. HADAMARD needs plain modes
+ * on both streams (f32, f16, q8_0, q4_0: QF_ERR_ARG for int8/dict, whose artifacts define their
+ * own storage) and a power-of-two head_dim (QF_ERR_UNSUPPORTED otherwise). Cache contents are
+ * not converted: call it on a fresh cache. On failure the cache is unchanged. */
+qf_status qf_kv_cache_set_rot(qf_kv_cache *kv, qf_kv_rot rot, qf_error *err);
 /* Write n_rows consecutive rows starting at (pos, kv head 0): src is [n_rows][head_dim]. */
 void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos,
                        const float *src);
@@ -89,7 +99,7 @@ struct qf_context {
     const qf_tap *tap;
     int n_batch;
     /* scratch activations, sized for n_batch tokens */
-    float *x, *xn, *q, *k, *v, *att, *hb, *hb2, *logits_tmp;
+    float *x, *xn, *q, *k, *v, *att, *hb, *hb2;
     /* per-thread scratch for matmul tiles and attention */
     float **thr_buf;
     size_t thr_buf_floats;

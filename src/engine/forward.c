@@ -86,7 +86,7 @@ void qf_context_free(qf_context *c) {
     free(e->kbuf), free(e->vbuf);
     qf_kv_cache_free(&c->kv);
     free(c->x), free(c->xn), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
-        free(c->hb2), free(c->logits_tmp), free(c->xq), free(c->rope_cos), free(c->rope_sin);
+        free(c->hb2), free(c->xq), free(c->rope_cos), free(c->rope_sin);
     if (c->thr_buf)
         for (int i = 0; i < qf_pool_size(c->pool); i++) free(c->thr_buf[i]);
     free(c->thr_buf);
@@ -123,6 +123,7 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
         goto fail;
     }
     if (qf_kv_cache_init(&c->kv, hp, c->params.n_ctx, c->params.kv_k, c->params.kv_v, err)) goto fail;
+    if (qf_kv_cache_set_rot(&c->kv, c->params.kv_rot, err)) goto fail;
 
     size_t B = (size_t)c->n_batch, D = hp->n_embd, Dq = (size_t)hp->n_head * hp->head_dim,
            Dkv = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
@@ -176,6 +177,17 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     /* the reference path is the CPU oracle by definition */
     bool want_gpu = !c->params.reference && (c->params.device == QF_DEVICE_CUDA ||
                                               (c->params.device == QF_DEVICE_AUTO && qf_cuda_backend_available()));
+    /* a KV rotation the backend cannot run: auto stays on the CPU, an explicit cuda is refused */
+    if (want_gpu && c->params.kv_rot != QF_KV_ROT_NONE && !qf_cuda_backend_kv_rot_ok(c->params.kv_rot)) {
+        if (c->params.device == QF_DEVICE_CUDA) {
+            qf_fail(err, QF_ERR_UNSUPPORTED,
+                    "--kv-rot %s is not supported by the CUDA backend of this build: use --device cpu (or auto, "
+                    "which runs it on the CPU)",
+                    qf_kv_rot_name(c->params.kv_rot));
+            goto fail;
+        }
+        want_gpu = false;
+    }
     if (want_gpu && qf_cuda_ctx_new(c, &c->gpu, err)) goto fail;
     return c;
 oom:
@@ -202,7 +214,6 @@ bool qf_device_from_name(const char *name, qf_device *out) {
 bool qf_cuda_available(void) { return qf_cuda_backend_available(); }
 qf_model *qf_context_model(const qf_context *c) { return c->model; }
 void qf_context_set_tap(qf_context *c, const qf_tap *tap) { c->tap = tap; }
-void qf_context_kv_clear(qf_context *c) { (void)c; /* positions are overwritten; nothing to do */ }
 double qf_context_kv_bytes_per_token(const qf_context *c) { return qf_kv_cache_bytes_per_token(&c->kv); }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -268,6 +279,7 @@ static void matmul(qf_context *c, const qf_weight *w, const float *x, int n, flo
         j.route = 1;
         qf_type vt = qf_vec_dot_type(w->type);
         j.xq_row = qf_row_bytes(vt, w->ne0);
+        QF_ASSERT((size_t)n * j.xq_row <= c->xq_bytes); /* sized in qf_context_new for GEMM_MIN_TOKENS rows */
         for (int t = 0; t < n; t++)
             qf_quantize_row(vt, x + (size_t)t * w->ne0, (uint8_t *)c->xq + t * j.xq_row, w->ne0);
     }

@@ -6,13 +6,18 @@
  * binds; dict stores one packed sparse code per row (atom indices + coefficients, the
  * qf_kv_code_pack layout), OMP-encoded on write against the dictionaries a certified kv-dict
  * artifact binds and reconstructed on read, so the cache really holds only the codes.
- * int8 and dict caches are built only through qf_kv_cache_init_spec, with their data. */
+ * int8 and dict caches are built only through qf_kv_cache_init_spec, with their data.
+ * --kv-rot hadamard (plain modes): each row is rotated by the normalized Walsh-Hadamard
+ * transform before it is quantized and rotated back (H is its own inverse) after it is
+ * dequantized, as llama.cpp does for quantized caches: outlier channels are spread over the
+ * whole row, so one block scale fits every element better. Attention sees the same vectors. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine.h"
 #include "engine/kv_codes.h"
+#include "kernels/hadamard.h"
 
 static const char *const mode_names[QF_KV_MODE_COUNT] = {"f32", "f16", "q8_0", "q4_0", "int8", "dict"};
 
@@ -189,6 +194,49 @@ void qf_kv_cache_free(qf_kv_cache *kv) {
         kv->int8_scale[s] = kv->int8_inv_scale[s] = NULL;
         kv->dict[s] = NULL;
     }
+    free(kv->rot_buf);
+    kv->rot_buf = NULL;
+    kv->rot = QF_KV_ROT_NONE;
+}
+
+const char *qf_kv_rot_name(qf_kv_rot r) {
+    return r == QF_KV_ROT_NONE ? "none" : r == QF_KV_ROT_HADAMARD ? "hadamard" : "unknown";
+}
+
+bool qf_kv_rot_from_name(const char *name, qf_kv_rot *out) {
+    if (!name) return false;
+    if (!strcasecmp(name, "none")) *out = QF_KV_ROT_NONE;
+    else if (!strcasecmp(name, "hadamard")) *out = QF_KV_ROT_HADAMARD;
+    else return false;
+    return true;
+}
+
+qf_status qf_kv_cache_set_rot(qf_kv_cache *kv, qf_kv_rot rot, qf_error *err) {
+    if (rot == QF_KV_ROT_NONE) {
+        free(kv->rot_buf);
+        kv->rot_buf = NULL;
+        kv->rot = rot;
+        return QF_OK;
+    }
+    if (rot != QF_KV_ROT_HADAMARD) return qf_fail(err, QF_ERR_ARG, "unknown KV rotation %d", (int)rot);
+    for (int s = 0; s < 2; s++) {
+        qf_kv_mode m = s ? kv->mode_v : kv->mode_k;
+        if (mode_type(m) == QF_TYPE_COUNT)
+            return qf_fail(err, QF_ERR_ARG,
+                           "--kv-rot %s applies to the plain KV cache types (f32, f16, q8_0, q4_0), not to %s "
+                           "(a certified artifact defines its own storage)",
+                           qf_kv_rot_name(rot), qf_kv_mode_name(m));
+    }
+    if (!qf_hadamard_size_ok(kv->head_dim))
+        return qf_fail(err, QF_ERR_UNSUPPORTED,
+                       "--kv-rot %s needs head_dim to be a power of two (this model's head_dim is %d)",
+                       qf_kv_rot_name(rot), kv->head_dim);
+    float *buf = malloc((size_t)kv->head_dim * sizeof(float));
+    if (!buf) return qf_fail(err, QF_ERR_NOMEM, "out of memory for the KV rotation buffer");
+    free(kv->rot_buf);
+    kv->rot_buf = buf;
+    kv->rot = rot;
+    return QF_OK;
 }
 
 void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos,
@@ -211,6 +259,14 @@ void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_po
         for (int r = 0; r < n_pos * nh; r++) {
             qf_kv_omp_ex(L, src + (size_t)r * hd, NULL, d->sparsity, tol, d->scratch, d->idx, d->coef_buf);
             qf_kv_fmt_pack(&d->fmt, d->idx, d->coef_buf, dst + (size_t)r * rb);
+        }
+        return;
+    }
+    if (kv->rot == QF_KV_ROT_HADAMARD) {
+        for (int r = 0; r < n_pos * nh; r++) {
+            memcpy(kv->rot_buf, src + (size_t)r * hd, (size_t)hd * sizeof(float));
+            qf_hadamard(kv->rot_buf, hd);
+            qf_quantize_row(mode_type(mode), kv->rot_buf, dst + (size_t)r * rb, hd);
         }
         return;
     }
@@ -238,6 +294,7 @@ void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, 
         qf_type t = mode_type(mode);
         for (int p = 0; p < n_pos; p++) qf_dequantize_row(t, base + p * stride, dst + (size_t)p * hd, hd);
     }
+    if (kv->rot == QF_KV_ROT_HADAMARD) qf_hadamard_rows(dst, hd, n_pos);
 }
 
 double qf_kv_cache_bytes_per_token(const qf_kv_cache *kv) {

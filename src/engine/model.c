@@ -216,7 +216,6 @@ void qf_model_free(qf_model *m) {
 const qf_hparams *qf_model_hparams(const qf_model *m) { return &m->hp; }
 const qf_tokenizer *qf_model_tokenizer(const qf_model *m) { return m->tok; }
 const qf_gguf *qf_model_gguf(const qf_model *m) { return m->gguf; }
-const char *qf_model_path(const qf_model *m) { return m->path; }
 const qf_layer_weights *qf_model_layer(const qf_model *m, int il) { return &m->layers[il]; }
 const qf_weight *qf_model_tok_embd(const qf_model *m) { return &m->tok_embd; }
 const qf_weight *qf_model_output_norm(const qf_model *m) { return &m->output_norm; }

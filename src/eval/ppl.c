@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "eval/kld.h"
 #ifdef QF_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
 #endif
@@ -24,8 +25,6 @@ qf_ppl_params qf_ppl_default_params(void) {
     p.n_ctx = 512;
     return p;
 }
-
-#include "ppl_kld.h"
 
 /* log p(tok) under softmax(logits), as llama.cpp's log_softmax: f32 max, double sum of expf */
 static double log_softmax_tok(const float *logits, int n_vocab, int tok) {
@@ -56,14 +55,13 @@ typedef struct {
 } ppl_run;
 
 /* run chunk i (this rank's own_idx-th) into its record */
-static qf_status ppl_chunk(ppl_run *u, kld_state *kl, int i, int own_idx, uint8_t *rec, qf_error *err) {
+static qf_status ppl_chunk(ppl_run *u, qf_kld_state *kl, int i, int own_idx, uint8_t *rec, qf_error *err) {
     qf_context *c = u->c;
     const qf_model *m = c->model;
     const int n_ctx = u->n_ctx, first = u->first, n_batch = u->n_batch;
     double *nll = (double *)(void *)rec;
     memcpy(u->chunk, u->tokens + (size_t)i * n_ctx, (size_t)n_ctx * sizeof(int32_t));
     if (u->add_bos) u->chunk[0] = qf_tokenizer_bos(m->tok);
-    qf_context_kv_clear(c);
     const int32_t *next = u->tokens + (size_t)i * n_ctx + first + 1;
     qf_status st = QF_OK;
 #ifdef QF_HAVE_CUDA
@@ -79,13 +77,13 @@ static qf_status ppl_chunk(ppl_run *u, kld_state *kl, int i, int own_idx, uint8_
     }
     if (st) return st;
     for (int k = 0; k < u->n_score; k++) nll[k] = -log_softmax_tok(u->logits + (size_t)k * u->n_vocab, u->n_vocab, next[k]);
-    return kld_chunk(kl, u->logits, next, u->n_score, kl->local ? own_idx : i,
+    return qf_kld_chunk(kl, u->logits, next, u->n_score, kl->local ? own_idx : i,
                      kl->writing && !kl->local ? (uint16_t *)(void *)(rec + u->off_rows) : NULL,
-                     (kld_pos *)(void *)(rec + u->off_pos), err);
+                     (qf_kld_pos *)(void *)(rec + u->off_pos), err);
 }
 
 static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_tokens, const qf_ppl_params *p,
-                            const kld_base_file *base, qf_ppl_result *r, qf_error *err) {
+                            const qf_kld_base_file *base, qf_ppl_result *r, qf_error *err) {
     memset(r, 0, sizeof *r);
     const qf_model *m = c->model;
     const int n_vocab = m->hp.n_vocab, n_ctx = p->n_ctx;
@@ -109,14 +107,14 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     u.add_bos = qf_tokenizer_add_bos(m->tok) && qf_tokenizer_bos(m->tok) >= 0;
     u.n_batch = c->n_batch < n_ctx ? c->n_batch : n_ctx;
 
-    kld_state kl;
+    qf_kld_state kl;
     uint8_t *rec = NULL, *all = NULL;
-    qf_status st = kld_begin(&kl, p, n_ctx, n_vocab, n_chunk, n_own, base, tokens, err);
+    qf_status st = qf_kld_begin(&kl, p, n_ctx, n_vocab, n_chunk, n_own, base, tokens, err);
 #ifdef QF_HAVE_CUDA
     u.gpu_scores = c->gpu && !kl.reading && !kl.writing && u.n_batch >= n_ctx;
 #endif
     u.off_pos = (size_t)n_score * sizeof(double);
-    u.off_rows = u.off_pos + (kl.reading ? (size_t)n_score * sizeof(kld_pos) : 0);
+    u.off_rows = u.off_pos + (kl.reading ? (size_t)n_score * sizeof(qf_kld_pos) : 0);
     u.rec_bytes = u.off_rows + (kl.writing && !kl.local ? (size_t)n_score * kl.nv * sizeof(uint16_t) : 0);
     if (!st) {
         u.logits = malloc((size_t)(n_ctx - first) * n_vocab * sizeof(float));
@@ -152,9 +150,9 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
                 nll2 += v[k] * v[k];
             }
             count += n_score;
-            if (kl.reading) kld_accumulate(&kl, (const kld_pos *)(const void *)(cr + u.off_pos), n_score);
+            if (kl.reading) qf_kld_accumulate(&kl, (const qf_kld_pos *)(const void *)(cr + u.off_pos), n_score);
             if (kl.writing && !kl.local)
-                st = kld_write_rows(&kl, (const uint16_t *)(const void *)(cr + u.off_rows), n_score, err);
+                st = qf_kld_write_rows(&kl, (const uint16_t *)(const void *)(cr + u.off_rows), n_score, err);
             if (p->log) {
                 fprintf(p->log, "[%d]%.4lf,", ci + 1, exp(nll / (double)count));
                 fflush(p->log);
@@ -169,9 +167,9 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     free(u.chunk);
     free(rec);
     free(all);
-    if (!st) st = kld_commit(&kl, err);
-    if (!st && rank == 0) st = kld_finish(&kl, r, err);
-    kld_end(&kl);
+    if (!st) st = qf_kld_commit(&kl, err);
+    if (!st && rank == 0) st = qf_kld_finish(&kl, r, err);
+    qf_kld_end(&kl);
     if (!agreed) st = qf_par_agree(st, err);
     if (st) return st;
 
@@ -193,14 +191,14 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
 static qf_status perplexity_kl(qf_context *c, const int32_t *tokens, int64_t n_tokens, const qf_ppl_params *p,
                                qf_ppl_result *r, qf_error *err) {
     if (!p->kl_base_read) return perplexity(c, tokens, n_tokens, p, NULL, r, err);
-    kld_base_file base;
-    qf_status st = kld_base_open(&base, p->kl_base_read, err);
+    qf_kld_base_file base;
+    qf_status st = qf_kld_base_open(&base, p->kl_base_read, err);
     if (st) return st;
     qf_ppl_params q = *p;
     q.n_ctx = base.n_ctx;
     q.n_chunks = p->n_chunks > 0 && p->n_chunks < base.n_chunk ? p->n_chunks : base.n_chunk;
     st = perplexity(c, base.tokens, (int64_t)base.n_ctx * base.n_chunk, &q, &base, r, err);
-    qf_unmap_file(&base.mf);
+    qf_kld_base_close(&base);
     return st;
 }
 

@@ -258,7 +258,6 @@ qf_status qf_capture_run(qf_context *c, qf_capture *cap, const int32_t *tokens, 
         } else if (!(st = qf_par_injected("capture window", err))) {
             memcpy(win, tokens + start, (size_t)n * sizeof(int32_t));
             if (add_bos) win[0] = qf_tokenizer_bos(tok);
-            qf_context_kv_clear(c);
             for (int j = 0; j < n && !st; j += cp->n_batch) {
                 int bs = n - j < cp->n_batch ? n - j : cp->n_batch;
                 st = qf_decode(c, win + j, bs, j, NULL, bs, err);

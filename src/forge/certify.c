@@ -3,7 +3,10 @@
  * each candidate is bound to the SAME context (same params, threads, batch and code path),
  * runs the same tokens read back from that file, and is unbound again on every exit path
  * (the one cleanup label below is the C version of the seed's CpuRefPathGuard). Numbers:
- * PPL of both, delta = (cand - ref) / ref, mean and p99 KL(ref || cand), same-top-1. */
+ * PPL of both, delta = (cand - ref) / ref, mean and p99 KL(ref || cand), same-top-1. The free
+ * baseline at the candidate's rate (q8_0, or q4_0 + hadamard) runs in its own plain-cache
+ * context over the same saved tokens, and the verdict is qf_gate_judge (src/format/gate.c),
+ * the same predicate the loader applies. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,25 +17,43 @@
 #include "qforge/ppl.h"
 #include "util/util.h"
 
+/* the free baselines a reference has measured: [0] q8_0, [1] q4_0 (+ hadamard) */
+typedef struct {
+    bool done;
+    qf_certify_result r;
+} baseline_slot;
+
 struct qf_certify_ref {
     char base_path[4096]; /* saved reference log-probs */
     qf_certify_params p;
     qf_ppl_result r;
     double kv_bytes_per_token;
+    baseline_slot base[2];
 };
 
 qf_gate qf_gate_default(void) {
     qf_gate g = {0};
     g.max_delta_ppl = QF_GATE_DEFAULT_MAX_DELTA_PPL;
+    g.two_sided = g.vs_baseline = g.by_rate = true;
     return g;
 }
 
+static qf_gate_numbers numbers_of(const qf_certify_result *r) {
+    return (qf_gate_numbers){.ref_ppl = r->ref_ppl, .cand_ppl = r->cand_ppl, .delta_ppl = r->delta_ppl,
+                             .kld_mean = r->kld_mean, .kld_p99 = r->kld_p99, .top1 = r->top1,
+                             .has_baseline = r->has_baseline, .baseline_kld_mean = r->baseline_kld_mean};
+}
+
 bool qf_gate_passes(const qf_gate *g, const qf_certify_result *r) {
-    /* written so that any NaN fails */
-    if (!(r->delta_ppl <= g->max_delta_ppl)) return false;
-    if (g->has_max_kld && !(r->kld_mean <= g->max_kld)) return false;
-    if (g->has_min_top1 && !(r->top1 >= g->min_top1)) return false;
-    return isfinite(r->cand_ppl) && isfinite(r->ref_ppl);
+    qf_gate_numbers n = numbers_of(r);
+    return qf_gate_judge(g, &n, NULL, 0);
+}
+
+/* resolve the gate for (kind, rate), judge, and keep the verdict's reason */
+static void judge(const qf_gate *gate, qf_artifact_kind kind, qf_certify_result *r) {
+    r->gate = qf_gate_resolve(gate, kind, r->bits_per_element);
+    qf_gate_numbers n = numbers_of(r);
+    r->passed = qf_gate_judge(&r->gate, &n, r->why, sizeof r->why);
 }
 
 static qf_status run_candidate(qf_context *c, const qf_certify_ref *ref, const qf_gate *gate, qf_certify_result *r,
@@ -48,6 +69,8 @@ void qf_certify_ref_free(qf_certify_ref *ref) {
 
 qf_status qf_certify_reference(qf_context *c, const char *eval_text, size_t len, const qf_certify_params *p,
                                qf_certify_ref **out, qf_error *err) {
+    qf_error local; /* err is optional (NULL): failures below re-label err->code */
+    if (!err) err = &local;
     *out = NULL;
     if (qf_context_bound(c, NULL))
         return qf_fail(err, QF_ERR_ARG, "certify: the reference context must have no artifact bound");
@@ -89,9 +112,12 @@ qf_status qf_certify_reference(qf_context *c, const char *eval_text, size_t len,
 qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_artifact_kind kind,
                                const qf_payload *payload, const qf_gate *gate, qf_certify_result *r,
                                qf_error *err) {
+    qf_error local; /* err is optional (NULL): failures below re-label err->code */
+    if (!err) err = &local;
     memset(r, 0, sizeof *r);
     r->ref_ppl = ref->r.ppl;
     r->cand_ppl = r->delta_ppl = r->kld_mean = r->kld_p99 = r->top1 = NAN;
+    r->bits_per_element = NAN;
     r->ref_kv_bytes_per_token = ref->kv_bytes_per_token;
     if (qf_context_bound(c, NULL))
         return qf_fail(err, QF_ERR_ARG, "certify: the context already has an artifact bound");
@@ -107,19 +133,62 @@ qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_arti
     /* restore on every path; an unbind failure outranks the result */
     qf_error uerr = {0};
     if (qf_context_unbind(c, &uerr)) {
-        if (err) *err = uerr;
+        *err = uerr;
         return qf_error_prefix(err, "certify: restoring the context's KV mode: ");
     }
-    return st;
+    if (st) return st;
+    /* the rate, the free baseline at that rate on the same tokens, then the verdict */
+    r->bits_per_element = qf_artifact_bits_per_element(kind, payload, qf_model_hparams(qf_context_model(c)), ref->p.n_ctx);
+    if ((st = qf_certify_baseline(c, ref, r->bits_per_element, r, err))) return st;
+    judge(gate, kind, r);
+    return QF_OK;
+}
+
+qf_status qf_certify_baseline(qf_context *c, const qf_certify_ref *cref, double bits, qf_certify_result *r,
+                              qf_error *err) {
+    qf_error local;
+    if (!err) err = &local;
+    qf_certify_ref *ref = (qf_certify_ref *)cref; /* the baseline cache is the only thing written */
+    const qf_hparams *hp = qf_model_hparams(qf_context_model(c));
+    bool q4 = !(bits > 6.0); /* NaN (unknown rate): the cheaper, stricter-to-beat-per-bit q4_0 */
+    bool rot = q4 && (hp->head_dim & (hp->head_dim - 1)) == 0;
+    baseline_slot *b = &ref->base[q4];
+    if (!b->done) {
+        qf_context_params cp = *qf_context_params_get(c);
+        cp.kv_k = cp.kv_v = q4 ? QF_KV_Q4_0 : QF_KV_Q8_0;
+        cp.kv_rot = rot ? QF_KV_ROT_HADAMARD : QF_KV_ROT_NONE;
+        cp.device = QF_DEVICE_CPU; /* where certification runs */
+        qf_context *bc = qf_context_new(qf_context_model(c), &cp, err);
+        if (!bc) return qf_error_prefix(err, "certify: the free baseline's context: ");
+        memset(&b->r, 0, sizeof b->r);
+        qf_status st = run_candidate(bc, ref, NULL, &b->r, err);
+        qf_context_free(bc);
+        if (st) return qf_error_prefix(err, "(free baseline %s) ", q4 ? "q4_0" : "q8_0");
+        b->done = true;
+    }
+    r->has_baseline = true;
+    snprintf(r->baseline, sizeof r->baseline, "%s", q4 ? (rot ? "q4_0+hadamard" : "q4_0") : "q8_0");
+    r->baseline_bits = q4 ? 4.5 : 8.5;
+    r->baseline_ppl = b->r.cand_ppl;
+    r->baseline_delta_ppl = b->r.delta_ppl;
+    r->baseline_kld_mean = b->r.kld_mean;
+    r->baseline_kld_p99 = b->r.kld_p99;
+    r->baseline_top1 = b->r.top1;
+    return QF_OK;
 }
 
 qf_status qf_certify_context(qf_context *cand, const qf_certify_ref *ref, const qf_gate *gate, qf_certify_result *r,
                              qf_error *err) {
+    qf_error local; /* err is optional (NULL): failures below re-label err->code */
+    if (!err) err = &local;
     memset(r, 0, sizeof *r);
     r->ref_ppl = ref->r.ppl;
     r->cand_ppl = r->delta_ppl = r->kld_mean = r->kld_p99 = r->top1 = NAN;
     r->ref_kv_bytes_per_token = ref->kv_bytes_per_token;
-    return run_candidate(cand, ref, gate, r, err);
+    r->bits_per_element = NAN; /* a whole other model (awq): no KV rate, no KV baseline */
+    qf_status st = run_candidate(cand, ref, gate, r, err);
+    if (!st) judge(gate, QF_ARTIFACT_AWQ, r);
+    return st;
 }
 
 /* the candidate pass: the reference's tokens and chunking, read back from its base file */
@@ -151,6 +220,6 @@ static qf_status run_candidate(qf_context *c, const qf_certify_ref *ref, const q
     r->n_chunks = pr.n_chunks;
     r->n_scored = pr.n_scored;
     r->eval_tokens = (int64_t)pr.n_chunks * pp.n_ctx;
-    r->passed = qf_gate_passes(gate, r);
+    (void)gate; /* judged by the caller, once the rate and the baseline are known */
     return QF_OK;
 }

@@ -675,7 +675,6 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
             memcpy(w, calib_tokens + start, (size_t)n * sizeof(int32_t));
             done_tok += n;
             if (add_bos) w[0] = qf_tokenizer_bos(tok);
-            qf_context_kv_clear(ctx);
             st = qf_decode(ctx, w, n, 0, NULL, n, err);
             if (p.progress) qf_progress_update(&bar, done_tok);
         }

@@ -18,6 +18,18 @@
 #include "util/par.h"
 #include "util/util.h"
 
+/* The job's calibration budgets with "0 = default" (forge.h) decoded, in this one place:
+ * calib_tokens = tokens captured (0 = all), per_layer = K (and V) vectors kept per layer. */
+typedef struct {
+    int64_t calib_tokens, per_layer;
+} job_budget;
+static job_budget job_budgets(const qf_job *j) {
+    job_budget b = {.calib_tokens = j->max_calib_tokens == 0 ? QF_JOB_DEFAULT_BUDGET
+                                    : j->max_calib_tokens < 0 ? 0 : j->max_calib_tokens,
+                    .per_layer = j->capture_per_layer > 0 ? j->capture_per_layer : QF_JOB_DEFAULT_BUDGET};
+    return b;
+}
+
 void qf_job_default(qf_job *j) {
     memset(j, 0, sizeof *j);
     j->kind = QF_ARTIFACT_KV_INT8;
@@ -116,7 +128,7 @@ static qf_status stage_corpus(const qf_job *j, shared *s, qf_job_report *rep, qf
 static qf_status stage_model(const qf_job *j, shared *s, qf_error *err) {
     if (!(s->model = qf_model_load(j->model_path, err))) return err ? err->code : QF_ERR_IO;
     qf_context_params cp = qf_context_default_params();
-    s->n_ctx = j->n_ctx > 0 ? j->n_ctx : 256;
+    s->n_ctx = j->n_ctx_list > 0 ? j->ctx_list[0] : j->n_ctx > 0 ? j->n_ctx : 256;
     cp.n_ctx = s->n_ctx;
     cp.n_batch = s->n_ctx; /* as qforge ppl without -b */
     cp.n_threads = j->n_threads;
@@ -137,14 +149,14 @@ static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, q
     if (st) return as_stage(err, st, QF_ERR_CAPTURE_FAILED, "capture: tokenizing the calibration text");
     /* kv-dict v2 learns keys before RoPE: the CPU tap (the GPU read-back route has post-RoPE K only) */
     bool prerope = j->kind == QF_ARTIFACT_KV_DICT && j->dict_version == 2;
-    qf_capture_params cp = {.max_per_layer = j->capture_per_layer > 0 ? j->capture_per_layer : 16384,
+    qf_capture_params cp = {.max_per_layer = job_budgets(j).per_layer,
                             .activations = false, .seed = j->seed, .k_prerope = prerope};
     s->cap = qf_capture_new(qf_model_hparams(s->model), &cp, err);
     if (!s->cap) {
         free(ids);
         return as_stage(err, err ? err->code : QF_ERR_NOMEM, QF_ERR_CAPTURE_FAILED, "capture");
     }
-    int64_t max_tok = j->max_calib_tokens == 0 ? 16384 : j->max_calib_tokens < 0 ? 0 : j->max_calib_tokens;
+    int64_t max_tok = job_budgets(j).calib_tokens;
     /* the GPU read-back route when asked for or found; the CPU context otherwise */
     qf_context *gpu = NULL;
     if (!prerope && (j->capture_device == QF_DEVICE_CUDA || (j->capture_device == QF_DEVICE_AUTO && qf_cuda_available()))) {
@@ -378,6 +390,58 @@ static double f16_bytes_per_token(const qf_model *m) {
     return (double)hp->n_layer * hp->n_head_kv * hp->head_dim * 2.0 * 2.0;
 }
 
+/* The keys issue 15 added to the certificate's config (docs/artifact-format.md "Gate and context
+ * keys"): the gate's p99 / two-sided / baseline switches, the free baseline's numbers, the rate,
+ * and the numbers at every context of the --ctx list with the list of those that passed. */
+static qf_status add_gate_keys(qf_payload *cf, const qf_job_report *rep, qf_error *err) {
+    const qf_certify_result *r = &rep->result;
+    const qf_gate *g = &r->gate;
+    qf_status st = QF_OK;
+    if (!st && g->has_max_kld_p99) st = qf_payload_add_float(cf, "gate.max_kld_p99", g->max_kld_p99, err);
+    if (!st) st = qf_payload_add_int(cf, "gate.two_sided", g->two_sided, err);
+    if (!st) st = qf_payload_add_int(cf, "gate.vs_baseline", g->vs_baseline, err);
+    if (!st && isfinite(rep->bits_per_element)) st = qf_payload_add_float(cf, "bits_per_element", rep->bits_per_element, err);
+    if (!st && r->has_baseline) {
+        if (!st) st = qf_payload_add_string(cf, "baseline.kv", r->baseline, err);
+        if (!st) st = qf_payload_add_float(cf, "baseline.bits_per_element", r->baseline_bits, err);
+        if (!st) st = qf_payload_add_float(cf, "baseline.ppl", r->baseline_ppl, err);
+        if (!st) st = qf_payload_add_float(cf, "baseline.delta_ppl", r->baseline_delta_ppl, err);
+        if (!st) st = qf_payload_add_float(cf, "baseline.kld_mean", r->baseline_kld_mean, err);
+        if (!st) st = qf_payload_add_float(cf, "baseline.kld_p99", r->baseline_kld_p99, err);
+        if (!st) st = qf_payload_add_float(cf, "baseline.top1", r->baseline_top1, err);
+    }
+    for (int i = 0; i < rep->n_ctx_results && !st; i++) {
+        const qf_certify_result *x = &rep->ctx_results[i].result;
+        char k[64];
+        int n = rep->ctx_results[i].n_ctx;
+#define PUTF(name, v) (snprintf(k, sizeof k, "ctx.%d." name, n), qf_payload_add_float(cf, k, (v), err))
+        snprintf(k, sizeof k, "ctx.%d.passed", n);
+        st = qf_payload_add_int(cf, k, x->passed, err);
+        if (!st) st = PUTF("ref_ppl", x->ref_ppl);
+        if (!st) st = PUTF("cand_ppl", x->cand_ppl);
+        if (!st) st = PUTF("delta_ppl", x->delta_ppl);
+        if (!st) st = PUTF("kld_mean", x->kld_mean);
+        if (!st) st = PUTF("kld_p99", x->kld_p99);
+        if (!st) st = PUTF("top1", x->top1);
+        if (!st && x->has_baseline) st = PUTF("baseline_kld_mean", x->baseline_kld_mean);
+        if (!st && x->has_baseline) st = PUTF("baseline_kld_p99", x->baseline_kld_p99);
+        if (!st && x->has_baseline) st = PUTF("baseline_delta_ppl", x->baseline_delta_ppl);
+        if (!st) {
+            snprintf(k, sizeof k, "ctx.%d.chunks", n);
+            st = qf_payload_add_int(cf, k, x->n_chunks, err);
+        }
+#undef PUTF
+    }
+    if (!st && rep->n_ctx_results > 0) {
+        char list[QF_JOB_MAX_CTX * 9 + 1] = "";
+        size_t off = 0;
+        for (int i = 0; i < rep->n_certified_ctx; i++)
+            off += (size_t)snprintf(list + off, sizeof list - off, "%s%d", i ? "," : "", rep->certified_ctx[i]);
+        st = qf_payload_add_string(cf, "certified_ctx", list, err);
+    }
+    return st;
+}
+
 static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_error *err) {
     qf_certificate *c = &rep->cert;
     const qf_hparams *hp = qf_model_hparams(s->model);
@@ -398,11 +462,13 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
     c->kld_mean = r->kld_mean;
     c->kld_p99 = r->kld_p99;
     c->top1_agreement = r->top1;
-    c->gate_max_delta_ppl = j->gate.max_delta_ppl;
-    c->gate_has_max_kld = j->gate.has_max_kld;
-    c->gate_max_kld = j->gate.max_kld;
-    c->gate_has_min_top1 = j->gate.has_min_top1;
-    c->gate_min_top1 = j->gate.min_top1;
+    /* the resolved gate the verdict used (thresholds by rate filled in) */
+    const qf_gate *g = &r->gate;
+    c->gate_max_delta_ppl = g->max_delta_ppl;
+    c->gate_has_max_kld = g->has_max_kld;
+    c->gate_max_kld = g->max_kld;
+    c->gate_has_min_top1 = g->has_min_top1;
+    c->gate_min_top1 = g->min_top1;
     c->passed = r->passed;
     /* config: the learner's settings, then the exact evaluation setup (to rerun it) */
     qf_payload *cf = &c->config;
@@ -437,7 +503,7 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
     if (!st) st = qf_payload_add_float(cf, "kv_bytes_per_token", r->cand_kv_bytes_per_token, err);
     if (!st) st = qf_payload_add_int(cf, "mpi_ranks", qf_mpi_size(), err); /* docs/mpi.md */
     if (!st) st = qf_payload_add_float(cf, "f16_kv_bytes_per_token", rep->f16_kv_bytes_per_token, err);
-    if (!st) st = qf_payload_add_int(cf, "capture_per_layer", j->capture_per_layer > 0 ? j->capture_per_layer : 16384, err);
+    if (!st) st = qf_payload_add_int(cf, "capture_per_layer", job_budgets(j).per_layer, err);
     if (!st) st = qf_payload_add_int(cf, "seed", (int64_t)j->seed, err);
     if (!st) st = qf_payload_add_string(cf, "corpus_inputs", inputs, err);
     if (!st) st = qf_payload_add_string(cf, "eval_text_sha256", hex, err);
@@ -445,6 +511,7 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
     if (!st) st = qf_payload_add_int(cf, "eval_chunks", r->n_chunks, err);
     if (!st) st = qf_payload_add_string(cf, "ref_kv", qf_kv_mode_name(j->ref_kv), err);
     if (!st) st = qf_payload_add_int(cf, "n_threads", qf_context_params_get(s->ctx)->n_threads, err);
+    if (!st) st = add_gate_keys(cf, rep, err);
     if (!st) {
         char cmd[768];
         snprintf(cmd, sizeof cmd,
@@ -490,7 +557,7 @@ static qf_status run_awq(const qf_job *j, shared *s, qf_job_report *rep, qf_erro
     if (st) return as_stage(err, st, QF_ERR_CAPTURE_FAILED, "capture: tokenizing the calibration text");
     qf_awq_params ap = qf_awq_default_params();
     ap.n_ctx = s->n_ctx;
-    ap.max_tokens = j->max_calib_tokens == 0 ? 16384 : j->max_calib_tokens < 0 ? 0 : j->max_calib_tokens;
+    ap.max_tokens = job_budgets(j).calib_tokens;
     ap.n_threads = qf_context_params_get(s->ctx)->n_threads;
     ap.progress = j->progress;
     ap.seed = j->seed;
@@ -594,8 +661,34 @@ fail:
 
 /* ---- one job ---- */
 
+/* Certify the chosen payload at another context n: its own context and reference pass over the
+ * same evaluation text (chunks of n), its own free baseline, the same gate. */
+static qf_status certify_at_ctx(const qf_job *j, shared *s, int n, const qf_payload *pl, qf_certify_result *r,
+                                qf_error *err) {
+    qf_context_params cp = *qf_context_params_get(s->ctx);
+    cp.n_ctx = cp.n_batch = n;
+    qf_context *c = qf_context_new(s->model, &cp, err);
+    if (!c) return as_stage(err, err ? err->code : QF_ERR_NOMEM, QF_ERR_CERTIFY_FAILED, "certify");
+    size_t elen;
+    const char *etext = qf_corpus_eval_text(s->corpus, &elen);
+    qf_certify_params p = {.n_ctx = n, .n_chunks = s->eval_chunks, .progress = j->progress};
+    qf_certify_ref *ref = NULL;
+    qf_status st = qf_certify_reference(c, etext, elen, &p, &ref, err);
+    if (st) qf_error_prefix(err, "at -c %d: ", n);
+    if (!st) st = qf_certify_candidate(c, ref, j->kind, pl, &j->gate, r, err);
+    if (!st)
+        stage(j, "[4/5 certify] -c %d: PPL %.4f -> %.4f (delta %+.4f%%), KLD mean %.6f p99 %.6f, top-1 %.2f%%; baseline %s "
+                 "KLD mean %.6f; gate %s%s%s",
+              n, r->ref_ppl, r->cand_ppl, 100 * r->delta_ppl, r->kld_mean, r->kld_p99, 100 * r->top1, r->baseline,
+              r->baseline_kld_mean, r->passed ? "passed" : "failed", r->passed ? "" : ": ", r->why);
+    qf_certify_ref_free(ref);
+    qf_context_free(c);
+    return st;
+}
+
 qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
     memset(rep, 0, sizeof *rep);
+    rep->bits_per_element = NAN;
     qf_certificate_init(&rep->cert, j->kind);
     if (!j->model_path) return qf_fail(err, QF_ERR_ARG, "calibrate: no model given");
     if (!j->out_path) return qf_fail(err, QF_ERR_ARG, "calibrate: no output path given");
@@ -663,15 +756,20 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
         t_cert += qf_now_sec() - t0;
         if (st) goto done;
         stage(j, "[4/5 certify] %s: PPL %.4f -> %.4f (delta %+.4f%%), KLD mean %.6f p99 %.6f, top-1 %.2f%%, KV %.0f B/token "
-                 "(f16 %.0f)",
+                 "(f16 %.0f), %.3f bits/element",
               variant, r.ref_ppl, r.cand_ppl, 100 * r.delta_ppl, r.kld_mean, r.kld_p99, 100 * r.top1,
-              r.cand_kv_bytes_per_token, rep->f16_kv_bytes_per_token);
+              r.cand_kv_bytes_per_token, rep->f16_kv_bytes_per_token, r.bits_per_element);
+        if (r.has_baseline)
+            stage(j, "[4/5 certify] free baseline %s (%.1f bits) on the same tokens: delta %+.4f%%, KLD mean %.6f p99 %.6f; "
+                     "gate %s%s%s",
+                  r.baseline, r.baseline_bits, 100 * r.baseline_delta_ppl, r.baseline_kld_mean, r.baseline_kld_p99,
+                  r.passed ? "passed" : "failed", r.passed ? "" : ": ", r.why);
         if (rep->n_tried < QF_JOB_MAX_TRIED) {
             set_variant(rep->tried[rep->n_tried].variant, sizeof rep->tried[0].variant, "%s", variant);
             rep->tried[rep->n_tried++].result = r;
         }
-        /* keep the lower delta; NaN never wins */
-        if (best_i < 0 || (r.delta_ppl < rep->result.delta_ppl) || (isnan(rep->result.delta_ppl) && !isnan(r.delta_ppl))) {
+        /* keep the lower mean KLD (the end metric; ΔPPL is noise at these levels); NaN never wins */
+        if (best_i < 0 || (r.kld_mean < rep->result.kld_mean) || (isnan(rep->result.kld_mean) && !isnan(r.kld_mean))) {
             best_i = ci;
             rep->result = r;
             set_variant(rep->variant, sizeof rep->variant, "%s", variant);
@@ -680,17 +778,36 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
             cand = tmp;
         }
     }
+    /* the chosen candidate at every other context of the --ctx list */
+    rep->n_ctx_results = 1;
+    rep->ctx_results[0].n_ctx = s.n_ctx;
+    rep->ctx_results[0].result = rep->result;
+    t0 = qf_now_sec();
+    for (int ci = 1; ci < j->n_ctx_list && ci < QF_JOB_MAX_CTX; ci++) {
+        qf_certify_result rc;
+        if ((st = certify_at_ctx(j, &s, j->ctx_list[ci], &best, &rc, err))) goto done;
+        rep->ctx_results[rep->n_ctx_results].n_ctx = j->ctx_list[ci];
+        rep->ctx_results[rep->n_ctx_results++].result = rc;
+    }
+    t_cert += qf_now_sec() - t0;
+    for (int ci = 0; ci < rep->n_ctx_results; ci++)
+        if (rep->ctx_results[ci].result.passed) rep->certified_ctx[rep->n_certified_ctx++] = rep->ctx_results[ci].n_ctx;
     rep->seconds_learn = t_learn;
     rep->seconds_certify = t_cert;
+    int max_ctx = s.n_ctx;
+    for (int ci = 0; ci < rep->n_certified_ctx; ci++)
+        if (rep->certified_ctx[ci] > max_ctx) max_ctx = rep->certified_ctx[ci];
+    rep->bits_per_element = qf_artifact_bits_per_element(j->kind, &best, qf_model_hparams(s.model), max_ctx);
     if ((st = fill_cert(j, &s, rep, err))) goto done;
     const qf_certify_result *r = &rep->result;
     if (!r->passed) {
         st = qf_fail(err, QF_ERR_CERTIFY_FAILED,
-                     "%s %s did not pass its gate: delta PPL %+.4f%% (max %.4f%%), KLD mean %.6f%s, top-1 %.2f%%%s; "
-                     "ref PPL %.4f, candidate %.4f; nothing written to %s",
-                     qf_artifact_kind_name(j->kind), rep->variant, 100 * r->delta_ppl, 100 * j->gate.max_delta_ppl,
-                     r->kld_mean, j->gate.has_max_kld ? " (gated)" : "", 100 * r->top1,
-                     j->gate.has_min_top1 ? " (gated)" : "", r->ref_ppl, r->cand_ppl, j->out_path);
+                     "%s %s did not pass its gate at -c %d: %s; delta PPL %+.4f%% (max %.4f%%), KLD mean %.6f p99 %.6f, "
+                     "top-1 %.2f%%, %.3f bits/element%s%s; ref PPL %.4f, candidate %.4f; nothing written to %s",
+                     qf_artifact_kind_name(j->kind), rep->variant, s.n_ctx, r->why, 100 * r->delta_ppl,
+                     100 * r->gate.max_delta_ppl, r->kld_mean, r->kld_p99, 100 * r->top1, r->bits_per_element,
+                     r->has_baseline ? "; free baseline " : "", r->has_baseline ? r->baseline : "", r->ref_ppl,
+                     r->cand_ppl, j->out_path);
         goto done;
     }
     t0 = qf_now_sec();
@@ -715,6 +832,26 @@ done:
 }
 
 /* ---- sweep ---- */
+
+qf_status qf_ctx_list_parse(const char *str, int *out, int max, int *n, qf_error *err) {
+    *n = 0;
+    const char *p = str;
+    while (p && *p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || (*end && *end != ',') || v < 8 || v > (1 << 20))
+            return qf_fail(err, QF_ERR_ARG, "--ctx '%s': expected N[,N...], each context in [8, %d], e.g. 512,4096", str,
+                           1 << 20);
+        for (int i = 0; i < *n; i++)
+            if (out[i] == (int)v) return qf_fail(err, QF_ERR_ARG, "--ctx '%s': context %ld is listed twice", str, v);
+        if (*n >= max) return qf_fail(err, QF_ERR_ARG, "--ctx '%s': at most %d contexts", str, max);
+        out[(*n)++] = (int)v;
+        p = *end == ',' ? end + 1 : end;
+        if (*end == ',' && !*p) return qf_fail(err, QF_ERR_ARG, "--ctx '%s': trailing comma", str);
+    }
+    if (*n == 0) return qf_fail(err, QF_ERR_ARG, "--ctx: no context given");
+    return QF_OK;
+}
 
 qf_status qf_dict_configs_parse(const char *str, qf_dict_config *out, int max, int *n, qf_error *err) {
     *n = 0;

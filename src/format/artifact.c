@@ -204,11 +204,10 @@ void qf_certificate_free(qf_certificate *c) {
 }
 
 bool qf_certificate_meets_gate(const qf_certificate *c) {
-    /* Written so that a NaN anywhere fails: every comparison with NaN is false. */
-    if (!(c->delta_ppl <= c->gate_max_delta_ppl)) return false;
-    if (c->gate_has_max_kld && !(c->kld_mean <= c->gate_max_kld)) return false;
-    if (c->gate_has_min_top1 && !(c->top1_agreement >= c->gate_min_top1)) return false;
-    return true;
+    qf_gate g;
+    qf_gate_numbers n;
+    qf_certificate_gate(c, &g, &n);
+    return qf_gate_judge(&g, &n, NULL, 0);
 }
 
 /* CBOR text must be UTF-8 (RFC 8949 3.1); a reader such as cbor2 rejects anything else. */
@@ -865,19 +864,46 @@ qf_status qf_artifact_check(const qf_artifact *a, const uint8_t *model_sha256, q
                        "artifact was certified for model sha256 %s (%s), but this model is sha256 %s",
                        want, c->model_name, got);
     }
-    char gate[160] = "";
-    int off = snprintf(gate, sizeof gate, "delta_ppl %.6g <= %.6g", c->delta_ppl, c->gate_max_delta_ppl);
-    if (c->gate_has_max_kld)
-        off += snprintf(gate + off, sizeof gate - (size_t)off, ", kld_mean %.6g <= %.6g", c->kld_mean, c->gate_max_kld);
-    if (c->gate_has_min_top1)
-        snprintf(gate + off, sizeof gate - (size_t)off, ", top1 %.6g >= %.6g", c->top1_agreement, c->gate_min_top1);
+    qf_gate g;
+    qf_gate_numbers n;
+    qf_certificate_gate(c, &g, &n);
+    char gate[256] = "";
+    int off = snprintf(gate, sizeof gate, "%sdelta_ppl%s %.6g <= %.6g", g.two_sided ? "|" : "", g.two_sided ? "|" : "",
+                       c->delta_ppl, g.max_delta_ppl);
+    if (g.has_max_kld)
+        off += snprintf(gate + off, sizeof gate - (size_t)off, ", kld_mean %.6g <= %.6g", c->kld_mean, g.max_kld);
+    if (g.has_max_kld_p99)
+        off += snprintf(gate + off, sizeof gate - (size_t)off, ", kld_p99 %.6g <= %.6g", c->kld_p99, g.max_kld_p99);
+    if (g.has_min_top1)
+        off += snprintf(gate + off, sizeof gate - (size_t)off, ", top1 %.6g >= %.6g", c->top1_agreement, g.min_top1);
+    if (g.vs_baseline)
+        snprintf(gate + off, sizeof gate - (size_t)off, ", kld_mean <= baseline's %.6g", n.baseline_kld_mean);
     if (!c->passed)
         return qf_fail(err, QF_ERR_ARTIFACT_NOT_CERTIFIED,
                        "artifact did not pass its gate (passed = false; gate: %s; ref_ppl %.6g, cand_ppl %.6g)",
                        gate, c->ref_ppl, c->cand_ppl);
-    if (!qf_certificate_meets_gate(c))
-        return qf_fail(err, QF_ERR_ARTIFACT_NOT_CERTIFIED,
-                       "artifact claims passed, but its numbers fail its gate (gate: %s)", gate);
+    char why[256];
+    if (!qf_gate_judge(&g, &n, why, sizeof why))
+        return qf_fail(err, QF_ERR_ARTIFACT_NOT_CERTIFIED, "artifact claims passed, but its numbers fail its gate: %s (gate: %s)",
+                       why, gate);
+    /* every other context it claims: its own recorded numbers pass the same gate */
+    int ctxs[16];
+    int nc = qf_certificate_certified_ctx(c, ctxs, 16);
+    if (nc < 0) return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "artifact: config.certified_ctx: expected \"N[,N...]\"");
+    for (int i = 0; i < nc; i++) {
+        qf_gate_numbers cn;
+        bool passed = false;
+        if (!qf_certificate_ctx_numbers(c, ctxs[i], &cn, &passed)) {
+            if (qf_payload_get_string(&c->config, "certified_ctx"))
+                return qf_fail(err, QF_ERR_ARTIFACT_NOT_CERTIFIED,
+                               "artifact claims context %d certified but records no numbers for it", ctxs[i]);
+            continue; /* an older certificate: its one context is the primary numbers above */
+        }
+        if (!passed || !qf_gate_judge(&g, &cn, why, sizeof why))
+            return qf_fail(err, QF_ERR_ARTIFACT_NOT_CERTIFIED,
+                           "artifact claims context %d certified, but its numbers there fail its gate: %s", ctxs[i],
+                           passed ? why : "passed = false");
+    }
     return QF_OK;
 }
 

@@ -1,6 +1,8 @@
 /* hadamard.c: normalized Walsh-Hadamard transform (see hadamard.h). */
 #include "kernels/hadamard.h"
 
+#include "util/util.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,10 +10,7 @@
 bool qf_hadamard_size_ok(int n) { return n >= 1 && (n & (n - 1)) == 0; }
 
 void qf_hadamard(float *x, int n) {
-    if (!qf_hadamard_size_ok(n)) {
-        fprintf(stderr, "qforge: internal error: Hadamard transform of size %d (not a power of two)\n", n);
-        abort();
-    }
+    QF_ASSERT(qf_hadamard_size_ok(n)); /* callers validate sizes from files (head_dim) first */
     for (int len = 1; len < n; len <<= 1)
         for (int i = 0; i < n; i += len << 1)
             for (int j = i; j < i + len; j++) {

@@ -12,8 +12,8 @@
 
 /* true when n >= 1 is a power of two (the only sizes the transform is defined for) */
 bool qf_hadamard_size_ok(int n);
-/* x[0..n) <- H_n x / sqrt(n) in place. n must satisfy qf_hadamard_size_ok (QF_ASSERT-style abort
- * otherwise: callers validate sizes when the cache or artifact is set up). */
+/* x[0..n) <- H_n x / sqrt(n) in place. n must satisfy qf_hadamard_size_ok (a QF_ASSERT
+ * aborts otherwise: callers validate sizes when the cache or artifact is set up). */
 void qf_hadamard(float *x, int n);
 /* n_vec consecutive vectors of length n, each transformed in place */
 void qf_hadamard_rows(float *x, int n, int n_vec);

@@ -594,12 +594,6 @@ bool qf_tokenizer_add_bos(const qf_tokenizer *t) { return t->add_bos; }
 const char *qf_tokenizer_model(const qf_tokenizer *t) { return t->model; }
 const char *qf_tokenizer_pre(const qf_tokenizer *t) { return t->pre[0] ? t->pre : "default"; }
 
-const char *qf_tokenizer_token_text(const qf_tokenizer *t, int32_t id, size_t *len) {
-    if (id < 0 || id >= t->n_vocab) return NULL;
-    if (len) *len = t->tok[id].len;
-    return tok_text(t, id);
-}
-
 /* ---- growable arrays for one tokenize call; a failed allocation sets sess.oom ---- */
 
 typedef struct {

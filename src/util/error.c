@@ -3,7 +3,10 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "util/util.h"
 
 static const char *const status_names[QF_STATUS_COUNT] = {
     [QF_OK] = "Ok",
@@ -25,6 +28,12 @@ static const char *const status_names[QF_STATUS_COUNT] = {
     [QF_ERR_ARTIFACT_BAD_SIGNATURE] = "ArtifactBadSignature",
     [QF_ERR_DEVICE] = "DeviceError",
 };
+
+_Noreturn void qf_assert_fail(const char *file, int line, const char *cond) {
+    fprintf(stderr, "%s:%d: assertion failed: %s\n", file, line, cond);
+    fflush(stderr);
+    abort();
+}
 
 qf_status qf_fail(qf_error *e, qf_status code, const char *fmt, ...) {
     if (e) {

@@ -16,7 +16,10 @@
 #include "util/par.h"
 
 static int g_rank = 0, g_size = 1, g_local = 0;
-static bool g_joined = false, g_shared = false;
+static bool g_shared = false;
+#ifdef QF_HAVE_MPI
+static bool g_joined = false;
+#endif
 static int g_fail_rank = -1;
 static bool g_fail_exit = false, g_fail_done = false;
 

@@ -96,6 +96,7 @@ void qf_pool_free(qf_pool *p) {
 int qf_pool_size(const qf_pool *p) { return p ? p->n : 1; }
 
 void qf_pool_run(qf_pool *p, qf_pool_fn fn, void *arg) {
+    QF_ASSERT(fn != NULL);
     if (!p || p->n == 1) {
         fn(arg, 0, 1);
         return;

@@ -1,6 +1,7 @@
 /* util.h: the util layer (no model knowledge): mapped files, atomic writes, SHA-256,
  * the thread pool, f16/bf16 conversion, timing and the TTY progress bar.
- * Internal to the library; the public API lives in include/qforge/. */
+ * Internal to the library; the public API lives in include/qforge/ (the part of this layer
+ * programs outside the library use is include/qforge/util.h, included here). */
 #ifndef QF_UTIL_H
 #define QF_UTIL_H
 
@@ -10,6 +11,19 @@
 #include <stdio.h>
 
 #include "qforge/error.h"
+#include "qforge/util.h" /* the public part: qf_read_file, qf_write_file_atomic, qf_sha256(_file), qf_hex, qf_now_sec */
+
+/* ---- programmer errors ----
+ * QF_ASSERT(cond): an internal invariant that only a bug in qforge can break. It stays on in
+ * release builds (as GGML_ASSERT does): when cond is false it prints "file:line: assertion
+ * failed: cond" to stderr and aborts. Never for input validation: bad input (files, flags, API
+ * arguments a caller can get wrong) gets a qf_error and a status, not an abort. */
+#define QF_ASSERT(cond) (__builtin_expect(!!(cond), 1) ? (void)0 : qf_assert_fail(__FILE__, __LINE__, #cond))
+#ifdef __cplusplus
+[[noreturn]] void qf_assert_fail(const char *file, int line, const char *cond); /* the CUDA .cu files are C++ */
+#else
+_Noreturn void qf_assert_fail(const char *file, int line, const char *cond);
+#endif
 
 /* ---- files ---- */
 typedef struct {
@@ -21,8 +35,6 @@ typedef struct {
 qf_status qf_map_file(const char *path, qf_mapped_file *mf, qf_error *err);
 void qf_unmap_file(qf_mapped_file *mf);
 
-/* Read a whole file (or "-" for stdin) into a malloc'd NUL-terminated buffer. */
-qf_status qf_read_file(const char *path, char **out, size_t *len, qf_error *err);
 
 /* Atomic output: bytes go to "<path>.tmp.<pid>" in the same directory; commit fsyncs the
  * file, renames it over `path` and fsyncs the directory; abort (or a crash) leaves `path`
@@ -37,12 +49,6 @@ qf_status qf_atomic_open(qf_atomic_file *af, const char *path, qf_error *err);
 qf_status qf_atomic_write(qf_atomic_file *af, const void *buf, size_t n, qf_error *err);
 qf_status qf_atomic_commit(qf_atomic_file *af, qf_error *err);
 void qf_atomic_abort(qf_atomic_file *af);
-qf_status qf_write_file_atomic(const char *path, const void *buf, size_t n, qf_error *err);
-
-/* ---- hashing (OpenSSL) ---- */
-void qf_sha256(const void *data, size_t n, uint8_t out[32]);
-qf_status qf_sha256_file(const char *path, uint8_t out[32], qf_error *err);
-void qf_hex(const uint8_t *bytes, size_t n, char *out /* 2n+1 */);
 
 /* ---- thread pool ----
  * A fixed set of workers that run one parallel-for at a time: fn(arg, ith, nth) is called
@@ -58,6 +64,7 @@ void qf_pool_run(qf_pool *p, qf_pool_fn fn, void *arg);
 
 /* Split [0, n) into nth contiguous ranges; ranges for ith. */
 static inline void qf_split_range(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
+    QF_ASSERT(nth >= 1 && ith >= 0 && ith < nth);
     int64_t per = (n + nth - 1) / nth;
     *lo = per * ith;
     *hi = *lo + per;
@@ -75,7 +82,6 @@ static inline float qf_bf16_to_f32(uint16_t h) {
 uint16_t qf_f32_to_bf16(float f);
 
 /* ---- time and progress ---- */
-double qf_now_sec(void); /* monotonic */
 
 /* A one-line progress bar on stderr, drawn only when stderr is a TTY. */
 typedef struct {

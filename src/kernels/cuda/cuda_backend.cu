@@ -931,6 +931,9 @@ static qf_status cuda_fail(qf_error *err, cudaError_t e, const char *what) {
         }                                                                                           \
     } while (0)
 
+/* --kv-rot: not in the GPU cache yet (the CPU route runs it; see qf_context_new) */
+extern "C" bool qf_cuda_backend_kv_rot_ok(qf_kv_rot rot) { return rot == QF_KV_ROT_NONE; }
+
 extern "C" int qf_par_device_index(void); /* util/par.h: the MPI local rank, -1 alone */
 
 extern "C" bool qf_cuda_backend_available(void) {

@@ -15,6 +15,10 @@ extern "C" {
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 
 bool qf_cuda_backend_available(void);
+/* Whether the backend runs KV rotation `rot` (--kv-rot) in its cache; NONE always. When it
+ * answers false, the one device decision (qf_context_new) keeps --device auto on the CPU and
+ * refuses --device cuda. */
+bool qf_cuda_backend_kv_rot_ok(qf_kv_rot rot);
 /* Upload the model's weights in their stored types, allocate the KV cache and scratch for
  * the context (c->params: n_ctx, n_batch, kv modes). */
 qf_status qf_cuda_ctx_new(qf_context *c, qf_cuda_ctx **out, qf_error *err);

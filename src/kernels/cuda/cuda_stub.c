@@ -5,6 +5,8 @@
 
 bool qf_cuda_backend_available(void) { return false; }
 
+bool qf_cuda_backend_kv_rot_ok(qf_kv_rot rot) { return rot == QF_KV_ROT_NONE; }
+
 qf_status qf_cuda_ctx_new(qf_context *c, qf_cuda_ctx **out, qf_error *err) {
     (void)c;
     *out = NULL;

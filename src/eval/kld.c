@@ -1,57 +1,17 @@
-/* ppl_kld.h: KL divergence for ppl.c (included there only), in llama-perplexity's file format
- * so a base file written by either tool can be read by the other:
- *
- *   "_logits_"  (8 bytes)
- *   int32 n_ctx, int32 n_vocab, int32 n_chunk          (little endian)
- *   int32 tokens[n_chunk * n_ctx]                       (the text's tokens, BOS not substituted)
- *   per chunk, per scored position (n_ctx - 1 - n_ctx/2 of them), nv = 2*((n_vocab+1)/2) + 4
- *   uint16 words: float scale, float min_log_prob, then n_vocab quantized log-probs
- *   q_i = round((logit_i - min_logit) / scale), min_logit = max(min logit, max logit - 16),
- *   scale = (max_logit - min_logit) / 65535; log p_i = scale * q_i + min_log_prob.
- *
- * The statistics follow llama.cpp: KLD(base || candidate) summed over the base's tokens with
- * log p_base > -16, same-top-1 rate, and the RMS of p(next token) differences. */
-#ifndef QF_PPL_KLD_H
-#define QF_PPL_KLD_H
+/* kld.c: KL divergence against a llama-perplexity base file (format and contracts in kld.h). */
+#include "eval/kld.h"
 
-typedef struct {
-    bool reading, writing; /* this rank compares against base rows / encodes rows to save */
-    bool local;           /* MPI: the base file is this rank's own and holds only its chunks */
-    bool file_open;       /* this rank writes the base file (rank 0, or every rank when local) */
-    qf_atomic_file out;
-    int n_ctx, n_vocab, n_chunk, n_score, nv;
-    uint16_t *rows;   /* one chunk of rows (local writing) */
-    uint16_t *row;    /* one row (reading) */
-    const uint8_t *in_rows; /* reading: the mapped file's rows */
-    size_t in_rows_len;
-    double sum_nll, sum_nll2, sum_nll_base, sum_nll_base2, sum_kld, sum_kld2, sum_p_diff2, sum_p_diff4;
-    size_t n_same_top, count;
-    float *kld_values;
-} kld_state;
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qforge/mpi.h"
 
 static int nearest_int_f(float f) {
     return (int)lrintf(f);
 }
 
-/* What one scored position contributes to the KL statistics: computed on the rank that ran
- * the chunk, accumulated on rank 0 in chunk order (kld_accumulate), so the sums are the same
- * additions in the same order for any number of ranks. */
-typedef struct {
-    float nll, nll_base, pd;
-    int32_t same_top;
-    double kl;
-} kld_pos;
-
-/* header of a base file: n_ctx, n_vocab, n_chunk and a pointer to its tokens */
-typedef struct {
-    qf_mapped_file mf;
-    int n_ctx, n_vocab, n_chunk;
-    const int32_t *tokens;
-    const uint8_t *rows;
-    size_t rows_len;
-} kld_base_file;
-
-static qf_status kld_base_open(kld_base_file *b, const char *path, qf_error *err) {
+qf_status qf_kld_base_open(qf_kld_base_file *b, const char *path, qf_error *err) {
     memset(b, 0, sizeof *b);
     qf_status st = qf_map_file(path, &b->mf, err);
     if (st) return st;
@@ -77,8 +37,8 @@ static qf_status kld_base_open(kld_base_file *b, const char *path, qf_error *err
 }
 
 /* n_own: the chunks this rank runs (its rows in a local base file). */
-static qf_status kld_begin(kld_state *k, const qf_ppl_params *p, int n_ctx, int n_vocab, int n_chunk, int n_own,
-                           const kld_base_file *base, const int32_t *tokens, qf_error *err) {
+qf_status qf_kld_begin(qf_kld_state *k, const qf_ppl_params *p, int n_ctx, int n_vocab, int n_chunk, int n_own,
+                       const qf_kld_base_file *base, const int32_t *tokens, qf_error *err) {
     memset(k, 0, sizeof *k);
     k->n_ctx = n_ctx, k->n_vocab = n_vocab, k->n_chunk = n_chunk;
     k->n_score = n_ctx - 1 - n_ctx / 2;
@@ -139,7 +99,7 @@ static void kld_encode_row(const float *logits, int n_vocab, uint16_t *row) {
 }
 
 /* one scored position against the base row: llama.cpp's per-position statistics */
-static void kld_compare_row(const kld_state *k, const float *logits, const uint16_t *row, int tok, kld_pos *o) {
+static void kld_compare_row(const qf_kld_state *k, const float *logits, const uint16_t *row, int tok, qf_kld_pos *o) {
     int n_vocab = k->n_vocab, imax = 0;
     float mx = logits[0];
     for (int i = 1; i < n_vocab; i++)
@@ -169,9 +129,9 @@ static void kld_compare_row(const kld_state *k, const float *logits, const uint1
 }
 
 /* rank 0, in chunk order: add one chunk's positions to the sums (the single-process order) */
-static void kld_accumulate(kld_state *k, const kld_pos *pos, int n) {
+void qf_kld_accumulate(qf_kld_state *k, const qf_kld_pos *pos, int n) {
     for (int i = 0; i < n; i++) {
-        const kld_pos *o = &pos[i];
+        const qf_kld_pos *o = &pos[i];
         float nll = o->nll, nll_base = o->nll_base;
         double kl = o->kl;
         k->sum_nll += nll, k->sum_nll2 += (double)nll * nll;
@@ -188,8 +148,8 @@ static void kld_accumulate(kld_state *k, const kld_pos *pos, int n) {
 /* The rank that ran a chunk: encode its rows into `rows_out` (writing; NULL when local: they
  * go to this rank's own file at once) or compare them with base row block `row_block` into
  * `pos` (reading). */
-static qf_status kld_chunk(kld_state *k, const float *logits, const int32_t *next, int n, int row_block,
-                           uint16_t *rows_out, kld_pos *pos, qf_error *err) {
+qf_status qf_kld_chunk(qf_kld_state *k, const float *logits, const int32_t *next, int n, int row_block,
+                       uint16_t *rows_out, qf_kld_pos *pos, qf_error *err) {
     if (k->writing) {
         uint16_t *dst = rows_out ? rows_out : k->rows;
         for (int i = 0; i < n; i++) kld_encode_row(logits + (size_t)i * k->n_vocab, k->n_vocab, dst + (size_t)i * k->nv);
@@ -209,7 +169,7 @@ static qf_status kld_chunk(kld_state *k, const float *logits, const int32_t *nex
 }
 
 /* rank 0: append gathered rows to the base file */
-static qf_status kld_write_rows(kld_state *k, const uint16_t *rows, int n, qf_error *err) {
+qf_status qf_kld_write_rows(qf_kld_state *k, const uint16_t *rows, int n, qf_error *err) {
     if (!k->file_open) return QF_OK;
     qf_status st = qf_atomic_write(&k->out, rows, (size_t)n * k->nv * sizeof(uint16_t), err);
     if (st) k->file_open = false;
@@ -228,14 +188,14 @@ static void mean_unc(double sum, double sum2, size_t n, double *mean, double *un
 }
 
 /* commit the base file (every rank that writes one) */
-static qf_status kld_commit(kld_state *k, qf_error *err) {
+qf_status qf_kld_commit(qf_kld_state *k, qf_error *err) {
     if (!k->file_open) return QF_OK;
     k->file_open = false;
     return qf_atomic_commit(&k->out, err);
 }
 
 /* rank 0: the statistics from the accumulated sums */
-static qf_status kld_finish(kld_state *k, qf_ppl_result *r, qf_error *err) {
+qf_status qf_kld_finish(qf_kld_state *k, qf_ppl_result *r, qf_error *err) {
     (void)err;
     if (!k->reading || k->count == 0) return QF_OK;
     double m, u;
@@ -258,11 +218,11 @@ static qf_status kld_finish(kld_state *k, qf_ppl_result *r, qf_error *err) {
     return QF_OK;
 }
 
-static void kld_end(kld_state *k) {
+void qf_kld_base_close(qf_kld_base_file *b) { qf_unmap_file(&b->mf); }
+
+void qf_kld_end(qf_kld_state *k) {
     if (k->file_open) qf_atomic_abort(&k->out);
     free(k->rows);
     free(k->row);
     free(k->kld_values);
 }
-
-#endif
