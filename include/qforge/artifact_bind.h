@@ -52,7 +52,7 @@ QF_API double qf_artifact_bits_per_element(qf_artifact_kind kind, const qf_paylo
 
 /* True for artifacts only the CPU route runs (kv-dict payload version 2): a caller creating
  * the context with QF_DEVICE_AUTO should pick QF_DEVICE_CPU for them. */
-bool qf_artifact_cpu_only(const qf_artifact *a);
+QF_API bool qf_artifact_cpu_only(const qf_artifact *a);
 
 /* Whether an artifact is bound, and which kind (kind may be NULL). */
 QF_API bool qf_context_bound(const qf_context *c, qf_artifact_kind *kind);
