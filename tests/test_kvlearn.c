@@ -226,6 +226,7 @@ TEST(measurement_uses_the_engine_encoder) {
         CHECK_EQ_INT(same, n);
     }
     /* one dictionary validation: a zero atom is FORMAT, a bad count ARG, everywhere */
+    qf_kv_dict_free(&d);
     CHECK(qf_kv_dict_init(&d, D, QF_KV_MAX_ATOMS + 1, dim, &e) == QF_ERR_ARG);
     free(D), free(X), free(i1), free(c1), free(scratch);
 }
