@@ -16,7 +16,7 @@ SANFLAGS ?=
 CPPFLAGS := -Iinclude -Isrc -DQF_VERSION='"$(VERSION)"'
 # -fvisibility=hidden: libqforge.so exports only what include/qforge/ marks QF_API (qforge/api.h).
 CFLAGS   := $(CSTD) $(WARN) $(OPT) $(SANFLAGS) -fPIC -fvisibility=hidden -pthread
-LDLIBS   := -lopenblas -lpcre2-8 -lcbor -lcrypto -lcurl -ljansson -lxxhash -lpthread -lm
+LDLIBS   := -lopenblas -lpcre2-8 -lcbor -lcrypto -lcurl -ljansson -lxxhash -ldl -lpthread -lm
 LDFLAGS  := $(SANFLAGS) -pthread
 
 # Files named *_avx2.c hold the AVX2/FMA/F16C kernels; they are dispatched at run time.
@@ -28,18 +28,28 @@ TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 TESTLIB_SRC := $(sort $(filter-out $(TEST_SRC),$(wildcard tests/*.c)))
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 
-# CUDA backend: only when nvcc is present (QF_NO_CUDA=1 turns it off).
+# CUDA backend: a plugin, $(BUILD)/libqforge-cuda.so, built only when nvcc is present
+# (QF_NO_CUDA=1 turns it off). It alone links cudart and cuBLAS; libqforge dlopen()s it at the
+# first GPU use (src/kernels/cuda/cuda_loader.c), so nothing else maps the CUDA libraries.
+# CUDA_ARCH: the GPUs to build for, `native` (the GPU of this machine) or a list of sm_XY
+# (default sm_90, the H200; `make CUDA_ARCH="sm_80 sm_90"` builds both).
 NVCC ?= $(shell command -v nvcc 2>/dev/null)
 CUDA_SRC := $(sort $(wildcard src/kernels/cuda/*.cu))
+CUDA_ARCH ?= sm_90
+ifeq ($(CUDA_ARCH),native)
+  CUDA_ARCH_FLAGS := -arch=native
+else
+  CUDA_ARCH_FLAGS := $(foreach a,$(CUDA_ARCH),-gencode=arch=compute_$(patsubst sm_%,%,$(a)),code=$(a))
+endif
 ifeq ($(QF_NO_CUDA),1)
   NVCC :=
 endif
 ifneq ($(and $(NVCC),$(CUDA_SRC)),)
   CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-  CPPFLAGS += -DQF_HAVE_CUDA
-  LDLIBS += -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++ -Wl,-rpath,$(CUDA_HOME)/lib64
   CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
+  CUDA_PLUGIN := $(BUILD)/libqforge-cuda.so
 endif
+CUDA_HDR := $(wildcard src/kernels/cuda/*.cuh src/kernels/cuda/*.h) src/format/quant_blocks.h $(wildcard include/qforge/*.h)
 
 # Open MPI (docs/mpi.md): only when pkg-config finds ompi-c (QF_NO_MPI=1 turns it off). Only
 # src/util/mpi.c sees MPI; everything else goes through qforge/mpi.h and util/par.h.
@@ -52,7 +62,7 @@ ifneq ($(MPI_LIBS),)
 $(BUILD)/obj/src/util/mpi.o: CPPFLAGS += -DQF_HAVE_MPI $(MPI_CFLAGS)
 endif
 
-LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CUDA_OBJ)
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TOOL_OBJ  := $(TOOL_SRC:%.c=$(BUILD)/obj/%.o)
 TESTLIB_OBJ := $(TESTLIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -61,7 +71,7 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 .PHONY: all lib cli tests bench test asan fuzz install clean
 all: lib cli tests bench
 
-lib: $(BUILD)/libqforge.a $(BUILD)/libqforge.so $(BUILD)/qforge.pc
+lib: $(BUILD)/libqforge.a $(BUILD)/libqforge.so $(BUILD)/qforge.pc $(CUDA_PLUGIN)
 cli: $(BUILD)/qforge
 tests: $(TEST_BIN)
 bench: $(BENCH_BIN)
@@ -74,9 +84,15 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/obj/%.o: %.cu
+$(BUILD)/obj/%.o: %.cu $(CUDA_HDR)
 	@mkdir -p $(dir $@)
-	$(NVCC) -O3 -std=c++17 -Iinclude -Isrc -DQF_HAVE_CUDA -Xcompiler -fPIC -Xcompiler -fvisibility=hidden -arch=sm_90 -c $< -o $@
+	$(NVCC) -O3 -std=c++17 -Iinclude -Isrc $(CUDA_ARCH_FLAGS) -Werror all-warnings -Xcompiler -fPIC,-fvisibility=hidden -c $< -o $@
+
+$(CUDA_PLUGIN): $(CUDA_OBJ)
+	$(NVCC) -shared $(CUDA_ARCH_FLAGS) -o $@ $^ -L$(CUDA_HOME)/lib64 -lcublas -lcudart -Xlinker -rpath,$(CUDA_HOME)/lib64
+
+# the loader looks for the plugin in the install folder too
+$(BUILD)/obj/src/kernels/cuda/cuda_loader.o: CPPFLAGS += -DQF_PLUGIN_DIR='"$(PREFIX)/lib"'
 
 # The commit is compiled into version.o alone, which is rebuilt whenever the commit changes.
 GIT_STAMP := $(BUILD)/git-commit
@@ -153,6 +169,7 @@ build-fuzz/%: fuzz/%.c build-fuzz/libqforge.a
 install: lib cli
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/qforge $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 644 $(BUILD)/libqforge.a $(BUILD)/libqforge.so $(DESTDIR)$(PREFIX)/lib/
+	$(if $(CUDA_PLUGIN),install -m 755 $(CUDA_PLUGIN) $(DESTDIR)$(PREFIX)/lib/)
 	install -m 644 include/qforge/*.h $(DESTDIR)$(PREFIX)/include/qforge/
 	install -m 755 $(BUILD)/qforge $(DESTDIR)$(PREFIX)/bin/
 	printf '%s\n' "$$QF_PC_TEXT" > $(DESTDIR)$(PREFIX)/lib/pkgconfig/qforge.pc

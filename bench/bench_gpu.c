@@ -1,7 +1,9 @@
 /* bench_gpu.c: prefill throughput of the CUDA backend next to the H200 roofline.
  *
  *   build/bench/bench_gpu MODEL.gguf [--corpus TEXT] [--chunks 4] [-c 512] [--kv f16] [--device cuda|cpu]
- *       [--prefill-only]   (with QF_CUDA_PROFILE=1 the backend prints GPU time per stage at exit)
+ *       [--prefill-only]   (with QF_CUDA_PROFILE=1 the backend prints GPU time per stage at exit;
+ *                           every QF_CUDA_* knob of the CLI is read here too, see tools/cli.h)
+ *       [--decode-steps N] [--decode-pos P] (decode: N single-token steps after a P-token prefill)
  *       [--gemm]           (cuBLAS f16 GEMM rate for the model's shapes at M = -c: f32 and f16 output,
  *                           f32 accumulating into C, and f32 with W not in L2)
  *
@@ -10,7 +12,7 @@
  *   ppl      qf_decode of the whole chunk with every token's logits copied back (what
  *            qf_perplexity asks for), and the full qf_perplexity pass (tokenize, decode, score);
  *   decode   single-token steps after a half-chunk prefill (tokens/s);
- *   gpu ppl  the same PPL pass with the log-softmax on the GPU (qf_cuda_decode_nll: no logits
+ *   gpu ppl  the same PPL pass with the log-softmax on the GPU (qf_decode_nll: no logits
  *            leave the device), its PPL compared with qf_perplexity's.
  * Roofline per chunk: FLOPs = 2 * (matmul params) * tokens + 2 * D * n_vocab * logit rows
  * + attention (4 * n_head * head_dim * causal pairs per layer); bytes = the weights as
@@ -26,11 +28,9 @@
 #include "qforge/model.h"
 #include "qforge/ppl.h"
 #include "qforge/tokenizer.h"
-#ifdef QF_HAVE_CUDA
+#include "engine/gpu.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "engine/engine.h"
 #include "util/util.h"
-#endif
 
 #define PEAK_FLOPS 989e12
 #define PEAK_BW 4.8e12
@@ -57,7 +57,7 @@ static double wparams(const qf_weight *w) { return w->data ? (double)w->ne0 * w-
 
 int main(int argc, char **argv) {
     const char *model = NULL, *corpus = NULL, *kvs = "f16", *devs = "cuda";
-    int n_ctx = 512, chunks = 4, prefill_only = 0, gemm = 0;
+    int n_ctx = 512, chunks = 4, prefill_only = 0, gemm = 0, dsteps = 64, dpos = -1, decode_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--corpus") && i + 1 < argc) corpus = argv[++i];
         else if (!strcmp(argv[i], "--chunks") && i + 1 < argc) chunks = atoi(argv[++i]);
@@ -66,6 +66,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) devs = argv[++i];
         else if (!strcmp(argv[i], "--prefill-only")) prefill_only = 1; /* e.g. with QF_CUDA_PROFILE=1 */
         else if (!strcmp(argv[i], "--gemm")) gemm = 1;
+        else if (!strcmp(argv[i], "--decode-only")) decode_only = 1; /* with QF_CUDA_PROFILE=1: decode stages alone */
+        else if (!strcmp(argv[i], "--decode-steps") && i + 1 < argc) dsteps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--decode-pos") && i + 1 < argc) dpos = atoi(argv[++i]);
         else if (argv[i][0] != '-' && !model) model = argv[i];
         else {
             fprintf(stderr, "usage: %s MODEL.gguf [--corpus TEXT] [--chunks N] [-c N] [--kv f16] [--device cuda|cpu]\n", argv[0]);
@@ -86,6 +89,15 @@ int main(int argc, char **argv) {
     const qf_hparams *hp = qf_model_hparams(m);
     qf_context_params p = qf_context_default_params();
     p.n_ctx = n_ctx;
+    {   /* the CLI's QF_CUDA_* defaults (tools/cli_util.c's cli_cuda_env) */
+        const char *v;
+        if ((v = getenv("QF_CUDA_GEMM")) && !strcmp(v, "f32")) p.cuda.gemm_f32 = true;
+        if ((v = getenv("QF_CUDA_ATTN")) && !strcmp(v, "warp")) p.cuda.attn_warp = true;
+        if ((v = getenv("QF_CUDA_GU16")) && !strcmp(v, "1")) p.cuda.gu16 = true;
+        if ((v = getenv("QF_CUDA_F16_CACHE")) && !strcmp(v, "0")) p.cuda.no_f16_cache = true;
+        if ((v = getenv("QF_CUDA_PROFILE")) && atoi(v) > 0) p.cuda.profile = true;
+        if ((v = getenv("QF_KV_ROT")) && !strcmp(v, "hadamard")) p.kv_rot = QF_KV_ROT_HADAMARD;
+    }
     if (!qf_kv_mode_from_name(kvs, &p.kv_k) || !qf_device_from_name(devs, &p.device)) {
         fprintf(stderr, "bench_gpu: bad --kv or --device\n");
         return 2;
@@ -150,18 +162,16 @@ int main(int argc, char **argv) {
     printf("device %s, kv %s, -c %d, %d chunks; load+upload %.1f s\n", qf_device_name(qf_context_device(c)), kvs, n_ctx,
            chunks, t_load);
     /* warm-up (cuBLAS heuristics, first-touch) */
-    if (qf_decode(c, toks, n_ctx, 0, logits, n_ctx - 1, &err)) {
+    if (!decode_only && qf_decode(c, toks, n_ctx, 0, logits, n_ctx - 1, &err)) {
         fprintf(stderr, "bench_gpu: %s\n", err.msg);
         return 1;
     }
-#ifdef QF_HAVE_CUDA
-    if (c->gpu) {
-        qf_cuda_info ci;
-        qf_cuda_ctx_info(c->gpu, &ci);
+    qf_cuda_info ci;
+    if (qf_context_gpu_info(c, &ci)) {
         printf("GPU memory: weights %.2f GB, f16 cache of quantized weights %.2f GB, kv %.2f GB, scratch %.2f GB\n",
                ci.weight_bytes / 1e9, ci.f16_cache_bytes / 1e9, ci.kv_bytes / 1e9, ci.scratch_bytes / 1e9);
     }
-    if (gemm && c->gpu) {
+    if (gemm && qf_context_device(c) == QF_DEVICE_CUDA) {
         const int D = hp->n_embd, Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim, F = hp->n_ff;
         struct { const char *name; int N, K; } sh[] = {{"q/o", Dq, D}, {"k/v", Dkv, D}, {"qkv fused", Dq + 2 * Dkv, D},
                                                        {"gate/up", F, D}, {"gate+up fused", 2 * F, D}, {"down", D, F},
@@ -181,15 +191,14 @@ int main(int argc, char **argv) {
                    fl / msacc / 1e9, mscold, fl / mscold / 1e9);
         }
     }
-#endif
-    (void)gemm; /* --gemm needs the CUDA backend */
+
     double best_p = 1e30, best_a = 1e30, sum_p = 0, sum_a = 0;
     double *tp = calloc((size_t)chunks, sizeof(double)), *ta = calloc((size_t)chunks, sizeof(double));
     if (!tp || !ta) {
         fprintf(stderr, "bench_gpu: out of memory\n");
         return 1;
     }
-    for (int ch = 0; ch < chunks; ch++) {
+    for (int ch = 0; ch < chunks && !decode_only; ch++) {
         const int32_t *tk = toks + (size_t)ch * n_ctx;
         double a = now();
         if (qf_decode(c, tk, n_ctx, 0, logits, n_ctx - 1, &err)) break;
@@ -207,6 +216,7 @@ int main(int argc, char **argv) {
     const double med_p = median(tp, chunks), med_a = median(ta, chunks);
     free(tp), free(ta);
     /* the first % uses the best chunk, the second the median chunk */
+    if (!decode_only) {
     printf("prefill (last logits):  %8.0f tok/s mean, best %.2f ms/chunk, median %.2f of %d; %.1f TFLOP/s (best); roofline "
            "bound %.2f ms -> %.1f%% of roofline (best chunk), %.1f%% (median chunk)\n",
            n_ctx * chunks / sum_p, best_p * 1e3, med_p * 1e3, chunks, fl_prefill / best_p / 1e12, tb_prefill * 1e3,
@@ -216,14 +226,15 @@ int main(int argc, char **argv) {
            n_ctx * chunks / sum_a, best_a * 1e3, med_a * 1e3, chunks, fl_all / best_a / 1e12, tb_all * 1e3,
            100 * tb_all / best_a, 100 * tb_all / med_a);
 
+    }
     if (prefill_only) {
         free(text), free(toks), free(logits);
         qf_context_free(c);
         qf_model_free(m);
         return 0;
     }
-    /* decode: prefill half a chunk, then single tokens */
-    int half = n_ctx / 2, steps = n_ctx - half < 64 ? n_ctx - half : 64;
+    /* decode: prefill half a chunk (or --decode-pos), then single tokens */
+    int half = dpos >= 1 && dpos < n_ctx ? dpos : n_ctx / 2, steps = n_ctx - half < dsteps ? n_ctx - half : dsteps;
     qf_decode(c, toks, half, 0, NULL, half, &err);
     double a = now();
     for (int i = 0; i < steps && !err.code; i++) qf_decode(c, toks + half + i, 1, half + i, logits, 0, &err);
@@ -241,13 +252,12 @@ int main(int argc, char **argv) {
                    res.n_chunks, res.ppl, res.ppl_err, res.tokens_per_sec, hp->n_vocab);
         else
             fprintf(stderr, "bench_gpu: ppl: %s\n", err.msg);
-#ifdef QF_HAVE_CUDA
         /* the same pass, scored on the GPU: ppl.c's chunking (BOS first, second half scored) */
         int32_t *ids = NULL;
         size_t nids = 0;
         const qf_tokenizer *tkz = qf_model_tokenizer(m);
-        if (c->gpu && qf_tokenize(tkz, text, tlen, qf_tokenizer_add_bos(tkz), false, &ids, &nids, &err) == QF_OK &&
-            (int64_t)nids >= 2 * (int64_t)n_ctx && c->n_batch >= n_ctx) {
+        if (qf_context_device(c) == QF_DEVICE_CUDA && qf_tokenize(tkz, text, tlen, qf_tokenizer_add_bos(tkz), false, &ids, &nids, &err) == QF_OK &&
+            (int64_t)nids >= 2 * (int64_t)n_ctx) {
             int n_chunk = (int)(nids / n_ctx) < chunks ? (int)(nids / n_ctx) : chunks;
             const int first = n_ctx / 2, n_score = n_ctx - 1 - first;
             const bool add_bos = qf_tokenizer_add_bos(tkz) && qf_tokenizer_bos(tkz) >= 0;
@@ -259,7 +269,7 @@ int main(int argc, char **argv) {
                 memcpy(chunk, ids + (size_t)i * n_ctx, (size_t)n_ctx * sizeof(int32_t));
                 if (add_bos) chunk[0] = qf_tokenizer_bos(tkz);
                 /* rows first .. n_ctx-2 predict tokens first+1 .. n_ctx-1; the last row is not scored */
-                if (qf_cuda_decode_nll(c, chunk, n_ctx - 1, 0, first, ids + (size_t)i * n_ctx + first + 1, nll, &err)) {
+                if (qf_decode_nll(c, chunk, n_ctx - 1, 0, first, ids + (size_t)i * n_ctx + first + 1, nll, &err)) {
                     fprintf(stderr, "bench_gpu: gpu ppl: %s\n", err.msg);
                     break;
                 }
@@ -269,13 +279,12 @@ int main(int argc, char **argv) {
             double dtp = now() - t0p;
             if (count == (int64_t)n_chunk * n_score) {
                 double ppl = exp(sum / (double)count);
-                printf("PPL pass, GPU log-softmax (qf_cuda_decode_nll, %d chunks): PPL %.4f (rel. diff to qf_perplexity %.2e), %.0f tok/s\n",
+                printf("PPL pass, GPU log-softmax (qf_decode_nll, %d chunks): PPL %.4f (rel. diff to qf_perplexity %.2e), %.0f tok/s\n",
                        n_chunk, ppl, fabs(ppl - res.ppl) / res.ppl, (double)n_chunk * n_ctx / dtp);
             }
             free(chunk), free(nll);
         }
         free(ids);
-#endif
     }
     free(text), free(toks), free(logits);
     qf_context_free(c);

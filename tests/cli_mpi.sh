@@ -56,7 +56,8 @@ if grep -q "Mean    KLD" "$d/kld.2" && cmp -s "$d/kld.0" "$d/kld.2"; then ok "KL
 else bad "KLD -np 2 differs"; diff "$d/kld.0" "$d/kld.2" | head -5; fi
 
 # calibrate: the learned artifact and its certificate, whatever the rank count
-cal=("$qf" calibrate -m "$model" --artifact kv-dict --atoms 16 --sparsity 2 --iters 2 --gate 100 -c 64 --max-tok 512
+cal=("$qf" calibrate -m "$model" --artifact kv-dict --atoms 16 --sparsity 2 --iters 2 --gate 100 --max-kld 100
+     --max-kld-p99 100 --allow-worse-than-baseline -c 64 --max-tok 512
      --eval-chunks 2 --capture 200 -t 1)
 cert() { "$qf" verify "$1" --json 2>/dev/null | grep -v '"file\|"created_utc\|"mpi_ranks'; }
 "${cal[@]}" -o "$d/a0.qfa" >/dev/null 2>&1

@@ -2,13 +2,15 @@
  * rotated f32 cache is the row itself (H is its own inverse); on the demo model the rotated
  * q4_0 cache has a lower KL divergence to the f32 cache than plain q4_0 on the same tokens;
  * every refusal (head_dim not a power of two, artifact modes, binding an artifact, the GPU
- * route that cannot rotate, a bad name) is a clear error with its status. */
+ * route that cannot rotate, a bad name) is a clear error with its status. Also the kv-int8
+ * per-token row codec (scale exponent carried in code parities) and the int8 row layouts. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/engine.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "qforge/artifact_bind.h"
+#include "qforge/kvlearn.h"
 #include "qforge/model.h"
 #include "qforge/ppl.h"
 #include "test.h"
@@ -197,11 +199,88 @@ TEST(rot_refusals_in_the_context) {
     qf_model_free(m);
 }
 
+/* the per-token int8 codec: the exponent survives, the error is within about one step of the
+ * row's absmax/127, zero and tiny rows stay finite, and it beats a static absmax scale on a row
+ * far below the calibrated range */
+TEST(int8_token_codec) {
+    uint64_t s = 11;
+    int8_t q[128];
+    float x[128], y[128];
+    for (int trial = 0; trial < 200; trial++) {
+        int n = trial % 2 ? 128 : 64;
+        float mag = (float)exp2((double)(trial % 28) - 12);
+        for (int i = 0; i < n; i++) x[i] = mag * (float)(((qf_xorshift64s(&s) >> 11) * 0x1.0p-53) * 2 - 1);
+        qf_kv_int8_token_quantize(x, q, n);
+        qf_kv_int8_token_dequantize(q, y, n);
+        float amax = 0, maxd = 0;
+        double se = 0;
+        for (int i = 0; i < n; i++) {
+            amax = fmaxf(amax, fabsf(x[i]));
+            maxd = fmaxf(maxd, fabsf(x[i] - y[i]));
+            se += (double)(x[i] - y[i]) * (x[i] - y[i]);
+        }
+        float step = amax / 127.0f * 1.1f; /* the 1/8-octave exponent grid */
+        CHECK_MSG(maxd <= 1.6f * step, "trial %d: max error %g, step %g", trial, maxd, step);
+        /* mean squared error near the uniform quantizer's step^2/12 (parity fixes cost little) */
+        CHECK_MSG(se / n < 0.2 * step * step, "trial %d: mse %g vs step^2 %g", trial, se / n, step * step);
+    }
+    memset(x, 0, sizeof x);
+    qf_kv_int8_token_quantize(x, q, 64);
+    qf_kv_int8_token_dequantize(q, y, 64);
+    for (int i = 0; i < 64; i++) CHECK(fabsf(y[i]) < 1e-4f);
+    x[3] = NAN, x[5] = 1.0f;
+    qf_kv_int8_token_quantize(x, q, 64);
+    qf_kv_int8_token_dequantize(q, y, 64);
+    for (int i = 0; i < 64; i++) CHECK(isfinite(y[i]));
+    CHECK(fabsf(y[5] - 1.0f) < 0.02f);
+}
+
+/* int8 row layouts in the cache: rotated static and per-token rows read back close to what was
+ * written; a per-token layout needs head_dim a multiple of 8, a rotated one a power of two */
+TEST(int8_layouts_in_the_cache) {
+    qf_hparams hp = hp_with(64);
+    int nh = hp.n_head_kv, hd = hp.head_dim, n_pos = 3;
+    float sc[2 * 2 * 64], src[3 * 2 * 64], got[3 * 64];
+    uint64_t s = 5;
+    for (int i = 0; i < 2 * 2 * 64; i++) sc[i] = 4.0f / 127;
+    for (int i = 0; i < n_pos * nh * hd; i++) src[i] = (float)(((qf_xorshift64s(&s) >> 11) * 0x1.0p-53) * 2 - 1);
+    for (int lay = 0; lay < 4; lay++) {
+        qf_kv_cache kv;
+        qf_error e = {0};
+        qf_kv_stream_spec spec[2] = {{.mode = QF_KV_INT8, .int8_scale = sc, .int8_layout = lay},
+                                     {.mode = QF_KV_INT8, .int8_scale = sc, .int8_layout = lay}};
+        CHECK_MSG(qf_kv_cache_init_spec(&kv, &hp, 8, spec, &e) == QF_OK, "%s", e.msg);
+        qf_kv_cache_write(&kv, 0, 1, 0, n_pos, src);
+        qf_kv_cache_read_head(&kv, 0, 1, 1, n_pos, got);
+        double maxd = 0;
+        for (int p = 0; p < n_pos; p++)
+            for (int d = 0; d < hd; d++) maxd = fmax(maxd, fabs(src[((size_t)p * nh + 1) * hd + d] - got[p * hd + d]));
+        CHECK_MSG(maxd < 0.05, "layout %d: max error %g", lay, maxd);
+        qf_kv_cache_free(&kv);
+    }
+    qf_error e = {0};
+    qf_kv_cache kv;
+    hp = hp_with(96); /* no power of two: no rotation; a multiple of 8: per-token is fine */
+    float sc96[2 * 2 * 96];
+    for (int i = 0; i < 2 * 2 * 96; i++) sc96[i] = 0.01f;
+    qf_kv_stream_spec sp[2] = {{.mode = QF_KV_INT8, .int8_scale = sc96, .int8_layout = QF_KV_INT8_TOKEN_ROT},
+                               {.mode = QF_KV_F16}};
+    CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, 8, sp, &e), QF_ERR_UNSUPPORTED);
+    CHECK(strstr(e.msg, "power of two") != NULL);
+    sp[0].int8_layout = QF_KV_INT8_TOKEN;
+    CHECK(qf_kv_cache_init_spec(&kv, &hp, 8, sp, &e) == QF_OK);
+    qf_kv_cache_free(&kv);
+    sp[0].int8_layout = 9;
+    CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, 8, sp, &e), QF_ERR_ARG);
+}
+
 int main(void) {
     RUN(rot_names);
     RUN(rot_round_trip);
     RUN(rot_refusals_in_the_cache);
     RUN(rot_q4_0_beats_plain_q4_0);
     RUN(rot_refusals_in_the_context);
+    RUN(int8_token_codec);
+    RUN(int8_layouts_in_the_cache);
     return test_summary();
 }

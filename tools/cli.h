@@ -10,6 +10,7 @@
 #include "qforge/artifact.h"
 #include "qforge/error.h"
 #include "qforge/model.h"
+#include "qforge/run.h"
 
 /* Print "qforge <cmd>: error: <StatusName>: <message>" to stderr; return the exit code. */
 int cli_fail(const char *cmd, const qf_error *e);
@@ -38,10 +39,15 @@ typedef struct {
     qf_context_params cp;
     bool force_uncertified_ctx; /* --force-uncertified-ctx: run an artifact above its certified context */
 } cli_engine_opts;
-/* After qf_artifact_load: refuse (print, return the exit code) a -c larger than the artifact's
- * largest certified context unless --force-uncertified-ctx, which prints a warning; 0 = go on. */
-int cli_artifact_ctx(const char *cmd, const cli_engine_opts *o, const qf_artifact *a, int n_ctx);
+/* The warning --force-uncertified-ctx earns when qf_run_open ran an artifact above the largest
+ * context it is certified at (qf_run_open refuses that without the flag); nothing otherwise. */
+void cli_warn_uncertified_ctx(const char *cmd, const qf_run *run);
 int cli_engine_flag(int argc, char **argv, int *i, cli_engine_opts *o, char *msg, size_t cap);
+
+/* The CUDA backend's knobs from the environment (the CLI's defaults; the library never reads
+ * it): QF_CUDA_GEMM=f32, QF_CUDA_ATTN=warp, QF_CUDA_GU16=1, QF_CUDA_F16_CACHE=0,
+ * QF_CUDA_PROFILE=1. */
+void cli_cuda_env(qf_cuda_params *k);
 
 /* Print a JSON value (indented) to stdout followed by a newline, and free it. */
 void cli_print_json(json_t *j);

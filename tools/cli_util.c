@@ -128,14 +128,19 @@ missing:
 #undef FLAG
 }
 
-int cli_artifact_ctx(const char *cmd, const cli_engine_opts *o, const qf_artifact *a, int n_ctx) {
-    qf_error e = {0};
-    bool forced = false;
-    if (qf_artifact_check_ctx(a, n_ctx, o->force_uncertified_ctx, &forced, &e)) return cli_fail(cmd, &e);
-    if (forced)
-        fprintf(stderr,
-                "qforge %s: warning: --force-uncertified-ctx: running at -c %d, above the largest context the "
-                "artifact is certified at (%d); its certificate does not cover these numbers\n",
-                cmd, n_ctx, qf_artifact_max_certified_ctx(a));
-    return 0;
+void cli_warn_uncertified_ctx(const char *cmd, const qf_run *run) {
+    if (!run->uncertified_ctx || !cli_root()) return;
+    fprintf(stderr,
+            "qforge %s: warning: --force-uncertified-ctx: running at -c %d, above the largest context the "
+            "artifact is certified at (%d); its certificate does not cover these numbers\n",
+            cmd, qf_context_params_get(run->ctx)->n_ctx, run->certified_ctx);
+}
+
+void cli_cuda_env(qf_cuda_params *k) {
+    const char *v;
+    if ((v = getenv("QF_CUDA_GEMM")) && strcmp(v, "f32") == 0) k->gemm_f32 = true;
+    if ((v = getenv("QF_CUDA_ATTN")) && strcmp(v, "warp") == 0) k->attn_warp = true;
+    if ((v = getenv("QF_CUDA_GU16")) && strcmp(v, "1") == 0) k->gu16 = true;
+    if ((v = getenv("QF_CUDA_F16_CACHE")) && strcmp(v, "0") == 0) k->no_f16_cache = true;
+    if ((v = getenv("QF_CUDA_PROFILE")) && atoi(v) > 0) k->profile = true;
 }

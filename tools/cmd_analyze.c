@@ -1,253 +1,233 @@
-/* cmd_analyze.c: `qforge analyze`, the sparse-dictionary go/no-go on our engine's real KV
- * vectors: corpus -> capture (fast route, cross-checked against the reference route on a
- * prefix) -> per-layer analysis and rate-distortion sweep -> table, JSON, SVG. */
+/* cmd_analyze.c: `qforge analyze`, every KV-cache method judged on the end metric (ΔPPL, mean
+ * and p99 KLD, same-top-1 vs the f32-KV model on the held-out split), the Pareto frontier over
+ * bits per element and a verdict per method. Argument parsing and printing only: the pipeline
+ * is qf_analyze_run (include/qforge/analyze.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
-#include "qforge/capture.h"
-#include "qforge/corpus.h"
-#include "qforge/kvlearn.h"
-#include "qforge/model.h"
-#include "qforge/util.h"
+#include "qforge/analyze.h"
 
 static const char *USAGE =
-    "qforge analyze -m MODEL [--corpus PATH]... [--builtin] [--atoms N] [--sparsity S] [--iters I]\n"
-    "               [--layer-stride L] [--max-per-layer N] [--max-tok N] [-c N] [-t N]\n"
-    "               [--rd 256x4,512x8,...] [--no-cross-check] [--device auto|cpu|cuda] [--json] [--svg FILE]\n"
-    "  --corpus PATH      calibration text (file or directory; repeatable); default: the built-in demo corpus\n"
-    "  --atoms/--sparsity/--iters   the go/no-go dictionary (default 256 / 4 / 20, the seed's)\n"
-    "  --layer-stride L   analyse every L-th layer (default 1)\n"
+    "qforge analyze -m MODEL [--corpus PATH]... [--builtin] [--eval-frac F] [-c N] [--chunks N]\n"
+    "               [--methods LIST] [--dict 256x4,256x8,...] [--dict-iters N] [--dict-coef f16|q8]\n"
+    "               [--rq-bits 2,3,4] [--max-tok N] [--max-per-layer N] [--tables-in-rate]\n"
+    "               [--no-cross-check] [--device auto|cpu|cuda] [-t N] [--seed S] [--json] [--svg FILE]\n"
+    "  --corpus PATH      text (file or directory; repeatable), split into calibration and held-out\n"
+    "                     evaluation documents as the forge splits it; default: the built-in demo corpus\n"
+    "  --eval-frac F      share of documents held out for evaluation (default 0.2)\n"
+    "  -c N               evaluation chunk and capture window (default 512, at most the model's context)\n"
+    "  --chunks N         evaluation chunks per method and rate (default 12; 0 = all the split holds)\n"
+    "  --methods LIST     comma-separated subset of: f16, q8_0, q4_0, q8_0+hadamard, q4_0+hadamard,\n"
+    "                     kv-int8, kv-dict (default: all)\n"
+    "  --dict LIST        kv-dict sizes, atoms x sparsity (default 256x4,256x8,256x16)\n"
+    "  --dict-iters N     k-SVD iterations per dictionary (default 10)\n"
+    "  --dict-coef C      kv-dict coefficient storage, f16 or q8 (default f16)\n"
+    "  --rq-bits LIST     kv-rq budgets in bits (default 2,3,4; used once kv-rq is built)\n"
+    "  --max-tok N        calibration tokens captured for the learners (default 8192)\n"
     "  --max-per-layer N  K (and V) vectors kept per layer (default 4096)\n"
-    "  --max-tok N        calibration tokens run through the model (default 8192)\n"
-    "  --rd LIST          rate-distortion points atoms x sparsity (default 64x2,128x4,256x4,256x8,512x8)\n"
-    "  --no-cross-check   skip the reference-route capture of the first window\n"
-    "  --device D         where the capture runs (default auto: the GPU when one is found; K/V are\n"
-    "                     read back from GPU memory); the cross-check always uses the CPU reference\n"
-    "  --svg FILE         draw the pooled rate-distortion curves";
+    "  --tables-in-rate   judge on bits per element with the learned side tables (scales,\n"
+    "                     dictionaries) amortised over one context, not on per-token storage\n"
+    "  --no-cross-check   skip the capture of the first window on the scalar reference route\n"
+    "  --device D         where the capture runs (default auto); every evaluation runs on the CPU\n"
+    "  --svg FILE         mean KLD (log) vs bits per element, one curve per method, the frontier";
 
-static bool parse_rd(const char *s, qf_kv_analysis_params *p) {
-    p->n_rd = 0;
+/* "2,3,4" -> out[], each in [lo, hi]. */
+static bool parse_int_list(const char *s, int lo, int hi, int *out, int max, int *n) {
+    *n = 0;
     while (*s) {
-        if (p->n_rd >= QF_KV_RD_MAX_POINTS) return false;
         char *end;
-        long a = strtol(s, &end, 10);
-        if (end == s || *end != 'x') return false;
-        s = end + 1;
-        long sp = strtol(s, &end, 10);
-        if (end == s || a < 1 || a > QF_KV_MAX_ATOMS || sp < 1 || sp > 64) return false;
-        p->rd_atoms[p->n_rd] = (int)a;
-        p->rd_sparsity[p->n_rd] = (int)sp;
-        p->n_rd++;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < lo || v > hi || *n >= max) return false;
+        out[(*n)++] = (int)v;
         s = end;
         if (*s == ',') s++;
         else if (*s) return false;
     }
-    return p->n_rd > 0;
+    return *n > 0;
 }
 
-static json_t *rd_json(const qf_kv_rd_table *t) {
-    json_t *arr = json_array();
-    for (int c = 0; c < t->n_curves; c++) {
-        const qf_kv_rd_curve *cv = &t->curves[c];
-        json_t *pts = json_array();
-        for (int i = 0; i < cv->n; i++)
-            json_array_append_new(pts, json_pack("{s:s, s:f, s:f}", "label", cv->label[i], "bits_per_elem", cv->bits[i],
-                                                 "rel_mse", cv->err[i]));
-        json_array_append_new(arr, json_pack("{s:s, s:o}", "method", cv->name, "points", pts));
+static json_t *point_json(const qf_analyze_report *rep, const qf_analyze_point *pt) {
+    json_t *o = json_pack("{s:s, s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:b, s:b, s:f}", "method",
+                          pt->method, "label", pt->label, "bits_per_element", pt->bits_per_element,
+                          "bits_per_element_with_tables", pt->bits_per_element_with_tables, "table_bytes",
+                          pt->table_bytes, "kv_bytes_per_token", pt->kv_bytes_per_token, "ppl", pt->ppl, "delta_ppl",
+                          pt->delta_ppl, "kld_mean", pt->kld_mean, "kld_err", pt->kld_err, "kld_p99", pt->kld_p99,
+                          "top1", pt->top1, "passes_gate", pt->passes_gate, "on_frontier", pt->on_frontier, "seconds",
+                          pt->seconds);
+    if (pt->dominated_by >= 0) {
+        const qf_analyze_point *d = &rep->points[pt->dominated_by];
+        json_object_set_new(o, "dominated_by",
+                            json_pack("{s:s, s:s, s:b}", "method", d->method, "label", d->label, "within_noise",
+                                      pt->within_noise));
+    } else {
+        json_object_set_new(o, "dominated_by", json_null());
     }
-    return arr;
+    return o;
+}
+
+static void print_json(const char *model_path, const qf_analyze_report *rep) {
+    json_t *points = json_array(), *frontier = json_array(), *verdicts = json_array(), *skipped = json_array();
+    for (int i = 0; i < rep->n_points; i++) json_array_append_new(points, point_json(rep, &rep->points[i]));
+    for (int k = 0; k < rep->n_frontier; k++)
+        json_array_append_new(frontier, point_json(rep, &rep->points[rep->frontier[k]]));
+    for (int m = 0; m < rep->n_verdicts; m++)
+        json_array_append_new(verdicts, json_pack("{s:s, s:s, s:i, s:i}", "method", rep->verdicts[m].method, "verdict",
+                                                  rep->verdicts[m].verdict, "points", rep->verdicts[m].n_points,
+                                                  "on_frontier", rep->verdicts[m].n_on_frontier));
+    for (int k = 0; k < rep->n_skipped; k++)
+        json_array_append_new(skipped, json_pack("{s:s, s:s, s:s}", "method", rep->skipped[k].method, "label",
+                                                 rep->skipped[k].label, "reason", rep->skipped[k].reason));
+    json_t *j = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:s}", "model", model_path,
+                          "n_layer", rep->n_layer, "n_head_kv", rep->n_head_kv, "head_dim", rep->head_dim, "n_ctx",
+                          rep->n_ctx, "chunks", rep->n_chunks, "scored", (json_int_t)rep->n_scored, "eval_tokens",
+                          (json_int_t)rep->eval_tokens, "calib_tokens", (json_int_t)rep->calib_tokens, "calib_docs",
+                          (json_int_t)rep->calib_docs, "eval_docs", (json_int_t)rep->eval_docs, "rate",
+                          rep->tables_in_rate ? "bits_per_element_with_tables" : "bits_per_element");
+    json_object_set_new(j, "reference", json_pack("{s:s, s:f, s:f}", "kv", "f32", "ppl", rep->ref_ppl,
+                                                  "bits_per_element", rep->ref_bits_per_element));
+    json_object_set_new(j, "frontier", frontier);
+    json_object_set_new(j, "points", points);
+    json_object_set_new(j, "verdicts", verdicts);
+    json_object_set_new(j, "skipped", skipped);
+    if (rep->capture_device[0]) json_object_set_new(j, "capture_device", json_string(rep->capture_device));
+    if (rep->cross_check_tokens > 0) {
+        json_object_set_new(j, "cross_check_tokens", json_integer(rep->cross_check_tokens));
+        json_object_set_new(j, "cross_check_max_rel_diff", json_real(rep->cross_check_max_rel_diff));
+    }
+    json_object_set_new(j, "capture_seconds", json_real(rep->seconds_capture));
+    json_object_set_new(j, "reference_seconds", json_real(rep->seconds_reference));
+    json_object_set_new(j, "seconds", json_real(rep->seconds));
+    cli_print_json(j);
 }
 
 int qf_cmd_analyze(int argc, char **argv) {
-    const char *model_path = NULL, *svg = NULL, *val;
-    const char *corpora[64];
-    int n_corpora = 0, n_ctx = 512, n_threads = 0;
-    bool json = false, builtin = false, cross_check = true;
-    qf_device device = QF_DEVICE_AUTO;
-    int64_t max_per_layer = 4096, max_tok = 8192;
-    qf_kv_analysis_params ap;
-    qf_kv_analysis_params_default(&ap);
-    parse_rd("64x2,128x4,256x4,256x8,512x8", &ap);
+    const char *svg = NULL, *val;
+    const char **corpora = calloc((size_t)argc, sizeof *corpora);
+    if (!corpora) return cli_usage("analyze", USAGE, "out of memory");
+    bool json = false;
+    qf_analyze_params ap;
+    qf_analyze_params_default(&ap);
+    qf_error err = {0};
+    int rc = 0;
     for (int i = 1; i < argc; i++) {
         int r;
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             puts(USAGE);
-            return 0;
+            goto out;
         } else if ((r = cli_flag_value(argc, argv, &i, "-m", "--model", &val))) {
             if (r < 0) goto missing;
-            model_path = val;
+            ap.model_path = val;
         } else if ((r = cli_flag_value(argc, argv, &i, "--corpus", NULL, &val))) {
             if (r < 0) goto missing;
-            if (n_corpora == 64) return cli_usage("analyze", USAGE, "too many --corpus");
-            corpora[n_corpora++] = val;
+            corpora[ap.n_corpus_paths++] = val;
         } else if (!strcmp(a, "--builtin")) {
-            builtin = true;
-        } else if ((r = cli_flag_value(argc, argv, &i, "--atoms", NULL, &val))) {
+            ap.builtin = true;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--eval-frac", NULL, &val))) {
             if (r < 0) goto missing;
-            if (!cli_parse_int(val, 2, QF_KV_MAX_ATOMS, &ap.n_atoms)) return cli_usage("analyze", USAGE, "bad --atoms '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--sparsity", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_int(val, 1, 64, &ap.sparsity)) return cli_usage("analyze", USAGE, "bad --sparsity '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--iters", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_int(val, 0, 1000, &ap.iters)) return cli_usage("analyze", USAGE, "bad --iters '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--layer-stride", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_int(val, 1, 1000, &ap.layer_stride)) return cli_usage("analyze", USAGE, "bad --layer-stride '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--max-per-layer", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_i64(val, 16, (int64_t)1 << 28, &max_per_layer)) return cli_usage("analyze", USAGE, "bad --max-per-layer '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--max-tok", NULL, &val))) {
-            if (r < 0) goto missing;
-            if (!cli_parse_i64(val, 1, (int64_t)1 << 40, &max_tok)) return cli_usage("analyze", USAGE, "bad --max-tok '%s'", val);
+            if (!cli_parse_double(val, 0.01, 0.99, &ap.eval_frac)) {
+                rc = cli_usage("analyze", USAGE, "bad --eval-frac '%s' (0.01 .. 0.99)", val);
+                goto out;
+            }
         } else if ((r = cli_flag_value(argc, argv, &i, "-c", "--ctx-size", &val))) {
             if (r < 0) goto missing;
-            if (!cli_parse_int(val, 8, 1 << 20, &n_ctx)) return cli_usage("analyze", USAGE, "bad -c '%s'", val);
+            if (!cli_parse_int(val, 8, 1 << 20, &ap.n_ctx)) goto bad;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--chunks", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 0, 1 << 30, &ap.eval_chunks)) goto bad;
+            if (ap.eval_chunks == 0) ap.eval_chunks = -1; /* all */
+        } else if ((r = cli_flag_value(argc, argv, &i, "--methods", NULL, &val))) {
+            if (r < 0) goto missing;
+            ap.methods = val;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--dict", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (qf_dict_configs_parse(val, ap.dict, QF_ANALYZE_MAX_RATES, &ap.n_dict, &err)) {
+                rc = cli_usage("analyze", USAGE, "bad --dict: %s", err.msg);
+                goto out;
+            }
+        } else if ((r = cli_flag_value(argc, argv, &i, "--dict-iters", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_int(val, 1, 1000, &ap.dict_iters)) goto bad;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--dict-coef", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!strcmp(val, "f16")) ap.dict_coef = QF_KV_COEF_F16;
+            else if (!strcmp(val, "q8")) ap.dict_coef = QF_KV_COEF_Q8;
+            else goto bad;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--rq-bits", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!parse_int_list(val, 1, 8, ap.rq_bits, QF_ANALYZE_MAX_RATES, &ap.n_rq_bits)) goto bad;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--max-tok", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_i64(val, 1, (int64_t)1 << 40, &ap.max_calib_tokens)) goto bad;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--max-per-layer", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!cli_parse_i64(val, 16, (int64_t)1 << 28, &ap.capture_per_layer)) goto bad;
         } else if ((r = cli_flag_value(argc, argv, &i, "-t", "--threads", &val))) {
             if (r < 0) goto missing;
-            if (!cli_parse_int(val, 1, 1024, &n_threads)) return cli_usage("analyze", USAGE, "bad -t '%s'", val);
-        } else if ((r = cli_flag_value(argc, argv, &i, "--rd", NULL, &val))) {
+            if (!cli_parse_int(val, 1, 1024, &ap.n_threads)) goto bad;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--seed", NULL, &val))) {
             if (r < 0) goto missing;
-            if (!parse_rd(val, &ap)) return cli_usage("analyze", USAGE, "bad --rd '%s' (e.g. 256x4,512x8)", val);
+            int64_t s;
+            if (!cli_parse_i64(val, 0, INT64_MAX, &s)) goto bad;
+            ap.seed = (uint64_t)s;
         } else if ((r = cli_flag_value(argc, argv, &i, "--svg", NULL, &val))) {
             if (r < 0) goto missing;
             svg = val;
         } else if ((r = cli_flag_value(argc, argv, &i, "--device", NULL, &val))) {
             if (r < 0) goto missing;
-            if (!qf_device_from_name(val, &device)) return cli_usage("analyze", USAGE, "bad --device '%s'", val);
+            if (!qf_device_from_name(val, &ap.capture_device)) goto bad;
+        } else if (!strcmp(a, "--tables-in-rate")) {
+            ap.tables_in_rate = true;
         } else if (!strcmp(a, "--no-cross-check")) {
-            cross_check = false;
+            ap.cross_check = false;
         } else if (!strcmp(a, "--json")) {
             json = true;
         } else {
-            return cli_usage("analyze", USAGE, "unknown option '%s'", a);
+            rc = cli_usage("analyze", USAGE, "unknown option '%s'", a);
+            goto out;
         }
         continue;
     missing:
-        return cli_usage("analyze", USAGE, "option '%s' needs a value", a);
+        rc = cli_usage("analyze", USAGE, "option '%s' needs a value", a);
+        goto out;
+    bad:
+        rc = cli_usage("analyze", USAGE, "bad %s '%s'", a, val);
+        goto out;
     }
-    if (!model_path) return cli_usage("analyze", USAGE, "-m MODEL is required");
-    if (ap.sparsity > ap.n_atoms) return cli_usage("analyze", USAGE, "--sparsity must not exceed --atoms");
-
-    qf_error err = {0};
-    int rc = 0;
-    qf_model *m = NULL;
-    qf_context *c = NULL;
-    qf_capture *cap = NULL, *cap_ref = NULL;
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    qf_kv_report rep = {0};
-    double t0 = qf_now_sec();
-    qf_corpus *corpus = qf_corpus_new();
-    if (!corpus) {
-        qf_fail(&err, QF_ERR_NOMEM, "out of memory");
-        goto fail;
+    if (!ap.model_path) {
+        rc = cli_usage("analyze", USAGE, "-m MODEL is required");
+        goto out;
     }
-    for (int i = 0; i < n_corpora; i++)
-        if (qf_corpus_add_path(corpus, corpora[i], &err)) goto fail;
-    if ((builtin || n_corpora == 0) && qf_corpus_add_builtin(corpus, &err)) goto fail;
-    if (qf_corpus_finalize(corpus, QF_CORPUS_DEFAULT_EVAL_FRAC, &err)) goto fail;
-    if (!(m = qf_model_load(model_path, &err))) goto fail;
-    const qf_hparams *hp = qf_model_hparams(m);
-    size_t calib_len;
-    const char *calib = qf_corpus_calib_text(corpus, &calib_len);
-    if (qf_tokenize(qf_model_tokenizer(m), calib, calib_len, qf_tokenizer_add_bos(qf_model_tokenizer(m)), false, &ids,
-                    &n_ids, &err))
-        goto fail;
-    if (n_ctx > hp->n_ctx_train && hp->n_ctx_train > 0) n_ctx = hp->n_ctx_train;
-    qf_context_params cp = qf_context_default_params();
-    cp.n_ctx = n_ctx;
-    cp.n_threads = n_threads;
-    cp.kv_k = cp.kv_v = QF_KV_F32;
-    cp.device = device;
-    if (!(c = qf_context_new(m, &cp, &err))) goto fail;
-    ap.n_threads = qf_context_params_get(c)->n_threads;
-    qf_capture_params capp = {.max_per_layer = max_per_layer, .activations = false, .seed = 1};
-    if (!(cap = qf_capture_new(hp, &capp, &err))) goto fail;
-    if (!json)
-        fprintf(stderr, "analyze: %s, calibration split %zu tokens, capturing up to %lld on the %s\n", model_path, n_ids,
-                (long long)max_tok, qf_context_device(c) == QF_DEVICE_CUDA ? "GPU (read back)" : "CPU");
-    if (qf_capture_run(c, cap, ids, (int64_t)n_ids, n_ctx, max_tok, true, &err)) goto fail;
-    double t_capture = qf_now_sec() - t0;
-
-    double cross = -1;
-    int cross_tokens = n_ctx < 128 ? n_ctx : 128;
-    if (cross_check) {
-        /* the same first window through the scalar reference route and the fast route */
-        qf_context_params rp = cp;
-        rp.reference = true;
-        rp.n_ctx = cross_tokens;
-        qf_context *rc_ctx = qf_context_new(m, &rp, &err);
-        qf_context_params fp = cp;
-        fp.n_ctx = cross_tokens;
-        qf_context *fc_ctx = rc_ctx ? qf_context_new(m, &fp, &err) : NULL;
-        qf_capture *cap_fast = NULL;
-        qf_capture_params xp = {.max_per_layer = (int64_t)cross_tokens * hp->n_head_kv, .seed = 1};
-        if (fc_ctx && (cap_ref = qf_capture_new(hp, &xp, &err)) && (cap_fast = qf_capture_new(hp, &xp, &err)) &&
-            !qf_capture_run(rc_ctx, cap_ref, ids, (int64_t)n_ids, cross_tokens, cross_tokens, false, &err) &&
-            !qf_capture_run(fc_ctx, cap_fast, ids, (int64_t)n_ids, cross_tokens, cross_tokens, false, &err))
-            cross = qf_capture_max_rel_diff(cap_ref, cap_fast);
-        qf_capture_free(cap_fast);
-        qf_context_free(fc_ctx);
-        qf_context_free(rc_ctx);
-        if (cross < 0) goto fail;
-    }
-
-    qf_kv_capture_view view = qf_capture_kv_view(cap);
-    if (qf_kv_analyze(&view, &ap, &rep, &err)) goto fail;
-    double total = qf_now_sec() - t0;
-    if (svg && qf_kv_rd_write_svg(&rep.rd_all, svg, &err)) goto fail;
-
-    if (json) {
-        json_t *layers = json_array();
-        for (int i = 0; i < rep.n_layers; i++) {
-            const qf_kv_layer_verdict *v = &rep.layers[i];
-            char stream[2] = {v->stream, 0};
-            json_t *row = json_pack(
-                "{s:i, s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:i, s:f, s:b, s:s, s:f, s:f, s:b}", "layer", v->layer, "stream",
-                stream, "n_vectors", (json_int_t)v->n_vectors, "int8_rel_mse", v->recon_int8, "int8_bits", v->int8_bits,
-                "int8_static_rel_mse", v->recon_int8_static, "dict_rel_mse", v->recon_dict, "dict_code_bits",
-                v->dict_code_bits, "uniform_matched_bits", v->matched_bits, "uniform_matched_rel_mse",
-                v->recon_uniform_matched, "go", v->go, "best_baseline", v->best_baseline, "best_baseline_bits",
-                v->best_baseline_bits, "best_baseline_rel_mse", v->recon_best_baseline, "go_strict", v->go_strict);
-            json_array_append_new(layers, row);
-        }
-        json_t *j = json_pack("{s:s, s:I, s:I, s:i, s:i, s:i, s:o, s:b, s:b, s:f, s:f, s:f, s:o, s:f, s:f}", "model",
-                              model_path, "calib_tokens", (json_int_t)n_ids, "captured_tokens",
-                              (json_int_t)qf_capture_tokens_seen(cap), "n_atoms", rep.n_atoms, "sparsity", rep.sparsity,
-                              "head_dim", rep.head_dim, "layers", layers, "go", rep.overall_go, "go_strict",
-                              rep.overall_go_strict, "f16_bytes_per_token", rep.f16_bytes_per_token,
-                              "int8_bytes_per_token", rep.int8_bytes_per_token, "dict_bytes_per_token",
-                              rep.dict_bytes_per_token, "rate_distortion", rd_json(&rep.rd_all), "capture_seconds",
-                              t_capture, "seconds", total);
-        json_object_set_new(j, "capture_device", json_string(qf_device_name(qf_context_device(c))));
-        if (cross >= 0) {
-            json_object_set_new(j, "cross_check_tokens", json_integer(cross_tokens));
-            json_object_set_new(j, "cross_check_max_rel_diff", json_real(cross));
-        }
-        cli_print_json(j);
+    ap.corpus_paths = corpora;
+    /* under mpirun every rank runs the same analysis (capture and evaluation are sharded
+     * inside the library); rank 0 prints */
+    ap.log = json || !cli_root() ? NULL : stderr;
+    ap.progress = json && cli_root();
+    qf_analyze_report rep;
+    if (qf_analyze_run(&ap, &rep, &err)) {
+        rc = cli_fail("analyze", &err);
+    } else if (!cli_root()) {
+        /* nothing to print */
+    } else if (json) {
+        print_json(ap.model_path, &rep);
     } else {
-        qf_kv_report_print(&rep, stdout);
-        if (cross >= 0)
+        qf_analyze_report_print(&rep, stdout);
+        if (rep.cross_check_tokens > 0)
             printf("capture routes: CPU reference vs %s on the first %d tokens: max relative difference %.3e\n",
-                   qf_context_device(c) == QF_DEVICE_CUDA ? "GPU read-back" : "CPU fast path", cross_tokens, cross);
-        printf("verdict: %s (seed rule), %s (strict: best baseline at no more bits)\n", rep.overall_go ? "GO" : "NO-GO",
-               rep.overall_go_strict ? "GO" : "NO-GO");
-        printf("time: capture %.1f s, total %.1f s\n", t_capture, total);
+                   !strcmp(rep.capture_device, "cuda") ? "GPU read-back" : "CPU fast path", rep.cross_check_tokens,
+                   rep.cross_check_max_rel_diff);
+        printf("time: capture %.1f s, reference %.1f s, total %.1f s\n", rep.seconds_capture, rep.seconds_reference,
+               rep.seconds);
     }
-    goto done;
-fail:
-    rc = cli_fail("analyze", &err);
-done:
-    qf_kv_report_free(&rep);
-    qf_capture_free(cap);
-    qf_capture_free(cap_ref);
-    free(ids);
-    qf_context_free(c);
-    qf_model_free(m);
-    qf_corpus_free(corpus);
+    /* the numbers are out before the picture: a bad --svg path loses nothing but the picture */
+    if (!rc && svg && cli_root()) {
+        fflush(stdout);
+        if (qf_analyze_write_svg(&rep, svg, &err)) rc = cli_fail("analyze", &err);
+    }
+    qf_analyze_report_free(&rep);
+out:
+    free(corpora);
     return rc;
 }

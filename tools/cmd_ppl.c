@@ -4,12 +4,9 @@
 #include <string.h>
 
 #include "cli.h"
-#include "qforge/artifact.h"
-#include "qforge/artifact_bind.h"
-#include "qforge/model.h"
 #include "qforge/mpi.h"
 #include "qforge/ppl.h"
-#include "qforge/util.h"
+#include "qforge/run.h"
 
 static const char *USAGE =
     "qforge ppl -m MODEL -f TEXT [-c N] [-t N] [-b N] [--chunks N] [-ctk T] [-ctv T] [--kv-rot R]\n"
@@ -36,6 +33,7 @@ static const char *USAGE =
 int qf_cmd_ppl(int argc, char **argv) {
     const char *text_path = NULL, *kl_base = NULL, *val;
     cli_engine_opts eo = {.cp = qf_context_default_params()};
+    cli_cuda_env(&eo.cp.cuda);
     qf_ppl_params pp = qf_ppl_default_params();
     eo.cp.n_ctx = pp.n_ctx;
     bool json = false, kl = false, reference = false;
@@ -74,77 +72,51 @@ int qf_cmd_ppl(int argc, char **argv) {
     missing:
         return cli_usage("ppl", USAGE, "option '%s' needs a value", a);
     }
-    const char *model_path = eo.model_path, *artifact_path = eo.artifact_path, *trust_key = eo.trust_key;
-    qf_context_params cp = eo.cp;
-    cp.reference = reference;
-    pp.n_ctx = cp.n_ctx;
+    const char *model_path = eo.model_path, *artifact_path = eo.artifact_path;
     if (!model_path) return cli_usage("ppl", USAGE, "-m MODEL is required");
     if (!text_path) return cli_usage("ppl", USAGE, "-f TEXT is required");
     if (kl && !kl_base) return cli_usage("ppl", USAGE, "--kl-divergence needs --kl-divergence-base FILE");
-    if (trust_key && !artifact_path) return cli_usage("ppl", USAGE, "--trust-key needs --artifact X.qfa");
+    if (eo.trust_key && !artifact_path) return cli_usage("ppl", USAGE, "--trust-key needs --artifact X.qfa");
     if (kl) pp.kl_base_read = kl_base;
     else pp.kl_base_write = kl_base;
+    qf_run_params rp = qf_run_default_params();
+    rp.model_path = model_path;
+    rp.artifact_path = artifact_path;
+    rp.trust_key = eo.trust_key;
+    rp.cp = eo.cp;
+    rp.cp.reference = reference;
+    rp.cp.n_batch = n_batch; /* 0: the chunk */
+    rp.force_uncertified_ctx = eo.force_uncertified_ctx;
 
     qf_error err = {0};
     char *text = NULL;
     size_t len = 0;
-    if (qf_read_file(text_path, &text, &len, &err)) return cli_fail("ppl", &err);
-    /* llama.cpp's -f drops one trailing newline; so do we, so both see the same tokens */
-    if (len > 0 && text[len - 1] == '\n') text[--len] = '\0';
     uint8_t text_sha[32];
-    qf_sha256(text, len, text_sha);
+    if (qf_ppl_read_text(text_path, &text, &len, text_sha, &err)) return cli_fail("ppl", &err);
     char mpi_note[96];
     snprintf(mpi_note, sizeof mpi_note, ", %d MPI ranks (chunk i on rank i %% %d)", qf_mpi_size(), qf_mpi_size());
-    qf_model *m = qf_model_load(model_path, &err);
-    if (!m) {
+    qf_run run;
+    if (qf_run_open(&rp, &run, &err)) {
         free(text);
         return cli_fail("ppl", &err);
     }
-    /* an artifact is verified against this exact model file before anything runs */
-    qf_artifact art = {0};
-    bool have_art = false;
-    if (artifact_path) {
-        if (qf_artifact_load(artifact_path, qf_model_sha256(m), trust_key, &art, &err)) {
-            free(text);
-            qf_model_free(m);
-            return cli_fail("ppl", &err);
-        }
-        have_art = true;
-        int rc = cli_artifact_ctx("ppl", &eo, &art, pp.n_ctx);
-        if (rc) {
-            qf_artifact_free(&art);
-            free(text);
-            qf_model_free(m);
-            return rc;
-        }
-    }
-    if (have_art && cp.device == QF_DEVICE_AUTO && qf_artifact_cpu_only(&art)) cp.device = QF_DEVICE_CPU;
-    cp.n_ctx = pp.n_ctx;
-    cp.n_batch = n_batch > 0 && n_batch < pp.n_ctx ? n_batch : pp.n_ctx;
-    qf_context *c = qf_context_new(m, &cp, &err);
-    if (c && have_art && qf_context_bind_artifact(c, &art, &err)) {
-        qf_context_free(c);
-        c = NULL;
-    }
-    if (have_art && c && cli_root())
+    cli_warn_uncertified_ctx("ppl", &run);
+    qf_context *c = run.ctx;
+    const qf_context_params *cp = qf_context_params_get(c);
+    pp.n_ctx = cp->n_ctx; /* the chunk is the context */
+    if (run.has_artifact && cli_root())
         fprintf(stderr, "perplexity: artifact %s (%s, certified delta PPL %+.4f%%, KV %.0f bytes/token)\n", artifact_path,
-                qf_artifact_kind_name(art.cert.kind), 100 * art.cert.delta_ppl, qf_context_kv_bytes_per_token(c));
-    qf_artifact_free(&art);
-    if (!c) {
-        free(text);
-        qf_model_free(m);
-        return cli_fail("ppl", &err);
-    }
+                qf_artifact_kind_name(run.artifact.cert.kind), 100 * run.artifact.cert.delta_ppl,
+                qf_context_kv_bytes_per_token(c));
     if (!json) {
         if (cli_root()) {
         fprintf(stderr, "perplexity: model %s (%s, %d layers, n_embd %d), kv %s/%s%s%s, %d threads%s\n", model_path,
-                qf_model_hparams(m)->arch_name, qf_model_hparams(m)->n_layer, qf_model_hparams(m)->n_embd,
-                qf_kv_mode_name(qf_context_params_get(c)->kv_k), qf_kv_mode_name(qf_context_params_get(c)->kv_v),
-                cp.kv_rot != QF_KV_ROT_NONE ? " rot " : "", cp.kv_rot != QF_KV_ROT_NONE ? qf_kv_rot_name(cp.kv_rot) : "",
-                qf_context_params_get(c)->n_threads,
-                cp.reference ? ", reference path" : "");
+                qf_model_hparams(run.model)->arch_name, qf_model_hparams(run.model)->n_layer,
+                qf_model_hparams(run.model)->n_embd, qf_kv_mode_name(cp->kv_k), qf_kv_mode_name(cp->kv_v),
+                cp->kv_rot != QF_KV_ROT_NONE ? " rot " : "", cp->kv_rot != QF_KV_ROT_NONE ? qf_kv_rot_name(cp->kv_rot) : "",
+                cp->n_threads, cp->reference ? ", reference path" : "");
         fprintf(stderr, "perplexity: calculating perplexity over chunks of n_ctx=%d, batch_size=%d%s\n", pp.n_ctx,
-                cp.n_batch, qf_mpi_size() > 1 ? mpi_note : "");
+                cp->n_batch, qf_mpi_size() > 1 ? mpi_note : "");
         }
         pp.log = stdout;
         pp.progress = false;
@@ -153,11 +125,10 @@ int qf_cmd_ppl(int argc, char **argv) {
     }
     qf_ppl_result r;
     /* the same model and text on every rank, refused before any work otherwise */
-    if (qf_mpi_check_same(qf_model_sha256(m), 32, "model SHA-256", &err) ||
+    if (qf_mpi_check_same(qf_model_sha256(run.model), 32, "model SHA-256", &err) ||
         qf_mpi_check_same(text_sha, 32, "text file's SHA-256", &err)) {
         free(text);
-        qf_context_free(c);
-        qf_model_free(m);
+        qf_run_close(&run);
         return cli_fail("ppl", &err);
     }
     qf_status st = qf_perplexity_text(c, text, len, &pp, &r, &err);
@@ -169,10 +140,10 @@ int qf_cmd_ppl(int argc, char **argv) {
         json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:I, s:I, s:f, s:f, s:f, s:f, s:s, s:s}", "model", model_path,
                               "file", text_path, "n_ctx", pp.n_ctx, "chunks", r.n_chunks, "tokens", (json_int_t)r.n_tokens_text,
                               "scored", (json_int_t)r.n_scored, "ppl", r.ppl, "ppl_err", r.ppl_err, "seconds", r.seconds,
-                              "tokens_per_sec", r.tokens_per_sec, "cache_type_k", qf_kv_mode_name(qf_context_params_get(c)->kv_k),
-                              "cache_type_v", qf_kv_mode_name(qf_context_params_get(c)->kv_v));
+                              "tokens_per_sec", r.tokens_per_sec, "cache_type_k", qf_kv_mode_name(cp->kv_k),
+                              "cache_type_v", qf_kv_mode_name(cp->kv_v));
         if (artifact_path) json_object_set_new(j, "artifact", json_string(artifact_path));
-        json_object_set_new(j, "kv_rot", json_string(qf_kv_rot_name(cp.kv_rot)));
+        json_object_set_new(j, "kv_rot", json_string(qf_kv_rot_name(cp->kv_rot)));
         json_object_set_new(j, "kv_bytes_per_token", json_real(qf_context_kv_bytes_per_token(c)));
         if (r.has_kl) {
             json_object_set_new(j, "ppl_base", json_real(r.ppl_base));
@@ -199,7 +170,6 @@ int qf_cmd_ppl(int argc, char **argv) {
             fprintf(stderr, "perplexity: %d chunks, %lld tokens in the text, %.2f s, %.1f tokens/s\n", r.n_chunks,
                 (long long)r.n_tokens_text, r.seconds, r.tokens_per_sec);
     }
-    qf_context_free(c);
-    qf_model_free(m);
+    qf_run_close(&run);
     return rc;
 }

@@ -10,7 +10,11 @@
  *
  * Payloads (what the forge's pipeline writes, docs/forge.md):
  *   kv-int8  "k_scale", "v_scale": f32 [n_layer, n_head_kv, head_dim] (per channel) or
- *            [n_layer, n_head_kv] (one scale per head slot), every scale finite and > 0.
+ *            [n_layer, n_head_kv] (one scale per head slot), every scale finite and > 0;
+ *            optional "k_layout", "v_layout": "static" (the default: x / scale), "static-rot"
+ *            (the same on Walsh-Hadamard rotated rows), "token-rot" (rotated rows, each with
+ *            its own scale carried in the codes: the scales are unused), "token". The GPU
+ *            cache runs the static layout only (binding another there is Unsupported).
  *   kv-dict  "n_atoms" int, "sparsity" int, "coef" string ("f16" or "q8"), and per layer l
  *            "k.<l>", "v.<l>": f32 [n_atoms, head_dim] (atoms, re-normalised on binding).
  *            Version 2 adds "version" 2 (absent = 1), "k_prerope" int (keys learned and

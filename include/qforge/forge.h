@@ -16,6 +16,7 @@
 #include <stdio.h>
 
 #include "qforge/artifact.h"
+#include "qforge/capture.h"
 #include "qforge/error.h"
 #include "qforge/kvlearn.h"
 #include "qforge/model.h"
@@ -41,6 +42,7 @@ typedef struct {
     double ref_ppl, cand_ppl;
     double delta_ppl;          /* (cand - ref) / ref */
     double kld_mean, kld_p99;  /* KL(ref || cand) per scored token, nats */
+    double kld_err;            /* standard error of kld_mean */
     double top1;               /* same argmax, fraction of scored positions */
     int n_ctx, n_chunks;
     int64_t n_scored;          /* positions scored (second half of every chunk) */
@@ -212,5 +214,17 @@ typedef struct {
  * row status; the call fails only when the shared stages fail. rows has n entries. */
 QF_API qf_status qf_sweep_run(const qf_job *j, const qf_dict_config *cfgs, int n, qf_sweep_row *rows,
                        double *ref_ppl, qf_error *err);
+
+/* ================================ one learner ================================ */
+
+/* Learn one KV candidate payload of kind j->kind from a capture of the calibration split,
+ * with exactly the learner qf_job_run certifies (kv-int8: variant 0 = per-channel scales,
+ * 1 = per-head, with j->int8_percentile; kv-dict: j->dict_atoms x j->dict_sparsity,
+ * j->dict_iters, j->dict_coef, j->dict_max_train, j->seed). ctx supplies the thread count.
+ * `label` receives the variant's name ("per-channel", "256x8-f16"). *out must be empty.
+ * Errors: the learner's (QF_ERR_CAPTURE_FAILED when too few vectors were captured),
+ * QF_ERR_NOT_IMPLEMENTED for a kind with no KV learner. For `qforge analyze`. */
+QF_API qf_status qf_job_learn(const qf_job *j, qf_context *ctx, const qf_capture *cap, int variant,
+                       qf_payload *out, char *label, size_t label_cap, qf_error *err);
 
 #endif

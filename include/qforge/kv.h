@@ -111,5 +111,10 @@ QF_API void qf_kv_int8_inv_scale(const float *scale, float *inv, int n);
  * The engine calls these on a whole K or V row (n = n_kv_head * head_dim) per token. */
 QF_API void qf_kv_int8_quantize(const float *x, const float *inv_scale, int8_t *q, int n);
 QF_API void qf_kv_int8_dequantize(const int8_t *q, const float *scale, float *x, int n);
+/* The per-row dynamic layout (kv-int8 "token"): one row of n elements (a multiple of 8, at
+ * most 1024) as n int8 codes; the parities of 8 strided groups of codes carry the row's scale
+ * exponent (s = 2^((e-176)/8)): exactly 8 bits per element, no static scale (kv_codes.c). */
+QF_API void qf_kv_int8_token_quantize(const float *x, int8_t *q, int n);
+QF_API void qf_kv_int8_token_dequantize(const int8_t *q, float *x, int n);
 
 #endif

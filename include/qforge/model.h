@@ -115,6 +115,17 @@ QF_API bool qf_device_from_name(const char *name, qf_device *out);
 /* True when this build has the CUDA backend and a GPU answers. */
 QF_API bool qf_cuda_available(void);
 
+/* CUDA backend knobs; all false = the default (certified) routes. The library never reads the
+ * environment: the CLI and the benches set these from QF_CUDA_GEMM=f32, QF_CUDA_ATTN=warp,
+ * QF_CUDA_GU16=1, QF_CUDA_F16_CACHE=0 and QF_CUDA_PROFILE=1. */
+typedef struct {
+    bool gemm_f32;     /* dequantize to f32 and use sgemm for every matmul */
+    bool attn_warp;    /* the one-warp-per-(query, head) attention kernel for prefill too */
+    bool gu16;         /* experimental, not certified: the gate|up GEMM writes f16 */
+    bool no_f16_cache; /* no persistent f16 copy of quantized weights for prefill GEMMs */
+    bool profile;      /* GPU time per stage printed to stderr when the context is freed */
+} qf_cuda_params;
+
 typedef struct {
     int n_ctx;       /* max positions in the KV cache (0 = model's n_ctx_train) */
     int n_batch;     /* max tokens per qf_decode call for scratch sizing (0 = n_ctx) */
@@ -127,6 +138,7 @@ typedef struct {
                          auto the context falls back to the CPU, under --device cuda it is refused */
     bool reference;  /* scalar oracle kernels and no BLAS: the CPU reference path */
     qf_device device;
+    qf_cuda_params cuda; /* CUDA backend knobs (ignored on the CPU) */
 } qf_context_params;
 
 QF_API qf_context_params qf_context_default_params(void);

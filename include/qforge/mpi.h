@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "qforge/api.h"
 #include "qforge/error.h"
 
 /* Join the job when the process was started by mpirun (OMPI_COMM_WORLD_SIZE in the

@@ -53,4 +53,9 @@ QF_API qf_status qf_perplexity(qf_context *c, const int32_t *tokens, int64_t n_t
 QF_API qf_status qf_perplexity_text(qf_context *c, const char *text, size_t len, const qf_ppl_params *p,
                              qf_ppl_result *r, qf_error *err);
 
+/* Read a text file the way llama-perplexity's -f does: the whole file, one trailing newline
+ * dropped, so both tools see the same tokens. *text is malloc'd and NUL-terminated. sha256
+ * (NULL, or 32 bytes) receives the SHA-256 of the bytes kept (what MPI ranks compare). */
+QF_API qf_status qf_ppl_read_text(const char *path, char **text, size_t *len, uint8_t *sha256, qf_error *err);
+
 #endif

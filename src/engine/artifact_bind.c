@@ -10,15 +10,22 @@
 #include <string.h>
 
 #include "engine.h"
-#include "kernels/cuda/cuda_backend.h"
+#include "engine/gpu.h"
 
 /* Swap in a freshly built cache; the old one is freed only when the new one exists. */
 static qf_status rebuild(qf_context *c, const qf_kv_stream_spec spec[2], qf_error *err) {
+    /* the GPU cache knows the static int8 layout only: refuse rather than run other numbers */
+    for (int s = 0; s < 2; s++)
+        if (c->gpu && spec[s].mode == QF_KV_INT8 && spec[s].int8_layout != QF_KV_INT8_STATIC)
+            return qf_fail(err, QF_ERR_UNSUPPORTED,
+                           "this kv-int8 artifact's %s row layout (rotated or per-token) runs on the CPU only: use "
+                           "--device cpu",
+                           s ? "V" : "K");
     qf_kv_cache fresh;
     qf_status st = qf_kv_cache_init_spec(&fresh, &c->model->hp, c->params.n_ctx, spec, err);
     if (st) return st;
     /* a GPU context gets the same cache on the device (scales, dictionaries uploaded) */
-    if (c->gpu && (st = qf_cuda_ctx_set_kv(c->gpu, &fresh, err))) {
+    if (c->gpu && (st = qf_gpu_set_kv(c, &fresh, err))) {
         qf_kv_cache_free(&fresh);
         return st;
     }
@@ -52,12 +59,30 @@ static qf_status int8_scales(const qf_payload *p, const char *name, const qf_hpa
     return QF_OK;
 }
 
+static const char *const int8_layout_names[QF_KV_INT8_LAYOUT_COUNT] = {"static", "static-rot", "token-rot", "token"};
+
+/* "k_layout" / "v_layout" (absent: the original static layout) */
+static qf_status int8_layout(const qf_payload *p, const char *name, int *out, qf_error *err) {
+    *out = QF_KV_INT8_STATIC;
+    const qf_payload_entry *e = qf_payload_get(p, name);
+    if (!e) return QF_OK;
+    if (e->type == QF_PAYLOAD_STRING)
+        for (int i = 0; i < QF_KV_INT8_LAYOUT_COUNT; i++)
+            if (!strcmp(e->str, int8_layout_names[i])) return *out = i, QF_OK;
+    return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT,
+                   "kv-int8 payload: '%s': expected \"static\", \"static-rot\", \"token-rot\" or \"token\"", name);
+}
+
 static qf_status bind_int8(qf_context *c, const qf_payload *p, qf_error *err) {
     float *ks = NULL, *vs = NULL;
-    qf_status st = int8_scales(p, "k_scale", &c->model->hp, &ks, err);
+    int kl = 0, vl = 0;
+    qf_status st = int8_layout(p, "k_layout", &kl, err);
+    if (!st) st = int8_layout(p, "v_layout", &vl, err);
+    if (!st) st = int8_scales(p, "k_scale", &c->model->hp, &ks, err);
     if (!st) st = int8_scales(p, "v_scale", &c->model->hp, &vs, err);
     if (!st) {
-        qf_kv_stream_spec spec[2] = {{.mode = QF_KV_INT8, .int8_scale = ks}, {.mode = QF_KV_INT8, .int8_scale = vs}};
+        qf_kv_stream_spec spec[2] = {{.mode = QF_KV_INT8, .int8_scale = ks, .int8_layout = kl},
+                                     {.mode = QF_KV_INT8, .int8_scale = vs, .int8_layout = vl}};
         st = rebuild(c, spec, err);
     }
     free(ks);

@@ -39,8 +39,28 @@ typedef struct {
      * run on one thread; reads rotate in the caller's buffer, so they may run in parallel) */
     qf_kv_rot rot;
     float *rot_buf;
+    /* QF_KV_INT8 row layout per stream (qf_kv_int8_layout); int8_buf [head_dim] is the write
+     * scratch of the rotated layouts */
+    uint8_t int8_layout[2];
+    float *int8_buf;
 } qf_kv_cache;
 
+/* How an int8 stream stores a row (kv-int8 payload "k_layout"/"v_layout"):
+ *   STATIC      x / scale[channel] (the static per-channel scales), the original kv-int8
+ *   STATIC_ROT  the same on the Walsh-Hadamard rotated row (scales fitted on rotated vectors)
+ *   TOKEN_ROT   rotated row, its own scale per row carried in the codes' parities
+ *               (qf_kv_int8_token_quantize): exactly 8 bits, no static scale used
+ *   TOKEN       the same without the rotation */
+typedef enum {
+    QF_KV_INT8_STATIC = 0,
+    QF_KV_INT8_STATIC_ROT,
+    QF_KV_INT8_TOKEN_ROT,
+    QF_KV_INT8_TOKEN,
+    QF_KV_INT8_LAYOUT_COUNT
+} qf_kv_int8_layout;
+
+/* QF_KV_DICT storage of one stream: a row is one packed code (qf_kv_code_pack layout:
+ * sparsity atom indices + coefficients); writes OMP-encode, reads decode. */
 /* QF_KV_DICT storage of one stream: a row is one packed code (qf_kv_code_fmt layout:
  * sparsity atom-index slots + coefficients); writes OMP-encode, reads decode. */
 struct qf_kv_dict_bind {
@@ -59,6 +79,7 @@ struct qf_kv_dict_bind {
 typedef struct {
     qf_kv_mode mode;
     const float *int8_scale;   /* INT8: [n_layer][n_head_kv][head_dim], every entry > 0 */
+    int int8_layout;           /* INT8: a qf_kv_int8_layout (0 = STATIC) */
     int n_atoms, sparsity;     /* DICT */
     qf_kv_coef coef;           /* DICT */
     const float *const *atoms; /* DICT: atoms[layer] = [n_atoms][head_dim], unit norm */

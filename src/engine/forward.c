@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "engine.h"
-#include "kernels/cuda/cuda_backend.h"
+#include "engine/gpu.h"
 #include "kernels/vecmath.h"
 
 #ifndef TILE_ROWS
@@ -72,7 +72,7 @@ static ctx_ext *ext(qf_context *c) { return (ctx_ext *)c; }
 void qf_context_free(qf_context *c) {
     if (!c) return;
     ctx_ext *e = ext(c);
-    qf_cuda_ctx_free(c->gpu);
+    qf_gpu_detach(c);
     if (e->vecs.layers) {
         for (int il = 0; il < c->model->hp.n_layer; il++) {
             layer_vecs *lv = &e->vecs.layers[il];
@@ -174,21 +174,8 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     e->vecs.output_norm = vec_to_f32(&m->output_norm);
     if (!e->vecs.output_norm) goto oom;
     if (m->rope_freqs.data && !(e->vecs.rope_ff = vec_to_f32(&m->rope_freqs))) goto oom;
-    /* the reference path is the CPU oracle by definition */
-    bool want_gpu = !c->params.reference && (c->params.device == QF_DEVICE_CUDA ||
-                                              (c->params.device == QF_DEVICE_AUTO && qf_cuda_backend_available()));
-    /* a KV rotation the backend cannot run: auto stays on the CPU, an explicit cuda is refused */
-    if (want_gpu && c->params.kv_rot != QF_KV_ROT_NONE && !qf_cuda_backend_kv_rot_ok(c->params.kv_rot)) {
-        if (c->params.device == QF_DEVICE_CUDA) {
-            qf_fail(err, QF_ERR_UNSUPPORTED,
-                    "--kv-rot %s is not supported by the CUDA backend of this build: use --device cpu (or auto, "
-                    "which runs it on the CPU)",
-                    qf_kv_rot_name(c->params.kv_rot));
-            goto fail;
-        }
-        want_gpu = false;
-    }
-    if (want_gpu && qf_cuda_ctx_new(c, &c->gpu, err)) goto fail;
+    /* the one place that decides the device (gpu.c) */
+    if (qf_gpu_attach(c, err)) goto fail;
     return c;
 oom:
     qf_fail(err, QF_ERR_NOMEM, "out of memory allocating a context (n_ctx %d, n_batch %d)",
@@ -518,7 +505,7 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         if (tokens[t] < 0 || tokens[t] >= hp->n_vocab)
             return qf_fail(err, QF_ERR_ARG, "decode: token id %d out of range [0, %d)", tokens[t], hp->n_vocab);
 
-    if (c->gpu) return qf_cuda_decode(c, c->gpu, tokens, n, pos0, logits, logits_from, err);
+    if (c->gpu) return qf_gpu_decode(c, tokens, n, pos0, logits, logits_from, err);
 
     const int D = hp->n_embd, hd = hp->head_dim, Dq = hp->n_head * hd, F = hp->n_ff;
     const qf_tap *tap = c->tap;

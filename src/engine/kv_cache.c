@@ -139,6 +139,22 @@ qf_status qf_kv_cache_init_spec(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx
                 kv->int8_scale[s][i] = v;
             }
             qf_kv_int8_inv_scale(kv->int8_scale[s], kv->int8_inv_scale[s], (int)n_scale);
+            if (sp->int8_layout < 0 || sp->int8_layout >= QF_KV_INT8_LAYOUT_COUNT) {
+                qf_kv_cache_free(kv);
+                return qf_fail(err, QF_ERR_ARG, "int8 KV cache (%s): unknown row layout %d", sname, sp->int8_layout);
+            }
+            bool rot = sp->int8_layout == QF_KV_INT8_STATIC_ROT || sp->int8_layout == QF_KV_INT8_TOKEN_ROT;
+            bool tok = sp->int8_layout == QF_KV_INT8_TOKEN_ROT || sp->int8_layout == QF_KV_INT8_TOKEN;
+            if ((rot && !qf_hadamard_size_ok(hp->head_dim)) ||
+                (tok && (hp->head_dim < 8 || hp->head_dim % 8 || hp->head_dim > 1024))) {
+                qf_kv_cache_free(kv);
+                return qf_fail(err, QF_ERR_UNSUPPORTED,
+                               "int8 KV cache (%s): the %s row layout needs head_dim %s (it is %d)", sname,
+                               tok ? "per-token" : "rotated",
+                               rot ? "a power of two" : "a multiple of 8 in [8, 1024]", hp->head_dim);
+            }
+            kv->int8_layout[s] = (uint8_t)sp->int8_layout;
+            if (rot && !kv->int8_buf && !(kv->int8_buf = malloc((size_t)hp->head_dim * sizeof(float)))) goto oom;
             rb = (size_t)hp->head_dim;
         } else if (sp->mode == QF_KV_DICT) {
             if ((st = dict_bind_new(sp, hp, sname, &kv->dict[s], err))) {
@@ -197,6 +213,9 @@ void qf_kv_cache_free(qf_kv_cache *kv) {
     free(kv->rot_buf);
     kv->rot_buf = NULL;
     kv->rot = QF_KV_ROT_NONE;
+    free(kv->int8_buf);
+    kv->int8_buf = NULL;
+    kv->int8_layout[0] = kv->int8_layout[1] = QF_KV_INT8_STATIC;
 }
 
 const char *qf_kv_rot_name(qf_kv_rot r) {
@@ -248,8 +267,23 @@ void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_po
     if (mode == QF_KV_INT8) {
         /* one token's row of all kv heads is [n_head_kv * head_dim], as the scales are laid out */
         const float *inv = kv->int8_inv_scale[stream] + (size_t)layer * nh * hd;
-        for (int p = 0; p < n_pos; p++)
-            qf_kv_int8_quantize(src + (size_t)p * nh * hd, inv, (int8_t *)(dst + (size_t)p * nh * rb), nh * hd);
+        int lay = kv->int8_layout[stream];
+        if (lay == QF_KV_INT8_STATIC) {
+            for (int p = 0; p < n_pos; p++)
+                qf_kv_int8_quantize(src + (size_t)p * nh * hd, inv, (int8_t *)(dst + (size_t)p * nh * rb), nh * hd);
+            return;
+        }
+        for (int r = 0; r < n_pos * nh; r++) {
+            const float *x = src + (size_t)r * hd;
+            int8_t *q = (int8_t *)(dst + (size_t)r * rb);
+            if (lay != QF_KV_INT8_TOKEN) {
+                memcpy(kv->int8_buf, x, (size_t)hd * sizeof(float));
+                qf_hadamard(kv->int8_buf, hd);
+                x = kv->int8_buf;
+            }
+            if (lay == QF_KV_INT8_STATIC_ROT) qf_kv_int8_quantize(x, inv + (size_t)(r % nh) * hd, q, hd);
+            else qf_kv_int8_token_quantize(x, q, hd);
+        }
         return;
     }
     if (mode == QF_KV_DICT) {
@@ -284,8 +318,14 @@ void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, 
         for (int p = 0; p < n_pos; p++) memcpy(dst + (size_t)p * hd, base + p * stride, hd * sizeof(float));
     } else if (mode == QF_KV_INT8) {
         const float *sc = kv->int8_scale[stream] + ((size_t)layer * nh + h) * hd;
-        for (int p = 0; p < n_pos; p++)
-            qf_kv_int8_dequantize((const int8_t *)(base + p * stride), sc, dst + (size_t)p * hd, hd);
+        int lay = kv->int8_layout[stream];
+        for (int p = 0; p < n_pos; p++) {
+            const int8_t *q = (const int8_t *)(base + p * stride);
+            float *x = dst + (size_t)p * hd;
+            if (lay == QF_KV_INT8_STATIC || lay == QF_KV_INT8_STATIC_ROT) qf_kv_int8_dequantize(q, sc, x, hd);
+            else qf_kv_int8_token_dequantize(q, x, hd);
+        }
+        if (lay == QF_KV_INT8_STATIC_ROT || lay == QF_KV_INT8_TOKEN_ROT) qf_hadamard_rows(dst, hd, n_pos);
     } else if (mode == QF_KV_DICT) {
         const struct qf_kv_dict_bind *d = kv->dict[stream];
         const qf_kv_dict *L = &d->layer[layer];

@@ -350,3 +350,75 @@ void qf_kv_int8_quantize(const float *x, const float *inv_scale, int8_t *q, int 
 void qf_kv_int8_dequantize(const int8_t *q, const float *scale, float *x, int n) {
     for (int i = 0; i < n; i++) x[i] = (float)q[i] * scale[i];
 }
+
+/* ---- kv-int8 per-row scale, 8.0 bits per element ----
+ * One row (one kv head of one token, n >= 8 elements, n a multiple of 8) is n int8 codes with
+ * the row's own step s = 2^((e - 176) / 8). The 8-bit exponent e is not stored beside the row:
+ * bit i of e is the parity of the sum of the codes in group i (elements i, i + 8, i + 16, ...).
+ * Where a group's parity is wrong, the encoder moves the ONE code of that group that costs the
+ * least squared error to its other neighbour (the element whose value lies nearest to halfway
+ * between two codes), so carrying the scale costs about 8 % in MSE instead of a byte per row.
+ * The encoder tries the step that just avoids clipping and the next smaller one (which may clip
+ * the largest element) and keeps the lower total squared error. */
+#define TOK_GROUPS 8
+
+/* 2^-22 .. 2^9.9: rows with absmax from ~3e-5 to ~1.2e5 get their exact 1/8-octave step */
+static float tok_step(int e) { return exp2f((float)(e - 176) * (1.0f / 8.0f)); }
+
+/* codes for x at exponent e (parities fixed); returns the squared error in units of x */
+static double tok_encode(const float *x, int8_t *q, int n, int e) {
+    float s = tok_step(e), inv = 1.0f / s;
+    int par[TOK_GROUPS] = {0};
+    for (int i = 0; i < n; i++) {
+        float v = fminf(fmaxf(x[i] * inv, -127.0f), 127.0f); /* fmaxf maps NaN to -127 */
+        int c = (int)lrintf(v);
+        q[i] = (int8_t)c;
+        par[i % TOK_GROUPS] ^= c & 1;
+    }
+    for (int g = 0; g < TOK_GROUPS; g++) {
+        if (par[g] == ((e >> g) & 1)) continue;
+        int best = -1, best_c = 0;
+        float best_cost = INFINITY;
+        for (int i = g; i < n; i += TOK_GROUPS) {
+            float v = fminf(fmaxf(x[i] * inv, -127.0f), 127.0f);
+            int c = q[i];
+            for (int d = -1; d <= 1; d += 2) {
+                int c2 = c + d;
+                if (c2 < -127 || c2 > 127) continue;
+                float cost = (v - (float)c2) * (v - (float)c2) - (v - (float)c) * (v - (float)c);
+                if (cost < best_cost) best_cost = cost, best = i, best_c = c2;
+            }
+        }
+        q[best] = (int8_t)best_c; /* a group has >= 1 element and every code has a neighbour in range */
+    }
+    double err = 0;
+    for (int i = 0; i < n; i++) {
+        double d = (double)x[i] - (double)q[i] * s;
+        err += isfinite(d) ? d * d : 1e300;
+    }
+    return err;
+}
+
+void qf_kv_int8_token_quantize(const float *x, int8_t *q, int n) {
+    float amax = 0;
+    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i])); /* fmaxf drops NaN */
+    int e = 0;
+    if (amax > 0 && isfinite(amax)) {
+        e = (int)ceilf(8.0f * log2f(amax / 127.0f)) + 176;
+        if (e < 1) e = 1;
+        if (e > 255) e = 255;
+        while (e < 255 && amax / tok_step(e) > 127.0f) e++; /* log2f rounding */
+    }
+    double err = tok_encode(x, q, n, e);
+    if (e > 0) { /* one step finer: the largest element may clip, the rest gain resolution */
+        int8_t alt[1024];
+        if (n <= 1024 && tok_encode(x, alt, n, e - 1) < err) memcpy(q, alt, (size_t)n);
+    }
+}
+
+void qf_kv_int8_token_dequantize(const int8_t *q, float *x, int n) {
+    int e = 0;
+    for (int i = 0; i < n; i++) e ^= ((uint8_t)q[i] & 1) << (i % TOK_GROUPS);
+    float s = tok_step(e);
+    for (int i = 0; i < n; i++) x[i] = (float)q[i] * s;
+}

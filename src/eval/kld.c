@@ -130,6 +130,7 @@ static void kld_compare_row(const qf_kld_state *k, const float *logits, const ui
 
 /* rank 0, in chunk order: add one chunk's positions to the sums (the single-process order) */
 void qf_kld_accumulate(qf_kld_state *k, const qf_kld_pos *pos, int n) {
+    QF_ASSERT(k->count + (size_t)n <= (size_t)k->n_chunk * k->n_score); /* kld_values' capacity */
     for (int i = 0; i < n; i++) {
         const qf_kld_pos *o = &pos[i];
         float nll = o->nll, nll_base = o->nll_base;
@@ -159,6 +160,8 @@ qf_status qf_kld_chunk(qf_kld_state *k, const float *logits, const int32_t *next
         return st;
     }
     if (k->reading) {
+        /* qf_kld_begin checked the file holds every row block this run reads */
+        QF_ASSERT(((size_t)row_block + 1) * n * k->nv * 2 <= k->in_rows_len);
         const uint8_t *base = k->in_rows + (size_t)row_block * n * k->nv * 2;
         for (int i = 0; i < n; i++) {
             memcpy(k->row, base + (size_t)i * k->nv * 2, (size_t)k->nv * 2); /* rows are not 4-byte aligned in general */

@@ -12,10 +12,8 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "engine/gpu.h"
 #include "eval/kld.h"
-#ifdef QF_HAVE_CUDA
-#include "kernels/cuda/cuda_ops.h"
-#endif
 #include "qforge/ppl.h"
 #include "util/par.h"
 #include "util/util.h"
@@ -64,11 +62,9 @@ static qf_status ppl_chunk(ppl_run *u, qf_kld_state *kl, int i, int own_idx, uin
     if (u->add_bos) u->chunk[0] = qf_tokenizer_bos(m->tok);
     const int32_t *next = u->tokens + (size_t)i * n_ctx + first + 1;
     qf_status st = QF_OK;
-#ifdef QF_HAVE_CUDA
     /* on the GPU without KL divergence the scores are computed on the device: no logits
      * cross to the host (the same log-softmax as log_softmax_tok) */
-    if (u->gpu_scores) return qf_cuda_decode_nll(c, u->chunk, n_ctx - 1, 0, first, next, nll, err);
-#endif
+    if (u->gpu_scores) return qf_decode_nll(c, u->chunk, n_ctx - 1, 0, first, next, nll, err);
     for (int j = 0; j < n_ctx && !st; j += n_batch) {
         int bs = n_ctx - j < n_batch ? n_ctx - j : n_batch;
         int from = first - j > 0 ? first - j : 0; /* first batch row that needs logits */
@@ -110,9 +106,7 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     qf_kld_state kl;
     uint8_t *rec = NULL, *all = NULL;
     qf_status st = qf_kld_begin(&kl, p, n_ctx, n_vocab, n_chunk, n_own, base, tokens, err);
-#ifdef QF_HAVE_CUDA
-    u.gpu_scores = c->gpu && !kl.reading && !kl.writing && u.n_batch >= n_ctx;
-#endif
+    u.gpu_scores = qf_context_device(c) == QF_DEVICE_CUDA && !kl.reading && !kl.writing && u.n_batch >= n_ctx;
     u.off_pos = (size_t)n_score * sizeof(double);
     u.off_rows = u.off_pos + (kl.reading ? (size_t)n_score * sizeof(qf_kld_pos) : 0);
     u.rec_bytes = u.off_rows + (kl.writing && !kl.local ? (size_t)n_score * kl.nv * sizeof(uint16_t) : 0);
@@ -128,10 +122,13 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     int64_t count = 0;
     qf_progress bar;
     bool bar_on = p->progress && rank == 0, agreed = false;
+    /* every rank is ready (or all learn why not) before the clock starts: a rank that loads
+     * its model later does not count as evaluation time */
+    if ((st = qf_par_agree(st, err))) agreed = true;
     if (bar_on) qf_progress_begin(&bar, "ppl", n_chunk);
     double t0 = qf_now_sec();
     int n_round = (n_chunk + n_rank - 1) / n_rank;
-    for (int round = 0; round < n_round; round++) {
+    for (int round = 0; round < n_round && !agreed; round++) {
         int i = round * n_rank + rank;
         if (!st && i < n_chunk) st = qf_par_injected("perplexity", err);
         if (!st && i < n_chunk) st = ppl_chunk(&u, &kl, i, round, rec, err);
@@ -218,4 +215,14 @@ qf_status qf_perplexity_text(qf_context *c, const char *text, size_t len, const 
     st = perplexity(c, ids, (int64_t)n, p, NULL, r, err);
     free(ids);
     return st;
+}
+
+qf_status qf_ppl_read_text(const char *path, char **text, size_t *len, uint8_t *sha256, qf_error *err) {
+    *text = NULL;
+    *len = 0;
+    qf_status st = qf_read_file(path, text, len, err);
+    if (st) return st;
+    if (*len > 0 && (*text)[*len - 1] == '\n') (*text)[--*len] = '\0';
+    if (sha256) qf_sha256(*text, *len, sha256);
+    return QF_OK;
 }

@@ -215,6 +215,7 @@ static qf_status run_candidate(qf_context *c, const qf_certify_ref *ref, const q
     r->delta_ppl = (pr.ppl - ref->r.ppl) / ref->r.ppl;
     r->kld_mean = pr.kld_mean;
     r->kld_p99 = pr.kld_p99;
+    r->kld_err = pr.kld_err;
     r->top1 = pr.same_top_p;
     r->n_ctx = pp.n_ctx;
     r->n_chunks = pr.n_chunks;

@@ -15,6 +15,7 @@
 #include "qforge/capture.h"
 #include "qforge/corpus.h"
 #include "qforge/forge.h"
+#include "kernels/hadamard.h"
 #include "util/par.h"
 #include "util/util.h"
 
@@ -188,8 +189,11 @@ static qf_status stage_reference(const qf_job *j, shared *s, qf_error *err) {
     qf_certify_params p = {.n_ctx = s->n_ctx, .n_chunks = s->eval_chunks, .progress = j->progress};
     qf_status st = qf_certify_reference(s->ctx, etext, elen, &p, &s->ref, err);
     if (st) return st;
-    stage(j, "[4/5 certify] reference (kv %s): PPL %.4f over %d chunks of %d evaluation tokens",
-          qf_kv_mode_name(j->ref_kv), qf_certify_ref_ppl(s->ref), s->eval_chunks, s->n_ctx);
+    char chunks[24];
+    if (s->eval_chunks > 0) snprintf(chunks, sizeof chunks, "%d", s->eval_chunks);
+    else snprintf(chunks, sizeof chunks, "all");
+    stage(j, "[4/5 certify] reference (kv %s): PPL %.4f over %s chunks of %d evaluation tokens",
+          qf_kv_mode_name(j->ref_kv), qf_certify_ref_ppl(s->ref), chunks, s->n_ctx);
     return QF_OK;
 }
 
@@ -252,17 +256,56 @@ out:
 
 /* ---- learners ---- */
 
-static qf_status learn_int8(const qf_job *j, const shared *s, qf_kv_scale_mode mode, qf_payload *pl, qf_error *err) {
+/* kv-int8 candidates: the row layout of K and V (payload "k_layout" / "v_layout") and how the
+ * static scales are fitted. A static layout on rotated rows is fitted on rotated vectors; the
+ * per-token layouts carry their scale in the codes and get placeholder scales of 1. */
+typedef struct {
+    const char *name;
+    const char *layout[2]; /* K, V: "static", "static-rot", "token-rot", "token" */
+    qf_kv_scale_mode mode;
+} int8_candidate;
+
+/* docs/kv-baselines.md "kv-int8": on held-out text the static layouts lose to plain q8_0 (the
+ * calibrated range clips or wastes resolution: per-channel 28x, rotated per-channel 13x, K
+ * per-channel + V per-token 23x q8_0's KLD), the rotated per-token layout beats it at 8.0 bits;
+ * the original per-channel layout stays as the second candidate, for the record */
+static const int8_candidate int8_candidates[] = {
+    {"token-rot", {"token-rot", "token-rot"}, QF_KV_SCALE_PER_CHANNEL},
+    {"per-channel", {"static", "static"}, QF_KV_SCALE_PER_CHANNEL},
+};
+#define N_INT8_CANDIDATES ((int)(sizeof int8_candidates / sizeof int8_candidates[0]))
+
+static qf_status learn_int8(const qf_job *j, const shared *s, const int8_candidate *cand, qf_payload *pl,
+                            qf_error *err) {
+    qf_kv_scale_mode mode = cand->mode;
     qf_kv_capture_view v = qf_capture_kv_view(s->cap);
     int L = v.n_layer, H = v.n_kv_head, D = v.head_dim;
     size_t per = (size_t)H * D;
     float *sc[2] = {malloc((size_t)L * per * sizeof(float)), malloc((size_t)L * per * sizeof(float))};
+    float *rx = NULL;
     qf_status st = QF_OK;
     if (!sc[0] || !sc[1]) st = qf_fail(err, QF_ERR_NOMEM, "learn: out of memory");
+    for (int sidx = 0; sidx < 2 && !st; sidx++)
+        st = qf_payload_add_string(pl, sidx ? "v_layout" : "k_layout", cand->layout[sidx], err);
     for (int l = 0; l < L && !st; l++)
         for (int sidx = 0; sidx < 2 && !st; sidx++) {
             const float *x = sidx ? v.v[l] : v.k[l];
             int64_t n = sidx ? v.n_v[l] : v.n_k[l];
+            const char *lay = cand->layout[sidx];
+            if (!strncmp(lay, "token", 5)) { /* no static scale is used */
+                for (size_t i = 0; i < per; i++) sc[sidx][(size_t)l * per + i] = 1.0f;
+                continue;
+            }
+            if (!strcmp(lay, "static-rot")) {
+                free(rx);
+                if (!(rx = malloc((size_t)n * D * sizeof(float)))) {
+                    st = qf_fail(err, QF_ERR_NOMEM, "learn: out of memory");
+                    break;
+                }
+                memcpy(rx, x, (size_t)n * D * sizeof(float));
+                qf_hadamard_rows(rx, D, (int)n);
+                x = rx;
+            }
             st = qf_kv_int8_fit(x, n, H, D, mode, j->int8_percentile, sc[sidx] + (size_t)l * per, err);
             if (!st) /* a channel that never moved (all zero) still needs a positive scale */
                 for (size_t i = 0; i < per; i++)
@@ -289,6 +332,7 @@ static qf_status learn_int8(const qf_job *j, const shared *s, qf_kv_scale_mode m
     }
     free(sc[0]);
     free(sc[1]);
+    free(rx);
     return st;
 }
 
@@ -718,7 +762,7 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
 
     double t_learn = 0, t_cert = 0, t0;
 
-    int n_cand = j->kind == QF_ARTIFACT_KV_INT8 ? 2 : 1;
+    int n_cand = j->kind == QF_ARTIFACT_KV_INT8 ? N_INT8_CANDIDATES : 1;
     int best_i = -1;
     for (int ci = 0; ci < n_cand; ci++) {
         qf_payload_free(&cand);
@@ -729,9 +773,8 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
         int owner = ci % qf_mpi_size();
         st = QF_OK;
         if (j->kind == QF_ARTIFACT_KV_INT8) {
-            qf_kv_scale_mode mode = ci == 0 ? QF_KV_SCALE_PER_CHANNEL : QF_KV_SCALE_PER_HEAD;
-            set_variant(variant, sizeof variant, "%s", ci == 0 ? "per-channel" : "per-head");
-            if (qf_mpi_rank() == owner) st = learn_int8(j, &s, mode, &cand, err);
+            set_variant(variant, sizeof variant, "%s", int8_candidates[ci].name);
+            if (qf_mpi_rank() == owner) st = learn_int8(j, &s, &int8_candidates[ci], &cand, err);
         } else {
             set_variant(variant, sizeof variant, "%dx%d-%s%s", j->dict_atoms, j->dict_sparsity,
                         qf_kv_coef_name(j->dict_coef), j->dict_version == 2 ? "-v2" : "");
@@ -950,4 +993,26 @@ done:
     if (st && qf_mpi_size() > 1 && !qf_mpi_error_shared(err)) st = qf_par_agree(st, err);
     shared_free(&s);
     return st;
+}
+
+/* ---- one learner, for qforge analyze ---- */
+
+qf_status qf_job_learn(const qf_job *j, qf_context *ctx, const qf_capture *cap, int variant, qf_payload *out,
+                       char *label, size_t label_cap, qf_error *err) {
+    /* the learners read only the capture and the context's thread count from the shared state */
+    shared s = {0};
+    s.ctx = ctx;
+    s.cap = (qf_capture *)cap;
+    if (j->kind == QF_ARTIFACT_KV_INT8) {
+        if (variant < 0 || variant >= N_INT8_CANDIDATES)
+            return qf_fail(err, QF_ERR_ARG, "learn: kv-int8 has variants 0..%d", N_INT8_CANDIDATES - 1);
+        set_variant(label, label_cap, "%s", int8_candidates[variant].name);
+        return learn_int8(j, &s, &int8_candidates[variant], out, err);
+    }
+    if (j->kind == QF_ARTIFACT_KV_DICT) {
+        set_variant(label, label_cap, "%dx%d-%s", j->dict_atoms, j->dict_sparsity, qf_kv_coef_name(j->dict_coef));
+        return learn_dict(j, &s, j->dict_atoms, j->dict_sparsity, out, err);
+    }
+    return qf_fail(err, QF_ERR_NOT_IMPLEMENTED, "learn: no KV learner for artifact kind %s",
+                   qf_artifact_kind_name(j->kind));
 }

@@ -8,11 +8,11 @@
  * split and a stricter gate that counts scale overheads and takes the best baseline at a
  * rate no higher than the dictionary's. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/hadamard.h"
+#include "plot.h"
 #include "qforge/kvlearn.h"
 #include "util/util.h"
 
@@ -471,134 +471,19 @@ void qf_kv_report_print(const qf_kv_report *r, FILE *fp) {
 
 /* ---- SVG ---- */
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} sbuf;
-
-__attribute__((format(printf, 2, 3))) static void sb_printf(sbuf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) {
-            b->oom = true;
-            return;
-        }
-        if (b->p && b->n + (size_t)k < b->cap) {
-            b->n += (size_t)k;
-            return;
-        }
-        size_t nc = b->cap ? b->cap * 2 : 4096;
-        while (nc < b->n + (size_t)k + 1) nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            b->oom = true;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-}
-
-static void sb_escaped(sbuf *b, const char *s) {
-    for (; *s; s++) {
-        if (*s == '<') sb_printf(b, "&lt;");
-        else if (*s == '>') sb_printf(b, "&gt;");
-        else if (*s == '&') sb_printf(b, "&amp;");
-        else if (*s == '"') sb_printf(b, "&quot;");
-        else sb_printf(b, "%c", *s);
-    }
-}
-
 qf_status qf_kv_rd_write_svg(const qf_kv_rd_table *t, const char *path, qf_error *err) {
-    static const char *const colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
-                                         "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
-    const double W = 760, H = 480, ml = 70, mr = 170, mt = 40, mb = 50;
-    double x0 = INFINITY, x1 = -INFINITY, e0 = INFINITY, e1 = -INFINITY;
-    for (int c = 0; c < t->n_curves; c++)
-        for (int k = 0; k < t->curves[c].n; k++) {
-            double e = fmax(t->curves[c].err[k], 1e-12);
-            x0 = fmin(x0, t->curves[c].bits[k]);
-            x1 = fmax(x1, t->curves[c].bits[k]);
-            e0 = fmin(e0, e);
-            e1 = fmax(e1, e);
-        }
-    if (!(x0 <= x1))
-        return qf_fail(err, QF_ERR_ARG, "rd svg: %s: expected at least one point", path);
-    x0 = floor(x0);
-    x1 = ceil(x1);
-    if (x1 <= x0) x1 = x0 + 1;
-    double y0 = floor(log10(e0)), y1 = ceil(log10(e1));
-    if (y1 <= y0) y1 = y0 + 1;
-    double pw = W - ml - mr, ph = H - mt - mb;
-#define PX(b) (ml + ((b) - x0) / (x1 - x0) * pw)
-#define PY(e) (mt + (y1 - log10(fmax((e), 1e-12))) / (y1 - y0) * ph)
-    sbuf b = {0};
-    sb_printf(&b,
-              "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-              "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-              "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"12\">\n"
-              "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
-              W, H, W, H);
-    sb_printf(&b, "<text x=\"%.1f\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">", ml + pw / 2);
-    sb_escaped(&b, t->title[0] ? t->title : "rate-distortion");
-    sb_printf(&b, "</text>\n");
-    /* grid and ticks: integer bits on x, decades on y */
-    for (double xb = x0; xb <= x1 + 1e-9; xb += 1) {
-        sb_printf(&b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n",
-                  PX(xb), mt, PX(xb), mt + ph);
-        sb_printf(&b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%g</text>\n", PX(xb),
-                  mt + ph + 16, xb);
+    qf_plot_curve cv[QF_KV_RD_MAX_CURVES];
+    const char *labels[QF_KV_RD_MAX_CURVES][QF_KV_RD_MAX_POINTS + QF_KV_RD_MAX_BITS];
+    int n = t->n_curves < QF_KV_RD_MAX_CURVES ? t->n_curves : QF_KV_RD_MAX_CURVES;
+    for (int c = 0; c < n; c++) {
+        for (int k = 0; k < t->curves[c].n; k++) labels[c][k] = t->curves[c].label[k];
+        cv[c] = (qf_plot_curve){.name = t->curves[c].name, .n = t->curves[c].n, .x = t->curves[c].bits,
+                                .y = t->curves[c].err, .label = labels[c]};
     }
-    for (double yd = y0; yd <= y1 + 1e-9; yd += 1) {
-        double py = mt + (y1 - yd) / (y1 - y0) * ph;
-        sb_printf(&b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n",
-                  ml, py, ml + pw, py);
-        sb_printf(&b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">1e%d</text>\n", ml - 6,
-                  py + 4, (int)yd);
-    }
-    sb_printf(&b,
-              "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
-              "stroke=\"black\"/>\n"
-              "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">bits per element (scale "
-              "overheads included)</text>\n"
-              "<text x=\"16\" y=\"%.1f\" text-anchor=\"middle\" transform=\"rotate(-90 16 %.1f)\">"
-              "relative MSE (log)</text>\n",
-              ml, mt, pw, ph, ml + pw / 2, H - 12, mt + ph / 2, mt + ph / 2);
-    for (int c = 0; c < t->n_curves; c++) {
-        const qf_kv_rd_curve *cv = &t->curves[c];
-        const char *col = colors[c % 8];
-        sb_printf(&b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", col);
-        for (int k = 0; k < cv->n; k++)
-            sb_printf(&b, "%s%.1f,%.1f", k ? " " : "", PX(cv->bits[k]), PY(cv->err[k]));
-        sb_printf(&b, "\"/>\n");
-        for (int k = 0; k < cv->n; k++) {
-            sb_printf(&b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"><title>", PX(cv->bits[k]),
-                      PY(cv->err[k]), col);
-            sb_escaped(&b, cv->name);
-            sb_printf(&b, " %s: %.3f bits, %.3e</title></circle>\n", cv->label[k], cv->bits[k],
-                      cv->err[k]);
-        }
-        double ly = mt + 10 + c * 20;
-        sb_printf(&b,
-                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
-                  "stroke-width=\"2\"/>\n<text x=\"%.1f\" y=\"%.1f\">",
-                  ml + pw + 12, ly, ml + pw + 36, ly, col, ml + pw + 42, ly + 4);
-        sb_escaped(&b, cv->name);
-        sb_printf(&b, "</text>\n");
-    }
-#undef PX
-#undef PY
-    sb_printf(&b, "</svg>\n");
-    if (b.oom) {
-        free(b.p);
-        return qf_fail(err, QF_ERR_NOMEM, "rd svg: %s: out of memory", path);
-    }
-    qf_status st = qf_write_file_atomic(path, b.p, b.n, err);
-    free(b.p);
-    return st;
+    qf_plot pl = {.title = t->title[0] ? t->title : "rate-distortion",
+                  .x_label = "bits per element (scale overheads included)",
+                  .y_label = "relative MSE (log)",
+                  .n_curves = n,
+                  .curves = cv};
+    return qf_plot_write_svg(&pl, path, err);
 }

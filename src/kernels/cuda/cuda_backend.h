@@ -1,37 +1,124 @@
-/* cuda_backend.h: the seam between the CPU engine (forward.c) and the CUDA backend
- * (the .cu files under src/engine/cuda, built only when nvcc is present). Without CUDA, cuda_stub.c answers
- * "not available" so everything still builds and the CPU path runs. */
+/* cuda_backend.h: the narrow seam between the engine and the CUDA backend.
+ *
+ * The backend sees weights, a view of the KV cache and parameters: never a qf_context. It is
+ * built (when nvcc is found) as its own shared object, libqforge-cuda.so, which links cudart
+ * and cuBLAS; libqforge loads it with dlopen() at the first GPU use (cuda_loader.c) and reaches
+ * it only through the function table below, so the CPU commands never map the CUDA libraries.
+ * Without the plugin, or without a GPU, every entry answers "not available" (QF_ERR_DEVICE).
+ *
+ * The engine side of the seam (src/engine/gpu.c) builds these views from a qf_context and is
+ * the one place that decides on which device a context runs. */
 #ifndef QF_CUDA_BACKEND_H
 #define QF_CUDA_BACKEND_H
 
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
 #include "qforge/error.h"
 #include "qforge/model.h"
-#include "engine/engine.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+/* The ABI of the function table; the loader refuses a plugin built for another one. */
+#define QF_CUDA_ABI 2
+
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 
-bool qf_cuda_backend_available(void);
-/* Whether the backend runs KV rotation `rot` (--kv-rot) in its cache; NONE always. When it
- * answers false, the one device decision (qf_context_new) keeps --device auto on the CPU and
- * refuses --device cuda. */
-bool qf_cuda_backend_kv_rot_ok(qf_kv_rot rot);
-/* Upload the model's weights in their stored types, allocate the KV cache and scratch for
- * the context (c->params: n_ctx, n_batch, kv modes). */
-qf_status qf_cuda_ctx_new(qf_context *c, qf_cuda_ctx **out, qf_error *err);
-void qf_cuda_ctx_free(qf_cuda_ctx *g);
-/* Same contract as qf_decode; calls c->tap with K/V read back from GPU memory when set. */
-qf_status qf_cuda_decode(qf_context *c, qf_cuda_ctx *g, const int32_t *tokens, int n, int pos0,
-                         float *logits, int logits_from, qf_error *err);
+/* What the backend runs: the model's hyper-parameters and its weights as stored (the data
+ * pointers stay valid for the context's life). dequant_row is the host's scalar oracle
+ * (qf_dequantize_row_ref), used for the small f32 vectors (norms, biases, rope factors). */
+typedef struct {
+    const qf_hparams *hp;
+    const char *path;                   /* for messages */
+    const qf_weight *tok_embd, *output_norm, *output, *rope_freqs; /* rope_freqs->data may be NULL */
+    const qf_layer_weights *layers;     /* [hp->n_layer] */
+    void (*dequant_row)(qf_type t, const void *src, float *dst, int64_t n);
+} qf_gpu_model;
 
-/* Rebuild the GPU KV cache in the modes of kv (the context's CPU-side cache, or a fresh one
- * an artifact binding is about to swap in): int8 uploads kv's static scales, dict its
- * dictionaries (codes are encoded on the host by kv's encoder and decoded on the GPU). On
- * failure the GPU cache is left as it was. Cache contents are dropped. */
-qf_status qf_cuda_ctx_set_kv(qf_cuda_ctx *g, const qf_kv_cache *kv, qf_error *err);
+/* A view of the KV cache the backend mirrors: its shape and storage modes, plus what a bound
+ * artifact brings (int8: static scales and the host's reciprocals; dict: unit-norm atoms per
+ * layer and the host's encoder, which the backend calls for every dict row it stores). */
+typedef struct {
+    int n_layer, n_ctx, n_head_kv, head_dim;
+    qf_kv_mode mode[2];                 /* [0] = K, [1] = V */
+    size_t row_bytes[2];                /* bytes of one head_dim row as the host stores it */
+    const float *int8_scale[2], *int8_inv_scale[2]; /* INT8: [n_layer][n_head_kv * head_dim] */
+    int n_atoms[2], sparsity[2], coef_q8[2];        /* DICT */
+    const float *const *atoms[2];                   /* DICT: atoms[s][layer] = [n_atoms][head_dim] */
+    /* DICT: encode n rows [n][head_dim] of stream s for layer il into packed codes (row_bytes[s]
+     * each), exactly as the host cache would; user is encode_user */
+    void (*encode)(void *user, int s, int il, const float *rows, int64_t n, uint8_t *codes);
+    void *encode_user;
+} qf_gpu_kv;
+
+/* Per-context backend parameters (qf_context_params.cuda plus the sizes the engine chose). */
+typedef struct {
+    int n_ctx, n_batch;
+    qf_kv_rot kv_rot;                   /* HADAMARD: K/V rows rotated before they are stored */
+    int device_index;                   /* under mpirun, the local rank: device index % count; -1 = default */
+    qf_cuda_params knobs;               /* gemm_f32, attn_warp, gu16, no_f16_cache, profile */
+} qf_gpu_params;
+
+/* Sizes the context holds on the GPU (bench). */
+typedef struct {
+    size_t weight_bytes, kv_bytes, scratch_bytes, f16_cache_bytes;
+} qf_cuda_info;
+
+/* The plugin's function table (libqforge-cuda.so exports qf_cuda_plugin_api). Every pointer
+ * argument is host memory unless it says otherwise. */
+typedef struct qf_cuda_api {
+    int abi; /* QF_CUDA_ABI */
+    /* true when a CUDA device answers (cached after the first call) */
+    bool (*available)(void);
+    /* upload the weights in their stored types, allocate the KV cache (kv's modes) and scratch */
+    qf_status (*ctx_new)(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gpu_params *p, qf_cuda_ctx **out,
+                         qf_error *err);
+    void (*ctx_free)(qf_cuda_ctx *g);
+    /* qf_decode's contract: tokens [0, n) at positions [pos0, pos0 + n); logits (or NULL) of rows
+     * [logits_from, n); with targets/nll set, nll[r - logits_from] = -log softmax(logits[r])
+     * [targets[r - logits_from]] computed on the device instead (no logits copied). tap: NULL or
+     * the capture hooks, handed K/V and activations read back from the GPU. */
+    qf_status (*decode)(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *tokens, int n, int pos0, float *logits,
+                        int logits_from, const int32_t *targets, double *nll, qf_error *err);
+    /* rebuild the GPU KV cache in kv's modes (contents dropped); on failure it is left as it was */
+    qf_status (*set_kv)(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err);
+    void (*info)(const qf_cuda_ctx *g, qf_cuda_info *out);
+    /* single operations for tests/test_cuda.c: see cuda_ops.h for each contract */
+    qf_status (*op_dequant)(qf_type t, const void *src, size_t row_bytes, int64_t rows, int64_t k, float *dst,
+                            qf_error *err);
+    qf_status (*op_matmul)(const qf_weight *w, const float *x, int n, float *y, int route, qf_error *err);
+    qf_status (*op_rmsnorm)(const float *x, const float *g, int n, int d, float eps, float *out, qf_error *err);
+    qf_status (*op_rope)(float *v, int n, int n_heads, int head_dim, int n_rot, qf_rope_type type, const float *cs,
+                         const float *sn, qf_error *err);
+    qf_status (*op_silu_mul)(const float *g, const float *u, size_t n, float *out, qf_error *err);
+    qf_status (*op_attention)(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
+                              int n_head_kv, int hd, qf_kv_mode mode, int route, float *out, qf_error *err);
+    qf_status (*op_kv_roundtrip)(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_t rows, int hd, void *bytes,
+                                 float *out, qf_error *err);
+    qf_status (*op_kv_int8_roundtrip)(const float *x, int64_t rows, int dkv, const float *scale, const float *inv,
+                                      int8_t *bytes, float *out, qf_error *err);
+    qf_status (*op_kv_dict_decode)(const uint8_t *codes, int64_t rows, int hd, size_t rb, const float *atoms,
+                                   int n_atoms, int sparsity, int coef_q8, float *out, qf_error *err);
+    qf_status (*bench_gemm)(int M, int N, int K, int flags, int iters, double *ms, qf_error *err);
+} qf_cuda_api;
+
+/* Exported by libqforge-cuda.so: the table when abi == QF_CUDA_ABI, else NULL. */
+const qf_cuda_api *qf_cuda_plugin_api(int abi);
+
+/* ---- the loader (cuda_loader.c, part of libqforge) ---- */
+
+/* The plugin's table, loading libqforge-cuda.so on the first call (NULL when it is missing or
+ * was built for another ABI; *why, if given, says which). Thread-safe; never unloaded. */
+const qf_cuda_api *qf_cuda_api_get(const char **why);
+/* true when the plugin loads and a CUDA device answers */
+bool qf_cuda_backend_available(void);
+/* Whether the backend runs KV rotation `rot` (--kv-rot) in its cache: NONE and HADAMARD (q8_0
+ * and q4_0 caches, and f32/f16; not int8/dict artifacts). When it answers false, the one device
+ * decision (engine/gpu.c) keeps --device auto on the CPU and refuses --device cuda. */
+bool qf_cuda_backend_kv_rot_ok(qf_kv_rot rot);
 
 #ifdef __cplusplus
 }

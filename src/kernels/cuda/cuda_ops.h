@@ -1,7 +1,8 @@
 /* cuda_ops.h: single CUDA operations of the backend, exposed for tests/test_cuda.c, which
- * checks each one against the CPU scalar oracle. Built only with QF_HAVE_CUDA (no stub):
- * callers guard with #ifdef QF_HAVE_CUDA. Every pointer argument is host memory; each call
- * uploads its inputs, runs the same kernel the forward pass runs and downloads the result. */
+ * checks each one against the CPU scalar oracle. They are part of libqforge in every build
+ * (cuda_loader.c forwards them to the plugin's table) and fail with QF_ERR_DEVICE when the
+ * plugin or a GPU is missing. Every pointer argument is host memory; each call uploads its
+ * inputs, runs the same kernel the forward pass runs and downloads the result. */
 #ifndef QF_CUDA_OPS_H
 #define QF_CUDA_OPS_H
 
@@ -40,11 +41,20 @@ qf_status qf_cuda_op_attention(const float *q, const float *k, const float *v, i
  * head) f32 kernel. */
 qf_status qf_cuda_op_attention_route(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
                                      int n_head_kv, int hd, qf_kv_mode mode, bool flash, float *out, qf_error *err);
+/* The decode route: split-K ("flash decoding"), each query's keys cut into ranges attended to
+ * in parallel and merged by their softmax maxima and sums (f32 caches of any plain mode). */
+qf_status qf_cuda_op_attention_split(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
+                                     int n_head_kv, int hd, qf_kv_mode mode, float *out, qf_error *err);
 
 /* Write rows x hd floats into a GPU cache of `mode` and read them back: the stored bytes
  * (rows x row bytes, ggml layout) and their f32 values as the attention kernel sees them. */
 qf_status qf_cuda_op_kv_roundtrip(qf_kv_mode mode, const float *x, int64_t rows, int hd, void *bytes, float *out,
                                   qf_error *err);
+/* The same with a rotation: HADAMARD stores quantize(H x) (H the normalized Walsh-Hadamard
+ * transform of hadamard.h, per row; hd a power of two) and out = H dequantize(stored), the
+ * vectors attention sees up to quantization error. */
+qf_status qf_cuda_op_kv_roundtrip_rot(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_t rows, int hd,
+                                      void *bytes, float *out, qf_error *err);
 
 /* kv-int8: quantize rows x dkv floats with inv (dkv reciprocal scales, one per channel of a
  * token's K or V row) as the GPU cache writes them, and expand them with scale: the stored
@@ -56,25 +66,10 @@ qf_status qf_cuda_op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, co
 qf_status qf_cuda_op_kv_dict_decode(const uint8_t *codes, int64_t rows, int hd, size_t rb, const float *atoms,
                                     int n_atoms, int sparsity, int coef_q8, float *out, qf_error *err);
 
-/* The PPL pass on the GPU: decode tokens[0..n) at pos0 like qf_decode, then score rows
- * [from, n) without copying logits to the host: nll[r - from] = -log softmax(logits[r])
- * [targets[r - from]], computed as ppl.c's log_softmax_tok (f32 max, double sum of expf).
- * c must run on the GPU (c->gpu). This is what qf_perplexity needs from the device when it
- * does not keep logits (no KL divergence). */
-qf_status qf_cuda_decode_nll(qf_context *c, const int32_t *tokens, int n, int pos0, int from, const int32_t *targets,
-                             double *nll, qf_error *err);
-
 /* Time cublasGemmEx y[M][N] = x[M][K] W[N][K]^T (f16 in, f32 accumulate): mean ms. flags: bit 0 =
  * f16 output (else f32), bit 1 = accumulate (beta = 1, f32 output), bit 2 = cold L2 (cycle
  * through 4 copies of W, as in a forward pass where the weight was not just read). */
 qf_status qf_cuda_bench_gemm(int M, int N, int K, int out_f16, int iters, double *ms, qf_error *err);
-
-/* Bytes of weights the context holds on the GPU and the route counters (for the bench). */
-typedef struct {
-    size_t weight_bytes, kv_bytes, scratch_bytes, f16_cache_bytes;
-} qf_cuda_info;
-struct qf_cuda_ctx;
-void qf_cuda_ctx_info(const struct qf_cuda_ctx *g, qf_cuda_info *out);
 
 #ifdef __cplusplus
 }

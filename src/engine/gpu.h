@@ -1,0 +1,30 @@
+/* gpu.h: the engine side of the CUDA seam (gpu.c). A context runs on the GPU when
+ * qf_gpu_attach decided so; everything else asks qf_context_device(). */
+#ifndef QF_ENGINE_GPU_H
+#define QF_ENGINE_GPU_H
+
+#include "engine/engine.h"
+#include "kernels/cuda/cuda_backend.h"
+
+/* The one place that decides the device of a context (from c->params.device and
+ * c->params.reference) and, for the GPU, builds the backend context (weights uploaded, KV
+ * cache mirrored from c->kv). CPU: c->gpu stays NULL. --device cuda without a plugin or a GPU
+ * is QF_ERR_DEVICE; auto falls back to the CPU. */
+qf_status qf_gpu_attach(qf_context *c, qf_error *err);
+/* Free the backend context, if any (c->gpu NULL afterwards). */
+void qf_gpu_detach(qf_context *c);
+/* qf_decode on the GPU (c->gpu must be set; arguments already validated by qf_decode). */
+qf_status qf_gpu_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float *logits, int logits_from,
+                        qf_error *err);
+/* Rebuild the GPU cache in the modes of kv (c->kv, or a fresh cache about to replace it: dict
+ * rows are then encoded through c->kv once it is swapped in). No-op on the CPU. */
+qf_status qf_gpu_set_kv(qf_context *c, const qf_kv_cache *kv, qf_error *err);
+/* Decode tokens [0, n) at pos0 and score rows [from, n) on the device: nll[r - from] =
+ * -log softmax(logits[r])[targets[r - from]] (f32 max, double sum of expf, as ppl.c's
+ * log_softmax_tok). QF_ERR_DEVICE when c does not run on the GPU. */
+qf_status qf_decode_nll(qf_context *c, const int32_t *tokens, int n, int pos0, int from, const int32_t *targets,
+                        double *nll, qf_error *err);
+/* Device memory of a GPU context; false (and *out zeroed) on the CPU. */
+bool qf_context_gpu_info(const qf_context *c, qf_cuda_info *out);
+
+#endif

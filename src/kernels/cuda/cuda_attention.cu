@@ -1,0 +1,439 @@
+/* cuda_attention.cu: causal GQA attention: the one-warp-per-(query, head) kernel over any cache
+ * mode, and flash attention on tensor cores for f16 caches (prefill). */
+#include "kernels/cuda/cuda_common.cuh"
+
+/* one warp per (query i, head h): online softmax over positions [0, pos0 + i] */
+template <int MK, int MV>
+__global__ void k_attention(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int n,
+                            int pos0, int n_head, int n_head_kv, int hd, float scale, float *out) {
+    const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (w >= n * n_head) return;
+    const int i = w / n_head, h = w % n_head, kvh = h / (n_head / n_head_kv);
+    const int Dq = n_head * hd, nj = (hd + 31) / 32;
+    float qr[HD_MAX / 32], acc[HD_MAX / 32];
+#pragma unroll
+    for (int j = 0; j < HD_MAX / 32; j++) {
+        const int e = lane + 32 * j;
+        qr[j] = (j < nj && e < hd) ? q[(size_t)i * Dq + (size_t)h * hd + e] : 0.0f;
+        acc[j] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    const int last = pos0 + i;
+    for (int t = 0; t <= last; t++) {
+        const uint8_t *kr = K + ((size_t)t * n_head_kv + kvh) * rbk;
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < HD_MAX / 32; j++) {
+            const int e = lane + 32 * j;
+            if (j < nj && e < hd) s += qr[j] * kv_elem<MK>(kr, e);
+        }
+        s = warp_sum(s) * scale;
+        const float mn = fmaxf(m, s);
+        const float corr = expf(m - mn), p = expf(s - mn);
+        l = l * corr + p;
+        const uint8_t *vr = V + ((size_t)t * n_head_kv + kvh) * rbv;
+#pragma unroll
+        for (int j = 0; j < HD_MAX / 32; j++) {
+            const int e = lane + 32 * j;
+            if (j < nj && e < hd) acc[j] = acc[j] * corr + p * kv_elem<MV>(vr, e);
+        }
+        m = mn;
+    }
+    const float inv = 1.0f / l;
+#pragma unroll
+    for (int j = 0; j < HD_MAX / 32; j++) {
+        const int e = lane + 32 * j;
+        if (j < nj && e < hd) out[(size_t)i * Dq + (size_t)h * hd + e] = acc[j] * inv;
+    }
+}
+
+/* ---- flash attention on tensor cores (f16 KV cache, prefill) ----
+ * One block of 4 warps per (64 rows, kv head). The rows of a kv head are its (query, head of
+ * the group) pairs, r = i * G + g, so the K/V tile in shared memory serves the whole GQA group.
+ * Each warp owns 16 rows: S = Q K^T and O += P V run as mma.sync m16n8k16 (f16 inputs, f32
+ * accumulation) with Q and P rounded to f16; the online softmax (running max, exp2, sum) is in
+ * f32. Tiles past the block's last query are never loaded (causal skip); head_dim is zero-
+ * padded to HDP (64, 128 or 256). */
+__device__ static inline uint32_t pack_h2(float a, float b) {
+    __half2 h = __floats2half2_rn(a, b);
+    uint32_t u;
+    memcpy(&u, &h, 4);
+    return u;
+}
+__device__ static inline void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* 16-byte asynchronous copy global -> shared; src_bytes 0 writes zeros (src must still be a
+ * valid address) */
+__device__ static inline void cp_async16(void *smem, const void *gmem, int src_bytes) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ static inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ static inline void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+/* dynamic shared memory of k_flash_f16: two stages of K and V tiles */
+template <int HDP, int BC> constexpr size_t flash_smem() { return (size_t)2 * 2 * BC * (HDP + 8) * sizeof(__half); }
+
+__device__ static inline float ld_f(const float *p) { return *p; }
+__device__ static inline float ld_f(const __half *p) { return __half2float(*p); }
+
+/* QT: f32 Q, or f16 Q written by k_qkv_split<__half> (the same f16 values: Q is rounded to
+ * f16 on load either way) */
+template <int HDP, int BC, typename QT>
+__global__ void __launch_bounds__(128) k_flash_f16(const QT *q, const __half *K, const __half *V, int n, int pos0,
+                                                   int n_head, int n_head_kv, int hd, float scale_log2, float *out,
+                                                   __half *out16) {
+    constexpr int LD = HDP + 8; /* padded row: conflict-free fragment loads */
+    /* two stages of [K tile | V tile]: the next tile is copied (cp.async) while this one is used */
+    extern __shared__ __align__(16) unsigned char flash_sm[];
+    __half *const sbase = (__half *)flash_sm;
+    /* grid (kv heads, row blocks); the row blocks run last-first, so the longest (causal) start first */
+    const int kvh = blockIdx.x, G = n_head / n_head_kv;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane >> 2, tig = lane & 3;
+    const int R = n * G, rb0 = (gridDim.y - 1 - blockIdx.y) * 64;
+    const int i_lo = rb0 / G, i_hi = (min(R, rb0 + 64) - 1) / G;
+    const int kmax = pos0 + i_hi; /* last key any row of the block sees */
+    const int nc = (hd + 15) / 16;
+    const bool vec = (hd % 8) == 0;
+    /* K/V tile of keys [j0, j0 + BC) into stage st; rows past kmax and columns past hd are zero */
+    auto load_tile = [&](int j0, int st) {
+        __half *dK = sbase + (size_t)st * 2 * BC * LD, *dV = dK + BC * LD;
+#pragma unroll 4
+        for (int idx = threadIdx.x; idx < BC * (HDP / 8); idx += 128) {
+            const int key = idx / (HDP / 8), d = (idx % (HDP / 8)) * 8, t = j0 + key;
+            const bool in = t <= kmax && d < hd;
+            const size_t off = in ? ((size_t)t * n_head_kv + kvh) * hd + d : 0;
+            if (vec) {
+                cp_async16(dK + key * LD + d, K + off, in ? 16 : 0);
+                cp_async16(dV + key * LD + d, V + off, in ? 16 : 0);
+            } else {
+                __half kh[8], vh[8];
+                for (int e = 0; e < 8; e++) {
+                    kh[e] = in && d + e < hd ? K[off + e] : __float2half(0.0f);
+                    vh[e] = in && d + e < hd ? V[off + e] : __float2half(0.0f);
+                }
+                memcpy(dK + key * LD + d, kh, 16);
+                memcpy(dV + key * LD + d, vh, 16);
+            }
+        }
+        cp_async_commit();
+    };
+    load_tile(0, 0); /* in flight while Q is read */
+    /* this thread's two rows */
+    int rowi[2], rowh[2], lim[2];
+    bool ok[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int r = rb0 + warp * 16 + gq + 8 * u;
+        ok[u] = r < R;
+        const int rr = ok[u] ? r : R - 1;
+        rowi[u] = rr / G;
+        rowh[u] = kvh * G + rr % G;
+        lim[u] = pos0 + rowi[u];
+    }
+    uint32_t qa[HDP / 16][4];
+#pragma unroll
+    for (int c = 0; c < HDP / 16; c++) {
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++)
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int d = c * 16 + hi * 8 + tig * 2;
+                const QT *qp = q + ((size_t)rowi[u] * n_head + rowh[u]) * hd;
+                const float x0 = ok[u] && d < hd ? ld_f(qp + d) : 0.0f, x1 = ok[u] && d + 1 < hd ? ld_f(qp + d + 1) : 0.0f;
+                qa[c][hi * 2 + u] = pack_h2(x0, x1);
+            }
+    }
+    float o[HDP / 8][4];
+#pragma unroll
+    for (int j = 0; j < HDP / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+    int st = 0;
+    for (int j0 = 0; j0 <= kmax; j0 += BC, st ^= 1) {
+        if (j0 + BC <= kmax) load_tile(j0 + BC, st ^ 1);
+        else cp_async_commit(); /* an empty group keeps the wait below uniform */
+        cp_async_wait1();       /* this tile's group has landed (the next may be in flight) */
+        __syncthreads();
+        const __half *sK = sbase + (size_t)st * 2 * BC * LD, *sV = sK + BC * LD;
+        float s[BC / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            const __half *kr = sK + (nt * 8 + gq) * LD + tig * 2;
+#pragma unroll
+            for (int c = 0; c < HDP / 16; c++)
+                if (c < nc) mma16816(s[nt], qa[c], *(const uint32_t *)(kr + c * 16), *(const uint32_t *)(kr + c * 16 + 8));
+        }
+        const bool mask = j0 + BC - 1 > pos0 + i_lo;
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int u = e >> 1, key = j0 + nt * 8 + tig * 2 + (e & 1);
+                float v = s[nt][e] * scale_log2;
+                if (mask && key > lim[u]) v = -INFINITY;
+                s[nt][e] = v;
+                mx[u] = fmaxf(mx[u], v);
+            }
+        float corr[2];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            mx[u] = fmaxf(mx[u], __shfl_xor_sync(0xffffffffu, mx[u], 1));
+            mx[u] = fmaxf(mx[u], __shfl_xor_sync(0xffffffffu, mx[u], 2));
+            const float mn = fmaxf(mrow[u], mx[u]);
+            corr[u] = exp2f(mrow[u] - mn); /* first tile: exp2(-inf) = 0 */
+            mrow[u] = mn;
+            lrow[u] *= corr[u];
+        }
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int u = e >> 1;
+                const float p = exp2f(s[nt][e] - mrow[u]);
+                s[nt][e] = p;
+                lrow[u] += p;
+            }
+#pragma unroll
+        for (int j = 0; j < HDP / 8; j++) {
+            o[j][0] *= corr[0], o[j][1] *= corr[0];
+            o[j][2] *= corr[1], o[j][3] *= corr[1];
+        }
+#pragma unroll
+        for (int kc = 0; kc < BC / 16; kc++) {
+            uint32_t pa[4] = {pack_h2(s[2 * kc][0], s[2 * kc][1]), pack_h2(s[2 * kc][2], s[2 * kc][3]),
+                              pack_h2(s[2 * kc + 1][0], s[2 * kc + 1][1]), pack_h2(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+            const int mi = lane >> 3, key = kc * 16 + (lane & 7) + (mi & 1) * 8;
+#pragma unroll
+            for (int dp = 0; dp < HDP / 16; dp++) {
+                if (dp >= nc) continue;
+                const unsigned addr = (unsigned)__cvta_generic_to_shared(sV + key * LD + dp * 16 + (mi >> 1) * 8);
+                uint32_t b0, b1, b2, b3;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                             : "r"(addr));
+                mma16816(o[2 * dp], pa, b0, b1);
+                mma16816(o[2 * dp + 1], pa, b2, b3);
+            }
+        }
+        __syncthreads(); /* every warp is done with stage st before it is refilled */
+    }
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        lrow[u] += __shfl_xor_sync(0xffffffffu, lrow[u], 1);
+        lrow[u] += __shfl_xor_sync(0xffffffffu, lrow[u], 2);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        if (!ok[u]) continue;
+        const float inv = 1.0f / lrow[u];
+        const size_t ob = ((size_t)rowi[u] * n_head + rowh[u]) * hd;
+        if (out16) { /* f16 output (the wo GEMM's input): the rounding of the f32 values */
+#pragma unroll
+            for (int j = 0; j < HDP / 8; j++) {
+                const int d = j * 8 + tig * 2;
+                if (d < hd) out16[ob + d] = __float2half_rn(o[j][2 * u] * inv);
+                if (d + 1 < hd) out16[ob + d + 1] = __float2half_rn(o[j][2 * u + 1] * inv);
+            }
+            continue;
+        }
+        float *op = out + ob;
+#pragma unroll
+        for (int j = 0; j < HDP / 8; j++) {
+            const int d = j * 8 + tig * 2;
+            if (d < hd) op[d] = o[j][2 * u] * inv;
+            if (d + 1 < hd) op[d + 1] = o[j][2 * u + 1] * inv;
+        }
+    }
+}
+
+/* one instantiation of k_flash_f16; its dynamic shared memory (over 48 KiB) is allowed once */
+template <int HDP, int BC, typename QT>
+static void launch_flash_t(dim3 grid, const QT *q, const __half *K, const __half *V, int n, int pos0, int n_head,
+                           int n_head_kv, int hd, float scale_log2, float *out, __half *out16, cudaStream_t s) {
+    static bool attr_set = false;
+    if (!attr_set) {
+        cudaFuncSetAttribute(k_flash_f16<HDP, BC, QT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)flash_smem<HDP, BC>());
+        attr_set = true;
+    }
+    k_flash_f16<HDP, BC, QT><<<grid, 128, flash_smem<HDP, BC>(), s>>>(q, K, V, n, pos0, n_head, n_head_kv, hd,
+                                                                     scale_log2, out, out16);
+}
+
+template <typename QT>
+static void launch_flash(const QT *q, const uint8_t *K, const uint8_t *V, int n, int pos0, int n_head, int n_head_kv,
+                         int hd, float *out, __half *out16, cudaStream_t s) {
+    const float scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+    const int G = n_head / n_head_kv;
+    dim3 grid((unsigned)n_head_kv, nblk((size_t)n * G, 64));
+    const __half *Kh = (const __half *)K, *Vh = (const __half *)V;
+    if (hd <= 64) launch_flash_t<64, 64>(grid, q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s);
+    else if (hd <= 128) launch_flash_t<128, 64>(grid, q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s);
+    else launch_flash_t<256, 32>(grid, q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s);
+}
+
+void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V, size_t rbk,
+                      size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out, bool flash,
+                      __half *out16, const __half *q16, cudaStream_t s) {
+    if (flash && flash_ok(mk, mv, hd)) { /* out16 set: f16 output only */
+        if (q16) launch_flash(q16, K, V, n, pos0, n_head, n_head_kv, hd, out, out16, s);
+        else launch_flash(q, K, V, n, pos0, n_head, n_head_kv, hd, out, out16, s);
+        return;
+    }
+    const size_t warps = (size_t)n * n_head;
+    const float scale = 1.0f / sqrtf((float)hd);
+#define QF_ATT(MK, MV) k_attention<MK, MV><<<nblk(warps, 4), 128, 0, s>>>(q, K, V, rbk, rbv, n, pos0, n_head, n_head_kv, hd, scale, out)
+#define QF_ATT_V(MK)                                   \
+    switch (mv) {                                      \
+    case QF_KV_F32: QF_ATT(MK, QF_KV_F32); break;      \
+    case QF_KV_F16: QF_ATT(MK, QF_KV_F16); break;      \
+    case QF_KV_Q8_0: QF_ATT(MK, QF_KV_Q8_0); break;    \
+    case QF_KV_Q4_0: QF_ATT(MK, QF_KV_Q4_0); break;    \
+    default: break;                                    \
+    }
+    switch (mk) {
+    case QF_KV_F32: QF_ATT_V(QF_KV_F32); break;
+    case QF_KV_F16: QF_ATT_V(QF_KV_F16); break;
+    case QF_KV_Q8_0: QF_ATT_V(QF_KV_Q8_0); break;
+    case QF_KV_Q4_0: QF_ATT_V(QF_KV_Q4_0); break;
+    default: break;
+    }
+#undef QF_ATT_V
+#undef QF_ATT
+}
+
+/* ---- split-K decode attention ("flash decoding") ----
+ * The one-warp-per-(query, head) kernel walks the whole cache with one warp: 32 warps for a
+ * decode step of an 8B model, whatever the context. Here the keys of query i, [0, pos0 + i],
+ * are cut into nsplit ranges of L keys; block (c, h, i) runs SPLIT_WARPS warps over range c
+ * (keys interleaved between the warps, each with its own online softmax, f32, the body of
+ * k_attention), merges its warps and writes a partial (max m, sum l, unnormalised o[hd]) to
+ * part; k_attn_merge combines the ranges: O = sum_c o_c e^(m_c - M) / sum_c l_c e^(m_c - M). */
+#define SPLIT_WARPS 4
+#define SPLIT_L_MIN 16
+#define SPLIT_MAX 256
+
+template <int MK, int MV>
+__global__ void __launch_bounds__(SPLIT_WARPS * 32)
+    k_attn_split(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
+                 int n_head_kv, int hd, float scale, int L, int nsplit, float *part) {
+    const int c = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int kvh = h / (n_head / n_head_kv), Dq = n_head * hd, nj = (hd + 31) / 32;
+    const int T = pos0 + i + 1, j0 = c * L, j1 = min(T, j0 + L);
+    __shared__ float sm_m[SPLIT_WARPS], sm_l[SPLIT_WARPS];
+    __shared__ float sm_acc[SPLIT_WARPS][HD_MAX];
+    float qr[HD_MAX / 32], acc[HD_MAX / 32];
+#pragma unroll
+    for (int j = 0; j < HD_MAX / 32; j++) {
+        const int e = lane + 32 * j;
+        qr[j] = (j < nj && e < hd) ? q[(size_t)i * Dq + (size_t)h * hd + e] : 0.0f;
+        acc[j] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int t = j0 + warp; t < j1; t += SPLIT_WARPS) {
+        const uint8_t *kr = K + ((size_t)t * n_head_kv + kvh) * rbk;
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < HD_MAX / 32; j++) {
+            const int e = lane + 32 * j;
+            if (j < nj && e < hd) s += qr[j] * kv_elem<MK>(kr, e);
+        }
+        s = warp_sum(s) * scale;
+        const float mn = fmaxf(m, s);
+        const float corr = expf(m - mn), p = expf(s - mn);
+        l = l * corr + p;
+        const uint8_t *vr = V + ((size_t)t * n_head_kv + kvh) * rbv;
+#pragma unroll
+        for (int j = 0; j < HD_MAX / 32; j++) {
+            const int e = lane + 32 * j;
+            if (j < nj && e < hd) acc[j] = acc[j] * corr + p * kv_elem<MV>(vr, e);
+        }
+        m = mn;
+    }
+    if (lane == 0) sm_m[warp] = m, sm_l[warp] = l;
+#pragma unroll
+    for (int j = 0; j < HD_MAX / 32; j++) {
+        const int e = lane + 32 * j;
+        if (j < nj && e < hd) sm_acc[warp][e] = acc[j];
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < SPLIT_WARPS; w++)
+        if (sm_l[w] > 0) M = fmaxf(M, sm_m[w]);
+    float *pp = part + (((size_t)i * n_head + h) * nsplit + c) * (hd + 2);
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < SPLIT_WARPS; w++)
+            if (sm_l[w] > 0) o += sm_acc[w][e] * expf(sm_m[w] - M);
+        pp[2 + e] = o;
+    }
+    if (threadIdx.x == 0) {
+        float ls = 0.0f;
+        for (int w = 0; w < SPLIT_WARPS; w++)
+            if (sm_l[w] > 0) ls += sm_l[w] * expf(sm_m[w] - M);
+        pp[0] = M, pp[1] = ls;
+    }
+}
+
+__global__ void k_attn_merge(const float *part, int pos0, int n_head, int hd, int L, int nsplit, float *out) {
+    const int h = blockIdx.x, i = blockIdx.y;
+    const int T = pos0 + i + 1, ns = (T + L - 1) / L;
+    const float *pp = part + ((size_t)i * n_head + h) * nsplit * (hd + 2);
+    float M = -INFINITY, ls = 0.0f;
+    for (int c = 0; c < ns; c++)
+        if (pp[(size_t)c * (hd + 2) + 1] > 0) M = fmaxf(M, pp[(size_t)c * (hd + 2)]);
+    for (int c = 0; c < ns; c++) {
+        const float lc = pp[(size_t)c * (hd + 2) + 1];
+        if (lc > 0) ls += lc * expf(pp[(size_t)c * (hd + 2)] - M);
+    }
+    const float inv = 1.0f / ls;
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+        float o = 0.0f;
+        for (int c = 0; c < ns; c++) {
+            const float *pc = pp + (size_t)c * (hd + 2);
+            if (pc[1] > 0) o += pc[2 + e] * expf(pc[0] - M);
+        }
+        out[(size_t)i * n_head * hd + (size_t)h * hd + e] = o * inv;
+    }
+}
+
+size_t attention_split_floats(int n, int n_head, int hd) { return (size_t)n * n_head * SPLIT_MAX * (hd + 2); }
+
+void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
+                            size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
+                            float *part, cudaStream_t s) {
+    const int Tmax = pos0 + n;
+    int L = (Tmax + SPLIT_MAX - 1) / SPLIT_MAX;
+    if (L < SPLIT_L_MIN) L = SPLIT_L_MIN;
+    const int nsplit = (Tmax + L - 1) / L;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const dim3 grid((unsigned)nsplit, (unsigned)n_head, (unsigned)n);
+#define QF_SPL(MK, MV) \
+    k_attn_split<MK, MV><<<grid, SPLIT_WARPS * 32, 0, s>>>(q, K, V, rbk, rbv, pos0, n_head, n_head_kv, hd, scale, L, nsplit, part)
+#define QF_SPL_V(MK)                                   \
+    switch (mv) {                                      \
+    case QF_KV_F32: QF_SPL(MK, QF_KV_F32); break;      \
+    case QF_KV_F16: QF_SPL(MK, QF_KV_F16); break;      \
+    case QF_KV_Q8_0: QF_SPL(MK, QF_KV_Q8_0); break;    \
+    case QF_KV_Q4_0: QF_SPL(MK, QF_KV_Q4_0); break;    \
+    default: break;                                    \
+    }
+    switch (mk) {
+    case QF_KV_F32: QF_SPL_V(QF_KV_F32); break;
+    case QF_KV_F16: QF_SPL_V(QF_KV_F16); break;
+    case QF_KV_Q8_0: QF_SPL_V(QF_KV_Q8_0); break;
+    case QF_KV_Q4_0: QF_SPL_V(QF_KV_Q4_0); break;
+    default: break;
+    }
+#undef QF_SPL_V
+#undef QF_SPL
+    k_attn_merge<<<dim3((unsigned)n_head, (unsigned)n), 128, 0, s>>>(part, pos0, n_head, hd, L, nsplit, out);
+}

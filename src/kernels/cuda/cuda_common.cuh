@@ -1,0 +1,300 @@
+/* cuda_common.cuh: what the CUDA backend's translation units share: the device readers of
+ * every weight and KV block format (built on format/quant_blocks.h, the one definition of the
+ * layouts), the type dispatch, error helpers, the device weight record, and the launchers each
+ * kernel family exports (cuda_gemm.cu, cuda_norm.cu, cuda_kv.cu, cuda_attention.cu,
+ * cuda_score.cu). Host memory never appears in a launcher: every pointer is device memory and
+ * every launch goes to the current stream `s` (the default stream when 0). */
+#ifndef QF_CUDA_COMMON_CUH
+#define QF_CUDA_COMMON_CUH
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "format/quant_blocks.h"
+#include "kernels/cuda/cuda_backend.h"
+}
+
+#define MATVEC_MAX 8   /* batches up to this many tokens use the matrix-vector kernels */
+#define HD_MAX 256     /* attention keeps head_dim / 32 values per lane in registers */
+
+/* ---- errors (the plugin has its own: it links nothing of libqforge) ---- */
+qf_status cu_fail(qf_error *err, qf_status code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+qf_status cu_prefix(qf_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *cu_type_name(qf_type t);
+const char *cu_kv_mode_name(qf_kv_mode m);
+static inline qf_status cuda_fail(qf_error *err, cudaError_t e, const char *what) {
+    return cu_fail(err, QF_ERR_DEVICE, "CUDA: %s: %s", what, cudaGetErrorString(e));
+}
+#define CK(call)                                                    \
+    do {                                                            \
+        cudaError_t e_ = (call);                                    \
+        if (e_ != cudaSuccess) {                                    \
+            st = cuda_fail(err, e_, #call);                         \
+            goto done;                                              \
+        }                                                           \
+    } while (0)
+#define CKB(call)                                                                                   \
+    do {                                                                                            \
+        cublasStatus_t s_ = (call);                                                                 \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                          \
+            st = cu_fail(err, QF_ERR_DEVICE, "cuBLAS: %s failed (status %d)", #call, (int)s_);      \
+            goto done;                                                                              \
+        }                                                                                           \
+    } while (0)
+
+static inline unsigned nblk(size_t n, unsigned bs) { return (unsigned)((n + bs - 1) / bs); }
+static inline size_t wmax(size_t a, size_t b) { return a > b ? a : b; }
+
+/* ---- block formats (layouts: format/quant_blocks.h) ---- */
+
+__host__ __device__ static inline float h2f_bits(uint16_t u) {
+    __half_raw r;
+    r.x = u;
+    return __half2float(__half(r));
+}
+/* an f16 stored at an address that may be only byte-aligned (packed dict codes) */
+__host__ __device__ static inline float h2f(const uint8_t *p) { return h2f_bits((uint16_t)(p[0] | (p[1] << 8))); }
+
+/* Dequantize elements [32*sb, 32*sb+32) of a row of type T into y[32], exactly as quant.c's
+ * scalar oracle (qf_dequantize_row_ref). */
+template <int T> __host__ __device__ static inline void deq32(const uint8_t *row, int sb, float *y);
+
+template <> __host__ __device__ inline void deq32<QF_TYPE_F32>(const uint8_t *row, int sb, float *y) {
+    const float *p = (const float *)row + sb * 32;
+    for (int j = 0; j < 32; j++) y[j] = p[j];
+}
+template <> __host__ __device__ inline void deq32<QF_TYPE_F16>(const uint8_t *row, int sb, float *y) {
+    const __half *p = (const __half *)row + sb * 32;
+    for (int j = 0; j < 32; j++) y[j] = __half2float(p[j]);
+}
+template <> __host__ __device__ inline void deq32<QF_TYPE_BF16>(const uint8_t *row, int sb, float *y) {
+    const uint16_t *p = (const uint16_t *)row + sb * 32;
+    for (int j = 0; j < 32; j++) {
+        uint32_t u = (uint32_t)p[j] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        y[j] = f;
+    }
+}
+template <> __host__ __device__ inline void deq32<QF_TYPE_Q4_0>(const uint8_t *row, int sb, float *y) {
+    const block_q4_0 *b = (const block_q4_0 *)row + sb;
+    const float d = h2f_bits(b->d);
+    for (int j = 0; j < QK / 2; j++) {
+        y[j] = ((b->qs[j] & 0xF) - 8) * d;
+        y[j + QK / 2] = ((b->qs[j] >> 4) - 8) * d;
+    }
+}
+template <> __host__ __device__ inline void deq32<QF_TYPE_Q5_0>(const uint8_t *row, int sb, float *y) {
+    const block_q5_0 *b = (const block_q5_0 *)row + sb;
+    const float d = h2f_bits(b->d);
+    const uint32_t qh = (uint32_t)b->qh[0] | ((uint32_t)b->qh[1] << 8) | ((uint32_t)b->qh[2] << 16) |
+                        ((uint32_t)b->qh[3] << 24);
+    for (int j = 0; j < QK / 2; j++) {
+        int h0 = (qh >> j) & 1, h1 = (qh >> (j + 16)) & 1;
+        y[j] = (((b->qs[j] & 0xF) | (h0 << 4)) - 16) * d;
+        y[j + QK / 2] = (((b->qs[j] >> 4) | (h1 << 4)) - 16) * d;
+    }
+}
+template <> __host__ __device__ inline void deq32<QF_TYPE_Q8_0>(const uint8_t *row, int sb, float *y) {
+    const block_q8_0 *b = (const block_q8_0 *)row + sb;
+    const float d = h2f_bits(b->d);
+    for (int j = 0; j < QK; j++) y[j] = b->qs[j] * d;
+}
+template <> __host__ __device__ inline void deq32<QF_TYPE_Q4_K>(const uint8_t *row, int sb, float *y) {
+    const block_q4_K *b = (const block_q4_K *)row + (sb >> 3);
+    const int s = sb & 7;
+    const float d = h2f_bits(b->d), dmin = h2f_bits(b->dmin);
+    uint8_t sc, m;
+    qf_k4_scale_min(s, b->scales, &sc, &m);
+    const float d1 = d * sc, m1 = dmin * m;
+    const uint8_t *q = b->qs + 32 * (s >> 1);
+    if (s & 1)
+        for (int l = 0; l < 32; l++) y[l] = d1 * (q[l] >> 4) - m1;
+    else
+        for (int l = 0; l < 32; l++) y[l] = d1 * (q[l] & 0xF) - m1;
+}
+template <> __host__ __device__ inline void deq32<QF_TYPE_Q5_K>(const uint8_t *row, int sb, float *y) {
+    const block_q5_K *b = (const block_q5_K *)row + (sb >> 3);
+    const int s = sb & 7;
+    const float d = h2f_bits(b->d), dmin = h2f_bits(b->dmin);
+    uint8_t sc, m;
+    qf_k4_scale_min(s, b->scales, &sc, &m);
+    const float d1 = d * sc, m1 = dmin * m;
+    const uint8_t *qh = b->qh, *ql = b->qs + 32 * (s >> 1);
+    const uint8_t u = (uint8_t)(1u << s);
+    if (s & 1)
+        for (int l = 0; l < 32; l++) y[l] = d1 * ((ql[l] >> 4) + (qh[l] & u ? 16 : 0)) - m1;
+    else
+        for (int l = 0; l < 32; l++) y[l] = d1 * ((ql[l] & 0xF) + (qh[l] & u ? 16 : 0)) - m1;
+}
+template <> __host__ __device__ inline void deq32<QF_TYPE_Q6_K>(const uint8_t *row, int sb, float *y) {
+    const block_q6_K *b = (const block_q6_K *)row + (sb >> 3);
+    const int s = sb & 7, half = s >> 2, k = s & 3;
+    const uint8_t *ql = b->ql + 64 * half + ((k & 1) ? 32 : 0), *qh = b->qh + 32 * half;
+    const int8_t *sc = b->scales + 8 * half;
+    const float d = h2f_bits(b->d);
+    const int nsh = (k >> 1) * 4, hsh = 2 * k;
+    for (int l = 0; l < 32; l++) {
+        const int q = (((ql[l] >> nsh) & 0xF) | (((qh[l] >> hsh) & 3) << 4)) - 32;
+        y[l] = d * sc[l / 16 + 2 * k] * q;
+    }
+}
+
+/* call BODY with constexpr int TT = t for a runtime type */
+#define QF_TYPE_DISPATCH(t, BODY)                          \
+    switch (t) {                                           \
+    case QF_TYPE_F32: { constexpr int TT = QF_TYPE_F32; BODY; } break;   \
+    case QF_TYPE_F16: { constexpr int TT = QF_TYPE_F16; BODY; } break;   \
+    case QF_TYPE_BF16: { constexpr int TT = QF_TYPE_BF16; BODY; } break; \
+    case QF_TYPE_Q4_0: { constexpr int TT = QF_TYPE_Q4_0; BODY; } break; \
+    case QF_TYPE_Q5_0: { constexpr int TT = QF_TYPE_Q5_0; BODY; } break; \
+    case QF_TYPE_Q8_0: { constexpr int TT = QF_TYPE_Q8_0; BODY; } break; \
+    case QF_TYPE_Q4_K: { constexpr int TT = QF_TYPE_Q4_K; BODY; } break; \
+    case QF_TYPE_Q5_K: { constexpr int TT = QF_TYPE_Q5_K; BODY; } break; \
+    case QF_TYPE_Q6_K: { constexpr int TT = QF_TYPE_Q6_K; BODY; } break; \
+    default: break;                                        \
+    }
+
+static inline bool gpu_type_ok(qf_type t) {
+    switch (t) {
+    case QF_TYPE_F32: case QF_TYPE_F16: case QF_TYPE_BF16: case QF_TYPE_Q4_0: case QF_TYPE_Q5_0:
+    case QF_TYPE_Q8_0: case QF_TYPE_Q4_K: case QF_TYPE_Q5_K: case QF_TYPE_Q6_K: return true;
+    default: return false;
+    }
+}
+
+__device__ static inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* ---- KV cache rows ---- */
+
+/* element e of one head_dim row stored in mode M */
+template <int M> __host__ __device__ static inline float kv_elem(const uint8_t *row, int e);
+template <> __host__ __device__ inline float kv_elem<QF_KV_F32>(const uint8_t *row, int e) { return ((const float *)row)[e]; }
+template <> __host__ __device__ inline float kv_elem<QF_KV_F16>(const uint8_t *row, int e) {
+    return __half2float(((const __half *)row)[e]);
+}
+template <> __host__ __device__ inline float kv_elem<QF_KV_Q8_0>(const uint8_t *row, int e) {
+    const block_q8_0 *b = (const block_q8_0 *)row + (e >> 5);
+    return b->qs[e & 31] * h2f_bits(b->d);
+}
+template <> __host__ __device__ inline float kv_elem<QF_KV_Q4_0>(const uint8_t *row, int e) {
+    const block_q4_0 *b = (const block_q4_0 *)row + (e >> 5);
+    const int i = e & 31;
+    const int q = i < QK / 2 ? (b->qs[i] & 0xF) : (b->qs[i - QK / 2] >> 4);
+    return (q - 8) * h2f_bits(b->d);
+}
+
+/* bytes of one head_dim row of a plain cache mode; 0 when the mode or size is not supported */
+static inline size_t kv_row_bytes(qf_kv_mode m, int hd) {
+    switch (m) {
+    case QF_KV_F32: return (size_t)hd * 4;
+    case QF_KV_F16: return (size_t)hd * 2;
+    case QF_KV_Q8_0: return hd % QK ? 0 : (size_t)hd / QK * sizeof(block_q8_0);
+    case QF_KV_Q4_0: return hd % QK ? 0 : (size_t)hd / QK * sizeof(block_q4_0);
+    default: return 0;
+    }
+}
+
+/* ---- a weight on the device ---- */
+typedef struct {
+    qf_type type;
+    int64_t ne0, ne1;
+    size_t row_bytes;
+    uint8_t *d;
+    __half *h16;           /* prefill: persistent f16 copy of a quantized weight (f16 cache), or NULL */
+    bool view;             /* d and h16 point into a fused weight (wqkv, wgu), which owns them */
+} dweight;
+
+/* matmul routes (the values of cuda_ops.h's qf_cuda_mm_route) */
+enum { MM_AUTO = 0, MM_MATVEC = 1, MM_GEMM_F16 = 2, MM_GEMM_F32 = 3 };
+
+/* ---- cuda_gemm.cu: dequantization, matrix-vector and GEMM ---- */
+/* dst[ne1][ne0] = dequantize(w), f32 or f16 */
+void launch_dequant(const dweight *w, void *dst, bool f32, cudaStream_t s);
+/* x[t] = dequantize(E[tok[t]]), t < n */
+void launch_embed(const dweight *E, const int32_t *tok, int n, int d, float *x, cudaStream_t s);
+/* y[n][N] (+)= x[n][K] . W^T; wdeq / xh: scratch of N*K*4 and n*K*2 bytes (route: MM_*) */
+qf_status dev_matmul(cublasHandle_t blas, const dweight *w, const float *x, int n, float *y, bool accumulate,
+                     int route, void *wdeq, __half *xh, cudaStream_t s, qf_error *err);
+/* y[n][N] (+)= xh[n][K] . W^T, f16 inputs already in place, f32 (or yt) output */
+qf_status dev_gemm_h(cublasHandle_t blas, const dweight *w, const __half *xh, int n, void *y, bool accumulate,
+                     void *wdeq, qf_error *err, cudaDataType yt = CUDA_R_32F);
+qf_status gemm_bench(int M, int N, int K, int flags, int iters, double *ms, qf_error *err);
+
+/* ---- cuda_norm.cu: RMSNorm, RoPE, bias, SiLU, the q/k/v split, the Hadamard rotation ---- */
+void launch_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, __half *out16, cudaStream_t s);
+void launch_rope(float *v, int n, int n_heads, int hd, int half, bool neox, const float *cs, const float *sn,
+                 cudaStream_t s);
+void launch_add_bias(float *x, const float *b, int n, int d, cudaStream_t s);
+void launch_silu_mul(float *g, const float *u, size_t n, cudaStream_t s);
+/* o16 = SiLU(gate) * up from the fused [n][2F] gate|up output (f32 or f16); o32 too when set */
+void launch_silu_gu(const void *gu, bool gu_f16, int n, int F, float *o32, __half *o16, cudaStream_t s);
+/* bias + RoPE of the fused [n][Dq + 2 Dkv] q|k|v output into q, k, v (f32) or, f16, into f16 Q
+ * and the cache rows */
+void launch_qkv_split(const float *qkv, bool f16, int n, int nh, int nkv, int hd, int half, bool neox,
+                      const float *cs, const float *sn, const float *bq, const float *bk, const float *bv, void *q,
+                      void *k, void *v, cudaStream_t s);
+/* x[rows][n] <- H_n x / sqrt(n) per row, in place (the butterfly of hadamard.c, bit-exact) */
+void launch_hadamard(float *x, int64_t rows, int n, cudaStream_t s);
+
+/* ---- cuda_kv.cu: KV cache writes and reads ---- */
+void launch_kv_write(qf_kv_mode mode, const float *src, int64_t rows, int hd, size_t rb, uint8_t *dst, cudaStream_t s);
+void launch_kv_read(qf_kv_mode mode, const uint8_t *src, int64_t rows, int hd, size_t rb, float *out, cudaStream_t s);
+void launch_kv_write_int8(const float *src, int64_t n, int dkv, const float *inv, int8_t *dst, cudaStream_t s);
+void launch_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *scale, float *out, cudaStream_t s);
+void launch_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, size_t rb, const float *atoms, int na,
+                           int sparsity, int q8, float *out, cudaStream_t s);
+
+/* ---- cuda_attention.cu ---- */
+/* flash route: f16 K and V, head_dim <= 256 */
+static inline bool flash_ok(qf_kv_mode mk, qf_kv_mode mv, int hd) {
+    return mk == QF_KV_F16 && mv == QF_KV_F16 && hd <= 256;
+}
+/* Causal GQA attention of n queries at [pos0, pos0 + n) over the cache rows [0, pos0 + n).
+ * flash false: one warp per (query, head), f32; true: the tensor-core kernel (f16 caches;
+ * other caches take the warp kernel). q16 set (flash only): f16 Q instead of q; out16 set
+ * (flash only): f16 output instead of out. */
+void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V, size_t rbk,
+                      size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out, bool flash,
+                      __half *out16, const __half *q16, cudaStream_t s);
+
+/* Split-K ("flash decoding") attention for decode batches: the keys of each query cut into up
+ * to 256 ranges of >= 16 keys attended to in parallel, then merged (any plain cache mode).
+ * part: attention_split_floats(n, n_head, hd) floats of device scratch. */
+void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
+                            size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
+                            float *part, cudaStream_t s);
+size_t attention_split_floats(int n, int n_head, int hd);
+
+/* ---- cuda_score.cu ---- */
+/* nll[r] = -log softmax(logits[r])[tgt[r]], r < n_rows */
+void launch_nll(const float *logits, int n_rows, int V, const int32_t *tgt, double *nll, cudaStream_t s);
+
+/* ---- cuda_ops.cu: the single operations of the function table (cuda_backend.h) ---- */
+qf_status op_dequant(qf_type t, const void *src, size_t rb, int64_t rows, int64_t k, float *dst, qf_error *err);
+qf_status op_matmul(const qf_weight *w, const float *x, int n, float *y, int route, qf_error *err);
+qf_status op_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, qf_error *err);
+qf_status op_rope(float *v, int n, int n_heads, int head_dim, int n_rot, qf_rope_type type, const float *cs,
+                  const float *sn, qf_error *err);
+qf_status op_silu_mul(const float *g, const float *u, size_t n, float *out, qf_error *err);
+qf_status op_attention(const float *q, const float *k, const float *v, int n, int pos0, int n_head, int n_head_kv,
+                       int hd, qf_kv_mode mode, int route, float *out, qf_error *err);
+qf_status op_kv_roundtrip(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_t rows, int hd, void *bytes,
+                          float *out, qf_error *err);
+qf_status op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, const float *scale, const float *inv,
+                               int8_t *bytes, float *out, qf_error *err);
+qf_status op_kv_dict_decode(const uint8_t *codes, int64_t rows, int hd, size_t rb, const float *atoms, int n_atoms,
+                            int sparsity, int coef_q8, float *out, qf_error *err);
+
+#endif

@@ -1,0 +1,469 @@
+/* cuda_gemm.cu: dequantization, the decode matrix-vector kernels and the prefill GEMMs
+ * (cuBLAS, f16 x f16 -> f32, or f32 sgemm). */
+#include "kernels/cuda/cuda_common.cuh"
+
+
+/* dst[r][k] for rows [0, rows): one thread per (row, 32-element sub-block) */
+template <int T, typename O>
+__global__ void k_dequant(const uint8_t *src, size_t rb, int64_t rows, int k, O *dst) {
+    const int nsb = k / 32;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * nsb) return;
+    const int64_t r = i / nsb;
+    const int sb = (int)(i % nsb);
+    float y[32];
+    deq32<T>(src + (size_t)r * rb, sb, y);
+    O *o = dst + (size_t)r * k + (size_t)sb * 32;
+    /* 16-byte stores: a thread's 32 outputs are contiguous and 16-byte aligned */
+    if (sizeof(O) == 2) {
+        uint4 *o4 = (uint4 *)o;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            __half2 h[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) h[u] = __floats2half2_rn(y[8 * j + 2 * u], y[8 * j + 2 * u + 1]);
+            uint4 v;
+            memcpy(&v, h, 16);
+            o4[j] = v;
+        }
+    } else {
+        float4 *o4 = (float4 *)o;
+#pragma unroll
+        for (int j = 0; j < 8; j++) o4[j] = make_float4(y[4 * j], y[4 * j + 1], y[4 * j + 2], y[4 * j + 3]);
+    }
+}
+
+/* embedding rows: x[t] = dequantize(E[tokens[t]]) */
+template <int T> __global__ void k_embed(const uint8_t *E, size_t rb, const int32_t *tok, int n, int d, float *x) {
+    const int nsb = d / 32;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n * nsb) return;
+    const int t = i / nsb, sb = i % nsb;
+    deq32<T>(E + (size_t)tok[t] * rb, sb, x + (size_t)t * d + sb * 32);
+}
+
+/* y[t][r] (+)= sum_k W[r][k] x[t][k]; one warp per output row, lanes stride over sub-blocks */
+template <int T>
+__global__ void k_matvec(const uint8_t *W, size_t rb, int K, int N, const float *x, int n, float *y, int accumulate) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r = blockIdx.x * (blockDim.x / 32) + warp;
+    if (r >= N) return;
+    const uint8_t *row = W + (size_t)r * rb;
+    float acc[MATVEC_MAX];
+    for (int t = 0; t < MATVEC_MAX; t++) acc[t] = 0.0f;
+    const int nsb = K / 32;
+    for (int sb = lane; sb < nsb; sb += 32) {
+        float w[32];
+        deq32<T>(row, sb, w);
+        for (int t = 0; t < n; t++) {
+            const float4 *xp = (const float4 *)(x + (size_t)t * K + sb * 32);
+            float s = 0.0f;
+            for (int j = 0; j < 8; j++) {
+                float4 v = xp[j];
+                s += w[4 * j] * v.x + w[4 * j + 1] * v.y + w[4 * j + 2] * v.z + w[4 * j + 3] * v.w;
+            }
+            acc[t] += s;
+        }
+    }
+    for (int t = 0; t < n; t++) {
+        float s = warp_sum(acc[t]);
+        if (lane == 0) {
+            float *o = y + (size_t)t * N + r;
+            *o = accumulate ? *o + s : s;
+        }
+    }
+}
+
+/* ---- decode matrix-vector: each weight byte read once, with wide coalesced loads ----
+ * One warp per output row. The row streams through the warp's slice of shared memory in tiles
+ * of MV_SPT * 32 sub-blocks (32 elements each): the lanes copy a tile with 8-byte loads
+ * (consecutive lanes, consecutive addresses: 256 bytes per load instruction, each byte once),
+ * then lane l dequantizes sub-blocks l, l + 32, ... of the tile with the same deq32<T> as every
+ * other route (bit-identical weights) and dots them with the f32 activations. A tile is whole
+ * blocks and super-blocks for every type, so deq32 reads it in place. Needs row_bytes and the
+ * row base 8-byte aligned (checked by launch_matvec, which falls back to k_matvec). */
+#define MV_WARPS 4
+#define MV_SPT 2
+template <int T> __host__ __device__ constexpr int mv_tile_bytes() { /* bytes of 32 sub-blocks */
+    return T == QF_TYPE_F32    ? 32 * 32 * 4
+           : T == QF_TYPE_F16  ? 32 * 32 * 2
+           : T == QF_TYPE_BF16 ? 32 * 32 * 2
+           : T == QF_TYPE_Q4_0 ? 32 * (int)sizeof(block_q4_0)
+           : T == QF_TYPE_Q5_0 ? 32 * (int)sizeof(block_q5_0)
+           : T == QF_TYPE_Q8_0 ? 32 * (int)sizeof(block_q8_0)
+           : T == QF_TYPE_Q4_K ? 4 * (int)sizeof(block_q4_K)
+           : T == QF_TYPE_Q5_K ? 4 * (int)sizeof(block_q5_K)
+                               : 4 * (int)sizeof(block_q6_K);
+}
+
+template <int T, int NT>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+    k_matvec_wide(const uint8_t *__restrict__ W, size_t rb, int K, int N, const float *__restrict__ x, int n,
+                  float *y, int accumulate) {
+    constexpr int TB = mv_tile_bytes<T>() * MV_SPT;
+    static_assert(TB % 8 == 0, "tiles are whole 8-byte words");
+    __shared__ __align__(16) uint8_t sm[MV_WARPS][TB];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r = blockIdx.x * MV_WARPS + warp;
+    if (r >= N) return; /* only __syncwarp below: whole warps leave together */
+    const uint8_t *row = W + (size_t)r * rb;
+    uint8_t *s = sm[warp];
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    const int nsb = K / 32;
+    for (int sb0 = 0; sb0 < nsb; sb0 += 32 * MV_SPT) {
+        const size_t off = (size_t)(sb0 / (32 * MV_SPT)) * TB;
+        const int bytes = (int)(rb - off < (size_t)TB ? rb - off : (size_t)TB);
+        __syncwarp();
+        for (int i = lane * 8; i < bytes; i += 256) *(uint2 *)(s + i) = __ldg((const uint2 *)(row + off + i));
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < MV_SPT; u++) {
+            const int ls = lane + 32 * u, sb = sb0 + ls;
+            if (sb >= nsb) break;
+            float w[32];
+            deq32<T>(s, ls, w);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= n) break;
+                const float4 *xp = (const float4 *)(x + (size_t)t * K + (size_t)sb * 32);
+                float a = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const float4 v = __ldg(xp + j);
+                    a += w[4 * j] * v.x + w[4 * j + 1] * v.y + w[4 * j + 2] * v.z + w[4 * j + 3] * v.w;
+                }
+                acc[t] += a;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= n) break;
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) {
+            float *o = y + (size_t)t * N + r;
+            *o = accumulate ? *o + v : v;
+        }
+    }
+}
+
+/* End of a matrix-vector kernel with WPR warps per row: each warp reduces its partial sums,
+ * the first warp of the row adds the others' in a fixed order and writes y. All warps of the
+ * block reach the barrier (rows past N only skip their loads). */
+template <int NT, int WPR>
+__device__ static inline void mv_finish(const float *acc, int warp, int lane, int part, bool live, int r, int N, int n,
+                                        float *y, int accumulate) {
+    __shared__ float red[MV_WARPS][NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float v = warp_sum(acc[t]);
+        if (WPR > 1 && lane == 0) red[warp][t] = v;
+        if (WPR == 1 && lane == 0 && live && t < n) {
+            float *o = y + (size_t)t * N + r;
+            *o = accumulate ? *o + v : v;
+        }
+    }
+    if (WPR == 1) return;
+    __syncthreads();
+    if (part == 0 && lane == 0 && live)
+        for (int t = 0; t < n && t < NT; t++) {
+            float v = red[warp][t];
+            for (int p = 1; p < WPR; p++) v += red[warp + p][t];
+            float *o = y + (size_t)t * N + r;
+            *o = accumulate ? *o + v : v;
+        }
+}
+
+/* f16 / bf16 rows: no staging. Lane l reads 16-byte chunks l, l + 32, ... of the row (8
+ * halves each; consecutive lanes, consecutive chunks: 512 bytes per load instruction) and the
+ * 8 matching activations as two float4. Needs K % 8 == 0 and 16-byte aligned rows. */
+__device__ static inline void h8_to_f(const uint4 &u, float *w, bool bf16) {
+    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (bf16) {
+            w[2 * i] = __uint_as_float(v[i] << 16);
+            w[2 * i + 1] = __uint_as_float(v[i] & 0xFFFF0000u);
+        } else {
+            __half2_raw r;
+            r.x = (unsigned short)(v[i] & 0xFFFF), r.y = (unsigned short)(v[i] >> 16);
+            const float2 f = __half22float2(__half2(r));
+            w[2 * i] = f.x, w[2 * i + 1] = f.y;
+        }
+    }
+}
+
+template <bool BF16, int NT, int WPR>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+    k_matvec_h(const uint8_t *__restrict__ W, size_t rb, int K, int N, const float *__restrict__ x, int n, float *y,
+               int accumulate) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % WPR;
+    const int r = blockIdx.x * (MV_WARPS / WPR) + warp / WPR;
+    const bool live = r < N;
+    const uint4 *row = (const uint4 *)(W + (size_t)(live ? r : 0) * rb);
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    const int nc = live ? K / 8 : 0;
+    int c = lane + 32 * part;
+    constexpr int S = 32 * WPR; /* chunk stride of one warp */
+    /* two chunks in flight per lane */
+    for (; c + S < nc; c += 2 * S) {
+        const uint4 u0 = __ldg(row + c), u1 = __ldg(row + c + S);
+        float w0[8], w1[8];
+        h8_to_f(u0, w0, BF16), h8_to_f(u1, w1, BF16);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= n) break;
+            const float4 *xp = (const float4 *)(x + (size_t)t * K);
+            const float4 a0 = __ldg(xp + 2 * c), a1 = __ldg(xp + 2 * c + 1);
+            const float4 b0 = __ldg(xp + 2 * (c + S)), b1 = __ldg(xp + 2 * (c + S) + 1);
+            acc[t] += w0[0] * a0.x + w0[1] * a0.y + w0[2] * a0.z + w0[3] * a0.w + w0[4] * a1.x + w0[5] * a1.y +
+                      w0[6] * a1.z + w0[7] * a1.w;
+            acc[t] += w1[0] * b0.x + w1[1] * b0.y + w1[2] * b0.z + w1[3] * b0.w + w1[4] * b1.x + w1[5] * b1.y +
+                      w1[6] * b1.z + w1[7] * b1.w;
+        }
+    }
+    for (; c < nc; c += S) {
+        const uint4 u0 = __ldg(row + c);
+        float w0[8];
+        h8_to_f(u0, w0, BF16);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= n) break;
+            const float4 *xp = (const float4 *)(x + (size_t)t * K);
+            const float4 a0 = __ldg(xp + 2 * c), a1 = __ldg(xp + 2 * c + 1);
+            acc[t] += w0[0] * a0.x + w0[1] * a0.y + w0[2] * a0.z + w0[3] * a0.w + w0[4] * a1.x + w0[5] * a1.y +
+                      w0[6] * a1.z + w0[7] * a1.w;
+        }
+    }
+    mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
+}
+
+/* q4_0 / q8_0 rows: 8 lanes per 32-element block, 4 blocks per warp step. Lane i of a block
+ * reads 2 (q4_0) or 4 (q8_0) bytes of quants with 2-byte loads (blocks are 2-byte aligned) and
+ * the matching activations, which are contiguous across the 8 lanes (coalesced, unlike one
+ * block per lane). The weights are deq32's values ((q - 8) * d, q * d) bit for bit. */
+template <int T, int NT, int WPR>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+    k_matvec_q0(const uint8_t *__restrict__ W, size_t rb, int K, int N, const float *__restrict__ x, int n, float *y,
+                int accumulate) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % WPR;
+    const int r = blockIdx.x * (MV_WARPS / WPR) + warp / WPR;
+    const bool live = r < N;
+    const uint8_t *row = W + (size_t)(live ? r : 0) * rb;
+    const int nb = live ? K / QK : 0, sub = lane >> 3, i = lane & 7;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+#pragma unroll 8
+    for (int b = sub + 4 * part; b < nb; b += 4 * WPR) {
+        if (T == QF_TYPE_Q4_0) {
+            const block_q4_0 *bk = (const block_q4_0 *)row + b;
+            const float d = h2f_bits(__ldg(&bk->d));
+            const unsigned q = __ldg((const unsigned short *)(bk->qs + 2 * i));
+            const unsigned q0 = q & 0xFF, q1 = q >> 8;
+            const float w0 = ((int)(q0 & 0xF) - 8) * d, w1 = ((int)(q1 & 0xF) - 8) * d;
+            const float w2 = ((int)(q0 >> 4) - 8) * d, w3 = ((int)(q1 >> 4) - 8) * d;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= n) break;
+                const float *xb = x + (size_t)t * K + (size_t)b * QK;
+                const float2 a = __ldg((const float2 *)(xb + 2 * i)), c = __ldg((const float2 *)(xb + QK / 2 + 2 * i));
+                acc[t] += w0 * a.x + w1 * a.y + w2 * c.x + w3 * c.y;
+            }
+        } else { /* QF_TYPE_Q8_0 */
+            const block_q8_0 *bk = (const block_q8_0 *)row + b;
+            const float d = h2f_bits(__ldg(&bk->d));
+            const unsigned q01 = __ldg((const unsigned short *)(bk->qs + 4 * i)),
+                           q23 = __ldg((const unsigned short *)(bk->qs + 4 * i + 2));
+            const float w0 = (float)(int8_t)(q01 & 0xFF) * d, w1 = (float)(int8_t)(q01 >> 8) * d;
+            const float w2 = (float)(int8_t)(q23 & 0xFF) * d, w3 = (float)(int8_t)(q23 >> 8) * d;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= n) break;
+                const float4 a = __ldg((const float4 *)(x + (size_t)t * K + (size_t)b * QK + 4 * i));
+                acc[t] += w0 * a.x + w1 * a.y + w2 * a.z + w3 * a.w;
+            }
+        }
+    }
+    mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
+}
+
+/* y[n][N] (+)= x[n][K] . W^T for n <= MATVEC_MAX: the wide kernel where the rows are 8-byte
+ * aligned, else the sub-block-per-lane kernel */
+static void launch_matvec(const dweight *w, const float *x, int n, float *y, bool accumulate, cudaStream_t s) {
+    const int K = (int)w->ne0, N = (int)w->ne1;
+    const bool wide = w->row_bytes % 8 == 0 && ((uintptr_t)w->d % 8) == 0 && ((uintptr_t)x % 16) == 0;
+    const bool h = (w->type == QF_TYPE_F16 || w->type == QF_TYPE_BF16) && w->row_bytes % 16 == 0 &&
+                   ((uintptr_t)w->d % 16) == 0 && ((uintptr_t)x % 16) == 0 && K % 8 == 0;
+    const dim3 grid(nblk((size_t)N, MV_WARPS));
+    const bool q0 = (w->type == QF_TYPE_Q4_0 || w->type == QF_TYPE_Q8_0) && ((uintptr_t)w->d % 2) == 0 &&
+                    ((uintptr_t)x % 16) == 0;
+    /* few rows (q, k, v, o, down of an 8B model): 4 warps share each row so the grid fills the GPU */
+    const bool split = N < 8192;
+    const dim3 g4(split ? (unsigned)N : grid.x);
+#define QF_MV(KERN, ...)                                                                                        \
+    do {                                                                                                        \
+        if (split) KERN<__VA_ARGS__, MV_WARPS><<<g4, MV_WARPS * 32, 0, s>>>(w->d, w->row_bytes, K, N, x, n, y, accumulate); \
+        else KERN<__VA_ARGS__, 1><<<g4, MV_WARPS * 32, 0, s>>>(w->d, w->row_bytes, K, N, x, n, y, accumulate);           \
+    } while (0)
+    if (q0) {
+        if (w->type == QF_TYPE_Q4_0 && n == 1) QF_MV(k_matvec_q0, QF_TYPE_Q4_0, 1);
+        else if (w->type == QF_TYPE_Q4_0) QF_MV(k_matvec_q0, QF_TYPE_Q4_0, MATVEC_MAX);
+        else if (n == 1) QF_MV(k_matvec_q0, QF_TYPE_Q8_0, 1);
+        else QF_MV(k_matvec_q0, QF_TYPE_Q8_0, MATVEC_MAX);
+    } else if (h) {
+        const bool bf = w->type == QF_TYPE_BF16;
+        if (n == 1 && bf) QF_MV(k_matvec_h, true, 1);
+        else if (n == 1) QF_MV(k_matvec_h, false, 1);
+        else if (bf) QF_MV(k_matvec_h, true, MATVEC_MAX);
+        else QF_MV(k_matvec_h, false, MATVEC_MAX);
+#undef QF_MV
+    } else if (wide && n == 1) {
+        QF_TYPE_DISPATCH(w->type, (k_matvec_wide<TT, 1><<<nblk((size_t)N, MV_WARPS), MV_WARPS * 32, 0, s>>>(
+                                      w->d, w->row_bytes, K, N, x, n, y, accumulate)));
+    } else if (wide) {
+        QF_TYPE_DISPATCH(w->type, (k_matvec_wide<TT, MATVEC_MAX><<<nblk((size_t)N, MV_WARPS), MV_WARPS * 32, 0, s>>>(
+                                      w->d, w->row_bytes, K, N, x, n, y, accumulate)));
+    } else {
+        QF_TYPE_DISPATCH(w->type, (k_matvec<TT><<<nblk((size_t)N, 4), 128, 0, s>>>(w->d, w->row_bytes, K, N, x, n, y,
+                                                                                  accumulate)));
+    }
+}
+
+__global__ void k_f32_to_f16(const float *x, size_t n, __half *y) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __float2half_rn(x[i]);
+}
+
+/* one block per token; writes the f32 result to out and/or its f16 rounding to out16 (either
+ * may be NULL): the f16 values are the same as converting out afterwards */
+/* ---------------------------------------------------------------------------------------- */
+/* operations on device buffers                                                              */
+
+void launch_dequant(const dweight *w, void *dst, bool f32, cudaStream_t s) {
+    const size_t nthr = (size_t)w->ne1 * (w->ne0 / 32);
+    if (f32) {
+        QF_TYPE_DISPATCH(w->type, (k_dequant<TT, float><<<nblk(nthr, 256), 256, 0, s>>>(w->d, w->row_bytes, w->ne1, (int)w->ne0, (float *)dst)));
+    } else {
+        QF_TYPE_DISPATCH(w->type, (k_dequant<TT, __half><<<nblk(nthr, 256), 256, 0, s>>>(w->d, w->row_bytes, w->ne1, (int)w->ne0, (__half *)dst)));
+    }
+}
+
+void launch_embed(const dweight *E, const int32_t *tok, int n, int d, float *x, cudaStream_t s) {
+    QF_TYPE_DISPATCH(E->type, (k_embed<TT><<<nblk((size_t)n * (d / 32), 128), 128, 0, s>>>(E->d, E->row_bytes, tok, n, d, x)));
+}
+
+/* y[n][N] (+)= x[n][K] . W^T on device buffers; wdeq/xh are scratch of the right sizes */
+qf_status dev_matmul(cublasHandle_t blas, const dweight *w, const float *x, int n, float *y, bool accumulate,
+                     int route, void *wdeq, __half *xh, cudaStream_t s, qf_error *err) {
+    qf_status st = QF_OK;
+    const int K = (int)w->ne0, N = (int)w->ne1;
+    if (route == MM_AUTO) route = n <= MATVEC_MAX ? MM_MATVEC : MM_GEMM_F16;
+    if (route == MM_MATVEC && n > MATVEC_MAX) route = MM_GEMM_F16;
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    if (route == MM_MATVEC) {
+        launch_matvec(w, x, n, y, accumulate, s);
+    } else if (route == MM_GEMM_F32 || w->type == QF_TYPE_F32) {
+        const float *W = (const float *)w->d;
+        if (w->type != QF_TYPE_F32) {
+            launch_dequant(w, wdeq, true, s);
+            W = (const float *)wdeq;
+        }
+        CKB(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, K, x, K, &beta, y, N));
+    } else {
+        const __half *W = (const __half *)w->d;
+        if (w->h16) W = w->h16;
+        else if (w->type != QF_TYPE_F16) {
+            launch_dequant(w, wdeq, false, s);
+            W = (const __half *)wdeq;
+        }
+        size_t nx = (size_t)n * K;
+        k_f32_to_f16<<<nblk(nx, 256), 256, 0, s>>>(x, nx, xh);
+        CKB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16F, K, xh, CUDA_R_16F, K, &beta, y,
+                         CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    {
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) st = cuda_fail(err, e, "matmul kernel");
+    }
+done:
+    return st;
+}
+
+/* y[n][N] (+)= xh[n][K] . W^T, the f16 route with f16 activations already in place */
+qf_status dev_gemm_h(cublasHandle_t blas, const dweight *w, const __half *xh, int n, void *y, bool accumulate,
+                     void *wdeq, qf_error *err, cudaDataType yt) {
+    qf_status st = QF_OK;
+    const int K = (int)w->ne0, N = (int)w->ne1;
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    const __half *W = (const __half *)w->d;
+    if (w->h16) W = w->h16;
+    else if (w->type != QF_TYPE_F16) {
+        cudaStream_t s = 0;
+        cublasGetStream(blas, &s);
+        launch_dequant(w, wdeq, false, s);
+        W = (const __half *)wdeq;
+    }
+    CKB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16F, K, xh, CUDA_R_16F, K, &beta, y, yt,
+                     N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    {
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) st = cuda_fail(err, e, "matmul kernel");
+    }
+done:
+    return st;
+}
+
+/* can w run dev_gemm_h: f16 or cached-f16 weights, or a per-call dequantization that fits wdeq */
+/* GEMM microbenchmark for bench_gpu: y[M][N] = x[M][K] . W[N][K]^T as the prefill route runs
+ * it (cublasGemmEx, f16 inputs, CUBLAS_COMPUTE_32F), with f32 or f16 output; mean ms over
+ * iters after a warm-up. Inputs are small random values. */
+__global__ void k_fill_h(__half *p, size_t n, uint32_t seed) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        p[i] = __float2half(((h & 0xFFFF) / 65536.0f - 0.5f) * 0.1f);
+    }
+}
+qf_status gemm_bench(int M, int N, int K, int flags, int iters, double *ms, qf_error *err) {
+    qf_status st = QF_OK;
+    cublasHandle_t blas = NULL;
+    __half *W = NULL, *X = NULL;
+    void *Y = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    const bool out_f16 = (flags & 1) && !(flags & 2);
+    const int copies = flags & 4 ? 4 : 1;
+    const size_t wn = (size_t)N * K;
+    const float one = 1.0f, beta = flags & 2 ? 1.0f : 0.0f;
+    float t = 0;
+    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return cu_fail(err, QF_ERR_DEVICE, "cublasCreate failed");
+    CK(cudaMalloc((void **)&W, wn * 2 * copies));
+    CK(cudaMalloc((void **)&X, (size_t)M * K * 2));
+    CK(cudaMalloc(&Y, (size_t)M * N * 4));
+    CK(cudaMemset(Y, 0, (size_t)M * N * 4));
+    k_fill_h<<<nblk(wn * copies, 256), 256>>>(W, wn * copies, 1);
+    k_fill_h<<<nblk((size_t)M * K, 256), 256>>>(X, (size_t)M * K, 2);
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int it = -2; it < iters; it++) {
+        if (it == 0) CK(cudaEventRecord(e0, 0));
+        const __half *Wi = W + wn * (size_t)((it + 2) % copies);
+        CKB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, Wi, CUDA_R_16F, K, X, CUDA_R_16F, K, &beta, Y,
+                         out_f16 ? CUDA_R_16F : CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    CK(cudaEventRecord(e1, 0));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    *ms = t / iters;
+done:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(W), cudaFree(X), cudaFree(Y);
+    cublasDestroy(blas);
+    return st;
+}

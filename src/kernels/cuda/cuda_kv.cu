@@ -1,0 +1,169 @@
+/* cuda_kv.cu: KV cache rows: f32, f16, q8_0 and q4_0 written with ggml's reference quantizers
+ * (bit-exact with quant.c), kv-int8 with static scales, kv-dict codes decoded. */
+#include "kernels/cuda/cuda_common.cuh"
+
+/* ---- KV cache rows: f32, f16, q8_0, q4_0 (ggml's reference quantizers) ---- */
+
+/* f32 -> f16 bits, round to nearest even, in integer arithmetic (the same on host and device) */
+__host__ __device__ static inline uint16_t f32_to_f16_bits(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7FFFFFFFu;
+    if (ax >= 0x7F800000u) return (uint16_t)(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u : 0)); /* inf, nan */
+    if (ax >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* rounds to >= 65520: inf */
+    if (ax < 0x38800000u) { /* f16 subnormal or zero */
+        if (ax < 0x33000000u) return (uint16_t)sign;
+        const uint32_t e = ax >> 23, m = (ax & 0x7FFFFFu) | 0x800000u;
+        const int shift = 126 - (int)e; /* 14..24 */
+        uint32_t r = m >> shift;
+        const uint32_t rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+        if (rem > halfway || (rem == halfway && (r & 1))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = ((ax - 0x38000000u) >> 13);
+    const uint32_t rem = ax & 0x1FFFu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1))) r++;
+    return (uint16_t)(sign | r);
+}
+
+/* IEEE f32 operations, each rounded to nearest on its own: on the device the intrinsics keep
+ * nvcc from contracting a*b+c into an FMA (-fmad=true is nvcc's default), so the device
+ * rounds exactly like the host's C oracle (quant.c, kv_codes.c). */
+#ifdef __CUDA_ARCH__
+#define KV_MUL(a, b) __fmul_rn((a), (b))
+#define KV_ADD(a, b) __fadd_rn((a), (b))
+#define KV_DIV(a, b) __fdiv_rn((a), (b))
+#else
+#define KV_MUL(a, b) ((a) * (b))
+#define KV_ADD(a, b) ((a) + (b))
+#define KV_DIV(a, b) ((a) / (b))
+#endif
+
+/* one 32-element block of a q8_0 / q4_0 cache row, as ggml's reference quantizers */
+__host__ __device__ static inline void kv_quant_block(int mode, const float *x, uint8_t *out) {
+    if (mode == QF_KV_Q8_0) {
+        uint8_t *o = out;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = KV_DIV(amax, 127.0f);
+        const float id = d ? KV_DIV(1.0f, d) : 0.0f;
+        const uint16_t hx = f32_to_f16_bits(d);
+        o[0] = (uint8_t)(hx & 0xFF), o[1] = (uint8_t)(hx >> 8);
+        for (int j = 0; j < 32; j++) ((int8_t *)o)[2 + j] = (int8_t)roundf(KV_MUL(x[j], id));
+    } else { /* QF_KV_Q4_0 */
+        uint8_t *o = out;
+        float amax = 0.0f, mx = 0.0f;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                mx = x[j];
+            }
+        const float d = KV_DIV(mx, -8.0f);
+        const float id = d ? KV_DIV(1.0f, d) : 0.0f;
+        const uint16_t hx = f32_to_f16_bits(d);
+        o[0] = (uint8_t)(hx & 0xFF), o[1] = (uint8_t)(hx >> 8);
+        for (int j = 0; j < 16; j++) {
+            /* x*id and +8.5 rounded separately, as the C oracle does: nvcc would otherwise
+             * contract them into one FMA (one rounding), which changes some nibbles */
+            int q0 = (int)KV_ADD(KV_MUL(x[j], id), 8.5f), q1 = (int)KV_ADD(KV_MUL(x[j + 16], id), 8.5f);
+            o[2 + j] = (uint8_t)((q0 < 15 ? q0 : 15) | ((q1 < 15 ? q1 : 15) << 4));
+        }
+    }
+}
+
+/* one thread per 32-element block of the n_rows x hd source */
+__global__ void k_kv_write(int mode, const float *src, int64_t n_rows, int hd, size_t rb, uint8_t *dst) {
+    const int nb = hd / 32 > 0 ? hd / 32 : 1;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (mode == QF_KV_F32 || mode == QF_KV_F16) {
+        if (i >= n_rows * hd) return;
+        const int64_t r = i / hd;
+        const int e = (int)(i % hd);
+        if (mode == QF_KV_F32) ((float *)(dst + r * rb))[e] = src[i];
+        else ((__half *)(dst + r * rb))[e] = __float2half_rn(src[i]);
+        return;
+    }
+    if (i >= n_rows * nb) return;
+    const int64_t r = i / nb;
+    const int b = (int)(i % nb);
+    kv_quant_block(mode, src + r * hd + b * QK, dst + r * rb + b * (mode == QF_KV_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0)));
+}
+
+/* kv-int8: one signed byte per element with the static per-channel scales of a kv-int8
+ * artifact, as qf_kv_int8_quantize: clamp(x * inv_scale, -127, 127), rounded half away from
+ * zero by truncating v +- 0.5. src is [n_tok][dkv], inv [dkv] (this layer's). */
+__global__ void k_kv_write_int8(const float *src, int64_t n, int dkv, const float *inv, int8_t *dst) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float v = fminf(fmaxf(KV_MUL(src[i], inv[i % dkv]), -127.0f), 127.0f);
+    dst[i] = (int8_t)(int)KV_ADD(v, v >= 0 ? 0.5f : -0.5f);
+}
+
+/* Expand rows [0, n_rows) of a layer's int8 cache to f32: q * scale (qf_kv_int8_dequantize). */
+__global__ void k_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *scale, float *out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = KV_MUL((float)src[i], scale[i % dkv]);
+}
+
+/* Expand packed kv-dict codes (qf_kv_code_pack layout) to f32 rows, as qf_kv_code_decode:
+ * out[t] = sum over the code's atoms, in code order, of coef * atom[t] (f32, no FMA); a
+ * corrupt index or a zero coefficient adds nothing. One thread per (row, element). */
+__global__ void k_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, size_t rb, const float *atoms, int na,
+                                 int s, int q8, float *out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_rows * hd) return;
+    const int64_t r = i / hd;
+    const int t = (int)(i % hd);
+    const uint8_t *ci = codes + r * rb;
+    const uint8_t *cc = ci + (size_t)s * (na <= 256 ? 1 : 2);
+    float sc = 0;
+    if (q8) {
+        sc = h2f(cc);
+        cc += 2;
+    }
+    float o = 0;
+    for (int j = 0; j < s; j++) {
+        const int a = na <= 256 ? ci[j] : (ci[2 * j] | ci[2 * j + 1] << 8);
+        const float c = q8 ? KV_MUL((float)(int8_t)cc[j], sc) : h2f(cc + 2 * j);
+        if (a >= na || c == 0) continue;
+        o = KV_ADD(o, KV_MUL(c, atoms[(size_t)a * hd + t]));
+    }
+    out[i] = o;
+}
+
+void launch_kv_write(qf_kv_mode mode, const float *src, int64_t rows, int hd, size_t rb, uint8_t *dst, cudaStream_t s) {
+    size_t nthr = (mode == QF_KV_F32 || mode == QF_KV_F16) ? (size_t)rows * hd : (size_t)rows * (hd / QK);
+    k_kv_write<<<nblk(nthr, 256), 256, 0, s>>>((int)mode, src, rows, hd, rb, dst);
+}
+
+/* read rows back as the attention kernels see them (tests) */
+template <int M> __global__ void k_kv_read(const uint8_t *src, int64_t n_rows, int hd, size_t rb, float *out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n_rows * hd) out[i] = kv_elem<M>(src + (i / hd) * rb, (int)(i % hd));
+}
+
+
+void launch_kv_read(qf_kv_mode mode, const uint8_t *src, int64_t rows, int hd, size_t rb, float *out, cudaStream_t s) {
+    unsigned nb = nblk((size_t)rows * hd, 256);
+    switch (mode) {
+    case QF_KV_F32: k_kv_read<QF_KV_F32><<<nb, 256, 0, s>>>(src, rows, hd, rb, out); break;
+    case QF_KV_F16: k_kv_read<QF_KV_F16><<<nb, 256, 0, s>>>(src, rows, hd, rb, out); break;
+    case QF_KV_Q8_0: k_kv_read<QF_KV_Q8_0><<<nb, 256, 0, s>>>(src, rows, hd, rb, out); break;
+    case QF_KV_Q4_0: k_kv_read<QF_KV_Q4_0><<<nb, 256, 0, s>>>(src, rows, hd, rb, out); break;
+    default: break;
+    }
+}
+
+void launch_kv_write_int8(const float *src, int64_t n, int dkv, const float *inv, int8_t *dst, cudaStream_t s) {
+    k_kv_write_int8<<<nblk((size_t)n, 256), 256, 0, s>>>(src, n, dkv, inv, dst);
+}
+
+void launch_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *scale, float *out, cudaStream_t s) {
+    k_kv_expand_int8<<<nblk((size_t)n, 256), 256, 0, s>>>(src, n, dkv, scale, out);
+}
+
+void launch_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, size_t rb, const float *atoms, int na,
+                           int sparsity, int q8, float *out, cudaStream_t s) {
+    k_kv_expand_dict<<<nblk((size_t)n_rows * hd, 256), 256, 0, s>>>(codes, n_rows, hd, rb, atoms, na, sparsity, q8, out);
+}

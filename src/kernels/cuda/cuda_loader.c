@@ -1,0 +1,172 @@
+/* cuda_loader.c: finds and loads the CUDA backend plugin (libqforge-cuda.so) at the first GPU
+ * use, and forwards the single-op entry points of cuda_ops.h to its function table.
+ *
+ * The plugin is looked for, in order: $QF_CUDA_PLUGIN (a path, for tests and odd installs);
+ * next to the code that holds this loader (the executable, or libqforge.so) and one folder up
+ * (build/tests/x -> build/); in ../lib beside it (PREFIX/bin/qforge -> PREFIX/lib); in the
+ * install folder the build was configured with (QF_PLUGIN_DIR); then by the dynamic loader's
+ * own search (LD_LIBRARY_PATH, ld.so.cache). Nothing here links CUDA: a process that never
+ * asks for the GPU never maps cudart or cuBLAS. */
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "qforge/quant.h"
+
+#define PLUGIN_NAME "libqforge-cuda.so"
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static const qf_cuda_api *api;
+static char why_not[512] = "the CUDA backend was not loaded";
+
+/* try one path; true when it loaded and answered with the right ABI */
+static int try_open(const char *path) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        /* a plugin that exists but fails to load (missing cudart, say) is the reason to report;
+         * a path where there is none is not */
+        if ((!strchr(path, '/') || access(path, F_OK) == 0) && !strstr(why_not, "cannot"))
+            snprintf(why_not, sizeof why_not, "%s", e ? e : path);
+        return 0;
+    }
+    const qf_cuda_api *(*get)(int) = (const qf_cuda_api *(*)(int))dlsym(h, "qf_cuda_plugin_api");
+    const qf_cuda_api *a = get ? get(QF_CUDA_ABI) : NULL;
+    if (!a || a->abi != QF_CUDA_ABI) {
+        snprintf(why_not, sizeof why_not, "%s was built for another version of qforge (ABI %d expected)", path,
+                 QF_CUDA_ABI);
+        dlclose(h);
+        return 0;
+    }
+    api = a;
+    return 1;
+}
+
+static void load(void) {
+    snprintf(why_not, sizeof why_not, "%s not found (this build of qforge has no CUDA backend, or it is not installed)",
+             PLUGIN_NAME);
+    const char *env = getenv("QF_CUDA_PLUGIN");
+    if (env && *env) {
+        try_open(env); /* why_not says why it did not load */
+        return; /* an explicit path is the only one tried */
+    }
+    char dir[PATH_MAX], path[PATH_MAX + 64];
+    Dl_info info;
+    if (dladdr((void *)&load, &info) && info.dli_fname) {
+        snprintf(dir, sizeof dir, "%s", info.dli_fname);
+        char *slash = strrchr(dir, '/');
+        if (slash) {
+            *slash = 0;
+            const char *rel[] = {"", "/..", "/../lib"};
+            for (int i = 0; i < 3; i++) {
+                snprintf(path, sizeof path, "%s%s/%s", dir, rel[i], PLUGIN_NAME);
+                if (try_open(path)) return;
+            }
+        }
+    }
+#ifdef QF_PLUGIN_DIR
+    snprintf(path, sizeof path, "%s/%s", QF_PLUGIN_DIR, PLUGIN_NAME);
+    if (try_open(path)) return;
+#endif
+    try_open(PLUGIN_NAME);
+}
+
+const qf_cuda_api *qf_cuda_api_get(const char **why) {
+    pthread_once(&once, load);
+    if (!api && why) *why = why_not;
+    return api;
+}
+
+bool qf_cuda_backend_available(void) {
+    const qf_cuda_api *a = qf_cuda_api_get(NULL);
+    return a && a->available();
+}
+
+bool qf_cuda_backend_kv_rot_ok(qf_kv_rot rot) { return rot == QF_KV_ROT_NONE || rot == QF_KV_ROT_HADAMARD; }
+
+/* ---- cuda_ops.h: forwarded to the plugin ---- */
+
+static const qf_cuda_api *need(qf_error *err) {
+    const char *why = NULL;
+    const qf_cuda_api *a = qf_cuda_api_get(&why);
+    if (!a) {
+        qf_fail(err, QF_ERR_DEVICE, "CUDA backend not available: %s", why);
+        return NULL;
+    }
+    if (!a->available()) {
+        qf_fail(err, QF_ERR_DEVICE, "CUDA backend not available: no CUDA GPU answers");
+        return NULL;
+    }
+    return a;
+}
+#define NEED_API()                      \
+    const qf_cuda_api *a = need(err);   \
+    if (!a) return QF_ERR_DEVICE
+
+qf_status qf_cuda_op_dequant(qf_type t, const void *src, int64_t rows, int64_t k, float *dst, qf_error *err) {
+    NEED_API();
+    return a->op_dequant(t, src, qf_row_bytes(t, k), rows, k, dst, err);
+}
+qf_status qf_cuda_op_matmul(const qf_weight *w, const float *x, int n, float *y, qf_cuda_mm_route route,
+                            qf_error *err) {
+    NEED_API();
+    return a->op_matmul(w, x, n, y, (int)route, err);
+}
+qf_status qf_cuda_op_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, qf_error *err) {
+    NEED_API();
+    return a->op_rmsnorm(x, g, n, d, eps, out, err);
+}
+qf_status qf_cuda_op_rope(float *v, int n, int n_heads, int head_dim, int n_rot, qf_rope_type type, const float *cs,
+                          const float *sn, qf_error *err) {
+    NEED_API();
+    return a->op_rope(v, n, n_heads, head_dim, n_rot, type, cs, sn, err);
+}
+qf_status qf_cuda_op_silu_mul(const float *g, const float *u, size_t n, float *out, qf_error *err) {
+    NEED_API();
+    return a->op_silu_mul(g, u, n, out, err);
+}
+qf_status qf_cuda_op_attention(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
+                               int n_head_kv, int hd, qf_kv_mode mode, float *out, qf_error *err) {
+    NEED_API();
+    return a->op_attention(q, k, v, n, pos0, n_head, n_head_kv, hd, mode, 0, out, err);
+}
+qf_status qf_cuda_op_attention_route(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
+                                     int n_head_kv, int hd, qf_kv_mode mode, bool flash, float *out, qf_error *err) {
+    NEED_API();
+    return a->op_attention(q, k, v, n, pos0, n_head, n_head_kv, hd, mode, flash ? 1 : 0, out, err);
+}
+qf_status qf_cuda_op_attention_split(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
+                                     int n_head_kv, int hd, qf_kv_mode mode, float *out, qf_error *err) {
+    NEED_API();
+    return a->op_attention(q, k, v, n, pos0, n_head, n_head_kv, hd, mode, 2, out, err);
+}
+qf_status qf_cuda_op_kv_roundtrip(qf_kv_mode mode, const float *x, int64_t rows, int hd, void *bytes, float *out,
+                                  qf_error *err) {
+    NEED_API();
+    return a->op_kv_roundtrip(mode, QF_KV_ROT_NONE, x, rows, hd, bytes, out, err);
+}
+qf_status qf_cuda_op_kv_roundtrip_rot(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_t rows, int hd,
+                                      void *bytes, float *out, qf_error *err) {
+    NEED_API();
+    return a->op_kv_roundtrip(mode, rot, x, rows, hd, bytes, out, err);
+}
+qf_status qf_cuda_op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, const float *scale, const float *inv,
+                                       int8_t *bytes, float *out, qf_error *err) {
+    NEED_API();
+    return a->op_kv_int8_roundtrip(x, rows, dkv, scale, inv, bytes, out, err);
+}
+qf_status qf_cuda_op_kv_dict_decode(const uint8_t *codes, int64_t rows, int hd, size_t rb, const float *atoms,
+                                    int n_atoms, int sparsity, int coef_q8, float *out, qf_error *err) {
+    NEED_API();
+    return a->op_kv_dict_decode(codes, rows, hd, rb, atoms, n_atoms, sparsity, coef_q8, out, err);
+}
+qf_status qf_cuda_bench_gemm(int M, int N, int K, int flags, int iters, double *ms, qf_error *err) {
+    NEED_API();
+    return a->bench_gemm(M, N, K, flags, iters, ms, err);
+}

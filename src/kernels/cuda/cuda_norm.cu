@@ -1,0 +1,228 @@
+/* cuda_norm.cu: RMSNorm, RoPE, bias, SiLU*up, the fused q/k/v split and the Hadamard rotation. */
+#include "kernels/cuda/cuda_common.cuh"
+
+__global__ void k_rmsnorm(const float *x, const float *g, int d, float eps, float *out, __half *out16) {
+    const float *xr = x + (size_t)blockIdx.x * d;
+    float *o = out ? out + (size_t)blockIdx.x * d : NULL;
+    __half *o16 = out16 ? out16 + (size_t)blockIdx.x * d : NULL;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+    __shared__ float red[32];
+    ss = warp_sum(ss);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) red[0] = v;
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf(red[0] / d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        const float v = xr[i] * scale * g[i];
+        if (o) o[i] = v;
+        if (o16) o16[i] = __float2half_rn(v);
+    }
+}
+
+/* k_rmsnorm with the row held in registers: float4 loads, one read of x. d a multiple of 4 and
+ * at most 4 * NV * blockDim.x (launch_rmsnorm checks) */
+template <int NV>
+__global__ void k_rmsnorm4(const float *x, const float *g, int d, float eps, float *out, __half *out16) {
+    const int d4 = d / 4;
+    const float4 *xr = (const float4 *)(x + (size_t)blockIdx.x * d);
+    float4 v[NV];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        v[k] = i < d4 ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    }
+    __shared__ float red[32];
+    ss = warp_sum(ss);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float r = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+        r = warp_sum(r);
+        if (threadIdx.x == 0) red[0] = r;
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf(red[0] / d + eps);
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i >= d4) break;
+        const float4 gg = ((const float4 *)g)[i];
+        const float4 r = make_float4(v[k].x * scale * gg.x, v[k].y * scale * gg.y, v[k].z * scale * gg.z,
+                                     v[k].w * scale * gg.w);
+        if (out) ((float4 *)(out + (size_t)blockIdx.x * d))[i] = r;
+        if (out16) {
+            __half2 *h = (__half2 *)(out16 + (size_t)blockIdx.x * d) + 2 * i;
+            h[0] = __halves2half2(__float2half_rn(r.x), __float2half_rn(r.y));
+            h[1] = __halves2half2(__float2half_rn(r.z), __float2half_rn(r.w));
+        }
+    }
+}
+
+/* one launch of RMSNorm over n rows of d: the register kernel when the row fits, else k_rmsnorm */
+void launch_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, __half *out16, cudaStream_t s) {
+    if (n <= 0) return;
+    if (d % 4 == 0 && d <= 4 * 4 * 256) k_rmsnorm4<4><<<n, 256, 0, s>>>(x, g, d, eps, out, out16);
+    else if (d % 4 == 0 && d <= 4 * 8 * 256) k_rmsnorm4<8><<<n, 256, 0, s>>>(x, g, d, eps, out, out16);
+    else k_rmsnorm<<<n, 256, 0, s>>>(x, g, d, eps, out, out16);
+}
+
+/* v[t][h][hd] rotated; one thread per (t, h, pair) */
+__global__ void k_rope(float *v, int n, int n_heads, int hd, int half, int neox, const float *cs, const float *sn) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)n * n_heads * half) return;
+    const int p = (int)(i % half);
+    const int64_t th = i / half;
+    const int t = (int)(th / n_heads);
+    float *x = v + th * hd;
+    const int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
+    const float c = cs[(size_t)t * half + p], s = sn[(size_t)t * half + p];
+    const float x0 = x[a], x1 = x[b];
+    x[a] = x0 * c - x1 * s;
+    x[b] = x0 * s + x1 * c;
+}
+
+__global__ void k_add_bias(float *x, const float *b, int n, int d) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (int64_t)n * d) x[i] += b[i % d];
+}
+
+__global__ void k_silu_mul(float *g, const float *u, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float x = g[i];
+        g[i] = x / (1.0f + expf(-x)) * u[i];
+    }
+}
+
+/* fused gate/up: gu[t] = [gate (F) | up (F)]; silu(gate) * up to o16 (f16, the down GEMM's
+ * input) and, when o32 is set (activation taps), to o32 in f32 */
+__device__ static inline float4 ld4(const float *p) { return *(const float4 *)p; }
+__device__ static inline float4 ld4(const __half *p) {
+    const __half2 a = ((const __half2 *)p)[0], b = ((const __half2 *)p)[1];
+    return make_float4(__low2float(a), __high2float(a), __low2float(b), __high2float(b));
+}
+
+/* IT = __half: the gate|up GEMM wrote f16 (QF_CUDA_GU16=1, not certified) */
+template <typename IT>
+__global__ void k_silu_gu(const IT *gu, int F, float *o32, __half *o16) {
+    /* grid (F / 4 / 256, n): four elements per thread, F a multiple of 32 */
+    const int j = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (j >= F) return;
+    const size_t t = blockIdx.y;
+    const float4 x = ld4(gu + t * 2 * F + j), u = ld4(gu + t * 2 * F + F + j);
+    const float v[4] = {x.x / (1.0f + expf(-x.x)) * u.x, x.y / (1.0f + expf(-x.y)) * u.y,
+                        x.z / (1.0f + expf(-x.z)) * u.z, x.w / (1.0f + expf(-x.w)) * u.w};
+    if (o16) {
+        __half2 *h = (__half2 *)(o16 + t * F + j);
+        h[0] = __halves2half2(__float2half_rn(v[0]), __float2half_rn(v[1]));
+        h[1] = __halves2half2(__float2half_rn(v[2]), __float2half_rn(v[3]));
+    }
+    if (o32) *(float4 *)(o32 + t * F + j) = make_float4(v[0], v[1], v[2], v[3]);
+}
+
+/* fused q/k/v: qkv[t] = [q (nh heads) | k (nkv) | v (nkv)] x hd; adds the biases (if any),
+ * rotates q and k (k_rope's pairs and formula) and writes q, k, v to their own buffers.
+ * One thread per (token, head, pair of elements). */
+__device__ static inline void st_out(float *p, float x) { *p = x; }
+__device__ static inline void st_out(__half *p, float x) { *p = __float2half_rn(x); }
+
+/* OT = __half: q goes to the flash kernel's f16 Q and k, v straight into the f16 KV cache
+ * (rows [t][nkv][hd] from pos0), the __float2half_rn of the same f32 values that the f32
+ * route's k_kv_write and the flash kernel's Q load would round */
+template <typename OT>
+__global__ void k_qkv_split(const float *qkv, int n, int nh, int nkv, int hd, int half, int neox, const float *cs,
+                            const float *sn, const float *bq, const float *bk, const float *bv, OT *q, OT *k, OT *v) {
+    /* grid (H * hd / 2 / 256, n) */
+    const int hp = hd / 2, H = nh + 2 * nkv;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= H * hp) return;
+    const int h = i / hp, j = i - h * hp, t = blockIdx.y;
+    const float *src = qkv + ((int64_t)t * H + h) * hd;
+    OT *dst;
+    const float *b;
+    bool rot = true;
+    if (h < nh) dst = q + ((int64_t)t * nh + h) * hd, b = bq ? bq + (size_t)h * hd : NULL;
+    else if (h < nh + nkv) dst = k + ((int64_t)t * nkv + h - nh) * hd, b = bk ? bk + (size_t)(h - nh) * hd : NULL;
+    else dst = v + ((int64_t)t * nkv + h - nh - nkv) * hd, b = bv ? bv + (size_t)(h - nh - nkv) * hd : NULL, rot = false;
+    rot = rot && j < half;
+    const int a = rot && neox ? j : 2 * j, c = rot && neox ? j + half : 2 * j + 1;
+    float x0 = src[a], x1 = src[c];
+    if (b) x0 += b[a], x1 += b[c];
+    if (rot) {
+        const float cc = cs[(size_t)t * half + j], s = sn[(size_t)t * half + j];
+        const float y0 = x0 * cc - x1 * s, y1 = x0 * s + x1 * cc;
+        st_out(dst + a, y0), st_out(dst + c, y1);
+    } else {
+        st_out(dst + a, x0), st_out(dst + c, x1);
+    }
+}
+
+
+void launch_rope(float *v, int n, int n_heads, int hd, int half, bool neox, const float *cs, const float *sn,
+                 cudaStream_t s) {
+    k_rope<<<nblk((size_t)n * n_heads * half, 256), 256, 0, s>>>(v, n, n_heads, hd, half, neox, cs, sn);
+}
+
+void launch_add_bias(float *x, const float *b, int n, int d, cudaStream_t s) {
+    k_add_bias<<<nblk((size_t)n * d, 256), 256, 0, s>>>(x, b, n, d);
+}
+
+void launch_silu_mul(float *g, const float *u, size_t n, cudaStream_t s) { k_silu_mul<<<nblk(n, 256), 256, 0, s>>>(g, u, n); }
+
+void launch_silu_gu(const void *gu, bool gu_f16, int n, int F, float *o32, __half *o16, cudaStream_t s) {
+    const dim3 sg(nblk((size_t)F / 4, 256), (unsigned)n);
+    if (gu_f16) k_silu_gu<__half><<<sg, 256, 0, s>>>((const __half *)gu, F, o32, o16);
+    else k_silu_gu<float><<<sg, 256, 0, s>>>((const float *)gu, F, o32, o16);
+}
+
+void launch_qkv_split(const float *qkv, bool f16, int n, int nh, int nkv, int hd, int half, bool neox,
+                      const float *cs, const float *sn, const float *bq, const float *bk, const float *bv, void *q,
+                      void *k, void *v, cudaStream_t s) {
+    const dim3 sg(nblk((size_t)(nh + 2 * nkv) * (hd / 2), 256), (unsigned)n);
+    if (f16)
+        k_qkv_split<__half><<<sg, 256, 0, s>>>(qkv, n, nh, nkv, hd, half, neox, cs, sn, bq, bk, bv, (__half *)q,
+                                               (__half *)k, (__half *)v);
+    else
+        k_qkv_split<float><<<sg, 256, 0, s>>>(qkv, n, nh, nkv, hd, half, neox, cs, sn, bq, bk, bv, (float *)q,
+                                              (float *)k, (float *)v);
+}
+
+/* ---- the normalized Walsh-Hadamard transform (--kv-rot hadamard) ----
+ * One warp per row of n <= HD_MAX floats, in shared memory: the butterfly stages of
+ * hadamard.c's qf_hadamard in the same order (len = 1, 2, 4, ...: x[j], x[j + len] <- a + b,
+ * a - b), then x *= scale, the host's 1 / sqrtf(n). Each element sees the same f32 operations
+ * as on the CPU (no product to contract into an FMA), so the result is bit-identical. */
+#define HAD_WARPS 4
+__global__ void __launch_bounds__(HAD_WARPS * 32) k_hadamard(float *x, int64_t rows, int n, float scale) {
+    __shared__ float sm[HAD_WARPS][HD_MAX];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t r = (int64_t)blockIdx.x * HAD_WARPS + warp;
+    if (r >= rows) return;
+    float *v = sm[warp], *g = x + r * n;
+    for (int i = lane; i < n; i += 32) v[i] = g[i];
+    __syncwarp();
+    for (int len = 1; len < n; len <<= 1) {
+        for (int p = lane; p < n / 2; p += 32) {
+            const int i = (p / len) * 2 * len + p % len;
+            const float a = v[i], b = v[i + len];
+            v[i] = a + b;
+            v[i + len] = a - b;
+        }
+        __syncwarp();
+    }
+    for (int i = lane; i < n; i += 32) g[i] = v[i] * scale;
+}
+
+void launch_hadamard(float *x, int64_t rows, int n, cudaStream_t s) {
+    if (rows <= 0) return;
+    const float scale = 1.0f / sqrtf((float)n); /* on the host, as hadamard.c computes it */
+    k_hadamard<<<nblk((size_t)rows, HAD_WARPS), HAD_WARPS * 32, 0, s>>>(x, rows, n, scale);
+}

@@ -1,0 +1,170 @@
+/* cuda_ops.cu: single operations for tests/test_cuda.c (cuda_ops.h), each running the kernel the
+ * forward pass runs on uploaded inputs. */
+#include "kernels/cuda/cuda_common.cuh"
+
+/* ---------------------------------------------------------------------------------------- */
+/* single operations for the tests                                                           */
+
+typedef struct {
+    void *p[8];
+    int n;
+} dallocs;
+
+static void *dalloc(dallocs *a, size_t bytes) {
+    void *p = NULL;
+    if (a->n >= 8 || cudaMalloc(&p, bytes ? bytes : 4) != cudaSuccess) return NULL;
+    a->p[a->n++] = p;
+    return p;
+}
+static void dfree(dallocs *a) {
+    for (int i = 0; i < a->n; i++) cudaFree(a->p[i]);
+    a->n = 0;
+}
+static void *dup_to(dallocs *a, const void *h, size_t bytes) {
+    void *d = dalloc(a, bytes);
+    if (d && cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) return NULL;
+    return d;
+}
+static qf_status op_finish(dallocs *a, void *hdst, const void *dsrc, size_t bytes, qf_error *err) {
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaMemcpy(hdst, dsrc, bytes, cudaMemcpyDeviceToHost);
+    dfree(a);
+    return e == cudaSuccess ? QF_OK : cuda_fail(err, e, "test op");
+}
+#define OP_NEED(p)                                                               \
+    if (!(p)) {                                                                  \
+        dfree(&a);                                                               \
+        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: device allocation failed"); \
+    }
+
+qf_status op_dequant(qf_type t, const void *src, size_t rb, int64_t rows, int64_t k, float *dst, qf_error *err) {
+    if (!gpu_type_ok(t) || k % 32) return cu_fail(err, QF_ERR_DEVICE, "CUDA op: type %d not supported", (int)t);
+    dallocs a = {};
+    dweight w = {t, k, rows, rb, (uint8_t *)dup_to(&a, src, rb * rows)};
+    float *out = (float *)dalloc(&a, (size_t)rows * k * 4);
+    OP_NEED(w.d && out);
+    launch_dequant(&w, out, true, 0);
+    return op_finish(&a, dst, out, (size_t)rows * k * 4, err);
+}
+
+qf_status op_matmul(const qf_weight *w, const float *x, int n, float *y, int route, qf_error *err) {
+    if (!gpu_type_ok(w->type)) return cu_fail(err, QF_ERR_DEVICE, "CUDA op: type %d not supported", (int)w->type);
+    static cublasHandle_t blas;
+    if (!blas && cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return cu_fail(err, QF_ERR_DEVICE, "cublasCreate failed");
+    dallocs a = {};
+    const size_t K = (size_t)w->ne0, N = (size_t)w->ne1;
+    dweight dw = {w->type, w->ne0, w->ne1, w->row_bytes, (uint8_t *)dup_to(&a, w->data, w->row_bytes * N)};
+    float *dx = (float *)dup_to(&a, x, (size_t)n * K * 4);
+    float *dy = (float *)dalloc(&a, (size_t)n * N * 4);
+    void *wdeq = dalloc(&a, N * K * 4);
+    __half *xh = (__half *)dalloc(&a, (size_t)n * K * 2);
+    OP_NEED(dw.d && dx && dy && wdeq && xh);
+    qf_status st = dev_matmul(blas, &dw, dx, n, dy, false, route, wdeq, xh, 0, err);
+    if (st) {
+        dfree(&a);
+        return st;
+    }
+    return op_finish(&a, y, dy, (size_t)n * N * 4, err);
+}
+
+qf_status op_rmsnorm(const float *x, const float *gn, int n, int d, float eps, float *out, qf_error *err) {
+    dallocs a = {};
+    float *dx = (float *)dup_to(&a, x, (size_t)n * d * 4), *dg = (float *)dup_to(&a, gn, (size_t)d * 4);
+    float *dout = (float *)dalloc(&a, (size_t)n * d * 4);
+    OP_NEED(dx && dg && dout);
+    launch_rmsnorm(dx, dg, n, d, eps, dout, NULL, 0);
+    return op_finish(&a, out, dout, (size_t)n * d * 4, err);
+}
+
+qf_status op_rope(float *v, int n, int n_heads, int head_dim, int n_rot, qf_rope_type type,
+                                     const float *cs, const float *sn, qf_error *err) {
+    dallocs a = {};
+    const int half = n_rot / 2;
+    size_t bytes = (size_t)n * n_heads * head_dim * 4;
+    float *dv = (float *)dup_to(&a, v, bytes);
+    float *dc = (float *)dup_to(&a, cs, (size_t)n * half * 4), *ds = (float *)dup_to(&a, sn, (size_t)n * half * 4);
+    OP_NEED(dv && dc && ds);
+    launch_rope(dv, n, n_heads, head_dim, half, type == QF_ROPE_NEOX, dc, ds, 0);
+    return op_finish(&a, v, dv, bytes, err);
+}
+
+qf_status op_silu_mul(const float *gt, const float *u, size_t n, float *out, qf_error *err) {
+    dallocs a = {};
+    float *dg = (float *)dup_to(&a, gt, n * 4), *du = (float *)dup_to(&a, u, n * 4);
+    OP_NEED(dg && du);
+    launch_silu_mul(dg, du, n, 0);
+    return op_finish(&a, out, dg, n * 4, err);
+}
+
+qf_status op_attention(const float *q, const float *k, const float *v, int n, int pos0, int n_head, int n_head_kv,
+                       int hd, qf_kv_mode mode, int route, float *out, qf_error *err) {
+    const bool flash = route == 1, split = route == 2;
+    size_t rb = kv_row_bytes(mode, hd);
+    if (flash && !flash_ok(mode, mode, hd))
+        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: flash attention needs an f16 cache and head_dim <= 256");
+    if (!rb || hd > HD_MAX) return cu_fail(err, QF_ERR_DEVICE, "CUDA op: kv mode %s / head_dim %d not supported", cu_kv_mode_name(mode), hd);
+    dallocs a = {};
+    const int T = pos0 + n;
+    const size_t rows = (size_t)T * n_head_kv;
+    float *dq = (float *)dup_to(&a, q, (size_t)n * n_head * hd * 4);
+    float *dk = (float *)dup_to(&a, k, rows * hd * 4), *dv = (float *)dup_to(&a, v, rows * hd * 4);
+    uint8_t *ck = (uint8_t *)dalloc(&a, rows * rb), *cv = (uint8_t *)dalloc(&a, rows * rb);
+    float *dout = (float *)dalloc(&a, (size_t)n * n_head * hd * 4);
+    float *part = split ? (float *)dalloc(&a, attention_split_floats(n, n_head, hd) * 4) : NULL;
+    OP_NEED(dq && dk && dv && ck && cv && dout && (!split || part));
+    launch_kv_write(mode, dk, (int64_t)rows, hd, rb, ck, 0);
+    launch_kv_write(mode, dv, (int64_t)rows, hd, rb, cv, 0);
+    if (split) launch_attention_split(mode, mode, dq, ck, cv, rb, rb, n, pos0, n_head, n_head_kv, hd, dout, part, 0);
+    else launch_attention(mode, mode, dq, ck, cv, rb, rb, n, pos0, n_head, n_head_kv, hd, dout, flash, NULL, NULL, 0);
+    return op_finish(&a, out, dout, (size_t)n * n_head * hd * 4, err);
+}
+
+qf_status op_kv_roundtrip(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_t rows, int hd, void *bytes, float *out,
+                          qf_error *err) {
+    size_t rb = kv_row_bytes(mode, hd);
+    if (!rb) return cu_fail(err, QF_ERR_DEVICE, "CUDA op: kv mode %s not supported", cu_kv_mode_name(mode));
+    if (rot == QF_KV_ROT_HADAMARD && (hd & (hd - 1) || hd > HD_MAX))
+        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: --kv-rot hadamard needs a power-of-two head_dim <= %d", HD_MAX);
+    dallocs a = {};
+    float *dx = (float *)dup_to(&a, x, (size_t)rows * hd * 4), *dout = (float *)dalloc(&a, (size_t)rows * hd * 4);
+    uint8_t *c = (uint8_t *)dalloc(&a, rows * rb);
+    OP_NEED(dx && dout && c);
+    /* the forward pass's order: rotate the rows, store them; read, rotate back */
+    if (rot == QF_KV_ROT_HADAMARD) launch_hadamard(dx, rows, hd, 0);
+    launch_kv_write(mode, dx, rows, hd, rb, c, 0);
+    launch_kv_read(mode, c, rows, hd, rb, dout, 0);
+    if (rot == QF_KV_ROT_HADAMARD) launch_hadamard(dout, rows, hd, 0);
+    if (cudaMemcpy(bytes, c, rows * rb, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        dfree(&a);
+        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: copy failed");
+    }
+    return op_finish(&a, out, dout, (size_t)rows * hd * 4, err);
+}
+
+qf_status op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, const float *scale,
+                                                  const float *inv, int8_t *bytes, float *out, qf_error *err) {
+    dallocs a = {};
+    const size_t n = (size_t)rows * dkv;
+    float *dx = (float *)dup_to(&a, x, n * 4), *ds = (float *)dup_to(&a, scale, (size_t)dkv * 4),
+          *di = (float *)dup_to(&a, inv, (size_t)dkv * 4), *dout = (float *)dalloc(&a, n * 4);
+    int8_t *c = (int8_t *)dalloc(&a, n);
+    OP_NEED(dx && ds && di && dout && c);
+    launch_kv_write_int8(dx, (int64_t)n, dkv, di, c, 0);
+    launch_kv_expand_int8(c, (int64_t)n, dkv, ds, dout, 0);
+    if (cudaMemcpy(bytes, c, n, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        dfree(&a);
+        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: copy failed");
+    }
+    return op_finish(&a, out, dout, n * 4, err);
+}
+
+qf_status op_kv_dict_decode(const uint8_t *codes, int64_t rows, int hd, size_t rb, const float *atoms,
+                                               int n_atoms, int sparsity, int coef_q8, float *out, qf_error *err) {
+    dallocs a = {};
+    uint8_t *dc = (uint8_t *)dup_to(&a, codes, (size_t)rows * rb);
+    float *da = (float *)dup_to(&a, atoms, (size_t)n_atoms * hd * 4), *dout = (float *)dalloc(&a, (size_t)rows * hd * 4);
+    OP_NEED(dc && da && dout);
+    launch_kv_expand_dict(dc, rows, hd, rb, da, n_atoms, sparsity, coef_q8, dout, 0);
+    return op_finish(&a, out, dout, (size_t)rows * hd * 4, err);
+}
+
