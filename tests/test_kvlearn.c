@@ -200,6 +200,85 @@ TEST(code_packing_matches_rounded_decode) {
     CHECK(qf_kv_dict_init(&d, bad, 1, 16, &e) == QF_ERR_FORMAT); /* zero atom */
 }
 
+
+/* qf_kv_dict_encode (what every learner measurement uses) is bit for bit the engine's
+ * encoder (what the dict cache stores): same indices, same coefficients. */
+TEST(measurement_uses_the_engine_encoder) {
+    const int A = 96, dim = 32, s = 6;
+    const int64_t n = 300;
+    rng_state = 21;
+    float *D = random_dict(A, dim);
+    float *X = sparse_data(D, A, dim, n, 5, 0.05);
+    qf_kv_dict d;
+    qf_error e;
+    CHECK(qf_kv_dict_init(&d, D, A, dim, &e) == QF_OK);
+    uint16_t *i1 = malloc(sizeof(uint16_t) * n * s), i2[8];
+    float *c1 = malloc(sizeof(float) * n * s), c2[8];
+    void *scratch = malloc(qf_kv_omp_scratch_bytes(A, s));
+    for (int tol = 0; tol < 2; tol++) {
+        double t = tol ? 0.2 : 0;
+        CHECK(qf_kv_dict_encode_ex(&d, X, n, s, t, 2, i1, c1, NULL, &e) == QF_OK);
+        int same = 0;
+        for (int64_t i = 0; i < n; i++) {
+            qf_kv_omp_ex(&d, X + i * dim, NULL, s, t, scratch, i2, c2);
+            same += !memcmp(i1 + i * s, i2, sizeof(uint16_t) * s) && !memcmp(c1 + i * s, c2, sizeof(float) * s);
+        }
+        CHECK_EQ_INT(same, n);
+    }
+    /* one dictionary validation: a zero atom is FORMAT, a bad count ARG, everywhere */
+    qf_kv_dict_free(&d);
+    CHECK(qf_kv_dict_init(&d, D, QF_KV_MAX_ATOMS + 1, dim, &e) == QF_ERR_ARG);
+    free(D), free(X), free(i1), free(c1), free(scratch);
+}
+
+/* Error-bounded OMP stops once ||r|| <= tol ||x|| (fewer atoms than the cap for easy vectors),
+ * and 4096-atom codes with 12-bit packed indices round-trip through pack/decode. */
+TEST(error_bounded_omp_and_packed_indices) {
+    const int A = 4096, dim = 32, s = 8;
+    const int64_t n = 400;
+    rng_state = 22;
+    float *D = random_dict(A, dim);
+    float *X = sparse_data(D, A, dim, n, 3, 0.01);
+    qf_kv_dict d;
+    qf_error e;
+    CHECK(qf_kv_dict_init(&d, D, A, dim, &e) == QF_OK);
+    uint16_t *idx = malloc(sizeof(uint16_t) * n * s);
+    float *coef = malloc(sizeof(float) * n * s), *rec = malloc(sizeof(float) * dim);
+    uint8_t *used = malloc((size_t)n);
+    const double tol = 0.1;
+    CHECK(qf_kv_dict_encode_ex(&d, X, n, s, tol, 1, idx, coef, used, &e) == QF_OK);
+    int64_t sum_used = 0, viol = 0;
+    for (int64_t i = 0; i < n; i++) {
+        sum_used += used[i];
+        qf_kv_dict_decode(&d, idx + i * s, coef + i * s, s, 1, rec);
+        double r = sqrt(qf_rel_mse(X + i * dim, rec, dim));
+        if (used[i] < s && r > tol * (1 + 1e-6)) viol++;
+        for (int j = used[i]; j < s; j++) CHECK(coef[i * s + j] == 0);
+    }
+    printf("  error-bounded OMP, tol %.2f: %.2f atoms per vector (cap %d)\n", tol, (double)sum_used / n, s);
+    CHECK_EQ_INT(viol, 0);
+    CHECK(sum_used < n * s);
+    /* packed layout: 8 x 12 bits = 12 bytes of indices + q8 coefficients */
+    qf_kv_code_fmt f = {.n_atoms = A, .sparsity = s, .coef = QF_KV_COEF_Q8, .packed = true};
+    CHECK_EQ_INT(qf_kv_fmt_bytes(&f), 12 + 2 + 8);
+    CHECK_EQ_INT(qf_kv_index_bits(A), 12);
+    uint8_t code[64];
+    uint16_t ti[8] = {0, 4095, 1, 2048, 4094, 7, 300, 1234};
+    float tc[8] = {1, -2, 0.5f, 0.25f, -1, 0, 3, 0.1f}, a[32], b[32];
+    for (int fc = 0; fc < 2; fc++) {
+        f.coef = (qf_kv_coef)fc;
+        qf_kv_fmt_pack(&f, ti, tc, code);
+        qf_kv_fmt_decode(&f, &d, code, a);
+        float rc[8];
+        memcpy(rc, tc, sizeof rc);
+        qf_kv_coef_round(rc, s, f.coef);
+        qf_kv_dict_decode(&d, ti, rc, s, 1, b);
+        for (int t = 0; t < dim; t++) CHECK_NEAR(a[t], b[t], 1e-5);
+    }
+    qf_kv_dict_free(&d);
+    free(D), free(X), free(idx), free(coef), free(rec), free(used);
+}
+
 TEST(int8_round_trip_bounds) {
     const int H = 2, dim = 32;
     const int64_t rows = 500, n = rows * H;
@@ -377,6 +456,8 @@ int main(void) {
     RUN(ksvd_error_never_increases);
     RUN(learning_is_deterministic_and_thread_independent);
     RUN(code_packing_matches_rounded_decode);
+    RUN(measurement_uses_the_engine_encoder);
+    RUN(error_bounded_omp_and_packed_indices);
     RUN(int8_round_trip_bounds);
     RUN(hadamard_is_orthonormal);
     RUN(relative_errors_are_in_unit_interval);

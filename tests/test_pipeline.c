@@ -270,6 +270,150 @@ TEST(certify_restores_the_context) {
     qf_model_free(m);
 }
 
+
+/* A cache that stores K before RoPE and rotates on read gives bit-identical logits with f32 K
+ * (f16 K: rounded before the rotation instead of after, so only close), and a capture with k_prerope keeps K before RoPE (position 0: RoPE is the identity). */
+TEST(prerope_k_cache_is_bit_identical) {
+    const char *mp = MODEL();
+    if (!mp) SKIP("demo model not in ../shared/data");
+    qf_error e = {0};
+    qf_model *m = qf_model_load(mp, &e);
+    if (!m) SKIP("demo model did not load");
+    const qf_hparams *hp = qf_model_hparams(m);
+    enum { N = 40 };
+    int32_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = (i * 37 + 11) % hp->n_vocab;
+    for (int mode = 0; mode < 2; mode++) {
+        qf_context_params cp = qf_context_default_params();
+        cp.n_ctx = 64, cp.n_threads = 2, cp.device = QF_DEVICE_CPU;
+        cp.kv_k = cp.kv_v = mode ? QF_KV_F16 : QF_KV_F32;
+        qf_context *c = qf_context_new(m, &cp, &e);
+        CHECK(c != NULL);
+        if (!c) break;
+        size_t nl = (size_t)hp->n_vocab * 8;
+        float *a = malloc(nl * sizeof(float)), *b = malloc(nl * sizeof(float));
+        /* a prefill of 32 then 8 single-token decodes */
+        CHECK(qf_decode(c, tok, 32, 0, a, 31, &e) == QF_OK);
+        for (int i = 32; i < N; i++) CHECK(qf_decode(c, tok + i, 1, i, a + (size_t)(i - 32) * hp->n_vocab, 0, &e) == QF_OK);
+        qf_kv_stream_spec spec[2] = {{.mode = cp.kv_k, .prerope = true}, {.mode = cp.kv_v}};
+        qf_kv_cache_free(&c->kv);
+        CHECK(qf_kv_cache_init_spec(&c->kv, hp, cp.n_ctx, spec, &e) == QF_OK);
+        CHECK(c->kv.k_prerope);
+        CHECK(qf_decode(c, tok, 32, 0, b, 31, &e) == QF_OK);
+        for (int i = 32; i < N; i++) CHECK(qf_decode(c, tok + i, 1, i, b + (size_t)(i - 32) * hp->n_vocab, 0, &e) == QF_OK);
+        double md = 0;
+        for (size_t i = 0; i < nl; i++) md = fmax(md, fabs((double)a[i] - b[i]));
+        /* f32: bit-identical; f16 rounds before instead of after the rotation: close */
+        if (mode == 0) CHECK_MSG(memcmp(a, b, nl * sizeof(float)) == 0, "f32: max |diff| %g", md);
+        else CHECK_MSG(md > 0 && md < 0.05, "f16: max |diff| %g", md);
+        free(a), free(b);
+        qf_context_free(c);
+    }
+    /* capture: pre-RoPE K equals post-RoPE K at position 0 and differs later; V is unchanged */
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 64, cp.n_threads = 1, cp.device = QF_DEVICE_CPU;
+    qf_context *c = qf_context_new(m, &cp, &e);
+    qf_capture_params pp = {.max_per_layer = 4096, .seed = 1}, pq = pp;
+    pq.k_prerope = true;
+    qf_capture *post = qf_capture_new(hp, &pp, &e), *pre = qf_capture_new(hp, &pq, &e);
+    CHECK(post && pre);
+    CHECK(qf_capture_run(c, post, tok, N, 64, 0, false, &e) == QF_OK);
+    CHECK(qf_capture_run(c, pre, tok, N, 64, 0, false, &e) == QF_OK);
+    qf_kv_capture_view vp = qf_capture_kv_view(post), vq = qf_capture_kv_view(pre);
+    size_t tokf = (size_t)hp->n_head_kv * hp->head_dim;
+    CHECK(memcmp(vp.k[1], vq.k[1], tokf * sizeof(float)) == 0);
+    CHECK(memcmp(vp.k[1] + tokf, vq.k[1] + tokf, tokf * sizeof(float)) != 0);
+    CHECK(memcmp(vp.v[1], vq.v[1], (size_t)N * tokf * sizeof(float)) == 0);
+    qf_capture_free(post), qf_capture_free(pre);
+    qf_context_free(c);
+    qf_model_free(m);
+}
+
+/* kv-dict payloads: v1 (no version) binds with byte indices; v2 binds with bit-packed indices,
+ * pre-RoPE keys and per-layer error bounds; an unknown version, a bad bound or a bad bound
+ * shape are refused with the context left as it was. */
+static void dict_payload(qf_payload *pl, const qf_hparams *hp, int na, int s, const float *atoms, int version) {
+    qf_error e;
+    qf_payload_add_int(pl, "n_atoms", na, &e);
+    qf_payload_add_int(pl, "sparsity", s, &e);
+    qf_payload_add_string(pl, "coef", "q8", &e);
+    if (version) qf_payload_add_int(pl, "version", version, &e);
+    if (version >= 2) qf_payload_add_int(pl, "k_prerope", 1, &e);
+    for (int l = 0; l < hp->n_layer; l++) {
+        char nk[16], nv[16];
+        snprintf(nk, sizeof nk, "k.%d", l);
+        snprintf(nv, sizeof nv, "v.%d", l);
+        int64_t shape[2] = {na, hp->head_dim};
+        qf_payload_add_f32(pl, nk, atoms, 2, shape, &e);
+        qf_payload_add_f32(pl, nv, atoms, 2, shape, &e);
+    }
+}
+
+TEST(dict_v2_payload_binds_and_v1_still_loads) {
+    const char *mp = MODEL();
+    if (!mp) SKIP("demo model not in ../shared/data");
+    qf_error e = {0};
+    qf_model *m = qf_model_load(mp, &e);
+    if (!m) SKIP("demo model did not load");
+    const qf_hparams *hp = qf_model_hparams(m);
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 32, cp.n_threads = 1, cp.device = QF_DEVICE_CPU;
+    qf_context *c = qf_context_new(m, &cp, &e);
+    const int na = 300, s = 4; /* 9-bit indices: v1 stores u16, v2 packs 36 bits in 5 bytes */
+    float *atoms = malloc((size_t)na * hp->head_dim * sizeof(float));
+    uint64_t r = 7;
+    for (int i = 0; i < na * hp->head_dim; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        atoms[i] = (float)((r >> 40) & 0xffff) / 65536.0f - 0.5f;
+    }
+    int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    for (int version = 0; version <= 2; version += 2) {
+        qf_payload pl = {0};
+        dict_payload(&pl, hp, na, s, atoms, version);
+        CHECK(qf_context_bind_payload(c, QF_ARTIFACT_KV_DICT, &pl, &e) == QF_OK);
+        CHECK_EQ_INT(c->kv.row_bytes[0], version ? 5 + 2 + s : 2 * s + 2 + s);
+        CHECK(c->kv.k_prerope == (version == 2));
+        CHECK(qf_decode(c, tok, 8, 0, NULL, 8, &e) == QF_OK);
+        CHECK(qf_context_unbind(c, &e) == QF_OK && !c->kv.k_prerope);
+        qf_payload_free(&pl);
+    }
+    /* error bounds: f32 [n_layer] in [0, 1) */
+    qf_payload pl = {0};
+    dict_payload(&pl, hp, na, s, atoms, 2);
+    float *tol = calloc((size_t)hp->n_layer, sizeof(float));
+    int64_t sh1[1] = {hp->n_layer}, sh2[1] = {hp->n_layer - 1};
+    for (int l = 0; l < hp->n_layer; l++) tol[l] = 0.2f;
+    qf_payload_add_f32(&pl, "k_tol", tol, 1, sh1, &e);
+    CHECK(qf_context_bind_payload(c, QF_ARTIFACT_KV_DICT, &pl, &e) == QF_OK);
+    CHECK(c->kv.dict[0]->tol && c->kv.dict[0]->tol[0] == 0.2f && !c->kv.dict[1]->tol);
+    CHECK(qf_decode(c, tok, 8, 0, NULL, 8, &e) == QF_OK);
+    CHECK(qf_context_unbind(c, &e) == QF_OK);
+    qf_payload_add_f32(&pl, "v_tol", tol, 1, sh2, &e); /* wrong shape */
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_DICT, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
+    CHECK(strstr(e.msg, "v_tol") != NULL);
+    qf_payload_free(&pl);
+    memset(&pl, 0, sizeof pl);
+    dict_payload(&pl, hp, na, s, atoms, 2);
+    tol[1] = 1.5f;
+    qf_payload_add_f32(&pl, "v_tol", tol, 1, sh1, &e); /* out of range */
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_DICT, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
+    qf_payload_free(&pl);
+    memset(&pl, 0, sizeof pl);
+    dict_payload(&pl, hp, na, s, atoms, 3);
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_DICT, &pl, &e), QF_ERR_UNSUPPORTED);
+    CHECK(!qf_context_bound(c, NULL) && !c->kv.k_prerope && qf_context_params_get(c)->kv_k == QF_KV_F16);
+    qf_payload_free(&pl);
+    /* a zero atom: corrupt, whichever version */
+    memset(&pl, 0, sizeof pl);
+    memset(atoms, 0, (size_t)hp->head_dim * sizeof(float));
+    dict_payload(&pl, hp, na, s, atoms, 2);
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_DICT, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
+    qf_payload_free(&pl);
+    free(tol), free(atoms);
+    qf_context_free(c);
+    qf_model_free(m);
+}
+
 TEST(engine_dict_cache_matches_forge_encoder) {
     /* vectors with structure: a few directions plus noise */
     const int hd = 64, na = 64, s = 4, n = 2048;
@@ -315,6 +459,8 @@ TEST(engine_dict_cache_matches_forge_encoder) {
 
 int main(void) {
     RUN(engine_dict_cache_matches_forge_encoder);
+    RUN(prerope_k_cache_is_bit_identical);
+    RUN(dict_v2_payload_binds_and_v1_still_loads);
     RUN(int8_calibrate_package_load_ppl_reproduces);
     RUN(artifact_refused_on_another_model);
     RUN(certify_restores_the_context);

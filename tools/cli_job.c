@@ -112,6 +112,15 @@ int cli_job_flag(int argc, char **argv, int *i, qf_job *j, const char **paths, i
     } else if (FLAG("--sens-chunks", NULL)) {
         if (r < 0) goto missing;
         if (!cli_parse_int(val, 1, 1000, &j->rq_sens_chunks)) BAD("bad --sens-chunks '%s'", val);
+    } else if (FLAG("--dict-version", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_int(val, 1, 2, &j->dict_version)) BAD("bad --dict-version '%s' (1, 2)", val);
+    } else if (FLAG("--tol-quantile", NULL)) {
+        if (r < 0) goto missing;
+        char *end;
+        double q = strtod(val, &end);
+        if (*end || !(q >= 0 && q <= 1)) BAD("bad --tol-quantile '%s' (0..1)", val);
+        j->dict_tol_quantile = q;
     } else if (FLAG("--coef", NULL)) {
         if (r < 0) goto missing;
         if (!strcmp(val, "f16")) j->dict_coef = QF_KV_COEF_F16;

@@ -16,7 +16,11 @@
  *            its own scale carried in the codes: the scales are unused), "token". The GPU
  *            cache runs the static layout only (binding another there is Unsupported).
  *   kv-dict  "n_atoms" int, "sparsity" int, "coef" string ("f16" or "q8"), and per layer l
- *            "k.<l>", "v.<l>": f32 [n_atoms, head_dim] (atoms, re-normalised on binding). */
+ *            "k.<l>", "v.<l>": f32 [n_atoms, head_dim] (atoms, re-normalised on binding).
+ *            Version 2 adds "version" 2 (absent = 1), "k_prerope" int (keys learned and
+ *            stored before RoPE, rotated on read), bit-packed indices (ceil(log2 n_atoms) bits
+ *            each) and optional "k_tol", "v_tol": f32 [n_layer] error bounds (error-bounded
+ *            OMP, rows still sized at the sparsity cap). v2 runs on the CPU only. */
 #ifndef QFORGE_ARTIFACT_BIND_H
 #define QFORGE_ARTIFACT_BIND_H
 
@@ -49,6 +53,10 @@ QF_API qf_status qf_context_unbind(qf_context *c, qf_error *err);
  * not fit the model. q8_0 is 8.5 on this scale, q4_0 4.5, f16 16. */
 QF_API double qf_artifact_bits_per_element(qf_artifact_kind kind, const qf_payload *p, const qf_hparams *hp,
                                     int n_ctx);
+
+/* True for artifacts only the CPU route runs (kv-dict payload version 2): a caller creating
+ * the context with QF_DEVICE_AUTO should pick QF_DEVICE_CPU for them. */
+QF_API bool qf_artifact_cpu_only(const qf_artifact *a);
 
 /* Whether an artifact is bound, and which kind (kind may be NULL). */
 QF_API bool qf_context_bound(const qf_context *c, qf_artifact_kind *kind);

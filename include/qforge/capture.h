@@ -20,6 +20,7 @@ typedef struct {
     int64_t max_per_layer; /* K (and V) vectors kept per layer; 0 = no KV capture */
     bool activations;      /* collect per-channel activation statistics */
     uint64_t seed;         /* reservoir sampling seed */
+    bool k_prerope;        /* keep K before RoPE (CPU route only: the tap's on_k_prerope) */
 } qf_capture_params;
 
 /* Per-channel statistics of one linear group's input (see qf_act_site). */

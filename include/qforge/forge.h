@@ -133,6 +133,12 @@ typedef struct {
     int dict_atoms, dict_sparsity, dict_iters; /* 256, 8, 10 */
     qf_kv_coef dict_coef;       /* f16 */
     int64_t dict_max_train;     /* training vectors per (layer, stream) (0 = all captured) */
+    int dict_version;           /* 1 (default): v1 payload, post-RoPE K, byte indices; 2: K learned
+                                   and stored before RoPE, bit-packed indices (up to 4096 atoms =
+                                   12 bits), error bound; CPU only */
+    double dict_tol_quantile;   /* v2: 0 = fixed sparsity; q in (0, 1]: error-bounded OMP whose
+                                   bound per (layer, stream) is the q-quantile of the training
+                                   vectors' relative residual at the cap */
     /* awq (include/qforge/awq.h): the re-quantized GGUF is written here (default: OUT.qfa
      * with .gguf instead of .qfa) */
     const char *awq_gguf_path;

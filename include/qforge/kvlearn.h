@@ -23,8 +23,7 @@
 #include <stdio.h>
 
 #include "qforge/error.h"
-
-#define QF_KV_MAX_ATOMS 4096 /* keeps the Gram matrix (n_atoms^2 floats) under 64 MiB */
+#include "qforge/kv.h" /* the engine's codecs: dictionary, OMP encoder, code layouts, int8 rows */
 
 /* sum||x - xr||^2 / sum||x||^2 over n floats, clamped to [0, 1]; 0 when x is all zero and
  * xr matches it. */
@@ -33,15 +32,9 @@ QF_API double qf_rel_mse(const float *x, const float *xr, int64_t n);
 /* ================================ kv-dict ================================ */
 
 typedef struct {
-    int head_dim;
-    int n_atoms;
-    float *atoms; /* [n_atoms][head_dim], each row unit norm */
-    float *gram;  /* [n_atoms][n_atoms] = atoms * atoms^T, needed by batch OMP */
-} qf_kv_dict;
-
-typedef struct {
     int n_atoms;       /* 256; in [sparsity, QF_KV_MAX_ATOMS] and <= training vectors */
-    int sparsity;      /* 8; nonzeros per code, in [1, head_dim] */
+    int sparsity;      /* 8; nonzeros per code (the cap), in [1, min(head_dim, 64)] */
+    double tol;        /* 0; > 0: error-bounded codes (qf_kv_omp_ex), ||r|| <= tol ||x|| */
     int iters;         /* 20 k-SVD iterations */
     uint64_t seed;     /* 1; picks the initial atoms */
     int n_threads;     /* 1; any value gives bit-identical results */
@@ -59,42 +52,17 @@ QF_API void qf_kv_dict_params_default(qf_kv_dict_params *p);
 QF_API qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_dict_params *p,
                            qf_kv_dict *out, qf_error *err);
 
-/* Build a dictionary from stored atoms (e.g. read from an artifact): copies and
- * re-normalises them and computes the Gram matrix. */
-QF_API qf_status qf_kv_dict_init(qf_kv_dict *d, const float *atoms, int n_atoms, int head_dim,
-                          qf_error *err);
-QF_API void qf_kv_dict_free(qf_kv_dict *d);
-
 /* OMP-encode n vectors with s atoms each: idx[n][s], coef[n][s] (f32, not yet rounded to
  * the storage format). A vector that needs fewer atoms gets idx 0 / coef 0 in the unused
  * slots. n_threads as above. Cost per vector ~ n_atoms*(head_dim + s*s) flops. */
 QF_API qf_status qf_kv_dict_encode(const qf_kv_dict *d, const float *x, int64_t n, int s, int n_threads,
                             uint16_t *idx, float *coef, qf_error *err);
-/* out[n][head_dim] = sum_j coef[j] * atom[idx[j]]. */
-QF_API void qf_kv_dict_decode(const qf_kv_dict *d, const uint16_t *idx, const float *coef, int s,
-                       int64_t n, float *out);
-
-/* ---- code storage: atom indices + coefficients in a fixed number of bytes ----
- * Layout of one code: s indices (u8 when n_atoms <= 256, else u16 little-endian), then
- *   QF_KV_COEF_F16: s f16 coefficients;
- *   QF_KV_COEF_Q8:  one f16 scale (max|coef| / 127) then s int8 coefficients. */
-typedef enum { QF_KV_COEF_F16 = 0, QF_KV_COEF_Q8 = 1 } qf_kv_coef;
-
-QF_API const char *qf_kv_coef_name(qf_kv_coef f); /* "f16", "q8" */
-/* Information content of a code: s*ceil(log2 n_atoms) index bits + coefficient bits
- * (+16 for the q8 scale). Dictionary storage is amortised away, as at deployment scale. */
-QF_API double qf_kv_code_bits(int n_atoms, int s, qf_kv_coef f);
-/* Bytes one stored code takes with the layout above. Bytes per token for a model are
- * qf_kv_code_bytes() * n_kv_head * 2 (K and V) * n_layer. */
-QF_API size_t qf_kv_code_bytes(int n_atoms, int s, qf_kv_coef f);
-/* Round coefficients in place to what the storage format keeps (for measuring error). */
-QF_API void qf_kv_coef_round(float *coef, int s, qf_kv_coef f);
-/* Pack one code (writes qf_kv_code_bytes() bytes) and decode a packed code to head_dim
- * floats. */
-QF_API void qf_kv_code_pack(const uint16_t *idx, const float *coef, int s, int n_atoms, qf_kv_coef f,
-                     uint8_t *out);
-QF_API void qf_kv_code_decode(const qf_kv_dict *d, const uint8_t *code, int s, qf_kv_coef f,
-                       float *out);
+/* The same with an error bound (qf_kv_omp_ex's tol; 0 = none); used[n] (or NULL) gets the
+ * atoms each code uses. Every code is exactly what the engine's dict cache stores for the
+ * vector (the engine's encoder, correlations computed by the encoder). */
+QF_API qf_status qf_kv_dict_encode_ex(const qf_kv_dict *d, const float *x, int64_t n, int s, double tol,
+                               int n_threads, uint16_t *idx, float *coef, uint8_t *used,
+                               qf_error *err);
 
 /* ================================ kv-int8 ================================ */
 
@@ -111,17 +79,7 @@ typedef enum {
 QF_API qf_status qf_kv_int8_fit(const float *x, int64_t n, int n_kv_head, int head_dim,
                          qf_kv_scale_mode mode, double percentile, float *scale, qf_error *err);
 
-/* inv[i] = 1 / scale[i] (0 for a zero scale): compute once, quantize with it per token. */
-QF_API void qf_kv_int8_inv_scale(const float *scale, float *inv, int n);
-/* q[i] = clamp(round(x[i] * inv_scale[i]), -127, 127), round half away from zero; NaN -> -127.
- * The engine calls these on a whole K or V row (n = n_kv_head * head_dim) per token. */
-QF_API void qf_kv_int8_quantize(const float *x, const float *inv_scale, int8_t *q, int n);
-QF_API void qf_kv_int8_dequantize(const int8_t *q, const float *scale, float *x, int n);
-/* The per-row dynamic layout (kv-int8 "token"): one row of n elements (a multiple of 8, at
- * most 1024) as n int8 codes; the parities of 8 strided groups of codes carry the row's scale
- * exponent (s = 2^((e-176)/8)): exactly 8 bits per element, no static scale (kv_codes.c). */
-QF_API void qf_kv_int8_token_quantize(const float *x, int8_t *q, int n);
-QF_API void qf_kv_int8_token_dequantize(const int8_t *q, float *x, int n);
+/* The row quantizer the engine calls (qf_kv_int8_quantize and friends) is in qforge/kv.h. */
 
 /* ===================== baselines (rate-distortion references) ===================== */
 

@@ -98,6 +98,10 @@ typedef struct qf_tap {
     void (*on_kv)(void *user, int layer, int pos0, int n_tok, int n_head_kv, int head_dim,
                   const float *k, const float *v);
     void (*on_act)(void *user, int layer, qf_act_site site, int n_tok, int dim, const float *x);
+    /* Optional (CPU route): K of a batch after the bias and BEFORE RoPE, [n_tok][n_head_kv]
+     * [head_dim], called before on_kv of the same layer and batch (pre-RoPE key learners). */
+    void (*on_k_prerope)(void *user, int layer, int pos0, int n_tok, int n_head_kv, int head_dim,
+                         const float *k);
 } qf_tap;
 
 /* ---- context ---- */

@@ -166,9 +166,34 @@ static qf_status bind_dict(qf_context *c, const qf_payload *p, qf_error *err) {
     if (!strcmp(coef, "f16")) cf = QF_KV_COEF_F16;
     else if (!strcmp(coef, "q8")) cf = QF_KV_COEF_Q8;
     else return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-dict payload: 'coef': expected \"f16\" or \"q8\", got \"%s\"", coef);
-    if (na < 1 || na > QF_KV_MAX_ATOMS || s < 1 || s > hp->head_dim || s > na)
+    if (na < 1 || na > QF_KV_MAX_ATOMS || s < 1 || s > hp->head_dim || s > na || s > QF_KV_MAX_SPARSITY)
         return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-dict payload: n_atoms %lld / sparsity %lld out of range",
                        (long long)na, (long long)s);
+    /* payload versions: 1 (no 'version' key): post-RoPE K, byte indices, fixed sparsity;
+     * 2: bit-packed indices, 'k_prerope' (keys stored before RoPE), optional per-layer error
+     * bounds 'k_tol'/'v_tol' (f32 [n_layer]) */
+    int64_t version = 1, prerope = 0;
+    if (qf_payload_get(p, "version") && !qf_payload_get_int(p, "version", &version))
+        return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-dict payload: 'version': expected an int");
+    if (version < 1 || version > 2)
+        return qf_fail(err, QF_ERR_UNSUPPORTED, "kv-dict payload version %lld: this build reads versions 1 and 2",
+                       (long long)version);
+    if (version == 2 && qf_payload_get(p, "k_prerope") && !qf_payload_get_int(p, "k_prerope", &prerope))
+        return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-dict payload: 'k_prerope': expected an int");
+    if (version == 2 && c->gpu)
+        return qf_fail(err, QF_ERR_UNSUPPORTED,
+                       "kv-dict v2 (bit-packed indices%s) runs on the CPU only: the CUDA backend decodes v1 codes; "
+                       "rerun with --device cpu",
+                       prerope ? ", keys stored before RoPE" : "");
+    const float *tol[2] = {NULL, NULL};
+    for (int sidx = 0; sidx < 2 && version == 2; sidx++) {
+        const qf_payload_entry *e = qf_payload_get(p, sidx ? "v_tol" : "k_tol");
+        if (!e) continue;
+        if (e->type != QF_PAYLOAD_F32 || e->n_dims != 1 || e->shape[0] != hp->n_layer)
+            return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-dict payload: '%s': expected f32 [%d] (n_layer)",
+                           sidx ? "v_tol" : "k_tol", hp->n_layer);
+        tol[sidx] = e->f32;
+    }
     const float **atoms[2];
     atoms[0] = calloc((size_t)hp->n_layer, sizeof(float *));
     atoms[1] = calloc((size_t)hp->n_layer, sizeof(float *));
@@ -192,9 +217,11 @@ static qf_status bind_dict(qf_context *c, const qf_payload *p, qf_error *err) {
         qf_kv_stream_spec spec[2];
         for (int sidx = 0; sidx < 2; sidx++)
             spec[sidx] = (qf_kv_stream_spec){.mode = QF_KV_DICT, .n_atoms = (int)na, .sparsity = (int)s, .coef = cf,
-                                             .atoms = (const float *const *)atoms[sidx]};
+                                             .atoms = (const float *const *)atoms[sidx], .packed = version == 2,
+                                             .tol = tol[sidx], .prerope = sidx == 0 && prerope != 0};
         st = rebuild(c, spec, err);
-        if (st == QF_ERR_ARG) err->code = st = QF_ERR_ARTIFACT_CORRUPT; /* a zero or non-finite atom */
+        /* a zero or non-finite atom (FORMAT), a bound out of range (ARG): the artifact is corrupt */
+        if (st == QF_ERR_ARG || st == QF_ERR_FORMAT) err->code = st = QF_ERR_ARTIFACT_CORRUPT;
     }
 done:
     free(atoms[0]);
@@ -238,6 +265,11 @@ qf_status qf_context_unbind(qf_context *c, qf_error *err) {
     if (st) return st;
     c->bound = 0;
     return QF_OK;
+}
+
+bool qf_artifact_cpu_only(const qf_artifact *a) {
+    int64_t v = 1;
+    return a && a->cert.kind == QF_ARTIFACT_KV_DICT && qf_payload_get_int(&a->payload, "version", &v) && v >= 2;
 }
 
 bool qf_context_bound(const qf_context *c, qf_artifact_kind *kind) {

@@ -3,7 +3,7 @@
 #ifndef QF_ENGINE_H
 #define QF_ENGINE_H
 
-#include "qforge/kvlearn.h"
+#include "qforge/kv.h"
 #include "qforge/model.h"
 #include "util/util.h"
 
@@ -39,6 +39,9 @@ typedef struct {
     int n_sink, n_window;
     uint16_t **sink[2], **win[2];
     int32_t **win_pos;
+    /* K rows are stored before RoPE (any mode); the reader (forward.c) rotates each position
+     * after qf_kv_cache_read_head. Writers must hand pre-RoPE K to qf_kv_cache_write. */
+    bool k_prerope;
     /* --kv-rot (plain modes only): every row is rotated by qf_hadamard before it is stored and
      * rotated back after it is read; rot_buf is the write-side scratch [head_dim] (cache writes
      * run on one thread; reads rotate in the caller's buffer, so they may run in parallel) */
@@ -75,9 +78,13 @@ typedef enum {
 
 /* QF_KV_DICT storage of one stream: a row is one packed code (qf_kv_code_pack layout:
  * sparsity atom indices + coefficients); writes OMP-encode, reads decode. */
+/* QF_KV_DICT storage of one stream: a row is one packed code (qf_kv_code_fmt layout:
+ * sparsity atom-index slots + coefficients); writes OMP-encode, reads decode. */
 struct qf_kv_dict_bind {
     int n_atoms, sparsity;
     qf_kv_coef coef;
+    qf_kv_code_fmt fmt;    /* the row layout (fmt.packed: bit-packed indices, payload v2) */
+    float *tol;            /* [n_layer] error bound per layer (qf_kv_omp_ex tol), or NULL */
     qf_kv_dict *layer;     /* [n_layer]: unit-norm atoms and their Gram matrix */
     float *scratch;        /* encoder scratch (cache writes run on one thread) */
     uint16_t *idx;         /* [sparsity] */
@@ -96,6 +103,9 @@ typedef struct {
     const int *rq_bits;        /* RQ: [n_layer], each 2..6 or QF_KV_RQ_BITS_F16 */
     const float *rq_levels;    /* RQ: [n_layer][n_head_kv][QF_KV_RQ_MAX_LEVELS], first 2^bits ascending */
     const float *rq_mean, *rq_cs; /* RQ: [n_layer][n_head_kv][head_dim]; cs finite and nonzero */
+    bool packed;               /* DICT: bit-packed indices (v2 layout) */
+    const float *tol;          /* DICT: [n_layer] per-layer error bound, or NULL (fixed sparsity) */
+    bool prerope;              /* K stream only: rows are stored before RoPE (qf_kv_cache.k_prerope) */
 } qf_kv_stream_spec;
 
 /* Plain modes only: INT8 and DICT are refused here (they run a certified artifact; see

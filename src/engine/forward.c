@@ -67,6 +67,7 @@ typedef struct qf_context_ext {
     /* exact (f16-valued) views of the sink and window positions the current batch reads, same
      * layout; only the sink rows and the window rows of the batch are filled (kv.n_sink/n_window) */
     float *ekbuf, *evbuf;
+    float *kr_cos, *kr_sin; /* pre-RoPE K cache: [n_ctx][n_rot/2] tables for every position, or NULL */
 } ctx_ext;
 
 static ctx_ext *ext(qf_context *c) { return (ctx_ext *)c; }
@@ -84,6 +85,7 @@ void qf_context_free(qf_context *c) {
     }
     free(e->vecs.output_norm);
     free(e->vecs.rope_ff);
+    free(e->kr_cos), free(e->kr_sin);
     free(e->kbuf), free(e->vbuf), free(e->ekbuf), free(e->evbuf);
     qf_kv_cache_free(&c->kv);
     free(c->x), free(c->xn), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
@@ -289,27 +291,45 @@ static void rmsnorm(float *out, const float *x, const float *g, int n, float eps
 
 /* cos/sin of every rotated pair for positions pos0..pos0+n, as ggml's rope cache computes them
  * (theta advanced by repeated multiplication in f32) */
-static void rope_tables(qf_context *c, int pos0, int n) {
+static void rope_row(qf_context *c, int pos, float *cs, float *sn) {
     const qf_hparams *hp = &c->model->hp;
     int half = hp->n_rot / 2;
     float theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->n_rot);
     const float *ff = ext(c)->vecs.rope_ff;
-    for (int t = 0; t < n; t++) {
-        float theta = (float)(pos0 + t);
-        for (int i = 0; i < half; i++) {
-            float th = hp->rope_freq_scale * (ff ? theta / ff[i] : theta);
-            c->rope_cos[t * half + i] = cosf(th);
-            c->rope_sin[t * half + i] = sinf(th);
-            theta *= theta_scale;
-        }
+    float theta = (float)pos;
+    for (int i = 0; i < half; i++) {
+        float th = hp->rope_freq_scale * (ff ? theta / ff[i] : theta);
+        cs[i] = cosf(th);
+        sn[i] = sinf(th);
+        theta *= theta_scale;
     }
 }
 
-/* rotate every head of one token's q or k (NORM: adjacent pairs; NEOX: halves) */
-static void rope_apply(const qf_context *c, float *v, int n_heads, int t) {
-    const qf_hparams *hp = &c->model->hp;
+static void rope_tables(qf_context *c, int pos0, int n) {
+    int half = c->model->hp.n_rot / 2;
+    for (int t = 0; t < n; t++) rope_row(c, pos0 + t, c->rope_cos + t * half, c->rope_sin + t * half);
+}
+
+/* A cache that stores K before RoPE (kv.k_prerope) is rotated on read with tables for every
+ * position, computed once per context by the same rope_row: bit-identical to rotating first. */
+static qf_status kv_rope_tables(qf_context *c, qf_error *err) {
+    ctx_ext *e = ext(c);
+    if (e->kr_cos) return QF_OK;
+    int half = c->model->hp.n_rot / 2, n_ctx = c->params.n_ctx;
+    e->kr_cos = malloc((size_t)n_ctx * half * sizeof(float) + 1);
+    e->kr_sin = malloc((size_t)n_ctx * half * sizeof(float) + 1);
+    if (!e->kr_cos || !e->kr_sin) {
+        free(e->kr_cos), free(e->kr_sin);
+        e->kr_cos = e->kr_sin = NULL;
+        return qf_fail(err, QF_ERR_NOMEM, "decode: out of memory for the pre-RoPE K tables");
+    }
+    for (int p = 0; p < n_ctx; p++) rope_row(c, p, e->kr_cos + (size_t)p * half, e->kr_sin + (size_t)p * half);
+    return QF_OK;
+}
+
+/* rotate n_heads heads of one vector by the tables cs, sn (NORM: adjacent pairs; NEOX: halves) */
+static void rope_rotate(const qf_hparams *hp, const float *cs, const float *sn, float *v, int n_heads) {
     int half = hp->n_rot / 2, hd = hp->head_dim;
-    const float *cs = c->rope_cos + t * half, *sn = c->rope_sin + t * half;
     for (int h = 0; h < n_heads; h++) {
         float *x = v + (size_t)h * hd;
         for (int i = 0; i < half; i++) {
@@ -320,6 +340,12 @@ static void rope_apply(const qf_context *c, float *v, int n_heads, int t) {
             x[b] = x0 * sn[i] + x1 * cs[i];
         }
     }
+}
+
+/* rotate every head of one token's q or k in the current batch */
+static void rope_apply(const qf_context *c, float *v, int n_heads, int t) {
+    int half = c->model->hp.n_rot / 2;
+    rope_rotate(&c->model->hp, c->rope_cos + t * half, c->rope_sin + t * half, v, n_heads);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -353,6 +379,12 @@ static void kv_gather_worker(void *arg, int ith, int nth) {
         int stream = idx / hp->n_head_kv, h = idx % hp->n_head_kv;
         float *dst = (stream ? ext(c)->vbuf : ext(c)->kbuf) + (size_t)h * c->params.n_ctx * hp->head_dim;
         qf_kv_cache_read_head(&c->kv, stream, j->layer, h, T, dst);
+        if (stream == 0 && c->kv.k_prerope) { /* RoPE on read, per position */
+            int half = hp->n_rot / 2;
+            for (int p = 0; p < T; p++)
+                rope_rotate(hp, ext(c)->kr_cos + (size_t)p * half, ext(c)->kr_sin + (size_t)p * half,
+                            dst + (size_t)p * hp->head_dim, 1);
+        }
         if (c->kv.n_sink || c->kv.n_window) exact_gather(c, j, stream, h, dst);
     }
 }
@@ -478,7 +510,8 @@ typedef struct {
     qf_context *c;
     const layer_vecs *lv;
     int n;
-    int stage; /* 0: bias + rope on q, k, v; 1: hb = silu(hb) * hb2 */
+    int stage; /* 0: bias + rope on q, k, v; 1: hb = silu(hb) * hb2; 2: rope on k */
+    bool defer_k_rope; /* stage 0 leaves k unrotated (stage 2 rotates it) */
 } ew_job;
 
 static void ew_worker(void *arg, int ith, int nth) {
@@ -495,8 +528,11 @@ static void ew_worker(void *arg, int ith, int nth) {
             if (lv->bk) for (int i = 0; i < Dkv; i++) c->k[(size_t)t * Dkv + i] += lv->bk[i];
             if (lv->bv) for (int i = 0; i < Dkv; i++) c->v[(size_t)t * Dkv + i] += lv->bv[i];
             rope_apply(c, c->q + (size_t)t * Dq, hp->n_head, (int)t);
-            rope_apply(c, c->k + (size_t)t * Dkv, hp->n_head_kv, (int)t);
+            if (!j->defer_k_rope) rope_apply(c, c->k + (size_t)t * Dkv, hp->n_head_kv, (int)t);
         }
+    } else if (j->stage == 2) {
+        const int Dkv = hp->n_head_kv * hp->head_dim;
+        for (int64_t t = t0; t < t1; t++) rope_apply(c, c->k + (size_t)t * Dkv, hp->n_head_kv, (int)t);
     } else {
         const int F = hp->n_ff;
         float *e = c->thr_buf[ith]; /* exp(-gate) for one token */
@@ -558,6 +594,12 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         else qf_dequantize_row(m->tok_embd.type, row, c->x + (size_t)t * D, D);
     }
     rope_tables(c, pos0, n);
+    /* K before RoPE: for a cache that stores it so, and for a tap that asks for it */
+    bool defer_k = c->kv.k_prerope || (tap && tap->on_k_prerope);
+    if (c->kv.k_prerope) {
+        qf_status st = kv_rope_tables(c, err);
+        if (st) return st;
+    }
 
     for (int il = 0; il < hp->n_layer; il++) {
         const qf_layer_weights *L = &m->layers[il];
@@ -568,10 +610,16 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         matmul(c, &L->wq, c->xn, n, c->q);
         matmul(c, &L->wk, c->xn, n, c->k);
         matmul(c, &L->wv, c->xn, n, c->v);
-        ew_job ej = {.c = c, .lv = lv, .n = n, .stage = 0};
+        ew_job ej = {.c = c, .lv = lv, .n = n, .stage = 0, .defer_k_rope = defer_k};
         qf_pool_run(c->pool, ew_worker, &ej); /* bias, RoPE */
+        if (defer_k) {
+            if (tap && tap->on_k_prerope) tap->on_k_prerope(tap->user, il, pos0, n, hp->n_head_kv, hd, c->k);
+            if (c->kv.k_prerope) qf_kv_cache_write(&c->kv, 0, il, pos0, n, c->k);
+            ej.stage = 2;
+            qf_pool_run(c->pool, ew_worker, &ej); /* RoPE on k */
+        }
         if (tap && tap->on_kv) tap->on_kv(tap->user, il, pos0, n, hp->n_head_kv, hd, c->k, c->v);
-        qf_kv_cache_write(&c->kv, 0, il, pos0, n, c->k);
+        if (!c->kv.k_prerope) qf_kv_cache_write(&c->kv, 0, il, pos0, n, c->k);
         qf_kv_cache_write(&c->kv, 1, il, pos0, n, c->v);
 
         att_job aj = {.c = c, .layer = il, .n = n, .pos0 = pos0};

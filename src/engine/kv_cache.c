@@ -51,8 +51,9 @@ static qf_type mode_type(qf_kv_mode m) {
 static void dict_bind_free(struct qf_kv_dict_bind *d, int n_layer) {
     if (!d) return;
     if (d->layer)
-        for (int l = 0; l < n_layer; l++) free(d->layer[l].atoms), free(d->layer[l].gram);
+        for (int l = 0; l < n_layer; l++) qf_kv_dict_free(&d->layer[l]);
     free(d->layer);
+    free(d->tol);
     free(d->scratch);
     free(d->idx);
     free(d->coef_buf);
@@ -64,45 +65,38 @@ static qf_status dict_bind_new(const qf_kv_stream_spec *sp, const qf_hparams *hp
     *out = NULL;
     int hd = hp->head_dim;
     if (!sp->atoms || sp->n_atoms < 1 || sp->n_atoms > QF_KV_MAX_ATOMS || sp->sparsity < 1 ||
-        sp->sparsity > hd || sp->sparsity > 64 || sp->sparsity > sp->n_atoms ||
+        sp->sparsity > hd || sp->sparsity > QF_KV_MAX_SPARSITY || sp->sparsity > sp->n_atoms ||
         (sp->coef != QF_KV_COEF_F16 && sp->coef != QF_KV_COEF_Q8))
         return qf_fail(err, QF_ERR_ARG,
-                       "dict KV cache (%s): expected 1..%d atoms, sparsity 1..min(atoms, head_dim %d, 64) and "
+                       "dict KV cache (%s): expected 1..%d atoms, sparsity 1..min(atoms, head_dim %d, %d) and "
                        "coefficients f16 or q8; got %d atoms, sparsity %d",
-                       sname, QF_KV_MAX_ATOMS, hd, sp->n_atoms, sp->sparsity);
+                       sname, QF_KV_MAX_ATOMS, hd, QF_KV_MAX_SPARSITY, sp->n_atoms, sp->sparsity);
+    if (sp->tol)
+        for (int l = 0; l < hp->n_layer; l++)
+            if (!(sp->tol[l] >= 0 && sp->tol[l] < 1))
+                return qf_fail(err, QF_ERR_ARG, "dict KV cache (%s): layer %d error bound %g: expected [0, 1)",
+                               sname, l, (double)sp->tol[l]);
     struct qf_kv_dict_bind *d = calloc(1, sizeof *d);
     if (!d) goto oom;
     d->n_atoms = sp->n_atoms, d->sparsity = sp->sparsity, d->coef = sp->coef;
+    d->fmt = (qf_kv_code_fmt){.n_atoms = sp->n_atoms, .sparsity = sp->sparsity, .coef = sp->coef, .packed = sp->packed};
     d->layer = calloc((size_t)hp->n_layer, sizeof *d->layer);
     d->scratch = malloc(qf_kv_omp_scratch_floats(sp->n_atoms, sp->sparsity) * sizeof(float));
     d->idx = malloc((size_t)sp->sparsity * sizeof(uint16_t));
     d->coef_buf = malloc((size_t)sp->sparsity * sizeof(float));
-    if (!d->layer || !d->scratch || !d->idx || !d->coef_buf) goto oom;
-    size_t na = (size_t)sp->n_atoms;
+    if (sp->tol && (d->tol = malloc((size_t)hp->n_layer * sizeof(float))))
+        memcpy(d->tol, sp->tol, (size_t)hp->n_layer * sizeof(float));
+    if (!d->layer || !d->scratch || !d->idx || !d->coef_buf || (sp->tol && !d->tol)) goto oom;
     for (int l = 0; l < hp->n_layer; l++) {
-        qf_kv_dict *L = &d->layer[l];
-        L->n_atoms = sp->n_atoms, L->head_dim = hd;
-        L->atoms = malloc(na * hd * sizeof(float));
-        L->gram = malloc(na * na * sizeof(float));
-        if (!L->atoms || !L->gram) goto oom;
         if (!sp->atoms[l]) {
             dict_bind_free(d, hp->n_layer);
             return qf_fail(err, QF_ERR_ARG, "dict KV cache (%s): layer %d has no dictionary", sname, l);
         }
-        memcpy(L->atoms, sp->atoms[l], na * hd * sizeof(float));
-        for (size_t a = 0; a < na; a++) {
-            float *at = L->atoms + a * hd;
-            double nn = 0;
-            for (int t = 0; t < hd; t++) nn += (double)at[t] * at[t];
-            if (!(nn > 0) || !isfinite(nn)) {
-                dict_bind_free(d, hp->n_layer);
-                return qf_fail(err, QF_ERR_ARG, "dict KV cache (%s): layer %d atom %zu is zero or not finite", sname,
-                               l, a);
-            }
-            float inv = (float)(1.0 / sqrt(nn));
-            for (int t = 0; t < hd; t++) at[t] *= inv;
+        qf_status st = qf_kv_dict_init(&d->layer[l], sp->atoms[l], sp->n_atoms, hd, err);
+        if (st) {
+            dict_bind_free(d, hp->n_layer);
+            return qf_error_prefix(err, "dict KV cache (%s): layer %d: ", sname, l);
         }
-        qf_kv_gram(L->atoms, sp->n_atoms, hd, L->gram);
     }
     *out = d;
     return QF_OK;
@@ -197,6 +191,7 @@ qf_status qf_kv_cache_init_spec(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx
     kv->n_ctx = n_ctx;
     kv->n_head_kv = hp->n_head_kv;
     kv->head_dim = hp->head_dim;
+    kv->k_prerope = spec[0].prerope;
     size_t n_scale = (size_t)hp->n_layer * hp->n_head_kv * hp->head_dim;
     for (int s = 0; s < 2; s++) {
         const qf_kv_stream_spec *sp = &spec[s];
@@ -247,7 +242,7 @@ qf_status qf_kv_cache_init_spec(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx
                 qf_kv_cache_free(kv);
                 return st;
             }
-            rb = qf_kv_code_bytes(sp->n_atoms, sp->sparsity, sp->coef);
+            rb = qf_kv_fmt_bytes(&kv->dict[s]->fmt);
         } else if (sp->mode == QF_KV_RQ) {
             if ((st = rq_bind_new(sp, hp, sname, &kv->rq[s], err))) {
                 qf_kv_cache_free(kv);
@@ -475,9 +470,10 @@ void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_po
     if (mode == QF_KV_DICT) {
         struct qf_kv_dict_bind *d = kv->dict[stream];
         const qf_kv_dict *L = &d->layer[layer];
+        double tol = d->tol ? d->tol[layer] : 0;
         for (int r = 0; r < n_pos * nh; r++) {
-            qf_kv_omp_one(L, src + (size_t)r * hd, d->sparsity, d->scratch, d->idx, d->coef_buf);
-            qf_kv_code_pack(d->idx, d->coef_buf, d->sparsity, d->n_atoms, d->coef, dst + (size_t)r * rb);
+            qf_kv_omp_ex(L, src + (size_t)r * hd, NULL, d->sparsity, tol, d->scratch, d->idx, d->coef_buf);
+            qf_kv_fmt_pack(&d->fmt, d->idx, d->coef_buf, dst + (size_t)r * rb);
         }
         return;
     }
@@ -517,7 +513,7 @@ void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, 
     } else if (mode == QF_KV_DICT) {
         const struct qf_kv_dict_bind *d = kv->dict[stream];
         const qf_kv_dict *L = &d->layer[layer];
-        for (int p = 0; p < n_pos; p++) qf_kv_code_decode(L, base + p * stride, d->sparsity, d->coef, dst + (size_t)p * hd);
+        for (int p = 0; p < n_pos; p++) qf_kv_fmt_decode(&d->fmt, L, base + p * stride, dst + (size_t)p * hd);
     } else {
         qf_type t = mode_type(mode);
         for (int p = 0; p < n_pos; p++) qf_dequantize_row(t, base + p * stride, dst + (size_t)p * hd, hd);

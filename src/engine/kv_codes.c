@@ -1,34 +1,216 @@
-/* kv_codes.c: the KV code formats the engine stores and reads, shared with the forge's
- * learners (declared in include/qforge/kvlearn.h): the kv-dict code layout (atom indices +
- * f16 or 8-bit coefficients: pack, decode, sizes), the engine's per-vector OMP encoder used
- * when a dict-mode cache writes a token, and the kv-int8 row quantizer. They live in the
- * engine because the engine runs artifacts without the forge (src/engine never calls
- * src/forge); the forge's learners call them from here. */
+/* kv_codes.c: the engine's KV codecs (declared in include/qforge/kv.h): the dictionary
+ * (validation + Gram), the OMP encoder the dict cache runs on every token write, the kv-dict
+ * code layouts (V1: byte indices; PACKED: bit-packed indices) and the kv-int8 row quantizer.
+ * They live in the engine because the engine runs artifacts without the forge; the forge's
+ * learners call these same functions, so what a learner measures is what the cache stores. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/kv_codes.h"
+#include "kernels/blas.h"
 #include "util/util.h"
+
+/* ---- dictionary ---- */
+
+static double dot_d(const float *a, const float *b, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)a[i] * (double)b[i];
+    return s;
+}
+
+void qf_kv_gram(const float *atoms, int n_atoms, int head_dim, float *gram) {
+    qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_atoms, n_atoms, head_dim, 1.0f, atoms,
+             head_dim, atoms, head_dim, 0.0f, gram, n_atoms);
+}
+
+void qf_kv_dict_free(qf_kv_dict *d) {
+    if (!d) return;
+    free(d->atoms);
+    free(d->gram);
+    memset(d, 0, sizeof *d);
+}
+
+qf_status qf_kv_dict_init(qf_kv_dict *d, const float *atoms, int n_atoms, int head_dim,
+                          qf_error *err) {
+    memset(d, 0, sizeof *d);
+    if (head_dim < 1 || n_atoms < 1 || n_atoms > QF_KV_MAX_ATOMS || !atoms)
+        return qf_fail(err, QF_ERR_ARG,
+                       "kv dict: n_atoms %d, head_dim %d: expected 1..%d atoms of >= 1 floats",
+                       n_atoms, head_dim, QF_KV_MAX_ATOMS);
+    size_t na = (size_t)n_atoms, hd = (size_t)head_dim;
+    d->head_dim = head_dim;
+    d->n_atoms = n_atoms;
+    d->atoms = malloc(sizeof(float) * na * hd);
+    d->gram = malloc(sizeof(float) * na * na);
+    if (!d->atoms || !d->gram) {
+        qf_kv_dict_free(d);
+        return qf_fail(err, QF_ERR_NOMEM, "kv dict: %d atoms: out of memory", n_atoms);
+    }
+    memcpy(d->atoms, atoms, sizeof(float) * na * hd);
+    for (size_t a = 0; a < na; a++) {
+        float *at = d->atoms + a * hd;
+        double nn = dot_d(at, at, head_dim);
+        if (!(nn > 1e-30) || !isfinite(nn)) {
+            qf_kv_dict_free(d);
+            return qf_fail(err, QF_ERR_FORMAT,
+                           "kv dict: atom %zu: expected a finite nonzero vector", a);
+        }
+        float inv = (float)(1.0 / sqrt(nn));
+        for (size_t t = 0; t < hd; t++) at[t] *= inv;
+    }
+    qf_kv_gram(d->atoms, n_atoms, head_dim, d->gram);
+    return QF_OK;
+}
+
+/* ---- the encoder ---- */
+
+static size_t align8(size_t b) { return (b + 7) & ~(size_t)7; }
+
+size_t qf_kv_omp_scratch_bytes(int n_atoms, int s) {
+    if (s > QF_KV_MAX_SPARSITY) s = QF_KV_MAX_SPARSITY;
+    return 2 * align8(sizeof(float) * (size_t)n_atoms) + sizeof(double) * ((size_t)s * s + 3 * (size_t)s);
+}
+
+size_t qf_kv_omp_scratch_floats(int n_atoms, int s) {
+    return (qf_kv_omp_scratch_bytes(n_atoms, s) + 3) / 4;
+}
+
+/* a . x in float with 8 partial sums combined in a fixed order: vectorised, deterministic */
+static float dot8(const float *restrict a, const float *restrict x, int n) {
+    float acc[8] = {0};
+    int t = 0;
+    for (; t + 8 <= n; t += 8)
+        for (int u = 0; u < 8; u++) acc[u] += a[t + u] * x[t + u];
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; t < n; t++) s += a[t] * x[t];
+    return s;
+}
+
+int qf_kv_omp_ex(const qf_kv_dict *d, const float *x, const float *alpha0, int s, double tol,
+                 void *scratch, uint16_t *idx, float *coef) {
+    const int A = d->n_atoms, dim = d->head_dim;
+    if (s > QF_KV_MAX_SPARSITY) s = QF_KV_MAX_SPARSITY;
+    if (s > A) s = A;
+    uint8_t *sb = scratch;
+    float *a0 = (float *)sb;
+    float *restrict al = (float *)(sb + align8(sizeof(float) * (size_t)A));
+    double *L = (double *)(sb + 2 * align8(sizeof(float) * (size_t)A));
+    double *cI = L + (size_t)s * s, *y = cI + s, *gam = y + s;
+    int sel[QF_KV_MAX_SPARSITY];
+    for (int j = 0; j < s; j++) idx[j] = 0, coef[j] = 0;
+    double xx = dot_d(x, x, dim);
+    if (!(xx > 0) || !isfinite(xx)) return 0;
+    if (!alpha0) {
+        for (int a = 0; a < A; a++) a0[a] = dot8(d->atoms + (size_t)a * dim, x, dim);
+        alpha0 = a0;
+    }
+    const double stop = QF_KV_OMP_STOP_CORR * sqrt(xx);
+    const double bound = tol > 0 ? tol * tol * xx : -1; /* on ||r||^2 */
+    double rr = xx;                                     /* ||r||^2 = ||x||^2 - ||y||^2 */
+    memcpy(al, alpha0, sizeof(float) * (size_t)A);
+    int k = 0;
+    while (k < s) {
+        /* argmax |alpha| on the bit patterns: for non-NaN floats with the sign bit cleared,
+         * integer order is float order, and an integer max vectorises (fixed 8-wide loops) */
+        const uint32_t *ab = (const uint32_t *)al;
+        uint32_t m8[8] = {0}, mx = 0;
+        int a = 0;
+        for (; a + 8 <= A; a += 8)
+            for (int u = 0; u < 8; u++) {
+                uint32_t v = ab[a + u] & 0x7fffffffu;
+                m8[u] = v > m8[u] ? v : m8[u];
+            }
+        for (; a < A; a++) {
+            uint32_t v = ab[a] & 0x7fffffffu;
+            mx = v > mx ? v : mx;
+        }
+        for (int u = 0; u < 8; u++) mx = m8[u] > mx ? m8[u] : mx;
+        if (mx > 0x7f800000u) break; /* NaN */
+        int best = 0;
+        while (best < A && (ab[best] & 0x7fffffffu) != mx) best++;
+        if (best >= A || !(fabsf(al[best]) > stop)) break; /* the residual is zero */
+        bool dup = false;
+        for (int j = 0; j < k; j++) dup |= sel[j] == best;
+        if (dup) break; /* round-off picked a selected atom: nothing left to gain */
+        /* Cholesky row from exact dot products: L[k][0..k) solves L w = D_I^T d_best */
+        const float *db = d->atoms + (size_t)best * dim;
+        double *Lk = L + (size_t)k * s;
+        double piv = dot_d(db, db, dim);
+        for (int j = 0; j < k; j++) {
+            double g = dot_d(d->atoms + (size_t)sel[j] * dim, db, dim);
+            for (int m = 0; m < j; m++) g -= L[(size_t)j * s + m] * Lk[m];
+            Lk[j] = g / L[(size_t)j * s + j];
+            piv -= Lk[j] * Lk[j];
+        }
+        if (!(piv > QF_KV_OMP_STOP_PIVOT)) break; /* the atom is in the span already */
+        Lk[k] = sqrt(piv);
+        sel[k] = best;
+        cI[k] = dot_d(db, x, dim);
+        /* y = L^-1 D_I^T x grows by one entry; gamma = L^-T y */
+        double v = cI[k];
+        for (int j = 0; j < k; j++) v -= Lk[j] * y[j];
+        y[k] = v / Lk[k];
+        rr -= y[k] * y[k];
+        k++;
+        for (int i = k - 1; i >= 0; i--) {
+            double g = y[i];
+            for (int j = i + 1; j < k; j++) g -= L[(size_t)j * s + i] * gam[j];
+            gam[i] = g / L[(size_t)i * s + i];
+        }
+        if (rr <= bound || k == s) break;
+        /* alpha = alpha0 - G[:, I] gamma */
+        memcpy(al, alpha0, sizeof(float) * (size_t)A);
+        for (int j = 0; j < k; j++) {
+            const float *restrict g = d->gram + (size_t)sel[j] * A;
+            float gj = (float)gam[j];
+            int b = 0;
+            for (; b + 8 <= A; b += 8)
+                for (int u = 0; u < 8; u++) al[b + u] -= g[b + u] * gj;
+            for (; b < A; b++) al[b] -= g[b] * gj;
+        }
+        for (int j = 0; j < k; j++) al[sel[j]] = 0; /* never reselect */
+    }
+    for (int j = 0; j < k; j++) {
+        idx[j] = (uint16_t)sel[j];
+        coef[j] = isfinite(gam[j]) ? (float)gam[j] : 0;
+    }
+    return k;
+}
+
+void qf_kv_omp_one(const qf_kv_dict *d, const float *x, int s, float *scratch, uint16_t *idx,
+                   float *coef) {
+    qf_kv_omp_ex(d, x, NULL, s, 0, scratch, idx, coef);
+}
 
 /* ---- kv-dict code storage ---- */
 
 const char *qf_kv_coef_name(qf_kv_coef f) { return f == QF_KV_COEF_Q8 ? "q8" : "f16"; }
 
-static int index_bits(int n_atoms) {
-    int b = 0;
+int qf_kv_index_bits(int n_atoms) {
+    int b = 1;
     while ((1 << b) < n_atoms) b++;
     return b;
 }
 
 double qf_kv_code_bits(int n_atoms, int s, qf_kv_coef f) {
-    double ib = index_bits(n_atoms);
+    double ib = n_atoms > 1 ? qf_kv_index_bits(n_atoms) : 0;
     return f == QF_KV_COEF_Q8 ? s * (ib + 8) + 16 : s * (ib + 16);
 }
 
+static size_t index_bytes(const qf_kv_code_fmt *f) {
+    if (f->packed) return ((size_t)f->sparsity * (size_t)qf_kv_index_bits(f->n_atoms) + 7) / 8;
+    return (size_t)f->sparsity * (f->n_atoms <= 256 ? 1 : 2);
+}
+
+size_t qf_kv_fmt_bytes(const qf_kv_code_fmt *f) {
+    size_t s = (size_t)f->sparsity;
+    return index_bytes(f) + (f->coef == QF_KV_COEF_Q8 ? s + 2 : s * 2);
+}
+
 size_t qf_kv_code_bytes(int n_atoms, int s, qf_kv_coef f) {
-    size_t ib = n_atoms <= 256 ? 1 : 2;
-    return (size_t)s * ib + (f == QF_KV_COEF_Q8 ? (size_t)s + 2 : (size_t)s * 2);
+    qf_kv_code_fmt fm = {.n_atoms = n_atoms, .sparsity = s, .coef = f};
+    return qf_kv_fmt_bytes(&fm);
 }
 
 static float q8_scale(const float *coef, int s) {
@@ -52,18 +234,31 @@ void qf_kv_coef_round(float *coef, int s, qf_kv_coef f) {
     for (int j = 0; j < s; j++) coef[j] = (float)q8_one(coef[j], inv) * sc;
 }
 
-void qf_kv_code_pack(const uint16_t *idx, const float *coef, int s, int n_atoms, qf_kv_coef f,
-                     uint8_t *out) {
+void qf_kv_fmt_pack(const qf_kv_code_fmt *f, const uint16_t *idx, const float *coef,
+                    uint8_t *out) {
+    const int s = f->sparsity;
     uint8_t *o = out;
-    for (int j = 0; j < s; j++) {
-        if (n_atoms <= 256) {
-            *o++ = (uint8_t)idx[j];
-        } else {
-            *o++ = (uint8_t)(idx[j] & 0xff);
-            *o++ = (uint8_t)(idx[j] >> 8);
+    if (f->packed) {
+        const int ib = qf_kv_index_bits(f->n_atoms);
+        uint32_t acc = 0;
+        int nb = 0;
+        for (int j = 0; j < s; j++) {
+            acc |= (uint32_t)(idx[j] & ((1u << ib) - 1)) << nb;
+            nb += ib;
+            while (nb >= 8) *o++ = (uint8_t)acc, acc >>= 8, nb -= 8;
+        }
+        if (nb > 0) *o++ = (uint8_t)acc;
+    } else {
+        for (int j = 0; j < s; j++) {
+            if (f->n_atoms <= 256) {
+                *o++ = (uint8_t)idx[j];
+            } else {
+                *o++ = (uint8_t)(idx[j] & 0xff);
+                *o++ = (uint8_t)(idx[j] >> 8);
+            }
         }
     }
-    if (f == QF_KV_COEF_F16) {
+    if (f->coef == QF_KV_COEF_F16) {
         for (int j = 0; j < s; j++) {
             uint16_t h = qf_f32_to_f16(coef[j]);
             *o++ = (uint8_t)(h & 0xff);
@@ -79,25 +274,46 @@ void qf_kv_code_pack(const uint16_t *idx, const float *coef, int s, int n_atoms,
     for (int j = 0; j < s; j++) *o++ = (uint8_t)q8_one(coef[j], inv);
 }
 
-void qf_kv_code_decode(const qf_kv_dict *d, const uint8_t *code, int s, qf_kv_coef f,
-                       float *out) {
-    const int dim = d->head_dim;
+void qf_kv_code_pack(const uint16_t *idx, const float *coef, int s, int n_atoms, qf_kv_coef f,
+                     uint8_t *out) {
+    qf_kv_code_fmt fm = {.n_atoms = n_atoms, .sparsity = s, .coef = f};
+    qf_kv_fmt_pack(&fm, idx, coef, out);
+}
+
+void qf_kv_fmt_decode(const qf_kv_code_fmt *f, const qf_kv_dict *d, const uint8_t *code,
+                      float *out) {
+    const int dim = d->head_dim, s = f->sparsity, ib = qf_kv_index_bits(f->n_atoms);
     const uint8_t *ci = code;
-    const uint8_t *cc = code + (size_t)s * (d->n_atoms <= 256 ? 1 : 2);
+    const uint8_t *cc = code + index_bytes(f);
     float sc = 0;
-    if (f == QF_KV_COEF_Q8) {
+    if (f->coef == QF_KV_COEF_Q8) {
         sc = qf_f16_to_f32((uint16_t)(cc[0] | cc[1] << 8));
         cc += 2;
     }
     for (int t = 0; t < dim; t++) out[t] = 0;
+    uint32_t acc = 0;
+    int nb = 0;
     for (int j = 0; j < s; j++) {
-        int a = d->n_atoms <= 256 ? ci[j] : (ci[2 * j] | ci[2 * j + 1] << 8);
-        float c = f == QF_KV_COEF_Q8 ? (float)(int8_t)cc[j] * sc
-                                     : qf_f16_to_f32((uint16_t)(cc[2 * j] | cc[2 * j + 1] << 8));
-        if (a >= d->n_atoms || c == 0) continue; /* a corrupt index decodes to nothing */
+        int a;
+        if (f->packed) {
+            while (nb < ib) acc |= (uint32_t)*ci++ << nb, nb += 8;
+            a = (int)(acc & ((1u << ib) - 1));
+            acc >>= ib, nb -= ib;
+        } else {
+            a = f->n_atoms <= 256 ? ci[j] : (ci[2 * j] | ci[2 * j + 1] << 8);
+        }
+        float c = f->coef == QF_KV_COEF_Q8 ? (float)(int8_t)cc[j] * sc
+                                           : qf_f16_to_f32((uint16_t)(cc[2 * j] | cc[2 * j + 1] << 8));
+        if (a >= d->n_atoms || c == 0) continue; /* unused slot, or a corrupt index */
         const float *at = d->atoms + (size_t)a * dim;
         for (int t = 0; t < dim; t++) out[t] += c * at[t];
     }
+}
+
+void qf_kv_code_decode(const qf_kv_dict *d, const uint8_t *code, int s, qf_kv_coef f,
+                       float *out) {
+    qf_kv_code_fmt fm = {.n_atoms = d->n_atoms, .sparsity = s, .coef = f};
+    qf_kv_fmt_decode(&fm, d, code, out);
 }
 
 void qf_kv_dict_decode(const qf_kv_dict *d, const uint16_t *idx, const float *coef, int s,
@@ -114,90 +330,6 @@ void qf_kv_dict_decode(const qf_kv_dict *d, const uint16_t *idx, const float *co
             for (int t = 0; t < dim; t++) o[t] += c * at[t];
         }
     }
-}
-
-/* ---- the engine's encoder ---- */
-
-void qf_kv_gram(const float *atoms, int n_atoms, int head_dim, float *gram) {
-    for (int i = 0; i < n_atoms; i++)
-        for (int j = 0; j <= i; j++) {
-            double s = 0;
-            const float *a = atoms + (size_t)i * head_dim, *b = atoms + (size_t)j * head_dim;
-            for (int t = 0; t < head_dim; t++) s += (double)a[t] * b[t];
-            gram[(size_t)i * n_atoms + j] = gram[(size_t)j * n_atoms + i] = (float)s;
-        }
-}
-
-size_t qf_kv_omp_scratch_floats(int n_atoms, int s) {
-    return 2 * (size_t)n_atoms + (size_t)s * s + 3 * (size_t)s;
-}
-
-void qf_kv_omp_one(const qf_kv_dict *d, const float *x, int s, float *scratch, uint16_t *idx,
-                   float *coef) {
-    const int na = d->n_atoms, dim = d->head_dim;
-    float *alpha0 = scratch, *alpha = scratch + na, *L = alpha + na, *c = L + (size_t)s * s,
-          *w = c + s, *y = w + s;
-    int sel[64];
-    if (s > 64) s = 64; /* head_dim bounds s; the forge never learns s > 64 */
-    for (int j = 0; j < s; j++) idx[j] = 0, coef[j] = 0;
-    double xx = 0;
-    for (int t = 0; t < dim; t++) xx += (double)x[t] * x[t];
-    if (!(xx > 0) || !isfinite(xx)) return;
-    for (int a = 0; a < na; a++) {
-        const float *at = d->atoms + (size_t)a * dim;
-        double v = 0;
-        for (int t = 0; t < dim; t++) v += (double)at[t] * x[t];
-        alpha0[a] = alpha[a] = (float)v;
-    }
-    int k = 0;
-    for (; k < s; k++) {
-        int best = -1;
-        float bv = 0;
-        for (int a = 0; a < na; a++) {
-            float v = fabsf(alpha[a]);
-            if (v > bv) {
-                bool used = false;
-                for (int j = 0; j < k; j++) used |= sel[j] == a;
-                if (!used) bv = v, best = a;
-            }
-        }
-        if (best < 0 || !(bv > 1e-12f * (float)sqrt(xx))) break;
-        /* extend the Cholesky factor of G[sel, sel] by the new atom */
-        if (k > 0) {
-            for (int i = 0; i < k; i++) {
-                double v = d->gram[(size_t)sel[i] * na + best];
-                for (int j = 0; j < i; j++) v -= (double)L[i * s + j] * w[j];
-                w[i] = (float)(v / L[i * s + i]);
-            }
-            double ww = 0;
-            for (int i = 0; i < k; i++) ww += (double)w[i] * w[i];
-            double diag = d->gram[(size_t)best * na + best] - ww;
-            if (diag <= 1e-6) break; /* the atom is (nearly) in the span already */
-            for (int i = 0; i < k; i++) L[k * s + i] = w[i];
-            L[k * s + k] = (float)sqrt(diag);
-        } else {
-            L[0] = sqrtf(d->gram[(size_t)best * na + best]);
-        }
-        sel[k] = best;
-        /* c = (L L^T)^-1 alpha0[sel] */
-        for (int i = 0; i <= k; i++) {
-            double v = alpha0[sel[i]];
-            for (int j = 0; j < i; j++) v -= (double)L[i * s + j] * y[j];
-            y[i] = (float)(v / L[i * s + i]);
-        }
-        for (int i = k; i >= 0; i--) {
-            double v = y[i];
-            for (int j = i + 1; j <= k; j++) v -= (double)L[j * s + i] * c[j];
-            c[i] = (float)(v / L[i * s + i]);
-        }
-        /* alpha = alpha0 - G[:, sel] c */
-        for (int a = 0; a < na; a++) {
-            double v = alpha0[a];
-            for (int i = 0; i <= k; i++) v -= (double)d->gram[(size_t)a * na + sel[i]] * c[i];
-            alpha[a] = (float)v;
-        }
-    }
-    for (int j = 0; j < k; j++) idx[j] = (uint16_t)sel[j], coef[j] = isfinite(c[j]) ? c[j] : 0;
 }
 
 /* ---- kv-int8 row quantizer ---- */

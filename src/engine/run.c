@@ -62,6 +62,8 @@ qf_status qf_run_open(const qf_run_params *p, qf_run *r, qf_error *err) {
         if ((st = qf_artifact_check_ctx(&r->artifact, cp.n_ctx, p->force_uncertified_ctx, &r->uncertified_ctx, err)))
             goto fail;
     }
+    /* kv-dict v2 runs on the CPU only: --device auto picks it (an explicit cuda is refused on binding) */
+    if (r->has_artifact && cp.device == QF_DEVICE_AUTO && qf_artifact_cpu_only(&r->artifact)) cp.device = QF_DEVICE_CPU;
     if (!(r->ctx = qf_context_new(r->model, &cp, err))) {
         st = err ? err->code : QF_ERR_NOMEM;
         goto fail;

@@ -25,14 +25,38 @@ struct qf_capture {
     int64_t **slot_tok;             /* [layer][slot]: the stream index of the token kept there */
     qf_act_stats *act;              /* [layer][site] */
     int64_t tokens_seen;
+    float *kpre;                    /* k_prerope: this batch's pre-RoPE K, taken by on_kv */
+    size_t kpre_floats;
+    bool kpre_oom;
     qf_tap tap;
 };
+
+/* k_prerope: keep the batch's K before RoPE; on_kv (same layer and batch) stores it. */
+static void on_k_prerope(void *user, int layer, int pos0, int n_tok, int n_head_kv, int head_dim,
+                         const float *k) {
+    (void)layer, (void)pos0;
+    qf_capture *cap = user;
+    size_t n = (size_t)n_tok * n_head_kv * head_dim;
+    if (n > cap->kpre_floats) {
+        float *nb = realloc(cap->kpre, n * sizeof(float));
+        if (!nb) {
+            cap->kpre_oom = true;
+            return;
+        }
+        cap->kpre = nb, cap->kpre_floats = n;
+    }
+    memcpy(cap->kpre, k, n * sizeof(float));
+}
 
 static void on_kv(void *user, int layer, int pos0, int n_tok, int n_head_kv, int head_dim, const float *k,
                   const float *v) {
     (void)pos0;
     qf_capture *cap = user;
     if (!cap->k || layer >= cap->n_layer || n_head_kv != cap->n_kv || head_dim != cap->hd) return;
+    if (cap->p.k_prerope) {
+        if (cap->kpre_oom) return;
+        k = cap->kpre;
+    }
     size_t tok_floats = (size_t)n_head_kv * head_dim;
     for (int t = 0; t < n_tok; t++) {
         int64_t slot;
@@ -133,6 +157,7 @@ void qf_capture_free(qf_capture *cap) {
     }
     free(cap->k), free(cap->v), free(cap->slot_tok), free(cap->filled), free(cap->seen), free(cap->rng), free(cap->n_vec);
     free(cap->act);
+    free(cap->kpre);
     free(cap);
 }
 
@@ -181,6 +206,7 @@ qf_capture *qf_capture_new(const qf_hparams *hp, const qf_capture_params *p, qf_
     cap->tap.user = cap;
     cap->tap.on_kv = cap->k ? on_kv : NULL;
     cap->tap.on_act = cap->act ? on_act : NULL;
+    cap->tap.on_k_prerope = cap->k && p->k_prerope ? on_k_prerope : NULL;
     qf_capture_clear(cap);
     return cap;
 oom:
@@ -243,6 +269,7 @@ qf_status qf_capture_run(qf_context *c, qf_capture *cap, const int32_t *tokens, 
     if (progress) qf_progress_end(&bar);
     qf_context_set_tap(c, NULL);
     free(win);
+    if (!st && cap->kpre_oom) st = qf_fail(err, QF_ERR_NOMEM, "out of memory for the pre-RoPE keys");
     if (shard) {
         if ((st = qf_par_agree(st, err))) {
             if (err) err->code = QF_ERR_CAPTURE_FAILED;

@@ -1,10 +1,13 @@
-/* learn_kv_dict.c: the kv-dict learner: batch OMP (Cholesky-updated) and approximate
- * k-SVD, plus the code storage formats (indices + f16 or 8-bit coefficients).
+/* learn_kv_dict.c: the kv-dict learner: approximate k-SVD over batch OMP. The encoder is the
+ * engine's (qf_kv_omp_ex, src/engine/kv_codes.c): training passes feed it correlations
+ * X*D^T computed by sgemm (kernels/blas.h) over fixed chunks of vectors (a fast path that may differ
+ * from the cache's own correlations in the last bit), while qf_kv_dict_encode, which every
+ * measurement uses, lets the encoder compute them exactly as the dict cache does.
  *
- * Determinism: each vector's code depends only on the vector, the dictionary and the
- * correlations X*D^T (cblas_sgemm over fixed chunks of vectors), so the
- * thread count only changes who computes which vector. Sums are taken in vector order on
- * the calling thread. */
+ * Determinism: each vector's code depends only on the vector, the dictionary and its
+ * correlations (from an identical sgemm call whatever the thread count), so the thread
+ * count only changes who computes which vector. Sums are taken in vector order on the
+ * calling thread. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,17 +39,7 @@ void qf_kv_dict_params_default(qf_kv_dict_params *p) {
     p->n_threads = 1;
 }
 
-void qf_kv_dict_free(qf_kv_dict *d) {
-    if (!d) return;
-    free(d->atoms);
-    free(d->gram);
-    memset(d, 0, sizeof *d);
-}
-
-static void compute_gram(qf_kv_dict *d) {
-    qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d->n_atoms, d->n_atoms, d->head_dim, 1.0f,
-                d->atoms, d->head_dim, d->atoms, d->head_dim, 0.0f, d->gram, d->n_atoms);
-}
+static void compute_gram(qf_kv_dict *d) { qf_kv_gram(d->atoms, d->n_atoms, d->head_dim, d->gram); }
 
 static double dot_d(const float *a, const float *b, int n) {
     double s = 0;
@@ -63,134 +56,12 @@ static bool normalize_row(float *a, int n) {
     return true;
 }
 
-qf_status qf_kv_dict_init(qf_kv_dict *d, const float *atoms, int n_atoms, int head_dim,
-                          qf_error *err) {
-    memset(d, 0, sizeof *d);
-    if (qf_blas_init(1, err)) return err ? err->code : QF_ERR_NOMEM;
-    if (head_dim < 1 || n_atoms < 1 || n_atoms > QF_KV_MAX_ATOMS)
-        return qf_fail(err, QF_ERR_ARG,
-                       "kv dict: n_atoms %d, head_dim %d: expected 1..%d atoms of >= 1 floats",
-                       n_atoms, head_dim, QF_KV_MAX_ATOMS);
-    d->head_dim = head_dim;
-    d->n_atoms = n_atoms;
-    d->atoms = malloc(sizeof(float) * (size_t)n_atoms * (size_t)head_dim);
-    d->gram = malloc(sizeof(float) * (size_t)n_atoms * (size_t)n_atoms);
-    if (!d->atoms || !d->gram) {
-        qf_kv_dict_free(d);
-        return qf_fail(err, QF_ERR_NOMEM, "kv dict: %d atoms: out of memory", n_atoms);
-    }
-    memcpy(d->atoms, atoms, sizeof(float) * (size_t)n_atoms * (size_t)head_dim);
-    for (int a = 0; a < n_atoms; a++) {
-        if (!normalize_row(d->atoms + (size_t)a * head_dim, head_dim)) {
-            qf_kv_dict_free(d);
-            return qf_fail(err, QF_ERR_FORMAT,
-                           "kv dict: atom %d: expected a finite nonzero vector", a);
-        }
-    }
-    compute_gram(d);
-    return QF_OK;
-}
-
-/* ---- batch OMP for one vector ----
- * Atom selection uses the float correlations alpha = alpha0 - G[:,I] gamma; the
- * coefficients are solved in double from exact dot products, so an exactly sparse signal
- * is recovered to ~1e-12 rather than to float round-off. Returns atoms used (<= s);
- * unused slots get idx -1, coef 0. */
-typedef struct {
-    double *L;    /* [s][s] lower Cholesky factor of G_II */
-    double *c;    /* [s] D_I^T x */
-    double *gam;  /* [s] */
-    double *tmp;  /* [s] */
-    float *alpha; /* [n_atoms] */
-} omp_scratch;
-
-static bool omp_scratch_alloc(omp_scratch *w, int s, int n_atoms) {
-    w->L = malloc(sizeof(double) * (size_t)s * (size_t)s);
-    w->c = malloc(sizeof(double) * (size_t)s * 3);
-    w->alpha = malloc(sizeof(float) * (size_t)n_atoms);
-    if (!w->L || !w->c || !w->alpha) return false;
-    w->gam = w->c + s;
-    w->tmp = w->c + 2 * s;
-    return true;
-}
-
-static void omp_scratch_free(omp_scratch *w) {
-    free(w->L);
-    free(w->c);
-    free(w->alpha);
-}
-
-static int omp_one(const qf_kv_dict *d, const float *x, const float *alpha0, int s, omp_scratch *w,
-                   int32_t *idx, float *coef) {
-    const int A = d->n_atoms, dim = d->head_dim;
-    double xx = dot_d(x, x, dim);
-    double stop = 1e-6 * sqrt(xx); /* below float noise of alpha: the residual is zero */
-    memcpy(w->alpha, alpha0, sizeof(float) * (size_t)A);
-    int k = 0;
-    for (; k < s; k++) {
-        /* argmax |alpha| on the bit patterns: for non-NaN floats with the sign bit
-         * cleared, integer order is float order, and an integer max vectorises. */
-        const uint32_t *ab = (const uint32_t *)w->alpha;
-        /* (fixed 8-wide inner loops: gcc -O2 vectorises only constant trip counts) */
-        uint32_t m8[8] = {0}, mx = 0;
-        int a0 = 0;
-        for (; a0 + 8 <= A; a0 += 8)
-            for (int u = 0; u < 8; u++) {
-                uint32_t v = ab[a0 + u] & 0x7fffffffu;
-                m8[u] = v > m8[u] ? v : m8[u];
-            }
-        for (; a0 < A; a0++) {
-            uint32_t v = ab[a0] & 0x7fffffffu;
-            mx = v > mx ? v : mx;
-        }
-        for (int u = 0; u < 8; u++) mx = m8[u] > mx ? m8[u] : mx;
-        int best = 0;
-        while (best < A && (ab[best] & 0x7fffffffu) != mx) best++;
-        float bv = fabsf(w->alpha[best < A ? best : 0]);
-        if (best >= A || !(bv > stop) || mx > 0x7f800000u) break; /* zero residual or NaN */
-        bool dup = false;
-        for (int j = 0; j < k; j++) dup |= idx[j] == best;
-        if (dup) break; /* round-off picked an atom already in: nothing left to gain */
-        /* Cholesky row: L[k][0..k) solves L w = G_I,best; the pivot is 1 - |w|^2. */
-        const float *db = d->atoms + (size_t)best * dim;
-        double *Lk = w->L + (size_t)k * s;
-        double piv = dot_d(db, db, dim);
-        for (int j = 0; j < k; j++) {
-            double g = dot_d(d->atoms + (size_t)idx[j] * dim, db, dim);
-            for (int m = 0; m < j; m++) g -= w->L[(size_t)j * s + m] * Lk[m];
-            Lk[j] = g / w->L[(size_t)j * s + j];
-            piv -= Lk[j] * Lk[j];
-        }
-        if (!(piv > 1e-10)) break; /* the new atom is (nearly) in the span of the others */
-        Lk[k] = sqrt(piv);
-        idx[k] = best;
-        w->c[k] = dot_d(db, x, dim);
-        /* gamma = (L L^T)^-1 c over the k+1 selected atoms */
-        int m1 = k + 1;
-        for (int i = 0; i < m1; i++) {
-            double v = w->c[i];
-            for (int j = 0; j < i; j++) v -= w->L[(size_t)i * s + j] * w->tmp[j];
-            w->tmp[i] = v / w->L[(size_t)i * s + i];
-        }
-        for (int i = m1 - 1; i >= 0; i--) {
-            double v = w->tmp[i];
-            for (int j = i + 1; j < m1; j++) v -= w->L[(size_t)j * s + i] * w->gam[j];
-            w->gam[i] = v / w->L[(size_t)i * s + i];
-        }
-        float *restrict al = w->alpha;
-        memcpy(al, alpha0, sizeof(float) * (size_t)A);
-        for (int j = 0; j < m1; j++) {
-            const float *restrict g = d->gram + (size_t)idx[j] * A;
-            float gj = (float)w->gam[j];
-            int a = 0;
-            for (; a + 8 <= A; a += 8)
-                for (int u = 0; u < 8; u++) al[a + u] -= g[a + u] * gj;
-            for (; a < A; a++) al[a] -= g[a] * gj;
-        }
-        for (int j = 0; j < m1; j++) w->alpha[idx[j]] = 0; /* never reselect */
-    }
-    for (int j = 0; j < k; j++) coef[j] = (float)w->gam[j];
-    for (int j = k; j < s; j++) idx[j] = -1, coef[j] = 0;
+/* ---- batch OMP: the engine's encoder over a chunk ----
+ * Unused slots get idx -1 / coef 0 (the k-SVD bookkeeping skips them). */
+static int omp_one(const qf_kv_dict *d, const float *x, const float *alpha0, int s, double tol,
+                   void *scratch, uint16_t *i16, int32_t *idx, float *coef) {
+    int k = qf_kv_omp_ex(d, x, alpha0, s, tol, scratch, i16, coef);
+    for (int j = 0; j < s; j++) idx[j] = j < k ? (int32_t)i16[j] : -1;
     return k;
 }
 
@@ -208,13 +79,14 @@ static double code_err(const qf_kv_dict *d, const float *x, const int32_t *idx, 
 }
 
 /* ---- a parallel OMP pass over n vectors ----
- * Vectors go in fixed chunks of corr_rows() (the same for any thread count, so each
- * vector's correlations come out of an identical sgemm call). The chunk keeps
- * rows*atoms*dim at or under OpenBLAS's single-thread threshold (65536*4): its own threads
- * would otherwise spin in sched_yield against our pool for the second core. */
+ * Vectors go in fixed chunks of CORR_ROWS (the same for any thread count, so each vector's
+ * correlations come out of an identical sgemm call). OpenBLAS runs single-threaded during
+ * learning (qf_kv_dict_learn sets it, as the engine's contexts do): its own threads would
+ * otherwise spin in sched_yield against our pool for the second core. */
+#define CORR_ROWS 64
 static int corr_rows(int n_atoms, int dim) {
-    int r = (int)(262144 / ((int64_t)n_atoms * dim));
-    return r < 1 ? 1 : r > 64 ? 64 : r;
+    (void)n_atoms, (void)dim;
+    return CORR_ROWS;
 }
 
 typedef struct {
@@ -222,9 +94,12 @@ typedef struct {
     const float *x;
     int64_t n;
     int s;
+    double tol;
+    bool exact;       /* the encoder computes the correlations itself (the cache's path) */
     int32_t *idx;
     float *coef;
     double *err;      /* per vector squared residual of the new code */
+    uint8_t *used;    /* per vector atoms used, or NULL */
     bool keep_better; /* compare with the current code in idx/coef, keep the better */
     bool oom;
 } omp_job;
@@ -236,24 +111,27 @@ static void omp_worker(void *arg, int ith, int nth) {
     int64_t c_lo, c_hi;
     qf_split_range((jb->n + rows - 1) / rows, ith, nth, &c_lo, &c_hi);
     if (c_lo >= c_hi) return;
-    omp_scratch w;
+    void *w = malloc(qf_kv_omp_scratch_bytes(A, s));
     int32_t *ni = malloc(sizeof(int32_t) * (size_t)s);
+    uint16_t *n16 = malloc(sizeof(uint16_t) * (size_t)s);
     float *nc = malloc(sizeof(float) * (size_t)s);
     float *r = malloc(sizeof(float) * (size_t)dim);
-    float *corr = malloc(sizeof(float) * (size_t)rows * A);
-    if (!omp_scratch_alloc(&w, s, A) || !ni || !nc || !r || !corr) {
+    float *corr = jb->exact ? NULL : malloc(sizeof(float) * (size_t)rows * A);
+    if (!w || !ni || !n16 || !nc || !r || (!jb->exact && !corr)) {
         jb->oom = true; /* distinct threads only ever set it to true */
         goto done;
     }
     for (int64_t c = c_lo; c < c_hi; c++) {
         int64_t lo = c * rows, hi = lo + rows < jb->n ? lo + rows : jb->n;
-        qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(hi - lo), A, dim, 1.0f,
-                    jb->x + (size_t)lo * dim, dim, d->atoms, dim, 0.0f, corr, A);
+        if (!jb->exact)
+            qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(hi - lo), A, dim, 1.0f,
+                        jb->x + (size_t)lo * dim, dim, d->atoms, dim, 0.0f, corr, A);
         for (int64_t i = lo; i < hi; i++) {
             const float *x = jb->x + (size_t)i * dim;
             int32_t *ci = jb->idx + (size_t)i * s;
             float *cc = jb->coef + (size_t)i * s;
-            omp_one(d, x, corr + (size_t)(i - lo) * A, s, &w, ni, nc);
+            int k = omp_one(d, x, jb->exact ? NULL : corr + (size_t)(i - lo) * A, s, jb->tol, w, n16, ni, nc);
+            if (jb->used) jb->used[i] = (uint8_t)k;
             double e_new = code_err(d, x, ni, nc, s, r);
             if (jb->keep_better) {
                 double e_old = code_err(d, x, ci, cc, s, r);
@@ -268,7 +146,8 @@ static void omp_worker(void *arg, int ith, int nth) {
         }
     }
 done:
-    omp_scratch_free(&w);
+    free(w);
+    free(n16);
     free(ni);
     free(nc);
     free(r);
@@ -276,10 +155,11 @@ done:
 }
 
 /* Code all n vectors; err[i] gets each squared residual. */
-static qf_status omp_pass(const qf_kv_dict *d, const float *x, int64_t n, int s, qf_pool *pool,
-                          int32_t *idx, float *coef, double *err, bool keep_better,
-                          qf_error *e) {
-    omp_job jb = {d, x, n, s, idx, coef, err, keep_better, false};
+static qf_status omp_pass(const qf_kv_dict *d, const float *x, int64_t n, int s, double tol,
+                          bool exact, qf_pool *pool, int32_t *idx, float *coef, double *err,
+                          uint8_t *used, bool keep_better, qf_error *e) {
+    omp_job jb = {.d = d, .x = x, .n = n, .s = s, .tol = tol, .exact = exact, .idx = idx,
+                  .coef = coef, .err = err, .used = used, .keep_better = keep_better};
     qf_pool_run(pool, omp_worker, &jb);
     if (jb.oom) return qf_fail(e, QF_ERR_NOMEM, "kv dict: OMP scratch: out of memory");
     return QF_OK;
@@ -288,15 +168,21 @@ static qf_status omp_pass(const qf_kv_dict *d, const float *x, int64_t n, int s,
 static qf_status check_dims(const qf_kv_dict *d, int s, qf_error *err) {
     if (!d || !d->atoms || !d->gram)
         return qf_fail(err, QF_ERR_ARG, "kv dict: dictionary: expected an initialised dictionary");
-    if (s < 1 || s > d->head_dim || s > d->n_atoms)
+    if (s < 1 || s > d->head_dim || s > d->n_atoms || s > QF_KV_MAX_SPARSITY)
         return qf_fail(err, QF_ERR_ARG,
-                       "kv dict: sparsity %d: expected 1..min(head_dim %d, n_atoms %d)", s,
-                       d->head_dim, d->n_atoms);
+                       "kv dict: sparsity %d: expected 1..min(head_dim %d, n_atoms %d, %d)", s,
+                       d->head_dim, d->n_atoms, QF_KV_MAX_SPARSITY);
     return QF_OK;
 }
 
 qf_status qf_kv_dict_encode(const qf_kv_dict *d, const float *x, int64_t n, int s, int n_threads,
                             uint16_t *idx, float *coef, qf_error *err) {
+    return qf_kv_dict_encode_ex(d, x, n, s, 0, n_threads, idx, coef, NULL, err);
+}
+
+qf_status qf_kv_dict_encode_ex(const qf_kv_dict *d, const float *x, int64_t n, int s, double tol,
+                               int n_threads, uint16_t *idx, float *coef, uint8_t *used,
+                               qf_error *err) {
     qf_status st = check_dims(d, s, err);
     if (st) return st;
     if (n <= 0) return QF_OK;
@@ -308,7 +194,7 @@ qf_status qf_kv_dict_encode(const qf_kv_dict *d, const float *x, int64_t n, int 
                      (long long)n);
         goto done;
     }
-    st = omp_pass(d, x, n, s, pool, ci, coef, e, false, err);
+    st = omp_pass(d, x, n, s, tol, true, pool, ci, coef, e, used, false, err);
     if (st) goto done;
     for (int64_t i = 0; i < n * s; i++) idx[i] = ci[i] < 0 ? 0 : (uint16_t)ci[i];
 done:
@@ -318,8 +204,8 @@ done:
     return st;
 }
 
-/* qf_kv_dict_decode, the code storage helpers (qf_kv_code_*) and qf_kv_coef_* live in
- * src/engine/kv_codes.c: the engine stores and reads codes without the forge. */
+/* qf_kv_dict_init/free, the Gram matrix, the encoder, qf_kv_dict_decode and the code storage
+ * helpers live in src/engine/kv_codes.c: the engine stores and reads codes without the forge. */
 
 /* ---- learning ---- */
 
@@ -414,15 +300,17 @@ static void replace_atoms(qf_kv_dict *d, const float *X, const worst_item *worst
 qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_dict_params *p,
                            qf_kv_dict *out, qf_error *err) {
     memset(out, 0, sizeof *out);
-    if (qf_blas_init(1, err)) return err ? err->code : QF_ERR_NOMEM;
     const int A = p->n_atoms, s = p->sparsity, dim = head_dim;
-    if (dim < 1 || A < 1 || A > QF_KV_MAX_ATOMS || s < 1 || s > dim || s > A || p->iters < 0)
+    if (dim < 1 || A < 1 || A > QF_KV_MAX_ATOMS || s < 1 || s > dim || s > A ||
+        s > QF_KV_MAX_SPARSITY || p->iters < 0 || !(p->tol >= 0 && p->tol < 1))
         return qf_fail(err, QF_ERR_ARG,
                        "kv dict learn: n_atoms %d, sparsity %d, head_dim %d, iters %d: expected "
                        "1 <= sparsity <= min(head_dim, n_atoms), n_atoms <= %d, iters >= 0",
                        A, s, dim, p->iters, QF_KV_MAX_ATOMS);
     int64_t nt = n;
     if (p->max_train > 0 && p->max_train < nt) nt = p->max_train;
+    qf_status bst = qf_blas_init(1, err); /* OpenBLAS loaded, single-threaded (kernels/blas.h) */
+    if (bst) return bst;
     if (nt < A)
         return qf_fail(err, QF_ERR_ARG,
                        "kv dict learn: %lld training vectors: expected at least n_atoms = %d",
@@ -486,7 +374,7 @@ qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_
     }
     compute_gram(out);
 
-    st = omp_pass(out, X, nt, s, pool, idx, coef, e, false, err);
+    st = omp_pass(out, X, nt, s, p->tol, false, pool, idx, coef, e, NULL, false, err);
     if (st) goto done;
     double num = 0;
     for (int64_t i = 0; i < nt; i++) num += e[i];
@@ -563,7 +451,7 @@ qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_
                 if (idx[t] >= 0 && mark[idx[t]] == 2) idx[t] = -1, coef[t] = 0;
             replace_atoms(out, X, worst, nt, dead, n_rep);
             compute_gram(out);
-            st = omp_pass(out, X, nt, s, pool, idx, coef, e, true, err);
+            st = omp_pass(out, X, nt, s, p->tol, false, pool, idx, coef, e, NULL, true, err);
             if (st) goto done;
             num = 0;
             for (int64_t i = 0; i < nt; i++) num += e[i];
@@ -579,7 +467,7 @@ qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_
              * only gain. */
             replace_atoms(out, X, worst, nt, dead, n_dead);
             compute_gram(out);
-            st = omp_pass(out, X, nt, s, pool, idx, coef, e, true, err);
+            st = omp_pass(out, X, nt, s, p->tol, false, pool, idx, coef, e, NULL, true, err);
             if (st) goto done;
             num = 0;
             for (int64_t i = 0; i < nt; i++) num += e[i];

@@ -48,6 +48,7 @@ void qf_job_default(qf_job *j) {
     j->rq_sink = j->rq_window = -1;
     j->rq_k_alpha = 0.5;
     j->rq_sens_chunks = 2;
+    j->dict_version = 1;
 }
 
 void qf_job_report_free(qf_job_report *rep) {
@@ -152,8 +153,10 @@ static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, q
     int32_t *ids = NULL;
     qf_status st = qf_tokenize(tok, ctext, clen, qf_tokenizer_add_bos(tok), false, &ids, &n, err);
     if (st) return as_stage(err, st, QF_ERR_CAPTURE_FAILED, "capture: tokenizing the calibration text");
+    /* kv-dict v2 learns keys before RoPE: the CPU tap (the GPU read-back route has post-RoPE K only) */
+    bool prerope = j->kind == QF_ARTIFACT_KV_DICT && j->dict_version == 2;
     qf_capture_params cp = {.max_per_layer = job_budgets(j).per_layer,
-                            .activations = false, .seed = j->seed};
+                            .activations = false, .seed = j->seed, .k_prerope = prerope};
     s->cap = qf_capture_new(qf_model_hparams(s->model), &cp, err);
     if (!s->cap) {
         free(ids);
@@ -162,7 +165,7 @@ static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, q
     int64_t max_tok = job_budgets(j).calib_tokens;
     /* the GPU read-back route when asked for or found; the CPU context otherwise */
     qf_context *gpu = NULL;
-    if (j->capture_device == QF_DEVICE_CUDA || (j->capture_device == QF_DEVICE_AUTO && qf_cuda_available())) {
+    if (!prerope && (j->capture_device == QF_DEVICE_CUDA || (j->capture_device == QF_DEVICE_AUTO && qf_cuda_available()))) {
         qf_context_params gp = *qf_context_params_get(s->ctx);
         gp.device = QF_DEVICE_CUDA;
         if (!(gpu = qf_context_new(s->model, &gp, err))) {
@@ -338,12 +341,49 @@ static qf_status learn_int8(const qf_job *j, const shared *s, const int8_candida
     return st;
 }
 
+/* The error bound of one (layer, stream): the q-quantile of the relative residual at the cap
+ * over (up to 4096, evenly strided) training vectors, coded by the engine's encoder. */
+static qf_status dict_tol(const qf_kv_dict *d, const float *x, int64_t n, int s, double q, int n_threads,
+                          float *out, qf_error *err) {
+    int64_t m = n < 4096 ? n : 4096;
+    float *xs = malloc((size_t)m * d->head_dim * sizeof(float)), *coef = malloc((size_t)m * s * sizeof(float)),
+          *rec = malloc((size_t)d->head_dim * sizeof(float));
+    uint16_t *idx = malloc((size_t)m * s * sizeof(uint16_t));
+    double *r = malloc((size_t)m * sizeof(double));
+    qf_status st = QF_OK;
+    if (!xs || !coef || !rec || !idx || !r) {
+        st = qf_fail(err, QF_ERR_NOMEM, "learn: out of memory");
+        goto done;
+    }
+    for (int64_t i = 0; i < m; i++)
+        memcpy(xs + (size_t)i * d->head_dim, x + (size_t)(i * n / m) * d->head_dim, (size_t)d->head_dim * sizeof(float));
+    if ((st = qf_kv_dict_encode_ex(d, xs, m, s, 0, n_threads, idx, coef, NULL, err))) goto done;
+    for (int64_t i = 0; i < m; i++) {
+        qf_kv_dict_decode(d, idx + (size_t)i * s, coef + (size_t)i * s, s, 1, rec);
+        r[i] = sqrt(qf_rel_mse(xs + (size_t)i * d->head_dim, rec, d->head_dim));
+    }
+    for (int64_t i = 1; i < m; i++) /* insertion sort: m <= 4096 */
+        for (int64_t k = i; k > 0 && r[k - 1] > r[k]; k--) {
+            double t = r[k];
+            r[k] = r[k - 1], r[k - 1] = t;
+        }
+    int64_t at = (int64_t)(q * (double)(m - 1) + 0.5);
+    *out = (float)fmin(r[at], 0.999);
+done:
+    free(xs), free(coef), free(rec), free(idx), free(r);
+    return st;
+}
+
 static qf_status learn_dict(const qf_job *j, const shared *s, int n_atoms, int sparsity, qf_payload *pl,
                             qf_error *err) {
     qf_kv_capture_view v = qf_capture_kv_view(s->cap);
     qf_status st;
+    bool v2 = j->dict_version == 2;
     if ((st = qf_payload_add_int(pl, "n_atoms", n_atoms, err)) || (st = qf_payload_add_int(pl, "sparsity", sparsity, err)) ||
         (st = qf_payload_add_string(pl, "coef", qf_kv_coef_name(j->dict_coef), err)))
+        return st;
+    /* v2: version 2, pre-RoPE keys, bit-packed indices, per-layer error bounds (absent = v1) */
+    if (v2 && ((st = qf_payload_add_int(pl, "version", 2, err)) || (st = qf_payload_add_int(pl, "k_prerope", 1, err))))
         return st;
     qf_kv_dict_params dp;
     qf_kv_dict_params_default(&dp);
@@ -353,26 +393,43 @@ static qf_status learn_dict(const qf_job *j, const shared *s, int n_atoms, int s
     dp.seed = j->seed;
     dp.n_threads = qf_context_params_get(s->ctx)->n_threads;
     dp.max_train = j->dict_max_train;
+    bool tol = v2 && j->dict_tol_quantile > 0;
+    float *tols = tol ? calloc((size_t)v.n_layer * 2, sizeof(float)) : NULL;
+    if (tol && !tols) return qf_fail(err, QF_ERR_NOMEM, "learn: out of memory");
     for (int sidx = 0; sidx < 2; sidx++)
         for (int l = 0; l < v.n_layer; l++) {
             const float *x = sidx ? v.v[l] : v.k[l];
             int64_t n = sidx ? v.n_v[l] : v.n_k[l];
-            if (n < n_atoms)
+            if (n < n_atoms) {
+                free(tols);
                 return qf_fail(err, QF_ERR_CAPTURE_FAILED,
                                "learn: layer %d %c has %lld captured vectors, fewer than the %d atoms to learn "
                                "(capture more tokens: --max-tok)",
                                l, sidx ? 'V' : 'K', (long long)n, n_atoms);
+            }
             qf_kv_dict d = {0};
-            if ((st = qf_kv_dict_learn(x, n, v.head_dim, &dp, &d, err)))
+            if ((st = qf_kv_dict_learn(x, n, v.head_dim, &dp, &d, err))) {
+                free(tols);
                 return qf_error_prefix(err, "learn: layer %d %c: ", l, sidx ? 'V' : 'K');
+            }
+            if (tol) st = dict_tol(&d, x, n, sparsity, j->dict_tol_quantile, dp.n_threads, &tols[sidx * v.n_layer + l], err);
             char name[32];
             snprintf(name, sizeof name, "%c.%d", sidx ? 'v' : 'k', l);
             int64_t shape[2] = {n_atoms, v.head_dim};
-            st = qf_payload_add_f32(pl, name, d.atoms, 2, shape, err);
+            if (!st) st = qf_payload_add_f32(pl, name, d.atoms, 2, shape, err);
             qf_kv_dict_free(&d);
-            if (st) return st;
+            if (st) {
+                free(tols);
+                return st;
+            }
         }
-    return QF_OK;
+    if (tol) {
+        int64_t shape[1] = {v.n_layer};
+        st = qf_payload_add_f32(pl, "k_tol", tols, 1, shape, err);
+        if (!st) st = qf_payload_add_f32(pl, "v_tol", tols + v.n_layer, 1, shape, err);
+    }
+    free(tols);
+    return st;
 }
 
 /* ---- certificate ---- */
@@ -479,6 +536,8 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
     } else if (!st && j->kind == QF_ARTIFACT_KV_DICT) {
         if (!st) st = qf_payload_add_int(cf, "iters", j->dict_iters, err);
         if (!st) st = qf_payload_add_int(cf, "max_train", j->dict_max_train, err);
+        if (!st) st = qf_payload_add_int(cf, "dict_version", j->dict_version, err);
+        if (!st && j->dict_version == 2) st = qf_payload_add_float(cf, "tol_quantile", j->dict_tol_quantile, err);
     } else if (!st && j->kind == QF_ARTIFACT_AWQ) {
         st = qf_payload_add_string(cf, "weights", "q4_0 (AWQ-scaled, folded)", err);
         if (!st && rep->n_tried > 1) { /* the RTN-Q4_0 baseline on the same evaluation tokens */
@@ -1009,8 +1068,8 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
             set_variant(variant, sizeof variant, "%s", int8_candidates[ci].name);
             if (qf_mpi_rank() == owner) st = learn_int8(j, &s, &int8_candidates[ci], &cand, err);
         } else {
-            set_variant(variant, sizeof variant, "%dx%d-%s", j->dict_atoms, j->dict_sparsity,
-                        qf_kv_coef_name(j->dict_coef));
+            set_variant(variant, sizeof variant, "%dx%d-%s%s", j->dict_atoms, j->dict_sparsity,
+                        qf_kv_coef_name(j->dict_coef), j->dict_version == 2 ? "-v2" : "");
             if (qf_mpi_rank() == owner) st = learn_dict(j, &s, j->dict_atoms, j->dict_sparsity, &cand, err);
         }
         qf_status cst = share_payload(owner, j->kind, &st, err, &cand, err);
