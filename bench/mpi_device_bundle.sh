@@ -34,5 +34,11 @@ done | sort -u | while read -r name path; do
     [ -e "$st/ompi$path" ] && continue
     cp -L "$path" "$st/lib/$name"
 done
+# OpenBLAS is dlopen'ed at first use (src/kernels/blas.c), so ldd does not list it: carry it and its needs
+ob=$(readlink -f /usr/lib/x86_64-linux-gnu/libopenblas.so.0)
+cp -L "$ob" "$st/lib/libopenblas.so.0"
+ldd "$ob" | awk '$3 ~ /^\// {print $1, $3}' | while read -r name path; do
+    [[ "$name" =~ $skip ]] || cp -L "$path" "$st/lib/$name"
+done
 tar cf - -C "$st" . | xz -1 -T2 >"$out"
 du -h "$out"

@@ -70,7 +70,7 @@ rc=$?; [ $rc -ne 0 ] && [ ! -e "$tmp/no" ] && grep -q "x.svg" "$tmp/e" && ok svg
 "$Q" analyze -m "$model" --chunks x > /dev/null 2>&1; [ $? -eq 1 ] && ok bad_flag_is_usage_error || ko bad_flag_is_usage_error
 "$Q" analyze > /dev/null 2>&1; [ $? -eq 1 ] && ok missing_model_flag || ko missing_model_flag
 "$Q" analyze -m "$model" --methods q8_0,bogus > /dev/null 2> "$tmp/e"; rc=$?
-[ $rc -ne 0 ] && [ $rc -ne 1 ] && grep -q "bogus" "$tmp/e" && ok unknown_method_named || ko unknown_method_named
+[ $rc -eq 1 ] && grep -q "bogus" "$tmp/e" && ok unknown_method_named || ko unknown_method_named  # a usage error: exit 1 (docs)
 "$Q" analyze -m /nonexistent.gguf > /dev/null 2> "$tmp/e"; rc=$?
 [ $rc -ne 0 ] && grep -q nonexistent "$tmp/e" && ok missing_model_named || ko missing_model_named
 "$Q" analyze -m "$model" --corpus "$tmp/empty_dir_does_not_exist" > /dev/null 2> "$tmp/e"; [ $? -ne 0 ] && ok missing_corpus || ko missing_corpus

@@ -101,7 +101,7 @@ expect "ppl q4_0 --kv-rot hadamard" 0 "$qf" ppl -m "$model" -f "$d/eval.txt" -c 
 if grep -q "^Final estimate: PPL = [0-9.]* +/- [0-9.]*$" "$d/out"; then ok "--kv-rot hadamard prints the Final estimate line"
 else bad "--kv-rot hadamard: no Final estimate line"; fi
 expect "usage: bad --kv-rot" 1 "$qf" ppl -m "$model" -f "$d/eval.txt" -c 64 --kv-rot walsh
-expect "--kv-rot with --artifact" 3 "$qf" ppl -m "$model" --artifact "$d/ctx.qfa" -f "$d/eval.txt" -c 64 --chunks 1 \
+expect "--kv-rot with --artifact" 1 "$qf" ppl -m "$model" --artifact "$d/ctx.qfa" -f "$d/eval.txt" -c 64 --chunks 1 \
     --kv-rot hadamard
 if grep -q "kv-rot hadamard applies to the plain KV cache types" "$d/err"; then ok "--kv-rot + artifact: clear message"
 else bad "--kv-rot + artifact message"; fi

@@ -95,7 +95,7 @@ else bad "a dying rank: exit $rc"; ls "$d"; tail -5 "$d/err"; fi
 cp "$model" "$d/other.gguf" && printf 'x' >>"$d/other.gguf"
 "${mpi[@]}" -np 1 "${ppl[@]}" : -np 1 "$qf" ppl -m "$d/other.gguf" -f "$text" -c 64 --chunks 5 -t 1 >"$d/out" 2>"$d/err"
 rc=$?
-if [ $rc -eq 3 ] && grep -q "model SHA-256 differs from rank 0's" "$d/err" && ! grep -q Final "$d/out"; then
+if [ $rc -eq 1 ] && grep -q "model SHA-256 differs from rank 0's" "$d/err" && ! grep -q Final "$d/out"; then
     ok "ppl: different models refused before any work (exit $rc)"
 else bad "ppl: different models: exit $rc"; tail -5 "$d/err"; fi
 head -c 20000 "$text" >"$d/c1.txt"
@@ -103,7 +103,7 @@ head -c 20000 "$text" >"$d/c2.txt" && echo "one more line" >>"$d/c2.txt"
 "${mpi[@]}" -np 1 "${cal[@]}" --corpus "$d/c1.txt" -o "$d/m.qfa" : -np 1 "${cal[@]}" --corpus "$d/c2.txt" -o "$d/m.qfa" \
     >/dev/null 2>"$d/err"
 rc=$?
-if [ $rc -eq 3 ] && grep -q "corpus SHA-256 differs" "$d/err" && [ ! -e "$d/m.qfa" ]; then
+if [ $rc -eq 1 ] && grep -q "corpus SHA-256 differs" "$d/err" && [ ! -e "$d/m.qfa" ]; then
     ok "calibrate: different corpora refused before any work (exit $rc), no .qfa"
 else bad "calibrate: different corpora: exit $rc"; tail -5 "$d/err"; fi
 

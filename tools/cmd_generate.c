@@ -101,6 +101,7 @@ int qf_cmd_generate(int argc, char **argv) {
     }
     cli_warn_ctx("generate", run.model, qf_context_params_get(run.ctx)->n_ctx);
     cli_warn_uncertified_ctx("generate", &run);
+    int n_ctx = qf_context_params_get(run.ctx)->n_ctx;
     qf_status st = qf_generate(run.ctx, prompt, strlen(prompt), &gp, &gs, &err);
     qf_run_close(&run);
     if (st) return cli_fail("generate", &err);
@@ -108,5 +109,8 @@ int qf_cmd_generate(int argc, char **argv) {
     fprintf(stderr, "generate: prompt %d tokens in %.2f s (%.1f t/s), generated %d tokens in %.2f s (%.1f t/s)\n",
             gs.n_prompt, gs.prompt_seconds, gs.n_prompt / (gs.prompt_seconds + 1e-9), gs.n_generated, gs.gen_seconds,
             gs.n_generated / (gs.gen_seconds + 1e-9));
+    if (gs.context_full)
+        fprintf(stderr, "generate: the context (-c %d) is full: stopped after %d of %d tokens (a larger -c generates more)\n",
+                n_ctx, gs.n_generated, gp.n_predict);
     return 0;
 }

@@ -52,6 +52,15 @@ static void load(void) {
     snprintf(why_not, sizeof why_not, "%s not found (this build of qforge has no CUDA backend, or it is not installed)",
              PLUGIN_NAME);
     const char *env = getenv("QF_CUDA_PLUGIN");
+    /* No GPU device node: do not map the plugin at all. Loading it maps cudart and cuBLAS
+     * (~600 MB of address space for libcublasLt alone) just to learn that no GPU answers, which
+     * made `--device auto` CPU runs fail under `ulimit -v` 1 GB (OpenBLAS then waited forever
+     * for its work buffer). An explicit QF_CUDA_PLUGIN is still tried. */
+    if (!(env && *env) && access("/dev/nvidiactl", F_OK) != 0 && access("/dev/nvidia0", F_OK) != 0 &&
+        access("/dev/dxg", F_OK) != 0) {
+        snprintf(why_not, sizeof why_not, "no NVIDIA GPU device on this machine (/dev/nvidia*)");
+        return;
+    }
     if (env && *env) {
         try_open(env); /* why_not says why it did not load */
         return; /* an explicit path is the only one tried */
