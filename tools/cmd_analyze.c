@@ -12,7 +12,7 @@
 static const char *USAGE =
     "qforge analyze -m MODEL [--corpus PATH]... [--builtin] [--eval-frac F] [-c N] [--chunks N]\n"
     "               [--methods LIST] [--dict 256x4,256x8,...] [--dict-iters N] [--dict-coef f16|q8]\n"
-    "               [--rq-bits 2,3,4] [--max-tok N] [--max-per-layer N] [--tables-in-rate]\n"
+    "               [--rq-bits 3,4] [--max-tok N] [--max-per-layer N] [--tables-in-rate]\n"
     "               [--no-cross-check] [--device auto|cpu|cuda] [-t N] [--seed S] [--json] [--svg FILE]\n"
     "  --corpus PATH      text (file or directory; repeatable), split into calibration and held-out\n"
     "                     evaluation documents as the forge splits it; default: the built-in demo corpus\n"
@@ -24,7 +24,7 @@ static const char *USAGE =
     "  --dict LIST        kv-dict sizes, atoms x sparsity (default 256x4,256x8,256x16)\n"
     "  --dict-iters N     k-SVD iterations per dictionary (default 10)\n"
     "  --dict-coef C      kv-dict coefficient storage, f16 or q8 (default f16)\n"
-    "  --rq-bits LIST     kv-rq budgets in bits (default 2,3,4; used once kv-rq is built)\n"
+    "  --rq-bits LIST     kv-rq budgets in bits per element, overheads included (default 3,4)\n"
     "  --max-tok N        calibration tokens captured for the learners (default 8192)\n"
     "  --max-per-layer N  K (and V) vectors kept per layer (default 4096)\n"
     "  --tables-in-rate   judge on bits per element with the learned side tables (scales,\n"

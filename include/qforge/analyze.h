@@ -5,7 +5,7 @@
  * second half of each scored, as `qforge ppl`); every method and rate then runs the SAME
  * evaluation tokens with its KV cache in that mode: plain cache types (f16, q8_0, q4_0, with
  * and without the Hadamard rotation) in a context of their own, learned artifacts (kv-int8,
- * kv-dict at several sizes, kv-rq when built) learned from a capture of the calibration split
+ * kv-dict at several sizes, kv-rq at budgets) learned from a capture of the calibration split
  * and bound to the reference context as certification does. Per point: bits per element,
  * delta PPL, mean and p99 KL(ref || method), same-top-1. Then the Pareto frontier over
  * (bits per element, mean KLD) and a verdict per method.
@@ -48,7 +48,7 @@ typedef struct {
     int n_dict;
     int dict_iters;           /* k-SVD iterations (10) */
     qf_kv_coef dict_coef;     /* f16 */
-    int rq_bits[QF_ANALYZE_MAX_RATES]; /* kv-rq budgets (2, 3, 4) */
+    int rq_bits[QF_ANALYZE_MAX_RATES]; /* kv-rq budgets (default 3, 4) */
     int n_rq_bits;
     bool tables_in_rate;      /* judge on bits_per_element_with_tables */
     uint64_t seed;            /* capture reservoir and learners (1) */
@@ -59,7 +59,7 @@ typedef struct {
 QF_API void qf_analyze_params_default(qf_analyze_params *p);
 
 /* The method table, in report order: f16, q8_0, q4_0, q8_0+hadamard, q4_0+hadamard, kv-int8,
- * kv-dict (and kv-rq once its artifact kind is built). i out of range: NULL. */
+ * kv-dict and kv-rq. i out of range: NULL. */
 QF_API const char *qf_analyze_method_name(int i);
 /* Whether the method learns from the calibration split (a capture is needed). */
 QF_API bool qf_analyze_method_learned(int i);

@@ -58,13 +58,13 @@ static void dict_rate(const qf_analyze_params *p, int i, qf_job *j, int *variant
     j->dict_coef = p->dict_coef;
     *variant = 0;
 }
-/* kv-rq (calibrated rotated quantization) joins with one row once its artifact kind is built:
- *   static int rq_rates(const qf_analyze_params *p) { return p->n_rq_bits; }
- *   static void rq_rate(const qf_analyze_params *p, int i, qf_job *j, int *variant) {
- *       j->rq_bits = p->rq_bits[i]; *variant = 0; }
- *   {"kv-rq", .learned = true, .kind = QF_ARTIFACT_KV_RQ, .n_rates = rq_rates, .rate = rq_rate,
- *    .via_job = true},
- * p->rq_bits already carries the budgets (2, 3, 4). */
+/* kv-rq: one point per budget (--rq-bits); the whole calibrate job runs, because the learner
+ * certifies its own bit allocation within the budget */
+static int rq_rates(const qf_analyze_params *p) { return p->n_rq_bits; }
+static void rq_rate(const qf_analyze_params *p, int i, qf_job *j, int *variant) {
+    j->rq_bits = p->rq_bits[i];
+    *variant = 0;
+}
 
 static const method METHODS[] = {
     {"f16", .kv = QF_KV_F16},
@@ -74,6 +74,7 @@ static const method METHODS[] = {
     {"q4_0+hadamard", .kv = QF_KV_Q4_0, .rot = QF_KV_ROT_HADAMARD},
     {"kv-int8", .learned = true, .kind = QF_ARTIFACT_KV_INT8, .n_rates = int8_rates, .rate = int8_rate},
     {"kv-dict", .learned = true, .kind = QF_ARTIFACT_KV_DICT, .n_rates = dict_rates, .rate = dict_rate},
+    {"kv-rq", .learned = true, .kind = QF_ARTIFACT_KV_RQ, .n_rates = rq_rates, .rate = rq_rate, .via_job = true},
 };
 #define N_METHODS ((int)(sizeof METHODS / sizeof METHODS[0]))
 
@@ -94,8 +95,8 @@ void qf_analyze_params_default(qf_analyze_params *p) {
     p->n_dict = 3;
     p->dict_iters = 10;
     p->dict_coef = QF_KV_COEF_F16;
-    p->rq_bits[0] = 2, p->rq_bits[1] = 3, p->rq_bits[2] = 4;
-    p->n_rq_bits = 3;
+    p->rq_bits[0] = 3, p->rq_bits[1] = 4;
+    p->n_rq_bits = 2;
     p->seed = 1;
 }
 
