@@ -18,7 +18,7 @@ j = json.load(open(sys.argv[1]))
 pts = j["points"]
 by = {(p["method"], p["label"]): p for p in pts}
 # every method of the table, measured on the same evaluation tokens
-for m in ("f16", "q8_0", "q4_0", "q8_0+hadamard", "q4_0+hadamard", "kv-int8", "kv-dict"):
+for m in ("f16", "q8_0", "q4_0", "q8_0+hadamard", "q4_0+hadamard", "kv-int8", "kv-dict", "kv-rq"):
     assert any(p["method"] == m for p in pts), m
 assert abs(by[("f16", "f16")]["bits_per_element"] - 16) < 1e-9
 assert abs(by[("q8_0", "q8_0")]["bits_per_element"] - 8.5) < 1e-9
@@ -49,7 +49,7 @@ for p in pts:
         q = by[(d["method"], d["label"])]
         assert q["bits_per_element"] <= p["bits_per_element"] and q["kld_mean"] <= p["kld_mean"], (p, q)
 v = {x["method"]: x["verdict"] for x in j["verdicts"]}
-assert len(v) == 7 and all(s.startswith(("on the frontier", "dominated", "not measured")) for s in v.values()), v
+assert len(v) == 8 and all(s.startswith(("on the frontier", "dominated", "not measured")) for s in v.values()), v
 assert j["reference"]["kv"] == "f32" and j["reference"]["ppl"] > 1 and j["chunks"] == 2 and j["n_ctx"] == 128
 assert j["cross_check_max_rel_diff"] < 1e-4
 PY
