@@ -48,6 +48,22 @@ static void on_k_prerope(void *user, int layer, int pos0, int n_tok, int n_head_
     memcpy(cap->kpre, k, n * sizeof(float));
 }
 
+/* One token seen by `layer`'s reservoir: the slot it takes (recorded in slot_tok), or -1 when
+ * it is not kept. The decision depends only on the count seen and the layer's generator, so
+ * ranks that skip a window (skip_kv) replay exactly the decisions of the rank that ran it. */
+static int64_t reservoir_slot(qf_capture *cap, int layer) {
+    int64_t slot;
+    int64_t seen = ++cap->seen[layer];
+    if (cap->filled[layer] < cap->cap_tokens) slot = cap->filled[layer]++;
+    else {
+        uint64_t r = qf_xorshift64s(&cap->rng[layer]) % (uint64_t)seen;
+        if (r >= (uint64_t)cap->cap_tokens) return -1;
+        slot = (int64_t)r;
+    }
+    cap->slot_tok[layer][slot] = seen - 1;
+    return slot;
+}
+
 static void on_kv(void *user, int layer, int pos0, int n_tok, int n_head_kv, int head_dim, const float *k,
                   const float *v) {
     (void)pos0;
@@ -59,15 +75,8 @@ static void on_kv(void *user, int layer, int pos0, int n_tok, int n_head_kv, int
     }
     size_t tok_floats = (size_t)n_head_kv * head_dim;
     for (int t = 0; t < n_tok; t++) {
-        int64_t slot;
-        int64_t seen = ++cap->seen[layer];
-        if (cap->filled[layer] < cap->cap_tokens) slot = cap->filled[layer]++;
-        else {
-            uint64_t r = qf_xorshift64s(&cap->rng[layer]) % (uint64_t)seen;
-            if (r >= (uint64_t)cap->cap_tokens) continue;
-            slot = (int64_t)r;
-        }
-        cap->slot_tok[layer][slot] = seen - 1;
+        int64_t slot = reservoir_slot(cap, layer);
+        if (slot < 0) continue;
         memcpy(cap->k[layer] + slot * tok_floats, k + t * tok_floats, tok_floats * sizeof(float));
         memcpy(cap->v[layer] + slot * tok_floats, v + t * tok_floats, tok_floats * sizeof(float));
     }
@@ -78,17 +87,7 @@ static void on_kv(void *user, int layer, int pos0, int n_tok, int n_head_kv, int
  * tokens (the generator does not depend on the data), recording which slots they take. */
 static void skip_kv(qf_capture *cap, int n_tok) {
     for (int layer = 0; layer < cap->n_layer; layer++) {
-        for (int t = 0; t < n_tok; t++) {
-            int64_t slot;
-            int64_t seen = ++cap->seen[layer];
-            if (cap->filled[layer] < cap->cap_tokens) slot = cap->filled[layer]++;
-            else {
-                uint64_t r = qf_xorshift64s(&cap->rng[layer]) % (uint64_t)seen;
-                if (r >= (uint64_t)cap->cap_tokens) continue;
-                slot = (int64_t)r;
-            }
-            cap->slot_tok[layer][slot] = seen - 1;
-        }
+        for (int t = 0; t < n_tok; t++) reservoir_slot(cap, layer);
         cap->n_vec[layer] = cap->filled[layer] * cap->n_kv;
     }
 }
