@@ -54,7 +54,14 @@ expect "--device cuda refused" 7 "$qf" ppl -m "$model" --artifact "$d/rq.qfa" -f
 if grep -q "CPU only" "$d/err"; then ok "cuda refusal says kv-rq runs on the CPU only"; else bad "cuda refusal message"; fi
 expect "budget below 2 code bits" 1 "$qf" calibrate "${small[@]}" --bits 2.5 --sinks 4 --window 8 -o "$d/x.qfa"
 if [ ! -e "$d/x.qfa" ]; then ok "no file after a refused budget"; else bad "file after a refused budget"; fi
-expect "fewest bits that pass (gate 50%)" 0 "$qf" calibrate "${small[@]}" --gate 0.5 --sinks 0 --window 0 -o "$d/few.qfa"
+expect "fewest bits that pass (gate 50%), --sens-ctx 32" 0 "$qf" calibrate "${small[@]}" --gate 0.5 --sinks 0 --window 0 \
+    --sens-ctx 32 -o "$d/few.qfa"
+if grep -q "calibration chunks of 32" "$d/err"; then ok "--sens-ctx: sensitivity measured on chunks of 32"
+else bad "--sens-ctx 32 not used: $(grep sensitivity "$d/err")"; fi
+expect "--sens-ctx above -c refused" 1 "$qf" calibrate "${small[@]}" --bits 3.5 --sens-ctx 128 -o "$d/y.qfa"
+if grep -q -- "--sens-ctx 128: expected 2..64" "$d/err" && [ ! -e "$d/y.qfa" ]; then ok "--sens-ctx refusal says why, no file"
+else bad "--sens-ctx refusal: $(tail -n 1 "$d/err")"; fi
+expect "--sens-ctx not a number: usage" 1 "$qf" calibrate "${small[@]}" --bits 3.5 --sens-ctx x -o "$d/y.qfa"
 if [ -f "$data/models/qforge-demo-11m-q8_0.gguf" ]; then
     expect "WrongModel (q8_0)" 17 "$qf" ppl -m "$data/models/qforge-demo-11m-q8_0.gguf" --artifact "$d/rq.qfa" \
         -f "$d/eval.txt" -c 64 --chunks 2

@@ -224,15 +224,19 @@ qf_status qf_kv_cache_init_spec(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx
                 qf_kv_cache_free(kv);
                 return qf_fail(err, QF_ERR_ARG, "int8 KV cache (%s): unknown row layout %d", sname, sp->int8_layout);
             }
-            bool rot = sp->int8_layout == QF_KV_INT8_STATIC_ROT || sp->int8_layout == QF_KV_INT8_TOKEN_ROT;
+            bool ec = sp->int8_layout == QF_KV_INT8_EC_ROT;
+            bool rot = sp->int8_layout == QF_KV_INT8_STATIC_ROT || sp->int8_layout == QF_KV_INT8_TOKEN_ROT || ec;
             bool tok = sp->int8_layout == QF_KV_INT8_TOKEN_ROT || sp->int8_layout == QF_KV_INT8_TOKEN;
             if ((rot && !qf_hadamard_size_ok(hp->head_dim)) ||
-                (tok && (hp->head_dim < 8 || hp->head_dim % 8 || hp->head_dim > 1024))) {
+                (tok && (hp->head_dim < 8 || hp->head_dim % 8 || hp->head_dim > 1024)) ||
+                (ec && (hp->head_dim < 16 || hp->head_dim > 1024))) {
                 qf_kv_cache_free(kv);
                 return qf_fail(err, QF_ERR_UNSUPPORTED,
                                "int8 KV cache (%s): the %s row layout needs head_dim %s (it is %d)", sname,
-                               tok ? "per-token" : "rotated",
-                               rot ? "a power of two" : "a multiple of 8 in [8, 1024]", hp->head_dim);
+                               ec ? "entropy-coded" : tok ? "per-token" : "rotated",
+                               ec ? "a power of two in [16, 1024]"
+                                  : rot ? "a power of two" : "a multiple of 8 in [8, 1024]",
+                               hp->head_dim);
             }
             kv->int8_layout[s] = (uint8_t)sp->int8_layout;
             if (rot && !kv->int8_buf && !(kv->int8_buf = malloc((size_t)hp->head_dim * sizeof(float)))) goto oom;
@@ -463,6 +467,7 @@ void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_po
                 x = kv->int8_buf;
             }
             if (lay == QF_KV_INT8_STATIC_ROT) qf_kv_int8_quantize(x, inv + (size_t)(r % nh) * hd, q, hd);
+            else if (lay == QF_KV_INT8_EC_ROT) qf_kv_int8_ec_quantize(x, (uint8_t *)q, hd);
             else qf_kv_int8_token_quantize(x, q, hd);
         }
         return;
@@ -507,9 +512,11 @@ void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, 
             const int8_t *q = (const int8_t *)(base + p * stride);
             float *x = dst + (size_t)p * hd;
             if (lay == QF_KV_INT8_STATIC || lay == QF_KV_INT8_STATIC_ROT) qf_kv_int8_dequantize(q, sc, x, hd);
+            else if (lay == QF_KV_INT8_EC_ROT) qf_kv_int8_ec_dequantize((const uint8_t *)q, x, hd);
             else qf_kv_int8_token_dequantize(q, x, hd);
         }
-        if (lay == QF_KV_INT8_STATIC_ROT || lay == QF_KV_INT8_TOKEN_ROT) qf_hadamard_rows(dst, hd, n_pos);
+        if (lay == QF_KV_INT8_STATIC_ROT || lay == QF_KV_INT8_TOKEN_ROT || lay == QF_KV_INT8_EC_ROT)
+            qf_hadamard_rows(dst, hd, n_pos);
     } else if (mode == QF_KV_DICT) {
         const struct qf_kv_dict_bind *d = kv->dict[stream];
         const qf_kv_dict *L = &d->layer[layer];
