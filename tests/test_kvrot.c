@@ -346,7 +346,7 @@ TEST(int8_ec_codec) {
         double mag = exp2((double)(trial % 31) - 16); /* rows of RMS 2^-16 .. 2^14: within the step range */
         for (int i = 0; i < n; i++) x[i] = (float)(mag * (trial % 5 == 4 ? (qf_xorshift64s(&s) >> 11) * 0x1.0p-53 - 0.5 : gauss(&s)));
         qf_kv_int8_ec_quantize(x, q, n);
-        qf_kv_int8_ec_dequantize(q, y, n);
+        qf_kv_int8_ec_dequantize(q, n, y, n);
         int used = 0, e = oracle_ec_decode(q, n, yo, &used);
         CHECK_MSG(e > 0, "trial %d: exponent %d (bits used %d of %d)", trial, e, used, 8 * n);
         if (e <= 0) continue;
@@ -357,6 +357,12 @@ TEST(int8_ec_codec) {
             se += (double)(x[i] - y[i]) * (x[i] - y[i]);
         }
         CHECK_EQ_INT(oracle_ec_bits(x, n, e) == used, 1);
+        if (trial % 10 == 1) { /* a prefix decodes alone to the same values */
+            float yp[1024];
+            int np = n / 2 + 3;
+            qf_kv_int8_ec_dequantize(q, n, yp, np);
+            for (int i = 0; i < np; i++) CHECK(yp[i] == y[i]);
+        }
         CHECK_MSG(e == 1 || oracle_ec_bits(x, n, e - 1) > 8L * n, "trial %d: e %d is not the finest step that fits", trial, e);
         if (n == 128 && trial % 5 != 4 && trial % 31 >= 8 && trial % 31 <= 24) {
             qf_kv_int8_token_quantize(x, qt, n);
@@ -372,22 +378,22 @@ TEST(int8_ec_codec) {
     memset(x, 0, sizeof x);
     qf_kv_int8_ec_quantize(x, q, 64);
     for (int i = 0; i < 64; i++) CHECK(q[i] == 0);
-    qf_kv_int8_ec_dequantize(q, y, 64);
+    qf_kv_int8_ec_dequantize(q, 64, y, 64);
     for (int i = 0; i < 64; i++) CHECK(y[i] == 0);
     x[3] = NAN, x[4] = INFINITY, x[5] = 1.0f, x[6] = -0.5f;
     qf_kv_int8_ec_quantize(x, q, 64);
-    qf_kv_int8_ec_dequantize(q, y, 64);
+    qf_kv_int8_ec_dequantize(q, 64, y, 64);
     for (int i = 0; i < 64; i++) CHECK(isfinite(y[i]));
     CHECK(y[3] == 0 && y[4] == 0 && fabsf(y[5] - 1.0f) < 0.02f && fabsf(y[6] + 0.5f) < 0.02f);
     for (int i = 0; i < 64; i++) x[i] = (i % 2 ? 1e30f : -1e30f);
     qf_kv_int8_ec_quantize(x, q, 64);
-    qf_kv_int8_ec_dequantize(q, y, 64);
+    qf_kv_int8_ec_dequantize(q, 64, y, 64);
     int used = 0;
     CHECK(oracle_ec_decode(q, 64, yo, &used) > 0 && used <= 512); /* capped codes, still fits */
     for (int i = 0; i < 64; i++) CHECK(isfinite(y[i]) && y[i] == yo[i] && (y[i] < 0) == (x[i] < 0));
     memset(q, 0xff, 64); /* all ones: an endless unary tail; decodes to finite values, no overrun */
     y[63] = 7;
-    qf_kv_int8_ec_dequantize(q, y, 64);
+    qf_kv_int8_ec_dequantize(q, 64, y, 64);
     for (int i = 0; i < 64; i++) CHECK(isfinite(y[i]));
     CHECK(y[63] == 0);
 }
@@ -417,6 +423,25 @@ TEST(int8_layouts_in_the_cache) {
     }
     qf_error e = {0};
     qf_kv_cache kv;
+    { /* ec-rot at head_dim 512: two heads exceed one 256-element group, so one head per row */
+        qf_hparams h5 = hp_with(512);
+        float *sc5 = malloc(sizeof(float) * 2 * 2 * 512), *src5 = malloc(sizeof(float) * 2 * 512);
+        float *got5 = malloc(sizeof(float) * 3 * 512);
+        for (int i = 0; i < 2 * 2 * 512; i++) sc5[i] = 1.0f;
+        for (int i = 0; i < 2 * 512; i++) src5[i] = (float)(((qf_xorshift64s(&s) >> 11) * 0x1.0p-53) * 2 - 1);
+        qf_kv_stream_spec sp5[2] = {{.mode = QF_KV_INT8, .int8_scale = sc5, .int8_layout = QF_KV_INT8_EC_ROT},
+                                    {.mode = QF_KV_F16}};
+        CHECK_MSG(qf_kv_cache_init_spec(&kv, &h5, 4, sp5, &e) == QF_OK, "%s", e.msg);
+        qf_kv_cache_write(&kv, 0, 0, 2, 1, src5); /* position 2 */
+        for (int h = 0; h < 2; h++) {
+            qf_kv_cache_read_head(&kv, 0, 0, h, 3, got5);
+            double maxd = 0;
+            for (int d = 0; d < 512; d++) maxd = fmax(maxd, fabs(src5[h * 512 + d] - got5[2 * 512 + d]));
+            CHECK_MSG(maxd < 0.03, "head %d: max error %g", h, maxd); /* step ~0.01 */
+        }
+        qf_kv_cache_free(&kv);
+        free(sc5), free(src5), free(got5);
+    }
     hp = hp_with(96); /* no power of two: no rotation; a multiple of 8: per-token is fine */
     float sc96[2 * 2 * 96];
     for (int i = 0; i < 2 * 2 * 96; i++) sc96[i] = 0.01f;

@@ -120,9 +120,11 @@ QF_API void qf_kv_int8_token_dequantize(const int8_t *q, float *x, int n);
  * multiple of 8 in [16, 1024]) in exactly n bytes: a 10-bit step exponent, then a prefix code
  * per element (magnitude, sign) designed for a Gaussian row; the encoder picks the finest step
  * whose codes fit (kv_codes.c has the bit layout). Non-finite elements encode as 0; a row that
- * is all zero (or all non-finite) decodes to zeros. The decoder never reads past n bytes and
- * decodes any byte string to finite values (a corrupt tail decodes to zeros). */
+ * is all zero (or all non-finite) decodes to zeros. Dequantize decodes the first n_out <= n
+ * elements of an n-element row (the stream is sequential: element i needs the codes before
+ * it). The decoder never reads past n bytes and decodes any byte string to finite values (a
+ * corrupt tail decodes to zeros). */
 QF_API void qf_kv_int8_ec_quantize(const float *x, uint8_t *q, int n);
-QF_API void qf_kv_int8_ec_dequantize(const uint8_t *q, float *x, int n);
+QF_API void qf_kv_int8_ec_dequantize(const uint8_t *q, int n, float *x, int n_out);
 
 #endif

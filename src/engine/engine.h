@@ -68,8 +68,9 @@ struct qf_kv_rq_bind {
  *   TOKEN_ROT   rotated row, its own scale per row carried in the codes' parities
  *               (qf_kv_int8_token_quantize): exactly 8 bits, no static scale used
  *   TOKEN       the same without the rotation
- *   EC_ROT      rotated row, entropy-coded in exactly 8 bits per element (qf_kv_int8_ec_quantize):
- *               the step follows the row's RMS, not its maximum; no static scale used */
+ *   EC_ROT      rotated rows, entropy-coded in exactly 8 bits per element (qf_kv_int8_ec_quantize):
+ *               the step follows the RMS, not the maximum; the kv heads of one token are coded
+ *               in groups of up to 256 elements (kv_cache.c ec_group); no static scale used */
 typedef enum {
     QF_KV_INT8_STATIC = 0,
     QF_KV_INT8_STATIC_ROT,

@@ -23,6 +23,9 @@
 #include "engine/kv_rq.h"
 #include "kernels/hadamard.h"
 
+#define EC_GROUP_MAX 256 /* kv-int8 ec-rot: elements per entropy-coded group of kv heads (ec_group) */
+#define EC_ROW_MAX 1024  /* the codec's longest row: head_dim up to 1024 (then one head per group) */
+
 static const char *const mode_names[QF_KV_MODE_COUNT] = {"f32", "f16", "q8_0", "q4_0", "int8", "dict", "rq"};
 
 const char *qf_kv_mode_name(qf_kv_mode m) {
@@ -239,7 +242,8 @@ qf_status qf_kv_cache_init_spec(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx
                                hp->head_dim);
             }
             kv->int8_layout[s] = (uint8_t)sp->int8_layout;
-            if (rot && !kv->int8_buf && !(kv->int8_buf = malloc((size_t)hp->head_dim * sizeof(float)))) goto oom;
+            /* the write buffer holds one rotated row, or one entropy-coded group of rows */
+            if (rot && !kv->int8_buf && !(kv->int8_buf = malloc(EC_ROW_MAX * sizeof(float)))) goto oom;
             rb = (size_t)hp->head_dim;
         } else if (sp->mode == QF_KV_DICT) {
             if ((st = dict_bind_new(sp, hp, sname, &kv->dict[s], err))) {
@@ -426,6 +430,18 @@ qf_status qf_kv_cache_set_rot(qf_kv_cache *kv, qf_kv_rot rot, qf_error *err) {
     return QF_OK;
 }
 
+/* kv-int8 "ec-rot" codes g consecutive kv heads of one token as ONE entropy-coded row of
+ * g * head_dim elements (g * head_dim bytes, where those heads' rows lie in the cache): a wider
+ * row shares one step exponent and lets bits flow to the head that needs them. g is the largest
+ * divisor of n_head_kv with g * head_dim <= EC_GROUP_MAX (1 when head_dim is larger). A read
+ * of head h decodes its group up to the end of h. */
+static int ec_group(const qf_kv_cache *kv) {
+    int g = 1;
+    for (int d = 1; d <= kv->n_head_kv; d++)
+        if (kv->n_head_kv % d == 0 && (size_t)d * kv->head_dim <= EC_GROUP_MAX) g = d;
+    return g;
+}
+
 void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos,
                        const float *src) {
     qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
@@ -458,6 +474,17 @@ void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_po
                 qf_kv_int8_quantize(src + (size_t)p * nh * hd, inv, (int8_t *)(dst + (size_t)p * nh * rb), nh * hd);
             return;
         }
+        if (lay == QF_KV_INT8_EC_ROT) {
+            int g = ec_group(kv);
+            for (int r = 0; r < n_pos * nh; r += g) {
+                for (int k = 0; k < g; k++) {
+                    memcpy(kv->int8_buf + (size_t)k * hd, src + (size_t)(r + k) * hd, (size_t)hd * sizeof(float));
+                    qf_hadamard(kv->int8_buf + (size_t)k * hd, hd);
+                }
+                qf_kv_int8_ec_quantize(kv->int8_buf, dst + (size_t)r * rb, g * hd); /* rb == hd */
+            }
+            return;
+        }
         for (int r = 0; r < n_pos * nh; r++) {
             const float *x = src + (size_t)r * hd;
             int8_t *q = (int8_t *)(dst + (size_t)r * rb);
@@ -467,7 +494,6 @@ void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_po
                 x = kv->int8_buf;
             }
             if (lay == QF_KV_INT8_STATIC_ROT) qf_kv_int8_quantize(x, inv + (size_t)(r % nh) * hd, q, hd);
-            else if (lay == QF_KV_INT8_EC_ROT) qf_kv_int8_ec_quantize(x, (uint8_t *)q, hd);
             else qf_kv_int8_token_quantize(x, q, hd);
         }
         return;
@@ -508,11 +534,19 @@ void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, 
     } else if (mode == QF_KV_INT8) {
         const float *sc = kv->int8_scale[stream] + ((size_t)layer * nh + h) * hd;
         int lay = kv->int8_layout[stream];
-        for (int p = 0; p < n_pos; p++) {
+        if (lay == QF_KV_INT8_EC_ROT) { /* decode head h's group up to the end of h */
+            int g = ec_group(kv), k = h % g;
+            const uint8_t *gb = base - (size_t)k * rb;
+            float tmp[EC_ROW_MAX];
+            for (int p = 0; p < n_pos; p++) {
+                qf_kv_int8_ec_dequantize(gb + p * stride, g * hd, tmp, (k + 1) * hd);
+                memcpy(dst + (size_t)p * hd, tmp + (size_t)k * hd, (size_t)hd * sizeof(float));
+            }
+        }
+        for (int p = 0; p < n_pos && lay != QF_KV_INT8_EC_ROT; p++) {
             const int8_t *q = (const int8_t *)(base + p * stride);
             float *x = dst + (size_t)p * hd;
             if (lay == QF_KV_INT8_STATIC || lay == QF_KV_INT8_STATIC_ROT) qf_kv_int8_dequantize(q, sc, x, hd);
-            else if (lay == QF_KV_INT8_EC_ROT) qf_kv_int8_ec_dequantize((const uint8_t *)q, x, hd);
             else qf_kv_int8_token_dequantize(q, x, hd);
         }
         if (lay == QF_KV_INT8_STATIC_ROT || lay == QF_KV_INT8_TOKEN_ROT || lay == QF_KV_INT8_EC_ROT)

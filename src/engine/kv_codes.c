@@ -513,7 +513,7 @@ void qf_kv_int8_ec_quantize(const float *x, uint8_t *q, int n) {
     }
 }
 
-void qf_kv_int8_ec_dequantize(const uint8_t *q, float *x, int n) {
+void qf_kv_int8_ec_dequantize(const uint8_t *q, int n, float *x, int n_out) {
     const size_t total = (size_t)n * 8;
     size_t pos = 0; /* bits consumed */
     uint64_t buf = 0;
@@ -534,7 +534,8 @@ void qf_kv_int8_ec_dequantize(const uint8_t *q, float *x, int n) {
     EC_TAKE(EC_HDR_BITS, e);
     float d = e ? ec_step((int)e) : 0.0f;
     int i = 0;
-    for (; i < n && e; i++) {
+    if (n_out > n) n_out = n;
+    for (; i < n_out && e; i++) {
         uint32_t h;
         EC_TAKE(1, b);
         if (!b) EC_TAKE(1, h);
@@ -555,7 +556,7 @@ void qf_kv_int8_ec_dequantize(const uint8_t *q, float *x, int n) {
         float v = (float)(h << 4 | lo) * d;
         x[i] = sg ? -v : v;
     }
-    for (; i < n; i++) x[i] = 0;
+    for (; i < n_out; i++) x[i] = 0;
 #undef EC_NEED
 #undef EC_TAKE
 }
