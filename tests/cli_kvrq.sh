@@ -62,6 +62,19 @@ expect "--sens-ctx above -c refused" 1 "$qf" calibrate "${small[@]}" --bits 3.5 
 if grep -q -- "--sens-ctx 128: expected 2..64" "$d/err" && [ ! -e "$d/y.qfa" ]; then ok "--sens-ctx refusal says why, no file"
 else bad "--sens-ctx refusal: $(tail -n 1 "$d/err")"; fi
 expect "--sens-ctx not a number: usage" 1 "$qf" calibrate "${small[@]}" --bits 3.5 --sens-ctx x -o "$d/y.qfa"
+# --rq-min-bits: a floor under the allocation (no 2-bit codebooks at 3)
+expect "--rq-min-bits 3 within --bits 4" 0 "$qf" calibrate "${small[@]}" --bits 4 --rq-min-bits 3 --sinks 1 --window 2 --max-kld 1 --max-kld-p99 10 \
+    -o "$d/m3.qfa"
+alloc=$(sed -n 's/.*\[4\/5 certify\] kv-rq K \([0-9]*\) V \([0-9]*\) .*/\1\2/p' "$d/err" | tail -n 1)
+if [ -n "$alloc" ] && ! echo "$alloc" | grep -q 2; then ok "--rq-min-bits 3: no unit at 2 bits ($alloc)"
+else bad "--rq-min-bits 3: allocation '$alloc'"; fi
+expect "--rq-min-bits above the budget refused" 1 "$qf" calibrate "${small[@]}" --bits 3.5 --rq-min-bits 3 --sinks 1 \
+    --window 2 -o "$d/y.qfa"
+if grep -q "rq-min-bits 3 does not fit" "$d/err" && [ ! -e "$d/y.qfa" ]; then ok "min-bits refusal says why, no file"
+else bad "min-bits refusal: $(tail -n 1 "$d/err")"; fi
+expect "--rq-min-bits without --bits refused" 1 "$qf" calibrate "${small[@]}" --rq-min-bits 3 -o "$d/y.qfa"
+if grep -q "with a --bits budget" "$d/err"; then ok "min-bits needs a budget"; else bad "min-bits w/o budget: $(tail -n 1 "$d/err")"; fi
+expect "--rq-min-bits 7: usage" 1 "$qf" calibrate "${small[@]}" --bits 4 --rq-min-bits 7 -o "$d/y.qfa"
 if [ -f "$data/models/qforge-demo-11m-q8_0.gguf" ]; then
     expect "WrongModel (q8_0)" 17 "$qf" ppl -m "$data/models/qforge-demo-11m-q8_0.gguf" --artifact "$d/rq.qfa" \
         -f "$d/eval.txt" -c 64 --chunks 2

@@ -44,6 +44,7 @@ static const char *USAGE =
     "                    f16 sinks and window); none = the fewest bits that pass the gate\n"
     "  --sinks S --window R   kv-rq: f16 sink and recent-window tokens (default: chosen by the learner)\n"
     "  --rq-alpha A --sens-chunks N   kv-rq: K channel smoothing exponent (0.5), sensitivity chunks (2)\n"
+    "  --rq-min-bits B   kv-rq with --bits: no (layer, stream) below B code bits (default 2)\n"
     "  --sens-ctx N      kv-rq: tokens per sensitivity and window-split chunk (default min(-c, 512));\n"
     "                    -c N measures them at the certified context (slower, fits long contexts)\n"
     "  --dict-version 2   kv-dict v2: keys learned and stored before RoPE, bit-packed indices\n"

@@ -149,6 +149,8 @@ typedef struct {
     int rq_sink, rq_window;     /* f16 sink / recent-window tokens (-1 = the learner's choice) */
     double rq_k_alpha;          /* K channel smoothing exponent (default 0.5) */
     int rq_sens_chunks;         /* calibration chunks per sensitivity run (default 2) */
+    int rq_min_bits;            /* with rq_bits: the fewest code bits any (layer, stream) gets (default 2;
+                                   3 avoids 2-bit codebooks and their heavy per-token tails) */
     int rq_sens_ctx;            /* tokens per sensitivity / window-split chunk (0 = min(n_ctx, 512));
                                    at most the capture window n_ctx (QF_ERR_ARG otherwise) */
     /* outputs */

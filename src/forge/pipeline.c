@@ -48,6 +48,7 @@ void qf_job_default(qf_job *j) {
     j->rq_sink = j->rq_window = -1;
     j->rq_k_alpha = 0.5;
     j->rq_sens_chunks = 2;
+    j->rq_min_bits = QF_KV_RQ_MIN_BITS;
     j->dict_version = 1;
 }
 
@@ -837,7 +838,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
                          j->rq_bits, max_code, s->n_ctx, 8.0 * QF_KV_RQ_SCALE_BYTES / D, S, R, 16.0 * (S + R) / s->n_ctx);
             goto done;
         }
-        double pred = qf_kv_rq_allocate(&fit, (const double *const *)sens, max_code, bits);
+        double pred = qf_kv_rq_allocate_min(&fit, (const double *const *)sens, max_code, j->rq_min_bits, bits);
         stage(j, "[3/5 learn] kv-rq allocation within %.3f bits (codes <= %.3f): predicted KLD %.5f", j->rq_bits, max_code,
               pred);
         if (j->rq_sink < 0 && j->rq_window < 0) {
@@ -859,8 +860,8 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
                 if (seen || n_tried >= 32) continue;
                 tried_s[n_tried] = cs, tried_r[n_tried++] = cr;
                 double mc = j->rq_bits - scale_bits - 16.0 * sr / s->n_ctx;
-                if (mc < QF_KV_RQ_MIN_BITS) continue;
-                qf_kv_rq_allocate(&fit, (const double *const *)sens, mc, bits);
+                if (mc < j->rq_min_bits) continue;
+                qf_kv_rq_allocate_min(&fit, (const double *const *)sens, mc, j->rq_min_bits, bits);
                 qf_payload_free(&pl);
                 memset(&pl, 0, sizeof pl);
                 qf_certify_result cr_;
@@ -872,7 +873,14 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
             }
             S = bS, R = bR;
             max_code = j->rq_bits - scale_bits - 16.0 * (S + R) / s->n_ctx;
-            qf_kv_rq_allocate(&fit, (const double *const *)sens, max_code, bits);
+            qf_kv_rq_allocate_min(&fit, (const double *const *)sens, max_code, j->rq_min_bits, bits);
+        }
+        if (max_code < j->rq_min_bits - 1e-9) {
+            st = qf_fail(err, QF_ERR_ARG,
+                         "kv-rq: --rq-min-bits %d does not fit a budget of %.3f bits per element at -c %d (codes <= %.3f "
+                         "after row scales and %d sinks + %d window tokens); lower --rq-min-bits or raise --bits",
+                         j->rq_min_bits, j->rq_bits, s->n_ctx, max_code, S, R);
+            goto done;
         }
         if ((st = rq_certify(j, s, &fit, bits, S, R, &pl, &r, &bpe, err))) goto done;
         rep->result = r;
@@ -940,7 +948,9 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         (st = qf_payload_add_int(cf, "n_sink", S, err)) || (st = qf_payload_add_int(cf, "n_window", R, err)) ||
         (st = qf_payload_add_string(cf, "k_bits", kb, err)) || (st = qf_payload_add_string(cf, "v_bits", vb, err)) ||
         (st = qf_payload_add_float(cf, "k_alpha", j->rq_k_alpha, err)) ||
-        (j->rq_bits > 0 && (st = qf_payload_add_float(cf, "budget_bits", j->rq_bits, err))))
+        (j->rq_bits > 0 && (st = qf_payload_add_float(cf, "budget_bits", j->rq_bits, err))) ||
+        (j->rq_min_bits != QF_KV_RQ_MIN_BITS && (st = qf_payload_add_int(cf, "min_bits", j->rq_min_bits, err))) ||
+        (st = qf_payload_add_int(cf, "sens_ctx", sens_ctx, err)))
         goto done;
     if (!rep->result.passed) {
         const qf_certify_result *rr = &rep->result;
@@ -989,6 +999,10 @@ static qf_status job_preflight(const qf_job *j, qf_error *err) {
     const char *out_names[3] = {"-o", "--eval-out", "the awq GGUF"};
     qf_status st = qf_check_outputs(ins, in_names, n_in, outs, out_names, 3, err);
     int n_ctx = j->n_ctx_list > 0 ? j->ctx_list[0] : j->n_ctx > 0 ? j->n_ctx : 256; /* stage_model's */
+    if (!st && j->kind == QF_ARTIFACT_KV_RQ && j->rq_min_bits != QF_KV_RQ_MIN_BITS &&
+        (j->rq_min_bits < QF_KV_RQ_MIN_BITS || j->rq_min_bits > QF_KV_RQ_MAX_BITS || !(j->rq_bits > 0)))
+        st = qf_fail(err, QF_ERR_ARG, "calibrate: --rq-min-bits %d: expected %d..%d, with a --bits budget", j->rq_min_bits,
+                     QF_KV_RQ_MIN_BITS, QF_KV_RQ_MAX_BITS);
     if (!st && j->kind == QF_ARTIFACT_KV_RQ && (j->rq_sens_ctx < 0 || j->rq_sens_ctx > n_ctx || j->rq_sens_ctx == 1))
         st = qf_fail(err, QF_ERR_ARG,
                      "calibrate: --sens-ctx %d: expected 2..%d tokens (the capture window -c, the first of --ctx)",
