@@ -62,6 +62,19 @@ expect "--sens-ctx above -c refused" 1 "$qf" calibrate "${small[@]}" --bits 3.5 
 if grep -q -- "--sens-ctx 128: expected 2..64" "$d/err" && [ ! -e "$d/y.qfa" ]; then ok "--sens-ctx refusal says why, no file"
 else bad "--sens-ctx refusal: $(tail -n 1 "$d/err")"; fi
 expect "--sens-ctx not a number: usage" 1 "$qf" calibrate "${small[@]}" --bits 3.5 --sens-ctx x -o "$d/y.qfa"
+# --ctx for kv-rq: certified at each listed context, each with its paired ΔPPL standard error;
+# ppl refuses a larger context unless forced
+expect "kv-rq --bits 4 --ctx 64,128" 0 "$qf" calibrate "${small[@]}" --bits 4 --sinks 1 --window 2 --max-kld 1 \
+    --max-kld-p99 10 --ctx 64,128 --eval-chunks 3 -o "$d/c2.qfa"
+expect "verify kv-rq --ctx" 0 "$qf" verify "$d/c2.qfa" -m "$model" --json
+if python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); c = j["provenance"]["config"]
+sys.exit(not (j["certified_ctx"] == [64, 128] and j["bits_per_element"] <= 4 and all(c["ctx.%d.delta_ppl_err" % n] > 0 for n in (64, 128))))' "$d/out"; then
+    ok "kv-rq certified_ctx [64, 128], rate at 128 within 4, delta_ppl_err at each"
+else bad "kv-rq --ctx certificate: $(grep -oE '"(certified_ctx|ctx[.0-9]*delta_ppl_err)": [^,]*' "$d/out" | tr '\n' ' ')"; fi
+expect "kv-rq ppl above the certified context" 16 "$qf" ppl -m "$model" --artifact "$d/c2.qfa" -f "$d/eval.txt" -c 256 \
+    --chunks 1 -t 2
+expect "kv-rq ppl --force-uncertified-ctx" 0 "$qf" ppl -m "$model" --artifact "$d/c2.qfa" -f "$d/eval.txt" -c 256 \
+    --chunks 1 -t 2 --force-uncertified-ctx
 # --rq-min-bits: a floor under the allocation (no 2-bit codebooks at 3)
 expect "--rq-min-bits 3 within --bits 4" 0 "$qf" calibrate "${small[@]}" --bits 4 --rq-min-bits 3 --sinks 1 --window 2 --max-kld 1 --max-kld-p99 10 \
     -o "$d/m3.qfa"
