@@ -104,6 +104,10 @@ static qf_status ppl_chunk(ppl_run *u, qf_kld_state *kl, int i, int own_idx, uin
  * so neither does any printed digit. */
 static int ppl_window_rounds(int n_rank, int n_round, size_t rec_bytes) {
     if (n_rank <= 1 || n_round <= 1) return 1;
+    /* QF_PPL_WINDOW_ROUNDS=k forces windows of k rounds (tests/cli_mpi.sh: any window gives
+     * the same bytes); the same value must reach every rank (mpirun passes the environment) */
+    const char *force = getenv("QF_PPL_WINDOW_ROUNDS");
+    if (force && atoi(force) > 0) return atoi(force) < n_round ? atoi(force) : n_round;
     const size_t budget = (size_t)256 << 20;
     size_t per_round = rec_bytes * (size_t)n_rank, w = per_round ? budget / per_round : (size_t)n_round;
     if (w < 1) w = 1;
