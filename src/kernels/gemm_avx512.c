@@ -1,0 +1,136 @@
+/* gemm_avx512.c: the AVX-512 VNNI panel kernel of the integer prefill GEMM (gemm.h has the
+ * math, gemm.c the packing, the oracle and the dispatch). Built with -mavx512f -mavx512bw
+ * -mavx512vl -mavx512vnni (Makefile: *_avx512.c); called only when the CPU has them.
+ *
+ * One call computes QF_GEMM_NR = 16 weight rows (one zmm of int32 lanes, one lane per row) for
+ * tokens [t0, t1), 8 tokens at a time: per 32-element block, the 8 groups of 4 weight quants of
+ * the 16 rows are loaded once (Q4_0: 4 loads split into low and high nibbles) and each token's
+ * 4 quants are broadcast from memory into vpdpbusd. 8 int32 and 8 f32 accumulators + 8 weight
+ * registers + the scales: 25 of the 32 zmm registers. */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/gemm.h"
+
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+static inline int32_t ld32(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline __attribute__((always_inline)) void kern(const int q8, const uint8_t *panel, int64_t K,
+                                                       const uint8_t *act, size_t stride, int t, const int NT,
+                                                       float *y, int64_t ldy, __mmask16 m) {
+    const int64_t nb = K / 32;
+    const size_t bb = q8 ? 8 * 64 : 4 * 64;
+    const float *sc = (const float *)(const void *)(panel + (size_t)nb * bb);
+    const uint8_t *xr[8];
+    const float *dx[8];
+    const int32_t *cr[8];
+    __m512 acc[8];
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < NT; i++) {
+        xr[i] = act + (size_t)(t + i) * stride;
+        dx[i] = (const float *)(const void *)(xr[i] + K);
+        cr[i] = (const int32_t *)(const void *)(xr[i] + K + nb * 4);
+        acc[i] = _mm512_setzero_ps();
+    }
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = panel + (size_t)b * bb;
+        __m512i wv[8];
+        if (q8) {
+            _Pragma("GCC unroll 8")
+            for (int g = 0; g < 8; g++) wv[g] = _mm512_loadu_si512((const void *)(pb + g * 64));
+        } else {
+            _Pragma("GCC unroll 8")
+            for (int g = 0; g < 4; g++) {
+                __m512i raw = _mm512_loadu_si512((const void *)(pb + g * 64));
+                wv[g] = _mm512_and_si512(raw, lo4);
+                wv[g + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), lo4);
+            }
+        }
+        __m512i ia[8];
+        _Pragma("GCC unroll 8")
+        for (int i = 0; i < NT; i++) ia[i] = _mm512_set1_epi32(cr[i][b]);
+        _Pragma("GCC unroll 8")
+        for (int g = 0; g < 8; g++)
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < NT; i++)
+                ia[i] = _mm512_dpbusd_epi32(ia[i], wv[g], _mm512_set1_epi32(ld32(xr[i] + b * 32 + g * 4)));
+        const __m512 s = _mm512_loadu_ps(sc + b * 16);
+        _Pragma("GCC unroll 8")
+        for (int i = 0; i < NT; i++)
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[i]), _mm512_mul_ps(s, _mm512_set1_ps(dx[i][b])), acc[i]);
+    }
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < NT; i++) _mm512_mask_storeu_ps(y + (size_t)(t + i) * ldy, m, acc[i]);
+}
+
+#define KERN_CASES(Q8)                                                                   \
+    switch (nt) {                                                                        \
+    case 8: kern(Q8, panel, K, act, stride, t, 8, y, ldy, m); break;                     \
+    case 7: kern(Q8, panel, K, act, stride, t, 7, y, ldy, m); break;                     \
+    case 6: kern(Q8, panel, K, act, stride, t, 6, y, ldy, m); break;                     \
+    case 5: kern(Q8, panel, K, act, stride, t, 5, y, ldy, m); break;                     \
+    case 4: kern(Q8, panel, K, act, stride, t, 4, y, ldy, m); break;                     \
+    case 3: kern(Q8, panel, K, act, stride, t, 3, y, ldy, m); break;                     \
+    case 2: kern(Q8, panel, K, act, stride, t, 2, y, ldy, m); break;                     \
+    default: kern(Q8, panel, K, act, stride, t, 1, y, ldy, m); break;                    \
+    }
+
+void qf_gemm_panel_avx512(qf_type wt, const uint8_t *panel, int64_t K, const uint8_t *act, int t0, int t1,
+                          float *y, int64_t ldy, int nrows) {
+    const size_t stride = qf_gemm_act_stride(K);
+    const __mmask16 m = (__mmask16)((1u << nrows) - 1);
+    for (int t = t0; t < t1; t += 8) {
+        int nt = t1 - t < 8 ? t1 - t : 8;
+        if (wt == QF_TYPE_Q8_0) {
+            KERN_CASES(1)
+        } else {
+            KERN_CASES(0)
+        }
+    }
+}
+
+/* roundf() on 16 lanes: half away from zero (x - trunc(x) is exact, so the tie test is too) */
+static inline __m512 round_away(__m512 x) {
+    __m512 t = _mm512_roundscale_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m512 frac = _mm512_abs_ps(_mm512_sub_ps(x, t));
+    __mmask16 up = _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    __m512 step = _mm512_castsi512_ps(_mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN)),
+                                                      _mm512_castps_si512(_mm512_set1_ps(1.0f))));
+    return _mm512_mask_add_ps(t, up, t, step);
+}
+
+/* qf_gemm_quantize_act on AVX-512: the same steps as quantize_row_q8_0_ref (d = amax/127 stored as
+ * f16 round-to-nearest-even, id = 1/d, q = roundf(x*id)), written straight into the GEMM layout */
+void qf_gemm_quantize_act_avx512(qf_type wt, const float *x, int64_t K, int t0, int t1, uint8_t *act) {
+    const int64_t nb = K / 32;
+    const int32_t off = wt == QF_TYPE_Q8_0 ? 128 : 8;
+    const size_t stride = qf_gemm_act_stride(K);
+    for (int t = t0; t < t1; t++) {
+        const float *xr = x + (size_t)t * K;
+        uint8_t *row = act + (size_t)t * stride;
+        float *d = (float *)(void *)(row + K);
+        int32_t *corr = (int32_t *)(void *)(row + K + nb * 4);
+        for (int64_t b = 0; b < nb; b++) {
+            __m512 v0 = _mm512_loadu_ps(xr + b * 32), v1 = _mm512_loadu_ps(xr + b * 32 + 16);
+            float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            const float dd = amax / 127;
+            const float id = dd ? 1.0f / dd : 0.0f;
+            const __m512 vid = _mm512_set1_ps(id);
+            __m512i q0 = _mm512_cvttps_epi32(round_away(_mm512_mul_ps(v0, vid)));
+            __m512i q1 = _mm512_cvttps_epi32(round_away(_mm512_mul_ps(v1, vid)));
+            _mm_storeu_si128((__m128i *)(void *)(row + b * 32), _mm512_cvtsepi32_epi8(q0));
+            _mm_storeu_si128((__m128i *)(void *)(row + b * 32 + 16), _mm512_cvtsepi32_epi8(q1));
+            d[b] = _cvtsh_ss(_cvtss_sh(dd, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            corr[b] = -off * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        }
+    }
+}
