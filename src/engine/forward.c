@@ -247,6 +247,11 @@ static void mm_worker(void *arg, int ith, int nth) {
         for (int64_t r = r0; r < r1; r += TILE_ROWS) {
             int64_t tr = r1 - r < TILE_ROWS ? r1 - r : TILE_ROWS;
             const float *wt;
+            if (w->type == QF_TYPE_F16 && K % 16 == 0 && qf_gemm_f16_supported()) {
+                /* f16 converted in registers, AVX-512 FMA micro-kernel (kernels/gemm.h) */
+                qf_gemm_f16_rows(wd, w->row_bytes, K, r, r + tr, j->x, j->n, j->y, N);
+                continue;
+            }
             if (w->type == QF_TYPE_F32) wt = (const float *)(wd + (size_t)r * w->row_bytes);
             else {
                 for (int64_t i = 0; i < tr; i++)

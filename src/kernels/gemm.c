@@ -165,3 +165,23 @@ void qf_gemm_q8_rows(qf_type wt, const void *w, size_t row_bytes, int64_t K, int
         }
     }
 }
+
+bool qf_gemm_f16_supported(void) { return qf_quant_has_avx2() && cpu_has_avx512vnni(); }
+
+void qf_gemm_f16_rows(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x, int n,
+                      float *y, int64_t ldy) {
+    if (qf_gemm_f16_supported()) qf_gemm_f16_rows_avx512(w, row_bytes, K, r0, r1, x, n, y, ldy);
+    else qf_gemm_f16_rows_ref(w, row_bytes, K, r0, r1, x, n, y, ldy);
+}
+
+void qf_gemm_f16_rows_ref(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x, int n,
+                          float *y, int64_t ldy) {
+    for (int64_t r = r0; r < r1; r++) {
+        const uint16_t *wr = (const uint16_t *)(const void *)((const uint8_t *)w + (size_t)r * row_bytes);
+        for (int t = 0; t < n; t++) {
+            double s = 0;
+            for (int64_t k = 0; k < K; k++) s += (double)qf_f16_to_f32(wr[k]) * x[(size_t)t * K + k];
+            y[(size_t)t * ldy + r] = (float)s;
+        }
+    }
+}

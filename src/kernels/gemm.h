@@ -55,10 +55,24 @@ void qf_gemm_q8_rows(qf_type wt, const void *w, size_t row_bytes, int64_t K, int
 void qf_gemm_q8_rows_ref(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1,
                          const uint8_t *act, int n, float *y, int64_t ldy);
 
+/* ---- f16 weights x f32 activations ----
+ * y[t * ldy + r] = sum_k f32(w[r][k]) * x[t][k] for rows [r0, r1) and tokens [0, n), x row stride K,
+ * K a multiple of 16. The fast kernel (AVX-512: f16 converted in registers, 4 rows x 6 tokens of
+ * f32 FMA accumulators, lanes over k, one reduction per K block of QF_GEMM_F16_KB) sums in another
+ * order than the oracle (double precision): they agree within float rounding, 1e-5 of sum|w*x|. */
+#define QF_GEMM_F16_KB 2048
+bool qf_gemm_f16_supported(void); /* AVX-512 F/BW/VL/VNNI and not forced scalar */
+void qf_gemm_f16_rows(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x, int n,
+                      float *y, int64_t ldy);
+void qf_gemm_f16_rows_ref(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x, int n,
+                          float *y, int64_t ldy);
+
 /* internal: the AVX-512 VNNI panel kernel (gemm_avx512.c) and the panel packer (gemm.c) */
 size_t qf_gemm_panel_bytes(qf_type wt, int64_t K);
 void qf_gemm_pack_panel(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r, int nrows, uint8_t *panel);
 void qf_gemm_quantize_act_avx512(qf_type wt, const float *x, int64_t K, int t0, int t1, uint8_t *act);
+void qf_gemm_f16_rows_avx512(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x,
+                             int n, float *y, int64_t ldy);
 void qf_gemm_panel_avx512(qf_type wt, const uint8_t *panel, int64_t K, const uint8_t *act, int t0, int t1,
                           float *y, int64_t ldy, int nrows);
 

@@ -134,3 +134,77 @@ void qf_gemm_quantize_act_avx512(qf_type wt, const float *x, int64_t K, int t0, 
         }
     }
 }
+
+/* ---- f16 weights x f32 activations (qf_gemm_f16_rows) ----
+ * Micro-kernel: 4 weight rows x 6 tokens, 24 zmm accumulators over 16-element steps of k; the
+ * weights are converted f16 -> f32 in registers (vcvtph2ps), never as a tile in memory. Each
+ * accumulator is reduced to a scalar per K block of at most QF_GEMM_F16_KB elements and added to
+ * y. Blocking: K blocks (the tile's weights stay in L2), 24-token blocks (their activations too). */
+#define F16_MR 4
+#define F16_NR 6
+#define F16_TB 24
+
+static inline float hsum(__m512 v) {
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    b = _mm_add_ss(b, _mm_movehdup_ps(b));
+    return _mm_cvtss_f32(b);
+}
+
+static inline __attribute__((always_inline)) void kern_f16(const uint16_t *const *wr, const int MR, const float *x,
+                                                           int64_t K, const int NT, int64_t k0, int64_t k1,
+                                                           float *y, int64_t ldy, bool add) {
+    __m512 acc[F16_MR][F16_NR];
+    _Pragma("GCC unroll 4") for (int i = 0; i < MR; i++) _Pragma("GCC unroll 6") for (int j = 0; j < NT; j++)
+        acc[i][j] = _mm512_setzero_ps();
+    for (int64_t k = k0; k < k1; k += 16) {
+        __m512 w[F16_MR];
+        _Pragma("GCC unroll 4") for (int i = 0; i < MR; i++)
+            w[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(wr[i] + k)));
+        _Pragma("GCC unroll 6") for (int j = 0; j < NT; j++) {
+            __m512 xv = _mm512_loadu_ps(x + (size_t)j * K + k);
+            _Pragma("GCC unroll 4") for (int i = 0; i < MR; i++) acc[i][j] = _mm512_fmadd_ps(w[i], xv, acc[i][j]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < MR; i++) _Pragma("GCC unroll 6") for (int j = 0; j < NT; j++) {
+        float s = hsum(acc[i][j]);
+        float *o = y + (size_t)j * ldy + i;
+        *o = add ? *o + s : s;
+    }
+}
+
+void qf_gemm_f16_rows_avx512(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x,
+                             int n, float *y, int64_t ldy) {
+    for (int64_t k0 = 0; k0 < K; k0 += QF_GEMM_F16_KB) {
+        int64_t k1 = K - k0 < QF_GEMM_F16_KB ? K : k0 + QF_GEMM_F16_KB;
+        bool add = k0 > 0;
+        for (int tb = 0; tb < n; tb += F16_TB) {
+            int te = n - tb < F16_TB ? n : tb + F16_TB;
+            for (int64_t r = r0; r < r1; r += F16_MR) {
+                const uint16_t *wr[F16_MR];
+                int mr = r1 - r < F16_MR ? (int)(r1 - r) : F16_MR;
+                for (int i = 0; i < F16_MR; i++)
+                    wr[i] = (const uint16_t *)(const void *)((const uint8_t *)w + (size_t)(r + (i < mr ? i : 0)) * row_bytes);
+                for (int t = tb; t < te; t += F16_NR) {
+                    int nt = te - t < F16_NR ? te - t : F16_NR;
+                    const float *xt = x + (size_t)t * K;
+                    float *yt = y + (size_t)t * ldy + r;
+                    if (mr == F16_MR && nt == F16_NR) kern_f16(wr, F16_MR, xt, K, F16_NR, k0, k1, yt, ldy, add);
+                    else if (mr == F16_MR) {
+                        switch (nt) {
+                        case 5: kern_f16(wr, F16_MR, xt, K, 5, k0, k1, yt, ldy, add); break;
+                        case 4: kern_f16(wr, F16_MR, xt, K, 4, k0, k1, yt, ldy, add); break;
+                        case 3: kern_f16(wr, F16_MR, xt, K, 3, k0, k1, yt, ldy, add); break;
+                        case 2: kern_f16(wr, F16_MR, xt, K, 2, k0, k1, yt, ldy, add); break;
+                        default: kern_f16(wr, F16_MR, xt, K, 1, k0, k1, yt, ldy, add); break;
+                        }
+                    } else {
+                        for (int i = 0; i < mr; i++) /* the last rows of a matrix whose rows are not a multiple of 4 */
+                            for (int j = 0; j < nt; j++) kern_f16(wr + i, 1, xt + (size_t)j * K, K, 1, k0, k1, yt + (size_t)j * ldy + i, ldy, add);
+                    }
+                }
+            }
+        }
+    }
+}
