@@ -456,6 +456,37 @@ TEST(gemm_q8_vs_oracle) {
     qf_quant_force_scalar(false);
 }
 
+/* The f16 prefill GEMM: the fast kernel (AVX-512, lanes over k) against the double-precision
+ * oracle within 1e-5 of sum|w*x|, over partial row groups (N % 4), partial token groups (n % 6)
+ * and more than one K block (K > QF_GEMM_F16_KB). */
+static void check_gemm_f16(int64_t K, int N, int n) {
+    uint16_t *w = qf_malloc_aligned((size_t)N * K * 2);
+    float *x = qf_malloc_aligned((size_t)n * K * 4), *yr = qf_malloc_aligned((size_t)n * N * 4),
+          *yf = qf_malloc_aligned((size_t)n * N * 4);
+    for (int64_t i = 0; i < (int64_t)N * K; i++) w[i] = qf_f32_to_f16(rndf());
+    for (int64_t i = 0; i < (int64_t)n * K; i++) x[i] = rndf() * (i % 5 == 0 ? 8.0f : 1.0f);
+    qf_gemm_f16_rows_ref(w, (size_t)K * 2, K, 0, N, x, n, yr, N);
+    qf_gemm_f16_rows(w, (size_t)K * 2, K, 0, 1, x, n, yf, N);
+    qf_gemm_f16_rows(w, (size_t)K * 2, K, 1, N, x, n, yf, N);
+    double worst = 0;
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < N; r++) {
+            double mag = 0;
+            for (int64_t k = 0; k < K; k++) mag += fabs((double)qf_f16_to_f32(w[(size_t)r * K + k]) * x[(size_t)t * K + k]);
+            double e = fabs((double)yf[(size_t)t * N + r] - yr[(size_t)t * N + r]) / (mag > 0 ? mag : 1);
+            if (e > worst) worst = e;
+        }
+    CHECK_MSG(worst < 1e-5, "f16 gemm K=%lld N=%d n=%d: %.3e of sum|w*x|", (long long)K, N, n, worst);
+    free(w), free(x), free(yr), free(yf);
+}
+
+TEST(gemm_f16_vs_oracle) {
+    if (!qf_gemm_f16_supported()) printf("  (no AVX-512 here: qf_gemm_f16_rows is the oracle itself)\n");
+    check_gemm_f16(16, 1, 1);
+    check_gemm_f16(256, 37, 29);
+    check_gemm_f16(QF_GEMM_F16_KB + 512, 9, 13);
+}
+
 int main(void) {
     RUN(type_table);
     RUN(bad_input_is_refused);
@@ -464,6 +495,7 @@ int main(void) {
     RUN(force_scalar);
     RUN(random_fast_vs_oracle);
     RUN(gemm_q8_vs_oracle);
+    RUN(gemm_f16_vs_oracle);
     RUN(real_q4_k_m);
     RUN(real_qwen2_q4_k_m);
     RUN(real_q8_0);
