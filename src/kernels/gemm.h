@@ -73,6 +73,7 @@ void qf_gemm_pack_panel(qf_type wt, const void *w, size_t row_bytes, int64_t K, 
 void qf_gemm_quantize_act_avx512(qf_type wt, const float *x, int64_t K, int t0, int t1, uint8_t *act);
 void qf_gemm_f16_rows_avx512(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x,
                              int n, float *y, int64_t ldy);
+float qf_vec_dot_q8_avx512(qf_type t, int64_t n, const void *w, const void *x); /* Q8_0 / Q4_0 . Q8_0 */
 void qf_gemm_panel_avx512(qf_type wt, const uint8_t *panel, int64_t K, const uint8_t *act, int t0, int t1,
                           float *y, int64_t ldy, int nrows);
 

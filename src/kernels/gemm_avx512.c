@@ -208,3 +208,68 @@ void qf_gemm_f16_rows_avx512(const void *w, size_t row_bytes, int64_t K, int64_t
         }
     }
 }
+
+/* ---- decode: one weight row . one Q8_0 activation row, AVX-512 VNNI (qf_vec_dot's Q8_0 / Q4_0) ----
+ * Two blocks per step in one zmm: the weight quants made unsigned (Q4_0: the nibble; Q8_0: w ^ 0x80)
+ * times the signed activation quants with vpdpbusd, the offset (8 or 128) times the activation's
+ * block sum taken back by a second vpdpbusd, then per-lane block scales d_w * d_x and an f32 FMA. */
+#include "format/quant_blocks.h"
+
+static inline __m512i two_blocks_x(const block_q8_0 *x) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)x[0].qs)),
+                              _mm256_loadu_si256((const __m256i *)(const void *)x[1].qs), 1);
+}
+
+static inline __m512 two_scales(float a, float b) {
+    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(a), _mm512_set1_ps(b));
+}
+
+float qf_vec_dot_q8_avx512(qf_type t, int64_t n, const void *wv, const void *xv) {
+    const int64_t nb = n / 32;
+    const block_q8_0 *x = xv;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    if (t == QF_TYPE_Q4_0) {
+        const block_q4_0 *w = wv;
+        const __m512i lo4 = _mm512_set1_epi8(0x0F), off = _mm512_set1_epi8(8);
+        for (; i + 1 < nb; i += 2) {
+            /* [w0 qs | w1 qs] -> [w0 lo | w0 hi | w1 lo | w1 hi] in 128-bit lanes: element order */
+            __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)w[i].qs)),
+                                                _mm_loadu_si128((const __m128i *)(const void *)w[i + 1].qs), 1);
+            __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+            z = _mm512_and_si512(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)), lo4);
+            __m512i xq = two_blocks_x(x + i);
+            __m512i s = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), z, xq),
+                                         _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, xq));
+            __m512 d = two_scales(_cvtsh_ss(w[i].d) * _cvtsh_ss(x[i].d), _cvtsh_ss(w[i + 1].d) * _cvtsh_ss(x[i + 1].d));
+            if (i & 2) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc1);
+            else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc0);
+        }
+    } else {
+        const block_q8_0 *w = wv;
+        const __m512i off = _mm512_set1_epi8((char)0x80);
+        for (; i + 1 < nb; i += 2) {
+            __m512i z = _mm512_xor_si512(two_blocks_x(w + i), off);
+            __m512i xq = two_blocks_x(x + i);
+            __m512i s = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), z, xq),
+                                         _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, xq));
+            __m512 d = two_scales(_cvtsh_ss(w[i].d) * _cvtsh_ss(x[i].d), _cvtsh_ss(w[i + 1].d) * _cvtsh_ss(x[i + 1].d));
+            if (i & 2) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc1);
+            else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc0);
+        }
+    }
+    float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (; i < nb; i++) { /* an odd last block */
+        int32_t s = 0;
+        if (t == QF_TYPE_Q4_0) {
+            const block_q4_0 *w = (const block_q4_0 *)wv + i;
+            for (int j = 0; j < 16; j++) s += ((w->qs[j] & 0xF) - 8) * x[i].qs[j] + ((w->qs[j] >> 4) - 8) * x[i].qs[j + 16];
+            sum += (float)s * (_cvtsh_ss(w->d) * _cvtsh_ss(x[i].d));
+        } else {
+            const block_q8_0 *w = (const block_q8_0 *)wv + i;
+            for (int j = 0; j < 32; j++) s += w->qs[j] * x[i].qs[j];
+            sum += (float)s * (_cvtsh_ss(w->d) * _cvtsh_ss(x[i].d));
+        }
+    }
+    return sum;
+}
