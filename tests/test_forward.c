@@ -95,7 +95,7 @@ static void check_routes(const char *rel, double tol) {
 
 TEST(stories260k_fast_matches_reference) { check_routes("models/stories260K.gguf", 1e-4); }
 TEST(demo_f16_fast_matches_reference) { check_routes("models/qforge-demo-11m-f16.gguf", 1e-3); }
-/* 5e-2: its Q8_0 tensors take the int8 GEMM (kernels/gemm.h) on AVX-512 VNNI CPUs, which quantizes
+/* 5e-2: its Q8_0 / Q4_K / Q6_K tensors take the int8 GEMM (kernels/gemm.h) on AVX-512 VNNI CPUs, which quantizes
  * the activations to Q8_0 as decode and ggml do */
 TEST(demo_q4km_fast_matches_reference) { check_routes("models/qforge-demo-11m-q4_k_m.gguf", 5e-2); }
 TEST(qwen2_fast_matches_reference) { check_routes("models/qforge-demo-qwen2-5m-f16.gguf", 1e-3); }

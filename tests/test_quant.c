@@ -491,6 +491,55 @@ TEST(gemm_f16_vs_oracle) {
     check_gemm_f16(QF_GEMM_F16_KB + 512, 9, 13);
 }
 
+/* The K-quant prefill GEMM: the oracle against qf_vec_dot_ref with the same Q8_K activations,
+ * the fast kernel bit-identical to the oracle (partial panels, partial groups of 6 tokens). */
+static void check_gemm_k(qf_type wt, int64_t K, int N, int n) {
+    size_t rb = qf_row_bytes(wt, K), stride = qf_gemm_k_act_stride(K), xrb = qf_row_bytes(QF_TYPE_Q8_K, K);
+    uint8_t *w = qf_malloc_aligned(rb * (size_t)N), *act = qf_malloc_aligned(stride * (size_t)n),
+            *xq = qf_malloc_aligned(xrb * (size_t)n);
+    float *x = qf_malloc_aligned((size_t)n * K * 4), *yr = qf_malloc_aligned((size_t)n * N * 4),
+          *yf = qf_malloc_aligned((size_t)n * N * 4), *wf = qf_malloc_aligned((size_t)K * 4),
+          *xf = qf_malloc_aligned((size_t)K * 4);
+    void *tmp = qf_malloc_aligned(xrb), *scratch = qf_malloc_aligned(qf_gemm_k_scratch_bytes(wt, K, N));
+    for (int r = 0; r < N; r++) random_row(wt, w + (size_t)r * rb, K);
+    for (int64_t i = 0; i < (int64_t)n * K; i++) x[i] = rndf() * (i % 7 == 0 ? 10.0f : 1.0f);
+    qf_gemm_k_quantize_act(x, K, 0, n, act, tmp);
+    for (int t = 0; t < n; t++) CHECK(qf_quantize_row(QF_TYPE_Q8_K, x + (size_t)t * K, xq + (size_t)t * xrb, K));
+    qf_gemm_k_rows_ref(wt, w, rb, K, 0, N, act, n, yr, N);
+    double worst = 0;
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < N; r++) {
+            const uint8_t *wr = w + (size_t)r * rb, *xr = xq + (size_t)t * xrb;
+            double ref = qf_vec_dot_ref(wt, K, wr, xr);
+            qf_dequantize_row_ref(wt, wr, wf, K);
+            qf_dequantize_row_ref(QF_TYPE_Q8_K, xr, xf, K);
+            double mag = 0;
+            for (int64_t i = 0; i < K; i++) mag += fabs((double)wf[i] * xf[i]);
+            double e = fabs(yr[(size_t)t * N + r] - ref) / (mag > 0 ? mag : 1);
+            if (e > worst) worst = e;
+        }
+    CHECK_MSG(worst < 1e-5, "%s gemm oracle vs vec_dot_ref: %.3e of sum|w*x|", qf_type_name(wt), worst);
+    if (qf_gemm_k_supported(wt)) {
+        for (size_t i = 0; i < (size_t)n * N; i++) yf[i] = -1.0f;
+        qf_gemm_k_rows(wt, w, rb, K, 0, 5, act, n, yf, N, scratch);
+        qf_gemm_k_rows(wt, w, rb, K, 5, N, act, n, yf, N, scratch);
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t)n * N; i++) bad += memcmp(&yf[i], &yr[i], 4) != 0;
+        CHECK_MSG(bad == 0, "%s gemm avx512 vs oracle: %zu of %zu differ", qf_type_name(wt), bad, (size_t)n * N);
+    }
+    free(w), free(act), free(xq), free(x), free(yr), free(yf), free(wf), free(xf), free(tmp), free(scratch);
+}
+
+TEST(gemm_k_vs_oracle) {
+    CHECK(qf_gemm_k_type(QF_TYPE_Q4_K) && qf_gemm_k_type(QF_TYPE_Q6_K) && !qf_gemm_k_type(QF_TYPE_Q5_K));
+    const qf_type ts[] = {QF_TYPE_Q4_K, QF_TYPE_Q6_K};
+    for (int i = 0; i < 2; i++) {
+        check_gemm_k(ts[i], 256, 1, 1);
+        check_gemm_k(ts[i], 512, 37, 19);
+        check_gemm_k(ts[i], 2048, 20, 70);
+    }
+}
+
 int main(void) {
     RUN(type_table);
     RUN(bad_input_is_refused);
@@ -500,6 +549,7 @@ int main(void) {
     RUN(random_fast_vs_oracle);
     RUN(gemm_q8_vs_oracle);
     RUN(gemm_f16_vs_oracle);
+    RUN(gemm_k_vs_oracle);
     RUN(real_q4_k_m);
     RUN(real_qwen2_q4_k_m);
     RUN(real_q8_0);

@@ -153,7 +153,8 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     e->vbuf = qf_malloc_aligned((size_t)hp->n_head_kv * c->params.n_ctx * hp->head_dim * 4);
     e->ekbuf = qf_malloc_aligned((size_t)hp->n_head_kv * c->params.n_ctx * hp->head_dim * 4);
     e->evbuf = qf_malloc_aligned((size_t)hp->n_head_kv * c->params.n_ctx * hp->head_dim * 4);
-    e->gact = qf_malloc_aligned(B * qf_gemm_act_stride((int64_t)maxK));
+    size_t gs = qf_gemm_act_stride((int64_t)maxK), gks = qf_gemm_k_act_stride((int64_t)maxK);
+    e->gact = qf_malloc_aligned(B * (gs > gks ? gs : gks));
     /* per-thread scratch: a weight tile (TILE_ROWS x maxK) or one attention score block */
     size_t tile = (size_t)TILE_ROWS * maxK;
     size_t scores = B * (size_t)c->params.n_ctx;
@@ -238,11 +239,14 @@ static void mm_worker(void *arg, int ith, int nth) {
     if (j->route == 4) { /* quantize this thread's share of the tokens for route 3 */
         int64_t a0, a1;
         qf_split_range(j->n, ith, nth, &a0, &a1);
-        qf_gemm_quantize_act(w->type, j->x, K, (int)a0, (int)a1, ext(j->c)->gact, buf);
+        if (qf_gemm_k_type(w->type)) qf_gemm_k_quantize_act(j->x, K, (int)a0, (int)a1, ext(j->c)->gact, buf);
+        else qf_gemm_quantize_act(w->type, j->x, K, (int)a0, (int)a1, ext(j->c)->gact, buf);
     } else if (j->route == 3) {
-        for (int64_t r = r0; r < r1; r += TILE_ROWS) /* one packed tile in buf at a time */
-            qf_gemm_q8_rows(w->type, wd, w->row_bytes, K, r, r1 - r < TILE_ROWS ? r1 : r + TILE_ROWS,
-                            ext(j->c)->gact, j->n, j->y, N, buf);
+        for (int64_t r = r0; r < r1; r += TILE_ROWS) { /* one packed tile in buf at a time */
+            int64_t re = r1 - r < TILE_ROWS ? r1 : r + TILE_ROWS;
+            if (qf_gemm_k_type(w->type)) qf_gemm_k_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, j->y, N, buf);
+            else qf_gemm_q8_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, j->y, N, buf);
+        }
     } else if (j->route == 0) {
         for (int64_t r = r0; r < r1; r += TILE_ROWS) {
             int64_t tr = r1 - r < TILE_ROWS ? r1 - r : TILE_ROWS;
@@ -283,8 +287,9 @@ static void mm_worker(void *arg, int ith, int nth) {
 static void matmul(qf_context *c, const qf_weight *w, const float *x, int n, float *y) {
     mm_job j = {.c = c, .w = w, .x = x, .y = y, .n = n};
     if (c->params.reference) j.route = 2;
-    else if (n >= GEMM_MIN_TOKENS && qf_gemm_q8_supported(w->type)) {
-        /* Q8_0 / Q4_0: activations to Q8_0 (as decode and ggml do), then the int8 VNNI GEMM */
+    else if (n >= GEMM_MIN_TOKENS && (qf_gemm_q8_supported(w->type) || qf_gemm_k_supported(w->type))) {
+        /* Q8_0 / Q4_0 / Q4_K / Q6_K: activations to Q8_0 or Q8_K (as decode and ggml do), then the
+         * int8 VNNI GEMM */
         j.route = 4;
         qf_pool_run(c->pool, mm_worker, &j);
         j.route = 3;

@@ -67,6 +67,29 @@ void qf_gemm_f16_rows(const void *w, size_t row_bytes, int64_t K, int64_t r0, in
 void qf_gemm_f16_rows_ref(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x, int n,
                           float *y, int64_t ldy);
 
+/* ---- Q4_K / Q6_K weights x Q8_K activations ----
+ * The same idea for the K-quants, with ggml's Q8_K activations (as decode): the weight quants are
+ * unpacked once per tile to unsigned bytes in element order (Q4_K: q in [0,15]; Q6_K: q in [0,63])
+ * with their integer sub-block scales, and per 256-block
+ *   Q4_K: y += (d_w*d_x) * sum_s sc_s * (q.x)_s  -  (dmin_w*d_x) * sum_s m_s * (sum x)_s   (sub-blocks of 32)
+ *   Q6_K: y += (d_w*d_x) * sum_s sc_s * ((q.x)_s - 32 (sum x)_s)                         (sub-blocks of 16)
+ * with exact int32 sums (the activation sums are Q8_K's bsums), one float conversion per block,
+ * as ggml. qf_gemm_k_rows_ref is the bit-identical oracle. */
+bool qf_gemm_k_type(qf_type t);      /* Q4_K, Q6_K */
+bool qf_gemm_k_supported(qf_type t); /* and the CPU runs the fast kernel */
+size_t qf_gemm_k_act_stride(int64_t K); /* K int8 + K/256 f32 scales + K/16 int32 sums, padded to 64 */
+/* quantize rows [t0, t1) to Q8_K (qf_quantize_row's bits) in the layout above; tmp: qf_row_bytes(Q8_K, K) */
+void qf_gemm_k_quantize_act(const float *x, int64_t K, int t0, int t1, uint8_t *act, void *tmp);
+size_t qf_gemm_k_scratch_bytes(qf_type wt, int64_t K, int64_t rows);
+void qf_gemm_k_rows(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1,
+                    const uint8_t *act, int n, float *y, int64_t ldy, void *scratch);
+void qf_gemm_k_rows_ref(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1,
+                        const uint8_t *act, int n, float *y, int64_t ldy);
+size_t qf_gemm_k_panel_bytes(qf_type wt, int64_t K);
+void qf_gemm_k_pack_panel(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r, int nrows, uint8_t *panel);
+void qf_gemm_k_panel_avx512(qf_type wt, const uint8_t *panel, int64_t K, const uint8_t *act, int t0, int t1,
+                            float *y, int64_t ldy, int nrows);
+
 /* internal: the AVX-512 VNNI panel kernel (gemm_avx512.c) and the panel packer (gemm.c) */
 size_t qf_gemm_panel_bytes(qf_type wt, int64_t K);
 void qf_gemm_pack_panel(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r, int nrows, uint8_t *panel);

@@ -273,3 +273,83 @@ float qf_vec_dot_q8_avx512(qf_type t, int64_t n, const void *wv, const void *xv)
     }
     return sum;
 }
+
+/* ---- Q4_K / Q6_K panels (gemm.h): 16 rows x 6 tokens; per sub-block an int32 dot (vpdpbusd),
+ * times the rows' integer scales (vpmulld), summed per 256-block; then one float FMA per block
+ * (Q4_K: and one for the mins), in the oracle's order. ---- */
+#define K_NT 6
+static inline __attribute__((always_inline)) void kern_k(const int q4, const uint8_t *panel, int64_t K,
+                                                         const uint8_t *act, size_t stride, int t, const int NT,
+                                                         float *y, int64_t ldy, __mmask16 m) {
+    const int64_t nb = K / 256;
+    const int ns = q4 ? 8 : 16, gps = q4 ? 8 : 4; /* sub-blocks, groups of 4 per sub-block */
+    const size_t bb = 256 * 16 + (size_t)ns * 64 + 64 + (q4 ? 8 * 64 + 64 : 0);
+    const uint8_t *xr[K_NT];
+    const float *dx[K_NT];
+    const int32_t *bs[K_NT];
+    __m512 acc[K_NT];
+    _Pragma("GCC unroll 6") for (int i = 0; i < NT; i++) {
+        xr[i] = act + (size_t)(t + i) * stride;
+        dx[i] = (const float *)(const void *)(xr[i] + K);
+        bs[i] = (const int32_t *)(const void *)(xr[i] + K + nb * 4);
+        acc[i] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = panel + (size_t)b * bb;
+        const int32_t *sc = (const int32_t *)(const void *)(pb + 256 * 16), *mn = sc + ns * 16;
+        const float *d = (const float *)(const void *)(mn + (q4 ? 8 * 16 : 0)), *dmin = d + 16;
+        __m512i iacc[K_NT], im[K_NT];
+        _Pragma("GCC unroll 6") for (int i = 0; i < NT; i++) iacc[i] = im[i] = _mm512_setzero_si512();
+        for (int s = 0; s < ns; s++) {
+            __m512i ia[K_NT];
+            _Pragma("GCC unroll 6") for (int i = 0; i < NT; i++)
+                ia[i] = q4 ? _mm512_setzero_si512() : _mm512_set1_epi32(-32 * bs[i][b * 16 + s]);
+            _Pragma("GCC unroll 8") for (int g = 0; g < gps; g++) {
+                const __m512i wv = _mm512_loadu_si512((const void *)(pb + (size_t)(s * gps + g) * 64));
+                const int64_t off = b * 256 + (int64_t)s * gps * 4 + g * 4;
+                _Pragma("GCC unroll 6") for (int i = 0; i < NT; i++)
+                    ia[i] = _mm512_dpbusd_epi32(ia[i], wv, _mm512_set1_epi32(ld32(xr[i] + off)));
+            }
+            const __m512i scv = _mm512_loadu_si512((const void *)(sc + s * 16));
+            _Pragma("GCC unroll 6") for (int i = 0; i < NT; i++) iacc[i] = _mm512_add_epi32(iacc[i], _mm512_mullo_epi32(ia[i], scv));
+            if (q4) {
+                const __m512i mv = _mm512_loadu_si512((const void *)(mn + s * 16));
+                _Pragma("GCC unroll 6") for (int i = 0; i < NT; i++)
+                    im[i] = _mm512_add_epi32(im[i], _mm512_mullo_epi32(mv, _mm512_set1_epi32(bs[i][b * 16 + 2 * s] + bs[i][b * 16 + 2 * s + 1])));
+            }
+        }
+        const __m512 dv = _mm512_loadu_ps(d);
+        _Pragma("GCC unroll 6") for (int i = 0; i < NT; i++)
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[i]), _mm512_mul_ps(dv, _mm512_set1_ps(dx[i][b])), acc[i]);
+        if (q4) {
+            const __m512 dmv = _mm512_loadu_ps(dmin);
+            _Pragma("GCC unroll 6") for (int i = 0; i < NT; i++)
+                acc[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(im[i]), _mm512_mul_ps(dmv, _mm512_set1_ps(dx[i][b])), acc[i]);
+        }
+    }
+    _Pragma("GCC unroll 6") for (int i = 0; i < NT; i++) _mm512_mask_storeu_ps(y + (size_t)(t + i) * ldy, m, acc[i]);
+}
+
+#define KERN_K_CASES(Q4)                                                                 \
+    switch (nt) {                                                                        \
+    case 6: kern_k(Q4, panel, K, act, stride, t, 6, y, ldy, m); break;                   \
+    case 5: kern_k(Q4, panel, K, act, stride, t, 5, y, ldy, m); break;                   \
+    case 4: kern_k(Q4, panel, K, act, stride, t, 4, y, ldy, m); break;                   \
+    case 3: kern_k(Q4, panel, K, act, stride, t, 3, y, ldy, m); break;                   \
+    case 2: kern_k(Q4, panel, K, act, stride, t, 2, y, ldy, m); break;                   \
+    default: kern_k(Q4, panel, K, act, stride, t, 1, y, ldy, m); break;                  \
+    }
+
+void qf_gemm_k_panel_avx512(qf_type wt, const uint8_t *panel, int64_t K, const uint8_t *act, int t0, int t1,
+                            float *y, int64_t ldy, int nrows) {
+    const size_t stride = qf_gemm_k_act_stride(K);
+    const __mmask16 m = (__mmask16)((1u << nrows) - 1);
+    for (int t = t0; t < t1; t += K_NT) {
+        int nt = t1 - t < K_NT ? t1 - t : K_NT;
+        if (wt == QF_TYPE_Q4_K) {
+            KERN_K_CASES(1)
+        } else {
+            KERN_K_CASES(0)
+        }
+    }
+}
