@@ -447,13 +447,16 @@ void qf_kv_int8_token_dequantize(const int8_t *q, float *x, int n) {
 #define EC_BIAS 704 /* e 1..1023: d = 2^-21.97 .. 2^9.97 (rows of RMS ~1e-4 .. ~6e4 at full precision) */
 #define EC_MAX_CODE 1023
 
+/* the step of exponent e (1..1023), as encoder and decoder compute it (float, exact /32) */
 static float ec_step(int e) { return exp2f((float)(e - EC_BIAS) * (1.0f / 32.0f)); }
 
+/* bits of one element's code at magnitude c: prefix of h = c >> 4, 4 low bits, sign */
 static int ec_code_bits(int c) {
     int h = c >> 4;
     return 5 + (h < 2 ? 2 : h < 5 ? 3 : h - 1);
 }
 
+/* magnitude code of x at 1/step inv: round half up, capped at cmax; non-finite x codes as 0 */
 static int ec_code_of(float x, float inv, int cmax) {
     float v = fabsf(x) * inv;
     if (!(v < (float)cmax)) return isfinite(x) ? cmax : 0; /* non-finite elements code as 0 */
@@ -474,6 +477,7 @@ typedef struct {
     size_t pos; /* bits written */
 } ec_writer;
 
+/* append the nb low bits of v, LSB first (the row was zeroed: only ones are written) */
 static void ec_put(ec_writer *w, uint32_t v, int nb) {
     for (int k = 0; k < nb; k++, w->pos++)
         if ((v >> k) & 1) w->p[w->pos >> 3] |= (uint8_t)(1u << (w->pos & 7));
