@@ -140,9 +140,15 @@ void qf_gemm_quantize_act_avx512(qf_type wt, const float *x, int64_t K, int t0, 
  * weights are converted f16 -> f32 in registers (vcvtph2ps), never as a tile in memory. Each
  * accumulator is reduced to a scalar per K block of at most QF_GEMM_F16_KB elements and added to
  * y. Blocking: K blocks (the tile's weights stay in L2), 24-token blocks (their activations too). */
+#ifndef F16_MR
 #define F16_MR 4
+#endif
+#ifndef F16_NR
 #define F16_NR 6
+#endif
+#ifndef F16_TB
 #define F16_TB 24
+#endif
 
 static inline float hsum(__m512 v) {
     __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
