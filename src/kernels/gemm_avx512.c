@@ -90,10 +90,10 @@ void qf_gemm_panel_avx512(qf_type wt, const uint8_t *panel, int64_t K, const uin
     const __mmask16 m = (__mmask16)((1u << nrows) - 1);
     for (int t = t0; t < t1; t += 8) {
         int nt = t1 - t < 8 ? t1 - t : 8;
-        if (wt == QF_TYPE_Q8_0) {
-            KERN_CASES(1)
-        } else {
+        if (wt == QF_TYPE_Q4_0) {
             KERN_CASES(0)
+        } else { /* Q8_0 and Q5_0: 8 groups of unsigned bytes */
+            KERN_CASES(1)
         }
     }
 }
@@ -112,7 +112,7 @@ static inline __m512 round_away(__m512 x) {
  * f16 round-to-nearest-even, id = 1/d, q = roundf(x*id)), written straight into the GEMM layout */
 void qf_gemm_quantize_act_avx512(qf_type wt, const float *x, int64_t K, int t0, int t1, uint8_t *act) {
     const int64_t nb = K / 32;
-    const int32_t off = wt == QF_TYPE_Q8_0 ? 128 : 8;
+    const int32_t off = wt == QF_TYPE_Q8_0 ? 128 : wt == QF_TYPE_Q4_0 ? 8 : 16;
     const size_t stride = qf_gemm_act_stride(K);
     for (int t = t0; t < t1; t++) {
         const float *xr = x + (size_t)t * K;
