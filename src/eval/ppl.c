@@ -62,11 +62,12 @@ static qf_status non_finite(qf_error *err, int chunk, int pos) {
 /* The sharded loop (docs/mpi.md): chunk i runs on rank i % N, in rounds of N chunks. Each
  * chunk's results travel as one fixed-size record: its n_score negative log-likelihoods
  * (double), its KL positions (reading) and its encoded base rows (writing, unless each rank
- * keeps its own local base file). After every round the records are gathered to rank 0,
- * which adds them in chunk order, exactly the additions one process makes, prints the
- * running value and writes the rows; so every printed digit is the same for any N. With one
- * rank this is the plain loop. A failure on any rank is agreed after the round and returned
- * on every rank, naming the rank. */
+ * keeps its own local base file). Each rank runs its chunks of a window of rounds
+ * (ppl_window_rounds: all of them unless the records are wide) without meeting the others;
+ * then the records are gathered to rank 0, which adds them in chunk order, exactly the
+ * additions one process makes, prints the running value and writes the rows; so every
+ * printed digit is the same for any N. With one rank this is the plain loop. A failure on any
+ * rank is agreed at the end of the window and returned on every rank, naming the rank. */
 typedef struct {
     qf_context *c;
     const int32_t *tokens;
@@ -114,6 +115,25 @@ static qf_status ppl_chunk(ppl_run *u, qf_kld_state *kl, int i, int own_idx, uin
                      (qf_kld_pos *)(void *)(rec + u->off_pos), err);
 }
 
+/* Rounds per window of the sharded loop: how many of its chunks a rank runs before the records
+ * are gathered to rank 0. One process: 1 (its running output appears chunk by chunk, as
+ * before). Several: as many rounds as fit in 256 MiB of records on rank 0 (all of them for a
+ * plain PPL or KLD run: a record is a few KB), so the ranks meet once at the end instead of
+ * once per round; only the wide records of a base file written through rank 0 (n_vocab rows)
+ * are gathered in smaller windows. The rounds and the order of the additions do not change,
+ * so neither does any printed digit. */
+static int ppl_window_rounds(int n_rank, int n_round, size_t rec_bytes) {
+    if (n_rank <= 1 || n_round <= 1) return 1;
+    /* QF_PPL_WINDOW_ROUNDS=k forces windows of k rounds (tests/cli_mpi.sh: any window gives
+     * the same bytes); the same value must reach every rank (mpirun passes the environment) */
+    const char *force = getenv("QF_PPL_WINDOW_ROUNDS");
+    if (force && atoi(force) > 0) return atoi(force) < n_round ? atoi(force) : n_round;
+    const size_t budget = (size_t)256 << 20;
+    size_t per_round = rec_bytes * (size_t)n_rank, w = per_round ? budget / per_round : (size_t)n_round;
+    if (w < 1) w = 1;
+    return w < (size_t)n_round ? (int)w : n_round;
+}
+
 static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_tokens, const qf_ppl_params *p,
                             const qf_kld_base_file *base, qf_ppl_result *r, qf_error *err) {
     memset(r, 0, sizeof *r);
@@ -152,11 +172,13 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     u.off_pos = (size_t)n_score * sizeof(double);
     u.off_rows = u.off_pos + (kl.reading ? (size_t)n_score * sizeof(qf_kld_pos) : 0);
     u.rec_bytes = u.off_rows + (kl.writing && !kl.local ? (size_t)n_score * kl.nv * sizeof(uint16_t) : 0);
+    int n_round = (n_chunk + n_rank - 1) / n_rank;
+    const int win = ppl_window_rounds(n_rank, n_round, u.rec_bytes);
     if (!st) {
         u.logits = malloc((size_t)(n_ctx - first) * n_vocab * sizeof(float));
         u.chunk = malloc((size_t)n_ctx * sizeof(int32_t));
-        rec = calloc(1, u.rec_bytes);
-        all = rank == 0 ? malloc(u.rec_bytes * n_rank) : NULL;
+        rec = calloc((size_t)win, u.rec_bytes);
+        all = rank == 0 ? malloc(u.rec_bytes * (size_t)win * (size_t)n_rank) : NULL;
         if (!u.logits || !u.chunk || !rec || (rank == 0 && !all))
             st = qf_fail(err, QF_ERR_NOMEM, "perplexity: out of memory for %d x %d logits", n_ctx - first, n_vocab);
     }
@@ -169,34 +191,43 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     if ((st = qf_par_agree(st, err))) agreed = true;
     if (bar_on) qf_progress_begin(&bar, "ppl", n_chunk);
     double t0 = qf_now_sec();
-    int n_round = (n_chunk + n_rank - 1) / n_rank;
-    for (int round = 0; round < n_round && !agreed; round++) {
-        int i = round * n_rank + rank;
-        if (!st && i < n_chunk) st = qf_par_injected("perplexity", err);
-        if (!st && i < n_chunk) st = ppl_chunk(&u, &kl, i, round, rec, err);
+    for (int w0 = 0; w0 < n_round && !agreed; w0 += win) {
+        const int nr = n_round - w0 < win ? n_round - w0 : win; /* rounds in this window: equal on every rank */
+        /* this rank's chunks of the window, with no collective in between: a rank never
+         * waits for another until the window ends */
+        for (int k = 0; k < nr && !st; k++) {
+            int i = (w0 + k) * n_rank + rank;
+            if (i >= n_chunk) break;
+            st = qf_par_injected("perplexity", err);
+            if (!st) st = ppl_chunk(&u, &kl, i, w0 + k, rec + (size_t)k * u.rec_bytes, err);
+        }
         if ((st = qf_par_agree(st, err))) {
             agreed = true;
             break;
         }
-        if ((st = qf_par_gather(rec, u.rec_bytes, all, err))) break;
-        for (int q = 0; rank == 0 && q < n_rank && !st; q++) {
-            int ci = round * n_rank + q;
-            if (ci >= n_chunk) break;
-            const uint8_t *cr = all + (size_t)q * u.rec_bytes;
-            const double *v = (const double *)(const void *)cr;
-            for (int k = 0; k < n_score; k++) {
-                nll += v[k];
-                nll2 += v[k] * v[k];
+        /* rank q's block holds its records of rounds w0 .. w0+nr-1; rank 0 adds them in chunk order */
+        const size_t blk = (size_t)nr * u.rec_bytes;
+        if ((st = qf_par_gather(rec, blk, all, err))) break;
+        for (int k = 0; k < nr && rank == 0 && !st; k++) {
+            for (int q = 0; q < n_rank && !st; q++) {
+                int ci = (w0 + k) * n_rank + q;
+                if (ci >= n_chunk) break;
+                const uint8_t *cr = all + (size_t)q * blk + (size_t)k * u.rec_bytes;
+                const double *v = (const double *)(const void *)cr;
+                for (int j = 0; j < n_score; j++) {
+                    nll += v[j];
+                    nll2 += v[j] * v[j];
+                }
+                count += n_score;
+                if (kl.reading) qf_kld_accumulate(&kl, (const qf_kld_pos *)(const void *)(cr + u.off_pos), n_score);
+                if (kl.writing && !kl.local)
+                    st = qf_kld_write_rows(&kl, (const uint16_t *)(const void *)(cr + u.off_rows), n_score, err);
+                if (p->log) {
+                    fprintf(p->log, "[%d]%.4lf,", ci + 1, exp(nll / (double)count));
+                    fflush(p->log);
+                }
+                if (bar_on) qf_progress_update(&bar, ci + 1);
             }
-            count += n_score;
-            if (kl.reading) qf_kld_accumulate(&kl, (const qf_kld_pos *)(const void *)(cr + u.off_pos), n_score);
-            if (kl.writing && !kl.local)
-                st = qf_kld_write_rows(&kl, (const uint16_t *)(const void *)(cr + u.off_rows), n_score, err);
-            if (p->log) {
-                fprintf(p->log, "[%d]%.4lf,", ci + 1, exp(nll / (double)count));
-                fflush(p->log);
-            }
-            if (bar_on) qf_progress_update(&bar, ci + 1);
         }
     }
     double secs = qf_now_sec() - t0;
