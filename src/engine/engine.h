@@ -15,6 +15,8 @@ struct qf_model {
     qf_weight tok_embd, output_norm, output;
     qf_weight rope_freqs; /* Llama-3.1 style per-dimension frequency factors; data NULL if absent */
     qf_layer_weights *layers;
+    qf_weight *experts;  /* MoE: the per-expert views layers[].exp_* point into, or NULL */
+    bool *bound;         /* while loading: which tensors of the file a weight was bound to */
     uint8_t sha256[32];
     bool sha_done;
 };
