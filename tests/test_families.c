@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "qforge/awq.h"
 #include "qforge/gguf.h"
 #include "qforge/model.h"
 #include "test.h"
@@ -177,6 +178,105 @@ TEST(families_decode_matches_prefill) {
     }
 }
 
+/* qforge quantize on every family: the q8_0 and q4_0 files load, run and stay near
+ * transformers. Loose bounds: random-weight models amplify weight error far more than trained
+ * ones (q8_0 nMSE 3e-4..2e-2, q4_0 4e-2..2e-1 here; the MoE routers flip on it) */
+TEST(families_quantized) {
+    FILE *probe = fopen(FIX "qwen3.gguf", "rb");
+    if (!probe) SKIP("tests/fixtures/families not found (run from the repository root)");
+    fclose(probe);
+    struct { qf_type type; double max_nmse, min_top1; } qs[] = {{QF_TYPE_Q8_0, 5e-2, 0.85}, {QF_TYPE_Q4_0, 0.4, 0.4}};
+    for (int fi = 0; fi < N_FAM; fi++) {
+        ref_logits r;
+        char src[256], out[512];
+        snprintf(src, sizeof src, FIX "%s.logits", families[fi]);
+        CHECK(read_ref(src, &r));
+        snprintf(src, sizeof src, FIX "%s.gguf", families[fi]);
+        for (int qi = 0; qi < 2; qi++) {
+            snprintf(out, sizeof out, "%s/%s-%s.gguf", test_tmpdir(), families[fi], qf_type_name(qs[qi].type));
+            qf_error e = {0};
+            CHECK_MSG(qf_quantize_model(src, out, qs[qi].type, &e) == QF_OK, "%s: %s", families[fi], e.msg);
+            qf_model *m = qf_model_load(out, &e);
+            CHECK_MSG(m != NULL, "%s", e.msg);
+            if (!m) continue;
+            float *lg = run(m, &r, false, r.n_tok, QF_KV_F32);
+            CHECK(lg != NULL);
+            if (lg) {
+                double nmse, top1;
+                compare(lg, r.logits, r.n_tok, r.n_vocab, &nmse, &top1);
+                printf("  %-9s %-15s nMSE %.3e  top-1 %.4f\n", families[fi], qf_type_name(qs[qi].type), nmse, top1);
+                CHECK_MSG(nmse <= qs[qi].max_nmse && top1 >= qs[qi].min_top1, "%s %s: nMSE %.3e top-1 %.4f", families[fi],
+                          qf_type_name(qs[qi].type), nmse, top1);
+            }
+            free(lg);
+            qf_model_free(m);
+        }
+        free_ref(&r);
+    }
+}
+
+/* AWQ on the dense families whose tensors it can fold into (qwen3, gemma2, gemma3): with the
+ * scales folded and the weights kept in float the model is the same function, so it still
+ * matches transformers; phi3 (fused tensors) and the MoE families are refused by name */
+TEST(families_awq_fold) {
+    FILE *probe = fopen(FIX "qwen3.gguf", "rb");
+    if (!probe) SKIP("tests/fixtures/families not found (run from the repository root)");
+    fclose(probe);
+    const char *dense[] = {"qwen3", "gemma2", "gemma3"};
+    for (int fi = 0; fi < 3; fi++) {
+        ref_logits r;
+        qf_model *m = load_fam(dense[fi], &r);
+        CHECK(m != NULL);
+        if (!m) {
+            free_ref(&r);
+            continue;
+        }
+        qf_awq_params p = qf_awq_default_params();
+        p.keep_float = true;
+        p.clip = false;
+        p.fixed_alpha = 0.5f;
+        p.rows_per_site = 64;
+        p.n_ctx = 64;
+        p.n_threads = 2;
+        char out[512];
+        snprintf(out, sizeof out, "%s/%s-folded.gguf", test_tmpdir(), dense[fi]);
+        qf_error e = {0};
+        CHECK_MSG(qf_awq_run(m, r.tokens, r.n_tok, &p, out, NULL, &e) == QF_OK, "%s: %s", dense[fi], e.msg);
+        qf_model_free(m);
+        m = qf_model_load(out, &e);
+        CHECK_MSG(m != NULL, "%s", e.msg);
+        float *lg = m ? run(m, &r, false, r.n_tok, QF_KV_F32) : NULL;
+        if (lg) {
+            double nmse, top1;
+            compare(lg, r.logits, r.n_tok, r.n_vocab, &nmse, &top1);
+            printf("  %-9s awq-folded      nMSE %.3e  top-1 %.4f\n", dense[fi], nmse, top1);
+            CHECK_MSG(nmse <= 1e-8 && top1 >= 0.99, "%s folded: nMSE %.3e top-1 %.4f", dense[fi], nmse, top1);
+        }
+        free(lg);
+        qf_model_free(m);
+        free_ref(&r);
+    }
+    const char *refused[][2] = {{"phi3", "fused tensors"}, {"mixtral", "mixture-of-experts"}, {"qwen3moe", "mixture-of-experts"}};
+    for (int i = 0; i < 3; i++) {
+        ref_logits r;
+        qf_model *m = load_fam(refused[i][0], &r);
+        CHECK(m != NULL);
+        if (m) {
+            qf_awq_params p = qf_awq_default_params();
+            char out[512];
+            snprintf(out, sizeof out, "%s/%s-awq.gguf", test_tmpdir(), refused[i][0]);
+            qf_error e = {0};
+            CHECK(qf_awq_run(m, r.tokens, r.n_tok, &p, out, NULL, &e) == QF_ERR_UNSUPPORTED);
+            CHECK_MSG(strstr(e.msg, refused[i][1]) != NULL, "%s", e.msg);
+            FILE *f = fopen(out, "rb");
+            CHECK(f == NULL); /* nothing half-written */
+            if (f) fclose(f);
+            qf_model_free(m);
+        }
+        free_ref(&r);
+    }
+}
+
 TEST(families_hparams) {
     ref_logits r;
     qf_model *m = load_fam("gemma3", &r);
@@ -301,6 +401,8 @@ TEST(families_refusals) {
 int main(void) {
     RUN(families_match_transformers);
     RUN(families_decode_matches_prefill);
+    RUN(families_quantized);
+    RUN(families_awq_fold);
     RUN(families_hparams);
     RUN(families_refusals);
     return test_summary();
