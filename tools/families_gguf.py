@@ -156,8 +156,10 @@ class Writer:
         os.replace(tmp, path)
 
 
-def vocab(n_vocab):
-    """<unk> <s> </s>, the 256 byte tokens, then NORMAL pieces: llama-style SentencePiece."""
+def vocab(n_vocab, arch=""):
+    """<unk> <s> </s>, the 256 byte tokens, then NORMAL pieces: llama-style SentencePiece.
+    phi3 ends with a CONTROL <|endoftext|>: llama.cpp looks that token up by text for any model
+    named phi3 (its per-model token attributes) and fails to load a vocabulary without it."""
     toks, types, scores = ["<unk>", "<s>", "</s>"], [2, 3, 3], [0.0, 0.0, 0.0]
     for b in range(256):
         toks.append("<0x%02X>" % b)
@@ -173,6 +175,8 @@ def vocab(n_vocab):
         types.append(1)
         scores.append(-float(i))
         i += 1
+    if arch == "phi3":
+        toks[-1], types[-1], scores[-1] = "<|endoftext|>", 3, 0.0
     return toks, types, scores
 
 
@@ -211,7 +215,7 @@ def export(desc, P, path):
         w.u32(a + "expert_used_count", hp["n_expert_used"])
         if arch == "qwen3moe":
             w.u32(a + "expert_feed_forward_length", hp["ff_exp"])
-    toks, types, scores = vocab(hp["vocab"])
+    toks, types, scores = vocab(hp["vocab"], arch)
     w.str("tokenizer.ggml.model", "llama")
     w.arr("tokenizer.ggml.tokens", GGUF_STR, toks)
     w.arr("tokenizer.ggml.scores", GGUF_F32, scores)
