@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine.h"
 #include "qforge/awq.h"
 #include "qforge/gguf.h"
 #include "qforge/model.h"
@@ -57,6 +58,7 @@ static float *run(qf_model *m, const ref_logits *r, bool reference, int step, qf
     qf_error e = {0};
     qf_context_params cp = qf_context_default_params();
     cp.n_ctx = 256;
+    cp.n_batch = step < r->n_tok ? step : 0; /* small batches: sliding-window layers keep a ring */
     cp.n_threads = 2;
     cp.reference = reference;
     cp.device = QF_DEVICE_CPU;
@@ -277,6 +279,70 @@ TEST(families_awq_fold) {
     }
 }
 
+/* sliding-window layers keep only their window plus one batch: the cache is smaller, and a
+ * rewind further back than the ring reaches is refused (start again at 0 works) */
+TEST(families_swa_ring) {
+    ref_logits r;
+    qf_model *m = load_fam("gemma2", &r);
+    if (!m) SKIP("gemma2 fixture not found");
+    qf_error e = {0};
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 256;
+    cp.n_threads = 2;
+    cp.device = QF_DEVICE_CPU;
+    qf_context *full = qf_context_new(m, &cp, &e);
+    cp.n_batch = 4;
+    qf_context *ring = qf_context_new(m, &cp, &e);
+    CHECK(full && ring);
+    if (full && ring) {
+        /* 13 of 26 layers keep 32 - 1 + 4 = 35 of 256 positions */
+        double want = qf_context_kv_bytes_per_token(full) * (13.0 + 13.0 * 35.0 / 256.0) / 26.0;
+        CHECK_NEAR(qf_context_kv_bytes_per_token(ring), want, 1e-6 * want);
+        int V = r.n_vocab;
+        float *lg = malloc((size_t)4 * V * sizeof(float));
+        for (int i = 0; i < 100; i += 4) CHECK(qf_decode(ring, r.tokens + i, 4, i, lg, 0, &e) == QF_OK);
+        CHECK(qf_decode(ring, r.tokens + 10, 4, 10, lg, 0, &e) == QF_ERR_ARG);
+        CHECK(strstr(e.msg, "no longer holds position") != NULL);
+        CHECK(qf_decode(ring, r.tokens + 60, 4, 96, lg, 0, &e) == QF_OK); /* [65, 96) is still in the ring */
+        CHECK(qf_decode(ring, r.tokens, 4, 0, lg, 0, &e) == QF_OK);
+        free(lg);
+    }
+    qf_context_free(full);
+    qf_context_free(ring);
+    qf_model_free(m);
+    free_ref(&r);
+}
+
+/* a cache that stores K before RoPE (kv-dict v2) rotates on read with each layer's base:
+ * gemma3's local and global layers give the same logits as rotating first */
+TEST(families_prerope_k) {
+    ref_logits r;
+    qf_model *m = load_fam("gemma3", &r);
+    if (!m) SKIP("gemma3 fixture not found");
+    float *plain = run(m, &r, false, r.n_tok, QF_KV_F32);
+    qf_error e = {0};
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 256;
+    cp.n_threads = 2;
+    cp.device = QF_DEVICE_CPU;
+    cp.kv_k = cp.kv_v = QF_KV_F32;
+    qf_context *c = qf_context_new(m, &cp, &e);
+    CHECK(c != NULL && plain != NULL);
+    float *lg = malloc((size_t)r.n_tok * r.n_vocab * sizeof(float));
+    if (c && plain && lg) {
+        c->kv.k_prerope = true;
+        for (int i = 0; i < r.n_tok; i += 32) CHECK(qf_decode(c, r.tokens + i, 32, i, lg + (size_t)i * r.n_vocab, 0, &e) == QF_OK);
+        double nmse, top1;
+        compare(lg, r.logits, r.n_tok, r.n_vocab, &nmse, &top1);
+        CHECK_MSG(nmse <= 1e-10 && top1 >= 0.99, "pre-RoPE K cache: nMSE %.3e vs transformers", nmse);
+    }
+    free(lg);
+    free(plain);
+    qf_context_free(c);
+    qf_model_free(m);
+    free_ref(&r);
+}
+
 TEST(families_hparams) {
     ref_logits r;
     qf_model *m = load_fam("gemma3", &r);
@@ -403,6 +469,8 @@ int main(void) {
     RUN(families_decode_matches_prefill);
     RUN(families_quantized);
     RUN(families_awq_fold);
+    RUN(families_swa_ring);
+    RUN(families_prerope_k);
     RUN(families_hparams);
     RUN(families_refusals);
     return test_summary();

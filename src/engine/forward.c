@@ -69,6 +69,7 @@ typedef struct qf_context_ext {
      * layout; only the sink rows and the window rows of the batch are filled (kv.n_sink/n_window) */
     float *ekbuf, *evbuf;
     float *kr_cos, *kr_sin; /* pre-RoPE K cache: [n_ctx][n_rot/2] tables for every position, or NULL */
+    float *kr_cos_swa, *kr_sin_swa; /* the same for sliding-window layers with their own base (gemma3) */
     /* sliding-window layers with their own RoPE base (gemma3): [n_batch][n_rot/2], or NULL */
     float *rope_cos_swa, *rope_sin_swa;
     /* MoE scratch (n_expert > 0): router logits [n_batch][n_expert], the chosen experts and their
@@ -94,7 +95,7 @@ void qf_context_free(qf_context *c) {
     }
     free(e->vecs.output_norm);
     free(e->vecs.rope_ff);
-    free(e->kr_cos), free(e->kr_sin);
+    free(e->kr_cos), free(e->kr_sin), free(e->kr_cos_swa), free(e->kr_sin_swa);
     free(e->rope_cos_swa), free(e->rope_sin_swa);
     free(e->moe_logits), free(e->moe_w), free(e->moe_x), free(e->moe_y), free(e->moe_acc), free(e->moe_rw);
     free(e->moe_ids), free(e->moe_rows);
@@ -140,6 +141,8 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     }
     if (qf_kv_cache_init(&c->kv, hp, c->params.n_ctx, c->params.kv_k, c->params.kv_v, err)) goto fail;
     if (qf_kv_cache_set_rot(&c->kv, c->params.kv_rot, err)) goto fail;
+    /* sliding-window layers keep only their window (+ one batch) in the cache */
+    if (qf_kv_cache_set_swa(&c->kv, hp, c->n_batch, err)) goto fail;
 
     size_t B = (size_t)c->n_batch, D = hp->n_embd, Dq = (size_t)hp->n_head * hp->head_dim,
            Dkv = (size_t)hp->n_head_kv * hp->head_dim,
@@ -364,14 +367,25 @@ static qf_status kv_rope_tables(qf_context *c, qf_error *err) {
     ctx_ext *e = ext(c);
     if (e->kr_cos) return QF_OK;
     int half = c->model->hp.n_rot / 2, n_ctx = c->params.n_ctx;
+    const qf_hparams *hp = &c->model->hp;
+    bool two = e->rope_cos_swa != NULL; /* gemma3: local layers have their own base */
     e->kr_cos = malloc((size_t)n_ctx * half * sizeof(float) + 1);
     e->kr_sin = malloc((size_t)n_ctx * half * sizeof(float) + 1);
-    if (!e->kr_cos || !e->kr_sin) {
-        free(e->kr_cos), free(e->kr_sin);
-        e->kr_cos = e->kr_sin = NULL;
+    if (two) {
+        e->kr_cos_swa = malloc((size_t)n_ctx * half * sizeof(float) + 1);
+        e->kr_sin_swa = malloc((size_t)n_ctx * half * sizeof(float) + 1);
+    }
+    if (!e->kr_cos || !e->kr_sin || (two && (!e->kr_cos_swa || !e->kr_sin_swa))) {
+        free(e->kr_cos), free(e->kr_sin), free(e->kr_cos_swa), free(e->kr_sin_swa);
+        e->kr_cos = e->kr_sin = e->kr_cos_swa = e->kr_sin_swa = NULL;
         return qf_fail(err, QF_ERR_NOMEM, "decode: out of memory for the pre-RoPE K tables");
     }
-    for (int p = 0; p < n_ctx; p++) rope_row(c, p, e->kr_cos + (size_t)p * half, e->kr_sin + (size_t)p * half);
+    for (int p = 0; p < n_ctx; p++) {
+        rope_row(c, p, e->kr_cos + (size_t)p * half, e->kr_sin + (size_t)p * half);
+        if (two)
+            rope_row_base(c, hp->rope_freq_base_swa, 1.0f, p, e->kr_cos_swa + (size_t)p * half,
+                          e->kr_sin_swa + (size_t)p * half);
+    }
     return QF_OK;
 }
 
@@ -429,9 +443,10 @@ static void kv_gather_worker(void *arg, int ith, int nth) {
         qf_kv_cache_read_head(&c->kv, stream, j->layer, h, T, dst);
         if (stream == 0 && c->kv.k_prerope) { /* RoPE on read, per position */
             int half = hp->n_rot / 2;
+            bool swa = ext(c)->kr_cos_swa && qf_hparams_layer_swa(hp, j->layer);
+            const float *kc = swa ? ext(c)->kr_cos_swa : ext(c)->kr_cos, *ks = swa ? ext(c)->kr_sin_swa : ext(c)->kr_sin;
             for (int p = 0; p < T; p++)
-                rope_rotate(hp, ext(c)->kr_cos + (size_t)p * half, ext(c)->kr_sin + (size_t)p * half,
-                            dst + (size_t)p * hp->head_dim, 1);
+                rope_rotate(hp, kc + (size_t)p * half, ks + (size_t)p * half, dst + (size_t)p * hp->head_dim, 1);
         }
         if (c->kv.n_sink || c->kv.n_window) exact_gather(c, j, stream, h, dst);
     }
@@ -724,6 +739,12 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
             return qf_fail(err, QF_ERR_ARG, "decode: token id %d out of range [0, %d)", tokens[t], hp->n_vocab);
 
     if (c->gpu) return qf_gpu_decode(c, tokens, n, pos0, logits, logits_from, err);
+    int miss_layer, miss_pos; /* a rewind past what the sliding-window rings still hold */
+    if (pos0 > 0 && !qf_kv_cache_ring_holds(&c->kv, pos0 - hp->n_swa + 1, pos0, &miss_layer, &miss_pos))
+        return qf_fail(err, QF_ERR_ARG,
+                       "decode: the sliding-window cache of layer %d no longer holds position %d (a rewind to %d goes "
+                       "back further than its window plus one batch); start again at position 0",
+                       miss_layer, miss_pos, pos0);
 
     const int D = hp->n_embd, hd = hp->head_dim, Dq = hp->n_head * hd, F = hp->n_ff;
     const qf_tap *tap = c->tap;
@@ -740,10 +761,6 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
     rope_tables(c, pos0, n);
     /* K before RoPE: for a cache that stores it so, and for a tap that asks for it */
     bool defer_k = c->kv.k_prerope || (tap && tap->on_k_prerope);
-    if (c->kv.k_prerope && ext(c)->rope_cos_swa)
-        return qf_fail(err, QF_ERR_UNSUPPORTED,
-                       "decode: a cache that stores K before RoPE needs one RoPE base; %s has two (global %g, local %g)",
-                       hp->arch_name, hp->rope_freq_base, hp->rope_freq_base_swa);
     if (c->kv.k_prerope) {
         qf_status st = kv_rope_tables(c, err);
         if (st) return st;
