@@ -459,6 +459,31 @@ TEST(families_refusals) {
     /* phi3 LongRoPE factors */
     expect_refusal(variant(FIX "phi3.gguf", "g.gguf", NULL, 0, NULL, NULL, "rope_factors_long.weight", NULL),
                    QF_ERR_UNSUPPORTED, "rope_factors_long.weight");
+    /* gemma3: a sliding-window pattern of 0 layers; gemma2: a negative soft-cap */
+    expect_refusal(variant(FIX "gemma3.gguf", "i.gguf", "gemma3.attention.sliding_window_pattern", 0, NULL, NULL, NULL, NULL),
+                   QF_ERR_FORMAT, "sliding-window pattern 0");
+    {
+        qf_error e = {0};
+        qf_gguf *src = qf_gguf_open(FIX "gemma2.gguf", &e);
+        CHECK(src != NULL);
+        if (src) {
+            qf_gguf_writer *w = qf_gguf_writer_new();
+            qf_gguf_writer_copy_kv(w, src, NULL, &e);
+            qf_gguf_writer_set_f32(w, "gemma2.attn_logit_softcapping", -1.0f);
+            for (uint64_t i = 0; i < qf_gguf_n_tensors(src); i++) {
+                const qf_gguf_tensor *t = qf_gguf_tensor_at(src, i);
+                char nm[128];
+                snprintf(nm, sizeof nm, "%.*s", (int)t->name.len, t->name.ptr);
+                qf_gguf_writer_add_tensor(w, nm, t->type, t->n_dims, t->ne, t->data, t->nbytes, &e);
+            }
+            char out[512];
+            snprintf(out, sizeof out, "%s/j.gguf", test_tmpdir());
+            CHECK(qf_gguf_writer_write(w, out, &e) == QF_OK);
+            qf_gguf_writer_free(w);
+            qf_gguf_close(src);
+            expect_refusal(out, QF_ERR_FORMAT, "softcapping");
+        }
+    }
     /* qk-norm family without its norm tensor */
     expect_refusal(variant(FIX "qwen3.gguf", "h.gguf", NULL, 0, NULL, NULL, NULL, "blk.2.attn_k_norm.weight"),
                    QF_ERR_FORMAT, "blk.2.attn_k_norm.weight");
