@@ -182,20 +182,21 @@ TEST(tiny_end_to_end) {
     qf_status st = qf_analyze_run(&p, &r, &e);
     CHECK_MSG(st == QF_OK, "%s", e.msg);
     if (st == QF_OK) {
-        CHECK_EQ_INT(r.n_points, 5); /* f16, q4_0+hadamard, kv-int8 x 2, kv-dict 16x2 */
+        CHECK_EQ_INT(r.n_points, 6); /* f16, q4_0+hadamard, kv-int8 x 3 (ec-rot, token-rot, per-channel), kv-dict 16x2 */
         CHECK_EQ_INT(r.n_skipped, 1);
         CHECK(r.n_skipped == 1 && !strcmp(r.skipped[0].method, "kv-dict") && strstr(r.skipped[0].reason, "4096"));
         CHECK_NEAR(r.points[0].bits_per_element, 16.0, 1e-9);
         CHECK_NEAR(r.points[1].bits_per_element, 4.5, 1e-9);
         CHECK_NEAR(r.points[2].bits_per_element, 8.0, 1e-9);
         CHECK(r.points[2].table_bytes > 0 && r.points[2].bits_per_element_with_tables > 8.0);
-        CHECK(!strcmp(r.points[4].label, "16x2-f16"));
-        CHECK_NEAR(r.points[4].bits_per_element, (2 * 1 + 2 * 2) * 8.0 / 64, 1e-9); /* stored bytes */
+        CHECK(!strcmp(r.points[2].label, "ec-rot"));
+        CHECK(!strcmp(r.points[5].label, "16x2-f16"));
+        CHECK_NEAR(r.points[5].bits_per_element, (2 * 1 + 2 * 2) * 8.0 / 64, 1e-9); /* stored bytes */
         CHECK(r.n_frontier >= 2 && r.n_verdicts == 4);
         CHECK(r.n_chunks == 2 && r.n_ctx == 64 && r.n_scored > 0 && r.ref_ppl > 1);
         CHECK(r.cross_check_tokens > 0 && r.cross_check_max_rel_diff < 1e-3);
         for (int i = 0; i < r.n_points; i++) CHECK(r.points[i].kld_mean > -1e-4 && isfinite(r.points[i].delta_ppl));
-        CHECK(r.points[1].kld_mean < r.points[4].kld_mean); /* 4.5 bits beat 0.75 */
+        CHECK(r.points[1].kld_mean < r.points[5].kld_mean); /* 4.5 bits beat 0.75 */
     }
     qf_analyze_report_free(&r);
 }
