@@ -101,7 +101,9 @@ TEST(stories260k_fast_matches_reference) {
     check_routes(or_fixture("models/stories260K.gguf", "models/synthetic-hd8-f32.gguf"), 1e-4);
 }
 TEST(demo_f16_fast_matches_reference) { check_routes("models/qforge-demo-11m-f16.gguf", 1e-3); }
-TEST(demo_q4km_fast_matches_reference) { check_routes("models/qforge-demo-11m-q4_k_m.gguf", 1e-3); }
+/* 5e-2: its Q8_0 / Q4_K / Q6_K tensors take the int8 GEMM (kernels/gemm.h) on AVX-512 VNNI CPUs, which quantizes
+ * the activations to Q8_0 as decode and ggml do */
+TEST(demo_q4km_fast_matches_reference) { check_routes("models/qforge-demo-11m-q4_k_m.gguf", 5e-2); }
 TEST(qwen2_fast_matches_reference) {
     check_routes(or_fixture("models/qforge-demo-qwen2-5m-f16.gguf", "models/synthetic-qwen2-f16.gguf"), 1e-3);
 }

@@ -33,6 +33,23 @@ static double log_softmax_tok(const float *logits, int n_vocab, int tok) {
     return (double)(logits[tok] - mx) - log(sum);
 }
 
+/* The scored rows' log-softmax, split over the context's thread pool by rows: each row is
+ * log_softmax_tok exactly, so the result does not depend on the number of threads. */
+typedef struct {
+    const float *logits;
+    const int32_t *next;
+    double *nll;
+    int n_vocab, n;
+} nll_job;
+
+static void nll_worker(void *arg, int ith, int nth) {
+    nll_job *j = arg;
+    int64_t k0, k1;
+    qf_split_range(j->n, ith, nth, &k0, &k1);
+    for (int64_t k = k0; k < k1; k++)
+        j->nll[k] = -log_softmax_tok(j->logits + (size_t)k * j->n_vocab, j->n_vocab, j->next[k]);
+}
+
 /* The error for a NaN/Inf negative log-likelihood: a number that is not a result is never
  * averaged into one. Real weights never produce it; damaged ones (a tensor type relabelled
  * with sizes still consistent, NaN/Inf bit patterns in the data) do. */
@@ -79,17 +96,20 @@ static qf_status ppl_chunk(ppl_run *u, qf_kld_state *kl, int i, int own_idx, uin
             if (!isfinite(nll[k])) return non_finite(err, i, first + k);
         return QF_OK;
     }
-    for (int j = 0; j < n_ctx && !st; j += n_batch) {
-        int bs = n_ctx - j < n_batch ? n_ctx - j : n_batch;
+    /* the chunk's last token predicts nothing that is scored: n_ctx - 1 tokens are evaluated
+     * (its logits row would be dropped; llama.cpp evaluates it and drops it) */
+    const int n_eval = n_ctx - 1;
+    for (int j = 0; j < n_eval && !st; j += n_batch) {
+        int bs = n_eval - j < n_batch ? n_eval - j : n_batch;
         int from = first - j > 0 ? first - j : 0; /* first batch row that needs logits */
         float *dst = from < bs ? u->logits + (size_t)(j + from - first) * u->n_vocab : NULL;
         st = qf_decode(c, u->chunk + j, bs, j, dst, from, err);
     }
     if (st) return st;
-    for (int k = 0; k < u->n_score; k++) {
-        nll[k] = -log_softmax_tok(u->logits + (size_t)k * u->n_vocab, u->n_vocab, next[k]);
+    nll_job nj = {.logits = u->logits, .next = next, .nll = nll, .n_vocab = u->n_vocab, .n = u->n_score};
+    qf_pool_run(c->pool, nll_worker, &nj);
+    for (int k = 0; k < u->n_score; k++)
         if (!isfinite(nll[k])) return non_finite(err, i, first + k);
-    }
     return qf_kld_chunk(kl, u->logits, next, u->n_score, kl->local ? own_idx : i,
                      kl->writing && !kl->local ? (uint16_t *)(void *)(rec + u->off_rows) : NULL,
                      (qf_kld_pos *)(void *)(rec + u->off_pos), err);
