@@ -63,7 +63,7 @@ static qf_status non_finite(qf_error *err, int chunk, int pos) {
  * chunk's results travel as one fixed-size record: its n_score negative log-likelihoods
  * (double), its KL positions (reading) and its encoded base rows (writing, unless each rank
  * keeps its own local base file). Each rank runs its chunks of a window of rounds
- * (ppl_window_rounds: all of them unless the records are wide) without meeting the others;
+ * (ppl_window_rounds: up to 8 rounds, fewer when the records are wide) without meeting the others;
  * then the records are gathered to rank 0, which adds them in chunk order, exactly the
  * additions one process makes, prints the running value and writes the rows; so every
  * printed digit is the same for any N. With one rank this is the plain loop. A failure on any
