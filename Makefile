@@ -169,6 +169,10 @@ fuzz: $(FUZZ_BIN)
 build-fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(AVX2FLAGS) -MMD -MP -c $< -o $@
+# the AVX-512 kernels must compile here too (never dispatched: __builtin_cpu_supports is 0)
+build-fuzz/obj/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(AVX512FLAGS) -MMD -MP -c $< -o $@
 build-fuzz/libqforge.a: $(FUZZ_LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
