@@ -128,7 +128,7 @@ static qf_status int8_scales(const qf_payload *p, const char *name, const qf_hpa
     return QF_OK;
 }
 
-static const char *const int8_layout_names[QF_KV_INT8_LAYOUT_COUNT] = {"static", "static-rot", "token-rot", "token"};
+static const char *const int8_layout_names[QF_KV_INT8_LAYOUT_COUNT] = {"static", "static-rot", "token-rot", "token", "ec-rot"};
 
 /* "k_layout" / "v_layout" (absent: the original static layout) */
 static qf_status int8_layout(const qf_payload *p, const char *name, int *out, qf_error *err) {
@@ -139,7 +139,7 @@ static qf_status int8_layout(const qf_payload *p, const char *name, int *out, qf
         for (int i = 0; i < QF_KV_INT8_LAYOUT_COUNT; i++)
             if (!strcmp(e->str, int8_layout_names[i])) return *out = i, QF_OK;
     return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT,
-                   "kv-int8 payload: '%s': expected \"static\", \"static-rot\", \"token-rot\" or \"token\"", name);
+                   "kv-int8 payload: '%s': expected \"static\", \"static-rot\", \"token-rot\", \"token\" or \"ec-rot\"", name);
 }
 
 static qf_status bind_int8(qf_context *c, const qf_payload *p, qf_error *err) {

@@ -74,12 +74,16 @@ struct qf_kv_rq_bind {
  *   STATIC_ROT  the same on the Walsh-Hadamard rotated row (scales fitted on rotated vectors)
  *   TOKEN_ROT   rotated row, its own scale per row carried in the codes' parities
  *               (qf_kv_int8_token_quantize): exactly 8 bits, no static scale used
- *   TOKEN       the same without the rotation */
+ *   TOKEN       the same without the rotation
+ *   EC_ROT      rotated rows, entropy-coded in exactly 8 bits per element (qf_kv_int8_ec_quantize):
+ *               the step follows the RMS, not the maximum; the kv heads of one token are coded
+ *               in groups of up to 256 elements (kv_cache.c ec_group); no static scale used */
 typedef enum {
     QF_KV_INT8_STATIC = 0,
     QF_KV_INT8_STATIC_ROT,
     QF_KV_INT8_TOKEN_ROT,
     QF_KV_INT8_TOKEN,
+    QF_KV_INT8_EC_ROT,
     QF_KV_INT8_LAYOUT_COUNT
 } qf_kv_int8_layout;
 

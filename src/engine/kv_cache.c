@@ -23,6 +23,9 @@
 #include "engine/kv_rq.h"
 #include "kernels/hadamard.h"
 
+#define EC_GROUP_MAX 256 /* kv-int8 ec-rot: elements per entropy-coded group of kv heads (ec_group) */
+#define EC_ROW_MAX 1024  /* the codec's longest row: head_dim up to 1024 (then one head per group) */
+
 static const char *const mode_names[QF_KV_MODE_COUNT] = {"f32", "f16", "q8_0", "q4_0", "int8", "dict", "rq"};
 
 const char *qf_kv_mode_name(qf_kv_mode m) {
@@ -224,18 +227,23 @@ qf_status qf_kv_cache_init_spec(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx
                 qf_kv_cache_free(kv);
                 return qf_fail(err, QF_ERR_ARG, "int8 KV cache (%s): unknown row layout %d", sname, sp->int8_layout);
             }
-            bool rot = sp->int8_layout == QF_KV_INT8_STATIC_ROT || sp->int8_layout == QF_KV_INT8_TOKEN_ROT;
+            bool ec = sp->int8_layout == QF_KV_INT8_EC_ROT;
+            bool rot = sp->int8_layout == QF_KV_INT8_STATIC_ROT || sp->int8_layout == QF_KV_INT8_TOKEN_ROT || ec;
             bool tok = sp->int8_layout == QF_KV_INT8_TOKEN_ROT || sp->int8_layout == QF_KV_INT8_TOKEN;
             if ((rot && !qf_hadamard_size_ok(hp->head_dim)) ||
-                (tok && (hp->head_dim < 8 || hp->head_dim % 8 || hp->head_dim > 1024))) {
+                (tok && (hp->head_dim < 8 || hp->head_dim % 8 || hp->head_dim > 1024)) ||
+                (ec && (hp->head_dim < 16 || hp->head_dim > 1024))) {
                 qf_kv_cache_free(kv);
                 return qf_fail(err, QF_ERR_UNSUPPORTED,
                                "int8 KV cache (%s): the %s row layout needs head_dim %s (it is %d)", sname,
-                               tok ? "per-token" : "rotated",
-                               rot ? "a power of two" : "a multiple of 8 in [8, 1024]", hp->head_dim);
+                               ec ? "entropy-coded" : tok ? "per-token" : "rotated",
+                               ec ? "a power of two in [16, 1024]"
+                                  : rot ? "a power of two" : "a multiple of 8 in [8, 1024]",
+                               hp->head_dim);
             }
             kv->int8_layout[s] = (uint8_t)sp->int8_layout;
-            if (rot && !kv->int8_buf && !(kv->int8_buf = malloc((size_t)hp->head_dim * sizeof(float)))) goto oom;
+            /* the write buffer holds one rotated row, or one entropy-coded group of rows */
+            if (rot && !kv->int8_buf && !(kv->int8_buf = malloc(EC_ROW_MAX * sizeof(float)))) goto oom;
             rb = (size_t)hp->head_dim;
         } else if (sp->mode == QF_KV_DICT) {
             if ((st = dict_bind_new(sp, hp, sname, &kv->dict[s], err))) {
@@ -475,6 +483,18 @@ qf_status qf_kv_cache_set_rot(qf_kv_cache *kv, qf_kv_rot rot, qf_error *err) {
     return QF_OK;
 }
 
+/* kv-int8 "ec-rot" codes g consecutive kv heads of one token as ONE entropy-coded row of
+ * g * head_dim elements (g * head_dim bytes, where those heads' rows lie in the cache): a wider
+ * row shares one step exponent and lets bits flow to the head that needs them. g is the largest
+ * divisor of n_head_kv with g * head_dim <= EC_GROUP_MAX (1 when head_dim is larger). A read
+ * of head h decodes its group up to the end of h. */
+static int ec_group(const qf_kv_cache *kv) {
+    int g = 1;
+    for (int d = 1; d <= kv->n_head_kv; d++)
+        if (kv->n_head_kv % d == 0 && (size_t)d * kv->head_dim <= EC_GROUP_MAX) g = d;
+    return g;
+}
+
 /* encode n_pos consecutive positions' rows (src [n_pos][n_head_kv][head_dim]) at dst */
 static void write_rows(qf_kv_cache *kv, int stream, int layer, uint8_t *dst, const float *src, int n_pos) {
     qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
@@ -497,6 +517,17 @@ static void write_rows(qf_kv_cache *kv, int stream, int layer, uint8_t *dst, con
         if (lay == QF_KV_INT8_STATIC) {
             for (int p = 0; p < n_pos; p++)
                 qf_kv_int8_quantize(src + (size_t)p * nh * hd, inv, (int8_t *)(dst + (size_t)p * nh * rb), nh * hd);
+            return;
+        }
+        if (lay == QF_KV_INT8_EC_ROT) {
+            int g = ec_group(kv);
+            for (int r = 0; r < n_pos * nh; r += g) {
+                for (int k = 0; k < g; k++) {
+                    memcpy(kv->int8_buf + (size_t)k * hd, src + (size_t)(r + k) * hd, (size_t)hd * sizeof(float));
+                    qf_hadamard(kv->int8_buf + (size_t)k * hd, hd);
+                }
+                qf_kv_int8_ec_quantize(kv->int8_buf, dst + (size_t)r * rb, g * hd); /* rb == hd */
+            }
             return;
         }
         for (int r = 0; r < n_pos * nh; r++) {
@@ -574,13 +605,23 @@ static void read_rows(const qf_kv_cache *kv, int stream, int layer, int h, int s
     } else if (mode == QF_KV_INT8) {
         const float *sc = kv->int8_scale[stream] + ((size_t)layer * nh + h) * hd;
         int lay = kv->int8_layout[stream];
-        for (int p = 0; p < n_pos; p++) {
+        if (lay == QF_KV_INT8_EC_ROT) { /* decode head h's group up to the end of h */
+            int g = ec_group(kv), k = h % g;
+            const uint8_t *gb = base - (size_t)k * rb;
+            float tmp[EC_ROW_MAX];
+            for (int p = 0; p < n_pos; p++) {
+                qf_kv_int8_ec_dequantize(gb + p * stride, g * hd, tmp, (k + 1) * hd);
+                memcpy(dst + (size_t)p * hd, tmp + (size_t)k * hd, (size_t)hd * sizeof(float));
+            }
+        }
+        for (int p = 0; p < n_pos && lay != QF_KV_INT8_EC_ROT; p++) {
             const int8_t *q = (const int8_t *)(base + p * stride);
             float *x = dst + (size_t)p * hd;
             if (lay == QF_KV_INT8_STATIC || lay == QF_KV_INT8_STATIC_ROT) qf_kv_int8_dequantize(q, sc, x, hd);
             else qf_kv_int8_token_dequantize(q, x, hd);
         }
-        if (lay == QF_KV_INT8_STATIC_ROT || lay == QF_KV_INT8_TOKEN_ROT) qf_hadamard_rows(dst, hd, n_pos);
+        if (lay == QF_KV_INT8_STATIC_ROT || lay == QF_KV_INT8_TOKEN_ROT || lay == QF_KV_INT8_EC_ROT)
+            qf_hadamard_rows(dst, hd, n_pos);
     } else if (mode == QF_KV_DICT) {
         const struct qf_kv_dict_bind *d = kv->dict[stream];
         const qf_kv_dict *L = &d->layer[layer];

@@ -48,6 +48,7 @@ void qf_job_default(qf_job *j) {
     j->rq_sink = j->rq_window = -1;
     j->rq_k_alpha = 0.5;
     j->rq_sens_chunks = 2;
+    j->rq_min_bits = QF_KV_RQ_MIN_BITS;
     j->dict_version = 1;
 }
 
@@ -266,7 +267,7 @@ out:
  * per-token layouts carry their scale in the codes and get placeholder scales of 1. */
 typedef struct {
     const char *name;
-    const char *layout[2]; /* K, V: "static", "static-rot", "token-rot", "token" */
+    const char *layout[2]; /* K, V: "static", "static-rot", "token-rot", "token", "ec-rot" */
     qf_kv_scale_mode mode;
 } int8_candidate;
 
@@ -275,6 +276,8 @@ typedef struct {
  * per-channel + V per-token 23x q8_0's KLD), the rotated per-token layout beats it at 8.0 bits;
  * the original per-channel layout stays as the second candidate, for the record */
 static const int8_candidate int8_candidates[] = {
+    /* entropy-coded rotated rows: about 0.6x (head_dim 128) / 0.7x (64) token-rot's squared error */
+    {"ec-rot", {"ec-rot", "ec-rot"}, QF_KV_SCALE_PER_HEAD},          /* placeholder scales: [L, H] of 1 */
     {"token-rot", {"token-rot", "token-rot"}, QF_KV_SCALE_PER_HEAD}, /* placeholder scales: [L, H] of 1 */
     {"per-channel", {"static", "static"}, QF_KV_SCALE_PER_CHANNEL},
 };
@@ -297,7 +300,7 @@ static qf_status learn_int8(const qf_job *j, const shared *s, const int8_candida
             const float *x = sidx ? v.v[l] : v.k[l];
             int64_t n = sidx ? v.n_v[l] : v.n_k[l];
             const char *lay = cand->layout[sidx];
-            if (!strncmp(lay, "token", 5)) { /* no static scale is used */
+            if (!strncmp(lay, "token", 5) || !strcmp(lay, "ec-rot")) { /* no static scale is used */
                 for (size_t i = 0; i < per; i++) sc[sidx][(size_t)l * per + i] = 1.0f;
                 continue;
             }
@@ -469,6 +472,7 @@ static qf_status add_gate_keys(qf_payload *cf, const qf_job_report *rep, qf_erro
         if (!st) st = PUTF("ref_ppl", x->ref_ppl);
         if (!st) st = PUTF("cand_ppl", x->cand_ppl);
         if (!st) st = PUTF("delta_ppl", x->delta_ppl);
+        if (!st && isfinite(x->delta_ppl_err)) st = PUTF("delta_ppl_err", x->delta_ppl_err);
         if (!st) st = PUTF("kld_mean", x->kld_mean);
         if (!st) st = PUTF("kld_p99", x->kld_p99);
         if (!st) st = PUTF("top1", x->top1);
@@ -789,7 +793,10 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     t0 = qf_now_sec();
     size_t clen;
     const char *ctext = qf_corpus_calib_text(s->corpus, &clen);
-    qf_certify_params cp = {.n_ctx = s->n_ctx < 512 ? s->n_ctx : 512, .n_chunks = j->rq_sens_chunks > 2 ? j->rq_sens_chunks : 2};
+    /* chunks of min(N, 512) tokens by default (cheap); --sens-ctx N measures at the context the
+     * artifact is certified for, where the window covers a realistic share of every chunk */
+    int sens_ctx = j->rq_sens_ctx > 0 ? j->rq_sens_ctx : s->n_ctx < 512 ? s->n_ctx : 512;
+    qf_certify_params cp = {.n_ctx = sens_ctx, .n_chunks = j->rq_sens_chunks > 2 ? j->rq_sens_chunks : 2};
     if ((st = qf_certify_reference(s->ctx, ctext, clen, &cp, &cref, err))) {
         st = as_stage(err, st, QF_ERR_CAPTURE_FAILED, "kv-rq sensitivity: reference on the calibration text");
         goto done;
@@ -812,8 +819,9 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         char line[1024];
         int o = 0;
         for (int l = 0; l < L && o < 900; l++) o += snprintf(line + o, sizeof line - (size_t)o, " %d:%.4f/%.4f", l, sens[0][l], sens[1][l]);
-        stage(j, "[3/5 learn] kv-rq sensitivity (mean KLD at 2 bits alone, K/V per layer, %d calibration chunks, %.1f s):%s",
-              cp.n_chunks, qf_now_sec() - t0, line);
+        stage(j, "[3/5 learn] kv-rq sensitivity (mean KLD at 2 bits alone, K/V per layer, %d calibration chunks of %d, "
+                 "%.1f s):%s",
+              cp.n_chunks, cp.n_ctx, qf_now_sec() - t0, line);
     }
     rep->seconds_learn = qf_now_sec() - t0;
     t0 = qf_now_sec();
@@ -830,7 +838,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
                          j->rq_bits, max_code, s->n_ctx, 8.0 * QF_KV_RQ_SCALE_BYTES / D, S, R, 16.0 * (S + R) / s->n_ctx);
             goto done;
         }
-        double pred = qf_kv_rq_allocate(&fit, (const double *const *)sens, max_code, bits);
+        double pred = qf_kv_rq_allocate_min(&fit, (const double *const *)sens, max_code, j->rq_min_bits, bits);
         stage(j, "[3/5 learn] kv-rq allocation within %.3f bits (codes <= %.3f): predicted KLD %.5f", j->rq_bits, max_code,
               pred);
         if (j->rq_sink < 0 && j->rq_window < 0) {
@@ -852,8 +860,8 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
                 if (seen || n_tried >= 32) continue;
                 tried_s[n_tried] = cs, tried_r[n_tried++] = cr;
                 double mc = j->rq_bits - scale_bits - 16.0 * sr / s->n_ctx;
-                if (mc < QF_KV_RQ_MIN_BITS) continue;
-                qf_kv_rq_allocate(&fit, (const double *const *)sens, mc, bits);
+                if (mc < j->rq_min_bits) continue;
+                qf_kv_rq_allocate_min(&fit, (const double *const *)sens, mc, j->rq_min_bits, bits);
                 qf_payload_free(&pl);
                 memset(&pl, 0, sizeof pl);
                 qf_certify_result cr_;
@@ -865,7 +873,14 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
             }
             S = bS, R = bR;
             max_code = j->rq_bits - scale_bits - 16.0 * (S + R) / s->n_ctx;
-            qf_kv_rq_allocate(&fit, (const double *const *)sens, max_code, bits);
+            qf_kv_rq_allocate_min(&fit, (const double *const *)sens, max_code, j->rq_min_bits, bits);
+        }
+        if (max_code < j->rq_min_bits - 1e-9) {
+            st = qf_fail(err, QF_ERR_ARG,
+                         "kv-rq: --rq-min-bits %d does not fit a budget of %.3f bits per element at -c %d (codes <= %.3f "
+                         "after row scales and %d sinks + %d window tokens); lower --rq-min-bits or raise --bits",
+                         j->rq_min_bits, j->rq_bits, s->n_ctx, max_code, S, R);
+            goto done;
         }
         if ((st = rq_certify(j, s, &fit, bits, S, R, &pl, &r, &bpe, err))) goto done;
         rep->result = r;
@@ -933,7 +948,9 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         (st = qf_payload_add_int(cf, "n_sink", S, err)) || (st = qf_payload_add_int(cf, "n_window", R, err)) ||
         (st = qf_payload_add_string(cf, "k_bits", kb, err)) || (st = qf_payload_add_string(cf, "v_bits", vb, err)) ||
         (st = qf_payload_add_float(cf, "k_alpha", j->rq_k_alpha, err)) ||
-        (j->rq_bits > 0 && (st = qf_payload_add_float(cf, "budget_bits", j->rq_bits, err))))
+        (j->rq_bits > 0 && (st = qf_payload_add_float(cf, "budget_bits", j->rq_bits, err))) ||
+        (j->rq_min_bits != QF_KV_RQ_MIN_BITS && (st = qf_payload_add_int(cf, "min_bits", j->rq_min_bits, err))) ||
+        (st = qf_payload_add_int(cf, "sens_ctx", sens_ctx, err)))
         goto done;
     if (!rep->result.passed) {
         const qf_certify_result *rr = &rep->result;
@@ -981,6 +998,15 @@ static qf_status job_preflight(const qf_job *j, qf_error *err) {
     const char *outs[3] = {j->out_path, j->eval_out_path, j->kind == QF_ARTIFACT_AWQ ? gguf : NULL};
     const char *out_names[3] = {"-o", "--eval-out", "the awq GGUF"};
     qf_status st = qf_check_outputs(ins, in_names, n_in, outs, out_names, 3, err);
+    int n_ctx = j->n_ctx_list > 0 ? j->ctx_list[0] : j->n_ctx > 0 ? j->n_ctx : 256; /* stage_model's */
+    if (!st && j->kind == QF_ARTIFACT_KV_RQ && j->rq_min_bits != QF_KV_RQ_MIN_BITS &&
+        (j->rq_min_bits < QF_KV_RQ_MIN_BITS || j->rq_min_bits > QF_KV_RQ_MAX_BITS || !(j->rq_bits > 0)))
+        st = qf_fail(err, QF_ERR_ARG, "calibrate: --rq-min-bits %d: expected %d..%d, with a --bits budget", j->rq_min_bits,
+                     QF_KV_RQ_MIN_BITS, QF_KV_RQ_MAX_BITS);
+    if (!st && j->kind == QF_ARTIFACT_KV_RQ && (j->rq_sens_ctx < 0 || j->rq_sens_ctx > n_ctx || j->rq_sens_ctx == 1))
+        st = qf_fail(err, QF_ERR_ARG,
+                     "calibrate: --sens-ctx %d: expected 2..%d tokens (the capture window -c, the first of --ctx)",
+                     j->rq_sens_ctx, n_ctx);
     if (!st && j->sign_key_path) st = qf_sign_key_check(j->sign_key_path, err);
     if (!st) st = qf_check_writable(j->out_path, QF_ERR_PACKAGE_FAILED, err);
     if (!st && j->kind == QF_ARTIFACT_AWQ) st = qf_check_writable(gguf, QF_ERR_PACKAGE_FAILED, err);
@@ -1004,9 +1030,9 @@ static qf_status certify_at_ctx(const qf_job *j, shared *s, int n, const qf_payl
     if (st) qf_error_prefix(err, "at -c %d: ", n);
     if (!st) st = qf_certify_candidate(c, ref, j->kind, pl, &j->gate, r, err);
     if (!st)
-        stage(j, "[4/5 certify] -c %d: PPL %.4f -> %.4f (delta %+.4f%%), KLD mean %.6f p99 %.6f, top-1 %.2f%%; baseline %s "
-                 "KLD mean %.6f; gate %s%s%s",
-              n, r->ref_ppl, r->cand_ppl, 100 * r->delta_ppl, r->kld_mean, r->kld_p99, 100 * r->top1, r->baseline,
+        stage(j, "[4/5 certify] -c %d: PPL %.4f -> %.4f (delta %+.4f%% +/- %.4f%%), KLD mean %.6f p99 %.6f, top-1 %.2f%%; "
+                 "baseline %s KLD mean %.6f; gate %s%s%s",
+              n, r->ref_ppl, r->cand_ppl, 100 * r->delta_ppl, 100 * r->delta_ppl_err, r->kld_mean, r->kld_p99, 100 * r->top1, r->baseline,
               r->baseline_kld_mean, r->passed ? "passed" : "failed", r->passed ? "" : ": ", r->why);
     qf_certify_ref_free(ref);
     qf_context_free(c);
@@ -1090,9 +1116,9 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
         st = qf_certify_candidate(s.ctx, s.ref, j->kind, &cand, &j->gate, &r, err);
         t_cert += qf_now_sec() - t0;
         if (st) goto done;
-        stage(j, "[4/5 certify] %s: PPL %.4f -> %.4f (delta %+.4f%%), KLD mean %.6f p99 %.6f, top-1 %.2f%%, KV %.0f B/token "
-                 "(f16 %.0f), %.3f bits/element",
-              variant, r.ref_ppl, r.cand_ppl, 100 * r.delta_ppl, r.kld_mean, r.kld_p99, 100 * r.top1,
+        stage(j, "[4/5 certify] %s: PPL %.4f -> %.4f (delta %+.4f%% +/- %.4f%%), KLD mean %.6f p99 %.6f, top-1 %.2f%%, "
+                 "KV %.0f B/token (f16 %.0f), %.3f bits/element",
+              variant, r.ref_ppl, r.cand_ppl, 100 * r.delta_ppl, 100 * r.delta_ppl_err, r.kld_mean, r.kld_p99, 100 * r.top1,
               r.cand_kv_bytes_per_token, rep->f16_kv_bytes_per_token, r.bits_per_element);
         if (r.has_baseline)
             stage(j, "[4/5 certify] free baseline %s (%.1f bits) on the same tokens: delta %+.4f%%, KLD mean %.6f p99 %.6f; "
