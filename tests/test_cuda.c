@@ -121,6 +121,20 @@ TEST(op_dequant) {
     }
 }
 
+/* The decode (matvec) route of q4_0 / q8_0 weights quantizes the activation to q8_0 and takes
+ * integer dot products, as the CPU's vec_dot route does: its oracle is qf_vec_dot_ref on
+ * qf_quantize_row_ref(Q8_0, x). Every other type's oracle is the f32 dot (in double). */
+static bool mv_int8(qf_type t) { return t == QF_TYPE_Q4_0 || t == QF_TYPE_Q8_0; }
+static void vec_dot_oracle(qf_type t, const void *w, int K, int N, const float *x, int n, float *ref) {
+    const size_t rb = qf_row_bytes(t, K), qb = qf_row_bytes(QF_TYPE_Q8_0, K);
+    uint8_t *xq = malloc(qb);
+    for (int tt = 0; tt < n; tt++) {
+        qf_quantize_row_ref(QF_TYPE_Q8_0, x + (size_t)tt * K, xq, K);
+        for (int r = 0; r < N; r++) ref[(size_t)tt * N + r] = qf_vec_dot_ref(t, K, (const uint8_t *)w + (size_t)r * rb, xq);
+    }
+    free(xq);
+}
+
 /* K = 512: one partial tile of the wide decode kernel; K = 2304: a whole tile and a partial
  * one (q6_K rows of these sizes are not 8-byte multiples: the fallback kernel) */
 TEST(op_matmul) {
@@ -152,7 +166,17 @@ TEST(op_matmul) {
                 qf_error err = {0};
                 CHECK_MSG(qf_cuda_op_matmul(&w, x, n, got, routes[ri], &err) == QF_OK, "%s", err.msg);
                 double e = nmse(got, ref, (size_t)n * N);
-                if (ni == 1 || (ni == 0 && ri == 0))
+                if (routes[ri] == QF_CUDA_MM_MATVEC && mv_int8(t)) {
+                    /* int8 activations: certified against the CPU's vec_dot; the f32 dot's
+                     * distance is the activation rounding, printed */
+                    float *vd = malloc((size_t)n * N * 4);
+                    vec_dot_oracle(t, wd, K, N, x, n, vd);
+                    const double ef = e;
+                    e = nmse(got, vd, (size_t)n * N);
+                    printf("  matmul %-5s K=%-4d n=%-2d %-8s nmse %.3g against vec_dot (q8_0 activations), %.3g against "
+                           "the f32 dot\n", qf_type_name(t), K, n, rn[ri], e, ef);
+                    free(vd);
+                } else if (ni == 1 || (ni == 0 && ri == 0))
                     printf("  matmul %-5s K=%-4d n=%-2d %-8s nmse %.3g\n", qf_type_name(t), K, n, rn[ri], e);
                 CHECK_MSG(e <= bound[ri], "matmul %s K=%d n=%d %s nmse %g", qf_type_name(t), K, n, rn[ri], e);
             }
@@ -183,6 +207,7 @@ TEST(op_matmul_tall) {
                     for (int i = 0; i < K; i++) a += (double)x[(size_t)tt * K + i] * wf[(size_t)r * K + i];
                     ref[(size_t)tt * N + r] = (float)a;
                 }
+            if (mv_int8(t)) vec_dot_oracle(t, wd, K, N, x, n, ref);
             qf_error err = {0};
             CHECK_MSG(qf_cuda_op_matmul(&w, x, n, got, QF_CUDA_MM_MATVEC, &err) == QF_OK, "%s", err.msg);
             double e = nmse(got, ref, (size_t)n * N);
@@ -640,6 +665,77 @@ TEST(e2e_perplexity) {
     free(text);
 }
 
+/* One-token decode steps replay a CUDA graph of the step (captured at the first step, the
+ * position read on the device). The logits must be the same bits as the plain launches
+ * (knob no_graph) at every position, across the split-K attention's range changes, for plain
+ * cache modes and --kv-rot; and within the e2e bound of the CPU reference. */
+static bool decode_steps(qf_model *m, qf_device dev, bool reference, bool no_graph, qf_kv_mode kv, qf_kv_rot rot,
+                         const int32_t *toks, int n0, int n1, float *logits) {
+    qf_context_params p = qf_context_default_params();
+    p.n_ctx = 256;
+    p.kv_k = p.kv_v = kv;
+    p.kv_rot = rot;
+    p.device = dev;
+    p.reference = reference;
+    p.cuda.no_graph = no_graph;
+    qf_error err = {0};
+    qf_context *c = qf_context_new(m, &p, &err);
+    CHECK_MSG(c, "%s", err.msg);
+    if (!c) return false;
+    const int nv = qf_model_hparams(m)->n_vocab;
+    bool ok = qf_decode(c, toks, n0, 0, NULL, n0, &err) == QF_OK;
+    for (int i = 0; ok && i < n1; i++)
+        ok = qf_decode(c, toks + n0 + i, 1, n0 + i, logits + (size_t)i * nv, 0, &err) == QF_OK;
+    CHECK_MSG(ok, "%s", err.msg);
+    qf_context_free(c);
+    return ok;
+}
+
+TEST(e2e_decode_graph) {
+    NEED_GPU();
+    const char *models[] = {"models/qforge-demo-11m-f16.gguf", "models/qforge-demo-11m-q8_0.gguf",
+                            "models/qforge-demo-11m-q4_k_m.gguf", "models/qforge-demo-qwen2-5m-q4_k_m.gguf"};
+    for (size_t mi = 0; mi < 4; mi++) {
+        const char *path = model_path(models[mi]);
+        if (!path) continue;
+        qf_error err = {0};
+        qf_model *m = qf_model_load(path, &err);
+        CHECK_MSG(m, "%s", err.msg);
+        if (!m) continue;
+        const qf_hparams *hp = qf_model_hparams(m);
+        const int n0 = 9, n1 = 40, nv = hp->n_vocab; /* positions 9..48: split-K ranges 1, 2, 3, 4 */
+        int32_t toks[49];
+        for (int i = 0; i < n0 + n1; i++) toks[i] = (int32_t)((frand() * 0.5f + 0.5f) * (nv - 1));
+        float *lg = malloc((size_t)n1 * nv * 4), *lp = malloc((size_t)n1 * nv * 4), *lc = malloc((size_t)n1 * nv * 4);
+        const qf_kv_mode kvs[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_F32};
+        for (int k = 0; k < 4; k++) {
+            const qf_kv_rot rot = k == 2 && (hp->head_dim & (hp->head_dim - 1)) == 0 ? QF_KV_ROT_HADAMARD : QF_KV_ROT_NONE;
+            if (kvs[k] == QF_KV_Q8_0 || kvs[k] == QF_KV_Q4_0) {
+                if (hp->head_dim % 32) continue;
+            }
+            bool ok = decode_steps(m, QF_DEVICE_CUDA, false, false, kvs[k], rot, toks, n0, n1, lg) &&
+                      decode_steps(m, QF_DEVICE_CUDA, false, true, kvs[k], rot, toks, n0, n1, lp) &&
+                      decode_steps(m, QF_DEVICE_CPU, true, true, kvs[k], rot, toks, n0, n1, lc);
+            if (!ok) break;
+            const size_t nl = (size_t)n1 * nv;
+            size_t diff = 0;
+            for (size_t i = 0; i < nl; i++) diff += memcmp(lg + i, lp + i, 4) != 0;
+            double e = nmse(lg, lc, nl);
+            int agree = 0;
+            for (int t = 0; t < n1; t++) agree += argmax(lg + (size_t)t * nv, nv) == argmax(lc + (size_t)t * nv, nv);
+            printf("  decode graph %-30s kv %-4s%s: %zu of %zu logits differ from plain launches; nmse %.3g against the "
+                   "CPU reference, top-1 %d/%d\n",
+                   models[mi] + 7, qf_kv_mode_name(kvs[k]), rot ? " +rot" : "", diff, nl, e, agree, n1);
+            CHECK_MSG(diff == 0, "%s kv %s: graph replay differs from plain launches", models[mi], qf_kv_mode_name(kvs[k]));
+            CHECK_MSG(e <= (kvs[k] == QF_KV_Q4_0 ? 1e-3 : 1e-4), "%s kv %s: logits nmse %g", models[mi],
+                      qf_kv_mode_name(kvs[k]), e);
+            CHECK(agree >= n1 - 2);
+        }
+        free(lg), free(lp), free(lc);
+        qf_model_free(m);
+    }
+}
+
 /* --kv-rot hadamard, q8_0 / q4_0 caches: GPU PPL within 0.1% of the CPU with the same rotation,
  * measured with every GEMM in f32 (QF_CUDA_GEMM=f32), which isolates the rotation itself. The
  * default route (f16 GEMM inputs) is bounded at 0.5%: with q4_0 K and V, its input rounding
@@ -750,6 +846,7 @@ int main(void) {
     RUN(op_kv_int8_dict);
     RUN(op_attention);
     RUN(e2e_logits_and_taps);
+    RUN(e2e_decode_graph);
     RUN(e2e_perplexity);
     RUN(e2e_kv_rot);
     RUN(e2e_artifacts);

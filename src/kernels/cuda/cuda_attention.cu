@@ -320,11 +320,24 @@ void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_
 #define SPLIT_L_MIN 16
 #define SPLIT_MAX 256
 
+/* the ranges of a batch whose last query sees Tmax keys: L keys each, nsplit of them */
+__host__ __device__ static inline void split_ranges(int Tmax, int *L, int *nsplit) {
+    int l = (Tmax + SPLIT_MAX - 1) / SPLIT_MAX;
+    if (l < SPLIT_L_MIN) l = SPLIT_L_MIN;
+    *L = l, *nsplit = (Tmax + l - 1) / l;
+}
+
+/* dpos set (CUDA graph replay): pos0 = *dpos, and the ranges follow from it; blocks past the
+ * last range leave at once (the grid is sized for the largest position) */
 template <int MK, int MV>
 __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     k_attn_split(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
-                 int n_head_kv, int hd, float scale, int L, int nsplit, float *part) {
+                 int n_head_kv, int hd, float scale, int n, const int *dpos, float *part) {
     const int c = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
+    if (dpos) pos0 = *dpos;
+    int L, nsplit;
+    split_ranges(pos0 + n, &L, &nsplit);
+    if (c >= nsplit) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int kvh = h / (n_head / n_head_kv), Dq = n_head * hd, nj = (hd + 31) / 32;
     const int T = pos0 + i + 1, j0 = c * L, j1 = min(T, j0 + L);
@@ -383,8 +396,11 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     }
 }
 
-__global__ void k_attn_merge(const float *part, int pos0, int n_head, int hd, int L, int nsplit, float *out) {
+__global__ void k_attn_merge(const float *part, int pos0, int n_head, int hd, int n, const int *dpos, float *out) {
     const int h = blockIdx.x, i = blockIdx.y;
+    if (dpos) pos0 = *dpos;
+    int L, nsplit;
+    split_ranges(pos0 + n, &L, &nsplit);
     const int T = pos0 + i + 1, ns = (T + L - 1) / L;
     const float *pp = part + ((size_t)i * n_head + h) * nsplit * (hd + 2);
     float M = -INFINITY, ls = 0.0f;
@@ -409,15 +425,17 @@ size_t attention_split_floats(int n, int n_head, int hd) { return (size_t)n * n_
 
 void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
                             size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
-                            float *part, cudaStream_t s) {
-    const int Tmax = pos0 + n;
-    int L = (Tmax + SPLIT_MAX - 1) / SPLIT_MAX;
-    if (L < SPLIT_L_MIN) L = SPLIT_L_MIN;
-    const int nsplit = (Tmax + L - 1) / L;
+                            float *part, cudaStream_t s, const int *dpos, int n_ctx) {
+    int L, nsplit;
+    split_ranges(pos0 + n, &L, &nsplit);
+    if (dpos) { /* the most ranges any Tmax <= n_ctx has: ceil(T / 16) up to T = 4096, then SPLIT_MAX */
+        nsplit = (n_ctx + SPLIT_L_MIN - 1) / SPLIT_L_MIN;
+        if (nsplit > SPLIT_MAX) nsplit = SPLIT_MAX;
+    }
     const float scale = 1.0f / sqrtf((float)hd);
     const dim3 grid((unsigned)nsplit, (unsigned)n_head, (unsigned)n);
 #define QF_SPL(MK, MV) \
-    k_attn_split<MK, MV><<<grid, SPLIT_WARPS * 32, 0, s>>>(q, K, V, rbk, rbv, pos0, n_head, n_head_kv, hd, scale, L, nsplit, part)
+    k_attn_split<MK, MV><<<grid, SPLIT_WARPS * 32, 0, s>>>(q, K, V, rbk, rbv, pos0, n_head, n_head_kv, hd, scale, n, dpos, part)
 #define QF_SPL_V(MK)                                   \
     switch (mv) {                                      \
     case QF_KV_F32: QF_SPL(MK, QF_KV_F32); break;      \
@@ -435,5 +453,5 @@ void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
     }
 #undef QF_SPL_V
 #undef QF_SPL
-    k_attn_merge<<<dim3((unsigned)n_head, (unsigned)n), 128, 0, s>>>(part, pos0, n_head, hd, L, nsplit, out);
+    k_attn_merge<<<dim3((unsigned)n_head, (unsigned)n), 128, 0, s>>>(part, pos0, n_head, hd, n, dpos, out);
 }

@@ -249,7 +249,9 @@ void launch_qkv_split(const float *qkv, bool f16, int n, int nh, int nkv, int hd
 void launch_hadamard(float *x, int64_t rows, int n, cudaStream_t s);
 
 /* ---- cuda_kv.cu: KV cache writes and reads ---- */
-void launch_kv_write(qf_kv_mode mode, const float *src, int64_t rows, int hd, size_t rb, uint8_t *dst, cudaStream_t s);
+/* dpos set (CUDA graph replay): dst += *dpos * pos_stride bytes, read on the device */
+void launch_kv_write(qf_kv_mode mode, const float *src, int64_t rows, int hd, size_t rb, uint8_t *dst, cudaStream_t s,
+                     const int *dpos = NULL, size_t pos_stride = 0);
 void launch_kv_read(qf_kv_mode mode, const uint8_t *src, int64_t rows, int hd, size_t rb, float *out, cudaStream_t s);
 void launch_kv_write_int8(const float *src, int64_t n, int dkv, const float *inv, int8_t *dst, cudaStream_t s);
 void launch_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *scale, float *out, cudaStream_t s);
@@ -271,10 +273,12 @@ void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_
 
 /* Split-K ("flash decoding") attention for decode batches: the keys of each query cut into up
  * to 256 ranges of >= 16 keys attended to in parallel, then merged (any plain cache mode).
- * part: attention_split_floats(n, n_head, hd) floats of device scratch. */
+ * part: attention_split_floats(n, n_head, hd) floats of device scratch. dpos set (CUDA graph
+ * replay): the position is read from device memory instead of pos0, and the grid is sized for
+ * any position up to n_ctx (the results are the same as with pos0 = *dpos). */
 void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
                             size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
-                            float *part, cudaStream_t s);
+                            float *part, cudaStream_t s, const int *dpos = NULL, int n_ctx = 0);
 size_t attention_split_floats(int n, int n_head, int hd);
 
 /* ---- cuda_score.cu ---- */

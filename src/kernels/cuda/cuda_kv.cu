@@ -73,8 +73,10 @@ __host__ __device__ static inline void kv_quant_block(int mode, const float *x, 
 }
 
 /* one thread per 32-element block of the n_rows x hd source */
-__global__ void k_kv_write(int mode, const float *src, int64_t n_rows, int hd, size_t rb, uint8_t *dst) {
+__global__ void k_kv_write(int mode, const float *src, int64_t n_rows, int hd, size_t rb, uint8_t *dst, const int *dpos,
+                           size_t pos_stride) {
     const int nb = hd / 32 > 0 ? hd / 32 : 1;
+    if (dpos) dst += (size_t)*dpos * pos_stride;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (mode == QF_KV_F32 || mode == QF_KV_F16) {
         if (i >= n_rows * hd) return;
@@ -132,9 +134,10 @@ __global__ void k_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, s
     out[i] = o;
 }
 
-void launch_kv_write(qf_kv_mode mode, const float *src, int64_t rows, int hd, size_t rb, uint8_t *dst, cudaStream_t s) {
+void launch_kv_write(qf_kv_mode mode, const float *src, int64_t rows, int hd, size_t rb, uint8_t *dst, cudaStream_t s,
+                     const int *dpos, size_t pos_stride) {
     size_t nthr = (mode == QF_KV_F32 || mode == QF_KV_F16) ? (size_t)rows * hd : (size_t)rows * (hd / QK);
-    k_kv_write<<<nblk(nthr, 256), 256, 0, s>>>((int)mode, src, rows, hd, rb, dst);
+    k_kv_write<<<nblk(nthr, 256), 256, 0, s>>>((int)mode, src, rows, hd, rb, dst, dpos, pos_stride);
 }
 
 /* read rows back as the attention kernels see them (tests) */
