@@ -670,6 +670,10 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                           flash_ok(QF_KV_F16, QF_KV_F16, hd) && g->kv_rb[0] == (size_t)hd * 2 &&
                           g->kv_rb[1] == (size_t)hd * 2 && !(tap && tap->on_kv);
         __half *const q16 = kv16 ? (__half *)g->q : NULL; /* f16 Q in g->q's memory */
+        /* decode with an f16 cache, no rotation, no K/V tap: the split writes the cache rows
+         * (the same __float2half_rn of the same f32 values as the K|V write) */
+        const bool dkv16 = dqkv && !g->kv_rot && g->kv_mode[0] == QF_KV_F16 && g->kv_mode[1] == QF_KV_F16 &&
+                           g->kv_rb[0] == (size_t)hd * 2 && g->kv_rb[1] == (size_t)hd * 2 && !(tap && tap->on_kv);
         bool att16 = false;
         launch_rmsnorm(g->x, L->attn_norm, n, D, hp->rms_eps, !fqkv || want_act ? g->xn : NULL, fqkv ? g->xh : NULL, S);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_IN, n, D, g->xn, err))) goto done;
@@ -679,17 +683,23 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             prof_mark(g, 1);
             if (kv16) {
                 const size_t at = (size_t)pos0 * nkv * hd; /* f16 elements before row pos0 */
-                launch_qkv_split(g->qkv, true, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc,
+                launch_qkv_split(g->qkv, 1, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc,
                                  rs, L->bq, L->bk, L->bv, q16, (__half *)(g->kv[0] + g->kv_layer_bytes[0] * il) + at,
                                  (__half *)(g->kv[1] + g->kv_layer_bytes[1] * il) + at, S);
             } else
-                launch_qkv_split(g->qkv, false, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc,
+                launch_qkv_split(g->qkv, 0, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc,
                                  rs, L->bq, L->bk, L->bv, g->q, g->k, g->v, S);
         } else if (dqkv) {
             if ((st = dev_matmul(g->blas, &L->wqkv, g->xn, n, g->qkv, false, MM_MATVEC, g->wdeq, g->xh, S, err))) goto done;
             prof_mark(g, 1);
-            launch_qkv_split(g->qkv, false, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc, rs,
-                             L->bq, L->bk, L->bv, g->q, g->k, g->v, S);
+            if (dkv16) { /* f16 cache: K and V rows straight into it (at *dpos under graph capture) */
+                const size_t at = dpos ? 0 : (size_t)pos0 * nkv * hd;
+                launch_qkv_split(g->qkv, 2, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc, rs, L->bq,
+                                 L->bk, L->bv, g->q, (__half *)(g->kv[0] + g->kv_layer_bytes[0] * il) + at,
+                                 (__half *)(g->kv[1] + g->kv_layer_bytes[1] * il) + at, S, dpos);
+            } else
+                launch_qkv_split(g->qkv, 0, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc, rs,
+                                 L->bq, L->bk, L->bv, g->q, g->k, g->v, S);
         } else {
             if ((st = dev_matmul(g->blas, &L->wq, g->xn, n, g->q, false, route, g->wdeq, g->xh, S, err))) goto done;
             {
@@ -723,11 +733,26 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             const uint8_t *kvp[2];
             qf_kv_mode km[2];
             size_t krb[2];
-            for (int s = 0; s < 2; s++)
-                if (kv16) /* already written by the split */
-                    kvp[s] = g->kv[s] + g->kv_layer_bytes[s] * il, km[s] = QF_KV_F16, krb[s] = g->kv_rb[s];
-                else if ((st = kv_store(g, s, il, s ? g->v : g->k, n, pos0, dpos, S, &kvp[s], &km[s], &krb[s], err)))
-                    goto done;
+            bool plain = !kv16 && !dkv16;
+            for (int s = 0; s < 2; s++) plain = plain && g->kv_mode[s] != QF_KV_INT8 && g->kv_mode[s] != QF_KV_DICT;
+            if (plain) { /* K and V rows in one launch */
+                uint8_t *dst[2];
+                const float *src[2] = {g->k, g->v};
+                size_t stride[2];
+                for (int s = 0; s < 2; s++) {
+                    uint8_t *C = g->kv[s] + g->kv_layer_bytes[s] * il;
+                    kvp[s] = C, km[s] = g->kv_mode[s], krb[s] = g->kv_rb[s];
+                    stride[s] = (size_t)nkv * g->kv_rb[s];
+                    dst[s] = dpos ? C : C + (size_t)pos0 * stride[s];
+                }
+                if (g->kv_rot) launch_hadamard(g->k, (int64_t)n * nkv, hd, S), launch_hadamard(g->v, (int64_t)n * nkv, hd, S);
+                launch_kv_write2(km, src, (int64_t)n * nkv, hd, krb, dst, S, dpos, stride);
+            } else
+                for (int s = 0; s < 2; s++)
+                    if (kv16 || dkv16) /* already written by the split */
+                        kvp[s] = g->kv[s] + g->kv_layer_bytes[s] * il, km[s] = QF_KV_F16, krb[s] = g->kv_rb[s];
+                    else if ((st = kv_store(g, s, il, s ? g->v : g->k, n, pos0, dpos, S, &kvp[s], &km[s], &krb[s], err)))
+                        goto done;
             /* flash attention on the f16 route writes the wo GEMM's f16 input directly */
             const bool fl = n > MATVEC_MAX && !g->attn_warp && flash_ok(km[0], km[1], hd);
             att16 = fl && pre16 && !want_act && !g->kv_rot && gemm_h_ok(g, &L->wo);

@@ -240,11 +240,12 @@ void launch_add_bias(float *x, const float *b, int n, int d, cudaStream_t s);
 void launch_silu_mul(float *g, const float *u, size_t n, cudaStream_t s);
 /* o16 = SiLU(gate) * up from the fused [n][2F] gate|up output (f32 or f16); o32 too when set */
 void launch_silu_gu(const void *gu, bool gu_f16, int n, int F, float *o32, __half *o16, cudaStream_t s);
-/* bias + RoPE of the fused [n][Dq + 2 Dkv] q|k|v output into q, k, v (f32) or, f16, into f16 Q
- * and the cache rows */
-void launch_qkv_split(const float *qkv, bool f16, int n, int nh, int nkv, int hd, int half, bool neox,
+/* bias + RoPE of the fused [n][Dq + 2 Dkv] q|k|v output into q, k, v: kind 0 all f32; 1 f16 Q
+ * and f16 cache rows (prefill); 2 f32 q and f16 cache rows (decode). dpos set (graph replay):
+ * k and v move to row *dpos */
+void launch_qkv_split(const float *qkv, int kind, int n, int nh, int nkv, int hd, int half, bool neox,
                       const float *cs, const float *sn, const float *bq, const float *bk, const float *bv, void *q,
-                      void *k, void *v, cudaStream_t s);
+                      void *k, void *v, cudaStream_t s, const int *dpos = NULL);
 /* x[rows][n] <- H_n x / sqrt(n) per row, in place (the butterfly of hadamard.c, bit-exact) */
 void launch_hadamard(float *x, int64_t rows, int n, cudaStream_t s);
 
@@ -252,6 +253,9 @@ void launch_hadamard(float *x, int64_t rows, int n, cudaStream_t s);
 /* dpos set (CUDA graph replay): dst += *dpos * pos_stride bytes, read on the device */
 void launch_kv_write(qf_kv_mode mode, const float *src, int64_t rows, int hd, size_t rb, uint8_t *dst, cudaStream_t s,
                      const int *dpos = NULL, size_t pos_stride = 0);
+/* K and V (plain modes, each its own mode and row size) in one launch, as two launch_kv_write */
+void launch_kv_write2(const qf_kv_mode mode[2], const float *const src[2], int64_t rows, int hd, const size_t rb[2],
+                      uint8_t *const dst[2], cudaStream_t s, const int *dpos, const size_t pos_stride[2]);
 void launch_kv_read(qf_kv_mode mode, const uint8_t *src, int64_t rows, int hd, size_t rb, float *out, cudaStream_t s);
 void launch_kv_write_int8(const float *src, int64_t n, int dkv, const float *inv, int8_t *dst, cudaStream_t s);
 void launch_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *scale, float *out, cudaStream_t s);
@@ -275,7 +279,8 @@ void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_
  * to 256 ranges of >= 16 keys attended to in parallel, then merged (any plain cache mode).
  * part: attention_split_floats(n, n_head, hd) floats of device scratch. dpos set (CUDA graph
  * replay): the position is read from device memory instead of pos0, and the grid is sized for
- * any position up to n_ctx (the results are the same as with pos0 = *dpos). */
+ * any position up to n_ctx (the results are the same as with pos0 = *dpos). GQA groups of up
+ * to 8 heads run one block per (range, kv head); n_ctx (0: pos0 + n) picks the kernel. */
 void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
                             size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
                             float *part, cudaStream_t s, const int *dpos = NULL, int n_ctx = 0);

@@ -134,6 +134,46 @@ __global__ void k_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, s
     out[i] = o;
 }
 
+/* K and V rows of one batch in one launch: blockIdx.y picks the stream (k_kv_write's body) */
+struct kv_write2_args {
+    int mode[2];
+    const float *src[2];
+    size_t rb[2], stride[2];
+    uint8_t *dst[2];
+};
+__global__ void k_kv_write2(kv_write2_args a, int64_t n_rows, int hd, const int *dpos) {
+    const int s = blockIdx.y, mode = a.mode[s];
+    const size_t rb = a.rb[s];
+    const float *src = a.src[s];
+    uint8_t *dst = a.dst[s] + (dpos ? (size_t)*dpos * a.stride[s] : 0);
+    const int nb = hd / 32 > 0 ? hd / 32 : 1;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (mode == QF_KV_F32 || mode == QF_KV_F16) {
+        if (i >= n_rows * hd) return;
+        const int64_t r = i / hd;
+        const int e = (int)(i % hd);
+        if (mode == QF_KV_F32) ((float *)(dst + r * rb))[e] = src[i];
+        else ((__half *)(dst + r * rb))[e] = __float2half_rn(src[i]);
+        return;
+    }
+    if (i >= n_rows * nb) return;
+    const int64_t r = i / nb;
+    const int b = (int)(i % nb);
+    kv_quant_block(mode, src + r * hd + b * QK, dst + r * rb + b * (mode == QF_KV_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0)));
+}
+
+void launch_kv_write2(const qf_kv_mode mode[2], const float *const src[2], int64_t rows, int hd, const size_t rb[2],
+                      uint8_t *const dst[2], cudaStream_t s, const int *dpos, const size_t pos_stride[2]) {
+    kv_write2_args a;
+    size_t nthr = 0;
+    for (int k = 0; k < 2; k++) {
+        a.mode[k] = (int)mode[k], a.src[k] = src[k], a.rb[k] = rb[k], a.dst[k] = dst[k];
+        a.stride[k] = pos_stride ? pos_stride[k] : 0;
+        nthr = wmax(nthr, (mode[k] == QF_KV_F32 || mode[k] == QF_KV_F16) ? (size_t)rows * hd : (size_t)rows * (hd / QK));
+    }
+    k_kv_write2<<<dim3(nblk(nthr, 256), 2), 256, 0, s>>>(a, rows, hd, dpos);
+}
+
 void launch_kv_write(qf_kv_mode mode, const float *src, int64_t rows, int hd, size_t rb, uint8_t *dst, cudaStream_t s,
                      const int *dpos, size_t pos_stride) {
     size_t nthr = (mode == QF_KV_F32 || mode == QF_KV_F16) ? (size_t)rows * hd : (size_t)rows * (hd / QK);

@@ -127,16 +127,34 @@ qf_status op_kv_roundtrip(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_
         return cu_fail(err, QF_ERR_DEVICE, "CUDA op: --kv-rot hadamard needs a power-of-two head_dim <= %d", HD_MAX);
     dallocs a = {};
     float *dx = (float *)dup_to(&a, x, (size_t)rows * hd * 4), *dout = (float *)dalloc(&a, (size_t)rows * hd * 4);
-    uint8_t *c = (uint8_t *)dalloc(&a, rows * rb);
-    OP_NEED(dx && dout && c);
-    /* the forward pass's order: rotate the rows, store them; read, rotate back */
+    uint8_t *c = (uint8_t *)dalloc(&a, rows * rb), *c2 = (uint8_t *)dalloc(&a, rows * rb);
+    OP_NEED(dx && dout && c && c2);
+    /* the forward pass's order: rotate the rows, store them; read, rotate back. The rows are
+     * stored twice, by the one-stream kernel and as the V half of the K|V kernel the decode
+     * step runs (its K half an f32 copy), which must store the same bytes */
     if (rot == QF_KV_ROT_HADAMARD) launch_hadamard(dx, rows, hd, 0);
     launch_kv_write(mode, dx, rows, hd, rb, c, 0);
+    {
+        const qf_kv_mode m2[2] = {QF_KV_F32, mode};
+        const float *src[2] = {dx, dx};
+        const size_t rb2[2] = {(size_t)hd * 4, rb};
+        uint8_t *dst[2] = {(uint8_t *)dout, c2};
+        launch_kv_write2(m2, src, rows, hd, rb2, dst, 0, NULL, NULL);
+    }
     launch_kv_read(mode, c, rows, hd, rb, dout, 0);
     if (rot == QF_KV_ROT_HADAMARD) launch_hadamard(dout, rows, hd, 0);
-    if (cudaMemcpy(bytes, c, rows * rb, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    uint8_t *h2 = (uint8_t *)malloc(rows * rb);
+    if (!h2 || cudaMemcpy(bytes, c, rows * rb, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(h2, c2, rows * rb, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        free(h2);
         dfree(&a);
         return cu_fail(err, QF_ERR_DEVICE, "CUDA op: copy failed");
+    }
+    const bool same = memcmp(h2, bytes, rows * rb) == 0;
+    free(h2);
+    if (!same) {
+        dfree(&a);
+        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: the K|V write stored other bytes than the one-stream write");
     }
     return op_finish(&a, out, dout, (size_t)rows * hd * 4, err);
 }
