@@ -371,13 +371,43 @@ TEST(op_kv_int8_dict) {
         qf_kv_int8_dequantize(qc + (size_t)r * dkv, sc, ref + (size_t)r * dkv, dkv);
     }
     qf_error err = {0};
-    CHECK_MSG(qf_cuda_op_kv_int8_roundtrip(x, rows, dkv, sc, inv, qg, got, &err) == QF_OK, "%s", err.msg);
+    CHECK_MSG(qf_cuda_op_kv_int8_roundtrip(x, rows, dkv, hd, 0, sc, inv, qg, got, &err) == QF_OK, "%s", err.msg);
     size_t diff = 0;
     for (int i = 0; i < rows * dkv; i++) diff += qc[i] != qg[i];
     double e = nmse(got, ref, (size_t)rows * dkv);
     printf("  kv cache int8: %zu of %d stored bytes differ from qf_kv_int8_quantize, read-back nmse %.3g\n", diff, rows * dkv, e);
     CHECK(diff == 0);
     CHECK(e == 0);
+    /* the other row layouts (kv-int8 artifacts' static-rot, token-rot, token): each head row
+     * rotated (qf_hadamard) for the rot layouts, static per-channel scales or the per-row
+     * token code (qf_kv_int8_token_quantize: scale exponent in the code parities), read back
+     * and rotated back, as kv_cache.c stores and reads them */
+    static const char *const lay_names[] = {"static", "static-rot", "token-rot", "token"};
+    x[0] = 0.5f; /* no NaN here: the rotation would spread it over the row */
+    for (int i = 2 * dkv; i < 3 * dkv; i++) x[i] = 0; /* an all-zero row (exponent 0) */
+    for (int i = 3 * dkv; i < 4 * dkv; i++) x[i] *= 1e-3f; /* small rows */
+    for (int lay = 1; lay < 4; lay++) {
+        float row[256];
+        for (int r = 0; r < rows; r++)
+            for (int h = 0; h < nkv; h++) {
+                const size_t o = (size_t)r * dkv + (size_t)h * hd;
+                memcpy(row, x + o, hd * 4);
+                if (lay != 3) qf_hadamard(row, hd);
+                if (lay == 1) qf_kv_int8_quantize(row, inv + h * hd, qc + o, hd);
+                else qf_kv_int8_token_quantize(row, qc + o, hd);
+                if (lay == 1) qf_kv_int8_dequantize(qc + o, sc + h * hd, ref + o, hd);
+                else qf_kv_int8_token_dequantize(qc + o, ref + o, hd);
+                if (lay != 3) qf_hadamard(ref + o, hd);
+            }
+        CHECK_MSG(qf_cuda_op_kv_int8_roundtrip(x, rows, dkv, hd, lay, sc, inv, qg, got, &err) == QF_OK, "%s", err.msg);
+        diff = 0;
+        for (int i = 0; i < rows * dkv; i++) diff += qc[i] != qg[i];
+        e = nmse(got, ref, (size_t)rows * dkv);
+        printf("  kv cache int8 %-10s: %zu of %d stored bytes differ from the CPU cache's, read-back nmse %.3g\n",
+               lay_names[lay], diff, rows * dkv, e);
+        CHECK(diff == 0);
+        CHECK(e <= 1e-14);
+    }
     /* dict codes: random atoms (unit norm), random codes incl. zero coefficients and a corrupt
      * index; 1- and 2-byte indices, f16 and q8 coefficients */
     int nas[] = {256, 300};

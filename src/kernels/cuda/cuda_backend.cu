@@ -53,6 +53,8 @@ struct qf_cuda_ctx {
     size_t kv_layer_bytes[2];
     /* int8 / dict KV, bound from an artifact (set_kv) */
     float *kv_scale[2], *kv_inv[2]; /* int8: [n_layer][n_head_kv * head_dim] */
+    int kv_layout[2];               /* int8: row layout (engine.h qf_kv_int8_layout) */
+    float *tok_step;                /* int8 token layouts: the 256 steps (kv_tok_steps), device */
     float *kv_atoms[2];             /* dict: [n_layer][n_atoms][head_dim], unit norm */
     int kv_na[2], kv_s[2], kv_q8[2];
     float *kv_f32[2];               /* int8 / dict: the layer's cache expanded to f32, [n_ctx][n_head_kv][head_dim] */
@@ -243,6 +245,7 @@ static void ctx_free(qf_cuda_ctx *g) {
     if (g->gexec) cudaGraphExecDestroy(g->gexec);
     if (g->stream) cudaStreamDestroy(g->stream);
     if (g->dstep) cudaFree(g->dstep);
+    if (g->tok_step) cudaFree(g->tok_step);
     if (g->h_step) cudaFreeHost(g->h_step);
     if (g->h_pin) {
         cudaFreeHost(g->h_pin);
@@ -276,6 +279,10 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
         if (mode[s] == QF_KV_INT8) {
             if (!kv->int8_scale[s] || !kv->int8_inv_scale[s])
                 return cu_fail(err, QF_ERR_ARG, "CUDA backend: int8 KV cache without scales");
+            if (kv->int8_layout[s] < 0 || kv->int8_layout[s] > 3 || hd > HD_MAX ||
+                ((kv->int8_layout[s] == 1 || kv->int8_layout[s] == 2) && (hd & (hd - 1))))
+                return cu_fail(err, QF_ERR_DEVICE, "CUDA backend: int8 KV row layout %d with head_dim %d is not supported",
+                               kv->int8_layout[s], hd);
             rb[s] = (size_t)hd;
         } else if (mode[s] == QF_KV_DICT) {
             if (!kv->atoms[s] || !kv->encode)
@@ -330,6 +337,7 @@ done:
         g->kv_mode[s] = mode[s], g->kv_rb[s] = rb[s], g->kv_layer_bytes[s] = lb[s], g->kv[s] = d[s];
         g->kv_scale[s] = sc[s], g->kv_inv[s] = inv[s], g->kv_atoms[s] = at[s], g->kv_f32[s] = f32[s];
         g->kv_na[s] = na[s], g->kv_s[s] = sp[s], g->kv_q8[s] = q8[s];
+        g->kv_layout[s] = mode[s] == QF_KV_INT8 ? kv->int8_layout[s] : 0;
         g->kv_bytes += lb[s] * L;
     }
     free(g->h_codes);
@@ -447,6 +455,12 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
         CK(cudaMalloc((void **)&g->xh, (size_t)B * maxK * 2)); sc += (size_t)B * maxK * 2;
         CK(cudaMalloc((void **)&g->tok, (size_t)B * 4));
         CK(cudaMalloc((void **)&g->dstep, (size_t)(2 * half + 2) * 4));
+        {
+            float steps[256];
+            kv_tok_steps(steps);
+            CK(cudaMalloc((void **)&g->tok_step, sizeof steps));
+            CK(cudaMemcpy(g->tok_step, steps, sizeof steps, cudaMemcpyHostToDevice));
+        }
         CK(cudaMallocHost((void **)&g->h_step, (size_t)(2 * half + 2) * 4));
         CK(cudaStreamCreate(&g->stream));
         CK(cudaMalloc((void **)&g->tgt, (size_t)B * 4));
@@ -530,8 +544,10 @@ static qf_status kv_store(qf_cuda_ctx *g, int s, int il, float *src, int n, int 
     const int64_t rows = (int64_t)n * nkv, all = (int64_t)(pos0 + n) * nkv;
     *view = C, *vmode = mode, *vrb = rb;
     if (mode == QF_KV_INT8) {
-        launch_kv_write_int8(src, rows * hd, dkv, g->kv_inv[s] + (size_t)il * dkv, (int8_t *)(C + (size_t)pos0 * nkv * rb), 0);
-        launch_kv_expand_int8((const int8_t *)C, all * hd, dkv, g->kv_scale[s] + (size_t)il * dkv, g->kv_f32[s], 0);
+        launch_kv_int8_write(g->kv_layout[s], src, n, nkv, hd, g->kv_inv[s] + (size_t)il * dkv, g->tok_step,
+                             (int8_t *)(C + (size_t)pos0 * nkv * rb), 0);
+        launch_kv_int8_expand(g->kv_layout[s], (const int8_t *)C, pos0 + n, nkv, hd, g->kv_scale[s] + (size_t)il * dkv,
+                              g->tok_step, g->kv_f32[s], 0);
     } else if (mode == QF_KV_DICT) {
         float *h = s ? g->h_v : g->h_k;
         CK(cudaMemcpy(h, src, (size_t)rows * hd * 4, cudaMemcpyDeviceToHost));

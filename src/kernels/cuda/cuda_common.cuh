@@ -258,6 +258,14 @@ void launch_kv_write2(const qf_kv_mode mode[2], const float *const src[2], int64
                       uint8_t *const dst[2], cudaStream_t s, const int *dpos, const size_t pos_stride[2]);
 void launch_kv_read(qf_kv_mode mode, const uint8_t *src, int64_t rows, int hd, size_t rb, float *out, cudaStream_t s);
 void launch_kv_write_int8(const float *src, int64_t n, int dkv, const float *inv, int8_t *dst, cudaStream_t s);
+/* kv-int8 in any row layout (0 STATIC, 1 STATIC_ROT, 2 TOKEN_ROT, 3 TOKEN: engine.h): n_tok rows of
+ * nkv heads x hd; inv / scale: the layer's static [nkv * hd] (static layouts); step: the 256
+ * token steps on the device (kv_tok_steps). The write rotates src in place (rot layouts). */
+void kv_tok_steps(float *t);
+void launch_kv_int8_write(int layout, float *src, int64_t n_tok, int nkv, int hd, const float *inv, const float *step,
+                          int8_t *dst, cudaStream_t s);
+void launch_kv_int8_expand(int layout, const int8_t *src, int64_t n_tok, int nkv, int hd, const float *scale,
+                           const float *step, float *out, cudaStream_t s);
 void launch_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *scale, float *out, cudaStream_t s);
 void launch_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, size_t rb, const float *atoms, int na,
                            int sparsity, int q8, float *out, cudaStream_t s);
@@ -301,8 +309,8 @@ qf_status op_attention(const float *q, const float *k, const float *v, int n, in
                        int hd, qf_kv_mode mode, int route, float *out, qf_error *err);
 qf_status op_kv_roundtrip(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_t rows, int hd, void *bytes,
                           float *out, qf_error *err);
-qf_status op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, const float *scale, const float *inv,
-                               int8_t *bytes, float *out, qf_error *err);
+qf_status op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, int hd, int layout, const float *scale,
+                               const float *inv, int8_t *bytes, float *out, qf_error *err);
 qf_status op_kv_dict_decode(const uint8_t *codes, int64_t rows, int hd, size_t rb, const float *atoms, int n_atoms,
                             int sparsity, int coef_q8, float *out, qf_error *err);
 

@@ -159,16 +159,21 @@ qf_status op_kv_roundtrip(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_
     return op_finish(&a, out, dout, (size_t)rows * hd * 4, err);
 }
 
-qf_status op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, const float *scale,
-                                                  const float *inv, int8_t *bytes, float *out, qf_error *err) {
+qf_status op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, int hd, int layout, const float *scale,
+                               const float *inv, int8_t *bytes, float *out, qf_error *err) {
+    if (layout < 0 || layout > 3 || hd <= 0 || hd > HD_MAX || dkv % hd || (layout && (hd & (hd - 1)) && layout < 3))
+        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: int8 layout %d with head_dim %d not supported", layout, hd);
     dallocs a = {};
     const size_t n = (size_t)rows * dkv;
+    float steps[256];
+    kv_tok_steps(steps);
     float *dx = (float *)dup_to(&a, x, n * 4), *ds = (float *)dup_to(&a, scale, (size_t)dkv * 4),
-          *di = (float *)dup_to(&a, inv, (size_t)dkv * 4), *dout = (float *)dalloc(&a, n * 4);
+          *di = (float *)dup_to(&a, inv, (size_t)dkv * 4), *dout = (float *)dalloc(&a, n * 4),
+          *dst = (float *)dup_to(&a, steps, sizeof steps);
     int8_t *c = (int8_t *)dalloc(&a, n);
-    OP_NEED(dx && ds && di && dout && c);
-    launch_kv_write_int8(dx, (int64_t)n, dkv, di, c, 0);
-    launch_kv_expand_int8(c, (int64_t)n, dkv, ds, dout, 0);
+    OP_NEED(dx && ds && di && dout && c && dst);
+    launch_kv_int8_write(layout, dx, rows, dkv / hd, hd, di, dst, c, 0);
+    launch_kv_int8_expand(layout, c, rows, dkv / hd, hd, ds, dst, dout, 0);
     if (cudaMemcpy(bytes, c, n, cudaMemcpyDeviceToHost) != cudaSuccess) {
         dfree(&a);
         return cu_fail(err, QF_ERR_DEVICE, "CUDA op: copy failed");
