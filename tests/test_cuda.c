@@ -218,6 +218,52 @@ TEST(op_matmul_tall) {
     }
 }
 
+/* decode gate|up with SiLU(gate) * up at the end of the matvec (2F >= 8192 rows; odd F) */
+TEST(op_matvec_gu) {
+    NEED_GPU();
+    const int K = 256, F = 4101;
+    const qf_type types[] = {QF_TYPE_F16, QF_TYPE_BF16, QF_TYPE_Q4_0, QF_TYPE_Q8_0};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const qf_type t = types[ti];
+        qf_weight w = {.type = t, .ne0 = K, .ne1 = 2 * F, .row_bytes = qf_row_bytes(t, K)};
+        void *wd = rand_weight(t, 2 * F, K);
+        w.data = wd;
+        float *wf = malloc((size_t)2 * F * K * 4), *x = malloc(5 * K * 4), *y = malloc((size_t)5 * 2 * F * 4),
+              *ref = malloc((size_t)5 * F * 4), *got = malloc((size_t)5 * F * 4);
+        for (int r = 0; r < 2 * F; r++) qf_dequantize_row_ref(t, (uint8_t *)wd + (size_t)r * w.row_bytes, wf + (size_t)r * K, K);
+        for (int i = 0; i < 5 * K; i++) x[i] = frand();
+        for (int n = 1; n <= 5; n += 4) {
+            if (mv_int8(t)) vec_dot_oracle(t, wd, K, 2 * F, x, n, y);
+            else
+                for (int tt = 0; tt < n; tt++)
+                    for (int r = 0; r < 2 * F; r++) {
+                        double a = 0;
+                        for (int i = 0; i < K; i++) a += (double)x[(size_t)tt * K + i] * wf[(size_t)r * K + i];
+                        y[(size_t)tt * 2 * F + r] = (float)a;
+                    }
+            for (int tt = 0; tt < n; tt++)
+                for (int r = 0; r < F; r++) {
+                    const float g = y[(size_t)tt * 2 * F + r], u = y[(size_t)tt * 2 * F + F + r];
+                    ref[(size_t)tt * F + r] = g / (1.0f + expf(-g)) * u;
+                }
+            qf_error err = {0};
+            CHECK_MSG(qf_cuda_op_matvec_gu(&w, x, n, F, got, &err) == QF_OK, "%s", err.msg);
+            double e = nmse(got, ref, (size_t)n * F);
+            printf("  matvec gate|up + SiLU %-5s F=%d n=%d nmse %.3g\n", qf_type_name(t), F, n, e);
+            CHECK_MSG(e <= 1e-10, "matvec gu %s n=%d nmse %g", qf_type_name(t), n, e);
+        }
+        free(wd), free(wf), free(x), free(y), free(ref), free(got);
+    }
+    /* where it does not apply: refused, nothing written */
+    qf_weight w = {.type = QF_TYPE_Q6_K, .ne0 = 256, .ne1 = 2 * 4096, .row_bytes = qf_row_bytes(QF_TYPE_Q6_K, 256)};
+    void *wd = rand_weight(QF_TYPE_Q6_K, 2 * 4096, 256);
+    w.data = wd;
+    float x[256] = {0}, *hb = malloc(4096 * 4);
+    qf_error err = {0};
+    CHECK(qf_cuda_op_matvec_gu(&w, x, 1, 4096, hb, &err) == QF_ERR_DEVICE);
+    free(wd), free(hb);
+}
+
 TEST(op_rmsnorm_silu) {
     NEED_GPU();
     const int n = 7, d = 384;
@@ -875,6 +921,7 @@ int main(void) {
     RUN(op_dequant);
     RUN(op_matmul);
     RUN(op_matmul_tall);
+    RUN(op_matvec_gu);
     RUN(op_rmsnorm_silu);
     RUN(op_rope);
     RUN(op_kv_cache);

@@ -804,9 +804,13 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             prof_mark(g, 0);
             if ((st = dev_gemm_h(g->blas, &L->wd, g->xh, n, g->x, true, g->wdeq, err))) goto done;
         } else if (dgu) {
-            if ((st = dev_matmul(g->blas, &L->wgu, g->xn, n, g->gu, false, MM_MATVEC, g->wdeq, g->xh, S, err))) goto done;
+            /* SiLU(gate) * up at the end of the matvec where it applies (the same bits) */
+            if (!launch_matvec_gu(&L->wgu, g->xn, n, F, g->hb, g->xh, S)) {
+                if ((st = dev_matmul(g->blas, &L->wgu, g->xn, n, g->gu, false, MM_MATVEC, g->wdeq, g->xh, S, err)))
+                    goto done;
+                launch_silu_gu(g->gu, false, n, F, g->hb, NULL, S);
+            }
             prof_mark(g, 5);
-            launch_silu_gu(g->gu, false, n, F, g->hb, NULL, S);
             if ((st = tap_act(g, tap, il, QF_ACT_FFN_DOWN, n, F, g->hb, err))) goto done;
             prof_mark(g, 0);
             if ((st = dev_matmul(g->blas, &L->wd, g->hb, n, g->x, true, route, g->wdeq, g->xh, S, err))) goto done;
@@ -1013,7 +1017,7 @@ static const qf_cuda_api the_api = {
     QF_CUDA_ABI,      available,       ctx_new,      ctx_free,    cuda_forward,
     set_kv,           ctx_info,        op_dequant,   op_matmul,   op_rmsnorm,
     op_rope,          op_silu_mul,     op_attention, op_kv_roundtrip, op_kv_int8_roundtrip,
-    op_kv_dict_decode, bench_gemm,
+    op_kv_dict_decode, bench_gemm,      op_matvec_gu,
 };
 
 extern "C" __attribute__((visibility("default"))) const qf_cuda_api *qf_cuda_plugin_api(int abi) {

@@ -104,6 +104,7 @@ typedef struct qf_cuda_api {
     qf_status (*op_kv_dict_decode)(const uint8_t *codes, int64_t rows, int hd, size_t rb, const float *atoms,
                                    int n_atoms, int sparsity, int coef_q8, float *out, qf_error *err);
     qf_status (*bench_gemm)(int M, int N, int K, int flags, int iters, double *ms, qf_error *err);
+    qf_status (*op_matvec_gu)(const qf_weight *w, const float *x, int n, int F, float *hb, qf_error *err);
 } qf_cuda_api;
 
 /* Exported by libqforge-cuda.so: the table when abi == QF_CUDA_ABI, else NULL. */

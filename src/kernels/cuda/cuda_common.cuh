@@ -227,6 +227,9 @@ void launch_embed(const dweight *E, const int32_t *tok, int n, int d, float *x, 
 /* y[n][N] (+)= x[n][K] . W^T; wdeq / xh: scratch of N*K*4 and n*K*2 bytes (route: MM_*) */
 qf_status dev_matmul(cublasHandle_t blas, const dweight *w, const float *x, int n, float *y, bool accumulate,
                      int route, void *wdeq, __half *xh, cudaStream_t s, qf_error *err);
+/* decode gate|up with SiLU(gate) * up fused: hb[n][F] from the [2F][K] weight (xq: scratch as
+ * dev_matmul's xh); false when it does not apply (nothing launched) */
+bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb, void *xq, cudaStream_t s);
 /* y[n][N] (+)= xh[n][K] . W^T, f16 inputs already in place, f32 (or yt) output */
 qf_status dev_gemm_h(cublasHandle_t blas, const dweight *w, const __half *xh, int n, void *y, bool accumulate,
                      void *wdeq, qf_error *err, cudaDataType yt = CUDA_R_32F);
@@ -301,6 +304,7 @@ void launch_nll(const float *logits, int n_rows, int V, const int32_t *tgt, doub
 /* ---- cuda_ops.cu: the single operations of the function table (cuda_backend.h) ---- */
 qf_status op_dequant(qf_type t, const void *src, size_t rb, int64_t rows, int64_t k, float *dst, qf_error *err);
 qf_status op_matmul(const qf_weight *w, const float *x, int n, float *y, int route, qf_error *err);
+qf_status op_matvec_gu(const qf_weight *w, const float *x, int n, int F, float *hb, qf_error *err);
 qf_status op_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, qf_error *err);
 qf_status op_rope(float *v, int n, int n_heads, int head_dim, int n_rot, qf_rope_type type, const float *cs,
                   const float *sn, qf_error *err);

@@ -176,6 +176,31 @@ __device__ static inline void mv_finish(const float *acc, int warp, int lane, in
         }
 }
 
+/* The gate|up matvec with SiLU(gate) * up as its end (GU kernels): block b's warps take gate
+ * rows 2b, 2b + 1 (warps 0, 1) and the matching up rows F + 2b, F + 2b + 1 (warps 2, 3), one
+ * warp per row; the gate warps then write hb[t][r] = SiLU(g) * u, k_silu_gu's expression on the
+ * same f32 sums (the same bits as the matvec followed by k_silu_gu). */
+__device__ static inline int gu_row(int warp, int F) {
+    const int r = 2 * blockIdx.x + (warp & 1);
+    return warp >> 1 ? F + r : r;
+}
+template <int NT>
+__device__ static inline void mv_finish_gu(const float *acc, int warp, int lane, int F, int n, float *hb) {
+    __shared__ float red[MV_WARPS][NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) red[warp][t] = v;
+    }
+    __syncthreads();
+    const int r = 2 * blockIdx.x + (warp & 1);
+    if (warp < 2 && lane == 0 && r < F)
+        for (int t = 0; t < n && t < NT; t++) {
+            const float x = red[warp][t], u = red[warp + 2][t];
+            hb[(size_t)t * F + r] = x / (1.0f + expf(-x)) * u;
+        }
+}
+
 /* f16 / bf16 rows: no staging. Lane l reads 16-byte chunks l, l + 32, ... of the row (8
  * halves each; consecutive lanes, consecutive chunks: 512 bytes per load instruction) and the
  * 8 matching activations as two float4. Needs K % 8 == 0 and 16-byte aligned rows. */
@@ -195,13 +220,14 @@ __device__ static inline void h8_to_f(const uint4 &u, float *w, bool bf16) {
     }
 }
 
-template <bool BF16, int NT, int WPR>
+template <bool BF16, int NT, int WPR, bool GU = false>
 __global__ void __launch_bounds__(MV_WARPS * 32)
     k_matvec_h(const uint8_t *__restrict__ W, size_t rb, int K, int N, const float *__restrict__ x, int n, float *y,
                int accumulate) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % WPR;
-    const int r = blockIdx.x * (MV_WARPS / WPR) + warp / WPR;
-    const bool live = r < N;
+    /* GU: N is F, y is hb, the weight has 2F rows */
+    const int r = GU ? gu_row(warp, N) : blockIdx.x * (MV_WARPS / WPR) + warp / WPR;
+    const bool live = GU ? (2 * (int)blockIdx.x + (warp & 1)) < N : r < N;
     const uint4 *row = (const uint4 *)(W + (size_t)(live ? r : 0) * rb);
     float acc[NT];
 #pragma unroll
@@ -258,7 +284,8 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
                       w0[6] * a1.z + w0[7] * a1.w;
         }
     }
-    mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
+    if (GU) mv_finish_gu<NT>(acc, warp, lane, N, n, y);
+    else mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
 }
 
 /* q4_0 / q8_0 rows: 8 lanes per 32-element block, 4 blocks per warp step. Lane i of a block
@@ -351,15 +378,15 @@ __device__ static inline int ld_w32_b2(const uint8_t *p) { /* a 4-byte word at a
     return (int)((unsigned)__ldg(h) | ((unsigned)__ldg(h + 1) << 16));
 }
 
-template <int T, int NT, int WPR>
+template <int T, int NT, int WPR, bool GU = false>
 __global__ void __launch_bounds__(MV_WARPS * 32)
     k_matvec_dp4a(const uint8_t *__restrict__ W, size_t rb, int K, int N, const int8_t *__restrict__ xq,
                   const float *__restrict__ xd, int n, float *y, int accumulate) {
     constexpr int LPB = T == QF_TYPE_Q4_0 ? 4 : 8; /* lanes per block */
     constexpr int BPS = 32 / LPB;                  /* blocks per warp step */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % WPR;
-    const int r = blockIdx.x * (MV_WARPS / WPR) + warp / WPR;
-    const bool live = r < N;
+    const int r = GU ? gu_row(warp, N) : blockIdx.x * (MV_WARPS / WPR) + warp / WPR; /* GU: as k_matvec_h */
+    const bool live = GU ? (2 * (int)blockIdx.x + (warp & 1)) < N : r < N;
     const uint8_t *row = W + (size_t)(live ? r : 0) * rb;
     const int nb = live ? K / QK : 0, sub = lane / LPB, i = lane % LPB;
     float acc[NT];
@@ -393,7 +420,8 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
             }
         }
     }
-    mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
+    if (GU) mv_finish_gu<NT>(acc, warp, lane, N, n, y);
+    else mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
 }
 
 /* y[n][N] (+)= x[n][K] . W^T for n <= MATVEC_MAX: the wide kernel where the rows are 8-byte
@@ -451,6 +479,40 @@ static void launch_matvec(const dweight *w, const float *x, int n, float *y, boo
         QF_TYPE_DISPATCH(w->type, (k_matvec<TT><<<nblk((size_t)N, 4), 128, 0, s>>>(w->d, w->row_bytes, K, N, x, n, y,
                                                                                   accumulate)));
     }
+}
+
+/* hb[n][F] = SiLU(x W_gate^T) * (x W_up^T) from the fused [2F][K] gate|up weight, one launch
+ * (GU kernels); false when the weight or its size does not fit them (the caller then runs the
+ * matvec and k_silu_gu) */
+bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb, void *xq, cudaStream_t s) {
+    const int K = (int)w->ne0;
+    if (n > MATVEC_MAX || w->ne1 != 2 * (int64_t)F || 2 * F < 8192 || ((uintptr_t)x % 16)) return false;
+    const dim3 grid((unsigned)((F + 1) / 2));
+    if ((w->type == QF_TYPE_Q4_0 || w->type == QF_TYPE_Q8_0) && xq && ((uintptr_t)xq % 16) == 0 && K % QK == 0 &&
+        ((uintptr_t)w->d % 2) == 0) {
+        launch_quant_act(x, n, K, xq, s);
+        const int8_t *qs = (const int8_t *)xq;
+        const float *xd = (const float *)((const uint8_t *)xq + (size_t)n * K);
+#define QF_GUQ(T, NT) k_matvec_dp4a<T, NT, 1, true><<<grid, MV_WARPS * 32, 0, s>>>(w->d, w->row_bytes, K, F, qs, xd, n, hb, 0)
+        if (w->type == QF_TYPE_Q4_0 && n == 1) QF_GUQ(QF_TYPE_Q4_0, 1);
+        else if (w->type == QF_TYPE_Q4_0) QF_GUQ(QF_TYPE_Q4_0, MATVEC_MAX);
+        else if (n == 1) QF_GUQ(QF_TYPE_Q8_0, 1);
+        else QF_GUQ(QF_TYPE_Q8_0, MATVEC_MAX);
+#undef QF_GUQ
+        return true;
+    }
+    if ((w->type == QF_TYPE_F16 || w->type == QF_TYPE_BF16) && w->row_bytes % 16 == 0 && ((uintptr_t)w->d % 16) == 0 &&
+        K % 8 == 0) {
+        const bool bf = w->type == QF_TYPE_BF16;
+#define QF_GUH(BF, NT) k_matvec_h<BF, NT, 1, true><<<grid, MV_WARPS * 32, 0, s>>>(w->d, w->row_bytes, K, F, x, n, hb, 0)
+        if (n == 1 && bf) QF_GUH(true, 1);
+        else if (n == 1) QF_GUH(false, 1);
+        else if (bf) QF_GUH(true, MATVEC_MAX);
+        else QF_GUH(false, MATVEC_MAX);
+#undef QF_GUH
+        return true;
+    }
+    return false;
 }
 
 __global__ void k_f32_to_f16(const float *x, size_t n, __half *y) {

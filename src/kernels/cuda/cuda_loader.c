@@ -170,6 +170,10 @@ qf_status qf_cuda_op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, in
     NEED_API();
     return a->op_kv_int8_roundtrip(x, rows, dkv, hd, layout, scale, inv, bytes, out, err);
 }
+qf_status qf_cuda_op_matvec_gu(const qf_weight *w, const float *x, int n, int F, float *hb, qf_error *err) {
+    NEED_API();
+    return a->op_matvec_gu(w, x, n, F, hb, err);
+}
 qf_status qf_cuda_op_kv_dict_decode(const uint8_t *codes, int64_t rows, int hd, size_t rb, const float *atoms,
                                     int n_atoms, int sparsity, int coef_q8, float *out, qf_error *err) {
     NEED_API();

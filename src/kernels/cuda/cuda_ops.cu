@@ -67,6 +67,20 @@ qf_status op_matmul(const qf_weight *w, const float *x, int n, float *y, int rou
     return op_finish(&a, y, dy, (size_t)n * N * 4, err);
 }
 
+qf_status op_matvec_gu(const qf_weight *w, const float *x, int n, int F, float *hb, qf_error *err) {
+    dallocs a = {};
+    const size_t K = (size_t)w->ne0;
+    dweight dw = {w->type, w->ne0, w->ne1, w->row_bytes, (uint8_t *)dup_to(&a, w->data, w->row_bytes * w->ne1)};
+    float *dx = (float *)dup_to(&a, x, (size_t)n * K * 4), *dh = (float *)dalloc(&a, (size_t)n * F * 4);
+    void *xq = dalloc(&a, (size_t)n * K * 2);
+    OP_NEED(dw.d && dx && dh && xq);
+    if (!launch_matvec_gu(&dw, dx, n, F, dh, xq, 0)) {
+        dfree(&a);
+        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: the fused gate|up kernel does not apply here");
+    }
+    return op_finish(&a, hb, dh, (size_t)n * F * 4, err);
+}
+
 qf_status op_rmsnorm(const float *x, const float *gn, int n, int d, float eps, float *out, qf_error *err) {
     dallocs a = {};
     float *dx = (float *)dup_to(&a, x, (size_t)n * d * 4), *dg = (float *)dup_to(&a, gn, (size_t)d * 4);
