@@ -548,7 +548,8 @@ TEST(op_attention) {
                 printf("  attention split-K (decode)                nmse %.3g\n", e);
                 CHECK_MSG(e <= 1e-10, "split-K attention kv %s nmse %g", qf_kv_mode_name(mode), e);
             }
-            if (mode == QF_KV_F16) { /* the tensor-core route prefill takes: Q and P in f16 */
+            if ((mode == QF_KV_F16 || mode == QF_KV_Q8_0 || mode == QF_KV_Q4_0) && hd <= 256) {
+                /* the tensor-core route prefill takes: Q and P in f16 (q8_0 / q4_0 rows as f16) */
                 CHECK_MSG(qf_cuda_op_attention_route(q, k, v, n, pos0, nh, nkv, hd, mode, true, got, &err) == QF_OK, "%s",
                           err.msg);
                 e = nmse(got, ref, (size_t)n * Dq);

@@ -148,6 +148,10 @@ static qf_status stage_model(const qf_job *j, shared *s, qf_error *err) {
      * cuda: the GPU runs its every row layout (reference, candidates, free baseline) */
     s->cert_gpu = j->capture_device == QF_DEVICE_CUDA && j->kind == QF_ARTIFACT_KV_INT8;
     cp.device = s->cert_gpu ? QF_DEVICE_CUDA : QF_DEVICE_CPU;
+    /* every GEMM in f32 on the GPU: the f16 route's input rounding differs between the
+     * reference (fused f16 q|k|v) and quantized-KV passes (f32 K/V), which shows up in the KLDs
+     * a verdict compares; in f32 the GPU's numbers follow the CPU's */
+    if (s->cert_gpu) cp.cuda.gemm_f32 = cp.cuda.attn_warp = true; /* and f32 attention for every cache */
     if (!(s->ctx = qf_context_new(s->model, &cp, err))) return err ? err->code : QF_ERR_NOMEM;
     s->eval_chunks = j->eval_chunks == 0 ? 16 : j->eval_chunks < 0 ? 0 : j->eval_chunks;
     return QF_OK;

@@ -256,6 +256,8 @@ void launch_hadamard(float *x, int64_t rows, int n, cudaStream_t s);
 /* dpos set (CUDA graph replay): dst += *dpos * pos_stride bytes, read on the device */
 void launch_kv_write(qf_kv_mode mode, const float *src, int64_t rows, int hd, size_t rb, uint8_t *dst, cudaStream_t s,
                      const int *dpos = NULL, size_t pos_stride = 0);
+/* rows of a cache view (f32, q8_0, q4_0) as f16 rows for the flash kernel; false: other mode */
+bool launch_kv_to_f16(qf_kv_mode mode, const uint8_t *src, int64_t rows, int hd, size_t rb, __half *out, cudaStream_t s);
 /* K and V (plain modes, each its own mode and row size) in one launch, as two launch_kv_write */
 void launch_kv_write2(const qf_kv_mode mode[2], const float *const src[2], int64_t rows, int hd, const size_t rb[2],
                       uint8_t *const dst[2], cudaStream_t s, const int *dpos, const size_t pos_stride[2]);

@@ -339,3 +339,22 @@ void launch_kv_int8_expand(int layout, const int8_t *src, int64_t n_tok, int nkv
     else k_kv_expand_int8_tok<<<nblk((size_t)rows, 4), 128, 0, s>>>(src, rows, hd, step, out);
     if (layout == 1 || layout == 2) launch_hadamard(out, rows, hd, s);
 }
+
+/* ---- quantized KV for the tensor-core flash kernel ----
+ * Rows [0, rows) of a cache view in mode M (f32 — the f32 expansion of int8 and dict layers —,
+ * q8_0, q4_0) as f16 rows of hd, the layout k_flash_f16 reads: the __float2half_rn of the value
+ * every other attention kernel reads (kv_elem<M>). */
+template <int M> __global__ void k_kv_to_f16(const uint8_t *src, int64_t n_rows, int hd, size_t rb, __half *out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n_rows * hd) out[i] = __float2half_rn(kv_elem<M>(src + (i / hd) * rb, (int)(i % hd)));
+}
+
+bool launch_kv_to_f16(qf_kv_mode mode, const uint8_t *src, int64_t rows, int hd, size_t rb, __half *out, cudaStream_t s) {
+    const unsigned nb = nblk((size_t)rows * hd, 256);
+    switch (mode) {
+    case QF_KV_F32: k_kv_to_f16<QF_KV_F32><<<nb, 256, 0, s>>>(src, rows, hd, rb, out); return true;
+    case QF_KV_Q8_0: k_kv_to_f16<QF_KV_Q8_0><<<nb, 256, 0, s>>>(src, rows, hd, rb, out); return true;
+    case QF_KV_Q4_0: k_kv_to_f16<QF_KV_Q4_0><<<nb, 256, 0, s>>>(src, rows, hd, rb, out); return true;
+    default: return false;
+    }
+}
