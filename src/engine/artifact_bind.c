@@ -22,6 +22,10 @@ static qf_status rebuild_exact(qf_context *c, const qf_kv_stream_spec spec[2], i
     qf_kv_cache fresh;
     qf_status st = qf_kv_cache_init_spec(&fresh, &c->model->hp, c->params.n_ctx, spec, err);
     if (st) return st;
+    if ((st = qf_kv_cache_set_swa(&fresh, &c->model->hp, c->n_batch, err))) { /* sliding-window rings */
+        qf_kv_cache_free(&fresh);
+        return st;
+    }
     if ((n_sink || n_window) && (st = qf_kv_cache_set_exact(&fresh, n_sink, n_window, err))) {
         qf_kv_cache_free(&fresh);
         return st;

@@ -61,6 +61,23 @@ qf_status qf_gpu_attach(qf_context *c, qf_error *err) {
     c->gpu = NULL;
     /* the reference path is the CPU oracle by definition */
     if (p->reference || p->device == QF_DEVICE_CPU) return QF_OK;
+    /* a model family the CUDA backend does not run (it runs llama and qwen2 dense models): auto
+     * stays on the CPU, an explicit cuda is refused naming the family and its features */
+    const qf_hparams *mhp = &c->model->hp;
+    if (mhp->arch != QF_ARCH_LLAMA && mhp->arch != QF_ARCH_QWEN2) {
+        if (p->device == QF_DEVICE_AUTO) return QF_OK;
+        return qf_fail(err, QF_ERR_UNSUPPORTED,
+                       "--device cuda: the CUDA backend runs llama and qwen2 only; %s runs on the CPU (--device cpu or "
+                       "auto)",
+                       mhp->arch_name);
+    }
+    if (mhp->n_expert) {
+        if (p->device == QF_DEVICE_AUTO) return QF_OK;
+        return qf_fail(err, QF_ERR_UNSUPPORTED,
+                       "--device cuda: the CUDA backend has no mixture-of-experts FFN (%d experts); it runs on the CPU "
+                       "(--device cpu or auto)",
+                       mhp->n_expert);
+    }
     const char *why = NULL;
     const qf_cuda_api *a = qf_cuda_api_get(&why);
     const bool ok = a && a->available();
