@@ -126,8 +126,10 @@ typedef struct {
     int64_t capture_per_layer;  /* K (and V) vectors kept per layer (0 = QF_JOB_DEFAULT_BUDGET) */
     uint64_t seed;              /* capture reservoir and dictionary seed (default 1) */
     qf_device capture_device;   /* where the capture runs (auto: the GPU when one is found, K/V read
-                                   back from GPU memory); certification always runs on the CPU,
-                                   where the int8 and dict KV modes live */
+                                   back from GPU memory); certification runs on the CPU, except
+                                   kv-int8 with CUDA: reference, candidates and free baseline on
+                                   the GPU, the first chunk re-checked on the CPU (config keys
+                                   certify_device, cpu_recheck_chunk0_*) */
     /* kv-int8 */
     double int8_percentile;     /* clip percentile of |x| (default 100 = absmax) */
     /* kv-dict */

@@ -17,13 +17,8 @@
  * one is freed only when the new one exists. */
 static qf_status rebuild_exact(qf_context *c, const qf_kv_stream_spec spec[2], int n_sink, int n_window,
                                qf_error *err) {
-    /* the GPU cache knows the static int8 layout only: refuse rather than run other numbers */
-    for (int s = 0; s < 2; s++)
-        if (c->gpu && spec[s].mode == QF_KV_INT8 && spec[s].int8_layout != QF_KV_INT8_STATIC)
-            return qf_fail(err, QF_ERR_UNSUPPORTED,
-                           "this kv-int8 artifact's %s row layout (rotated or per-token) runs on the CPU only: use "
-                           "--device cpu",
-                           s ? "V" : "K");
+    /* the GPU cache runs every kv-int8 row layout (static, static-rot, token-rot, token: the
+     * same bytes as the CPU cache, test_cuda op_kv_int8_dict) */
     qf_kv_cache fresh;
     qf_status st = qf_kv_cache_init_spec(&fresh, &c->model->hp, c->params.n_ctx, spec, err);
     if (st) return st;

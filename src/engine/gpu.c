@@ -34,8 +34,16 @@ static qf_status kv_view(qf_context *c, const qf_kv_cache *kv, qf_gpu_kv *v, con
     for (int s = 0; s < 2; s++) {
         v->row_bytes[s] = kv->row_bytes[s];
         v->int8_scale[s] = kv->int8_scale[s], v->int8_inv_scale[s] = kv->int8_inv_scale[s];
+        v->int8_layout[s] = kv->int8_layout[s];
         const struct qf_kv_dict_bind *d = kv->dict[s];
         if (v->mode[s] != QF_KV_DICT || !d) continue;
+        /* the backend decodes the v1 code layout and its rows come from dict_encode (fixed
+         * sparsity): a v2 payload (packed indices, error-bounded codes) stays on the CPU */
+        if (d->fmt.packed || d->tol) {
+            free(at);
+            return qf_fail(err, QF_ERR_DEVICE, "the CUDA backend runs kv-dict v1 caches only (this one is v2: packed "
+                                               "indices or error-bounded codes); use --device cpu");
+        }
         if (!at && !(at = calloc((size_t)2 * kv->n_layer, sizeof *at)))
             return qf_fail(err, QF_ERR_NOMEM, "out of memory");
         for (int l = 0; l < kv->n_layer; l++) at[(size_t)s * kv->n_layer + l] = d->layer[l].atoms;

@@ -164,7 +164,7 @@ qf_status qf_certify_baseline(qf_context *c, const qf_certify_ref *cref, double 
         qf_context_params cp = *qf_context_params_get(c);
         cp.kv_k = cp.kv_v = q4 ? QF_KV_Q4_0 : QF_KV_Q8_0;
         cp.kv_rot = rot ? QF_KV_ROT_HADAMARD : QF_KV_ROT_NONE;
-        cp.device = QF_DEVICE_CPU; /* where certification runs */
+        cp.device = qf_context_device(c); /* where this certification runs (the GPU for kv-int8 --device cuda) */
         qf_context *bc = qf_context_new(qf_context_model(c), &cp, err);
         if (!bc) return qf_error_prefix(err, "certify: the free baseline's context: ");
         memset(&b->r, 0, sizeof b->r);

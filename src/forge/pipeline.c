@@ -15,6 +15,7 @@
 #include "qforge/capture.h"
 #include "qforge/corpus.h"
 #include "qforge/forge.h"
+#include "qforge/ppl.h"
 #include "qforge/kv_rq.h"
 #include "format/kv_rq_row.h"
 #include "kernels/hadamard.h"
@@ -89,6 +90,10 @@ typedef struct {
     int64_t calib_tokens;
     int n_ctx, eval_chunks;
     uint8_t eval_sha[32];
+    /* kv-int8 with --device cuda: certification ran on the GPU; its first evaluation chunk was
+     * scored again on the CPU path (PPL of that chunk on each device) */
+    bool cert_gpu;
+    double recheck_gpu_ppl, recheck_cpu_ppl;
 } shared;
 
 static void shared_free(shared *s) {
@@ -140,7 +145,14 @@ static qf_status stage_model(const qf_job *j, shared *s, qf_error *err) {
     cp.n_batch = s->n_ctx; /* as qforge ppl without -b */
     cp.n_threads = j->n_threads;
     cp.kv_k = cp.kv_v = j->ref_kv;
-    cp.device = QF_DEVICE_CPU; /* KV artifacts run on the CPU path */
+    /* KV artifacts are certified on the CPU path, except kv-int8 under an explicit --device
+     * cuda: the GPU runs its every row layout (reference, candidates, free baseline) */
+    s->cert_gpu = j->capture_device == QF_DEVICE_CUDA && j->kind == QF_ARTIFACT_KV_INT8;
+    cp.device = s->cert_gpu ? QF_DEVICE_CUDA : QF_DEVICE_CPU;
+    /* every GEMM in f32 on the GPU: the f16 route's input rounding differs between the
+     * reference (fused f16 q|k|v) and quantized-KV passes (f32 K/V), which shows up in the KLDs
+     * a verdict compares; in f32 the GPU's numbers follow the CPU's */
+    if (s->cert_gpu) cp.cuda.gemm_f32 = cp.cuda.attn_warp = true; /* and f32 attention for every cache */
     if (!(s->ctx = qf_context_new(s->model, &cp, err))) return err ? err->code : QF_ERR_NOMEM;
     s->eval_chunks = j->eval_chunks == 0 ? 16 : j->eval_chunks < 0 ? 0 : j->eval_chunks;
     return QF_OK;
@@ -166,7 +178,9 @@ static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, q
     int64_t max_tok = job_budgets(j).calib_tokens;
     /* the GPU read-back route when asked for or found; the CPU context otherwise */
     qf_context *gpu = NULL;
-    if (!prerope && (j->capture_device == QF_DEVICE_CUDA || (j->capture_device == QF_DEVICE_AUTO && qf_cuda_available()))) {
+    const bool on_gpu = qf_context_device(s->ctx) == QF_DEVICE_CUDA; /* certification's GPU context: capture there */
+    if (!on_gpu && !prerope &&
+        (j->capture_device == QF_DEVICE_CUDA || (j->capture_device == QF_DEVICE_AUTO && qf_cuda_available()))) {
         qf_context_params gp = *qf_context_params_get(s->ctx);
         gp.device = QF_DEVICE_CUDA;
         if (!(gpu = qf_context_new(s->model, &gp, err))) {
@@ -175,6 +189,7 @@ static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, q
         }
     }
     st = qf_capture_run(gpu ? gpu : s->ctx, s->cap, ids, (int64_t)n, s->n_ctx, max_tok, j->progress, err);
+    if (on_gpu) gpu = NULL; /* not ours to free */
     qf_context_free(gpu);
     free(ids);
     if (st) return as_stage(err, st, QF_ERR_CAPTURE_FAILED, "capture");
@@ -185,7 +200,8 @@ static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, q
     rep->calib_tokens = s->calib_tokens;
     rep->seconds_capture = qf_now_sec() - t0;
     stage(j, "[2/5 capture] %lld calibration tokens on the %s, %lld K and %lld V vectors per layer kept",
-          (long long)s->calib_tokens, gpu ? "GPU (read back)" : "CPU", (long long)v.n_k[0], (long long)v.n_v[0]);
+          (long long)s->calib_tokens, gpu || on_gpu ? "GPU (read back)" : "CPU", (long long)v.n_k[0],
+          (long long)v.n_v[0]);
     return QF_OK;
 }
 
@@ -198,8 +214,29 @@ static qf_status stage_reference(const qf_job *j, shared *s, qf_error *err) {
     char chunks[24];
     if (s->eval_chunks > 0) snprintf(chunks, sizeof chunks, "%d", s->eval_chunks);
     else snprintf(chunks, sizeof chunks, "all");
-    stage(j, "[4/5 certify] reference (kv %s): PPL %.4f over %s chunks of %d evaluation tokens",
-          qf_kv_mode_name(j->ref_kv), qf_certify_ref_ppl(s->ref), chunks, s->n_ctx);
+    stage(j, "[4/5 certify] reference (kv %s): PPL %.4f over %s chunks of %d evaluation tokens%s",
+          qf_kv_mode_name(j->ref_kv), qf_certify_ref_ppl(s->ref), chunks, s->n_ctx, s->cert_gpu ? " (GPU)" : "");
+    if (s->cert_gpu && !s->recheck_cpu_ppl) { /* the first chunk again, on the GPU and on the CPU path */
+        qf_ppl_params pp = qf_ppl_default_params();
+        pp.n_ctx = s->n_ctx;
+        pp.n_chunks = 1;
+        qf_ppl_result rg, rc;
+        qf_context_params cp = *qf_context_params_get(s->ctx);
+        cp.device = QF_DEVICE_CPU;
+        qf_context *cpu = NULL;
+        if ((st = qf_perplexity_text(s->ctx, etext, elen, &pp, &rg, err)) ||
+            !(cpu = qf_context_new(s->model, &cp, err)) ||
+            (st = qf_perplexity_text(cpu, etext, elen, &pp, &rc, err))) {
+            qf_context_free(cpu);
+            if (!st) st = err ? err->code : QF_ERR_NOMEM;
+            if (err) qf_error_prefix(err, "certify: the CPU re-check of the first chunk: ");
+            return st;
+        }
+        qf_context_free(cpu);
+        s->recheck_gpu_ppl = rg.ppl, s->recheck_cpu_ppl = rc.ppl;
+        stage(j, "[4/5 certify] first chunk re-checked on the CPU path: PPL %.6f (GPU) vs %.6f (CPU), rel. diff %.2e",
+              rg.ppl, rc.ppl, fabs(rg.ppl / rc.ppl - 1));
+    }
     return QF_OK;
 }
 
@@ -564,6 +601,14 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
     if (!st) st = qf_payload_add_int(cf, "eval_chunks", r->n_chunks, err);
     if (!st) st = qf_payload_add_string(cf, "ref_kv", qf_kv_mode_name(j->ref_kv), err);
     if (!st) st = qf_payload_add_int(cf, "n_threads", qf_context_params_get(s->ctx)->n_threads, err);
+    if (!st && s->cert_gpu) { /* where certification ran, and the CPU re-check of its first chunk */
+        st = qf_payload_add_string(cf, "certify_device", "cuda", err);
+        if (!st) st = qf_payload_add_float(cf, "cpu_recheck_chunk0_ppl_gpu", s->recheck_gpu_ppl, err);
+        if (!st) st = qf_payload_add_float(cf, "cpu_recheck_chunk0_ppl_cpu", s->recheck_cpu_ppl, err);
+        if (!st)
+            st = qf_payload_add_float(cf, "cpu_recheck_chunk0_rel_diff", fabs(s->recheck_gpu_ppl / s->recheck_cpu_ppl - 1),
+                                      err);
+    }
     if (!st) st = add_gate_keys(cf, rep, err);
     if (!st) {
         char cmd[768];
