@@ -216,10 +216,13 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
                 if (ci >= n_chunk) break;
                 const uint8_t *cr = all + (size_t)q * blk + (size_t)k * u.rec_bytes;
                 const double *v = (const double *)(const void *)cr;
+                double cn = 0;
                 for (int j = 0; j < n_score; j++) {
                     nll += v[j];
                     nll2 += v[j] * v[j];
+                    cn += v[j];
                 }
+                if (p->chunk_nll && ci < p->chunk_nll_cap) p->chunk_nll[ci] = cn / n_score;
                 count += n_score;
                 if (kl.reading) qf_kld_accumulate(&kl, (const qf_kld_pos *)(const void *)(cr + u.off_pos), n_score);
                 if (kl.writing && !kl.local)
