@@ -168,7 +168,7 @@ FUZZ_LIB_OBJ := $(LIB_SRC:%.c=build-fuzz/obj/%.o)
 fuzz: $(FUZZ_BIN)
 build-fuzz/obj/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(AVX512FLAGS) -MMD -MP -c $< -o $@
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -DQF_NO_AVX512_KERNELS -MMD -MP -c $< -o $@
 build-fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(AVX2FLAGS) -MMD -MP -c $< -o $@

@@ -7,6 +7,36 @@
  * the 16 rows are loaded once (Q4_0: 4 loads split into low and high nibbles) and each token's
  * 4 quants are broadcast from memory into vpdpbusd. 8 int32 and 8 f32 accumulators + 8 weight
  * registers + the scales: 25 of the 32 zmm registers. */
+#ifdef QF_NO_AVX512_KERNELS
+/* The fuzz build (Makefile): its dispatch never reaches these kernels (it runs the scalar
+ * oracles), and instrumenting them costs minutes of clang time, so they are stubs there. */
+#include <stdlib.h>
+
+#include "kernels/gemm.h"
+void qf_gemm_quantize_act_avx512(qf_type wt, const float *x, int64_t K, int t0, int t1, uint8_t *act) {
+    (void)wt, (void)x, (void)K, (void)t0, (void)t1, (void)act;
+    abort();
+}
+void qf_gemm_panel_avx512(qf_type wt, const uint8_t *panel, int64_t K, const uint8_t *act, int t0, int t1, float *y,
+                          int64_t ldy, int nrows) {
+    (void)wt, (void)panel, (void)K, (void)act, (void)t0, (void)t1, (void)y, (void)ldy, (void)nrows;
+    abort();
+}
+void qf_gemm_k_panel_avx512(qf_type wt, const uint8_t *panel, int64_t K, const uint8_t *act, int t0, int t1,
+                            float *y, int64_t ldy, int nrows) {
+    (void)wt, (void)panel, (void)K, (void)act, (void)t0, (void)t1, (void)y, (void)ldy, (void)nrows;
+    abort();
+}
+void qf_gemm_f16_rows_avx512(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x,
+                             int n, float *y, int64_t ldy) {
+    (void)w, (void)row_bytes, (void)K, (void)r0, (void)r1, (void)x, (void)n, (void)y, (void)ldy;
+    abort();
+}
+float qf_vec_dot_q8_avx512(qf_type t, int64_t n, const void *w, const void *x) {
+    (void)t, (void)n, (void)w, (void)x;
+    abort();
+}
+#else
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -359,3 +389,5 @@ void qf_gemm_k_panel_avx512(qf_type wt, const uint8_t *panel, int64_t K, const u
         }
     }
 }
+
+#endif /* QF_NO_AVX512_KERNELS */
