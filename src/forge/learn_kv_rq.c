@@ -211,10 +211,17 @@ double qf_kv_rq_bits_per_element(const int *const bits[2], int n_layer, int head
 }
 
 double qf_kv_rq_allocate(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int *const bits[2]) {
+    return qf_kv_rq_allocate_min(f, sens, max_code_bits, QF_KV_RQ_MIN_BITS, bits);
+}
+
+double qf_kv_rq_allocate_min(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int min_bits,
+                             int *const bits[2]) {
     int L = f->n_layer, U = 2 * L;
+    if (min_bits < QF_KV_RQ_MIN_BITS) min_bits = QF_KV_RQ_MIN_BITS;
+    if (min_bits > QF_KV_RQ_MAX_BITS) min_bits = QF_KV_RQ_MAX_BITS;
     for (int s = 0; s < 2; s++)
-        for (int l = 0; l < L; l++) bits[s][l] = QF_KV_RQ_MIN_BITS;
-    double total_bits = QF_KV_RQ_MIN_BITS * (double)U;
+        for (int l = 0; l < L; l++) bits[s][l] = min_bits;
+    double total_bits = min_bits * (double)U;
 #define PRED(s, l, b) \
     (sens[s][l] * f->rel_mse[s][(l) * QF_KV_RQ_N_WIDTHS + (b) - QF_KV_RQ_MIN_BITS] / f->rel_mse[s][(l) * QF_KV_RQ_N_WIDTHS])
     for (;;) {
