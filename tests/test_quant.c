@@ -440,8 +440,9 @@ static void check_gemm(qf_type wt, int64_t K, int N, int n) {
     if (qf_gemm_q8_supported(wt)) {
         /* rows [3, N) into a matrix of stride N: a partial first panel of the tile too */
         for (size_t i = 0; i < (size_t)n * N; i++) yf[i] = -1.0f;
-        qf_gemm_q8_rows(wt, w, rb, K, 0, 3, act, n, yf, N, scratch);
-        qf_gemm_q8_rows(wt, w, rb, K, 3, N, act, n, yf, N, scratch);
+        int split = N < 3 ? N : 3;
+        qf_gemm_q8_rows(wt, w, rb, K, 0, split, act, n, yf, N, scratch);
+        qf_gemm_q8_rows(wt, w, rb, K, split, N, act, n, yf, N, scratch);
         size_t bad = 0;
         for (size_t i = 0; i < (size_t)n * N; i++) bad += memcmp(&yf[i], &yr[i], 4) != 0;
         CHECK_MSG(bad == 0, "%s gemm avx512 vs oracle: %zu of %zu differ", qf_type_name(wt), bad, (size_t)n * N);
@@ -528,8 +529,9 @@ static void check_gemm_k(qf_type wt, int64_t K, int N, int n) {
     CHECK_MSG(worst < 1e-5, "%s gemm oracle vs vec_dot_ref: %.3e of sum|w*x|", qf_type_name(wt), worst);
     if (qf_gemm_k_supported(wt)) {
         for (size_t i = 0; i < (size_t)n * N; i++) yf[i] = -1.0f;
-        qf_gemm_k_rows(wt, w, rb, K, 0, 5, act, n, yf, N, scratch);
-        qf_gemm_k_rows(wt, w, rb, K, 5, N, act, n, yf, N, scratch);
+        int split = N < 5 ? N : 5;
+        qf_gemm_k_rows(wt, w, rb, K, 0, split, act, n, yf, N, scratch);
+        qf_gemm_k_rows(wt, w, rb, K, split, N, act, n, yf, N, scratch);
         size_t bad = 0;
         for (size_t i = 0; i < (size_t)n * N; i++) bad += memcmp(&yf[i], &yr[i], 4) != 0;
         CHECK_MSG(bad == 0, "%s gemm avx512 vs oracle: %zu of %zu differ", qf_type_name(wt), bad, (size_t)n * N);

@@ -15,6 +15,7 @@
  * The reference route (params.reference) uses the scalar oracle kernels and plain loops: it is
  * the CPU reference path that the fast route and the GPU are certified against. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -263,6 +264,8 @@ typedef struct {
     float *y;
     int n;
     int route; /* 0 gemm, 1 vec_dot, 2 reference, 3 int8 gemm (kernels/gemm.h), 4 its activations */
+    _Atomic int64_t next_tile; /* routes 0 and 3: tiles are taken one at a time (a thread that the
+                                * OS runs less, on a loaded machine, takes fewer); 0 before a run */
     size_t xq_row;
 } mm_job;
 
@@ -282,14 +285,14 @@ static void mm_worker(void *arg, int ith, int nth) {
         if (qf_gemm_k_type(w->type)) qf_gemm_k_quantize_act(j->x, K, (int)a0, (int)a1, ext(j->c)->gact, buf);
         else qf_gemm_quantize_act(w->type, j->x, K, (int)a0, (int)a1, ext(j->c)->gact, buf);
     } else if (j->route == 3) {
-        for (int64_t r = r0; r < r1; r += TILE_ROWS) { /* one packed tile in buf at a time */
-            int64_t re = r1 - r < TILE_ROWS ? r1 : r + TILE_ROWS;
+        for (int64_t tl; (tl = atomic_fetch_add(&j->next_tile, 1)) < tiles;) { /* one packed tile in buf at a time */
+            int64_t r = tl * TILE_ROWS, re = N - r < TILE_ROWS ? N : r + TILE_ROWS;
             if (qf_gemm_k_type(w->type)) qf_gemm_k_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, j->y, N, buf);
             else qf_gemm_q8_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, j->y, N, buf);
         }
     } else if (j->route == 0) {
-        for (int64_t r = r0; r < r1; r += TILE_ROWS) {
-            int64_t tr = r1 - r < TILE_ROWS ? r1 - r : TILE_ROWS;
+        for (int64_t tl; (tl = atomic_fetch_add(&j->next_tile, 1)) < tiles;) {
+            int64_t r = tl * TILE_ROWS, tr = N - r < TILE_ROWS ? N - r : TILE_ROWS;
             const float *wt;
             if (w->type == QF_TYPE_F16 && K % 16 == 0 && qf_gemm_f16_supported()) {
                 /* f16 converted in registers, AVX-512 FMA micro-kernel (kernels/gemm.h) */
@@ -333,6 +336,7 @@ static void matmul(qf_context *c, const qf_weight *w, const float *x, int n, flo
         j.route = 4;
         qf_pool_run(c->pool, mm_worker, &j);
         j.route = 3;
+        atomic_store(&j.next_tile, 0);
     } else if (n >= GEMM_MIN_TOKENS) j.route = 0;
     else {
         j.route = 1;

@@ -359,3 +359,4 @@ void qf_gemm_k_panel_avx512(qf_type wt, const uint8_t *panel, int64_t K, const u
         }
     }
 }
+
