@@ -99,7 +99,7 @@ int cli_job_flag(int argc, char **argv, int *i, qf_job *j, const char **paths, i
         if (!cli_parse_i64(val, 0, INT64_MAX, &j->dict_max_train)) BAD("bad --max-train '%s'", val);
     } else if (FLAG("--bits", NULL)) {
         if (r < 0) goto missing;
-        if (!cli_parse_double(val, 2.0, 16.0, &j->rq_bits)) BAD("bad --bits '%s' (kv-rq budget, bits per element in [2, 16])", val);
+        if (!cli_parse_double(val, 1.0, 16.0, &j->rq_bits)) BAD("bad --bits '%s' (kv-rq budget, bits per element in [1, 16])", val);
     } else if (FLAG("--sinks", NULL)) {
         if (r < 0) goto missing;
         if (!cli_parse_int(val, 0, 1 << 20, &j->rq_sink)) BAD("bad --sinks '%s'", val);
@@ -109,6 +109,22 @@ int cli_job_flag(int argc, char **argv, int *i, qf_job *j, const char **paths, i
     } else if (FLAG("--rq-alpha", NULL)) {
         if (r < 0) goto missing;
         if (!cli_parse_double(val, 0, 2, &j->rq_k_alpha)) BAD("bad --rq-alpha '%s' (in [0, 2])", val);
+    } else if (FLAG("--k-prerope", NULL)) {
+        if (r < 0) goto missing;
+        if (!strcmp(val, "on")) j->rq_prerope = 1;
+        else if (!strcmp(val, "off")) j->rq_prerope = 0;
+        else BAD("bad --k-prerope '%s' (on, off)", val);
+    } else if (FLAG("--rq-weights", NULL)) {
+        if (r < 0) goto missing;
+        if (!strcmp(val, "on")) j->rq_qaware = 1;
+        else if (!strcmp(val, "off")) j->rq_qaware = 0;
+        else BAD("bad --rq-weights '%s' (on, off)", val);
+    } else if (FLAG("--rq-v-alpha", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_double(val, 0, 2, &j->rq_v_alpha)) BAD("bad --rq-v-alpha '%s' (in [0, 2])", val);
+    } else if (FLAG("--min-bits", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_int(val, 1, 2, &j->rq_min_bits)) BAD("bad --min-bits '%s' (1, 2)", val);
     } else if (FLAG("--sens-chunks", NULL)) {
         if (r < 0) goto missing;
         if (!cli_parse_int(val, 1, 1000, &j->rq_sens_chunks)) BAD("bad --sens-chunks '%s'", val);

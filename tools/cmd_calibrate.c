@@ -44,6 +44,7 @@ static const char *USAGE =
     "                    f16 sinks and window); none = the fewest bits that pass the gate\n"
     "  --sinks S --window R   kv-rq: f16 sink and recent-window tokens (default: chosen by the learner)\n"
     "  --rq-alpha A --sens-chunks N   kv-rq: K channel smoothing exponent (0.5), sensitivity chunks (2)\n"
+    "  --k-prerope on|off --min-bits B  kv-rq: keys stored before RoPE (on), allocation floor 1|2 (1 below 3 bits)\n"
     "  --dict-version 2   kv-dict v2: keys learned and stored before RoPE, bit-packed indices\n"
     "                     (up to 4096 atoms, 12 bits), CPU only; --sparsity is the cap\n"
     "  --tol-quantile Q   kv-dict v2: error-bounded OMP, bound = Q-quantile of the training\n"

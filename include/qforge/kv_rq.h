@@ -9,8 +9,10 @@
  * sensitivity and allocates bits greedily (qf_kv_rq_allocate).
  *
  * Payload ("kv-rq" artifacts; L layers, H kv heads, D head_dim):
- *   "format" int 1, "rotation" string "hadamard", "n_sink" int, "n_window" int,
- *   "k_bits", "v_bits"      u8  [L]           2..6 (16 = kept as f16)
+ *   "format" int 2 (1 is still read), "rotation" string "hadamard", "n_sink" int, "n_window" int,
+ *   "k_prerope" int 0/1     (format 2) K rows stored before RoPE, rotated on read (KVQuant):
+ *                           the mean and channel scales are then static per channel
+ *   "k_bits", "v_bits"      u8  [L]           1..6 (format 1: 2..6; 16 = kept as f16)
  *   "k_levels", "v_levels"  f32 [L, H, 64]    ascending, first 2^bits used
  *   "k_mean", "v_mean"      f32 [L, H, D]
  *   "k_cs", "v_cs"          f32 [L, H, D]     signed channel scales, finite and nonzero */
@@ -25,8 +27,8 @@
 #include "qforge/error.h"
 #include "qforge/kvlearn.h"
 
-#define QF_KV_RQ_FORMAT 1
-#define QF_KV_RQ_N_WIDTHS 5 /* 2, 3, 4, 5 and 6 bits */
+#define QF_KV_RQ_FORMAT 2   /* 1: bits 2..6, K after RoPE; 2: adds 1-bit rows and "k_prerope" */
+#define QF_KV_RQ_N_WIDTHS 6 /* 1, 2, 3, 4, 5 and 6 bits */
 
 typedef struct {
     double k_alpha;    /* K channel smoothing: cs_c = rms_c^alpha (geometric mean 1); 0 = off */
@@ -34,6 +36,11 @@ typedef struct {
     int lloyd_iters;   /* per fit (default 60) */
     int64_t max_rows;  /* rows per (layer, stream, head) used to fit (0 = all captured) */
     uint64_t seed;     /* the random signs of the rotation */
+    /* Optional importance of each channel's error, [L][H][D] per stream (NULL = uniform): for K
+     * the mean squared query that multiplies it, for V the squared norm of the output-projection
+     * column it feeds. The channel scales then minimize the weighted error: cs_c = (rms_c /
+     * sqrt(w_c))^alpha (alpha 0.5 is the optimum after the rotation spreads the error evenly). */
+    const float *chan_w[2];
 } qf_kv_rq_learn_params;
 
 QF_API void qf_kv_rq_learn_params_default(qf_kv_rq_learn_params *p);
@@ -45,6 +52,8 @@ typedef struct {
     float *mean[2], *cs[2];                   /* [L][H][D] */
     float *levels[2][QF_KV_RQ_N_WIDTHS];      /* [L][H][64] */
     double *rel_mse[2];                       /* [L][QF_KV_RQ_N_WIDTHS] */
+    bool k_prerope;                           /* K was captured before RoPE (set by the caller;
+                                                 written to the payload as "k_prerope") */
 } qf_kv_rq_fit;
 
 /* Fit from a capture (every layer and both streams must have at least 64 vectors). */
@@ -68,5 +77,10 @@ QF_API double qf_kv_rq_bits_per_element(const int *const bits[2], int n_layer, i
  * largest predicted gain, while the mean code bits stay <= max_code_bits. bits[s][l] out;
  * returns the predicted total damage. */
 QF_API double qf_kv_rq_allocate(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int *const bits[2]);
+/* The same with every unit starting at min_bits (1..6; qf_kv_rq_allocate uses 2): 1 lets the
+ * least sensitive (layer, stream) units fall to 1-bit rows so that the sensitive ones get more
+ * at a low budget. sens is still the damage at QF_KV_RQ_SENS_BITS (2) bits. */
+QF_API double qf_kv_rq_allocate_ex(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits,
+                                   int min_bits, int *const bits[2]);
 
 #endif

@@ -124,6 +124,11 @@ qf_status qf_kv_cache_set_rot(qf_kv_cache *kv, qf_kv_rot rot, qf_error *err);
 /* Write n_rows consecutive rows starting at (pos, kv head 0): src is [n_rows][head_dim]. */
 void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos,
                        const float *src);
+/* The exact f16 sink copies of rows [pos, pos+n_pos) that are sinks (p < n_sink): src as for
+ * qf_kv_cache_write. qf_kv_cache_write does this itself except for the K stream of a
+ * k_prerope cache, whose sink copies must be the post-RoPE keys attention reads: forward.c
+ * calls it with them. */
+void qf_kv_cache_write_sinks(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos, const float *src);
 /* Read kv head `h` for positions [0, n_pos) into dst [n_pos][head_dim] f32. */
 void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos,
                            float *dst);

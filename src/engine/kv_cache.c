@@ -134,7 +134,7 @@ static qf_status rq_bind_new(const qf_kv_stream_spec *sp, const qf_hparams *hp, 
     for (int l = 0; l < L && !st; l++) {
         int b = sp->rq_bits[l];
         if (!qf_kv_rq_bits_ok(b)) {
-            st = qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): layer %d has %d bits (expected 2..6 or 16)", sname, l, b);
+            st = qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): layer %d has %d bits (expected 1..6 or 16)", sname, l, b);
             break;
         }
         r->bits[l] = b;
@@ -422,19 +422,25 @@ qf_status qf_kv_cache_set_rot(qf_kv_cache *kv, qf_kv_rot rot, qf_error *err) {
     return QF_OK;
 }
 
-void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos,
-                       const float *src) {
-    qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
-    size_t rb = layer_row_bytes(kv, stream, layer);
+void qf_kv_cache_write_sinks(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos, const float *src) {
     int hd = kv->head_dim, nh = kv->n_head_kv;
-    uint8_t *dst = kv->data[stream][layer] + (size_t)pos * nh * rb;
-    /* the exact copies of sink positions (the window ring is filled after attention) */
     for (int p = pos; p < pos + n_pos && p < kv->n_sink; p++) {
         size_t row = (size_t)nh * hd;
         const float *s = src + (size_t)(p - pos) * row;
         uint16_t *d = kv->sink[stream][layer] + (size_t)p * row;
         for (size_t i = 0; i < row; i++) d[i] = qf_f32_to_f16(s[i]);
     }
+}
+
+void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos,
+                       const float *src) {
+    qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
+    size_t rb = layer_row_bytes(kv, stream, layer);
+    int hd = kv->head_dim, nh = kv->n_head_kv;
+    uint8_t *dst = kv->data[stream][layer] + (size_t)pos * nh * rb;
+    /* the exact copies of sink positions (the window ring is filled after attention); a
+     * pre-RoPE K cache gets its post-RoPE sink copies from the caller (qf_kv_cache_write_sinks) */
+    if (!(stream == 0 && kv->k_prerope)) qf_kv_cache_write_sinks(kv, stream, layer, pos, n_pos, src);
     if (mode == QF_KV_RQ) {
         const struct qf_kv_rq_bind *r = kv->rq[stream];
         for (int p = 0; p < n_pos; p++)

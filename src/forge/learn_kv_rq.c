@@ -31,7 +31,7 @@ void qf_kv_rq_fit_free(qf_kv_rq_fit *f) {
 }
 
 /* Fit one (layer, stream, head): rows x_r = x + (r * stride) * D for r < n. */
-static qf_status fit_one(const float *x, int64_t n, int64_t stride, int D, double alpha, uint64_t sign_seed,
+static qf_status fit_one(const float *x, int64_t n, int64_t stride, int D, double alpha, const float *cw, uint64_t sign_seed,
                          int iters, float *mean, float *cs, float *levels[QF_KV_RQ_N_WIDTHS], double *rel_mse,
                          float *u, qf_error *err) {
     /* mean and per-channel rms around it */
@@ -47,8 +47,10 @@ static qf_status fit_one(const float *x, int64_t n, int64_t stride, int D, doubl
         }
     double lg = 0;
     for (int c = 0; c < D; c++) {
-        double rms = sqrt(acc[D + c] / (double)n);
-        acc[c] = alpha > 0 ? pow(rms > 1e-6 ? rms : 1e-6, alpha) : 1.0;
+        double rms = sqrt(acc[D + c] / (double)n), wc = cw && cw[c] > 1e-12 ? sqrt((double)cw[c]) : 1.0;
+        if (cw && !(cw[c] > 1e-12)) wc = 1e-6;
+        rms = rms > 1e-6 ? rms : 1e-6;
+        acc[c] = alpha > 0 ? pow(rms / wc, alpha) : 1.0;
         lg += log(acc[c]);
     }
     double gm = exp(lg / D);
@@ -145,6 +147,7 @@ qf_status qf_kv_rq_learn(const qf_kv_capture_view *v, const qf_kv_rq_learn_param
                 double rm[QF_KV_RQ_N_WIDTHS];
                 /* rows of head h are vectors r * H + h: x + h * D with a stride of stride * H vectors */
                 qf_status st = fit_one(x + (size_t)h * D, rows, stride * H, D, s ? p->v_alpha : p->k_alpha,
+                                       p->chan_w[s] ? p->chan_w[s] + o : NULL,
                                        p->seed * 0x9E3779B97F4A7C15ull + (uint64_t)((l * 2 + s) * H + h), p->lloyd_iters,
                                        f->mean[s] + o, f->cs[s] + o, lv, rm, u, err);
                 if (st) {
@@ -176,6 +179,7 @@ qf_status qf_kv_rq_payload(const qf_kv_rq_fit *f, const int *const bits[2], int 
     if (!st) st = qf_payload_add_string(pl, "rotation", "hadamard", err);
     if (!st) st = qf_payload_add_int(pl, "n_sink", n_sink, err);
     if (!st) st = qf_payload_add_int(pl, "n_window", n_window, err);
+    if (!st) st = qf_payload_add_int(pl, "k_prerope", f->k_prerope ? 1 : 0, err);
     for (int s = 0; s < 2 && !st; s++) {
         const char *sn = s ? "v" : "k";
         char name[32];
@@ -211,12 +215,20 @@ double qf_kv_rq_bits_per_element(const int *const bits[2], int n_layer, int head
 }
 
 double qf_kv_rq_allocate(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int *const bits[2]) {
+    return qf_kv_rq_allocate_ex(f, sens, max_code_bits, QF_KV_RQ_SENS_BITS, bits);
+}
+
+double qf_kv_rq_allocate_ex(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int min_bits,
+                            int *const bits[2]) {
     int L = f->n_layer, U = 2 * L;
+    if (min_bits < QF_KV_RQ_MIN_BITS) min_bits = QF_KV_RQ_MIN_BITS;
+    if (min_bits > QF_KV_RQ_MAX_BITS) min_bits = QF_KV_RQ_MAX_BITS;
     for (int s = 0; s < 2; s++)
-        for (int l = 0; l < L; l++) bits[s][l] = QF_KV_RQ_MIN_BITS;
-    double total_bits = QF_KV_RQ_MIN_BITS * (double)U;
+        for (int l = 0; l < L; l++) bits[s][l] = min_bits;
+    double total_bits = min_bits * (double)U;
+    const int w0 = QF_KV_RQ_SENS_BITS - QF_KV_RQ_MIN_BITS; /* sens is measured at this width */
 #define PRED(s, l, b) \
-    (sens[s][l] * f->rel_mse[s][(l) * QF_KV_RQ_N_WIDTHS + (b) - QF_KV_RQ_MIN_BITS] / f->rel_mse[s][(l) * QF_KV_RQ_N_WIDTHS])
+    (sens[s][l] * f->rel_mse[s][(l) * QF_KV_RQ_N_WIDTHS + (b) - QF_KV_RQ_MIN_BITS] / f->rel_mse[s][(l) * QF_KV_RQ_N_WIDTHS + w0])
     for (;;) {
         int bs = -1, bl = -1;
         double best = -1;
@@ -224,7 +236,7 @@ double qf_kv_rq_allocate(const qf_kv_rq_fit *f, const double *const sens[2], dou
         for (int s = 0; s < 2; s++)
             for (int l = 0; l < L; l++) {
                 int b = bits[s][l];
-                if (b >= QF_KV_RQ_MAX_BITS || !(f->rel_mse[s][l * QF_KV_RQ_N_WIDTHS] > 0)) continue;
+                if (b >= QF_KV_RQ_MAX_BITS || !(f->rel_mse[s][l * QF_KV_RQ_N_WIDTHS + w0] > 0)) continue;
                 double gain = PRED(s, l, b) - PRED(s, l, b + 1);
                 if (gain > best) best = gain, bs = s, bl = l;
             }
@@ -235,7 +247,7 @@ double qf_kv_rq_allocate(const qf_kv_rq_fit *f, const double *const sens[2], dou
     double pred = 0;
     for (int s = 0; s < 2; s++)
         for (int l = 0; l < L; l++)
-            pred += f->rel_mse[s][l * QF_KV_RQ_N_WIDTHS] > 0 ? PRED(s, l, bits[s][l]) : 0;
+            pred += f->rel_mse[s][l * QF_KV_RQ_N_WIDTHS + w0] > 0 ? PRED(s, l, bits[s][l]) : 0;
 #undef PRED
     return pred;
 }
