@@ -151,6 +151,7 @@ typedef struct {
     int rq_prerope;             /* 1: keys captured, learned and stored before RoPE (default), 0: after */
     int rq_qaware;              /* 1 (default 0): channel scales weighted by query energy (K) and attn_output column norms (V) */
     double rq_v_alpha;          /* V channel smoothing exponent with rq_qaware (default 0.5) */
+    int rq_vpred;               /* 1 (default, with rq_prerope): V predicted from the same layer's K */
     int rq_min_bits;            /* the allocation's floor, 1 or 2 (0 = 1 below a 3-bit budget, else 2) */
     /* outputs */
     const char *out_path;       /* the .qfa (required for qf_job_run) */

@@ -15,7 +15,10 @@
  *   "k_bits", "v_bits"      u8  [L]           1..6 (format 1: 2..6; 16 = kept as f16)
  *   "k_levels", "v_levels"  f32 [L, H, 64]    ascending, first 2^bits used
  *   "k_mean", "v_mean"      f32 [L, H, D]
- *   "k_cs", "v_cs"          f32 [L, H, D]     signed channel scales, finite and nonzero */
+ *   "k_cs", "v_cs"          f32 [L, H, D]     signed channel scales, finite and nonzero
+ *   "v_pred"                f32 [L, H*D, H*D] (format 2, optional; needs k_prerope 1) V of a token is
+ *                           v_pred[l] . k^ + the decoded V row, k^ the token's decoded K rows
+ *                           (all kv heads, before RoPE): the V rows code the residual */
 #ifndef QFORGE_KV_RQ_H
 #define QFORGE_KV_RQ_H
 
@@ -41,6 +44,11 @@ typedef struct {
      * column it feeds. The channel scales then minimize the weighted error: cs_c = (rms_c /
      * sqrt(w_c))^alpha (alpha 0.5 is the optimum after the rotation spreads the error evenly). */
     const float *chan_w[2];
+    /* V predicted from the same layer's dequantized pre-RoPE K (both are linear in the layer's
+     * normed input): a ridge fit per layer (inputs with relative noise v_pred_noise, default
+     * 0.2), V's codebooks then fit the residual. Needs K captured before RoPE. */
+    bool v_pred;
+    double v_pred_noise;
 } qf_kv_rq_learn_params;
 
 QF_API void qf_kv_rq_learn_params_default(qf_kv_rq_learn_params *p);
@@ -54,12 +62,19 @@ typedef struct {
     double *rel_mse[2];                       /* [L][QF_KV_RQ_N_WIDTHS] */
     bool k_prerope;                           /* K was captured before RoPE (set by the caller;
                                                  written to the payload as "k_prerope") */
+    float *v_pred;                            /* [L][H*D][H*D] or NULL: V ~ v_pred . K (all heads) */
+    double *v_pred_ratio;                     /* [L] residual / total V variance (1 = unused) */
 } qf_kv_rq_fit;
 
 /* Fit from a capture (every layer and both streams must have at least 64 vectors). */
 QF_API qf_status qf_kv_rq_learn(const qf_kv_capture_view *v, const qf_kv_rq_learn_params *p, qf_kv_rq_fit *out,
                          qf_error *err);
 QF_API void qf_kv_rq_fit_free(qf_kv_rq_fit *f);
+/* Ridge fit y ~ P x (P [dy][dx] out when not NULL, no intercept: a codec's mean absorbs it) and
+ * the residual variance fraction of a centred ridge regression y[n][dy] ~ W x[n][dx]
+ * when the inputs carry relative noise `noise` (e.g. 0.1 for 2-bit rows), measured on the
+ * fitting rows with such noise added (NAN on failure). 1 = x predicts nothing of y. */
+QF_API double qf_kv_rq_linear_fit(const float *x, const float *y, int64_t n, int dx, int dy, double noise, float *P);
 
 /* The artifact payload for a bit allocation (bits[s][l] in 2..6 or 16) and sink/window. */
 QF_API qf_status qf_kv_rq_payload(const qf_kv_rq_fit *f, const int *const bits[2], int n_sink, int n_window, qf_payload *pl,

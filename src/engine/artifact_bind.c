@@ -99,11 +99,23 @@ static qf_status bind_rq(qf_context *c, const qf_payload *p, qf_error *err) {
             else arr[s][a] = e->f32;
         }
     }
+    const float *pred = NULL; /* format 2: optional V-from-K predictor */
+    const qf_payload_entry *pe = fmt >= 2 ? qf_payload_get(p, "v_pred") : NULL;
+    if (!st && pe) {
+        if (pe->type != QF_PAYLOAD_F32 || pe->n_dims != 3 || pe->shape[0] != L || pe->shape[1] != H * D ||
+            pe->shape[2] != H * D)
+            st = qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-rq payload: 'v_pred': expected f32 [%lld, %lld, %lld]",
+                         (long long)L, (long long)(H * D), (long long)(H * D));
+        else if (!prerope)
+            st = qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-rq payload: 'v_pred' needs 'k_prerope' 1");
+        else pred = pe->f32;
+    }
     if (!st) {
         qf_kv_stream_spec spec[2];
         for (int s = 0; s < 2; s++)
             spec[s] = (qf_kv_stream_spec){.mode = QF_KV_RQ, .rq_bits = bits[s], .rq_levels = arr[s][0],
-                                          .rq_mean = arr[s][1], .rq_cs = arr[s][2], .prerope = s == 0 && prerope};
+                                          .rq_mean = arr[s][1], .rq_cs = arr[s][2], .prerope = s == 0 && prerope,
+                                          .rq_pred = s == 1 ? pred : NULL};
         st = rebuild_exact(c, spec, (int)S, (int)R, err);
         if (st == QF_ERR_ARG) err->code = st = QF_ERR_ARTIFACT_CORRUPT; /* bad bits, codebook or scale */
     }

@@ -50,6 +50,7 @@ void qf_job_default(qf_job *j) {
     j->rq_sens_chunks = 2;
     j->rq_prerope = 1;
     j->rq_qaware = 0;
+    j->rq_vpred = 1;
     j->rq_v_alpha = 0.5;
     j->rq_min_bits = 0;
     j->dict_version = 1;
@@ -878,8 +879,15 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         lp.chan_w[0] = cw[0], lp.chan_w[1] = cw[1];
         lp.v_alpha = j->rq_v_alpha;
     }
+    lp.v_pred = j->rq_vpred && j->rq_prerope;
     st = qf_kv_rq_learn(&v, &lp, &fit, err);
     free(cw[0]), free(cw[1]);
+    if (!st && fit.v_pred) {
+        char line[512];
+        int o = 0;
+        for (int l = 0; l < L && o < 400; l++) o += snprintf(line + o, sizeof line - (size_t)o, " %.3f", fit.v_pred_ratio[l]);
+        stage(j, "[3/5 learn] kv-rq V predicted from the same layer's K: residual / V variance per layer%s", line);
+    }
     if (st) return as_stage(err, st, st == QF_ERR_NOMEM ? st : QF_ERR_CAPTURE_FAILED, "learn");
     fit.k_prerope = j->rq_prerope != 0; /* stage_capture kept K before RoPE */
     /* the allocation's floor: 1-bit rows for the least sensitive units at low budgets */
@@ -1068,6 +1076,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         (st = qf_payload_add_float(cf, "k_alpha", j->rq_k_alpha, err)) ||
         (st = qf_payload_add_int(cf, "k_prerope", fit.k_prerope, err)) || (st = qf_payload_add_int(cf, "min_bits", mb, err)) ||
         (st = qf_payload_add_int(cf, "channel_weights", j->rq_qaware, err)) ||
+        (st = qf_payload_add_int(cf, "v_pred", fit.v_pred != NULL, err)) ||
         (j->rq_qaware && (st = qf_payload_add_float(cf, "v_alpha", j->rq_v_alpha, err))) ||
         (j->rq_bits > 0 && (st = qf_payload_add_float(cf, "budget_bits", j->rq_bits, err))))
         goto done;
