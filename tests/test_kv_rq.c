@@ -212,6 +212,87 @@ TEST(rq_cache_mode_roundtrip_and_refusals) {
     CHECK_EQ_INT(qf_kv_cache_init(&kv, &hp, 8, QF_KV_RQ, QF_KV_F16, &e), QF_ERR_ARTIFACT_NOT_CERTIFIED);
 }
 
+
+/* The V-from-K predictor of an rq cache: V rows code v - P k^, k^ the token's stored (pre-RoPE)
+ * K rows; reading adds P k^ back. With V exactly linear in K the V error is the predictor times
+ * the K error, far below coding V itself; refusals: a predictor without an rq pre-RoPE K stream,
+ * a non-finite coefficient. */
+TEST(rq_v_predictor_roundtrip_and_refusals) {
+    qf_hparams hp = {0};
+    hp.n_layer = 2, hp.n_head_kv = 2, hp.head_dim = 64;
+    enum { HD = 128, NP = 16 };
+    static rq_spec_data dk, dv;
+    static const int b4[2] = {3, 3}, b2[2] = {2, 2};
+    rq_spec(&dk, 2, 2, 64, b4);
+    rq_spec(&dv, 2, 2, 64, b2);
+    static float P[2 * HD * HD];
+    uint64_t s = 21;
+    for (int i = 0; i < HD * HD; i++) P[i] = 0.1f * gauss(&s); /* layer 0: V = P k; layer 1: no predictor */
+    memset(P + HD * HD, 0, sizeof(float) * HD * HD);
+    static float k[NP * HD], v[NP * HD], out[NP * 64];
+    for (int i = 0; i < NP * HD; i++) k[i] = gauss(&s);
+    for (int t = 0; t < NP; t++)
+        for (int o = 0; o < HD; o++) {
+            double a = 0;
+            for (int i = 0; i < HD; i++) a += (double)P[o * HD + i] * k[t * HD + i];
+            v[t * HD + o] = (float)a;
+        }
+    qf_kv_stream_spec spec[2] = {
+        {.mode = QF_KV_RQ, .rq_bits = dk.bits, .rq_levels = dk.levels, .rq_mean = dk.mean, .rq_cs = dk.cs, .prerope = true},
+        {.mode = QF_KV_RQ, .rq_bits = dv.bits, .rq_levels = dv.levels, .rq_mean = dv.mean, .rq_cs = dv.cs, .rq_pred = P}};
+    qf_kv_cache kv;
+    qf_error e = {0};
+    CHECK(qf_kv_cache_init_spec(&kv, &hp, NP, spec, &e) == QF_OK);
+    CHECK(kv.rq[1]->pred_on[0] && !kv.rq[1]->pred_on[1]);
+    double err[2];
+    for (int l = 0; l < 2; l++) {
+        qf_kv_cache_write(&kv, 0, l, 0, NP, k);
+        for (int p = 0; p < NP; p += 5) qf_kv_cache_write(&kv, 1, l, p, NP - p < 5 ? NP - p : 5, v + (size_t)p * HD);
+        double num = 0, den = 0;
+        for (int h = 0; h < 2; h++) {
+            qf_kv_cache_read_head(&kv, 1, l, h, NP, out);
+            for (int p = 0; p < NP; p++)
+                for (int i = 0; i < 64; i++) {
+                    double a = v[p * HD + h * 64 + i], b = out[p * 64 + i];
+                    num += (a - b) * (a - b), den += a * a;
+                }
+        }
+        err[l] = num / den;
+    }
+    /* oracle for layer 0: decode K and V rows by hand, V = P k^ + residual^ */
+    double worst = 0;
+    {
+        float kh[HD], r[64], scratch[128];
+        for (int p = 0; p < NP; p++) {
+            for (int h = 0; h < 2; h++) {
+                qf_kv_rq_codec ck = {.head_dim = 64, .bits = 3, .levels = dk.levels + h * 64, .mean = dk.mean, .cs = dk.cs};
+                qf_kv_rq_decode(&ck, kv.data[0][0] + ((size_t)p * 2 + h) * kv.rq[0]->row_bytes[0], kh + h * 64);
+            }
+            qf_kv_cache_read_head(&kv, 1, 0, 1, NP, out);
+            qf_kv_rq_codec cv = {.head_dim = 64, .bits = 2, .levels = dv.levels + 64, .mean = dv.mean, .cs = dv.cs};
+            qf_kv_rq_decode(&cv, kv.data[1][0] + ((size_t)p * 2 + 1) * kv.rq[1]->row_bytes[0], r);
+            for (int i = 0; i < 64; i++) {
+                double a = r[i];
+                for (int j = 0; j < HD; j++) a += (double)P[(64 + i) * HD + j] * kh[j];
+                worst = fmax(worst, fabs(a - out[p * 64 + i]));
+            }
+            (void)scratch;
+        }
+    }
+    printf("  V rel. MSE with the predictor %.4f, without (2-bit rows) %.4f; vs oracle %.2e\n", err[0], err[1], worst);
+    CHECK(err[0] < 0.5 * err[1] && worst < 1e-4);
+    qf_kv_cache_free(&kv);
+    spec[0].prerope = false; /* a predictor needs pre-RoPE K rows */
+    CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, NP, spec, &e), QF_ERR_ARG);
+    spec[0].prerope = true;
+    spec[0].mode = QF_KV_F16; /* ... stored as rq rows */
+    CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, NP, spec, &e), QF_ERR_ARG);
+    spec[0].mode = QF_KV_RQ;
+    P[5] = NAN;
+    CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, NP, spec, &e), QF_ERR_ARG);
+    P[5] = 0;
+}
+
 /* ---- the exact sink/window facility on a real model ---- */
 
 static qf_model *load(const char *rel) {
@@ -411,6 +492,24 @@ TEST(rq_payload_format_versions) {
     rq_payload(&pl, 2, 3, 2); /* 'k_prerope' out of range */
     CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
     qf_payload_free(&pl);
+    {
+        static float pv[6 * 128 * 128];
+        int64_t shp[3] = {6, 128, 128}, bad[3] = {6, 128, 64};
+        rq_payload(&pl, 2, 1, 2); /* a V predictor binds with pre-RoPE keys */
+        qf_payload_add_f32(&pl, "v_pred", pv, 3, shp, &e);
+        CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_OK);
+        CHECK(c->kv.rq[1] && c->kv.rq[1]->pred != NULL);
+        qf_payload_free(&pl);
+        rq_payload(&pl, 2, 0, 2); /* ... not with post-RoPE keys */
+        qf_payload_add_f32(&pl, "v_pred", pv, 3, shp, &e);
+        CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
+        CHECK(strstr(e.msg, "v_pred") != NULL);
+        qf_payload_free(&pl);
+        rq_payload(&pl, 2, 1, 2); /* wrong shape */
+        qf_payload_add_f32(&pl, "v_pred", pv, 3, bad, &e);
+        CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
+        qf_payload_free(&pl);
+    }
     rq_payload(&pl, 3, 1, 2); /* a newer format */
     CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_VERSION);
     CHECK(strstr(e.msg, "formats 1 and 2") != NULL);
@@ -429,6 +528,7 @@ int main(void) {
     RUN(encode_decode_matches_oracle_and_fit);
     RUN(lloyd_rejects_bad_input);
     RUN(rq_cache_mode_roundtrip_and_refusals);
+    RUN(rq_v_predictor_roundtrip_and_refusals);
     RUN(exact_window_all_exact_equals_f16_and_decode_equals_prefill);
     RUN(prerope_cache_sinks_are_post_rope);
     RUN(rq_payload_format_versions);

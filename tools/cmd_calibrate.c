@@ -45,6 +45,8 @@ static const char *USAGE =
     "  --sinks S --window R   kv-rq: f16 sink and recent-window tokens (default: chosen by the learner)\n"
     "  --rq-alpha A --sens-chunks N   kv-rq: K channel smoothing exponent (0.5), sensitivity chunks (2)\n"
     "  --k-prerope on|off --min-bits B  kv-rq: keys stored before RoPE (on), allocation floor 1|2 (1 below 3 bits)\n"
+    "  --v-pred on|off   kv-rq: V predicted from the same layer's K, rows code the residual (on; needs --k-prerope on)\n"
+    "  --rq-weights on|off --rq-v-alpha A   kv-rq: query/attn_output-weighted channel scales (off), V exponent (0.5)\n"
     "  --dict-version 2   kv-dict v2: keys learned and stored before RoPE, bit-packed indices\n"
     "                     (up to 4096 atoms, 12 bits), CPU only; --sparsity is the cap\n"
     "  --tol-quantile Q   kv-dict v2: error-bounded OMP, bound = Q-quantile of the training\n"
