@@ -148,10 +148,12 @@ typedef struct {
     int rq_sink, rq_window;     /* f16 sink / recent-window tokens (-1 = the learner's choice) */
     double rq_k_alpha;          /* K channel smoothing exponent (default 0.5) */
     int rq_sens_chunks;         /* calibration chunks per sensitivity run (default 2) */
-    int rq_prerope;             /* 1: keys captured, learned and stored before RoPE (default), 0: after */
+    int rq_prerope;             /* 1: keys captured, learned and stored before RoPE, 0: after, -1
+                                   (default): before below a 3-bit budget */
     int rq_qaware;              /* 1 (default 0): channel scales weighted by query energy (K) and attn_output column norms (V) */
     double rq_v_alpha;          /* V channel smoothing exponent with rq_qaware (default 0.5) */
-    int rq_vpred;               /* 1 (default, with rq_prerope): V predicted from the same layer's K */
+    int rq_vpred;               /* V predicted from the same layer's K: 1 / -1 (default) with pre-RoPE
+                                   keys, 0 never */
     int rq_min_bits;            /* the allocation's floor, 1 or 2 (0 = 1 below a 3-bit budget, else 2) */
     /* outputs */
     const char *out_path;       /* the .qfa (required for qf_job_run) */

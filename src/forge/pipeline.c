@@ -48,9 +48,9 @@ void qf_job_default(qf_job *j) {
     j->rq_sink = j->rq_window = -1;
     j->rq_k_alpha = 0.5;
     j->rq_sens_chunks = 2;
-    j->rq_prerope = 1;
+    j->rq_prerope = -1;
     j->rq_qaware = 0;
-    j->rq_vpred = 1;
+    j->rq_vpred = -1;
     j->rq_v_alpha = 0.5;
     j->rq_min_bits = 0;
     j->dict_version = 1;
@@ -150,6 +150,12 @@ static qf_status stage_model(const qf_job *j, shared *s, qf_error *err) {
     return QF_OK;
 }
 
+/* kv-rq keys before RoPE: asked for, or by default below a 3-bit budget (the 2.5-bit method of
+ * docs/kv-rq.md; at 4 bits the documented post-RoPE artifacts stay as they were) */
+static bool rq_use_prerope(const qf_job *j) {
+    return j->rq_prerope > 0 || (j->rq_prerope < 0 && j->rq_bits > 0 && j->rq_bits < 3.0);
+}
+
 static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, qf_error *err) {
     double t0 = qf_now_sec();
     const qf_tokenizer *tok = qf_model_tokenizer(s->model);
@@ -159,7 +165,7 @@ static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, q
     qf_status st = qf_tokenize(tok, ctext, clen, qf_tokenizer_add_bos(tok), false, &ids, &n, err);
     if (st) return as_stage(err, st, QF_ERR_CAPTURE_FAILED, "capture: tokenizing the calibration text");
     /* kv-dict v2 learns keys before RoPE: the CPU tap (the GPU read-back route has post-RoPE K only) */
-    bool prerope = (j->kind == QF_ARTIFACT_KV_DICT && j->dict_version == 2) || (j->kind == QF_ARTIFACT_KV_RQ && j->rq_prerope);
+    bool prerope = (j->kind == QF_ARTIFACT_KV_DICT && j->dict_version == 2) || (j->kind == QF_ARTIFACT_KV_RQ && rq_use_prerope(j));
     qf_capture_params cp = {.max_per_layer = job_budgets(j).per_layer,
                             .activations = false, .seed = j->seed, .k_prerope = prerope};
     s->cap = qf_capture_new(qf_model_hparams(s->model), &cp, err);
@@ -879,7 +885,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         lp.chan_w[0] = cw[0], lp.chan_w[1] = cw[1];
         lp.v_alpha = j->rq_v_alpha;
     }
-    lp.v_pred = j->rq_vpred && j->rq_prerope;
+    lp.v_pred = j->rq_vpred != 0 && rq_use_prerope(j);
     st = qf_kv_rq_learn(&v, &lp, &fit, err);
     free(cw[0]), free(cw[1]);
     if (!st && fit.v_pred) {
@@ -889,7 +895,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         stage(j, "[3/5 learn] kv-rq V predicted from the same layer's K: residual / V variance per layer%s", line);
     }
     if (st) return as_stage(err, st, st == QF_ERR_NOMEM ? st : QF_ERR_CAPTURE_FAILED, "learn");
-    fit.k_prerope = j->rq_prerope != 0; /* stage_capture kept K before RoPE */
+    fit.k_prerope = rq_use_prerope(j); /* stage_capture kept K before RoPE */
     /* the allocation's floor: 1-bit rows for the least sensitive units at low budgets */
     int mb = j->rq_min_bits ? j->rq_min_bits : j->rq_bits > 0 && j->rq_bits < 3.0 ? 1 : QF_KV_RQ_SENS_BITS;
     double mse[QF_KV_RQ_N_WIDTHS] = {0};
@@ -897,7 +903,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         for (int l = 0; l < L; l++)
             for (int w = 0; w < QF_KV_RQ_N_WIDTHS; w++) mse[w] += fit.rel_mse[sidx][l * QF_KV_RQ_N_WIDTHS + w] / U;
     stage(j, "[3/5 learn] kv-rq codebooks in %.1f s (K %s RoPE): relative MSE %.4f / %.4f / %.4f / %.4f at 1 / 2 / 3 / 4 bits",
-          qf_now_sec() - t0, j->rq_prerope ? "before" : "after", mse[1 - QF_KV_RQ_MIN_BITS], mse[2 - QF_KV_RQ_MIN_BITS],
+          qf_now_sec() - t0, fit.k_prerope ? "before" : "after", mse[1 - QF_KV_RQ_MIN_BITS], mse[2 - QF_KV_RQ_MIN_BITS],
           mse[3 - QF_KV_RQ_MIN_BITS], mse[4 - QF_KV_RQ_MIN_BITS]);
     /* sinks and window (docs/kv-rq.md has the measurement behind this): 4 sinks, and f16
      * tokens worth up to 0.75 bits per element at -c N (24 tokens at 512), or less when a
