@@ -23,6 +23,8 @@ LDFLAGS  := $(SANFLAGS) -pthread
 
 # Files named *_avx2.c hold the AVX2/FMA/F16C kernels; they are dispatched at run time.
 AVX2FLAGS := -mavx2 -mfma -mf16c
+# Files named *_avx512.c hold the AVX-512 (F/BW/VL/VNNI) kernels, dispatched at run time too.
+AVX512FLAGS := $(AVX2FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni
 
 LIB_SRC   := $(sort $(wildcard src/util/*.c src/format/*.c src/kernels/*.c src/kernels/cuda/*.c src/text/*.c src/engine/*.c src/eval/*.c src/forge/*.c))
 TOOL_SRC  := $(sort $(wildcard tools/*.c))
@@ -81,6 +83,10 @@ bench: $(BENCH_BIN)
 $(BUILD)/obj/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(AVX2FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(AVX512FLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)

@@ -1,7 +1,8 @@
 /* gen_model_shapes.c: write a random-weight GGUF with the shapes of a real model, for GPU
  * benchmarks at real sizes without shipping weights.
  *
- *   build/bench/gen_model_shapes --shape llama3-8b|llama3.2-1b|qwen2.5-0.5b --type f16|q4_0
+ *   build/bench/gen_model_shapes --shape llama3-8b|llama3.2-1b|qwen2.5-0.5b|tiny-hd8|tiny-qwen2
+ *       --type f16|q4_0|q8_0|f32
  *       [--vocab-from GGUF] [--layers N] -o OUT.gguf
  *
  * Shapes (n_layer, n_embd, heads/kv heads, head_dim, n_ff, vocab, rope base): Llama-3-8B
@@ -31,6 +32,11 @@ static const shape shapes[] = {
     {"llama3-8b", "llama", "Llama-3-8B-shaped (random weights)", 32, 4096, 32, 8, 128, 14336, 128256, 500000.0f, 0, 0},
     {"llama3.2-1b", "llama", "Llama-3.2-1B-shaped (random weights)", 16, 2048, 32, 8, 64, 8192, 128256, 500000.0f, 1, 0},
     {"qwen2.5-0.5b", "qwen2", "Qwen2.5-0.5B-shaped (random weights)", 24, 896, 14, 2, 64, 4864, 151936, 1000000.0f, 1, 1},
+    /* test fixtures for a fresh clone (tests/helpers/make_fixtures.sh), the demo tokenizer's 4096
+     * ids: stories260K's shape (head_dim 8, GQA 8/4, ffn 172, 5 layers, tied) and qforge-demo-
+     * qwen2-5m's (Q/K/V bias, NEOX rope base 1e6, untied output) */
+    {"tiny-hd8", "llama", "stories260K-shaped (random weights)", 5, 64, 8, 4, 8, 172, 4096, 10000.0f, 1, 0},
+    {"tiny-qwen2", "qwen2", "qwen2-5m-shaped (random weights)", 4, 256, 4, 2, 64, 768, 4096, 1000000.0f, 0, 1},
 };
 
 static uint64_t rs = 0x243F6A8885A308D3ull;
@@ -57,7 +63,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
         else {
-            fprintf(stderr, "usage: %s --shape llama3-8b|llama3.2-1b|qwen2.5-0.5b --type f16|q4_0 [--vocab-from GGUF] "
+            fprintf(stderr, "usage: %s --shape llama3-8b|llama3.2-1b|qwen2.5-0.5b|tiny-hd8|tiny-qwen2 --type f16|q4_0|q8_0|f32 [--vocab-from GGUF] "
                             "[--layers N] -o OUT.gguf\n", argv[0]);
             return 2;
         }

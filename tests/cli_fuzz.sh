@@ -51,8 +51,12 @@ for src in fuzz/fuzz_*.c; do
     case $name in
     fuzz_tokenizer)
         extra=(-max_len=256)
-        if [ -z "${QF_FUZZ_VOCAB:-}" ] && [ -f "$data/vocab/ggml-vocab-gpt-2.gguf" ]; then
-            export QF_FUZZ_VOCAB="$data/vocab/ggml-vocab-gpt-2.gguf"
+        if [ -z "${QF_FUZZ_VOCAB:-}" ]; then # BPE, SPM and PCRE2 + many specials; else the demo model's
+            v=
+            for n in gpt-2 llama-spm deepseek-llm; do
+                [ -f "$data/vocab/ggml-vocab-$n.gguf" ] && v=$v${v:+:}$data/vocab/ggml-vocab-$n.gguf
+            done
+            export QF_FUZZ_VOCAB=${v:-assets/models/qforge-demo-11m-f16.gguf}
         fi ;;
     fuzz_cli) extra=(-max_len=512) ;;
     esac

@@ -5,7 +5,7 @@
 # damaged or relabelled weights refused; conflicting/repeated flags refused; a KL base from
 # another -c or text refused; generate's context-full message, trained-context warning and -b;
 # a bad --sign-key or unwritable -o found before capture; a directory as -f; usage errors exit 1;
-# temp files gone after SIGTERM. Prints "N passed, N failed, N skipped".
+# temp files gone after SIGTERM/SIGINT, and swept after kill -9. Prints "N passed, N failed, N skipped".
 set -u
 cd "$(dirname "$0")/.."
 qf=${QF_BUILD:-build}/qforge
@@ -117,6 +117,25 @@ sleep 0.3
 kill -TERM "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 ls "$d"/q8.gguf.tmp.* >/dev/null 2>&1 && bad quantize_sigterm_no_temp || ok quantize_sigterm_no_temp
+# SIGINT (Ctrl-C) the same way: a script's background job ignores SIGINT, so env restores the
+# default disposition first (the process must then die of it and leave no temp file)
+env --default-signal=INT "$qf" quantize "$M" "$d/qi.gguf" q8_0 >/dev/null 2>&1 &
+pid=$!
+sleep 0.3
+kill -INT "$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+ls "$d"/qi.gguf.tmp.* >/dev/null 2>&1 && bad quantize_sigint_no_temp || ok quantize_sigint_no_temp
+# kill -9 cannot be caught: the target is never partial (absent, or complete if quantize had
+# finished), and the temp file it may leave is swept by the next quantize of that target
+"$qf" quantize "$M" "$d/k9.gguf" q8_0 >/dev/null 2>&1 &
+pid=$!
+sleep 0.3
+kill -KILL "$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+if [ ! -e "$d/k9.gguf" ] || "$qf" info "$d/k9.gguf" >/dev/null 2>&1; then ok quantize_kill9_target_never_partial
+else bad quantize_kill9_target_never_partial; fi
+expect quantize_after_kill9 0 "wrote" "$qf" quantize "$M" "$d/k9.gguf" q8_0
+ls "$d"/k9.gguf.tmp.* >/dev/null 2>&1 && bad quantize_kill9_temp_swept || ok quantize_kill9_temp_swept
 bash -c 'exit 0' &
 deadpid=$!
 wait "$deadpid"

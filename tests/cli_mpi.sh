@@ -46,6 +46,13 @@ for n in 2 ${full:+3}; do
         ok "ppl -np $n: the same output as one process ($(grep Final "$d/ppl.$n"))"
     else bad "ppl -np $n differs"; diff "$d/ppl.0" "$d/ppl.$n" | head -5; tail -3 "$d/err"; fi
 done
+# the ranks meet once per window of rounds (all of them by default): windows of 1 and 2 rounds
+# (5 chunks on 2 ranks: 3 rounds, the last one half empty) print the same bytes
+for w in 1 2; do
+    QF_PPL_WINDOW_ROUNDS=$w "${mpi[@]}" -x QF_PPL_WINDOW_ROUNDS -np 2 "${ppl[@]}" >"$d/pplw.$w" 2>"$d/err"
+    if [ $? -eq 0 ] && cmp -s "$d/ppl.0" "$d/pplw.$w"; then ok "ppl -np 2, windows of $w round(s): the same output"
+    else bad "ppl -np 2, windows of $w round(s) differ"; diff "$d/ppl.0" "$d/pplw.$w" | head -5; tail -3 "$d/err"; fi
+done
 "${ppl[@]}" --kl-divergence-base "$d/base.0" -ctk f32 -ctv f32 >/dev/null 2>&1
 "${mpi[@]}" -np 3 "${ppl[@]}" --kl-divergence-base "$d/base.3" -ctk f32 -ctv f32 >/dev/null 2>&1
 if [ -s "$d/base.0" ] && cmp -s "$d/base.0" "$d/base.3"; then ok "KL base file written by 3 ranks = one process's"

@@ -93,10 +93,20 @@ static void check_routes(const char *rel, double tol) {
     qf_model_free(m);
 }
 
-TEST(stories260k_fast_matches_reference) { check_routes("models/stories260K.gguf", 1e-4); }
+/* Without ../shared (a fresh clone) the routes are checked on the random-weight fixtures of the
+ * same shapes (tests/helpers/make_fixtures.sh, bench/gen_model_shapes): the route agreement does
+ * not depend on what the weights learned. */
+static const char *or_fixture(const char *rel, const char *fixture) { return test_data(rel) ? rel : fixture; }
+TEST(stories260k_fast_matches_reference) {
+    check_routes(or_fixture("models/stories260K.gguf", "models/synthetic-hd8-f32.gguf"), 1e-4);
+}
 TEST(demo_f16_fast_matches_reference) { check_routes("models/qforge-demo-11m-f16.gguf", 1e-3); }
-TEST(demo_q4km_fast_matches_reference) { check_routes("models/qforge-demo-11m-q4_k_m.gguf", 1e-3); }
-TEST(qwen2_fast_matches_reference) { check_routes("models/qforge-demo-qwen2-5m-f16.gguf", 1e-3); }
+/* 5e-2: its Q8_0 / Q4_K / Q6_K tensors take the int8 GEMM (kernels/gemm.h) on AVX-512 VNNI CPUs, which quantizes
+ * the activations to Q8_0 as decode and ggml do */
+TEST(demo_q4km_fast_matches_reference) { check_routes("models/qforge-demo-11m-q4_k_m.gguf", 5e-2); }
+TEST(qwen2_fast_matches_reference) {
+    check_routes(or_fixture("models/qforge-demo-qwen2-5m-f16.gguf", "models/synthetic-qwen2-f16.gguf"), 1e-3);
+}
 
 TEST(kv_modes_close_to_f32) {
     qf_model *m = load("models/qforge-demo-11m-f16.gguf");

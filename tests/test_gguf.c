@@ -324,6 +324,9 @@ TEST(hostile_headers) {
     s = base_spec(); s.dup_key = true; expect_fail(&s, "kv 2 'general.architecture'", "duplicate key");
     s = base_spec(); s.n_dims = 5; expect_fail(&s, "tensor 0 'w'", "n_dims");
     s = base_spec(); s.n_dims = 0; expect_fail(&s, "tensor 0 'w'", "n_dims");
+    /* issue 14: fuzz_gguf found a zero-byte tensor accepted by the reader (its harness then read
+     * d[nbytes - 1]); every dimension must be positive, so no valid tensor is empty */
+    s = base_spec(); s.ne[0] = 0; expect_fail(&s, "tensor 0 'w'", "ne[0] = 0");
     s = base_spec(); s.ne[1] = 0; expect_fail(&s, "tensor 0 'w'", "ne[1] = 0");
     s = base_spec(); s.ne[0] = -32; expect_fail(&s, "tensor 0 'w'", "ne[0] = -32");
     s = base_spec(); s.ne[0] = 1ll << 40; s.ne[1] = 1ll << 40; expect_fail(&s, "tensor 0 'w'", "overflow");

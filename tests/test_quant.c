@@ -4,6 +4,7 @@
  * tensors: dequantize and quantize bit-exact, vec_dot within 1e-5 of sum|w*x|. */
 #include <stdint.h>
 
+#include "kernels/gemm.h"
 #include "kernels/quant_impl.h"
 #include "qforge/gguf.h"
 #include "qforge/quant.h"
@@ -316,7 +317,10 @@ TEST(real_q4_k_m) { check_model("models/qforge-demo-11m-q4_k_m.gguf", 64); }
 TEST(real_qwen2_q4_k_m) { check_model("models/qforge-demo-qwen2-5m-q4_k_m.gguf", 64); }
 TEST(real_q8_0) { check_model("models/qforge-demo-11m-q8_0.gguf", 32); }
 TEST(real_f16) { check_model("models/qforge-demo-11m-f16.gguf", 32); }
-TEST(real_f32) { check_model("models/stories260K.gguf", 64); }
+/* an f32 model: stories260K, or without ../shared the random-weight fixture of its shape */
+TEST(real_f32) {
+    check_model(test_data("models/stories260K.gguf") ? "models/stories260K.gguf" : "models/synthetic-hd8-f32.gguf", 64);
+}
 
 /* The quantized demo models against their f16 original: a wrong block layout or scale
  * unpacking shows up as an error near 100%, the right one as the format's quantization noise. */
@@ -376,6 +380,169 @@ TEST(layout_qwen2_q4_k_m_vs_f16) {
     check_layout_vs_f16("models/qforge-demo-qwen2-5m-f16.gguf", "models/qforge-demo-qwen2-5m-q4_k_m.gguf");
 }
 
+/* The integer prefill GEMM (kernels/gemm.h): the oracle against qf_vec_dot_ref with the same
+ * Q8_0 activations (double precision; only float rounding may differ), and the AVX-512 VNNI
+ * kernel bit-identical to the oracle, over row counts that leave partial panels and token
+ * counts that leave partial groups of 8, with extreme quants (Q8_0 -128 / 127, Q4_0 0 / 15). */
+static void check_gemm(qf_type wt, int64_t K, int N, int n) {
+    size_t rb = qf_row_bytes(wt, K), stride = qf_gemm_act_stride(K);
+    uint8_t *w = qf_malloc_aligned(rb * (size_t)N);
+    float *x = qf_malloc_aligned((size_t)n * K * 4);
+    uint8_t *act = qf_malloc_aligned(stride * (size_t)n);
+    uint8_t *xq = qf_malloc_aligned(qf_row_bytes(QF_TYPE_Q8_0, K) * (size_t)n);
+    void *tmp = qf_malloc_aligned(qf_row_bytes(QF_TYPE_Q8_0, K));
+    float *yr = qf_malloc_aligned((size_t)n * N * 4), *yf = qf_malloc_aligned((size_t)n * N * 4);
+    void *scratch = qf_malloc_aligned(qf_gemm_scratch_bytes(wt, K, N));
+    for (int r = 0; r < N; r++) random_row(wt, w + (size_t)r * rb, K);
+    if (wt == QF_TYPE_Q8_0) { /* the extremes of the signed range */
+        block_q8_0 *b0 = (block_q8_0 *)(void *)w;
+        b0->qs[0] = -128, b0->qs[1] = 127, b0->qs[31] = -128;
+    } else {
+        block_q4_0 *b0 = (block_q4_0 *)(void *)w;
+        b0->qs[0] = 0xF0, b0->qs[15] = 0x0F;
+    }
+    for (int64_t i = 0; i < (int64_t)n * K; i++) x[i] = rndf() * (i % 7 == 0 ? 10.0f : 1.0f);
+    qf_gemm_quantize_act(wt, x, K, 0, n, act, tmp);
+    { /* the fast activation quantizer is bit-identical to the scalar one (qf_quantize_row) */
+        uint8_t *act_ref = qf_malloc_aligned(stride * (size_t)n);
+        memset(act_ref, 0, stride * (size_t)n);
+        qf_quant_force_scalar(true);
+        qf_gemm_quantize_act(wt, x, K, 0, n, act_ref, tmp);
+        qf_quant_force_scalar(false);
+        size_t used = (size_t)K + (size_t)(K / 32) * 8, bad = 0;
+        for (int t = 0; t < n; t++) bad += memcmp(act + (size_t)t * stride, act_ref + (size_t)t * stride, used) != 0;
+        CHECK_MSG(bad == 0, "%s: %zu activation rows differ from the scalar quantizer", qf_type_name(wt), bad);
+        free(act_ref);
+    }
+    for (int t = 0; t < n; t++)
+        CHECK(qf_quantize_row(QF_TYPE_Q8_0, x + (size_t)t * K, xq + (size_t)t * qf_row_bytes(QF_TYPE_Q8_0, K), K));
+    qf_gemm_q8_rows_ref(wt, w, rb, K, 0, N, act, n, yr, N);
+    double worst = 0;
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < N; r++) {
+            const uint8_t *wr = w + (size_t)r * rb, *xr = xq + (size_t)t * qf_row_bytes(QF_TYPE_Q8_0, K);
+            double ref = qf_vec_dot_ref(wt, K, wr, xr);
+            float wf[4096], xf[4096];
+            qf_dequantize_row_ref(wt, wr, wf, K);
+            qf_dequantize_row_ref(QF_TYPE_Q8_0, xr, xf, K);
+            double mag = 0;
+            for (int64_t i = 0; i < K; i++) mag += fabs((double)wf[i] * xf[i]);
+            double e = fabs(yr[(size_t)t * N + r] - ref) / (mag > 0 ? mag : 1);
+            if (e > worst) worst = e;
+            /* the decode dot (AVX-512 VNNI where present: two blocks per step, odd last block) */
+            e = fabs(qf_vec_dot(wt, K, wr, xr) - ref) / (mag > 0 ? mag : 1);
+            if (e > worst) worst = e;
+        }
+    CHECK_MSG(worst < 1e-5, "%s gemm oracle vs vec_dot_ref: %.3e of sum|w*x|", qf_type_name(wt), worst);
+    if (qf_gemm_q8_supported(wt)) {
+        /* rows [3, N) into a matrix of stride N: a partial first panel of the tile too */
+        for (size_t i = 0; i < (size_t)n * N; i++) yf[i] = -1.0f;
+        qf_gemm_q8_rows(wt, w, rb, K, 0, 3, act, n, yf, N, scratch);
+        qf_gemm_q8_rows(wt, w, rb, K, 3, N, act, n, yf, N, scratch);
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t)n * N; i++) bad += memcmp(&yf[i], &yr[i], 4) != 0;
+        CHECK_MSG(bad == 0, "%s gemm avx512 vs oracle: %zu of %zu differ", qf_type_name(wt), bad, (size_t)n * N);
+    } else {
+        printf("  (no AVX-512 VNNI here: the fast %s gemm is not run)\n", qf_type_name(wt));
+    }
+    free(w), free(x), free(act), free(xq), free(tmp), free(yr), free(yf), free(scratch);
+}
+
+TEST(gemm_q8_vs_oracle) {
+    CHECK(qf_gemm_q8_type(QF_TYPE_Q8_0) && qf_gemm_q8_type(QF_TYPE_Q4_0) && !qf_gemm_q8_type(QF_TYPE_F16));
+    CHECK(!qf_gemm_q8_supported(QF_TYPE_Q4_K));
+    const qf_type ts[] = {QF_TYPE_Q8_0, QF_TYPE_Q4_0};
+    for (int i = 0; i < 2; i++) {
+        check_gemm(ts[i], 32, 1, 1);
+        check_gemm(ts[i], 96, 5, 3); /* an odd number of blocks */
+        check_gemm(ts[i], 256, 37, 19);
+        check_gemm(ts[i], 2048, 50, 70); /* > one 64-token block */
+    }
+    qf_quant_force_scalar(true);
+    CHECK(!qf_gemm_q8_supported(QF_TYPE_Q8_0));
+    qf_quant_force_scalar(false);
+}
+
+/* The f16 prefill GEMM: the fast kernel (AVX-512, lanes over k) against the double-precision
+ * oracle within 1e-5 of sum|w*x|, over partial row groups (N % 4), partial token groups (n % 6)
+ * and more than one K block (K > QF_GEMM_F16_KB). */
+static void check_gemm_f16(int64_t K, int N, int n) {
+    uint16_t *w = qf_malloc_aligned((size_t)N * K * 2);
+    float *x = qf_malloc_aligned((size_t)n * K * 4), *yr = qf_malloc_aligned((size_t)n * N * 4),
+          *yf = qf_malloc_aligned((size_t)n * N * 4);
+    for (int64_t i = 0; i < (int64_t)N * K; i++) w[i] = qf_f32_to_f16(rndf());
+    for (int64_t i = 0; i < (int64_t)n * K; i++) x[i] = rndf() * (i % 5 == 0 ? 8.0f : 1.0f);
+    qf_gemm_f16_rows_ref(w, (size_t)K * 2, K, 0, N, x, n, yr, N);
+    qf_gemm_f16_rows(w, (size_t)K * 2, K, 0, 1, x, n, yf, N);
+    qf_gemm_f16_rows(w, (size_t)K * 2, K, 1, N, x, n, yf, N);
+    double worst = 0;
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < N; r++) {
+            double mag = 0;
+            for (int64_t k = 0; k < K; k++) mag += fabs((double)qf_f16_to_f32(w[(size_t)r * K + k]) * x[(size_t)t * K + k]);
+            double e = fabs((double)yf[(size_t)t * N + r] - yr[(size_t)t * N + r]) / (mag > 0 ? mag : 1);
+            if (e > worst) worst = e;
+        }
+    CHECK_MSG(worst < 1e-5, "f16 gemm K=%lld N=%d n=%d: %.3e of sum|w*x|", (long long)K, N, n, worst);
+    free(w), free(x), free(yr), free(yf);
+}
+
+TEST(gemm_f16_vs_oracle) {
+    if (!qf_gemm_f16_supported()) printf("  (no AVX-512 here: qf_gemm_f16_rows is the oracle itself)\n");
+    check_gemm_f16(16, 1, 1);
+    check_gemm_f16(256, 37, 29);
+    check_gemm_f16(QF_GEMM_F16_KB + 512, 9, 13);
+}
+
+/* The K-quant prefill GEMM: the oracle against qf_vec_dot_ref with the same Q8_K activations,
+ * the fast kernel bit-identical to the oracle (partial panels, partial groups of 6 tokens). */
+static void check_gemm_k(qf_type wt, int64_t K, int N, int n) {
+    size_t rb = qf_row_bytes(wt, K), stride = qf_gemm_k_act_stride(K), xrb = qf_row_bytes(QF_TYPE_Q8_K, K);
+    uint8_t *w = qf_malloc_aligned(rb * (size_t)N), *act = qf_malloc_aligned(stride * (size_t)n),
+            *xq = qf_malloc_aligned(xrb * (size_t)n);
+    float *x = qf_malloc_aligned((size_t)n * K * 4), *yr = qf_malloc_aligned((size_t)n * N * 4),
+          *yf = qf_malloc_aligned((size_t)n * N * 4), *wf = qf_malloc_aligned((size_t)K * 4),
+          *xf = qf_malloc_aligned((size_t)K * 4);
+    void *tmp = qf_malloc_aligned(xrb), *scratch = qf_malloc_aligned(qf_gemm_k_scratch_bytes(wt, K, N));
+    for (int r = 0; r < N; r++) random_row(wt, w + (size_t)r * rb, K);
+    for (int64_t i = 0; i < (int64_t)n * K; i++) x[i] = rndf() * (i % 7 == 0 ? 10.0f : 1.0f);
+    qf_gemm_k_quantize_act(x, K, 0, n, act, tmp);
+    for (int t = 0; t < n; t++) CHECK(qf_quantize_row(QF_TYPE_Q8_K, x + (size_t)t * K, xq + (size_t)t * xrb, K));
+    qf_gemm_k_rows_ref(wt, w, rb, K, 0, N, act, n, yr, N);
+    double worst = 0;
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < N; r++) {
+            const uint8_t *wr = w + (size_t)r * rb, *xr = xq + (size_t)t * xrb;
+            double ref = qf_vec_dot_ref(wt, K, wr, xr);
+            qf_dequantize_row_ref(wt, wr, wf, K);
+            qf_dequantize_row_ref(QF_TYPE_Q8_K, xr, xf, K);
+            double mag = 0;
+            for (int64_t i = 0; i < K; i++) mag += fabs((double)wf[i] * xf[i]);
+            double e = fabs(yr[(size_t)t * N + r] - ref) / (mag > 0 ? mag : 1);
+            if (e > worst) worst = e;
+        }
+    CHECK_MSG(worst < 1e-5, "%s gemm oracle vs vec_dot_ref: %.3e of sum|w*x|", qf_type_name(wt), worst);
+    if (qf_gemm_k_supported(wt)) {
+        for (size_t i = 0; i < (size_t)n * N; i++) yf[i] = -1.0f;
+        qf_gemm_k_rows(wt, w, rb, K, 0, 5, act, n, yf, N, scratch);
+        qf_gemm_k_rows(wt, w, rb, K, 5, N, act, n, yf, N, scratch);
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t)n * N; i++) bad += memcmp(&yf[i], &yr[i], 4) != 0;
+        CHECK_MSG(bad == 0, "%s gemm avx512 vs oracle: %zu of %zu differ", qf_type_name(wt), bad, (size_t)n * N);
+    }
+    free(w), free(act), free(xq), free(x), free(yr), free(yf), free(wf), free(xf), free(tmp), free(scratch);
+}
+
+TEST(gemm_k_vs_oracle) {
+    CHECK(qf_gemm_k_type(QF_TYPE_Q4_K) && qf_gemm_k_type(QF_TYPE_Q6_K) && !qf_gemm_k_type(QF_TYPE_Q5_K));
+    const qf_type ts[] = {QF_TYPE_Q4_K, QF_TYPE_Q6_K};
+    for (int i = 0; i < 2; i++) {
+        check_gemm_k(ts[i], 256, 1, 1);
+        check_gemm_k(ts[i], 512, 37, 19);
+        check_gemm_k(ts[i], 2048, 20, 70);
+    }
+}
+
 int main(void) {
     RUN(type_table);
     RUN(bad_input_is_refused);
@@ -383,6 +550,9 @@ int main(void) {
     RUN(quantize_round_trip);
     RUN(force_scalar);
     RUN(random_fast_vs_oracle);
+    RUN(gemm_q8_vs_oracle);
+    RUN(gemm_f16_vs_oracle);
+    RUN(gemm_k_vs_oracle);
     RUN(real_q4_k_m);
     RUN(real_qwen2_q4_k_m);
     RUN(real_q8_0);

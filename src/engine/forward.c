@@ -21,6 +21,7 @@
 
 #include "engine.h"
 #include "kernels/blas.h"
+#include "kernels/gemm.h"
 #include "engine/gpu.h"
 #include "kernels/vecmath.h"
 
@@ -68,6 +69,7 @@ typedef struct qf_context_ext {
      * layout; only the sink rows and the window rows of the batch are filled (kv.n_sink/n_window) */
     float *ekbuf, *evbuf;
     float *kr_cos, *kr_sin; /* pre-RoPE K cache: [n_ctx][n_rot/2] tables for every position, or NULL */
+    uint8_t *gact; /* int8 GEMM activations (kernels/gemm.h): n_batch rows of the widest input */
 } ctx_ext;
 
 static ctx_ext *ext(qf_context *c) { return (ctx_ext *)c; }
@@ -86,7 +88,7 @@ void qf_context_free(qf_context *c) {
     free(e->vecs.output_norm);
     free(e->vecs.rope_ff);
     free(e->kr_cos), free(e->kr_sin);
-    free(e->kbuf), free(e->vbuf), free(e->ekbuf), free(e->evbuf);
+    free(e->kbuf), free(e->vbuf), free(e->ekbuf), free(e->evbuf), free(e->gact);
     qf_kv_cache_free(&c->kv);
     free(c->x), free(c->xn), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
         free(c->hb2), free(c->xq), free(c->rope_cos), free(c->rope_sin);
@@ -151,6 +153,8 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     e->vbuf = qf_malloc_aligned((size_t)hp->n_head_kv * c->params.n_ctx * hp->head_dim * 4);
     e->ekbuf = qf_malloc_aligned((size_t)hp->n_head_kv * c->params.n_ctx * hp->head_dim * 4);
     e->evbuf = qf_malloc_aligned((size_t)hp->n_head_kv * c->params.n_ctx * hp->head_dim * 4);
+    size_t gs = qf_gemm_act_stride((int64_t)maxK), gks = qf_gemm_k_act_stride((int64_t)maxK);
+    e->gact = qf_malloc_aligned(B * (gs > gks ? gs : gks));
     /* per-thread scratch: a weight tile (TILE_ROWS x maxK) or one attention score block */
     size_t tile = (size_t)TILE_ROWS * maxK;
     size_t scores = B * (size_t)c->params.n_ctx;
@@ -158,7 +162,7 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     int nthr = qf_pool_size(c->pool);
     c->thr_buf = calloc((size_t)nthr + 1, sizeof(float *));
     if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->hb || !c->hb2 || !c->rope_cos ||
-        !c->rope_sin || !c->xq || !e->kbuf || !e->vbuf || !e->ekbuf || !e->evbuf || !c->thr_buf)
+        !c->rope_sin || !c->xq || !e->kbuf || !e->vbuf || !e->ekbuf || !e->evbuf || !e->gact || !c->thr_buf)
         goto oom;
     for (int i = 0; i < nthr; i++)
         if (!(c->thr_buf[i] = qf_malloc_aligned(c->thr_buf_floats * 4))) goto oom;
@@ -218,7 +222,7 @@ typedef struct {
     const float *x;
     float *y;
     int n;
-    int route; /* 0 gemm, 1 vec_dot, 2 reference */
+    int route; /* 0 gemm, 1 vec_dot, 2 reference, 3 int8 gemm (kernels/gemm.h), 4 its activations */
     size_t xq_row;
 } mm_job;
 
@@ -232,10 +236,26 @@ static void mm_worker(void *arg, int ith, int nth) {
     int64_t r0 = t0 * TILE_ROWS, r1 = t1 * TILE_ROWS < N ? t1 * TILE_ROWS : N;
     float *buf = j->c->thr_buf[ith];
     const uint8_t *wd = w->data;
-    if (j->route == 0) {
+    if (j->route == 4) { /* quantize this thread's share of the tokens for route 3 */
+        int64_t a0, a1;
+        qf_split_range(j->n, ith, nth, &a0, &a1);
+        if (qf_gemm_k_type(w->type)) qf_gemm_k_quantize_act(j->x, K, (int)a0, (int)a1, ext(j->c)->gact, buf);
+        else qf_gemm_quantize_act(w->type, j->x, K, (int)a0, (int)a1, ext(j->c)->gact, buf);
+    } else if (j->route == 3) {
+        for (int64_t r = r0; r < r1; r += TILE_ROWS) { /* one packed tile in buf at a time */
+            int64_t re = r1 - r < TILE_ROWS ? r1 : r + TILE_ROWS;
+            if (qf_gemm_k_type(w->type)) qf_gemm_k_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, j->y, N, buf);
+            else qf_gemm_q8_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, j->y, N, buf);
+        }
+    } else if (j->route == 0) {
         for (int64_t r = r0; r < r1; r += TILE_ROWS) {
             int64_t tr = r1 - r < TILE_ROWS ? r1 - r : TILE_ROWS;
             const float *wt;
+            if (w->type == QF_TYPE_F16 && K % 16 == 0 && qf_gemm_f16_supported()) {
+                /* f16 converted in registers, AVX-512 FMA micro-kernel (kernels/gemm.h) */
+                qf_gemm_f16_rows(wd, w->row_bytes, K, r, r + tr, j->x, j->n, j->y, N);
+                continue;
+            }
             if (w->type == QF_TYPE_F32) wt = (const float *)(wd + (size_t)r * w->row_bytes);
             else {
                 for (int64_t i = 0; i < tr; i++)
@@ -267,7 +287,13 @@ static void mm_worker(void *arg, int ith, int nth) {
 static void matmul(qf_context *c, const qf_weight *w, const float *x, int n, float *y) {
     mm_job j = {.c = c, .w = w, .x = x, .y = y, .n = n};
     if (c->params.reference) j.route = 2;
-    else if (n >= GEMM_MIN_TOKENS) j.route = 0;
+    else if (n >= GEMM_MIN_TOKENS && (qf_gemm_q8_supported(w->type) || qf_gemm_k_supported(w->type))) {
+        /* Q8_0 / Q4_0 / Q4_K / Q6_K: activations to Q8_0 or Q8_K (as decode and ggml do), then the
+         * int8 VNNI GEMM */
+        j.route = 4;
+        qf_pool_run(c->pool, mm_worker, &j);
+        j.route = 3;
+    } else if (n >= GEMM_MIN_TOKENS) j.route = 0;
     else {
         j.route = 1;
         qf_type vt = qf_vec_dot_type(w->type);

@@ -33,6 +33,23 @@ static double log_softmax_tok(const float *logits, int n_vocab, int tok) {
     return (double)(logits[tok] - mx) - log(sum);
 }
 
+/* The scored rows' log-softmax, split over the context's thread pool by rows: each row is
+ * log_softmax_tok exactly, so the result does not depend on the number of threads. */
+typedef struct {
+    const float *logits;
+    const int32_t *next;
+    double *nll;
+    int n_vocab, n;
+} nll_job;
+
+static void nll_worker(void *arg, int ith, int nth) {
+    nll_job *j = arg;
+    int64_t k0, k1;
+    qf_split_range(j->n, ith, nth, &k0, &k1);
+    for (int64_t k = k0; k < k1; k++)
+        j->nll[k] = -log_softmax_tok(j->logits + (size_t)k * j->n_vocab, j->n_vocab, j->next[k]);
+}
+
 /* The error for a NaN/Inf negative log-likelihood: a number that is not a result is never
  * averaged into one. Real weights never produce it; damaged ones (a tensor type relabelled
  * with sizes still consistent, NaN/Inf bit patterns in the data) do. */
@@ -45,11 +62,12 @@ static qf_status non_finite(qf_error *err, int chunk, int pos) {
 /* The sharded loop (docs/mpi.md): chunk i runs on rank i % N, in rounds of N chunks. Each
  * chunk's results travel as one fixed-size record: its n_score negative log-likelihoods
  * (double), its KL positions (reading) and its encoded base rows (writing, unless each rank
- * keeps its own local base file). After every round the records are gathered to rank 0,
- * which adds them in chunk order, exactly the additions one process makes, prints the
- * running value and writes the rows; so every printed digit is the same for any N. With one
- * rank this is the plain loop. A failure on any rank is agreed after the round and returned
- * on every rank, naming the rank. */
+ * keeps its own local base file). Each rank runs its chunks of a window of rounds
+ * (ppl_window_rounds: all of them unless the records are wide) without meeting the others;
+ * then the records are gathered to rank 0, which adds them in chunk order, exactly the
+ * additions one process makes, prints the running value and writes the rows; so every
+ * printed digit is the same for any N. With one rank this is the plain loop. A failure on any
+ * rank is agreed at the end of the window and returned on every rank, naming the rank. */
 typedef struct {
     qf_context *c;
     const int32_t *tokens;
@@ -78,20 +96,42 @@ static qf_status ppl_chunk(ppl_run *u, qf_kld_state *kl, int i, int own_idx, uin
             if (!isfinite(nll[k])) return non_finite(err, i, first + k);
         return QF_OK;
     }
-    for (int j = 0; j < n_ctx && !st; j += n_batch) {
-        int bs = n_ctx - j < n_batch ? n_ctx - j : n_batch;
+    /* the chunk's last token predicts nothing that is scored: n_ctx - 1 tokens are evaluated
+     * (its logits row would be dropped; llama.cpp evaluates it and drops it) */
+    const int n_eval = n_ctx - 1;
+    for (int j = 0; j < n_eval && !st; j += n_batch) {
+        int bs = n_eval - j < n_batch ? n_eval - j : n_batch;
         int from = first - j > 0 ? first - j : 0; /* first batch row that needs logits */
         float *dst = from < bs ? u->logits + (size_t)(j + from - first) * u->n_vocab : NULL;
         st = qf_decode(c, u->chunk + j, bs, j, dst, from, err);
     }
     if (st) return st;
-    for (int k = 0; k < u->n_score; k++) {
-        nll[k] = -log_softmax_tok(u->logits + (size_t)k * u->n_vocab, u->n_vocab, next[k]);
+    nll_job nj = {.logits = u->logits, .next = next, .nll = nll, .n_vocab = u->n_vocab, .n = u->n_score};
+    qf_pool_run(c->pool, nll_worker, &nj);
+    for (int k = 0; k < u->n_score; k++)
         if (!isfinite(nll[k])) return non_finite(err, i, first + k);
-    }
     return qf_kld_chunk(kl, u->logits, next, u->n_score, kl->local ? own_idx : i,
                      kl->writing && !kl->local ? (uint16_t *)(void *)(rec + u->off_rows) : NULL,
                      (qf_kld_pos *)(void *)(rec + u->off_pos), err);
+}
+
+/* Rounds per window of the sharded loop: how many of its chunks a rank runs before the records
+ * are gathered to rank 0. One process: 1 (its running output appears chunk by chunk, as
+ * before). Several: as many rounds as fit in 256 MiB of records on rank 0 (all of them for a
+ * plain PPL or KLD run: a record is a few KB), so the ranks meet once at the end instead of
+ * once per round; only the wide records of a base file written through rank 0 (n_vocab rows)
+ * are gathered in smaller windows. The rounds and the order of the additions do not change,
+ * so neither does any printed digit. */
+static int ppl_window_rounds(int n_rank, int n_round, size_t rec_bytes) {
+    if (n_rank <= 1 || n_round <= 1) return 1;
+    /* QF_PPL_WINDOW_ROUNDS=k forces windows of k rounds (tests/cli_mpi.sh: any window gives
+     * the same bytes); the same value must reach every rank (mpirun passes the environment) */
+    const char *force = getenv("QF_PPL_WINDOW_ROUNDS");
+    if (force && atoi(force) > 0) return atoi(force) < n_round ? atoi(force) : n_round;
+    const size_t budget = (size_t)256 << 20;
+    size_t per_round = rec_bytes * (size_t)n_rank, w = per_round ? budget / per_round : (size_t)n_round;
+    if (w < 1) w = 1;
+    return w < (size_t)n_round ? (int)w : n_round;
 }
 
 static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_tokens, const qf_ppl_params *p,
@@ -132,11 +172,13 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     u.off_pos = (size_t)n_score * sizeof(double);
     u.off_rows = u.off_pos + (kl.reading ? (size_t)n_score * sizeof(qf_kld_pos) : 0);
     u.rec_bytes = u.off_rows + (kl.writing && !kl.local ? (size_t)n_score * kl.nv * sizeof(uint16_t) : 0);
+    int n_round = (n_chunk + n_rank - 1) / n_rank;
+    const int win = ppl_window_rounds(n_rank, n_round, u.rec_bytes);
     if (!st) {
         u.logits = malloc((size_t)(n_ctx - first) * n_vocab * sizeof(float));
         u.chunk = malloc((size_t)n_ctx * sizeof(int32_t));
-        rec = calloc(1, u.rec_bytes);
-        all = rank == 0 ? malloc(u.rec_bytes * n_rank) : NULL;
+        rec = calloc((size_t)win, u.rec_bytes);
+        all = rank == 0 ? malloc(u.rec_bytes * (size_t)win * (size_t)n_rank) : NULL;
         if (!u.logits || !u.chunk || !rec || (rank == 0 && !all))
             st = qf_fail(err, QF_ERR_NOMEM, "perplexity: out of memory for %d x %d logits", n_ctx - first, n_vocab);
     }
@@ -149,34 +191,43 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     if ((st = qf_par_agree(st, err))) agreed = true;
     if (bar_on) qf_progress_begin(&bar, "ppl", n_chunk);
     double t0 = qf_now_sec();
-    int n_round = (n_chunk + n_rank - 1) / n_rank;
-    for (int round = 0; round < n_round && !agreed; round++) {
-        int i = round * n_rank + rank;
-        if (!st && i < n_chunk) st = qf_par_injected("perplexity", err);
-        if (!st && i < n_chunk) st = ppl_chunk(&u, &kl, i, round, rec, err);
+    for (int w0 = 0; w0 < n_round && !agreed; w0 += win) {
+        const int nr = n_round - w0 < win ? n_round - w0 : win; /* rounds in this window: equal on every rank */
+        /* this rank's chunks of the window, with no collective in between: a rank never
+         * waits for another until the window ends */
+        for (int k = 0; k < nr && !st; k++) {
+            int i = (w0 + k) * n_rank + rank;
+            if (i >= n_chunk) break;
+            st = qf_par_injected("perplexity", err);
+            if (!st) st = ppl_chunk(&u, &kl, i, w0 + k, rec + (size_t)k * u.rec_bytes, err);
+        }
         if ((st = qf_par_agree(st, err))) {
             agreed = true;
             break;
         }
-        if ((st = qf_par_gather(rec, u.rec_bytes, all, err))) break;
-        for (int q = 0; rank == 0 && q < n_rank && !st; q++) {
-            int ci = round * n_rank + q;
-            if (ci >= n_chunk) break;
-            const uint8_t *cr = all + (size_t)q * u.rec_bytes;
-            const double *v = (const double *)(const void *)cr;
-            for (int k = 0; k < n_score; k++) {
-                nll += v[k];
-                nll2 += v[k] * v[k];
+        /* rank q's block holds its records of rounds w0 .. w0+nr-1; rank 0 adds them in chunk order */
+        const size_t blk = (size_t)nr * u.rec_bytes;
+        if ((st = qf_par_gather(rec, blk, all, err))) break;
+        for (int k = 0; k < nr && rank == 0 && !st; k++) {
+            for (int q = 0; q < n_rank && !st; q++) {
+                int ci = (w0 + k) * n_rank + q;
+                if (ci >= n_chunk) break;
+                const uint8_t *cr = all + (size_t)q * blk + (size_t)k * u.rec_bytes;
+                const double *v = (const double *)(const void *)cr;
+                for (int j = 0; j < n_score; j++) {
+                    nll += v[j];
+                    nll2 += v[j] * v[j];
+                }
+                count += n_score;
+                if (kl.reading) qf_kld_accumulate(&kl, (const qf_kld_pos *)(const void *)(cr + u.off_pos), n_score);
+                if (kl.writing && !kl.local)
+                    st = qf_kld_write_rows(&kl, (const uint16_t *)(const void *)(cr + u.off_rows), n_score, err);
+                if (p->log) {
+                    fprintf(p->log, "[%d]%.4lf,", ci + 1, exp(nll / (double)count));
+                    fflush(p->log);
+                }
+                if (bar_on) qf_progress_update(&bar, ci + 1);
             }
-            count += n_score;
-            if (kl.reading) qf_kld_accumulate(&kl, (const qf_kld_pos *)(const void *)(cr + u.off_pos), n_score);
-            if (kl.writing && !kl.local)
-                st = qf_kld_write_rows(&kl, (const uint16_t *)(const void *)(cr + u.off_rows), n_score, err);
-            if (p->log) {
-                fprintf(p->log, "[%d]%.4lf,", ci + 1, exp(nll / (double)count));
-                fflush(p->log);
-            }
-            if (bar_on) qf_progress_update(&bar, ci + 1);
         }
     }
     double secs = qf_now_sec() - t0;

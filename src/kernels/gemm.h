@@ -1,0 +1,103 @@
+/* gemm.h: the integer prefill GEMM for Q8_0 / Q4_0 weights (docs/kernels.md, "int8 GEMM").
+ *
+ *   y[t][r] = sum over blocks b of  (d_w[r][b] * d_x[t][b]) * isum(r, t, b)      (f32, in block order)
+ *
+ * where the activations x[t] are quantized to Q8_0 exactly as the decode path (qf_quantize_row)
+ * and isum is the exact integer dot of the block's quants. This is ggml's math for Q8_0/Q4_0
+ * weights (llama.cpp quantizes activations to Q8_0 for these types too), done as a GEMM:
+ * the weight rows are repacked per panel of QF_GEMM_NR rows so that one 512-bit VNNI
+ * instruction (vpdpbusd) multiplies 4 quants of 16 rows by 4 quants of one token.
+ *
+ * The integer trick: vpdpbusd multiplies unsigned by signed bytes, so the weight side is made
+ * unsigned (Q8_0: w + 128, i.e. w ^ 0x80; Q4_0: the raw nibble q, value q - 8) and the offset is
+ * taken back through the activation's block sum: isum = sum u*x - off * sum x (off 128 or 8),
+ * stored per activation block as `corr`. Exact in int32 for any block.
+ *
+ * qf_gemm_q8_rows_ref is the scalar oracle: the same sums in the same order with fmaf, so the
+ * fast kernel is bit-identical to it (tests/test_quant.c), and the oracle itself is checked
+ * against qf_vec_dot_ref (double-precision) within float rounding. */
+#ifndef QF_KERNELS_GEMM_H
+#define QF_KERNELS_GEMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qforge/quant.h"
+
+#define QF_GEMM_NR 16 /* weight rows per panel (one zmm of int32 lanes) */
+
+/* True when the fast integer GEMM exists for weight type t on this CPU (AVX-512 F/BW/VL +
+ * VNNI, and qf_quant_force_scalar off). Types: Q8_0, Q4_0. */
+bool qf_gemm_q8_supported(qf_type t);
+/* True for the types the oracle knows (Q8_0, Q4_0), whatever the CPU. */
+bool qf_gemm_q8_type(qf_type t);
+
+/* Bytes of one quantized activation row of K elements (K a multiple of 32): K int8 quants,
+ * K/32 f32 scales, K/32 int32 corrections, padded to 64 bytes. */
+size_t qf_gemm_act_stride(int64_t K);
+
+/* Quantize rows [t0, t1) of x[.][K] (row stride K floats) for weight type wt into act (row stride
+ * qf_gemm_act_stride(K)). tmp: scratch of at least qf_row_bytes(Q8_0, K) bytes. The quants are
+ * qf_quantize_row(Q8_0)'s, bit for bit. */
+void qf_gemm_quantize_act(qf_type wt, const float *x, int64_t K, int t0, int t1, uint8_t *act, void *tmp);
+
+/* Scratch bytes qf_gemm_q8_rows needs for a tile of up to `rows` weight rows of length K. */
+size_t qf_gemm_scratch_bytes(qf_type wt, int64_t K, int64_t rows);
+
+/* y[t * ldy + r] for rows r in [r0, r1) and tokens t in [0, n): w points at weight row 0 (row
+ * stride row_bytes), act at the n activation rows made by qf_gemm_quantize_act. scratch: at least
+ * qf_gemm_scratch_bytes(wt, K, r1 - r0), 64-byte aligned. Only call when qf_gemm_q8_supported(wt). */
+void qf_gemm_q8_rows(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1,
+                     const uint8_t *act, int n, float *y, int64_t ldy, void *scratch);
+
+/* The scalar oracle of qf_gemm_q8_rows (any CPU, no scratch): bit-identical results. */
+void qf_gemm_q8_rows_ref(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1,
+                         const uint8_t *act, int n, float *y, int64_t ldy);
+
+/* ---- f16 weights x f32 activations ----
+ * y[t * ldy + r] = sum_k f32(w[r][k]) * x[t][k] for rows [r0, r1) and tokens [0, n), x row stride K,
+ * K a multiple of 16. The fast kernel (AVX-512: f16 converted in registers, 4 rows x 6 tokens of
+ * f32 FMA accumulators, lanes over k, one reduction per K block of QF_GEMM_F16_KB) sums in another
+ * order than the oracle (double precision): they agree within float rounding, 1e-5 of sum|w*x|. */
+#define QF_GEMM_F16_KB 2048
+bool qf_gemm_f16_supported(void); /* AVX-512 F/BW/VL/VNNI and not forced scalar */
+void qf_gemm_f16_rows(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x, int n,
+                      float *y, int64_t ldy);
+void qf_gemm_f16_rows_ref(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x, int n,
+                          float *y, int64_t ldy);
+
+/* ---- Q4_K / Q6_K weights x Q8_K activations ----
+ * The same idea for the K-quants, with ggml's Q8_K activations (as decode): the weight quants are
+ * unpacked once per tile to unsigned bytes in element order (Q4_K: q in [0,15]; Q6_K: q in [0,63])
+ * with their integer sub-block scales, and per 256-block
+ *   Q4_K: y += (d_w*d_x) * sum_s sc_s * (q.x)_s  -  (dmin_w*d_x) * sum_s m_s * (sum x)_s   (sub-blocks of 32)
+ *   Q6_K: y += (d_w*d_x) * sum_s sc_s * ((q.x)_s - 32 (sum x)_s)                         (sub-blocks of 16)
+ * with exact int32 sums (the activation sums are Q8_K's bsums), one float conversion per block,
+ * as ggml. qf_gemm_k_rows_ref is the bit-identical oracle. */
+bool qf_gemm_k_type(qf_type t);      /* Q4_K, Q6_K */
+bool qf_gemm_k_supported(qf_type t); /* and the CPU runs the fast kernel */
+size_t qf_gemm_k_act_stride(int64_t K); /* K int8 + K/256 f32 scales + K/16 int32 sums, padded to 64 */
+/* quantize rows [t0, t1) to Q8_K (qf_quantize_row's bits) in the layout above; tmp: qf_row_bytes(Q8_K, K) */
+void qf_gemm_k_quantize_act(const float *x, int64_t K, int t0, int t1, uint8_t *act, void *tmp);
+size_t qf_gemm_k_scratch_bytes(qf_type wt, int64_t K, int64_t rows);
+void qf_gemm_k_rows(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1,
+                    const uint8_t *act, int n, float *y, int64_t ldy, void *scratch);
+void qf_gemm_k_rows_ref(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1,
+                        const uint8_t *act, int n, float *y, int64_t ldy);
+size_t qf_gemm_k_panel_bytes(qf_type wt, int64_t K);
+void qf_gemm_k_pack_panel(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r, int nrows, uint8_t *panel);
+void qf_gemm_k_panel_avx512(qf_type wt, const uint8_t *panel, int64_t K, const uint8_t *act, int t0, int t1,
+                            float *y, int64_t ldy, int nrows);
+
+/* internal: the AVX-512 VNNI panel kernel (gemm_avx512.c) and the panel packer (gemm.c) */
+size_t qf_gemm_panel_bytes(qf_type wt, int64_t K);
+void qf_gemm_pack_panel(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r, int nrows, uint8_t *panel);
+void qf_gemm_quantize_act_avx512(qf_type wt, const float *x, int64_t K, int t0, int t1, uint8_t *act);
+void qf_gemm_f16_rows_avx512(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x,
+                             int n, float *y, int64_t ldy);
+float qf_vec_dot_q8_avx512(qf_type t, int64_t n, const void *w, const void *x); /* Q8_0 / Q4_0 . Q8_0 */
+void qf_gemm_panel_avx512(qf_type wt, const uint8_t *panel, int64_t K, const uint8_t *act, int t0, int t1,
+                          float *y, int64_t ldy, int nrows);
+
+#endif
