@@ -127,6 +127,9 @@ int cli_job_flag(int argc, char **argv, int *i, qf_job *j, const char **paths, i
         if (!strcmp(val, "on")) j->rq_vpred = 1;
         else if (!strcmp(val, "off")) j->rq_vpred = 0;
         else BAD("bad --v-pred '%s' (on, off)", val);
+    } else if (FLAG("--v-pred-noise", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_double(val, 0, 10, &j->rq_vpred_noise)) BAD("bad --v-pred-noise '%s' (in [0, 10])", val);
     } else if (FLAG("--min-bits", NULL)) {
         if (r < 0) goto missing;
         if (!cli_parse_int(val, 1, 2, &j->rq_min_bits)) BAD("bad --min-bits '%s' (1, 2)", val);

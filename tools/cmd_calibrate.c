@@ -46,6 +46,7 @@ static const char *USAGE =
     "  --rq-alpha A --sens-chunks N   kv-rq: K channel smoothing exponent (0.5), sensitivity chunks (2)\n"
     "  --k-prerope on|off --min-bits B  kv-rq: keys before RoPE, allocation floor 1|2 (default: on and 1 below 3 bits)\n"
     "  --v-pred on|off   kv-rq: V predicted from the same layer's K, rows code the residual (on with pre-RoPE keys)\n"
+    "  --v-pred-noise X  kv-rq: the predictor's ridge, relative noise on the K it reads (0.2)\n"
     "  --rq-weights on|off --rq-v-alpha A   kv-rq: query/attn_output-weighted channel scales (off), V exponent (0.5)\n"
     "  --dict-version 2   kv-dict v2: keys learned and stored before RoPE, bit-packed indices\n"
     "                     (up to 4096 atoms, 12 bits), CPU only; --sparsity is the cap\n"

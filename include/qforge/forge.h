@@ -154,6 +154,7 @@ typedef struct {
     double rq_v_alpha;          /* V channel smoothing exponent with rq_qaware (default 0.5) */
     int rq_vpred;               /* V predicted from the same layer's K: 1 / -1 (default) with pre-RoPE
                                    keys, 0 never */
+    double rq_vpred_noise;      /* the V predictor's ridge: relative input noise (default 0.2) */
     int rq_min_bits;            /* the allocation's floor, 1 or 2 (0 = 1 below a 3-bit budget, else 2) */
     /* outputs */
     const char *out_path;       /* the .qfa (required for qf_job_run) */

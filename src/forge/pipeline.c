@@ -51,6 +51,7 @@ void qf_job_default(qf_job *j) {
     j->rq_prerope = -1;
     j->rq_qaware = 0;
     j->rq_vpred = -1;
+    j->rq_vpred_noise = 0.2;
     j->rq_v_alpha = 0.5;
     j->rq_min_bits = 0;
     j->dict_version = 1;
@@ -886,6 +887,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         lp.v_alpha = j->rq_v_alpha;
     }
     lp.v_pred = j->rq_vpred != 0 && rq_use_prerope(j);
+    lp.v_pred_noise = j->rq_vpred_noise;
     st = qf_kv_rq_learn(&v, &lp, &fit, err);
     free(cw[0]), free(cw[1]);
     if (!st && fit.v_pred) {
