@@ -9,9 +9,12 @@
  * 32/4096/32/8/128/14336/128256/5e5, untied output; Llama-3.2-1B 16/2048/32/8/64/8192/128256/5e5,
  * tied; Qwen2.5-0.5B (qwen2: Q/K/V bias, NEOX rope) 24/896/14/2/64/4864/151936/1e6, tied.
  * The tokenizer (tokenizer.* keys) is copied from --vocab-from (default: the embedded demo
- * model, a byte-level BPE like llama-3's); its ids are a prefix of the model's vocabulary.
+ * model, a byte-level BPE like llama-3's); its ids are a prefix of the model's vocabulary, and its
+ * per-token arrays are padded with reserved control tokens to the shape's vocabulary so that
+ * llama.cpp loads the file too (bench/bench_1b.sh runs both on it).
  * Weights: N(0, 0.02)-like values quantized with qf_quantize_row; every matrix of one type
  * shares one random pool (the values do not matter to a throughput benchmark), norms are 1. */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,7 +105,47 @@ int main(int argc, char **argv) {
         if (kv->key.len >= sizeof buf || kv->key.len < 10 || memcmp(kv->key.ptr, "tokenizer.", 10) != 0) continue;
         memcpy(buf, kv->key.ptr, kv->key.len);
         buf[kv->key.len] = 0;
-        if (qf_gguf_writer_set_value(w, buf, src, &kv->value)) return die("copying tokenizer metadata failed");
+        qf_gguf_value v = kv->value;
+        uint8_t *padded = NULL;
+        /* the per-token arrays are padded to the model's vocabulary with reserved control tokens
+         * (type 3, score 0), so that llama.cpp, which wants one token per embedding row, loads the
+         * same file; qforge reads the tokenizer as a prefix of the vocabulary either way */
+        bool per_token = !strcmp(buf, "tokenizer.ggml.tokens") || !strcmp(buf, "tokenizer.ggml.token_type") ||
+                         !strcmp(buf, "tokenizer.ggml.scores");
+        if (per_token && v.type == QF_GGUF_ARRAY && v.v.arr.count < (uint64_t)S->n_vocab) {
+            uint64_t extra = (uint64_t)S->n_vocab - v.v.arr.count;
+            size_t cap = v.v.arr.nbytes + (size_t)extra * 32, off = v.v.arr.nbytes;
+            if (!(padded = malloc(cap))) return die("out of memory");
+            memcpy(padded, v.v.arr.data, v.v.arr.nbytes);
+            for (uint64_t k = 0; k < extra; k++) {
+                if (v.v.arr.elem_type == QF_GGUF_STRING) {
+                    char name[32];
+                    uint64_t len = (uint64_t)snprintf(name, sizeof name, "<|reserved_%llu|>",
+                                                      (unsigned long long)(v.v.arr.count + k));
+                    memcpy(padded + off, &len, 8);
+                    memcpy(padded + off + 8, name, len);
+                    off += 8 + len;
+                } else if (v.v.arr.elem_type == QF_GGUF_INT32) {
+                    int32_t ty = 3;
+                    memcpy(padded + off, &ty, 4);
+                    off += 4;
+                } else if (v.v.arr.elem_type == QF_GGUF_FLOAT32) {
+                    float sc = 0.0f;
+                    memcpy(padded + off, &sc, 4);
+                    off += 4;
+                } else {
+                    break;
+                }
+            }
+            if (off > v.v.arr.nbytes) {
+                v.v.arr.data = padded;
+                v.v.arr.nbytes = off;
+                v.v.arr.count = (uint64_t)S->n_vocab;
+            }
+        }
+        qf_status vst = qf_gguf_writer_set_value(w, buf, src, &v);
+        free(padded);
+        if (vst) return die("copying tokenizer metadata failed");
     }
 
     const int64_t D = S->n_embd, Dq = (int64_t)S->n_head * S->head_dim, Dkv = (int64_t)S->n_head_kv * S->head_dim,

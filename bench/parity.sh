@@ -4,7 +4,8 @@
 # The issue's bar is |diff| <= 0.3%.
 #   LLAMA_CPP_DIR=/path/to/llama.cpp bench/parity.sh        # both engines
 #   bench/parity.sh                                          # qforge only
-# Environment: QF_DATA_DIR (default ../shared/data), CHUNKS (default 40), CTX (512), THREADS (2).
+# Environment: QF_DATA_DIR (default ../shared/data), CHUNKS (default 40), CTX (512), THREADS (2),
+# MODELS (names without .gguf) and MODELS_DIR (default $QF_DATA_DIR/models).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 Q=${QF_BUILD:-build}/qforge
@@ -17,7 +18,8 @@ if [ -n "${LLAMA_CPP_DIR:-}" ]; then
         [ -x "$d/llama-perplexity" ] && llama="$d/llama-perplexity" && break
     done
 fi
-models="qforge-demo-11m-f16 qforge-demo-11m-q8_0 qforge-demo-11m-q4_k_m qforge-demo-qwen2-5m-f16 qforge-demo-qwen2-5m-q4_k_m stories260K"
+models=${MODELS:-"qforge-demo-11m-f16 qforge-demo-11m-q8_0 qforge-demo-11m-q4_k_m qforge-demo-qwen2-5m-f16 qforge-demo-qwen2-5m-q4_k_m stories260K"}
+MD=${MODELS_DIR:-$D/models} # e.g. MODELS_DIR=tests/fixtures/families MODELS="gemma2 phi3 mixtral"
 corpora="corpora/kerneldoc-demo/docs.txt corpora/wikitext-2-raw-test.txt corpora/tinystories-sample-cs336.txt"
 printf '| model | corpus | c | chunks | qforge PPL | +/- |'
 [ -n "$llama" ] && printf ' llama.cpp PPL | +/- | diff |'
@@ -26,13 +28,13 @@ printf '\n|---|---|---|---|---|---|'
 printf '\n'
 for m in $models; do
     for c in $corpora; do
-        [ -f "$D/models/$m.gguf" ] && [ -f "$D/$c" ] || continue
-        q=$("$Q" ppl -m "$D/models/$m.gguf" -f "$D/$c" -c "$CTX" -t "$THREADS" --chunks "$CHUNKS" --device cpu --json 2>/dev/null |
+        [ -f "$MD/$m.gguf" ] && [ -f "$D/$c" ] || continue
+        q=$("$Q" ppl -m "$MD/$m.gguf" -f "$D/$c" -c "$CTX" -t "$THREADS" --chunks "$CHUNKS" --device cpu --json 2>/dev/null |
             python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["ppl"], j["ppl_err"], j["chunks"])' || echo "nan nan 0")
         read -r qp qe qn <<<"$q"
         printf '| %s | %s | %s | %s | %.4f | %.5f |' "$m" "$(basename "$c")" "$CTX" "$qn" "$qp" "$qe"
         if [ -n "$llama" ]; then
-            l=$("$llama" -m "$D/models/$m.gguf" -f "$D/$c" -c "$CTX" -b "$CTX" -t "$THREADS" --chunks "$CHUNKS" 2>&1 |
+            l=$("$llama" -m "$MD/$m.gguf" -f "$D/$c" -c "$CTX" -b "$CTX" -t "$THREADS" --chunks "$CHUNKS" 2>&1 |
                 sed -nE 's/^Final estimate: PPL = ([0-9.]+) \+\/- ([0-9.]+).*/\1 \2/p')
             if [ -n "$l" ]; then
                 read -r lp le <<<"$l"

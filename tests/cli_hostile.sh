@@ -88,6 +88,9 @@ head -c 60000 "$T" >"$d/t1.txt"
 tail -c 60000 "$T" >"$d/t2.txt"
 expect kl_base_write 0 "Final estimate" "$qf" ppl -m "$M" -f "$d/t1.txt" -c 64 --chunks 3 --kl-divergence-base "$d/base.kl"
 expect kl_same_run_compares 0 "Mean +KLD" "$qf" ppl -m "$M" -f "$d/t1.txt" -c 64 --kl-divergence-base "$d/base.kl" --kl-divergence
+# the same model against its own base: ΔPPL 0 with its paired per-chunk standard error (3 chunks)
+expect kl_delta_ppl_paired 0 "Delta +PPL: +[+-]0\.0[0-9]*% \+/- +0\.0[0-9]*% \(paired vs the base, per-chunk standard error over 3 chunks" \
+    "$qf" ppl -m "$M" -f "$d/t1.txt" -c 64 --kl-divergence-base "$d/base.kl" --kl-divergence
 expect kl_other_c_refused 1 "chunk size \(-c\) of 64, this run uses 128" "$qf" ppl -m "$M" -f "$d/t1.txt" -c 128 \
     --kl-divergence-base "$d/base.kl" --kl-divergence
 expect kl_other_text_refused 1 "another text" "$qf" ppl -m "$M" -f "$d/t2.txt" -c 64 --kl-divergence-base "$d/base.kl" \

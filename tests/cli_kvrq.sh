@@ -54,7 +54,40 @@ expect "--device cuda refused" 7 "$qf" ppl -m "$model" --artifact "$d/rq.qfa" -f
 if grep -q "CPU only" "$d/err"; then ok "cuda refusal says kv-rq runs on the CPU only"; else bad "cuda refusal message"; fi
 expect "budget below 2 code bits" 1 "$qf" calibrate "${small[@]}" --bits 2.5 --sinks 4 --window 8 -o "$d/x.qfa"
 if [ ! -e "$d/x.qfa" ]; then ok "no file after a refused budget"; else bad "file after a refused budget"; fi
-expect "fewest bits that pass (gate 50%)" 0 "$qf" calibrate "${small[@]}" --gate 0.5 --sinks 0 --window 0 -o "$d/few.qfa"
+expect "fewest bits that pass (gate 50%), --sens-ctx 32" 0 "$qf" calibrate "${small[@]}" --gate 0.5 --sinks 0 --window 0 \
+    --sens-ctx 32 -o "$d/few.qfa"
+if grep -q "calibration chunks of 32" "$d/err"; then ok "--sens-ctx: sensitivity measured on chunks of 32"
+else bad "--sens-ctx 32 not used: $(grep sensitivity "$d/err")"; fi
+expect "--sens-ctx above -c refused" 1 "$qf" calibrate "${small[@]}" --bits 3.5 --sens-ctx 128 -o "$d/y.qfa"
+if grep -q -- "--sens-ctx 128: expected 2..64" "$d/err" && [ ! -e "$d/y.qfa" ]; then ok "--sens-ctx refusal says why, no file"
+else bad "--sens-ctx refusal: $(tail -n 1 "$d/err")"; fi
+expect "--sens-ctx not a number: usage" 1 "$qf" calibrate "${small[@]}" --bits 3.5 --sens-ctx x -o "$d/y.qfa"
+# --ctx for kv-rq: certified at each listed context, each with its paired ΔPPL standard error;
+# ppl refuses a larger context unless forced
+expect "kv-rq --bits 4 --ctx 64,128" 0 "$qf" calibrate "${small[@]}" --bits 4 --sinks 1 --window 2 --max-kld 1 \
+    --max-kld-p99 10 --ctx 64,128 --eval-chunks 3 -o "$d/c2.qfa"
+expect "verify kv-rq --ctx" 0 "$qf" verify "$d/c2.qfa" -m "$model" --json
+if python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); c = j["provenance"]["config"]
+sys.exit(not (j["certified_ctx"] == [64, 128] and j["bits_per_element"] <= 4 and all(c["ctx.%d.delta_ppl_err" % n] > 0 for n in (64, 128))))' "$d/out"; then
+    ok "kv-rq certified_ctx [64, 128], rate at 128 within 4, delta_ppl_err at each"
+else bad "kv-rq --ctx certificate: $(grep -oE '"(certified_ctx|ctx[.0-9]*delta_ppl_err)": [^,]*' "$d/out" | tr '\n' ' ')"; fi
+expect "kv-rq ppl above the certified context" 16 "$qf" ppl -m "$model" --artifact "$d/c2.qfa" -f "$d/eval.txt" -c 256 \
+    --chunks 1 -t 2
+expect "kv-rq ppl --force-uncertified-ctx" 0 "$qf" ppl -m "$model" --artifact "$d/c2.qfa" -f "$d/eval.txt" -c 256 \
+    --chunks 1 -t 2 --force-uncertified-ctx
+# --rq-min-bits: a floor under the allocation (no 2-bit codebooks at 3)
+expect "--rq-min-bits 3 within --bits 4" 0 "$qf" calibrate "${small[@]}" --bits 4 --rq-min-bits 3 --sinks 1 --window 2 --max-kld 1 --max-kld-p99 10 \
+    -o "$d/m3.qfa"
+alloc=$(sed -n 's/.*\[4\/5 certify\] kv-rq K \([0-9]*\) V \([0-9]*\) .*/\1\2/p' "$d/err" | tail -n 1)
+if [ -n "$alloc" ] && ! echo "$alloc" | grep -q 2; then ok "--rq-min-bits 3: no unit at 2 bits ($alloc)"
+else bad "--rq-min-bits 3: allocation '$alloc'"; fi
+expect "--rq-min-bits above the budget refused" 1 "$qf" calibrate "${small[@]}" --bits 3.5 --rq-min-bits 3 --sinks 1 \
+    --window 2 -o "$d/y.qfa"
+if grep -q "rq-min-bits 3 does not fit" "$d/err" && [ ! -e "$d/y.qfa" ]; then ok "min-bits refusal says why, no file"
+else bad "min-bits refusal: $(tail -n 1 "$d/err")"; fi
+expect "--rq-min-bits without --bits refused" 1 "$qf" calibrate "${small[@]}" --rq-min-bits 3 -o "$d/y.qfa"
+if grep -q "with a --bits budget" "$d/err"; then ok "min-bits needs a budget"; else bad "min-bits w/o budget: $(tail -n 1 "$d/err")"; fi
+expect "--rq-min-bits 7: usage" 1 "$qf" calibrate "${small[@]}" --bits 4 --rq-min-bits 7 -o "$d/y.qfa"
 # format 2 (docs/kv-rq.md "2.5 bits"): 1-bit rows under a 2-bit budget, keys before RoPE, V predicted
 # from K; the same budget with both off; bad values of the new switches
 expect "kv-rq --bits 2.0 (1-bit floor, pre-RoPE K, V from K)" 0 "$qf" calibrate "${small[@]}" --gate 10 --max-kld 10 --max-kld-p99 100 --bits 2.0 \
@@ -75,7 +108,7 @@ else bad "ppl --artifact reproduces the format-2 certificate ('$got2' vs '$cand2
 expect "kv-rq --k-prerope off --v-pred off" 0 "$qf" calibrate "${small[@]}" --gate 10 --max-kld 10 --max-kld-p99 100 --bits 2.0 --sinks 1 --window 1 \
     --k-prerope off --v-pred off -o "$d/rq2off.qfa"
 expect "bad --k-prerope" 1 "$qf" calibrate "${small[@]}" --k-prerope maybe -o "$d/y.qfa"
-expect "bad --min-bits" 1 "$qf" calibrate "${small[@]}" --min-bits 3 -o "$d/y.qfa"
+expect "bad --min-bits" 1 "$qf" calibrate "${small[@]}" --min-bits 7 -o "$d/y.qfa"
 if [ ! -e "$d/y.qfa" ]; then ok "no file after a bad switch"; else bad "file after a bad switch"; fi
 if [ -f "$data/models/qforge-demo-11m-q8_0.gguf" ]; then
     expect "WrongModel (q8_0)" 17 "$qf" ppl -m "$data/models/qforge-demo-11m-q8_0.gguf" --artifact "$d/rq.qfa" \

@@ -121,6 +121,20 @@ TEST(op_dequant) {
     }
 }
 
+/* The decode (matvec) route of q4_0 / q8_0 weights quantizes the activation to q8_0 and takes
+ * integer dot products, as the CPU's vec_dot route does: its oracle is qf_vec_dot_ref on
+ * qf_quantize_row_ref(Q8_0, x). Every other type's oracle is the f32 dot (in double). */
+static bool mv_int8(qf_type t) { return t == QF_TYPE_Q4_0 || t == QF_TYPE_Q8_0; }
+static void vec_dot_oracle(qf_type t, const void *w, int K, int N, const float *x, int n, float *ref) {
+    const size_t rb = qf_row_bytes(t, K), qb = qf_row_bytes(QF_TYPE_Q8_0, K);
+    uint8_t *xq = malloc(qb);
+    for (int tt = 0; tt < n; tt++) {
+        qf_quantize_row_ref(QF_TYPE_Q8_0, x + (size_t)tt * K, xq, K);
+        for (int r = 0; r < N; r++) ref[(size_t)tt * N + r] = qf_vec_dot_ref(t, K, (const uint8_t *)w + (size_t)r * rb, xq);
+    }
+    free(xq);
+}
+
 /* K = 512: one partial tile of the wide decode kernel; K = 2304: a whole tile and a partial
  * one (q6_K rows of these sizes are not 8-byte multiples: the fallback kernel) */
 TEST(op_matmul) {
@@ -152,7 +166,17 @@ TEST(op_matmul) {
                 qf_error err = {0};
                 CHECK_MSG(qf_cuda_op_matmul(&w, x, n, got, routes[ri], &err) == QF_OK, "%s", err.msg);
                 double e = nmse(got, ref, (size_t)n * N);
-                if (ni == 1 || (ni == 0 && ri == 0))
+                if (routes[ri] == QF_CUDA_MM_MATVEC && mv_int8(t)) {
+                    /* int8 activations: certified against the CPU's vec_dot; the f32 dot's
+                     * distance is the activation rounding, printed */
+                    float *vd = malloc((size_t)n * N * 4);
+                    vec_dot_oracle(t, wd, K, N, x, n, vd);
+                    const double ef = e;
+                    e = nmse(got, vd, (size_t)n * N);
+                    printf("  matmul %-5s K=%-4d n=%-2d %-8s nmse %.3g against vec_dot (q8_0 activations), %.3g against "
+                           "the f32 dot\n", qf_type_name(t), K, n, rn[ri], e, ef);
+                    free(vd);
+                } else if (ni == 1 || (ni == 0 && ri == 0))
                     printf("  matmul %-5s K=%-4d n=%-2d %-8s nmse %.3g\n", qf_type_name(t), K, n, rn[ri], e);
                 CHECK_MSG(e <= bound[ri], "matmul %s K=%d n=%d %s nmse %g", qf_type_name(t), K, n, rn[ri], e);
             }
@@ -183,6 +207,7 @@ TEST(op_matmul_tall) {
                     for (int i = 0; i < K; i++) a += (double)x[(size_t)tt * K + i] * wf[(size_t)r * K + i];
                     ref[(size_t)tt * N + r] = (float)a;
                 }
+            if (mv_int8(t)) vec_dot_oracle(t, wd, K, N, x, n, ref);
             qf_error err = {0};
             CHECK_MSG(qf_cuda_op_matmul(&w, x, n, got, QF_CUDA_MM_MATVEC, &err) == QF_OK, "%s", err.msg);
             double e = nmse(got, ref, (size_t)n * N);
@@ -191,6 +216,52 @@ TEST(op_matmul_tall) {
         }
         free(wd), free(wf), free(x), free(ref), free(got);
     }
+}
+
+/* decode gate|up with SiLU(gate) * up at the end of the matvec (2F >= 8192 rows; odd F) */
+TEST(op_matvec_gu) {
+    NEED_GPU();
+    const int K = 256, F = 4101;
+    const qf_type types[] = {QF_TYPE_F16, QF_TYPE_BF16, QF_TYPE_Q4_0, QF_TYPE_Q8_0};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const qf_type t = types[ti];
+        qf_weight w = {.type = t, .ne0 = K, .ne1 = 2 * F, .row_bytes = qf_row_bytes(t, K)};
+        void *wd = rand_weight(t, 2 * F, K);
+        w.data = wd;
+        float *wf = malloc((size_t)2 * F * K * 4), *x = malloc(5 * K * 4), *y = malloc((size_t)5 * 2 * F * 4),
+              *ref = malloc((size_t)5 * F * 4), *got = malloc((size_t)5 * F * 4);
+        for (int r = 0; r < 2 * F; r++) qf_dequantize_row_ref(t, (uint8_t *)wd + (size_t)r * w.row_bytes, wf + (size_t)r * K, K);
+        for (int i = 0; i < 5 * K; i++) x[i] = frand();
+        for (int n = 1; n <= 5; n += 4) {
+            if (mv_int8(t)) vec_dot_oracle(t, wd, K, 2 * F, x, n, y);
+            else
+                for (int tt = 0; tt < n; tt++)
+                    for (int r = 0; r < 2 * F; r++) {
+                        double a = 0;
+                        for (int i = 0; i < K; i++) a += (double)x[(size_t)tt * K + i] * wf[(size_t)r * K + i];
+                        y[(size_t)tt * 2 * F + r] = (float)a;
+                    }
+            for (int tt = 0; tt < n; tt++)
+                for (int r = 0; r < F; r++) {
+                    const float g = y[(size_t)tt * 2 * F + r], u = y[(size_t)tt * 2 * F + F + r];
+                    ref[(size_t)tt * F + r] = g / (1.0f + expf(-g)) * u;
+                }
+            qf_error err = {0};
+            CHECK_MSG(qf_cuda_op_matvec_gu(&w, x, n, F, got, &err) == QF_OK, "%s", err.msg);
+            double e = nmse(got, ref, (size_t)n * F);
+            printf("  matvec gate|up + SiLU %-5s F=%d n=%d nmse %.3g\n", qf_type_name(t), F, n, e);
+            CHECK_MSG(e <= 1e-10, "matvec gu %s n=%d nmse %g", qf_type_name(t), n, e);
+        }
+        free(wd), free(wf), free(x), free(y), free(ref), free(got);
+    }
+    /* where it does not apply: refused, nothing written */
+    qf_weight w = {.type = QF_TYPE_Q6_K, .ne0 = 256, .ne1 = 2 * 4096, .row_bytes = qf_row_bytes(QF_TYPE_Q6_K, 256)};
+    void *wd = rand_weight(QF_TYPE_Q6_K, 2 * 4096, 256);
+    w.data = wd;
+    float x[256] = {0}, *hb = malloc(4096 * 4);
+    qf_error err = {0};
+    CHECK(qf_cuda_op_matvec_gu(&w, x, 1, 4096, hb, &err) == QF_ERR_DEVICE);
+    free(wd), free(hb);
 }
 
 TEST(op_rmsnorm_silu) {
@@ -346,13 +417,43 @@ TEST(op_kv_int8_dict) {
         qf_kv_int8_dequantize(qc + (size_t)r * dkv, sc, ref + (size_t)r * dkv, dkv);
     }
     qf_error err = {0};
-    CHECK_MSG(qf_cuda_op_kv_int8_roundtrip(x, rows, dkv, sc, inv, qg, got, &err) == QF_OK, "%s", err.msg);
+    CHECK_MSG(qf_cuda_op_kv_int8_roundtrip(x, rows, dkv, hd, 0, sc, inv, qg, got, &err) == QF_OK, "%s", err.msg);
     size_t diff = 0;
     for (int i = 0; i < rows * dkv; i++) diff += qc[i] != qg[i];
     double e = nmse(got, ref, (size_t)rows * dkv);
     printf("  kv cache int8: %zu of %d stored bytes differ from qf_kv_int8_quantize, read-back nmse %.3g\n", diff, rows * dkv, e);
     CHECK(diff == 0);
     CHECK(e == 0);
+    /* the other row layouts (kv-int8 artifacts' static-rot, token-rot, token): each head row
+     * rotated (qf_hadamard) for the rot layouts, static per-channel scales or the per-row
+     * token code (qf_kv_int8_token_quantize: scale exponent in the code parities), read back
+     * and rotated back, as kv_cache.c stores and reads them */
+    static const char *const lay_names[] = {"static", "static-rot", "token-rot", "token"};
+    x[0] = 0.5f; /* no NaN here: the rotation would spread it over the row */
+    for (int i = 2 * dkv; i < 3 * dkv; i++) x[i] = 0; /* an all-zero row (exponent 0) */
+    for (int i = 3 * dkv; i < 4 * dkv; i++) x[i] *= 1e-3f; /* small rows */
+    for (int lay = 1; lay < 4; lay++) {
+        float row[256];
+        for (int r = 0; r < rows; r++)
+            for (int h = 0; h < nkv; h++) {
+                const size_t o = (size_t)r * dkv + (size_t)h * hd;
+                memcpy(row, x + o, hd * 4);
+                if (lay != 3) qf_hadamard(row, hd);
+                if (lay == 1) qf_kv_int8_quantize(row, inv + h * hd, qc + o, hd);
+                else qf_kv_int8_token_quantize(row, qc + o, hd);
+                if (lay == 1) qf_kv_int8_dequantize(qc + o, sc + h * hd, ref + o, hd);
+                else qf_kv_int8_token_dequantize(qc + o, ref + o, hd);
+                if (lay != 3) qf_hadamard(ref + o, hd);
+            }
+        CHECK_MSG(qf_cuda_op_kv_int8_roundtrip(x, rows, dkv, hd, lay, sc, inv, qg, got, &err) == QF_OK, "%s", err.msg);
+        diff = 0;
+        for (int i = 0; i < rows * dkv; i++) diff += qc[i] != qg[i];
+        e = nmse(got, ref, (size_t)rows * dkv);
+        printf("  kv cache int8 %-10s: %zu of %d stored bytes differ from the CPU cache's, read-back nmse %.3g\n",
+               lay_names[lay], diff, rows * dkv, e);
+        CHECK(diff == 0);
+        CHECK(e <= 1e-14);
+    }
     /* dict codes: random atoms (unit norm), random codes incl. zero coefficients and a corrupt
      * index; 1- and 2-byte indices, f16 and q8 coefficients */
     int nas[] = {256, 300};
@@ -391,8 +492,11 @@ TEST(op_attention) {
     NEED_GPU();
     struct { int n, pos0, nh, nkv, hd; } cases[] = {{7, 20, 8, 2, 64}, {1, 300, 4, 4, 128}, {33, 0, 8, 4, 8}, {16, 5, 6, 2, 256},
                  {130, 70, 8, 2, 128}, {100, 0, 14, 2, 64}, {40, 3, 4, 1, 96},
-                 /* long caches for the split-K decode route: 251 ranges of 20 keys; 251 of 36 */
-                 {1, 5000, 32, 8, 128}, {4, 9000, 8, 2, 64}};
+                 /* long caches for the split-K decode route (GQA-grouped kernel): 64 ranges of 79
+                  * keys; 64 of 141 */
+                 {1, 5000, 32, 8, 128}, {4, 9000, 8, 2, 64},
+                 /* groups of more than 8 heads: the per-head split kernel (ranges of >= 16 keys) */
+                 {1, 700, 16, 1, 64}, {3, 40, 12, 1, 128}};
     qf_kv_mode modes[] = {QF_KV_F32, QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (int mi = 0; mi < 4; mi++) {
@@ -444,7 +548,8 @@ TEST(op_attention) {
                 printf("  attention split-K (decode)                nmse %.3g\n", e);
                 CHECK_MSG(e <= 1e-10, "split-K attention kv %s nmse %g", qf_kv_mode_name(mode), e);
             }
-            if (mode == QF_KV_F16) { /* the tensor-core route prefill takes: Q and P in f16 */
+            if ((mode == QF_KV_F16 || mode == QF_KV_Q8_0 || mode == QF_KV_Q4_0) && hd <= 256) {
+                /* the tensor-core route prefill takes: Q and P in f16 (q8_0 / q4_0 rows as f16) */
                 CHECK_MSG(qf_cuda_op_attention_route(q, k, v, n, pos0, nh, nkv, hd, mode, true, got, &err) == QF_OK, "%s",
                           err.msg);
                 e = nmse(got, ref, (size_t)n * Dq);
@@ -542,7 +647,10 @@ static void e2e_model(const char *name) {
          * for the q4_k_m model; 3e-5..6e-5 on the others) */
         const double tb = modes[mi] == QF_KV_Q4_0 ? 3e-4 : 1e-4;
         CHECK_MSG(ek <= tb && ev <= tb, "%s: tap K/V nmse %g %g", name, ek, ev);
-        CHECK(agree >= n - 2);
+        /* top-1 on random tokens: q4_0 K/V moves near-ties by whole steps (41/44 seen on the
+         * q4_k_m model, whose q8_0 tensors' decode matvecs round the activation to q8_0 as the
+         * CPU's vec_dot does, where the reference route keeps f32) */
+        CHECK(agree >= n - (modes[mi] == QF_KV_Q4_0 ? 4 : 2));
         CHECK(ea < 1e-2);
         memset(cc.act_sum, 0, sizeof cc.act_sum), memset(gc.act_sum, 0, sizeof gc.act_sum);
     }
@@ -638,6 +746,77 @@ TEST(e2e_perplexity) {
         qf_model_free(m);
     }
     free(text);
+}
+
+/* One-token decode steps replay a CUDA graph of the step (captured at the first step, the
+ * position read on the device). The logits must be the same bits as the plain launches
+ * (knob no_graph) at every position, across the split-K attention's range changes, for plain
+ * cache modes and --kv-rot; and within the e2e bound of the CPU reference. */
+static bool decode_steps(qf_model *m, qf_device dev, bool reference, bool no_graph, qf_kv_mode kv, qf_kv_rot rot,
+                         const int32_t *toks, int n0, int n1, float *logits) {
+    qf_context_params p = qf_context_default_params();
+    p.n_ctx = 256;
+    p.kv_k = p.kv_v = kv;
+    p.kv_rot = rot;
+    p.device = dev;
+    p.reference = reference;
+    p.cuda.no_graph = no_graph;
+    qf_error err = {0};
+    qf_context *c = qf_context_new(m, &p, &err);
+    CHECK_MSG(c, "%s", err.msg);
+    if (!c) return false;
+    const int nv = qf_model_hparams(m)->n_vocab;
+    bool ok = qf_decode(c, toks, n0, 0, NULL, n0, &err) == QF_OK;
+    for (int i = 0; ok && i < n1; i++)
+        ok = qf_decode(c, toks + n0 + i, 1, n0 + i, logits + (size_t)i * nv, 0, &err) == QF_OK;
+    CHECK_MSG(ok, "%s", err.msg);
+    qf_context_free(c);
+    return ok;
+}
+
+TEST(e2e_decode_graph) {
+    NEED_GPU();
+    const char *models[] = {"models/qforge-demo-11m-f16.gguf", "models/qforge-demo-11m-q8_0.gguf",
+                            "models/qforge-demo-11m-q4_k_m.gguf", "models/qforge-demo-qwen2-5m-q4_k_m.gguf"};
+    for (size_t mi = 0; mi < 4; mi++) {
+        const char *path = model_path(models[mi]);
+        if (!path) continue;
+        qf_error err = {0};
+        qf_model *m = qf_model_load(path, &err);
+        CHECK_MSG(m, "%s", err.msg);
+        if (!m) continue;
+        const qf_hparams *hp = qf_model_hparams(m);
+        const int n0 = 9, n1 = 40, nv = hp->n_vocab; /* positions 9..48: split-K ranges of 16 keys, 1 to 4 */
+        int32_t toks[49];
+        for (int i = 0; i < n0 + n1; i++) toks[i] = (int32_t)((frand() * 0.5f + 0.5f) * (nv - 1));
+        float *lg = malloc((size_t)n1 * nv * 4), *lp = malloc((size_t)n1 * nv * 4), *lc = malloc((size_t)n1 * nv * 4);
+        const qf_kv_mode kvs[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_F32};
+        for (int k = 0; k < 4; k++) {
+            const qf_kv_rot rot = k == 2 && (hp->head_dim & (hp->head_dim - 1)) == 0 ? QF_KV_ROT_HADAMARD : QF_KV_ROT_NONE;
+            if (kvs[k] == QF_KV_Q8_0 || kvs[k] == QF_KV_Q4_0) {
+                if (hp->head_dim % 32) continue;
+            }
+            bool ok = decode_steps(m, QF_DEVICE_CUDA, false, false, kvs[k], rot, toks, n0, n1, lg) &&
+                      decode_steps(m, QF_DEVICE_CUDA, false, true, kvs[k], rot, toks, n0, n1, lp) &&
+                      decode_steps(m, QF_DEVICE_CPU, true, true, kvs[k], rot, toks, n0, n1, lc);
+            if (!ok) break;
+            const size_t nl = (size_t)n1 * nv;
+            size_t diff = 0;
+            for (size_t i = 0; i < nl; i++) diff += memcmp(lg + i, lp + i, 4) != 0;
+            double e = nmse(lg, lc, nl);
+            int agree = 0;
+            for (int t = 0; t < n1; t++) agree += argmax(lg + (size_t)t * nv, nv) == argmax(lc + (size_t)t * nv, nv);
+            printf("  decode graph %-30s kv %-4s%s: %zu of %zu logits differ from plain launches; nmse %.3g against the "
+                   "CPU reference, top-1 %d/%d\n",
+                   models[mi] + 7, qf_kv_mode_name(kvs[k]), rot ? " +rot" : "", diff, nl, e, agree, n1);
+            CHECK_MSG(diff == 0, "%s kv %s: graph replay differs from plain launches", models[mi], qf_kv_mode_name(kvs[k]));
+            CHECK_MSG(e <= (kvs[k] == QF_KV_Q4_0 ? 1e-3 : 1e-4), "%s kv %s: logits nmse %g", models[mi],
+                      qf_kv_mode_name(kvs[k]), e);
+            CHECK(agree >= n1 - (kvs[k] == QF_KV_Q4_0 ? 4 : 2)); /* q4_0: see e2e_model (37/40 seen) */
+        }
+        free(lg), free(lp), free(lc);
+        qf_model_free(m);
+    }
 }
 
 /* --kv-rot hadamard, q8_0 / q4_0 caches: GPU PPL within 0.1% of the CPU with the same rotation,
@@ -743,6 +922,7 @@ int main(void) {
     RUN(op_dequant);
     RUN(op_matmul);
     RUN(op_matmul_tall);
+    RUN(op_matvec_gu);
     RUN(op_rmsnorm_silu);
     RUN(op_rope);
     RUN(op_kv_cache);
@@ -750,6 +930,7 @@ int main(void) {
     RUN(op_kv_int8_dict);
     RUN(op_attention);
     RUN(e2e_logits_and_taps);
+    RUN(e2e_decode_graph);
     RUN(e2e_perplexity);
     RUN(e2e_kv_rot);
     RUN(e2e_artifacts);

@@ -3,11 +3,13 @@
  * q4_0 cache has a lower KL divergence to the f32 cache than plain q4_0 on the same tokens;
  * every refusal (head_dim not a power of two, artifact modes, binding an artifact, the GPU
  * route that cannot rotate, a bad name) is a clear error with its status. Also the kv-int8
- * per-token row codec (scale exponent carried in code parities) and the int8 row layouts. */
+ * per-token row codec (scale exponent carried in code parities), the entropy-coded row codec
+ * (against a bit-by-bit oracle of its documented layout) and the int8 row layouts. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/engine.h"
+#include "eval/kld.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "qforge/artifact_bind.h"
 #include "qforge/kvlearn.h"
@@ -140,6 +142,14 @@ TEST(rot_q4_0_beats_plain_q4_0) {
         CHECK_MSG(qf_perplexity_text(c, text, len, &pp, &r, &e) == QF_OK, "%s", e.msg);
         ppl[run] = r.ppl;
         kld[run] = run ? r.kld_mean : 0;
+        if (run) { /* ΔPPL from the paired per-chunk differences: PPL / PPL(base) - 1 but for the tokens the
+                    * base floors (none or nearly none on this text), with an error */
+            double ratio = r.ppl / r.ppl_base - 1;
+            CHECK_MSG(r.delta_ppl <= ratio + 1e-5 && r.delta_ppl > ratio - 1e-3, "%g vs %g", r.delta_ppl, ratio);
+            CHECK(r.delta_ppl_err > 0 && r.delta_ppl_err < 0.5);
+        } else {
+            CHECK(r.delta_ppl == 0 && r.delta_ppl_err == 0); /* no base: nothing paired */
+        }
         qf_context_free(c);
     }
     printf("  f32 PPL %.4f; q4_0 PPL %.4f KLD %.5f; q4_0+hadamard PPL %.4f KLD %.5f\n", ppl[0], ppl[1], kld[1], ppl[2],
@@ -149,6 +159,31 @@ TEST(rot_q4_0_beats_plain_q4_0) {
     CHECK(fabs(ppl[2] - ppl[0]) < fabs(ppl[1] - ppl[0]) + 0.02 * ppl[0]);
     free(text);
     qf_model_free(m);
+}
+
+/* the paired per-chunk ΔPPL statistics against a hand computation: chunks of 3 positions, two
+ * with NLL differences averaging 0.1, -0.05, 0.2 and one where the base row floors the token
+ * (the candidate is floored the same way: it adds nothing) */
+TEST(delta_ppl_paired_se) {
+    qf_kld_state k;
+    memset(&k, 0, sizeof k);
+    k.reading = true, k.n_chunk = 3, k.n_score = 3;
+    k.kld_values = calloc(9, sizeof(float));
+    double d[3] = {0.1, -0.05, 0.2};
+    for (int c = 0; c < 3; c++) {
+        qf_kld_pos pos[3] = {{.nll = (float)(2.0 + d[c] + 0.25), .nll_base = 2.0f, .nll_floor = 20.0f, .kl = 0.01},
+                             {.nll = (float)(3.0 + d[c] - 0.25), .nll_base = 3.0f, .nll_floor = 21.0f, .kl = 0.02},
+                             {.nll = 25.0f + (float)c, .nll_base = 20.0f, .nll_floor = 20.0f, .kl = 0.5}};
+        qf_kld_accumulate(&k, pos, 3);
+        d[c] *= 2.0 / 3; /* the chunk's mean over its 3 positions */
+    }
+    qf_ppl_result r;
+    memset(&r, 0, sizeof r);
+    CHECK(qf_kld_finish(&k, &r, NULL) == QF_OK);
+    double md = (d[0] + d[1] + d[2]) / 3, sd = sqrt((pow(d[0] - md, 2) + pow(d[1] - md, 2) + pow(d[2] - md, 2)) / 2);
+    CHECK_MSG(fabs(r.delta_ppl - expm1(md)) < 1e-6, "%g vs %g", r.delta_ppl, expm1(md));
+    CHECK_MSG(fabs(r.delta_ppl_err - exp(md) * sd / sqrt(3)) < 1e-6, "%g vs %g", r.delta_ppl_err, exp(md) * sd / sqrt(3));
+    qf_kld_end(&k);
 }
 
 /* a context with --kv-rot refuses an artifact binding; --device cuda refuses a rotation the
@@ -235,6 +270,134 @@ TEST(int8_token_codec) {
     CHECK(fabsf(y[5] - 1.0f) < 0.02f);
 }
 
+/* ---- the entropy-coded int8 row ("ec-rot"), against an oracle written from the layout in
+ * kv_codes.c: read one bit at a time, no buffering ---- */
+typedef struct {
+    const uint8_t *p;
+    int n_bits, pos;
+} obits;
+
+static int obit(obits *b) {
+    if (b->pos >= b->n_bits) return b->pos++, 0;
+    int v = (b->p[b->pos >> 3] >> (b->pos & 7)) & 1;
+    b->pos++;
+    return v;
+}
+
+static unsigned otake(obits *b, int k) {
+    unsigned v = 0;
+    for (int i = 0; i < k; i++) v |= (unsigned)obit(b) << i;
+    return v;
+}
+
+/* decode; returns the exponent (0: zero row) and the bits used, -1 when the row overruns */
+static int oracle_ec_decode(const uint8_t *q, int n, float *x, int *used) {
+    obits b = {q, 8 * n, 0};
+    int e = (int)otake(&b, 10);
+    float d = exp2f((float)(e - 704) / 32.0f); /* the step, in float as the cache computes it */
+    for (int i = 0; i < n; i++) {
+        unsigned h;
+        if (!obit(&b)) h = (unsigned)obit(&b);
+        else {
+            h = 2 + otake(&b, 2);
+            if (h == 5)
+                while (obit(&b) && b.pos <= b.n_bits) h++;
+        }
+        unsigned c = h << 4 | otake(&b, 4);
+        int neg = obit(&b);
+        float v = (float)c * d;
+        x[i] = e ? (neg ? -v : v) : 0.0f;
+    }
+    *used = b.pos;
+    return b.pos > b.n_bits ? -1 : e;
+}
+
+/* bits a row takes at exponent e, by the layout's code lengths (the oracle of the rate) */
+static long oracle_ec_bits(const float *x, int n, int e) {
+    double d = exp2((e - 704) / 32.0);
+    long bits = 10;
+    for (int i = 0; i < n; i++) {
+        double v = fabs((double)x[i]) / d;
+        long c = isfinite(v) ? (long)(v + 0.5) : 0;
+        if (c > 1023) return 1L << 40;
+        long h = c >> 4;
+        bits += 5 + (h < 2 ? 2 : h < 5 ? 3 : h - 1);
+    }
+    return bits;
+}
+
+static double gauss(uint64_t *s) {
+    double u = ((qf_xorshift64s(s) >> 11) + 1) * 0x1.0p-53, v = (qf_xorshift64s(s) >> 11) * 0x1.0p-53;
+    return sqrt(-2 * log(u)) * cos(2 * M_PI * v);
+}
+
+/* the encoder's rows decode by the oracle to what the codec decodes, within half a step of the
+ * input, at the finest step that fits (one step finer overflows the row); on Gaussian rows
+ * (what rotated K/V rows look like) the error is well below the parity-carried layout's */
+TEST(int8_ec_codec) {
+    uint64_t s = 7;
+    uint8_t q[1024];
+    int8_t qt[1024];
+    float x[1024], y[1024], yo[1024];
+    double se_ec = 0, se_tok = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        int n = trial % 3 == 0 ? 64 : trial % 3 == 1 ? 128 : 16 << (trial % 7);
+        if (n > 1024) n = 1024;
+        double mag = exp2((double)(trial % 31) - 16); /* rows of RMS 2^-16 .. 2^14: within the step range */
+        for (int i = 0; i < n; i++) x[i] = (float)(mag * (trial % 5 == 4 ? (qf_xorshift64s(&s) >> 11) * 0x1.0p-53 - 0.5 : gauss(&s)));
+        qf_kv_int8_ec_quantize(x, q, n);
+        qf_kv_int8_ec_dequantize(q, n, y, n);
+        int used = 0, e = oracle_ec_decode(q, n, yo, &used);
+        CHECK_MSG(e > 0, "trial %d: exponent %d (bits used %d of %d)", trial, e, used, 8 * n);
+        if (e <= 0) continue;
+        double d = exp2((e - 704) / 32.0), se = 0;
+        for (int i = 0; i < n; i++) {
+            CHECK_MSG(y[i] == yo[i], "trial %d: element %d: codec %g, oracle %g", trial, i, y[i], yo[i]);
+            CHECK_MSG(fabs(x[i] - y[i]) <= 0.5001 * d, "trial %d: element %d: error %g, step %g", trial, i, fabs(x[i] - y[i]), d);
+            se += (double)(x[i] - y[i]) * (x[i] - y[i]);
+        }
+        CHECK_EQ_INT(oracle_ec_bits(x, n, e) == used, 1);
+        if (trial % 10 == 1) { /* a prefix decodes alone to the same values */
+            float yp[1024];
+            int np = n / 2 + 3;
+            qf_kv_int8_ec_dequantize(q, n, yp, np);
+            for (int i = 0; i < np; i++) CHECK(yp[i] == y[i]);
+        }
+        CHECK_MSG(e == 1 || oracle_ec_bits(x, n, e - 1) > 8L * n, "trial %d: e %d is not the finest step that fits", trial, e);
+        if (n == 128 && trial % 5 != 4 && trial % 31 >= 8 && trial % 31 <= 24) {
+            qf_kv_int8_token_quantize(x, qt, n);
+            qf_kv_int8_token_dequantize(qt, yo, n);
+            double st = 0;
+            for (int i = 0; i < n; i++) st += (double)(x[i] - yo[i]) * (x[i] - yo[i]);
+            se_ec += se / (mag * mag), se_tok += st / (mag * mag);
+        }
+    }
+    printf("  Gaussian rows of 128: ec / token-rot squared error %.3f\n", se_ec / se_tok);
+    CHECK_MSG(se_ec < 0.7 * se_tok, "ec %g vs token %g", se_ec, se_tok);
+    /* the zero row, non-finite elements, values beyond the step range, a corrupt row */
+    memset(x, 0, sizeof x);
+    qf_kv_int8_ec_quantize(x, q, 64);
+    for (int i = 0; i < 64; i++) CHECK(q[i] == 0);
+    qf_kv_int8_ec_dequantize(q, 64, y, 64);
+    for (int i = 0; i < 64; i++) CHECK(y[i] == 0);
+    x[3] = NAN, x[4] = INFINITY, x[5] = 1.0f, x[6] = -0.5f;
+    qf_kv_int8_ec_quantize(x, q, 64);
+    qf_kv_int8_ec_dequantize(q, 64, y, 64);
+    for (int i = 0; i < 64; i++) CHECK(isfinite(y[i]));
+    CHECK(y[3] == 0 && y[4] == 0 && fabsf(y[5] - 1.0f) < 0.02f && fabsf(y[6] + 0.5f) < 0.02f);
+    for (int i = 0; i < 64; i++) x[i] = (i % 2 ? 1e30f : -1e30f);
+    qf_kv_int8_ec_quantize(x, q, 64);
+    qf_kv_int8_ec_dequantize(q, 64, y, 64);
+    int used = 0;
+    CHECK(oracle_ec_decode(q, 64, yo, &used) > 0 && used <= 512); /* capped codes, still fits */
+    for (int i = 0; i < 64; i++) CHECK(isfinite(y[i]) && y[i] == yo[i] && (y[i] < 0) == (x[i] < 0));
+    memset(q, 0xff, 64); /* all ones: an endless unary tail; decodes to finite values, no overrun */
+    y[63] = 7;
+    qf_kv_int8_ec_dequantize(q, 64, y, 64);
+    for (int i = 0; i < 64; i++) CHECK(isfinite(y[i]));
+    CHECK(y[63] == 0);
+}
+
 /* int8 row layouts in the cache: rotated static and per-token rows read back close to what was
  * written; a per-token layout needs head_dim a multiple of 8, a rotated one a power of two */
 TEST(int8_layouts_in_the_cache) {
@@ -244,7 +407,7 @@ TEST(int8_layouts_in_the_cache) {
     uint64_t s = 5;
     for (int i = 0; i < 2 * 2 * 64; i++) sc[i] = 4.0f / 127;
     for (int i = 0; i < n_pos * nh * hd; i++) src[i] = (float)(((qf_xorshift64s(&s) >> 11) * 0x1.0p-53) * 2 - 1);
-    for (int lay = 0; lay < 4; lay++) {
+    for (int lay = 0; lay < QF_KV_INT8_LAYOUT_COUNT; lay++) {
         qf_kv_cache kv;
         qf_error e = {0};
         qf_kv_stream_spec spec[2] = {{.mode = QF_KV_INT8, .int8_scale = sc, .int8_layout = lay},
@@ -260,6 +423,25 @@ TEST(int8_layouts_in_the_cache) {
     }
     qf_error e = {0};
     qf_kv_cache kv;
+    { /* ec-rot at head_dim 512: two heads exceed one 256-element group, so one head per row */
+        qf_hparams h5 = hp_with(512);
+        float *sc5 = malloc(sizeof(float) * 2 * 2 * 512), *src5 = malloc(sizeof(float) * 2 * 512);
+        float *got5 = malloc(sizeof(float) * 3 * 512);
+        for (int i = 0; i < 2 * 2 * 512; i++) sc5[i] = 1.0f;
+        for (int i = 0; i < 2 * 512; i++) src5[i] = (float)(((qf_xorshift64s(&s) >> 11) * 0x1.0p-53) * 2 - 1);
+        qf_kv_stream_spec sp5[2] = {{.mode = QF_KV_INT8, .int8_scale = sc5, .int8_layout = QF_KV_INT8_EC_ROT},
+                                    {.mode = QF_KV_F16}};
+        CHECK_MSG(qf_kv_cache_init_spec(&kv, &h5, 4, sp5, &e) == QF_OK, "%s", e.msg);
+        qf_kv_cache_write(&kv, 0, 0, 2, 1, src5); /* position 2 */
+        for (int h = 0; h < 2; h++) {
+            qf_kv_cache_read_head(&kv, 0, 0, h, 3, got5);
+            double maxd = 0;
+            for (int d = 0; d < 512; d++) maxd = fmax(maxd, fabs(src5[h * 512 + d] - got5[2 * 512 + d]));
+            CHECK_MSG(maxd < 0.03, "head %d: max error %g", h, maxd); /* step ~0.01 */
+        }
+        qf_kv_cache_free(&kv);
+        free(sc5), free(src5), free(got5);
+    }
     hp = hp_with(96); /* no power of two: no rotation; a multiple of 8: per-token is fine */
     float sc96[2 * 2 * 96];
     for (int i = 0; i < 2 * 2 * 96; i++) sc96[i] = 0.01f;
@@ -270,8 +452,54 @@ TEST(int8_layouts_in_the_cache) {
     sp[0].int8_layout = QF_KV_INT8_TOKEN;
     CHECK(qf_kv_cache_init_spec(&kv, &hp, 8, sp, &e) == QF_OK);
     qf_kv_cache_free(&kv);
+    sp[0].int8_layout = QF_KV_INT8_EC_ROT; /* entropy-coded rows are rotated: a power of two */
+    CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, 8, sp, &e), QF_ERR_UNSUPPORTED);
+    CHECK(strstr(e.msg, "entropy-coded") && strstr(e.msg, "power of two in [16, 1024]"));
+    hp = hp_with(8); /* a power of two, but too short for the 10-bit header and the codes */
+    CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, 8, sp, &e), QF_ERR_UNSUPPORTED);
+    CHECK(strstr(e.msg, "entropy-coded") != NULL);
+    hp = hp_with(96);
     sp[0].int8_layout = 9;
     CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, 8, sp, &e), QF_ERR_ARG);
+}
+
+/* a kv-int8 payload names its row layouts: "ec-rot" binds, an unknown name is a corrupt
+ * artifact (nothing bound) */
+TEST(int8_layout_payload) {
+    qf_model *m = demo();
+    if (!m) SKIP("demo model not in ../shared/data");
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 32, cp.n_threads = 1, cp.device = QF_DEVICE_CPU;
+    qf_error e = {0};
+    qf_context *c = qf_context_new(m, &cp, &e);
+    CHECK_MSG(c != NULL, "%s", e.msg);
+    if (c) {
+        const qf_hparams *hp = qf_model_hparams(m);
+        int64_t shape[2] = {hp->n_layer, hp->n_head_kv};
+        float *s = malloc(sizeof(float) * hp->n_layer * hp->n_head_kv);
+        for (int i = 0; i < hp->n_layer * hp->n_head_kv; i++) s[i] = 1.0f;
+        for (int bad = 0; bad < 2; bad++) {
+            qf_payload pl = {0};
+            CHECK(qf_payload_add_f32(&pl, "k_scale", s, 2, shape, &e) == QF_OK);
+            CHECK(qf_payload_add_f32(&pl, "v_scale", s, 2, shape, &e) == QF_OK);
+            CHECK(qf_payload_add_string(&pl, "k_layout", "ec-rot", &e) == QF_OK);
+            CHECK(qf_payload_add_string(&pl, "v_layout", bad ? "ec-rotated" : "ec-rot", &e) == QF_OK);
+            qf_status st = qf_context_bind_payload(c, QF_ARTIFACT_KV_INT8, &pl, &e);
+            if (bad) {
+                CHECK_EQ_INT(st, QF_ERR_ARTIFACT_CORRUPT);
+                CHECK(strstr(e.msg, "v_layout") && strstr(e.msg, "\"ec-rot\""));
+                CHECK(!qf_context_bound(c, NULL));
+            } else {
+                CHECK_MSG(st == QF_OK, "%s", e.msg);
+                CHECK(c->kv.int8_layout[0] == QF_KV_INT8_EC_ROT && c->kv.int8_layout[1] == QF_KV_INT8_EC_ROT);
+                CHECK(qf_context_unbind(c, &e) == QF_OK);
+            }
+            qf_payload_free(&pl);
+        }
+        free(s);
+    }
+    qf_context_free(c);
+    qf_model_free(m);
 }
 
 int main(void) {
@@ -280,7 +508,10 @@ int main(void) {
     RUN(rot_refusals_in_the_cache);
     RUN(rot_q4_0_beats_plain_q4_0);
     RUN(rot_refusals_in_the_context);
+    RUN(delta_ppl_paired_se);
     RUN(int8_token_codec);
+    RUN(int8_ec_codec);
     RUN(int8_layouts_in_the_cache);
+    RUN(int8_layout_payload);
     return test_summary();
 }

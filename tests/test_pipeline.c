@@ -77,13 +77,18 @@ static bool int8_artifact(void) {
     qf_status st = qf_job_run(&j, &rep, &e);
     CHECK_MSG(st == QF_OK, "%s", e.msg);
     CHECK(rep.packaged);
-    CHECK_EQ_INT(rep.n_tried, 2);
-    printf("  kv-int8 %s: ref %.4f cand %.4f delta %+.4f%% kld %.6f top1 %.4f, %s delta %+.4f%%\n", rep.variant,
-           rep.result.ref_ppl, rep.result.cand_ppl, 100 * rep.result.delta_ppl, rep.result.kld_mean, rep.result.top1,
-           rep.tried[1].variant, 100 * rep.tried[1].result.delta_ppl);
-    /* the rotated per-token layout has no static range to clip: it wins on KLD */
-    CHECK(!strcmp(rep.variant, "token-rot"));
-    CHECK(rep.result.kld_mean < rep.tried[1].result.kld_mean);
+    CHECK_EQ_INT(rep.n_tried, 3);
+    printf("  kv-int8 %s: ref %.4f cand %.4f delta %+.4f%% +/- %.4f%% kld %.6f top1 %.4f; %s kld %.6f; %s kld %.6f\n",
+           rep.variant, rep.result.ref_ppl, rep.result.cand_ppl, 100 * rep.result.delta_ppl,
+           100 * rep.result.delta_ppl_err, rep.result.kld_mean, rep.result.top1, rep.tried[1].variant,
+           rep.tried[1].result.kld_mean, rep.tried[2].variant, rep.tried[2].result.kld_mean);
+    /* the rotated per-row layouts have no static range to clip; the entropy-coded one has the
+     * finer step: it wins on KLD */
+    CHECK(!strcmp(rep.variant, "ec-rot"));
+    CHECK(!strcmp(rep.tried[1].variant, "token-rot") && !strcmp(rep.tried[2].variant, "per-channel"));
+    CHECK(rep.result.kld_mean < rep.tried[1].result.kld_mean && rep.result.kld_mean < rep.tried[2].result.kld_mean);
+    /* the paired per-chunk standard error of delta PPL is measured (several chunks) */
+    CHECK(rep.result.n_chunks > 1 && rep.result.delta_ppl_err > 0 && isfinite(rep.result.delta_ppl_err));
     g_cert = rep.cert;
     memset(&rep.cert.config, 0, sizeof rep.cert.config); /* keep nothing that needs freeing */
     qf_certificate_free(&g_cert);

@@ -397,9 +397,12 @@ static void check_gemm(qf_type wt, int64_t K, int N, int n) {
     if (wt == QF_TYPE_Q8_0) { /* the extremes of the signed range */
         block_q8_0 *b0 = (block_q8_0 *)(void *)w;
         b0->qs[0] = -128, b0->qs[1] = 127, b0->qs[31] = -128;
-    } else {
+    } else if (wt == QF_TYPE_Q4_0) {
         block_q4_0 *b0 = (block_q4_0 *)(void *)w;
         b0->qs[0] = 0xF0, b0->qs[15] = 0x0F;
+    } else { /* Q5_0: quants 0 and 31 */
+        block_q5_0 *b0 = (block_q5_0 *)(void *)w;
+        b0->qs[0] = 0xF0, b0->qh[0] = 0x01, b0->qh[2] = 0x00;
     }
     for (int64_t i = 0; i < (int64_t)n * K; i++) x[i] = rndf() * (i % 7 == 0 ? 10.0f : 1.0f);
     qf_gemm_quantize_act(wt, x, K, 0, n, act, tmp);
@@ -449,10 +452,11 @@ static void check_gemm(qf_type wt, int64_t K, int N, int n) {
 }
 
 TEST(gemm_q8_vs_oracle) {
-    CHECK(qf_gemm_q8_type(QF_TYPE_Q8_0) && qf_gemm_q8_type(QF_TYPE_Q4_0) && !qf_gemm_q8_type(QF_TYPE_F16));
+    CHECK(qf_gemm_q8_type(QF_TYPE_Q8_0) && qf_gemm_q8_type(QF_TYPE_Q4_0) && qf_gemm_q8_type(QF_TYPE_Q5_0) &&
+          !qf_gemm_q8_type(QF_TYPE_F16));
     CHECK(!qf_gemm_q8_supported(QF_TYPE_Q4_K));
-    const qf_type ts[] = {QF_TYPE_Q8_0, QF_TYPE_Q4_0};
-    for (int i = 0; i < 2; i++) {
+    const qf_type ts[] = {QF_TYPE_Q8_0, QF_TYPE_Q4_0, QF_TYPE_Q5_0};
+    for (int i = 0; i < 3; i++) {
         check_gemm(ts[i], 32, 1, 1);
         check_gemm(ts[i], 96, 5, 3); /* an odd number of blocks */
         check_gemm(ts[i], 256, 37, 19);

@@ -259,6 +259,47 @@ TEST(demo_model_vocab_and_speed) {
 }
 
 /* Invalid UTF-8 never crashes; byte-level BPE maps each bad byte to U+FFFD like llama.cpp. */
+/* llama.cpp's per-model token attributes with the phi-3 vocabulary: `</s>` is USER_DEFINED
+ * (type 4), so llama.cpp matches it in plain text without special-token parsing, and phi-3's
+ * special tokens strip the whitespace after them (RSTRIP; not <s>, <unk>, <|endoftext|>).
+ * Expected ids: llama.cpp b4748's llama_tokenize (add_special false), captured with
+ * scripts/llama_tokenize_probe.c (docs/tokenizer.md). */
+TEST(phi3_user_defined_eos) {
+    const char *names[] = {"phi-3"};
+    const char *why = missing_vocab(names, 1, false);
+    if (why) SKIP(why);
+    qf_tokenizer *t = load(test_data("vocab/ggml-vocab-phi-3.gguf"));
+    CHECK(t != NULL);
+    if (!t) return;
+    static const struct {
+        const char *text;
+        bool parse_special;
+        int n;
+        int32_t ids[16];
+    } cases[] = {
+        {"Hello </s> world", false, 4, {15043, 29871, 2, 3186}},
+        {"a</s>  b <s> c", false, 7, {263, 2, 289, 529, 29879, 29958, 274}},
+        {"a</s>  b <s> c", true, 7, {263, 2, 289, 29871, 1, 29871, 274}},
+        {"x <|end|>  y", false, 8, {921, 529, 29989, 355, 29989, 29958, 29871, 343}},
+        {"x <|end|>  y", true, 4, {921, 29871, 32007, 343}},
+        {"<|endoftext|> z <unk> q", true, 7, {32000, 29871, 503, 29871, 0, 29871, 3855}},
+        {" <mask>  m </s>", false, 8, {29871, 529, 13168, 29958, 29871, 286, 29871, 2}},
+        {"</s></s>  </s>", false, 3, {2, 2, 2}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        qf_error e = {0};
+        CHECK(qf_tokenize(t, cases[i].text, strlen(cases[i].text), false, cases[i].parse_special, &ids, &n, &e) == QF_OK);
+        bool same = (int)n == cases[i].n;
+        for (size_t k = 0; same && k < n; k++) same = ids[k] == cases[i].ids[k];
+        CHECK_MSG(same, "'%s' (parse_special %d): %zu ids, first %d", cases[i].text, cases[i].parse_special, n,
+                  n ? ids[0] : -1);
+        free(ids);
+    }
+    qf_tokenizer_free(t);
+}
+
 TEST(invalid_utf8) {
     const char *names[] = {"gpt-2", "llama-spm", "deepseek-llm", "falcon"};
     static char paths[4][4096];
@@ -331,6 +372,7 @@ int main(void) {
     RUN(detokenize_roundtrip);
     RUN(stories260k_spm);
     RUN(demo_model_vocab_and_speed);
+    RUN(phi3_user_defined_eos);
     RUN(invalid_utf8);
     RUN(rejects_bad_metadata);
     return test_summary();

@@ -132,10 +132,16 @@ int cli_job_flag(int argc, char **argv, int *i, qf_job *j, const char **paths, i
         if (!cli_parse_double(val, 0, 10, &j->rq_vpred_noise)) BAD("bad --v-pred-noise '%s' (in [0, 10])", val);
     } else if (FLAG("--min-bits", NULL)) {
         if (r < 0) goto missing;
-        if (!cli_parse_int(val, 1, 2, &j->rq_min_bits)) BAD("bad --min-bits '%s' (1, 2)", val);
+        if (!cli_parse_int(val, 1, 6, &j->rq_min_bits)) BAD("bad --min-bits '%s' (1..6)", val);
     } else if (FLAG("--sens-chunks", NULL)) {
         if (r < 0) goto missing;
         if (!cli_parse_int(val, 1, 1000, &j->rq_sens_chunks)) BAD("bad --sens-chunks '%s'", val);
+    } else if (FLAG("--rq-min-bits", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_int(val, 1, 6, &j->rq_min_bits)) BAD("bad --rq-min-bits '%s' (1..6)", val);
+    } else if (FLAG("--sens-ctx", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_int(val, 2, 1 << 20, &j->rq_sens_ctx)) BAD("bad --sens-ctx '%s'", val);
     } else if (FLAG("--dict-version", NULL)) {
         if (r < 0) goto missing;
         if (!cli_parse_int(val, 1, 2, &j->dict_version)) BAD("bad --dict-version '%s' (1, 2)", val);

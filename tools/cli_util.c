@@ -193,4 +193,5 @@ void cli_cuda_env(qf_cuda_params *k) {
     if ((v = getenv("QF_CUDA_GU16")) && strcmp(v, "1") == 0) k->gu16 = true;
     if ((v = getenv("QF_CUDA_F16_CACHE")) && strcmp(v, "0") == 0) k->no_f16_cache = true;
     if ((v = getenv("QF_CUDA_PROFILE")) && atoi(v) > 0) k->profile = true;
+    if ((v = getenv("QF_CUDA_GRAPH")) && strcmp(v, "0") == 0) k->no_graph = true;
 }

@@ -31,7 +31,8 @@ static const char *USAGE =
     "                    ppl/generate --artifact refuse a larger -c\n"
     "  --max-tok N       calibration tokens to capture (default 16384; 0 = all)\n"
     "  --device D        where the capture runs: auto (default: the GPU when one is found), cpu, cuda;\n"
-    "                    certification always runs on the CPU\n"
+    "                    certification runs on the CPU, except kv-int8 with --device cuda: then on\n"
+    "                    the GPU, its first chunk re-checked on the CPU (recorded in the certificate)\n"
     "  --eval-chunks N   evaluation chunks of N tokens (default 16; 0 = all)\n"
     "  -t N              threads (default all cores)\n"
     "  --ref-kv T        reference KV cache type: f32 (default) or f16\n"
@@ -48,6 +49,9 @@ static const char *USAGE =
     "  --v-pred on|off   kv-rq: V predicted from the same layer's K, rows code the residual (on with pre-RoPE keys)\n"
     "  --v-pred-noise X  kv-rq: the predictor's ridge, relative noise on the K it reads (0.2)\n"
     "  --rq-weights on|off --rq-v-alpha A   kv-rq: query/attn_output-weighted channel scales (off), V exponent (0.5)\n"
+    "  --rq-min-bits B   kv-rq with --bits: no (layer, stream) below B code bits (default 2)\n"
+    "  --sens-ctx N      kv-rq: tokens per sensitivity and window-split chunk (default min(-c, 512));\n"
+    "                    -c N measures them at the certified context (slower, fits long contexts)\n"
     "  --dict-version 2   kv-dict v2: keys learned and stored before RoPE, bit-packed indices\n"
     "                     (up to 4096 atoms, 12 bits), CPU only; --sparsity is the cap\n"
     "  --tol-quantile Q   kv-dict v2: error-bounded OMP, bound = Q-quantile of the training\n"
@@ -66,6 +70,7 @@ static json_t *result_json(const qf_certify_result *r) {
                           "eval_tokens", (json_int_t)r->eval_tokens, "kv_bytes_per_token", r->cand_kv_bytes_per_token,
                           "ref_kv_bytes_per_token", r->ref_kv_bytes_per_token, "passed", r->passed);
     json_object_set_new(o, "bits_per_element", jnum(r->bits_per_element));
+    json_object_set_new(o, "delta_ppl_err", jnum(r->delta_ppl_err));
     if (r->has_baseline)
         json_object_set_new(o, "baseline",
                             json_pack("{s:s, s:f, s:o, s:o, s:o, s:o, s:o}", "kv", r->baseline, "bits_per_element",
@@ -179,8 +184,8 @@ int qf_cmd_calibrate(int argc, char **argv) {
     } else if (rep.n_tried > 0) {
         const qf_certify_result *r = &rep.result;
         printf("artifact   %s (%s)%s\n", qf_artifact_kind_name(j.kind), rep.variant, rep.packaged ? "" : "  NOT WRITTEN");
-        printf("ref PPL    %.4f   candidate PPL %.4f   delta %+.4f%% (gate |delta| %.4f%%)\n", r->ref_ppl, r->cand_ppl,
-               100 * r->delta_ppl, 100 * r->gate.max_delta_ppl);
+        printf("ref PPL    %.4f   candidate PPL %.4f   delta %+.4f%% +/- %.4f%% (paired per-chunk SE; gate |delta| %.4f%%)\n",
+               r->ref_ppl, r->cand_ppl, 100 * r->delta_ppl, 100 * r->delta_ppl_err, 100 * r->gate.max_delta_ppl);
         printf("KLD        mean %.6f   p99 %.6f   same top-1 %.2f%%   (%.3f bits/element)\n", r->kld_mean, r->kld_p99,
                100 * r->top1, r->bits_per_element);
         if (r->has_baseline)
@@ -190,8 +195,9 @@ int qf_cmd_calibrate(int argc, char **argv) {
         printf("gate       %s%s%s\n", r->passed ? "passed" : "FAILED", r->passed ? "" : ": ", r->why);
         for (int i = 1; i < rep.n_ctx_results; i++) {
             const qf_certify_result *x = &rep.ctx_results[i].result;
-            printf("at -c %-5d delta %+.4f%%   KLD mean %.6f   p99 %.6f   baseline KLD mean %.6f   %s%s%s\n", x->n_ctx,
-                   100 * x->delta_ppl, x->kld_mean, x->kld_p99, x->baseline_kld_mean, x->passed ? "passed" : "FAILED",
+            printf("at -c %-5d delta %+.4f%% +/- %.4f%%   KLD mean %.6f   p99 %.6f   baseline KLD mean %.6f   %s%s%s\n",
+                   x->n_ctx, 100 * x->delta_ppl, 100 * x->delta_ppl_err, x->kld_mean, x->kld_p99, x->baseline_kld_mean,
+                   x->passed ? "passed" : "FAILED",
                    x->passed ? "" : ": ", x->why);
         }
         if (rep.n_ctx_results > 0) {

@@ -7,6 +7,7 @@
 
 #include "cli.h"
 #include "qforge/gguf.h"
+#include "qforge/model.h"
 
 #define INFO_USAGE "qforge info MODEL.gguf [--json]"
 #define ARRAY_HEAD 8   /* array elements shown before "..." */
@@ -101,6 +102,37 @@ static json_t *json_value(const qf_gguf *g, const qf_gguf_value *v) {
     }
 }
 
+/* ---- the model qforge would run: family and features, or why it would not ---- */
+
+typedef struct {
+    bool runnable;
+    char family[96];
+    char summary[256];
+    char features[512];
+    char error[512];
+} model_view;
+
+static void model_describe(const char *path, model_view *mv) {
+    memset(mv, 0, sizeof *mv);
+    qf_error err = {0};
+    qf_model *m = qf_model_load(path, &err);
+    if (!m) {
+        snprintf(mv->error, sizeof mv->error, "%s", err.msg);
+        return;
+    }
+    const qf_hparams *hp = qf_model_hparams(m);
+    mv->runnable = true;
+    snprintf(mv->family, sizeof mv->family, "%s%s", hp->arch_name,
+             hp->arch == QF_ARCH_LLAMA && hp->n_expert ? " (mixtral-style MoE)" : "");
+    snprintf(mv->summary, sizeof mv->summary,
+             "%d layers, n_embd %d, %d heads (%d kv) x %d, n_ff %d, vocab %d, rope %s base %g%s", hp->n_layer,
+             hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff, hp->n_vocab,
+             hp->rope_type == QF_ROPE_NEOX ? "neox" : "norm", hp->rope_freq_base,
+             hp->tied_output ? ", tied output" : "");
+    qf_hparams_features(hp, mv->features, sizeof mv->features);
+    qf_model_free(m);
+}
+
 /* ---- totals per tensor type ---- */
 
 typedef struct {
@@ -170,13 +202,18 @@ int qf_cmd_info(int argc, char **argv) {
                                               (json_int_t)by_type[t].tensors, "params",
                                               (json_int_t)by_type[t].params, "bytes",
                                               (json_int_t)by_type[t].bytes));
+        model_view mv;
+        model_describe(path, &mv);
+        json_t *model = mv.runnable ? json_pack("{s:b, s:s, s:s, s:s}", "runnable", 1, "family", mv.family, "summary",
+                                                mv.summary, "features", mv.features)
+                                    : json_pack("{s:b, s:s}", "runnable", 0, "error", mv.error);
         json_t *out = json_pack(
-            "{s:s, s:I, s:i, s:I, s:I, s:I, s:I, s:o, s:o, s:{s:I, s:I, s:o}}", "file", path,
+            "{s:s, s:I, s:i, s:I, s:I, s:I, s:I, s:o, s:o, s:{s:I, s:I, s:o}, s:o}", "file", path,
             "file_size", (json_int_t)file_size, "version", (int)qf_gguf_version(g), "alignment",
             (json_int_t)qf_gguf_alignment(g), "data_offset", (json_int_t)qf_gguf_data_offset(g),
             "n_kv", (json_int_t)qf_gguf_n_kv(g), "n_tensors", (json_int_t)qf_gguf_n_tensors(g),
             "metadata", meta, "tensors", tensors, "totals", "params", (json_int_t)total_params,
-            "bytes", (json_int_t)total_bytes, "by_type", per_type);
+            "bytes", (json_int_t)total_bytes, "by_type", per_type, "model", model);
         cli_print_json(out);
         qf_gguf_close(g);
         return 0;
@@ -214,6 +251,14 @@ int qf_cmd_info(int argc, char **argv) {
         if (by_type[t].tensors)
             printf("  %-6s %5" PRIu64 " tensors %12" PRIu64 " params %12" PRIu64 " bytes\n",
                    qf_type_name((qf_type)t), by_type[t].tensors, by_type[t].params, by_type[t].bytes);
+    model_view mv;
+    model_describe(path, &mv);
+    if (mv.runnable) {
+        printf("\nmodel:       %s: %s\n", mv.family, mv.summary);
+        printf("features:    %s\n", mv.features[0] ? mv.features : "(none beyond llama)");
+    } else {
+        printf("\nmodel:       not runnable by qforge: %s\n", mv.error);
+    }
     qf_gguf_close(g);
     return 0;
 }

@@ -171,6 +171,9 @@ int qf_cmd_ppl(int argc, char **argv) {
         printf("Final estimate: PPL = %.4f +/- %.5f\n", r.ppl, r.ppl_err);
         if (r.has_kl) {
             printf("Mean    KLD: %10.6f +/- %10.6f\n", r.kld_mean, r.kld_err);
+            printf("Delta   PPL: %+9.4f%% +/- %8.4f%% (paired vs the base, per-chunk standard error over %d chunks; "
+                   "log-probs floored as the base stores them)\n",
+                   100.0 * r.delta_ppl, 100.0 * r.delta_ppl_err, r.n_chunks);
             printf("Median  KLD: %10.6f\n", r.kld_median);
             printf("99.0%%   KLD: %10.6f\n", r.kld_p99);
             printf("Maximum KLD: %10.6f\n", r.kld_max);

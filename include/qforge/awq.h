@@ -57,7 +57,9 @@
  * compare with llama-quantize --output-tensor-type q8_0); a tensor whose row is not a multiple
  * of the block size stays F16. All metadata is copied; general.file_type is updated. Input
  * tensors may be F32, F16, BF16, Q8_0, Q4_0, ... (anything qf_dequantize_row reads).
- * Only llama and qwen2 models (QF_ERR_UNSUPPORTED otherwise). Output written atomically. */
+ * The MoE router (ffn_gate_inp) stays as it is, as llama-quantize keeps it; 3-D expert tensors
+ * are quantized row by row. Every family qforge loads (QF_ERR_UNSUPPORTED for any other
+ * general.architecture). Output written atomically. */
 QF_API qf_status qf_quantize_model(const char *in_path, const char *out_path, qf_type type, qf_error *err);
 
 /* The type a tensor gets under qf_quantize_model (exposed for tests and docs);

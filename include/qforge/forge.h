@@ -58,6 +58,7 @@ typedef struct {
     double baseline_ppl, baseline_delta_ppl, baseline_kld_mean, baseline_kld_p99, baseline_top1;
     qf_gate gate;              /* the resolved gate the verdict used */
     char why[256];             /* the first failing condition when !passed, else "" */
+    double delta_ppl_err;      /* paired per-chunk standard error of delta_ppl (qf_ppl_result) */
 } qf_certify_result;
 
 typedef struct qf_certify_ref qf_certify_ref; /* reference numbers and its saved log-probs */
@@ -125,8 +126,10 @@ typedef struct {
     int64_t capture_per_layer;  /* K (and V) vectors kept per layer (0 = QF_JOB_DEFAULT_BUDGET) */
     uint64_t seed;              /* capture reservoir and dictionary seed (default 1) */
     qf_device capture_device;   /* where the capture runs (auto: the GPU when one is found, K/V read
-                                   back from GPU memory); certification always runs on the CPU,
-                                   where the int8 and dict KV modes live */
+                                   back from GPU memory); certification runs on the CPU, except
+                                   kv-int8 with CUDA: reference, candidates and free baseline on
+                                   the GPU, the first chunk re-checked on the CPU (config keys
+                                   certify_device, cpu_recheck_chunk0_*) */
     /* kv-int8 */
     double int8_percentile;     /* clip percentile of |x| (default 100 = absmax) */
     /* kv-dict */
@@ -155,7 +158,11 @@ typedef struct {
     int rq_vpred;               /* V predicted from the same layer's K: 1 / -1 (default) with pre-RoPE
                                    keys, 0 never */
     double rq_vpred_noise;      /* the V predictor's ridge: relative input noise (default 0.2) */
-    int rq_min_bits;            /* the allocation's floor, 1 or 2 (0 = 1 below a 3-bit budget, else 2) */
+    int rq_min_bits;            /* with rq_bits: the fewest code bits any (layer, stream) gets, 1..6 (0 =
+                                   default: 1 below a 3-bit budget, else 2; 3 avoids 2-bit codebooks and
+                                   their heavy per-token tails) */
+    int rq_sens_ctx;            /* tokens per sensitivity / window-split chunk (0 = min(n_ctx, 512));
+                                   at most the capture window n_ctx (QF_ERR_ARG otherwise) */
     /* outputs */
     const char *out_path;       /* the .qfa (required for qf_job_run) */
     const char *sign_key_path;  /* PEM Ed25519 private key, or NULL */

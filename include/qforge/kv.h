@@ -116,5 +116,15 @@ QF_API void qf_kv_int8_dequantize(const int8_t *q, const float *scale, float *x,
  * exponent (s = 2^((e-176)/8)): exactly 8 bits per element, no static scale (kv_codes.c). */
 QF_API void qf_kv_int8_token_quantize(const float *x, int8_t *q, int n);
 QF_API void qf_kv_int8_token_dequantize(const int8_t *q, float *x, int n);
+/* The entropy-coded layout (kv-int8 "ec-rot" on rotated rows): one row of n elements (a
+ * multiple of 8 in [16, 1024]) in exactly n bytes: a 10-bit step exponent, then a prefix code
+ * per element (magnitude, sign) designed for a Gaussian row; the encoder picks the finest step
+ * whose codes fit (kv_codes.c has the bit layout). Non-finite elements encode as 0; a row that
+ * is all zero (or all non-finite) decodes to zeros. Dequantize decodes the first n_out <= n
+ * elements of an n-element row (the stream is sequential: element i needs the codes before
+ * it). The decoder never reads past n bytes and decodes any byte string to finite values (a
+ * corrupt tail decodes to zeros). */
+QF_API void qf_kv_int8_ec_quantize(const float *x, uint8_t *q, int n);
+QF_API void qf_kv_int8_ec_dequantize(const uint8_t *q, int n, float *x, int n_out);
 
 #endif

@@ -92,10 +92,11 @@ QF_API double qf_kv_rq_bits_per_element(const int *const bits[2], int n_layer, i
  * largest predicted gain, while the mean code bits stay <= max_code_bits. bits[s][l] out;
  * returns the predicted total damage. */
 QF_API double qf_kv_rq_allocate(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int *const bits[2]);
-/* The same with every unit starting at min_bits (1..6; qf_kv_rq_allocate uses 2): 1 lets the
- * least sensitive (layer, stream) units fall to 1-bit rows so that the sensitive ones get more
- * at a low budget. sens is still the damage at QF_KV_RQ_SENS_BITS (2) bits. */
-QF_API double qf_kv_rq_allocate_ex(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits,
-                                   int min_bits, int *const bits[2]);
+/* The same with a floor: every unit starts at min_bits (clamped to [QF_KV_RQ_MIN_BITS,
+ * QF_KV_RQ_MAX_BITS]; 2-bit codebooks give the heaviest per-token tails) and the greedy raises
+ * from there; when the floor alone exceeds max_code_bits every unit stays at the floor (the
+ * caller checks the rate). qf_kv_rq_allocate is this with min_bits = QF_KV_RQ_MIN_BITS. */
+QF_API double qf_kv_rq_allocate_min(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int min_bits,
+                                    int *const bits[2]);
 
 #endif

@@ -1,5 +1,7 @@
-/* qforge/model.h: a loaded model (llama and qwen2 families) and the inference context that
- * runs it: batched prefill, incremental decode, the KV cache and the capture taps. */
+/* qforge/model.h: a loaded model (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3 and the
+ * llama-architecture MoE (mixtral)) and the inference context that runs it: batched prefill,
+ * incremental decode, the KV cache and the capture taps. docs/families.md lists what each family
+ * uses. */
 #ifndef QFORGE_MODEL_H
 #define QFORGE_MODEL_H
 
@@ -13,7 +15,25 @@
 #include "qforge/quant.h"
 #include "qforge/tokenizer.h"
 
-typedef enum { QF_ARCH_LLAMA = 0, QF_ARCH_QWEN2 = 1 } qf_arch;
+typedef enum {
+    QF_ARCH_LLAMA = 0, /* also the mixtral-style MoE: llama with llama.expert_count > 0 */
+    QF_ARCH_QWEN2 = 1,
+    QF_ARCH_QWEN3,
+    QF_ARCH_QWEN3MOE,
+    QF_ARCH_GEMMA2,
+    QF_ARCH_GEMMA3,
+    QF_ARCH_PHI3,
+    QF_ARCH_COUNT
+} qf_arch;
+/* the feed-forward gate's activation: silu(gate) * up (SwiGLU) or gelu_tanh(gate) * up (GeGLU) */
+typedef enum { QF_FFN_SILU = 0, QF_FFN_GELU_TANH = 1 } qf_ffn_act;
+/* which layers attend through a sliding window of n_swa positions (the rest attend globally) */
+typedef enum {
+    QF_SWA_NONE = 0,
+    QF_SWA_ALL,     /* phi3: every layer */
+    QF_SWA_EVEN,    /* gemma2: layers 0, 2, 4, ... */
+    QF_SWA_PATTERN  /* gemma3: every layer except each swa_pattern-th (il % pattern == pattern - 1) */
+} qf_swa_kind;
 typedef enum { QF_ROPE_NORM = 0, QF_ROPE_NEOX = 2 } qf_rope_type; /* ggml's numbering */
 
 typedef struct {
@@ -25,7 +45,30 @@ typedef struct {
     float rope_freq_base, rope_freq_scale, rms_eps;
     qf_rope_type rope_type;
     bool tied_output;
+    /* ---- family features (docs/families.md); the llama/qwen2 values are the neutral ones ---- */
+    float embd_scale;      /* token embeddings are multiplied by this (gemma: sqrt(n_embd); else 1) */
+    float attn_scale;      /* q.k scale (1/sqrt(head_dim)) */
+    float attn_softcap;    /* > 0: scores = c * tanh(scores / c) before the softmax (gemma2) */
+    float final_softcap;   /* > 0: logits = c * tanh(logits / c) (gemma2) */
+    qf_swa_kind swa;       /* sliding-window layers */
+    int n_swa;             /* their window: a query at t sees keys t - n_swa < p <= t */
+    int swa_pattern;       /* QF_SWA_PATTERN: period (gemma3: 6) */
+    float rope_freq_base_swa; /* RoPE base of the sliding-window layers (gemma3: 10000); = rope_freq_base otherwise */
+    bool qk_norm;          /* per-head RMS norm of q and k before RoPE (qwen3, gemma3) */
+    bool post_norms;       /* RMS norm of the attention and FFN outputs before the residual add (gemma) */
+    bool fused_qkv;        /* one attn_qkv tensor (phi3) */
+    bool fused_gate_up;    /* one ffn_up tensor holding gate then up (phi3) */
+    qf_ffn_act ffn_act;
+    int n_expert, n_expert_used; /* MoE: experts per layer and the top-k each token uses (0 = dense) */
+    int n_ff_exp;          /* MoE: hidden size of one expert */
+    bool expert_norm_w;    /* MoE: the top-k softmax weights are renormalized to sum to 1 */
 } qf_hparams;
+
+/* true when layer il attends through the sliding window */
+QF_API bool qf_hparams_layer_swa(const qf_hparams *hp, int il);
+/* A one-line, comma-separated list of the family features hp uses ("qk-norm, gelu-tanh, ...";
+ * "" for plain llama) into buf; returns buf. */
+QF_API const char *qf_hparams_features(const qf_hparams *hp, char *buf, size_t size);
 
 /* One tensor of the model as stored in the file (data points into the mapping). */
 typedef struct {
@@ -36,8 +79,16 @@ typedef struct {
 } qf_weight;
 
 typedef struct {
+    /* wq/wk/wv are row views into attn_qkv and w_gate/w_up into the fused ffn_up when the family
+     * fuses them (phi3): every consumer sees three (two) ordinary weights either way */
     qf_weight attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
     qf_weight bq, bk, bv; /* qwen2 only; data == NULL when absent */
+    qf_weight q_norm, k_norm;               /* [head_dim] (qk_norm); data == NULL when absent */
+    qf_weight post_attn_norm, post_ffw_norm; /* [n_embd] (post_norms) */
+    /* MoE (n_expert > 0; the dense w_gate/w_up/w_down are then absent): the router
+     * ffn_gate_inp [n_embd -> n_expert] and one 2-D view per expert into the 3-D tensors */
+    qf_weight gate_inp;
+    qf_weight *exp_gate, *exp_up, *exp_down; /* [n_expert] each, NULL for a dense layer */
 } qf_layer_weights;
 
 typedef struct qf_model qf_model;
@@ -121,13 +172,14 @@ QF_API bool qf_cuda_available(void);
 
 /* CUDA backend knobs; all false = the default (certified) routes. The library never reads the
  * environment: the CLI and the benches set these from QF_CUDA_GEMM=f32, QF_CUDA_ATTN=warp,
- * QF_CUDA_GU16=1, QF_CUDA_F16_CACHE=0 and QF_CUDA_PROFILE=1. */
+ * QF_CUDA_GU16=1, QF_CUDA_F16_CACHE=0, QF_CUDA_PROFILE=1 and QF_CUDA_GRAPH=0. */
 typedef struct {
     bool gemm_f32;     /* dequantize to f32 and use sgemm for every matmul */
     bool attn_warp;    /* the one-warp-per-(query, head) attention kernel for prefill too */
     bool gu16;         /* experimental, not certified: the gate|up GEMM writes f16 */
     bool no_f16_cache; /* no persistent f16 copy of quantized weights for prefill GEMMs */
     bool profile;      /* GPU time per stage printed to stderr when the context is freed */
+    bool no_graph;     /* one-token decode steps launch kernel by kernel instead of replaying a CUDA graph */
 } qf_cuda_params;
 
 typedef struct {

@@ -25,6 +25,9 @@ typedef struct {
                            forge's private reference files). Without it rank 0 writes one
                            llama.cpp file and every rank reads that one file. */
     FILE *log;          /* running values ("[1]12.34,[2]..."), NULL for silence */
+    double *chunk_nll;  /* NULL, or receives each chunk's mean NLL in chunk order (rank 0; the
+                           first chunk_nll_cap chunks) */
+    int chunk_nll_cap;
     bool progress;      /* progress bar on a TTY */
 } qf_ppl_params;
 
@@ -40,6 +43,13 @@ typedef struct {
     double same_top_p, same_top_p_err; /* fraction of positions whose argmax agrees */
     double rms_dp;       /* RMS of the probability difference of the actual next token */
     double ppl_base;     /* PPL of the base logits (when has_kl) */
+    double delta_ppl, delta_ppl_err; /* has_kl: the paired ΔPPL against the base on the same tokens,
+                                        and its per-chunk standard error (the spread of the per-chunk
+                                        mean NLL differences / sqrt(chunks); 0 with one chunk). The
+                                        base file floors log-probabilities 16 below the row's max
+                                        logit (llama.cpp's format), so both sides are floored there:
+                                        on text with many such tokens this differs from the ratio
+                                        of the exact PPLs (qf_certify_* pairs exact NLLs) */
 } qf_ppl_result;
 
 QF_API qf_ppl_params qf_ppl_default_params(void);

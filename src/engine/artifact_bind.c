@@ -17,16 +17,15 @@
  * one is freed only when the new one exists. */
 static qf_status rebuild_exact(qf_context *c, const qf_kv_stream_spec spec[2], int n_sink, int n_window,
                                qf_error *err) {
-    /* the GPU cache knows the static int8 layout only: refuse rather than run other numbers */
-    for (int s = 0; s < 2; s++)
-        if (c->gpu && spec[s].mode == QF_KV_INT8 && spec[s].int8_layout != QF_KV_INT8_STATIC)
-            return qf_fail(err, QF_ERR_UNSUPPORTED,
-                           "this kv-int8 artifact's %s row layout (rotated or per-token) runs on the CPU only: use "
-                           "--device cpu",
-                           s ? "V" : "K");
+    /* the GPU cache runs every kv-int8 row layout (static, static-rot, token-rot, token: the
+     * same bytes as the CPU cache, test_cuda op_kv_int8_dict) */
     qf_kv_cache fresh;
     qf_status st = qf_kv_cache_init_spec(&fresh, &c->model->hp, c->params.n_ctx, spec, err);
     if (st) return st;
+    if ((st = qf_kv_cache_set_swa(&fresh, &c->model->hp, c->n_batch, err))) { /* sliding-window rings */
+        qf_kv_cache_free(&fresh);
+        return st;
+    }
     if ((n_sink || n_window) && (st = qf_kv_cache_set_exact(&fresh, n_sink, n_window, err))) {
         qf_kv_cache_free(&fresh);
         return st;
@@ -146,7 +145,7 @@ static qf_status int8_scales(const qf_payload *p, const char *name, const qf_hpa
     return QF_OK;
 }
 
-static const char *const int8_layout_names[QF_KV_INT8_LAYOUT_COUNT] = {"static", "static-rot", "token-rot", "token"};
+static const char *const int8_layout_names[QF_KV_INT8_LAYOUT_COUNT] = {"static", "static-rot", "token-rot", "token", "ec-rot"};
 
 /* "k_layout" / "v_layout" (absent: the original static layout) */
 static qf_status int8_layout(const qf_payload *p, const char *name, int *out, qf_error *err) {
@@ -157,7 +156,7 @@ static qf_status int8_layout(const qf_payload *p, const char *name, int *out, qf
         for (int i = 0; i < QF_KV_INT8_LAYOUT_COUNT; i++)
             if (!strcmp(e->str, int8_layout_names[i])) return *out = i, QF_OK;
     return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT,
-                   "kv-int8 payload: '%s': expected \"static\", \"static-rot\", \"token-rot\" or \"token\"", name);
+                   "kv-int8 payload: '%s': expected \"static\", \"static-rot\", \"token-rot\", \"token\" or \"ec-rot\"", name);
 }
 
 static qf_status bind_int8(qf_context *c, const qf_payload *p, qf_error *err) {

@@ -15,6 +15,8 @@ struct qf_model {
     qf_weight tok_embd, output_norm, output;
     qf_weight rope_freqs; /* Llama-3.1 style per-dimension frequency factors; data NULL if absent */
     qf_layer_weights *layers;
+    qf_weight *experts;  /* MoE: the per-expert views layers[].exp_* point into, or NULL */
+    bool *bound;         /* while loading: which tensors of the file a weight was bound to */
     uint8_t sha256[32];
     bool sha_done;
 };
@@ -47,6 +49,11 @@ typedef struct {
      * run on one thread; reads rotate in the caller's buffer, so they may run in parallel) */
     qf_kv_rot rot;
     float *rot_buf;
+    /* Sliding-window layers (qf_kv_cache_set_swa): ring_rows[layer] > 0 means that layer keeps
+     * only its last ring_rows positions, position p in slot p % ring_rows, ring_pos[layer][slot]
+     * = the position a slot holds (-1: none); 0 or NULL: all n_ctx positions */
+    int *ring_rows;
+    int32_t **ring_pos;
     /* QF_KV_INT8 row layout per stream (qf_kv_int8_layout); int8_buf [head_dim] is the write
      * scratch of the rotated layouts */
     uint8_t int8_layout[2];
@@ -73,12 +80,16 @@ struct qf_kv_rq_bind {
  *   STATIC_ROT  the same on the Walsh-Hadamard rotated row (scales fitted on rotated vectors)
  *   TOKEN_ROT   rotated row, its own scale per row carried in the codes' parities
  *               (qf_kv_int8_token_quantize): exactly 8 bits, no static scale used
- *   TOKEN       the same without the rotation */
+ *   TOKEN       the same without the rotation
+ *   EC_ROT      rotated rows, entropy-coded in exactly 8 bits per element (qf_kv_int8_ec_quantize):
+ *               the step follows the RMS, not the maximum; the kv heads of one token are coded
+ *               in groups of up to 256 elements (kv_cache.c ec_group); no static scale used */
 typedef enum {
     QF_KV_INT8_STATIC = 0,
     QF_KV_INT8_STATIC_ROT,
     QF_KV_INT8_TOKEN_ROT,
     QF_KV_INT8_TOKEN,
+    QF_KV_INT8_EC_ROT,
     QF_KV_INT8_LAYOUT_COUNT
 } qf_kv_int8_layout;
 
@@ -137,9 +148,19 @@ void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_po
  * k_prerope cache, whose sink copies must be the post-RoPE keys attention reads: forward.c
  * calls it with them. */
 void qf_kv_cache_write_sinks(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos, const float *src);
-/* Read kv head `h` for positions [0, n_pos) into dst [n_pos][head_dim] f32. */
+/* Read kv head `h` for positions [0, n_pos) into dst [n_pos][head_dim] f32. A sliding-window
+ * layer's ring gives its last ring_rows positions; dst rows before them are zeroed. */
 void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos,
                            float *dst);
+/* Keep only a window in the cache for hp's sliding-window layers: each such layer stores its
+ * last min(n_ctx, n_swa - 1 + n_batch) positions in a ring (a batch of up to n_batch tokens
+ * still finds every key its queries see). Call on a fresh cache, after init; no-op for models
+ * without sliding-window layers or when the ring would not be smaller. QF_ERR_NOMEM. */
+qf_status qf_kv_cache_set_swa(qf_kv_cache *kv, const qf_hparams *hp, int n_batch, qf_error *err);
+/* True when every ring layer still holds positions [lo, hi) (always true without rings): a
+ * decode that rewinds further back than its rings reach must start again at 0. On false,
+ * *layer and *pos name the first missing one. */
+bool qf_kv_cache_ring_holds(const qf_kv_cache *kv, int lo, int hi, int *layer, int *pos);
 /* Bytes per token of the whole cache (K + V, every layer) at its n_ctx: the rows of every
  * position plus the exact sink and window copies spread over n_ctx positions. */
 double qf_kv_cache_bytes_per_token(const qf_kv_cache *kv);

@@ -43,6 +43,7 @@ qf_context_params qf_context_default_params(void) {
 /* f32 copies of the small per-layer vectors (norm gains, biases), whatever their stored type */
 typedef struct {
     float *attn_norm, *ffn_norm, *bq, *bk, *bv;
+    float *q_norm, *k_norm, *post_attn_norm, *post_ffw_norm; /* NULL when the family has none */
 } layer_vecs;
 
 typedef struct {
@@ -69,6 +70,14 @@ typedef struct qf_context_ext {
      * layout; only the sink rows and the window rows of the batch are filled (kv.n_sink/n_window) */
     float *ekbuf, *evbuf;
     float *kr_cos, *kr_sin; /* pre-RoPE K cache: [n_ctx][n_rot/2] tables for every position, or NULL */
+    float *kr_cos_swa, *kr_sin_swa; /* the same for sliding-window layers with their own base (gemma3) */
+    /* sliding-window layers with their own RoPE base (gemma3): [n_batch][n_rot/2], or NULL */
+    float *rope_cos_swa, *rope_sin_swa;
+    /* MoE scratch (n_expert > 0): router logits [n_batch][n_expert], the chosen experts and their
+     * weights [n_batch][n_expert_used], gathered rows of one expert [n_batch][n_embd] (input,
+     * output), the token and weight of each gathered row, the FFN sum [n_batch][n_embd] */
+    float *moe_logits, *moe_w, *moe_x, *moe_y, *moe_acc, *moe_rw;
+    int *moe_ids, *moe_rows;
     uint8_t *gact; /* int8 GEMM activations (kernels/gemm.h): n_batch rows of the widest input */
 } ctx_ext;
 
@@ -82,12 +91,16 @@ void qf_context_free(qf_context *c) {
         for (int il = 0; il < c->model->hp.n_layer; il++) {
             layer_vecs *lv = &e->vecs.layers[il];
             free(lv->attn_norm), free(lv->ffn_norm), free(lv->bq), free(lv->bk), free(lv->bv);
+            free(lv->q_norm), free(lv->k_norm), free(lv->post_attn_norm), free(lv->post_ffw_norm);
         }
         free(e->vecs.layers);
     }
     free(e->vecs.output_norm);
     free(e->vecs.rope_ff);
-    free(e->kr_cos), free(e->kr_sin);
+    free(e->kr_cos), free(e->kr_sin), free(e->kr_cos_swa), free(e->kr_sin_swa);
+    free(e->rope_cos_swa), free(e->rope_sin_swa);
+    free(e->moe_logits), free(e->moe_w), free(e->moe_x), free(e->moe_y), free(e->moe_acc), free(e->moe_rw);
+    free(e->moe_ids), free(e->moe_rows);
     free(e->kbuf), free(e->vbuf), free(e->ekbuf), free(e->evbuf), free(e->gact);
     qf_kv_cache_free(&c->kv);
     free(c->x), free(c->xn), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
@@ -130,9 +143,12 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     }
     if (qf_kv_cache_init(&c->kv, hp, c->params.n_ctx, c->params.kv_k, c->params.kv_v, err)) goto fail;
     if (qf_kv_cache_set_rot(&c->kv, c->params.kv_rot, err)) goto fail;
+    /* sliding-window layers keep only their window (+ one batch) in the cache */
+    if (qf_kv_cache_set_swa(&c->kv, hp, c->n_batch, err)) goto fail;
 
     size_t B = (size_t)c->n_batch, D = hp->n_embd, Dq = (size_t)hp->n_head * hp->head_dim,
-           Dkv = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+           Dkv = (size_t)hp->n_head_kv * hp->head_dim,
+           F = (size_t)(hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp); /* dense or expert FFN */
     c->x = qf_malloc_aligned(B * D * 4);
     c->xn = qf_malloc_aligned(B * (D > F ? D : F) * 4);
     c->q = qf_malloc_aligned(B * Dq * 4);
@@ -164,6 +180,25 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->hb || !c->hb2 || !c->rope_cos ||
         !c->rope_sin || !c->xq || !e->kbuf || !e->vbuf || !e->ekbuf || !e->evbuf || !e->gact || !c->thr_buf)
         goto oom;
+    if (hp->rope_freq_base_swa != hp->rope_freq_base) {
+        e->rope_cos_swa = qf_malloc_aligned(B * hp->n_rot / 2 * 4);
+        e->rope_sin_swa = qf_malloc_aligned(B * hp->n_rot / 2 * 4);
+        if (!e->rope_cos_swa || !e->rope_sin_swa) goto oom;
+    }
+    if (hp->n_expert) {
+        size_t E = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used;
+        e->moe_logits = malloc(B * E * sizeof(float));
+        e->moe_w = malloc(B * K * sizeof(float));
+        e->moe_ids = malloc(B * K * sizeof(int));
+        e->moe_rows = malloc(B * sizeof(int));
+        e->moe_rw = malloc(B * sizeof(float));
+        e->moe_x = qf_malloc_aligned(B * D * 4);
+        e->moe_y = qf_malloc_aligned(B * D * 4);
+        e->moe_acc = qf_malloc_aligned(B * D * 4);
+        if (!e->moe_logits || !e->moe_w || !e->moe_ids || !e->moe_rows || !e->moe_rw || !e->moe_x || !e->moe_y ||
+            !e->moe_acc)
+            goto oom;
+    }
     for (int i = 0; i < nthr; i++)
         if (!(c->thr_buf[i] = qf_malloc_aligned(c->thr_buf_floats * 4))) goto oom;
 
@@ -177,8 +212,13 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
         lv->bq = vec_to_f32(&L->bq);
         lv->bk = vec_to_f32(&L->bk);
         lv->bv = vec_to_f32(&L->bv);
+        lv->q_norm = vec_to_f32(&L->q_norm);
+        lv->k_norm = vec_to_f32(&L->k_norm);
+        lv->post_attn_norm = vec_to_f32(&L->post_attn_norm);
+        lv->post_ffw_norm = vec_to_f32(&L->post_ffw_norm);
         if (!lv->attn_norm || !lv->ffn_norm || (L->bq.data && !lv->bq) || (L->bk.data && !lv->bk) ||
-            (L->bv.data && !lv->bv))
+            (L->bv.data && !lv->bv) || (L->q_norm.data && !lv->q_norm) || (L->k_norm.data && !lv->k_norm) ||
+            (L->post_attn_norm.data && !lv->post_attn_norm) || (L->post_ffw_norm.data && !lv->post_ffw_norm))
             goto oom;
     }
     e->vecs.output_norm = vec_to_f32(&m->output_norm);
@@ -317,23 +357,34 @@ static void rmsnorm(float *out, const float *x, const float *g, int n, float eps
 
 /* cos/sin of every rotated pair for positions pos0..pos0+n, as ggml's rope cache computes them
  * (theta advanced by repeated multiplication in f32) */
-static void rope_row(qf_context *c, int pos, float *cs, float *sn) {
+static void rope_row_base(qf_context *c, float base, float freq_scale, int pos, float *cs, float *sn) {
     const qf_hparams *hp = &c->model->hp;
     int half = hp->n_rot / 2;
-    float theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->n_rot);
+    float theta_scale = powf(base, -2.0f / (float)hp->n_rot);
     const float *ff = ext(c)->vecs.rope_ff;
     float theta = (float)pos;
     for (int i = 0; i < half; i++) {
-        float th = hp->rope_freq_scale * (ff ? theta / ff[i] : theta);
+        float th = freq_scale * (ff ? theta / ff[i] : theta);
         cs[i] = cosf(th);
         sn[i] = sinf(th);
         theta *= theta_scale;
     }
 }
 
+static void rope_row(qf_context *c, int pos, float *cs, float *sn) {
+    rope_row_base(c, c->model->hp.rope_freq_base, c->model->hp.rope_freq_scale, pos, cs, sn);
+}
+
+/* the batch's tables; and those of the sliding-window layers when they have their own base
+ * (gemma3: local base, no frequency scaling) */
 static void rope_tables(qf_context *c, int pos0, int n) {
-    int half = c->model->hp.n_rot / 2;
+    const qf_hparams *hp = &c->model->hp;
+    int half = hp->n_rot / 2;
     for (int t = 0; t < n; t++) rope_row(c, pos0 + t, c->rope_cos + t * half, c->rope_sin + t * half);
+    if (ext(c)->rope_cos_swa)
+        for (int t = 0; t < n; t++)
+            rope_row_base(c, hp->rope_freq_base_swa, 1.0f, pos0 + t, ext(c)->rope_cos_swa + t * half,
+                          ext(c)->rope_sin_swa + t * half);
 }
 
 /* A cache that stores K before RoPE (kv.k_prerope) is rotated on read with tables for every
@@ -342,14 +393,25 @@ static qf_status kv_rope_tables(qf_context *c, qf_error *err) {
     ctx_ext *e = ext(c);
     if (e->kr_cos) return QF_OK;
     int half = c->model->hp.n_rot / 2, n_ctx = c->params.n_ctx;
+    const qf_hparams *hp = &c->model->hp;
+    bool two = e->rope_cos_swa != NULL; /* gemma3: local layers have their own base */
     e->kr_cos = malloc((size_t)n_ctx * half * sizeof(float) + 1);
     e->kr_sin = malloc((size_t)n_ctx * half * sizeof(float) + 1);
-    if (!e->kr_cos || !e->kr_sin) {
-        free(e->kr_cos), free(e->kr_sin);
-        e->kr_cos = e->kr_sin = NULL;
+    if (two) {
+        e->kr_cos_swa = malloc((size_t)n_ctx * half * sizeof(float) + 1);
+        e->kr_sin_swa = malloc((size_t)n_ctx * half * sizeof(float) + 1);
+    }
+    if (!e->kr_cos || !e->kr_sin || (two && (!e->kr_cos_swa || !e->kr_sin_swa))) {
+        free(e->kr_cos), free(e->kr_sin), free(e->kr_cos_swa), free(e->kr_sin_swa);
+        e->kr_cos = e->kr_sin = e->kr_cos_swa = e->kr_sin_swa = NULL;
         return qf_fail(err, QF_ERR_NOMEM, "decode: out of memory for the pre-RoPE K tables");
     }
-    for (int p = 0; p < n_ctx; p++) rope_row(c, p, e->kr_cos + (size_t)p * half, e->kr_sin + (size_t)p * half);
+    for (int p = 0; p < n_ctx; p++) {
+        rope_row(c, p, e->kr_cos + (size_t)p * half, e->kr_sin + (size_t)p * half);
+        if (two)
+            rope_row_base(c, hp->rope_freq_base_swa, 1.0f, p, e->kr_cos_swa + (size_t)p * half,
+                          e->kr_sin_swa + (size_t)p * half);
+    }
     return QF_OK;
 }
 
@@ -368,10 +430,10 @@ static void rope_rotate(const qf_hparams *hp, const float *cs, const float *sn, 
     }
 }
 
-/* rotate every head of one token's q or k in the current batch */
-static void rope_apply(const qf_context *c, float *v, int n_heads, int t) {
+/* rotate every head of one token's q or k in the current batch by the tables cs, sn */
+static void rope_apply(const qf_context *c, const float *cs, const float *sn, float *v, int n_heads, int t) {
     int half = c->model->hp.n_rot / 2;
-    rope_rotate(&c->model->hp, c->rope_cos + t * half, c->rope_sin + t * half, v, n_heads);
+    rope_rotate(&c->model->hp, cs + t * half, sn + t * half, v, n_heads);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -407,9 +469,10 @@ static void kv_gather_worker(void *arg, int ith, int nth) {
         qf_kv_cache_read_head(&c->kv, stream, j->layer, h, T, dst);
         if (stream == 0 && c->kv.k_prerope) { /* RoPE on read, per position */
             int half = hp->n_rot / 2;
+            bool swa = ext(c)->kr_cos_swa && qf_hparams_layer_swa(hp, j->layer);
+            const float *kc = swa ? ext(c)->kr_cos_swa : ext(c)->kr_cos, *ks = swa ? ext(c)->kr_sin_swa : ext(c)->kr_sin;
             for (int p = 0; p < T; p++)
-                rope_rotate(hp, ext(c)->kr_cos + (size_t)p * half, ext(c)->kr_sin + (size_t)p * half,
-                            dst + (size_t)p * hp->head_dim, 1);
+                rope_rotate(hp, kc + (size_t)p * half, ks + (size_t)p * half, dst + (size_t)p * hp->head_dim, 1);
         }
         if (c->kv.n_sink || c->kv.n_window) exact_gather(c, j, stream, h, dst);
     }
@@ -470,7 +533,9 @@ static void attention_worker(void *arg, int ith, int nth) {
     const qf_hparams *hp = &c->model->hp;
     int hd = hp->head_dim, n = j->n, gq = hp->n_head / hp->n_head_kv;
     int Dq = hp->n_head * hd;
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = hp->attn_scale, cap = hp->attn_softcap;
+    /* a sliding-window layer: the query at t sees keys t - n_swa < p <= t */
+    int swa = qf_hparams_layer_swa(hp, j->layer) ? hp->n_swa : 0;
     float *S = c->thr_buf[ith];
     for (int h = ith; h < hp->n_head; h += nth) {
         int kvh = h / gq;
@@ -499,15 +564,19 @@ static void attention_worker(void *arg, int ith, int nth) {
                 float *row = S + (size_t)i * Tb;
                 int last = j->pos0 + i0 + i; /* causal: query sees positions <= its own */
                 if (exact) exact_scores(c, last, Qb + (size_t)i * Dq, EK, row, scale);
+                int lo = swa && last - swa + 1 > 0 ? last - swa + 1 : 0;
+                if (cap > 0) /* soft-capping (gemma2): c * tanh(s / c) */
+                    for (int t = lo; t <= last; t++) row[t] = cap * tanhf(row[t] / cap);
                 float mx = -INFINITY;
-                for (int t = 0; t <= last; t++) mx = row[t] > mx ? row[t] : mx;
-                for (int t = 0; t <= last; t++) row[t] -= mx;
-                if (c->params.reference) qf_vec_exp_ref(row, last + 1);
-                else qf_vec_exp(row, last + 1);
+                for (int t = lo; t <= last; t++) mx = row[t] > mx ? row[t] : mx;
+                for (int t = lo; t <= last; t++) row[t] -= mx;
+                if (c->params.reference) qf_vec_exp_ref(row + lo, last + 1 - lo);
+                else qf_vec_exp(row + lo, last + 1 - lo);
                 double sum = 0;
-                for (int t = 0; t <= last; t++) sum += row[t];
+                for (int t = lo; t <= last; t++) sum += row[t];
                 float inv = (float)(1.0 / sum);
-                for (int t = 0; t <= last; t++) row[t] *= inv;
+                for (int t = lo; t <= last; t++) row[t] *= inv;
+                for (int t = 0; t < lo; t++) row[t] = 0.0f;
                 for (int t = last + 1; t < Tb; t++) row[t] = 0.0f;
             }
             float *Ob = O + (size_t)i0 * Dq;
@@ -536,9 +605,17 @@ typedef struct {
     qf_context *c;
     const layer_vecs *lv;
     int n;
-    int stage; /* 0: bias + rope on q, k, v; 1: hb = silu(hb) * hb2; 2: rope on k */
+    int stage; /* 0: bias, q/k norm, rope on q, k; 1: hb = act(hb) * hb2; 2: rope on k */
     bool defer_k_rope; /* stage 0 leaves k unrotated (stage 2 rotates it) */
+    const float *rcos, *rsin; /* this layer's RoPE tables (c->rope_cos/sin or the sliding-window ones) */
+    int ff; /* stage 1: row length of hb, hb2 (n_ff, or n_ff_exp for an expert) */
 } ew_job;
+
+/* gelu with the tanh approximation (gemma's gelu_pytorch_tanh) */
+static inline float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
 
 static void ew_worker(void *arg, int ith, int nth) {
     ew_job *j = arg;
@@ -553,14 +630,30 @@ static void ew_worker(void *arg, int ith, int nth) {
             if (lv->bq) for (int i = 0; i < Dq; i++) c->q[(size_t)t * Dq + i] += lv->bq[i];
             if (lv->bk) for (int i = 0; i < Dkv; i++) c->k[(size_t)t * Dkv + i] += lv->bk[i];
             if (lv->bv) for (int i = 0; i < Dkv; i++) c->v[(size_t)t * Dkv + i] += lv->bv[i];
-            rope_apply(c, c->q + (size_t)t * Dq, hp->n_head, (int)t);
-            if (!j->defer_k_rope) rope_apply(c, c->k + (size_t)t * Dkv, hp->n_head_kv, (int)t);
+            if (lv->q_norm) /* per-head RMS norm of q and k (qwen3, gemma3) */
+                for (int h = 0; h < hp->n_head; h++) {
+                    float *qh = c->q + (size_t)t * Dq + (size_t)h * hp->head_dim;
+                    rmsnorm(qh, qh, lv->q_norm, hp->head_dim, hp->rms_eps);
+                }
+            if (lv->k_norm)
+                for (int h = 0; h < hp->n_head_kv; h++) {
+                    float *kh = c->k + (size_t)t * Dkv + (size_t)h * hp->head_dim;
+                    rmsnorm(kh, kh, lv->k_norm, hp->head_dim, hp->rms_eps);
+                }
+            rope_apply(c, j->rcos, j->rsin, c->q + (size_t)t * Dq, hp->n_head, (int)t);
+            if (!j->defer_k_rope) rope_apply(c, j->rcos, j->rsin, c->k + (size_t)t * Dkv, hp->n_head_kv, (int)t);
         }
     } else if (j->stage == 2) {
         const int Dkv = hp->n_head_kv * hp->head_dim;
-        for (int64_t t = t0; t < t1; t++) rope_apply(c, c->k + (size_t)t * Dkv, hp->n_head_kv, (int)t);
+        for (int64_t t = t0; t < t1; t++) rope_apply(c, j->rcos, j->rsin, c->k + (size_t)t * Dkv, hp->n_head_kv, (int)t);
+    } else if (hp->ffn_act == QF_FFN_GELU_TANH) {
+        const int F = j->ff;
+        for (int64_t t = t0; t < t1; t++) {
+            float *g = c->hb + (size_t)t * F, *u = c->hb2 + (size_t)t * F;
+            for (int i = 0; i < F; i++) g[i] = gelu_tanh(g[i]) * u[i];
+        }
     } else {
-        const int F = hp->n_ff;
+        const int F = j->ff;
         float *e = c->thr_buf[ith]; /* exp(-gate) for one token */
         for (int64_t t = t0; t < t1; t++) {
             float *g = c->hb + (size_t)t * F, *u = c->hb2 + (size_t)t * F;
@@ -593,6 +686,70 @@ static void rmsnorm_rows(qf_context *c, float *out, const float *x, const float 
     qf_pool_run(c->pool, norm_worker, &j);
 }
 
+/* The mixture-of-experts FFN of one layer (mixtral, qwen3moe) on c->xn [n][n_embd] (the
+ * ffn_norm output), result in c->xn:
+ *   p = softmax(xn W_router);  top-k experts by p (ties: lower index);  w = p_top (/ sum p_top
+ *   when expert_norm_w);  out = sum_k w_k * down_k(act(gate_k xn) * up_k xn)
+ * Each expert runs as one batch of the tokens routed to it (gathered rows), so prefill stays
+ * a GEMM per expert. j is the layer's elementwise job (stage 1 is reused with ff = n_ff_exp). */
+static void moe_ffn(qf_context *c, const qf_layer_weights *L, ew_job *j) {
+    const qf_hparams *hp = &c->model->hp;
+    ctx_ext *e = ext(c);
+    const int n = j->n, D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used, Fe = hp->n_ff_exp;
+    matmul(c, &L->gate_inp, c->xn, n, e->moe_logits);
+    for (int t = 0; t < n; t++) {
+        float *p = e->moe_logits + (size_t)t * E;
+        float mx = -INFINITY;
+        for (int x = 0; x < E; x++) mx = p[x] > mx ? p[x] : mx;
+        double sum = 0;
+        for (int x = 0; x < E; x++) sum += (p[x] = expf(p[x] - mx));
+        for (int x = 0; x < E; x++) p[x] = (float)(p[x] / sum);
+        int *ids = e->moe_ids + (size_t)t * K;
+        float *w = e->moe_w + (size_t)t * K;
+        double wsum = 0;
+        for (int k = 0; k < K; k++) { /* selection: K is small */
+            int best = -1;
+            for (int x = 0; x < E; x++) {
+                bool taken = false;
+                for (int q = 0; q < k; q++) taken |= ids[q] == x;
+                if (!taken && (best < 0 || p[x] > p[best])) best = x;
+            }
+            ids[k] = best;
+            w[k] = p[best];
+            wsum += p[best];
+        }
+        if (hp->expert_norm_w)
+            for (int k = 0; k < K; k++) w[k] = (float)(w[k] / wsum);
+    }
+    memset(e->moe_acc, 0, (size_t)n * D * sizeof(float));
+    ew_job gj = *j;
+    gj.stage = 1;
+    gj.ff = Fe;
+    for (int x = 0; x < E; x++) {
+        int r = 0;
+        for (int t = 0; t < n; t++)
+            for (int k = 0; k < K; k++)
+                if (e->moe_ids[(size_t)t * K + k] == x) {
+                    e->moe_rows[r] = t;
+                    e->moe_rw[r] = e->moe_w[(size_t)t * K + k];
+                    memcpy(e->moe_x + (size_t)r * D, c->xn + (size_t)t * D, (size_t)D * sizeof(float));
+                    r++;
+                }
+        if (!r) continue;
+        matmul(c, &L->exp_gate[x], e->moe_x, r, c->hb);
+        matmul(c, &L->exp_up[x], e->moe_x, r, c->hb2);
+        gj.n = r;
+        qf_pool_run(c->pool, ew_worker, &gj); /* hb = act(hb) * hb2 over [r][n_ff_exp] */
+        matmul(c, &L->exp_down[x], c->hb, r, e->moe_y);
+        for (int i = 0; i < r; i++) {
+            float *acc = e->moe_acc + (size_t)e->moe_rows[i] * D;
+            const float *y = e->moe_y + (size_t)i * D;
+            for (int d = 0; d < D; d++) acc[d] += e->moe_rw[i] * y[d];
+        }
+    }
+    memcpy(c->xn, e->moe_acc, (size_t)n * D * sizeof(float));
+}
+
 qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float *logits,
                     int logits_from, qf_error *err) {
     qf_model *m = c->model;
@@ -608,6 +765,12 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
             return qf_fail(err, QF_ERR_ARG, "decode: token id %d out of range [0, %d)", tokens[t], hp->n_vocab);
 
     if (c->gpu) return qf_gpu_decode(c, tokens, n, pos0, logits, logits_from, err);
+    int miss_layer, miss_pos; /* a rewind past what the sliding-window rings still hold */
+    if (pos0 > 0 && !qf_kv_cache_ring_holds(&c->kv, pos0 - hp->n_swa + 1, pos0, &miss_layer, &miss_pos))
+        return qf_fail(err, QF_ERR_ARG,
+                       "decode: the sliding-window cache of layer %d no longer holds position %d (a rewind to %d goes "
+                       "back further than its window plus one batch); start again at position 0",
+                       miss_layer, miss_pos, pos0);
 
     const int D = hp->n_embd, hd = hp->head_dim, Dq = hp->n_head * hd, F = hp->n_ff;
     const qf_tap *tap = c->tap;
@@ -619,6 +782,8 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         if (ref) qf_dequantize_row_ref(m->tok_embd.type, row, c->x + (size_t)t * D, D);
         else qf_dequantize_row(m->tok_embd.type, row, c->x + (size_t)t * D, D);
     }
+    if (hp->embd_scale != 1.0f) /* gemma: embeddings times sqrt(n_embd) */
+        for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] *= hp->embd_scale;
     rope_tables(c, pos0, n);
     /* K before RoPE: for a cache that stores it so, and for a tap that asks for it */
     bool defer_k = c->kv.k_prerope || (tap && tap->on_k_prerope);
@@ -636,7 +801,10 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         matmul(c, &L->wq, c->xn, n, c->q);
         matmul(c, &L->wk, c->xn, n, c->k);
         matmul(c, &L->wv, c->xn, n, c->v);
-        ew_job ej = {.c = c, .lv = lv, .n = n, .stage = 0, .defer_k_rope = defer_k};
+        bool swa_rope = ext(c)->rope_cos_swa && qf_hparams_layer_swa(hp, il); /* gemma3 local layers */
+        ew_job ej = {.c = c, .lv = lv, .n = n, .stage = 0, .defer_k_rope = defer_k, .ff = hp->n_ff,
+                     .rcos = swa_rope ? ext(c)->rope_cos_swa : c->rope_cos,
+                     .rsin = swa_rope ? ext(c)->rope_sin_swa : c->rope_sin};
         qf_pool_run(c->pool, ew_worker, &ej); /* bias, RoPE */
         if (tap && tap->on_q) tap->on_q(tap->user, il, pos0, n, hp->n_head, hd, c->q);
         if (defer_k) {
@@ -656,16 +824,22 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         qf_kv_cache_push_window(&c->kv, il, pos0, n, c->k, c->v); /* exact window: keep this batch's f16 */
         if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_ATTN_OUT, n, Dq, c->att);
         matmul(c, &L->wo, c->att, n, c->xn);
+        if (lv->post_attn_norm) rmsnorm_rows(c, c->xn, c->xn, lv->post_attn_norm, n); /* gemma */
         for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];
 
         rmsnorm_rows(c, c->xn, c->x, lv->ffn_norm, n);
         if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_FFN_IN, n, D, c->xn);
-        matmul(c, &L->w_gate, c->xn, n, c->hb);
-        matmul(c, &L->w_up, c->xn, n, c->hb2);
-        ej.stage = 1;
-        qf_pool_run(c->pool, ew_worker, &ej); /* hb = silu(hb) * hb2 */
-        if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_FFN_DOWN, n, F, c->hb);
-        matmul(c, &L->w_down, c->hb, n, c->xn);
+        if (L->exp_gate) {
+            moe_ffn(c, L, &ej); /* c->xn <- sum over the top-k experts */
+        } else {
+            matmul(c, &L->w_gate, c->xn, n, c->hb);
+            matmul(c, &L->w_up, c->xn, n, c->hb2);
+            ej.stage = 1;
+            qf_pool_run(c->pool, ew_worker, &ej); /* hb = silu(hb) * hb2 (or gelu_tanh(hb) * hb2) */
+            if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_FFN_DOWN, n, F, c->hb);
+            matmul(c, &L->w_down, c->hb, n, c->xn);
+        }
+        if (lv->post_ffw_norm) rmsnorm_rows(c, c->xn, c->xn, lv->post_ffw_norm, n); /* gemma */
         for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];
     }
 
@@ -674,5 +848,9 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
     for (int t = first; t < n; t++)
         rmsnorm(c->xn + (size_t)(t - first) * D, c->x + (size_t)t * D, vecs->output_norm, D, hp->rms_eps);
     matmul(c, &m->output, c->xn, n_out, logits);
+    if (hp->final_softcap > 0) { /* gemma2: c * tanh(logits / c) */
+        const float cap = hp->final_softcap;
+        for (size_t i = 0; i < (size_t)n_out * hp->n_vocab; i++) logits[i] = cap * tanhf(logits[i] / cap);
+    }
     return QF_OK;
 }

@@ -34,8 +34,16 @@ static qf_status kv_view(qf_context *c, const qf_kv_cache *kv, qf_gpu_kv *v, con
     for (int s = 0; s < 2; s++) {
         v->row_bytes[s] = kv->row_bytes[s];
         v->int8_scale[s] = kv->int8_scale[s], v->int8_inv_scale[s] = kv->int8_inv_scale[s];
+        v->int8_layout[s] = kv->int8_layout[s];
         const struct qf_kv_dict_bind *d = kv->dict[s];
         if (v->mode[s] != QF_KV_DICT || !d) continue;
+        /* the backend decodes the v1 code layout and its rows come from dict_encode (fixed
+         * sparsity): a v2 payload (packed indices, error-bounded codes) stays on the CPU */
+        if (d->fmt.packed || d->tol) {
+            free(at);
+            return qf_fail(err, QF_ERR_DEVICE, "the CUDA backend runs kv-dict v1 caches only (this one is v2: packed "
+                                               "indices or error-bounded codes); use --device cpu");
+        }
         if (!at && !(at = calloc((size_t)2 * kv->n_layer, sizeof *at)))
             return qf_fail(err, QF_ERR_NOMEM, "out of memory");
         for (int l = 0; l < kv->n_layer; l++) at[(size_t)s * kv->n_layer + l] = d->layer[l].atoms;
@@ -53,6 +61,23 @@ qf_status qf_gpu_attach(qf_context *c, qf_error *err) {
     c->gpu = NULL;
     /* the reference path is the CPU oracle by definition */
     if (p->reference || p->device == QF_DEVICE_CPU) return QF_OK;
+    /* a model family the CUDA backend does not run (it runs llama and qwen2 dense models): auto
+     * stays on the CPU, an explicit cuda is refused naming the family and its features */
+    const qf_hparams *mhp = &c->model->hp;
+    if (mhp->arch != QF_ARCH_LLAMA && mhp->arch != QF_ARCH_QWEN2) {
+        if (p->device == QF_DEVICE_AUTO) return QF_OK;
+        return qf_fail(err, QF_ERR_UNSUPPORTED,
+                       "--device cuda: the CUDA backend runs llama and qwen2 only; %s runs on the CPU (--device cpu or "
+                       "auto)",
+                       mhp->arch_name);
+    }
+    if (mhp->n_expert) {
+        if (p->device == QF_DEVICE_AUTO) return QF_OK;
+        return qf_fail(err, QF_ERR_UNSUPPORTED,
+                       "--device cuda: the CUDA backend has no mixture-of-experts FFN (%d experts); it runs on the CPU "
+                       "(--device cpu or auto)",
+                       mhp->n_expert);
+    }
     const char *why = NULL;
     const qf_cuda_api *a = qf_cuda_api_get(&why);
     const bool ok = a && a->available();

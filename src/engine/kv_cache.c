@@ -23,6 +23,9 @@
 #include "engine/kv_rq.h"
 #include "kernels/hadamard.h"
 
+#define EC_GROUP_MAX 256 /* kv-int8 ec-rot: elements per entropy-coded group of kv heads (ec_group) */
+#define EC_ROW_MAX 1024  /* the codec's longest row: head_dim up to 1024 (then one head per group) */
+
 static const char *const mode_names[QF_KV_MODE_COUNT] = {"f32", "f16", "q8_0", "q4_0", "int8", "dict", "rq"};
 
 const char *qf_kv_mode_name(qf_kv_mode m) {
@@ -265,18 +268,23 @@ qf_status qf_kv_cache_init_spec(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx
                 qf_kv_cache_free(kv);
                 return qf_fail(err, QF_ERR_ARG, "int8 KV cache (%s): unknown row layout %d", sname, sp->int8_layout);
             }
-            bool rot = sp->int8_layout == QF_KV_INT8_STATIC_ROT || sp->int8_layout == QF_KV_INT8_TOKEN_ROT;
+            bool ec = sp->int8_layout == QF_KV_INT8_EC_ROT;
+            bool rot = sp->int8_layout == QF_KV_INT8_STATIC_ROT || sp->int8_layout == QF_KV_INT8_TOKEN_ROT || ec;
             bool tok = sp->int8_layout == QF_KV_INT8_TOKEN_ROT || sp->int8_layout == QF_KV_INT8_TOKEN;
             if ((rot && !qf_hadamard_size_ok(hp->head_dim)) ||
-                (tok && (hp->head_dim < 8 || hp->head_dim % 8 || hp->head_dim > 1024))) {
+                (tok && (hp->head_dim < 8 || hp->head_dim % 8 || hp->head_dim > 1024)) ||
+                (ec && (hp->head_dim < 16 || hp->head_dim > 1024))) {
                 qf_kv_cache_free(kv);
                 return qf_fail(err, QF_ERR_UNSUPPORTED,
                                "int8 KV cache (%s): the %s row layout needs head_dim %s (it is %d)", sname,
-                               tok ? "per-token" : "rotated",
-                               rot ? "a power of two" : "a multiple of 8 in [8, 1024]", hp->head_dim);
+                               ec ? "entropy-coded" : tok ? "per-token" : "rotated",
+                               ec ? "a power of two in [16, 1024]"
+                                  : rot ? "a power of two" : "a multiple of 8 in [8, 1024]",
+                               hp->head_dim);
             }
             kv->int8_layout[s] = (uint8_t)sp->int8_layout;
-            if (rot && !kv->int8_buf && !(kv->int8_buf = malloc((size_t)hp->head_dim * sizeof(float)))) goto oom;
+            /* the write buffer holds one rotated row, or one entropy-coded group of rows */
+            if (rot && !kv->int8_buf && !(kv->int8_buf = malloc(EC_ROW_MAX * sizeof(float)))) goto oom;
             rb = (size_t)hp->head_dim;
         } else if (sp->mode == QF_KV_DICT) {
             if ((st = dict_bind_new(sp, hp, sname, &kv->dict[s], err))) {
@@ -404,8 +412,61 @@ bool qf_kv_cache_exact_row(const qf_kv_cache *kv, int stream, int layer, int h, 
     return true;
 }
 
+static void ring_free(qf_kv_cache *kv) {
+    if (kv->ring_pos)
+        for (int l = 0; l < kv->n_layer; l++) free(kv->ring_pos[l]);
+    free(kv->ring_pos);
+    free(kv->ring_rows);
+    kv->ring_pos = NULL;
+    kv->ring_rows = NULL;
+}
+
+qf_status qf_kv_cache_set_swa(qf_kv_cache *kv, const qf_hparams *hp, int n_batch, qf_error *err) {
+    if (hp->swa == QF_SWA_NONE || hp->n_swa <= 0 || kv->ring_rows) return QF_OK;
+    long long rows = (long long)hp->n_swa - 1 + (n_batch > 0 ? n_batch : kv->n_ctx);
+    if (rows >= kv->n_ctx) return QF_OK;
+    kv->ring_rows = calloc((size_t)kv->n_layer, sizeof *kv->ring_rows);
+    kv->ring_pos = calloc((size_t)kv->n_layer, sizeof *kv->ring_pos);
+    if (!kv->ring_rows || !kv->ring_pos) goto oom;
+    for (int l = 0; l < kv->n_layer; l++) {
+        if (!qf_hparams_layer_swa(hp, l)) continue;
+        kv->ring_rows[l] = (int)rows;
+        if (!(kv->ring_pos[l] = malloc((size_t)rows * sizeof(int32_t)))) goto oom;
+        for (long long i = 0; i < rows; i++) kv->ring_pos[l][i] = -1;
+        for (int s = 0; s < 2; s++) {
+            uint8_t *d = qf_malloc_aligned(layer_row_bytes(kv, s, l) * (size_t)rows * (size_t)kv->n_head_kv);
+            if (!d) goto oom;
+            free(kv->data[s][l]);
+            kv->data[s][l] = d;
+        }
+    }
+    return QF_OK;
+oom:
+    /* the layers already shrunk keep working as rings; the rest stay full */
+    if (kv->ring_rows)
+        for (int l = 0; l < kv->n_layer; l++)
+            if (kv->ring_rows[l] && !kv->ring_pos[l]) kv->ring_rows[l] = 0;
+    return qf_fail(err, QF_ERR_NOMEM, "KV cache: out of memory for the sliding-window rings");
+}
+
+bool qf_kv_cache_ring_holds(const qf_kv_cache *kv, int lo, int hi, int *layer, int *pos) {
+    if (!kv->ring_rows) return true;
+    for (int l = 0; l < kv->n_layer; l++) {
+        int R = kv->ring_rows[l];
+        if (!R) continue;
+        for (int p = lo < 0 ? 0 : lo; p < hi; p++)
+            if (kv->ring_pos[l][p % R] != p) {
+                *layer = l;
+                *pos = p;
+                return false;
+            }
+    }
+    return true;
+}
+
 void qf_kv_cache_free(qf_kv_cache *kv) {
     exact_free(kv);
+    ring_free(kv);
     for (int s = 0; s < 2; s++) {
         if (kv->data[s])
             for (int l = 0; l < kv->n_layer; l++) free(kv->data[s][l]);
@@ -467,34 +528,33 @@ qf_status qf_kv_cache_set_rot(qf_kv_cache *kv, qf_kv_rot rot, qf_error *err) {
     return QF_OK;
 }
 
-void qf_kv_cache_write_sinks(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos, const float *src) {
-    int hd = kv->head_dim, nh = kv->n_head_kv;
-    for (int p = pos; p < pos + n_pos && p < kv->n_sink; p++) {
-        size_t row = (size_t)nh * hd;
-        const float *s = src + (size_t)(p - pos) * row;
-        uint16_t *d = kv->sink[stream][layer] + (size_t)p * row;
-        for (size_t i = 0; i < row; i++) d[i] = qf_f32_to_f16(s[i]);
-    }
+/* kv-int8 "ec-rot" codes g consecutive kv heads of one token as ONE entropy-coded row of
+ * g * head_dim elements (g * head_dim bytes, where those heads' rows lie in the cache): a wider
+ * row shares one step exponent and lets bits flow to the head that needs them. g is the largest
+ * divisor of n_head_kv with g * head_dim <= EC_GROUP_MAX (1 when head_dim is larger). A read
+ * of head h decodes its group up to the end of h. */
+static int ec_group(const qf_kv_cache *kv) {
+    int g = 1;
+    for (int d = 1; d <= kv->n_head_kv; d++)
+        if (kv->n_head_kv % d == 0 && (size_t)d * kv->head_dim <= EC_GROUP_MAX) g = d;
+    return g;
 }
 
-void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos,
-                       const float *src) {
+/* encode n_pos consecutive positions' rows (src [n_pos][n_head_kv][head_dim]) at dst */
+static void write_rows(qf_kv_cache *kv, int stream, int layer, uint8_t *dst, const float *src, int n_pos) {
     qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
     size_t rb = layer_row_bytes(kv, stream, layer);
     int hd = kv->head_dim, nh = kv->n_head_kv;
-    uint8_t *dst = kv->data[stream][layer] + (size_t)pos * nh * rb;
-    /* the exact copies of sink positions (the window ring is filled after attention); a
-     * pre-RoPE K cache gets its post-RoPE sink copies from the caller (qf_kv_cache_write_sinks) */
-    if (!(stream == 0 && kv->k_prerope)) qf_kv_cache_write_sinks(kv, stream, layer, pos, n_pos, src);
     if (mode == QF_KV_RQ) {
         const struct qf_kv_rq_bind *r = kv->rq[stream];
         bool pr = r->pred && r->pred_on[layer];
         int HD = nh * hd;
+        size_t slot0 = (size_t)(dst - kv->data[stream][layer]) / ((size_t)nh * rb); /* K of a token: same slot */
         for (int p = 0; p < n_pos; p++) {
             const float *x = src + (size_t)p * HD;
             if (pr) { /* code V minus its prediction from this token's stored K (written first) */
                 float *kh = r->pred_buf, *res = r->pred_buf + HD;
-                rq_k_hat(kv, layer, pos + p, kh);
+                rq_k_hat(kv, layer, (int)(slot0 + (size_t)p), kh);
                 rq_predict(r->pred + (size_t)layer * HD * HD, HD, kh, 0, HD, res);
                 for (int i = 0; i < HD; i++) res[i] = x[i] - res[i];
                 x = res;
@@ -514,6 +574,17 @@ void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_po
         if (lay == QF_KV_INT8_STATIC) {
             for (int p = 0; p < n_pos; p++)
                 qf_kv_int8_quantize(src + (size_t)p * nh * hd, inv, (int8_t *)(dst + (size_t)p * nh * rb), nh * hd);
+            return;
+        }
+        if (lay == QF_KV_INT8_EC_ROT) {
+            int g = ec_group(kv);
+            for (int r = 0; r < n_pos * nh; r += g) {
+                for (int k = 0; k < g; k++) {
+                    memcpy(kv->int8_buf + (size_t)k * hd, src + (size_t)(r + k) * hd, (size_t)hd * sizeof(float));
+                    qf_hadamard(kv->int8_buf + (size_t)k * hd, hd);
+                }
+                qf_kv_int8_ec_quantize(kv->int8_buf, dst + (size_t)r * rb, g * hd); /* rb == hd */
+            }
             return;
         }
         for (int r = 0; r < n_pos * nh; r++) {
@@ -550,12 +621,44 @@ void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_po
     for (int r = 0; r < n_pos * nh; r++) qf_quantize_row(mode_type(mode), src + (size_t)r * hd, dst + (size_t)r * rb, hd);
 }
 
-void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos,
-                           float *dst) {
+void qf_kv_cache_write_sinks(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos, const float *src) {
+    size_t row = (size_t)kv->n_head_kv * kv->head_dim;
+    for (int p = pos; p < pos + n_pos && p < kv->n_sink; p++) {
+        const float *s = src + (size_t)(p - pos) * row;
+        uint16_t *d = kv->sink[stream][layer] + (size_t)p * row;
+        for (size_t i = 0; i < row; i++) d[i] = qf_f32_to_f16(s[i]);
+    }
+}
+
+void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos,
+                       const float *src) {
+    size_t rb = layer_row_bytes(kv, stream, layer);
+    int hd = kv->head_dim, nh = kv->n_head_kv;
+    size_t row = (size_t)nh * hd;
+    /* the exact copies of sink positions (the window ring is filled after attention); a
+     * pre-RoPE K cache gets its post-RoPE sink copies from the caller (qf_kv_cache_write_sinks) */
+    if (!(stream == 0 && kv->k_prerope)) qf_kv_cache_write_sinks(kv, stream, layer, pos, n_pos, src);
+    int R = kv->ring_rows ? kv->ring_rows[layer] : 0;
+    if (!R) {
+        write_rows(kv, stream, layer, kv->data[stream][layer] + (size_t)pos * nh * rb, src, n_pos);
+        return;
+    }
+    /* a ring: at most the last R positions matter, in up to two runs of slots */
+    int skip = n_pos > R ? n_pos - R : 0;
+    for (int p = pos + skip; p < pos + n_pos;) {
+        int slot = p % R, run = R - slot < pos + n_pos - p ? R - slot : pos + n_pos - p;
+        write_rows(kv, stream, layer, kv->data[stream][layer] + (size_t)slot * nh * rb, src + (size_t)(p - pos) * row, run);
+        for (int i = 0; i < run; i++) kv->ring_pos[layer][slot + i] = p + i;
+        p += run;
+    }
+}
+
+/* decode n_pos consecutive stored rows of kv head h, starting at slot `slot`, into dst */
+static void read_rows(const qf_kv_cache *kv, int stream, int layer, int h, int slot, int n_pos, float *dst) {
     qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
     size_t rb = layer_row_bytes(kv, stream, layer);
     int hd = kv->head_dim, nh = kv->n_head_kv;
-    const uint8_t *base = kv->data[stream][layer] + (size_t)h * rb;
+    const uint8_t *base = kv->data[stream][layer] + (size_t)slot * nh * rb + (size_t)h * rb;
     size_t stride = (size_t)nh * rb;
     if (mode == QF_KV_RQ) {
         const struct qf_kv_rq_bind *r = kv->rq[stream];
@@ -585,13 +688,23 @@ void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, 
     } else if (mode == QF_KV_INT8) {
         const float *sc = kv->int8_scale[stream] + ((size_t)layer * nh + h) * hd;
         int lay = kv->int8_layout[stream];
-        for (int p = 0; p < n_pos; p++) {
+        if (lay == QF_KV_INT8_EC_ROT) { /* decode head h's group up to the end of h */
+            int g = ec_group(kv), k = h % g;
+            const uint8_t *gb = base - (size_t)k * rb;
+            float tmp[EC_ROW_MAX];
+            for (int p = 0; p < n_pos; p++) {
+                qf_kv_int8_ec_dequantize(gb + p * stride, g * hd, tmp, (k + 1) * hd);
+                memcpy(dst + (size_t)p * hd, tmp + (size_t)k * hd, (size_t)hd * sizeof(float));
+            }
+        }
+        for (int p = 0; p < n_pos && lay != QF_KV_INT8_EC_ROT; p++) {
             const int8_t *q = (const int8_t *)(base + p * stride);
             float *x = dst + (size_t)p * hd;
             if (lay == QF_KV_INT8_STATIC || lay == QF_KV_INT8_STATIC_ROT) qf_kv_int8_dequantize(q, sc, x, hd);
             else qf_kv_int8_token_dequantize(q, x, hd);
         }
-        if (lay == QF_KV_INT8_STATIC_ROT || lay == QF_KV_INT8_TOKEN_ROT) qf_hadamard_rows(dst, hd, n_pos);
+        if (lay == QF_KV_INT8_STATIC_ROT || lay == QF_KV_INT8_TOKEN_ROT || lay == QF_KV_INT8_EC_ROT)
+            qf_hadamard_rows(dst, hd, n_pos);
     } else if (mode == QF_KV_DICT) {
         const struct qf_kv_dict_bind *d = kv->dict[stream];
         const qf_kv_dict *L = &d->layer[layer];
@@ -603,10 +716,29 @@ void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, 
     if (kv->rot == QF_KV_ROT_HADAMARD) qf_hadamard_rows(dst, hd, n_pos);
 }
 
+void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos,
+                           float *dst) {
+    int R = kv->ring_rows ? kv->ring_rows[layer] : 0;
+    if (!R) {
+        read_rows(kv, stream, layer, h, 0, n_pos, dst);
+        return;
+    }
+    int hd = kv->head_dim, lo = n_pos > R ? n_pos - R : 0;
+    memset(dst, 0, (size_t)lo * hd * sizeof(float)); /* outside the window: never weighted */
+    for (int p = lo; p < n_pos;) {
+        int slot = p % R, run = R - slot < n_pos - p ? R - slot : n_pos - p;
+        read_rows(kv, stream, layer, h, slot, run, dst + (size_t)p * hd);
+        p += run;
+    }
+}
+
 double qf_kv_cache_bytes_per_token(const qf_kv_cache *kv) {
     double b = 0;
     for (int s = 0; s < 2; s++)
-        for (int l = 0; l < kv->n_layer; l++) b += (double)kv->n_head_kv * (double)layer_row_bytes(kv, s, l);
+        for (int l = 0; l < kv->n_layer; l++) {
+            double rows = kv->ring_rows && kv->ring_rows[l] && kv->n_ctx > 0 ? (double)kv->ring_rows[l] / kv->n_ctx : 1.0;
+            b += rows * (double)kv->n_head_kv * (double)layer_row_bytes(kv, s, l);
+        }
     if (kv->n_ctx > 0) /* the f16 sink and window copies, spread over the context */
         b += 2.0 * kv->n_layer * kv->n_head_kv * kv->head_dim * 2.0 * (kv->n_sink + kv->n_window) / kv->n_ctx;
     return b;

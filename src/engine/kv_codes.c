@@ -422,3 +422,146 @@ void qf_kv_int8_token_dequantize(const int8_t *q, float *x, int n) {
     float s = tok_step(e);
     for (int i = 0; i < n; i++) x[i] = (float)q[i] * s;
 }
+
+/* ---- kv-int8 "ec": an entropy-coded row in exactly 8 bits per element ----
+ * At 8 bits per element a fixed-length code has to cover the row's largest element, but a row
+ * of a rotated K or V head is close to Gaussian (kurtosis ~2.9 on the demo models), whose
+ * values spend ~7.5 bits of information per element at that step. This layout spends all
+ * 8 * n bits on a prefix code instead, so the step can be chosen by the row's RMS rather than
+ * by its maximum: on the demo models' rotated rows of one head the error is 0.6x (head_dim
+ * 128) / 0.7x (head_dim 64) that of the parity-carried layout above; the cache codes the kv
+ * heads of one token together in rows of up to 256 elements (kv_cache.c ec_group), 0.89x /
+ * 0.94x the error of q8_0 + Hadamard at 8.5 bits (docs/kv-baselines.md has the KLD).
+ *
+ * Row of n elements in n bytes (n a multiple of 8 in [16, 1024]), one LSB-first bit stream:
+ *   10 bits  e: step d = 2^((e - 704) / 32); e = 0: every element is 0
+ *   n codes  c = round(|x| / d) in [0, EC_MAX_CODE], then its sign:
+ *            prefix of h = c >> 4: h 0 "00", 1 "01", 2 "100", 3 "101" (first bit read first),
+ *            4 "110", h >= 5 "111" then (h - 5) ones and a zero (the Huffman code of h for a
+ *            Gaussian at this rate: lengths 2 2 3 3 3 4 5 6 ...);
+ *            then the 4 low bits of c (LSB first) and one sign bit (1: negative)
+ *   the rest zero padding.
+ * The encoder picks the finest step whose codes fit (the code length only grows as the step
+ * shrinks), so a row far from Gaussian still fits: it only gets a coarser step. */
+#define EC_HDR_BITS 10
+#define EC_BIAS 704 /* e 1..1023: d = 2^-21.97 .. 2^9.97 (rows of RMS ~1e-4 .. ~6e4 at full precision) */
+#define EC_MAX_CODE 1023
+
+/* the step of exponent e (1..1023), as encoder and decoder compute it (float, exact /32) */
+static float ec_step(int e) { return exp2f((float)(e - EC_BIAS) * (1.0f / 32.0f)); }
+
+/* bits of one element's code at magnitude c: prefix of h = c >> 4, 4 low bits, sign */
+static int ec_code_bits(int c) {
+    int h = c >> 4;
+    return 5 + (h < 2 ? 2 : h < 5 ? 3 : h - 1);
+}
+
+/* magnitude code of x at 1/step inv: round half up, capped at cmax; non-finite x codes as 0 */
+static int ec_code_of(float x, float inv, int cmax) {
+    float v = fabsf(x) * inv;
+    if (!(v < (float)cmax)) return isfinite(x) ? cmax : 0; /* non-finite elements code as 0 */
+    int c = (int)(v + 0.5f);
+    return c > cmax ? cmax : c;
+}
+
+/* total bits of the row at exponent e, codes capped at cmax */
+static long ec_row_bits(const float *x, int n, int e, int cmax) {
+    float inv = 1.0f / ec_step(e);
+    long b = EC_HDR_BITS;
+    for (int i = 0; i < n; i++) b += ec_code_bits(ec_code_of(x[i], inv, cmax));
+    return b;
+}
+
+typedef struct {
+    uint8_t *p;
+    size_t pos; /* bits written */
+} ec_writer;
+
+/* append the nb low bits of v, LSB first (the row was zeroed: only ones are written) */
+static void ec_put(ec_writer *w, uint32_t v, int nb) {
+    for (int k = 0; k < nb; k++, w->pos++)
+        if ((v >> k) & 1) w->p[w->pos >> 3] |= (uint8_t)(1u << (w->pos & 7));
+}
+
+void qf_kv_int8_ec_quantize(const float *x, uint8_t *q, int n) {
+    memset(q, 0, (size_t)n);
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        if (isfinite(x[i])) ss += (double)x[i] * x[i];
+    if (!(ss > 0) || !isfinite(ss)) return; /* e = 0: the zero row */
+    const long budget = 8L * n;
+    int cmax = EC_MAX_CODE;
+    /* start near the step the rate gives a Gaussian row (~57 steps per RMS), then walk */
+    double e0 = EC_BIAS + ceil(32.0 * log2(sqrt(ss / n) / 57.0));
+    int e = e0 < 1 ? 1 : e0 > 1023 ? 1023 : (int)e0;
+    if (ec_row_bits(x, n, e, cmax) <= budget) {
+        while (e > 1 && ec_row_bits(x, n, e - 1, cmax) <= budget) e--;
+    } else {
+        while (e < 1023 && ec_row_bits(x, n, e, cmax) > budget) e++;
+        /* beyond the step range (|x| ~1e6): cap the codes; 15 always fits (7 bits each) */
+        while (cmax > 15 && ec_row_bits(x, n, e, cmax) > budget) cmax = cmax > 30 ? cmax / 2 : 15;
+    }
+    float inv = 1.0f / ec_step(e);
+    ec_writer w = {q, 0};
+    ec_put(&w, (uint32_t)e, EC_HDR_BITS);
+    for (int i = 0; i < n; i++) {
+        int c = ec_code_of(x[i], inv, cmax), h = c >> 4;
+        if (h < 2) ec_put(&w, (uint32_t)(h << 1), 2); /* "0", then h */
+        else if (h < 5) ec_put(&w, 1u | (uint32_t)((h - 2) & 1) << 1 | (uint32_t)((h - 2) >> 1) << 2, 3);
+        else {
+            ec_put(&w, 7u, 3);
+            for (int k = 5; k < h; k++) ec_put(&w, 1u, 1);
+            ec_put(&w, 0u, 1);
+        }
+        ec_put(&w, (uint32_t)(c & 15), 4);
+        ec_put(&w, x[i] < 0 && c ? 1u : 0u, 1);
+    }
+}
+
+void qf_kv_int8_ec_dequantize(const uint8_t *q, int n, float *x, int n_out) {
+    const size_t total = (size_t)n * 8;
+    size_t pos = 0; /* bits consumed */
+    uint64_t buf = 0;
+    int have = 0;
+    size_t next = 0; /* next byte to load */
+#define EC_NEED(k)                                                                                 \
+    while (have < (k)) {                                                                           \
+        buf |= (uint64_t)(next < (size_t)n ? q[next] : 0) << have;                                 \
+        next++, have += 8;                                                                         \
+    }
+#define EC_TAKE(k, out)                                                                            \
+    do {                                                                                           \
+        EC_NEED(k);                                                                                \
+        out = (uint32_t)(buf & ((1u << (k)) - 1));                                                 \
+        buf >>= (k), have -= (k), pos += (k);                                                      \
+    } while (0)
+    uint32_t e, b;
+    EC_TAKE(EC_HDR_BITS, e);
+    float d = e ? ec_step((int)e) : 0.0f;
+    int i = 0;
+    if (n_out > n) n_out = n;
+    for (; i < n_out && e; i++) {
+        uint32_t h;
+        EC_TAKE(1, b);
+        if (!b) EC_TAKE(1, h);
+        else {
+            EC_TAKE(2, h);
+            h += 2;
+            if (h == 5) /* the unary tail; a run past the row's end is a corrupt row */
+                for (;;) {
+                    EC_TAKE(1, b);
+                    if (!b || pos > total) break;
+                    h++;
+                }
+        }
+        uint32_t lo, sg;
+        EC_TAKE(4, lo);
+        EC_TAKE(1, sg);
+        if (pos > total) break; /* only a corrupt row runs out of bits */
+        float v = (float)(h << 4 | lo) * d;
+        x[i] = sg ? -v : v;
+    }
+    for (; i < n_out; i++) x[i] = 0;
+#undef EC_NEED
+#undef EC_TAKE
+}

@@ -1,8 +1,12 @@
-/* model.c: hyper-parameters and tensor binding for the llama and qwen2 families.
+/* model.c: hyper-parameters and tensor binding for the llama, qwen2, qwen3, qwen3moe, gemma2,
+ * gemma3 and phi3 families (and the llama-architecture MoE, mixtral), with llama.cpp's GGUF key
+ * and tensor names.
  *
  * Everything is read from GGUF metadata and checked against the tensor table before the
- * model is handed out: a missing tensor, a shape that disagrees with the hyper-parameters or
- * a type our kernels do not run is an error naming the file and the tensor. */
+ * model is handed out: a missing tensor, a shape that disagrees with the hyper-parameters, a
+ * type our kernels do not run, or a tensor the family's graph does not use (a feature qforge
+ * does not implement) is an error naming the file and the tensor. Each family's features are
+ * flags in qf_hparams (read_family); forward.c branches on the flags, not on the family. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +21,7 @@ static qf_status bind_weight(qf_model *m, qf_weight *w, const char *name, int64_
         if (!required) return QF_OK;
         return qf_fail(err, QF_ERR_FORMAT, "%s: missing tensor '%s'", m->path, name);
     }
+    if (m->bound) m->bound[t - qf_gguf_tensor_at(m->gguf, 0)] = true;
     int64_t got1 = t->n_dims >= 2 ? t->ne[1] : 1;
     if (t->ne[0] != ne0 || got1 != ne1 || (t->n_dims > 2 && (t->ne[2] != 1 || t->ne[3] != 1)))
         return qf_fail(err, QF_ERR_FORMAT,
@@ -37,6 +42,37 @@ static qf_status bind_weight(qf_model *m, qf_weight *w, const char *name, int64_
     return QF_OK;
 }
 
+/* rows [r0, r0 + n) of a bound weight, as a weight of its own (fused tensors) */
+static qf_weight row_view(const qf_weight *w, int64_t r0, int64_t n) {
+    qf_weight v = *w;
+    v.data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+    v.ne1 = n;
+    return v;
+}
+
+/* A 3-D expert tensor [ne0, ne1, n_expert] as n_expert 2-D weights out[0..E) */
+static qf_status bind_experts(qf_model *m, qf_weight *out, const char *name, int64_t ne0, int64_t ne1, int64_t E,
+                              qf_error *err) {
+    const qf_gguf_tensor *t = qf_gguf_find_tensor(m->gguf, name);
+    if (!t) return qf_fail(err, QF_ERR_FORMAT, "%s: missing tensor '%s'", m->path, name);
+    if (t->n_dims != 3 || t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != E)
+        return qf_fail(err, QF_ERR_FORMAT, "%s: tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld, %lld]",
+                       m->path, name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)ne0,
+                       (long long)ne1, (long long)E);
+    if (!qf_type_is_supported(t->type))
+        return qf_fail(err, QF_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s (id %d), which qforge does not run", m->path,
+                       name, qf_type_name(t->type) ? qf_type_name(t->type) : "unknown", (int)t->type);
+    size_t rb = qf_row_bytes(t->type, ne0);
+    if (rb == 0)
+        return qf_fail(err, QF_ERR_FORMAT, "%s: tensor '%s': row length %lld is not a multiple of the %s block size",
+                       m->path, name, (long long)ne0, qf_type_name(t->type));
+    m->bound[t - qf_gguf_tensor_at(m->gguf, 0)] = true;
+    for (int64_t e = 0; e < E; e++)
+        out[e] = (qf_weight){.type = t->type, .ne0 = ne0, .ne1 = ne1, .row_bytes = rb,
+                             .data = (const uint8_t *)t->data + (size_t)(e * ne1) * rb};
+    return QF_OK;
+}
+
 static bool get_arch_u32(const qf_gguf *g, const char *arch, const char *suffix, uint32_t *out) {
     char key[160];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
@@ -49,17 +85,154 @@ static bool get_arch_f32(const qf_gguf *g, const char *arch, const char *suffix,
     return qf_gguf_get_f32(g, key, out);
 }
 
+static const char *const arch_names[QF_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"};
+
+bool qf_hparams_layer_swa(const qf_hparams *hp, int il) {
+    switch (hp->swa) {
+    case QF_SWA_ALL: return true;
+    case QF_SWA_EVEN: return il % 2 == 0;
+    case QF_SWA_PATTERN: return hp->swa_pattern > 0 && il % hp->swa_pattern != hp->swa_pattern - 1;
+    default: return false;
+    }
+}
+
+const char *qf_hparams_features(const qf_hparams *hp, char *buf, size_t size) {
+    size_t n = 0;
+    buf[0] = 0;
+#define ADD(...)                                                                   \
+    do {                                                                           \
+        if (n < size) n += (size_t)snprintf(buf + n, size - n, n ? ", " : "");     \
+        if (n < size) n += (size_t)snprintf(buf + n, size - n, __VA_ARGS__);       \
+    } while (0)
+    if (hp->n_expert) ADD("moe (%d experts, top-%d, %s, expert ff %d)", hp->n_expert, hp->n_expert_used,
+                          hp->expert_norm_w ? "softmax then renormalized" : "softmax", hp->n_ff_exp);
+    if (hp->qk_norm) ADD("q/k rms norm");
+    if (hp->fused_qkv) ADD("fused qkv");
+    if (hp->fused_gate_up) ADD("fused gate|up");
+    if (hp->ffn_act == QF_FFN_GELU_TANH) ADD("geglu (gelu tanh)");
+    if (hp->embd_scale != 1.0f) ADD("embedding scale %.4g", hp->embd_scale);
+    if (hp->post_norms) ADD("post-attention and post-ffn norms");
+    if (hp->attn_softcap > 0) ADD("attention softcap %g", hp->attn_softcap);
+    if (hp->final_softcap > 0) ADD("final logit softcap %g", hp->final_softcap);
+    if (hp->swa == QF_SWA_ALL) ADD("sliding window %d (every layer)", hp->n_swa);
+    if (hp->swa == QF_SWA_EVEN) ADD("sliding window %d (even layers)", hp->n_swa);
+    if (hp->swa == QF_SWA_PATTERN)
+        ADD("sliding window %d (all but every %dth layer)", hp->n_swa, hp->swa_pattern);
+    if (hp->rope_freq_base_swa != hp->rope_freq_base)
+        ADD("rope base %g global / %g local", hp->rope_freq_base, hp->rope_freq_base_swa);
+    if (fabsf(hp->attn_scale * sqrtf((float)hp->head_dim) - 1.0f) > 1e-6f) ADD("attention scale %.6g", hp->attn_scale);
+#undef ADD
+    return buf;
+}
+
+/* The family's features (qf_hparams' second half) from the architecture and its keys; the
+ * neutral values for llama/qwen2. A key that asks for something this family's graph here does
+ * not do is QF_ERR_UNSUPPORTED naming the key. */
+static qf_status read_family(qf_model *m, qf_error *err) {
+    qf_hparams *hp = &m->hp;
+    const qf_gguf *g = m->gguf;
+    const char *a = hp->arch_name;
+    uint32_t v;
+    float f;
+    hp->embd_scale = 1.0f;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    hp->rope_freq_base_swa = hp->rope_freq_base;
+    hp->ffn_act = QF_FFN_SILU;
+    hp->rope_type = hp->arch == QF_ARCH_LLAMA ? QF_ROPE_NORM : QF_ROPE_NEOX;
+    bool moe = hp->arch == QF_ARCH_QWEN3MOE;
+    if (get_arch_u32(g, a, "expert_count", &v) && v > 0) {
+        if (hp->arch != QF_ARCH_LLAMA && hp->arch != QF_ARCH_QWEN3MOE)
+            return qf_fail(err, QF_ERR_UNSUPPORTED, "%s: metadata '%s.expert_count' = %u: qforge runs no %s MoE",
+                           m->path, a, v, a);
+        moe = true;
+    }
+    if (moe) {
+        uint32_t ne = 0, nu = 0;
+        if (!get_arch_u32(g, a, "expert_count", &ne) || ne < 1 || ne > 1024)
+            return qf_fail(err, QF_ERR_FORMAT, "%s: metadata '%s.expert_count' missing or out of range", m->path, a);
+        if (!get_arch_u32(g, a, "expert_used_count", &nu) || nu < 1 || nu > ne)
+            return qf_fail(err, QF_ERR_FORMAT, "%s: metadata '%s.expert_used_count' missing or not in 1..%u", m->path, a, ne);
+        hp->n_expert = (int)ne;
+        hp->n_expert_used = (int)nu;
+        hp->n_ff_exp = hp->n_ff;
+        if (get_arch_u32(g, a, "expert_feed_forward_length", &v)) hp->n_ff_exp = (int)v;
+        else if (hp->arch == QF_ARCH_QWEN3MOE)
+            return qf_fail(err, QF_ERR_FORMAT, "%s: missing metadata '%s.expert_feed_forward_length'", m->path, a);
+        if (hp->n_ff_exp <= 0 || hp->n_ff_exp > (1 << 24))
+            return qf_fail(err, QF_ERR_FORMAT, "%s: expert feed-forward length %d is out of range", m->path, hp->n_ff_exp);
+        hp->expert_norm_w = true; /* mixtral and qwen3moe (norm_topk_prob) both renormalize the top-k */
+        if (get_arch_u32(g, a, "expert_shared_count", &v) && v > 0)
+            return qf_fail(err, QF_ERR_UNSUPPORTED, "%s: metadata '%s.expert_shared_count' = %u: shared experts are not supported",
+                           m->path, a, v);
+    }
+    switch (hp->arch) {
+    case QF_ARCH_QWEN3:
+    case QF_ARCH_QWEN3MOE:
+        hp->qk_norm = true;
+        break;
+    case QF_ARCH_GEMMA2:
+    case QF_ARCH_GEMMA3:
+        hp->embd_scale = sqrtf((float)hp->n_embd);
+        hp->post_norms = true;
+        hp->ffn_act = QF_FFN_GELU_TANH;
+        if (hp->arch == QF_ARCH_GEMMA2) {
+            /* llama.cpp's gemma2 defaults when the keys are absent */
+            hp->attn_softcap = 50.0f;
+            hp->final_softcap = 30.0f;
+            hp->n_swa = 4096;
+            hp->swa = QF_SWA_EVEN;
+            if (hp->n_layer == 46) hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head)); /* 27B */
+        } else {
+            hp->qk_norm = true;
+            hp->swa = QF_SWA_PATTERN;
+            hp->swa_pattern = 6;
+            hp->rope_freq_base_swa = 10000.0f;
+            if (get_arch_u32(g, a, "attention.sliding_window_pattern", &v)) hp->swa_pattern = (int)v;
+            if (get_arch_f32(g, a, "rope.freq_base_swa", &f)) hp->rope_freq_base_swa = f;
+            if (!get_arch_u32(g, a, "attention.sliding_window", &v))
+                return qf_fail(err, QF_ERR_FORMAT, "%s: missing metadata '%s.attention.sliding_window'", m->path, a);
+            if (hp->n_layer == 62) hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head)); /* 27B */
+            if (hp->swa_pattern < 1 || hp->swa_pattern > 1024 || !(hp->rope_freq_base_swa > 0) || !isfinite(hp->rope_freq_base_swa))
+                return qf_fail(err, QF_ERR_FORMAT, "%s: invalid gemma3 sliding-window pattern %d or local rope base", m->path,
+                               hp->swa_pattern);
+        }
+        if (get_arch_f32(g, a, "attn_logit_softcapping", &f)) hp->attn_softcap = f;
+        if (get_arch_f32(g, a, "final_logit_softcapping", &f)) hp->final_softcap = f;
+        if (!(hp->attn_softcap >= 0) || !(hp->final_softcap >= 0) || !isfinite(hp->attn_softcap) || !isfinite(hp->final_softcap))
+            return qf_fail(err, QF_ERR_FORMAT, "%s: invalid %s softcapping values", m->path, a);
+        break;
+    case QF_ARCH_PHI3:
+        hp->fused_qkv = true;
+        hp->fused_gate_up = true;
+        if (qf_gguf_find_tensor(g, "rope_factors_long.weight") || qf_gguf_find_tensor(g, "rope_factors_short.weight"))
+            return qf_fail(err, QF_ERR_UNSUPPORTED,
+                           "%s: tensor 'rope_factors_long.weight': phi3 LongRoPE (128k context) is not supported", m->path);
+        hp->swa = QF_SWA_ALL;
+        break;
+    default:
+        break;
+    }
+    if (hp->swa != QF_SWA_NONE && get_arch_u32(g, a, "attention.sliding_window", &v)) hp->n_swa = (int)v;
+    if (hp->swa == QF_SWA_ALL && hp->n_swa == 0) hp->swa = QF_SWA_NONE;
+    if (hp->swa != QF_SWA_NONE && (hp->n_swa <= 0 || hp->n_swa > (1 << 24)))
+        return qf_fail(err, QF_ERR_FORMAT, "%s: metadata '%s.attention.sliding_window' = %d is out of range", m->path, a,
+                       hp->n_swa);
+    return QF_OK;
+}
+
 static qf_status read_hparams(qf_model *m, qf_error *err) {
     qf_hparams *hp = &m->hp;
     const qf_gguf *g = m->gguf;
     if (!qf_gguf_get_str(g, "general.architecture", hp->arch_name, sizeof hp->arch_name))
         return qf_fail(err, QF_ERR_FORMAT, "%s: missing metadata 'general.architecture'", m->path);
-    if (strcmp(hp->arch_name, "llama") == 0) hp->arch = QF_ARCH_LLAMA;
-    else if (strcmp(hp->arch_name, "qwen2") == 0) hp->arch = QF_ARCH_QWEN2;
-    else
+    hp->arch = QF_ARCH_COUNT;
+    for (int i = 0; i < QF_ARCH_COUNT; i++)
+        if (strcmp(hp->arch_name, arch_names[i]) == 0) hp->arch = (qf_arch)i;
+    if (hp->arch == QF_ARCH_COUNT)
         return qf_fail(err, QF_ERR_UNSUPPORTED,
-                       "%s: architecture '%s' is not supported (qforge runs llama and qwen2)", m->path,
-                       hp->arch_name);
+                       "%s: general.architecture '%s' is not supported (qforge runs llama (and its mixtral-style "
+                       "MoE), qwen2, qwen3, qwen3moe, gemma2, gemma3 and phi3)",
+                       m->path, hp->arch_name);
     if (!qf_gguf_get_str(g, "general.name", hp->name, sizeof hp->name)) snprintf(hp->name, sizeof hp->name, "%s", hp->arch_name);
 
     const char *a = hp->arch_name;
@@ -117,8 +290,7 @@ static qf_status read_hparams(qf_model *m, qf_error *err) {
     if (!get_arch_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->rms_eps)) hp->rms_eps = 1e-5f;
     if (!(hp->rope_freq_base > 0) || !isfinite(hp->rope_freq_base) || !(hp->rms_eps >= 0))
         return qf_fail(err, QF_ERR_FORMAT, "%s: invalid rope.freq_base or rms epsilon", m->path);
-    hp->rope_type = hp->arch == QF_ARCH_QWEN2 ? QF_ROPE_NEOX : QF_ROPE_NORM;
-    return QF_OK;
+    return read_family(m, err);
 }
 
 static int cmp_tensor_offset(const void *a, const void *b) {
@@ -174,6 +346,11 @@ qf_model *qf_model_load(const char *path, qf_error *err) {
     if (!m->gguf) goto fail;
     if (check_packed(m, err)) goto fail;
     if (read_hparams(m, err)) goto fail;
+    m->bound = calloc(qf_gguf_n_tensors(m->gguf) + 1, sizeof *m->bound);
+    if (!m->bound) {
+        qf_fail(err, QF_ERR_NOMEM, "%s: out of memory", path);
+        goto fail;
+    }
     qf_hparams *hp = &m->hp;
 
     const qf_gguf_tensor *te = qf_gguf_find_tensor(m->gguf, "token_embd.weight");
@@ -196,7 +373,8 @@ qf_model *qf_model_load(const char *path, qf_error *err) {
     }
 
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
-    if (!m->layers) {
+    if (hp->n_expert) m->experts = calloc((size_t)hp->n_layer * 3 * hp->n_expert, sizeof *m->experts);
+    if (!m->layers || (hp->n_expert && !m->experts)) {
         qf_fail(err, QF_ERR_NOMEM, "%s: out of memory", path);
         goto fail;
     }
@@ -207,20 +385,54 @@ qf_model *qf_model_load(const char *path, qf_error *err) {
         snprintf(n, sizeof n, "blk.%d.%s", il, suffix);                        \
         if (bind_weight(m, &L->field, n, ne0, ne1, req, err)) goto fail;
         W(attn_norm, "attn_norm.weight", D, 1, true)
-        W(wq, "attn_q.weight", D, Dq, true)
-        W(wk, "attn_k.weight", D, Dkv, true)
-        W(wv, "attn_v.weight", D, Dkv, true)
+        if (hp->fused_qkv) {
+            qf_weight qkv;
+            snprintf(n, sizeof n, "blk.%d.attn_qkv.weight", il);
+            if (bind_weight(m, &qkv, n, D, Dq + 2 * Dkv, true, err)) goto fail;
+            L->wq = row_view(&qkv, 0, Dq);
+            L->wk = row_view(&qkv, Dq, Dkv);
+            L->wv = row_view(&qkv, Dq + Dkv, Dkv);
+        } else {
+            W(wq, "attn_q.weight", D, Dq, true)
+            W(wk, "attn_k.weight", D, Dkv, true)
+            W(wv, "attn_v.weight", D, Dkv, true)
+        }
         W(wo, "attn_output.weight", Dq, D, true)
         W(ffn_norm, "ffn_norm.weight", D, 1, true)
-        W(w_gate, "ffn_gate.weight", D, F, true)
-        W(w_up, "ffn_up.weight", D, F, true)
-        W(w_down, "ffn_down.weight", F, D, true)
+        if (hp->n_expert) {
+            int64_t E = hp->n_expert, Fe = hp->n_ff_exp;
+            W(gate_inp, "ffn_gate_inp.weight", D, E, true)
+            qf_weight *xw = m->experts + (size_t)il * 3 * E;
+            L->exp_gate = xw, L->exp_up = xw + E, L->exp_down = xw + 2 * E;
+            static const char *const xn[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
+            for (int k = 0; k < 3; k++) {
+                snprintf(n, sizeof n, "blk.%d.%s", il, xn[k]);
+                if (bind_experts(m, xw + k * E, n, k == 2 ? Fe : D, k == 2 ? D : Fe, E, err)) goto fail;
+            }
+        } else if (hp->fused_gate_up) {
+            qf_weight gu;
+            snprintf(n, sizeof n, "blk.%d.ffn_up.weight", il);
+            if (bind_weight(m, &gu, n, D, 2 * F, true, err)) goto fail;
+            L->w_gate = row_view(&gu, 0, F);
+            L->w_up = row_view(&gu, F, F);
+        } else {
+            W(w_gate, "ffn_gate.weight", D, F, true)
+            W(w_up, "ffn_up.weight", D, F, true)
+        }
+        if (!hp->n_expert) {
+            W(w_down, "ffn_down.weight", F, D, true)
+        }
         bool bias = hp->arch == QF_ARCH_QWEN2;
         W(bq, "attn_q.bias", Dq, 1, bias)
         W(bk, "attn_k.bias", Dkv, 1, bias)
         W(bv, "attn_v.bias", Dkv, 1, bias)
+        W(q_norm, "attn_q_norm.weight", hp->head_dim, 1, hp->qk_norm)
+        W(k_norm, "attn_k_norm.weight", hp->head_dim, 1, hp->qk_norm)
+        W(post_attn_norm, "post_attention_norm.weight", D, 1, hp->post_norms)
+        W(post_ffw_norm, "post_ffw_norm.weight", D, 1, hp->post_norms)
 #undef W
-        const qf_weight *norms[] = {&L->attn_norm, &L->ffn_norm, &L->bq, &L->bk, &L->bv};
+        const qf_weight *norms[] = {&L->attn_norm, &L->ffn_norm, &L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm,
+                                    &L->post_attn_norm, &L->post_ffw_norm};
         for (size_t i = 0; i < sizeof norms / sizeof norms[0]; i++)
             if (norms[i]->data && norms[i]->type != QF_TYPE_F32 && norms[i]->type != QF_TYPE_F16) {
                 qf_fail(err, QF_ERR_UNSUPPORTED, "%s: blk.%d: norm/bias tensors must be f32 or f16", path, il);
@@ -231,6 +443,17 @@ qf_model *qf_model_load(const char *path, qf_error *err) {
         qf_fail(err, QF_ERR_UNSUPPORTED, "%s: output_norm.weight must be f32 or f16", path);
         goto fail;
     }
+
+    /* a tensor no weight was bound to is a feature of the file that this graph would ignore */
+    for (uint64_t i = 0; i < qf_gguf_n_tensors(m->gguf); i++) {
+        const qf_gguf_tensor *t = qf_gguf_tensor_at(m->gguf, i);
+        if (m->bound[i]) continue;
+        qf_fail(err, QF_ERR_UNSUPPORTED, "%s: tensor '%.*s' is not used by qforge's %s graph (an unsupported feature)", path,
+                (int)(t->name.len < 96 ? t->name.len : 96), t->name.ptr, hp->arch_name);
+        goto fail;
+    }
+    free(m->bound);
+    m->bound = NULL;
 
     m->tok = qf_tokenizer_load(m->gguf, err);
     if (!m->tok) {
@@ -252,6 +475,8 @@ void qf_model_free(qf_model *m) {
     if (!m) return;
     qf_tokenizer_free(m->tok);
     free(m->layers);
+    free(m->experts);
+    free(m->bound);
     qf_gguf_close(m->gguf);
     free(m);
 }

@@ -131,6 +131,7 @@ static void kld_compare_row(const qf_kld_state *k, const float *logits, const ui
     }
     o->nll = nll;
     o->nll_base = nll_base;
+    o->nll_floor = -d[1]; /* code 0 */
     o->kl = kl;
     o->same_top = imax == imax_base;
     o->pd = expf(-nll) - expf(-nll_base);
@@ -139,6 +140,18 @@ static void kld_compare_row(const qf_kld_state *k, const float *logits, const ui
 /* rank 0, in chunk order: add one chunk's positions to the sums (the single-process order) */
 void qf_kld_accumulate(qf_kld_state *k, const qf_kld_pos *pos, int n) {
     QF_ASSERT(k->count + (size_t)n <= (size_t)k->n_chunk * k->n_score); /* kld_values' capacity */
+    /* this chunk's paired log-likelihood difference; where the base row floors the token's
+     * log-probability the candidate's NLL is floored the same way, so a clamped base does not
+     * read as a candidate loss (the base file keeps logits down to max - 16 only) */
+    double dsum = 0;
+    for (int i = 0; i < n; i++) {
+        double nc = pos[i].nll < pos[i].nll_floor ? pos[i].nll : pos[i].nll_floor;
+        dsum += nc - (double)pos[i].nll_base;
+    }
+    if (n > 0) {
+        double d = dsum / n;
+        k->sum_dchunk += d, k->sum_dchunk2 += d * d, k->n_dchunk++;
+    }
     for (int i = 0; i < n; i++) {
         const qf_kld_pos *o = &pos[i];
         float nll = o->nll, nll_base = o->nll_base;
@@ -221,6 +234,17 @@ qf_status qf_kld_finish(qf_kld_state *k, qf_ppl_result *r, qf_error *err) {
     r->ppl_base = exp(m);
     mean_unc(k->sum_p_diff2, k->sum_p_diff4, k->count, &m, &u);
     r->rms_dp = sqrt(m);
+    /* ΔPPL = exp(mean over chunks of the paired per-chunk mean NLL difference) - 1 (every chunk
+     * scores the same number of positions), NLLs floored where the base floors them (above);
+     * its standard error from the spread of those per-chunk differences (chunks are the
+     * independent units: positions within one chunk share their context), by the delta method;
+     * 0 with fewer than 2 chunks */
+    if (k->n_dchunk > 0) {
+        int nc = k->n_dchunk;
+        double md = k->sum_dchunk / nc, var = nc > 1 ? (k->sum_dchunk2 - nc * md * md) / (nc - 1) : 0;
+        r->delta_ppl = expm1(md);
+        r->delta_ppl_err = var > 0 ? exp(md) * sqrt(var / nc) : 0;
+    }
     r->same_top_p = (double)k->n_same_top / (double)k->count;
     r->same_top_p_err = k->count > 1 ? sqrt(r->same_top_p * (1 - r->same_top_p) / (double)(k->count - 1)) : 0;
     qsort(k->kld_values, k->count, sizeof(float), cmp_float);

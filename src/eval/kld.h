@@ -36,6 +36,8 @@ typedef struct {
  * additions in the same order for any number of ranks. */
 typedef struct {
     float nll, nll_base, pd;
+    float nll_floor; /* the largest NLL the base row can store (its logits are clamped 16 below
+                        the max, llama.cpp's format): a base NLL at this value may be larger */
     int32_t same_top;
     double kl;
 } qf_kld_pos;
@@ -53,6 +55,8 @@ typedef struct {
     const uint8_t *in_rows; /* reading: the mapped file's rows */
     size_t in_rows_len;
     double sum_nll, sum_nll2, sum_nll_base, sum_nll_base2, sum_kld, sum_kld2, sum_p_diff2, sum_p_diff4;
+    double sum_dchunk, sum_dchunk2; /* per chunk: mean(nll - nll_base) over its positions, and its square */
+    int n_dchunk;
     size_t n_same_top, count;
     float *kld_values;
 } qf_kld_state;
@@ -74,6 +78,8 @@ void qf_kld_base_close(qf_kld_base_file *b);
 qf_status qf_kld_begin(qf_kld_state *k, const qf_ppl_params *p, int n_ctx, int n_vocab, int n_chunk, int n_own,
                        const qf_kld_base_file *base, const int32_t *tokens, qf_error *err);
 
+/* (qf_kld_accumulate is called once per chunk, with that chunk's n scored positions: the
+ * paired per-chunk ΔPPL statistics count calls as chunks.) */
 /* The rank that ran a chunk, with the logits of its n scored positions and their next tokens:
  * writing: encode the rows into rows_out (n * nv words; NULL when local: they go to this rank's
  * own file at once); reading: compare them with base row block `row_block` into pos[0..n). */

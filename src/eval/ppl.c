@@ -63,7 +63,7 @@ static qf_status non_finite(qf_error *err, int chunk, int pos) {
  * chunk's results travel as one fixed-size record: its n_score negative log-likelihoods
  * (double), its KL positions (reading) and its encoded base rows (writing, unless each rank
  * keeps its own local base file). Each rank runs its chunks of a window of rounds
- * (ppl_window_rounds: all of them unless the records are wide) without meeting the others;
+ * (ppl_window_rounds: up to 8 rounds, fewer when the records are wide) without meeting the others;
  * then the records are gathered to rank 0, which adds them in chunk order, exactly the
  * additions one process makes, prints the running value and writes the rows; so every
  * printed digit is the same for any N. With one rank this is the plain loop. A failure on any
@@ -117,11 +117,12 @@ static qf_status ppl_chunk(ppl_run *u, qf_kld_state *kl, int i, int own_idx, uin
 
 /* Rounds per window of the sharded loop: how many of its chunks a rank runs before the records
  * are gathered to rank 0. One process: 1 (its running output appears chunk by chunk, as
- * before). Several: as many rounds as fit in 256 MiB of records on rank 0 (all of them for a
- * plain PPL or KLD run: a record is a few KB), so the ranks meet once at the end instead of
- * once per round; only the wide records of a base file written through rank 0 (n_vocab rows)
- * are gathered in smaller windows. The rounds and the order of the additions do not change,
- * so neither does any printed digit. */
+ * before). Several: up to PPL_WINDOW_MAX rounds, fewer when their records would exceed 256 MiB
+ * on rank 0 (only a base file written through rank 0 has wide records: n_vocab rows), so the
+ * ranks meet once per 8 rounds instead of once per round, and a long run still shows its
+ * running output and progress every 8 x N chunks. The rounds and the order of the additions
+ * do not change, so neither does any printed digit. */
+#define PPL_WINDOW_MAX 8
 static int ppl_window_rounds(int n_rank, int n_round, size_t rec_bytes) {
     if (n_rank <= 1 || n_round <= 1) return 1;
     /* QF_PPL_WINDOW_ROUNDS=k forces windows of k rounds (tests/cli_mpi.sh: any window gives
@@ -131,6 +132,7 @@ static int ppl_window_rounds(int n_rank, int n_round, size_t rec_bytes) {
     const size_t budget = (size_t)256 << 20;
     size_t per_round = rec_bytes * (size_t)n_rank, w = per_round ? budget / per_round : (size_t)n_round;
     if (w < 1) w = 1;
+    if (w > PPL_WINDOW_MAX) w = PPL_WINDOW_MAX;
     return w < (size_t)n_round ? (int)w : n_round;
 }
 
@@ -214,10 +216,13 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
                 if (ci >= n_chunk) break;
                 const uint8_t *cr = all + (size_t)q * blk + (size_t)k * u.rec_bytes;
                 const double *v = (const double *)(const void *)cr;
+                double cn = 0;
                 for (int j = 0; j < n_score; j++) {
                     nll += v[j];
                     nll2 += v[j] * v[j];
+                    cn += v[j];
                 }
+                if (p->chunk_nll && ci < p->chunk_nll_cap) p->chunk_nll[ci] = cn / n_score;
                 count += n_score;
                 if (kl.reading) qf_kld_accumulate(&kl, (const qf_kld_pos *)(const void *)(cr + u.off_pos), n_score);
                 if (kl.writing && !kl.local)

@@ -15,6 +15,7 @@
 #include "qforge/artifact_bind.h"
 #include "qforge/forge.h"
 #include "qforge/ppl.h"
+#include "util/par.h"
 #include "util/util.h"
 
 /* the free baselines a reference has measured: [0] q8_0, [1] q4_0 (+ hadamard) */
@@ -25,6 +26,8 @@ typedef struct {
 
 struct qf_certify_ref {
     char base_path[4096]; /* saved reference log-probs */
+    double *chunk_nll;    /* the reference's mean NLL per chunk (rank 0), for the paired ΔPPL error */
+    int chunk_nll_cap;
     qf_certify_params p;
     qf_ppl_result r;
     double kv_bytes_per_token;
@@ -64,6 +67,7 @@ double qf_certify_ref_ppl(const qf_certify_ref *ref) { return ref ? ref->r.ppl :
 void qf_certify_ref_free(qf_certify_ref *ref) {
     if (!ref) return;
     if (ref->base_path[0]) qf_temp_remove(ref->base_path);
+    free(ref->chunk_nll);
     free(ref);
 }
 
@@ -93,6 +97,13 @@ qf_status qf_certify_reference(qf_context *c, const char *eval_text, size_t len,
     pp.kl_base_write = ref->base_path;
     pp.kl_base_local = true; /* under mpirun each rank keeps the rows of its own chunks */
     pp.progress = p->progress;
+    /* a token is at least one byte (+ BOS): no text has more chunks than this */
+    ref->chunk_nll_cap = (int)(len / (size_t)p->n_ctx) + 2;
+    if (!(ref->chunk_nll = malloc(sizeof(double) * (size_t)ref->chunk_nll_cap))) {
+        qf_certify_ref_free(ref);
+        return qf_fail(err, QF_ERR_NOMEM, "certify: out of memory");
+    }
+    pp.chunk_nll = ref->chunk_nll, pp.chunk_nll_cap = ref->chunk_nll_cap;
     qf_status st = qf_perplexity_text(c, eval_text, len, &pp, &ref->r, err);
     if (st) {
         qf_certify_ref_free(ref);
@@ -113,7 +124,7 @@ qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_arti
     memset(r, 0, sizeof *r);
     r->ref_ppl = ref->r.ppl;
     r->cand_ppl = r->delta_ppl = r->kld_mean = r->kld_p99 = r->top1 = NAN;
-    r->bits_per_element = NAN;
+    r->bits_per_element = r->delta_ppl_err = NAN;
     r->ref_kv_bytes_per_token = ref->kv_bytes_per_token;
     if (qf_context_bound(c, NULL))
         return qf_fail(err, QF_ERR_ARG, "certify: the context already has an artifact bound");
@@ -153,7 +164,7 @@ qf_status qf_certify_baseline(qf_context *c, const qf_certify_ref *cref, double 
         qf_context_params cp = *qf_context_params_get(c);
         cp.kv_k = cp.kv_v = q4 ? QF_KV_Q4_0 : QF_KV_Q8_0;
         cp.kv_rot = rot ? QF_KV_ROT_HADAMARD : QF_KV_ROT_NONE;
-        cp.device = QF_DEVICE_CPU; /* where certification runs */
+        cp.device = qf_context_device(c); /* where this certification runs (the GPU for kv-int8 --device cuda) */
         qf_context *bc = qf_context_new(qf_context_model(c), &cp, err);
         if (!bc) return qf_error_prefix(err, "certify: the free baseline's context: ");
         memset(&b->r, 0, sizeof b->r);
@@ -199,9 +210,27 @@ static qf_status run_candidate(qf_context *c, const qf_certify_ref *ref, const q
     pp.kl_base_local = true;
     pp.progress = ref->p.progress;
     qf_ppl_result pr;
+    int nc = ref->r.n_chunks;
+    double *cn = nc > 0 && nc <= ref->chunk_nll_cap ? malloc(sizeof(double) * (size_t)nc) : NULL;
+    if (nc > 0 && !cn) return qf_fail(err, QF_ERR_NOMEM, "certify: out of memory");
+    pp.chunk_nll = cn, pp.chunk_nll_cap = cn ? nc : 0;
     double t0 = qf_now_sec();
     st = qf_perplexity(c, NULL, 0, &pp, &pr, err);
     r->seconds = qf_now_sec() - t0;
+    /* the paired per-chunk standard error of ΔPPL from the exact NLLs of both passes (the base
+     * file floors log-probs; these do not): rank 0 has them, every rank gets the number */
+    if (!st && cn) {
+        double s1 = 0, s2 = 0;
+        if (qf_mpi_rank() == 0)
+            for (int i = 0; i < nc; i++) {
+                double d = cn[i] - ref->chunk_nll[i];
+                s1 += d, s2 += d * d;
+            }
+        double md = s1 / nc, var = nc > 1 ? (s2 - nc * md * md) / (nc - 1) : 0;
+        r->delta_ppl_err = var > 0 ? exp(md) * sqrt(var / nc) : 0;
+        st = qf_par_bcast(&r->delta_ppl_err, sizeof r->delta_ppl_err, 0, err);
+    }
+    free(cn);
     if (st) {
         qf_error_prefix(err, "certify: candidate pass: ");
         if (st != QF_ERR_NOMEM) err->code = st = QF_ERR_CERTIFY_FAILED;

@@ -590,6 +590,18 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
     qf_status st = qf_forge_check_arch(src, err);
     if (st) return st;
     const qf_hparams *hp = qf_model_hparams(m);
+    /* the scales fold into named tensors (attn_norm, ffn_norm, attn_v, ffn_up) and each group's
+     * rows come from every token: fused tensors and routed experts have neither */
+    if (hp->n_expert)
+        return qf_fail(err, QF_ERR_UNSUPPORTED,
+                       "awq: %s has mixture-of-experts FFNs (%d experts, ffn_*_exps): AWQ needs calibration rows per "
+                       "expert, which the router hands out unevenly; not supported (plain quantize works)",
+                       hp->arch_name, hp->n_expert);
+    if (hp->fused_qkv || hp->fused_gate_up)
+        return qf_fail(err, QF_ERR_UNSUPPORTED,
+                       "awq: %s stores fused tensors (attn_qkv, ffn_up = gate|up): AWQ's scale folding is not "
+                       "implemented for them (plain quantize works)",
+                       hp->arch_name);
     int n_ctx = p.n_ctx > 0 ? p.n_ctx : (hp->n_ctx_train < 512 ? hp->n_ctx_train : 512);
     if (n_ctx < 2) n_ctx = 2;
     int64_t n_tok = n_calib;

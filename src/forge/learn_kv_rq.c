@@ -357,11 +357,11 @@ double qf_kv_rq_bits_per_element(const int *const bits[2], int n_layer, int head
 }
 
 double qf_kv_rq_allocate(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int *const bits[2]) {
-    return qf_kv_rq_allocate_ex(f, sens, max_code_bits, QF_KV_RQ_SENS_BITS, bits);
+    return qf_kv_rq_allocate_min(f, sens, max_code_bits, QF_KV_RQ_SENS_BITS, bits);
 }
 
-double qf_kv_rq_allocate_ex(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int min_bits,
-                            int *const bits[2]) {
+double qf_kv_rq_allocate_min(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int min_bits,
+                             int *const bits[2]) {
     int L = f->n_layer, U = 2 * L;
     if (min_bits < QF_KV_RQ_MIN_BITS) min_bits = QF_KV_RQ_MIN_BITS;
     if (min_bits > QF_KV_RQ_MAX_BITS) min_bits = QF_KV_RQ_MAX_BITS;

@@ -15,6 +15,7 @@
 #include "qforge/capture.h"
 #include "qforge/corpus.h"
 #include "qforge/forge.h"
+#include "qforge/ppl.h"
 #include "qforge/kv_rq.h"
 #include "format/kv_rq_row.h"
 #include "kernels/hadamard.h"
@@ -94,6 +95,10 @@ typedef struct {
     int64_t calib_tokens;
     int n_ctx, eval_chunks;
     uint8_t eval_sha[32];
+    /* kv-int8 with --device cuda: certification ran on the GPU; its first evaluation chunk was
+     * scored again on the CPU path (PPL of that chunk on each device) */
+    bool cert_gpu;
+    double recheck_gpu_ppl, recheck_cpu_ppl;
 } shared;
 
 static void shared_free(shared *s) {
@@ -145,7 +150,14 @@ static qf_status stage_model(const qf_job *j, shared *s, qf_error *err) {
     cp.n_batch = s->n_ctx; /* as qforge ppl without -b */
     cp.n_threads = j->n_threads;
     cp.kv_k = cp.kv_v = j->ref_kv;
-    cp.device = QF_DEVICE_CPU; /* KV artifacts run on the CPU path */
+    /* KV artifacts are certified on the CPU path, except kv-int8 under an explicit --device
+     * cuda: the GPU runs its every row layout (reference, candidates, free baseline) */
+    s->cert_gpu = j->capture_device == QF_DEVICE_CUDA && j->kind == QF_ARTIFACT_KV_INT8;
+    cp.device = s->cert_gpu ? QF_DEVICE_CUDA : QF_DEVICE_CPU;
+    /* every GEMM in f32 on the GPU: the f16 route's input rounding differs between the
+     * reference (fused f16 q|k|v) and quantized-KV passes (f32 K/V), which shows up in the KLDs
+     * a verdict compares; in f32 the GPU's numbers follow the CPU's */
+    if (s->cert_gpu) cp.cuda.gemm_f32 = cp.cuda.attn_warp = true; /* and f32 attention for every cache */
     if (!(s->ctx = qf_context_new(s->model, &cp, err))) return err ? err->code : QF_ERR_NOMEM;
     s->eval_chunks = j->eval_chunks == 0 ? 16 : j->eval_chunks < 0 ? 0 : j->eval_chunks;
     return QF_OK;
@@ -177,7 +189,9 @@ static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, q
     int64_t max_tok = job_budgets(j).calib_tokens;
     /* the GPU read-back route when asked for or found; the CPU context otherwise */
     qf_context *gpu = NULL;
-    if (!prerope && (j->capture_device == QF_DEVICE_CUDA || (j->capture_device == QF_DEVICE_AUTO && qf_cuda_available()))) {
+    const bool on_gpu = qf_context_device(s->ctx) == QF_DEVICE_CUDA; /* certification's GPU context: capture there */
+    if (!on_gpu && !prerope &&
+        (j->capture_device == QF_DEVICE_CUDA || (j->capture_device == QF_DEVICE_AUTO && qf_cuda_available()))) {
         qf_context_params gp = *qf_context_params_get(s->ctx);
         gp.device = QF_DEVICE_CUDA;
         if (!(gpu = qf_context_new(s->model, &gp, err))) {
@@ -186,6 +200,7 @@ static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, q
         }
     }
     st = qf_capture_run(gpu ? gpu : s->ctx, s->cap, ids, (int64_t)n, s->n_ctx, max_tok, j->progress, err);
+    if (on_gpu) gpu = NULL; /* not ours to free */
     qf_context_free(gpu);
     free(ids);
     if (st) return as_stage(err, st, QF_ERR_CAPTURE_FAILED, "capture");
@@ -196,7 +211,8 @@ static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, q
     rep->calib_tokens = s->calib_tokens;
     rep->seconds_capture = qf_now_sec() - t0;
     stage(j, "[2/5 capture] %lld calibration tokens on the %s, %lld K and %lld V vectors per layer kept",
-          (long long)s->calib_tokens, gpu ? "GPU (read back)" : "CPU", (long long)v.n_k[0], (long long)v.n_v[0]);
+          (long long)s->calib_tokens, gpu || on_gpu ? "GPU (read back)" : "CPU", (long long)v.n_k[0],
+          (long long)v.n_v[0]);
     return QF_OK;
 }
 
@@ -209,8 +225,29 @@ static qf_status stage_reference(const qf_job *j, shared *s, qf_error *err) {
     char chunks[24];
     if (s->eval_chunks > 0) snprintf(chunks, sizeof chunks, "%d", s->eval_chunks);
     else snprintf(chunks, sizeof chunks, "all");
-    stage(j, "[4/5 certify] reference (kv %s): PPL %.4f over %s chunks of %d evaluation tokens",
-          qf_kv_mode_name(j->ref_kv), qf_certify_ref_ppl(s->ref), chunks, s->n_ctx);
+    stage(j, "[4/5 certify] reference (kv %s): PPL %.4f over %s chunks of %d evaluation tokens%s",
+          qf_kv_mode_name(j->ref_kv), qf_certify_ref_ppl(s->ref), chunks, s->n_ctx, s->cert_gpu ? " (GPU)" : "");
+    if (s->cert_gpu && !s->recheck_cpu_ppl) { /* the first chunk again, on the GPU and on the CPU path */
+        qf_ppl_params pp = qf_ppl_default_params();
+        pp.n_ctx = s->n_ctx;
+        pp.n_chunks = 1;
+        qf_ppl_result rg, rc;
+        qf_context_params cp = *qf_context_params_get(s->ctx);
+        cp.device = QF_DEVICE_CPU;
+        qf_context *cpu = NULL;
+        if ((st = qf_perplexity_text(s->ctx, etext, elen, &pp, &rg, err)) ||
+            !(cpu = qf_context_new(s->model, &cp, err)) ||
+            (st = qf_perplexity_text(cpu, etext, elen, &pp, &rc, err))) {
+            qf_context_free(cpu);
+            if (!st) st = err ? err->code : QF_ERR_NOMEM;
+            if (err) qf_error_prefix(err, "certify: the CPU re-check of the first chunk: ");
+            return st;
+        }
+        qf_context_free(cpu);
+        s->recheck_gpu_ppl = rg.ppl, s->recheck_cpu_ppl = rc.ppl;
+        stage(j, "[4/5 certify] first chunk re-checked on the CPU path: PPL %.6f (GPU) vs %.6f (CPU), rel. diff %.2e",
+              rg.ppl, rc.ppl, fabs(rg.ppl / rc.ppl - 1));
+    }
     return QF_OK;
 }
 
@@ -278,7 +315,7 @@ out:
  * per-token layouts carry their scale in the codes and get placeholder scales of 1. */
 typedef struct {
     const char *name;
-    const char *layout[2]; /* K, V: "static", "static-rot", "token-rot", "token" */
+    const char *layout[2]; /* K, V: "static", "static-rot", "token-rot", "token", "ec-rot" */
     qf_kv_scale_mode mode;
 } int8_candidate;
 
@@ -287,6 +324,8 @@ typedef struct {
  * per-channel + V per-token 23x q8_0's KLD), the rotated per-token layout beats it at 8.0 bits;
  * the original per-channel layout stays as the second candidate, for the record */
 static const int8_candidate int8_candidates[] = {
+    /* entropy-coded rotated rows: about 0.6x (head_dim 128) / 0.7x (64) token-rot's squared error */
+    {"ec-rot", {"ec-rot", "ec-rot"}, QF_KV_SCALE_PER_HEAD},          /* placeholder scales: [L, H] of 1 */
     {"token-rot", {"token-rot", "token-rot"}, QF_KV_SCALE_PER_HEAD}, /* placeholder scales: [L, H] of 1 */
     {"per-channel", {"static", "static"}, QF_KV_SCALE_PER_CHANNEL},
 };
@@ -309,7 +348,7 @@ static qf_status learn_int8(const qf_job *j, const shared *s, const int8_candida
             const float *x = sidx ? v.v[l] : v.k[l];
             int64_t n = sidx ? v.n_v[l] : v.n_k[l];
             const char *lay = cand->layout[sidx];
-            if (!strncmp(lay, "token", 5)) { /* no static scale is used */
+            if (!strncmp(lay, "token", 5) || !strcmp(lay, "ec-rot")) { /* no static scale is used */
                 for (size_t i = 0; i < per; i++) sc[sidx][(size_t)l * per + i] = 1.0f;
                 continue;
             }
@@ -481,6 +520,7 @@ static qf_status add_gate_keys(qf_payload *cf, const qf_job_report *rep, qf_erro
         if (!st) st = PUTF("ref_ppl", x->ref_ppl);
         if (!st) st = PUTF("cand_ppl", x->cand_ppl);
         if (!st) st = PUTF("delta_ppl", x->delta_ppl);
+        if (!st && isfinite(x->delta_ppl_err)) st = PUTF("delta_ppl_err", x->delta_ppl_err);
         if (!st) st = PUTF("kld_mean", x->kld_mean);
         if (!st) st = PUTF("kld_p99", x->kld_p99);
         if (!st) st = PUTF("top1", x->top1);
@@ -572,6 +612,14 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
     if (!st) st = qf_payload_add_int(cf, "eval_chunks", r->n_chunks, err);
     if (!st) st = qf_payload_add_string(cf, "ref_kv", qf_kv_mode_name(j->ref_kv), err);
     if (!st) st = qf_payload_add_int(cf, "n_threads", qf_context_params_get(s->ctx)->n_threads, err);
+    if (!st && s->cert_gpu) { /* where certification ran, and the CPU re-check of its first chunk */
+        st = qf_payload_add_string(cf, "certify_device", "cuda", err);
+        if (!st) st = qf_payload_add_float(cf, "cpu_recheck_chunk0_ppl_gpu", s->recheck_gpu_ppl, err);
+        if (!st) st = qf_payload_add_float(cf, "cpu_recheck_chunk0_ppl_cpu", s->recheck_cpu_ppl, err);
+        if (!st)
+            st = qf_payload_add_float(cf, "cpu_recheck_chunk0_rel_diff", fabs(s->recheck_gpu_ppl / s->recheck_cpu_ppl - 1),
+                                      err);
+    }
     if (!st) st = add_gate_keys(cf, rep, err);
     if (!st) {
         char cmd[768];
@@ -937,7 +985,10 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     t0 = qf_now_sec();
     size_t clen;
     const char *ctext = qf_corpus_calib_text(s->corpus, &clen);
-    qf_certify_params cp = {.n_ctx = s->n_ctx < 512 ? s->n_ctx : 512, .n_chunks = j->rq_sens_chunks > 2 ? j->rq_sens_chunks : 2};
+    /* chunks of min(N, 512) tokens by default (cheap); --sens-ctx N measures at the context the
+     * artifact is certified for, where the window covers a realistic share of every chunk */
+    int sens_ctx = j->rq_sens_ctx > 0 ? j->rq_sens_ctx : s->n_ctx < 512 ? s->n_ctx : 512;
+    qf_certify_params cp = {.n_ctx = sens_ctx, .n_chunks = j->rq_sens_chunks > 2 ? j->rq_sens_chunks : 2};
     if ((st = qf_certify_reference(s->ctx, ctext, clen, &cp, &cref, err))) {
         st = as_stage(err, st, QF_ERR_CAPTURE_FAILED, "kv-rq sensitivity: reference on the calibration text");
         goto done;
@@ -960,8 +1011,9 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         char line[1024];
         int o = 0;
         for (int l = 0; l < L && o < 900; l++) o += snprintf(line + o, sizeof line - (size_t)o, " %d:%.4f/%.4f", l, sens[0][l], sens[1][l]);
-        stage(j, "[3/5 learn] kv-rq sensitivity (mean KLD at 2 bits alone, K/V per layer, %d calibration chunks, %.1f s):%s",
-              cp.n_chunks, qf_now_sec() - t0, line);
+        stage(j, "[3/5 learn] kv-rq sensitivity (mean KLD at 2 bits alone, K/V per layer, %d calibration chunks of %d, "
+                 "%.1f s):%s",
+              cp.n_chunks, cp.n_ctx, qf_now_sec() - t0, line);
     }
     rep->seconds_learn = qf_now_sec() - t0;
     t0 = qf_now_sec();
@@ -978,7 +1030,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
                          j->rq_bits, max_code, s->n_ctx, 8.0 * QF_KV_RQ_SCALE_BYTES / D, S, R, 16.0 * (S + R) / s->n_ctx, mb);
             goto done;
         }
-        double pred = qf_kv_rq_allocate_ex(&fit, (const double *const *)sens, max_code, mb, bits);
+        double pred = qf_kv_rq_allocate_min(&fit, (const double *const *)sens, max_code, mb, bits);
         stage(j, "[3/5 learn] kv-rq allocation within %.3f bits (codes <= %.3f): predicted KLD %.5f", j->rq_bits, max_code,
               pred);
         if (j->rq_sink < 0 && j->rq_window < 0) {
@@ -1002,7 +1054,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
                 tried_s[n_tried] = cs, tried_r[n_tried++] = cr;
                 double mc = j->rq_bits - scale_bits - 16.0 * sr / s->n_ctx;
                 if (mc < mb) continue;
-                qf_kv_rq_allocate_ex(&fit, (const double *const *)sens, mc, mb, bits);
+                qf_kv_rq_allocate_min(&fit, (const double *const *)sens, mc, mb, bits);
                 qf_payload_free(&pl);
                 memset(&pl, 0, sizeof pl);
                 qf_certify_result cr_;
@@ -1014,7 +1066,14 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
             }
             S = bS, R = bR;
             max_code = j->rq_bits - scale_bits - 16.0 * (S + R) / s->n_ctx;
-            qf_kv_rq_allocate_ex(&fit, (const double *const *)sens, max_code, mb, bits);
+            qf_kv_rq_allocate_min(&fit, (const double *const *)sens, max_code, mb, bits);
+        }
+        if (max_code < mb - 1e-9) {
+            st = qf_fail(err, QF_ERR_ARG,
+                         "kv-rq: --rq-min-bits %d does not fit a budget of %.3f bits per element at -c %d (codes <= %.3f "
+                         "after row scales and %d sinks + %d window tokens); lower --rq-min-bits or raise --bits",
+                         mb, j->rq_bits, s->n_ctx, max_code, S, R);
+            goto done;
         }
         if ((st = rq_certify(j, s, &fit, bits, S, R, &pl, &r, &bpe, err))) goto done;
         rep->result = r;
@@ -1026,7 +1085,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         int lo = 0, hi = U * (QF_KV_RQ_MAX_BITS - mb), found = -1;
         while (lo <= hi) {
             int k = (lo + hi) / 2;
-            qf_kv_rq_allocate_ex(&fit, (const double *const *)sens, mb + (double)k / U, mb, bits);
+            qf_kv_rq_allocate_min(&fit, (const double *const *)sens, mb + (double)k / U, mb, bits);
             if ((st = rq_certify(j, s, &fit, bits, S, R, &pl, &r, &bpe, err))) goto done;
             if (rep->n_tried < QF_JOB_MAX_TRIED) {
                 set_variant(rep->tried[rep->n_tried].variant, sizeof rep->tried[0].variant, "%.3f-bits", bpe);
@@ -1043,7 +1102,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
             else lo = k + 1;
         }
         if (found >= 0) { /* re-derive the passing allocation's bits for the variant name */
-            qf_kv_rq_allocate_ex(&fit, (const double *const *)sens, mb + (double)found / U, mb, bits);
+            qf_kv_rq_allocate_min(&fit, (const double *const *)sens, mb + (double)found / U, mb, bits);
         }
     }
     double bpe_first = rep->bits_per_element;
@@ -1086,7 +1145,8 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         (st = qf_payload_add_int(cf, "channel_weights", j->rq_qaware, err)) ||
         (st = qf_payload_add_int(cf, "v_pred", fit.v_pred != NULL, err)) ||
         (j->rq_qaware && (st = qf_payload_add_float(cf, "v_alpha", j->rq_v_alpha, err))) ||
-        (j->rq_bits > 0 && (st = qf_payload_add_float(cf, "budget_bits", j->rq_bits, err))))
+        (j->rq_bits > 0 && (st = qf_payload_add_float(cf, "budget_bits", j->rq_bits, err))) ||
+        (st = qf_payload_add_int(cf, "sens_ctx", sens_ctx, err)))
         goto done;
     if (!rep->result.passed) {
         const qf_certify_result *rr = &rep->result;
@@ -1134,6 +1194,15 @@ static qf_status job_preflight(const qf_job *j, qf_error *err) {
     const char *outs[3] = {j->out_path, j->eval_out_path, j->kind == QF_ARTIFACT_AWQ ? gguf : NULL};
     const char *out_names[3] = {"-o", "--eval-out", "the awq GGUF"};
     qf_status st = qf_check_outputs(ins, in_names, n_in, outs, out_names, 3, err);
+    int n_ctx = j->n_ctx_list > 0 ? j->ctx_list[0] : j->n_ctx > 0 ? j->n_ctx : 256; /* stage_model's */
+    if (!st && j->kind == QF_ARTIFACT_KV_RQ && j->rq_min_bits != 0 &&
+        (j->rq_min_bits < QF_KV_RQ_MIN_BITS || j->rq_min_bits > QF_KV_RQ_MAX_BITS || !(j->rq_bits > 0)))
+        st = qf_fail(err, QF_ERR_ARG, "calibrate: --rq-min-bits %d: expected %d..%d, with a --bits budget", j->rq_min_bits,
+                     QF_KV_RQ_MIN_BITS, QF_KV_RQ_MAX_BITS);
+    if (!st && j->kind == QF_ARTIFACT_KV_RQ && (j->rq_sens_ctx < 0 || j->rq_sens_ctx > n_ctx || j->rq_sens_ctx == 1))
+        st = qf_fail(err, QF_ERR_ARG,
+                     "calibrate: --sens-ctx %d: expected 2..%d tokens (the capture window -c, the first of --ctx)",
+                     j->rq_sens_ctx, n_ctx);
     if (!st && j->sign_key_path) st = qf_sign_key_check(j->sign_key_path, err);
     if (!st) st = qf_check_writable(j->out_path, QF_ERR_PACKAGE_FAILED, err);
     if (!st && j->kind == QF_ARTIFACT_AWQ) st = qf_check_writable(gguf, QF_ERR_PACKAGE_FAILED, err);
@@ -1157,9 +1226,9 @@ static qf_status certify_at_ctx(const qf_job *j, shared *s, int n, const qf_payl
     if (st) qf_error_prefix(err, "at -c %d: ", n);
     if (!st) st = qf_certify_candidate(c, ref, j->kind, pl, &j->gate, r, err);
     if (!st)
-        stage(j, "[4/5 certify] -c %d: PPL %.4f -> %.4f (delta %+.4f%%), KLD mean %.6f p99 %.6f, top-1 %.2f%%; baseline %s "
-                 "KLD mean %.6f; gate %s%s%s",
-              n, r->ref_ppl, r->cand_ppl, 100 * r->delta_ppl, r->kld_mean, r->kld_p99, 100 * r->top1, r->baseline,
+        stage(j, "[4/5 certify] -c %d: PPL %.4f -> %.4f (delta %+.4f%% +/- %.4f%%), KLD mean %.6f p99 %.6f, top-1 %.2f%%; "
+                 "baseline %s KLD mean %.6f; gate %s%s%s",
+              n, r->ref_ppl, r->cand_ppl, 100 * r->delta_ppl, 100 * r->delta_ppl_err, r->kld_mean, r->kld_p99, 100 * r->top1, r->baseline,
               r->baseline_kld_mean, r->passed ? "passed" : "failed", r->passed ? "" : ": ", r->why);
     qf_certify_ref_free(ref);
     qf_context_free(c);
@@ -1243,9 +1312,9 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
         st = qf_certify_candidate(s.ctx, s.ref, j->kind, &cand, &j->gate, &r, err);
         t_cert += qf_now_sec() - t0;
         if (st) goto done;
-        stage(j, "[4/5 certify] %s: PPL %.4f -> %.4f (delta %+.4f%%), KLD mean %.6f p99 %.6f, top-1 %.2f%%, KV %.0f B/token "
-                 "(f16 %.0f), %.3f bits/element",
-              variant, r.ref_ppl, r.cand_ppl, 100 * r.delta_ppl, r.kld_mean, r.kld_p99, 100 * r.top1,
+        stage(j, "[4/5 certify] %s: PPL %.4f -> %.4f (delta %+.4f%% +/- %.4f%%), KLD mean %.6f p99 %.6f, top-1 %.2f%%, "
+                 "KV %.0f B/token (f16 %.0f), %.3f bits/element",
+              variant, r.ref_ppl, r.cand_ppl, 100 * r.delta_ppl, 100 * r.delta_ppl_err, r.kld_mean, r.kld_p99, 100 * r.top1,
               r.cand_kv_bytes_per_token, rep->f16_kv_bytes_per_token, r.bits_per_element);
         if (r.has_baseline)
             stage(j, "[4/5 certify] free baseline %s (%.1f bits) on the same tokens: delta %+.4f%%, KLD mean %.6f p99 %.6f; "

@@ -29,6 +29,7 @@ qf_type qf_quantize_tensor_type(const char *name, uint32_t n_dims, const int64_t
                                 bool output_tied) {
     if (n_dims < 2 || !ends_with(name, "weight") || strstr(name, "_norm.weight"))
         return QF_TYPE_COUNT; /* copied unchanged */
+    if (strstr(name, "ffn_gate_inp.weight")) return QF_TYPE_COUNT; /* MoE router: llama-quantize keeps it */
     qf_type t = type;
     if (type == QF_TYPE_Q4_0 || type == QF_TYPE_Q8_0) {
         bool is_output = !strcmp(name, "output.weight") ||
@@ -44,11 +45,13 @@ qf_status qf_forge_check_arch(const qf_gguf *g, qf_error *err) {
     if (!qf_gguf_get_str(g, "general.architecture", arch, sizeof arch))
         return qf_fail(err, QF_ERR_FORMAT, "%s: general.architecture: missing or not a string",
                        qf_gguf_path(g));
-    if (strcmp(arch, "llama") != 0 && strcmp(arch, "qwen2") != 0)
-        return qf_fail(err, QF_ERR_UNSUPPORTED,
-                       "%s: general.architecture '%s': expected llama or qwen2", qf_gguf_path(g),
-                       arch);
-    return QF_OK;
+    static const char *const runs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
+        if (strcmp(arch, runs[i]) == 0) return QF_OK;
+    return qf_fail(err, QF_ERR_UNSUPPORTED,
+                   "%s: general.architecture '%s': expected one of the families qforge runs (llama, qwen2, qwen3, "
+                   "qwen3moe, gemma2, gemma3, phi3)",
+                   qf_gguf_path(g), arch);
 }
 
 typedef struct {

@@ -15,7 +15,19 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-bool qf_gemm_q8_type(qf_type t) { return t == QF_TYPE_Q8_0 || t == QF_TYPE_Q4_0; }
+bool qf_gemm_q8_type(qf_type t) { return t == QF_TYPE_Q8_0 || t == QF_TYPE_Q4_0 || t == QF_TYPE_Q5_0; }
+
+/* the unsigned quant u of element j of a Q5_0 block (value u - 16) */
+static inline int q5_0_u(const block_q5_0 *b, int j) {
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    int nib = j < 16 ? (b->qs[j] & 0xF) : (b->qs[j - 16] >> 4);
+    return nib | (int)(((qh >> j) & 1) << 4);
+}
+
+/* the activation offset for weight type wt: Q8_0 is stored as w + 128, Q4_0 as q (value q - 8),
+ * Q5_0 as q (value q - 16) */
+static int32_t q8_offset(qf_type wt) { return wt == QF_TYPE_Q8_0 ? 128 : wt == QF_TYPE_Q4_0 ? 8 : 16; }
 
 /* AVX-512 F, BW, VL and VNNI, with the OS saving the zmm state (XCR0 bits 1, 2, 5, 6, 7). */
 static bool cpu_has_avx512vnni(void) {
@@ -51,7 +63,7 @@ void qf_gemm_quantize_act(qf_type wt, const float *x, int64_t K, int t0, int t1,
         return;
     }
     const int64_t nb = K / 32;
-    const int32_t off = wt == QF_TYPE_Q8_0 ? 128 : 8;
+    const int32_t off = q8_offset(wt);
     const size_t stride = qf_gemm_act_stride(K);
     block_q8_0 *blk = tmp;
     for (int t = t0; t < t1; t++) {
@@ -70,7 +82,7 @@ void qf_gemm_quantize_act(qf_type wt, const float *x, int64_t K, int t0, int t1,
 }
 
 /* bytes of one block of a packed panel (QF_GEMM_NR rows) */
-static size_t panel_block_bytes(qf_type wt) { return wt == QF_TYPE_Q8_0 ? 8 * QF_GEMM_NR * 4 : 4 * QF_GEMM_NR * 4; }
+static size_t panel_block_bytes(qf_type wt) { return wt == QF_TYPE_Q4_0 ? 4 * QF_GEMM_NR * 4 : 8 * QF_GEMM_NR * 4; }
 
 size_t qf_gemm_panel_bytes(qf_type wt, int64_t K) {
     return (size_t)(K / 32) * (panel_block_bytes(wt) + QF_GEMM_NR * sizeof(float));
@@ -98,6 +110,11 @@ void qf_gemm_pack_panel(qf_type wt, const void *w, size_t row_bytes, int64_t K, 
                 for (int g = 0; g < 8; g++)
                     for (int k = 0; k < 4; k++)
                         pb[(g * QF_GEMM_NR + i) * 4 + k] = (uint8_t)blk->qs[g * 4 + k] ^ 0x80;
+                sc[b * QF_GEMM_NR + i] = qf_f16_to_f32(blk->d);
+            } else if (wt == QF_TYPE_Q5_0) { /* unpacked to bytes q in [0, 31], the Q8_0 layout */
+                const block_q5_0 *blk = (const block_q5_0 *)(const void *)wr + b;
+                for (int g = 0; g < 8; g++)
+                    for (int k = 0; k < 4; k++) pb[(g * QF_GEMM_NR + i) * 4 + k] = (uint8_t)q5_0_u(blk, g * 4 + k);
                 sc[b * QF_GEMM_NR + i] = qf_f16_to_f32(blk->d);
             } else {
                 const block_q4_0 *blk = (const block_q4_0 *)(const void *)wr + b;
@@ -128,6 +145,10 @@ void qf_gemm_q8_rows_ref(qf_type wt, const void *w, size_t row_bytes, int64_t K,
                 if (wt == QF_TYPE_Q8_0) {
                     const block_q8_0 *blk = (const block_q8_0 *)(const void *)wr + b;
                     for (int j = 0; j < 32; j++) isum += (int32_t)((uint8_t)blk->qs[j] ^ 0x80) * xq[b * 32 + j];
+                    dw = qf_f16_to_f32(blk->d);
+                } else if (wt == QF_TYPE_Q5_0) {
+                    const block_q5_0 *blk = (const block_q5_0 *)(const void *)wr + b;
+                    for (int j = 0; j < 32; j++) isum += q5_0_u(blk, j) * xq[b * 32 + j];
                     dw = qf_f16_to_f32(blk->d);
                 } else {
                     const block_q4_0 *blk = (const block_q4_0 *)(const void *)wr + b;

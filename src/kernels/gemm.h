@@ -28,9 +28,10 @@
 #define QF_GEMM_NR 16 /* weight rows per panel (one zmm of int32 lanes) */
 
 /* True when the fast integer GEMM exists for weight type t on this CPU (AVX-512 F/BW/VL +
- * VNNI, and qf_quant_force_scalar off). Types: Q8_0, Q4_0. */
+ * VNNI, and qf_quant_force_scalar off). Types: Q8_0, Q4_0, Q5_0 (unpacked per panel to bytes
+ * q in [0, 31], value q - 16, offset 16). */
 bool qf_gemm_q8_supported(qf_type t);
-/* True for the types the oracle knows (Q8_0, Q4_0), whatever the CPU. */
+/* True for the types the oracle knows (Q8_0, Q4_0, Q5_0), whatever the CPU. */
 bool qf_gemm_q8_type(qf_type t);
 
 /* Bytes of one quantized activation row of K elements (K a multiple of 32): K int8 quants,

@@ -90,10 +90,10 @@ void qf_gemm_panel_avx512(qf_type wt, const uint8_t *panel, int64_t K, const uin
     const __mmask16 m = (__mmask16)((1u << nrows) - 1);
     for (int t = t0; t < t1; t += 8) {
         int nt = t1 - t < 8 ? t1 - t : 8;
-        if (wt == QF_TYPE_Q8_0) {
-            KERN_CASES(1)
-        } else {
+        if (wt == QF_TYPE_Q4_0) {
             KERN_CASES(0)
+        } else { /* Q8_0 and Q5_0: 8 groups of unsigned bytes */
+            KERN_CASES(1)
         }
     }
 }
@@ -112,7 +112,7 @@ static inline __m512 round_away(__m512 x) {
  * f16 round-to-nearest-even, id = 1/d, q = roundf(x*id)), written straight into the GEMM layout */
 void qf_gemm_quantize_act_avx512(qf_type wt, const float *x, int64_t K, int t0, int t1, uint8_t *act) {
     const int64_t nb = K / 32;
-    const int32_t off = wt == QF_TYPE_Q8_0 ? 128 : 8;
+    const int32_t off = wt == QF_TYPE_Q8_0 ? 128 : wt == QF_TYPE_Q4_0 ? 8 : 16;
     const size_t stride = qf_gemm_act_stride(K);
     for (int t = t0; t < t1; t++) {
         const float *xr = x + (size_t)t * K;
@@ -140,9 +140,15 @@ void qf_gemm_quantize_act_avx512(qf_type wt, const float *x, int64_t K, int t0, 
  * weights are converted f16 -> f32 in registers (vcvtph2ps), never as a tile in memory. Each
  * accumulator is reduced to a scalar per K block of at most QF_GEMM_F16_KB elements and added to
  * y. Blocking: K blocks (the tile's weights stay in L2), 24-token blocks (their activations too). */
+#ifndef F16_MR
 #define F16_MR 4
+#endif
+#ifndef F16_NR
 #define F16_NR 6
+#endif
+#ifndef F16_TB
 #define F16_TB 24
+#endif
 
 static inline float hsum(__m512 v) {
     __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));

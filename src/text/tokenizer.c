@@ -212,11 +212,14 @@ static bool tok_is(const qf_tokenizer *t, int32_t id, const char *s) {
     return t->tok[id].len == n && memcmp(tok_text(t, id), s, n) == 0;
 }
 
-/* llama.cpp forces these texts to CONTROL whatever their stored type (EOT/EOG/FIM detection). */
+/* llama.cpp forces these texts to CONTROL whatever their stored type (EOT/EOG/FIM detection).
+ * Not "</s>": llama.cpp (b4748, the parity build) leaves it as stored, so phi-3's `</s>`, a
+ * USER_DEFINED token (type 4), is matched in plain text without special-token parsing (and
+ * strips the whitespace after it, phi-3's RSTRIP). */
 static const char *const control_looking[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
     "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>", "<|eom_id|>",
-    "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "</s>", "[EOS]", "<eos>", "<turn|>",
+    "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "[EOS]", "<eos>", "<turn|>",
     "<|tool_response>", "[e~[",
 };
 static const char *const fim_looking[] = {

@@ -320,11 +320,24 @@ void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_
 #define SPLIT_L_MIN 16
 #define SPLIT_MAX 256
 
+/* the ranges of a batch whose last query sees Tmax keys: L keys each, nsplit of them */
+__host__ __device__ static inline void split_ranges(int Tmax, int *L, int *nsplit) {
+    int l = (Tmax + SPLIT_MAX - 1) / SPLIT_MAX;
+    if (l < SPLIT_L_MIN) l = SPLIT_L_MIN;
+    *L = l, *nsplit = (Tmax + l - 1) / l;
+}
+
+/* dpos set (CUDA graph replay): pos0 = *dpos, and the ranges follow from it; blocks past the
+ * last range leave at once (the grid is sized for the largest position) */
 template <int MK, int MV>
 __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     k_attn_split(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
-                 int n_head_kv, int hd, float scale, int L, int nsplit, float *part) {
+                 int n_head_kv, int hd, float scale, int n, const int *dpos, float *part) {
     const int c = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
+    if (dpos) pos0 = *dpos;
+    int L, nsplit;
+    split_ranges(pos0 + n, &L, &nsplit);
+    if (c >= nsplit) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int kvh = h / (n_head / n_head_kv), Dq = n_head * hd, nj = (hd + 31) / 32;
     const int T = pos0 + i + 1, j0 = c * L, j1 = min(T, j0 + L);
@@ -383,8 +396,101 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     }
 }
 
-__global__ void k_attn_merge(const float *part, int pos0, int n_head, int hd, int L, int nsplit, float *out) {
+/* ---- split-K decode attention, one block per (range, kv head, query): the GQA group's G
+ * query heads share each K/V row read. At most SPLITG_MAX ranges of L >= 16 keys (for
+ * T <= 1024 keys ranges of 16, then T / 64).
+ * Phase 1: warp w scores keys j0 + w, j0 + w + 4, ... for all G heads (lane e-stride over
+ * head_dim as k_attention, f32, warp sums), into shared memory. Phase 2: per head the range's
+ * max m and the p = exp(s - m) in place, l = sum p. Phase 3: thread e sums p[g][t] v[t][e]
+ * over the range for every head (V rows read once, coalesced). The partial (m, l, o) goes to
+ * part in k_attn_split's layout, so k_attn_merge combines them. */
+#define SPLITG_L_MIN 16
+#define SPLITG_MAX 64
+#define SPLITG_GMAX 8
+__host__ __device__ static inline void split_ranges_g(int Tmax, int *L, int *nsplit) {
+    int l = (Tmax + SPLITG_MAX - 1) / SPLITG_MAX;
+    if (l < SPLITG_L_MIN) l = SPLITG_L_MIN;
+    *L = l, *nsplit = (Tmax + l - 1) / l;
+}
+static size_t splitg_smem(int G, int hd, int L) { return (size_t)(G * hd + G * L + 2 * G) * sizeof(float); }
+
+template <int MK, int MV>
+__global__ void __launch_bounds__(SPLIT_WARPS * 32)
+    k_attn_split_g(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
+                   int n_head_kv, int hd, float scale, int n, const int *dpos, float *part) {
+    extern __shared__ float smg[];
+    const int c = blockIdx.x, kh = blockIdx.y, i = blockIdx.z;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (dpos) pos0 = *dpos;
+    int L, nsplit;
+    split_ranges_g(pos0 + n, &L, &nsplit);
+    if (c >= nsplit) return;
+    const int G = n_head / n_head_kv, Dq = n_head * hd, nj = (hd + 31) / 32;
+    const int T = pos0 + i + 1, j0 = c * L, len = min(T, j0 + L) - j0; /* len <= 0: no keys */
+    float *qs = smg, *S = smg + G * hd, *ml = S + G * L;
+    for (int x = threadIdx.x; x < G * hd; x += blockDim.x) qs[x] = q[(size_t)i * Dq + (size_t)kh * G * hd + x];
+    __syncthreads();
+    for (int t = warp; t < len; t += SPLIT_WARPS) {
+        const uint8_t *kr = K + ((size_t)(j0 + t) * n_head_kv + kh) * rbk;
+        float kv[HD_MAX / 32];
+#pragma unroll
+        for (int j = 0; j < HD_MAX / 32; j++) {
+            const int e = lane + 32 * j;
+            kv[j] = (j < nj && e < hd) ? kv_elem<MK>(kr, e) : 0.0f;
+        }
+        for (int g = 0; g < G; g++) {
+            float a = 0.0f;
+#pragma unroll
+            for (int j = 0; j < HD_MAX / 32; j++) {
+                const int e = lane + 32 * j;
+                if (j < nj && e < hd) a += qs[g * hd + e] * kv[j];
+            }
+            a = warp_sum(a);
+            if (lane == 0) S[g * L + t] = a * scale;
+        }
+    }
+    __syncthreads();
+    for (int g = warp; g < G; g += SPLIT_WARPS) {
+        float m = -INFINITY;
+        for (int t = lane; t < len; t += 32) m = fmaxf(m, S[g * L + t]);
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float l = 0.0f;
+        for (int t = lane; t < len; t += 32) {
+            const float p = expf(S[g * L + t] - m);
+            S[g * L + t] = p;
+            l += p;
+        }
+        l = warp_sum(l);
+        if (lane == 0) ml[2 * g] = m, ml[2 * g + 1] = len > 0 ? l : 0.0f;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+        float acc[SPLITG_GMAX];
+#pragma unroll
+        for (int g = 0; g < SPLITG_GMAX; g++) acc[g] = 0.0f;
+        for (int t = 0; t < len; t++) {
+            const float v = kv_elem<MV>(V + ((size_t)(j0 + t) * n_head_kv + kh) * rbv, e);
+#pragma unroll
+            for (int g = 0; g < SPLITG_GMAX; g++)
+                if (g < G) acc[g] += S[g * L + t] * v;
+        }
+#pragma unroll
+        for (int g = 0; g < SPLITG_GMAX; g++)
+            if (g < G) part[(((size_t)i * n_head + kh * G + g) * nsplit + c) * (hd + 2) + 2 + e] = acc[g];
+    }
+    if (threadIdx.x < G) {
+        float *pp = part + (((size_t)i * n_head + kh * G + threadIdx.x) * nsplit + c) * (hd + 2);
+        pp[0] = ml[2 * threadIdx.x], pp[1] = ml[2 * threadIdx.x + 1];
+    }
+}
+
+__global__ void k_attn_merge(const float *part, int pos0, int n_head, int hd, int n, const int *dpos, int grouped,
+                             float *out) {
     const int h = blockIdx.x, i = blockIdx.y;
+    if (dpos) pos0 = *dpos;
+    int L, nsplit;
+    if (grouped) split_ranges_g(pos0 + n, &L, &nsplit);
+    else split_ranges(pos0 + n, &L, &nsplit);
     const int T = pos0 + i + 1, ns = (T + L - 1) / L;
     const float *pp = part + ((size_t)i * n_head + h) * nsplit * (hd + 2);
     float M = -INFINITY, ls = 0.0f;
@@ -409,15 +515,38 @@ size_t attention_split_floats(int n, int n_head, int hd) { return (size_t)n * n_
 
 void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
                             size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
-                            float *part, cudaStream_t s) {
-    const int Tmax = pos0 + n;
-    int L = (Tmax + SPLIT_MAX - 1) / SPLIT_MAX;
-    if (L < SPLIT_L_MIN) L = SPLIT_L_MIN;
-    const int nsplit = (Tmax + L - 1) / L;
+                            float *part, cudaStream_t s, const int *dpos, int n_ctx) {
+    const int G = n_head / n_head_kv;
+    int L, nsplit;
+    /* the grouped kernel where the group and its shared memory fit, sized for the longest
+     * range any position up to n_ctx has (so graph replay and plain launches agree) */
+    split_ranges_g(n_ctx > 0 ? n_ctx : pos0 + n, &L, &nsplit); /* the same choice at every position of a context */
+    const size_t gsm = splitg_smem(G, hd, L);
+    const bool grouped = G <= SPLITG_GMAX && gsm <= 48 * 1024;
+    if (grouped) {
+        split_ranges_g(pos0 + n, &L, &nsplit);
+        if (dpos) { /* the most ranges any Tmax <= n_ctx has: ceil(T / 16) up to T = 1024, then SPLITG_MAX */
+            nsplit = (n_ctx + SPLITG_L_MIN - 1) / SPLITG_L_MIN;
+            if (nsplit > SPLITG_MAX) nsplit = SPLITG_MAX;
+        }
+    } else {
+        split_ranges(pos0 + n, &L, &nsplit);
+        if (dpos) { /* the most ranges any Tmax <= n_ctx has: ceil(T / 16) up to T = 4096, then SPLIT_MAX */
+            nsplit = (n_ctx + SPLIT_L_MIN - 1) / SPLIT_L_MIN;
+            if (nsplit > SPLIT_MAX) nsplit = SPLIT_MAX;
+        }
+    }
     const float scale = 1.0f / sqrtf((float)hd);
-    const dim3 grid((unsigned)nsplit, (unsigned)n_head, (unsigned)n);
-#define QF_SPL(MK, MV) \
-    k_attn_split<MK, MV><<<grid, SPLIT_WARPS * 32, 0, s>>>(q, K, V, rbk, rbv, pos0, n_head, n_head_kv, hd, scale, L, nsplit, part)
+    const dim3 grid((unsigned)nsplit, (unsigned)(grouped ? n_head_kv : n_head), (unsigned)n);
+#define QF_SPL(MK, MV)                                                                                                    \
+    do {                                                                                                                  \
+        if (grouped)                                                                                                      \
+            k_attn_split_g<MK, MV><<<grid, SPLIT_WARPS * 32, gsm, s>>>(q, K, V, rbk, rbv, pos0, n_head, n_head_kv, hd,  \
+                                                                       scale, n, dpos, part);                            \
+        else                                                                                                              \
+            k_attn_split<MK, MV><<<grid, SPLIT_WARPS * 32, 0, s>>>(q, K, V, rbk, rbv, pos0, n_head, n_head_kv, hd, scale, \
+                                                                   n, dpos, part);                                        \
+    } while (0)
 #define QF_SPL_V(MK)                                   \
     switch (mv) {                                      \
     case QF_KV_F32: QF_SPL(MK, QF_KV_F32); break;      \
@@ -435,5 +564,5 @@ void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
     }
 #undef QF_SPL_V
 #undef QF_SPL
-    k_attn_merge<<<dim3((unsigned)n_head, (unsigned)n), 128, 0, s>>>(part, pos0, n_head, hd, L, nsplit, out);
+    k_attn_merge<<<dim3((unsigned)n_head, (unsigned)n), 128, 0, s>>>(part, pos0, n_head, hd, n, dpos, grouped, out);
 }

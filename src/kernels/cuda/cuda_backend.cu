@@ -53,9 +53,12 @@ struct qf_cuda_ctx {
     size_t kv_layer_bytes[2];
     /* int8 / dict KV, bound from an artifact (set_kv) */
     float *kv_scale[2], *kv_inv[2]; /* int8: [n_layer][n_head_kv * head_dim] */
+    int kv_layout[2];               /* int8: row layout (engine.h qf_kv_int8_layout) */
+    float *tok_step;                /* int8 token layouts: the 256 steps (kv_tok_steps), device */
     float *kv_atoms[2];             /* dict: [n_layer][n_atoms][head_dim], unit norm */
     int kv_na[2], kv_s[2], kv_q8[2];
     float *kv_f32[2];               /* int8 / dict: the layer's cache expanded to f32, [n_ctx][n_head_kv][head_dim] */
+    __half *kv_h16[2];              /* q8_0 caches: the layer's rows as f16 for the flash kernel (prefill) */
     uint8_t *h_codes;               /* dict: host staging of the codes of one batch */
     void (*encode)(void *user, int s, int il, const float *rows, int64_t n, uint8_t *codes); /* dict: the host's */
     void *encode_user;
@@ -87,6 +90,11 @@ struct qf_cuda_ctx {
      * printed when the context is freed */
     cudaEvent_t *ev;
     int *ev_cat, n_ev, prof_calls;
+    /* decode steps of one token replay a CUDA graph of the whole step (see forward_graph) */
+    cudaStream_t stream;   /* the graph's stream (blocking: ordered with the default stream) */
+    cudaGraphExec_t gexec; /* instantiated at the first eligible step; dropped when the KV cache changes */
+    bool graph_off;        /* knob no_graph (QF_CUDA_GRAPH=0), or capture failed once */
+    float *dstep, *h_step; /* [cos half | sin half | token | pos]: device, and pinned host staging */
     double prof_ms[PROF_NCAT], prof_first[PROF_NCAT]; /* all calls; the first call alone */
     /* uploads keyed by host pointer (tied output shares the embedding) */
 };
@@ -235,13 +243,18 @@ static void ctx_free(qf_cuda_ctx *g) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     if (g->blas) cublasDestroy(g->blas);
+    if (g->gexec) cudaGraphExecDestroy(g->gexec);
+    if (g->stream) cudaStreamDestroy(g->stream);
+    if (g->dstep) cudaFree(g->dstep);
+    if (g->tok_step) cudaFree(g->tok_step);
+    if (g->h_step) cudaFreeHost(g->h_step);
     if (g->h_pin) {
         cudaFreeHost(g->h_pin);
         cudaEventDestroy(g->pin_ev[0]), cudaEventDestroy(g->pin_ev[1]);
     }
     for (int s = 0; s < 2; s++) {
-        float *ps[] = {g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s]};
-        for (int i = 0; i < 4; i++)
+        void *ps[] = {g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s], g->kv_h16[s]};
+        for (int i = 0; i < 5; i++)
             if (ps[i]) cudaFree(ps[i]);
     }
     free(g->h_codes);
@@ -260,6 +273,7 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
     size_t rb[2] = {0, 0}, lb[2] = {0, 0}, codes = 0;
     uint8_t *d[2] = {NULL, NULL}, *hc = NULL;
     float *sc[2] = {NULL, NULL}, *inv[2] = {NULL, NULL}, *at[2] = {NULL, NULL}, *f32[2] = {NULL, NULL};
+    __half *h16[2] = {NULL, NULL};
     int na[2] = {0, 0}, sp[2] = {0, 0}, q8[2] = {0, 0};
     if (kv->n_layer != L || kv->n_head_kv != nkv || kv->head_dim != hd || kv->n_ctx != g->n_ctx)
         return cu_fail(err, QF_ERR_ARG, "CUDA backend: the KV cache's shape does not match the GPU context");
@@ -267,6 +281,10 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
         if (mode[s] == QF_KV_INT8) {
             if (!kv->int8_scale[s] || !kv->int8_inv_scale[s])
                 return cu_fail(err, QF_ERR_ARG, "CUDA backend: int8 KV cache without scales");
+            if (kv->int8_layout[s] < 0 || kv->int8_layout[s] > 3 || hd > HD_MAX ||
+                ((kv->int8_layout[s] == 1 || kv->int8_layout[s] == 2) && (hd & (hd - 1))))
+                return cu_fail(err, QF_ERR_DEVICE, "CUDA backend: int8 KV row layout %d with head_dim %d is not supported",
+                               kv->int8_layout[s], hd);
             rb[s] = (size_t)hd;
         } else if (mode[s] == QF_KV_DICT) {
             if (!kv->atoms[s] || !kv->encode)
@@ -298,6 +316,7 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
                 CK(cudaMemcpy(at[s] + per * l, kv->atoms[s][l], per * 4, cudaMemcpyHostToDevice));
         }
         if (mode[s] == QF_KV_INT8 || mode[s] == QF_KV_DICT) CK(cudaMalloc((void **)&f32[s], (size_t)g->n_ctx * dkv * 4));
+        if (mode[s] == QF_KV_Q8_0 && hd <= 256) CK(cudaMalloc((void **)&h16[s], (size_t)g->n_ctx * dkv * 2));
     }
     if (codes && !(hc = (uint8_t *)malloc(codes * nkv * (size_t)g->n_batch))) {
         st = cu_fail(err, QF_ERR_NOMEM, "out of memory");
@@ -306,8 +325,8 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
 done:
     if (st) {
         for (int s = 0; s < 2; s++) {
-            void *ps[] = {d[s], sc[s], inv[s], at[s], f32[s]};
-            for (int i = 0; i < 5; i++)
+            void *ps[] = {d[s], sc[s], inv[s], at[s], f32[s], h16[s]};
+            for (int i = 0; i < 6; i++)
                 if (ps[i]) cudaFree(ps[i]);
         }
         free(hc);
@@ -315,16 +334,22 @@ done:
     }
     g->kv_bytes = 0;
     for (int s = 0; s < 2; s++) {
-        void *ps[] = {g->kv[s], g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s]};
-        for (int i = 0; i < 5; i++)
+        void *ps[] = {g->kv[s], g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s], g->kv_h16[s]};
+        for (int i = 0; i < 6; i++)
             if (ps[i]) cudaFree(ps[i]);
+        g->kv_h16[s] = h16[s];
         g->kv_mode[s] = mode[s], g->kv_rb[s] = rb[s], g->kv_layer_bytes[s] = lb[s], g->kv[s] = d[s];
         g->kv_scale[s] = sc[s], g->kv_inv[s] = inv[s], g->kv_atoms[s] = at[s], g->kv_f32[s] = f32[s];
         g->kv_na[s] = na[s], g->kv_s[s] = sp[s], g->kv_q8[s] = q8[s];
+        g->kv_layout[s] = mode[s] == QF_KV_INT8 ? kv->int8_layout[s] : 0;
         g->kv_bytes += lb[s] * L;
     }
     free(g->h_codes);
     g->h_codes = hc;
+    if (g->gexec) { /* the graph holds the old cache's addresses */
+        cudaGraphExecDestroy(g->gexec);
+        g->gexec = NULL;
+    }
     g->encode = kv->encode, g->encode_user = kv->encode_user;
     return QF_OK;
 }
@@ -359,6 +384,7 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
     g->attn_warp = p->knobs.attn_warp;
     g->gu16 = p->knobs.gu16;
     g->f16_cache = !p->knobs.no_f16_cache;
+    g->graph_off = p->knobs.no_graph;
     g->kv_rot = p->kv_rot == QF_KV_ROT_HADAMARD;
     const int D = hp->n_embd, F = hp->n_ff, Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim,
               B = p->n_batch, half = hp->n_rot / 2;
@@ -432,6 +458,15 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
         CK(cudaMalloc((void **)&g->rsin, (size_t)B * half * 4 + 4));
         CK(cudaMalloc((void **)&g->xh, (size_t)B * maxK * 2)); sc += (size_t)B * maxK * 2;
         CK(cudaMalloc((void **)&g->tok, (size_t)B * 4));
+        CK(cudaMalloc((void **)&g->dstep, (size_t)(2 * half + 2) * 4));
+        {
+            float steps[256];
+            kv_tok_steps(steps);
+            CK(cudaMalloc((void **)&g->tok_step, sizeof steps));
+            CK(cudaMemcpy(g->tok_step, steps, sizeof steps, cudaMemcpyHostToDevice));
+        }
+        CK(cudaMallocHost((void **)&g->h_step, (size_t)(2 * half + 2) * 4));
+        CK(cudaStreamCreate(&g->stream));
         CK(cudaMalloc((void **)&g->tgt, (size_t)B * 4));
         CK(cudaMalloc((void **)&g->nll, (size_t)B * 8));
         /* pinned staging for logits copies of more than one row: 2 x 16 MiB */
@@ -503,8 +538,8 @@ static bool gemm_h_ok(const qf_cuda_ctx *g, const dweight *w) {
  * dict rows are OMP-encoded on the host by the host cache's own encoder (g->encode), so the
  * codes are the CPU's for the same vectors; the codes are then uploaded and decoded on the
  * device. With --kv-rot the rows are rotated first (src is scratch: rotated in place). */
-static qf_status kv_store(qf_cuda_ctx *g, int s, int il, float *src, int n, int pos0, const uint8_t **view,
-                          qf_kv_mode *vmode, size_t *vrb, qf_error *err) {
+static qf_status kv_store(qf_cuda_ctx *g, int s, int il, float *src, int n, int pos0, const int *dpos, cudaStream_t S,
+                          const uint8_t **view, qf_kv_mode *vmode, size_t *vrb, qf_error *err) {
     qf_status st = QF_OK;
     const int hd = g->hd, nkv = g->nkv, dkv = nkv * hd;
     const qf_kv_mode mode = g->kv_mode[s];
@@ -513,8 +548,10 @@ static qf_status kv_store(qf_cuda_ctx *g, int s, int il, float *src, int n, int 
     const int64_t rows = (int64_t)n * nkv, all = (int64_t)(pos0 + n) * nkv;
     *view = C, *vmode = mode, *vrb = rb;
     if (mode == QF_KV_INT8) {
-        launch_kv_write_int8(src, rows * hd, dkv, g->kv_inv[s] + (size_t)il * dkv, (int8_t *)(C + (size_t)pos0 * nkv * rb), 0);
-        launch_kv_expand_int8((const int8_t *)C, all * hd, dkv, g->kv_scale[s] + (size_t)il * dkv, g->kv_f32[s], 0);
+        launch_kv_int8_write(g->kv_layout[s], src, n, nkv, hd, g->kv_inv[s] + (size_t)il * dkv, g->tok_step,
+                             (int8_t *)(C + (size_t)pos0 * nkv * rb), 0);
+        launch_kv_int8_expand(g->kv_layout[s], (const int8_t *)C, pos0 + n, nkv, hd, g->kv_scale[s] + (size_t)il * dkv,
+                              g->tok_step, g->kv_f32[s], 0);
     } else if (mode == QF_KV_DICT) {
         float *h = s ? g->h_v : g->h_k;
         CK(cudaMemcpy(h, src, (size_t)rows * hd * 4, cudaMemcpyDeviceToHost));
@@ -523,8 +560,9 @@ static qf_status kv_store(qf_cuda_ctx *g, int s, int il, float *src, int n, int 
         launch_kv_expand_dict(C, all, hd, rb, g->kv_atoms[s] + (size_t)il * g->kv_na[s] * hd, g->kv_na[s], g->kv_s[s],
                               g->kv_q8[s], g->kv_f32[s], 0);
     } else {
-        if (g->kv_rot) launch_hadamard(src, rows, hd, 0);
-        launch_kv_write(mode, src, rows, hd, rb, C + (size_t)pos0 * nkv * rb, 0);
+        if (g->kv_rot) launch_hadamard(src, rows, hd, S);
+        /* dpos (graph replay): the row offset is read on the device */
+        launch_kv_write(mode, src, rows, hd, rb, dpos ? C : C + (size_t)pos0 * nkv * rb, S, dpos, (size_t)nkv * rb);
         return QF_OK;
     }
     *view = (const uint8_t *)g->kv_f32[s], *vmode = QF_KV_F32, *vrb = (size_t)hd * 4;
@@ -612,35 +650,19 @@ static cudaError_t copy_logits(qf_cuda_ctx *g, float *dst, const float *src, siz
     return cudaSuccess;
 }
 
-/* the table's decode: see cuda_backend.h */
-static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *tokens, int n, int pos0, float *logits,
-                              int logits_from, const int32_t *targets, double *nll, qf_error *err) {
+/* The layers of one decode call, from the embedding to the last layer's residual in g->x, on
+ * stream S. rc, rs, tok: the call's RoPE tables and tokens on the device. dpos set (graph
+ * capture): the position is read from *dpos by the kernels that depend on it (the KV row
+ * written, the split-K ranges), so the captured graph replays at any position. */
+static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int pos0, const int *dpos, const float *rc,
+                                const float *rs, const int32_t *tok, cudaStream_t S, qf_error *err) {
     const qf_hparams *hp = &g->hp;
     const int D = hp->n_embd, hd = hp->head_dim, Dq = hp->n_head * hd, Dkv = hp->n_head_kv * hd, F = hp->n_ff,
               half = hp->n_rot / 2, nkv = hp->n_head_kv;
     qf_status st = QF_OK;
     const int route = g->gemm_f32 ? MM_GEMM_F32 : MM_AUTO;
-    cudaError_t le;
-    if (n > g->n_batch || pos0 + n > g->n_ctx)
-        return cu_fail(err, QF_ERR_ARG, "decode: batch exceeds the GPU context's sizes");
-    /* rope tables exactly as forward.c's rope_tables */
-    {
-        float theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->n_rot);
-        for (int t = 0; t < n; t++) {
-            float theta = (float)(pos0 + t);
-            for (int i = 0; i < half; i++) {
-                float th = hp->rope_freq_scale * (g->rope_ff ? theta / g->rope_ff[i] : theta);
-                g->h_cos[t * half + i] = cosf(th);
-                g->h_sin[t * half + i] = sinf(th);
-                theta *= theta_scale;
-            }
-        }
-    }
-    CK(cudaMemcpy(g->rcos, g->h_cos, (size_t)n * half * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(g->rsin, g->h_sin, (size_t)n * half * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(g->tok, tokens, (size_t)n * 4, cudaMemcpyHostToDevice));
     prof_mark(g, 0);
-    launch_embed(&g->tok_embd, g->tok, n, D, g->x, 0);
+    launch_embed(&g->tok_embd, tok, n, D, g->x, S);
 
     for (int il = 0; il < hp->n_layer; il++) {
         dlayer *L = &g->layers[il];
@@ -668,8 +690,12 @@ static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *
                           flash_ok(QF_KV_F16, QF_KV_F16, hd) && g->kv_rb[0] == (size_t)hd * 2 &&
                           g->kv_rb[1] == (size_t)hd * 2 && !(tap && tap->on_kv);
         __half *const q16 = kv16 ? (__half *)g->q : NULL; /* f16 Q in g->q's memory */
+        /* decode with an f16 cache, no rotation, no K/V tap: the split writes the cache rows
+         * (the same __float2half_rn of the same f32 values as the K|V write) */
+        const bool dkv16 = dqkv && !g->kv_rot && g->kv_mode[0] == QF_KV_F16 && g->kv_mode[1] == QF_KV_F16 &&
+                           g->kv_rb[0] == (size_t)hd * 2 && g->kv_rb[1] == (size_t)hd * 2 && !(tap && tap->on_kv);
         bool att16 = false;
-        launch_rmsnorm(g->x, L->attn_norm, n, D, hp->rms_eps, !fqkv || want_act ? g->xn : NULL, fqkv ? g->xh : NULL, 0);
+        launch_rmsnorm(g->x, L->attn_norm, n, D, hp->rms_eps, !fqkv || want_act ? g->xn : NULL, fqkv ? g->xh : NULL, S);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_IN, n, D, g->xn, err))) goto done;
         prof_mark(g, 0);
         if (fqkv) {
@@ -677,19 +703,25 @@ static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *
             prof_mark(g, 1);
             if (kv16) {
                 const size_t at = (size_t)pos0 * nkv * hd; /* f16 elements before row pos0 */
-                launch_qkv_split(g->qkv, true, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, g->rcos,
-                                 g->rsin, L->bq, L->bk, L->bv, q16, (__half *)(g->kv[0] + g->kv_layer_bytes[0] * il) + at,
-                                 (__half *)(g->kv[1] + g->kv_layer_bytes[1] * il) + at, 0);
+                launch_qkv_split(g->qkv, 1, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc,
+                                 rs, L->bq, L->bk, L->bv, q16, (__half *)(g->kv[0] + g->kv_layer_bytes[0] * il) + at,
+                                 (__half *)(g->kv[1] + g->kv_layer_bytes[1] * il) + at, S);
             } else
-                launch_qkv_split(g->qkv, false, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, g->rcos,
-                                 g->rsin, L->bq, L->bk, L->bv, g->q, g->k, g->v, 0);
+                launch_qkv_split(g->qkv, 0, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc,
+                                 rs, L->bq, L->bk, L->bv, g->q, g->k, g->v, S);
         } else if (dqkv) {
-            if ((st = dev_matmul(g->blas, &L->wqkv, g->xn, n, g->qkv, false, MM_MATVEC, g->wdeq, g->xh, 0, err))) goto done;
+            if ((st = dev_matmul(g->blas, &L->wqkv, g->xn, n, g->qkv, false, MM_MATVEC, g->wdeq, g->xh, S, err))) goto done;
             prof_mark(g, 1);
-            launch_qkv_split(g->qkv, false, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, g->rcos, g->rsin,
-                             L->bq, L->bk, L->bv, g->q, g->k, g->v, 0);
+            if (dkv16) { /* f16 cache: K and V rows straight into it (at *dpos under graph capture) */
+                const size_t at = dpos ? 0 : (size_t)pos0 * nkv * hd;
+                launch_qkv_split(g->qkv, 2, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc, rs, L->bq,
+                                 L->bk, L->bv, g->q, (__half *)(g->kv[0] + g->kv_layer_bytes[0] * il) + at,
+                                 (__half *)(g->kv[1] + g->kv_layer_bytes[1] * il) + at, S, dpos);
+            } else
+                launch_qkv_split(g->qkv, 0, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc, rs,
+                                 L->bq, L->bk, L->bv, g->q, g->k, g->v, S);
         } else {
-            if ((st = dev_matmul(g->blas, &L->wq, g->xn, n, g->q, false, route, g->wdeq, g->xh, 0, err))) goto done;
+            if ((st = dev_matmul(g->blas, &L->wq, g->xn, n, g->q, false, route, g->wdeq, g->xh, S, err))) goto done;
             {
                 /* a quantized cache (q8_0, q4_0, int8, dict) rounds K and V to a coarse grid or picks
                  * atoms by argmax, and f16 GEMM inputs move some of those decisions away from the
@@ -701,15 +733,15 @@ static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *
                                      (size_t)wkv[s]->ne0 * wkv[s]->ne1 * 4 <= g->wdeq_bytes
                                  ? MM_GEMM_F32
                                  : route;
-                if ((st = dev_matmul(g->blas, &L->wk, g->xn, n, g->k, false, rkv[0], g->wdeq, g->xh, 0, err))) goto done;
-                if ((st = dev_matmul(g->blas, &L->wv, g->xn, n, g->v, false, rkv[1], g->wdeq, g->xh, 0, err))) goto done;
+                if ((st = dev_matmul(g->blas, &L->wk, g->xn, n, g->k, false, rkv[0], g->wdeq, g->xh, S, err))) goto done;
+                if ((st = dev_matmul(g->blas, &L->wv, g->xn, n, g->v, false, rkv[1], g->wdeq, g->xh, S, err))) goto done;
             }
             prof_mark(g, 1);
-            if (L->bq) launch_add_bias(g->q, L->bq, n, Dq, 0);
-            if (L->bk) launch_add_bias(g->k, L->bk, n, Dkv, 0);
-            if (L->bv) launch_add_bias(g->v, L->bv, n, Dkv, 0);
-            launch_rope(g->q, n, hp->n_head, hd, half, hp->rope_type == QF_ROPE_NEOX, g->rcos, g->rsin, 0);
-            launch_rope(g->k, n, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, g->rcos, g->rsin, 0);
+            if (L->bq) launch_add_bias(g->q, L->bq, n, Dq, S);
+            if (L->bk) launch_add_bias(g->k, L->bk, n, Dkv, S);
+            if (L->bv) launch_add_bias(g->v, L->bv, n, Dkv, S);
+            launch_rope(g->q, n, hp->n_head, hd, half, hp->rope_type == QF_ROPE_NEOX, rc, rs, S);
+            launch_rope(g->k, n, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc, rs, S);
         }
         if (tap && tap->on_kv) {
             CK(cudaMemcpy(g->h_k, g->k, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
@@ -721,33 +753,57 @@ static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *
             const uint8_t *kvp[2];
             qf_kv_mode km[2];
             size_t krb[2];
-            for (int s = 0; s < 2; s++)
-                if (kv16) /* already written by the split */
-                    kvp[s] = g->kv[s] + g->kv_layer_bytes[s] * il, km[s] = QF_KV_F16, krb[s] = g->kv_rb[s];
-                else if ((st = kv_store(g, s, il, s ? g->v : g->k, n, pos0, &kvp[s], &km[s], &krb[s], err)))
-                    goto done;
+            bool plain = !kv16 && !dkv16;
+            for (int s = 0; s < 2; s++) plain = plain && g->kv_mode[s] != QF_KV_INT8 && g->kv_mode[s] != QF_KV_DICT;
+            if (plain) { /* K and V rows in one launch */
+                uint8_t *dst[2];
+                const float *src[2] = {g->k, g->v};
+                size_t stride[2];
+                for (int s = 0; s < 2; s++) {
+                    uint8_t *C = g->kv[s] + g->kv_layer_bytes[s] * il;
+                    kvp[s] = C, km[s] = g->kv_mode[s], krb[s] = g->kv_rb[s];
+                    stride[s] = (size_t)nkv * g->kv_rb[s];
+                    dst[s] = dpos ? C : C + (size_t)pos0 * stride[s];
+                }
+                if (g->kv_rot) launch_hadamard(g->k, (int64_t)n * nkv, hd, S), launch_hadamard(g->v, (int64_t)n * nkv, hd, S);
+                launch_kv_write2(km, src, (int64_t)n * nkv, hd, krb, dst, S, dpos, stride);
+            } else
+                for (int s = 0; s < 2; s++)
+                    if (kv16 || dkv16) /* already written by the split */
+                        kvp[s] = g->kv[s] + g->kv_layer_bytes[s] * il, km[s] = QF_KV_F16, krb[s] = g->kv_rb[s];
+                    else if ((st = kv_store(g, s, il, s ? g->v : g->k, n, pos0, dpos, S, &kvp[s], &km[s], &krb[s], err)))
+                        goto done;
+            /* prefill over a q8_0 cache: its rows [0, pos0 + n) go to the flash kernel as f16 (q4_0
+             * stays on the f32 warp kernel: its 16 levels turn the f16 rounding of Q, P and the rows
+             * into whole steps in later layers, PPL 1.5e-3 from the CPU on qforge-demo-11m-f16; int8
+             * and dict were not measured this way) */
+            if (n > MATVEC_MAX && !g->attn_warp && hd <= 256)
+                for (int s = 0; s < 2; s++)
+                    if (g->kv_h16[s] && km[s] != QF_KV_F16 &&
+                        launch_kv_to_f16(km[s], kvp[s], (int64_t)(pos0 + n) * nkv, hd, krb[s], g->kv_h16[s], S))
+                        kvp[s] = (const uint8_t *)g->kv_h16[s], km[s] = QF_KV_F16, krb[s] = (size_t)hd * 2;
             /* flash attention on the f16 route writes the wo GEMM's f16 input directly */
             const bool fl = n > MATVEC_MAX && !g->attn_warp && flash_ok(km[0], km[1], hd);
             att16 = fl && pre16 && !want_act && !g->kv_rot && gemm_h_ok(g, &L->wo);
             /* --kv-rot: the cache holds H k and H v, so attention runs on H q and its output,
              * H (sum p v), is rotated back */
-            if (g->kv_rot) launch_hadamard(g->q, (int64_t)n * hp->n_head, hd, 0);
+            if (g->kv_rot) launch_hadamard(g->q, (int64_t)n * hp->n_head, hd, S);
             if (dec && g->part) /* decode: split-K over the cache */
                 launch_attention_split(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv, hd,
-                                       g->att, g->part, 0);
+                                       g->att, g->part, S, dpos, g->n_ctx);
             else
                 launch_attention(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv, hd, g->att,
-                                 n > MATVEC_MAX && !g->attn_warp, att16 ? g->xh : NULL, q16, 0);
-            if (g->kv_rot) launch_hadamard(g->att, (int64_t)n * hp->n_head, hd, 0);
+                                 n > MATVEC_MAX && !g->attn_warp, att16 ? g->xh : NULL, q16, S);
+            if (g->kv_rot) launch_hadamard(g->att, (int64_t)n * hp->n_head, hd, S);
         }
         prof_mark(g, 2);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_OUT, n, Dq, g->att, err))) goto done;
         if (att16) {
             if ((st = dev_gemm_h(g->blas, &L->wo, g->xh, n, g->x, true, g->wdeq, err))) goto done;
-        } else if ((st = dev_matmul(g->blas, &L->wo, g->att, n, g->x, true, route, g->wdeq, g->xh, 0, err))) goto done;
+        } else if ((st = dev_matmul(g->blas, &L->wo, g->att, n, g->x, true, route, g->wdeq, g->xh, S, err))) goto done;
         prof_mark(g, 4);
 
-        launch_rmsnorm(g->x, L->ffn_norm, n, D, hp->rms_eps, !fgu || want_act ? g->xn : NULL, fgu ? g->xh : NULL, 0);
+        launch_rmsnorm(g->x, L->ffn_norm, n, D, hp->rms_eps, !fgu || want_act ? g->xn : NULL, fgu ? g->xh : NULL, S);
         if ((st = tap_act(g, tap, il, QF_ACT_FFN_IN, n, D, g->xn, err))) goto done;
         prof_mark(g, 0);
         if (fgu) {
@@ -756,28 +812,142 @@ static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *
                                  g->gu16 ? CUDA_R_16F : CUDA_R_32F)))
                 goto done;
             prof_mark(g, 5);
-            launch_silu_gu(g->gu, g->gu16, n, F, want_act ? g->hb : NULL, g->xh, 0);
+            launch_silu_gu(g->gu, g->gu16, n, F, want_act ? g->hb : NULL, g->xh, S);
             if ((st = tap_act(g, tap, il, QF_ACT_FFN_DOWN, n, F, g->hb, err))) goto done;
             prof_mark(g, 0);
             if ((st = dev_gemm_h(g->blas, &L->wd, g->xh, n, g->x, true, g->wdeq, err))) goto done;
         } else if (dgu) {
-            if ((st = dev_matmul(g->blas, &L->wgu, g->xn, n, g->gu, false, MM_MATVEC, g->wdeq, g->xh, 0, err))) goto done;
+            /* SiLU(gate) * up at the end of the matvec where it applies (the same bits) */
+            if (!launch_matvec_gu(&L->wgu, g->xn, n, F, g->hb, g->xh, S)) {
+                if ((st = dev_matmul(g->blas, &L->wgu, g->xn, n, g->gu, false, MM_MATVEC, g->wdeq, g->xh, S, err)))
+                    goto done;
+                launch_silu_gu(g->gu, false, n, F, g->hb, NULL, S);
+            }
             prof_mark(g, 5);
-            launch_silu_gu(g->gu, false, n, F, g->hb, NULL, 0);
             if ((st = tap_act(g, tap, il, QF_ACT_FFN_DOWN, n, F, g->hb, err))) goto done;
             prof_mark(g, 0);
-            if ((st = dev_matmul(g->blas, &L->wd, g->hb, n, g->x, true, route, g->wdeq, g->xh, 0, err))) goto done;
+            if ((st = dev_matmul(g->blas, &L->wd, g->hb, n, g->x, true, route, g->wdeq, g->xh, S, err))) goto done;
         } else {
-            if ((st = dev_matmul(g->blas, &L->wg, g->xn, n, g->hb, false, route, g->wdeq, g->xh, 0, err))) goto done;
-            if ((st = dev_matmul(g->blas, &L->wu, g->xn, n, g->hb2, false, route, g->wdeq, g->xh, 0, err))) goto done;
+            if ((st = dev_matmul(g->blas, &L->wg, g->xn, n, g->hb, false, route, g->wdeq, g->xh, S, err))) goto done;
+            if ((st = dev_matmul(g->blas, &L->wu, g->xn, n, g->hb2, false, route, g->wdeq, g->xh, S, err))) goto done;
             prof_mark(g, 5);
-            launch_silu_mul(g->hb, g->hb2, (size_t)n * F, 0);
+            launch_silu_mul(g->hb, g->hb2, (size_t)n * F, S);
             if ((st = tap_act(g, tap, il, QF_ACT_FFN_DOWN, n, F, g->hb, err))) goto done;
             prof_mark(g, 0);
-            if ((st = dev_matmul(g->blas, &L->wd, g->hb, n, g->x, true, route, g->wdeq, g->xh, 0, err))) goto done;
+            if ((st = dev_matmul(g->blas, &L->wd, g->hb, n, g->x, true, route, g->wdeq, g->xh, S, err))) goto done;
         }
         prof_mark(g, 6);
     }
+done:
+    return st;
+}
+
+/* logits rows [first, n) of the last forward_layers into g->logits, on stream S */
+static qf_status forward_logits(qf_cuda_ctx *g, int n, int first, cudaStream_t S, qf_error *err) {
+    const qf_hparams *hp = &g->hp;
+    const int D = hp->n_embd, n_out = n - first;
+    const int route = g->gemm_f32 ? MM_GEMM_F32 : MM_AUTO;
+    qf_status st = QF_OK;
+    ensure_h16(g, &g->output, n_out);
+    if (n_out > MATVEC_MAX && route == MM_AUTO && gemm_h_ok(g, &g->output)) {
+        launch_rmsnorm(g->x + (size_t)first * D, g->output_norm, n_out, D, hp->rms_eps, NULL, g->xh, S);
+        if ((st = dev_gemm_h(g->blas, &g->output, g->xh, n_out, g->logits, false, g->wdeq, err))) goto done;
+    } else {
+        launch_rmsnorm(g->x + (size_t)first * D, g->output_norm, n_out, D, hp->rms_eps, g->xn, NULL, S);
+        if ((st = dev_matmul(g->blas, &g->output, g->xn, n_out, g->logits, false, route, g->wdeq, g->xh, S, err))) goto done;
+    }
+done:
+    return st;
+}
+
+/* host RoPE tables for positions [pos0, pos0 + n), exactly as forward.c's rope_tables */
+static void rope_host(const qf_cuda_ctx *g, int n, int pos0, float *cs, float *sn) {
+    const qf_hparams *hp = &g->hp;
+    const int half = hp->n_rot / 2;
+    float theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->n_rot);
+    for (int t = 0; t < n; t++) {
+        float theta = (float)(pos0 + t);
+        for (int i = 0; i < half; i++) {
+            float th = hp->rope_freq_scale * (g->rope_ff ? theta / g->rope_ff[i] : theta);
+            cs[t * half + i] = cosf(th);
+            sn[t * half + i] = sinf(th);
+            theta *= theta_scale;
+        }
+    }
+}
+
+/* One-token decode as a CUDA graph: the step's RoPE row, token and position go to g->dstep (one
+ * copy from pinned memory), then the graph of the whole step (layers, output norm, logits
+ * matvec) is replayed on g->stream; captured at the first such call. The kernels are the
+ * same as the plain path's with the same arguments, except that the KV row written and the
+ * split-K ranges come from the device's copy of the position, so the logits are the same
+ * bits. On a capture failure the context turns graphs off and the caller runs the plain path
+ * (*fallback). */
+static qf_status forward_graph(qf_cuda_ctx *g, int32_t token, int pos0, float *logits, bool *fallback, qf_error *err) {
+    const qf_hparams *hp = &g->hp;
+    const int half = hp->n_rot / 2;
+    float *h = g->h_step;
+    float *rc = g->dstep, *rs = g->dstep + half;
+    int32_t *tok = (int32_t *)(g->dstep + 2 * half);
+    const int *dpos = (const int *)(g->dstep + 2 * half + 1);
+    qf_status st = QF_OK;
+    *fallback = false;
+    rope_host(g, 1, pos0, h, h + half);
+    memcpy(h + 2 * half, &token, 4);
+    memcpy(h + 2 * half + 1, &pos0, 4);
+    CK(cudaMemcpyAsync(g->dstep, h, (size_t)(2 * half + 2) * 4, cudaMemcpyHostToDevice, g->stream));
+    if (!g->gexec) {
+        cudaGraph_t gr = NULL;
+        CK(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal));
+        st = forward_layers(g, NULL, 1, pos0, dpos, rc, rs, tok, g->stream, err);
+        if (!st) st = forward_logits(g, 1, 0, g->stream, err);
+        cudaError_t e = cudaStreamEndCapture(g->stream, &gr);
+        if (!st && e == cudaSuccess) e = cudaGraphInstantiate(&g->gexec, gr, 0);
+        if (gr) cudaGraphDestroy(gr);
+        if (st || e != cudaSuccess) {
+            cudaGetLastError(); /* clear */
+            g->gexec = NULL;
+            g->graph_off = true;
+            *fallback = true;
+            CK(cudaStreamSynchronize(g->stream));
+            return QF_OK;
+        }
+    }
+    CK(cudaGraphLaunch(g->gexec, g->stream));
+    CK(cudaMemcpyAsync(logits, g->logits, (size_t)hp->n_vocab * 4, cudaMemcpyDeviceToHost, g->stream));
+    CK(cudaStreamSynchronize(g->stream));
+done:
+    return st;
+}
+
+/* the table's decode: see cuda_backend.h */
+static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *tokens, int n, int pos0, float *logits,
+                              int logits_from, const int32_t *targets, double *nll, qf_error *err) {
+    const qf_hparams *hp = &g->hp;
+    const int half = hp->n_rot / 2;
+    qf_status st = QF_OK;
+    const int route = g->gemm_f32 ? MM_GEMM_F32 : MM_AUTO;
+    cudaError_t le;
+    if (n > g->n_batch || pos0 + n > g->n_ctx)
+        return cu_fail(err, QF_ERR_ARG, "decode: batch exceeds the GPU context's sizes");
+    {
+        /* one token, logits of it, no tap, no profile, a plain cache: replay the step's graph */
+        bool plain = true;
+        for (int s = 0; s < 2; s++)
+            plain = plain && (g->kv_mode[s] == QF_KV_F32 || g->kv_mode[s] == QF_KV_F16 || g->kv_mode[s] == QF_KV_Q8_0 ||
+                              g->kv_mode[s] == QF_KV_Q4_0);
+        if (!g->graph_off && n == 1 && !tap && !g->ev && !nll && !targets && logits && logits_from <= 0 && g->part &&
+            route == MM_AUTO && plain && g->stream) {
+            bool fallback = false;
+            st = forward_graph(g, tokens[0], pos0, logits, &fallback, err);
+            if (st || !fallback) return st;
+        }
+    }
+    rope_host(g, n, pos0, g->h_cos, g->h_sin);
+    CK(cudaMemcpy(g->rcos, g->h_cos, (size_t)n * half * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(g->rsin, g->h_sin, (size_t)n * half * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(g->tok, tokens, (size_t)n * 4, cudaMemcpyHostToDevice));
+    if ((st = forward_layers(g, tap, n, pos0, NULL, g->rcos, g->rsin, g->tok, 0, err))) goto done;
     le = cudaGetLastError();
     if (le != cudaSuccess) {
         st = cuda_fail(err, le, "forward kernels");
@@ -785,14 +955,7 @@ static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *
     }
     if ((logits || nll) && logits_from < n) {
         int first = logits_from < 0 ? 0 : logits_from, n_out = n - first;
-        ensure_h16(g, &g->output, n_out);
-        if (n_out > MATVEC_MAX && route == MM_AUTO && gemm_h_ok(g, &g->output)) {
-            launch_rmsnorm(g->x + (size_t)first * D, g->output_norm, n_out, D, hp->rms_eps, NULL, g->xh, 0);
-            if ((st = dev_gemm_h(g->blas, &g->output, g->xh, n_out, g->logits, false, g->wdeq, err))) goto done;
-        } else {
-            launch_rmsnorm(g->x + (size_t)first * D, g->output_norm, n_out, D, hp->rms_eps, g->xn, NULL, 0);
-            if ((st = dev_matmul(g->blas, &g->output, g->xn, n_out, g->logits, false, route, g->wdeq, g->xh, 0, err))) goto done;
-        }
+        if ((st = forward_logits(g, n, first, 0, err))) goto done;
         if (nll) {
             CK(cudaMemcpy(g->tgt, targets, (size_t)n_out * 4, cudaMemcpyHostToDevice));
             launch_nll(g->logits, n_out, hp->n_vocab, g->tgt, g->nll, 0);
@@ -867,7 +1030,7 @@ static const qf_cuda_api the_api = {
     QF_CUDA_ABI,      available,       ctx_new,      ctx_free,    cuda_forward,
     set_kv,           ctx_info,        op_dequant,   op_matmul,   op_rmsnorm,
     op_rope,          op_silu_mul,     op_attention, op_kv_roundtrip, op_kv_int8_roundtrip,
-    op_kv_dict_decode, bench_gemm,
+    op_kv_dict_decode, bench_gemm,      op_matvec_gu,
 };
 
 extern "C" __attribute__((visibility("default"))) const qf_cuda_api *qf_cuda_plugin_api(int abi) {

@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 /* The ABI of the function table; the loader refuses a plugin built for another one. */
-#define QF_CUDA_ABI 2
+#define QF_CUDA_ABI 3
 
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 
@@ -46,6 +46,7 @@ typedef struct {
     qf_kv_mode mode[2];                 /* [0] = K, [1] = V */
     size_t row_bytes[2];                /* bytes of one head_dim row as the host stores it */
     const float *int8_scale[2], *int8_inv_scale[2]; /* INT8: [n_layer][n_head_kv * head_dim] */
+    int int8_layout[2];                             /* INT8: qf_kv_int8_layout (engine.h) */
     int n_atoms[2], sparsity[2], coef_q8[2];        /* DICT */
     const float *const *atoms[2];                   /* DICT: atoms[s][layer] = [n_atoms][head_dim] */
     /* DICT: encode n rows [n][head_dim] of stream s for layer il into packed codes (row_bytes[s]
@@ -98,11 +99,12 @@ typedef struct qf_cuda_api {
                               int n_head_kv, int hd, qf_kv_mode mode, int route, float *out, qf_error *err);
     qf_status (*op_kv_roundtrip)(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_t rows, int hd, void *bytes,
                                  float *out, qf_error *err);
-    qf_status (*op_kv_int8_roundtrip)(const float *x, int64_t rows, int dkv, const float *scale, const float *inv,
-                                      int8_t *bytes, float *out, qf_error *err);
+    qf_status (*op_kv_int8_roundtrip)(const float *x, int64_t rows, int dkv, int hd, int layout, const float *scale,
+                                      const float *inv, int8_t *bytes, float *out, qf_error *err);
     qf_status (*op_kv_dict_decode)(const uint8_t *codes, int64_t rows, int hd, size_t rb, const float *atoms,
                                    int n_atoms, int sparsity, int coef_q8, float *out, qf_error *err);
     qf_status (*bench_gemm)(int M, int N, int K, int flags, int iters, double *ms, qf_error *err);
+    qf_status (*op_matvec_gu)(const qf_weight *w, const float *x, int n, int F, float *hb, qf_error *err);
 } qf_cuda_api;
 
 /* Exported by libqforge-cuda.so: the table when abi == QF_CUDA_ABI, else NULL. */

@@ -227,6 +227,9 @@ void launch_embed(const dweight *E, const int32_t *tok, int n, int d, float *x, 
 /* y[n][N] (+)= x[n][K] . W^T; wdeq / xh: scratch of N*K*4 and n*K*2 bytes (route: MM_*) */
 qf_status dev_matmul(cublasHandle_t blas, const dweight *w, const float *x, int n, float *y, bool accumulate,
                      int route, void *wdeq, __half *xh, cudaStream_t s, qf_error *err);
+/* decode gate|up with SiLU(gate) * up fused: hb[n][F] from the [2F][K] weight (xq: scratch as
+ * dev_matmul's xh); false when it does not apply (nothing launched) */
+bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb, void *xq, cudaStream_t s);
 /* y[n][N] (+)= xh[n][K] . W^T, f16 inputs already in place, f32 (or yt) output */
 qf_status dev_gemm_h(cublasHandle_t blas, const dweight *w, const __half *xh, int n, void *y, bool accumulate,
                      void *wdeq, qf_error *err, cudaDataType yt = CUDA_R_32F);
@@ -240,18 +243,34 @@ void launch_add_bias(float *x, const float *b, int n, int d, cudaStream_t s);
 void launch_silu_mul(float *g, const float *u, size_t n, cudaStream_t s);
 /* o16 = SiLU(gate) * up from the fused [n][2F] gate|up output (f32 or f16); o32 too when set */
 void launch_silu_gu(const void *gu, bool gu_f16, int n, int F, float *o32, __half *o16, cudaStream_t s);
-/* bias + RoPE of the fused [n][Dq + 2 Dkv] q|k|v output into q, k, v (f32) or, f16, into f16 Q
- * and the cache rows */
-void launch_qkv_split(const float *qkv, bool f16, int n, int nh, int nkv, int hd, int half, bool neox,
+/* bias + RoPE of the fused [n][Dq + 2 Dkv] q|k|v output into q, k, v: kind 0 all f32; 1 f16 Q
+ * and f16 cache rows (prefill); 2 f32 q and f16 cache rows (decode). dpos set (graph replay):
+ * k and v move to row *dpos */
+void launch_qkv_split(const float *qkv, int kind, int n, int nh, int nkv, int hd, int half, bool neox,
                       const float *cs, const float *sn, const float *bq, const float *bk, const float *bv, void *q,
-                      void *k, void *v, cudaStream_t s);
+                      void *k, void *v, cudaStream_t s, const int *dpos = NULL);
 /* x[rows][n] <- H_n x / sqrt(n) per row, in place (the butterfly of hadamard.c, bit-exact) */
 void launch_hadamard(float *x, int64_t rows, int n, cudaStream_t s);
 
 /* ---- cuda_kv.cu: KV cache writes and reads ---- */
-void launch_kv_write(qf_kv_mode mode, const float *src, int64_t rows, int hd, size_t rb, uint8_t *dst, cudaStream_t s);
+/* dpos set (CUDA graph replay): dst += *dpos * pos_stride bytes, read on the device */
+void launch_kv_write(qf_kv_mode mode, const float *src, int64_t rows, int hd, size_t rb, uint8_t *dst, cudaStream_t s,
+                     const int *dpos = NULL, size_t pos_stride = 0);
+/* rows of a cache view (f32, q8_0, q4_0) as f16 rows for the flash kernel; false: other mode */
+bool launch_kv_to_f16(qf_kv_mode mode, const uint8_t *src, int64_t rows, int hd, size_t rb, __half *out, cudaStream_t s);
+/* K and V (plain modes, each its own mode and row size) in one launch, as two launch_kv_write */
+void launch_kv_write2(const qf_kv_mode mode[2], const float *const src[2], int64_t rows, int hd, const size_t rb[2],
+                      uint8_t *const dst[2], cudaStream_t s, const int *dpos, const size_t pos_stride[2]);
 void launch_kv_read(qf_kv_mode mode, const uint8_t *src, int64_t rows, int hd, size_t rb, float *out, cudaStream_t s);
 void launch_kv_write_int8(const float *src, int64_t n, int dkv, const float *inv, int8_t *dst, cudaStream_t s);
+/* kv-int8 in any row layout (0 STATIC, 1 STATIC_ROT, 2 TOKEN_ROT, 3 TOKEN: engine.h): n_tok rows of
+ * nkv heads x hd; inv / scale: the layer's static [nkv * hd] (static layouts); step: the 256
+ * token steps on the device (kv_tok_steps). The write rotates src in place (rot layouts). */
+void kv_tok_steps(float *t);
+void launch_kv_int8_write(int layout, float *src, int64_t n_tok, int nkv, int hd, const float *inv, const float *step,
+                          int8_t *dst, cudaStream_t s);
+void launch_kv_int8_expand(int layout, const int8_t *src, int64_t n_tok, int nkv, int hd, const float *scale,
+                           const float *step, float *out, cudaStream_t s);
 void launch_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *scale, float *out, cudaStream_t s);
 void launch_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, size_t rb, const float *atoms, int na,
                            int sparsity, int q8, float *out, cudaStream_t s);
@@ -271,10 +290,13 @@ void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_
 
 /* Split-K ("flash decoding") attention for decode batches: the keys of each query cut into up
  * to 256 ranges of >= 16 keys attended to in parallel, then merged (any plain cache mode).
- * part: attention_split_floats(n, n_head, hd) floats of device scratch. */
+ * part: attention_split_floats(n, n_head, hd) floats of device scratch. dpos set (CUDA graph
+ * replay): the position is read from device memory instead of pos0, and the grid is sized for
+ * any position up to n_ctx (the results are the same as with pos0 = *dpos). GQA groups of up
+ * to 8 heads run one block per (range, kv head); n_ctx (0: pos0 + n) picks the kernel. */
 void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
                             size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
-                            float *part, cudaStream_t s);
+                            float *part, cudaStream_t s, const int *dpos = NULL, int n_ctx = 0);
 size_t attention_split_floats(int n, int n_head, int hd);
 
 /* ---- cuda_score.cu ---- */
@@ -284,6 +306,7 @@ void launch_nll(const float *logits, int n_rows, int V, const int32_t *tgt, doub
 /* ---- cuda_ops.cu: the single operations of the function table (cuda_backend.h) ---- */
 qf_status op_dequant(qf_type t, const void *src, size_t rb, int64_t rows, int64_t k, float *dst, qf_error *err);
 qf_status op_matmul(const qf_weight *w, const float *x, int n, float *y, int route, qf_error *err);
+qf_status op_matvec_gu(const qf_weight *w, const float *x, int n, int F, float *hb, qf_error *err);
 qf_status op_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, qf_error *err);
 qf_status op_rope(float *v, int n, int n_heads, int head_dim, int n_rot, qf_rope_type type, const float *cs,
                   const float *sn, qf_error *err);
@@ -292,8 +315,8 @@ qf_status op_attention(const float *q, const float *k, const float *v, int n, in
                        int hd, qf_kv_mode mode, int route, float *out, qf_error *err);
 qf_status op_kv_roundtrip(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_t rows, int hd, void *bytes,
                           float *out, qf_error *err);
-qf_status op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, const float *scale, const float *inv,
-                               int8_t *bytes, float *out, qf_error *err);
+qf_status op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, int hd, int layout, const float *scale,
+                               const float *inv, int8_t *bytes, float *out, qf_error *err);
 qf_status op_kv_dict_decode(const uint8_t *codes, int64_t rows, int hd, size_t rb, const float *atoms, int n_atoms,
                             int sparsity, int coef_q8, float *out, qf_error *err);
 

@@ -176,6 +176,31 @@ __device__ static inline void mv_finish(const float *acc, int warp, int lane, in
         }
 }
 
+/* The gate|up matvec with SiLU(gate) * up as its end (GU kernels): block b's warps take gate
+ * rows 2b, 2b + 1 (warps 0, 1) and the matching up rows F + 2b, F + 2b + 1 (warps 2, 3), one
+ * warp per row; the gate warps then write hb[t][r] = SiLU(g) * u, k_silu_gu's expression on the
+ * same f32 sums (the same bits as the matvec followed by k_silu_gu). */
+__device__ static inline int gu_row(int warp, int F) {
+    const int r = 2 * blockIdx.x + (warp & 1);
+    return warp >> 1 ? F + r : r;
+}
+template <int NT>
+__device__ static inline void mv_finish_gu(const float *acc, int warp, int lane, int F, int n, float *hb) {
+    __shared__ float red[MV_WARPS][NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) red[warp][t] = v;
+    }
+    __syncthreads();
+    const int r = 2 * blockIdx.x + (warp & 1);
+    if (warp < 2 && lane == 0 && r < F)
+        for (int t = 0; t < n && t < NT; t++) {
+            const float x = red[warp][t], u = red[warp + 2][t];
+            hb[(size_t)t * F + r] = x / (1.0f + expf(-x)) * u;
+        }
+}
+
 /* f16 / bf16 rows: no staging. Lane l reads 16-byte chunks l, l + 32, ... of the row (8
  * halves each; consecutive lanes, consecutive chunks: 512 bytes per load instruction) and the
  * 8 matching activations as two float4. Needs K % 8 == 0 and 16-byte aligned rows. */
@@ -195,13 +220,14 @@ __device__ static inline void h8_to_f(const uint4 &u, float *w, bool bf16) {
     }
 }
 
-template <bool BF16, int NT, int WPR>
+template <bool BF16, int NT, int WPR, bool GU = false>
 __global__ void __launch_bounds__(MV_WARPS * 32)
     k_matvec_h(const uint8_t *__restrict__ W, size_t rb, int K, int N, const float *__restrict__ x, int n, float *y,
                int accumulate) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % WPR;
-    const int r = blockIdx.x * (MV_WARPS / WPR) + warp / WPR;
-    const bool live = r < N;
+    /* GU: N is F, y is hb, the weight has 2F rows */
+    const int r = GU ? gu_row(warp, N) : blockIdx.x * (MV_WARPS / WPR) + warp / WPR;
+    const bool live = GU ? (2 * (int)blockIdx.x + (warp & 1)) < N : r < N;
     const uint4 *row = (const uint4 *)(W + (size_t)(live ? r : 0) * rb);
     float acc[NT];
 #pragma unroll
@@ -209,7 +235,26 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
     const int nc = live ? K / 8 : 0;
     int c = lane + 32 * part;
     constexpr int S = 32 * WPR; /* chunk stride of one warp */
-    /* two chunks in flight per lane */
+    /* four chunks in flight per lane, then two */
+    for (; c + 3 * S < nc; c += 4 * S) {
+        uint4 u[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) u[k] = __ldg(row + c + k * S);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float w0[8];
+            h8_to_f(u[k], w0, BF16);
+            const int ck = c + k * S;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= n) break;
+                const float4 *xp = (const float4 *)(x + (size_t)t * K);
+                const float4 a0 = __ldg(xp + 2 * ck), a1 = __ldg(xp + 2 * ck + 1);
+                acc[t] += w0[0] * a0.x + w0[1] * a0.y + w0[2] * a0.z + w0[3] * a0.w + w0[4] * a1.x + w0[5] * a1.y +
+                          w0[6] * a1.z + w0[7] * a1.w;
+            }
+        }
+    }
     for (; c + S < nc; c += 2 * S) {
         const uint4 u0 = __ldg(row + c), u1 = __ldg(row + c + S);
         float w0[8], w1[8];
@@ -239,7 +284,8 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
                       w0[6] * a1.z + w0[7] * a1.w;
         }
     }
-    mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
+    if (GU) mv_finish_gu<NT>(acc, warp, lane, N, n, y);
+    else mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
 }
 
 /* q4_0 / q8_0 rows: 8 lanes per 32-element block, 4 blocks per warp step. Lane i of a block
@@ -292,9 +338,95 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
     mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
 }
 
+/* ---- q4_0 / q8_0 rows with int8 activations (the CPU's vec_dot route, as llama.cpp's MMVQ) ----
+ * The activation is quantized to q8_0 first (k_quant_act: ggml's reference quantizer, the same
+ * bytes as qf_quantize_row(Q8_0)), stored split: int8 quants [n][K] (16-byte aligned, so the
+ * dot loads are 4-byte words) and each block's scale as the f32 value of its f16 [n][K/32].
+ * The kernel then multiplies bytes with __dp4a: q4_0 with 4 lanes per block (lane i takes quant
+ * bytes 4i..4i+3 = weights 4i..4i+3 and 16+4i..16+4i+3, as one 4-byte word read by two 2-byte
+ * loads: blocks are only 2-byte aligned), 8 blocks per warp step; q8_0 with 8 lanes per block.
+ * Each lane's partial integer sum is exact; the float step is the oracle's per block,
+ * isum * dw * dx (q4_0) or isum * (dw * dx) (q8_0), over a partial isum, then summed: only the
+ * rounding of the partial products and the summation order differ from qf_vec_dot_ref. */
+#define ACT_Q_BYTES(n, K) ((size_t)(n) * (K) + (size_t)(n) * ((K) / 32) * 4)
+
+__global__ void k_quant_act(const float *__restrict__ x, int64_t nblocks, int8_t *__restrict__ qs, float *__restrict__ xd) {
+    const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (b >= nblocks) return;
+    const float v = x[b * 32 + lane];
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    /* quant.c's quant_q8_0: d = amax / 127, id = d ? 1 / d : 0, q = roundf(x * id), each
+     * operation rounded on its own (no FMA contraction) */
+    const float d = __fdiv_rn(amax, 127.0f);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    qs[b * 32 + lane] = (int8_t)roundf(__fmul_rn(v, id));
+    if (lane == 0) xd[b] = __half2float(__float2half_rn(d));
+}
+
+static void launch_quant_act(const float *x, int n, int K, void *xq, cudaStream_t s) {
+    const int64_t nb = (int64_t)n * (K / 32);
+    int8_t *qs = (int8_t *)xq;
+    float *xd = (float *)((uint8_t *)xq + (size_t)n * K);
+    k_quant_act<<<nblk((size_t)nb, 8), 256, 0, s>>>(x, nb, qs, xd);
+}
+
+__device__ static inline int ld_w32_b2(const uint8_t *p) { /* a 4-byte word at a 2-byte aligned address */
+    const unsigned short *h = (const unsigned short *)p;
+    return (int)((unsigned)__ldg(h) | ((unsigned)__ldg(h + 1) << 16));
+}
+
+template <int T, int NT, int WPR, bool GU = false>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+    k_matvec_dp4a(const uint8_t *__restrict__ W, size_t rb, int K, int N, const int8_t *__restrict__ xq,
+                  const float *__restrict__ xd, int n, float *y, int accumulate) {
+    constexpr int LPB = T == QF_TYPE_Q4_0 ? 4 : 8; /* lanes per block */
+    constexpr int BPS = 32 / LPB;                  /* blocks per warp step */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % WPR;
+    const int r = GU ? gu_row(warp, N) : blockIdx.x * (MV_WARPS / WPR) + warp / WPR; /* GU: as k_matvec_h */
+    const bool live = GU ? (2 * (int)blockIdx.x + (warp & 1)) < N : r < N;
+    const uint8_t *row = W + (size_t)(live ? r : 0) * rb;
+    const int nb = live ? K / QK : 0, sub = lane / LPB, i = lane % LPB;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+#pragma unroll 4
+    for (int b = sub + BPS * part; b < nb; b += BPS * WPR) {
+        if (T == QF_TYPE_Q4_0) {
+            const block_q4_0 *bk = (const block_q4_0 *)row + b;
+            const float d = h2f_bits(__ldg(&bk->d));
+            const int v = ld_w32_b2(bk->qs + 4 * i);
+            const int lo = v & 0x0F0F0F0F, hi = (v >> 4) & 0x0F0F0F0F;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= n) break;
+                const int *xb = (const int *)(xq + (size_t)t * K + (size_t)b * QK);
+                const int a0 = __ldg(xb + i), a1 = __ldg(xb + 4 + i);
+                /* sum (q - 8) a = sum q a - 8 sum a */
+                const int s = __dp4a(hi, a1, __dp4a(lo, a0, 0)) - 8 * __dp4a(0x01010101, a1, __dp4a(0x01010101, a0, 0));
+                acc[t] += (float)s * d * __ldg(xd + (size_t)t * (K / QK) + b);
+            }
+        } else { /* QF_TYPE_Q8_0 */
+            const block_q8_0 *bk = (const block_q8_0 *)row + b;
+            const float d = h2f_bits(__ldg(&bk->d));
+            const int v = ld_w32_b2((const uint8_t *)bk->qs + 4 * i);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= n) break;
+                const int a = __ldg((const int *)(xq + (size_t)t * K + (size_t)b * QK) + i);
+                acc[t] += (float)__dp4a(v, a, 0) * (d * __ldg(xd + (size_t)t * (K / QK) + b));
+            }
+        }
+    }
+    if (GU) mv_finish_gu<NT>(acc, warp, lane, N, n, y);
+    else mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
+}
+
 /* y[n][N] (+)= x[n][K] . W^T for n <= MATVEC_MAX: the wide kernel where the rows are 8-byte
  * aligned, else the sub-block-per-lane kernel */
-static void launch_matvec(const dweight *w, const float *x, int n, float *y, bool accumulate, cudaStream_t s) {
+static void launch_matvec(const dweight *w, const float *x, int n, float *y, bool accumulate, void *xq, cudaStream_t s) {
     const int K = (int)w->ne0, N = (int)w->ne1;
     const bool wide = w->row_bytes % 8 == 0 && ((uintptr_t)w->d % 8) == 0 && ((uintptr_t)x % 16) == 0;
     const bool h = (w->type == QF_TYPE_F16 || w->type == QF_TYPE_BF16) && w->row_bytes % 16 == 0 &&
@@ -310,7 +442,22 @@ static void launch_matvec(const dweight *w, const float *x, int n, float *y, boo
         if (split) KERN<__VA_ARGS__, MV_WARPS><<<g4, MV_WARPS * 32, 0, s>>>(w->d, w->row_bytes, K, N, x, n, y, accumulate); \
         else KERN<__VA_ARGS__, 1><<<g4, MV_WARPS * 32, 0, s>>>(w->d, w->row_bytes, K, N, x, n, y, accumulate);           \
     } while (0)
-    if (q0) {
+    if (q0 && xq && ((uintptr_t)xq % 16) == 0 && K % QK == 0) {
+        /* int8 activations: quantized once per call, then __dp4a (the CPU vec_dot's numerics) */
+        launch_quant_act(x, n, K, xq, s);
+        const int8_t *qs = (const int8_t *)xq;
+        const float *xd = (const float *)((const uint8_t *)xq + (size_t)n * K);
+#define QF_MVQ(T, NT)                                                                                                   \
+    do {                                                                                                                \
+        if (split) k_matvec_dp4a<T, NT, MV_WARPS><<<g4, MV_WARPS * 32, 0, s>>>(w->d, w->row_bytes, K, N, qs, xd, n, y, accumulate); \
+        else k_matvec_dp4a<T, NT, 1><<<g4, MV_WARPS * 32, 0, s>>>(w->d, w->row_bytes, K, N, qs, xd, n, y, accumulate);           \
+    } while (0)
+        if (w->type == QF_TYPE_Q4_0 && n == 1) QF_MVQ(QF_TYPE_Q4_0, 1);
+        else if (w->type == QF_TYPE_Q4_0) QF_MVQ(QF_TYPE_Q4_0, MATVEC_MAX);
+        else if (n == 1) QF_MVQ(QF_TYPE_Q8_0, 1);
+        else QF_MVQ(QF_TYPE_Q8_0, MATVEC_MAX);
+#undef QF_MVQ
+    } else if (q0) {
         if (w->type == QF_TYPE_Q4_0 && n == 1) QF_MV(k_matvec_q0, QF_TYPE_Q4_0, 1);
         else if (w->type == QF_TYPE_Q4_0) QF_MV(k_matvec_q0, QF_TYPE_Q4_0, MATVEC_MAX);
         else if (n == 1) QF_MV(k_matvec_q0, QF_TYPE_Q8_0, 1);
@@ -332,6 +479,40 @@ static void launch_matvec(const dweight *w, const float *x, int n, float *y, boo
         QF_TYPE_DISPATCH(w->type, (k_matvec<TT><<<nblk((size_t)N, 4), 128, 0, s>>>(w->d, w->row_bytes, K, N, x, n, y,
                                                                                   accumulate)));
     }
+}
+
+/* hb[n][F] = SiLU(x W_gate^T) * (x W_up^T) from the fused [2F][K] gate|up weight, one launch
+ * (GU kernels); false when the weight or its size does not fit them (the caller then runs the
+ * matvec and k_silu_gu) */
+bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb, void *xq, cudaStream_t s) {
+    const int K = (int)w->ne0;
+    if (n > MATVEC_MAX || w->ne1 != 2 * (int64_t)F || 2 * F < 8192 || ((uintptr_t)x % 16)) return false;
+    const dim3 grid((unsigned)((F + 1) / 2));
+    if ((w->type == QF_TYPE_Q4_0 || w->type == QF_TYPE_Q8_0) && xq && ((uintptr_t)xq % 16) == 0 && K % QK == 0 &&
+        ((uintptr_t)w->d % 2) == 0) {
+        launch_quant_act(x, n, K, xq, s);
+        const int8_t *qs = (const int8_t *)xq;
+        const float *xd = (const float *)((const uint8_t *)xq + (size_t)n * K);
+#define QF_GUQ(T, NT) k_matvec_dp4a<T, NT, 1, true><<<grid, MV_WARPS * 32, 0, s>>>(w->d, w->row_bytes, K, F, qs, xd, n, hb, 0)
+        if (w->type == QF_TYPE_Q4_0 && n == 1) QF_GUQ(QF_TYPE_Q4_0, 1);
+        else if (w->type == QF_TYPE_Q4_0) QF_GUQ(QF_TYPE_Q4_0, MATVEC_MAX);
+        else if (n == 1) QF_GUQ(QF_TYPE_Q8_0, 1);
+        else QF_GUQ(QF_TYPE_Q8_0, MATVEC_MAX);
+#undef QF_GUQ
+        return true;
+    }
+    if ((w->type == QF_TYPE_F16 || w->type == QF_TYPE_BF16) && w->row_bytes % 16 == 0 && ((uintptr_t)w->d % 16) == 0 &&
+        K % 8 == 0) {
+        const bool bf = w->type == QF_TYPE_BF16;
+#define QF_GUH(BF, NT) k_matvec_h<BF, NT, 1, true><<<grid, MV_WARPS * 32, 0, s>>>(w->d, w->row_bytes, K, F, x, n, hb, 0)
+        if (n == 1 && bf) QF_GUH(true, 1);
+        else if (n == 1) QF_GUH(false, 1);
+        else if (bf) QF_GUH(true, MATVEC_MAX);
+        else QF_GUH(false, MATVEC_MAX);
+#undef QF_GUH
+        return true;
+    }
+    return false;
 }
 
 __global__ void k_f32_to_f16(const float *x, size_t n, __half *y) {
@@ -366,7 +547,7 @@ qf_status dev_matmul(cublasHandle_t blas, const dweight *w, const float *x, int 
     if (route == MM_MATVEC && n > MATVEC_MAX) route = MM_GEMM_F16;
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     if (route == MM_MATVEC) {
-        launch_matvec(w, x, n, y, accumulate, s);
+        launch_matvec(w, x, n, y, accumulate, xh, s);
     } else if (route == MM_GEMM_F32 || w->type == QF_TYPE_F32) {
         const float *W = (const float *)w->d;
         if (w->type != QF_TYPE_F32) {

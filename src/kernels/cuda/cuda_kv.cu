@@ -73,8 +73,10 @@ __host__ __device__ static inline void kv_quant_block(int mode, const float *x, 
 }
 
 /* one thread per 32-element block of the n_rows x hd source */
-__global__ void k_kv_write(int mode, const float *src, int64_t n_rows, int hd, size_t rb, uint8_t *dst) {
+__global__ void k_kv_write(int mode, const float *src, int64_t n_rows, int hd, size_t rb, uint8_t *dst, const int *dpos,
+                           size_t pos_stride) {
     const int nb = hd / 32 > 0 ? hd / 32 : 1;
+    if (dpos) dst += (size_t)*dpos * pos_stride;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (mode == QF_KV_F32 || mode == QF_KV_F16) {
         if (i >= n_rows * hd) return;
@@ -132,9 +134,50 @@ __global__ void k_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, s
     out[i] = o;
 }
 
-void launch_kv_write(qf_kv_mode mode, const float *src, int64_t rows, int hd, size_t rb, uint8_t *dst, cudaStream_t s) {
+/* K and V rows of one batch in one launch: blockIdx.y picks the stream (k_kv_write's body) */
+struct kv_write2_args {
+    int mode[2];
+    const float *src[2];
+    size_t rb[2], stride[2];
+    uint8_t *dst[2];
+};
+__global__ void k_kv_write2(kv_write2_args a, int64_t n_rows, int hd, const int *dpos) {
+    const int s = blockIdx.y, mode = a.mode[s];
+    const size_t rb = a.rb[s];
+    const float *src = a.src[s];
+    uint8_t *dst = a.dst[s] + (dpos ? (size_t)*dpos * a.stride[s] : 0);
+    const int nb = hd / 32 > 0 ? hd / 32 : 1;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (mode == QF_KV_F32 || mode == QF_KV_F16) {
+        if (i >= n_rows * hd) return;
+        const int64_t r = i / hd;
+        const int e = (int)(i % hd);
+        if (mode == QF_KV_F32) ((float *)(dst + r * rb))[e] = src[i];
+        else ((__half *)(dst + r * rb))[e] = __float2half_rn(src[i]);
+        return;
+    }
+    if (i >= n_rows * nb) return;
+    const int64_t r = i / nb;
+    const int b = (int)(i % nb);
+    kv_quant_block(mode, src + r * hd + b * QK, dst + r * rb + b * (mode == QF_KV_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0)));
+}
+
+void launch_kv_write2(const qf_kv_mode mode[2], const float *const src[2], int64_t rows, int hd, const size_t rb[2],
+                      uint8_t *const dst[2], cudaStream_t s, const int *dpos, const size_t pos_stride[2]) {
+    kv_write2_args a;
+    size_t nthr = 0;
+    for (int k = 0; k < 2; k++) {
+        a.mode[k] = (int)mode[k], a.src[k] = src[k], a.rb[k] = rb[k], a.dst[k] = dst[k];
+        a.stride[k] = pos_stride ? pos_stride[k] : 0;
+        nthr = wmax(nthr, (mode[k] == QF_KV_F32 || mode[k] == QF_KV_F16) ? (size_t)rows * hd : (size_t)rows * (hd / QK));
+    }
+    k_kv_write2<<<dim3(nblk(nthr, 256), 2), 256, 0, s>>>(a, rows, hd, dpos);
+}
+
+void launch_kv_write(qf_kv_mode mode, const float *src, int64_t rows, int hd, size_t rb, uint8_t *dst, cudaStream_t s,
+                     const int *dpos, size_t pos_stride) {
     size_t nthr = (mode == QF_KV_F32 || mode == QF_KV_F16) ? (size_t)rows * hd : (size_t)rows * (hd / QK);
-    k_kv_write<<<nblk(nthr, 256), 256, 0, s>>>((int)mode, src, rows, hd, rb, dst);
+    k_kv_write<<<nblk(nthr, 256), 256, 0, s>>>((int)mode, src, rows, hd, rb, dst, dpos, pos_stride);
 }
 
 /* read rows back as the attention kernels see them (tests) */
@@ -166,4 +209,152 @@ void launch_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *s
 void launch_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, size_t rb, const float *atoms, int na,
                            int sparsity, int q8, float *out, cudaStream_t s) {
     k_kv_expand_dict<<<nblk((size_t)n_rows * hd, 256), 256, 0, s>>>(codes, n_rows, hd, rb, atoms, na, sparsity, q8, out);
+}
+
+/* ---- kv-int8 row layouts (engine.h qf_kv_int8_layout): STATIC, STATIC_ROT, TOKEN_ROT, TOKEN ----
+ * STATIC_ROT and TOKEN_ROT rotate each head row (k_hadamard, bit-identical to qf_hadamard)
+ * before quantizing and rotate the expanded rows back. TOKEN rows carry their own scale: the
+ * exponent e of step 2^((e-176)/8) in the parities of 8 strided code groups, as kv_codes.c's
+ * qf_kv_int8_token_quantize: the step that just avoids clipping (log2f guess, then raised while
+ * amax / step > 127), codes lrintf(clamp(x / step)), each group's parity fixed by moving the
+ * code whose squared-error increase is least (first index on ties, -1 before +1), and the next
+ * finer step kept when its total squared error is lower. The steps are the host's exp2f values
+ * (kv_tok_steps), every f32 operation rounded on its own as on the host. One warp per head row
+ * of hd <= HD_MAX elements: element i = lane + 32 j lies in group lane % 8. */
+void kv_tok_steps(float *t) {
+    for (int e = 0; e < 256; e++) t[e] = exp2f((float)(e - 176) * (1.0f / 8.0f)); /* kv_codes.c's tok_step */
+}
+
+/* codes of one row at exponent e into q[], parities fixed; returns the squared error (all lanes) */
+__device__ static double tok_encode_warp(const float *xr, int hd, int e, const float *step, int lane, int8_t *q) {
+    const float s = step[e], inv = __fdiv_rn(1.0f, s);
+    int c[HD_MAX / 32];
+    int par = 0;
+#pragma unroll
+    for (int j = 0; j < HD_MAX / 32; j++) {
+        const int i = lane + 32 * j;
+        c[j] = 0;
+        if (i < hd) {
+            const float v = fminf(fmaxf(__fmul_rn(xr[i], inv), -127.0f), 127.0f);
+            c[j] = __float2int_rn(v);
+            par ^= c[j] & 1;
+        }
+    }
+    /* the parity of group lane % 8: xor over lanes lane, lane ^ 8, lane ^ 16, lane ^ 24 */
+    par ^= __shfl_xor_sync(0xffffffffu, par, 8);
+    par ^= __shfl_xor_sync(0xffffffffu, par, 16);
+    /* a group whose parity is not bit g of e moves one code: every lane finds its cheapest move
+     * (none when its group is fine), then the group's 4 lanes agree on the cheapest (all lanes
+     * run the shuffles) */
+    const int g = lane & 7;
+    const bool fix = par != ((e >> g) & 1);
+    float best_cost = INFINITY;
+    int best_i = 1 << 30, best_c = 0;
+#pragma unroll
+    for (int j = 0; j < HD_MAX / 32; j++) {
+        const int i = lane + 32 * j;
+        if (!fix || i >= hd) continue;
+        const float v = fminf(fmaxf(__fmul_rn(xr[i], inv), -127.0f), 127.0f);
+        for (int d = -1; d <= 1; d += 2) {
+            const int c2 = c[j] + d;
+            if (c2 < -127 || c2 > 127) continue;
+            const float a = __fsub_rn(v, (float)c2), b = __fsub_rn(v, (float)c[j]);
+            const float cost = __fsub_rn(__fmul_rn(a, a), __fmul_rn(b, b));
+            if (cost < best_cost) best_cost = cost, best_i = i, best_c = c2;
+        }
+    }
+    for (int o = 8; o <= 16; o <<= 1) { /* min cost, then the smaller index */
+        const float oc = __shfl_xor_sync(0xffffffffu, best_cost, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, best_i, o), ocv = __shfl_xor_sync(0xffffffffu, best_c, o);
+        if (oc < best_cost || (oc == best_cost && oi < best_i)) best_cost = oc, best_i = oi, best_c = ocv;
+    }
+    if (fix) {
+#pragma unroll
+        for (int j = 0; j < HD_MAX / 32; j++)
+            if (lane + 32 * j == best_i) c[j] = best_c;
+    }
+    double err = 0.0;
+#pragma unroll
+    for (int j = 0; j < HD_MAX / 32; j++) {
+        const int i = lane + 32 * j;
+        if (i >= hd) continue;
+        q[j] = (int8_t)c[j];
+        const double dd = __dsub_rn((double)xr[i], __dmul_rn((double)c[j], (double)s));
+        err = __dadd_rn(err, isfinite(dd) ? __dmul_rn(dd, dd) : 1e300);
+    }
+    for (int o = 16; o > 0; o >>= 1) err = __dadd_rn(err, __shfl_xor_sync(0xffffffffu, err, o));
+    return err;
+}
+
+__global__ void k_kv_write_int8_tok(const float *src, int64_t rows, int hd, const float *step, int8_t *dst) {
+    const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (r >= rows) return;
+    const float *xr = src + r * hd;
+    float amax = 0.0f;
+    for (int i = lane; i < hd; i += 32) amax = fmaxf(amax, fabsf(xr[i]));
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    int e = 0;
+    if (amax > 0 && isfinite(amax)) {
+        e = (int)ceilf(8.0f * log2f(__fdiv_rn(amax, 127.0f))) + 176;
+        if (e < 1) e = 1;
+        if (e > 255) e = 255;
+        while (e < 255 && __fdiv_rn(amax, step[e]) > 127.0f) e++;
+    }
+    int8_t q[HD_MAX / 32], alt[HD_MAX / 32];
+    const double err = tok_encode_warp(xr, hd, e, step, lane, q);
+    if (e > 0 && tok_encode_warp(xr, hd, e - 1, step, lane, alt) < err)
+        for (int j = 0; j < HD_MAX / 32; j++) q[j] = alt[j];
+    for (int j = 0; j < HD_MAX / 32; j++)
+        if (lane + 32 * j < hd) dst[r * hd + lane + 32 * j] = q[j];
+}
+
+__global__ void k_kv_expand_int8_tok(const int8_t *src, int64_t rows, int hd, const float *step, float *out) {
+    const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (r >= rows) return;
+    int par = 0;
+    for (int i = lane; i < hd; i += 32) par ^= ((uint8_t)src[r * hd + i] & 1);
+    par ^= __shfl_xor_sync(0xffffffffu, par, 8);
+    par ^= __shfl_xor_sync(0xffffffffu, par, 16);
+    /* e bit g = parity of group g, which lane g holds */
+    int e = 0;
+    for (int g = 0; g < 8; g++) e |= __shfl_sync(0xffffffffu, par, g) << g;
+    const float s = step[e];
+    for (int i = lane; i < hd; i += 32) out[r * hd + i] = __fmul_rn((float)src[r * hd + i], s);
+}
+
+void launch_kv_int8_write(int layout, float *src, int64_t n_tok, int nkv, int hd, const float *inv, const float *step,
+                          int8_t *dst, cudaStream_t s) {
+    const int64_t rows = n_tok * nkv;
+    if (layout == 1 || layout == 2) launch_hadamard(src, rows, hd, s); /* STATIC_ROT, TOKEN_ROT */
+    if (layout == 0 || layout == 1) launch_kv_write_int8(src, rows * hd, nkv * hd, inv, dst, s);
+    else k_kv_write_int8_tok<<<nblk((size_t)rows, 4), 128, 0, s>>>(src, rows, hd, step, dst);
+}
+
+void launch_kv_int8_expand(int layout, const int8_t *src, int64_t n_tok, int nkv, int hd, const float *scale,
+                           const float *step, float *out, cudaStream_t s) {
+    const int64_t rows = n_tok * nkv;
+    if (layout == 0 || layout == 1) launch_kv_expand_int8(src, rows * hd, nkv * hd, scale, out, s);
+    else k_kv_expand_int8_tok<<<nblk((size_t)rows, 4), 128, 0, s>>>(src, rows, hd, step, out);
+    if (layout == 1 || layout == 2) launch_hadamard(out, rows, hd, s);
+}
+
+/* ---- quantized KV for the tensor-core flash kernel ----
+ * Rows [0, rows) of a cache view in mode M (f32 — the f32 expansion of int8 and dict layers —,
+ * q8_0, q4_0) as f16 rows of hd, the layout k_flash_f16 reads: the __float2half_rn of the value
+ * every other attention kernel reads (kv_elem<M>). */
+template <int M> __global__ void k_kv_to_f16(const uint8_t *src, int64_t n_rows, int hd, size_t rb, __half *out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n_rows * hd) out[i] = __float2half_rn(kv_elem<M>(src + (i / hd) * rb, (int)(i % hd)));
+}
+
+bool launch_kv_to_f16(qf_kv_mode mode, const uint8_t *src, int64_t rows, int hd, size_t rb, __half *out, cudaStream_t s) {
+    const unsigned nb = nblk((size_t)rows * hd, 256);
+    switch (mode) {
+    case QF_KV_F32: k_kv_to_f16<QF_KV_F32><<<nb, 256, 0, s>>>(src, rows, hd, rb, out); return true;
+    case QF_KV_Q8_0: k_kv_to_f16<QF_KV_Q8_0><<<nb, 256, 0, s>>>(src, rows, hd, rb, out); return true;
+    case QF_KV_Q4_0: k_kv_to_f16<QF_KV_Q4_0><<<nb, 256, 0, s>>>(src, rows, hd, rb, out); return true;
+    default: return false;
+    }
 }

@@ -165,10 +165,14 @@ qf_status qf_cuda_op_kv_roundtrip_rot(qf_kv_mode mode, qf_kv_rot rot, const floa
     NEED_API();
     return a->op_kv_roundtrip(mode, rot, x, rows, hd, bytes, out, err);
 }
-qf_status qf_cuda_op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, const float *scale, const float *inv,
-                                       int8_t *bytes, float *out, qf_error *err) {
+qf_status qf_cuda_op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, int hd, int layout, const float *scale,
+                                       const float *inv, int8_t *bytes, float *out, qf_error *err) {
     NEED_API();
-    return a->op_kv_int8_roundtrip(x, rows, dkv, scale, inv, bytes, out, err);
+    return a->op_kv_int8_roundtrip(x, rows, dkv, hd, layout, scale, inv, bytes, out, err);
+}
+qf_status qf_cuda_op_matvec_gu(const qf_weight *w, const float *x, int n, int F, float *hb, qf_error *err) {
+    NEED_API();
+    return a->op_matvec_gu(w, x, n, F, hb, err);
 }
 qf_status qf_cuda_op_kv_dict_decode(const uint8_t *codes, int64_t rows, int hd, size_t rb, const float *atoms,
                                     int n_atoms, int sparsity, int coef_q8, float *out, qf_error *err) {

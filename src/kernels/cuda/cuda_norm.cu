@@ -134,24 +134,10 @@ __global__ void k_silu_gu(const IT *gu, int F, float *o32, __half *o16) {
 __device__ static inline void st_out(float *p, float x) { *p = x; }
 __device__ static inline void st_out(__half *p, float x) { *p = __float2half_rn(x); }
 
-/* OT = __half: q goes to the flash kernel's f16 Q and k, v straight into the f16 KV cache
- * (rows [t][nkv][hd] from pos0), the __float2half_rn of the same f32 values that the f32
- * route's k_kv_write and the flash kernel's Q load would round */
+/* one pair of elements of one head row: bias, RoPE (rot: q and k), store */
 template <typename OT>
-__global__ void k_qkv_split(const float *qkv, int n, int nh, int nkv, int hd, int half, int neox, const float *cs,
-                            const float *sn, const float *bq, const float *bk, const float *bv, OT *q, OT *k, OT *v) {
-    /* grid (H * hd / 2 / 256, n) */
-    const int hp = hd / 2, H = nh + 2 * nkv;
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= H * hp) return;
-    const int h = i / hp, j = i - h * hp, t = blockIdx.y;
-    const float *src = qkv + ((int64_t)t * H + h) * hd;
-    OT *dst;
-    const float *b;
-    bool rot = true;
-    if (h < nh) dst = q + ((int64_t)t * nh + h) * hd, b = bq ? bq + (size_t)h * hd : NULL;
-    else if (h < nh + nkv) dst = k + ((int64_t)t * nkv + h - nh) * hd, b = bk ? bk + (size_t)(h - nh) * hd : NULL;
-    else dst = v + ((int64_t)t * nkv + h - nh - nkv) * hd, b = bv ? bv + (size_t)(h - nh - nkv) * hd : NULL, rot = false;
+__device__ static inline void qkv_pair(const float *src, int j, int hd, int half, int neox, const float *cs,
+                                       const float *sn, const float *b, bool rot, int t, OT *dst) {
     rot = rot && j < half;
     const int a = rot && neox ? j : 2 * j, c = rot && neox ? j + half : 2 * j + 1;
     float x0 = src[a], x1 = src[c];
@@ -165,6 +151,32 @@ __global__ void k_qkv_split(const float *qkv, int n, int nh, int nkv, int hd, in
     }
 }
 
+/* OT = __half: q goes to the flash kernel's f16 Q and k, v straight into the f16 KV cache
+ * (rows [t][nkv][hd] from pos0), the __float2half_rn of the same f32 values that the f32
+ * route's k_kv_write and the flash kernel's Q load would round */
+/* QT = float, KT = __half (decode, f16 cache): q stays f32 for the split-K attention, k and v go
+ * to the cache rows; dpos (graph replay) moves k and v to row *dpos */
+template <typename QT, typename KT>
+__global__ void k_qkv_split(const float *qkv, int n, int nh, int nkv, int hd, int half, int neox, const float *cs,
+                            const float *sn, const float *bq, const float *bk, const float *bv, QT *q, KT *k, KT *v,
+                            const int *dpos) {
+    /* grid (H * hd / 2 / 256, n) */
+    const int hp = hd / 2, H = nh + 2 * nkv;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= H * hp) return;
+    const int h = i / hp, j = i - h * hp, t = blockIdx.y;
+    const float *src = qkv + ((int64_t)t * H + h) * hd;
+    const int64_t at = dpos ? (int64_t)*dpos * nkv * hd : 0;
+    if (h < nh) {
+        qkv_pair(src, j, hd, half, neox, cs, sn, bq ? bq + (size_t)h * hd : NULL, true, t, q + ((int64_t)t * nh + h) * hd);
+    } else if (h < nh + nkv) {
+        qkv_pair(src, j, hd, half, neox, cs, sn, bk ? bk + (size_t)(h - nh) * hd : NULL, true, t,
+                 k + at + ((int64_t)t * nkv + h - nh) * hd);
+    } else {
+        qkv_pair(src, j, hd, half, neox, cs, sn, bv ? bv + (size_t)(h - nh - nkv) * hd : NULL, false, t,
+                 v + at + ((int64_t)t * nkv + h - nh - nkv) * hd);
+    }
+}
 
 void launch_rope(float *v, int n, int n_heads, int hd, int half, bool neox, const float *cs, const float *sn,
                  cudaStream_t s) {
@@ -183,16 +195,19 @@ void launch_silu_gu(const void *gu, bool gu_f16, int n, int F, float *o32, __hal
     else k_silu_gu<float><<<sg, 256, 0, s>>>((const float *)gu, F, o32, o16);
 }
 
-void launch_qkv_split(const float *qkv, bool f16, int n, int nh, int nkv, int hd, int half, bool neox,
+void launch_qkv_split(const float *qkv, int kind, int n, int nh, int nkv, int hd, int half, bool neox,
                       const float *cs, const float *sn, const float *bq, const float *bk, const float *bv, void *q,
-                      void *k, void *v, cudaStream_t s) {
+                      void *k, void *v, cudaStream_t s, const int *dpos) {
     const dim3 sg(nblk((size_t)(nh + 2 * nkv) * (hd / 2), 256), (unsigned)n);
-    if (f16)
-        k_qkv_split<__half><<<sg, 256, 0, s>>>(qkv, n, nh, nkv, hd, half, neox, cs, sn, bq, bk, bv, (__half *)q,
-                                               (__half *)k, (__half *)v);
+    if (kind == 1)
+        k_qkv_split<__half, __half><<<sg, 256, 0, s>>>(qkv, n, nh, nkv, hd, half, neox, cs, sn, bq, bk, bv, (__half *)q,
+                                                       (__half *)k, (__half *)v, dpos);
+    else if (kind == 2)
+        k_qkv_split<float, __half><<<sg, 256, 0, s>>>(qkv, n, nh, nkv, hd, half, neox, cs, sn, bq, bk, bv, (float *)q,
+                                                      (__half *)k, (__half *)v, dpos);
     else
-        k_qkv_split<float><<<sg, 256, 0, s>>>(qkv, n, nh, nkv, hd, half, neox, cs, sn, bq, bk, bv, (float *)q,
-                                              (float *)k, (float *)v);
+        k_qkv_split<float, float><<<sg, 256, 0, s>>>(qkv, n, nh, nkv, hd, half, neox, cs, sn, bq, bk, bv, (float *)q,
+                                                     (float *)k, (float *)v, dpos);
 }
 
 /* ---- the normalized Walsh-Hadamard transform (--kv-rot hadamard) ----

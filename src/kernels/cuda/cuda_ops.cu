@@ -67,6 +67,20 @@ qf_status op_matmul(const qf_weight *w, const float *x, int n, float *y, int rou
     return op_finish(&a, y, dy, (size_t)n * N * 4, err);
 }
 
+qf_status op_matvec_gu(const qf_weight *w, const float *x, int n, int F, float *hb, qf_error *err) {
+    dallocs a = {};
+    const size_t K = (size_t)w->ne0;
+    dweight dw = {w->type, w->ne0, w->ne1, w->row_bytes, (uint8_t *)dup_to(&a, w->data, w->row_bytes * w->ne1)};
+    float *dx = (float *)dup_to(&a, x, (size_t)n * K * 4), *dh = (float *)dalloc(&a, (size_t)n * F * 4);
+    void *xq = dalloc(&a, (size_t)n * K * 2);
+    OP_NEED(dw.d && dx && dh && xq);
+    if (!launch_matvec_gu(&dw, dx, n, F, dh, xq, 0)) {
+        dfree(&a);
+        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: the fused gate|up kernel does not apply here");
+    }
+    return op_finish(&a, hb, dh, (size_t)n * F * 4, err);
+}
+
 qf_status op_rmsnorm(const float *x, const float *gn, int n, int d, float eps, float *out, qf_error *err) {
     dallocs a = {};
     float *dx = (float *)dup_to(&a, x, (size_t)n * d * 4), *dg = (float *)dup_to(&a, gn, (size_t)d * 4);
@@ -100,8 +114,10 @@ qf_status op_attention(const float *q, const float *k, const float *v, int n, in
                        int hd, qf_kv_mode mode, int route, float *out, qf_error *err) {
     const bool flash = route == 1, split = route == 2;
     size_t rb = kv_row_bytes(mode, hd);
-    if (flash && !flash_ok(mode, mode, hd))
-        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: flash attention needs an f16 cache and head_dim <= 256");
+    /* flash with a q8_0 / q4_0 cache: its rows go to the kernel as f16, as the prefill does */
+    const bool fq = flash && (mode == QF_KV_Q8_0 || mode == QF_KV_Q4_0) && hd <= 256;
+    if (flash && !fq && !flash_ok(mode, mode, hd))
+        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: flash attention needs an f16, q8_0 or q4_0 cache and head_dim <= 256");
     if (!rb || hd > HD_MAX) return cu_fail(err, QF_ERR_DEVICE, "CUDA op: kv mode %s / head_dim %d not supported", cu_kv_mode_name(mode), hd);
     dallocs a = {};
     const int T = pos0 + n;
@@ -111,10 +127,16 @@ qf_status op_attention(const float *q, const float *k, const float *v, int n, in
     uint8_t *ck = (uint8_t *)dalloc(&a, rows * rb), *cv = (uint8_t *)dalloc(&a, rows * rb);
     float *dout = (float *)dalloc(&a, (size_t)n * n_head * hd * 4);
     float *part = split ? (float *)dalloc(&a, attention_split_floats(n, n_head, hd) * 4) : NULL;
-    OP_NEED(dq && dk && dv && ck && cv && dout && (!split || part));
+    __half *h16 = fq ? (__half *)dalloc(&a, rows * hd * 2 * 2) : NULL;
+    OP_NEED(dq && dk && dv && ck && cv && dout && (!split || part) && (!fq || h16));
     launch_kv_write(mode, dk, (int64_t)rows, hd, rb, ck, 0);
     launch_kv_write(mode, dv, (int64_t)rows, hd, rb, cv, 0);
-    if (split) launch_attention_split(mode, mode, dq, ck, cv, rb, rb, n, pos0, n_head, n_head_kv, hd, dout, part, 0);
+    if (fq) {
+        launch_kv_to_f16(mode, ck, (int64_t)rows, hd, rb, h16, 0);
+        launch_kv_to_f16(mode, cv, (int64_t)rows, hd, rb, h16 + rows * hd, 0);
+        launch_attention(QF_KV_F16, QF_KV_F16, dq, (const uint8_t *)h16, (const uint8_t *)(h16 + rows * hd), (size_t)hd * 2,
+                         (size_t)hd * 2, n, pos0, n_head, n_head_kv, hd, dout, true, NULL, NULL, 0);
+    } else if (split) launch_attention_split(mode, mode, dq, ck, cv, rb, rb, n, pos0, n_head, n_head_kv, hd, dout, part, 0);
     else launch_attention(mode, mode, dq, ck, cv, rb, rb, n, pos0, n_head, n_head_kv, hd, dout, flash, NULL, NULL, 0);
     return op_finish(&a, out, dout, (size_t)n * n_head * hd * 4, err);
 }
@@ -127,30 +149,53 @@ qf_status op_kv_roundtrip(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_
         return cu_fail(err, QF_ERR_DEVICE, "CUDA op: --kv-rot hadamard needs a power-of-two head_dim <= %d", HD_MAX);
     dallocs a = {};
     float *dx = (float *)dup_to(&a, x, (size_t)rows * hd * 4), *dout = (float *)dalloc(&a, (size_t)rows * hd * 4);
-    uint8_t *c = (uint8_t *)dalloc(&a, rows * rb);
-    OP_NEED(dx && dout && c);
-    /* the forward pass's order: rotate the rows, store them; read, rotate back */
+    uint8_t *c = (uint8_t *)dalloc(&a, rows * rb), *c2 = (uint8_t *)dalloc(&a, rows * rb);
+    OP_NEED(dx && dout && c && c2);
+    /* the forward pass's order: rotate the rows, store them; read, rotate back. The rows are
+     * stored twice, by the one-stream kernel and as the V half of the K|V kernel the decode
+     * step runs (its K half an f32 copy), which must store the same bytes */
     if (rot == QF_KV_ROT_HADAMARD) launch_hadamard(dx, rows, hd, 0);
     launch_kv_write(mode, dx, rows, hd, rb, c, 0);
+    {
+        const qf_kv_mode m2[2] = {QF_KV_F32, mode};
+        const float *src[2] = {dx, dx};
+        const size_t rb2[2] = {(size_t)hd * 4, rb};
+        uint8_t *dst[2] = {(uint8_t *)dout, c2};
+        launch_kv_write2(m2, src, rows, hd, rb2, dst, 0, NULL, NULL);
+    }
     launch_kv_read(mode, c, rows, hd, rb, dout, 0);
     if (rot == QF_KV_ROT_HADAMARD) launch_hadamard(dout, rows, hd, 0);
-    if (cudaMemcpy(bytes, c, rows * rb, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    uint8_t *h2 = (uint8_t *)malloc(rows * rb);
+    if (!h2 || cudaMemcpy(bytes, c, rows * rb, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(h2, c2, rows * rb, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        free(h2);
         dfree(&a);
         return cu_fail(err, QF_ERR_DEVICE, "CUDA op: copy failed");
+    }
+    const bool same = memcmp(h2, bytes, rows * rb) == 0;
+    free(h2);
+    if (!same) {
+        dfree(&a);
+        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: the K|V write stored other bytes than the one-stream write");
     }
     return op_finish(&a, out, dout, (size_t)rows * hd * 4, err);
 }
 
-qf_status op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, const float *scale,
-                                                  const float *inv, int8_t *bytes, float *out, qf_error *err) {
+qf_status op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, int hd, int layout, const float *scale,
+                               const float *inv, int8_t *bytes, float *out, qf_error *err) {
+    if (layout < 0 || layout > 3 || hd <= 0 || hd > HD_MAX || dkv % hd || (layout && (hd & (hd - 1)) && layout < 3))
+        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: int8 layout %d with head_dim %d not supported", layout, hd);
     dallocs a = {};
     const size_t n = (size_t)rows * dkv;
+    float steps[256];
+    kv_tok_steps(steps);
     float *dx = (float *)dup_to(&a, x, n * 4), *ds = (float *)dup_to(&a, scale, (size_t)dkv * 4),
-          *di = (float *)dup_to(&a, inv, (size_t)dkv * 4), *dout = (float *)dalloc(&a, n * 4);
+          *di = (float *)dup_to(&a, inv, (size_t)dkv * 4), *dout = (float *)dalloc(&a, n * 4),
+          *dst = (float *)dup_to(&a, steps, sizeof steps);
     int8_t *c = (int8_t *)dalloc(&a, n);
-    OP_NEED(dx && ds && di && dout && c);
-    launch_kv_write_int8(dx, (int64_t)n, dkv, di, c, 0);
-    launch_kv_expand_int8(c, (int64_t)n, dkv, ds, dout, 0);
+    OP_NEED(dx && ds && di && dout && c && dst);
+    launch_kv_int8_write(layout, dx, rows, dkv / hd, hd, di, dst, c, 0);
+    launch_kv_int8_expand(layout, c, rows, dkv / hd, hd, ds, dst, dout, 0);
     if (cudaMemcpy(bytes, c, n, cudaMemcpyDeviceToHost) != cudaSuccess) {
         dfree(&a);
         return cu_fail(err, QF_ERR_DEVICE, "CUDA op: copy failed");

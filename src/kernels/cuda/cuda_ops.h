@@ -56,11 +56,16 @@ qf_status qf_cuda_op_kv_roundtrip(qf_kv_mode mode, const float *x, int64_t rows,
 qf_status qf_cuda_op_kv_roundtrip_rot(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_t rows, int hd,
                                       void *bytes, float *out, qf_error *err);
 
-/* kv-int8: quantize rows x dkv floats with inv (dkv reciprocal scales, one per channel of a
- * token's K or V row) as the GPU cache writes them, and expand them with scale: the stored
- * bytes and the f32 values attention sees. */
-qf_status qf_cuda_op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, const float *scale,
+/* kv-int8: quantize rows x dkv floats (dkv = heads x hd) in row layout `layout` (engine.h
+ * qf_kv_int8_layout: 0 static, 1 static-rot, 2 token-rot, 3 token) with inv (dkv reciprocal
+ * scales, one per channel; static layouts) as the GPU cache writes them, and expand them with
+ * scale: the stored bytes and the f32 values attention sees. */
+qf_status qf_cuda_op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, int hd, int layout, const float *scale,
                                        const float *inv, int8_t *bytes, float *out, qf_error *err);
+/* decode gate|up with SiLU fused: w is the [2F][K] gate|up weight (gate rows first); hb[n][F] =
+ * SiLU(x . gate^T) * (x . up^T), the decode route's kernel; QF_ERR_DEVICE where the fused kernel
+ * does not apply (2F < 8192, or a type other than f16, bf16, q4_0, q8_0) */
+qf_status qf_cuda_op_matvec_gu(const qf_weight *w, const float *x, int n, int F, float *hb, qf_error *err);
 /* kv-dict: decode rows packed codes of rb bytes (qf_kv_code_pack layout) against atoms
  * [n_atoms][hd] as the GPU cache reads them. */
 qf_status qf_cuda_op_kv_dict_decode(const uint8_t *codes, int64_t rows, int hd, size_t rb, const float *atoms,
