@@ -969,9 +969,9 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         qf_kv_rq_fit_free(&fit);
         return qf_fail(err, QF_ERR_ARG,
                        "kv-rq: a budget of %.3f bits per element leaves %.3f for codes at -c %d (row scales %.3f, %d "
-                       "sinks + %d window tokens %.3f): at least %d are needed; lower --sinks/--window or raise --bits",
+                       "sinks + %d window tokens %.3f): at least %d are needed%s; lower --sinks/--window or raise --bits",
                        j->rq_bits, j->rq_bits - scale_bits - 16.0 * (S + R) / s->n_ctx, s->n_ctx, scale_bits, S, R,
-                       16.0 * (S + R) / s->n_ctx, mb);
+                       16.0 * (S + R) / s->n_ctx, mb, j->rq_min_bits ? " (--rq-min-bits does not fit)" : "");
     }
     /* sensitivity on calibration text */
     int *bits[2] = {malloc(sizeof(int) * (size_t)L), malloc(sizeof(int) * (size_t)L)};
