@@ -83,11 +83,33 @@ if [ -n "$alloc" ] && ! echo "$alloc" | grep -q 2; then ok "--rq-min-bits 3: no 
 else bad "--rq-min-bits 3: allocation '$alloc'"; fi
 expect "--rq-min-bits above the budget refused" 1 "$qf" calibrate "${small[@]}" --bits 3.5 --rq-min-bits 3 --sinks 1 \
     --window 2 -o "$d/y.qfa"
-if grep -q "rq-min-bits 3 does not fit" "$d/err" && [ ! -e "$d/y.qfa" ]; then ok "min-bits refusal says why, no file"
+if grep -q "rq-min-bits.* does not fit" "$d/err" && [ ! -e "$d/y.qfa" ]; then ok "min-bits refusal says why, no file"
 else bad "min-bits refusal: $(tail -n 1 "$d/err")"; fi
 expect "--rq-min-bits without --bits refused" 1 "$qf" calibrate "${small[@]}" --rq-min-bits 3 -o "$d/y.qfa"
 if grep -q "with a --bits budget" "$d/err"; then ok "min-bits needs a budget"; else bad "min-bits w/o budget: $(tail -n 1 "$d/err")"; fi
 expect "--rq-min-bits 7: usage" 1 "$qf" calibrate "${small[@]}" --bits 4 --rq-min-bits 7 -o "$d/y.qfa"
+# format 2 (docs/kv-rq.md "2.5 bits"): 1-bit rows under a 2-bit budget, keys before RoPE, V predicted
+# from K; the same budget with both off; bad values of the new switches
+expect "kv-rq --bits 2.0 (1-bit floor, pre-RoPE K, V from K)" 0 "$qf" calibrate "${small[@]}" --gate 10 --max-kld 10 --max-kld-p99 100 --bits 2.0 \
+    --sinks 1 --window 1 -o "$d/rq2.qfa" --json
+cand2=$(sed -n 's/.*"cand_ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
+expect "verify (format 2)" 0 "$qf" verify "$d/rq2.qfa" -m "$model" --json
+if python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(not (1 < j["bits_per_element"] <= 2.0))' "$d/out"; then
+    ok "verify --json: bits_per_element <= 2.0"
+else bad "verify --json: bits_per_element not within 2.0"; fi
+if grep -q '"k_prerope": 1' "$d/out" && grep -q '"v_pred": 1' "$d/out" && grep -q '"min_bits": 1' "$d/out"; then
+    ok "certificate records k_prerope, v_pred and the 1-bit floor"
+else bad "certificate lacks k_prerope / v_pred / min_bits"; fi
+expect "ppl --artifact (format 2)" 0 "$qf" ppl -m "$model" --artifact "$d/rq2.qfa" -f "$d/eval.txt" -c 64 --chunks 2 -t 2 --json
+got2=$(sed -n 's/.*"ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
+if [ -n "$cand2" ] && [ -n "$got2" ] && awk -v a="$cand2" -v b="$got2" 'BEGIN { exit !((a - b) ^ 2 < (1e-9 * a) ^ 2) }'; then
+    ok "ppl --artifact reproduces the format-2 certificate ($got2)"
+else bad "ppl --artifact reproduces the format-2 certificate ('$got2' vs '$cand2')"; fi
+expect "kv-rq --k-prerope off --v-pred off" 0 "$qf" calibrate "${small[@]}" --gate 10 --max-kld 10 --max-kld-p99 100 --bits 2.0 --sinks 1 --window 1 \
+    --k-prerope off --v-pred off -o "$d/rq2off.qfa"
+expect "bad --k-prerope" 1 "$qf" calibrate "${small[@]}" --k-prerope maybe -o "$d/y.qfa"
+expect "bad --min-bits" 1 "$qf" calibrate "${small[@]}" --min-bits 7 -o "$d/y.qfa"
+if [ ! -e "$d/y.qfa" ]; then ok "no file after a bad switch"; else bad "file after a bad switch"; fi
 if [ -f "$data/models/qforge-demo-11m-q8_0.gguf" ]; then
     expect "WrongModel (q8_0)" 17 "$qf" ppl -m "$data/models/qforge-demo-11m-q8_0.gguf" --artifact "$d/rq.qfa" \
         -f "$d/eval.txt" -c 64 --chunks 2

@@ -8,6 +8,7 @@
 #include "engine/engine.h"
 #include "engine/kv_rq.h"
 #include "kernels/hadamard.h"
+#include "qforge/artifact_bind.h"
 #include "qforge/model.h"
 #include "test.h"
 #include "util/util.h"
@@ -19,7 +20,7 @@ static float gauss(uint64_t *s) {
 }
 
 TEST(pack_unpack_bit_by_bit) {
-    for (int bits = 2; bits <= 6; bits++) {
+    for (int bits = 1; bits <= 6; bits++) {
         uint8_t codes[64], back[64], packed[64];
         uint64_t s = 7 + bits;
         for (int i = 0; i < 64; i++) codes[i] = (uint8_t)(qf_xorshift64s(&s) % (1u << bits));
@@ -35,6 +36,9 @@ TEST(pack_unpack_bit_by_bit) {
 }
 
 TEST(row_sizes) {
+    CHECK_EQ_INT(qf_kv_rq_row_bytes(64, 1), 9); /* format 2: 1-bit rows */
+    CHECK_EQ_INT(qf_kv_rq_row_bytes(128, 1), 17);
+    CHECK_EQ_INT(qf_kv_rq_row_bytes(64, 0), 0);
     CHECK_EQ_INT(qf_kv_rq_row_bytes(64, 2), 17);
     CHECK_EQ_INT(qf_kv_rq_row_bytes(64, 3), 25);
     CHECK_EQ_INT(qf_kv_rq_row_bytes(64, 4), 33);
@@ -89,8 +93,8 @@ TEST(encode_decode_matches_oracle_and_fit) {
         for (int i = 0; i < hd; i++) ss += (double)y[i] * y[i];
         for (int i = 0; i < hd; i++) y[i] /= (float)sqrt(ss / hd);
     }
-    double want[3] = {0.1175, 0.03454, 0.009497}; /* Lloyd-Max MSE of a unit Gaussian */
-    for (int bits = 2; bits <= 4; bits++) {
+    double want[4] = {0.3634, 0.1175, 0.03454, 0.009497}; /* Lloyd-Max MSE of a unit Gaussian */
+    for (int bits = 1; bits <= 4; bits++) {
         float lv[64];
         qf_error e = {0};
         float *tmp = malloc(sizeof(float) * (size_t)n * hd);
@@ -115,9 +119,9 @@ TEST(encode_decode_matches_oracle_and_fit) {
             }
         }
         printf("  %d bits: rel. MSE %.5f (Gaussian Lloyd-Max %.5f), decode vs oracle %.2e\n", bits, num / den,
-               want[bits - 2], worst);
+               want[bits - 1], worst);
         CHECK(worst < 1e-4);
-        CHECK(num / den < want[bits - 2] * 1.2);
+        CHECK(num / den < want[bits - 1] * 1.2);
     }
     /* non-finite input: a zero row that decodes to the mean */
     float lv4[4] = {-1.5f, -0.45f, 0.45f, 1.5f}, bad[64], out[64], scratch[128];
@@ -208,6 +212,87 @@ TEST(rq_cache_mode_roundtrip_and_refusals) {
     CHECK_EQ_INT(qf_kv_cache_init(&kv, &hp, 8, QF_KV_RQ, QF_KV_F16, &e), QF_ERR_ARTIFACT_NOT_CERTIFIED);
 }
 
+
+/* The V-from-K predictor of an rq cache: V rows code v - P k^, k^ the token's stored (pre-RoPE)
+ * K rows; reading adds P k^ back. With V exactly linear in K the V error is the predictor times
+ * the K error, far below coding V itself; refusals: a predictor without an rq pre-RoPE K stream,
+ * a non-finite coefficient. */
+TEST(rq_v_predictor_roundtrip_and_refusals) {
+    qf_hparams hp = {0};
+    hp.n_layer = 2, hp.n_head_kv = 2, hp.head_dim = 64;
+    enum { HD = 128, NP = 16 };
+    static rq_spec_data dk, dv;
+    static const int b4[2] = {3, 3}, b2[2] = {2, 2};
+    rq_spec(&dk, 2, 2, 64, b4);
+    rq_spec(&dv, 2, 2, 64, b2);
+    static float P[2 * HD * HD];
+    uint64_t s = 21;
+    for (int i = 0; i < HD * HD; i++) P[i] = 0.1f * gauss(&s); /* layer 0: V = P k; layer 1: no predictor */
+    memset(P + HD * HD, 0, sizeof(float) * HD * HD);
+    static float k[NP * HD], v[NP * HD], out[NP * 64];
+    for (int i = 0; i < NP * HD; i++) k[i] = gauss(&s);
+    for (int t = 0; t < NP; t++)
+        for (int o = 0; o < HD; o++) {
+            double a = 0;
+            for (int i = 0; i < HD; i++) a += (double)P[o * HD + i] * k[t * HD + i];
+            v[t * HD + o] = (float)a;
+        }
+    qf_kv_stream_spec spec[2] = {
+        {.mode = QF_KV_RQ, .rq_bits = dk.bits, .rq_levels = dk.levels, .rq_mean = dk.mean, .rq_cs = dk.cs, .prerope = true},
+        {.mode = QF_KV_RQ, .rq_bits = dv.bits, .rq_levels = dv.levels, .rq_mean = dv.mean, .rq_cs = dv.cs, .rq_pred = P}};
+    qf_kv_cache kv;
+    qf_error e = {0};
+    CHECK(qf_kv_cache_init_spec(&kv, &hp, NP, spec, &e) == QF_OK);
+    CHECK(kv.rq[1]->pred_on[0] && !kv.rq[1]->pred_on[1]);
+    double err[2];
+    for (int l = 0; l < 2; l++) {
+        qf_kv_cache_write(&kv, 0, l, 0, NP, k);
+        for (int p = 0; p < NP; p += 5) qf_kv_cache_write(&kv, 1, l, p, NP - p < 5 ? NP - p : 5, v + (size_t)p * HD);
+        double num = 0, den = 0;
+        for (int h = 0; h < 2; h++) {
+            qf_kv_cache_read_head(&kv, 1, l, h, NP, out);
+            for (int p = 0; p < NP; p++)
+                for (int i = 0; i < 64; i++) {
+                    double a = v[p * HD + h * 64 + i], b = out[p * 64 + i];
+                    num += (a - b) * (a - b), den += a * a;
+                }
+        }
+        err[l] = num / den;
+    }
+    /* oracle for layer 0: decode K and V rows by hand, V = P k^ + residual^ */
+    double worst = 0;
+    {
+        float kh[HD], r[64], scratch[128];
+        for (int p = 0; p < NP; p++) {
+            for (int h = 0; h < 2; h++) {
+                qf_kv_rq_codec ck = {.head_dim = 64, .bits = 3, .levels = dk.levels + h * 64, .mean = dk.mean, .cs = dk.cs};
+                qf_kv_rq_decode(&ck, kv.data[0][0] + ((size_t)p * 2 + h) * kv.rq[0]->row_bytes[0], kh + h * 64);
+            }
+            qf_kv_cache_read_head(&kv, 1, 0, 1, NP, out);
+            qf_kv_rq_codec cv = {.head_dim = 64, .bits = 2, .levels = dv.levels + 64, .mean = dv.mean, .cs = dv.cs};
+            qf_kv_rq_decode(&cv, kv.data[1][0] + ((size_t)p * 2 + 1) * kv.rq[1]->row_bytes[0], r);
+            for (int i = 0; i < 64; i++) {
+                double a = r[i];
+                for (int j = 0; j < HD; j++) a += (double)P[(64 + i) * HD + j] * kh[j];
+                worst = fmax(worst, fabs(a - out[p * 64 + i]));
+            }
+            (void)scratch;
+        }
+    }
+    printf("  V rel. MSE with the predictor %.4f, without (2-bit rows) %.4f; vs oracle %.2e\n", err[0], err[1], worst);
+    CHECK(err[0] < 0.5 * err[1] && worst < 1e-4);
+    qf_kv_cache_free(&kv);
+    spec[0].prerope = false; /* a predictor needs pre-RoPE K rows */
+    CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, NP, spec, &e), QF_ERR_ARG);
+    spec[0].prerope = true;
+    spec[0].mode = QF_KV_F16; /* ... stored as rq rows */
+    CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, NP, spec, &e), QF_ERR_ARG);
+    spec[0].mode = QF_KV_RQ;
+    P[5] = NAN;
+    CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, NP, spec, &e), QF_ERR_ARG);
+    P[5] = 0;
+}
+
 /* ---- the exact sink/window facility on a real model ---- */
 
 static qf_model *load(const char *rel) {
@@ -295,6 +380,147 @@ TEST(exact_window_all_exact_equals_f16_and_decode_equals_prefill) {
     qf_model_free(m);
 }
 
+/* A cache that stores K before RoPE (kv-rq format 2, kv-dict v2) rotates on read; its exact
+ * sink copies must be the post-RoPE keys (forward.c hands them over after RoPE): with every
+ * position a sink it equals the plain f16 cache, and a pre-RoPE f32 cache equals a plain one. */
+static float *logits_prerope(qf_model *m, const int32_t *t, int n, qf_kv_mode mk, int S, int R, int step) {
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 64, cp.n_threads = 2, cp.kv_k = mk, cp.kv_v = mk, cp.reference = g_ref;
+    qf_error e = {0};
+    qf_context *c = qf_context_new(m, &cp, &e);
+    if (!c) return NULL;
+    int V = qf_model_hparams(m)->n_vocab;
+    float *lg = malloc((size_t)n * V * sizeof(float));
+    c->kv.k_prerope = true; /* the cache is empty: every K row written from here on is pre-RoPE */
+    if (qf_kv_cache_set_exact(&c->kv, S, R, &e)) goto fail;
+    for (int i = 0; i < n; i += step) {
+        int bs = n - i < step ? n - i : step;
+        if (qf_decode(c, t + i, bs, i, lg + (size_t)i * V, 0, &e)) goto fail;
+    }
+    qf_context_free(c);
+    return lg;
+fail:
+    fprintf(stderr, "  %s\n", e.msg);
+    free(lg);
+    qf_context_free(c);
+    return NULL;
+}
+
+TEST(prerope_cache_sinks_are_post_rope) {
+    qf_model *m = load("models/qforge-demo-11m-f16.gguf");
+    if (!m) SKIP("demo model not in ../shared/data");
+    int V = qf_model_hparams(m)->n_vocab, n = 24;
+    int32_t t[24];
+    uint64_t s = 13;
+    for (int i = 0; i < n; i++) t[i] = (int32_t)(qf_xorshift64s(&s) % (uint64_t)V);
+    size_t N = (size_t)n * V;
+    g_ref = true;
+    float *f32 = logits(m, t, n, QF_KV_F32, QF_KV_F32, 0, 0, n), *f16 = logits(m, t, n, QF_KV_F16, QF_KV_F16, 0, 0, n);
+    float *p32 = logits_prerope(m, t, n, QF_KV_F32, 0, 0, n);
+    float *sinks = logits_prerope(m, t, n, QF_KV_Q4_0, 64, 0, n), *sinks_dec = logits_prerope(m, t, n, QF_KV_Q4_0, 64, 0, 1);
+    float *q4 = logits_prerope(m, t, n, QF_KV_Q4_0, 0, 0, n);
+    g_ref = false;
+    CHECK(f32 && f16 && p32 && sinks && sinks_dec && q4);
+    if (f32 && f16 && p32 && sinks && sinks_dec && q4) {
+        double a = max_rel(f32, p32, N), b = max_rel(f16, sinks, N), c = max_rel(f16, sinks_dec, N), d = max_rel(f16, q4, N);
+        printf("  pre-RoPE f32 vs f32 %.2e; pre-RoPE q4_0 all sinks vs f16: prefill %.2e, decode %.2e (no sinks %.2e)\n",
+               a, b, c, d);
+        CHECK(a < 1e-5 && b < 1e-4 && c < 1e-4 && d > 1e-3);
+    }
+    free(f32), free(f16), free(p32), free(sinks), free(sinks_dec), free(q4);
+    qf_model_free(m);
+}
+
+/* A kv-rq payload for the demo model (6 layers, 2 kv heads, head_dim 64): format fmt, 'k_prerope'
+ * = prerope (-1: absent), every row `bits` wide. */
+static void rq_payload(qf_payload *pl, int fmt, int prerope, int bits) {
+    enum { L = 6, H = 2, D = 64 };
+    static float lv[L * H * 64], mean[L * H * D], cs[L * H * D];
+    for (int i = 0; i < L * H * 64; i++) lv[i] = (float)(i % 64) - 31.5f;
+    for (int i = 0; i < L * H * D; i++) mean[i] = 0.01f * (float)(i % 7), cs[i] = i % 2 ? 1.0f : -1.0f;
+    uint8_t b[L];
+    memset(b, bits, sizeof b);
+    int64_t sh1[1] = {L}, shl[3] = {L, H, 64}, shv[3] = {L, H, D};
+    qf_error e = {0};
+    memset(pl, 0, sizeof *pl);
+    qf_payload_add_int(pl, "format", fmt, &e);
+    qf_payload_add_string(pl, "rotation", "hadamard", &e);
+    qf_payload_add_int(pl, "n_sink", 1, &e);
+    qf_payload_add_int(pl, "n_window", 4, &e);
+    if (prerope >= 0) qf_payload_add_int(pl, "k_prerope", prerope, &e);
+    for (int s = 0; s < 2; s++) {
+        qf_payload_add_u8(pl, s ? "v_bits" : "k_bits", b, 1, sh1, &e);
+        qf_payload_add_f32(pl, s ? "v_levels" : "k_levels", lv, 3, shl, &e);
+        qf_payload_add_f32(pl, s ? "v_mean" : "k_mean", mean, 3, shv, &e);
+        qf_payload_add_f32(pl, s ? "v_cs" : "k_cs", cs, 3, shv, &e);
+    }
+}
+
+TEST(rq_payload_format_versions) {
+    qf_model *m = load("models/qforge-demo-11m-f16.gguf");
+    if (!m) SKIP("demo model not in ../shared/data");
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 64, cp.n_threads = 1;
+    qf_error e = {0};
+    qf_context *c = qf_context_new(m, &cp, &e);
+    CHECK(c != NULL);
+    if (!c) {
+        qf_model_free(m);
+        return;
+    }
+    qf_payload pl;
+    rq_payload(&pl, 2, 1, 1); /* format 2: pre-RoPE keys, 1-bit rows */
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_OK);
+    CHECK(c->kv.k_prerope && c->kv.rq[0] && c->kv.rq[0]->bits[0] == 1 && c->kv.rq[0]->row_bytes[0] == 9);
+    CHECK_NEAR(qf_artifact_bits_per_element(QF_ARTIFACT_KV_RQ, &pl, qf_model_hparams(m), 512), 1.125 + 16.0 * 5 / 512,
+               1e-9);
+    int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    CHECK_EQ_INT(qf_decode(c, tok, 8, 0, NULL, 8, &e), QF_OK);
+    qf_payload_free(&pl);
+    rq_payload(&pl, 1, -1, 2); /* an old format-1 artifact still binds: keys after RoPE */
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_OK);
+    CHECK(!c->kv.k_prerope);
+    qf_payload_free(&pl);
+    rq_payload(&pl, 1, -1, 1); /* format 1 has no 1-bit rows */
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
+    CHECK(strstr(e.msg, "format 1") != NULL);
+    qf_payload_free(&pl);
+    rq_payload(&pl, 2, -1, 2); /* format 2 without 'k_prerope' */
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
+    CHECK(strstr(e.msg, "k_prerope") != NULL);
+    qf_payload_free(&pl);
+    rq_payload(&pl, 2, 3, 2); /* 'k_prerope' out of range */
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
+    qf_payload_free(&pl);
+    {
+        static float pv[6 * 128 * 128];
+        int64_t shp[3] = {6, 128, 128}, bad[3] = {6, 128, 64};
+        rq_payload(&pl, 2, 1, 2); /* a V predictor binds with pre-RoPE keys */
+        qf_payload_add_f32(&pl, "v_pred", pv, 3, shp, &e);
+        CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_OK);
+        CHECK(c->kv.rq[1] && c->kv.rq[1]->pred != NULL);
+        qf_payload_free(&pl);
+        rq_payload(&pl, 2, 0, 2); /* ... not with post-RoPE keys */
+        qf_payload_add_f32(&pl, "v_pred", pv, 3, shp, &e);
+        CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
+        CHECK(strstr(e.msg, "v_pred") != NULL);
+        qf_payload_free(&pl);
+        rq_payload(&pl, 2, 1, 2); /* wrong shape */
+        qf_payload_add_f32(&pl, "v_pred", pv, 3, bad, &e);
+        CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
+        qf_payload_free(&pl);
+    }
+    rq_payload(&pl, 3, 1, 2); /* a newer format */
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_VERSION);
+    CHECK(strstr(e.msg, "formats 1 and 2") != NULL);
+    qf_payload_free(&pl);
+    rq_payload(&pl, 0, 1, 2);
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_VERSION);
+    qf_payload_free(&pl);
+    qf_context_free(c);
+    qf_model_free(m);
+}
+
 int main(void) {
     RUN(pack_unpack_bit_by_bit);
     RUN(row_sizes);
@@ -302,6 +528,9 @@ int main(void) {
     RUN(encode_decode_matches_oracle_and_fit);
     RUN(lloyd_rejects_bad_input);
     RUN(rq_cache_mode_roundtrip_and_refusals);
+    RUN(rq_v_predictor_roundtrip_and_refusals);
     RUN(exact_window_all_exact_equals_f16_and_decode_equals_prefill);
+    RUN(prerope_cache_sinks_are_post_rope);
+    RUN(rq_payload_format_versions);
     return test_summary();
 }

@@ -99,7 +99,7 @@ int cli_job_flag(int argc, char **argv, int *i, qf_job *j, const char **paths, i
         if (!cli_parse_i64(val, 0, INT64_MAX, &j->dict_max_train)) BAD("bad --max-train '%s'", val);
     } else if (FLAG("--bits", NULL)) {
         if (r < 0) goto missing;
-        if (!cli_parse_double(val, 2.0, 16.0, &j->rq_bits)) BAD("bad --bits '%s' (kv-rq budget, bits per element in [2, 16])", val);
+        if (!cli_parse_double(val, 1.0, 16.0, &j->rq_bits)) BAD("bad --bits '%s' (kv-rq budget, bits per element in [1, 16])", val);
     } else if (FLAG("--sinks", NULL)) {
         if (r < 0) goto missing;
         if (!cli_parse_int(val, 0, 1 << 20, &j->rq_sink)) BAD("bad --sinks '%s'", val);
@@ -109,12 +109,36 @@ int cli_job_flag(int argc, char **argv, int *i, qf_job *j, const char **paths, i
     } else if (FLAG("--rq-alpha", NULL)) {
         if (r < 0) goto missing;
         if (!cli_parse_double(val, 0, 2, &j->rq_k_alpha)) BAD("bad --rq-alpha '%s' (in [0, 2])", val);
+    } else if (FLAG("--k-prerope", NULL)) {
+        if (r < 0) goto missing;
+        if (!strcmp(val, "on")) j->rq_prerope = 1;
+        else if (!strcmp(val, "off")) j->rq_prerope = 0;
+        else BAD("bad --k-prerope '%s' (on, off)", val);
+    } else if (FLAG("--rq-weights", NULL)) {
+        if (r < 0) goto missing;
+        if (!strcmp(val, "on")) j->rq_qaware = 1;
+        else if (!strcmp(val, "off")) j->rq_qaware = 0;
+        else BAD("bad --rq-weights '%s' (on, off)", val);
+    } else if (FLAG("--rq-v-alpha", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_double(val, 0, 2, &j->rq_v_alpha)) BAD("bad --rq-v-alpha '%s' (in [0, 2])", val);
+    } else if (FLAG("--v-pred", NULL)) {
+        if (r < 0) goto missing;
+        if (!strcmp(val, "on")) j->rq_vpred = 1;
+        else if (!strcmp(val, "off")) j->rq_vpred = 0;
+        else BAD("bad --v-pred '%s' (on, off)", val);
+    } else if (FLAG("--v-pred-noise", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_double(val, 0, 10, &j->rq_vpred_noise)) BAD("bad --v-pred-noise '%s' (in [0, 10])", val);
+    } else if (FLAG("--min-bits", NULL)) {
+        if (r < 0) goto missing;
+        if (!cli_parse_int(val, 1, 6, &j->rq_min_bits)) BAD("bad --min-bits '%s' (1..6)", val);
     } else if (FLAG("--sens-chunks", NULL)) {
         if (r < 0) goto missing;
         if (!cli_parse_int(val, 1, 1000, &j->rq_sens_chunks)) BAD("bad --sens-chunks '%s'", val);
     } else if (FLAG("--rq-min-bits", NULL)) {
         if (r < 0) goto missing;
-        if (!cli_parse_int(val, 2, 6, &j->rq_min_bits)) BAD("bad --rq-min-bits '%s' (2..6)", val);
+        if (!cli_parse_int(val, 1, 6, &j->rq_min_bits)) BAD("bad --rq-min-bits '%s' (1..6)", val);
     } else if (FLAG("--sens-ctx", NULL)) {
         if (r < 0) goto missing;
         if (!cli_parse_int(val, 2, 1 << 20, &j->rq_sens_ctx)) BAD("bad --sens-ctx '%s'", val);

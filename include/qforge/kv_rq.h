@@ -9,11 +9,16 @@
  * sensitivity and allocates bits greedily (qf_kv_rq_allocate).
  *
  * Payload ("kv-rq" artifacts; L layers, H kv heads, D head_dim):
- *   "format" int 1, "rotation" string "hadamard", "n_sink" int, "n_window" int,
- *   "k_bits", "v_bits"      u8  [L]           2..6 (16 = kept as f16)
+ *   "format" int 2 (1 is still read), "rotation" string "hadamard", "n_sink" int, "n_window" int,
+ *   "k_prerope" int 0/1     (format 2) K rows stored before RoPE, rotated on read (KVQuant):
+ *                           the mean and channel scales are then static per channel
+ *   "k_bits", "v_bits"      u8  [L]           1..6 (format 1: 2..6; 16 = kept as f16)
  *   "k_levels", "v_levels"  f32 [L, H, 64]    ascending, first 2^bits used
  *   "k_mean", "v_mean"      f32 [L, H, D]
- *   "k_cs", "v_cs"          f32 [L, H, D]     signed channel scales, finite and nonzero */
+ *   "k_cs", "v_cs"          f32 [L, H, D]     signed channel scales, finite and nonzero
+ *   "v_pred"                f32 [L, H*D, H*D] (format 2, optional; needs k_prerope 1) V of a token is
+ *                           v_pred[l] . k^ + the decoded V row, k^ the token's decoded K rows
+ *                           (all kv heads, before RoPE): the V rows code the residual */
 #ifndef QFORGE_KV_RQ_H
 #define QFORGE_KV_RQ_H
 
@@ -25,8 +30,8 @@
 #include "qforge/error.h"
 #include "qforge/kvlearn.h"
 
-#define QF_KV_RQ_FORMAT 1
-#define QF_KV_RQ_N_WIDTHS 5 /* 2, 3, 4, 5 and 6 bits */
+#define QF_KV_RQ_FORMAT 2   /* 1: bits 2..6, K after RoPE; 2: adds 1-bit rows and "k_prerope" */
+#define QF_KV_RQ_N_WIDTHS 6 /* 1, 2, 3, 4, 5 and 6 bits */
 
 typedef struct {
     double k_alpha;    /* K channel smoothing: cs_c = rms_c^alpha (geometric mean 1); 0 = off */
@@ -34,6 +39,16 @@ typedef struct {
     int lloyd_iters;   /* per fit (default 60) */
     int64_t max_rows;  /* rows per (layer, stream, head) used to fit (0 = all captured) */
     uint64_t seed;     /* the random signs of the rotation */
+    /* Optional importance of each channel's error, [L][H][D] per stream (NULL = uniform): for K
+     * the mean squared query that multiplies it, for V the squared norm of the output-projection
+     * column it feeds. The channel scales then minimize the weighted error: cs_c = (rms_c /
+     * sqrt(w_c))^alpha (alpha 0.5 is the optimum after the rotation spreads the error evenly). */
+    const float *chan_w[2];
+    /* V predicted from the same layer's dequantized pre-RoPE K (both are linear in the layer's
+     * normed input): a ridge fit per layer (inputs with relative noise v_pred_noise, default
+     * 0.2), V's codebooks then fit the residual. Needs K captured before RoPE. */
+    bool v_pred;
+    double v_pred_noise;
 } qf_kv_rq_learn_params;
 
 QF_API void qf_kv_rq_learn_params_default(qf_kv_rq_learn_params *p);
@@ -45,12 +60,21 @@ typedef struct {
     float *mean[2], *cs[2];                   /* [L][H][D] */
     float *levels[2][QF_KV_RQ_N_WIDTHS];      /* [L][H][64] */
     double *rel_mse[2];                       /* [L][QF_KV_RQ_N_WIDTHS] */
+    bool k_prerope;                           /* K was captured before RoPE (set by the caller;
+                                                 written to the payload as "k_prerope") */
+    float *v_pred;                            /* [L][H*D][H*D] or NULL: V ~ v_pred . K (all heads) */
+    double *v_pred_ratio;                     /* [L] residual / total V variance (1 = unused) */
 } qf_kv_rq_fit;
 
 /* Fit from a capture (every layer and both streams must have at least 64 vectors). */
 QF_API qf_status qf_kv_rq_learn(const qf_kv_capture_view *v, const qf_kv_rq_learn_params *p, qf_kv_rq_fit *out,
                          qf_error *err);
 QF_API void qf_kv_rq_fit_free(qf_kv_rq_fit *f);
+/* Ridge fit y ~ P x (P [dy][dx] out when not NULL, no intercept: a codec's mean absorbs it) and
+ * the residual variance fraction of a centred ridge regression y[n][dy] ~ W x[n][dx]
+ * when the inputs carry relative noise `noise` (e.g. 0.1 for 2-bit rows), measured on the
+ * fitting rows with such noise added (NAN on failure). 1 = x predicts nothing of y. */
+QF_API double qf_kv_rq_linear_fit(const float *x, const float *y, int64_t n, int dx, int dy, double noise, float *P);
 
 /* The artifact payload for a bit allocation (bits[s][l] in 2..6 or 16) and sink/window. */
 QF_API qf_status qf_kv_rq_payload(const qf_kv_rq_fit *f, const int *const bits[2], int n_sink, int n_window, qf_payload *pl,

@@ -153,6 +153,9 @@ typedef struct qf_tap {
      * [head_dim], called before on_kv of the same layer and batch (pre-RoPE key learners). */
     void (*on_k_prerope)(void *user, int layer, int pos0, int n_tok, int n_head_kv, int head_dim,
                          const float *k);
+    /* Optional (CPU route): the queries of a batch after the bias and RoPE, [n_tok][n_head]
+     * [head_dim], called before on_kv of the same layer and batch (query-aware KV learners). */
+    void (*on_q)(void *user, int layer, int pos0, int n_tok, int n_head, int head_dim, const float *q);
 } qf_tap;
 
 /* ---- context ---- */

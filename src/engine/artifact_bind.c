@@ -51,10 +51,16 @@ static qf_status bind_rq(qf_context *c, const qf_payload *p, qf_error *err) {
     const qf_hparams *hp = &c->model->hp;
     if (c->gpu)
         return qf_fail(err, QF_ERR_UNSUPPORTED, "kv-rq runs on the CPU only in this build (use --device cpu)");
-    int64_t fmt = 0, S = -1, R = -1, L = hp->n_layer, H = hp->n_head_kv, D = hp->head_dim;
+    int64_t fmt = 0, S = -1, R = -1, L = hp->n_layer, H = hp->n_head_kv, D = hp->head_dim, prerope = 0;
     const char *rot = qf_payload_get_string(p, "rotation");
-    if (!qf_payload_get_int(p, "format", &fmt) || fmt != 1)
-        return qf_fail(err, QF_ERR_ARTIFACT_VERSION, "kv-rq payload: 'format': expected 1 (this build's row format)");
+    /* format 1: bits 2..6, K after RoPE; 2: also 1-bit rows and 'k_prerope' (required) */
+    if (!qf_payload_get_int(p, "format", &fmt) || fmt < 1 || fmt > 2)
+        return qf_fail(err, QF_ERR_ARTIFACT_VERSION,
+                       "kv-rq payload: 'format' %lld: this build reads formats 1 and 2 (an artifact from a newer "
+                       "qforge? re-calibrate, or use that version)",
+                       (long long)fmt);
+    if (fmt >= 2 && (!qf_payload_get_int(p, "k_prerope", &prerope) || prerope < 0 || prerope > 1))
+        return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-rq payload: 'k_prerope': expected an int 0 or 1 (format 2)");
     if (!rot || strcmp(rot, "hadamard"))
         return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-rq payload: 'rotation': expected \"hadamard\"");
     if (!qf_payload_get_int(p, "n_sink", &S) || !qf_payload_get_int(p, "n_window", &R) || S < 0 || R < 0 ||
@@ -76,6 +82,10 @@ static qf_status bind_rq(qf_context *c, const qf_payload *p, qf_error *err) {
             break;
         }
         for (int l = 0; l < L; l++) bits[s][l] = e->bytes[l];
+        for (int l = 0; l < L && !st; l++)
+            if (fmt < 2 && bits[s][l] < 2)
+                st = qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-rq payload: '%s' layer %d: %d bits (format 1 has 2..6 or 16)",
+                             name, l, bits[s][l]);
         for (int a = 0; a < 3 && !st; a++) {
             snprintf(name, sizeof name, "%c_%s", s ? 'v' : 'k', an[a]);
             int64_t last = a == 0 ? QF_KV_RQ_MAX_LEVELS : D;
@@ -88,11 +98,23 @@ static qf_status bind_rq(qf_context *c, const qf_payload *p, qf_error *err) {
             else arr[s][a] = e->f32;
         }
     }
+    const float *pred = NULL; /* format 2: optional V-from-K predictor */
+    const qf_payload_entry *pe = fmt >= 2 ? qf_payload_get(p, "v_pred") : NULL;
+    if (!st && pe) {
+        if (pe->type != QF_PAYLOAD_F32 || pe->n_dims != 3 || pe->shape[0] != L || pe->shape[1] != H * D ||
+            pe->shape[2] != H * D)
+            st = qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-rq payload: 'v_pred': expected f32 [%lld, %lld, %lld]",
+                         (long long)L, (long long)(H * D), (long long)(H * D));
+        else if (!prerope)
+            st = qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-rq payload: 'v_pred' needs 'k_prerope' 1");
+        else pred = pe->f32;
+    }
     if (!st) {
         qf_kv_stream_spec spec[2];
         for (int s = 0; s < 2; s++)
             spec[s] = (qf_kv_stream_spec){.mode = QF_KV_RQ, .rq_bits = bits[s], .rq_levels = arr[s][0],
-                                          .rq_mean = arr[s][1], .rq_cs = arr[s][2]};
+                                          .rq_mean = arr[s][1], .rq_cs = arr[s][2], .prerope = s == 0 && prerope,
+                                          .rq_pred = s == 1 ? pred : NULL};
         st = rebuild_exact(c, spec, (int)S, (int)R, err);
         if (st == QF_ERR_ARG) err->code = st = QF_ERR_ARTIFACT_CORRUPT; /* bad bits, codebook or scale */
     }

@@ -68,6 +68,12 @@ struct qf_kv_rq_bind {
     float *levels;      /* [n_layer][n_head_kv][QF_KV_RQ_MAX_LEVELS] (first 2^bits used) */
     float *mean, *cs, *inv_cs; /* [n_layer][n_head_kv][head_dim] */
     float *scratch;     /* encoder scratch (cache writes run on one thread) */
+    /* V stream only, or NULL: pred[l] [H*D][H*D] predicts a token's V (all kv heads) from its
+     * decoded K rows (the K stream is rq, stored before RoPE); the V rows code the residual.
+     * pred_on[l]: layer l has a nonzero predictor. */
+    float *pred;
+    bool *pred_on;
+    float *pred_buf;    /* writer scratch [2][H*D] */
 };
 /* How an int8 stream stores a row (kv-int8 payload "k_layout"/"v_layout"):
  *   STATIC      x / scale[channel] (the static per-channel scales), the original kv-int8
@@ -117,6 +123,8 @@ typedef struct {
     bool packed;               /* DICT: bit-packed indices (v2 layout) */
     const float *tol;          /* DICT: [n_layer] per-layer error bound, or NULL (fixed sparsity) */
     bool prerope;              /* K stream only: rows are stored before RoPE (qf_kv_cache.k_prerope) */
+    const float *rq_pred;      /* RQ, V stream only, or NULL: [n_layer][H*D][H*D] V-from-K predictor
+                                  (needs an rq K stream stored before RoPE; struct qf_kv_rq_bind) */
 } qf_kv_stream_spec;
 
 /* Plain modes only: INT8 and DICT are refused here (they run a certified artifact; see
@@ -135,6 +143,11 @@ qf_status qf_kv_cache_set_rot(qf_kv_cache *kv, qf_kv_rot rot, qf_error *err);
 /* Write n_rows consecutive rows starting at (pos, kv head 0): src is [n_rows][head_dim]. */
 void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos,
                        const float *src);
+/* The exact f16 sink copies of rows [pos, pos+n_pos) that are sinks (p < n_sink): src as for
+ * qf_kv_cache_write. qf_kv_cache_write does this itself except for the K stream of a
+ * k_prerope cache, whose sink copies must be the post-RoPE keys attention reads: forward.c
+ * calls it with them. */
+void qf_kv_cache_write_sinks(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos, const float *src);
 /* Read kv head `h` for positions [0, n_pos) into dst [n_pos][head_dim] f32. A sliding-window
  * layer's ring gives its last ring_rows positions; dst rows before them are zeroed. */
 void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos,

@@ -810,11 +810,13 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
                      .rcos = swa_rope ? ext(c)->rope_cos_swa : c->rope_cos,
                      .rsin = swa_rope ? ext(c)->rope_sin_swa : c->rope_sin};
         qf_pool_run(c->pool, ew_worker, &ej); /* bias, RoPE */
+        if (tap && tap->on_q) tap->on_q(tap->user, il, pos0, n, hp->n_head, hd, c->q);
         if (defer_k) {
             if (tap && tap->on_k_prerope) tap->on_k_prerope(tap->user, il, pos0, n, hp->n_head_kv, hd, c->k);
             if (c->kv.k_prerope) qf_kv_cache_write(&c->kv, 0, il, pos0, n, c->k);
             ej.stage = 2;
             qf_pool_run(c->pool, ew_worker, &ej); /* RoPE on k */
+            if (c->kv.k_prerope) qf_kv_cache_write_sinks(&c->kv, 0, il, pos0, n, c->k); /* exact = post-RoPE */
         }
         if (tap && tap->on_kv) tap->on_kv(tap->user, il, pos0, n, hp->n_head_kv, hd, c->k, c->v);
         if (!c->kv.k_prerope) qf_kv_cache_write(&c->kv, 0, il, pos0, n, c->k);

@@ -111,6 +111,7 @@ oom:
 static void rq_bind_free(struct qf_kv_rq_bind *r) {
     if (!r) return;
     free(r->bits), free(r->row_bytes), free(r->levels), free(r->mean), free(r->cs), free(r->inv_cs), free(r->scratch);
+    free(r->pred), free(r->pred_on), free(r->pred_buf);
     free(r);
 }
 
@@ -137,7 +138,7 @@ static qf_status rq_bind_new(const qf_kv_stream_spec *sp, const qf_hparams *hp, 
     for (int l = 0; l < L && !st; l++) {
         int b = sp->rq_bits[l];
         if (!qf_kv_rq_bits_ok(b)) {
-            st = qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): layer %d has %d bits (expected 2..6 or 16)", sname, l, b);
+            st = qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): layer %d has %d bits (expected 1..6 or 16)", sname, l, b);
             break;
         }
         r->bits[l] = b;
@@ -159,12 +160,52 @@ static qf_status rq_bind_new(const qf_kv_stream_spec *sp, const qf_hparams *hp, 
                          sname, i, (double)m, (double)c);
         r->mean[i] = m, r->cs[i] = c, r->inv_cs[i] = 1.0f / c;
     }
+    if (!st && sp->rq_pred) {
+        size_t HD = (size_t)H * hd, np = (size_t)L * HD * HD;
+        if (!(r->pred = malloc(np * sizeof(float))) || !(r->pred_on = calloc((size_t)L, sizeof(bool))) ||
+            !(r->pred_buf = malloc(2 * HD * sizeof(float))))
+            st = qf_fail(err, QF_ERR_NOMEM, "rq KV cache (%s): out of memory for the V predictor", sname);
+        for (size_t i = 0; i < np && !st; i++) {
+            float v = sp->rq_pred[i];
+            if (!isfinite(v))
+                st = qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): V predictor coefficient %zu is not finite", sname, i);
+            r->pred[i] = v;
+            if (v != 0) r->pred_on[i / (HD * HD)] = true;
+        }
+    }
     if (st) {
         rq_bind_free(r);
         return st;
     }
     *out = r;
     return QF_OK;
+}
+
+/* The decoded K rows (every kv head, as stored: before RoPE) of (layer, position p) into kh
+ * [n_head_kv * head_dim] (kv->rq[0] must be bound). */
+static void rq_k_hat(const qf_kv_cache *kv, int layer, int p, float *kh);
+
+/* pred[o] = sum_i P[o][i] kh[i] for the n_out outputs [o0, o0 + n_out) of a [HD][HD] predictor */
+static void rq_predict(const float *P, int HD, const float *kh, int o0, int n_out, float *pred) {
+    for (int o = 0; o < n_out; o++) {
+        const float *po = P + (size_t)(o0 + o) * HD;
+        float a = 0;
+        for (int i = 0; i < HD; i++) a += po[i] * kh[i];
+        pred[o] = a;
+    }
+}
+
+static qf_kv_rq_codec rq_codec(const struct qf_kv_rq_bind *r, const qf_kv_cache *kv, int layer, int h);
+static size_t layer_row_bytes(const qf_kv_cache *kv, int s, int layer);
+
+static void rq_k_hat(const qf_kv_cache *kv, int layer, int p, float *kh) {
+    int nh = kv->n_head_kv, hd = kv->head_dim;
+    size_t rb = layer_row_bytes(kv, 0, layer);
+    const uint8_t *base = kv->data[0][layer] + (size_t)p * nh * rb;
+    for (int h = 0; h < nh; h++) {
+        qf_kv_rq_codec c = rq_codec(kv->rq[0], kv, layer, h);
+        qf_kv_rq_decode(&c, base + (size_t)h * rb, kh + (size_t)h * hd);
+    }
 }
 
 static qf_kv_rq_codec rq_codec(const struct qf_kv_rq_bind *r, const qf_kv_cache *kv, int layer, int h) {
@@ -266,6 +307,10 @@ qf_status qf_kv_cache_init_spec(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx
                                "KV cache type %s needs head_dim to be a multiple of 32 (it is %d)",
                                qf_kv_mode_name(sp->mode), hp->head_dim);
             }
+        }
+        if (s == 1 && kv->rq[1] && kv->rq[1]->pred && (!kv->rq[0] || !kv->k_prerope)) {
+            qf_kv_cache_free(kv);
+            return qf_fail(err, QF_ERR_ARG, "rq KV cache: a V predictor needs an rq K stream stored before RoPE");
         }
         kv->row_bytes[s] = rb;
         kv->data[s] = calloc((size_t)(unsigned)kv->n_layer, sizeof(uint8_t *));
@@ -502,12 +547,24 @@ static void write_rows(qf_kv_cache *kv, int stream, int layer, uint8_t *dst, con
     int hd = kv->head_dim, nh = kv->n_head_kv;
     if (mode == QF_KV_RQ) {
         const struct qf_kv_rq_bind *r = kv->rq[stream];
-        for (int p = 0; p < n_pos; p++)
+        bool pr = r->pred && r->pred_on[layer];
+        int HD = nh * hd;
+        size_t slot0 = (size_t)(dst - kv->data[stream][layer]) / ((size_t)nh * rb); /* K of a token: same slot */
+        for (int p = 0; p < n_pos; p++) {
+            const float *x = src + (size_t)p * HD;
+            if (pr) { /* code V minus its prediction from this token's stored K (written first) */
+                float *kh = r->pred_buf, *res = r->pred_buf + HD;
+                rq_k_hat(kv, layer, (int)(slot0 + (size_t)p), kh);
+                rq_predict(r->pred + (size_t)layer * HD * HD, HD, kh, 0, HD, res);
+                for (int i = 0; i < HD; i++) res[i] = x[i] - res[i];
+                x = res;
+            }
             for (int h = 0; h < nh; h++) {
                 qf_kv_rq_codec c = rq_codec(r, kv, layer, h);
                 size_t i = (size_t)p * nh + h;
-                qf_kv_rq_encode(&c, src + i * hd, r->scratch, dst + i * rb);
+                qf_kv_rq_encode(&c, x + (size_t)h * hd, r->scratch, dst + i * rb);
             }
+        }
         return;
     }
     if (mode == QF_KV_INT8) {
@@ -564,17 +621,23 @@ static void write_rows(qf_kv_cache *kv, int stream, int layer, uint8_t *dst, con
     for (int r = 0; r < n_pos * nh; r++) qf_quantize_row(mode_type(mode), src + (size_t)r * hd, dst + (size_t)r * rb, hd);
 }
 
-void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos,
-                       const float *src) {
-    size_t rb = layer_row_bytes(kv, stream, layer);
-    int hd = kv->head_dim, nh = kv->n_head_kv;
-    size_t row = (size_t)nh * hd;
-    /* the exact copies of sink positions (the window ring is filled after attention) */
+void qf_kv_cache_write_sinks(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos, const float *src) {
+    size_t row = (size_t)kv->n_head_kv * kv->head_dim;
     for (int p = pos; p < pos + n_pos && p < kv->n_sink; p++) {
         const float *s = src + (size_t)(p - pos) * row;
         uint16_t *d = kv->sink[stream][layer] + (size_t)p * row;
         for (size_t i = 0; i < row; i++) d[i] = qf_f32_to_f16(s[i]);
     }
+}
+
+void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos,
+                       const float *src) {
+    size_t rb = layer_row_bytes(kv, stream, layer);
+    int hd = kv->head_dim, nh = kv->n_head_kv;
+    size_t row = (size_t)nh * hd;
+    /* the exact copies of sink positions (the window ring is filled after attention); a
+     * pre-RoPE K cache gets its post-RoPE sink copies from the caller (qf_kv_cache_write_sinks) */
+    if (!(stream == 0 && kv->k_prerope)) qf_kv_cache_write_sinks(kv, stream, layer, pos, n_pos, src);
     int R = kv->ring_rows ? kv->ring_rows[layer] : 0;
     if (!R) {
         write_rows(kv, stream, layer, kv->data[stream][layer] + (size_t)pos * nh * rb, src, n_pos);
@@ -598,8 +661,28 @@ static void read_rows(const qf_kv_cache *kv, int stream, int layer, int h, int s
     const uint8_t *base = kv->data[stream][layer] + (size_t)slot * nh * rb + (size_t)h * rb;
     size_t stride = (size_t)nh * rb;
     if (mode == QF_KV_RQ) {
-        qf_kv_rq_codec c = rq_codec(kv->rq[stream], kv, layer, h);
+        const struct qf_kv_rq_bind *r = kv->rq[stream];
+        qf_kv_rq_codec c = rq_codec(r, kv, layer, h);
         for (int p = 0; p < n_pos; p++) qf_kv_rq_decode(&c, base + p * stride, dst + (size_t)p * hd);
+        if (r->pred && r->pred_on[layer]) { /* add the prediction from each position's stored K */
+            int HD = nh * hd;
+            size_t rbk = layer_row_bytes(kv, 0, layer);
+            const float *P = r->pred + (size_t)layer * HD * HD + (size_t)h * hd * HD;
+            float kg[QF_KV_RQ_MAX_HEAD_DIM]; /* one decoded K row at a time: no allocation here */
+            for (int p = 0; p < n_pos; p++) {
+                float *o = dst + (size_t)p * hd;
+                for (int g = 0; g < nh; g++) {
+                    qf_kv_rq_codec ck = rq_codec(kv->rq[0], kv, layer, g);
+                    qf_kv_rq_decode(&ck, kv->data[0][layer] + ((size_t)p * nh + g) * rbk, kg);
+                    for (int i = 0; i < hd; i++) {
+                        const float *po = P + (size_t)i * HD + (size_t)g * hd;
+                        float a = 0;
+                        for (int q = 0; q < hd; q++) a += po[q] * kg[q];
+                        o[i] += a;
+                    }
+                }
+            }
+        }
     } else if (mode == QF_KV_F32) {
         for (int p = 0; p < n_pos; p++) memcpy(dst + (size_t)p * hd, base + p * stride, hd * sizeof(float));
     } else if (mode == QF_KV_INT8) {

@@ -19,10 +19,12 @@ void qf_kv_rq_learn_params_default(qf_kv_rq_learn_params *p) {
     p->lloyd_iters = 30;
     p->max_rows = 4096;
     p->seed = 1;
+    p->v_pred_noise = 0.2;
 }
 
 void qf_kv_rq_fit_free(qf_kv_rq_fit *f) {
     if (!f) return;
+    free(f->v_pred), free(f->v_pred_ratio);
     for (int s = 0; s < 2; s++) {
         free(f->mean[s]), free(f->cs[s]), free(f->rel_mse[s]);
         for (int w = 0; w < QF_KV_RQ_N_WIDTHS; w++) free(f->levels[s][w]);
@@ -31,7 +33,7 @@ void qf_kv_rq_fit_free(qf_kv_rq_fit *f) {
 }
 
 /* Fit one (layer, stream, head): rows x_r = x + (r * stride) * D for r < n. */
-static qf_status fit_one(const float *x, int64_t n, int64_t stride, int D, double alpha, uint64_t sign_seed,
+static qf_status fit_one(const float *x, int64_t n, int64_t stride, int D, double alpha, const float *cw, uint64_t sign_seed,
                          int iters, float *mean, float *cs, float *levels[QF_KV_RQ_N_WIDTHS], double *rel_mse,
                          float *u, qf_error *err) {
     /* mean and per-channel rms around it */
@@ -47,8 +49,10 @@ static qf_status fit_one(const float *x, int64_t n, int64_t stride, int D, doubl
         }
     double lg = 0;
     for (int c = 0; c < D; c++) {
-        double rms = sqrt(acc[D + c] / (double)n);
-        acc[c] = alpha > 0 ? pow(rms > 1e-6 ? rms : 1e-6, alpha) : 1.0;
+        double rms = sqrt(acc[D + c] / (double)n), wc = cw && cw[c] > 1e-12 ? sqrt((double)cw[c]) : 1.0;
+        if (cw && !(cw[c] > 1e-12)) wc = 1e-6;
+        rms = rms > 1e-6 ? rms : 1e-6;
+        acc[c] = alpha > 0 ? pow(rms / wc, alpha) : 1.0;
         lg += log(acc[c]);
     }
     double gm = exp(lg / D);
@@ -99,6 +103,103 @@ static qf_status fit_one(const float *x, int64_t n, int64_t stride, int D, doubl
     return status;
 }
 
+
+/* Cholesky solve of the SPD system A x = b in place (A [n][n] row-major, lower factor kept in A;
+ * b [n][m] overwritten with x). false when A is not positive definite. */
+static bool chol_solve(double *A, int n, double *b, int m) {
+    for (int j = 0; j < n; j++) {
+        double d = A[(size_t)j * n + j];
+        for (int k = 0; k < j; k++) d -= A[(size_t)j * n + k] * A[(size_t)j * n + k];
+        if (!(d > 0)) return false;
+        d = sqrt(d);
+        A[(size_t)j * n + j] = d;
+        for (int i = j + 1; i < n; i++) {
+            double v = A[(size_t)i * n + j];
+            for (int k = 0; k < j; k++) v -= A[(size_t)i * n + k] * A[(size_t)j * n + k];
+            A[(size_t)i * n + j] = v / d;
+        }
+    }
+    for (int c = 0; c < m; c++) {
+        for (int i = 0; i < n; i++) { /* L y = b */
+            double v = b[(size_t)i * m + c];
+            for (int k = 0; k < i; k++) v -= A[(size_t)i * n + k] * b[(size_t)k * m + c];
+            b[(size_t)i * m + c] = v / A[(size_t)i * n + i];
+        }
+        for (int i = n - 1; i >= 0; i--) { /* L^T x = y */
+            double v = b[(size_t)i * m + c];
+            for (int k = i + 1; k < n; k++) v -= A[(size_t)k * n + i] * b[(size_t)k * m + c];
+            b[(size_t)i * m + c] = v / A[(size_t)i * n + i];
+        }
+    }
+    return true;
+}
+
+double qf_kv_rq_linear_fit(const float *x, const float *y, int64_t n, int dx, int dy, double noise, float *P) {
+    /* centred ridge regression y ~ W x; the ridge is noise * diag(var x) (inputs that will be
+     * dequantized with that relative error); returns the held-in residual / total variance */
+    double *mx = calloc((size_t)dx, sizeof(double)), *my = calloc((size_t)dy, sizeof(double));
+    double *A = calloc((size_t)dx * dx, sizeof(double)), *B = calloc((size_t)dx * dy, sizeof(double));
+    double ratio = NAN;
+    if (!mx || !my || !A || !B || n < 2) goto done;
+    for (int64_t r = 0; r < n; r++) {
+        for (int i = 0; i < dx; i++) mx[i] += x[r * dx + i];
+        for (int i = 0; i < dy; i++) my[i] += y[r * dy + i];
+    }
+    for (int i = 0; i < dx; i++) mx[i] /= (double)n;
+    for (int i = 0; i < dy; i++) my[i] /= (double)n;
+    double tot = 0;
+    for (int64_t r = 0; r < n; r++) {
+        const float *xr = x + r * dx, *yr = y + r * dy;
+        for (int i = 0; i < dx; i++) {
+            double a = xr[i] - mx[i];
+            for (int k = 0; k <= i; k++) A[(size_t)i * dx + k] += a * (xr[k] - mx[k]);
+            for (int k = 0; k < dy; k++) B[(size_t)i * dy + k] += a * (yr[k] - my[k]);
+        }
+        for (int k = 0; k < dy; k++) tot += (yr[k] - my[k]) * (yr[k] - my[k]);
+    }
+    for (int i = 0; i < dx; i++)
+        for (int k = 0; k < i; k++) A[(size_t)k * dx + i] = A[(size_t)i * dx + k];
+    for (int i = 0; i < dx; i++) A[(size_t)i * dx + i] *= 1.0 + noise, A[(size_t)i * dx + i] += 1e-9;
+    double *W = malloc((size_t)dx * dy * sizeof(double));
+    if (!W) goto done;
+    memcpy(W, B, (size_t)dx * dy * sizeof(double));
+    double *A2 = malloc((size_t)dx * dx * sizeof(double));
+    if (!A2) {
+        free(W);
+        goto done;
+    }
+    memcpy(A2, A, (size_t)dx * dx * sizeof(double));
+    if (chol_solve(A2, dx, W, dy)) {
+        double res = 0;
+        float *xn = malloc((size_t)dx * sizeof(float));
+        uint64_t st = 12345;
+        for (int64_t r = 0; r < n && xn; r++) {
+            const float *xr = x + r * dx, *yr = y + r * dy;
+            for (int i = 0; i < dx; i++) { /* the input as the decoder will see it: noisy */
+                double u1 = ((double)(qf_splitmix64(&st) >> 11) + 0.5) / 9007199254740992.0;
+                double u2 = ((double)(qf_splitmix64(&st) >> 11) + 0.5) / 9007199254740992.0;
+                double g = sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
+                xn[i] = (float)(xr[i] - mx[i] + g * sqrt(noise * A[(size_t)i * dx + i] / (1.0 + noise) / (double)n));
+            }
+            for (int k = 0; k < dy; k++) {
+                double p = 0;
+                for (int i = 0; i < dx; i++) p += W[(size_t)i * dy + k] * xn[i];
+                double d = yr[k] - my[k] - p;
+                res += d * d;
+            }
+        }
+        free(xn);
+        ratio = tot > 0 ? res / tot : NAN;
+        if (P)
+            for (int k = 0; k < dy; k++)
+                for (int i = 0; i < dx; i++) P[(size_t)k * dx + i] = (float)W[(size_t)i * dy + k];
+    }
+    free(W), free(A2);
+done:
+    free(mx), free(my), free(A), free(B);
+    return ratio;
+}
+
 qf_status qf_kv_rq_learn(const qf_kv_capture_view *v, const qf_kv_rq_learn_params *p, qf_kv_rq_fit *f,
                          qf_error *err) {
     memset(f, 0, sizeof *f);
@@ -133,11 +234,50 @@ qf_status qf_kv_rq_learn(const qf_kv_capture_view *v, const qf_kv_rq_learn_param
         }
     float *u = malloc(sizeof(float) * (size_t)max_rows * D);
     if (!u) goto oom;
+    float *resid = NULL; /* V minus its prediction from the same layer's K, when p->v_pred */
+    if (p->v_pred) {
+        int HD = H * D;
+        if (!(f->v_pred = calloc((size_t)L * HD * HD, sizeof(float))) ||
+            !(f->v_pred_ratio = calloc((size_t)L, sizeof(double))) ||
+            !(resid = malloc(sizeof(float) * (size_t)v->n_v[0] * D))) {
+            free(u);
+            goto oom;
+        }
+        for (int l = 1; l < L; l++)
+            if (v->n_v[l] != v->n_v[0] || v->n_k[l] != v->n_v[0]) {
+                free(u), free(resid);
+                qf_kv_rq_fit_free(f);
+                return qf_fail(err, QF_ERR_CAPTURE_FAILED, "kv-rq learn: V prediction needs as many K as V vectors in "
+                                                           "every layer");
+            }
+    }
     for (int l = 0; l < L; l++)
         for (int s = 0; s < 2; s++) {
             int64_t n = (s ? v->n_v[l] : v->n_k[l]) / H, rows = p->max_rows > 0 && n > p->max_rows ? p->max_rows : n;
             int64_t stride = n / rows; /* strided subsample of the rows, in whole rows */
             const float *x = s ? v->v[l] : v->k[l];
+            if (s == 1 && p->v_pred) {
+                /* ridge fit on up to 4096 tokens, then the residual of every captured token */
+                int HD = H * D;
+                int64_t nt = v->n_v[l] / H, nf = nt < 4096 ? nt : 4096;
+                float *P = f->v_pred + (size_t)l * HD * HD;
+                f->v_pred_ratio[l] = qf_kv_rq_linear_fit(v->k[l], v->v[l], nf, HD, HD, p->v_pred_noise, P);
+                if (!(f->v_pred_ratio[l] < 0.9)) { /* explains too little: no prediction in this layer */
+                    memset(P, 0, sizeof(float) * (size_t)HD * HD);
+                    f->v_pred_ratio[l] = 1;
+                }
+                for (int64_t t = 0; t < nt; t++) {
+                    const float *kt = v->k[l] + t * HD, *vt = v->v[l] + t * HD;
+                    float *rt = resid + t * HD;
+                    for (int o = 0; o < HD; o++) {
+                        double a = vt[o];
+                        const float *po = P + (size_t)o * HD;
+                        for (int i = 0; i < HD; i++) a -= (double)po[i] * kt[i];
+                        rt[o] = (float)a;
+                    }
+                }
+                x = resid;
+            }
             for (int h = 0; h < H; h++) {
                 size_t o = ((size_t)l * H + h) * D, ol = ((size_t)l * H + h) * QF_KV_RQ_MAX_LEVELS;
                 float *lv[QF_KV_RQ_N_WIDTHS];
@@ -145,17 +285,18 @@ qf_status qf_kv_rq_learn(const qf_kv_capture_view *v, const qf_kv_rq_learn_param
                 double rm[QF_KV_RQ_N_WIDTHS];
                 /* rows of head h are vectors r * H + h: x + h * D with a stride of stride * H vectors */
                 qf_status st = fit_one(x + (size_t)h * D, rows, stride * H, D, s ? p->v_alpha : p->k_alpha,
+                                       p->chan_w[s] ? p->chan_w[s] + o : NULL,
                                        p->seed * 0x9E3779B97F4A7C15ull + (uint64_t)((l * 2 + s) * H + h), p->lloyd_iters,
                                        f->mean[s] + o, f->cs[s] + o, lv, rm, u, err);
                 if (st) {
-                    free(u);
+                    free(u), free(resid);
                     qf_kv_rq_fit_free(f);
                     return qf_error_prefix(err, "layer %d %c head %d: ", l, s ? 'V' : 'K', h);
                 }
                 for (int w = 0; w < QF_KV_RQ_N_WIDTHS; w++) f->rel_mse[s][l * QF_KV_RQ_N_WIDTHS + w] += rm[w] / H;
             }
         }
-    free(u);
+    free(u), free(resid);
     return QF_OK;
 oom:
     qf_kv_rq_fit_free(f);
@@ -176,6 +317,11 @@ qf_status qf_kv_rq_payload(const qf_kv_rq_fit *f, const int *const bits[2], int 
     if (!st) st = qf_payload_add_string(pl, "rotation", "hadamard", err);
     if (!st) st = qf_payload_add_int(pl, "n_sink", n_sink, err);
     if (!st) st = qf_payload_add_int(pl, "n_window", n_window, err);
+    if (!st) st = qf_payload_add_int(pl, "k_prerope", f->k_prerope ? 1 : 0, err);
+    if (!st && f->v_pred) {
+        int64_t shp[3] = {L, (int64_t)H * D, (int64_t)H * D};
+        st = qf_payload_add_f32(pl, "v_pred", f->v_pred, 3, shp, err);
+    }
     for (int s = 0; s < 2 && !st; s++) {
         const char *sn = s ? "v" : "k";
         char name[32];
@@ -211,7 +357,7 @@ double qf_kv_rq_bits_per_element(const int *const bits[2], int n_layer, int head
 }
 
 double qf_kv_rq_allocate(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int *const bits[2]) {
-    return qf_kv_rq_allocate_min(f, sens, max_code_bits, QF_KV_RQ_MIN_BITS, bits);
+    return qf_kv_rq_allocate_min(f, sens, max_code_bits, QF_KV_RQ_SENS_BITS, bits);
 }
 
 double qf_kv_rq_allocate_min(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int min_bits,
@@ -222,8 +368,9 @@ double qf_kv_rq_allocate_min(const qf_kv_rq_fit *f, const double *const sens[2],
     for (int s = 0; s < 2; s++)
         for (int l = 0; l < L; l++) bits[s][l] = min_bits;
     double total_bits = min_bits * (double)U;
+    const int w0 = QF_KV_RQ_SENS_BITS - QF_KV_RQ_MIN_BITS; /* sens is measured at this width */
 #define PRED(s, l, b) \
-    (sens[s][l] * f->rel_mse[s][(l) * QF_KV_RQ_N_WIDTHS + (b) - QF_KV_RQ_MIN_BITS] / f->rel_mse[s][(l) * QF_KV_RQ_N_WIDTHS])
+    (sens[s][l] * f->rel_mse[s][(l) * QF_KV_RQ_N_WIDTHS + (b) - QF_KV_RQ_MIN_BITS] / f->rel_mse[s][(l) * QF_KV_RQ_N_WIDTHS + w0])
     for (;;) {
         int bs = -1, bl = -1;
         double best = -1;
@@ -231,7 +378,7 @@ double qf_kv_rq_allocate_min(const qf_kv_rq_fit *f, const double *const sens[2],
         for (int s = 0; s < 2; s++)
             for (int l = 0; l < L; l++) {
                 int b = bits[s][l];
-                if (b >= QF_KV_RQ_MAX_BITS || !(f->rel_mse[s][l * QF_KV_RQ_N_WIDTHS] > 0)) continue;
+                if (b >= QF_KV_RQ_MAX_BITS || !(f->rel_mse[s][l * QF_KV_RQ_N_WIDTHS + w0] > 0)) continue;
                 double gain = PRED(s, l, b) - PRED(s, l, b + 1);
                 if (gain > best) best = gain, bs = s, bl = l;
             }
@@ -242,7 +389,7 @@ double qf_kv_rq_allocate_min(const qf_kv_rq_fit *f, const double *const sens[2],
     double pred = 0;
     for (int s = 0; s < 2; s++)
         for (int l = 0; l < L; l++)
-            pred += f->rel_mse[s][l * QF_KV_RQ_N_WIDTHS] > 0 ? PRED(s, l, bits[s][l]) : 0;
+            pred += f->rel_mse[s][l * QF_KV_RQ_N_WIDTHS + w0] > 0 ? PRED(s, l, bits[s][l]) : 0;
 #undef PRED
     return pred;
 }

@@ -49,7 +49,12 @@ void qf_job_default(qf_job *j) {
     j->rq_sink = j->rq_window = -1;
     j->rq_k_alpha = 0.5;
     j->rq_sens_chunks = 2;
-    j->rq_min_bits = QF_KV_RQ_MIN_BITS;
+    j->rq_prerope = -1;
+    j->rq_qaware = 0;
+    j->rq_vpred = -1;
+    j->rq_vpred_noise = 0.2;
+    j->rq_v_alpha = 0.5;
+    j->rq_min_bits = 0;
     j->dict_version = 1;
 }
 
@@ -158,6 +163,12 @@ static qf_status stage_model(const qf_job *j, shared *s, qf_error *err) {
     return QF_OK;
 }
 
+/* kv-rq keys before RoPE: asked for, or by default below a 3-bit budget (the 2.5-bit method of
+ * docs/kv-rq.md; at 4 bits the documented post-RoPE artifacts stay as they were) */
+static bool rq_use_prerope(const qf_job *j) {
+    return j->rq_prerope > 0 || (j->rq_prerope < 0 && j->rq_bits > 0 && j->rq_bits < 3.0);
+}
+
 static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, qf_error *err) {
     double t0 = qf_now_sec();
     const qf_tokenizer *tok = qf_model_tokenizer(s->model);
@@ -167,7 +178,7 @@ static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, q
     qf_status st = qf_tokenize(tok, ctext, clen, qf_tokenizer_add_bos(tok), false, &ids, &n, err);
     if (st) return as_stage(err, st, QF_ERR_CAPTURE_FAILED, "capture: tokenizing the calibration text");
     /* kv-dict v2 learns keys before RoPE: the CPU tap (the GPU read-back route has post-RoPE K only) */
-    bool prerope = j->kind == QF_ARTIFACT_KV_DICT && j->dict_version == 2;
+    bool prerope = (j->kind == QF_ARTIFACT_KV_DICT && j->dict_version == 2) || (j->kind == QF_ARTIFACT_KV_RQ && rq_use_prerope(j));
     qf_capture_params cp = {.max_per_layer = job_budgets(j).per_layer,
                             .activations = false, .seed = j->seed, .k_prerope = prerope};
     s->cap = qf_capture_new(qf_model_hparams(s->model), &cp, err);
@@ -766,6 +777,115 @@ fail:
 static qf_status certify_at_ctx(const qf_job *j, shared *s, int n, const qf_payload *pl, qf_certify_result *r,
                                 qf_error *err);
 
+
+/* ---- kv-rq channel importance (query-aware K, output-aware V) ---- */
+
+typedef struct {
+    const qf_hparams *hp;
+    double *q_sq; /* [L][n_head][D] sums of squared queries */
+    int64_t *n;   /* [L] tokens */
+} rq_qstats;
+
+static void rq_on_q(void *user, int layer, int pos0, int n_tok, int n_head, int head_dim, const float *q) {
+    (void)pos0;
+    rq_qstats *qs = user;
+    if (layer < 0 || layer >= qs->hp->n_layer || n_head != qs->hp->n_head || head_dim != qs->hp->head_dim) return;
+    size_t row = (size_t)n_head * head_dim;
+    double *acc = qs->q_sq + (size_t)layer * row;
+    for (int t = 0; t < n_tok; t++)
+        for (size_t i = 0; i < row; i++) acc[i] += (double)q[t * row + i] * q[t * row + i];
+    qs->n[layer] += n_tok;
+}
+
+/* The importance of each K and V channel's error for kv-rq's channel scales, [L][H][D] each:
+ * kw = the mean squared query over the heads that read the kv head (post-RoPE queries over up
+ * to 4 windows of min(N, 512) calibration tokens, averaged over each RoPE pair so that it does
+ * not depend on the position), vw = the squared norms of the attn_output columns the channel
+ * feeds (summed over the heads of the group). Calibration text only. */
+static qf_status rq_channel_weights(const qf_job *j, shared *s, float *kw, float *vw, qf_error *err) {
+    const qf_hparams *hp = qf_model_hparams(s->model);
+    int L = hp->n_layer, H = hp->n_head_kv, NH = hp->n_head, D = hp->head_dim, gq = NH / H;
+    size_t nq = (size_t)L * NH * D;
+    rq_qstats qs = {.hp = hp, .q_sq = calloc(nq, sizeof(double)), .n = calloc((size_t)L, sizeof(int64_t))};
+    float *wo = NULL;
+    int32_t *ids = NULL;
+    qf_status st = QF_OK;
+    if (!qs.q_sq || !qs.n) {
+        st = qf_fail(err, QF_ERR_NOMEM, "kv-rq channel weights: out of memory");
+        goto done;
+    }
+    const qf_tokenizer *tok = qf_model_tokenizer(s->model);
+    size_t clen, n = 0;
+    const char *ctext = qf_corpus_calib_text(s->corpus, &clen);
+    if ((st = qf_tokenize(tok, ctext, clen, qf_tokenizer_add_bos(tok), false, &ids, &n, err))) goto done;
+    const qf_context_params *cp = qf_context_params_get(s->ctx);
+    int W = s->n_ctx < 512 ? s->n_ctx : 512;
+    qf_tap tap = {.user = &qs, .on_q = rq_on_q};
+    qf_context_set_tap(s->ctx, &tap);
+    bool add_bos = qf_tokenizer_add_bos(tok) && qf_tokenizer_bos(tok) >= 0;
+    for (int w = 0; w < 4 && !st && (size_t)(w + 1) * W <= n; w++) {
+        int32_t *win = ids + (size_t)w * W;
+        if (add_bos) win[0] = qf_tokenizer_bos(tok);
+        for (int t = 0; t < W && !st; t += cp->n_batch) {
+            int bs = W - t < cp->n_batch ? W - t : cp->n_batch;
+            st = qf_decode(s->ctx, win + t, bs, t, NULL, bs, err);
+        }
+    }
+    qf_context_set_tap(s->ctx, NULL);
+    if (st) goto done;
+    (void)j;
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < H; h++)
+            for (int c = 0; c < D; c++) {
+                double a = 0;
+                for (int g = 0; g < gq; g++) a += qs.q_sq[((size_t)l * NH + h * gq + g) * D + c];
+                kw[((size_t)l * H + h) * D + c] = (float)(qs.n[l] > 0 ? a / (double)qs.n[l] : 1.0);
+            }
+    /* average over each RoPE pair (adjacent for NORM, halves for NEOX) */
+    int half = hp->n_rot / 2;
+    for (size_t lh = 0; lh < (size_t)L * H; lh++)
+        for (int i = 0; i < half; i++) {
+            int a = hp->rope_type == QF_ROPE_NEOX ? i : 2 * i, b = hp->rope_type == QF_ROPE_NEOX ? i + half : 2 * i + 1;
+            float m = 0.5f * (kw[lh * D + a] + kw[lh * D + b]);
+            kw[lh * D + a] = kw[lh * D + b] = m;
+        }
+    /* V: squared attn_output column norms */
+    for (int l = 0; l < L && !st; l++) {
+        const qf_weight *w = &qf_model_layer(s->model, l)->wo;
+        int64_t in = w->ne0, rows = w->ne1 > 0 ? w->ne1 : 1;
+        if (in != (int64_t)NH * D) {
+            st = qf_fail(err, QF_ERR_UNSUPPORTED, "kv-rq channel weights: layer %d attn_output has %lld inputs, expected %d",
+                         l, (long long)in, NH * D);
+            break;
+        }
+        float *nw = realloc(wo, (size_t)in * sizeof(float));
+        if (!nw) {
+            st = qf_fail(err, QF_ERR_NOMEM, "kv-rq channel weights: out of memory");
+            break;
+        }
+        wo = nw;
+        double *col = calloc((size_t)in, sizeof(double));
+        if (!col) {
+            st = qf_fail(err, QF_ERR_NOMEM, "kv-rq channel weights: out of memory");
+            break;
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            qf_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, wo, in);
+            for (int64_t i = 0; i < in; i++) col[i] += (double)wo[i] * wo[i];
+        }
+        for (int h = 0; h < H; h++)
+            for (int c = 0; c < D; c++) {
+                double a = 0;
+                for (int g = 0; g < gq; g++) a += col[(size_t)(h * gq + g) * D + c];
+                vw[((size_t)l * H + h) * D + c] = (float)a;
+            }
+        free(col);
+    }
+done:
+    free(ids), free(wo), free(qs.q_sq), free(qs.n);
+    return st;
+}
+
 /* One kv-rq candidate certified on the evaluation split (s->ref) and logged. */
 static qf_status rq_certify(const qf_job *j, shared *s, const qf_kv_rq_fit *fit, int *const bits[2], int S, int R,
                             qf_payload *pl, qf_certify_result *r, double *bpe, qf_error *err) {
@@ -800,31 +920,58 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     lp.seed = j->seed;
     qf_kv_capture_view v = qf_capture_kv_view(s->cap);
     double t0 = qf_now_sec();
-    qf_status st = qf_kv_rq_learn(&v, &lp, &fit, err);
+    float *cw[2] = {NULL, NULL};
+    qf_status st = QF_OK;
+    if (j->rq_qaware) {
+        size_t ncw = (size_t)L * hp->n_head_kv * D;
+        if (!(cw[0] = malloc(ncw * sizeof(float))) || !(cw[1] = malloc(ncw * sizeof(float))))
+            st = qf_fail(err, QF_ERR_NOMEM, "kv-rq: out of memory");
+        if (!st) st = rq_channel_weights(j, s, cw[0], cw[1], err);
+        if (st) {
+            free(cw[0]), free(cw[1]);
+            return as_stage(err, st, st == QF_ERR_NOMEM ? st : QF_ERR_CAPTURE_FAILED, "kv-rq channel weights");
+        }
+        lp.chan_w[0] = cw[0], lp.chan_w[1] = cw[1];
+        lp.v_alpha = j->rq_v_alpha;
+    }
+    lp.v_pred = j->rq_vpred != 0 && rq_use_prerope(j);
+    lp.v_pred_noise = j->rq_vpred_noise;
+    st = qf_kv_rq_learn(&v, &lp, &fit, err);
+    free(cw[0]), free(cw[1]);
+    if (!st && fit.v_pred) {
+        char line[512];
+        int o = 0;
+        for (int l = 0; l < L && o < 400; l++) o += snprintf(line + o, sizeof line - (size_t)o, " %.3f", fit.v_pred_ratio[l]);
+        stage(j, "[3/5 learn] kv-rq V predicted from the same layer's K: residual / V variance per layer%s", line);
+    }
     if (st) return as_stage(err, st, st == QF_ERR_NOMEM ? st : QF_ERR_CAPTURE_FAILED, "learn");
+    fit.k_prerope = rq_use_prerope(j); /* stage_capture kept K before RoPE */
+    /* the allocation's floor: 1-bit rows for the least sensitive units at low budgets */
+    int mb = j->rq_min_bits ? j->rq_min_bits : j->rq_bits > 0 && j->rq_bits < 3.0 ? 1 : QF_KV_RQ_SENS_BITS;
     double mse[QF_KV_RQ_N_WIDTHS] = {0};
     for (int sidx = 0; sidx < 2; sidx++)
         for (int l = 0; l < L; l++)
             for (int w = 0; w < QF_KV_RQ_N_WIDTHS; w++) mse[w] += fit.rel_mse[sidx][l * QF_KV_RQ_N_WIDTHS + w] / U;
-    stage(j, "[3/5 learn] kv-rq codebooks in %.1f s: relative MSE %.4f / %.4f / %.4f at 2 / 3 / 4 bits",
-          qf_now_sec() - t0, mse[0], mse[1], mse[2]);
+    stage(j, "[3/5 learn] kv-rq codebooks in %.1f s (K %s RoPE): relative MSE %.4f / %.4f / %.4f / %.4f at 1 / 2 / 3 / 4 bits",
+          qf_now_sec() - t0, fit.k_prerope ? "before" : "after", mse[1 - QF_KV_RQ_MIN_BITS], mse[2 - QF_KV_RQ_MIN_BITS],
+          mse[3 - QF_KV_RQ_MIN_BITS], mse[4 - QF_KV_RQ_MIN_BITS]);
     /* sinks and window (docs/kv-rq.md has the measurement behind this): 4 sinks, and f16
      * tokens worth up to 0.75 bits per element at -c N (24 tokens at 512), or less when a
      * budget leaves less room above 2-bit codes and row scales */
     double scale_bits = 8.0 * QF_KV_RQ_SCALE_BYTES / D, win_bits = 0.75;
-    if (j->rq_bits > 0 && j->rq_bits - QF_KV_RQ_MIN_BITS - scale_bits < win_bits)
-        win_bits = j->rq_bits - QF_KV_RQ_MIN_BITS - scale_bits;
+    if (j->rq_bits > 0 && j->rq_bits - mb - scale_bits < win_bits)
+        win_bits = j->rq_bits - mb - scale_bits;
     int SR = win_bits > 0 ? (int)floor(win_bits * s->n_ctx / 16.0 + 1e-9) : 0;
     int S = j->rq_sink >= 0 ? j->rq_sink : SR < 4 ? SR : 4;
     int R = j->rq_window >= 0 ? j->rq_window : SR - S > 0 ? SR - S : 0;
     if (S + R >= s->n_ctx) S = S < s->n_ctx / 4 ? S : s->n_ctx / 4, R = R < s->n_ctx / 4 ? R : s->n_ctx / 4;
-    if (j->rq_bits > 0 && j->rq_bits - scale_bits - 16.0 * (S + R) / s->n_ctx < QF_KV_RQ_MIN_BITS) {
+    if (j->rq_bits > 0 && j->rq_bits - scale_bits - 16.0 * (S + R) / s->n_ctx < mb) {
         qf_kv_rq_fit_free(&fit);
         return qf_fail(err, QF_ERR_ARG,
                        "kv-rq: a budget of %.3f bits per element leaves %.3f for codes at -c %d (row scales %.3f, %d "
-                       "sinks + %d window tokens %.3f): at least 2 are needed; lower --sinks/--window or raise --bits",
+                       "sinks + %d window tokens %.3f): at least %d are needed%s; lower --sinks/--window or raise --bits",
                        j->rq_bits, j->rq_bits - scale_bits - 16.0 * (S + R) / s->n_ctx, s->n_ctx, scale_bits, S, R,
-                       16.0 * (S + R) / s->n_ctx);
+                       16.0 * (S + R) / s->n_ctx, mb, j->rq_min_bits ? " (--rq-min-bits does not fit)" : "");
     }
     /* sensitivity on calibration text */
     int *bits[2] = {malloc(sizeof(int) * (size_t)L), malloc(sizeof(int) * (size_t)L)};
@@ -851,7 +998,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     for (int u = 0; u < U; u++) {
         for (int sidx = 0; sidx < 2; sidx++)
             for (int l = 0; l < L; l++) bits[sidx][l] = QF_KV_RQ_BITS_F16;
-        bits[u % 2][u / 2] = QF_KV_RQ_MIN_BITS;
+        bits[u % 2][u / 2] = QF_KV_RQ_SENS_BITS;
         qf_payload_free(&pl);
         memset(&pl, 0, sizeof pl);
         qf_certify_result r;
@@ -876,27 +1023,28 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     double bpe = NAN;
     if (j->rq_bits > 0) {
         double max_code = j->rq_bits - overhead;
-        if (max_code < QF_KV_RQ_MIN_BITS) {
+        if (max_code < mb) {
             st = qf_fail(err, QF_ERR_ARG,
                          "kv-rq: a budget of %.3f bits per element leaves %.3f for codes at -c %d (row scales %.3f, %d "
-                         "sinks + %d window tokens %.3f): at least 2 are needed; lower --sinks/--window or raise --bits",
-                         j->rq_bits, max_code, s->n_ctx, 8.0 * QF_KV_RQ_SCALE_BYTES / D, S, R, 16.0 * (S + R) / s->n_ctx);
+                         "sinks + %d window tokens %.3f): at least %d are needed; lower --sinks/--window or raise --bits",
+                         j->rq_bits, max_code, s->n_ctx, 8.0 * QF_KV_RQ_SCALE_BYTES / D, S, R, 16.0 * (S + R) / s->n_ctx, mb);
             goto done;
         }
-        double pred = qf_kv_rq_allocate_min(&fit, (const double *const *)sens, max_code, j->rq_min_bits, bits);
+        double pred = qf_kv_rq_allocate_min(&fit, (const double *const *)sens, max_code, mb, bits);
         stage(j, "[3/5 learn] kv-rq allocation within %.3f bits (codes <= %.3f): predicted KLD %.5f", j->rq_bits, max_code,
               pred);
         if (j->rq_sink < 0 && j->rq_window < 0) {
             /* the window competes with the codes for the budget: measure a few splits on the
              * calibration text (mean KLD of the whole allocation) and keep the best */
-            static const double levels[] = {0.75, 0.5, 0.375, 0.25, 0.125, 0.0625, 0};
+            static const double levels[] = {1.0, 0.875, 0.75, 0.5, 0.375, 0.25, 0.125, 0.0625, 0};
             double best_kld = INFINITY;
             int bS = S, bR = R, tried_s[32], tried_r[32], n_tried = 0;
-            for (size_t li = 0; li < 2 * (sizeof levels / sizeof levels[0]); li++) {
+            /* windows above 0.75 bits only where 1-bit rows leave room for them */
+            for (size_t li = mb < QF_KV_RQ_SENS_BITS ? 0 : 4; li < 2 * (sizeof levels / sizeof levels[0]); li++) {
                 int max_sinks = li % 2 ? 4 : 1; /* BOS alone, or StreamingLLM's 4 */
-                double wb = levels[li / 2] < j->rq_bits - QF_KV_RQ_MIN_BITS - scale_bits
+                double wb = levels[li / 2] < j->rq_bits - mb - scale_bits
                                 ? levels[li / 2]
-                                : j->rq_bits - QF_KV_RQ_MIN_BITS - scale_bits;
+                                : j->rq_bits - mb - scale_bits;
                 int sr = wb > 0 ? (int)floor(wb * s->n_ctx / 16.0 + 1e-9) : 0;
                 if (sr >= s->n_ctx / 2) continue;
                 int cs = sr < max_sinks ? sr : max_sinks, cr = sr - cs;
@@ -905,8 +1053,8 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
                 if (seen || n_tried >= 32) continue;
                 tried_s[n_tried] = cs, tried_r[n_tried++] = cr;
                 double mc = j->rq_bits - scale_bits - 16.0 * sr / s->n_ctx;
-                if (mc < j->rq_min_bits) continue;
-                qf_kv_rq_allocate_min(&fit, (const double *const *)sens, mc, j->rq_min_bits, bits);
+                if (mc < mb) continue;
+                qf_kv_rq_allocate_min(&fit, (const double *const *)sens, mc, mb, bits);
                 qf_payload_free(&pl);
                 memset(&pl, 0, sizeof pl);
                 qf_certify_result cr_;
@@ -918,13 +1066,13 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
             }
             S = bS, R = bR;
             max_code = j->rq_bits - scale_bits - 16.0 * (S + R) / s->n_ctx;
-            qf_kv_rq_allocate_min(&fit, (const double *const *)sens, max_code, j->rq_min_bits, bits);
+            qf_kv_rq_allocate_min(&fit, (const double *const *)sens, max_code, mb, bits);
         }
-        if (max_code < j->rq_min_bits - 1e-9) {
+        if (max_code < mb - 1e-9) {
             st = qf_fail(err, QF_ERR_ARG,
                          "kv-rq: --rq-min-bits %d does not fit a budget of %.3f bits per element at -c %d (codes <= %.3f "
                          "after row scales and %d sinks + %d window tokens); lower --rq-min-bits or raise --bits",
-                         j->rq_min_bits, j->rq_bits, s->n_ctx, max_code, S, R);
+                         mb, j->rq_bits, s->n_ctx, max_code, S, R);
             goto done;
         }
         if ((st = rq_certify(j, s, &fit, bits, S, R, &pl, &r, &bpe, err))) goto done;
@@ -934,10 +1082,10 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         best = pl, pl = tmp;
     } else {
         /* binary search over k = upgrades along the greedy path (k = 0: all 2 bits, 2U: all 4) */
-        int lo = 0, hi = U * (QF_KV_RQ_MAX_BITS - QF_KV_RQ_MIN_BITS), found = -1;
+        int lo = 0, hi = U * (QF_KV_RQ_MAX_BITS - mb), found = -1;
         while (lo <= hi) {
             int k = (lo + hi) / 2;
-            qf_kv_rq_allocate(&fit, (const double *const *)sens, QF_KV_RQ_MIN_BITS + (double)k / U, bits);
+            qf_kv_rq_allocate_min(&fit, (const double *const *)sens, mb + (double)k / U, mb, bits);
             if ((st = rq_certify(j, s, &fit, bits, S, R, &pl, &r, &bpe, err))) goto done;
             if (rep->n_tried < QF_JOB_MAX_TRIED) {
                 set_variant(rep->tried[rep->n_tried].variant, sizeof rep->tried[0].variant, "%.3f-bits", bpe);
@@ -954,7 +1102,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
             else lo = k + 1;
         }
         if (found >= 0) { /* re-derive the passing allocation's bits for the variant name */
-            qf_kv_rq_allocate(&fit, (const double *const *)sens, QF_KV_RQ_MIN_BITS + (double)found / U, bits);
+            qf_kv_rq_allocate_min(&fit, (const double *const *)sens, mb + (double)found / U, mb, bits);
         }
     }
     double bpe_first = rep->bits_per_element;
@@ -993,8 +1141,11 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         (st = qf_payload_add_int(cf, "n_sink", S, err)) || (st = qf_payload_add_int(cf, "n_window", R, err)) ||
         (st = qf_payload_add_string(cf, "k_bits", kb, err)) || (st = qf_payload_add_string(cf, "v_bits", vb, err)) ||
         (st = qf_payload_add_float(cf, "k_alpha", j->rq_k_alpha, err)) ||
+        (st = qf_payload_add_int(cf, "k_prerope", fit.k_prerope, err)) || (st = qf_payload_add_int(cf, "min_bits", mb, err)) ||
+        (st = qf_payload_add_int(cf, "channel_weights", j->rq_qaware, err)) ||
+        (st = qf_payload_add_int(cf, "v_pred", fit.v_pred != NULL, err)) ||
+        (j->rq_qaware && (st = qf_payload_add_float(cf, "v_alpha", j->rq_v_alpha, err))) ||
         (j->rq_bits > 0 && (st = qf_payload_add_float(cf, "budget_bits", j->rq_bits, err))) ||
-        (j->rq_min_bits != QF_KV_RQ_MIN_BITS && (st = qf_payload_add_int(cf, "min_bits", j->rq_min_bits, err))) ||
         (st = qf_payload_add_int(cf, "sens_ctx", sens_ctx, err)))
         goto done;
     if (!rep->result.passed) {
@@ -1044,7 +1195,7 @@ static qf_status job_preflight(const qf_job *j, qf_error *err) {
     const char *out_names[3] = {"-o", "--eval-out", "the awq GGUF"};
     qf_status st = qf_check_outputs(ins, in_names, n_in, outs, out_names, 3, err);
     int n_ctx = j->n_ctx_list > 0 ? j->ctx_list[0] : j->n_ctx > 0 ? j->n_ctx : 256; /* stage_model's */
-    if (!st && j->kind == QF_ARTIFACT_KV_RQ && j->rq_min_bits != QF_KV_RQ_MIN_BITS &&
+    if (!st && j->kind == QF_ARTIFACT_KV_RQ && j->rq_min_bits != 0 &&
         (j->rq_min_bits < QF_KV_RQ_MIN_BITS || j->rq_min_bits > QF_KV_RQ_MAX_BITS || !(j->rq_bits > 0)))
         st = qf_fail(err, QF_ERR_ARG, "calibrate: --rq-min-bits %d: expected %d..%d, with a --bits budget", j->rq_min_bits,
                      QF_KV_RQ_MIN_BITS, QF_KV_RQ_MAX_BITS);

@@ -10,8 +10,8 @@
  *
  * and decodes to x = mean + cs (.) H(s * levels[code]) (H the normalized Walsh-Hadamard
  * transform, cs the signed channel scales, levels the Lloyd-Max codebook of the (layer,
- * stream, head)). bits is 2..6 (2-4 for most rows; 5-6 for the few (layer, stream) the
- * allocation finds most sensitive); QF_KV_RQ_BITS_F16 marks a (layer, stream) kept as plain
+ * stream, head)). bits is 1..6 (2-4 for most rows; 5-6 for the few (layer, stream) the
+ * allocation finds most sensitive; 1 for the least sensitive at low budgets, payload format 2); QF_KV_RQ_BITS_F16 marks a (layer, stream) kept as plain
  * halves (head_dim * 2 bytes, no scale), used by the learner's sensitivity runs and allowed in
  * artifacts (it is counted as 16 bits per element). head_dim must be a power of two >= 8
  * (Hadamard; whole bytes for 3- and 5-bit codes). */
@@ -24,7 +24,8 @@
 
 #define QF_KV_RQ_SCALE_BYTES 1  /* the log-coded row scale */
 #define QF_KV_RQ_SCALE_STEPS 8  /* scale codes per octave */
-#define QF_KV_RQ_MIN_BITS 2
+#define QF_KV_RQ_MIN_BITS 1      /* 1-bit rows: format 2 and later (format 1 had 2..6) */
+#define QF_KV_RQ_SENS_BITS 2     /* the width the learner measures sensitivity at */
 #define QF_KV_RQ_MAX_BITS 6
 #define QF_KV_RQ_BITS_F16 16    /* a (layer, stream) stored as plain halves */
 #define QF_KV_RQ_MAX_LEVELS 64  /* 1 << QF_KV_RQ_MAX_BITS */
