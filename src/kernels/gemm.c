@@ -164,27 +164,36 @@ void qf_gemm_q8_rows_ref(qf_type wt, const void *w, size_t row_bytes, int64_t K,
     }
 }
 
-void qf_gemm_q8_rows(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1,
-                     const uint8_t *act, int n, float *y, int64_t ldy, void *scratch) {
-    const size_t pb = qf_gemm_panel_bytes(wt, K), stride = qf_gemm_act_stride(K);
+/* The tiling both integer GEMMs share: pack rows [r0, r1) into panels of QF_GEMM_NR rows (pb bytes
+ * each) in scratch, then run `panel` over token blocks outermost, so a block's activations (stride
+ * bytes a token) stay in L2 while every panel of the tile passes over them. */
+typedef void (*gemm_pack_fn)(qf_type, const void *, size_t, int64_t, int64_t, int, uint8_t *);
+typedef void (*gemm_panel_fn)(qf_type, const uint8_t *, int64_t, const uint8_t *, int, int, float *, int64_t, int);
+static void gemm_tiled(gemm_pack_fn pack, gemm_panel_fn panel, size_t pb, size_t stride, qf_type wt, const void *w,
+                       size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const uint8_t *act, int n, float *y,
+                       int64_t ldy, void *scratch) {
     const int64_t np = (r1 - r0 + QF_GEMM_NR - 1) / QF_GEMM_NR;
     uint8_t *panels = scratch;
     for (int64_t p = 0; p < np; p++) {
         int64_t r = r0 + p * QF_GEMM_NR;
         int nr = r1 - r < QF_GEMM_NR ? (int)(r1 - r) : QF_GEMM_NR;
-        qf_gemm_pack_panel(wt, w, row_bytes, K, r, nr, panels + (size_t)p * pb);
+        pack(wt, w, row_bytes, K, r, nr, panels + (size_t)p * pb);
     }
-    /* token blocks outermost: a block's activations stay in L2 while every panel of the tile
-     * passes over them */
     const int TB = stride * 64 <= (512u << 10) ? 64 : 32;
     for (int t0 = 0; t0 < n; t0 += TB) {
         int t1 = n - t0 < TB ? n : t0 + TB;
         for (int64_t p = 0; p < np; p++) {
             int64_t r = r0 + p * QF_GEMM_NR;
             int nr = r1 - r < QF_GEMM_NR ? (int)(r1 - r) : QF_GEMM_NR;
-            qf_gemm_panel_avx512(wt, panels + (size_t)p * pb, K, act, t0, t1, y + r, ldy, nr);
+            panel(wt, panels + (size_t)p * pb, K, act, t0, t1, y + r, ldy, nr);
         }
     }
+}
+
+void qf_gemm_q8_rows(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1,
+                     const uint8_t *act, int n, float *y, int64_t ldy, void *scratch) {
+    gemm_tiled(qf_gemm_pack_panel, qf_gemm_panel_avx512, qf_gemm_panel_bytes(wt, K), qf_gemm_act_stride(K), wt, w,
+               row_bytes, K, r0, r1, act, n, y, ldy, scratch);
 }
 
 bool qf_gemm_f16_supported(void) { return qf_quant_has_avx2() && cpu_has_avx512vnni(); }
@@ -345,21 +354,6 @@ void qf_gemm_k_rows_ref(qf_type wt, const void *w, size_t row_bytes, int64_t K, 
 
 void qf_gemm_k_rows(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1,
                     const uint8_t *act, int n, float *y, int64_t ldy, void *scratch) {
-    const size_t pb = qf_gemm_k_panel_bytes(wt, K), stride = qf_gemm_k_act_stride(K);
-    const int64_t np = (r1 - r0 + QF_GEMM_NR - 1) / QF_GEMM_NR;
-    uint8_t *panels = scratch;
-    for (int64_t p = 0; p < np; p++) {
-        int64_t r = r0 + p * QF_GEMM_NR;
-        int nr = r1 - r < QF_GEMM_NR ? (int)(r1 - r) : QF_GEMM_NR;
-        qf_gemm_k_pack_panel(wt, w, row_bytes, K, r, nr, panels + (size_t)p * pb);
-    }
-    const int TB = stride * 64 <= (512u << 10) ? 64 : 32;
-    for (int t0 = 0; t0 < n; t0 += TB) {
-        int t1 = n - t0 < TB ? n : t0 + TB;
-        for (int64_t p = 0; p < np; p++) {
-            int64_t r = r0 + p * QF_GEMM_NR;
-            int nr = r1 - r < QF_GEMM_NR ? (int)(r1 - r) : QF_GEMM_NR;
-            qf_gemm_k_panel_avx512(wt, panels + (size_t)p * pb, K, act, t0, t1, y + r, ldy, nr);
-        }
-    }
+    gemm_tiled(qf_gemm_k_pack_panel, qf_gemm_k_panel_avx512, qf_gemm_k_panel_bytes(wt, K), qf_gemm_k_act_stride(K), wt,
+               w, row_bytes, K, r0, r1, act, n, y, ldy, scratch);
 }
