@@ -72,11 +72,10 @@ __host__ __device__ static inline void kv_quant_block(int mode, const float *x, 
     }
 }
 
-/* one thread per 32-element block of the n_rows x hd source */
-__global__ void k_kv_write(int mode, const float *src, int64_t n_rows, int hd, size_t rb, uint8_t *dst, const int *dpos,
-                           size_t pos_stride) {
+/* Thread i's share of writing the n_rows x hd source into cache rows of rb bytes at dst: one
+ * element each for f32/f16, one 32-element block each for q8_0/q4_0. */
+__device__ static void kv_write_thread(int mode, const float *src, int64_t n_rows, int hd, size_t rb, uint8_t *dst) {
     const int nb = hd / 32 > 0 ? hd / 32 : 1;
-    if (dpos) dst += (size_t)*dpos * pos_stride;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (mode == QF_KV_F32 || mode == QF_KV_F16) {
         if (i >= n_rows * hd) return;
@@ -90,6 +89,13 @@ __global__ void k_kv_write(int mode, const float *src, int64_t n_rows, int hd, s
     const int64_t r = i / nb;
     const int b = (int)(i % nb);
     kv_quant_block(mode, src + r * hd + b * QK, dst + r * rb + b * (mode == QF_KV_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0)));
+}
+
+/* one thread per 32-element block of the n_rows x hd source */
+__global__ void k_kv_write(int mode, const float *src, int64_t n_rows, int hd, size_t rb, uint8_t *dst, const int *dpos,
+                           size_t pos_stride) {
+    if (dpos) dst += (size_t)*dpos * pos_stride;
+    kv_write_thread(mode, src, n_rows, hd, rb, dst);
 }
 
 /* kv-int8: one signed byte per element with the static per-channel scales of a kv-int8
@@ -134,7 +140,7 @@ __global__ void k_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, s
     out[i] = o;
 }
 
-/* K and V rows of one batch in one launch: blockIdx.y picks the stream (k_kv_write's body) */
+/* K and V rows of one batch in one launch: blockIdx.y picks the stream, kv_write_thread writes it */
 struct kv_write2_args {
     int mode[2];
     const float *src[2];
@@ -146,20 +152,7 @@ __global__ void k_kv_write2(kv_write2_args a, int64_t n_rows, int hd, const int 
     const size_t rb = a.rb[s];
     const float *src = a.src[s];
     uint8_t *dst = a.dst[s] + (dpos ? (size_t)*dpos * a.stride[s] : 0);
-    const int nb = hd / 32 > 0 ? hd / 32 : 1;
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (mode == QF_KV_F32 || mode == QF_KV_F16) {
-        if (i >= n_rows * hd) return;
-        const int64_t r = i / hd;
-        const int e = (int)(i % hd);
-        if (mode == QF_KV_F32) ((float *)(dst + r * rb))[e] = src[i];
-        else ((__half *)(dst + r * rb))[e] = __float2half_rn(src[i]);
-        return;
-    }
-    if (i >= n_rows * nb) return;
-    const int64_t r = i / nb;
-    const int b = (int)(i % nb);
-    kv_quant_block(mode, src + r * hd + b * QK, dst + r * rb + b * (mode == QF_KV_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0)));
+    kv_write_thread(mode, src, n_rows, hd, rb, dst);
 }
 
 void launch_kv_write2(const qf_kv_mode mode[2], const float *const src[2], int64_t rows, int hd, const size_t rb[2],
