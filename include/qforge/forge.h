@@ -163,6 +163,9 @@ typedef struct {
                                    their heavy per-token tails) */
     int rq_sens_ctx;            /* tokens per sensitivity / window-split chunk (0 = min(n_ctx, 512));
                                    at most the capture window n_ctx (QF_ERR_ARG otherwise) */
+    int rq_transform;           /* 0 (default): Hadamard rows (formats 1, 2); 1: KLT with per-coordinate
+                                   widths (format 3, kv_rq.h), learned in the attention's metric */
+    int rq_klt_plain;           /* with rq_transform 1: 1 = the plain (unweighted) KLT */
     /* outputs */
     const char *out_path;       /* the .qfa (required for qf_job_run) */
     const char *sign_key_path;  /* PEM Ed25519 private key, or NULL */

@@ -886,6 +886,82 @@ done:
     return st;
 }
 
+/* V Gram matrices for the format-3 metric, vg [L][H][D][D]: G = sum over the heads g of the kv
+ * head's group of Wo_g^T Wo_g (Wo_g the attn_output columns of head g): the output error of a V
+ * error e is |Wo_g e|^2 = e^T G e (summed over the heads that read it). */
+static qf_status rq_v_gram(shared *s, float *vg, qf_error *err) {
+    const qf_hparams *hp = qf_model_hparams(s->model);
+    int L = hp->n_layer, H = hp->n_head_kv, NH = hp->n_head, D = hp->head_dim, gq = NH / H;
+    qf_status st = QF_OK;
+    for (int l = 0; l < L && !st; l++) {
+        const qf_weight *w = &qf_model_layer(s->model, l)->wo;
+        int64_t in = w->ne0, rows = w->ne1 > 0 ? w->ne1 : 1;
+        if (in != (int64_t)NH * D)
+            return qf_fail(err, QF_ERR_UNSUPPORTED, "kv-rq klt: layer %d attn_output has %lld inputs, expected %d", l,
+                           (long long)in, NH * D);
+        float *wo = malloc((size_t)in * sizeof(float));
+        double *g = calloc((size_t)H * D * D, sizeof(double));
+        if (!wo || !g) {
+            free(wo), free(g);
+            return qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            qf_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, wo, in);
+            for (int h = 0; h < H; h++)
+                for (int gg = 0; gg < gq; gg++) {
+                    const float *c = wo + (size_t)(h * gq + gg) * D;
+                    double *gh = g + (size_t)h * D * D;
+                    for (int a = 0; a < D; a++)
+                        for (int b = 0; b < D; b++) gh[(size_t)a * D + b] += (double)c[a] * c[b];
+                }
+        }
+        for (size_t i = 0; i < (size_t)H * D * D; i++) vg[(size_t)l * H * D * D + i] = (float)g[i];
+        free(wo), free(g);
+    }
+    return st;
+}
+
+/* Format 3 on top of the learned fit: the metric (unless --rq-klt-metric plain), the KLT fit,
+ * and the measurement behind it logged per (layer, stream): the eigenvalue spread (arithmetic /
+ * geometric mean, the transform-coding gain over equal widths, in dB), the share of the
+ * variance in the top eighth of the coordinates, and both codecs' relative error in the metric. */
+static qf_status rq_learn_klt(const qf_job *j, shared *s, const qf_kv_capture_view *v, qf_kv_rq_fit *fit,
+                              qf_error *err) {
+    const qf_hparams *hp = qf_model_hparams(s->model);
+    int L = hp->n_layer, H = hp->n_head_kv, D = hp->head_dim;
+    size_t n = (size_t)L * H * D;
+    float *kw = NULL, *vw = NULL, *vg = NULL;
+    qf_status st = QF_OK;
+    double t0 = qf_now_sec();
+    if (!j->rq_klt_plain) {
+        if (!(kw = malloc(n * sizeof(float))) || !(vw = malloc(n * sizeof(float))) || !(vg = malloc(n * D * sizeof(float))))
+            st = qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
+        if (!st) st = rq_channel_weights(j, s, kw, vw, err);
+        if (!st) st = rq_v_gram(s, vg, err);
+    }
+    if (!st) st = qf_kv_rq_learn_klt(v, kw, vg, 4096, fit, err);
+    free(kw), free(vw), free(vg);
+    if (st) return st;
+    for (int l = 0; l < L; l++)
+        for (int sidx = 0; sidx < 2; sidx++) {
+            double gain = 0, top = 0;
+            for (int h = 0; h < H; h++) {
+                const double *e = fit->klt->eig[sidx] + ((size_t)l * H + h) * D;
+                double am = 0, lg = 0, tt = 0;
+                for (int i = 0; i < D; i++) am += e[i], lg += log(e[i]), tt += i < D / 8 ? e[i] : 0;
+                am /= D;
+                gain += 10 * log10(am / exp(lg / D)) / H, top += tt / (am * D) / H;
+            }
+            const double *rk = fit->rel_mse[sidx] + l * QF_KV_RQ_N_WIDTHS, *rh = fit->klt->had_rel_mse[sidx] + l * QF_KV_RQ_N_WIDTHS;
+            stage(j, "[3/5 learn] kv-rq klt layer %d %c: eigenvalue AM/GM %.1f dB, top %d of %d coordinates %.1f%% of the "
+                     "variance; relative error in the metric klt / hadamard at 1 / 2 / 3 / 4 bits: %.4f/%.4f %.4f/%.4f "
+                     "%.4f/%.4f %.4f/%.4f",
+                  l, sidx ? 'V' : 'K', gain, D / 8, D, 100 * top, rk[0], rh[0], rk[1], rh[1], rk[2], rh[2], rk[3], rh[3]);
+        }
+    stage(j, "[3/5 learn] kv-rq klt (metric %s) in %.1f s", j->rq_klt_plain ? "plain" : "attention", qf_now_sec() - t0);
+    return QF_OK;
+}
+
 /* One kv-rq candidate certified on the evaluation split (s->ref) and logged. */
 static qf_status rq_certify(const qf_job *j, shared *s, const qf_kv_rq_fit *fit, int *const bits[2], int S, int R,
                             qf_payload *pl, qf_certify_result *r, double *bpe, qf_error *err) {
@@ -944,6 +1020,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         for (int l = 0; l < L && o < 400; l++) o += snprintf(line + o, sizeof line - (size_t)o, " %.3f", fit.v_pred_ratio[l]);
         stage(j, "[3/5 learn] kv-rq V predicted from the same layer's K: residual / V variance per layer%s", line);
     }
+    if (!st && j->rq_transform == 1) st = rq_learn_klt(j, s, &v, &fit, err); /* format 3 */
     if (st) return as_stage(err, st, st == QF_ERR_NOMEM ? st : QF_ERR_CAPTURE_FAILED, "learn");
     fit.k_prerope = rq_use_prerope(j); /* stage_capture kept K before RoPE */
     /* the allocation's floor: 1-bit rows for the least sensitive units at low budgets */
@@ -1146,7 +1223,8 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         (st = qf_payload_add_int(cf, "v_pred", fit.v_pred != NULL, err)) ||
         (j->rq_qaware && (st = qf_payload_add_float(cf, "v_alpha", j->rq_v_alpha, err))) ||
         (j->rq_bits > 0 && (st = qf_payload_add_float(cf, "budget_bits", j->rq_bits, err))) ||
-        (st = qf_payload_add_int(cf, "sens_ctx", sens_ctx, err)))
+        (st = qf_payload_add_int(cf, "sens_ctx", sens_ctx, err)) ||
+        (st = qf_payload_add_string(cf, "transform", j->rq_transform ? (j->rq_klt_plain ? "klt-plain" : "klt") : "hadamard", err)))
         goto done;
     if (!rep->result.passed) {
         const qf_certify_result *rr = &rep->result;
