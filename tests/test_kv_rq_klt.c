@@ -84,16 +84,28 @@ TEST(klt_learner_widths_oracle_and_gain) {
     CHECK_EQ_INT(qf_kv_rq_learn_klt(&cv, NULL, NULL, 4096, &f, &e), QF_OK);
     CHECK(f.klt != NULL);
     if (!f.klt) goto out;
-    for (int b = 1; b <= QF_KV_RQ_N_WIDTHS; b++) { /* every head's widths spend exactly b * D bits */
+    for (int r8 = 0; r8 < QF_KV_RQ_KLT_N_RATES; r8++) { /* every head's widths spend exactly r8 * D / 8 bits */
         int sum = 0;
-        for (int i = 0; i < D; i++) sum += f.klt->width[0][(size_t)(b - 1) * D + i];
-        CHECK_EQ_INT(sum, b * D);
+        for (int i = 0; i < D; i++) sum += f.klt->width[0][(size_t)r8 * D + i];
+        CHECK_EQ_INT(sum, r8 * D / 8);
+        if (r8) CHECK(f.klt->rel8[0][r8] <= f.klt->rel8[0][r8 - 1]);
+    }
+    /* the fractional allocation: within the budget, more bits to the sensitive unit */
+    {
+        double sk = 1.0, sv = 0.01;
+        const double *sens[2] = {&sk, &sv};
+        int bk, bv, *bits[2] = {&bk, &bv};
+        qf_kv_rq_klt_allocate(&f, sens, 1.5, 1, bits);
+        int ek = qf_kv_rq_klt_eighths(bk), ev = qf_kv_rq_klt_eighths(bv);
+        printf("  allocation within 1.5 bits: K %d/8 V %d/8\n", ek, ev);
+        CHECK(ek >= 4 && ev >= 4 && ek + ev <= 24 && ek > ev);
+        CHECK_EQ_INT((int)qf_kv_rq_any_row_bytes(D, bk), 1 + ek);
     }
     printf("  relative error klt / hadamard at 2 bits: K %.4f / %.4f\n", f.rel_mse[0][1], f.klt->had_rel_mse[0][1]);
     CHECK(f.rel_mse[0][1] < 0.5 * f.klt->had_rel_mse[0][1]); /* low-rank data: a large transform-coding gain */
     /* the codec against the oracle, at the 2-bit allocation */
     float lv[D * QF_KV_RQ_MAX_LEVELS];
-    const uint8_t *wd = f.klt->width[0] + D;
+    const uint8_t *wd = f.klt->width[0] + 16 * D; /* 2 bits per element */
     for (int i = 0; i < D; i++)
         memcpy(lv + (size_t)i * QF_KV_RQ_MAX_LEVELS,
                f.klt->levels[0] + ((size_t)i * QF_KV_RQ_N_WIDTHS + (wd[i] ? wd[i] - 1 : 0)) * QF_KV_RQ_MAX_LEVELS,

@@ -73,8 +73,9 @@ typedef struct {
  * mean squared query energy of each RoPE pair; V: the Gram matrix of the attn_output columns
  * the head feeds; identity without weights); enc = R^T M, dec = M^-1 R; per coordinate a
  * Lloyd-Max codebook at each width 1..6 on the standardized, row-scaled coordinate; per unit
- * width b (1..6 bits per element) the widths of the coordinates by greedy reverse water-filling
- * of b * head_dim bits on the measured per-coordinate distortions. Payload, format 3 (with the
+ * rate (e/8 bits per element, e = 4..48: whole bits, or a layer bit value 32 + e) the widths of
+ * the coordinates by greedy reverse water-filling of e * head_dim / 8 bits on the measured
+ * per-coordinate distortions. Payload, format 3 (with the
  * format-2 keys; "rotation" "klt"; k_levels / k_cs are kept but unused by the rows):
  *   "k_klt_enc", "k_klt_dec"  f32 [L, H, D, D]     (likewise v_...)
  *   "k_klt_sigma"             f32 [L, H, D]        > 0: the coordinate's standard deviation
@@ -84,7 +85,9 @@ typedef struct {
 typedef struct qf_kv_rq_klt_fit {
     float *enc[2], *dec[2], *sigma[2]; /* [L][H][D][D], [L][H][D][D], [L][H][D] */
     float *levels[2];                  /* [L][H][D][QF_KV_RQ_N_WIDTHS][64]: coordinate width w + 1 */
-    uint8_t *width[2];                 /* [QF_KV_RQ_N_WIDTHS][L][H][D]: the widths at unit width w + 1 */
+    uint8_t *width[2];                 /* [49][L][H][D]: the widths at e/8 code bits per element (e = 4..48) */
+    double *rel8[2];                   /* [L][49] predicted relative error in the metric at e/8 bits (the
+                                          water-filling's sum of measured per-coordinate distortions) */
     double *eig[2];                    /* [L][H][D] eigenvalues in the metric, descending */
     double *had_rel_mse[2];            /* [L][QF_KV_RQ_N_WIDTHS] the Hadamard codec's relative error in the same metric */
 } qf_kv_rq_klt_fit;
@@ -95,7 +98,14 @@ typedef struct qf_kv_rq_klt_fit {
  * QF_ERR_NOMEM, QF_ERR_ARG (a non-finite weight). */
 QF_API qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const float *vgram, int64_t max_rows,
                                     qf_kv_rq_fit *f, qf_error *err);
+#define QF_KV_RQ_KLT_N_RATES 49 /* e = 0..48 eighths */
 QF_API void qf_kv_rq_klt_fit_free(qf_kv_rq_klt_fit *k);
+/* The format-3 allocation (qf_kv_rq_allocate_min calls it when f->klt is set): like the integer
+ * greedy but in steps of 1/8 bit per element (whole row bytes), from a floor of 0.5 bits
+ * (min_bits <= 1) or min_bits, on the predicted errors rel8. bits[s][l] out as format-3 bit
+ * values (32 + eighths, engine/kv_rq_klt.h); returns the predicted total damage. */
+QF_API double qf_kv_rq_klt_allocate(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int min_bits,
+                                    int *const bits[2]);
 /* Adds the format-3 arrays for the allocation bits[s][l] to pl (called by qf_kv_rq_payload). */
 QF_API qf_status qf_kv_rq_klt_payload(const qf_kv_rq_fit *f, const int *const bits[2], qf_payload *pl, qf_error *err);
 

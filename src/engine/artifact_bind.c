@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "engine/kv_rq_klt.h"
 #include "format/kv_rq_row.h"
 #include "engine/gpu.h"
 
@@ -351,7 +352,7 @@ static double bits_rq(const qf_payload *p, const qf_hparams *hp, int n_ctx) {
         return NAN;
     double b = 0;
     for (int l = 0; l < L; l++) {
-        size_t rk = qf_kv_rq_row_bytes(hp->head_dim, kb[l]), rv = qf_kv_rq_row_bytes(hp->head_dim, vb[l]);
+        size_t rk = qf_kv_rq_any_row_bytes(hp->head_dim, kb[l]), rv = qf_kv_rq_any_row_bytes(hp->head_dim, vb[l]);
         if (!rk || !rv) return NAN;
         b += 8.0 * (double)(rk + rv) / hp->head_dim;
     }

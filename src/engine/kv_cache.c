@@ -138,12 +138,12 @@ static qf_status rq_bind_klt(struct qf_kv_rq_bind *r, const qf_kv_stream_spec *s
             qf_kv_rq_klt c = {.head_dim = hd, .mean = r->mean + o * hd, .enc = r->klt_enc + o * hd * hd,
                               .dec = r->klt_dec + o * hd * hd, .sigma = r->klt_sigma + o * hd,
                               .levels = r->klt_levels + o * hd * QF_KV_RQ_MAX_LEVELS, .width = r->klt_width + o * hd};
-            const char *why = qf_kv_rq_klt_check(&c, r->bits[l] * hd);
+            const char *why = qf_kv_rq_klt_check(&c, qf_kv_rq_klt_eighths(r->bits[l]) * hd / 8);
             if (why)
                 return qf_fail(err, QF_ERR_ARG,
                                "rq KV cache (%s): layer %d head %d: format-3 %s invalid (widths 0..%d summing to %d bits, "
                                "ascending finite levels, finite matrices, sigma > 0)",
-                               sname, l, h, why, QF_KV_RQ_KLT_MAX_WIDTH, r->bits[l] * hd);
+                               sname, l, h, why, QF_KV_RQ_KLT_MAX_WIDTH, qf_kv_rq_klt_eighths(r->bits[l]) * hd / 8);
         }
     }
     return QF_OK;
@@ -171,13 +171,13 @@ static qf_status rq_bind_new(const qf_kv_stream_spec *sp, const qf_hparams *hp, 
     qf_status st = QF_OK;
     for (int l = 0; l < L && !st; l++) {
         int b = sp->rq_bits[l];
-        if (!qf_kv_rq_bits_ok(b)) {
+        if (!qf_kv_rq_bits_ok(b) && !(sp->rq_klt_enc && qf_kv_rq_any_row_bytes(hd, b))) { /* format 3: fractional rates */
             st = qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): layer %d has %d bits (expected 1..6 or 16)", sname, l, b);
             break;
         }
         r->bits[l] = b;
-        r->row_bytes[l] = qf_kv_rq_row_bytes(hd, b);
-        for (int h = 0; h < H && b != QF_KV_RQ_BITS_F16 && !st; h++) {
+        r->row_bytes[l] = qf_kv_rq_any_row_bytes(hd, b);
+        for (int h = 0; h < H && b <= QF_KV_RQ_MAX_BITS && !st; h++) {
             const float *lv = sp->rq_levels + ((size_t)l * H + h) * QF_KV_RQ_MAX_LEVELS;
             for (int k = 0; k < (1 << b); k++)
                 if (!isfinite(lv[k]) || (k > 0 && !(lv[k] > lv[k - 1])))

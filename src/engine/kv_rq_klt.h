@@ -11,8 +11,8 @@
  *                                 little-endian bit stream (width-0 coordinates take no bits)
  *
  * and decodes to x = mean + F y, y_i = s sigma_i levels_i[code_i] (0 when w_i = 0: the
- * coordinate's calibration mean). sum(w_i) = bits * head_dim, so a row has the same size as a
- * Hadamard row of `bits` bits (qf_kv_rq_row_bytes). */
+ * coordinate's calibration mean). sum(w_i) = bits * head_dim (whole bits: the size of a Hadamard
+ * row of `bits` bits), or head_dim * e / 8 at a fractional rate (qf_kv_rq_any_row_bytes). */
 #ifndef QF_ENGINE_KV_RQ_KLT_H
 #define QF_ENGINE_KV_RQ_KLT_H
 
@@ -21,6 +21,32 @@
 #include "format/kv_rq_row.h"
 
 #define QF_KV_RQ_KLT_MAX_WIDTH 6 /* per coordinate; levels use QF_KV_RQ_MAX_LEVELS slots */
+
+/* Format 3 also allows fractional code rates: a layer's bit value 32 + e (e in 4..48) means e/8
+ * code bits per element (row: scale byte + head_dim * e / 64 bytes); 1..6 mean whole bits and
+ * QF_KV_RQ_BITS_F16 plain halves as in formats 1 and 2. */
+#define QF_KV_RQ_KLT_EIGHTHS_BASE 32
+#define QF_KV_RQ_KLT_MIN_EIGHTHS 4
+#define QF_KV_RQ_KLT_MAX_EIGHTHS (8 * QF_KV_RQ_KLT_MAX_WIDTH)
+
+/* code bits per element in eighths of a layer's bit value (0: f16 or not a code rate) */
+static inline int qf_kv_rq_klt_eighths(int bits) {
+    if (bits >= 1 && bits <= QF_KV_RQ_MAX_BITS) return 8 * bits;
+    if (bits >= QF_KV_RQ_KLT_EIGHTHS_BASE + QF_KV_RQ_KLT_MIN_EIGHTHS && bits <= QF_KV_RQ_KLT_EIGHTHS_BASE + QF_KV_RQ_KLT_MAX_EIGHTHS)
+        return bits - QF_KV_RQ_KLT_EIGHTHS_BASE;
+    return 0;
+}
+
+/* bytes of one row for any bit value (qf_kv_rq_row_bytes, plus the fractional format-3 rates;
+ * 0 when undefined, e.g. a fractional rate that does not fill whole bytes at this head_dim) */
+static inline size_t qf_kv_rq_any_row_bytes(int head_dim, int bits) {
+    if (bits > QF_KV_RQ_KLT_EIGHTHS_BASE) {
+        int e = qf_kv_rq_klt_eighths(bits);
+        if (!e || qf_kv_rq_row_bytes(head_dim, 2) == 0 || ((size_t)head_dim * e) % 64) return 0;
+        return QF_KV_RQ_SCALE_BYTES + (size_t)head_dim * e / 64;
+    }
+    return qf_kv_rq_row_bytes(head_dim, bits);
+}
 
 /* One (layer, stream, head) of format 3: enc, dec [D][D] row-major (y = enc (x - mean),
  * x = mean + dec y), sigma [D] (finite, > 0), width [D] (0..QF_KV_RQ_KLT_MAX_WIDTH),

@@ -352,7 +352,7 @@ double qf_kv_rq_bits_per_element(const int *const bits[2], int n_layer, int head
                                  int n_ctx) {
     double b = 0;
     for (int s = 0; s < 2; s++)
-        for (int l = 0; l < n_layer; l++) b += 8.0 * (double)qf_kv_rq_row_bytes(head_dim, bits[s][l]) / head_dim;
+        for (int l = 0; l < n_layer; l++) b += 8.0 * (double)qf_kv_rq_any_row_bytes(head_dim, bits[s][l]) / head_dim;
     b /= 2.0 * n_layer;
     if (n_ctx > 0) b += 16.0 * (n_sink + n_window) / n_ctx;
     return b;
@@ -364,6 +364,7 @@ double qf_kv_rq_allocate(const qf_kv_rq_fit *f, const double *const sens[2], dou
 
 double qf_kv_rq_allocate_min(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int min_bits,
                              int *const bits[2]) {
+    if (f->klt && f->klt->rel8[0]) return qf_kv_rq_klt_allocate(f, sens, max_code_bits, min_bits, bits); /* format 3 */
     int L = f->n_layer, U = 2 * L;
     if (min_bits < QF_KV_RQ_MIN_BITS) min_bits = QF_KV_RQ_MIN_BITS;
     if (min_bits > QF_KV_RQ_MAX_BITS) min_bits = QF_KV_RQ_MAX_BITS;

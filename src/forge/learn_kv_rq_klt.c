@@ -11,13 +11,14 @@
 #include "util/util.h"
 
 #define NW QF_KV_RQ_N_WIDTHS
+#define QF_KV_RQ_MAX_LAYERS_ALLOC 256 /* layers whose allocation state fits on the stack */
 #define NL QF_KV_RQ_MAX_LEVELS
 
 void qf_kv_rq_klt_fit_free(qf_kv_rq_klt_fit *k) {
     if (!k) return;
     for (int s = 0; s < 2; s++) {
         free(k->enc[s]), free(k->dec[s]), free(k->sigma[s]), free(k->levels[s]), free(k->width[s]);
-        free(k->eig[s]), free(k->had_rel_mse[s]);
+        free(k->eig[s]), free(k->had_rel_mse[s]), free(k->rel8[s]);
     }
     free(k);
 }
@@ -75,9 +76,10 @@ static void jacobi_eig(double *A, int n, double *V, double *w) {
 }
 
 /* One (layer, stream, head): rows X [n][D] already centred (minus the fit's mean). Writes enc,
- * dec, sigma, levels [D][NW][NL], width [NW][D] (stride wstride between unit widths), eig. */
+ * dec, sigma, levels [D][NW][NL], width [49][D] (stride wstride between rates), eig, rel8 [49]. */
 static qf_status fit_head(const float *X, int64_t n, int D, const double *M, const double *Minv, float *enc, float *dec,
-                          float *sigma, float *levels, uint8_t *width, size_t wstride, double *eig, qf_error *err) {
+                          float *sigma, float *levels, uint8_t *width, size_t wstride, double *eig, double *rel8,
+                          qf_error *err) {
     size_t DD = (size_t)D * D;
     double *C = calloc(DD, sizeof(double)), *R = malloc(DD * sizeof(double)), *u = malloc((size_t)D * sizeof(double));
     float *t = malloc(sizeof(float) * (size_t)n * D), *col = malloc(sizeof(float) * (size_t)n);
@@ -152,20 +154,27 @@ static qf_status fit_head(const float *X, int64_t n, int D, const double *M, con
             dist[(size_t)i * (NW + 1) + w] = eig[i] * e / (double)m;
         }
     }
-    /* greedy reverse water-filling of b * D bits at each unit width b */
-    for (int b = 1; b <= NW && !st; b++) {
-        uint8_t *wd = width + (size_t)(b - 1) * wstride;
-        memset(wd, 0, (size_t)D);
-        for (int left = b * D; left > 0; left--) {
-            int bi = -1;
-            double best = -INFINITY;
-            for (int i = 0; i < D; i++) {
-                if (wd[i] >= QF_KV_RQ_KLT_MAX_WIDTH) continue;
-                double g = dist[(size_t)i * (NW + 1) + wd[i]] - dist[(size_t)i * (NW + 1) + wd[i] + 1];
-                if (g > best) best = g, bi = i;
+    /* greedy reverse water-filling, one bit at a time (the path is nested): the widths at
+     * e * D / 8 bits are snapshot e, with the predicted relative error sum_i dist_i / sum_i eig_i */
+    if (!st) {
+        uint8_t wd[QF_KV_RQ_MAX_HEAD_DIM] = {0};
+        double tot = 0, cur = 0;
+        for (int i = 0; i < D; i++) tot += eig[i], cur += dist[(size_t)i * (NW + 1)];
+        for (int used = 0, e = 0; e < QF_KV_RQ_KLT_N_RATES; e++) {
+            for (; used < e * D / 8; used++) {
+                int bi = -1;
+                double best = -INFINITY;
+                for (int i = 0; i < D; i++) {
+                    if (wd[i] >= QF_KV_RQ_KLT_MAX_WIDTH) continue;
+                    double g = dist[(size_t)i * (NW + 1) + wd[i]] - dist[(size_t)i * (NW + 1) + wd[i] + 1];
+                    if (g > best) best = g, bi = i;
+                }
+                if (bi < 0) break;
+                cur -= dist[(size_t)bi * (NW + 1) + wd[bi]] - dist[(size_t)bi * (NW + 1) + wd[bi] + 1];
+                wd[bi]++;
             }
-            if (bi < 0) break;
-            wd[bi]++;
+            memcpy(width + (size_t)e * wstride, wd, (size_t)D);
+            rel8[e] = tot > 0 ? cur / tot : 0;
         }
     }
 done:
@@ -223,7 +232,8 @@ qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const
     for (int s = 0; s < 2; s++)
         if (!(k->enc[s] = malloc(lhd * D * sizeof(float))) || !(k->dec[s] = malloc(lhd * D * sizeof(float))) ||
             !(k->sigma[s] = malloc(lhd * sizeof(float))) || !(k->levels[s] = malloc(lhd * NW * NL * sizeof(float))) ||
-            !(k->width[s] = malloc(NW * lhd)) || !(k->eig[s] = malloc(lhd * sizeof(double))) ||
+            !(k->width[s] = malloc(QF_KV_RQ_KLT_N_RATES * lhd)) || !(k->eig[s] = malloc(lhd * sizeof(double))) ||
+            !(k->rel8[s] = calloc((size_t)L * QF_KV_RQ_KLT_N_RATES, sizeof(double))) ||
             !(k->had_rel_mse[s] = calloc((size_t)L * NW, sizeof(double))))
             goto oom;
     for (int l = 0; l < L && !st; l++)
@@ -251,14 +261,16 @@ qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const
                 metric(s, kw ? kw + o : NULL, vgram ? vgram + o * D : NULL, D, M, Minv, scr);
                 float *enc = k->enc[s] + o * D, *dec = k->dec[s] + o * D, *sig = k->sigma[s] + o,
                       *lv = k->levels[s] + o * NW * NL;
-                st = fit_head(X, rows, D, M, Minv, enc, dec, sig, lv, k->width[s] + o, lhd, k->eig[s] + o, err);
+                double r8[QF_KV_RQ_KLT_N_RATES];
+                st = fit_head(X, rows, D, M, Minv, enc, dec, sig, lv, k->width[s] + o, lhd, k->eig[s] + o, r8, err);
                 if (st) break;
+                for (int e = 0; e < QF_KV_RQ_KLT_N_RATES; e++) k->rel8[s][l * QF_KV_RQ_KLT_N_RATES + e] += r8[e] / H;
                 /* the real codecs' relative error in the metric, |enc (x - x^)|^2 / |enc (x - mean)|^2,
                  * at each unit width: format 3 and the Hadamard rows of the same fit */
                 float lvw[QF_KV_RQ_MAX_HEAD_DIM * NL];
                 int64_t step = rows > 1024 ? rows / 1024 : 1;
                 for (int b = 1; b <= NW; b++) {
-                    const uint8_t *wd = k->width[s] + (size_t)(b - 1) * lhd + o;
+                    const uint8_t *wd = k->width[s] + (size_t)(8 * b) * lhd + o;
                     for (int i = 0; i < D; i++) memcpy(lvw + (size_t)i * NL, lv + ((size_t)i * NW + (wd[i] ? wd[i] - 1 : 0)) * NL, NL * sizeof(float));
                     qf_kv_rq_klt c3 = {.head_dim = D, .mean = mean, .enc = enc, .dec = dec, .sigma = sig, .levels = lvw, .width = wd};
                     float ics[QF_KV_RQ_MAX_HEAD_DIM];
@@ -312,9 +324,9 @@ qf_status qf_kv_rq_klt_payload(const qf_kv_rq_fit *f, const int *const bits[2], 
     if (!lv || !wd) st = qf_fail(err, QF_ERR_NOMEM, "kv-rq klt payload: out of memory");
     for (int s = 0; s < 2 && !st; s++) {
         for (int l = 0; l < L; l++) {
-            int b = bits[s][l] >= 1 && bits[s][l] <= NW ? bits[s][l] : 0; /* f16 layers: unused, zeros */
+            int e = qf_kv_rq_klt_eighths(bits[s][l]); /* 0: an f16 layer (widths unused, zeros) */
             for (size_t i = (size_t)l * H * D; i < (size_t)(l + 1) * H * D; i++) {
-                int w = b ? k->width[s][(size_t)(b - 1) * lhd + i] : 0;
+                int w = e ? k->width[s][(size_t)e * lhd + i] : 0;
                 wd[i] = (uint8_t)w;
                 if (w) memcpy(lv + i * NL, k->levels[s] + (i * NW + (size_t)(w - 1)) * NL, NL * sizeof(float));
                 else
@@ -337,4 +349,48 @@ qf_status qf_kv_rq_klt_payload(const qf_kv_rq_fit *f, const int *const bits[2], 
     }
     free(lv), free(wd);
     return st;
+}
+
+double qf_kv_rq_klt_allocate(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int min_bits,
+                             int *const bits[2]) {
+    const qf_kv_rq_klt_fit *k = f->klt;
+    int L = f->n_layer, U = 2 * L, step = f->head_dim >= 64 ? 1 : 64 / f->head_dim; /* whole row bytes */
+    int e0 = min_bits <= 1 ? QF_KV_RQ_KLT_MIN_EIGHTHS : 8 * (min_bits < NW ? min_bits : NW);
+    e0 = (e0 + step - 1) / step * step;
+    int e[2][QF_KV_RQ_MAX_LAYERS_ALLOC];
+    int *ep[2] = {L <= QF_KV_RQ_MAX_LAYERS_ALLOC ? e[0] : malloc(sizeof(int) * (size_t)L),
+                  L <= QF_KV_RQ_MAX_LAYERS_ALLOC ? e[1] : malloc(sizeof(int) * (size_t)L)};
+    double pred = 0;
+    if (!ep[0] || !ep[1]) goto out;
+    for (int s = 0; s < 2; s++)
+        for (int l = 0; l < L; l++) ep[s][l] = e0;
+    double total = (double)e0 * U;
+    const int es = 8 * QF_KV_RQ_SENS_BITS; /* sens is measured at 2 bits */
+#define R8(s, l, x) k->rel8[s][(l) * QF_KV_RQ_KLT_N_RATES + (x)]
+#define PRED(s, l, x) (R8(s, l, es) > 0 ? sens[s][l] * R8(s, l, x) / R8(s, l, es) : 0)
+    for (;;) {
+        if ((total + step) / (8.0 * U) > max_code_bits + 1e-9) break;
+        int bs = -1, bl = -1;
+        double best = -1;
+        for (int s = 0; s < 2; s++)
+            for (int l = 0; l < L; l++) {
+                int x = ep[s][l];
+                if (x + step > QF_KV_RQ_KLT_MAX_EIGHTHS) continue;
+                double g = PRED(s, l, x) - PRED(s, l, x + step);
+                if (g > best) best = g, bs = s, bl = l;
+            }
+        if (bs < 0) break;
+        ep[bs][bl] += step;
+        total += step;
+    }
+    for (int s = 0; s < 2; s++)
+        for (int l = 0; l < L; l++) {
+            pred += PRED(s, l, ep[s][l]);
+            bits[s][l] = QF_KV_RQ_KLT_EIGHTHS_BASE + ep[s][l];
+        }
+#undef PRED
+#undef R8
+out:
+    if (L > QF_KV_RQ_MAX_LAYERS_ALLOC) free(ep[0]), free(ep[1]);
+    return pred;
 }

@@ -17,6 +17,7 @@
 #include "qforge/forge.h"
 #include "qforge/ppl.h"
 #include "qforge/kv_rq.h"
+#include "engine/kv_rq_klt.h"
 #include "format/kv_rq_row.h"
 #include "kernels/hadamard.h"
 #include "util/par.h"
@@ -962,6 +963,19 @@ static qf_status rq_learn_klt(const qf_job *j, shared *s, const qf_kv_capture_vi
     return QF_OK;
 }
 
+/* A (layer, stream) allocation as text: one digit per layer for whole bits, "1.625/0.5/..." when
+ * any layer has a fractional format-3 rate (engine/kv_rq_klt.h) */
+static void rq_bits_str(const int *b, int L, char *out, size_t n) {
+    bool frac = false;
+    for (int l = 0; l < L; l++) frac |= b[l] > QF_KV_RQ_KLT_EIGHTHS_BASE;
+    size_t o = 0;
+    out[0] = 0;
+    for (int l = 0; l < L && o + 8 < n; l++) {
+        if (!frac) out[o++] = (char)('0' + b[l] % 10), out[o] = 0;
+        else o += (size_t)snprintf(out + o, n - o, "%s%g", l ? "/" : "", qf_kv_rq_klt_eighths(b[l]) / 8.0);
+    }
+}
+
 /* One kv-rq candidate certified on the evaluation split (s->ref) and logged. */
 static qf_status rq_certify(const qf_job *j, shared *s, const qf_kv_rq_fit *fit, int *const bits[2], int S, int R,
                             qf_payload *pl, qf_certify_result *r, double *bpe, qf_error *err) {
@@ -971,8 +985,8 @@ static qf_status rq_certify(const qf_job *j, shared *s, const qf_kv_rq_fit *fit,
     if (st) return st;
     *bpe = qf_kv_rq_bits_per_element((const int *const *)bits, fit->n_layer, fit->head_dim, S, R, s->n_ctx);
     if ((st = qf_certify_candidate(s->ctx, s->ref, QF_ARTIFACT_KV_RQ, pl, &j->gate, r, err))) return st;
-    char kb[64] = "", vb[64] = "";
-    for (int l = 0; l < fit->n_layer && l < 60; l++) kb[l] = (char)('0' + bits[0][l]), vb[l] = (char)('0' + bits[1][l]);
+    char kb[256], vb[256];
+    rq_bits_str(bits[0], fit->n_layer, kb, sizeof kb), rq_bits_str(bits[1], fit->n_layer, vb, sizeof vb);
     stage(j, "[4/5 certify] kv-rq K %s V %s S%d R%d: %.3f bits/element, PPL %.4f -> %.4f (delta %+.4f%%), KLD mean "
              "%.6f p99 %.6f, top-1 %.2f%% -> %s",
           kb, vb, S, R, *bpe, r->ref_ppl, r->cand_ppl, 100 * r->delta_ppl, r->kld_mean, r->kld_p99, 100 * r->top1,
@@ -1208,11 +1222,15 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     rep->seconds_certify = qf_now_sec() - t0;
     if ((st = fill_cert(j, s, rep, err))) goto done;
     qf_payload *cf = &rep->cert.config;
-    char kb[128] = "", vb[128] = "";
+    char kb[256] = "", vb[256] = "";
     {
         size_t nb;
         const uint8_t *b0 = qf_payload_get_bytes(&best, "k_bits", &nb), *b1 = qf_payload_get_bytes(&best, "v_bits", &nb);
-        for (int l = 0; b0 && b1 && l < L && l < 120; l++) kb[l] = (char)('0' + (b0[l] % 10)), vb[l] = (char)('0' + (b1[l] % 10));
+        if (b0 && b1 && L <= 120) {
+            int i0[120], i1[120];
+            for (int l = 0; l < L; l++) i0[l] = b0[l], i1[l] = b1[l];
+            rq_bits_str(i0, L, kb, sizeof kb), rq_bits_str(i1, L, vb, sizeof vb);
+        }
     }
     if ((st = qf_payload_add_float(cf, "bits_per_element_at_first_ctx", bpe_first, err)) ||
         (st = qf_payload_add_int(cf, "n_sink", S, err)) || (st = qf_payload_add_int(cf, "n_window", R, err)) ||
