@@ -91,7 +91,7 @@ expect "--rq-min-bits 7: usage" 1 "$qf" calibrate "${small[@]}" --bits 4 --rq-mi
 # format 2 (docs/kv-rq.md "2.5 bits"): 1-bit rows under a 2-bit budget, keys before RoPE, V predicted
 # from K; the same budget with both off; bad values of the new switches
 expect "kv-rq --bits 2.0 (1-bit floor, pre-RoPE K, V from K)" 0 "$qf" calibrate "${small[@]}" --gate 10 --max-kld 10 --max-kld-p99 100 --bits 2.0 \
-    --sinks 1 --window 1 -o "$d/rq2.qfa" --json
+    --sinks 1 --window 1 --rq-transform hadamard -o "$d/rq2.qfa" --json
 cand2=$(sed -n 's/.*"cand_ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
 expect "verify (format 2)" 0 "$qf" verify "$d/rq2.qfa" -m "$model" --json
 if python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(not (1 < j["bits_per_element"] <= 2.0))' "$d/out"; then

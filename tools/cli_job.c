@@ -132,6 +132,11 @@ int cli_job_flag(int argc, char **argv, int *i, qf_job *j, const char **paths, i
         if (!strcmp(val, "klt")) j->rq_transform = 1;
         else if (!strcmp(val, "hadamard")) j->rq_transform = 0;
         else BAD("bad --rq-transform '%s' (klt, hadamard)", val);
+    } else if (FLAG("--rq-klt-rates", NULL)) {
+        if (r < 0) goto missing;
+        if (!strcmp(val, "eighths")) j->rq_klt_eighths = 1;
+        else if (!strcmp(val, "whole")) j->rq_klt_eighths = 0;
+        else BAD("bad --rq-klt-rates '%s' (whole, eighths)", val);
     } else if (FLAG("--rq-klt-metric", NULL)) {
         if (r < 0) goto missing;
         if (!strcmp(val, "attention")) j->rq_klt_plain = 0;

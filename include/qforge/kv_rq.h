@@ -90,6 +90,8 @@ typedef struct qf_kv_rq_klt_fit {
                                           water-filling's sum of measured per-coordinate distortions) */
     double *eig[2];                    /* [L][H][D] eigenvalues in the metric, descending */
     double *had_rel_mse[2];            /* [L][QF_KV_RQ_N_WIDTHS] the Hadamard codec's relative error in the same metric */
+    bool eighths;                      /* allocate in 1/8-bit steps (qf_kv_rq_klt_allocate; set by the caller),
+                                          else whole bits like formats 1 and 2 */
 } qf_kv_rq_klt_fit;
 
 /* Fit format 3 on top of qf_kv_rq_learn's fit f (its means and V predictor are reused; its
@@ -100,9 +102,9 @@ QF_API qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw
                                     qf_kv_rq_fit *f, qf_error *err);
 #define QF_KV_RQ_KLT_N_RATES 49 /* e = 0..48 eighths */
 QF_API void qf_kv_rq_klt_fit_free(qf_kv_rq_klt_fit *k);
-/* The format-3 allocation (qf_kv_rq_allocate_min calls it when f->klt is set): like the integer
- * greedy but in steps of 1/8 bit per element (whole row bytes), from a floor of 0.5 bits
- * (min_bits <= 1) or min_bits, on the predicted errors rel8. bits[s][l] out as format-3 bit
+/* The fractional format-3 allocation (qf_kv_rq_allocate_min calls it when f->klt->eighths): like
+ * the integer greedy but in steps of 1/8 bit per element (whole row bytes), from a floor of
+ * min_bits (>= 1; 0.5-bit units generalized badly, docs/kv-rq.md), on the predicted errors rel8. bits[s][l] out as format-3 bit
  * values (32 + eighths, engine/kv_rq_klt.h); returns the predicted total damage. */
 QF_API double qf_kv_rq_klt_allocate(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int min_bits,
                                     int *const bits[2]);

@@ -364,7 +364,7 @@ double qf_kv_rq_allocate(const qf_kv_rq_fit *f, const double *const sens[2], dou
 
 double qf_kv_rq_allocate_min(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int min_bits,
                              int *const bits[2]) {
-    if (f->klt && f->klt->rel8[0]) return qf_kv_rq_klt_allocate(f, sens, max_code_bits, min_bits, bits); /* format 3 */
+    if (f->klt && f->klt->eighths) return qf_kv_rq_klt_allocate(f, sens, max_code_bits, min_bits, bits); /* format 3 */
     int L = f->n_layer, U = 2 * L;
     if (min_bits < QF_KV_RQ_MIN_BITS) min_bits = QF_KV_RQ_MIN_BITS;
     if (min_bits > QF_KV_RQ_MAX_BITS) min_bits = QF_KV_RQ_MAX_BITS;

@@ -355,7 +355,7 @@ double qf_kv_rq_klt_allocate(const qf_kv_rq_fit *f, const double *const sens[2],
                              int *const bits[2]) {
     const qf_kv_rq_klt_fit *k = f->klt;
     int L = f->n_layer, U = 2 * L, step = f->head_dim >= 64 ? 1 : 64 / f->head_dim; /* whole row bytes */
-    int e0 = min_bits <= 1 ? QF_KV_RQ_KLT_MIN_EIGHTHS : 8 * (min_bits < NW ? min_bits : NW);
+    int e0 = 8 * (min_bits < 1 ? 1 : min_bits < NW ? min_bits : NW);
     e0 = (e0 + step - 1) / step * step;
     int e[2][QF_KV_RQ_MAX_LAYERS_ALLOC];
     int *ep[2] = {L <= QF_KV_RQ_MAX_LAYERS_ALLOC ? e[0] : malloc(sizeof(int) * (size_t)L),

@@ -49,13 +49,14 @@ void qf_job_default(qf_job *j) {
     j->dict_coef = QF_KV_COEF_F16;
     j->rq_sink = j->rq_window = -1;
     j->rq_k_alpha = 0.5;
-    j->rq_sens_chunks = 2;
+    j->rq_sens_chunks = 0; /* 2, or 4 with format 3 (its sensitivity runs are cheap) */
     j->rq_prerope = -1;
     j->rq_qaware = 0;
     j->rq_vpred = -1;
     j->rq_vpred_noise = 0.2;
     j->rq_v_alpha = 0.5;
     j->rq_min_bits = 0;
+    j->rq_transform = -1;
     j->dict_version = 1;
 }
 
@@ -168,6 +169,12 @@ static qf_status stage_model(const qf_job *j, shared *s, qf_error *err) {
  * docs/kv-rq.md; at 4 bits the documented post-RoPE artifacts stay as they were) */
 static bool rq_use_prerope(const qf_job *j) {
     return j->rq_prerope > 0 || (j->rq_prerope < 0 && j->rq_bits > 0 && j->rq_bits < 3.0);
+}
+
+/* kv-rq payload format 3 (KLT, per-coordinate widths): --rq-transform klt, or by default below a
+ * 3-bit budget with keys before RoPE (docs/kv-rq.md "Format 3" has the measurement) */
+static bool rq_use_klt(const qf_job *j) {
+    return j->rq_transform == 1 || (j->rq_transform < 0 && j->rq_bits > 0 && j->rq_bits < 3.0 && rq_use_prerope(j));
 }
 
 static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, qf_error *err) {
@@ -943,6 +950,7 @@ static qf_status rq_learn_klt(const qf_job *j, shared *s, const qf_kv_capture_vi
     if (!st) st = qf_kv_rq_learn_klt(v, kw, vg, 4096, fit, err);
     free(kw), free(vw), free(vg);
     if (st) return st;
+    fit->klt->eighths = j->rq_klt_eighths == 1;
     for (int l = 0; l < L; l++)
         for (int sidx = 0; sidx < 2; sidx++) {
             double gain = 0, top = 0;
@@ -1034,7 +1042,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         for (int l = 0; l < L && o < 400; l++) o += snprintf(line + o, sizeof line - (size_t)o, " %.3f", fit.v_pred_ratio[l]);
         stage(j, "[3/5 learn] kv-rq V predicted from the same layer's K: residual / V variance per layer%s", line);
     }
-    if (!st && j->rq_transform == 1) st = rq_learn_klt(j, s, &v, &fit, err); /* format 3 */
+    if (!st && rq_use_klt(j)) st = rq_learn_klt(j, s, &v, &fit, err); /* format 3 */
     if (st) return as_stage(err, st, st == QF_ERR_NOMEM ? st : QF_ERR_CAPTURE_FAILED, "learn");
     fit.k_prerope = rq_use_prerope(j); /* stage_capture kept K before RoPE */
     /* the allocation's floor: 1-bit rows for the least sensitive units at low budgets */
@@ -1079,7 +1087,8 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     /* chunks of min(N, 512) tokens by default (cheap); --sens-ctx N measures at the context the
      * artifact is certified for, where the window covers a realistic share of every chunk */
     int sens_ctx = j->rq_sens_ctx > 0 ? j->rq_sens_ctx : s->n_ctx < 512 ? s->n_ctx : 512;
-    qf_certify_params cp = {.n_ctx = sens_ctx, .n_chunks = j->rq_sens_chunks > 2 ? j->rq_sens_chunks : 2};
+    int sens_chunks = j->rq_sens_chunks > 0 ? j->rq_sens_chunks : fit.klt ? 4 : 2;
+    qf_certify_params cp = {.n_ctx = sens_ctx, .n_chunks = sens_chunks > 2 ? sens_chunks : 2};
     if ((st = qf_certify_reference(s->ctx, ctext, clen, &cp, &cref, err))) {
         st = as_stage(err, st, QF_ERR_CAPTURE_FAILED, "kv-rq sensitivity: reference on the calibration text");
         goto done;
@@ -1242,7 +1251,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         (j->rq_qaware && (st = qf_payload_add_float(cf, "v_alpha", j->rq_v_alpha, err))) ||
         (j->rq_bits > 0 && (st = qf_payload_add_float(cf, "budget_bits", j->rq_bits, err))) ||
         (st = qf_payload_add_int(cf, "sens_ctx", sens_ctx, err)) ||
-        (st = qf_payload_add_string(cf, "transform", j->rq_transform ? (j->rq_klt_plain ? "klt-plain" : "klt") : "hadamard", err)))
+        (st = qf_payload_add_string(cf, "transform", fit.klt ? (j->rq_klt_plain ? "klt-plain" : "klt") : "hadamard", err)))
         goto done;
     if (!rep->result.passed) {
         const qf_certify_result *rr = &rep->result;
