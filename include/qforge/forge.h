@@ -167,8 +167,8 @@ typedef struct {
                                    (format 3, kv_rq.h), learned in the attention's metric; -1 (default):
                                    1 below a 3-bit budget with keys before RoPE, else 0 */
     int rq_klt_plain;           /* with rq_transform 1: 1 = the plain (unweighted) KLT */
-    int rq_klt_eighths;         /* format 3: 1 = code rates in 1/8-bit steps per (layer, stream) (default 0:
-                                   whole bits; the finer allocation did not generalize, docs/kv-rq.md) */
+    int rq_klt_eighths;         /* format 3: 1 (default) = code rates in 1/8-bit steps per (layer, stream)
+                                   from a floor of min_bits >= 1; 0 = whole bits (docs/kv-rq.md) */
     /* outputs */
     const char *out_path;       /* the .qfa (required for qf_job_run) */
     const char *sign_key_path;  /* PEM Ed25519 private key, or NULL */

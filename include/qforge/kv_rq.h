@@ -104,7 +104,7 @@ QF_API qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw
 QF_API void qf_kv_rq_klt_fit_free(qf_kv_rq_klt_fit *k);
 /* The fractional format-3 allocation (qf_kv_rq_allocate_min calls it when f->klt->eighths): like
  * the integer greedy but in steps of 1/8 bit per element (whole row bytes), from a floor of
- * min_bits (>= 1; 0.5-bit units generalized badly, docs/kv-rq.md), on the predicted errors rel8. bits[s][l] out as format-3 bit
+ * min_bits (>= 1: 0.5-bit units generalized badly, docs/kv-rq.md), on the predicted errors rel8. bits[s][l] out as format-3 bit
  * values (32 + eighths, engine/kv_rq_klt.h); returns the predicted total damage. */
 QF_API double qf_kv_rq_klt_allocate(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int min_bits,
                                     int *const bits[2]);

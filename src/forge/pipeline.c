@@ -57,6 +57,7 @@ void qf_job_default(qf_job *j) {
     j->rq_v_alpha = 0.5;
     j->rq_min_bits = 0;
     j->rq_transform = -1;
+    j->rq_klt_eighths = 1;
     j->dict_version = 1;
 }
 
