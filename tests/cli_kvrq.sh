@@ -3,7 +3,7 @@
 # a budgeted artifact (--bits) that certifies within its budget, verifies, and whose PPL
 # `qforge ppl --artifact` reproduces; the no-budget search; refusals: a budget too small for
 # the sinks and window (Arg), --device cuda (Unsupported: CPU only), another model
-# (WrongModel), a tampered file (ArtifactCorrupt).
+# (WrongModel), a tampered file (ArtifactCorrupt); formats 2 and 3 (KLT, --rq-transform klt).
 set -u
 cd "$(dirname "$0")/.."
 qf=${QF_BUILD:-build}/qforge
@@ -91,7 +91,7 @@ expect "--rq-min-bits 7: usage" 1 "$qf" calibrate "${small[@]}" --bits 4 --rq-mi
 # format 2 (docs/kv-rq.md "2.5 bits"): 1-bit rows under a 2-bit budget, keys before RoPE, V predicted
 # from K; the same budget with both off; bad values of the new switches
 expect "kv-rq --bits 2.0 (1-bit floor, pre-RoPE K, V from K)" 0 "$qf" calibrate "${small[@]}" --gate 10 --max-kld 10 --max-kld-p99 100 --bits 2.0 \
-    --sinks 1 --window 1 -o "$d/rq2.qfa" --json
+    --sinks 1 --window 1 --rq-transform hadamard -o "$d/rq2.qfa" --json
 cand2=$(sed -n 's/.*"cand_ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
 expect "verify (format 2)" 0 "$qf" verify "$d/rq2.qfa" -m "$model" --json
 if python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(not (1 < j["bits_per_element"] <= 2.0))' "$d/out"; then
@@ -110,6 +110,22 @@ expect "kv-rq --k-prerope off --v-pred off" 0 "$qf" calibrate "${small[@]}" --ga
 expect "bad --k-prerope" 1 "$qf" calibrate "${small[@]}" --k-prerope maybe -o "$d/y.qfa"
 expect "bad --min-bits" 1 "$qf" calibrate "${small[@]}" --min-bits 7 -o "$d/y.qfa"
 if [ ! -e "$d/y.qfa" ]; then ok "no file after a bad switch"; else bad "file after a bad switch"; fi
+# format 3 (docs/kv-rq.md "Format 3"): KLT + per-coordinate widths; reproduced by ppl, CPU only
+expect "kv-rq --rq-transform klt --bits 2.0 (format 3)" 0 "$qf" calibrate "${small[@]}" --gate 10 --max-kld 10 --max-kld-p99 100 \
+    --bits 2.0 --sinks 1 --window 1 --rq-transform klt -o "$d/rq3.qfa" --json
+cand3=$(sed -n 's/.*"cand_ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
+expect "verify (format 3)" 0 "$qf" verify "$d/rq3.qfa" -m "$model" --json
+if python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(not (1 < j["bits_per_element"] <= 2.0 and j["provenance"]["config"]["transform"] == "klt"))' "$d/out"; then
+    ok "verify --json (format 3): bits_per_element <= 2.0, transform klt"
+else bad "verify --json (format 3): bits_per_element / transform"; fi
+expect "ppl --artifact (format 3)" 0 "$qf" ppl -m "$model" --artifact "$d/rq3.qfa" -f "$d/eval.txt" -c 64 --chunks 2 -t 2 --json
+got3=$(sed -n 's/.*"ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
+if [ -n "$cand3" ] && [ -n "$got3" ] && awk -v a="$cand3" -v b="$got3" 'BEGIN { exit !((a - b) ^ 2 < (1e-9 * a) ^ 2) }'; then
+    ok "ppl --artifact reproduces the format-3 certificate ($got3)"
+else bad "ppl --artifact reproduces the format-3 certificate ('$got3' vs '$cand3')"; fi
+expect "--device cuda refused (format 3)" 7 "$qf" ppl -m "$model" --artifact "$d/rq3.qfa" -f "$d/eval.txt" -c 64 --chunks 2 --device cuda
+if grep -q "CPU only" "$d/err"; then ok "format-3 cuda refusal says CPU only"; else bad "format-3 cuda refusal message"; fi
+expect "bad --rq-transform" 1 "$qf" calibrate "${small[@]}" --rq-transform pca -o "$d/y.qfa"
 if [ -f "$data/models/qforge-demo-11m-q8_0.gguf" ]; then
     expect "WrongModel (q8_0)" 17 "$qf" ppl -m "$data/models/qforge-demo-11m-q8_0.gguf" --artifact "$d/rq.qfa" \
         -f "$d/eval.txt" -c 64 --chunks 2

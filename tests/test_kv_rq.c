@@ -510,9 +510,9 @@ TEST(rq_payload_format_versions) {
         CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
         qf_payload_free(&pl);
     }
-    rq_payload(&pl, 3, 1, 2); /* a newer format */
+    rq_payload(&pl, 4, 1, 2); /* a newer format */
     CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_VERSION);
-    CHECK(strstr(e.msg, "formats 1 and 2") != NULL);
+    CHECK(strstr(e.msg, "formats 1, 2 and 3") != NULL);
     qf_payload_free(&pl);
     rq_payload(&pl, 0, 1, 2);
     CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_VERSION);

@@ -127,6 +127,21 @@ int cli_job_flag(int argc, char **argv, int *i, qf_job *j, const char **paths, i
         if (!strcmp(val, "on")) j->rq_vpred = 1;
         else if (!strcmp(val, "off")) j->rq_vpred = 0;
         else BAD("bad --v-pred '%s' (on, off)", val);
+    } else if (FLAG("--rq-transform", NULL)) {
+        if (r < 0) goto missing;
+        if (!strcmp(val, "klt")) j->rq_transform = 1;
+        else if (!strcmp(val, "hadamard")) j->rq_transform = 0;
+        else BAD("bad --rq-transform '%s' (klt, hadamard)", val);
+    } else if (FLAG("--rq-klt-rates", NULL)) {
+        if (r < 0) goto missing;
+        if (!strcmp(val, "eighths")) j->rq_klt_eighths = 1;
+        else if (!strcmp(val, "whole")) j->rq_klt_eighths = 0;
+        else BAD("bad --rq-klt-rates '%s' (whole, eighths)", val);
+    } else if (FLAG("--rq-klt-metric", NULL)) {
+        if (r < 0) goto missing;
+        if (!strcmp(val, "attention")) j->rq_klt_plain = 0;
+        else if (!strcmp(val, "plain")) j->rq_klt_plain = 1;
+        else BAD("bad --rq-klt-metric '%s' (attention, plain)", val);
     } else if (FLAG("--v-pred-noise", NULL)) {
         if (r < 0) goto missing;
         if (!cli_parse_double(val, 0, 10, &j->rq_vpred_noise)) BAD("bad --v-pred-noise '%s' (in [0, 10])", val);

@@ -150,7 +150,7 @@ typedef struct {
                                    (0 = the fewest bits that pass the gate) */
     int rq_sink, rq_window;     /* f16 sink / recent-window tokens (-1 = the learner's choice) */
     double rq_k_alpha;          /* K channel smoothing exponent (default 0.5) */
-    int rq_sens_chunks;         /* calibration chunks per sensitivity run (default 2) */
+    int rq_sens_chunks;         /* calibration chunks per sensitivity run (0 = default: 2, 4 with format 3) */
     int rq_prerope;             /* 1: keys captured, learned and stored before RoPE, 0: after, -1
                                    (default): before below a 3-bit budget */
     int rq_qaware;              /* 1 (default 0): channel scales weighted by query energy (K) and attn_output column norms (V) */
@@ -163,6 +163,12 @@ typedef struct {
                                    their heavy per-token tails) */
     int rq_sens_ctx;            /* tokens per sensitivity / window-split chunk (0 = min(n_ctx, 512));
                                    at most the capture window n_ctx (QF_ERR_ARG otherwise) */
+    int rq_transform;           /* 0: Hadamard rows (formats 1, 2); 1: KLT with per-coordinate widths
+                                   (format 3, kv_rq.h), learned in the attention's metric; -1 (default):
+                                   1 below a 3-bit budget with keys before RoPE, else 0 */
+    int rq_klt_plain;           /* with rq_transform 1: 1 = the plain (unweighted) KLT */
+    int rq_klt_eighths;         /* format 3: 1 (default) = code rates in 1/8-bit steps per (layer, stream)
+                                   from a floor of min_bits >= 1; 0 = whole bits (docs/kv-rq.md) */
     /* outputs */
     const char *out_path;       /* the .qfa (required for qf_job_run) */
     const char *sign_key_path;  /* PEM Ed25519 private key, or NULL */

@@ -64,7 +64,52 @@ typedef struct {
                                                  written to the payload as "k_prerope") */
     float *v_pred;                            /* [L][H*D][H*D] or NULL: V ~ v_pred . K (all heads) */
     double *v_pred_ratio;                     /* [L] residual / total V variance (1 = unused) */
+    struct qf_kv_rq_klt_fit *klt;             /* format 3 (qf_kv_rq_learn_klt) or NULL */
 } qf_kv_rq_fit;
+
+/* Format 3 (src/forge/learn_kv_rq_klt.c, row codec src/engine/kv_rq_klt.h): transform coding.
+ * Per (layer, stream, kv head) the principal axes R of M (x - mean) (x: pre-RoPE K, or V minus
+ * its prediction from K), M the square root of the metric the attention sees (K: diagonal, the
+ * mean squared query energy of each RoPE pair; V: the Gram matrix of the attn_output columns
+ * the head feeds; identity without weights); enc = R^T M, dec = M^-1 R; per coordinate a
+ * Lloyd-Max codebook at each width 1..6 on the standardized, row-scaled coordinate; per unit
+ * rate (e/8 bits per element, e = 4..48: whole bits, or a layer bit value 32 + e) the widths of
+ * the coordinates by greedy reverse water-filling of e * head_dim / 8 bits on the measured
+ * per-coordinate distortions. Payload, format 3 (with the
+ * format-2 keys; "rotation" "klt"; k_levels / k_cs are kept but unused by the rows):
+ *   "k_klt_enc", "k_klt_dec"  f32 [L, H, D, D]     (likewise v_...)
+ *   "k_klt_sigma"             f32 [L, H, D]        > 0: the coordinate's standard deviation
+ *   "k_klt_width"             u8  [L, H, D]        0..6, each head's sum = k_bits[l] * D
+ *   "k_klt_levels"            f32 [L, H, D, 64]    first 2^width ascending (units of sigma) */
+#define QF_KV_RQ_FORMAT_KLT 3
+typedef struct qf_kv_rq_klt_fit {
+    float *enc[2], *dec[2], *sigma[2]; /* [L][H][D][D], [L][H][D][D], [L][H][D] */
+    float *levels[2];                  /* [L][H][D][QF_KV_RQ_N_WIDTHS][64]: coordinate width w + 1 */
+    uint8_t *width[2];                 /* [49][L][H][D]: the widths at e/8 code bits per element (e = 4..48) */
+    double *rel8[2];                   /* [L][49] predicted relative error in the metric at e/8 bits (the
+                                          water-filling's sum of measured per-coordinate distortions) */
+    double *eig[2];                    /* [L][H][D] eigenvalues in the metric, descending */
+    double *had_rel_mse[2];            /* [L][QF_KV_RQ_N_WIDTHS] the Hadamard codec's relative error in the same metric */
+    bool eighths;                      /* allocate in 1/8-bit steps (qf_kv_rq_klt_allocate; set by the caller),
+                                          else whole bits like formats 1 and 2 */
+} qf_kv_rq_klt_fit;
+
+/* Fit format 3 on top of qf_kv_rq_learn's fit f (its means and V predictor are reused; its
+ * rel_mse is replaced by the format-3 codec's, measured in the metric): kw [L][H][D] per-channel
+ * K error weights (or NULL: identity), vgram [L][H][D][D] per-head V Gram matrices (or NULL).
+ * QF_ERR_NOMEM, QF_ERR_ARG (a non-finite weight). */
+QF_API qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const float *vgram, int64_t max_rows,
+                                    qf_kv_rq_fit *f, qf_error *err);
+#define QF_KV_RQ_KLT_N_RATES 49 /* e = 0..48 eighths */
+QF_API void qf_kv_rq_klt_fit_free(qf_kv_rq_klt_fit *k);
+/* The fractional format-3 allocation (qf_kv_rq_allocate_min calls it when f->klt->eighths): like
+ * the integer greedy but in steps of 1/8 bit per element (whole row bytes), from a floor of
+ * min_bits (>= 1: 0.5-bit units generalized badly, docs/kv-rq.md), on the predicted errors rel8. bits[s][l] out as format-3 bit
+ * values (32 + eighths, engine/kv_rq_klt.h); returns the predicted total damage. */
+QF_API double qf_kv_rq_klt_allocate(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int min_bits,
+                                    int *const bits[2]);
+/* Adds the format-3 arrays for the allocation bits[s][l] to pl (called by qf_kv_rq_payload). */
+QF_API qf_status qf_kv_rq_klt_payload(const qf_kv_rq_fit *f, const int *const bits[2], qf_payload *pl, qf_error *err);
 
 /* Fit from a capture (every layer and both streams must have at least 64 vectors). */
 QF_API qf_status qf_kv_rq_learn(const qf_kv_capture_view *v, const qf_kv_rq_learn_params *p, qf_kv_rq_fit *out,

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "engine/kv_rq_klt.h"
 #include "format/kv_rq_row.h"
 #include "engine/gpu.h"
 
@@ -54,15 +55,17 @@ static qf_status bind_rq(qf_context *c, const qf_payload *p, qf_error *err) {
     int64_t fmt = 0, S = -1, R = -1, L = hp->n_layer, H = hp->n_head_kv, D = hp->head_dim, prerope = 0;
     const char *rot = qf_payload_get_string(p, "rotation");
     /* format 1: bits 2..6, K after RoPE; 2: also 1-bit rows and 'k_prerope' (required) */
-    if (!qf_payload_get_int(p, "format", &fmt) || fmt < 1 || fmt > 2)
+    /* 3: the same with a learned transform and per-coordinate widths (rotation "klt") */
+    if (!qf_payload_get_int(p, "format", &fmt) || fmt < 1 || fmt > 3)
         return qf_fail(err, QF_ERR_ARTIFACT_VERSION,
-                       "kv-rq payload: 'format' %lld: this build reads formats 1 and 2 (an artifact from a newer "
+                       "kv-rq payload: 'format' %lld: this build reads formats 1, 2 and 3 (an artifact from a newer "
                        "qforge? re-calibrate, or use that version)",
                        (long long)fmt);
     if (fmt >= 2 && (!qf_payload_get_int(p, "k_prerope", &prerope) || prerope < 0 || prerope > 1))
         return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-rq payload: 'k_prerope': expected an int 0 or 1 (format 2)");
-    if (!rot || strcmp(rot, "hadamard"))
-        return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-rq payload: 'rotation': expected \"hadamard\"");
+    if (!rot || strcmp(rot, fmt == 3 ? "klt" : "hadamard"))
+        return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-rq payload: 'rotation': expected \"%s\" (format %lld)",
+                       fmt == 3 ? "klt" : "hadamard", (long long)fmt);
     if (!qf_payload_get_int(p, "n_sink", &S) || !qf_payload_get_int(p, "n_window", &R) || S < 0 || R < 0 ||
         S > c->params.n_ctx || R > c->params.n_ctx)
         return qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-rq payload: 'n_sink'/'n_window': expected ints in [0, %d]",
@@ -109,12 +112,31 @@ static qf_status bind_rq(qf_context *c, const qf_payload *p, qf_error *err) {
             st = qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-rq payload: 'v_pred' needs 'k_prerope' 1");
         else pred = pe->f32;
     }
+    /* format 3: the transform-coding arrays (kv_rq.h), shapes here, values in the cache bind */
+    const void *klt[2][5] = {{0}};
+    static const char *const kn[5] = {"enc", "dec", "sigma", "levels", "width"};
+    for (int s = 0; s < 2 && !st && fmt == 3; s++)
+        for (int a = 0; a < 5 && !st; a++) {
+            char name[32];
+            snprintf(name, sizeof name, "%c_klt_%s", s ? 'v' : 'k', kn[a]);
+            const qf_payload_entry *e = qf_payload_get(p, name);
+            int64_t last = a < 2 ? D : a == 3 ? QF_KV_RQ_MAX_LEVELS : 0;
+            int nd = last ? 4 : 3;
+            if (!e || e->type != (a == 4 ? QF_PAYLOAD_U8 : QF_PAYLOAD_F32) || e->n_dims != nd || e->shape[0] != L ||
+                e->shape[1] != H || e->shape[2] != D || (last && e->shape[3] != last))
+                st = qf_fail(err, QF_ERR_ARTIFACT_CORRUPT, "kv-rq payload: '%s': expected %s [%lld, %lld, %lld%s] (format 3)",
+                             name, a == 4 ? "u8" : "f32", (long long)L, (long long)H, (long long)D,
+                             a < 2 ? ", head_dim" : a == 3 ? ", 64" : "");
+            else klt[s][a] = a == 4 ? (const void *)e->bytes : (const void *)e->f32;
+        }
     if (!st) {
         qf_kv_stream_spec spec[2];
         for (int s = 0; s < 2; s++)
             spec[s] = (qf_kv_stream_spec){.mode = QF_KV_RQ, .rq_bits = bits[s], .rq_levels = arr[s][0],
                                           .rq_mean = arr[s][1], .rq_cs = arr[s][2], .prerope = s == 0 && prerope,
-                                          .rq_pred = s == 1 ? pred : NULL};
+                                          .rq_pred = s == 1 ? pred : NULL, .rq_klt_enc = klt[s][0],
+                                          .rq_klt_dec = klt[s][1], .rq_klt_sigma = klt[s][2],
+                                          .rq_klt_levels = klt[s][3], .rq_klt_width = klt[s][4]};
         st = rebuild_exact(c, spec, (int)S, (int)R, err);
         if (st == QF_ERR_ARG) err->code = st = QF_ERR_ARTIFACT_CORRUPT; /* bad bits, codebook or scale */
     }
@@ -330,7 +352,7 @@ static double bits_rq(const qf_payload *p, const qf_hparams *hp, int n_ctx) {
         return NAN;
     double b = 0;
     for (int l = 0; l < L; l++) {
-        size_t rk = qf_kv_rq_row_bytes(hp->head_dim, kb[l]), rv = qf_kv_rq_row_bytes(hp->head_dim, vb[l]);
+        size_t rk = qf_kv_rq_any_row_bytes(hp->head_dim, kb[l]), rv = qf_kv_rq_any_row_bytes(hp->head_dim, vb[l]);
         if (!rk || !rv) return NAN;
         b += 8.0 * (double)(rk + rv) / hp->head_dim;
     }

@@ -74,6 +74,10 @@ struct qf_kv_rq_bind {
     float *pred;
     bool *pred_on;
     float *pred_buf;    /* writer scratch [2][H*D] */
+    /* format 3 (kv_rq_klt.h), or NULL: per (layer, head) enc/dec [D][D], sigma [D], width [D],
+     * levels [D][QF_KV_RQ_MAX_LEVELS]; replaces levels/cs in every non-f16 layer */
+    float *klt_enc, *klt_dec, *klt_sigma, *klt_levels;
+    uint8_t *klt_width;
 };
 /* How an int8 stream stores a row (kv-int8 payload "k_layout"/"v_layout"):
  *   STATIC      x / scale[channel] (the static per-channel scales), the original kv-int8
@@ -125,6 +129,11 @@ typedef struct {
     bool prerope;              /* K stream only: rows are stored before RoPE (qf_kv_cache.k_prerope) */
     const float *rq_pred;      /* RQ, V stream only, or NULL: [n_layer][H*D][H*D] V-from-K predictor
                                   (needs an rq K stream stored before RoPE; struct qf_kv_rq_bind) */
+    /* RQ format 3 (engine/kv_rq_klt.h), all or none: enc, dec [n_layer][H][D][D], sigma [n_layer]
+     * [H][D], width [n_layer][H][D] (each head's widths sum to bits * D), levels [n_layer][H][D]
+     * [QF_KV_RQ_MAX_LEVELS] */
+    const float *rq_klt_enc, *rq_klt_dec, *rq_klt_sigma, *rq_klt_levels;
+    const uint8_t *rq_klt_width;
 } qf_kv_stream_spec;
 
 /* Plain modes only: INT8 and DICT are refused here (they run a certified artifact; see

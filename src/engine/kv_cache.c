@@ -112,7 +112,41 @@ static void rq_bind_free(struct qf_kv_rq_bind *r) {
     if (!r) return;
     free(r->bits), free(r->row_bytes), free(r->levels), free(r->mean), free(r->cs), free(r->inv_cs), free(r->scratch);
     free(r->pred), free(r->pred_on), free(r->pred_buf);
+    free(r->klt_enc), free(r->klt_dec), free(r->klt_sigma), free(r->klt_levels), free(r->klt_width);
     free(r);
+}
+
+/* Format 3: copy and check the transform-coding parameters (kv_rq_klt.h) of every non-f16 layer. */
+static qf_status rq_bind_klt(struct qf_kv_rq_bind *r, const qf_kv_stream_spec *sp, int L, int H, int hd,
+                             const char *sname, qf_error *err) {
+    if (!sp->rq_klt_enc || !sp->rq_klt_dec || !sp->rq_klt_sigma || !sp->rq_klt_levels || !sp->rq_klt_width)
+        return qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): format 3 needs enc, dec, sigma, width and levels", sname);
+    size_t lh = (size_t)L * H, nm = lh * hd * hd, nv = lh * hd, nl = nv * QF_KV_RQ_MAX_LEVELS;
+    if (!(r->klt_enc = malloc(nm * sizeof(float))) || !(r->klt_dec = malloc(nm * sizeof(float))) ||
+        !(r->klt_sigma = malloc(nv * sizeof(float))) || !(r->klt_levels = malloc(nl * sizeof(float))) ||
+        !(r->klt_width = malloc(nv)))
+        return qf_fail(err, QF_ERR_NOMEM, "rq KV cache (%s): out of memory for the transform", sname);
+    memcpy(r->klt_enc, sp->rq_klt_enc, nm * sizeof(float));
+    memcpy(r->klt_dec, sp->rq_klt_dec, nm * sizeof(float));
+    memcpy(r->klt_sigma, sp->rq_klt_sigma, nv * sizeof(float));
+    memcpy(r->klt_levels, sp->rq_klt_levels, nl * sizeof(float));
+    memcpy(r->klt_width, sp->rq_klt_width, nv);
+    for (int l = 0; l < L; l++) {
+        if (r->bits[l] == QF_KV_RQ_BITS_F16) continue;
+        for (int h = 0; h < H; h++) {
+            size_t o = (size_t)l * H + h;
+            qf_kv_rq_klt c = {.head_dim = hd, .mean = r->mean + o * hd, .enc = r->klt_enc + o * hd * hd,
+                              .dec = r->klt_dec + o * hd * hd, .sigma = r->klt_sigma + o * hd,
+                              .levels = r->klt_levels + o * hd * QF_KV_RQ_MAX_LEVELS, .width = r->klt_width + o * hd};
+            const char *why = qf_kv_rq_klt_check(&c, qf_kv_rq_klt_eighths(r->bits[l]) * hd / 8);
+            if (why)
+                return qf_fail(err, QF_ERR_ARG,
+                               "rq KV cache (%s): layer %d head %d: format-3 %s invalid (widths 0..%d summing to %d bits, "
+                               "ascending finite levels, finite matrices, sigma > 0)",
+                               sname, l, h, why, QF_KV_RQ_KLT_MAX_WIDTH, qf_kv_rq_klt_eighths(r->bits[l]) * hd / 8);
+        }
+    }
+    return QF_OK;
 }
 
 static qf_status rq_bind_new(const qf_kv_stream_spec *sp, const qf_hparams *hp, const char *sname,
@@ -137,13 +171,13 @@ static qf_status rq_bind_new(const qf_kv_stream_spec *sp, const qf_hparams *hp, 
     qf_status st = QF_OK;
     for (int l = 0; l < L && !st; l++) {
         int b = sp->rq_bits[l];
-        if (!qf_kv_rq_bits_ok(b)) {
+        if (!qf_kv_rq_bits_ok(b) && !(sp->rq_klt_enc && qf_kv_rq_any_row_bytes(hd, b))) { /* format 3: fractional rates */
             st = qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): layer %d has %d bits (expected 1..6 or 16)", sname, l, b);
             break;
         }
         r->bits[l] = b;
-        r->row_bytes[l] = qf_kv_rq_row_bytes(hd, b);
-        for (int h = 0; h < H && b != QF_KV_RQ_BITS_F16 && !st; h++) {
+        r->row_bytes[l] = qf_kv_rq_any_row_bytes(hd, b);
+        for (int h = 0; h < H && b <= QF_KV_RQ_MAX_BITS && !st; h++) {
             const float *lv = sp->rq_levels + ((size_t)l * H + h) * QF_KV_RQ_MAX_LEVELS;
             for (int k = 0; k < (1 << b); k++)
                 if (!isfinite(lv[k]) || (k > 0 && !(lv[k] > lv[k - 1])))
@@ -173,6 +207,8 @@ static qf_status rq_bind_new(const qf_kv_stream_spec *sp, const qf_hparams *hp, 
             if (v != 0) r->pred_on[i / (HD * HD)] = true;
         }
     }
+    if (!st && (sp->rq_klt_enc || sp->rq_klt_dec || sp->rq_klt_sigma || sp->rq_klt_levels || sp->rq_klt_width))
+        st = rq_bind_klt(r, sp, L, H, hd, sname, err);
     if (st) {
         rq_bind_free(r);
         return st;
@@ -215,7 +251,16 @@ static qf_kv_rq_codec rq_codec(const struct qf_kv_rq_bind *r, const qf_kv_cache 
                             .levels = r->levels + lh * QF_KV_RQ_MAX_LEVELS,
                             .mean = r->mean + lh * kv->head_dim,
                             .cs = r->cs + lh * kv->head_dim,
-                            .inv_cs = r->inv_cs + lh * kv->head_dim};
+                            .inv_cs = r->inv_cs + lh * kv->head_dim,
+                            .klt = r->klt_enc && r->bits[layer] != QF_KV_RQ_BITS_F16
+                                       ? (qf_kv_rq_klt){.head_dim = kv->head_dim,
+                                                        .mean = r->mean + lh * kv->head_dim,
+                                                        .enc = r->klt_enc + lh * kv->head_dim * kv->head_dim,
+                                                        .dec = r->klt_dec + lh * kv->head_dim * kv->head_dim,
+                                                        .sigma = r->klt_sigma + lh * kv->head_dim,
+                                                        .levels = r->klt_levels + lh * kv->head_dim * QF_KV_RQ_MAX_LEVELS,
+                                                        .width = r->klt_width + lh * kv->head_dim}
+                                       : (qf_kv_rq_klt){0}};
 }
 
 /* row bytes of (stream, layer): per layer for rq, per stream otherwise */

@@ -46,6 +46,10 @@ void qf_kv_rq_encode(const qf_kv_rq_codec *c, const float *x, float *scratch, ui
         for (int i = 0; i < hd; i++) h[i] = qf_f32_to_f16(x[i]);
         return;
     }
+    if (c->klt.enc) {
+        qf_kv_rq_klt_encode(&c->klt, x, scratch, row);
+        return;
+    }
     float *y = scratch;
     uint8_t codes[QF_KV_RQ_MAX_HEAD_DIM];
     bool finite = true;
@@ -103,6 +107,10 @@ void qf_kv_rq_decode(const qf_kv_rq_codec *c, const uint8_t *row, float *out) {
     if (c->bits == QF_KV_RQ_BITS_F16) {
         const uint16_t *h = (const uint16_t *)row;
         for (int i = 0; i < hd; i++) out[i] = qf_f16_to_f32(h[i]);
+        return;
+    }
+    if (c->klt.enc) {
+        qf_kv_rq_klt_decode(&c->klt, row, out);
         return;
     }
     float s = qf_kv_rq_scale(row[0]);

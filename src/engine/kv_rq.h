@@ -14,6 +14,7 @@
 
 #include <stdint.h>
 
+#include "engine/kv_rq_klt.h"
 #include "format/kv_rq_row.h"
 #include "qforge/error.h"
 
@@ -23,6 +24,8 @@
 typedef struct {
     int head_dim, bits;
     const float *levels, *mean, *cs, *inv_cs;
+    qf_kv_rq_klt klt; /* format 3 (klt.enc != NULL): the row is a kv_rq_klt.h row instead (levels,
+                         cs, inv_cs unused; klt.mean == mean) */
 } qf_kv_rq_codec;
 
 /* Pack n codes (each < 2^bits) into n*bits/8 bytes (n*bits a multiple of 8), the stream

@@ -25,6 +25,7 @@ void qf_kv_rq_learn_params_default(qf_kv_rq_learn_params *p) {
 void qf_kv_rq_fit_free(qf_kv_rq_fit *f) {
     if (!f) return;
     free(f->v_pred), free(f->v_pred_ratio);
+    qf_kv_rq_klt_fit_free(f->klt); /* format 3: learn_kv_rq_klt.c */
     for (int s = 0; s < 2; s++) {
         free(f->mean[s]), free(f->cs[s]), free(f->rel_mse[s]);
         for (int w = 0; w < QF_KV_RQ_N_WIDTHS; w++) free(f->levels[s][w]);
@@ -313,8 +314,9 @@ qf_status qf_kv_rq_payload(const qf_kv_rq_fit *f, const int *const bits[2], int 
         free(lv), free(b);
         return qf_fail(err, QF_ERR_NOMEM, "kv-rq payload: out of memory");
     }
-    qf_status st = qf_payload_add_int(pl, "format", QF_KV_RQ_FORMAT, err);
-    if (!st) st = qf_payload_add_string(pl, "rotation", "hadamard", err);
+    qf_status st = qf_payload_add_int(pl, "format", f->klt ? QF_KV_RQ_FORMAT_KLT : QF_KV_RQ_FORMAT, err);
+    if (!st) st = qf_payload_add_string(pl, "rotation", f->klt ? "klt" : "hadamard", err);
+    if (!st && f->klt) st = qf_kv_rq_klt_payload(f, bits, pl, err); /* format 3: learn_kv_rq_klt.c */
     if (!st) st = qf_payload_add_int(pl, "n_sink", n_sink, err);
     if (!st) st = qf_payload_add_int(pl, "n_window", n_window, err);
     if (!st) st = qf_payload_add_int(pl, "k_prerope", f->k_prerope ? 1 : 0, err);
@@ -350,7 +352,7 @@ double qf_kv_rq_bits_per_element(const int *const bits[2], int n_layer, int head
                                  int n_ctx) {
     double b = 0;
     for (int s = 0; s < 2; s++)
-        for (int l = 0; l < n_layer; l++) b += 8.0 * (double)qf_kv_rq_row_bytes(head_dim, bits[s][l]) / head_dim;
+        for (int l = 0; l < n_layer; l++) b += 8.0 * (double)qf_kv_rq_any_row_bytes(head_dim, bits[s][l]) / head_dim;
     b /= 2.0 * n_layer;
     if (n_ctx > 0) b += 16.0 * (n_sink + n_window) / n_ctx;
     return b;
@@ -362,6 +364,7 @@ double qf_kv_rq_allocate(const qf_kv_rq_fit *f, const double *const sens[2], dou
 
 double qf_kv_rq_allocate_min(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int min_bits,
                              int *const bits[2]) {
+    if (f->klt && f->klt->eighths) return qf_kv_rq_klt_allocate(f, sens, max_code_bits, min_bits, bits); /* format 3 */
     int L = f->n_layer, U = 2 * L;
     if (min_bits < QF_KV_RQ_MIN_BITS) min_bits = QF_KV_RQ_MIN_BITS;
     if (min_bits > QF_KV_RQ_MAX_BITS) min_bits = QF_KV_RQ_MAX_BITS;

@@ -17,6 +17,7 @@
 #include "qforge/forge.h"
 #include "qforge/ppl.h"
 #include "qforge/kv_rq.h"
+#include "engine/kv_rq_klt.h"
 #include "format/kv_rq_row.h"
 #include "kernels/hadamard.h"
 #include "util/par.h"
@@ -48,13 +49,15 @@ void qf_job_default(qf_job *j) {
     j->dict_coef = QF_KV_COEF_F16;
     j->rq_sink = j->rq_window = -1;
     j->rq_k_alpha = 0.5;
-    j->rq_sens_chunks = 2;
+    j->rq_sens_chunks = 0; /* 2, or 4 with format 3 (its sensitivity runs are cheap) */
     j->rq_prerope = -1;
     j->rq_qaware = 0;
     j->rq_vpred = -1;
     j->rq_vpred_noise = 0.2;
     j->rq_v_alpha = 0.5;
     j->rq_min_bits = 0;
+    j->rq_transform = -1;
+    j->rq_klt_eighths = 1;
     j->dict_version = 1;
 }
 
@@ -167,6 +170,12 @@ static qf_status stage_model(const qf_job *j, shared *s, qf_error *err) {
  * docs/kv-rq.md; at 4 bits the documented post-RoPE artifacts stay as they were) */
 static bool rq_use_prerope(const qf_job *j) {
     return j->rq_prerope > 0 || (j->rq_prerope < 0 && j->rq_bits > 0 && j->rq_bits < 3.0);
+}
+
+/* kv-rq payload format 3 (KLT, per-coordinate widths): --rq-transform klt, or by default below a
+ * 3-bit budget with keys before RoPE (docs/kv-rq.md "Format 3" has the measurement) */
+static bool rq_use_klt(const qf_job *j) {
+    return j->rq_transform == 1 || (j->rq_transform < 0 && j->rq_bits > 0 && j->rq_bits < 3.0 && rq_use_prerope(j));
 }
 
 static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, qf_error *err) {
@@ -886,6 +895,96 @@ done:
     return st;
 }
 
+/* V Gram matrices for the format-3 metric, vg [L][H][D][D]: G = sum over the heads g of the kv
+ * head's group of Wo_g^T Wo_g (Wo_g the attn_output columns of head g): the output error of a V
+ * error e is |Wo_g e|^2 = e^T G e (summed over the heads that read it). */
+static qf_status rq_v_gram(shared *s, float *vg, qf_error *err) {
+    const qf_hparams *hp = qf_model_hparams(s->model);
+    int L = hp->n_layer, H = hp->n_head_kv, NH = hp->n_head, D = hp->head_dim, gq = NH / H;
+    qf_status st = QF_OK;
+    for (int l = 0; l < L && !st; l++) {
+        const qf_weight *w = &qf_model_layer(s->model, l)->wo;
+        int64_t in = w->ne0, rows = w->ne1 > 0 ? w->ne1 : 1;
+        if (in != (int64_t)NH * D)
+            return qf_fail(err, QF_ERR_UNSUPPORTED, "kv-rq klt: layer %d attn_output has %lld inputs, expected %d", l,
+                           (long long)in, NH * D);
+        float *wo = malloc((size_t)in * sizeof(float));
+        double *g = calloc((size_t)H * D * D, sizeof(double));
+        if (!wo || !g) {
+            free(wo), free(g);
+            return qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            qf_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, wo, in);
+            for (int h = 0; h < H; h++)
+                for (int gg = 0; gg < gq; gg++) {
+                    const float *c = wo + (size_t)(h * gq + gg) * D;
+                    double *gh = g + (size_t)h * D * D;
+                    for (int a = 0; a < D; a++)
+                        for (int b = 0; b < D; b++) gh[(size_t)a * D + b] += (double)c[a] * c[b];
+                }
+        }
+        for (size_t i = 0; i < (size_t)H * D * D; i++) vg[(size_t)l * H * D * D + i] = (float)g[i];
+        free(wo), free(g);
+    }
+    return st;
+}
+
+/* Format 3 on top of the learned fit: the metric (unless --rq-klt-metric plain), the KLT fit,
+ * and the measurement behind it logged per (layer, stream): the eigenvalue spread (arithmetic /
+ * geometric mean, the transform-coding gain over equal widths, in dB), the share of the
+ * variance in the top eighth of the coordinates, and both codecs' relative error in the metric. */
+static qf_status rq_learn_klt(const qf_job *j, shared *s, const qf_kv_capture_view *v, qf_kv_rq_fit *fit,
+                              qf_error *err) {
+    const qf_hparams *hp = qf_model_hparams(s->model);
+    int L = hp->n_layer, H = hp->n_head_kv, D = hp->head_dim;
+    size_t n = (size_t)L * H * D;
+    float *kw = NULL, *vw = NULL, *vg = NULL;
+    qf_status st = QF_OK;
+    double t0 = qf_now_sec();
+    if (!j->rq_klt_plain) {
+        if (!(kw = malloc(n * sizeof(float))) || !(vw = malloc(n * sizeof(float))) || !(vg = malloc(n * D * sizeof(float))))
+            st = qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
+        if (!st) st = rq_channel_weights(j, s, kw, vw, err);
+        if (!st) st = rq_v_gram(s, vg, err);
+    }
+    if (!st) st = qf_kv_rq_learn_klt(v, kw, vg, 4096, fit, err);
+    free(kw), free(vw), free(vg);
+    if (st) return st;
+    fit->klt->eighths = j->rq_klt_eighths == 1;
+    for (int l = 0; l < L; l++)
+        for (int sidx = 0; sidx < 2; sidx++) {
+            double gain = 0, top = 0;
+            for (int h = 0; h < H; h++) {
+                const double *e = fit->klt->eig[sidx] + ((size_t)l * H + h) * D;
+                double am = 0, lg = 0, tt = 0;
+                for (int i = 0; i < D; i++) am += e[i], lg += log(e[i]), tt += i < D / 8 ? e[i] : 0;
+                am /= D;
+                gain += 10 * log10(am / exp(lg / D)) / H, top += tt / (am * D) / H;
+            }
+            const double *rk = fit->rel_mse[sidx] + l * QF_KV_RQ_N_WIDTHS, *rh = fit->klt->had_rel_mse[sidx] + l * QF_KV_RQ_N_WIDTHS;
+            stage(j, "[3/5 learn] kv-rq klt layer %d %c: eigenvalue AM/GM %.1f dB, top %d of %d coordinates %.1f%% of the "
+                     "variance; relative error in the metric klt / hadamard at 1 / 2 / 3 / 4 bits: %.4f/%.4f %.4f/%.4f "
+                     "%.4f/%.4f %.4f/%.4f",
+                  l, sidx ? 'V' : 'K', gain, D / 8, D, 100 * top, rk[0], rh[0], rk[1], rh[1], rk[2], rh[2], rk[3], rh[3]);
+        }
+    stage(j, "[3/5 learn] kv-rq klt (metric %s) in %.1f s", j->rq_klt_plain ? "plain" : "attention", qf_now_sec() - t0);
+    return QF_OK;
+}
+
+/* A (layer, stream) allocation as text: one digit per layer for whole bits, "1.625/0.5/..." when
+ * any layer has a fractional format-3 rate (engine/kv_rq_klt.h) */
+static void rq_bits_str(const int *b, int L, char *out, size_t n) {
+    bool frac = false;
+    for (int l = 0; l < L; l++) frac |= b[l] > QF_KV_RQ_KLT_EIGHTHS_BASE;
+    size_t o = 0;
+    out[0] = 0;
+    for (int l = 0; l < L && o + 8 < n; l++) {
+        if (!frac) out[o++] = (char)('0' + b[l] % 10), out[o] = 0;
+        else o += (size_t)snprintf(out + o, n - o, "%s%g", l ? "/" : "", qf_kv_rq_klt_eighths(b[l]) / 8.0);
+    }
+}
+
 /* One kv-rq candidate certified on the evaluation split (s->ref) and logged. */
 static qf_status rq_certify(const qf_job *j, shared *s, const qf_kv_rq_fit *fit, int *const bits[2], int S, int R,
                             qf_payload *pl, qf_certify_result *r, double *bpe, qf_error *err) {
@@ -895,8 +994,8 @@ static qf_status rq_certify(const qf_job *j, shared *s, const qf_kv_rq_fit *fit,
     if (st) return st;
     *bpe = qf_kv_rq_bits_per_element((const int *const *)bits, fit->n_layer, fit->head_dim, S, R, s->n_ctx);
     if ((st = qf_certify_candidate(s->ctx, s->ref, QF_ARTIFACT_KV_RQ, pl, &j->gate, r, err))) return st;
-    char kb[64] = "", vb[64] = "";
-    for (int l = 0; l < fit->n_layer && l < 60; l++) kb[l] = (char)('0' + bits[0][l]), vb[l] = (char)('0' + bits[1][l]);
+    char kb[256], vb[256];
+    rq_bits_str(bits[0], fit->n_layer, kb, sizeof kb), rq_bits_str(bits[1], fit->n_layer, vb, sizeof vb);
     stage(j, "[4/5 certify] kv-rq K %s V %s S%d R%d: %.3f bits/element, PPL %.4f -> %.4f (delta %+.4f%%), KLD mean "
              "%.6f p99 %.6f, top-1 %.2f%% -> %s",
           kb, vb, S, R, *bpe, r->ref_ppl, r->cand_ppl, 100 * r->delta_ppl, r->kld_mean, r->kld_p99, 100 * r->top1,
@@ -992,6 +1091,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         for (int l = 0; l < L && o < 400; l++) o += snprintf(line + o, sizeof line - (size_t)o, " %.3f", fit.v_pred_ratio[l]);
         stage(j, "[3/5 learn] kv-rq V predicted from the same layer's K: residual / V variance per layer%s", line);
     }
+    if (!st && rq_use_klt(j)) st = rq_learn_klt(j, s, &v, &fit, err); /* format 3 */
     if (st) return as_stage(err, st, st == QF_ERR_NOMEM ? st : QF_ERR_CAPTURE_FAILED, "learn");
     fit.k_prerope = rq_use_prerope(j); /* stage_capture kept K before RoPE */
     /* the allocation's floor: 1-bit rows for the least sensitive units at low budgets */
@@ -1036,7 +1136,8 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     /* chunks of min(N, 512) tokens by default (cheap); --sens-ctx N measures at the context the
      * artifact is certified for, where the window covers a realistic share of every chunk */
     int sens_ctx = j->rq_sens_ctx > 0 ? j->rq_sens_ctx : s->n_ctx < 512 ? s->n_ctx : 512;
-    qf_certify_params cp = {.n_ctx = sens_ctx, .n_chunks = j->rq_sens_chunks > 2 ? j->rq_sens_chunks : 2};
+    int sens_chunks = j->rq_sens_chunks > 0 ? j->rq_sens_chunks : fit.klt ? 4 : 2;
+    qf_certify_params cp = {.n_ctx = sens_ctx, .n_chunks = sens_chunks > 2 ? sens_chunks : 2};
     char *stext = NULL;
     size_t slen = 0;
     if ((st = rq_spread_text(s->model, ctext, clen, sens_ctx, cp.n_chunks, &stext, &slen, err))) {
@@ -1187,11 +1288,15 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     rep->seconds_certify = qf_now_sec() - t0;
     if ((st = fill_cert(j, s, rep, err))) goto done;
     qf_payload *cf = &rep->cert.config;
-    char kb[128] = "", vb[128] = "";
+    char kb[256] = "", vb[256] = "";
     {
         size_t nb;
         const uint8_t *b0 = qf_payload_get_bytes(&best, "k_bits", &nb), *b1 = qf_payload_get_bytes(&best, "v_bits", &nb);
-        for (int l = 0; b0 && b1 && l < L && l < 120; l++) kb[l] = (char)('0' + (b0[l] % 10)), vb[l] = (char)('0' + (b1[l] % 10));
+        if (b0 && b1 && L <= 120) {
+            int i0[120], i1[120];
+            for (int l = 0; l < L; l++) i0[l] = b0[l], i1[l] = b1[l];
+            rq_bits_str(i0, L, kb, sizeof kb), rq_bits_str(i1, L, vb, sizeof vb);
+        }
     }
     if ((st = qf_payload_add_float(cf, "bits_per_element_at_first_ctx", bpe_first, err)) ||
         (st = qf_payload_add_int(cf, "n_sink", S, err)) || (st = qf_payload_add_int(cf, "n_window", R, err)) ||
@@ -1202,7 +1307,8 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         (st = qf_payload_add_int(cf, "v_pred", fit.v_pred != NULL, err)) ||
         (j->rq_qaware && (st = qf_payload_add_float(cf, "v_alpha", j->rq_v_alpha, err))) ||
         (j->rq_bits > 0 && (st = qf_payload_add_float(cf, "budget_bits", j->rq_bits, err))) ||
-        (st = qf_payload_add_int(cf, "sens_ctx", sens_ctx, err)))
+        (st = qf_payload_add_int(cf, "sens_ctx", sens_ctx, err)) ||
+        (st = qf_payload_add_string(cf, "transform", fit.klt ? (j->rq_klt_plain ? "klt-plain" : "klt") : "hadamard", err)))
         goto done;
     if (!rep->result.passed) {
         const qf_certify_result *rr = &rep->result;

@@ -1,0 +1,396 @@
+/* learn_kv_rq_klt.c: the kv-rq format-3 learner (include/qforge/kv_rq.h "Format 3"): per
+ * (layer, stream, kv head) a KLT in the attention's metric, per-coordinate Lloyd-Max codebooks
+ * and greedy reverse water-filling of the row's bits over the coordinates. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/kv_rq.h"
+#include "engine/kv_rq_klt.h"
+#include "qforge/kv_rq.h"
+#include "util/util.h"
+
+#define NW QF_KV_RQ_N_WIDTHS
+#define QF_KV_RQ_MAX_LAYERS_ALLOC 256 /* layers whose allocation state fits on the stack */
+#define NL QF_KV_RQ_MAX_LEVELS
+
+void qf_kv_rq_klt_fit_free(qf_kv_rq_klt_fit *k) {
+    if (!k) return;
+    for (int s = 0; s < 2; s++) {
+        free(k->enc[s]), free(k->dec[s]), free(k->sigma[s]), free(k->levels[s]), free(k->width[s]);
+        free(k->eig[s]), free(k->had_rel_mse[s]), free(k->rel8[s]);
+    }
+    free(k);
+}
+
+/* Cyclic Jacobi eigen-decomposition of the symmetric A [n][n] (destroyed): w[n] eigenvalues
+ * descending, V [n][n] with the matching eigenvectors as columns. */
+static void jacobi_eig(double *A, int n, double *V, double *w) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) V[(size_t)i * n + j] = i == j;
+    for (int sweep = 0; sweep < 60; sweep++) {
+        double off = 0, diag = 0;
+        for (int i = 0; i < n; i++) {
+            diag += A[(size_t)i * n + i] * A[(size_t)i * n + i];
+            for (int j = i + 1; j < n; j++) off += A[(size_t)i * n + j] * A[(size_t)i * n + j];
+        }
+        if (!(off > 1e-24 * diag)) break;
+        for (int p = 0; p < n; p++)
+            for (int q = p + 1; q < n; q++) {
+                double apq = A[(size_t)p * n + q];
+                if (fabs(apq) < 1e-300) continue;
+                double app = A[(size_t)p * n + p], aqq = A[(size_t)q * n + q];
+                double th = 0.5 * (aqq - app) / apq;
+                double t = (th >= 0 ? 1.0 : -1.0) / (fabs(th) + sqrt(th * th + 1.0));
+                double c = 1.0 / sqrt(t * t + 1.0), sn = t * c;
+                for (int k = 0; k < n; k++) { /* A <- J^T A J (columns then rows) */
+                    double akp = A[(size_t)k * n + p], akq = A[(size_t)k * n + q];
+                    A[(size_t)k * n + p] = c * akp - sn * akq;
+                    A[(size_t)k * n + q] = sn * akp + c * akq;
+                }
+                for (int k = 0; k < n; k++) {
+                    double apk = A[(size_t)p * n + k], aqk = A[(size_t)q * n + k];
+                    A[(size_t)p * n + k] = c * apk - sn * aqk;
+                    A[(size_t)q * n + k] = sn * apk + c * aqk;
+                }
+                for (int k = 0; k < n; k++) {
+                    double vkp = V[(size_t)k * n + p], vkq = V[(size_t)k * n + q];
+                    V[(size_t)k * n + p] = c * vkp - sn * vkq;
+                    V[(size_t)k * n + q] = sn * vkp + c * vkq;
+                }
+            }
+    }
+    for (int i = 0; i < n; i++) w[i] = A[(size_t)i * n + i];
+    for (int i = 0; i < n; i++) { /* selection sort, descending, columns along */
+        int m = i;
+        for (int j = i + 1; j < n; j++)
+            if (w[j] > w[m]) m = j;
+        if (m == i) continue;
+        double t = w[i];
+        w[i] = w[m], w[m] = t;
+        for (int k = 0; k < n; k++) {
+            t = V[(size_t)k * n + i];
+            V[(size_t)k * n + i] = V[(size_t)k * n + m], V[(size_t)k * n + m] = t;
+        }
+    }
+}
+
+/* One (layer, stream, head): rows X [n][D] already centred (minus the fit's mean). Writes enc,
+ * dec, sigma, levels [D][NW][NL], width [49][D] (stride wstride between rates), eig, rel8 [49]. */
+static qf_status fit_head(const float *X, int64_t n, int D, const double *M, const double *Minv, float *enc, float *dec,
+                          float *sigma, float *levels, uint8_t *width, size_t wstride, double *eig, double *rel8,
+                          qf_error *err) {
+    size_t DD = (size_t)D * D;
+    double *C = calloc(DD, sizeof(double)), *R = malloc(DD * sizeof(double)), *u = malloc((size_t)D * sizeof(double));
+    float *t = malloc(sizeof(float) * (size_t)n * D), *col = malloc(sizeof(float) * (size_t)n);
+    double *dist = malloc(sizeof(double) * (size_t)D * (NW + 1));
+    qf_status st = QF_OK;
+    if (!C || !R || !u || !t || !col || !dist) {
+        st = qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
+        goto done;
+    }
+    /* covariance of M x */
+    for (int64_t r = 0; r < n; r++) {
+        const float *x = X + r * D;
+        for (int i = 0; i < D; i++) {
+            double a = 0;
+            for (int j = 0; j < D; j++) a += M[(size_t)i * D + j] * x[j];
+            u[i] = a;
+        }
+        for (int i = 0; i < D; i++)
+            for (int j = 0; j <= i; j++) C[(size_t)i * D + j] += u[i] * u[j];
+    }
+    for (int i = 0; i < D; i++)
+        for (int j = 0; j <= i; j++) C[(size_t)j * D + i] = C[(size_t)i * D + j] /= (double)n;
+    jacobi_eig(C, D, R, eig);
+    double floor_ = eig[0] > 0 ? eig[0] * 1e-10 : 1e-30;
+    for (int i = 0; i < D; i++) {
+        if (!(eig[i] > floor_)) eig[i] = floor_;
+        sigma[i] = (float)sqrt(eig[i]);
+    }
+    /* enc = R^T M, dec = Minv R */
+    for (int i = 0; i < D; i++)
+        for (int j = 0; j < D; j++) {
+            double a = 0, b = 0;
+            for (int k = 0; k < D; k++) a += R[(size_t)k * D + i] * M[(size_t)k * D + j], b += Minv[(size_t)i * D + k] * R[(size_t)k * D + j];
+            enc[(size_t)i * D + j] = (float)a, dec[(size_t)i * D + j] = (float)b;
+        }
+    /* standardized, row-scaled coordinates t = z / rms(z), z_i = (enc x)_i / sigma_i */
+    int64_t m = 0;
+    for (int64_t r = 0; r < n; r++) {
+        const float *x = X + r * D;
+        float *tr = t + m * D;
+        double ss = 0;
+        for (int i = 0; i < D; i++) {
+            double a = 0;
+            for (int j = 0; j < D; j++) a += (double)enc[(size_t)i * D + j] * x[j];
+            tr[i] = (float)(a / sigma[i]);
+            ss += (double)tr[i] * tr[i];
+        }
+        if (!(ss > 0) || !isfinite(ss)) continue;
+        float inv = (float)(1.0 / sqrt(ss / D));
+        for (int i = 0; i < D; i++) tr[i] *= inv;
+        m++;
+    }
+    if (m < 2 * NL) {
+        st = qf_fail(err, QF_ERR_CAPTURE_FAILED, "kv-rq klt: %lld nonzero rows, need at least %d", (long long)m, 2 * NL);
+        goto done;
+    }
+    /* per coordinate: Lloyd-Max at widths 1..NW and the measured distortion (eigenvalue units) */
+    for (int i = 0; i < D && !st; i++) {
+        double e0 = 0;
+        for (int64_t r = 0; r < m; r++) col[r] = t[r * D + i], e0 += (double)col[r] * col[r];
+        dist[(size_t)i * (NW + 1)] = eig[i] * e0 / (double)m;
+        for (int w = 1; w <= NW && !st; w++) {
+            float *lv = levels + ((size_t)i * NW + (w - 1)) * NL;
+            for (int k = 0; k < NL; k++) lv[k] = 0;
+            if ((st = qf_kv_rq_lloyd(col, m, 1 << w, 30, lv, err))) break;
+            for (int k = 1 << w; k < NL; k++) lv[k] = lv[(1 << w) - 1] + (float)(k - (1 << w) + 1);
+            double e = 0;
+            for (int64_t r = 0; r < m; r++) {
+                double d = col[r] - lv[qf_kv_rq_nearest(lv, 1 << w, col[r])];
+                e += d * d;
+            }
+            dist[(size_t)i * (NW + 1) + w] = eig[i] * e / (double)m;
+        }
+    }
+    /* greedy reverse water-filling, one bit at a time (the path is nested): the widths at
+     * e * D / 8 bits are snapshot e, with the predicted relative error sum_i dist_i / sum_i eig_i */
+    if (!st) {
+        uint8_t wd[QF_KV_RQ_MAX_HEAD_DIM] = {0};
+        double tot = 0, cur = 0;
+        for (int i = 0; i < D; i++) tot += eig[i], cur += dist[(size_t)i * (NW + 1)];
+        for (int used = 0, e = 0; e < QF_KV_RQ_KLT_N_RATES; e++) {
+            for (; used < e * D / 8; used++) {
+                int bi = -1;
+                double best = -INFINITY;
+                for (int i = 0; i < D; i++) {
+                    if (wd[i] >= QF_KV_RQ_KLT_MAX_WIDTH) continue;
+                    double g = dist[(size_t)i * (NW + 1) + wd[i]] - dist[(size_t)i * (NW + 1) + wd[i] + 1];
+                    if (g > best) best = g, bi = i;
+                }
+                if (bi < 0) break;
+                cur -= dist[(size_t)bi * (NW + 1) + wd[bi]] - dist[(size_t)bi * (NW + 1) + wd[bi] + 1];
+                wd[bi]++;
+            }
+            memcpy(width + (size_t)e * wstride, wd, (size_t)D);
+            rel8[e] = tot > 0 ? cur / tot : 0;
+        }
+    }
+done:
+    free(C), free(R), free(u), free(t), free(col), free(dist);
+    return st;
+}
+
+/* the metric's square root M and its inverse [D][D] for (layer, stream, head) */
+static void metric(int s, const float *kw, const float *vgram, int D, double *M, double *Minv, double *scratch) {
+    size_t DD = (size_t)D * D;
+    memset(M, 0, DD * sizeof(double)), memset(Minv, 0, DD * sizeof(double));
+    if (s == 0 && kw) {
+        double lg = 0, mx = 0;
+        for (int i = 0; i < D; i++) mx = kw[i] > mx ? kw[i] : mx;
+        for (int i = 0; i < D; i++) lg += log(kw[i] > mx * 1e-6 ? kw[i] : mx * 1e-6 + 1e-30);
+        double gm = exp(lg / D);
+        for (int i = 0; i < D; i++) {
+            double wv = (kw[i] > mx * 1e-6 ? kw[i] : mx * 1e-6 + 1e-30) / gm;
+            M[(size_t)i * D + i] = sqrt(wv), Minv[(size_t)i * D + i] = 1.0 / sqrt(wv);
+        }
+        return;
+    }
+    if (s == 1 && vgram) {
+        double *A = scratch, *V = scratch + DD, *w = scratch + 2 * DD, tr = 0;
+        for (int i = 0; i < D; i++) tr += vgram[(size_t)i * D + i];
+        tr = tr > 0 ? tr / D : 1;
+        for (size_t i = 0; i < DD; i++) A[i] = vgram[i] / tr;
+        jacobi_eig(A, D, V, w);
+        double fl = w[0] * 1e-4 > 1e-12 ? w[0] * 1e-4 : 1e-12;
+        for (int k = 0; k < D; k++) {
+            double e = w[k] > fl ? w[k] : fl, r = sqrt(e);
+            for (int i = 0; i < D; i++)
+                for (int j = 0; j < D; j++) {
+                    double vv = V[(size_t)i * D + k] * V[(size_t)j * D + k];
+                    M[(size_t)i * D + j] += r * vv, Minv[(size_t)i * D + j] += vv / r;
+                }
+        }
+        return;
+    }
+    for (int i = 0; i < D; i++) M[(size_t)i * D + i] = Minv[(size_t)i * D + i] = 1;
+}
+
+qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const float *vgram, int64_t max_rows,
+                             qf_kv_rq_fit *f, qf_error *err) {
+    int L = f->n_layer, H = f->n_kv_head, D = f->head_dim, HD = H * D;
+    size_t DD = (size_t)D * D, lhd = (size_t)L * H * D;
+    if (max_rows <= 0) max_rows = 4096;
+    qf_kv_rq_klt_fit *k = calloc(1, sizeof *k);
+    double *M = malloc(DD * sizeof(double)), *Minv = malloc(DD * sizeof(double)), *scr = malloc((2 * DD + D) * sizeof(double));
+    float *X = malloc(sizeof(float) * (size_t)max_rows * D), *pv = malloc(sizeof(float) * (size_t)HD);
+    float *xh = malloc(sizeof(float) * 4 * (size_t)D);
+    uint8_t *row = malloc(QF_KV_RQ_SCALE_BYTES + (size_t)D);
+    qf_status st = QF_OK;
+    if (!k || !M || !Minv || !scr || !X || !pv || !xh || !row) goto oom;
+    for (int s = 0; s < 2; s++)
+        if (!(k->enc[s] = malloc(lhd * D * sizeof(float))) || !(k->dec[s] = malloc(lhd * D * sizeof(float))) ||
+            !(k->sigma[s] = malloc(lhd * sizeof(float))) || !(k->levels[s] = malloc(lhd * NW * NL * sizeof(float))) ||
+            !(k->width[s] = malloc(QF_KV_RQ_KLT_N_RATES * lhd)) || !(k->eig[s] = malloc(lhd * sizeof(double))) ||
+            !(k->rel8[s] = calloc((size_t)L * QF_KV_RQ_KLT_N_RATES, sizeof(double))) ||
+            !(k->had_rel_mse[s] = calloc((size_t)L * NW, sizeof(double))))
+            goto oom;
+    for (int l = 0; l < L && !st; l++)
+        for (int s = 0; s < 2 && !st; s++) {
+            int64_t nt = (s ? v->n_v[l] : v->n_k[l]) / H, rows = nt < max_rows ? nt : max_rows, stride = nt / rows;
+            const float *src = s ? v->v[l] : v->k[l];
+            const float *P = s && f->v_pred ? f->v_pred + (size_t)l * HD * HD : NULL;
+            double rel[NW] = {0};
+            for (int h = 0; h < H && !st; h++) {
+                size_t o = ((size_t)l * H + h) * D;
+                const float *mean = f->mean[s] + o;
+                for (int64_t r = 0; r < rows; r++) {
+                    const float *xt = src + (size_t)(r * stride) * HD;
+                    if (P) { /* V minus its prediction from the same token's (exact) K */
+                        const float *kt = v->k[l] + (size_t)(r * stride) * HD;
+                        for (int oo = 0; oo < D; oo++) {
+                            double a = xt[h * D + oo];
+                            const float *po = P + (size_t)(h * D + oo) * HD;
+                            for (int i = 0; i < HD; i++) a -= (double)po[i] * kt[i];
+                            X[r * D + oo] = (float)(a - mean[oo]);
+                        }
+                    } else
+                        for (int c = 0; c < D; c++) X[r * D + c] = xt[h * D + c] - mean[c];
+                }
+                metric(s, kw ? kw + o : NULL, vgram ? vgram + o * D : NULL, D, M, Minv, scr);
+                float *enc = k->enc[s] + o * D, *dec = k->dec[s] + o * D, *sig = k->sigma[s] + o,
+                      *lv = k->levels[s] + o * NW * NL;
+                double r8[QF_KV_RQ_KLT_N_RATES];
+                st = fit_head(X, rows, D, M, Minv, enc, dec, sig, lv, k->width[s] + o, lhd, k->eig[s] + o, r8, err);
+                if (st) break;
+                for (int e = 0; e < QF_KV_RQ_KLT_N_RATES; e++) k->rel8[s][l * QF_KV_RQ_KLT_N_RATES + e] += r8[e] / H;
+                /* the real codecs' relative error in the metric, |enc (x - x^)|^2 / |enc (x - mean)|^2,
+                 * at each unit width: format 3 and the Hadamard rows of the same fit */
+                float lvw[QF_KV_RQ_MAX_HEAD_DIM * NL];
+                int64_t step = rows > 1024 ? rows / 1024 : 1;
+                for (int b = 1; b <= NW; b++) {
+                    const uint8_t *wd = k->width[s] + (size_t)(8 * b) * lhd + o;
+                    for (int i = 0; i < D; i++) memcpy(lvw + (size_t)i * NL, lv + ((size_t)i * NW + (wd[i] ? wd[i] - 1 : 0)) * NL, NL * sizeof(float));
+                    qf_kv_rq_klt c3 = {.head_dim = D, .mean = mean, .enc = enc, .dec = dec, .sigma = sig, .levels = lvw, .width = wd};
+                    float ics[QF_KV_RQ_MAX_HEAD_DIM];
+                    for (int c = 0; c < D; c++) ics[c] = 1.0f / f->cs[s][o + c];
+                    qf_kv_rq_codec ch = {.head_dim = D, .bits = b, .levels = f->levels[s][b - 1] + ((size_t)l * H + h) * NL,
+                                         .mean = mean, .cs = f->cs[s] + o, .inv_cs = ics};
+                    double num3 = 0, numh = 0, den = 0;
+                    for (int64_t r = 0; r < rows; r += step) {
+                        float *x = xh, *y = xh + D, *sc = xh + 2 * D;
+                        for (int c = 0; c < D; c++) x[c] = X[r * D + c] + mean[c];
+                        for (int pass = 0; pass < 2; pass++) {
+                            if (pass == 0) qf_kv_rq_klt_encode(&c3, x, sc, row), qf_kv_rq_klt_decode(&c3, row, y);
+                            else qf_kv_rq_encode(&ch, x, sc, row), qf_kv_rq_decode(&ch, row, y);
+                            double e = 0, d0 = 0;
+                            for (int i = 0; i < D; i++) {
+                                double a = 0, a0 = 0;
+                                for (int j = 0; j < D; j++) a += (double)enc[(size_t)i * D + j] * (x[j] - y[j]), a0 += (double)enc[(size_t)i * D + j] * X[r * D + j];
+                                e += a * a, d0 += a0 * a0;
+                            }
+                            if (pass == 0) num3 += e, den += d0;
+                            else numh += e;
+                        }
+                    }
+                    rel[b - 1] += den > 0 ? num3 / den / H : 0;
+                    k->had_rel_mse[s][l * NW + b - 1] += den > 0 ? numh / den / H : 0;
+                }
+            }
+            for (int b = 0; b < NW; b++) f->rel_mse[s][l * NW + b] = rel[b];
+        }
+    free(M), free(Minv), free(scr), free(X), free(pv), free(xh), free(row);
+    if (st) {
+        qf_kv_rq_klt_fit_free(k);
+        return st;
+    }
+    qf_kv_rq_klt_fit_free(f->klt);
+    f->klt = k;
+    return QF_OK;
+oom:
+    free(M), free(Minv), free(scr), free(X), free(pv), free(xh), free(row);
+    qf_kv_rq_klt_fit_free(k);
+    return qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
+}
+
+qf_status qf_kv_rq_klt_payload(const qf_kv_rq_fit *f, const int *const bits[2], qf_payload *pl, qf_error *err) {
+    const qf_kv_rq_klt_fit *k = f->klt;
+    int L = f->n_layer, H = f->n_kv_head, D = f->head_dim;
+    size_t lhd = (size_t)L * H * D;
+    float *lv = malloc(lhd * NL * sizeof(float));
+    uint8_t *wd = malloc(lhd);
+    qf_status st = QF_OK;
+    if (!lv || !wd) st = qf_fail(err, QF_ERR_NOMEM, "kv-rq klt payload: out of memory");
+    for (int s = 0; s < 2 && !st; s++) {
+        for (int l = 0; l < L; l++) {
+            int e = qf_kv_rq_klt_eighths(bits[s][l]); /* 0: an f16 layer (widths unused, zeros) */
+            for (size_t i = (size_t)l * H * D; i < (size_t)(l + 1) * H * D; i++) {
+                int w = e ? k->width[s][(size_t)e * lhd + i] : 0;
+                wd[i] = (uint8_t)w;
+                if (w) memcpy(lv + i * NL, k->levels[s] + (i * NW + (size_t)(w - 1)) * NL, NL * sizeof(float));
+                else
+                    for (int q = 0; q < NL; q++) lv[i * NL + q] = (float)q;
+            }
+        }
+        const char *sn = s ? "v" : "k";
+        char name[32];
+        int64_t sh4[4] = {L, H, D, D}, sh3[3] = {L, H, D}, sh4l[4] = {L, H, D, NL};
+        snprintf(name, sizeof name, "%s_klt_enc", sn);
+        if (!st) st = qf_payload_add_f32(pl, name, k->enc[s], 4, sh4, err);
+        snprintf(name, sizeof name, "%s_klt_dec", sn);
+        if (!st) st = qf_payload_add_f32(pl, name, k->dec[s], 4, sh4, err);
+        snprintf(name, sizeof name, "%s_klt_sigma", sn);
+        if (!st) st = qf_payload_add_f32(pl, name, k->sigma[s], 3, sh3, err);
+        snprintf(name, sizeof name, "%s_klt_width", sn);
+        if (!st) st = qf_payload_add_u8(pl, name, wd, 3, sh3, err);
+        snprintf(name, sizeof name, "%s_klt_levels", sn);
+        if (!st) st = qf_payload_add_f32(pl, name, lv, 4, sh4l, err);
+    }
+    free(lv), free(wd);
+    return st;
+}
+
+double qf_kv_rq_klt_allocate(const qf_kv_rq_fit *f, const double *const sens[2], double max_code_bits, int min_bits,
+                             int *const bits[2]) {
+    const qf_kv_rq_klt_fit *k = f->klt;
+    int L = f->n_layer, U = 2 * L, step = f->head_dim >= 64 ? 1 : 64 / f->head_dim; /* whole row bytes */
+    int e0 = 8 * (min_bits < 1 ? 1 : min_bits < NW ? min_bits : NW);
+    e0 = (e0 + step - 1) / step * step;
+    int e[2][QF_KV_RQ_MAX_LAYERS_ALLOC];
+    int *ep[2] = {L <= QF_KV_RQ_MAX_LAYERS_ALLOC ? e[0] : malloc(sizeof(int) * (size_t)L),
+                  L <= QF_KV_RQ_MAX_LAYERS_ALLOC ? e[1] : malloc(sizeof(int) * (size_t)L)};
+    double pred = 0;
+    if (!ep[0] || !ep[1]) goto out;
+    for (int s = 0; s < 2; s++)
+        for (int l = 0; l < L; l++) ep[s][l] = e0;
+    double total = (double)e0 * U;
+    const int es = 8 * QF_KV_RQ_SENS_BITS; /* sens is measured at 2 bits */
+#define R8(s, l, x) k->rel8[s][(l) * QF_KV_RQ_KLT_N_RATES + (x)]
+#define PRED(s, l, x) (R8(s, l, es) > 0 ? sens[s][l] * R8(s, l, x) / R8(s, l, es) : 0)
+    for (;;) {
+        if ((total + step) / (8.0 * U) > max_code_bits + 1e-9) break;
+        int bs = -1, bl = -1;
+        double best = -1;
+        for (int s = 0; s < 2; s++)
+            for (int l = 0; l < L; l++) {
+                int x = ep[s][l];
+                if (x + step > QF_KV_RQ_KLT_MAX_EIGHTHS) continue;
+                double g = PRED(s, l, x) - PRED(s, l, x + step);
+                if (g > best) best = g, bs = s, bl = l;
+            }
+        if (bs < 0) break;
+        ep[bs][bl] += step;
+        total += step;
+    }
+    for (int s = 0; s < 2; s++)
+        for (int l = 0; l < L; l++) {
+            pred += PRED(s, l, ep[s][l]);
+            bits[s][l] = QF_KV_RQ_KLT_EIGHTHS_BASE + ep[s][l];
+        }
+#undef PRED
+#undef R8
+out:
+    if (L > QF_KV_RQ_MAX_LAYERS_ALLOC) free(ep[0]), free(ep[1]);
+    return pred;
+}

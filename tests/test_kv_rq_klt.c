@@ -1,0 +1,248 @@
+/* test_kv_rq_klt.c: kv-rq payload format 3 (transform coding with per-coordinate widths):
+ * variable-width packing bit by bit, the row codec against a scalar oracle, the learner on
+ * synthetic low-rank data (widths sum to the budget, beats the Hadamard rows of the same fit),
+ * and the loader's checks on a format-3 payload (valid binds and runs; each tampered field is
+ * refused with a clear error). */
+#include <stdlib.h>
+
+#include "engine/engine.h"
+#include "engine/kv_rq.h"
+#include "engine/kv_rq_klt.h"
+#include "qforge/artifact_bind.h"
+#include "qforge/kv_rq.h"
+#include "qforge/model.h"
+#include "test.h"
+#include "util/util.h"
+
+static float gauss(uint64_t *s) {
+    double u1 = ((double)(qf_xorshift64s(s) >> 11) + 0.5) / 9007199254740992.0;
+    double u2 = ((double)(qf_xorshift64s(s) >> 11) + 0.5) / 9007199254740992.0;
+    return (float)(sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+TEST(klt_pack_unpack_bit_by_bit) {
+    uint8_t width[64], codes[64], back[64], packed[64];
+    uint64_t s = 5;
+    int total = 0;
+    for (int i = 0; i < 64; i++) width[i] = (uint8_t)(qf_xorshift64s(&s) % 7), total += width[i];
+    for (int i = 0; i < 64; i++) codes[i] = width[i] ? (uint8_t)(qf_xorshift64s(&s) % (1u << width[i])) : 0;
+    qf_kv_rq_klt_pack(codes, width, 64, packed);
+    int sb = 0;
+    for (int i = 0; i < 64; i++) /* oracle: coordinate i occupies the next width[i] stream bits */
+        for (int j = 0; j < width[i]; j++, sb++) CHECK(((packed[sb / 8] >> (sb % 8)) & 1) == ((codes[i] >> j) & 1));
+    CHECK_EQ_INT(sb, total);
+    qf_kv_rq_klt_unpack(packed, width, 64, back);
+    CHECK(memcmp(codes, back, 64) == 0);
+}
+
+/* the oracle decoder: bit-by-bit unpacking, double-precision matrix product */
+static void oracle_decode(const qf_kv_rq_klt *c, const uint8_t *row, float *out) {
+    int D = c->head_dim, sb = 0;
+    double s = row[0] ? pow(2.0, (row[0] - 128) / 8.0) : 0.0, y[256];
+    for (int i = 0; i < D; i++) {
+        int code = 0;
+        for (int j = 0; j < c->width[i]; j++, sb++) code |= ((row[1 + sb / 8] >> (sb % 8)) & 1) << j;
+        y[i] = c->width[i] ? s * c->sigma[i] * c->levels[(size_t)i * QF_KV_RQ_MAX_LEVELS + code] : 0;
+    }
+    for (int i = 0; i < D; i++) {
+        double a = c->mean[i];
+        for (int j = 0; j < D; j++) a += (double)c->dec[(size_t)i * D + j] * y[j];
+        out[i] = (float)a;
+    }
+}
+
+/* synthetic low-rank-ish head vectors: a few strong directions plus small isotropic noise */
+static float *lowrank(int n, int D, uint64_t *s) {
+    float *x = malloc(sizeof(float) * (size_t)n * D), *basis = malloc(sizeof(float) * 8 * (size_t)D);
+    for (int k = 0; k < 8 * D; k++) basis[k] = gauss(s) / sqrtf((float)D);
+    for (int r = 0; r < n; r++) {
+        double cf[8];
+        for (int k = 0; k < 8; k++) cf[k] = (8.0 / (k + 1)) * gauss(s);
+        for (int i = 0; i < D; i++) {
+            double a = 0.5 + 0.05 * gauss(s);
+            for (int k = 0; k < 8; k++) a += cf[k] * basis[k * D + i];
+            x[(size_t)r * D + i] = (float)a;
+        }
+    }
+    free(basis);
+    return x;
+}
+
+TEST(klt_learner_widths_oracle_and_gain) {
+    enum { D = 64, N = 3000 };
+    uint64_t s = 21;
+    float *k = lowrank(N, D, &s), *v = lowrank(N, D, &s);
+    const float *kk[1] = {k}, *vv[1] = {v};
+    int64_t nk[1] = {N}, nv[1] = {N};
+    qf_kv_capture_view cv = {.n_layer = 1, .n_kv_head = 1, .head_dim = D, .k = kk, .v = vv, .n_k = nk, .n_v = nv};
+    qf_kv_rq_learn_params lp;
+    qf_kv_rq_learn_params_default(&lp);
+    lp.lloyd_iters = 20;
+    qf_kv_rq_fit f;
+    qf_error e = {0};
+    CHECK_EQ_INT(qf_kv_rq_learn(&cv, &lp, &f, &e), QF_OK);
+    CHECK_EQ_INT(qf_kv_rq_learn_klt(&cv, NULL, NULL, 4096, &f, &e), QF_OK);
+    CHECK(f.klt != NULL);
+    if (!f.klt) goto out;
+    for (int r8 = 0; r8 < QF_KV_RQ_KLT_N_RATES; r8++) { /* every head's widths spend exactly r8 * D / 8 bits */
+        int sum = 0;
+        for (int i = 0; i < D; i++) sum += f.klt->width[0][(size_t)r8 * D + i];
+        CHECK_EQ_INT(sum, r8 * D / 8);
+        if (r8) CHECK(f.klt->rel8[0][r8] <= f.klt->rel8[0][r8 - 1]);
+    }
+    /* the fractional allocation: within the budget, more bits to the sensitive unit */
+    {
+        double sk = 1.0, sv = 0.01;
+        const double *sens[2] = {&sk, &sv};
+        int bk, bv, *bits[2] = {&bk, &bv};
+        qf_kv_rq_klt_allocate(&f, sens, 1.75, 1, bits);
+        int ek = qf_kv_rq_klt_eighths(bk), ev = qf_kv_rq_klt_eighths(bv);
+        printf("  allocation within 1.75 bits: K %d/8 V %d/8\n", ek, ev);
+        CHECK(ek >= 8 && ev >= 8 && ek + ev <= 28 && ek > ev);
+        CHECK_EQ_INT((int)qf_kv_rq_any_row_bytes(D, bk), 1 + ek);
+    }
+    printf("  relative error klt / hadamard at 2 bits: K %.4f / %.4f\n", f.rel_mse[0][1], f.klt->had_rel_mse[0][1]);
+    CHECK(f.rel_mse[0][1] < 0.5 * f.klt->had_rel_mse[0][1]); /* low-rank data: a large transform-coding gain */
+    /* the codec against the oracle, at the 2-bit allocation */
+    float lv[D * QF_KV_RQ_MAX_LEVELS];
+    const uint8_t *wd = f.klt->width[0] + 16 * D; /* 2 bits per element */
+    for (int i = 0; i < D; i++)
+        memcpy(lv + (size_t)i * QF_KV_RQ_MAX_LEVELS,
+               f.klt->levels[0] + ((size_t)i * QF_KV_RQ_N_WIDTHS + (wd[i] ? wd[i] - 1 : 0)) * QF_KV_RQ_MAX_LEVELS,
+               sizeof(float) * QF_KV_RQ_MAX_LEVELS);
+    qf_kv_rq_klt c = {.head_dim = D, .mean = f.mean[0], .enc = f.klt->enc[0], .dec = f.klt->dec[0],
+                      .sigma = f.klt->sigma[0], .levels = lv, .width = wd};
+    CHECK(qf_kv_rq_klt_check(&c, 2 * D) == NULL);
+    CHECK(qf_kv_rq_klt_check(&c, 3 * D) != NULL);
+    uint8_t row[1 + D];
+    float sc[2 * D], a[D], o[D];
+    double worst = 0;
+    for (int r = 0; r < 200; r++) {
+        qf_kv_rq_klt_encode(&c, k + (size_t)r * D, sc, row);
+        qf_kv_rq_klt_decode(&c, row, a);
+        oracle_decode(&c, row, o);
+        for (int i = 0; i < D; i++) worst = fmax(worst, fabs((double)a[i] - o[i]));
+    }
+    CHECK(worst < 1e-4);
+    /* the generic codec dispatches to format 3 */
+    qf_kv_rq_codec g = {.head_dim = D, .bits = 2, .mean = f.mean[0], .klt = c};
+    qf_kv_rq_encode(&g, k, sc, row);
+    qf_kv_rq_decode(&g, row, o);
+    qf_kv_rq_klt_decode(&c, row, a);
+    CHECK(memcmp(a, o, sizeof a) == 0);
+    /* non-finite input: a zero row that decodes to the mean */
+    float bad[D];
+    for (int i = 0; i < D; i++) bad[i] = i == 7 ? NAN : 1.0f;
+    qf_kv_rq_klt_encode(&c, bad, sc, row);
+    CHECK(row[0] == 0);
+    qf_kv_rq_klt_decode(&c, row, a);
+    for (int i = 0; i < D; i++) CHECK(a[i] == f.mean[0][i]);
+out:
+    qf_kv_rq_fit_free(&f);
+    free(k), free(v);
+}
+
+/* a format-3 payload for the demo model (6 layers, 2 kv heads, head_dim 64): identity
+ * transform, 2 bits on every coordinate; `tamper` breaks one field */
+enum { PL = 6, PH = 2, PD = 64 };
+static void klt_payload(qf_payload *pl, int fmt, const char *rot, const char *tamper) {
+    static float lv[PL * PH * 64], mean[PL * PH * PD], cs[PL * PH * PD], eye[PL * PH * PD * PD], sig[PL * PH * PD],
+        klv[PL * PH * PD * 64];
+    static uint8_t wd[PL * PH * PD];
+    for (int i = 0; i < PL * PH * 64; i++) lv[i] = (float)(i % 64) - 31.5f;
+    for (int i = 0; i < PL * PH * PD; i++) mean[i] = 0.01f * (float)(i % 7), cs[i] = 1.0f, sig[i] = 0.5f, wd[i] = 2;
+    memset(eye, 0, sizeof eye);
+    for (int lh = 0; lh < PL * PH; lh++)
+        for (int i = 0; i < PD; i++) eye[((size_t)lh * PD + i) * PD + i] = 1;
+    for (int i = 0; i < PL * PH * PD * 64; i++) klv[i] = (float)(i % 64) * 0.5f - 0.75f;
+    if (tamper && !strcmp(tamper, "width")) wd[5] = 3;            /* row bits no longer 2 * 64 */
+    if (tamper && !strcmp(tamper, "sigma")) sig[9] = 0;
+    if (tamper && !strcmp(tamper, "matrix")) eye[77] = NAN;
+    if (tamper && !strcmp(tamper, "levels")) klv[64 * 3 + 1] = -5; /* not ascending */
+    uint8_t b[PL];
+    memset(b, 2, sizeof b);
+    int64_t sh1[1] = {PL}, shl[3] = {PL, PH, 64}, shv[3] = {PL, PH, PD}, shm[4] = {PL, PH, PD, PD},
+            shk[4] = {PL, PH, PD, 64}, shbad[4] = {PL, PH, PD, 32};
+    qf_error e = {0};
+    memset(pl, 0, sizeof *pl);
+    qf_payload_add_int(pl, "format", fmt, &e);
+    qf_payload_add_string(pl, "rotation", rot, &e);
+    qf_payload_add_int(pl, "n_sink", 1, &e);
+    qf_payload_add_int(pl, "n_window", 4, &e);
+    qf_payload_add_int(pl, "k_prerope", 1, &e);
+    for (int s = 0; s < 2; s++) {
+        const char *p = s ? "v" : "k";
+        char n[32];
+#define NAME(x) (snprintf(n, sizeof n, "%s_%s", p, x), n)
+        qf_payload_add_u8(pl, NAME("bits"), b, 1, sh1, &e);
+        qf_payload_add_f32(pl, NAME("levels"), lv, 3, shl, &e);
+        qf_payload_add_f32(pl, NAME("mean"), mean, 3, shv, &e);
+        qf_payload_add_f32(pl, NAME("cs"), cs, 3, shv, &e);
+        qf_payload_add_f32(pl, NAME("klt_enc"), eye, 4, shm, &e);
+        if (!(tamper && !strcmp(tamper, "missing") && s == 1)) qf_payload_add_f32(pl, NAME("klt_dec"), eye, 4, shm, &e);
+        qf_payload_add_f32(pl, NAME("klt_sigma"), sig, 3, shv, &e);
+        qf_payload_add_u8(pl, NAME("klt_width"), wd, 3, shv, &e);
+        qf_payload_add_f32(pl, NAME("klt_levels"), klv, 4, tamper && !strcmp(tamper, "shape") ? shbad : shk, &e);
+#undef NAME
+    }
+}
+
+TEST(klt_payload_binds_and_refuses_tampering) {
+    const char *path = test_data("models/qforge-demo-11m-f16.gguf");
+    if (!path) SKIP("demo model not in ../shared/data");
+    qf_error e = {0};
+    qf_model *m = qf_model_load(path, &e);
+    CHECK(m != NULL);
+    if (!m) return;
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 64, cp.n_threads = 1;
+    qf_context *c = qf_context_new(m, &cp, &e);
+    CHECK(c != NULL);
+    if (!c) {
+        qf_model_free(m);
+        return;
+    }
+    qf_payload pl;
+    klt_payload(&pl, 3, "klt", NULL);
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_OK);
+    CHECK(c->kv.rq[0] && c->kv.rq[0]->klt_enc && c->kv.rq[0]->row_bytes[0] == 17);
+    CHECK_NEAR(qf_artifact_bits_per_element(QF_ARTIFACT_KV_RQ, &pl, qf_model_hparams(m), 512), 2.125 + 16.0 * 5 / 512,
+               1e-9);
+    int32_t tok[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    CHECK_EQ_INT(qf_decode(c, tok, 12, 0, NULL, 12, &e), QF_OK);
+    qf_payload_free(&pl);
+    static const char *const bad[] = {"width", "sigma", "matrix", "levels", "missing", "shape"};
+    static const char *const why[] = {"bits", "sigma", "matrix", "levels", "v_klt_dec", "klt_levels"};
+    for (int t = 0; t < 6; t++) {
+        klt_payload(&pl, 3, "klt", bad[t]);
+        e = (qf_error){0};
+        CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
+        printf("  tampered %s: %s\n", bad[t], e.msg);
+        CHECK(strstr(e.msg, why[t]) != NULL);
+        qf_payload_free(&pl);
+    }
+    klt_payload(&pl, 3, "hadamard", NULL); /* format 3 says klt */
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
+    CHECK(strstr(e.msg, "rotation") != NULL);
+    qf_payload_free(&pl);
+    klt_payload(&pl, 2, "klt", NULL); /* format 2 is Hadamard */
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
+    qf_payload_free(&pl);
+    klt_payload(&pl, 4, "klt", NULL); /* a newer format */
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_VERSION);
+    CHECK(strstr(e.msg, "formats 1, 2 and 3") != NULL);
+    qf_payload_free(&pl);
+    /* still usable after the refusals: the valid payload binds again */
+    klt_payload(&pl, 3, "klt", NULL);
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_OK);
+    qf_payload_free(&pl);
+    qf_context_free(c);
+    qf_model_free(m);
+}
+
+int main(void) {
+    RUN(klt_pack_unpack_bit_by_bit);
+    RUN(klt_learner_widths_oracle_and_gain);
+    RUN(klt_payload_binds_and_refuses_tampering);
+    return test_summary();
+}
