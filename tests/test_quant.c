@@ -438,7 +438,14 @@ static void check_gemm(qf_type wt, int64_t K, int N, int n) {
             if (e > worst) worst = e;
         }
     CHECK_MSG(worst < 1e-5, "%s gemm oracle vs vec_dot_ref: %.3e of sum|w*x|", qf_type_name(wt), worst);
-    if (qf_gemm_q8_supported(wt)) {
+    /* every panel kernel this CPU has (AVX-512 VNNI, AVX-VNNI, AVX2: qf_gemm_cap_isa forces the lower
+     * ones), each bit-identical to the oracle */
+    const qf_gemm_isa top = qf_gemm_isa_get();
+    int ran = 0;
+    for (int isa = QF_GEMM_ISA_AVX512; isa >= QF_GEMM_ISA_AVX2; isa--) {
+        qf_gemm_cap_isa((qf_gemm_isa)isa);
+        if (qf_gemm_isa_get() != (qf_gemm_isa)isa || isa > (int)top) continue;
+        ran++;
         /* rows [3, N) into a matrix of stride N: a partial first panel of the tile too */
         for (size_t i = 0; i < (size_t)n * N; i++) yf[i] = -1.0f;
         int split = N < 3 ? N : 3;
@@ -446,10 +453,11 @@ static void check_gemm(qf_type wt, int64_t K, int N, int n) {
         qf_gemm_q8_rows(wt, w, rb, K, split, N, act, n, yf, N, scratch);
         size_t bad = 0;
         for (size_t i = 0; i < (size_t)n * N; i++) bad += memcmp(&yf[i], &yr[i], 4) != 0;
-        CHECK_MSG(bad == 0, "%s gemm avx512 vs oracle: %zu of %zu differ", qf_type_name(wt), bad, (size_t)n * N);
-    } else {
-        printf("  (no AVX-512 VNNI here: the fast %s gemm is not run)\n", qf_type_name(wt));
+        CHECK_MSG(bad == 0, "%s gemm (isa %d) vs oracle: %zu of %zu differ", qf_type_name(wt), isa, bad, (size_t)n * N);
     }
+    qf_gemm_cap_isa(QF_GEMM_ISA_AVX512);
+    CHECK(top == QF_GEMM_ISA_NONE || ran >= (top == QF_GEMM_ISA_AVX512 ? 2 : 1)); /* AVX2 always among them */
+    if (!ran) printf("  (no AVX2 here: the fast %s gemm is not run)\n", qf_type_name(wt));
     free(w), free(x), free(act), free(xq), free(tmp), free(yr), free(yf), free(scratch);
 }
 
@@ -467,6 +475,14 @@ TEST(gemm_q8_vs_oracle) {
     qf_quant_force_scalar(true);
     CHECK(!qf_gemm_q8_supported(QF_TYPE_Q8_0));
     qf_quant_force_scalar(false);
+    /* capped at AVX2: the integer GEMM stays on, the AVX-512-only kernels go */
+    if (qf_gemm_isa_get() != QF_GEMM_ISA_NONE) {
+        qf_gemm_cap_isa(QF_GEMM_ISA_AVX2);
+        CHECK(qf_gemm_q8_supported(QF_TYPE_Q4_0) && !qf_gemm_f16_supported() && !qf_gemm_k_supported(QF_TYPE_Q4_K) &&
+              !qf_matvec_supported(QF_TYPE_Q4_0, 256));
+        qf_gemm_cap_isa(QF_GEMM_ISA_AVX512);
+    }
+    printf("  gemm isa on this CPU: %d (3 AVX-512 VNNI, 2 AVX-VNNI, 1 AVX2)\n", (int)qf_gemm_isa_get());
 }
 
 /* The f16 prefill GEMM: the fast kernel (AVX-512, lanes over k) against the double-precision

@@ -25,7 +25,7 @@ static bool cpu_has_vbmi(void) {
 bool qf_matvec_supported(qf_type wt, int64_t K) {
     if (K <= 0 || K % 128 != 0) return false;
     switch (wt) {
-    case QF_TYPE_Q4_0: return qf_gemm_q8_supported(QF_TYPE_Q4_0) && cpu_has_vbmi(); /* AVX-512 VNNI, not forced scalar */
+    case QF_TYPE_Q4_0: return qf_gemm_isa_get() == QF_GEMM_ISA_AVX512 && cpu_has_vbmi(); /* not capped or forced scalar */
     case QF_TYPE_F16: return qf_gemm_f16_supported();
     default: return false;
     }
