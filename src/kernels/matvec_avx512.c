@@ -41,29 +41,38 @@
 static const uint8_t QS_IDX[64] __attribute__((aligned(64))) = {QS16(0), QS16(1), QS16(2), QS16(3)};
 static const uint8_t D_IDX[64] __attribute__((aligned(64))) = {D8(0), D8(1), D8(2), D8(3)};
 
+/* one group of 4 blocks of one row: acc += d_w * d_x * (integer dots) */
+static inline __attribute__((always_inline, target("avx512vbmi"))) __m512 q4_group(const uint8_t *p, const uint8_t *ag,
+                                                                                   __m512i iq, __m512i id, __m512 acc) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    if (MV_PF_Q4) _mm_prefetch((const char *)(p + MV_PF_Q4), _MM_HINT_T0);
+    const __m512i A = _mm512_loadu_si512((const void *)p), B = _mm512_loadu_si512((const void *)(p + 8));
+    const __m512i z = _mm512_permutex2var_epi8(A, iq, B);
+    const __m512i lo = _mm512_and_si512(z, m4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+    const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_load_si512((const void *)(ag + 128)), lo,
+                                                              _mm512_load_si512((const void *)ag)),
+                                          hi, _mm512_load_si512((const void *)(ag + 64)));
+    const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(id, A)));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_load_ps((const void *)(ag + 192))), acc);
+}
+
+/* one row: groups in pairs on two accumulators (the FMA chain is the loop's only dependency) */
+static inline __attribute__((always_inline, target("avx512vbmi"))) float q4_row(const uint8_t *wr, const uint8_t *act,
+                                                                                int64_t ng) {
+    const __m512i iq = _mm512_load_si512((const void *)QS_IDX), id = _mm512_load_si512((const void *)D_IDX);
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int64_t g = 0;
+    for (; g + 2 <= ng; g += 2) {
+        a0 = q4_group(wr + g * 72, act + g * 256, iq, id, a0);
+        a1 = q4_group(wr + (g + 1) * 72, act + (g + 1) * 256, iq, id, a1);
+    }
+    if (g < ng) a0 = q4_group(wr + g * 72, act + g * 256, iq, id, a0);
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+
 static inline __attribute__((always_inline, target("avx512vbmi"))) void
 q4_rows(const uint8_t *const *wr, const int R, const uint8_t *act, int64_t ng, float *y) {
-    const __m512i iq = _mm512_load_si512((const void *)QS_IDX), id = _mm512_load_si512((const void *)D_IDX);
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m512 acc[MV_R];
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < ng; g++) {
-        const uint8_t *ag = act + g * 256;
-        const __m512i xlo = _mm512_load_si512((const void *)ag), xhi = _mm512_load_si512((const void *)(ag + 64));
-        const __m512i corr = _mm512_load_si512((const void *)(ag + 128));
-        const __m512 dx = _mm512_load_ps((const void *)(ag + 192));
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-            const uint8_t *p = wr[r] + g * 72;
-            if (MV_PF_Q4) _mm_prefetch((const char *)(p + MV_PF_Q4), _MM_HINT_T0);
-            const __m512i A = _mm512_loadu_si512((const void *)p), B = _mm512_loadu_si512((const void *)(p + 8));
-            const __m512i z = _mm512_permutex2var_epi8(A, iq, B);
-            const __m512i lo = _mm512_and_si512(z, m4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
-            const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(corr, lo, xlo), hi, xhi);
-            const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(id, A)));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), acc[r]);
-        }
-    }
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) y[r] = _mm512_reduce_add_ps(acc[r]);
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) y[r] = q4_row(wr[r], act, ng);
 }
 
 __attribute__((target("avx512vbmi"))) void qf_matvec_q4_0_avx512(const void *w, size_t row_bytes, int64_t K, int64_t r0,
