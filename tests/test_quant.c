@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "kernels/gemm.h"
+#include "kernels/matvec.h"
 #include "kernels/quant_impl.h"
 #include "qforge/gguf.h"
 #include "qforge/quant.h"
@@ -437,7 +438,14 @@ static void check_gemm(qf_type wt, int64_t K, int N, int n) {
             if (e > worst) worst = e;
         }
     CHECK_MSG(worst < 1e-5, "%s gemm oracle vs vec_dot_ref: %.3e of sum|w*x|", qf_type_name(wt), worst);
-    if (qf_gemm_q8_supported(wt)) {
+    /* every panel kernel this CPU has (AVX-512 VNNI, AVX-VNNI, AVX2: qf_gemm_cap_isa forces the lower
+     * ones), each bit-identical to the oracle */
+    const qf_gemm_isa top = qf_gemm_isa_get();
+    int ran = 0;
+    for (int isa = QF_GEMM_ISA_AVX512; isa >= QF_GEMM_ISA_AVX2; isa--) {
+        qf_gemm_cap_isa((qf_gemm_isa)isa);
+        if (qf_gemm_isa_get() != (qf_gemm_isa)isa || isa > (int)top) continue;
+        ran++;
         /* rows [3, N) into a matrix of stride N: a partial first panel of the tile too */
         for (size_t i = 0; i < (size_t)n * N; i++) yf[i] = -1.0f;
         int split = N < 3 ? N : 3;
@@ -445,10 +453,11 @@ static void check_gemm(qf_type wt, int64_t K, int N, int n) {
         qf_gemm_q8_rows(wt, w, rb, K, split, N, act, n, yf, N, scratch);
         size_t bad = 0;
         for (size_t i = 0; i < (size_t)n * N; i++) bad += memcmp(&yf[i], &yr[i], 4) != 0;
-        CHECK_MSG(bad == 0, "%s gemm avx512 vs oracle: %zu of %zu differ", qf_type_name(wt), bad, (size_t)n * N);
-    } else {
-        printf("  (no AVX-512 VNNI here: the fast %s gemm is not run)\n", qf_type_name(wt));
+        CHECK_MSG(bad == 0, "%s gemm (isa %d) vs oracle: %zu of %zu differ", qf_type_name(wt), isa, bad, (size_t)n * N);
     }
+    qf_gemm_cap_isa(QF_GEMM_ISA_AVX512);
+    CHECK(top == QF_GEMM_ISA_NONE || ran >= (top == QF_GEMM_ISA_AVX512 ? 2 : 1)); /* AVX2 always among them */
+    if (!ran) printf("  (no AVX2 here: the fast %s gemm is not run)\n", qf_type_name(wt));
     free(w), free(x), free(act), free(xq), free(tmp), free(yr), free(yf), free(scratch);
 }
 
@@ -466,6 +475,14 @@ TEST(gemm_q8_vs_oracle) {
     qf_quant_force_scalar(true);
     CHECK(!qf_gemm_q8_supported(QF_TYPE_Q8_0));
     qf_quant_force_scalar(false);
+    /* capped at AVX2: the integer GEMM stays on, the AVX-512-only kernels go */
+    if (qf_gemm_isa_get() != QF_GEMM_ISA_NONE) {
+        qf_gemm_cap_isa(QF_GEMM_ISA_AVX2);
+        CHECK(qf_gemm_q8_supported(QF_TYPE_Q4_0) && !qf_gemm_f16_supported() && !qf_gemm_k_supported(QF_TYPE_Q4_K) &&
+              !qf_matvec_supported(QF_TYPE_Q4_0, 256));
+        qf_gemm_cap_isa(QF_GEMM_ISA_AVX512);
+    }
+    printf("  gemm isa on this CPU: %d (3 AVX-512 VNNI, 2 AVX-VNNI, 1 AVX2)\n", (int)qf_gemm_isa_get());
 }
 
 /* The f16 prefill GEMM: the fast kernel (AVX-512, lanes over k) against the double-precision
@@ -549,6 +566,71 @@ TEST(gemm_k_vs_oracle) {
     }
 }
 
+/* The decode matvec (kernels/matvec.h): the fast multi-row kernel against the oracle (per-row
+ * qf_vec_dot_ref on the same quantized activation) within 1e-5 of sum|w*x|, over row counts that
+ * leave a partial group of 4 rows, a row range that starts mid-matrix, and Q4_0's extreme nibbles;
+ * also the oracle against double math on the dequantized rows. */
+static void check_matvec(qf_type wt, int64_t K, int N) {
+    size_t rb = qf_row_bytes(wt, K);
+    uint8_t *w = qf_malloc_aligned(rb * (size_t)N);
+    float *x = qf_malloc_aligned((size_t)K * 4), *yr = qf_malloc_aligned((size_t)N * 4), *yf = qf_malloc_aligned((size_t)N * 4);
+    float *wf = qf_malloc_aligned((size_t)K * 4), *xf = qf_malloc_aligned((size_t)K * 4);
+    qf_type vt = qf_vec_dot_type(wt);
+    void *xq = qf_malloc_aligned(qf_row_bytes(vt, K));
+    for (int r = 0; r < N; r++) random_row(wt, w + (size_t)r * rb, K);
+    if (wt == QF_TYPE_Q4_0) {
+        block_q4_0 *b0 = (block_q4_0 *)(void *)w;
+        b0->qs[0] = 0xF0, b0->qs[15] = 0x0F;
+    }
+    for (int64_t i = 0; i < K; i++) x[i] = rndf() * (i % 7 == 0 ? 10.0f : 1.0f);
+    qf_matvec_rows_ref(wt, w, rb, K, 0, N, x, yr, xq);
+    qf_dequantize_row_ref(vt, xq, xf, K);
+    double worst_ref = 0, worst = 0;
+    double *mag = malloc((size_t)N * sizeof(double));
+    for (int r = 0; r < N; r++) {
+        qf_dequantize_row_ref(wt, w + (size_t)r * rb, wf, K);
+        double exact = 0, m = 0;
+        for (int64_t i = 0; i < K; i++) exact += (double)wf[i] * xf[i], m += fabs((double)wf[i] * xf[i]);
+        mag[r] = m > 0 ? m : 1;
+        double e = fabs(yr[r] - exact) / mag[r];
+        if (e > worst_ref) worst_ref = e;
+    }
+    CHECK_MSG(worst_ref < 1e-5, "%s matvec oracle vs exact: %.3e of sum|w*x|", qf_type_name(wt), worst_ref);
+    if (qf_matvec_supported(wt, K)) {
+        void *act = qf_malloc_aligned(qf_matvec_act_bytes(wt, K));
+        qf_matvec_prepare(wt, x, K, act);
+        for (int r = 0; r < N; r++) yf[r] = NAN;
+        int split = N < 3 ? N : 3;
+        qf_matvec_rows(wt, w, rb, K, 0, split, act, yf);
+        qf_matvec_rows(wt, w, rb, K, split, N, act, yf);
+        for (int r = 0; r < N; r++) {
+            double e = isnan(yf[r]) ? 1 : fabs(yf[r] - yr[r]) / mag[r];
+            if (e > worst) worst = e;
+        }
+        CHECK_MSG(worst < 1e-5, "%s matvec fast vs oracle (K %lld, %d rows): %.3e of sum|w*x|", qf_type_name(wt),
+                  (long long)K, N, worst);
+        free(act);
+    } else {
+        printf("  (no fast %s matvec on this CPU for K %lld)\n", qf_type_name(wt), (long long)K);
+    }
+    free(mag), free(w), free(x), free(yr), free(yf), free(wf), free(xf), free(xq);
+}
+
+TEST(matvec_vs_oracle) {
+    const qf_type ts[] = {QF_TYPE_Q4_0, QF_TYPE_F16};
+    for (int i = 0; i < 2; i++) {
+        check_matvec(ts[i], 128, 1);
+        check_matvec(ts[i], 256, 7);
+        check_matvec(ts[i], 2048, 37);
+        check_matvec(ts[i], 8192, 9);
+    }
+    CHECK(!qf_matvec_supported(QF_TYPE_Q4_0, 96)); /* K not a multiple of 128: the vec_dot route */
+    CHECK(!qf_matvec_supported(QF_TYPE_Q4_K, 256));
+    qf_quant_force_scalar(true);
+    CHECK(!qf_matvec_supported(QF_TYPE_Q4_0, 256) && !qf_matvec_supported(QF_TYPE_F16, 256));
+    qf_quant_force_scalar(false);
+}
+
 int main(void) {
     RUN(type_table);
     RUN(bad_input_is_refused);
@@ -559,6 +641,7 @@ int main(void) {
     RUN(gemm_q8_vs_oracle);
     RUN(gemm_f16_vs_oracle);
     RUN(gemm_k_vs_oracle);
+    RUN(matvec_vs_oracle);
     RUN(real_q4_k_m);
     RUN(real_qwen2_q4_k_m);
     RUN(real_q8_0);

@@ -23,6 +23,7 @@
 #include "engine.h"
 #include "kernels/blas.h"
 #include "kernels/gemm.h"
+#include "kernels/matvec.h"
 #include "engine/gpu.h"
 #include "kernels/vecmath.h"
 
@@ -33,6 +34,8 @@
 #define ATT_QBLOCK 64   /* query rows per attention block: each block only reads its causal prefix */
 #endif
 #define GEMM_MIN_TOKENS 4 /* below this, the vec_dot route wins */
+#define MV_MAX_W 3        /* weights one decode matvec job runs together (q, k, v) */
+#define MV_CHUNK 64       /* weight rows a thread takes at a time in the decode matvec */
 
 qf_context_params qf_context_default_params(void) {
     qf_context_params p = {0};
@@ -80,6 +83,8 @@ typedef struct qf_context_ext {
     float *moe_logits, *moe_w, *moe_x, *moe_y, *moe_acc, *moe_rw;
     int *moe_ids, *moe_rows;
     uint8_t *gact; /* int8 GEMM activations (kernels/gemm.h): n_batch rows of the widest input */
+    uint8_t *mvact; /* decode matvec activations (kernels/matvec.h): MV_MAX_W x GEMM_MIN_TOKENS rows */
+    size_t mvact_row; /* bytes of one of them (the widest input, any supported type) */
 } ctx_ext;
 
 static ctx_ext *ext(qf_context *c) { return (ctx_ext *)c; }
@@ -102,7 +107,7 @@ void qf_context_free(qf_context *c) {
     free(e->rope_cos_swa), free(e->rope_sin_swa);
     free(e->moe_logits), free(e->moe_w), free(e->moe_x), free(e->moe_y), free(e->moe_acc), free(e->moe_rw);
     free(e->moe_ids), free(e->moe_rows);
-    free(e->kbuf), free(e->vbuf), free(e->ekbuf), free(e->evbuf), free(e->gact);
+    free(e->kbuf), free(e->vbuf), free(e->ekbuf), free(e->evbuf), free(e->gact), free(e->mvact);
     qf_kv_cache_free(&c->kv);
     free(c->x), free(c->xn), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
         free(c->hb2), free(c->xq), free(c->rope_cos), free(c->rope_sin);
@@ -172,6 +177,8 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     e->evbuf = qf_malloc_aligned((size_t)hp->n_head_kv * c->params.n_ctx * hp->head_dim * 4);
     size_t gs = qf_gemm_act_stride((int64_t)maxK), gks = qf_gemm_k_act_stride((int64_t)maxK);
     e->gact = qf_malloc_aligned(B * (gs > gks ? gs : gks));
+    e->mvact_row = qf_matvec_act_bytes(QF_TYPE_F16, (int64_t)((maxK + 127) & ~(size_t)127)); /* the widest layout */
+    e->mvact = qf_malloc_aligned((size_t)MV_MAX_W * GEMM_MIN_TOKENS * e->mvact_row);
     /* per-thread scratch: a weight tile (TILE_ROWS x maxK) or one attention score block */
     size_t tile = (size_t)TILE_ROWS * maxK;
     size_t scores = B * (size_t)c->params.n_ctx;
@@ -179,7 +186,7 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     int nthr = qf_pool_size(c->pool);
     c->thr_buf = calloc((size_t)nthr + 1, sizeof(float *));
     if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->hb || !c->hb2 || !c->rope_cos ||
-        !c->rope_sin || !c->xq || !e->kbuf || !e->vbuf || !e->ekbuf || !e->evbuf || !e->gact || !c->thr_buf)
+        !c->rope_sin || !c->xq || !e->kbuf || !e->vbuf || !e->ekbuf || !e->evbuf || !e->gact || !e->mvact || !c->thr_buf)
         goto oom;
     if (hp->rope_freq_base_swa != hp->rope_freq_base) {
         e->rope_cos_swa = qf_malloc_aligned(B * hp->n_rot / 2 * 4);
@@ -327,7 +334,72 @@ static void mm_worker(void *arg, int ith, int nth) {
     }
 }
 
+/* ---- decode: several weights that read the same input in one pool job (kernels/matvec.h) ----
+ * y_k[t][r] = x[t] . W_k[r] for k < nw, t < n (n < GEMM_MIN_TOKENS): the activation is prepared
+ * once per (type, token), then the threads take MV_CHUNK-row chunks of all the weights from one
+ * atomic counter: one pool wake-up for q, k and v (or gate and up) instead of three. */
+typedef struct {
+    int nw, n;
+    const qf_weight *w[MV_MAX_W];
+    float *y[MV_MAX_W];
+    const uint8_t *act[MV_MAX_W]; /* token t's prepared row at act[k] + t * act_stride */
+    size_t act_stride;
+    int64_t chunk0[MV_MAX_W + 1]; /* weight k owns chunks [chunk0[k], chunk0[k+1]) */
+    _Atomic int64_t next;
+} mv_job;
+
+static void mv_worker(void *arg, int ith, int nth) {
+    mv_job *j = arg;
+    for (int64_t ch; (ch = atomic_fetch_add(&j->next, 1)) < j->chunk0[j->nw];) {
+        int k = 0;
+        while (ch >= j->chunk0[k + 1]) k++;
+        const qf_weight *w = j->w[k];
+        int64_t r0 = (ch - j->chunk0[k]) * MV_CHUNK, r1 = r0 + MV_CHUNK < w->ne1 ? r0 + MV_CHUNK : w->ne1;
+        for (int t = 0; t < j->n; t++)
+            qf_matvec_rows(w->type, w->data, w->row_bytes, w->ne0, r0, r1, j->act[k] + (size_t)t * j->act_stride,
+                           j->y[k] + (size_t)t * w->ne1);
+    }
+}
+
+/* Run the nw matmuls y[k] = x . W[k]^T as one decode matvec job; false (nothing done) when the
+ * route does not apply (prefill, the reference route, a type or shape without the fast kernel). */
+static bool matvec_multi(qf_context *c, int nw, const qf_weight *const *ws, const float *x, int n, float *const *ys) {
+    if (c->params.reference || n >= GEMM_MIN_TOKENS || nw > MV_MAX_W) return false;
+    int64_t K = ws[0]->ne0;
+    for (int k = 0; k < nw; k++)
+        if (ws[k]->ne0 != K || !qf_matvec_supported(ws[k]->type, K)) return false;
+    ctx_ext *e = ext(c);
+    mv_job j = {.nw = nw, .n = n, .act_stride = e->mvact_row};
+    j.chunk0[0] = 0;
+    for (int k = 0; k < nw; k++) {
+        j.w[k] = ws[k];
+        j.y[k] = ys[k];
+        int same = -1;
+        for (int q = 0; q < k; q++)
+            if (ws[q]->type == ws[k]->type) same = q;
+        if (same >= 0) j.act[k] = j.act[same];
+        else {
+            uint8_t *a = e->mvact + (size_t)k * GEMM_MIN_TOKENS * e->mvact_row;
+            for (int t = 0; t < n; t++) qf_matvec_prepare(ws[k]->type, x + (size_t)t * K, K, a + (size_t)t * e->mvact_row);
+            j.act[k] = a;
+        }
+        j.chunk0[k + 1] = j.chunk0[k] + (ws[k]->ne1 + MV_CHUNK - 1) / MV_CHUNK;
+    }
+    atomic_store(&j.next, 0);
+    qf_pool_run(c->pool, mv_worker, &j);
+    return true;
+}
+
+static void matmul(qf_context *c, const qf_weight *w, const float *x, int n, float *y);
+
+/* q, k, v (or gate, up): one decode matvec job when it applies, else one matmul each */
+static void matmul_n(qf_context *c, int nw, const qf_weight *const *ws, const float *x, int n, float *const *ys) {
+    if (matvec_multi(c, nw, ws, x, n, ys)) return;
+    for (int k = 0; k < nw; k++) matmul(c, ws[k], x, n, ys[k]);
+}
+
 static void matmul(qf_context *c, const qf_weight *w, const float *x, int n, float *y) {
+    if (matvec_multi(c, 1, &w, x, n, &y)) return;
     mm_job j = {.c = c, .w = w, .x = x, .y = y, .n = n};
     if (c->params.reference) j.route = 2;
     else if (n >= GEMM_MIN_TOKENS && (qf_gemm_q8_supported(w->type) || qf_gemm_k_supported(w->type))) {
@@ -685,9 +757,17 @@ static void norm_worker(void *arg, int ith, int nth) {
         rmsnorm(j->out + (size_t)t * hp->n_embd, j->x + (size_t)t * hp->n_embd, j->g, hp->n_embd, hp->rms_eps);
 }
 
+/* the elementwise stages split by tokens: one token (decode) runs on the calling thread, which
+ * saves a pool wake-up and gives the same result (the other threads would get no token) */
 static void rmsnorm_rows(qf_context *c, float *out, const float *x, const float *g, int n) {
     norm_job j = {.c = c, .out = out, .x = x, .g = g, .n = n};
-    qf_pool_run(c->pool, norm_worker, &j);
+    if (n == 1) norm_worker(&j, 0, 1);
+    else qf_pool_run(c->pool, norm_worker, &j);
+}
+
+static void ew_run(qf_context *c, ew_job *j) {
+    if (j->n == 1) ew_worker(j, 0, 1);
+    else qf_pool_run(c->pool, ew_worker, j);
 }
 
 /* The mixture-of-experts FFN of one layer (mixtral, qwen3moe) on c->xn [n][n_embd] (the
@@ -802,20 +882,22 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
 
         rmsnorm_rows(c, c->xn, c->x, lv->attn_norm, n);
         if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_ATTN_IN, n, D, c->xn);
-        matmul(c, &L->wq, c->xn, n, c->q);
-        matmul(c, &L->wk, c->xn, n, c->k);
-        matmul(c, &L->wv, c->xn, n, c->v);
+        {
+            const qf_weight *ws[3] = {&L->wq, &L->wk, &L->wv};
+            float *ys[3] = {c->q, c->k, c->v};
+            matmul_n(c, 3, ws, c->xn, n, ys);
+        }
         bool swa_rope = ext(c)->rope_cos_swa && qf_hparams_layer_swa(hp, il); /* gemma3 local layers */
         ew_job ej = {.c = c, .lv = lv, .n = n, .stage = 0, .defer_k_rope = defer_k, .ff = hp->n_ff,
                      .rcos = swa_rope ? ext(c)->rope_cos_swa : c->rope_cos,
                      .rsin = swa_rope ? ext(c)->rope_sin_swa : c->rope_sin};
-        qf_pool_run(c->pool, ew_worker, &ej); /* bias, RoPE */
+        ew_run(c, &ej); /* bias, RoPE */
         if (tap && tap->on_q) tap->on_q(tap->user, il, pos0, n, hp->n_head, hd, c->q);
         if (defer_k) {
             if (tap && tap->on_k_prerope) tap->on_k_prerope(tap->user, il, pos0, n, hp->n_head_kv, hd, c->k);
             if (c->kv.k_prerope) qf_kv_cache_write(&c->kv, 0, il, pos0, n, c->k);
             ej.stage = 2;
-            qf_pool_run(c->pool, ew_worker, &ej); /* RoPE on k */
+            ew_run(c, &ej); /* RoPE on k */
             if (c->kv.k_prerope) qf_kv_cache_write_sinks(&c->kv, 0, il, pos0, n, c->k); /* exact = post-RoPE */
         }
         if (tap && tap->on_kv) tap->on_kv(tap->user, il, pos0, n, hp->n_head_kv, hd, c->k, c->v);
@@ -836,10 +918,11 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         if (L->exp_gate) {
             moe_ffn(c, L, &ej); /* c->xn <- sum over the top-k experts */
         } else {
-            matmul(c, &L->w_gate, c->xn, n, c->hb);
-            matmul(c, &L->w_up, c->xn, n, c->hb2);
+            const qf_weight *ws[2] = {&L->w_gate, &L->w_up};
+            float *ys[2] = {c->hb, c->hb2};
+            matmul_n(c, 2, ws, c->xn, n, ys);
             ej.stage = 1;
-            qf_pool_run(c->pool, ew_worker, &ej); /* hb = silu(hb) * hb2 (or gelu_tanh(hb) * hb2) */
+            ew_run(c, &ej); /* hb = silu(hb) * hb2 (or gelu_tanh(hb) * hb2) */
             if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_FFN_DOWN, n, F, c->hb);
             matmul(c, &L->w_down, c->hb, n, c->xn);
         }

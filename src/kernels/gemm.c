@@ -6,6 +6,7 @@
 #include <cpuid.h>
 #include <math.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "format/quant_blocks.h"
@@ -30,7 +31,7 @@ static inline int q5_0_u(const block_q5_0 *b, int j) {
 static int32_t q8_offset(qf_type wt) { return wt == QF_TYPE_Q8_0 ? 128 : wt == QF_TYPE_Q4_0 ? 8 : 16; }
 
 /* AVX-512 F, BW, VL and VNNI, with the OS saving the zmm state (XCR0 bits 1, 2, 5, 6, 7). */
-static bool cpu_has_avx512vnni(void) {
+static bool cpu_has_avx512vnni_raw(void) {
     static _Atomic int cached = -1;
     int v = cached;
     if (v < 0) {
@@ -48,9 +49,48 @@ static bool cpu_has_avx512vnni(void) {
     return v;
 }
 
-bool qf_gemm_q8_supported(qf_type t) {
-    return qf_gemm_q8_type(t) && qf_quant_has_avx2() /* false under qf_quant_force_scalar */ && cpu_has_avx512vnni();
+/* AVX-VNNI (cpuid leaf 7 sub-leaf 1, eax bit 4): vpdpbusd on ymm without AVX-512 */
+static bool cpu_has_avxvnni_raw(void) {
+    static _Atomic int cached = -1;
+    int v = cached;
+    if (v < 0) {
+        unsigned a = 0, b, c, d;
+        v = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4));
+        cached = v;
+    }
+    return v;
 }
+
+static _Atomic int isa_cap = -1; /* -1: not read yet */
+
+void qf_gemm_cap_isa(qf_gemm_isa cap) { isa_cap = cap; }
+
+/* QF_GEMM_ISA=avx2|avxvnni|avx512 in the environment caps the level for the whole process (to
+ * measure or test the lower kernels on a CPU that has the higher ones) */
+static int isa_cap_get(void) {
+    int c = isa_cap;
+    if (c < 0) {
+        const char *e = getenv("QF_GEMM_ISA");
+        c = !e ? QF_GEMM_ISA_AVX512 : !strcmp(e, "avx2") ? QF_GEMM_ISA_AVX2 : !strcmp(e, "avxvnni") ? QF_GEMM_ISA_AVXVNNI
+                                                                                                     : QF_GEMM_ISA_AVX512;
+        isa_cap = c;
+    }
+    return c;
+}
+
+qf_gemm_isa qf_gemm_isa_get(void) {
+    const int cap = isa_cap_get();
+    if (!qf_quant_has_avx2()) return QF_GEMM_ISA_NONE; /* also under qf_quant_force_scalar */
+    qf_gemm_isa best = cpu_has_avx512vnni_raw() ? QF_GEMM_ISA_AVX512 : cpu_has_avxvnni_raw() ? QF_GEMM_ISA_AVXVNNI
+                                                                                             : QF_GEMM_ISA_AVX2;
+    if (best == QF_GEMM_ISA_AVX512 && cap == QF_GEMM_ISA_AVXVNNI && !cpu_has_avxvnni_raw()) best = QF_GEMM_ISA_AVX2;
+    return best < (qf_gemm_isa)cap ? best : (qf_gemm_isa)cap;
+}
+
+/* the AVX-512 kernels (f16 GEMM, K-quant GEMM, the VNNI decode dot) run only at the AVX512 level */
+static bool cpu_has_avx512vnni(void) { return qf_gemm_isa_get() == QF_GEMM_ISA_AVX512; }
+
+bool qf_gemm_q8_supported(qf_type t) { return qf_gemm_q8_type(t) && qf_gemm_isa_get() != QF_GEMM_ISA_NONE; }
 
 size_t qf_gemm_act_stride(int64_t K) {
     size_t s = (size_t)K + (size_t)(K / 32) * 8;
@@ -58,7 +98,7 @@ size_t qf_gemm_act_stride(int64_t K) {
 }
 
 void qf_gemm_quantize_act(qf_type wt, const float *x, int64_t K, int t0, int t1, uint8_t *act, void *tmp) {
-    if (qf_gemm_q8_supported(wt)) {
+    if (qf_gemm_q8_type(wt) && cpu_has_avx512vnni()) {
         qf_gemm_quantize_act_avx512(wt, x, K, t0, t1, act);
         return;
     }
@@ -192,8 +232,12 @@ static void gemm_tiled(gemm_pack_fn pack, gemm_panel_fn panel, size_t pb, size_t
 
 void qf_gemm_q8_rows(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1,
                      const uint8_t *act, int n, float *y, int64_t ldy, void *scratch) {
-    gemm_tiled(qf_gemm_pack_panel, qf_gemm_panel_avx512, qf_gemm_panel_bytes(wt, K), qf_gemm_act_stride(K), wt, w,
-               row_bytes, K, r0, r1, act, n, y, ldy, scratch);
+    qf_gemm_isa isa = qf_gemm_isa_get();
+    gemm_panel_fn panel = isa == QF_GEMM_ISA_AVX512    ? qf_gemm_panel_avx512
+                          : isa == QF_GEMM_ISA_AVXVNNI ? qf_gemm_panel_avxvnni
+                                                       : qf_gemm_panel_avx2;
+    gemm_tiled(qf_gemm_pack_panel, panel, qf_gemm_panel_bytes(wt, K), qf_gemm_act_stride(K), wt, w, row_bytes, K, r0,
+               r1, act, n, y, ldy, scratch);
 }
 
 bool qf_gemm_f16_supported(void) { return qf_quant_has_avx2() && cpu_has_avx512vnni(); }

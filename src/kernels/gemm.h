@@ -27,8 +27,20 @@
 
 #define QF_GEMM_NR 16 /* weight rows per panel (one zmm of int32 lanes) */
 
-/* True when the fast integer GEMM exists for weight type t on this CPU (AVX-512 F/BW/VL +
- * VNNI, and qf_quant_force_scalar off). Types: Q8_0, Q4_0, Q5_0 (unpacked per panel to bytes
+/* The instruction set the integer kernels use on this CPU, highest first: AVX-512 F/BW/VL + VNNI
+ * (every kernel here), AVX-VNNI or AVX2 (the Q8_0/Q4_0/Q5_0 GEMM panels only: gemm_avx2.c), none
+ * (no AVX2/FMA/F16C, or qf_quant_force_scalar). */
+typedef enum { QF_GEMM_ISA_NONE = 0, QF_GEMM_ISA_AVX2 = 1, QF_GEMM_ISA_AVXVNNI = 2, QF_GEMM_ISA_AVX512 = 3 } qf_gemm_isa;
+qf_gemm_isa qf_gemm_isa_get(void);
+/* Tests: use at most `cap` (QF_GEMM_ISA_AVX512 restores the default). Capping below AVX512 turns
+ * off the f16 and K-quant GEMMs, the AVX-512 decode dot and the decode matvec too (their callers
+ * then take the dequantize + sgemm or vec_dot routes). Capping at AVXVNNI on a CPU with AVX-512
+ * VNNI but no AVX-VNNI gives AVX2. Not thread-safe against running kernels. The environment
+ * variable QF_GEMM_ISA=avx2|avxvnni caps it the same way for a whole process. */
+void qf_gemm_cap_isa(qf_gemm_isa cap);
+
+/* True when the fast integer GEMM exists for weight type t on this CPU (AVX2 at least, and
+ * qf_quant_force_scalar off). Types: Q8_0, Q4_0, Q5_0 (unpacked per panel to bytes
  * q in [0, 31], value q - 16, offset 16). */
 bool qf_gemm_q8_supported(qf_type t);
 /* True for the types the oracle knows (Q8_0, Q4_0, Q5_0), whatever the CPU. */
@@ -62,7 +74,7 @@ void qf_gemm_q8_rows_ref(qf_type wt, const void *w, size_t row_bytes, int64_t K,
  * f32 FMA accumulators, lanes over k, one reduction per K block of QF_GEMM_F16_KB) sums in another
  * order than the oracle (double precision): they agree within float rounding, 1e-5 of sum|w*x|. */
 #define QF_GEMM_F16_KB 2048
-bool qf_gemm_f16_supported(void); /* AVX-512 F/BW/VL/VNNI and not forced scalar */
+bool qf_gemm_f16_supported(void); /* AVX-512 F/BW/VL/VNNI (qf_gemm_isa_get() == AVX512) */
 void qf_gemm_f16_rows(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x, int n,
                       float *y, int64_t ldy);
 void qf_gemm_f16_rows_ref(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x, int n,
@@ -100,5 +112,10 @@ void qf_gemm_f16_rows_avx512(const void *w, size_t row_bytes, int64_t K, int64_t
 float qf_vec_dot_q8_avx512(qf_type t, int64_t n, const void *w, const void *x); /* Q8_0 / Q4_0 . Q8_0 */
 void qf_gemm_panel_avx512(qf_type wt, const uint8_t *panel, int64_t K, const uint8_t *act, int t0, int t1,
                           float *y, int64_t ldy, int nrows);
+/* the AVX2 and AVX-VNNI panel kernels of the same GEMM (gemm_avx2.c), bit-identical to the oracle */
+void qf_gemm_panel_avx2(qf_type wt, const uint8_t *panel, int64_t K, const uint8_t *act, int t0, int t1, float *y,
+                        int64_t ldy, int nrows);
+void qf_gemm_panel_avxvnni(qf_type wt, const uint8_t *panel, int64_t K, const uint8_t *act, int t0, int t1, float *y,
+                           int64_t ldy, int nrows);
 
 #endif

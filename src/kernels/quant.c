@@ -546,7 +546,7 @@ bool qf_quantize_row(qf_type t, const float *src, void *dst, int64_t n) {
 float qf_vec_dot(qf_type t, int64_t n, const void *w, const void *x) {
     float out;
     /* Q8_0 / Q4_0 on AVX-512 VNNI: two blocks per vpdpbusd (kernels/gemm.h) */
-    if ((t == QF_TYPE_Q8_0 || t == QF_TYPE_Q4_0) && qf_gemm_q8_supported(t)) return qf_vec_dot_q8_avx512(t, n, w, x);
+    if ((t == QF_TYPE_Q8_0 || t == QF_TYPE_Q4_0) && qf_gemm_isa_get() == QF_GEMM_ISA_AVX512) return qf_vec_dot_q8_avx512(t, n, w, x);
     if (qf_quant_has_avx2() && qf_vec_dot_avx2(t, n, w, x, &out)) return out;
     return qf_vec_dot_ref(t, n, w, x);
 }

@@ -1,0 +1,82 @@
+/* matvec.c: the decode matvec's dispatch, activation preparation and scalar oracle (matvec.h has
+ * the layouts; the kernels are in matvec_avx512.c). */
+#include "kernels/matvec.h"
+
+#include <cpuid.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "format/quant_blocks.h"
+#include "kernels/gemm.h"
+#include "util/util.h"
+
+/* AVX512_VBMI (cpuid leaf 7, ecx bit 1): vpermb / vpermt2b, for the Q4_0 kernel's byte gathers */
+static bool cpu_has_vbmi(void) {
+    static _Atomic int cached = -1;
+    int v = cached;
+    if (v < 0) {
+        unsigned a, b, c = 0, d;
+        v = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 1));
+        cached = v;
+    }
+    return v == 1;
+}
+
+bool qf_matvec_supported(qf_type wt, int64_t K) {
+    if (K <= 0 || K % 128 != 0) return false;
+    switch (wt) {
+    case QF_TYPE_Q4_0: return qf_gemm_isa_get() == QF_GEMM_ISA_AVX512 && cpu_has_vbmi(); /* not capped or forced scalar */
+    case QF_TYPE_F16: return qf_gemm_f16_supported();
+    default: return false;
+    }
+}
+
+size_t qf_matvec_act_bytes(qf_type wt, int64_t K) {
+    switch (wt) {
+    case QF_TYPE_Q4_0: return (size_t)(K / 128) * 256 + 64; /* + 64: room for the Q8_0 staging copy's tail */
+    case QF_TYPE_F16: return ((size_t)K * 4 + 63) & ~(size_t)63;
+    default: return 0;
+    }
+}
+
+void qf_matvec_prepare(qf_type wt, const float *x, int64_t K, void *act) {
+    if (wt == QF_TYPE_F16) { /* ggml's F16 activation, kept as f32 */
+        float *o = act;
+        for (int64_t i = 0; i < K; i++) o[i] = qf_f16_to_f32(qf_f32_to_f16(x[i]));
+        return;
+    }
+    /* Q4_0: Q8_0 blocks (qf_quantize_row's bits), regrouped 4 blocks at a time */
+    const int64_t nb = K / 32;
+    block_q8_0 blk[4];
+    uint8_t *a = act;
+    for (int64_t g = 0; g < nb / 4; g++) {
+        qf_quantize_row(QF_TYPE_Q8_0, x + g * 128, blk, 128);
+        uint8_t *ag = a + g * 256;
+        int32_t corr[16] = {0};
+        float dx[16];
+        for (int j = 0; j < 4; j++) {
+            memcpy(ag + 16 * j, blk[j].qs, 16);
+            memcpy(ag + 64 + 16 * j, blk[j].qs + 16, 16);
+            int32_t s = 0;
+            for (int k = 0; k < 32; k++) s += blk[j].qs[k];
+            corr[4 * j] = -8 * s;
+            for (int k = 0; k < 4; k++) dx[4 * j + k] = qf_f16_to_f32(blk[j].d);
+        }
+        memcpy(ag + 128, corr, sizeof corr);
+        memcpy(ag + 192, dx, sizeof dx);
+    }
+}
+
+void qf_matvec_rows(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const void *act,
+                    float *y) {
+    QF_ASSERT(qf_matvec_supported(wt, K));
+    if (wt == QF_TYPE_Q4_0) qf_matvec_q4_0_avx512(w, row_bytes, K, r0, r1, act, y);
+    else qf_matvec_f16_avx512(w, row_bytes, K, r0, r1, act, y);
+}
+
+void qf_matvec_rows_ref(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x,
+                        float *y, void *xq) {
+    qf_type vt = qf_vec_dot_type(wt);
+    qf_quantize_row_ref(vt, x, xq, K);
+    for (int64_t r = r0; r < r1; r++) y[r] = qf_vec_dot_ref(wt, K, (const uint8_t *)w + (size_t)r * row_bytes, xq);
+}

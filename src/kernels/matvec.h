@@ -1,0 +1,50 @@
+/* matvec.h: the decode matrix-vector product, y[r] = W[r] . x for one activation row, several
+ * weight rows per step (docs/kernels.md, "Decode matvec").
+ *
+ * Decode reads every weight byte once per token and is bound by memory bandwidth when the
+ * kernel keeps up; the per-row qf_vec_dot (quant.c) spends ~20 instructions per 64 Q4_0 weights
+ * and runs below the bandwidth. Here the activation is prepared once per matmul in the layout
+ * the kernel wants, and the weight rows are read straight from the GGUF bytes (no repacked copy):
+ *
+ *   Q4_0 (AVX-512 VNNI + VBMI): x quantized to Q8_0 exactly as qf_quantize_row, then per group of
+ *     4 blocks [x quants of elements 0..15 of each block][16..31 of each][-8 * block sum, in the
+ *     block's first int32 lane][d_x of each block, 4 lanes each] (256 bytes per 128 elements).
+ *     Per group and row: two 64-byte loads of the 72 GGUF bytes, one vpermt2b gathers the 4 x 16
+ *     quant bytes, one vpermb the 4 f16 scales (4 lanes each), two vpdpbusd (low and high
+ *     nibbles, the -8 offset preloaded from the activation) and one FMA with d_w * d_x.
+ *   F16 (AVX-512 F): x rounded to f16 and back (qf_vec_dot_type(F16) is F16: ggml's rounding),
+ *     kept as f32 so only the weights are converted; 16-lane FMAs.
+ * One weight row per step by default (matvec_avx512.c: MV_R, measured). Results equal qf_vec_dot_ref of the same row and the same
+ * quantized activation up to float summation order (the integer sums are exact); the oracle,
+ * qf_matvec_rows_ref, is exactly that per-row reference. */
+#ifndef QF_KERNELS_MATVEC_H
+#define QF_KERNELS_MATVEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qforge/quant.h"
+
+/* True when the fast matvec exists for weight type wt and row length K on this CPU (Q4_0: AVX-512
+ * F/BW/VL/VNNI + VBMI; F16: AVX-512 F/BW/VL/VNNI, the prefill f16 GEMM's requirement; K a multiple
+ * of 128) and qf_quant_force_scalar is off. */
+bool qf_matvec_supported(qf_type wt, int64_t K);
+/* Bytes of one prepared activation row for (wt, K) (64-byte multiple); 0 for an unsupported type. */
+size_t qf_matvec_act_bytes(qf_type wt, int64_t K);
+/* Prepare x[K] into act (qf_matvec_act_bytes, 64-byte aligned). Only when qf_matvec_supported. */
+void qf_matvec_prepare(qf_type wt, const float *x, int64_t K, void *act);
+/* y[r] = W[r] . x for rows r in [r0, r1): w points at weight row 0 (row stride row_bytes), act was
+ * made by qf_matvec_prepare. Only when qf_matvec_supported(wt, K). */
+void qf_matvec_rows(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const void *act,
+                    float *y);
+/* The oracle (any CPU, any type qf_vec_dot_ref knows): x quantized with qf_quantize_row_ref to
+ * qf_vec_dot_type(wt), then y[r] = qf_vec_dot_ref per row. xq: scratch of qf_row_bytes(that type, K). */
+void qf_matvec_rows_ref(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x,
+                        float *y, void *xq);
+
+/* internal: the AVX-512 kernels (matvec_avx512.c) */
+void qf_matvec_q4_0_avx512(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const void *act, float *y);
+void qf_matvec_f16_avx512(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const void *act, float *y);
+
+#endif
