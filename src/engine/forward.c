@@ -690,26 +690,17 @@ static void rmsnorm_rows(qf_context *c, float *out, const float *x, const float 
     qf_pool_run(c->pool, norm_worker, &j);
 }
 
-/* The mixture-of-experts FFN of one layer (mixtral, qwen3moe) on c->xn [n][n_embd] (the
- * ffn_norm output), result in c->xn:
- *   p = softmax(xn W_router);  top-k experts by p (ties: lower index);  w = p_top (/ sum p_top
- *   when expert_norm_w);  out = sum_k w_k * down_k(act(gate_k xn) * up_k xn)
- * Each expert runs as one batch of the tokens routed to it (gathered rows), so prefill stays
- * a GEMM per expert. j is the layer's elementwise job (stage 1 is reused with ff = n_ff_exp). */
-static void moe_ffn(qf_context *c, const qf_layer_weights *L, ew_job *j) {
-    const qf_hparams *hp = &c->model->hp;
-    ctx_ext *e = ext(c);
-    const int n = j->n, D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used, Fe = hp->n_ff_exp;
-    matmul(c, &L->gate_inp, c->xn, n, e->moe_logits);
+void qf_moe_route(const qf_hparams *hp, float *logits, int n, int *ids_all, float *w_all) {
+    const int E = hp->n_expert, K = hp->n_expert_used;
     for (int t = 0; t < n; t++) {
-        float *p = e->moe_logits + (size_t)t * E;
+        float *p = logits + (size_t)t * E;
         float mx = -INFINITY;
         for (int x = 0; x < E; x++) mx = p[x] > mx ? p[x] : mx;
         double sum = 0;
         for (int x = 0; x < E; x++) sum += (p[x] = expf(p[x] - mx));
         for (int x = 0; x < E; x++) p[x] = (float)(p[x] / sum);
-        int *ids = e->moe_ids + (size_t)t * K;
-        float *w = e->moe_w + (size_t)t * K;
+        int *ids = ids_all + (size_t)t * K;
+        float *w = w_all + (size_t)t * K;
         double wsum = 0;
         for (int k = 0; k < K; k++) { /* selection: K is small */
             int best = -1;
@@ -725,6 +716,20 @@ static void moe_ffn(qf_context *c, const qf_layer_weights *L, ew_job *j) {
         if (hp->expert_norm_w)
             for (int k = 0; k < K; k++) w[k] = (float)(w[k] / wsum);
     }
+}
+
+/* The mixture-of-experts FFN of one layer (mixtral, qwen3moe) on c->xn [n][n_embd] (the
+ * ffn_norm output), result in c->xn:
+ *   p = softmax(xn W_router);  top-k experts by p (ties: lower index);  w = p_top (/ sum p_top
+ *   when expert_norm_w);  out = sum_k w_k * down_k(act(gate_k xn) * up_k xn)
+ * Each expert runs as one batch of the tokens routed to it (gathered rows), so prefill stays
+ * a GEMM per expert. j is the layer's elementwise job (stage 1 is reused with ff = n_ff_exp). */
+static void moe_ffn(qf_context *c, const qf_layer_weights *L, ew_job *j) {
+    const qf_hparams *hp = &c->model->hp;
+    ctx_ext *e = ext(c);
+    const int n = j->n, D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used, Fe = hp->n_ff_exp;
+    matmul(c, &L->gate_inp, c->xn, n, e->moe_logits);
+    qf_moe_route(hp, e->moe_logits, n, e->moe_ids, e->moe_w);
     memset(e->moe_acc, 0, (size_t)n * D * sizeof(float));
     ew_job gj = *j;
     gj.stage = 1;
