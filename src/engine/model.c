@@ -202,7 +202,9 @@ static qf_status read_family(qf_model *m, qf_error *err) {
             return qf_fail(err, QF_ERR_FORMAT, "%s: invalid %s softcapping values", m->path, a);
         break;
     case QF_ARCH_PHI3:
-        hp->fused_qkv = true;
+        /* fused attn_qkv as llama.cpp's converter writes it; separate attn_q/k/v (which
+         * llama.cpp's phi3 graph also takes) when the file has no blk.0.attn_qkv */
+        hp->fused_qkv = qf_gguf_find_tensor(g, "blk.0.attn_qkv.weight") != NULL;
         hp->fused_gate_up = true;
         if (qf_gguf_find_tensor(g, "rope_factors_long.weight") || qf_gguf_find_tensor(g, "rope_factors_short.weight"))
             return qf_fail(err, QF_ERR_UNSUPPORTED,
@@ -405,7 +407,19 @@ qf_model *qf_model_load(const char *path, qf_error *err) {
             qf_weight *xw = m->experts + (size_t)il * 3 * E;
             L->exp_gate = xw, L->exp_up = xw + E, L->exp_down = xw + 2 * E;
             static const char *const xn[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
+            /* legacy mixtral files (llama.cpp before the 3-D tensors, still loaded by b4748): one
+             * 2-D tensor per expert, blk.N.ffn_{gate,up,down}.X.weight */
+            static const char *const xl[3] = {"ffn_gate", "ffn_up", "ffn_down"};
+            snprintf(n, sizeof n, "blk.%d.%s", il, xn[0]);
+            bool legacy = hp->arch == QF_ARCH_LLAMA && !qf_gguf_find_tensor(m->gguf, n);
             for (int k = 0; k < 3; k++) {
+                if (legacy) {
+                    for (int64_t x = 0; x < E; x++) {
+                        snprintf(n, sizeof n, "blk.%d.%s.%lld.weight", il, xl[k], (long long)x);
+                        if (bind_weight(m, &xw[k * E + x], n, k == 2 ? Fe : D, k == 2 ? D : Fe, true, err)) goto fail;
+                    }
+                    continue;
+                }
                 snprintf(n, sizeof n, "blk.%d.%s", il, xn[k]);
                 if (bind_experts(m, xw + k * E, n, k == 2 ? Fe : D, k == 2 ? D : Fe, E, err)) goto fail;
             }
