@@ -150,6 +150,7 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     size_t B = (size_t)c->n_batch, D = hp->n_embd, Dq = (size_t)hp->n_head * hp->head_dim,
            Dkv = (size_t)hp->n_head_kv * hp->head_dim,
            F = (size_t)(hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp); /* dense or expert FFN */
+    if ((size_t)hp->n_ff_shexp > F) F = (size_t)hp->n_ff_shexp; /* qwen2moe's shared expert */
     c->x = qf_malloc_aligned(B * D * 4);
     c->xn = qf_malloc_aligned(B * (D > F ? D : F) * 4);
     c->q = qf_malloc_aligned(B * Dq * 4);
@@ -754,6 +755,21 @@ static void moe_ffn(qf_context *c, const qf_layer_weights *L, ew_job *j) {
             float *acc = e->moe_acc + (size_t)e->moe_rows[i] * D;
             const float *y = e->moe_y + (size_t)i * D;
             for (int d = 0; d < D; d++) acc[d] += e->moe_rw[i] * y[d];
+        }
+    }
+    if (L->w_gate_shexp.data) { /* qwen2moe: + sigmoid(xn . g) * down(silu(gate xn) * up xn), every token */
+        matmul(c, &L->gate_inp_shexp, c->xn, n, e->moe_logits); /* [n][1]; the router logits are spent */
+        matmul(c, &L->w_gate_shexp, c->xn, n, c->hb);
+        matmul(c, &L->w_up_shexp, c->xn, n, c->hb2);
+        gj.n = n;
+        gj.ff = hp->n_ff_shexp;
+        qf_pool_run(c->pool, ew_worker, &gj);
+        matmul(c, &L->w_down_shexp, c->hb, n, e->moe_y);
+        for (int t = 0; t < n; t++) {
+            const float s = 1.0f / (1.0f + expf(-e->moe_logits[t]));
+            float *acc = e->moe_acc + (size_t)t * D;
+            const float *y = e->moe_y + (size_t)t * D;
+            for (int d = 0; d < D; d++) acc[d] += s * y[d];
         }
     }
     memcpy(c->xn, e->moe_acc, (size_t)n * D * sizeof(float));

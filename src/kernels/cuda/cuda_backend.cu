@@ -47,6 +47,7 @@ typedef struct {
     dweight gate_inp;
     dweight *eg, *eu, *ed;
     uint8_t *exp_buf[3];
+    dweight sh_inp, sh_g, sh_u, sh_d; /* qwen2moe's shared expert (d NULL when none) */
 } dlayer;
 
 struct qf_cuda_ctx {
@@ -253,6 +254,7 @@ static void ctx_free(qf_cuda_ctx *g) {
             for (int i = 0; i < 9; i++)
                 if (vs[i]) cudaFree(vs[i]);
             free_weight(&L->gate_inp);
+            free_weight(&L->sh_inp), free_weight(&L->sh_g), free_weight(&L->sh_u), free_weight(&L->sh_d);
             for (int k = 0; k < 3; k++)
                 if (L->exp_buf[k]) cudaFree(L->exp_buf[k]);
             free(L->eg), free(L->eu), free(L->ed);
@@ -423,7 +425,8 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
         free(g);
         return cu_fail(err, QF_ERR_ARG, "CUDA backend: an MoE model without the host's routing function");
     }
-    const int D = hp->n_embd, F = hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp, Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim,
+    const int F0 = hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp;
+    const int D = hp->n_embd, F = F0 > hp->n_ff_shexp ? F0 : hp->n_ff_shexp, Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim,
               B = p->n_batch, half = hp->n_rot / 2;
     const size_t V = (size_t)hp->n_vocab;
     size_t max_w = 0; /* largest weight in elements */
@@ -507,6 +510,14 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
                 }
             }
             max_w = wmax(max_w, (size_t)L->gate_inp.ne0 * L->gate_inp.ne1);
+            const qf_weight *sw[4] = {&L->gate_inp_shexp, &L->w_gate_shexp, &L->w_up_shexp, &L->w_down_shexp};
+            dweight *sd[4] = {&dl->sh_inp, &dl->sh_g, &dl->sh_u, &dl->sh_d};
+            static const char *const sn[4] = {"ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"};
+            for (int k = 0; k < 4; k++) {
+                snprintf(nm2, sizeof nm2, "blk.%d.%s.weight", il, sn[k]);
+                if ((st = upload_weight(g, sw[k], nm2, sd[k], err))) goto done;
+                max_w = wmax(max_w, (size_t)sw[k]->ne0 * sw[k]->ne1);
+            }
         }
     }
     /* KV cache, in the modes of the host's cache */
@@ -761,7 +772,7 @@ static cudaError_t copy_logits(qf_cuda_ctx *g, float *dst, const float *src, siz
  * weights), so the GPU picks the experts by the CPU's rule; then each expert with tokens runs as
  * one batch of its gathered rows (gate, up, act * up, down: a GEMM per expert in prefill, the
  * matvec in decode) and its output is added into the sum with the token's weight, experts in
- * index order as on the CPU. Cost: one device-to-host copy of n x n_expert floats and a
+ * index order as on the CPU; then qwen2moe's shared expert on every token, gated by a sigmoid. Cost: one device-to-host copy of n x n_expert floats and a
  * synchronization per layer (no CUDA graph), and up to n_expert launches of 5 kernels each. */
 static qf_status moe_ffn(qf_cuda_ctx *g, const dlayer *L, int n, cudaStream_t S, qf_error *err) {
     const qf_hparams *hp = &g->hp;
@@ -798,6 +809,14 @@ static qf_status moe_ffn(qf_cuda_ctx *g, const dlayer *L, int n, cudaStream_t S,
         if ((st = dev_matmul(g->blas, &L->ed[x], g->hb, r, g->moe_y, false, route, g->wdeq, g->xh, S, err))) goto done;
         launch_scatter_add(g->moe_acc, g->moe_y, g->moe_rows + off, g->moe_rw + off, r, D, S);
         off += r;
+    }
+    if (L->sh_g.d) { /* qwen2moe: + sigmoid(xn . g) * down(silu(gate xn) * up xn), every token */
+        if ((st = dev_matmul(g->blas, &L->sh_inp, g->xn, n, g->moe_logits, false, route, g->wdeq, g->xh, S, err))) goto done;
+        if ((st = dev_matmul(g->blas, &L->sh_g, g->xn, n, g->hb, false, route, g->wdeq, g->xh, S, err))) goto done;
+        if ((st = dev_matmul(g->blas, &L->sh_u, g->xn, n, g->hb2, false, route, g->wdeq, g->xh, S, err))) goto done;
+        launch_glu(hp->ffn_act == QF_FFN_GELU_TANH, g->hb, g->hb2, (size_t)n * hp->n_ff_shexp, S);
+        if ((st = dev_matmul(g->blas, &L->sh_d, g->hb, n, g->moe_y, false, route, g->wdeq, g->xh, S, err))) goto done;
+        launch_sigmoid_gate_add(g->moe_acc, g->moe_y, g->moe_logits, n, D, S);
     }
     CK(cudaMemcpyAsync(g->xn, g->moe_acc, (size_t)n * D * 4, cudaMemcpyDeviceToDevice, S));
 done:

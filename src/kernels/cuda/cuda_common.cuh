@@ -263,6 +263,8 @@ void launch_glu(bool gelu, float *g, const float *u, size_t n, cudaStream_t s);
 void launch_gather_rows(const float *x, const int *rows, int r, int d, float *out, cudaStream_t s);
 /* MoE: acc[rows[i]] += w[i] * y[i] (rows of d floats), i < r; rows distinct */
 void launch_scatter_add(float *acc, const float *y, const int *rows, const float *w, int r, int d, cudaStream_t s);
+/* MoE shared expert (qwen2moe): acc[t] += sigmoid(gl[t]) * y[t] (rows of d floats), t < n */
+void launch_sigmoid_gate_add(float *acc, const float *y, const float *gl, int n, int d, cudaStream_t s);
 /* x[rows][n] <- H_n x / sqrt(n) per row, in place (the butterfly of hadamard.c, bit-exact) */
 void launch_hadamard(float *x, int64_t rows, int n, cudaStream_t s);
 

@@ -304,3 +304,13 @@ void launch_gather_rows(const float *x, const int *rows, int r, int d, float *ou
 void launch_scatter_add(float *acc, const float *y, const int *rows, const float *w, int r, int d, cudaStream_t s) {
     if (r > 0) k_scatter_add<<<nblk((size_t)r * d, 256), 256, 0, s>>>(acc, y, rows, w, r, d);
 }
+
+__global__ void k_sigmoid_gate_add(float *acc, const float *y, const float *gl, int n, int d) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)n * d) return;
+    const float s = 1.0f / (1.0f + expf(-gl[i / d])); /* forward.c's shared-expert gate */
+    acc[i] += s * y[i];
+}
+void launch_sigmoid_gate_add(float *acc, const float *y, const float *gl, int n, int d, cudaStream_t s) {
+    if (n > 0) k_sigmoid_gate_add<<<nblk((size_t)n * d, 256), 256, 0, s>>>(acc, y, gl, n, d);
+}
