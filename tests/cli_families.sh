@@ -41,11 +41,13 @@ expect "info gemma3" 0 "$qf" info "$fix/gemma3.gguf"
 has "info: two rope bases" "$d/out" "rope base 1e+06 global / 10000 local"
 expect "info mixtral" 0 "$qf" info "$fix/mixtral.gguf" --json
 has "info --json: MoE" "$d/out" "llama (mixtral-style MoE)"
+expect "info qwen2moe" 0 "$qf" info "$fix/qwen2moe.gguf"
+has "info: shared expert" "$d/out" "shared expert (ff 64, sigmoid-gated)"
 expect "info phi3" 0 "$qf" info "$fix/phi3.gguf"
 has "info: fused tensors" "$d/out" "fused qkv, fused gate|up"
 
 head -c 6000 assets/corpora/kerneldoc-demo/docs.txt >"$d/text.txt"
-for f in qwen3 qwen3moe mixtral gemma2 gemma3 phi3; do
+for f in qwen3 qwen3moe qwen2moe mixtral gemma2 gemma3 phi3; do
     expect "ppl $f" 0 "$qf" ppl -m "$fix/$f.gguf" -f "$d/text.txt" -c 128 --chunks 2 -t 2 --device auto
 done
 expect "generate gemma3" 0 "$qf" generate -m "$fix/gemma3.gguf" -p "hello" -n 8 -t 2 --temp 0

@@ -18,7 +18,7 @@
 #include "test.h"
 
 #define FIX "tests/fixtures/families/"
-static const char *const families[] = {"qwen3", "qwen3moe", "mixtral", "gemma2", "gemma3", "phi3"};
+static const char *const families[] = {"qwen3", "qwen3moe", "qwen2moe", "mixtral", "gemma2", "gemma3", "phi3"};
 #define N_FAM (int)(sizeof families / sizeof families[0])
 
 typedef struct {
@@ -258,8 +258,9 @@ TEST(families_awq_fold) {
         qf_model_free(m);
         free_ref(&r);
     }
-    const char *refused[][2] = {{"phi3", "fused tensors"}, {"mixtral", "mixture-of-experts"}, {"qwen3moe", "mixture-of-experts"}};
-    for (int i = 0; i < 3; i++) {
+    const char *refused[][2] = {{"phi3", "fused tensors"}, {"mixtral", "mixture-of-experts"}, {"qwen3moe", "mixture-of-experts"},
+                                {"qwen2moe", "mixture-of-experts"}};
+    for (int i = 0; i < 4; i++) {
         ref_logits r;
         qf_model *m = load_fam(refused[i][0], &r);
         CHECK(m != NULL);
@@ -374,6 +375,17 @@ TEST(families_hparams) {
         qf_model_free(m);
     }
     free_ref(&r);
+    m = load_fam("qwen2moe", &r); /* q/k/v biases, top-k not renormalized, a shared expert */
+    CHECK(m != NULL);
+    if (m) {
+        hp = qf_model_hparams(m);
+        CHECK(hp->arch == QF_ARCH_QWEN2MOE && hp->n_expert == 8 && hp->n_expert_used == 2 && !hp->expert_norm_w &&
+              hp->n_ff_exp == 32 && hp->n_ff_shexp == 64 && hp->rope_type == QF_ROPE_NEOX);
+        CHECK(qf_model_layer(m, 0)->bq.data && qf_model_layer(m, 2)->w_down_shexp.data);
+        CHECK(strstr(qf_hparams_features(hp, buf, sizeof buf), "shared expert (ff 64, sigmoid-gated)") != NULL);
+        qf_model_free(m);
+    }
+    free_ref(&r);
 }
 
 /* Copy src with `key` set to a u32 (or, with key NULL, unchanged) and an extra tensor
@@ -484,6 +496,11 @@ TEST(families_refusals) {
             expect_refusal(out, QF_ERR_FORMAT, "softcapping");
         }
     }
+    /* qwen2moe without its shared expert's down projection; shared experts on qwen3moe */
+    expect_refusal(variant(FIX "qwen2moe.gguf", "k.gguf", NULL, 0, NULL, NULL, NULL, "blk.1.ffn_down_shexp.weight"),
+                   QF_ERR_FORMAT, "blk.1.ffn_down_shexp.weight");
+    expect_refusal(variant(FIX "qwen3moe.gguf", "l.gguf", "qwen3moe.expert_shared_count", 1, NULL, NULL, NULL, NULL),
+                   QF_ERR_UNSUPPORTED, "shared experts");
     /* qk-norm family without its norm tensor */
     expect_refusal(variant(FIX "qwen3.gguf", "h.gguf", NULL, 0, NULL, NULL, NULL, "blk.2.attn_k_norm.weight"),
                    QF_ERR_FORMAT, "blk.2.attn_k_norm.weight");

@@ -66,6 +66,9 @@ typedef struct {
     int n_ff_shexp;        /* MoE with a shared expert (qwen2moe): its hidden size; 0 = none */
 } qf_hparams;
 
+/* general.architecture's name of a (llama.cpp's), NULL outside [0, QF_ARCH_COUNT): the one list of
+ * the architectures qforge runs */
+QF_API const char *qf_arch_name(qf_arch a);
 /* true when layer il attends through the sliding window */
 QF_API bool qf_hparams_layer_swa(const qf_hparams *hp, int il);
 /* A one-line, comma-separated list of the family features hp uses ("qk-norm, gelu-tanh, ...";

@@ -88,6 +88,8 @@ static bool get_arch_f32(const qf_gguf *g, const char *arch, const char *suffix,
 static const char *const arch_names[QF_ARCH_COUNT] = {"llama", "qwen2",  "qwen3", "qwen3moe",
                                                       "gemma2", "gemma3", "phi3",  "qwen2moe"};
 
+const char *qf_arch_name(qf_arch a) { return (unsigned)a < QF_ARCH_COUNT ? arch_names[a] : NULL; }
+
 bool qf_hparams_layer_swa(const qf_hparams *hp, int il) {
     switch (hp->swa) {
     case QF_SWA_ALL: return true;
