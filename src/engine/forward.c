@@ -1,4 +1,4 @@
-/* forward.c: the batched forward pass of the llama / qwen2 transformer.
+/* forward.c: the batched forward pass of the transformer families (llama, qwen2, docs/families.md).
  *
  * One call runs n tokens at positions [pos0, pos0+n) through every layer, reading and
  * writing the KV cache, and produces logits. It reads top to bottom like the math:
@@ -719,10 +719,11 @@ void qf_moe_route(const qf_hparams *hp, float *logits, int n, int *ids_all, floa
     }
 }
 
-/* The mixture-of-experts FFN of one layer (mixtral, qwen3moe) on c->xn [n][n_embd] (the
- * ffn_norm output), result in c->xn:
+/* The mixture-of-experts FFN of one layer (mixtral, qwen3moe, qwen2moe) on c->xn [n][n_embd]
+ * (the ffn_norm output), result in c->xn:
  *   p = softmax(xn W_router);  top-k experts by p (ties: lower index);  w = p_top (/ sum p_top
  *   when expert_norm_w);  out = sum_k w_k * down_k(act(gate_k xn) * up_k xn)
+ *   (+ sigmoid(xn . g_shexp) * down_shexp(act(gate_shexp xn) * up_shexp xn) with a shared expert)
  * Each expert runs as one batch of the tokens routed to it (gathered rows), so prefill stays
  * a GEMM per expert. j is the layer's elementwise job (stage 1 is reused with ff = n_ff_exp). */
 static void moe_ffn(qf_context *c, const qf_layer_weights *L, ew_job *j) {

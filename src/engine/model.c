@@ -1,4 +1,4 @@
-/* model.c: hyper-parameters and tensor binding for the llama, qwen2, qwen3, qwen3moe, gemma2,
+/* model.c: hyper-parameters and tensor binding for the llama, qwen2, qwen2moe, qwen3, qwen3moe, gemma2,
  * gemma3 and phi3 families (and the llama-architecture MoE, mixtral), with llama.cpp's GGUF key
  * and tensor names.
  *
