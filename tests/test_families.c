@@ -18,7 +18,7 @@
 #include "test.h"
 
 #define FIX "tests/fixtures/families/"
-static const char *const families[] = {"qwen3", "qwen3moe", "mixtral", "gemma2", "gemma3", "phi3"};
+static const char *const families[] = {"qwen3", "qwen3moe", "qwen2moe", "mixtral", "gemma2", "gemma3", "phi3"};
 #define N_FAM (int)(sizeof families / sizeof families[0])
 
 typedef struct {
@@ -258,8 +258,9 @@ TEST(families_awq_fold) {
         qf_model_free(m);
         free_ref(&r);
     }
-    const char *refused[][2] = {{"phi3", "fused tensors"}, {"mixtral", "mixture-of-experts"}, {"qwen3moe", "mixture-of-experts"}};
-    for (int i = 0; i < 3; i++) {
+    const char *refused[][2] = {{"phi3", "fused tensors"}, {"mixtral", "mixture-of-experts"}, {"qwen3moe", "mixture-of-experts"},
+                                {"qwen2moe", "mixture-of-experts"}};
+    for (int i = 0; i < 4; i++) {
         ref_logits r;
         qf_model *m = load_fam(refused[i][0], &r);
         CHECK(m != NULL);
@@ -374,6 +375,17 @@ TEST(families_hparams) {
         qf_model_free(m);
     }
     free_ref(&r);
+    m = load_fam("qwen2moe", &r); /* q/k/v biases, top-k not renormalized, a shared expert */
+    CHECK(m != NULL);
+    if (m) {
+        hp = qf_model_hparams(m);
+        CHECK(hp->arch == QF_ARCH_QWEN2MOE && hp->n_expert == 8 && hp->n_expert_used == 2 && !hp->expert_norm_w &&
+              hp->n_ff_exp == 32 && hp->n_ff_shexp == 64 && hp->rope_type == QF_ROPE_NEOX);
+        CHECK(qf_model_layer(m, 0)->bq.data && qf_model_layer(m, 2)->w_down_shexp.data);
+        CHECK(strstr(qf_hparams_features(hp, buf, sizeof buf), "shared expert (ff 64, sigmoid-gated)") != NULL);
+        qf_model_free(m);
+    }
+    free_ref(&r);
 }
 
 /* Copy src with `key` set to a u32 (or, with key NULL, unchanged) and an extra tensor
@@ -484,9 +496,134 @@ TEST(families_refusals) {
             expect_refusal(out, QF_ERR_FORMAT, "softcapping");
         }
     }
+    /* qwen2moe without its shared expert's down projection; shared experts on qwen3moe */
+    expect_refusal(variant(FIX "qwen2moe.gguf", "k.gguf", NULL, 0, NULL, NULL, NULL, "blk.1.ffn_down_shexp.weight"),
+                   QF_ERR_FORMAT, "blk.1.ffn_down_shexp.weight");
+    expect_refusal(variant(FIX "qwen3moe.gguf", "l.gguf", "qwen3moe.expert_shared_count", 1, NULL, NULL, NULL, NULL),
+                   QF_ERR_UNSUPPORTED, "shared experts");
     /* qk-norm family without its norm tensor */
     expect_refusal(variant(FIX "qwen3.gguf", "h.gguf", NULL, 0, NULL, NULL, NULL, "blk.2.attn_k_norm.weight"),
                    QF_ERR_FORMAT, "blk.2.attn_k_norm.weight");
+}
+
+/* ---- other tensor layouts of the same models (llama.cpp loads them too) ----
+ * rewrite() copies a fixture with some tensors replaced by what split() writes instead; the
+ * model must then give the fixture's logits (the same weights bound differently). */
+typedef bool (*split_fn)(qf_gguf_writer *w, const char *name, const qf_gguf_tensor *t, qf_error *e);
+static int split_dq, split_dkv; /* attn_qkv's q and k|v row counts (phi3) */
+
+static const char *rewrite(const char *src_path, const char *name, split_fn split) {
+    static char out[512];
+    qf_error e = {0};
+    qf_gguf *src = qf_gguf_open(src_path, &e);
+    if (!src) return NULL;
+    qf_gguf_writer *w = qf_gguf_writer_new();
+    qf_status st = qf_gguf_writer_copy_kv(w, src, NULL, &e);
+    for (uint64_t i = 0; !st && i < qf_gguf_n_tensors(src); i++) {
+        const qf_gguf_tensor *t = qf_gguf_tensor_at(src, i);
+        char nm[128];
+        snprintf(nm, sizeof nm, "%.*s", (int)t->name.len, t->name.ptr);
+        if (!split(w, nm, t, &e)) st = qf_gguf_writer_add_tensor(w, nm, t->type, t->n_dims, t->ne, t->data, t->nbytes, &e);
+    }
+    snprintf(out, sizeof out, "%s/%s", test_tmpdir(), name);
+    if (!st) st = qf_gguf_writer_write(w, out, &e);
+    qf_gguf_writer_free(w);
+    qf_gguf_close(src);
+    return st ? NULL : out;
+}
+
+/* rows [r0, r0 + n) of a 2-D tensor as a tensor of its own */
+static void add_rows(qf_gguf_writer *w, const char *name, const qf_gguf_tensor *t, int64_t r0, int64_t n, qf_error *e) {
+    const size_t rb = qf_row_bytes(t->type, t->ne[0]);
+    const int64_t ne[2] = {t->ne[0], n};
+    qf_gguf_writer_add_tensor(w, name, t->type, 2, ne, (const uint8_t *)t->data + (size_t)r0 * rb, (uint64_t)n * rb, e);
+}
+
+/* phi3: blk.N.attn_qkv -> blk.N.attn_q, attn_k, attn_v */
+static bool split_qkv(qf_gguf_writer *w, const char *name, const qf_gguf_tensor *t, qf_error *e) {
+    int il;
+    char tail[64];
+    if (sscanf(name, "blk.%d.%63s", &il, tail) != 2 || strcmp(tail, "attn_qkv.weight") != 0) return false;
+    char nm[96];
+    snprintf(nm, sizeof nm, "blk.%d.attn_q.weight", il), add_rows(w, nm, t, 0, split_dq, e);
+    snprintf(nm, sizeof nm, "blk.%d.attn_k.weight", il), add_rows(w, nm, t, split_dq, split_dkv, e);
+    snprintf(nm, sizeof nm, "blk.%d.attn_v.weight", il), add_rows(w, nm, t, split_dq + split_dkv, split_dkv, e);
+    return true;
+}
+
+/* mixtral: blk.N.ffn_{gate,up,down}_exps [ne0, ne1, E] -> the legacy blk.N.ffn_{gate,up,down}.X */
+static bool split_exps(qf_gguf_writer *w, const char *name, const qf_gguf_tensor *t, qf_error *e) {
+    int il;
+    char kind[16];
+    if (sscanf(name, "blk.%d.ffn_%15[a-z]_exps.weight", &il, kind) != 2 || t->n_dims != 3) return false;
+    for (int64_t x = 0; x < t->ne[2]; x++) {
+        char nm[96];
+        snprintf(nm, sizeof nm, "blk.%d.ffn_%s.%lld.weight", il, kind, (long long)x);
+        add_rows(w, nm, t, x * t->ne[1], t->ne[1], e);
+    }
+    return true;
+}
+
+/* the fixture fam and its rewritten copy give the same logits (and transformers' within the bar) */
+static void same_logits(const char *fam, const char *path2) {
+    CHECK_MSG(path2 != NULL, "%s: rewrite failed", fam);
+    if (!path2) return;
+    ref_logits r;
+    qf_model *m = load_fam(fam, &r);
+    qf_error e = {0};
+    qf_model *m2 = qf_model_load(path2, &e);
+    CHECK_MSG(m && m2, "%s: %s", fam, e.msg);
+    if (m && m2) {
+        float *a = run(m, &r, false, r.n_tok, QF_KV_F32), *b = run(m2, &r, false, r.n_tok, QF_KV_F32);
+        float *d = run(m2, &r, false, 1, QF_KV_F32); /* decode steps: the vec_dot route */
+        CHECK(a && b && d);
+        if (a && b && d) {
+            double e_ab, t_ab, e_hf, t_hf, e_d, t_d;
+            compare(b, a, r.n_tok, r.n_vocab, &e_ab, &t_ab);
+            compare(b, r.logits, r.n_tok, r.n_vocab, &e_hf, &t_hf);
+            compare(d, r.logits, r.n_tok, r.n_vocab, &e_d, &t_d);
+            printf("  %-8s rewritten: vs the fixture nmse %.2e; vs transformers prefill %.2e top-1 %.0f%%, decode %.2e\n", fam,
+                   e_ab, e_hf, 100 * t_hf, e_d);
+            CHECK_MSG(e_ab == 0, "%s: the rewritten file's logits differ (nmse %g)", fam, e_ab);
+            CHECK(e_hf <= 1e-5 && t_hf >= 0.99 && e_d <= 1e-5 && t_d >= 0.99);
+        }
+        free(a), free(b), free(d);
+    }
+    qf_model_free(m), qf_model_free(m2);
+    free_ref(&r);
+}
+
+TEST(families_tensor_layouts) {
+    FILE *probe = fopen(FIX "phi3.gguf", "rb");
+    if (!probe) SKIP("tests/fixtures/families not found (run from the repository root)");
+    fclose(probe);
+    {
+        qf_error e = {0};
+        qf_model *m = qf_model_load(FIX "phi3.gguf", &e);
+        CHECK(m != NULL);
+        if (!m) return;
+        const qf_hparams *hp = qf_model_hparams(m);
+        split_dq = hp->n_head * hp->head_dim, split_dkv = hp->n_head_kv * hp->head_dim;
+        CHECK(hp->fused_qkv);
+        qf_model_free(m);
+    }
+    /* phi3 with separate attn_q / attn_k / attn_v */
+    const char *p = rewrite(FIX "phi3.gguf", "phi3_sep.gguf", split_qkv);
+    if (p) {
+        qf_error e = {0};
+        qf_model *m = qf_model_load(p, &e);
+        CHECK_MSG(m && !qf_model_hparams(m)->fused_qkv && qf_model_hparams(m)->fused_gate_up, "%s", e.msg);
+        qf_model_free(m);
+    }
+    same_logits("phi3", p);
+    /* mixtral with the legacy 2-D expert tensors */
+    same_logits("mixtral", rewrite(FIX "mixtral.gguf", "mixtral_2d.gguf", split_exps));
+    /* a legacy expert missing is named */
+    {
+        const char *q = rewrite(FIX "mixtral.gguf", "mixtral_2d_b.gguf", split_exps);
+        const char *q2 = q ? variant(q, "mixtral_2d_c.gguf", NULL, 0, NULL, NULL, NULL, "blk.1.ffn_up.3.weight") : NULL;
+        expect_refusal(q2, QF_ERR_FORMAT, "blk.1.ffn_up.3.weight");
+    }
 }
 
 int main(void) {
@@ -498,5 +635,6 @@ int main(void) {
     RUN(families_prerope_k);
     RUN(families_hparams);
     RUN(families_refusals);
+    RUN(families_tensor_layouts);
     return test_summary();
 }

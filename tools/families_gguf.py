@@ -213,8 +213,10 @@ def export(desc, P, path):
     if "n_expert" in hp:
         w.u32(a + "expert_count", hp["n_expert"])
         w.u32(a + "expert_used_count", hp["n_expert_used"])
-        if arch == "qwen3moe":
+        if arch in ("qwen3moe", "qwen2moe"):
             w.u32(a + "expert_feed_forward_length", hp["ff_exp"])
+        if "ff_shexp" in hp:
+            w.u32(a + "expert_shared_feed_forward_length", hp["ff_shexp"])
     toks, types, scores = vocab(hp["vocab"], arch)
     w.str("tokenizer.ggml.model", "llama")
     w.arr("tokenizer.ggml.tokens", GGUF_STR, toks)
@@ -259,6 +261,9 @@ def export(desc, P, path):
             w.tensor(b + "attn_q.weight", q)
             w.tensor(b + "attn_k.weight", k)
             w.tensor(b + "attn_v.weight", get(p + "self_attn.v_proj.weight"))
+            for hn, gn in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v")):
+                if p + "self_attn.%s.bias" % hn in P:  # qwen2, qwen2moe
+                    w.tensor(b + gn + ".bias", get(p + "self_attn.%s.bias" % hn))
         w.tensor(b + "attn_output.weight", get(p + "self_attn.o_proj.weight"))
         if p + "self_attn.q_norm.weight" in P:
             w.tensor(b + "attn_q_norm.weight", norm(get(p + "self_attn.q_norm.weight")))
@@ -295,6 +300,12 @@ def export(desc, P, path):
             w.tensor(b + "ffn_gate_exps.weight", gate)
             w.tensor(b + "ffn_up_exps.weight", up)
             w.tensor(b + "ffn_down_exps.weight", down)
+            if moe + "shared_expert.gate_proj.weight" in P:  # qwen2moe: sigmoid-gated shared expert
+                sg = get(moe + "shared_expert_gate.weight")  # [1, H] -> GGUF [H], as llama.cpp
+                w.tensor(b + "ffn_gate_inp_shexp.weight", Tensor([H], sg.data))
+                w.tensor(b + "ffn_gate_shexp.weight", get(moe + "shared_expert.gate_proj.weight"))
+                w.tensor(b + "ffn_up_shexp.weight", get(moe + "shared_expert.up_proj.weight"))
+                w.tensor(b + "ffn_down_shexp.weight", get(moe + "shared_expert.down_proj.weight"))
         elif arch == "phi3":
             w.tensor(b + "ffn_up.weight", get(p + "mlp.gate_up_proj.weight"))
             w.tensor(b + "ffn_down.weight", get(p + "mlp.down_proj.weight"))

@@ -38,6 +38,10 @@ FAMILIES = {
     "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", "qwen3moe",
                  dict(hidden=64, n_layer=3, n_head=4, n_head_kv=2, head_dim=16, ff=96, ff_exp=48,
                       n_expert=8, n_expert_used=2, eps=1e-6, rope_base=1000000.0, tied=True)),
+    # qwen1.5/qwen2 MoE: q/k/v biases, top-k not renormalized, a sigmoid-gated shared expert
+    "qwen2moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", "qwen2moe",
+                 dict(hidden=64, n_layer=3, n_head=4, n_head_kv=2, head_dim=16, ff=96, ff_exp=32, ff_shexp=64,
+                      n_expert=8, n_expert_used=2, eps=1e-6, rope_base=1000000.0, tied=False)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", "llama",
                 dict(hidden=64, n_layer=2, n_head=4, n_head_kv=2, head_dim=16, ff=96, ff_exp=96,
                      n_expert=4, n_expert_used=2, eps=1e-5, rope_base=1000000.0, tied=False)),
@@ -84,6 +88,11 @@ def make_config(fam, cls, hp):
         kw.update(moe_intermediate_size=hp["ff_exp"], num_experts=hp["n_expert"],
                   num_experts_per_tok=hp["n_expert_used"], norm_topk_prob=True, decoder_sparse_step=1,
                   mlp_only_layers=[], router_aux_loss_coef=0.0, output_router_logits=False)
+    if fam == "qwen2moe":
+        kw.update(moe_intermediate_size=hp["ff_exp"], shared_expert_intermediate_size=hp["ff_shexp"],
+                  num_experts=hp["n_expert"], num_experts_per_tok=hp["n_expert_used"], norm_topk_prob=False,
+                  decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.0, output_router_logits=False,
+                  use_sliding_window=False, qkv_bias=True)
     if fam == "mixtral":
         kw.update(num_local_experts=hp["n_expert"], num_experts_per_tok=hp["n_expert_used"],
                   router_jitter_noise=0.0, sliding_window=None, output_router_logits=False)
@@ -174,6 +183,7 @@ def run_family(fam, out):
         "rope_local_base_freq", "query_pre_attn_scalar", "attn_logit_softcapping",
         "final_logit_softcapping", "hidden_activation", "hidden_act", "norm_topk_prob",
         "num_experts", "num_local_experts", "num_experts_per_tok", "tie_word_embeddings",
+        "moe_intermediate_size", "shared_expert_intermediate_size", "qkv_bias",
         "_attn_implementation")})
     print("  rope bases from inv_freq:", bases)
     lt = getattr(cfg, "layer_types", None)

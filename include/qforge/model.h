@@ -1,4 +1,4 @@
-/* qforge/model.h: a loaded model (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3 and the
+/* qforge/model.h: a loaded model (llama, qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3, phi3 and the
  * llama-architecture MoE (mixtral)) and the inference context that runs it: batched prefill,
  * incremental decode, the KV cache and the capture taps. docs/families.md lists what each family
  * uses. */
@@ -23,6 +23,7 @@ typedef enum {
     QF_ARCH_GEMMA2,
     QF_ARCH_GEMMA3,
     QF_ARCH_PHI3,
+    QF_ARCH_QWEN2MOE, /* qwen2 attention (q/k/v biases) + MoE with a sigmoid-gated shared expert */
     QF_ARCH_COUNT
 } qf_arch;
 /* the feed-forward gate's activation: silu(gate) * up (SwiGLU) or gelu_tanh(gate) * up (GeGLU) */
@@ -62,8 +63,12 @@ typedef struct {
     int n_expert, n_expert_used; /* MoE: experts per layer and the top-k each token uses (0 = dense) */
     int n_ff_exp;          /* MoE: hidden size of one expert */
     bool expert_norm_w;    /* MoE: the top-k softmax weights are renormalized to sum to 1 */
+    int n_ff_shexp;        /* MoE with a shared expert (qwen2moe): its hidden size; 0 = none */
 } qf_hparams;
 
+/* general.architecture's name of a (llama.cpp's), NULL outside [0, QF_ARCH_COUNT): the one list of
+ * the architectures qforge runs */
+QF_API const char *qf_arch_name(qf_arch a);
 /* true when layer il attends through the sliding window */
 QF_API bool qf_hparams_layer_swa(const qf_hparams *hp, int il);
 /* A one-line, comma-separated list of the family features hp uses ("qk-norm, gelu-tanh, ...";
@@ -89,6 +94,10 @@ typedef struct {
      * ffn_gate_inp [n_embd -> n_expert] and one 2-D view per expert into the 3-D tensors */
     qf_weight gate_inp;
     qf_weight *exp_gate, *exp_up, *exp_down; /* [n_expert] each, NULL for a dense layer */
+    /* the shared expert (n_ff_shexp > 0; data == NULL otherwise): every token adds
+     * sigmoid(x . gate_inp_shexp) * down_shexp(silu(gate_shexp x) * up_shexp x) */
+    qf_weight gate_inp_shexp; /* [n_embd] -> 1 */
+    qf_weight w_gate_shexp, w_up_shexp, w_down_shexp;
 } qf_layer_weights;
 
 typedef struct qf_model qf_model;

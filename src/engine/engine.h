@@ -187,6 +187,12 @@ void qf_kv_cache_push_window(qf_kv_cache *kv, int layer, int pos0, int n, const 
  * sink store or the window ring holds p, false otherwise (dst untouched). */
 bool qf_kv_cache_exact_row(const qf_kv_cache *kv, int stream, int layer, int h, int p, float *dst);
 
+/* MoE routing (mixtral, qwen3moe), the one definition the CPU forward and the CUDA backend
+ * share: for each of n tokens, p = softmax(logits[t]) (written back into logits), the top
+ * hp->n_expert_used experts by p (ties: the lower index) into ids[t][k], and their weights
+ * w[t][k] = p (divided by their sum when hp->expert_norm_w). */
+void qf_moe_route(const qf_hparams *hp, float *logits, int n, int *ids, float *w);
+
 struct qf_cuda_ctx;
 
 struct qf_context {

@@ -1,4 +1,4 @@
-/* forward.c: the batched forward pass of the llama / qwen2 transformer.
+/* forward.c: the batched forward pass of the transformer families (llama, qwen2, docs/families.md).
  *
  * One call runs n tokens at positions [pos0, pos0+n) through every layer, reading and
  * writing the KV cache, and produces logits. It reads top to bottom like the math:
@@ -155,6 +155,7 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     size_t B = (size_t)c->n_batch, D = hp->n_embd, Dq = (size_t)hp->n_head * hp->head_dim,
            Dkv = (size_t)hp->n_head_kv * hp->head_dim,
            F = (size_t)(hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp); /* dense or expert FFN */
+    if ((size_t)hp->n_ff_shexp > F) F = (size_t)hp->n_ff_shexp; /* qwen2moe's shared expert */
     c->x = qf_malloc_aligned(B * D * 4);
     c->xn = qf_malloc_aligned(B * (D > F ? D : F) * 4);
     c->q = qf_malloc_aligned(B * Dq * 4);
@@ -770,26 +771,17 @@ static void ew_run(qf_context *c, ew_job *j) {
     else qf_pool_run(c->pool, ew_worker, j);
 }
 
-/* The mixture-of-experts FFN of one layer (mixtral, qwen3moe) on c->xn [n][n_embd] (the
- * ffn_norm output), result in c->xn:
- *   p = softmax(xn W_router);  top-k experts by p (ties: lower index);  w = p_top (/ sum p_top
- *   when expert_norm_w);  out = sum_k w_k * down_k(act(gate_k xn) * up_k xn)
- * Each expert runs as one batch of the tokens routed to it (gathered rows), so prefill stays
- * a GEMM per expert. j is the layer's elementwise job (stage 1 is reused with ff = n_ff_exp). */
-static void moe_ffn(qf_context *c, const qf_layer_weights *L, ew_job *j) {
-    const qf_hparams *hp = &c->model->hp;
-    ctx_ext *e = ext(c);
-    const int n = j->n, D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used, Fe = hp->n_ff_exp;
-    matmul(c, &L->gate_inp, c->xn, n, e->moe_logits);
+void qf_moe_route(const qf_hparams *hp, float *logits, int n, int *ids_all, float *w_all) {
+    const int E = hp->n_expert, K = hp->n_expert_used;
     for (int t = 0; t < n; t++) {
-        float *p = e->moe_logits + (size_t)t * E;
+        float *p = logits + (size_t)t * E;
         float mx = -INFINITY;
         for (int x = 0; x < E; x++) mx = p[x] > mx ? p[x] : mx;
         double sum = 0;
         for (int x = 0; x < E; x++) sum += (p[x] = expf(p[x] - mx));
         for (int x = 0; x < E; x++) p[x] = (float)(p[x] / sum);
-        int *ids = e->moe_ids + (size_t)t * K;
-        float *w = e->moe_w + (size_t)t * K;
+        int *ids = ids_all + (size_t)t * K;
+        float *w = w_all + (size_t)t * K;
         double wsum = 0;
         for (int k = 0; k < K; k++) { /* selection: K is small */
             int best = -1;
@@ -805,6 +797,21 @@ static void moe_ffn(qf_context *c, const qf_layer_weights *L, ew_job *j) {
         if (hp->expert_norm_w)
             for (int k = 0; k < K; k++) w[k] = (float)(w[k] / wsum);
     }
+}
+
+/* The mixture-of-experts FFN of one layer (mixtral, qwen3moe, qwen2moe) on c->xn [n][n_embd]
+ * (the ffn_norm output), result in c->xn:
+ *   p = softmax(xn W_router);  top-k experts by p (ties: lower index);  w = p_top (/ sum p_top
+ *   when expert_norm_w);  out = sum_k w_k * down_k(act(gate_k xn) * up_k xn)
+ *   (+ sigmoid(xn . g_shexp) * down_shexp(act(gate_shexp xn) * up_shexp xn) with a shared expert)
+ * Each expert runs as one batch of the tokens routed to it (gathered rows), so prefill stays
+ * a GEMM per expert. j is the layer's elementwise job (stage 1 is reused with ff = n_ff_exp). */
+static void moe_ffn(qf_context *c, const qf_layer_weights *L, ew_job *j) {
+    const qf_hparams *hp = &c->model->hp;
+    ctx_ext *e = ext(c);
+    const int n = j->n, D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used, Fe = hp->n_ff_exp;
+    matmul(c, &L->gate_inp, c->xn, n, e->moe_logits);
+    qf_moe_route(hp, e->moe_logits, n, e->moe_ids, e->moe_w);
     memset(e->moe_acc, 0, (size_t)n * D * sizeof(float));
     ew_job gj = *j;
     gj.stage = 1;
@@ -829,6 +836,21 @@ static void moe_ffn(qf_context *c, const qf_layer_weights *L, ew_job *j) {
             float *acc = e->moe_acc + (size_t)e->moe_rows[i] * D;
             const float *y = e->moe_y + (size_t)i * D;
             for (int d = 0; d < D; d++) acc[d] += e->moe_rw[i] * y[d];
+        }
+    }
+    if (L->w_gate_shexp.data) { /* qwen2moe: + sigmoid(xn . g) * down(silu(gate xn) * up xn), every token */
+        matmul(c, &L->gate_inp_shexp, c->xn, n, e->moe_logits); /* [n][1]; the router logits are spent */
+        matmul(c, &L->w_gate_shexp, c->xn, n, c->hb);
+        matmul(c, &L->w_up_shexp, c->xn, n, c->hb2);
+        gj.n = n;
+        gj.ff = hp->n_ff_shexp;
+        qf_pool_run(c->pool, ew_worker, &gj);
+        matmul(c, &L->w_down_shexp, c->hb, n, e->moe_y);
+        for (int t = 0; t < n; t++) {
+            const float s = 1.0f / (1.0f + expf(-e->moe_logits[t]));
+            float *acc = e->moe_acc + (size_t)t * D;
+            const float *y = e->moe_y + (size_t)t * D;
+            for (int d = 0; d < D; d++) acc[d] += s * y[d];
         }
     }
     memcpy(c->xn, e->moe_acc, (size_t)n * D * sizeof(float));

@@ -61,23 +61,6 @@ qf_status qf_gpu_attach(qf_context *c, qf_error *err) {
     c->gpu = NULL;
     /* the reference path is the CPU oracle by definition */
     if (p->reference || p->device == QF_DEVICE_CPU) return QF_OK;
-    /* a model family the CUDA backend does not run (it runs llama and qwen2 dense models): auto
-     * stays on the CPU, an explicit cuda is refused naming the family and its features */
-    const qf_hparams *mhp = &c->model->hp;
-    if (mhp->arch != QF_ARCH_LLAMA && mhp->arch != QF_ARCH_QWEN2) {
-        if (p->device == QF_DEVICE_AUTO) return QF_OK;
-        return qf_fail(err, QF_ERR_UNSUPPORTED,
-                       "--device cuda: the CUDA backend runs llama and qwen2 only; %s runs on the CPU (--device cpu or "
-                       "auto)",
-                       mhp->arch_name);
-    }
-    if (mhp->n_expert) {
-        if (p->device == QF_DEVICE_AUTO) return QF_OK;
-        return qf_fail(err, QF_ERR_UNSUPPORTED,
-                       "--device cuda: the CUDA backend has no mixture-of-experts FFN (%d experts); it runs on the CPU "
-                       "(--device cpu or auto)",
-                       mhp->n_expert);
-    }
     const char *why = NULL;
     const qf_cuda_api *a = qf_cuda_api_get(&why);
     const bool ok = a && a->available();
@@ -95,9 +78,14 @@ qf_status qf_gpu_attach(qf_context *c, qf_error *err) {
                        qf_kv_rot_name(p->kv_rot));
     }
     const qf_model *m = c->model;
+    /* every family runs on the GPU (docs/families.md); the per-layer windows and the MoE routing
+     * are the CPU's own definitions (qf_hparams_layer_swa, qf_moe_route) */
+    int *win = calloc((size_t)m->hp.n_layer, sizeof *win);
+    if (!win) return qf_fail(err, QF_ERR_NOMEM, "out of memory");
+    for (int il = 0; il < m->hp.n_layer; il++) win[il] = qf_hparams_layer_swa(&m->hp, il) ? m->hp.n_swa : 0;
     qf_gpu_model gm = {.hp = &m->hp, .path = m->path, .tok_embd = &m->tok_embd, .output_norm = &m->output_norm,
                        .output = &m->output, .rope_freqs = &m->rope_freqs, .layers = m->layers,
-                       .dequant_row = dequant_row};
+                       .dequant_row = dequant_row, .layer_window = win, .moe_route = qf_moe_route};
     qf_gpu_params gp = {.n_ctx = p->n_ctx, .n_batch = c->n_batch, .kv_rot = p->kv_rot,
                         .device_index = qf_par_device_index(), .knobs = p->cuda};
     qf_gpu_kv kv;
@@ -105,6 +93,7 @@ qf_status qf_gpu_attach(qf_context *c, qf_error *err) {
     qf_status st = kv_view(c, &c->kv, &kv, &at, err);
     if (!st) st = a->ctx_new(&gm, &kv, &gp, &c->gpu, err);
     free(at);
+    free(win);
     return st;
 }
 

@@ -1,4 +1,4 @@
-/* model.c: hyper-parameters and tensor binding for the llama, qwen2, qwen3, qwen3moe, gemma2,
+/* model.c: hyper-parameters and tensor binding for the llama, qwen2, qwen2moe, qwen3, qwen3moe, gemma2,
  * gemma3 and phi3 families (and the llama-architecture MoE, mixtral), with llama.cpp's GGUF key
  * and tensor names.
  *
@@ -85,7 +85,10 @@ static bool get_arch_f32(const qf_gguf *g, const char *arch, const char *suffix,
     return qf_gguf_get_f32(g, key, out);
 }
 
-static const char *const arch_names[QF_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"};
+static const char *const arch_names[QF_ARCH_COUNT] = {"llama", "qwen2",  "qwen3", "qwen3moe",
+                                                      "gemma2", "gemma3", "phi3",  "qwen2moe"};
+
+const char *qf_arch_name(qf_arch a) { return (unsigned)a < QF_ARCH_COUNT ? arch_names[a] : NULL; }
 
 bool qf_hparams_layer_swa(const qf_hparams *hp, int il) {
     switch (hp->swa) {
@@ -106,6 +109,7 @@ const char *qf_hparams_features(const qf_hparams *hp, char *buf, size_t size) {
     } while (0)
     if (hp->n_expert) ADD("moe (%d experts, top-%d, %s, expert ff %d)", hp->n_expert, hp->n_expert_used,
                           hp->expert_norm_w ? "softmax then renormalized" : "softmax", hp->n_ff_exp);
+    if (hp->n_ff_shexp) ADD("shared expert (ff %d, sigmoid-gated)", hp->n_ff_shexp);
     if (hp->qk_norm) ADD("q/k rms norm");
     if (hp->fused_qkv) ADD("fused qkv");
     if (hp->fused_gate_up) ADD("fused gate|up");
@@ -139,9 +143,9 @@ static qf_status read_family(qf_model *m, qf_error *err) {
     hp->rope_freq_base_swa = hp->rope_freq_base;
     hp->ffn_act = QF_FFN_SILU;
     hp->rope_type = hp->arch == QF_ARCH_LLAMA ? QF_ROPE_NORM : QF_ROPE_NEOX;
-    bool moe = hp->arch == QF_ARCH_QWEN3MOE;
+    bool moe = hp->arch == QF_ARCH_QWEN3MOE || hp->arch == QF_ARCH_QWEN2MOE;
     if (get_arch_u32(g, a, "expert_count", &v) && v > 0) {
-        if (hp->arch != QF_ARCH_LLAMA && hp->arch != QF_ARCH_QWEN3MOE)
+        if (hp->arch != QF_ARCH_LLAMA && hp->arch != QF_ARCH_QWEN3MOE && hp->arch != QF_ARCH_QWEN2MOE)
             return qf_fail(err, QF_ERR_UNSUPPORTED, "%s: metadata '%s.expert_count' = %u: qforge runs no %s MoE",
                            m->path, a, v, a);
         moe = true;
@@ -154,14 +158,23 @@ static qf_status read_family(qf_model *m, qf_error *err) {
             return qf_fail(err, QF_ERR_FORMAT, "%s: metadata '%s.expert_used_count' missing or not in 1..%u", m->path, a, ne);
         hp->n_expert = (int)ne;
         hp->n_expert_used = (int)nu;
-        hp->n_ff_exp = hp->n_ff;
+        /* llama.cpp's defaults: n_ff (llama), n_ff / top-k (qwen2moe) */
+        hp->n_ff_exp = hp->arch == QF_ARCH_QWEN2MOE ? hp->n_ff / (int)nu : hp->n_ff;
         if (get_arch_u32(g, a, "expert_feed_forward_length", &v)) hp->n_ff_exp = (int)v;
         else if (hp->arch == QF_ARCH_QWEN3MOE)
             return qf_fail(err, QF_ERR_FORMAT, "%s: missing metadata '%s.expert_feed_forward_length'", m->path, a);
         if (hp->n_ff_exp <= 0 || hp->n_ff_exp > (1 << 24))
             return qf_fail(err, QF_ERR_FORMAT, "%s: expert feed-forward length %d is out of range", m->path, hp->n_ff_exp);
-        hp->expert_norm_w = true; /* mixtral and qwen3moe (norm_topk_prob) both renormalize the top-k */
-        if (get_arch_u32(g, a, "expert_shared_count", &v) && v > 0)
+        /* mixtral and qwen3moe (norm_topk_prob) renormalize the top-k; qwen2moe does not (llama.cpp's
+         * graph, transformers' norm_topk_prob = false) */
+        hp->expert_norm_w = hp->arch != QF_ARCH_QWEN2MOE;
+        if (hp->arch == QF_ARCH_QWEN2MOE) { /* the shared expert: llama.cpp's default size n_ff */
+            hp->n_ff_shexp = hp->n_ff;
+            if (get_arch_u32(g, a, "expert_shared_feed_forward_length", &v)) hp->n_ff_shexp = (int)v;
+            if (hp->n_ff_shexp <= 0 || hp->n_ff_shexp > (1 << 24))
+                return qf_fail(err, QF_ERR_FORMAT, "%s: shared expert feed-forward length %d is out of range", m->path,
+                               hp->n_ff_shexp);
+        } else if (get_arch_u32(g, a, "expert_shared_count", &v) && v > 0)
             return qf_fail(err, QF_ERR_UNSUPPORTED, "%s: metadata '%s.expert_shared_count' = %u: shared experts are not supported",
                            m->path, a, v);
     }
@@ -202,7 +215,9 @@ static qf_status read_family(qf_model *m, qf_error *err) {
             return qf_fail(err, QF_ERR_FORMAT, "%s: invalid %s softcapping values", m->path, a);
         break;
     case QF_ARCH_PHI3:
-        hp->fused_qkv = true;
+        /* fused attn_qkv as llama.cpp's converter writes it; separate attn_q/k/v (which
+         * llama.cpp's phi3 graph also takes) when the file has no blk.0.attn_qkv */
+        hp->fused_qkv = qf_gguf_find_tensor(g, "blk.0.attn_qkv.weight") != NULL;
         hp->fused_gate_up = true;
         if (qf_gguf_find_tensor(g, "rope_factors_long.weight") || qf_gguf_find_tensor(g, "rope_factors_short.weight"))
             return qf_fail(err, QF_ERR_UNSUPPORTED,
@@ -231,7 +246,7 @@ static qf_status read_hparams(qf_model *m, qf_error *err) {
     if (hp->arch == QF_ARCH_COUNT)
         return qf_fail(err, QF_ERR_UNSUPPORTED,
                        "%s: general.architecture '%s' is not supported (qforge runs llama (and its mixtral-style "
-                       "MoE), qwen2, qwen3, qwen3moe, gemma2, gemma3 and phi3)",
+                       "MoE), qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3 and phi3)",
                        m->path, hp->arch_name);
     if (!qf_gguf_get_str(g, "general.name", hp->name, sizeof hp->name)) snprintf(hp->name, sizeof hp->name, "%s", hp->arch_name);
 
@@ -405,7 +420,19 @@ qf_model *qf_model_load(const char *path, qf_error *err) {
             qf_weight *xw = m->experts + (size_t)il * 3 * E;
             L->exp_gate = xw, L->exp_up = xw + E, L->exp_down = xw + 2 * E;
             static const char *const xn[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
+            /* legacy mixtral files (llama.cpp before the 3-D tensors, still loaded by b4748): one
+             * 2-D tensor per expert, blk.N.ffn_{gate,up,down}.X.weight */
+            static const char *const xl[3] = {"ffn_gate", "ffn_up", "ffn_down"};
+            snprintf(n, sizeof n, "blk.%d.%s", il, xn[0]);
+            bool legacy = hp->arch == QF_ARCH_LLAMA && !qf_gguf_find_tensor(m->gguf, n);
             for (int k = 0; k < 3; k++) {
+                if (legacy) {
+                    for (int64_t x = 0; x < E; x++) {
+                        snprintf(n, sizeof n, "blk.%d.%s.%lld.weight", il, xl[k], (long long)x);
+                        if (bind_weight(m, &xw[k * E + x], n, k == 2 ? Fe : D, k == 2 ? D : Fe, true, err)) goto fail;
+                    }
+                    continue;
+                }
                 snprintf(n, sizeof n, "blk.%d.%s", il, xn[k]);
                 if (bind_experts(m, xw + k * E, n, k == 2 ? Fe : D, k == 2 ? D : Fe, E, err)) goto fail;
             }
@@ -422,7 +449,14 @@ qf_model *qf_model_load(const char *path, qf_error *err) {
         if (!hp->n_expert) {
             W(w_down, "ffn_down.weight", F, D, true)
         }
-        bool bias = hp->arch == QF_ARCH_QWEN2;
+        if (hp->n_ff_shexp) { /* qwen2moe's shared expert */
+            const int64_t Fs = hp->n_ff_shexp;
+            W(gate_inp_shexp, "ffn_gate_inp_shexp.weight", D, 1, true)
+            W(w_gate_shexp, "ffn_gate_shexp.weight", D, Fs, true)
+            W(w_up_shexp, "ffn_up_shexp.weight", D, Fs, true)
+            W(w_down_shexp, "ffn_down_shexp.weight", Fs, D, true)
+        }
+        bool bias = hp->arch == QF_ARCH_QWEN2 || hp->arch == QF_ARCH_QWEN2MOE;
         W(bq, "attn_q.bias", Dq, 1, bias)
         W(bk, "attn_k.bias", Dkv, 1, bias)
         W(bv, "attn_v.bias", Dkv, 1, bias)

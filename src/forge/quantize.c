@@ -45,13 +45,14 @@ qf_status qf_forge_check_arch(const qf_gguf *g, qf_error *err) {
     if (!qf_gguf_get_str(g, "general.architecture", arch, sizeof arch))
         return qf_fail(err, QF_ERR_FORMAT, "%s: general.architecture: missing or not a string",
                        qf_gguf_path(g));
-    static const char *const runs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"};
-    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
-        if (strcmp(arch, runs[i]) == 0) return QF_OK;
-    return qf_fail(err, QF_ERR_UNSUPPORTED,
-                   "%s: general.architecture '%s': expected one of the families qforge runs (llama, qwen2, qwen3, "
-                   "qwen3moe, gemma2, gemma3, phi3)",
-                   qf_gguf_path(g), arch);
+    char list[256] = "";
+    size_t n = 0;
+    for (int i = 0; i < QF_ARCH_COUNT; i++) { /* model.c's list (qf_arch_name) */
+        if (strcmp(arch, qf_arch_name((qf_arch)i)) == 0) return QF_OK;
+        if (n < sizeof list) n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? ", " : "", qf_arch_name((qf_arch)i));
+    }
+    return qf_fail(err, QF_ERR_UNSUPPORTED, "%s: general.architecture '%s': expected one of the families qforge runs (%s)",
+                   qf_gguf_path(g), arch, list);
 }
 
 typedef struct {

@@ -5,7 +5,8 @@
 /* one warp per (query i, head h): online softmax over positions [0, pos0 + i] */
 template <int MK, int MV>
 __global__ void k_attention(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int n,
-                            int pos0, int n_head, int n_head_kv, int hd, float scale, float *out) {
+                            int pos0, int n_head, int n_head_kv, int hd, float scale, float cap, int window,
+                            float *out) {
     const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (w >= n * n_head) return;
     const int i = w / n_head, h = w % n_head, kvh = h / (n_head / n_head_kv);
@@ -19,7 +20,9 @@ __global__ void k_attention(const float *q, const uint8_t *K, const uint8_t *V, 
     }
     float m = -INFINITY, l = 0.0f;
     const int last = pos0 + i;
-    for (int t = 0; t <= last; t++) {
+    /* a sliding-window layer: keys last - window < t <= last */
+    const int first = window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
+    for (int t = first; t <= last; t++) {
         const uint8_t *kr = K + ((size_t)t * n_head_kv + kvh) * rbk;
         float s = 0.0f;
 #pragma unroll
@@ -28,6 +31,7 @@ __global__ void k_attention(const float *q, const uint8_t *K, const uint8_t *V, 
             if (j < nj && e < hd) s += qr[j] * kv_elem<MK>(kr, e);
         }
         s = warp_sum(s) * scale;
+        if (cap > 0.0f) s = cap * tanhf(s / cap); /* soft-capping (gemma2) */
         const float mn = fmaxf(m, s);
         const float corr = expf(m - mn), p = expf(s - mn);
         l = l * corr + p;
@@ -281,15 +285,17 @@ static void launch_flash(const QT *q, const uint8_t *K, const uint8_t *V, int n,
 
 void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V, size_t rbk,
                       size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out, bool flash,
-                      __half *out16, const __half *q16, cudaStream_t s) {
+                      __half *out16, const __half *q16, cudaStream_t s, float scale, float cap, int window) {
+    const float scale0 = 1.0f / sqrtf((float)hd);
+    if (scale == 0.0f) scale = scale0;
+    if (scale != scale0 || cap > 0.0f || window > 0) flash = false; /* the family features: warp kernel */
     if (flash && flash_ok(mk, mv, hd)) { /* out16 set: f16 output only */
         if (q16) launch_flash(q16, K, V, n, pos0, n_head, n_head_kv, hd, out, out16, s);
         else launch_flash(q, K, V, n, pos0, n_head, n_head_kv, hd, out, out16, s);
         return;
     }
     const size_t warps = (size_t)n * n_head;
-    const float scale = 1.0f / sqrtf((float)hd);
-#define QF_ATT(MK, MV) k_attention<MK, MV><<<nblk(warps, 4), 128, 0, s>>>(q, K, V, rbk, rbv, n, pos0, n_head, n_head_kv, hd, scale, out)
+#define QF_ATT(MK, MV) k_attention<MK, MV><<<nblk(warps, 4), 128, 0, s>>>(q, K, V, rbk, rbv, n, pos0, n_head, n_head_kv, hd, scale, cap, window, out)
 #define QF_ATT_V(MK)                                   \
     switch (mv) {                                      \
     case QF_KV_F32: QF_ATT(MK, QF_KV_F32); break;      \

@@ -39,6 +39,15 @@ typedef struct {
      * into them); d is NULL where the parts differ in type or row size */
     dweight wqkv, wgu;
     float *attn_norm, *ffn_norm, *bq, *bk, *bv;
+    /* the family features (NULL / 0 where the family has none) */
+    float *q_norm, *k_norm, *post_attn_norm, *post_ffw_norm;
+    int window;                  /* sliding window of this layer (qf_gpu_model.layer_window), 0 = global */
+    /* MoE: the router and each expert's gate, up, down (views into exp_buf[0..2], which own
+     * the n_expert experts of each kind in one allocation) */
+    dweight gate_inp;
+    dweight *eg, *eu, *ed;
+    uint8_t *exp_buf[3];
+    dweight sh_inp, sh_g, sh_u, sh_d; /* qwen2moe's shared expert (d NULL when none) */
 } dlayer;
 
 struct qf_cuda_ctx {
@@ -65,6 +74,18 @@ struct qf_cuda_ctx {
     bool kv_rot;                    /* --kv-rot hadamard */
     int nkv, hd;
     qf_hparams hp;                  /* the model's */
+    /* a family feature beyond llama/qwen2 (docs/families.md): the forward pass then takes the
+     * plain routes (separate q/k/v and gate/up matmuls, the warp attention kernel, no graphs) */
+    bool fam;
+    float *rcos_swa, *rsin_swa;     /* gemma3: RoPE tables of the sliding-window layers' base (device) */
+    float *h_cos2, *h_sin2;         /* their host staging */
+    /* MoE: router logits, gathered rows of one expert (in, out), the FFN sum, the routed
+     * tokens and weights grouped by expert (device); the host's copies for the routing */
+    float *moe_logits, *moe_x, *moe_y, *moe_acc, *moe_rw;
+    int *moe_rows;
+    float *h_moe_logits, *h_moe_w, *h_moe_rw;
+    int *h_moe_ids, *h_moe_rows;
+    void (*moe_route)(const qf_hparams *hp, float *logits, int n, int *ids, float *w);
     int n_ctx, n_batch;
     bool gemm_f32;
     bool attn_warp;        /* QF_CUDA_ATTN=warp: the one-warp-per-(query, head) kernel for prefill too */
@@ -114,7 +135,7 @@ static qf_status upload_weight(qf_cuda_ctx *g, const qf_weight *w, const char *n
     qf_status st = QF_OK;
     memset(out, 0, sizeof *out);
     if (!w->data) return QF_OK;
-    if (!gpu_type_ok(w->type) || w->ne0 % 32)
+    if (!gpu_type_ok(w->type) || (w->ne0 % 32 && w->type != QF_TYPE_F32)) /* f32: sgemm at any width */
         return cu_fail(err, QF_ERR_DEVICE, "CUDA backend: tensor %s has type %s, which the GPU path does not run", name,
                        cu_type_name(w->type));
     size_t bytes = w->row_bytes * (size_t)w->ne1;
@@ -228,9 +249,15 @@ static void ctx_free(qf_cuda_ctx *g) {
             free_weight(&L->wq), free_weight(&L->wk), free_weight(&L->wv), free_weight(&L->wo);
             free_weight(&L->wg), free_weight(&L->wu), free_weight(&L->wd);
             free_weight(&L->wqkv), free_weight(&L->wgu);
-            float *vs[] = {L->attn_norm, L->ffn_norm, L->bq, L->bk, L->bv};
-            for (int i = 0; i < 5; i++)
+            float *vs[] = {L->attn_norm, L->ffn_norm, L->bq, L->bk, L->bv, L->q_norm, L->k_norm, L->post_attn_norm,
+                           L->post_ffw_norm};
+            for (int i = 0; i < 9; i++)
                 if (vs[i]) cudaFree(vs[i]);
+            free_weight(&L->gate_inp);
+            free_weight(&L->sh_inp), free_weight(&L->sh_g), free_weight(&L->sh_u), free_weight(&L->sh_d);
+            for (int k = 0; k < 3; k++)
+                if (L->exp_buf[k]) cudaFree(L->exp_buf[k]);
+            free(L->eg), free(L->eu), free(L->ed);
         }
         free(g->layers);
     }
@@ -239,7 +266,8 @@ static void ctx_free(qf_cuda_ctx *g) {
     free_weight(&g->tok_embd);
     void *bufs[] = {g->output_norm, g->kv[0], g->kv[1], g->x, g->xn, g->q, g->k, g->v, g->att, g->hb,
                     g->hb2, g->logits, g->rcos, g->rsin, g->wdeq, g->xh, g->tok, g->tgt, g->nll,
-                    g->qkv, g->gu, g->part};
+                    g->qkv, g->gu, g->part, g->rcos_swa, g->rsin_swa, g->moe_logits, g->moe_x, g->moe_y,
+                    g->moe_acc, g->moe_rw, g->moe_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     if (g->blas) cublasDestroy(g->blas);
@@ -259,6 +287,8 @@ static void ctx_free(qf_cuda_ctx *g) {
     }
     free(g->h_codes);
     free(g->h_cos), free(g->h_sin), free(g->h_k), free(g->h_v), free(g->h_act), free(g->rope_ff);
+    free(g->h_cos2), free(g->h_sin2), free(g->h_moe_logits), free(g->h_moe_w), free(g->h_moe_rw), free(g->h_moe_ids);
+    free(g->h_moe_rows);
     free(g);
 }
 
@@ -371,7 +401,7 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
         return cu_fail(err, QF_ERR_ARG, "--kv-rot hadamard needs a power-of-two head_dim (this model: %d)", hp->head_dim);
     if (hp->head_dim > HD_MAX)
         return cu_fail(err, QF_ERR_DEVICE, "CUDA backend: head_dim %d exceeds %d", hp->head_dim, HD_MAX);
-    if (hp->n_embd % 32 || hp->n_ff % 32 || (hp->n_head * hp->head_dim) % 32)
+    if (hp->n_embd % 32 || (!hp->n_expert && hp->n_ff % 32) || (hp->n_head * hp->head_dim) % 32)
         return cu_fail(err, QF_ERR_DEVICE, "CUDA backend: n_embd %d, n_ff %d and n_head*head_dim must be multiples of 32",
                        hp->n_embd, hp->n_ff);
     qf_cuda_ctx *g = (qf_cuda_ctx *)calloc(1, sizeof *g);
@@ -386,7 +416,17 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
     g->f16_cache = !p->knobs.no_f16_cache;
     g->graph_off = p->knobs.no_graph;
     g->kv_rot = p->kv_rot == QF_KV_ROT_HADAMARD;
-    const int D = hp->n_embd, F = hp->n_ff, Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim,
+    g->fam = hp->qk_norm || hp->post_norms || hp->attn_softcap > 0 || hp->final_softcap > 0 || hp->swa != QF_SWA_NONE ||
+             hp->ffn_act != QF_FFN_SILU || hp->embd_scale != 1.0f || hp->n_expert > 0 ||
+             hp->rope_freq_base_swa != hp->rope_freq_base || hp->attn_scale != 1.0f / sqrtf((float)hp->head_dim);
+    if (g->fam) g->graph_off = true;
+    g->moe_route = m->moe_route;
+    if (hp->n_expert && !m->moe_route) {
+        free(g);
+        return cu_fail(err, QF_ERR_ARG, "CUDA backend: an MoE model without the host's routing function");
+    }
+    const int F0 = hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp;
+    const int D = hp->n_embd, F = F0 > hp->n_ff_shexp ? F0 : hp->n_ff_shexp, Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim,
               B = p->n_batch, half = hp->n_rot / 2;
     const size_t V = (size_t)hp->n_vocab;
     size_t max_w = 0; /* largest weight in elements */
@@ -429,8 +469,56 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
             if ((st = upload_weight(g, ws[i].w, nmp[i], ws[i].d, err))) goto done;
         if ((st = upload_vec(g, m, &L->attn_norm, &dl->attn_norm, err)) ||
             (st = upload_vec(g, m, &L->ffn_norm, &dl->ffn_norm, err)) || (st = upload_vec(g, m, &L->bq, &dl->bq, err)) ||
-            (st = upload_vec(g, m, &L->bk, &dl->bk, err)) || (st = upload_vec(g, m, &L->bv, &dl->bv, err)))
+            (st = upload_vec(g, m, &L->bk, &dl->bk, err)) || (st = upload_vec(g, m, &L->bv, &dl->bv, err)) ||
+            (st = upload_vec(g, m, &L->q_norm, &dl->q_norm, err)) || (st = upload_vec(g, m, &L->k_norm, &dl->k_norm, err)) ||
+            (st = upload_vec(g, m, &L->post_attn_norm, &dl->post_attn_norm, err)) ||
+            (st = upload_vec(g, m, &L->post_ffw_norm, &dl->post_ffw_norm, err)))
             goto done;
+        dl->window = m->layer_window ? m->layer_window[il] : 0;
+        if (L->exp_gate) { /* MoE: the router and the experts, each kind in one allocation */
+            char nm2[96];
+            snprintf(nm2, sizeof nm2, "blk.%d.ffn_gate_inp.weight", il);
+            if ((st = upload_weight(g, &L->gate_inp, nm2, &dl->gate_inp, err))) goto done;
+            const int E = hp->n_expert;
+            dl->eg = (dweight *)calloc((size_t)E, sizeof(dweight));
+            dl->eu = (dweight *)calloc((size_t)E, sizeof(dweight));
+            dl->ed = (dweight *)calloc((size_t)E, sizeof(dweight));
+            if (!dl->eg || !dl->eu || !dl->ed) {
+                st = cu_fail(err, QF_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+            const qf_weight *hx[3] = {L->exp_gate, L->exp_up, L->exp_down};
+            dweight *dx[3] = {dl->eg, dl->eu, dl->ed};
+            static const char *const kn[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+            for (int k = 0; k < 3; k++) {
+                const qf_weight *w0 = &hx[k][0];
+                if (!gpu_type_ok(w0->type) || (w0->ne0 % 32 && w0->type != QF_TYPE_F32)) {
+                    st = cu_fail(err, QF_ERR_DEVICE, "CUDA backend: tensor blk.%d.%s.weight has type %s, which the GPU path "
+                                 "does not run", il, kn[k], cu_type_name(w0->type));
+                    goto done;
+                }
+                const size_t eb = w0->row_bytes * (size_t)w0->ne1;
+                CK(cudaMalloc((void **)&dl->exp_buf[k], eb * E));
+                g->weight_bytes += eb * E;
+                for (int x = 0; x < E; x++) {
+                    const qf_weight *w = &hx[k][x];
+                    dweight *d = &dx[k][x];
+                    d->type = w->type, d->ne0 = w->ne0, d->ne1 = w->ne1, d->row_bytes = w->row_bytes, d->view = true;
+                    d->d = dl->exp_buf[k] + eb * x;
+                    CK(cudaMemcpy(d->d, w->data, eb, cudaMemcpyHostToDevice));
+                    max_w = wmax(max_w, (size_t)w->ne0 * w->ne1);
+                }
+            }
+            max_w = wmax(max_w, (size_t)L->gate_inp.ne0 * L->gate_inp.ne1);
+            const qf_weight *sw[4] = {&L->gate_inp_shexp, &L->w_gate_shexp, &L->w_up_shexp, &L->w_down_shexp};
+            dweight *sd[4] = {&dl->sh_inp, &dl->sh_g, &dl->sh_u, &dl->sh_d};
+            static const char *const sn[4] = {"ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"};
+            for (int k = 0; k < 4; k++) {
+                snprintf(nm2, sizeof nm2, "blk.%d.%s.weight", il, sn[k]);
+                if ((st = upload_weight(g, sw[k], nm2, sd[k], err))) goto done;
+                max_w = wmax(max_w, (size_t)sw[k]->ne0 * sw[k]->ne1);
+            }
+        }
     }
     /* KV cache, in the modes of the host's cache */
     g->nkv = hp->n_head_kv, g->hd = hp->head_dim;
@@ -458,6 +546,34 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
         CK(cudaMalloc((void **)&g->rsin, (size_t)B * half * 4 + 4));
         CK(cudaMalloc((void **)&g->xh, (size_t)B * maxK * 2)); sc += (size_t)B * maxK * 2;
         CK(cudaMalloc((void **)&g->tok, (size_t)B * 4));
+        if (hp->rope_freq_base_swa != hp->rope_freq_base) { /* gemma3: the local layers' RoPE base */
+            CK(cudaMalloc((void **)&g->rcos_swa, (size_t)B * half * 4 + 4));
+            CK(cudaMalloc((void **)&g->rsin_swa, (size_t)B * half * 4 + 4));
+            g->h_cos2 = (float *)malloc((size_t)B * half * 4 + 4);
+            g->h_sin2 = (float *)malloc((size_t)B * half * 4 + 4);
+            if (!g->h_cos2 || !g->h_sin2) {
+                st = cu_fail(err, QF_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+        }
+        if (hp->n_expert) {
+            const size_t E = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used;
+            CK(cudaMalloc((void **)&g->moe_logits, (size_t)B * E * 4)); sc += (size_t)B * E * 4;
+            CK(cudaMalloc((void **)&g->moe_x, (size_t)B * D * 4)); sc += (size_t)B * D * 4;
+            CK(cudaMalloc((void **)&g->moe_y, (size_t)B * D * 4)); sc += (size_t)B * D * 4;
+            CK(cudaMalloc((void **)&g->moe_acc, (size_t)B * D * 4)); sc += (size_t)B * D * 4;
+            CK(cudaMalloc((void **)&g->moe_rw, (size_t)B * K * 4)); sc += (size_t)B * K * 4;
+            CK(cudaMalloc((void **)&g->moe_rows, (size_t)B * K * 4)); sc += (size_t)B * K * 4;
+            g->h_moe_logits = (float *)malloc((size_t)B * E * 4);
+            g->h_moe_w = (float *)malloc((size_t)B * K * 4);
+            g->h_moe_rw = (float *)malloc((size_t)B * K * 4);
+            g->h_moe_ids = (int *)malloc((size_t)B * K * 4);
+            g->h_moe_rows = (int *)malloc((size_t)B * K * 4);
+            if (!g->h_moe_logits || !g->h_moe_w || !g->h_moe_rw || !g->h_moe_ids || !g->h_moe_rows) {
+                st = cu_fail(err, QF_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+        }
         CK(cudaMalloc((void **)&g->dstep, (size_t)(2 * half + 2) * 4));
         {
             float steps[256];
@@ -650,6 +766,63 @@ static cudaError_t copy_logits(qf_cuda_ctx *g, float *dst, const float *src, siz
     return cudaSuccess;
 }
 
+/* The mixture-of-experts FFN of layer L (mixtral, qwen3moe) on g->xn [n][n_embd] (the ffn_norm
+ * output), result in g->xn; forward.c's moe_ffn on the device. The router logits are read back
+ * and routed on the host by the CPU's own qf_moe_route (g->moe_route: softmax, top-k, renormalized
+ * weights), so the GPU picks the experts by the CPU's rule; then each expert with tokens runs as
+ * one batch of its gathered rows (gate, up, act * up, down: a GEMM per expert in prefill, the
+ * matvec in decode) and its output is added into the sum with the token's weight, experts in
+ * index order as on the CPU; then qwen2moe's shared expert on every token, gated by a sigmoid. Cost: one device-to-host copy of n x n_expert floats and a
+ * synchronization per layer (no CUDA graph), and up to n_expert launches of 5 kernels each. */
+static qf_status moe_ffn(qf_cuda_ctx *g, const dlayer *L, int n, cudaStream_t S, qf_error *err) {
+    const qf_hparams *hp = &g->hp;
+    const int D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used, Fe = hp->n_ff_exp;
+    const int route = g->gemm_f32 ? MM_GEMM_F32 : MM_AUTO;
+    qf_status st = QF_OK;
+    int off = 0;
+    if ((st = dev_matmul(g->blas, &L->gate_inp, g->xn, n, g->moe_logits, false, route, g->wdeq, g->xh, S, err)))
+        goto done;
+    CK(cudaMemcpyAsync(g->h_moe_logits, g->moe_logits, (size_t)n * E * 4, cudaMemcpyDeviceToHost, S));
+    CK(cudaStreamSynchronize(S));
+    g->moe_route(hp, g->h_moe_logits, n, g->h_moe_ids, g->h_moe_w);
+    for (int x = 0; x < E; x++) /* (token, weight) pairs grouped by expert, tokens ascending */
+        for (int t = 0; t < n; t++)
+            for (int k = 0; k < K; k++)
+                if (g->h_moe_ids[(size_t)t * K + k] == x) {
+                    g->h_moe_rows[off] = t;
+                    g->h_moe_rw[off] = g->h_moe_w[(size_t)t * K + k];
+                    off++;
+                }
+    CK(cudaMemcpyAsync(g->moe_rows, g->h_moe_rows, (size_t)off * 4, cudaMemcpyHostToDevice, S));
+    CK(cudaMemcpyAsync(g->moe_rw, g->h_moe_rw, (size_t)off * 4, cudaMemcpyHostToDevice, S));
+    CK(cudaMemsetAsync(g->moe_acc, 0, (size_t)n * D * 4, S));
+    off = 0;
+    for (int x = 0; x < E; x++) {
+        int r = 0;
+        for (int t = 0; t < n; t++)
+            for (int k = 0; k < K; k++) r += g->h_moe_ids[(size_t)t * K + k] == x;
+        if (!r) continue;
+        launch_gather_rows(g->xn, g->moe_rows + off, r, D, g->moe_x, S);
+        if ((st = dev_matmul(g->blas, &L->eg[x], g->moe_x, r, g->hb, false, route, g->wdeq, g->xh, S, err))) goto done;
+        if ((st = dev_matmul(g->blas, &L->eu[x], g->moe_x, r, g->hb2, false, route, g->wdeq, g->xh, S, err))) goto done;
+        launch_glu(hp->ffn_act == QF_FFN_GELU_TANH, g->hb, g->hb2, (size_t)r * Fe, S);
+        if ((st = dev_matmul(g->blas, &L->ed[x], g->hb, r, g->moe_y, false, route, g->wdeq, g->xh, S, err))) goto done;
+        launch_scatter_add(g->moe_acc, g->moe_y, g->moe_rows + off, g->moe_rw + off, r, D, S);
+        off += r;
+    }
+    if (L->sh_g.d) { /* qwen2moe: + sigmoid(xn . g) * down(silu(gate xn) * up xn), every token */
+        if ((st = dev_matmul(g->blas, &L->sh_inp, g->xn, n, g->moe_logits, false, route, g->wdeq, g->xh, S, err))) goto done;
+        if ((st = dev_matmul(g->blas, &L->sh_g, g->xn, n, g->hb, false, route, g->wdeq, g->xh, S, err))) goto done;
+        if ((st = dev_matmul(g->blas, &L->sh_u, g->xn, n, g->hb2, false, route, g->wdeq, g->xh, S, err))) goto done;
+        launch_glu(hp->ffn_act == QF_FFN_GELU_TANH, g->hb, g->hb2, (size_t)n * hp->n_ff_shexp, S);
+        if ((st = dev_matmul(g->blas, &L->sh_d, g->hb, n, g->moe_y, false, route, g->wdeq, g->xh, S, err))) goto done;
+        launch_sigmoid_gate_add(g->moe_acc, g->moe_y, g->moe_logits, n, D, S);
+    }
+    CK(cudaMemcpyAsync(g->xn, g->moe_acc, (size_t)n * D * 4, cudaMemcpyDeviceToDevice, S));
+done:
+    return st;
+}
+
 /* The layers of one decode call, from the embedding to the last layer's residual in g->x, on
  * stream S. rc, rs, tok: the call's RoPE tables and tokens on the device. dpos set (graph
  * capture): the position is read from *dpos by the kernels that depend on it (the KV row
@@ -663,6 +836,7 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
     const int route = g->gemm_f32 ? MM_GEMM_F32 : MM_AUTO;
     prof_mark(g, 0);
     launch_embed(&g->tok_embd, tok, n, D, g->x, S);
+    if (hp->embd_scale != 1.0f) launch_scale(g->x, (size_t)n * D, hp->embd_scale, S); /* gemma: x sqrt(n_embd) */
 
     for (int il = 0; il < hp->n_layer; il++) {
         dlayer *L = &g->layers[il];
@@ -675,7 +849,8 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
         /* prefill on the f16 route with fused weights: one GEMM for q|k|v (f32 and f16 KV
          * only, see below) and one for gate|up, the norms and SiLU*up writing the GEMMs' f16
          * inputs directly */
-        const bool pre16 = n > MATVEC_MAX && route == MM_AUTO && g->qkv;
+        const bool fam = g->fam; /* the family features: plain routes (see qf_cuda_ctx.fam) */
+        const bool pre16 = !fam && n > MATVEC_MAX && route == MM_AUTO && g->qkv;
         const bool fqkv = pre16 && gemm_h_ok(g, &L->wqkv) && hd % 2 == 0 &&
                           (g->kv_mode[0] == QF_KV_F32 || g->kv_mode[0] == QF_KV_F16) &&
                           (g->kv_mode[1] == QF_KV_F32 || g->kv_mode[1] == QF_KV_F16);
@@ -684,7 +859,7 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
         /* decode (n <= MATVEC_MAX): one matrix-vector launch over the fused q|k|v rows and one
          * over gate|up (f32 activations, the same matvec kernel), then the split / SiLU*up */
         const bool dec = n <= MATVEC_MAX && route == MM_AUTO;
-        const bool dqkv = dec && L->wqkv.d && hd % 2 == 0, dgu = dec && L->wgu.d;
+        const bool dqkv = !fam && dec && L->wqkv.d && hd % 2 == 0, dgu = !fam && dec && L->wgu.d;
         /* f16 KV on the flash route, no K/V tap: the split writes the f16 Q and the cache rows */
         const bool kv16 = fqkv && !g->kv_rot && g->kv_mode[0] == QF_KV_F16 && g->kv_mode[1] == QF_KV_F16 && !g->attn_warp &&
                           flash_ok(QF_KV_F16, QF_KV_F16, hd) && g->kv_rb[0] == (size_t)hd * 2 &&
@@ -740,8 +915,14 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             if (L->bq) launch_add_bias(g->q, L->bq, n, Dq, S);
             if (L->bk) launch_add_bias(g->k, L->bk, n, Dkv, S);
             if (L->bv) launch_add_bias(g->v, L->bv, n, Dkv, S);
-            launch_rope(g->q, n, hp->n_head, hd, half, hp->rope_type == QF_ROPE_NEOX, rc, rs, S);
-            launch_rope(g->k, n, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc, rs, S);
+            /* per-head RMS norm of q and k before RoPE (qwen3, gemma3) */
+            if (L->q_norm) launch_rmsnorm(g->q, L->q_norm, n * hp->n_head, hd, hp->rms_eps, g->q, NULL, S);
+            if (L->k_norm) launch_rmsnorm(g->k, L->k_norm, n * nkv, hd, hp->rms_eps, g->k, NULL, S);
+            /* gemma3's sliding-window layers rotate with their own base */
+            const bool swa_rope = g->rcos_swa && L->window > 0;
+            const float *lrc = swa_rope ? g->rcos_swa : rc, *lrs = swa_rope ? g->rsin_swa : rs;
+            launch_rope(g->q, n, hp->n_head, hd, half, hp->rope_type == QF_ROPE_NEOX, lrc, lrs, S);
+            launch_rope(g->k, n, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, lrc, lrs, S);
         }
         if (tap && tap->on_kv) {
             CK(cudaMemcpy(g->h_k, g->k, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
@@ -777,36 +958,46 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
              * stays on the f32 warp kernel: its 16 levels turn the f16 rounding of Q, P and the rows
              * into whole steps in later layers, PPL 1.5e-3 from the CPU on qforge-demo-11m-f16; int8
              * and dict were not measured this way) */
-            if (n > MATVEC_MAX && !g->attn_warp && hd <= 256)
+            if (n > MATVEC_MAX && !g->attn_warp && !fam && hd <= 256)
                 for (int s = 0; s < 2; s++)
                     if (g->kv_h16[s] && km[s] != QF_KV_F16 &&
                         launch_kv_to_f16(km[s], kvp[s], (int64_t)(pos0 + n) * nkv, hd, krb[s], g->kv_h16[s], S))
                         kvp[s] = (const uint8_t *)g->kv_h16[s], km[s] = QF_KV_F16, krb[s] = (size_t)hd * 2;
             /* flash attention on the f16 route writes the wo GEMM's f16 input directly */
-            const bool fl = n > MATVEC_MAX && !g->attn_warp && flash_ok(km[0], km[1], hd);
+            const bool fl = n > MATVEC_MAX && !g->attn_warp && !fam && flash_ok(km[0], km[1], hd);
             att16 = fl && pre16 && !want_act && !g->kv_rot && gemm_h_ok(g, &L->wo);
             /* --kv-rot: the cache holds H k and H v, so attention runs on H q and its output,
              * H (sum p v), is rotated back */
             if (g->kv_rot) launch_hadamard(g->q, (int64_t)n * hp->n_head, hd, S);
-            if (dec && g->part) /* decode: split-K over the cache */
+            if (dec && g->part && !fam) /* decode: split-K over the cache */
                 launch_attention_split(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv, hd,
                                        g->att, g->part, S, dpos, g->n_ctx);
             else
                 launch_attention(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv, hd, g->att,
-                                 n > MATVEC_MAX && !g->attn_warp, att16 ? g->xh : NULL, q16, S);
+                                 n > MATVEC_MAX && !g->attn_warp && !fam, att16 ? g->xh : NULL, q16, S,
+                                 fam ? hp->attn_scale : 0.0f, hp->attn_softcap, L->window);
             if (g->kv_rot) launch_hadamard(g->att, (int64_t)n * hp->n_head, hd, S);
         }
         prof_mark(g, 2);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_OUT, n, Dq, g->att, err))) goto done;
         if (att16) {
             if ((st = dev_gemm_h(g->blas, &L->wo, g->xh, n, g->x, true, g->wdeq, err))) goto done;
+        } else if (L->post_attn_norm) { /* gemma: x += rmsnorm(att W_o) * post_attn_norm */
+            if ((st = dev_matmul(g->blas, &L->wo, g->att, n, g->xn, false, route, g->wdeq, g->xh, S, err))) goto done;
+            launch_rmsnorm(g->xn, L->post_attn_norm, n, D, hp->rms_eps, g->xn, NULL, S);
+            launch_add(g->x, g->xn, (size_t)n * D, S);
         } else if ((st = dev_matmul(g->blas, &L->wo, g->att, n, g->x, true, route, g->wdeq, g->xh, S, err))) goto done;
         prof_mark(g, 4);
 
         launch_rmsnorm(g->x, L->ffn_norm, n, D, hp->rms_eps, !fgu || want_act ? g->xn : NULL, fgu ? g->xh : NULL, S);
         if ((st = tap_act(g, tap, il, QF_ACT_FFN_IN, n, D, g->xn, err))) goto done;
         prof_mark(g, 0);
-        if (fgu) {
+        if (L->eg) {
+            /* MoE: g->xn <- the routed experts' sum, then the residual (after a post norm) */
+            if ((st = moe_ffn(g, L, n, S, err))) goto done;
+            if (L->post_ffw_norm) launch_rmsnorm(g->xn, L->post_ffw_norm, n, D, hp->rms_eps, g->xn, NULL, S);
+            launch_add(g->x, g->xn, (size_t)n * D, S);
+        } else if (fgu) {
             /* gu16: f16 gate|up in g->gu's memory */
             if ((st = dev_gemm_h(g->blas, &L->wgu, g->xh, n, g->gu, false, g->wdeq, err,
                                  g->gu16 ? CUDA_R_16F : CUDA_R_32F)))
@@ -831,10 +1022,14 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             if ((st = dev_matmul(g->blas, &L->wg, g->xn, n, g->hb, false, route, g->wdeq, g->xh, S, err))) goto done;
             if ((st = dev_matmul(g->blas, &L->wu, g->xn, n, g->hb2, false, route, g->wdeq, g->xh, S, err))) goto done;
             prof_mark(g, 5);
-            launch_silu_mul(g->hb, g->hb2, (size_t)n * F, S);
+            launch_glu(hp->ffn_act == QF_FFN_GELU_TANH, g->hb, g->hb2, (size_t)n * F, S); /* SwiGLU or GeGLU */
             if ((st = tap_act(g, tap, il, QF_ACT_FFN_DOWN, n, F, g->hb, err))) goto done;
             prof_mark(g, 0);
-            if ((st = dev_matmul(g->blas, &L->wd, g->hb, n, g->x, true, route, g->wdeq, g->xh, S, err))) goto done;
+            if (L->post_ffw_norm) { /* gemma: x += rmsnorm(h W_down) * post_ffw_norm */
+                if ((st = dev_matmul(g->blas, &L->wd, g->hb, n, g->xn, false, route, g->wdeq, g->xh, S, err))) goto done;
+                launch_rmsnorm(g->xn, L->post_ffw_norm, n, D, hp->rms_eps, g->xn, NULL, S);
+                launch_add(g->x, g->xn, (size_t)n * D, S);
+            } else if ((st = dev_matmul(g->blas, &L->wd, g->hb, n, g->x, true, route, g->wdeq, g->xh, S, err))) goto done;
         }
         prof_mark(g, 6);
     }
@@ -856,24 +1051,30 @@ static qf_status forward_logits(qf_cuda_ctx *g, int n, int first, cudaStream_t S
         launch_rmsnorm(g->x + (size_t)first * D, g->output_norm, n_out, D, hp->rms_eps, g->xn, NULL, S);
         if ((st = dev_matmul(g->blas, &g->output, g->xn, n_out, g->logits, false, route, g->wdeq, g->xh, S, err))) goto done;
     }
+    if (hp->final_softcap > 0) launch_softcap(g->logits, (size_t)n_out * hp->n_vocab, hp->final_softcap, S); /* gemma2 */
 done:
     return st;
 }
 
-/* host RoPE tables for positions [pos0, pos0 + n), exactly as forward.c's rope_tables */
-static void rope_host(const qf_cuda_ctx *g, int n, int pos0, float *cs, float *sn) {
+/* host RoPE tables for positions [pos0, pos0 + n), exactly as forward.c's rope_row_base: base
+ * and freq_scale are the model's (or, for gemma3's sliding-window layers, rope_freq_base_swa
+ * and 1, as forward.c's rope_tables) */
+static void rope_host_base(const qf_cuda_ctx *g, float base, float freq_scale, int n, int pos0, float *cs, float *sn) {
     const qf_hparams *hp = &g->hp;
     const int half = hp->n_rot / 2;
-    float theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->n_rot);
+    float theta_scale = powf(base, -2.0f / (float)hp->n_rot);
     for (int t = 0; t < n; t++) {
         float theta = (float)(pos0 + t);
         for (int i = 0; i < half; i++) {
-            float th = hp->rope_freq_scale * (g->rope_ff ? theta / g->rope_ff[i] : theta);
+            float th = freq_scale * (g->rope_ff ? theta / g->rope_ff[i] : theta);
             cs[t * half + i] = cosf(th);
             sn[t * half + i] = sinf(th);
             theta *= theta_scale;
         }
     }
+}
+static void rope_host(const qf_cuda_ctx *g, int n, int pos0, float *cs, float *sn) {
+    rope_host_base(g, g->hp.rope_freq_base, g->hp.rope_freq_scale, n, pos0, cs, sn);
 }
 
 /* One-token decode as a CUDA graph: the step's RoPE row, token and position go to g->dstep (one
@@ -946,6 +1147,11 @@ static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *
     rope_host(g, n, pos0, g->h_cos, g->h_sin);
     CK(cudaMemcpy(g->rcos, g->h_cos, (size_t)n * half * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(g->rsin, g->h_sin, (size_t)n * half * 4, cudaMemcpyHostToDevice));
+    if (g->rcos_swa) {
+        rope_host_base(g, hp->rope_freq_base_swa, 1.0f, n, pos0, g->h_cos2, g->h_sin2);
+        CK(cudaMemcpy(g->rcos_swa, g->h_cos2, (size_t)n * half * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(g->rsin_swa, g->h_sin2, (size_t)n * half * 4, cudaMemcpyHostToDevice));
+    }
     CK(cudaMemcpy(g->tok, tokens, (size_t)n * 4, cudaMemcpyHostToDevice));
     if ((st = forward_layers(g, tap, n, pos0, NULL, g->rcos, g->rsin, g->tok, 0, err))) goto done;
     le = cudaGetLastError();

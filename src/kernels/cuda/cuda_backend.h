@@ -22,8 +22,10 @@
 extern "C" {
 #endif
 
-/* The ABI of the function table; the loader refuses a plugin built for another one. */
-#define QF_CUDA_ABI 3
+/* The ABI of the function table; the loader refuses a plugin built for another one.
+ * 4: qf_gpu_model carries the family features' per-layer windows and the host's MoE routing
+ * (the backend runs every family of docs/families.md). */
+#define QF_CUDA_ABI 4
 
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 
@@ -36,6 +38,13 @@ typedef struct {
     const qf_weight *tok_embd, *output_norm, *output, *rope_freqs; /* rope_freqs->data may be NULL */
     const qf_layer_weights *layers;     /* [hp->n_layer] */
     void (*dequant_row)(qf_type t, const void *src, float *dst, int64_t n);
+    /* the sliding window of each layer (hp->n_swa where qf_hparams_layer_swa, else 0: global),
+     * [hp->n_layer]; the backend copies it */
+    const int *layer_window;
+    /* MoE (hp->n_expert > 0): the host's routing, forward.c's qf_moe_route: router logits
+     * [n][n_expert] (overwritten with the softmax) -> the top-k experts ids[n][n_expert_used]
+     * and their weights w[n][n_expert_used] */
+    void (*moe_route)(const qf_hparams *hp, float *logits, int n, int *ids, float *w);
 } qf_gpu_model;
 
 /* A view of the KV cache the backend mirrors: its shape and storage modes, plus what a bound

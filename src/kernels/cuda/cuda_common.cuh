@@ -249,6 +249,22 @@ void launch_silu_gu(const void *gu, bool gu_f16, int n, int F, float *o32, __hal
 void launch_qkv_split(const float *qkv, int kind, int n, int nh, int nkv, int hd, int half, bool neox,
                       const float *cs, const float *sn, const float *bq, const float *bk, const float *bv, void *q,
                       void *k, void *v, cudaStream_t s, const int *dpos = NULL);
+/* ---- the family features (docs/families.md), forward.c's formulas ---- */
+/* x[i] *= c, i < n (gemma's embedding scale) */
+void launch_scale(float *x, size_t n, float c, cudaStream_t s);
+/* x[i] = c * tanhf(x[i] / c), i < n (gemma2's final logit soft-capping) */
+void launch_softcap(float *x, size_t n, float c, cudaStream_t s);
+/* x[i] += y[i], i < n (the residual add after a post norm) */
+void launch_add(float *x, const float *y, size_t n, cudaStream_t s);
+/* g[i] = act(g[i]) * u[i], i < n: gelu = false SiLU (SwiGLU), true gelu with the tanh
+ * approximation (GeGLU, gemma) */
+void launch_glu(bool gelu, float *g, const float *u, size_t n, cudaStream_t s);
+/* MoE: out[i] = x[rows[i]] (rows of d floats), i < r */
+void launch_gather_rows(const float *x, const int *rows, int r, int d, float *out, cudaStream_t s);
+/* MoE: acc[rows[i]] += w[i] * y[i] (rows of d floats), i < r; rows distinct */
+void launch_scatter_add(float *acc, const float *y, const int *rows, const float *w, int r, int d, cudaStream_t s);
+/* MoE shared expert (qwen2moe): acc[t] += sigmoid(gl[t]) * y[t] (rows of d floats), t < n */
+void launch_sigmoid_gate_add(float *acc, const float *y, const float *gl, int n, int d, cudaStream_t s);
 /* x[rows][n] <- H_n x / sqrt(n) per row, in place (the butterfly of hadamard.c, bit-exact) */
 void launch_hadamard(float *x, int64_t rows, int n, cudaStream_t s);
 
@@ -283,10 +299,14 @@ static inline bool flash_ok(qf_kv_mode mk, qf_kv_mode mv, int hd) {
 /* Causal GQA attention of n queries at [pos0, pos0 + n) over the cache rows [0, pos0 + n).
  * flash false: one warp per (query, head), f32; true: the tensor-core kernel (f16 caches;
  * other caches take the warp kernel). q16 set (flash only): f16 Q instead of q; out16 set
- * (flash only): f16 output instead of out. */
+ * (flash only): f16 output instead of out. The family features (forward.c's
+ * attention_worker): scale (0: 1/sqrt(hd)) multiplies q.k; cap > 0 soft-caps the scores,
+ * cap * tanh(s / cap); window > 0 lets the query at t see only keys t - window < p <= t. Any of
+ * them set takes the warp kernel. */
 void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V, size_t rbk,
                       size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out, bool flash,
-                      __half *out16, const __half *q16, cudaStream_t s);
+                      __half *out16, const __half *q16, cudaStream_t s, float scale = 0.0f, float cap = 0.0f,
+                      int window = 0);
 
 /* Split-K ("flash decoding") attention for decode batches: the keys of each query cut into up
  * to 256 ranges of >= 16 keys attended to in parallel, then merged (any plain cache mode).

@@ -545,6 +545,9 @@ qf_status dev_matmul(cublasHandle_t blas, const dweight *w, const float *x, int 
     const int K = (int)w->ne0, N = (int)w->ne1;
     if (route == MM_AUTO) route = n <= MATVEC_MAX ? MM_MATVEC : MM_GEMM_F16;
     if (route == MM_MATVEC && n > MATVEC_MAX) route = MM_GEMM_F16;
+    /* an f32 weight whose rows are not whole 32-element sub-blocks (an MoE expert's down
+     * projection of width 48, say): sgemm reads it in place, at any n */
+    if (w->type == QF_TYPE_F32 && K % 32) route = MM_GEMM_F32;
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     if (route == MM_MATVEC) {
         launch_matvec(w, x, n, y, accumulate, xh, s);

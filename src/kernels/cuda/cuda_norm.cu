@@ -1,4 +1,5 @@
-/* cuda_norm.cu: RMSNorm, RoPE, bias, SiLU*up, the fused q/k/v split and the Hadamard rotation. */
+/* cuda_norm.cu: RMSNorm, RoPE, bias, SiLU*up, the fused q/k/v split, the Hadamard rotation and
+ * the family features' elementwise kernels (scale, soft-cap, GeGLU, residual add, MoE gather/scatter). */
 #include "kernels/cuda/cuda_common.cuh"
 
 __global__ void k_rmsnorm(const float *x, const float *g, int d, float eps, float *out, __half *out16) {
@@ -240,4 +241,76 @@ void launch_hadamard(float *x, int64_t rows, int n, cudaStream_t s) {
     if (rows <= 0) return;
     const float scale = 1.0f / sqrtf((float)n); /* on the host, as hadamard.c computes it */
     k_hadamard<<<nblk((size_t)rows, HAD_WARPS), HAD_WARPS * 32, 0, s>>>(x, rows, n, scale);
+}
+
+/* ---- the family features (docs/families.md): the elementwise formulas of forward.c ---- */
+
+__global__ void k_scale(float *x, size_t n, float c) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= c;
+}
+
+__global__ void k_softcap(float *x, size_t n, float c) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = c * tanhf(x[i] / c);
+}
+
+__global__ void k_add(float *x, const float *y, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+/* gelu with the tanh approximation (forward.c's gelu_tanh) times up */
+__global__ void k_gelu_mul(float *g, const float *u, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+        const float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
+__global__ void k_gather_rows(const float *x, const int *rows, int r, int d, float *out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)r * d) return;
+    const int64_t row = i / d, e = i % d;
+    out[i] = x[(int64_t)rows[row] * d + e];
+}
+
+__global__ void k_scatter_add(float *acc, const float *y, const int *rows, const float *w, int r, int d) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)r * d) return;
+    const int64_t row = i / d, e = i % d;
+    acc[(int64_t)rows[row] * d + e] += w[row] * y[i];
+}
+
+void launch_scale(float *x, size_t n, float c, cudaStream_t s) {
+    if (n) k_scale<<<nblk(n, 256), 256, 0, s>>>(x, n, c);
+}
+void launch_softcap(float *x, size_t n, float c, cudaStream_t s) {
+    if (n) k_softcap<<<nblk(n, 256), 256, 0, s>>>(x, n, c);
+}
+void launch_add(float *x, const float *y, size_t n, cudaStream_t s) {
+    if (n) k_add<<<nblk(n, 256), 256, 0, s>>>(x, y, n);
+}
+void launch_glu(bool gelu, float *g, const float *u, size_t n, cudaStream_t s) {
+    if (!n) return;
+    if (gelu) k_gelu_mul<<<nblk(n, 256), 256, 0, s>>>(g, u, n);
+    else k_silu_mul<<<nblk(n, 256), 256, 0, s>>>(g, u, n);
+}
+void launch_gather_rows(const float *x, const int *rows, int r, int d, float *out, cudaStream_t s) {
+    if (r > 0) k_gather_rows<<<nblk((size_t)r * d, 256), 256, 0, s>>>(x, rows, r, d, out);
+}
+void launch_scatter_add(float *acc, const float *y, const int *rows, const float *w, int r, int d, cudaStream_t s) {
+    if (r > 0) k_scatter_add<<<nblk((size_t)r * d, 256), 256, 0, s>>>(acc, y, rows, w, r, d);
+}
+
+__global__ void k_sigmoid_gate_add(float *acc, const float *y, const float *gl, int n, int d) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)n * d) return;
+    const float s = 1.0f / (1.0f + expf(-gl[i / d])); /* forward.c's shared-expert gate */
+    acc[i] += s * y[i];
+}
+void launch_sigmoid_gate_add(float *acc, const float *y, const float *gl, int n, int d, cudaStream_t s) {
+    if (n > 0) k_sigmoid_gate_add<<<nblk((size_t)n * d, 256), 256, 0, s>>>(acc, y, gl, n, d);
 }
