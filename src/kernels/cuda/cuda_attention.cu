@@ -84,10 +84,16 @@ __device__ static inline float ld_f(const __half *p) { return __half2float(*p); 
 
 /* QT: f32 Q, or f16 Q written by k_qkv_split<__half> (the same f16 values: Q is rounded to
  * f16 on load either way) */
-template <int HDP, int BC, typename QT>
-__global__ void __launch_bounds__(128) k_flash_f16(const QT *q, const __half *K, const __half *V, int n, int pos0,
-                                                   int n_head, int n_head_kv, int hd, float scale_log2, float *out,
-                                                   __half *out16) {
+/* M: the cache mode of K and V. f16 tiles are copied with cp.async; f32 (the f32 expansion of
+ * int8 and dict layers), q8_0 and q4_0 tiles are read and dequantized by the block itself into
+ * the same f16 shared-memory tiles: the __float2half_rn of kv_elem<M>, the value every other
+ * attention kernel reads (the values the old separate conversion pass, k_kv_to_f16, wrote).
+ * rb: bytes of one (token, kv head) row. */
+template <int HDP, int BC, typename QT, int M>
+__global__ void __launch_bounds__(128) k_flash_f16(const QT *q, const uint8_t *Kb, const uint8_t *Vb, size_t rb, int n,
+                                                   int pos0, int n_head, int n_head_kv, int hd, float scale_log2,
+                                                   float *out, __half *out16) {
+    const __half *K = (const __half *)Kb, *V = (const __half *)Vb;
     constexpr int LD = HDP + 8; /* padded row: conflict-free fragment loads */
     /* two stages of [K tile | V tile]: the next tile is copied (cp.async) while this one is used */
     extern __shared__ __align__(16) unsigned char flash_sm[];
@@ -107,6 +113,19 @@ __global__ void __launch_bounds__(128) k_flash_f16(const QT *q, const __half *K,
         for (int idx = threadIdx.x; idx < BC * (HDP / 8); idx += 128) {
             const int key = idx / (HDP / 8), d = (idx % (HDP / 8)) * 8, t = j0 + key;
             const bool in = t <= kmax && d < hd;
+            if (M != QF_KV_F16) { /* quantized / f32 rows: dequantize 8 elements into the f16 tile */
+                const size_t ro = ((size_t)t * n_head_kv + kvh) * rb;
+                __half kh[8], vh[8];
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const bool ie = in && d + e < hd;
+                    kh[e] = __float2half_rn(ie ? kv_elem<M>(Kb + ro, d + e) : 0.0f);
+                    vh[e] = __float2half_rn(ie ? kv_elem<M>(Vb + ro, d + e) : 0.0f);
+                }
+                *(uint4 *)(dK + key * LD + d) = *(const uint4 *)kh;
+                *(uint4 *)(dV + key * LD + d) = *(const uint4 *)vh;
+                continue;
+            }
             const size_t off = in ? ((size_t)t * n_head_kv + kvh) * hd + d : 0;
             if (vec) {
                 cp_async16(dK + key * LD + d, K + off, in ? 16 : 0);
@@ -254,38 +273,46 @@ __global__ void __launch_bounds__(128) k_flash_f16(const QT *q, const __half *K,
 }
 
 /* one instantiation of k_flash_f16; its dynamic shared memory (over 48 KiB) is allowed once */
-template <int HDP, int BC, typename QT>
-static void launch_flash_t(dim3 grid, const QT *q, const __half *K, const __half *V, int n, int pos0, int n_head,
-                           int n_head_kv, int hd, float scale_log2, float *out, __half *out16, cudaStream_t s) {
+template <int HDP, int BC, typename QT, int M>
+static void launch_flash_t(dim3 grid, const QT *q, const uint8_t *K, const uint8_t *V, size_t rb, int n, int pos0,
+                           int n_head, int n_head_kv, int hd, float scale_log2, float *out, __half *out16,
+                           cudaStream_t s) {
     static bool attr_set = false;
     if (!attr_set) {
-        cudaFuncSetAttribute(k_flash_f16<HDP, BC, QT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaFuncSetAttribute(k_flash_f16<HDP, BC, QT, M>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)flash_smem<HDP, BC>());
         attr_set = true;
     }
-    k_flash_f16<HDP, BC, QT><<<grid, 128, flash_smem<HDP, BC>(), s>>>(q, K, V, n, pos0, n_head, n_head_kv, hd,
-                                                                     scale_log2, out, out16);
+    k_flash_f16<HDP, BC, QT, M><<<grid, 128, flash_smem<HDP, BC>(), s>>>(q, K, V, rb, n, pos0, n_head, n_head_kv, hd,
+                                                                        scale_log2, out, out16);
 }
 
-template <typename QT>
-static void launch_flash(const QT *q, const uint8_t *K, const uint8_t *V, int n, int pos0, int n_head, int n_head_kv,
-                         int hd, float *out, __half *out16, cudaStream_t s) {
+template <typename QT, int M>
+static void launch_flash(const QT *q, const uint8_t *K, const uint8_t *V, size_t rb, int n, int pos0, int n_head,
+                         int n_head_kv, int hd, float *out, __half *out16, cudaStream_t s) {
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
     const int G = n_head / n_head_kv;
     dim3 grid((unsigned)n_head_kv, nblk((size_t)n * G, 64));
-    const __half *Kh = (const __half *)K, *Vh = (const __half *)V;
-    if (hd <= 64) launch_flash_t<64, 64>(grid, q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s);
-    else if (hd <= 128) launch_flash_t<128, 64>(grid, q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s);
-    else launch_flash_t<256, 32>(grid, q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s);
+    if (hd <= 64) launch_flash_t<64, 64, QT, M>(grid, q, K, V, rb, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s);
+    else if (hd <= 128)
+        launch_flash_t<128, 64, QT, M>(grid, q, K, V, rb, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s);
+    else launch_flash_t<256, 32, QT, M>(grid, q, K, V, rb, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s);
 }
 
 void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V, size_t rbk,
                       size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out, bool flash,
                       __half *out16, const __half *q16, cudaStream_t s) {
-    if (flash && flash_ok(mk, mv, hd)) { /* out16 set: f16 output only */
-        if (q16) launch_flash(q16, K, V, n, pos0, n_head, n_head_kv, hd, out, out16, s);
-        else launch_flash(q, K, V, n, pos0, n_head, n_head_kv, hd, out, out16, s);
-        return;
+    if (flash && flash_ok(mk, mv, hd) && rbk == rbv) { /* out16 set: f16 output only */
+        switch (mk) {
+        case QF_KV_F16:
+            if (q16) launch_flash<__half, QF_KV_F16>(q16, K, V, rbk, n, pos0, n_head, n_head_kv, hd, out, out16, s);
+            else launch_flash<float, QF_KV_F16>(q, K, V, rbk, n, pos0, n_head, n_head_kv, hd, out, out16, s);
+            return;
+        case QF_KV_F32: launch_flash<float, QF_KV_F32>(q, K, V, rbk, n, pos0, n_head, n_head_kv, hd, out, out16, s); return;
+        case QF_KV_Q8_0: launch_flash<float, QF_KV_Q8_0>(q, K, V, rbk, n, pos0, n_head, n_head_kv, hd, out, out16, s); return;
+        case QF_KV_Q4_0: launch_flash<float, QF_KV_Q4_0>(q, K, V, rbk, n, pos0, n_head, n_head_kv, hd, out, out16, s); return;
+        default: break;
+        }
     }
     const size_t warps = (size_t)n * n_head;
     const float scale = 1.0f / sqrtf((float)hd);

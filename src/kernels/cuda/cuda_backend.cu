@@ -58,7 +58,6 @@ struct qf_cuda_ctx {
     float *kv_atoms[2];             /* dict: [n_layer][n_atoms][head_dim], unit norm */
     int kv_na[2], kv_s[2], kv_q8[2];
     float *kv_f32[2];               /* int8 / dict: the layer's cache expanded to f32, [n_ctx][n_head_kv][head_dim] */
-    __half *kv_h16[2];              /* q8_0 caches: the layer's rows as f16 for the flash kernel (prefill) */
     uint8_t *h_codes;               /* dict: host staging of the codes of one batch */
     void (*encode)(void *user, int s, int il, const float *rows, int64_t n, uint8_t *codes); /* dict: the host's */
     void *encode_user;
@@ -253,8 +252,8 @@ static void ctx_free(qf_cuda_ctx *g) {
         cudaEventDestroy(g->pin_ev[0]), cudaEventDestroy(g->pin_ev[1]);
     }
     for (int s = 0; s < 2; s++) {
-        void *ps[] = {g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s], g->kv_h16[s]};
-        for (int i = 0; i < 5; i++)
+        void *ps[] = {g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s]};
+        for (int i = 0; i < 4; i++)
             if (ps[i]) cudaFree(ps[i]);
     }
     free(g->h_codes);
@@ -273,7 +272,6 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
     size_t rb[2] = {0, 0}, lb[2] = {0, 0}, codes = 0;
     uint8_t *d[2] = {NULL, NULL}, *hc = NULL;
     float *sc[2] = {NULL, NULL}, *inv[2] = {NULL, NULL}, *at[2] = {NULL, NULL}, *f32[2] = {NULL, NULL};
-    __half *h16[2] = {NULL, NULL};
     int na[2] = {0, 0}, sp[2] = {0, 0}, q8[2] = {0, 0};
     if (kv->n_layer != L || kv->n_head_kv != nkv || kv->head_dim != hd || kv->n_ctx != g->n_ctx)
         return cu_fail(err, QF_ERR_ARG, "CUDA backend: the KV cache's shape does not match the GPU context");
@@ -281,8 +279,9 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
         if (mode[s] == QF_KV_INT8) {
             if (!kv->int8_scale[s] || !kv->int8_inv_scale[s])
                 return cu_fail(err, QF_ERR_ARG, "CUDA backend: int8 KV cache without scales");
-            if (kv->int8_layout[s] < 0 || kv->int8_layout[s] > 3 || hd > HD_MAX ||
-                ((kv->int8_layout[s] == 1 || kv->int8_layout[s] == 2) && (hd & (hd - 1))))
+            const int lay = kv->int8_layout[s];
+            if (lay < 0 || lay > 4 || hd > HD_MAX || ((lay == 1 || lay == 2 || lay == 4) && (hd & (hd - 1))) ||
+                (lay == 4 && kv_ec_group(nkv, hd) * hd < 16))
                 return cu_fail(err, QF_ERR_DEVICE, "CUDA backend: int8 KV row layout %d with head_dim %d is not supported",
                                kv->int8_layout[s], hd);
             rb[s] = (size_t)hd;
@@ -316,7 +315,6 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
                 CK(cudaMemcpy(at[s] + per * l, kv->atoms[s][l], per * 4, cudaMemcpyHostToDevice));
         }
         if (mode[s] == QF_KV_INT8 || mode[s] == QF_KV_DICT) CK(cudaMalloc((void **)&f32[s], (size_t)g->n_ctx * dkv * 4));
-        if (mode[s] == QF_KV_Q8_0 && hd <= 256) CK(cudaMalloc((void **)&h16[s], (size_t)g->n_ctx * dkv * 2));
     }
     if (codes && !(hc = (uint8_t *)malloc(codes * nkv * (size_t)g->n_batch))) {
         st = cu_fail(err, QF_ERR_NOMEM, "out of memory");
@@ -325,8 +323,8 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
 done:
     if (st) {
         for (int s = 0; s < 2; s++) {
-            void *ps[] = {d[s], sc[s], inv[s], at[s], f32[s], h16[s]};
-            for (int i = 0; i < 6; i++)
+            void *ps[] = {d[s], sc[s], inv[s], at[s], f32[s]};
+            for (int i = 0; i < 5; i++)
                 if (ps[i]) cudaFree(ps[i]);
         }
         free(hc);
@@ -334,10 +332,9 @@ done:
     }
     g->kv_bytes = 0;
     for (int s = 0; s < 2; s++) {
-        void *ps[] = {g->kv[s], g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s], g->kv_h16[s]};
-        for (int i = 0; i < 6; i++)
+        void *ps[] = {g->kv[s], g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s]};
+        for (int i = 0; i < 5; i++)
             if (ps[i]) cudaFree(ps[i]);
-        g->kv_h16[s] = h16[s];
         g->kv_mode[s] = mode[s], g->kv_rb[s] = rb[s], g->kv_layer_bytes[s] = lb[s], g->kv[s] = d[s];
         g->kv_scale[s] = sc[s], g->kv_inv[s] = inv[s], g->kv_atoms[s] = at[s], g->kv_f32[s] = f32[s];
         g->kv_na[s] = na[s], g->kv_s[s] = sp[s], g->kv_q8[s] = q8[s];
@@ -460,7 +457,7 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
         CK(cudaMalloc((void **)&g->tok, (size_t)B * 4));
         CK(cudaMalloc((void **)&g->dstep, (size_t)(2 * half + 2) * 4));
         {
-            float steps[256];
+            float steps[KV_STEPS_N];
             kv_tok_steps(steps);
             CK(cudaMalloc((void **)&g->tok_step, sizeof steps));
             CK(cudaMemcpy(g->tok_step, steps, sizeof steps, cudaMemcpyHostToDevice));
@@ -773,17 +770,12 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                         kvp[s] = g->kv[s] + g->kv_layer_bytes[s] * il, km[s] = QF_KV_F16, krb[s] = g->kv_rb[s];
                     else if ((st = kv_store(g, s, il, s ? g->v : g->k, n, pos0, dpos, S, &kvp[s], &km[s], &krb[s], err)))
                         goto done;
-            /* prefill over a q8_0 cache: its rows [0, pos0 + n) go to the flash kernel as f16 (q4_0
-             * stays on the f32 warp kernel: its 16 levels turn the f16 rounding of Q, P and the rows
-             * into whole steps in later layers, PPL 1.5e-3 from the CPU on qforge-demo-11m-f16; int8
-             * and dict were not measured this way) */
-            if (n > MATVEC_MAX && !g->attn_warp && hd <= 256)
-                for (int s = 0; s < 2; s++)
-                    if (g->kv_h16[s] && km[s] != QF_KV_F16 &&
-                        launch_kv_to_f16(km[s], kvp[s], (int64_t)(pos0 + n) * nkv, hd, krb[s], g->kv_h16[s], S))
-                        kvp[s] = (const uint8_t *)g->kv_h16[s], km[s] = QF_KV_F16, krb[s] = (size_t)hd * 2;
-            /* flash attention on the f16 route writes the wo GEMM's f16 input directly */
-            const bool fl = n > MATVEC_MAX && !g->attn_warp && flash_ok(km[0], km[1], hd);
+            /* prefill: the tensor-core flash kernel reads f16, q8_0 and q4_0 caches and the f32
+             * expansion of int8 / dict layers itself (tiles dequantized to f16 in shared memory); a
+             * plain f32 cache keeps the f32 warp kernel (f32 is asked for precision) */
+            const bool expanded = g->kv_mode[0] == QF_KV_INT8 || g->kv_mode[0] == QF_KV_DICT;
+            const bool fl = n > MATVEC_MAX && !g->attn_warp && flash_ok(km[0], km[1], hd) && krb[0] == krb[1] &&
+                            (km[0] != QF_KV_F32 || expanded);
             att16 = fl && pre16 && !want_act && !g->kv_rot && gemm_h_ok(g, &L->wo);
             /* --kv-rot: the cache holds H k and H v, so attention runs on H q and its output,
              * H (sum p v), is rotated back */
@@ -793,7 +785,7 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                                        g->att, g->part, S, dpos, g->n_ctx);
             else
                 launch_attention(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv, hd, g->att,
-                                 n > MATVEC_MAX && !g->attn_warp, att16 ? g->xh : NULL, q16, S);
+                                 fl, att16 ? g->xh : NULL, q16, S);
             if (g->kv_rot) launch_hadamard(g->att, (int64_t)n * hp->n_head, hd, S);
         }
         prof_mark(g, 2);
