@@ -77,6 +77,7 @@ struct qf_cuda_ctx {
     void *wdeq;            /* dequantized weight (f16 or f32) */
     size_t wdeq_bytes;
     __half *xh;            /* f16 activations for the f16 gemm */
+    __half *xl;            /* [B][n_embd] their f16 residual (launch_f16_lo): q|k|v with a quantized cache */
     int32_t *tok, *tgt;
     double *nll;           /* [n_batch] per-row NLL of the PPL scoring kernel */
     float *h_pin;          /* pinned staging for the logits copy (2 halves), or NULL */
@@ -237,7 +238,7 @@ static void ctx_free(qf_cuda_ctx *g) {
     else if (g->output.h16) cudaFree(g->output.h16); /* tied: only the f16 cache is the output's own */
     free_weight(&g->tok_embd);
     void *bufs[] = {g->output_norm, g->kv[0], g->kv[1], g->x, g->xn, g->q, g->k, g->v, g->att, g->hb,
-                    g->hb2, g->logits, g->rcos, g->rsin, g->wdeq, g->xh, g->tok, g->tgt, g->nll,
+                    g->hb2, g->logits, g->rcos, g->rsin, g->wdeq, g->xh, g->xl, g->tok, g->tgt, g->nll,
                     g->qkv, g->gu, g->part};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
@@ -454,6 +455,7 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
         CK(cudaMalloc((void **)&g->rcos, (size_t)B * half * 4 + 4));
         CK(cudaMalloc((void **)&g->rsin, (size_t)B * half * 4 + 4));
         CK(cudaMalloc((void **)&g->xh, (size_t)B * maxK * 2)); sc += (size_t)B * maxK * 2;
+        CK(cudaMalloc((void **)&g->xl, (size_t)B * D * 2)); sc += (size_t)B * D * 2;
         CK(cudaMalloc((void **)&g->tok, (size_t)B * 4));
         CK(cudaMalloc((void **)&g->dstep, (size_t)(2 * half + 2) * 4));
         {
@@ -673,9 +675,13 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
          * only, see below) and one for gate|up, the norms and SiLU*up writing the GEMMs' f16
          * inputs directly */
         const bool pre16 = n > MATVEC_MAX && route == MM_AUTO && g->qkv;
-        const bool fqkv = pre16 && gemm_h_ok(g, &L->wqkv) && hd % 2 == 0 &&
-                          (g->kv_mode[0] == QF_KV_F32 || g->kv_mode[0] == QF_KV_F16) &&
-                          (g->kv_mode[1] == QF_KV_F32 || g->kv_mode[1] == QF_KV_F16);
+        /* a quantized cache (q8_0, q4_0, int8, dict) rounds K and V to a coarse grid or picks
+         * atoms by argmax, so one f16 rounding of the GEMM input moves some of those decisions
+         * away from the CPU's: with such a cache the fused q|k|v GEMM runs twice, on the f16
+         * input and on its f16 residual (kvq: about 22 bits of input, f32 accumulation) */
+        const bool kvq = !(g->kv_mode[0] == QF_KV_F32 || g->kv_mode[0] == QF_KV_F16) ||
+                         !(g->kv_mode[1] == QF_KV_F32 || g->kv_mode[1] == QF_KV_F16);
+        const bool fqkv = pre16 && gemm_h_ok(g, &L->wqkv) && hd % 2 == 0 && (!kvq || g->xl);
         const bool fgu = pre16 && gemm_h_ok(g, &L->wgu);
         const bool want_act = tap && tap->on_act;
         /* decode (n <= MATVEC_MAX): one matrix-vector launch over the fused q|k|v rows and one
@@ -692,11 +698,16 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
         const bool dkv16 = dqkv && !g->kv_rot && g->kv_mode[0] == QF_KV_F16 && g->kv_mode[1] == QF_KV_F16 &&
                            g->kv_rb[0] == (size_t)hd * 2 && g->kv_rb[1] == (size_t)hd * 2 && !(tap && tap->on_kv);
         bool att16 = false;
-        launch_rmsnorm(g->x, L->attn_norm, n, D, hp->rms_eps, !fqkv || want_act ? g->xn : NULL, fqkv ? g->xh : NULL, S);
+        launch_rmsnorm(g->x, L->attn_norm, n, D, hp->rms_eps, !fqkv || want_act || kvq ? g->xn : NULL,
+                       fqkv ? g->xh : NULL, S);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_IN, n, D, g->xn, err))) goto done;
         prof_mark(g, 0);
         if (fqkv) {
             if ((st = dev_gemm_h(g->blas, &L->wqkv, g->xh, n, g->qkv, false, g->wdeq, err))) goto done;
+            if (kvq) { /* += W (x - f16(x)) */
+                launch_f16_lo(g->xn, g->xh, g->xl, (size_t)n * D, S);
+                if ((st = dev_gemm_h(g->blas, &L->wqkv, g->xl, n, g->qkv, true, g->wdeq, err))) goto done;
+            }
             prof_mark(g, 1);
             if (kv16) {
                 const size_t at = (size_t)pos0 * nkv * hd; /* f16 elements before row pos0 */

@@ -243,6 +243,10 @@ void launch_add_bias(float *x, const float *b, int n, int d, cudaStream_t s);
 void launch_silu_mul(float *g, const float *u, size_t n, cudaStream_t s);
 /* o16 = SiLU(gate) * up from the fused [n][2F] gate|up output (f32 or f16); o32 too when set */
 void launch_silu_gu(const void *gu, bool gu_f16, int n, int F, float *o32, __half *o16, cudaStream_t s);
+/* lo[i] = __float2half_rn(x[i] - hi[i]): the f16 residual of x after hi = its f16 rounding, so
+ * hi + lo carries x to about 22 bits (two f16 GEMMs, the second accumulating, then give the
+ * product at nearly f32 input precision) */
+void launch_f16_lo(const float *x, const __half *hi, __half *lo, size_t n, cudaStream_t s);
 /* bias + RoPE of the fused [n][Dq + 2 Dkv] q|k|v output into q, k, v: kind 0 all f32; 1 f16 Q
  * and f16 cache rows (prefill); 2 f32 q and f16 cache rows (decode). dpos set (graph replay):
  * k and v move to row *dpos */
