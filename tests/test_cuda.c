@@ -1002,8 +1002,18 @@ static bool cert_measured(const char *key) {
     return !strncmp(key, "delta_ppl.", 10) || !strncmp(key, "ctx.", 4) || !strncmp(key, "baseline.", 9);
 }
 
+/* x at d significant digits, as certify.c rounds what the gate judges */
+static double cert_round(double x, int d) {
+    if (!isfinite(x) || x == 0) return x;
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.*e", d - 1, x);
+    return strtod(buf, NULL);
+}
+
 static int cert_ndiff, cert_nsame, cert_nmeas_diff;
+/* measured numbers count as the same when equal at the precision the gate judged them at */
 static void cert_num(const char *key, double c, double g, bool measured) {
+    if (measured) c = cert_round(c, QF_CERT_SIG_DIGITS_INT8), g = cert_round(g, QF_CERT_SIG_DIGITS_INT8);
     bool same = c == g || (isnan(c) && isnan(g));
     cert_nsame += same, cert_ndiff += !same;
     if (same) return;
@@ -1028,8 +1038,8 @@ static void cert_str(const char *key, const char *c, const char *g) {
 /* `qforge calibrate --artifact kv-int8` with --device cpu and --device cuda: the two
  * certificates field by field. Every field except the timings (created_utc) and the recorded
  * device (certify_device, cpu_recheck_*) must be identical, except the measured numbers, which
- * are recorded at 3 significant digits and judged at that precision: those are printed when
- * they differ and held to a drift bound. */
+ * the gate judges at 3 significant digits: they are compared at that precision, printed when
+ * they differ there and held to a drift bound. */
 TEST(e2e_certificate) {
     NEED_GPU();
     char model[4096], corpus[4096], pc[4096], pg[4096];

@@ -36,15 +36,15 @@ typedef struct {
     int n_ctx;     /* chunk length = the context's size is enough (default 256) */
     int n_chunks;  /* chunks evaluated; <= 0: all the evaluation text holds */
     bool progress; /* progress bars on a TTY */
-    /* > 0: every measured number of a result (PPLs, ΔPPL and its error, KLD mean / p99 / error,
-     * top-1, the free baseline's numbers) is rounded to this many significant digits (the
-     * decimal rounding of printf's %.*e) BEFORE the gate judges it and before a certificate
-     * records it, so the verdict is a function of the recorded numbers and does not hang on the
-     * last digits of one device's arithmetic; 0: as measured (docs/gpu.md, "certificate") */
+    /* > 0: the gate judges every measured number of a result (PPLs, ΔPPL, KLD mean / p99, top-1,
+     * the free baseline's KLD) rounded to this many significant digits (the decimal rounding of
+     * printf's %.*e), so the verdict does not hang on the last digits of one device's
+     * arithmetic; the result keeps the numbers as measured. 0: judged as measured
+     * (docs/gpu.md, "The certificate, CPU vs GPU") */
     int sig_digits;
 } qf_certify_params;
 
-/* the significant digits of a kv-int8 certificate's numbers (qforge calibrate, any device) */
+/* the significant digits a kv-int8 certificate's gate is judged at (qforge calibrate, any device) */
 #define QF_CERT_SIG_DIGITS_INT8 3
 
 typedef struct {

@@ -219,9 +219,9 @@ static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, q
 static qf_status stage_reference(const qf_job *j, shared *s, qf_error *err) {
     size_t elen;
     const char *etext = qf_corpus_eval_text(s->corpus, &elen);
-    /* kv-int8 (the kind that certifies on the GPU too): numbers at 3 significant digits on every
-     * device, so the CPU's and the GPU's certificates agree wherever the two devices agree to
-     * that precision (docs/gpu.md, "certificate") */
+    /* kv-int8 (the kind that certifies on the GPU too): the gate judged at 3 significant digits
+     * on every device, so the CPU's and the GPU's verdicts agree wherever the two devices agree
+     * to that precision (docs/gpu.md, "The certificate, CPU vs GPU") */
     qf_certify_params p = {.n_ctx = s->n_ctx, .n_chunks = s->eval_chunks, .progress = j->progress,
                            .sig_digits = j->kind == QF_ARTIFACT_KV_INT8 ? QF_CERT_SIG_DIGITS_INT8 : 0};
     qf_status st = qf_certify_reference(s->ctx, etext, elen, &p, &s->ref, err);
@@ -616,7 +616,7 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
     if (!st) st = qf_payload_add_int(cf, "eval_chunks", r->n_chunks, err);
     if (!st) st = qf_payload_add_string(cf, "ref_kv", qf_kv_mode_name(j->ref_kv), err);
     if (!st) st = qf_payload_add_int(cf, "n_threads", qf_context_params_get(s->ctx)->n_threads, err);
-    if (!st && j->kind == QF_ARTIFACT_KV_INT8) /* the precision the numbers above were judged at */
+    if (!st && j->kind == QF_ARTIFACT_KV_INT8) /* the precision the gate judged the numbers at */
         st = qf_payload_add_int(cf, "numbers_sig_digits", QF_CERT_SIG_DIGITS_INT8, err);
     if (!st && s->cert_gpu) { /* where certification ran, and the CPU re-check of its first chunk */
         st = qf_payload_add_string(cf, "certify_device", "cuda", err);
