@@ -4,6 +4,9 @@
  *       [--prefill-only]   (with QF_CUDA_PROFILE=1 the backend prints GPU time per stage at exit;
  *                           every QF_CUDA_* knob of the CLI is read here too, see tools/cli.h)
  *       [--decode-steps N] [--decode-pos P] (decode: N single-token steps after a P-token prefill)
+ *       [--int8 LAYOUT]    (bind a synthetic kv-int8 payload, every scale 0.05, LAYOUT static |
+ *                           static-rot | token-rot | token: the speed of an int8 KV cache; the
+ *                           numbers it gives are not a model's)
  *       [--gemm]           (cuBLAS f16 GEMM rate for the model's shapes at M = -c: f32 and f16 output,
  *                           f32 accumulating into C, and f32 with W not in L2)
  *
@@ -25,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "qforge/artifact_bind.h"
 #include "qforge/model.h"
 #include "qforge/ppl.h"
 #include "qforge/tokenizer.h"
@@ -56,13 +60,14 @@ static size_t wbytes(const qf_weight *w) { return w->data ? w->row_bytes * (size
 static double wparams(const qf_weight *w) { return w->data ? (double)w->ne0 * w->ne1 : 0; }
 
 int main(int argc, char **argv) {
-    const char *model = NULL, *corpus = NULL, *kvs = "f16", *devs = "cuda";
+    const char *model = NULL, *corpus = NULL, *kvs = "f16", *devs = "cuda", *int8_layout = NULL;
     int n_ctx = 512, chunks = 4, prefill_only = 0, gemm = 0, dsteps = 64, dpos = -1, decode_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--corpus") && i + 1 < argc) corpus = argv[++i];
         else if (!strcmp(argv[i], "--chunks") && i + 1 < argc) chunks = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-c") && i + 1 < argc) n_ctx = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc) kvs = argv[++i];
+        else if (!strcmp(argv[i], "--int8") && i + 1 < argc) int8_layout = argv[++i];
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) devs = argv[++i];
         else if (!strcmp(argv[i], "--prefill-only")) prefill_only = 1; /* e.g. with QF_CUDA_PROFILE=1 */
         else if (!strcmp(argv[i], "--gemm")) gemm = 1;
@@ -108,6 +113,25 @@ int main(int argc, char **argv) {
     if (!c) {
         fprintf(stderr, "bench_gpu: %s\n", err.msg);
         return 1;
+    }
+    if (int8_layout) { /* a synthetic kv-int8 payload: per-(layer, kv head) scales of 0.05 */
+        qf_payload pl = {0};
+        const int L = hp->n_layer, H = hp->n_head_kv;
+        float *sc = malloc(sizeof(float) * (size_t)L * H);
+        for (int i = 0; i < L * H; i++) sc[i] = 0.05f;
+        int64_t shape[2] = {L, H};
+        qf_status st = qf_payload_add_f32(&pl, "k_scale", sc, 2, shape, &err);
+        if (!st) st = qf_payload_add_f32(&pl, "v_scale", sc, 2, shape, &err);
+        if (!st) st = qf_payload_add_string(&pl, "k_layout", int8_layout, &err);
+        if (!st) st = qf_payload_add_string(&pl, "v_layout", int8_layout, &err);
+        if (!st) st = qf_context_bind_payload(c, QF_ARTIFACT_KV_INT8, &pl, &err);
+        qf_payload_free(&pl);
+        free(sc);
+        if (st) {
+            fprintf(stderr, "bench_gpu: --int8 %s: %s\n", int8_layout, err.msg);
+            return 1;
+        }
+        printf("kv-int8 (synthetic payload, layout %s) bound\n", int8_layout);
     }
     double t_load = now() - t0;
 

@@ -36,7 +36,16 @@ typedef struct {
     int n_ctx;     /* chunk length = the context's size is enough (default 256) */
     int n_chunks;  /* chunks evaluated; <= 0: all the evaluation text holds */
     bool progress; /* progress bars on a TTY */
+    /* > 0: the gate judges every measured number of a result (PPLs, ΔPPL, KLD mean / p99, top-1,
+     * the free baseline's KLD) rounded to this many significant digits (the decimal rounding of
+     * printf's %.*e), so the verdict does not hang on the last digits of one device's
+     * arithmetic; the result keeps the numbers as measured. 0: judged as measured
+     * (docs/gpu.md, "The certificate, CPU vs GPU") */
+    int sig_digits;
 } qf_certify_params;
+
+/* the significant digits a kv-int8 certificate's gate is judged at (qforge calibrate, any device) */
+#define QF_CERT_SIG_DIGITS_INT8 3
 
 typedef struct {
     double ref_ppl, cand_ppl;

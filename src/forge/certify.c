@@ -52,10 +52,31 @@ bool qf_gate_passes(const qf_gate *g, const qf_certify_result *r) {
     return qf_gate_judge(g, &n, NULL, 0);
 }
 
-/* resolve the gate for (kind, rate), judge, and keep the verdict's reason */
-static void judge(const qf_gate *gate, qf_artifact_kind kind, qf_certify_result *r) {
+/* x rounded to d significant digits through the decimal text printf writes (correctly rounded
+ * by glibc, so the same double on every machine); d <= 0, NaN and infinities pass unchanged */
+static double round_sig(double x, int d) {
+    if (d <= 0 || !isfinite(x) || x == 0) return x;
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.*e", d - 1, x);
+    return strtod(buf, NULL);
+}
+
+/* the measured numbers of r at d significant digits (qf_certify_params.sig_digits): what the
+ * gate judges; r itself keeps the numbers as measured (qforge ppl --artifact reproduces them) */
+static void round_result(qf_certify_result *r, int d) {
+    double *v[] = {&r->ref_ppl, &r->cand_ppl, &r->delta_ppl, &r->delta_ppl_err, &r->kld_mean, &r->kld_p99, &r->kld_err,
+                   &r->top1, &r->baseline_ppl, &r->baseline_delta_ppl, &r->baseline_kld_mean, &r->baseline_kld_p99,
+                   &r->baseline_top1};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) *v[i] = round_sig(*v[i], d);
+}
+
+/* resolve the gate for (kind, rate), judge r's numbers at `digits` significant digits, and keep
+ * the verdict's reason */
+static void judge(const qf_gate *gate, qf_artifact_kind kind, qf_certify_result *r, int digits) {
     r->gate = qf_gate_resolve(gate, kind, r->bits_per_element);
-    qf_gate_numbers n = numbers_of(r);
+    qf_certify_result t = *r;
+    round_result(&t, digits);
+    qf_gate_numbers n = numbers_of(&t);
     r->passed = qf_gate_judge(&r->gate, &n, r->why, sizeof r->why);
 }
 
@@ -147,7 +168,7 @@ qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_arti
     /* the rate, the free baseline at that rate on the same tokens, then the verdict */
     r->bits_per_element = qf_artifact_bits_per_element(kind, payload, qf_model_hparams(qf_context_model(c)), ref->p.n_ctx);
     if ((st = qf_certify_baseline(c, ref, r->bits_per_element, r, err))) return st;
-    judge(gate, kind, r);
+    judge(gate, kind, r, ref->p.sig_digits);
     return QF_OK;
 }
 
@@ -194,7 +215,7 @@ qf_status qf_certify_context(qf_context *cand, const qf_certify_ref *ref, const 
     r->ref_kv_bytes_per_token = ref->kv_bytes_per_token;
     r->bits_per_element = NAN; /* a whole other model (awq): no KV rate, no KV baseline */
     qf_status st = run_candidate(cand, ref, gate, r, err);
-    if (!st) judge(gate, QF_ARTIFACT_AWQ, r);
+    if (!st) judge(gate, QF_ARTIFACT_AWQ, r, ref->p.sig_digits);
     return st;
 }
 

@@ -228,7 +228,11 @@ static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, q
 static qf_status stage_reference(const qf_job *j, shared *s, qf_error *err) {
     size_t elen;
     const char *etext = qf_corpus_eval_text(s->corpus, &elen);
-    qf_certify_params p = {.n_ctx = s->n_ctx, .n_chunks = s->eval_chunks, .progress = j->progress};
+    /* kv-int8 (the kind that certifies on the GPU too): the gate judged at 3 significant digits
+     * on every device, so the CPU's and the GPU's verdicts agree wherever the two devices agree
+     * to that precision (docs/gpu.md, "The certificate, CPU vs GPU") */
+    qf_certify_params p = {.n_ctx = s->n_ctx, .n_chunks = s->eval_chunks, .progress = j->progress,
+                           .sig_digits = j->kind == QF_ARTIFACT_KV_INT8 ? QF_CERT_SIG_DIGITS_INT8 : 0};
     qf_status st = qf_certify_reference(s->ctx, etext, elen, &p, &s->ref, err);
     if (st) return st;
     char chunks[24];
@@ -621,6 +625,8 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
     if (!st) st = qf_payload_add_int(cf, "eval_chunks", r->n_chunks, err);
     if (!st) st = qf_payload_add_string(cf, "ref_kv", qf_kv_mode_name(j->ref_kv), err);
     if (!st) st = qf_payload_add_int(cf, "n_threads", qf_context_params_get(s->ctx)->n_threads, err);
+    if (!st && j->kind == QF_ARTIFACT_KV_INT8) /* the precision the gate judged the numbers at */
+        st = qf_payload_add_int(cf, "numbers_sig_digits", QF_CERT_SIG_DIGITS_INT8, err);
     if (!st && s->cert_gpu) { /* where certification ran, and the CPU re-check of its first chunk */
         st = qf_payload_add_string(cf, "certify_device", "cuda", err);
         if (!st) st = qf_payload_add_float(cf, "cpu_recheck_chunk0_ppl_gpu", s->recheck_gpu_ppl, err);
@@ -1382,7 +1388,8 @@ static qf_status certify_at_ctx(const qf_job *j, shared *s, int n, const qf_payl
     if (!c) return as_stage(err, err ? err->code : QF_ERR_NOMEM, QF_ERR_CERTIFY_FAILED, "certify");
     size_t elen;
     const char *etext = qf_corpus_eval_text(s->corpus, &elen);
-    qf_certify_params p = {.n_ctx = n, .n_chunks = s->eval_chunks, .progress = j->progress};
+    qf_certify_params p = {.n_ctx = n, .n_chunks = s->eval_chunks, .progress = j->progress,
+                           .sig_digits = j->kind == QF_ARTIFACT_KV_INT8 ? QF_CERT_SIG_DIGITS_INT8 : 0};
     qf_certify_ref *ref = NULL;
     qf_status st = qf_certify_reference(c, etext, elen, &p, &ref, err);
     if (st) qf_error_prefix(err, "at -c %d: ", n);

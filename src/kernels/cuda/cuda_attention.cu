@@ -81,17 +81,45 @@ __device__ static inline void cp_async_commit() { asm volatile("cp.async.commit_
 __device__ static inline void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
 /* dynamic shared memory of k_flash_f16: two stages of K and V tiles */
-template <int HDP, int BC> constexpr size_t flash_smem() { return (size_t)2 * 2 * BC * (HDP + 8) * sizeof(__half); }
+/* 4- and 8-byte asynchronous copies (cp.async.ca), zero-filled like cp_async16 */
+__device__ static inline void cp_async8(void *smem, const void *gmem, int src_bytes) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ static inline void cp_async4(void *smem, const void *gmem, int src_bytes) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes) : "memory");
+}
+
+/* q8_0 / q4_0 caches: their raw rows are staged in shared memory (cp.async, two stages) and
+ * dequantized from there into the f16 tile; the bytes of one staged row (padded to 16) */
+template <int HDP, int M> __host__ __device__ constexpr int flash_raw_row() {
+    return M == QF_KV_Q8_0 ? (HDP / 32 * 34 + 15) / 16 * 16 : M == QF_KV_Q4_0 ? (HDP / 32 * 18 + 15) / 16 * 16 : 0;
+}
+/* dynamic shared memory of k_flash_f16: two stages of f16 K and V tiles, and for q8_0 / q4_0
+ * two stages of raw K and V rows */
+template <int HDP, int BC, int M = QF_KV_F16> constexpr size_t flash_smem() {
+    return (size_t)2 * 2 * BC * (HDP + 8) * sizeof(__half) + (size_t)2 * 2 * BC * flash_raw_row<HDP, M>();
+}
 
 __device__ static inline float ld_f(const float *p) { return *p; }
 __device__ static inline float ld_f(const __half *p) { return __half2float(*p); }
 
 /* QT: f32 Q, or f16 Q written by k_qkv_split<__half> (the same f16 values: Q is rounded to
  * f16 on load either way) */
-template <int HDP, int BC, typename QT>
-__global__ void __launch_bounds__(128) k_flash_f16(const QT *q, const __half *K, const __half *V, int n, int pos0,
-                                                   int n_head, int n_head_kv, int hd, float scale_log2, float *out,
-                                                   __half *out16) {
+/* M: the cache mode of K and V. f16 tiles are copied with cp.async; q8_0 and q4_0 rows (whose
+ * size is a multiple of 4 bytes: head_dim a multiple of 64) are copied raw with cp.async into a
+ * second pair of stages and dequantized there once they have landed; f32 rows (the f32
+ * expansion of int8 and dict layers) and other q8_0 / q4_0 rows are read and dequantized
+ * straight from global memory. Either way the f16 tiles hold the __float2half_rn of
+ * kv_elem<M>, the value every other
+ * attention kernel reads (the values the old separate conversion pass, k_kv_to_f16, wrote).
+ * rb: bytes of one (token, kv head) row. */
+template <int HDP, int BC, typename QT, int M>
+__global__ void __launch_bounds__(128) k_flash_f16(const QT *q, const uint8_t *Kb, const uint8_t *Vb, size_t rb, int n,
+                                                   int pos0, int n_head, int n_head_kv, int hd, float scale_log2,
+                                                   float *out, __half *out16) {
+    const __half *K = (const __half *)Kb, *V = (const __half *)Vb;
     constexpr int LD = HDP + 8; /* padded row: conflict-free fragment loads */
     /* two stages of [K tile | V tile]: the next tile is copied (cp.async) while this one is used */
     extern __shared__ __align__(16) unsigned char flash_sm[];
@@ -104,13 +132,49 @@ __global__ void __launch_bounds__(128) k_flash_f16(const QT *q, const __half *K,
     const int kmax = pos0 + i_hi; /* last key any row of the block sees */
     const int nc = (hd + 15) / 16;
     const bool vec = (hd % 8) == 0;
+    /* q8_0 / q4_0 rows whose size is a multiple of 4 bytes: staged raw (cp.async), then
+     * dequantized in shared memory; other rows are read and dequantized straight from global */
+    constexpr int RBS = flash_raw_row<HDP, M>();
+    const bool raw = RBS > 0 && rb % 4 == 0 && rb <= (size_t)RBS;
+    const int cw = rb % 8 == 0 ? 8 : 4, per = (int)rb / cw;
+    unsigned char *const rbase = flash_sm + (size_t)2 * 2 * BC * LD * sizeof(__half);
     /* K/V tile of keys [j0, j0 + BC) into stage st; rows past kmax and columns past hd are zero */
     auto load_tile = [&](int j0, int st) {
         __half *dK = sbase + (size_t)st * 2 * BC * LD, *dV = dK + BC * LD;
+        if (RBS > 0 && raw) { /* raw rows into raw stage st; rows past kmax zero (dequantize to 0) */
+            unsigned char *rK = rbase + (size_t)st * 2 * BC * RBS, *rV = rK + BC * RBS;
+            for (int idx = threadIdx.x; idx < BC * per; idx += 128) {
+                const int key = idx / per, c = (idx % per) * cw, t = j0 + key;
+                const bool in = t <= kmax;
+                const size_t off = in ? ((size_t)t * n_head_kv + kvh) * rb + c : 0;
+                if (cw == 8) {
+                    cp_async8(rK + key * RBS + c, Kb + off, in ? 8 : 0);
+                    cp_async8(rV + key * RBS + c, Vb + off, in ? 8 : 0);
+                } else {
+                    cp_async4(rK + key * RBS + c, Kb + off, in ? 4 : 0);
+                    cp_async4(rV + key * RBS + c, Vb + off, in ? 4 : 0);
+                }
+            }
+            cp_async_commit();
+            return;
+        }
 #pragma unroll 4
         for (int idx = threadIdx.x; idx < BC * (HDP / 8); idx += 128) {
             const int key = idx / (HDP / 8), d = (idx % (HDP / 8)) * 8, t = j0 + key;
             const bool in = t <= kmax && d < hd;
+            if (M != QF_KV_F16) { /* quantized / f32 rows: dequantize 8 elements into the f16 tile */
+                const size_t ro = ((size_t)t * n_head_kv + kvh) * rb;
+                __half kh[8], vh[8];
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const bool ie = in && d + e < hd;
+                    kh[e] = __float2half_rn(ie ? kv_elem<M>(Kb + ro, d + e) : 0.0f);
+                    vh[e] = __float2half_rn(ie ? kv_elem<M>(Vb + ro, d + e) : 0.0f);
+                }
+                *(uint4 *)(dK + key * LD + d) = *(const uint4 *)kh;
+                *(uint4 *)(dV + key * LD + d) = *(const uint4 *)vh;
+                continue;
+            }
             const size_t off = in ? ((size_t)t * n_head_kv + kvh) * hd + d : 0;
             if (vec) {
                 cp_async16(dK + key * LD + d, K + off, in ? 16 : 0);
@@ -163,6 +227,23 @@ __global__ void __launch_bounds__(128) k_flash_f16(const QT *q, const __half *K,
         else cp_async_commit(); /* an empty group keeps the wait below uniform */
         cp_async_wait1();       /* this tile's group has landed (the next may be in flight) */
         __syncthreads();
+        if (RBS > 0 && raw) { /* raw stage st -> f16 stage st: the __float2half_rn of kv_elem<M> */
+            const unsigned char *rK = rbase + (size_t)st * 2 * BC * RBS, *rV = rK + BC * RBS;
+            __half *dK = sbase + (size_t)st * 2 * BC * LD, *dV = dK + BC * LD;
+            for (int idx = threadIdx.x; idx < BC * (HDP / 8); idx += 128) {
+                const int key = idx / (HDP / 8), d = (idx % (HDP / 8)) * 8;
+                __half kh[8], vh[8];
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const bool ie = d + e < hd;
+                    kh[e] = __float2half_rn(ie ? kv_elem<M>(rK + key * RBS, d + e) : 0.0f);
+                    vh[e] = __float2half_rn(ie ? kv_elem<M>(rV + key * RBS, d + e) : 0.0f);
+                }
+                *(uint4 *)(dK + key * LD + d) = *(const uint4 *)kh;
+                *(uint4 *)(dV + key * LD + d) = *(const uint4 *)vh;
+            }
+            __syncthreads();
+        }
         const __half *sK = sbase + (size_t)st * 2 * BC * LD, *sV = sK + BC * LD;
         float s[BC / 8][4];
 #pragma unroll
@@ -258,29 +339,30 @@ __global__ void __launch_bounds__(128) k_flash_f16(const QT *q, const __half *K,
 }
 
 /* one instantiation of k_flash_f16; its dynamic shared memory (over 48 KiB) is allowed once */
-template <int HDP, int BC, typename QT>
-static void launch_flash_t(dim3 grid, const QT *q, const __half *K, const __half *V, int n, int pos0, int n_head,
-                           int n_head_kv, int hd, float scale_log2, float *out, __half *out16, cudaStream_t s) {
+template <int HDP, int BC, typename QT, int M>
+static void launch_flash_t(dim3 grid, const QT *q, const uint8_t *K, const uint8_t *V, size_t rb, int n, int pos0,
+                           int n_head, int n_head_kv, int hd, float scale_log2, float *out, __half *out16,
+                           cudaStream_t s) {
     static bool attr_set = false;
     if (!attr_set) {
-        cudaFuncSetAttribute(k_flash_f16<HDP, BC, QT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)flash_smem<HDP, BC>());
+        cudaFuncSetAttribute(k_flash_f16<HDP, BC, QT, M>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)flash_smem<HDP, BC, M>());
         attr_set = true;
     }
-    k_flash_f16<HDP, BC, QT><<<grid, 128, flash_smem<HDP, BC>(), s>>>(q, K, V, n, pos0, n_head, n_head_kv, hd,
-                                                                     scale_log2, out, out16);
+    k_flash_f16<HDP, BC, QT, M><<<grid, 128, flash_smem<HDP, BC, M>(), s>>>(q, K, V, rb, n, pos0, n_head, n_head_kv, hd,
+                                                                        scale_log2, out, out16);
 }
 
-template <typename QT>
-static void launch_flash(const QT *q, const uint8_t *K, const uint8_t *V, int n, int pos0, int n_head, int n_head_kv,
-                         int hd, float *out, __half *out16, cudaStream_t s) {
+template <typename QT, int M>
+static void launch_flash(const QT *q, const uint8_t *K, const uint8_t *V, size_t rb, int n, int pos0, int n_head,
+                         int n_head_kv, int hd, float *out, __half *out16, cudaStream_t s) {
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
     const int G = n_head / n_head_kv;
     dim3 grid((unsigned)n_head_kv, nblk((size_t)n * G, 64));
-    const __half *Kh = (const __half *)K, *Vh = (const __half *)V;
-    if (hd <= 64) launch_flash_t<64, 64>(grid, q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s);
-    else if (hd <= 128) launch_flash_t<128, 64>(grid, q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s);
-    else launch_flash_t<256, 32>(grid, q, Kh, Vh, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s);
+    if (hd <= 64) launch_flash_t<64, 64, QT, M>(grid, q, K, V, rb, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s);
+    else if (hd <= 128)
+        launch_flash_t<128, 64, QT, M>(grid, q, K, V, rb, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s);
+    else launch_flash_t<256, 32, QT, M>(grid, q, K, V, rb, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s);
 }
 
 void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V, size_t rbk,
@@ -289,10 +371,17 @@ void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_
     const float scale0 = 1.0f / sqrtf((float)hd);
     if (scale == 0.0f) scale = scale0;
     if (scale != scale0 || cap > 0.0f || window > 0) flash = false; /* the family features: warp kernel */
-    if (flash && flash_ok(mk, mv, hd)) { /* out16 set: f16 output only */
-        if (q16) launch_flash(q16, K, V, n, pos0, n_head, n_head_kv, hd, out, out16, s);
-        else launch_flash(q, K, V, n, pos0, n_head, n_head_kv, hd, out, out16, s);
-        return;
+    if (flash && flash_ok(mk, mv, hd) && rbk == rbv) { /* out16 set: f16 output only */
+        switch (mk) {
+        case QF_KV_F16:
+            if (q16) launch_flash<__half, QF_KV_F16>(q16, K, V, rbk, n, pos0, n_head, n_head_kv, hd, out, out16, s);
+            else launch_flash<float, QF_KV_F16>(q, K, V, rbk, n, pos0, n_head, n_head_kv, hd, out, out16, s);
+            return;
+        case QF_KV_F32: launch_flash<float, QF_KV_F32>(q, K, V, rbk, n, pos0, n_head, n_head_kv, hd, out, out16, s); return;
+        case QF_KV_Q8_0: launch_flash<float, QF_KV_Q8_0>(q, K, V, rbk, n, pos0, n_head, n_head_kv, hd, out, out16, s); return;
+        case QF_KV_Q4_0: launch_flash<float, QF_KV_Q4_0>(q, K, V, rbk, n, pos0, n_head, n_head_kv, hd, out, out16, s); return;
+        default: break;
+        }
     }
     const size_t warps = (size_t)n * n_head;
 #define QF_ATT(MK, MV) k_attention<MK, MV><<<nblk(warps, 4), 128, 0, s>>>(q, K, V, rbk, rbv, n, pos0, n_head, n_head_kv, hd, scale, cap, window, out)

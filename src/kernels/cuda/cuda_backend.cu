@@ -67,7 +67,6 @@ struct qf_cuda_ctx {
     float *kv_atoms[2];             /* dict: [n_layer][n_atoms][head_dim], unit norm */
     int kv_na[2], kv_s[2], kv_q8[2];
     float *kv_f32[2];               /* int8 / dict: the layer's cache expanded to f32, [n_ctx][n_head_kv][head_dim] */
-    __half *kv_h16[2];              /* q8_0 caches: the layer's rows as f16 for the flash kernel (prefill) */
     uint8_t *h_codes;               /* dict: host staging of the codes of one batch */
     void (*encode)(void *user, int s, int il, const float *rows, int64_t n, uint8_t *codes); /* dict: the host's */
     void *encode_user;
@@ -99,6 +98,7 @@ struct qf_cuda_ctx {
     void *wdeq;            /* dequantized weight (f16 or f32) */
     size_t wdeq_bytes;
     __half *xh;            /* f16 activations for the f16 gemm */
+    __half *xl;            /* [B][n_embd] their f16 residual (launch_f16_lo): q|k|v with a quantized cache */
     int32_t *tok, *tgt;
     double *nll;           /* [n_batch] per-row NLL of the PPL scoring kernel */
     float *h_pin;          /* pinned staging for the logits copy (2 halves), or NULL */
@@ -265,7 +265,7 @@ static void ctx_free(qf_cuda_ctx *g) {
     else if (g->output.h16) cudaFree(g->output.h16); /* tied: only the f16 cache is the output's own */
     free_weight(&g->tok_embd);
     void *bufs[] = {g->output_norm, g->kv[0], g->kv[1], g->x, g->xn, g->q, g->k, g->v, g->att, g->hb,
-                    g->hb2, g->logits, g->rcos, g->rsin, g->wdeq, g->xh, g->tok, g->tgt, g->nll,
+                    g->hb2, g->logits, g->rcos, g->rsin, g->wdeq, g->xh, g->xl, g->tok, g->tgt, g->nll,
                     g->qkv, g->gu, g->part, g->rcos_swa, g->rsin_swa, g->moe_logits, g->moe_x, g->moe_y,
                     g->moe_acc, g->moe_rw, g->moe_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -281,8 +281,8 @@ static void ctx_free(qf_cuda_ctx *g) {
         cudaEventDestroy(g->pin_ev[0]), cudaEventDestroy(g->pin_ev[1]);
     }
     for (int s = 0; s < 2; s++) {
-        void *ps[] = {g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s], g->kv_h16[s]};
-        for (int i = 0; i < 5; i++)
+        void *ps[] = {g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s]};
+        for (int i = 0; i < 4; i++)
             if (ps[i]) cudaFree(ps[i]);
     }
     free(g->h_codes);
@@ -303,7 +303,6 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
     size_t rb[2] = {0, 0}, lb[2] = {0, 0}, codes = 0;
     uint8_t *d[2] = {NULL, NULL}, *hc = NULL;
     float *sc[2] = {NULL, NULL}, *inv[2] = {NULL, NULL}, *at[2] = {NULL, NULL}, *f32[2] = {NULL, NULL};
-    __half *h16[2] = {NULL, NULL};
     int na[2] = {0, 0}, sp[2] = {0, 0}, q8[2] = {0, 0};
     if (kv->n_layer != L || kv->n_head_kv != nkv || kv->head_dim != hd || kv->n_ctx != g->n_ctx)
         return cu_fail(err, QF_ERR_ARG, "CUDA backend: the KV cache's shape does not match the GPU context");
@@ -311,8 +310,9 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
         if (mode[s] == QF_KV_INT8) {
             if (!kv->int8_scale[s] || !kv->int8_inv_scale[s])
                 return cu_fail(err, QF_ERR_ARG, "CUDA backend: int8 KV cache without scales");
-            if (kv->int8_layout[s] < 0 || kv->int8_layout[s] > 3 || hd > HD_MAX ||
-                ((kv->int8_layout[s] == 1 || kv->int8_layout[s] == 2) && (hd & (hd - 1))))
+            const int lay = kv->int8_layout[s];
+            if (lay < 0 || lay > 4 || hd > HD_MAX || ((lay == 1 || lay == 2 || lay == 4) && (hd & (hd - 1))) ||
+                (lay == 4 && kv_ec_group(nkv, hd) * hd < 16))
                 return cu_fail(err, QF_ERR_DEVICE, "CUDA backend: int8 KV row layout %d with head_dim %d is not supported",
                                kv->int8_layout[s], hd);
             rb[s] = (size_t)hd;
@@ -346,7 +346,6 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
                 CK(cudaMemcpy(at[s] + per * l, kv->atoms[s][l], per * 4, cudaMemcpyHostToDevice));
         }
         if (mode[s] == QF_KV_INT8 || mode[s] == QF_KV_DICT) CK(cudaMalloc((void **)&f32[s], (size_t)g->n_ctx * dkv * 4));
-        if (mode[s] == QF_KV_Q8_0 && hd <= 256) CK(cudaMalloc((void **)&h16[s], (size_t)g->n_ctx * dkv * 2));
     }
     if (codes && !(hc = (uint8_t *)malloc(codes * nkv * (size_t)g->n_batch))) {
         st = cu_fail(err, QF_ERR_NOMEM, "out of memory");
@@ -355,8 +354,8 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
 done:
     if (st) {
         for (int s = 0; s < 2; s++) {
-            void *ps[] = {d[s], sc[s], inv[s], at[s], f32[s], h16[s]};
-            for (int i = 0; i < 6; i++)
+            void *ps[] = {d[s], sc[s], inv[s], at[s], f32[s]};
+            for (int i = 0; i < 5; i++)
                 if (ps[i]) cudaFree(ps[i]);
         }
         free(hc);
@@ -364,10 +363,9 @@ done:
     }
     g->kv_bytes = 0;
     for (int s = 0; s < 2; s++) {
-        void *ps[] = {g->kv[s], g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s], g->kv_h16[s]};
-        for (int i = 0; i < 6; i++)
+        void *ps[] = {g->kv[s], g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s]};
+        for (int i = 0; i < 5; i++)
             if (ps[i]) cudaFree(ps[i]);
-        g->kv_h16[s] = h16[s];
         g->kv_mode[s] = mode[s], g->kv_rb[s] = rb[s], g->kv_layer_bytes[s] = lb[s], g->kv[s] = d[s];
         g->kv_scale[s] = sc[s], g->kv_inv[s] = inv[s], g->kv_atoms[s] = at[s], g->kv_f32[s] = f32[s];
         g->kv_na[s] = na[s], g->kv_s[s] = sp[s], g->kv_q8[s] = q8[s];
@@ -545,6 +543,7 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
         CK(cudaMalloc((void **)&g->rcos, (size_t)B * half * 4 + 4));
         CK(cudaMalloc((void **)&g->rsin, (size_t)B * half * 4 + 4));
         CK(cudaMalloc((void **)&g->xh, (size_t)B * maxK * 2)); sc += (size_t)B * maxK * 2;
+        CK(cudaMalloc((void **)&g->xl, (size_t)B * D * 2)); sc += (size_t)B * D * 2;
         CK(cudaMalloc((void **)&g->tok, (size_t)B * 4));
         if (hp->rope_freq_base_swa != hp->rope_freq_base) { /* gemma3: the local layers' RoPE base */
             CK(cudaMalloc((void **)&g->rcos_swa, (size_t)B * half * 4 + 4));
@@ -576,7 +575,7 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
         }
         CK(cudaMalloc((void **)&g->dstep, (size_t)(2 * half + 2) * 4));
         {
-            float steps[256];
+            float steps[KV_STEPS_N];
             kv_tok_steps(steps);
             CK(cudaMalloc((void **)&g->tok_step, sizeof steps));
             CK(cudaMemcpy(g->tok_step, steps, sizeof steps, cudaMemcpyHostToDevice));
@@ -851,9 +850,13 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
          * inputs directly */
         const bool fam = g->fam; /* the family features: plain routes (see qf_cuda_ctx.fam) */
         const bool pre16 = !fam && n > MATVEC_MAX && route == MM_AUTO && g->qkv;
-        const bool fqkv = pre16 && gemm_h_ok(g, &L->wqkv) && hd % 2 == 0 &&
-                          (g->kv_mode[0] == QF_KV_F32 || g->kv_mode[0] == QF_KV_F16) &&
-                          (g->kv_mode[1] == QF_KV_F32 || g->kv_mode[1] == QF_KV_F16);
+        /* a quantized cache (q8_0, q4_0, int8, dict) rounds K and V to a coarse grid or picks
+         * atoms by argmax, so one f16 rounding of the GEMM input moves some of those decisions
+         * away from the CPU's: with such a cache the fused q|k|v GEMM runs twice, on the f16
+         * input and on its f16 residual (kvq: about 22 bits of input, f32 accumulation) */
+        const bool kvq = !(g->kv_mode[0] == QF_KV_F32 || g->kv_mode[0] == QF_KV_F16) ||
+                         !(g->kv_mode[1] == QF_KV_F32 || g->kv_mode[1] == QF_KV_F16);
+        const bool fqkv = pre16 && gemm_h_ok(g, &L->wqkv) && hd % 2 == 0 && (!kvq || g->xl);
         const bool fgu = pre16 && gemm_h_ok(g, &L->wgu);
         const bool want_act = tap && tap->on_act;
         /* decode (n <= MATVEC_MAX): one matrix-vector launch over the fused q|k|v rows and one
@@ -870,11 +873,16 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
         const bool dkv16 = dqkv && !g->kv_rot && g->kv_mode[0] == QF_KV_F16 && g->kv_mode[1] == QF_KV_F16 &&
                            g->kv_rb[0] == (size_t)hd * 2 && g->kv_rb[1] == (size_t)hd * 2 && !(tap && tap->on_kv);
         bool att16 = false;
-        launch_rmsnorm(g->x, L->attn_norm, n, D, hp->rms_eps, !fqkv || want_act ? g->xn : NULL, fqkv ? g->xh : NULL, S);
+        launch_rmsnorm(g->x, L->attn_norm, n, D, hp->rms_eps, !fqkv || want_act || kvq ? g->xn : NULL,
+                       fqkv ? g->xh : NULL, S);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_IN, n, D, g->xn, err))) goto done;
         prof_mark(g, 0);
         if (fqkv) {
             if ((st = dev_gemm_h(g->blas, &L->wqkv, g->xh, n, g->qkv, false, g->wdeq, err))) goto done;
+            if (kvq) { /* += W (x - f16(x)) */
+                launch_f16_lo(g->xn, g->xh, g->xl, (size_t)n * D, S);
+                if ((st = dev_gemm_h(g->blas, &L->wqkv, g->xl, n, g->qkv, true, g->wdeq, err))) goto done;
+            }
             prof_mark(g, 1);
             if (kv16) {
                 const size_t at = (size_t)pos0 * nkv * hd; /* f16 elements before row pos0 */
@@ -954,17 +962,12 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                         kvp[s] = g->kv[s] + g->kv_layer_bytes[s] * il, km[s] = QF_KV_F16, krb[s] = g->kv_rb[s];
                     else if ((st = kv_store(g, s, il, s ? g->v : g->k, n, pos0, dpos, S, &kvp[s], &km[s], &krb[s], err)))
                         goto done;
-            /* prefill over a q8_0 cache: its rows [0, pos0 + n) go to the flash kernel as f16 (q4_0
-             * stays on the f32 warp kernel: its 16 levels turn the f16 rounding of Q, P and the rows
-             * into whole steps in later layers, PPL 1.5e-3 from the CPU on qforge-demo-11m-f16; int8
-             * and dict were not measured this way) */
-            if (n > MATVEC_MAX && !g->attn_warp && !fam && hd <= 256)
-                for (int s = 0; s < 2; s++)
-                    if (g->kv_h16[s] && km[s] != QF_KV_F16 &&
-                        launch_kv_to_f16(km[s], kvp[s], (int64_t)(pos0 + n) * nkv, hd, krb[s], g->kv_h16[s], S))
-                        kvp[s] = (const uint8_t *)g->kv_h16[s], km[s] = QF_KV_F16, krb[s] = (size_t)hd * 2;
-            /* flash attention on the f16 route writes the wo GEMM's f16 input directly */
-            const bool fl = n > MATVEC_MAX && !g->attn_warp && !fam && flash_ok(km[0], km[1], hd);
+            /* prefill: the tensor-core flash kernel reads f16, q8_0 and q4_0 caches and the f32
+             * expansion of int8 / dict layers itself (tiles dequantized to f16 in shared memory); a
+             * plain f32 cache keeps the f32 warp kernel (f32 is asked for precision) */
+            const bool expanded = g->kv_mode[0] == QF_KV_INT8 || g->kv_mode[0] == QF_KV_DICT;
+            const bool fl = n > MATVEC_MAX && !g->attn_warp && !fam && flash_ok(km[0], km[1], hd) && krb[0] == krb[1] &&
+                            (km[0] != QF_KV_F32 || expanded);
             att16 = fl && pre16 && !want_act && !g->kv_rot && gemm_h_ok(g, &L->wo);
             /* --kv-rot: the cache holds H k and H v, so attention runs on H q and its output,
              * H (sum p v), is rotated back */
@@ -974,8 +977,8 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                                        g->att, g->part, S, dpos, g->n_ctx);
             else
                 launch_attention(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv, hd, g->att,
-                                 n > MATVEC_MAX && !g->attn_warp && !fam, att16 ? g->xh : NULL, q16, S,
-                                 fam ? hp->attn_scale : 0.0f, hp->attn_softcap, L->window);
+                                 fl, att16 ? g->xh : NULL, q16, S, fam ? hp->attn_scale : 0.0f, hp->attn_softcap,
+                                 L->window);
             if (g->kv_rot) launch_hadamard(g->att, (int64_t)n * hp->n_head, hd, S);
         }
         prof_mark(g, 2);

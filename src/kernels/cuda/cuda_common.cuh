@@ -243,6 +243,10 @@ void launch_add_bias(float *x, const float *b, int n, int d, cudaStream_t s);
 void launch_silu_mul(float *g, const float *u, size_t n, cudaStream_t s);
 /* o16 = SiLU(gate) * up from the fused [n][2F] gate|up output (f32 or f16); o32 too when set */
 void launch_silu_gu(const void *gu, bool gu_f16, int n, int F, float *o32, __half *o16, cudaStream_t s);
+/* lo[i] = __float2half_rn(x[i] - hi[i]): the f16 residual of x after hi = its f16 rounding, so
+ * hi + lo carries x to about 22 bits (two f16 GEMMs, the second accumulating, then give the
+ * product at nearly f32 input precision) */
+void launch_f16_lo(const float *x, const __half *hi, __half *lo, size_t n, cudaStream_t s);
 /* bias + RoPE of the fused [n][Dq + 2 Dkv] q|k|v output into q, k, v: kind 0 all f32; 1 f16 Q
  * and f16 cache rows (prefill); 2 f32 q and f16 cache rows (decode). dpos set (graph replay):
  * k and v move to row *dpos */
@@ -272,17 +276,21 @@ void launch_hadamard(float *x, int64_t rows, int n, cudaStream_t s);
 /* dpos set (CUDA graph replay): dst += *dpos * pos_stride bytes, read on the device */
 void launch_kv_write(qf_kv_mode mode, const float *src, int64_t rows, int hd, size_t rb, uint8_t *dst, cudaStream_t s,
                      const int *dpos = NULL, size_t pos_stride = 0);
-/* rows of a cache view (f32, q8_0, q4_0) as f16 rows for the flash kernel; false: other mode */
-bool launch_kv_to_f16(qf_kv_mode mode, const uint8_t *src, int64_t rows, int hd, size_t rb, __half *out, cudaStream_t s);
 /* K and V (plain modes, each its own mode and row size) in one launch, as two launch_kv_write */
 void launch_kv_write2(const qf_kv_mode mode[2], const float *const src[2], int64_t rows, int hd, const size_t rb[2],
                       uint8_t *const dst[2], cudaStream_t s, const int *dpos, const size_t pos_stride[2]);
 void launch_kv_read(qf_kv_mode mode, const uint8_t *src, int64_t rows, int hd, size_t rb, float *out, cudaStream_t s);
 void launch_kv_write_int8(const float *src, int64_t n, int dkv, const float *inv, int8_t *dst, cudaStream_t s);
-/* kv-int8 in any row layout (0 STATIC, 1 STATIC_ROT, 2 TOKEN_ROT, 3 TOKEN: engine.h): n_tok rows of
- * nkv heads x hd; inv / scale: the layer's static [nkv * hd] (static layouts); step: the 256
- * token steps on the device (kv_tok_steps). The write rotates src in place (rot layouts). */
+/* kv-int8 in any row layout (0 STATIC, 1 STATIC_ROT, 2 TOKEN_ROT, 3 TOKEN, 4 EC_ROT: engine.h):
+ * n_tok rows of nkv heads x hd; inv / scale: the layer's static [nkv * hd] (static layouts);
+ * step: kv_tok_steps' KV_STEPS_N steps on the device. The write rotates src in place (rot
+ * layouts). */
 void kv_tok_steps(float *t);
+/* kv_tok_steps' table: [0, 256) the token layouts' steps, [KV_EC_STEP_OFF, + 1024) ec-rot's */
+#define KV_EC_STEP_OFF 256
+#define KV_STEPS_N (KV_EC_STEP_OFF + 1024)
+/* ec-rot: kv heads coded together per token (kv_cache.c's ec_group) */
+int kv_ec_group(int nkv, int hd);
 void launch_kv_int8_write(int layout, float *src, int64_t n_tok, int nkv, int hd, const float *inv, const float *step,
                           int8_t *dst, cudaStream_t s);
 void launch_kv_int8_expand(int layout, const int8_t *src, int64_t n_tok, int nkv, int hd, const float *scale,
@@ -292,14 +300,15 @@ void launch_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, size_t 
                            int sparsity, int q8, float *out, cudaStream_t s);
 
 /* ---- cuda_attention.cu ---- */
-/* flash route: f16 K and V, head_dim <= 256 */
+/* flash route: K and V in one mode, f16 (cp.async tiles) or f32 / q8_0 / q4_0 (tiles dequantized
+ * to f16 by the kernel), head_dim <= 256 */
 static inline bool flash_ok(qf_kv_mode mk, qf_kv_mode mv, int hd) {
-    return mk == QF_KV_F16 && mv == QF_KV_F16 && hd <= 256;
+    return mk == mv && (mk == QF_KV_F16 || mk == QF_KV_F32 || mk == QF_KV_Q8_0 || mk == QF_KV_Q4_0) && hd <= 256;
 }
 /* Causal GQA attention of n queries at [pos0, pos0 + n) over the cache rows [0, pos0 + n).
- * flash false: one warp per (query, head), f32; true: the tensor-core kernel (f16 caches;
- * other caches take the warp kernel). q16 set (flash only): f16 Q instead of q; out16 set
- * (flash only): f16 output instead of out. The family features (forward.c's
+ * flash false: one warp per (query, head), f32; true: the tensor-core kernel where flash_ok
+ * and rbk == rbv (other caches take the warp kernel). q16 set (flash only): f16 Q instead of q;
+ * out16 set (flash only): f16 output instead of out. The family features (forward.c's
  * attention_worker): scale (0: 1/sqrt(hd)) multiplies q.k; cap > 0 soft-caps the scores,
  * cap * tanh(s / cap); window > 0 lets the query at t see only keys t - window < p <= t. Any of
  * them set takes the warp kernel. */

@@ -216,6 +216,8 @@ void launch_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, size_t 
  * of hd <= HD_MAX elements: element i = lane + 32 j lies in group lane % 8. */
 void kv_tok_steps(float *t) {
     for (int e = 0; e < 256; e++) t[e] = exp2f((float)(e - 176) * (1.0f / 8.0f)); /* kv_codes.c's tok_step */
+    /* ec-rot: kv_codes.c's ec_step, e = 0 .. 1023 (0 is the zero row's and never used as a step) */
+    for (int e = 0; e < 1024; e++) t[KV_EC_STEP_OFF + e] = exp2f((float)(e - 704) * (1.0f / 32.0f));
 }
 
 /* codes of one row at exponent e into q[], parities fixed; returns the squared error (all lanes) */
@@ -317,37 +319,142 @@ __global__ void k_kv_expand_int8_tok(const int8_t *src, int64_t rows, int hd, co
     for (int i = lane; i < hd; i += 32) out[r * hd + i] = __fmul_rn((float)src[r * hd + i], s);
 }
 
+/* ---- kv-int8 EC_ROT: kv_codes.c's qf_kv_int8_ec_quantize / _dequantize on the device ----
+ * The kv heads of one token are coded in groups of g heads (kv_ec_group: kv_cache.c's
+ * ec_group), each group ONE entropy-coded row of n = g * hd elements in n bytes: a 10-bit step
+ * exponent e (step 2^((e - 704) / 32), the host's exp2f values from kv_tok_steps), then per
+ * element the prefix code of h = c >> 4, the 4 low bits of c and a sign bit, LSB first. The
+ * encoder takes the finest step whose codes fit in 8 n bits: the code length only grows as the
+ * step shrinks, so the walk from the host's start guess ends on the same e from any start. Every
+ * f32 / f64 operation is rounded on its own (no contraction), as on the host. One thread per
+ * group row. */
+int kv_ec_group(int nkv, int hd) {
+    int g = 1;
+    for (int d = 1; d <= nkv; d++)
+        if (nkv % d == 0 && d * hd <= 256) g = d;
+    return g;
+}
+
+__device__ static inline int ec_code_of_d(float x, float inv, int cmax) {
+    const float v = __fmul_rn(fabsf(x), inv);
+    if (!(v < (float)cmax)) return isfinite(x) ? cmax : 0;
+    const int c = (int)__fadd_rn(v, 0.5f);
+    return c > cmax ? cmax : c;
+}
+__device__ static inline int ec_code_bits_d(int c) {
+    const int h = c >> 4;
+    return 5 + (h < 2 ? 2 : h < 5 ? 3 : h - 1);
+}
+__device__ static long ec_row_bits_d(const float *x, int n, int e, int cmax, const float *st) {
+    const float inv = __fdiv_rn(1.0f, st[e]);
+    long b = 10;
+    for (int i = 0; i < n; i++) b += ec_code_bits_d(ec_code_of_d(x[i], inv, cmax));
+    return b;
+}
+__device__ static inline void ec_put_d(uint8_t *p, long &pos, uint32_t v, int nb) {
+    for (int k = 0; k < nb; k++, pos++)
+        if ((v >> k) & 1) p[pos >> 3] |= (uint8_t)(1u << (pos & 7));
+}
+
+__global__ void k_kv_write_int8_ec(const float *src, int64_t n_rows, int n, const float *steps, uint8_t *dst) {
+    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n_rows) return;
+    const float *x = src + r * n;
+    uint8_t *q = dst + r * n;
+    const float *st = steps + KV_EC_STEP_OFF;
+    for (int i = 0; i < n; i++) q[i] = 0;
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        if (isfinite(x[i])) ss = __dadd_rn(ss, __dmul_rn((double)x[i], (double)x[i]));
+    if (!(ss > 0) || !isfinite(ss)) return; /* e = 0: the zero row */
+    const long budget = 8L * n;
+    int cmax = 1023;
+    const double e0 = 704 + ceil(32.0 * log2(sqrt(ss / n) / 57.0));
+    int e = e0 < 1 ? 1 : e0 > 1023 ? 1023 : (int)e0;
+    if (ec_row_bits_d(x, n, e, cmax, st) <= budget) {
+        while (e > 1 && ec_row_bits_d(x, n, e - 1, cmax, st) <= budget) e--;
+    } else {
+        while (e < 1023 && ec_row_bits_d(x, n, e, cmax, st) > budget) e++;
+        while (cmax > 15 && ec_row_bits_d(x, n, e, cmax, st) > budget) cmax = cmax > 30 ? cmax / 2 : 15;
+    }
+    const float inv = __fdiv_rn(1.0f, st[e]);
+    long pos = 0;
+    ec_put_d(q, pos, (uint32_t)e, 10);
+    for (int i = 0; i < n; i++) {
+        const int c = ec_code_of_d(x[i], inv, cmax), h = c >> 4;
+        if (h < 2) ec_put_d(q, pos, (uint32_t)(h << 1), 2);
+        else if (h < 5) ec_put_d(q, pos, 1u | (uint32_t)((h - 2) & 1) << 1 | (uint32_t)((h - 2) >> 1) << 2, 3);
+        else {
+            ec_put_d(q, pos, 7u, 3);
+            for (int k = 5; k < h; k++) ec_put_d(q, pos, 1u, 1);
+            ec_put_d(q, pos, 0u, 1);
+        }
+        ec_put_d(q, pos, (uint32_t)(c & 15), 4);
+        ec_put_d(q, pos, x[i] < 0 && c ? 1u : 0u, 1);
+    }
+}
+
+__global__ void k_kv_expand_int8_ec(const uint8_t *src, int64_t n_rows, int n, const float *steps, float *out) {
+    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n_rows) return;
+    const uint8_t *q = src + r * n;
+    float *x = out + r * n;
+    const size_t total = (size_t)n * 8;
+    size_t pos = 0, next = 0;
+    uint64_t buf = 0;
+    int have = 0;
+    auto take = [&](int k) -> uint32_t {
+        while (have < k) {
+            buf |= (uint64_t)(next < (size_t)n ? q[next] : 0) << have;
+            next++, have += 8;
+        }
+        const uint32_t v = (uint32_t)(buf & ((1u << k) - 1));
+        buf >>= k, have -= k, pos += k;
+        return v;
+    };
+    const uint32_t e = take(10);
+    const float d = e ? steps[KV_EC_STEP_OFF + e] : 0.0f;
+    int i = 0;
+    for (; i < n && e; i++) {
+        uint32_t h;
+        if (!take(1)) h = take(1);
+        else {
+            h = take(2) + 2;
+            if (h == 5)
+                for (;;) {
+                    const uint32_t b = take(1);
+                    if (!b || pos > total) break;
+                    h++;
+                }
+        }
+        const uint32_t lo = take(4), sg = take(1);
+        if (pos > total) break;
+        const float v = __fmul_rn((float)(h << 4 | lo), d);
+        x[i] = sg ? -v : v;
+    }
+    for (; i < n; i++) x[i] = 0;
+}
+
 void launch_kv_int8_write(int layout, float *src, int64_t n_tok, int nkv, int hd, const float *inv, const float *step,
                           int8_t *dst, cudaStream_t s) {
     const int64_t rows = n_tok * nkv;
-    if (layout == 1 || layout == 2) launch_hadamard(src, rows, hd, s); /* STATIC_ROT, TOKEN_ROT */
+    if (layout == 1 || layout == 2 || layout == 4) launch_hadamard(src, rows, hd, s); /* STATIC_ROT, TOKEN_ROT, EC_ROT */
     if (layout == 0 || layout == 1) launch_kv_write_int8(src, rows * hd, nkv * hd, inv, dst, s);
-    else k_kv_write_int8_tok<<<nblk((size_t)rows, 4), 128, 0, s>>>(src, rows, hd, step, dst);
+    else if (layout == 4) {
+        const int n = kv_ec_group(nkv, hd) * hd;
+        const int64_t groups = rows * hd / n;
+        k_kv_write_int8_ec<<<nblk((size_t)groups, 64), 64, 0, s>>>(src, groups, n, step, (uint8_t *)dst);
+    } else k_kv_write_int8_tok<<<nblk((size_t)rows, 4), 128, 0, s>>>(src, rows, hd, step, dst);
 }
 
 void launch_kv_int8_expand(int layout, const int8_t *src, int64_t n_tok, int nkv, int hd, const float *scale,
                            const float *step, float *out, cudaStream_t s) {
     const int64_t rows = n_tok * nkv;
     if (layout == 0 || layout == 1) launch_kv_expand_int8(src, rows * hd, nkv * hd, scale, out, s);
-    else k_kv_expand_int8_tok<<<nblk((size_t)rows, 4), 128, 0, s>>>(src, rows, hd, step, out);
-    if (layout == 1 || layout == 2) launch_hadamard(out, rows, hd, s);
-}
-
-/* ---- quantized KV for the tensor-core flash kernel ----
- * Rows [0, rows) of a cache view in mode M (f32 — the f32 expansion of int8 and dict layers —,
- * q8_0, q4_0) as f16 rows of hd, the layout k_flash_f16 reads: the __float2half_rn of the value
- * every other attention kernel reads (kv_elem<M>). */
-template <int M> __global__ void k_kv_to_f16(const uint8_t *src, int64_t n_rows, int hd, size_t rb, __half *out) {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n_rows * hd) out[i] = __float2half_rn(kv_elem<M>(src + (i / hd) * rb, (int)(i % hd)));
-}
-
-bool launch_kv_to_f16(qf_kv_mode mode, const uint8_t *src, int64_t rows, int hd, size_t rb, __half *out, cudaStream_t s) {
-    const unsigned nb = nblk((size_t)rows * hd, 256);
-    switch (mode) {
-    case QF_KV_F32: k_kv_to_f16<QF_KV_F32><<<nb, 256, 0, s>>>(src, rows, hd, rb, out); return true;
-    case QF_KV_Q8_0: k_kv_to_f16<QF_KV_Q8_0><<<nb, 256, 0, s>>>(src, rows, hd, rb, out); return true;
-    case QF_KV_Q4_0: k_kv_to_f16<QF_KV_Q4_0><<<nb, 256, 0, s>>>(src, rows, hd, rb, out); return true;
-    default: return false;
-    }
+    else if (layout == 4) {
+        const int n = kv_ec_group(nkv, hd) * hd;
+        const int64_t groups = rows * hd / n;
+        k_kv_expand_int8_ec<<<nblk((size_t)groups, 64), 64, 0, s>>>((const uint8_t *)src, groups, n, step, out);
+    } else k_kv_expand_int8_tok<<<nblk((size_t)rows, 4), 128, 0, s>>>(src, rows, hd, step, out);
+    if (layout == 1 || layout == 2 || layout == 4) launch_hadamard(out, rows, hd, s);
 }

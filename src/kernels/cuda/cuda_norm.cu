@@ -188,6 +188,14 @@ void launch_add_bias(float *x, const float *b, int n, int d, cudaStream_t s) {
     k_add_bias<<<nblk((size_t)n * d, 256), 256, 0, s>>>(x, b, n, d);
 }
 
+__global__ void k_f16_lo(const float *x, const __half *hi, __half *lo, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) lo[i] = __float2half_rn(__fsub_rn(x[i], __half2float(hi[i])));
+}
+void launch_f16_lo(const float *x, const __half *hi, __half *lo, size_t n, cudaStream_t s) {
+    k_f16_lo<<<nblk(n, 256), 256, 0, s>>>(x, hi, lo, n);
+}
+
 void launch_silu_mul(float *g, const float *u, size_t n, cudaStream_t s) { k_silu_mul<<<nblk(n, 256), 256, 0, s>>>(g, u, n); }
 
 void launch_silu_gu(const void *gu, bool gu_f16, int n, int F, float *o32, __half *o16, cudaStream_t s) {

@@ -114,10 +114,8 @@ qf_status op_attention(const float *q, const float *k, const float *v, int n, in
                        int hd, qf_kv_mode mode, int route, float *out, qf_error *err) {
     const bool flash = route == 1, split = route == 2;
     size_t rb = kv_row_bytes(mode, hd);
-    /* flash with a q8_0 / q4_0 cache: its rows go to the kernel as f16, as the prefill does */
-    const bool fq = flash && (mode == QF_KV_Q8_0 || mode == QF_KV_Q4_0) && hd <= 256;
-    if (flash && !fq && !flash_ok(mode, mode, hd))
-        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: flash attention needs an f16, q8_0 or q4_0 cache and head_dim <= 256");
+    if (flash && !flash_ok(mode, mode, hd))
+        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: flash attention needs an f32, f16, q8_0 or q4_0 cache and head_dim <= 256");
     if (!rb || hd > HD_MAX) return cu_fail(err, QF_ERR_DEVICE, "CUDA op: kv mode %s / head_dim %d not supported", cu_kv_mode_name(mode), hd);
     dallocs a = {};
     const int T = pos0 + n;
@@ -127,16 +125,11 @@ qf_status op_attention(const float *q, const float *k, const float *v, int n, in
     uint8_t *ck = (uint8_t *)dalloc(&a, rows * rb), *cv = (uint8_t *)dalloc(&a, rows * rb);
     float *dout = (float *)dalloc(&a, (size_t)n * n_head * hd * 4);
     float *part = split ? (float *)dalloc(&a, attention_split_floats(n, n_head, hd) * 4) : NULL;
-    __half *h16 = fq ? (__half *)dalloc(&a, rows * hd * 2 * 2) : NULL;
-    OP_NEED(dq && dk && dv && ck && cv && dout && (!split || part) && (!fq || h16));
+    OP_NEED(dq && dk && dv && ck && cv && dout && (!split || part));
     launch_kv_write(mode, dk, (int64_t)rows, hd, rb, ck, 0);
     launch_kv_write(mode, dv, (int64_t)rows, hd, rb, cv, 0);
-    if (fq) {
-        launch_kv_to_f16(mode, ck, (int64_t)rows, hd, rb, h16, 0);
-        launch_kv_to_f16(mode, cv, (int64_t)rows, hd, rb, h16 + rows * hd, 0);
-        launch_attention(QF_KV_F16, QF_KV_F16, dq, (const uint8_t *)h16, (const uint8_t *)(h16 + rows * hd), (size_t)hd * 2,
-                         (size_t)hd * 2, n, pos0, n_head, n_head_kv, hd, dout, true, NULL, NULL, 0);
-    } else if (split) launch_attention_split(mode, mode, dq, ck, cv, rb, rb, n, pos0, n_head, n_head_kv, hd, dout, part, 0);
+    /* flash: the kernel reads the f32 / q8_0 / q4_0 rows itself, as the prefill does */
+    if (split) launch_attention_split(mode, mode, dq, ck, cv, rb, rb, n, pos0, n_head, n_head_kv, hd, dout, part, 0);
     else launch_attention(mode, mode, dq, ck, cv, rb, rb, n, pos0, n_head, n_head_kv, hd, dout, flash, NULL, NULL, 0);
     return op_finish(&a, out, dout, (size_t)n * n_head * hd * 4, err);
 }
@@ -183,11 +176,12 @@ qf_status op_kv_roundtrip(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_
 
 qf_status op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, int hd, int layout, const float *scale,
                                const float *inv, int8_t *bytes, float *out, qf_error *err) {
-    if (layout < 0 || layout > 3 || hd <= 0 || hd > HD_MAX || dkv % hd || (layout && (hd & (hd - 1)) && layout < 3))
+    if (layout < 0 || layout > 4 || hd <= 0 || hd > HD_MAX || dkv % hd || (layout && (hd & (hd - 1)) && layout != 3) ||
+        (layout == 4 && kv_ec_group(dkv / hd, hd) * hd < 16))
         return cu_fail(err, QF_ERR_DEVICE, "CUDA op: int8 layout %d with head_dim %d not supported", layout, hd);
     dallocs a = {};
     const size_t n = (size_t)rows * dkv;
-    float steps[256];
+    float steps[KV_STEPS_N];
     kv_tok_steps(steps);
     float *dx = (float *)dup_to(&a, x, n * 4), *ds = (float *)dup_to(&a, scale, (size_t)dkv * 4),
           *di = (float *)dup_to(&a, inv, (size_t)dkv * 4), *dout = (float *)dalloc(&a, n * 4),

@@ -36,9 +36,9 @@ qf_status qf_cuda_op_silu_mul(const float *g, const float *u, size_t n, float *o
  * cache in `mode`: f32, f16, q8_0, q4_0), out[n][n_head][hd]. */
 qf_status qf_cuda_op_attention(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
                                int n_head_kv, int hd, qf_kv_mode mode, float *out, qf_error *err);
-/* The same with the route chosen: flash = the tensor-core kernel prefill uses (f16 cache only,
- * head_dim <= 256; Q and P rounded to f16, f32 accumulation), else the one-warp-per-(query,
- * head) f32 kernel. */
+/* The same with the route chosen: flash = the tensor-core kernel prefill uses (f32, f16, q8_0
+ * or q4_0 cache, read by the kernel and rounded to f16 in its tiles; head_dim <= 256; Q and P
+ * rounded to f16, f32 accumulation), else the one-warp-per-(query, head) f32 kernel. */
 qf_status qf_cuda_op_attention_route(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
                                      int n_head_kv, int hd, qf_kv_mode mode, bool flash, float *out, qf_error *err);
 /* The decode route: split-K ("flash decoding"), each query's keys cut into ranges attended to
@@ -57,7 +57,7 @@ qf_status qf_cuda_op_kv_roundtrip_rot(qf_kv_mode mode, qf_kv_rot rot, const floa
                                       void *bytes, float *out, qf_error *err);
 
 /* kv-int8: quantize rows x dkv floats (dkv = heads x hd) in row layout `layout` (engine.h
- * qf_kv_int8_layout: 0 static, 1 static-rot, 2 token-rot, 3 token) with inv (dkv reciprocal
+ * qf_kv_int8_layout: 0 static, 1 static-rot, 2 token-rot, 3 token, 4 ec-rot) with inv (dkv reciprocal
  * scales, one per channel; static layouts) as the GPU cache writes them, and expand them with
  * scale: the stored bytes and the f32 values attention sees. */
 qf_status qf_cuda_op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, int hd, int layout, const float *scale,
