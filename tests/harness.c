@@ -61,3 +61,29 @@ const char *test_cli(void) {
     snprintf(buf, sizeof buf, "%s/qforge", b ? b : "build");
     return buf;
 }
+
+/* <fam>.logits: "QFLG", u32 version 1, u32 n_tok, u32 n_vocab, i32 tokens[], f32 logits[][] */
+bool test_read_logits(const char *path, test_logits *r) {
+    memset(r, 0, sizeof *r);
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    char magic[4];
+    uint32_t hdr[3];
+    bool ok = fread(magic, 1, 4, f) == 4 && memcmp(magic, "QFLG", 4) == 0 && fread(hdr, 4, 3, f) == 3 &&
+              hdr[0] == 1 && hdr[1] > 0 && hdr[1] <= 4096 && hdr[2] > 0 && hdr[2] <= (1u << 20);
+    if (ok) {
+        r->n_tok = (int)hdr[1];
+        r->n_vocab = (int)hdr[2];
+        r->tokens = malloc((size_t)r->n_tok * sizeof(int32_t));
+        r->logits = malloc((size_t)r->n_tok * r->n_vocab * sizeof(float));
+        ok = r->tokens && r->logits && fread(r->tokens, 4, (size_t)r->n_tok, f) == (size_t)r->n_tok &&
+             fread(r->logits, 4, (size_t)r->n_tok * r->n_vocab, f) == (size_t)r->n_tok * r->n_vocab;
+    }
+    fclose(f);
+    return ok;
+}
+
+void test_free_logits(test_logits *r) {
+    free(r->tokens);
+    free(r->logits);
+}

@@ -12,6 +12,7 @@
 
 #include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,17 @@ extern const char *qf_test_skip_reason;
 extern const char *qf_test_current;
 
 void qf_test_run(const char *name, void (*fn)(void));
+/* A reference-logits fixture (tests/fixtures/families/<fam>.logits, written by
+ * tools/hf_families.py): "QFLG", u32 version 1, u32 n_tok, u32 n_vocab, i32 tokens[n_tok],
+ * f32 logits[n_tok][n_vocab]. test_read_logits fills r and returns true, or returns false (r
+ * zeroed or partly filled: test_free_logits it either way) on a missing or malformed file. */
+typedef struct {
+    int n_tok, n_vocab;
+    int32_t *tokens;
+    float *logits;
+} test_logits;
+bool test_read_logits(const char *path, test_logits *r);
+void test_free_logits(test_logits *r);
 int test_summary(void);
 /* Path of a file under the shared data directory ($QF_DATA_DIR, default ../shared/data
  * relative to the repository root), or NULL when it is absent. Returns a static buffer. */

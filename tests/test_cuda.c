@@ -688,35 +688,8 @@ TEST(e2e_logits_and_taps) {
  * issue's bar: nMSE <= 1e-5, top-1 >= 99%) and against the CPU's fast route (the same bar);
  * and the default f16 cache against the CPU's f16 cache. QF_FAMILIES_DIR overrides the folder
  * (run from the repository root otherwise). */
-typedef struct {
-    int n_tok, n_vocab;
-    int32_t *tokens;
-    float *logits;
-} fam_ref;
-
-/* <fam>.logits: "QFLG", u32 version 1, u32 n_tok, u32 n_vocab, i32 tokens[], f32 logits[][] */
-static bool fam_read_ref(const char *path, fam_ref *r) {
-    memset(r, 0, sizeof *r);
-    FILE *f = fopen(path, "rb");
-    if (!f) return false;
-    char magic[4];
-    uint32_t hdr[3];
-    bool ok = fread(magic, 1, 4, f) == 4 && memcmp(magic, "QFLG", 4) == 0 && fread(hdr, 4, 3, f) == 3 &&
-              hdr[0] == 1 && hdr[1] > 0 && hdr[1] <= 4096 && hdr[2] > 0 && hdr[2] <= (1u << 20);
-    if (ok) {
-        r->n_tok = (int)hdr[1];
-        r->n_vocab = (int)hdr[2];
-        r->tokens = malloc((size_t)r->n_tok * sizeof(int32_t));
-        r->logits = malloc((size_t)r->n_tok * r->n_vocab * sizeof(float));
-        ok = r->tokens && r->logits && fread(r->tokens, 4, (size_t)r->n_tok, f) == (size_t)r->n_tok &&
-             fread(r->logits, 4, (size_t)r->n_tok * r->n_vocab, f) == (size_t)r->n_tok * r->n_vocab;
-    }
-    fclose(f);
-    return ok;
-}
-
 /* logits of every token of r on dev, in batches of `step` tokens (NULL on failure) */
-static float *fam_run(qf_model *m, const fam_ref *r, qf_device dev, int step, qf_kv_mode kv) {
+static float *fam_run(qf_model *m, const test_logits *r, qf_device dev, int step, qf_kv_mode kv) {
     qf_error e = {0};
     qf_context_params cp = qf_context_default_params();
     cp.n_ctx = 256;
@@ -756,20 +729,20 @@ TEST(e2e_families) {
     snprintf(path, sizeof path, "%s/qwen3.gguf", dir);
     if (access(path, R_OK) != 0) SKIP("tests/fixtures/families not found (run from the repository root or set QF_FAMILIES_DIR)");
     for (size_t fi = 0; fi < sizeof fams / sizeof fams[0]; fi++) {
-        fam_ref r;
+        test_logits r;
         snprintf(path, sizeof path, "%s/%s.logits", dir, fams[fi]);
         if (access(path, R_OK) != 0) {
             printf("  %-8s %s not found, skipped\n", fams[fi], path);
             continue;
         }
-        bool rok = fam_read_ref(path, &r);
+        bool rok = test_read_logits(path, &r);
         CHECK_MSG(rok, "%s: reference logits did not load", path);
         snprintf(path, sizeof path, "%s/%s.gguf", dir, fams[fi]);
         qf_error err = {0};
         qf_model *m = rok ? qf_model_load(path, &err) : NULL;
         CHECK_MSG(m, "%s: %s", path, err.msg);
         if (!m) {
-            free(r.tokens), free(r.logits);
+            test_free_logits(&r);
             continue;
         }
         const int T = r.n_tok, V = r.n_vocab;
@@ -807,7 +780,7 @@ TEST(e2e_families) {
             CHECK_MSG(e_cpu <= 1e-3 && t_cpu >= 0.97, "%s kv f16: GPU vs CPU nmse %g top-1 %g", fams[fi], e_cpu, t_cpu);
         }
         free(gpu16), free(cpu), free(cpu16);
-        free(r.tokens), free(r.logits);
+        test_free_logits(&r);
         qf_model_free(m);
     }
 }

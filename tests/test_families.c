@@ -21,40 +21,8 @@
 static const char *const families[] = {"qwen3", "qwen3moe", "qwen2moe", "mixtral", "gemma2", "gemma3", "phi3"};
 #define N_FAM (int)(sizeof families / sizeof families[0])
 
-typedef struct {
-    int n_tok, n_vocab;
-    int32_t *tokens;
-    float *logits;
-} ref_logits;
-
-/* <fam>.logits: "QFLG", u32 version 1, u32 n_tok, u32 n_vocab, i32 tokens[], f32 logits[][] */
-static bool read_ref(const char *path, ref_logits *r) {
-    memset(r, 0, sizeof *r);
-    FILE *f = fopen(path, "rb");
-    if (!f) return false;
-    char magic[4];
-    uint32_t hdr[3];
-    bool ok = fread(magic, 1, 4, f) == 4 && memcmp(magic, "QFLG", 4) == 0 && fread(hdr, 4, 3, f) == 3 &&
-              hdr[0] == 1 && hdr[1] > 0 && hdr[1] <= 4096 && hdr[2] > 0 && hdr[2] <= (1u << 20);
-    if (ok) {
-        r->n_tok = (int)hdr[1];
-        r->n_vocab = (int)hdr[2];
-        r->tokens = malloc((size_t)r->n_tok * sizeof(int32_t));
-        r->logits = malloc((size_t)r->n_tok * r->n_vocab * sizeof(float));
-        ok = r->tokens && r->logits && fread(r->tokens, 4, (size_t)r->n_tok, f) == (size_t)r->n_tok &&
-             fread(r->logits, 4, (size_t)r->n_tok * r->n_vocab, f) == (size_t)r->n_tok * r->n_vocab;
-    }
-    fclose(f);
-    return ok;
-}
-
-static void free_ref(ref_logits *r) {
-    free(r->tokens);
-    free(r->logits);
-}
-
 /* logits of every token: batches of `step` tokens (step >= n: one prefill) */
-static float *run(qf_model *m, const ref_logits *r, bool reference, int step, qf_kv_mode kv) {
+static float *run(qf_model *m, const test_logits *r, bool reference, int step, qf_kv_mode kv) {
     qf_error e = {0};
     qf_context_params cp = qf_context_default_params();
     cp.n_ctx = 256;
@@ -101,10 +69,10 @@ static void compare(const float *a, const float *b, int n_tok, int V, double *nm
     *top1 = (double)agree / n_tok;
 }
 
-static qf_model *load_fam(const char *fam, ref_logits *r) {
+static qf_model *load_fam(const char *fam, test_logits *r) {
     char path[256];
     snprintf(path, sizeof path, FIX "%s.logits", fam);
-    if (!read_ref(path, r)) return NULL;
+    if (!test_read_logits(path, r)) return NULL;
     snprintf(path, sizeof path, FIX "%s.gguf", fam);
     qf_error e = {0};
     qf_model *m = qf_model_load(path, &e);
@@ -118,11 +86,11 @@ TEST(families_match_transformers) {
     if (!probe) SKIP("tests/fixtures/families not found (run from the repository root)");
     fclose(probe);
     for (int fi = 0; fi < N_FAM; fi++) {
-        ref_logits r;
+        test_logits r;
         qf_model *m = load_fam(families[fi], &r);
         CHECK_MSG(m != NULL, "%s: model or reference logits did not load", families[fi]);
         if (!m) {
-            free_ref(&r);
+            test_free_logits(&r);
             continue;
         }
         CHECK_EQ_INT(qf_model_hparams(m)->n_vocab, r.n_vocab);
@@ -145,7 +113,7 @@ TEST(families_match_transformers) {
             free(lg);
         }
         qf_model_free(m);
-        free_ref(&r);
+        test_free_logits(&r);
     }
 }
 
@@ -156,11 +124,11 @@ TEST(families_decode_matches_prefill) {
     if (!probe) SKIP("tests/fixtures/families not found (run from the repository root)");
     fclose(probe);
     for (int fi = 0; fi < N_FAM; fi++) {
-        ref_logits r;
+        test_logits r;
         qf_model *m = load_fam(families[fi], &r);
         CHECK(m != NULL);
         if (!m) {
-            free_ref(&r);
+            test_free_logits(&r);
             continue;
         }
         float *pre = run(m, &r, false, r.n_tok, QF_KV_F32);
@@ -176,7 +144,7 @@ TEST(families_decode_matches_prefill) {
         }
         free(pre), free(one), free(five);
         qf_model_free(m);
-        free_ref(&r);
+        test_free_logits(&r);
     }
 }
 
@@ -189,10 +157,10 @@ TEST(families_quantized) {
     fclose(probe);
     struct { qf_type type; double max_nmse, min_top1; } qs[] = {{QF_TYPE_Q8_0, 5e-2, 0.85}, {QF_TYPE_Q4_0, 0.4, 0.4}};
     for (int fi = 0; fi < N_FAM; fi++) {
-        ref_logits r;
+        test_logits r;
         char src[256], out[512];
         snprintf(src, sizeof src, FIX "%s.logits", families[fi]);
-        CHECK(read_ref(src, &r));
+        CHECK(test_read_logits(src, &r));
         snprintf(src, sizeof src, FIX "%s.gguf", families[fi]);
         for (int qi = 0; qi < 2; qi++) {
             snprintf(out, sizeof out, "%s/%s-%s.gguf", test_tmpdir(), families[fi], qf_type_name(qs[qi].type));
@@ -213,7 +181,7 @@ TEST(families_quantized) {
             free(lg);
             qf_model_free(m);
         }
-        free_ref(&r);
+        test_free_logits(&r);
     }
 }
 
@@ -226,11 +194,11 @@ TEST(families_awq_fold) {
     fclose(probe);
     const char *dense[] = {"qwen3", "gemma2", "gemma3"};
     for (int fi = 0; fi < 3; fi++) {
-        ref_logits r;
+        test_logits r;
         qf_model *m = load_fam(dense[fi], &r);
         CHECK(m != NULL);
         if (!m) {
-            free_ref(&r);
+            test_free_logits(&r);
             continue;
         }
         qf_awq_params p = qf_awq_default_params();
@@ -256,12 +224,12 @@ TEST(families_awq_fold) {
         }
         free(lg);
         qf_model_free(m);
-        free_ref(&r);
+        test_free_logits(&r);
     }
     const char *refused[][2] = {{"phi3", "fused tensors"}, {"mixtral", "mixture-of-experts"}, {"qwen3moe", "mixture-of-experts"},
                                 {"qwen2moe", "mixture-of-experts"}};
     for (int i = 0; i < 4; i++) {
-        ref_logits r;
+        test_logits r;
         qf_model *m = load_fam(refused[i][0], &r);
         CHECK(m != NULL);
         if (m) {
@@ -276,14 +244,14 @@ TEST(families_awq_fold) {
             if (f) fclose(f);
             qf_model_free(m);
         }
-        free_ref(&r);
+        test_free_logits(&r);
     }
 }
 
 /* sliding-window layers keep only their window plus one batch: the cache is smaller, and a
  * rewind further back than the ring reaches is refused (start again at 0 works) */
 TEST(families_swa_ring) {
-    ref_logits r;
+    test_logits r;
     qf_model *m = load_fam("gemma2", &r);
     if (!m) SKIP("gemma2 fixture not found");
     qf_error e = {0};
@@ -311,13 +279,13 @@ TEST(families_swa_ring) {
     qf_context_free(full);
     qf_context_free(ring);
     qf_model_free(m);
-    free_ref(&r);
+    test_free_logits(&r);
 }
 
 /* a cache that stores K before RoPE (kv-dict v2) rotates on read with each layer's base:
  * gemma3's local and global layers give the same logits as rotating first */
 TEST(families_prerope_k) {
-    ref_logits r;
+    test_logits r;
     qf_model *m = load_fam("gemma3", &r);
     if (!m) SKIP("gemma3 fixture not found");
     float *plain = run(m, &r, false, r.n_tok, QF_KV_F32);
@@ -341,11 +309,11 @@ TEST(families_prerope_k) {
     free(plain);
     qf_context_free(c);
     qf_model_free(m);
-    free_ref(&r);
+    test_free_logits(&r);
 }
 
 TEST(families_hparams) {
-    ref_logits r;
+    test_logits r;
     qf_model *m = load_fam("gemma3", &r);
     if (!m) SKIP("gemma3 fixture not found");
     const qf_hparams *hp = qf_model_hparams(m);
@@ -357,7 +325,7 @@ TEST(families_hparams) {
     char buf[512];
     CHECK(strstr(qf_hparams_features(hp, buf, sizeof buf), "sliding window 24") != NULL);
     qf_model_free(m);
-    free_ref(&r);
+    test_free_logits(&r);
     m = load_fam("mixtral", &r);
     CHECK(m != NULL);
     if (m) {
@@ -366,7 +334,7 @@ TEST(families_hparams) {
         CHECK(strstr(qf_hparams_features(hp, buf, sizeof buf), "moe (4 experts, top-2") != NULL);
         qf_model_free(m);
     }
-    free_ref(&r);
+    test_free_logits(&r);
     m = load_fam("phi3", &r);
     CHECK(m != NULL);
     if (m) {
@@ -374,7 +342,7 @@ TEST(families_hparams) {
         CHECK(hp->fused_qkv && hp->fused_gate_up && hp->swa == QF_SWA_ALL && hp->n_swa == 4096);
         qf_model_free(m);
     }
-    free_ref(&r);
+    test_free_logits(&r);
     m = load_fam("qwen2moe", &r); /* q/k/v biases, top-k not renormalized, a shared expert */
     CHECK(m != NULL);
     if (m) {
@@ -385,7 +353,7 @@ TEST(families_hparams) {
         CHECK(strstr(qf_hparams_features(hp, buf, sizeof buf), "shared expert (ff 64, sigmoid-gated)") != NULL);
         qf_model_free(m);
     }
-    free_ref(&r);
+    test_free_logits(&r);
 }
 
 /* Copy src with `key` set to a u32 (or, with key NULL, unchanged) and an extra tensor
@@ -568,7 +536,7 @@ static bool split_exps(qf_gguf_writer *w, const char *name, const qf_gguf_tensor
 static void same_logits(const char *fam, const char *path2) {
     CHECK_MSG(path2 != NULL, "%s: rewrite failed", fam);
     if (!path2) return;
-    ref_logits r;
+    test_logits r;
     qf_model *m = load_fam(fam, &r);
     qf_error e = {0};
     qf_model *m2 = qf_model_load(path2, &e);
@@ -590,7 +558,7 @@ static void same_logits(const char *fam, const char *path2) {
         free(a), free(b), free(d);
     }
     qf_model_free(m), qf_model_free(m2);
-    free_ref(&r);
+    test_free_logits(&r);
 }
 
 TEST(families_tensor_layouts) {
