@@ -23,6 +23,15 @@ trap 'rm -rf "$d"' EXIT
 # tiny settings (-c 64, 1024 calibration tokens): mechanics, not quality, hence --allow-worse-than-baseline
 small=(-m "$model" -c 64 --max-tok 1024 --eval-chunks 2 --sens-chunks 2 -t 2 --artifact kv-rq --allow-worse-than-baseline)
 
+# the first number after "KEY": in the last command's standard output
+num() { sed -n "s/.*\"$1\": \([0-9.e+-]*\).*/\1/p" "$d/out" | head -n 1; }
+# NAME CAND GOT: ok when GOT (ppl --artifact) equals CAND (the certificate's PPL) to 1e-9 relative
+reproduces() {
+    if [ -n "$2" ] && [ -n "$3" ] && awk -v a="$2" -v b="$3" 'BEGIN { exit !((a - b) ^ 2 < (1e-9 * a) ^ 2) }'; then
+        ok "$1 ($3 = $2)"
+    else bad "$1 ('$3' vs '$2')"; fi
+}
+
 expect() {
     local name=$1 code=$2
     shift 2
@@ -36,8 +45,8 @@ expect() {
 
 expect "kv-rq --bits 3.5 certified" 0 "$qf" calibrate "${small[@]}" --bits 3.5 --sinks 1 --window 2 \
     -o "$d/rq.qfa" --eval-out "$d/eval.txt" --json
-cand=$(sed -n 's/.*"cand_ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
-bpe=$(sed -n 's/.*"bits_per_element": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
+cand=$(num cand_ppl)
+bpe=$(num bits_per_element)
 if [ -n "$bpe" ] && awk -v b="$bpe" 'BEGIN { exit !(b <= 3.5 && b >= 2.25) }'; then ok "within the budget ($bpe <= 3.5)"
 else bad "bits per element '$bpe' not within 3.5"; fi
 expect "verify" 0 "$qf" verify "$d/rq.qfa" -m "$model" --json
@@ -45,10 +54,8 @@ if python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(not 
     ok "verify --json: bits_per_element and certified_ctx"
 else bad "verify --json: bits_per_element / certified_ctx missing"; fi
 expect "ppl --artifact" 0 "$qf" ppl -m "$model" --artifact "$d/rq.qfa" -f "$d/eval.txt" -c 64 --chunks 2 -t 2 --json
-got=$(sed -n 's/.*"ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
-if [ -n "$cand" ] && [ -n "$got" ] && awk -v a="$cand" -v b="$got" 'BEGIN { exit !((a - b) ^ 2 < (1e-9 * a) ^ 2) }'; then
-    ok "ppl --artifact reproduces the certificate ($got = $cand)"
-else bad "ppl --artifact reproduces the certificate ('$got' vs '$cand')"; fi
+got=$(num ppl)
+reproduces "ppl --artifact reproduces the certificate" "$cand" "$got"
 expect "generate --artifact (CPU under auto)" 0 "$qf" generate -m "$model" --artifact "$d/rq.qfa" -p "The kernel" -n 8 -c 64 -t 2
 expect "--device cuda refused" 7 "$qf" ppl -m "$model" --artifact "$d/rq.qfa" -f "$d/eval.txt" -c 64 --chunks 2 --device cuda
 if grep -q "CPU only" "$d/err"; then ok "cuda refusal says kv-rq runs on the CPU only"; else bad "cuda refusal message"; fi
@@ -92,7 +99,7 @@ expect "--rq-min-bits 7: usage" 1 "$qf" calibrate "${small[@]}" --bits 4 --rq-mi
 # from K; the same budget with both off; bad values of the new switches
 expect "kv-rq --bits 2.0 (1-bit floor, pre-RoPE K, V from K)" 0 "$qf" calibrate "${small[@]}" --gate 10 --max-kld 10 --max-kld-p99 100 --bits 2.0 \
     --sinks 1 --window 1 --rq-transform hadamard -o "$d/rq2.qfa" --json
-cand2=$(sed -n 's/.*"cand_ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
+cand2=$(num cand_ppl)
 expect "verify (format 2)" 0 "$qf" verify "$d/rq2.qfa" -m "$model" --json
 if python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(not (1 < j["bits_per_element"] <= 2.0))' "$d/out"; then
     ok "verify --json: bits_per_element <= 2.0"
@@ -101,10 +108,8 @@ if grep -q '"k_prerope": 1' "$d/out" && grep -q '"v_pred": 1' "$d/out" && grep -
     ok "certificate records k_prerope, v_pred and the 1-bit floor"
 else bad "certificate lacks k_prerope / v_pred / min_bits"; fi
 expect "ppl --artifact (format 2)" 0 "$qf" ppl -m "$model" --artifact "$d/rq2.qfa" -f "$d/eval.txt" -c 64 --chunks 2 -t 2 --json
-got2=$(sed -n 's/.*"ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
-if [ -n "$cand2" ] && [ -n "$got2" ] && awk -v a="$cand2" -v b="$got2" 'BEGIN { exit !((a - b) ^ 2 < (1e-9 * a) ^ 2) }'; then
-    ok "ppl --artifact reproduces the format-2 certificate ($got2)"
-else bad "ppl --artifact reproduces the format-2 certificate ('$got2' vs '$cand2')"; fi
+got2=$(num ppl)
+reproduces "ppl --artifact reproduces the format-2 certificate" "$cand2" "$got2"
 expect "kv-rq --k-prerope off --v-pred off" 0 "$qf" calibrate "${small[@]}" --gate 10 --max-kld 10 --max-kld-p99 100 --bits 2.0 --sinks 1 --window 1 \
     --k-prerope off --v-pred off -o "$d/rq2off.qfa"
 expect "bad --k-prerope" 1 "$qf" calibrate "${small[@]}" --k-prerope maybe -o "$d/y.qfa"
@@ -113,16 +118,14 @@ if [ ! -e "$d/y.qfa" ]; then ok "no file after a bad switch"; else bad "file aft
 # format 3 (docs/kv-rq.md "Format 3"): KLT + per-coordinate widths; reproduced by ppl, CPU only
 expect "kv-rq --rq-transform klt --bits 2.0 (format 3)" 0 "$qf" calibrate "${small[@]}" --gate 10 --max-kld 10 --max-kld-p99 100 \
     --bits 2.0 --sinks 1 --window 1 --rq-transform klt -o "$d/rq3.qfa" --json
-cand3=$(sed -n 's/.*"cand_ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
+cand3=$(num cand_ppl)
 expect "verify (format 3)" 0 "$qf" verify "$d/rq3.qfa" -m "$model" --json
 if python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(not (1 < j["bits_per_element"] <= 2.0 and j["provenance"]["config"]["transform"] == "klt"))' "$d/out"; then
     ok "verify --json (format 3): bits_per_element <= 2.0, transform klt"
 else bad "verify --json (format 3): bits_per_element / transform"; fi
 expect "ppl --artifact (format 3)" 0 "$qf" ppl -m "$model" --artifact "$d/rq3.qfa" -f "$d/eval.txt" -c 64 --chunks 2 -t 2 --json
-got3=$(sed -n 's/.*"ppl": \([0-9.e+-]*\).*/\1/p' "$d/out" | head -n 1)
-if [ -n "$cand3" ] && [ -n "$got3" ] && awk -v a="$cand3" -v b="$got3" 'BEGIN { exit !((a - b) ^ 2 < (1e-9 * a) ^ 2) }'; then
-    ok "ppl --artifact reproduces the format-3 certificate ($got3)"
-else bad "ppl --artifact reproduces the format-3 certificate ('$got3' vs '$cand3')"; fi
+got3=$(num ppl)
+reproduces "ppl --artifact reproduces the format-3 certificate" "$cand3" "$got3"
 expect "--device cuda refused (format 3)" 7 "$qf" ppl -m "$model" --artifact "$d/rq3.qfa" -f "$d/eval.txt" -c 64 --chunks 2 --device cuda
 if grep -q "CPU only" "$d/err"; then ok "format-3 cuda refusal says CPU only"; else bad "format-3 cuda refusal message"; fi
 expect "bad --rq-transform" 1 "$qf" calibrate "${small[@]}" --rq-transform pca -o "$d/y.qfa"
