@@ -102,6 +102,8 @@ int main(int argc, char **argv) {
         if ((v = getenv("QF_CUDA_F16_CACHE")) && !strcmp(v, "0")) p.cuda.no_f16_cache = true;
         if ((v = getenv("QF_CUDA_PROFILE")) && atoi(v) > 0) p.cuda.profile = true;
         if ((v = getenv("QF_CUDA_GRAPH")) && !strcmp(v, "0")) p.cuda.no_graph = true;
+        if ((v = getenv("QF_CUDA_PDL")) && !strcmp(v, "0")) p.cuda.no_pdl = true;
+        if ((v = getenv("QF_CUDA_Q4G")) && !strcmp(v, "0")) p.cuda.no_q4_regroup = true;
         if ((v = getenv("QF_KV_ROT")) && !strcmp(v, "hadamard")) p.kv_rot = QF_KV_ROT_HADAMARD;
     }
     if (!qf_kv_mode_from_name(kvs, &p.kv_k) || !qf_device_from_name(devs, &p.device)) {

@@ -12,7 +12,19 @@ const char *qf_test_skip_reason;
 const char *qf_test_current;
 static int n_pass, n_fail, n_skip;
 
+/* QF_TEST_ONLY=a,b,c runs only the cases named (device runs with a time budget); the others
+ * are neither run nor counted */
+static bool selected(const char *name) {
+    const char *only = getenv("QF_TEST_ONLY");
+    if (!only || !*only) return true;
+    const size_t n = strlen(name);
+    for (const char *p = only; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == only || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) return true;
+    return false;
+}
+
 void qf_test_run(const char *name, void (*fn)(void)) {
+    if (!selected(name)) return;
     qf_test_failed_checks = 0;
     qf_test_checks = 0;
     qf_test_skip_reason = NULL;

@@ -137,13 +137,16 @@ static void vec_dot_oracle(qf_type t, const void *w, int K, int N, const float *
 }
 
 /* K = 512: one partial tile of the wide decode kernel; K = 2304: a whole tile and a partial
- * one (q6_K rows of these sizes are not 8-byte multiples: the fallback kernel) */
+ * one (q6_K rows of these sizes are not 8-byte multiples: the fallback kernel). q4_0 rows of
+ * these widths take the regrouped G8 layout on the device (k_matvec_q4g); K = 800 (the 32-block
+ * types only) keeps the GGUF layout and its kernels. */
 TEST(op_matmul) {
     NEED_GPU();
-    const int Ks[] = {512, 2304}, N = 96, ns[] = {1, 5, 33};
-    for (size_t ti = 0; ti < 2 * N_TYPES; ti++) {
+    const int Ks[] = {512, 2304, 800}, N = 96, ns[] = {1, 5, 33};
+    for (size_t ti = 0; ti < 3 * N_TYPES; ti++) {
         const int K = Ks[ti / N_TYPES];
         qf_type t = all_types[ti % N_TYPES];
+        if (K % 256 && qf_type_block_elems(t) > 32) continue;
         qf_weight w = {.type = t, .ne0 = K, .ne1 = N, .row_bytes = qf_row_bytes(t, K)};
         void *wd = rand_weight(t, N, K);
         w.data = wd;
@@ -919,11 +922,17 @@ static bool decode_steps(qf_model *m, qf_device dev, bool reference, bool no_gra
 
 TEST(e2e_decode_graph) {
     NEED_GPU();
+    /* the q4_0 copy (qforge quantize; gpu_device_bundle.sh makes it): its ffn_down rows (1024
+     * wide) take the G8 layout and k_matvec_q4g, the 384-wide rows the GGUF layout */
     const char *models[] = {"models/qforge-demo-11m-f16.gguf", "models/qforge-demo-11m-q8_0.gguf",
-                            "models/qforge-demo-11m-q4_k_m.gguf", "models/qforge-demo-qwen2-5m-q4_k_m.gguf"};
-    for (size_t mi = 0; mi < 4; mi++) {
+                            "models/qforge-demo-11m-q4_k_m.gguf", "models/qforge-demo-qwen2-5m-q4_k_m.gguf",
+                            "models/qforge-demo-11m-q4_0.gguf"};
+    for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
         const char *path = model_path(models[mi]);
-        if (!path) continue;
+        if (!path) {
+            printf("  decode graph: %s not found, skipped\n", models[mi]);
+            continue;
+        }
         qf_error err = {0};
         qf_model *m = qf_model_load(path, &err);
         CHECK_MSG(m, "%s", err.msg);

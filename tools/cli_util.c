@@ -194,4 +194,6 @@ void cli_cuda_env(qf_cuda_params *k) {
     if ((v = getenv("QF_CUDA_F16_CACHE")) && strcmp(v, "0") == 0) k->no_f16_cache = true;
     if ((v = getenv("QF_CUDA_PROFILE")) && atoi(v) > 0) k->profile = true;
     if ((v = getenv("QF_CUDA_GRAPH")) && strcmp(v, "0") == 0) k->no_graph = true;
+    if ((v = getenv("QF_CUDA_PDL")) && strcmp(v, "0") == 0) k->no_pdl = true;
+    if ((v = getenv("QF_CUDA_Q4G")) && strcmp(v, "0") == 0) k->no_q4_regroup = true;
 }

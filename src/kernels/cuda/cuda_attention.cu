@@ -428,6 +428,8 @@ template <int MK, int MV>
 __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     k_attn_split(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
                  int n_head_kv, int hd, float scale, int n, const int *dpos, float *part) {
+    pdl_trigger();
+    pdl_wait();
     const int c = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
     if (dpos) pos0 = *dpos;
     int L, nsplit;
@@ -514,6 +516,8 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     k_attn_split_g(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
                    int n_head_kv, int hd, float scale, int n, const int *dpos, float *part) {
     extern __shared__ float smg[];
+    pdl_trigger();
+    pdl_wait();
     const int c = blockIdx.x, kh = blockIdx.y, i = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (dpos) pos0 = *dpos;
@@ -581,6 +585,8 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
 
 __global__ void k_attn_merge(const float *part, int pos0, int n_head, int hd, int n, const int *dpos, int grouped,
                              float *out) {
+    pdl_trigger();
+    pdl_wait();
     const int h = blockIdx.x, i = blockIdx.y;
     if (dpos) pos0 = *dpos;
     int L, nsplit;
@@ -636,11 +642,11 @@ void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
 #define QF_SPL(MK, MV)                                                                                                    \
     do {                                                                                                                  \
         if (grouped)                                                                                                      \
-            k_attn_split_g<MK, MV><<<grid, SPLIT_WARPS * 32, gsm, s>>>(q, K, V, rbk, rbv, pos0, n_head, n_head_kv, hd,  \
-                                                                       scale, n, dpos, part);                            \
+            cu_launch(k_attn_split_g<MK, MV>, grid, dim3(SPLIT_WARPS * 32), gsm, s, q, K, V, rbk, rbv, pos0, n_head,    \
+                      n_head_kv, hd, scale, n, dpos, part);                                                               \
         else                                                                                                              \
-            k_attn_split<MK, MV><<<grid, SPLIT_WARPS * 32, 0, s>>>(q, K, V, rbk, rbv, pos0, n_head, n_head_kv, hd, scale, \
-                                                                   n, dpos, part);                                        \
+            cu_launch(k_attn_split<MK, MV>, grid, dim3(SPLIT_WARPS * 32), 0, s, q, K, V, rbk, rbv, pos0, n_head, n_head_kv, \
+                      hd, scale, n, dpos, part);                                                                          \
     } while (0)
 #define QF_SPL_V(MK)                                   \
     switch (mv) {                                      \
@@ -659,5 +665,6 @@ void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
     }
 #undef QF_SPL_V
 #undef QF_SPL
-    k_attn_merge<<<dim3((unsigned)n_head, (unsigned)n), 128, 0, s>>>(part, pos0, n_head, hd, n, dpos, grouped, out);
+    cu_launch(k_attn_merge, dim3((unsigned)n_head, (unsigned)n), dim3(128), 0, s, (const float *)part, pos0, n_head, hd, n,
+              dpos, (int)grouped, out);
 }

@@ -90,6 +90,8 @@ struct qf_cuda_ctx {
     bool attn_warp;        /* QF_CUDA_ATTN=warp: the one-warp-per-(query, head) kernel for prefill too */
     bool gu16;             /* QF_CUDA_GU16=1 (experimental, not certified): the gate|up GEMM writes f16 */
     bool f16_cache;        /* quantized weights keep an f16 copy for prefill GEMMs (knob no_f16_cache: off) */
+    bool q4g;              /* q4_0 weights of width % 256 == 0 take the G8 layout (knob no_q4_regroup: off) */
+    bool pdl;              /* the decode graph uses programmatic dependent launch (knob no_pdl: off) */
     size_t f16_cache_bytes;
     /* device scratch */
     float *x, *xn, *q, *k, *v, *att, *hb, *hb2, *logits, *rcos, *rsin;
@@ -131,6 +133,35 @@ static bool available(void) {
     return cached == 1;
 }
 
+/* ---- programmatic dependent launch: on while this thread captures a decode graph ---- */
+static thread_local bool tls_pdl;
+bool cu_pdl(void) { return tls_pdl; }
+void cu_pdl_set(bool on) { tls_pdl = on; }
+
+/* the contract: cuda_common.cuh */
+bool h2d_weight(uint8_t *dst, const void *src, qf_type t, int64_t k, int64_t rows, size_t rb, bool g8, cudaError_t *e) {
+    *e = cudaSuccess;
+    if (!g8) {
+        *e = cudaMemcpy(dst, src, rb * (size_t)rows, cudaMemcpyHostToDevice);
+        return *e == cudaSuccess;
+    }
+    (void)t;
+    const int64_t chunk = (int64_t)((64u << 20) / rb) > 0 ? (int64_t)((64u << 20) / rb) : 1; /* ~64 MiB of rows */
+    const int64_t cr = chunk < rows ? chunk : rows;
+    uint8_t *stage = (uint8_t *)malloc(rb * (size_t)cr);
+    if (!stage) {
+        *e = cudaErrorMemoryAllocation;
+        return false;
+    }
+    for (int64_t r = 0; r < rows && *e == cudaSuccess; r += cr) {
+        const int64_t nr = rows - r < cr ? rows - r : cr;
+        q4g_regroup((const uint8_t *)src + rb * (size_t)r, stage, nr, k);
+        *e = cudaMemcpy(dst + rb * (size_t)r, stage, rb * (size_t)nr, cudaMemcpyHostToDevice);
+    }
+    free(stage);
+    return *e == cudaSuccess;
+}
+
 static qf_status upload_weight(qf_cuda_ctx *g, const qf_weight *w, const char *name, dweight *out, qf_error *err) {
     qf_status st = QF_OK;
     memset(out, 0, sizeof *out);
@@ -140,8 +171,12 @@ static qf_status upload_weight(qf_cuda_ctx *g, const qf_weight *w, const char *n
                        cu_type_name(w->type));
     size_t bytes = w->row_bytes * (size_t)w->ne1;
     out->type = w->type, out->ne0 = w->ne0, out->ne1 = w->ne1, out->row_bytes = w->row_bytes;
+    out->g8 = g->q4g && q4g_ok(w->type, w->ne0);
     CK(cudaMalloc((void **)&out->d, bytes));
-    CK(cudaMemcpy(out->d, w->data, bytes, cudaMemcpyHostToDevice));
+    {
+        cudaError_t e;
+        if (!h2d_weight(out->d, w->data, w->type, w->ne0, w->ne1, w->row_bytes, out->g8, &e)) CK(e);
+    }
     g->weight_bytes += bytes;
 done:
     return st;
@@ -191,6 +226,7 @@ static qf_status upload_fused(qf_cuda_ctx *g, const qf_weight *const *ws, const 
     }
     const size_t rb = ws[0]->row_bytes;
     fused->type = ws[0]->type, fused->ne0 = ws[0]->ne0, fused->ne1 = rows, fused->row_bytes = rb;
+    fused->g8 = g->q4g && q4g_ok(ws[0]->type, ws[0]->ne0);
     CK(cudaMalloc((void **)&fused->d, rb * (size_t)rows));
     g->weight_bytes += rb * (size_t)rows;
     rows = 0;
@@ -198,8 +234,10 @@ static qf_status upload_fused(qf_cuda_ctx *g, const qf_weight *const *ws, const 
         dweight *p = parts[i];
         memset(p, 0, sizeof *p);
         p->type = ws[i]->type, p->ne0 = ws[i]->ne0, p->ne1 = ws[i]->ne1, p->row_bytes = rb, p->view = true;
+        p->g8 = fused->g8;
         p->d = fused->d + rb * (size_t)rows;
-        CK(cudaMemcpy(p->d, ws[i]->data, rb * (size_t)ws[i]->ne1, cudaMemcpyHostToDevice));
+        cudaError_t e;
+        if (!h2d_weight(p->d, ws[i]->data, ws[i]->type, ws[i]->ne0, ws[i]->ne1, rb, p->g8, &e)) CK(e);
         rows += ws[i]->ne1;
     }
 done:
@@ -413,6 +451,8 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
     g->gu16 = p->knobs.gu16;
     g->f16_cache = !p->knobs.no_f16_cache;
     g->graph_off = p->knobs.no_graph;
+    g->q4g = !p->knobs.no_q4_regroup;
+    g->pdl = !p->knobs.no_pdl;
     g->kv_rot = p->kv_rot == QF_KV_ROT_HADAMARD;
     g->fam = hp->qk_norm || hp->post_norms || hp->attn_softcap > 0 || hp->final_softcap > 0 || hp->swa != QF_SWA_NONE ||
              hp->ffn_act != QF_FFN_SILU || hp->embd_scale != 1.0f || hp->n_expert > 0 ||
@@ -1103,8 +1143,10 @@ static qf_status forward_graph(qf_cuda_ctx *g, int32_t token, int pos0, float *l
     if (!g->gexec) {
         cudaGraph_t gr = NULL;
         CK(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal));
+        cu_pdl_set(g->pdl); /* the step's kernels may overlap their predecessors' tails */
         st = forward_layers(g, NULL, 1, pos0, dpos, rc, rs, tok, g->stream, err);
         if (!st) st = forward_logits(g, 1, 0, g->stream, err);
+        cu_pdl_set(false);
         cudaError_t e = cudaStreamEndCapture(g->stream, &gr);
         if (!st && e == cudaSuccess) e = cudaGraphInstantiate(&g->gexec, gr, 0);
         if (gr) cudaGraphDestroy(gr);

@@ -24,8 +24,9 @@ extern "C" {
 
 /* The ABI of the function table; the loader refuses a plugin built for another one.
  * 4: qf_gpu_model carries the family features' per-layer windows and the host's MoE routing
- * (the backend runs every family of docs/families.md). */
-#define QF_CUDA_ABI 4
+ * (the backend runs every family of docs/families.md). 5: qf_cuda_params gains no_pdl and
+ * no_q4_regroup. */
+#define QF_CUDA_ABI 5
 
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 

@@ -51,6 +51,44 @@ static inline qf_status cuda_fail(qf_error *err, cudaError_t e, const char *what
     } while (0)
 
 static inline unsigned nblk(size_t n, unsigned bs) { return (unsigned)((n + bs - 1) / bs); }
+
+/* ---- programmatic dependent launch (Hopper; docs/gpu.md "Decode") ----
+ * The one-token decode graph launches its kernels with the programmatic-stream-serialization
+ * attribute (cu_launch while cu_pdl() is on): a kernel may then start while its predecessor
+ * drains. The contract every kernel launched that way keeps: pdl_trigger() first (its successor
+ * may be scheduled once all of this grid's blocks have started), then nothing but reads of
+ * memory no kernel writes (weights) before pdl_wait(), which returns when the predecessor grid
+ * has completed and its writes are visible. Both are no-ops for a plain launch and below sm_90.
+ * Kernels launched with <<<>>> keep the full stream order. */
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+/* on while the decode graph is captured on this thread (cuda_backend.cu) */
+bool cu_pdl(void);
+void cu_pdl_set(bool on);
+/* kern<<<grid, block, smem, s>>>(args...), with the programmatic-serialization attribute when
+ * cu_pdl() (kern must keep the contract above) */
+template <typename... KP, typename... A>
+static inline void cu_launch(void (*kern)(KP...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A... args) {
+    if (!cu_pdl()) {
+        kern<<<grid, block, smem, s>>>(args...);
+        return;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, kern, args...);
+}
 static inline size_t wmax(size_t a, size_t b) { return a > b ? a : b; }
 
 /* ---- block formats (layouts: format/quant_blocks.h) ---- */
@@ -148,9 +186,45 @@ template <> __host__ __device__ inline void deq32<QF_TYPE_Q6_K>(const uint8_t *r
     }
 }
 
+/* ---- q4_0 regrouped for the device (G8) ----
+ * A q4_0 row whose width is a multiple of 256 is stored on the device in groups of 8 blocks:
+ * the 8 f16 scales (16 bytes), then the 8 blocks' 16 quant bytes each (128 bytes), 144 bytes a
+ * group, the same bytes as the GGUF row in another order (row_bytes unchanged, so rows and row
+ * ranges are sliced as before). Every block's quants are then 16-byte aligned: the decode
+ * matvec reads a block with one 16-byte load (k_matvec_q4g). QFD_Q4_0G8 is the device-only type
+ * code of that layout (dweight.g8; never a qf_type); deq32<QFD_Q4_0G8> gives deq32<Q4_0>'s
+ * values bit for bit. */
+#define QFD_Q4_0G8 1000
+#define Q4G_GROUP 144 /* bytes of one group of 8 blocks */
+template <> __host__ __device__ inline void deq32<QFD_Q4_0G8>(const uint8_t *row, int sb, float *y) {
+    const uint8_t *gp = row + (size_t)(sb >> 3) * Q4G_GROUP;
+    const float d = h2f_bits(((const uint16_t *)gp)[sb & 7]);
+    const uint8_t *qs = gp + 16 + 16 * (sb & 7);
+    for (int j = 0; j < QK / 2; j++) {
+        y[j] = ((qs[j] & 0xF) - 8) * d;
+        y[j + QK / 2] = ((qs[j] >> 4) - 8) * d;
+    }
+}
+/* does a q4_0 weight of width k take the G8 layout on the device */
+static inline bool q4g_ok(qf_type t, int64_t k) { return t == QF_TYPE_Q4_0 && k % 256 == 0; }
+/* GGUF q4_0 rows -> G8 rows (host memory, rows of k elements, k % 256 == 0) */
+static inline void q4g_regroup(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t k) {
+    const int64_t nb = k / QK;
+    const size_t rb = (size_t)nb * sizeof(block_q4_0);
+    for (int64_t r = 0; r < rows; r++) {
+        const block_q4_0 *b = (const block_q4_0 *)(src + (size_t)r * rb);
+        uint8_t *o = dst + (size_t)r * rb;
+        for (int64_t g = 0; g < nb / 8; g++, o += Q4G_GROUP)
+            for (int j = 0; j < 8; j++) {
+                memcpy(o + 2 * j, &b[8 * g + j].d, 2);
+                memcpy(o + 16 + 16 * j, b[8 * g + j].qs, 16);
+            }
+    }
+}
+
 /* call BODY with constexpr int TT = t for a runtime type */
 #define QF_TYPE_DISPATCH(t, BODY)                          \
-    switch (t) {                                           \
+    switch ((int)(t)) {                                           \
     case QF_TYPE_F32: { constexpr int TT = QF_TYPE_F32; BODY; } break;   \
     case QF_TYPE_F16: { constexpr int TT = QF_TYPE_F16; BODY; } break;   \
     case QF_TYPE_BF16: { constexpr int TT = QF_TYPE_BF16; BODY; } break; \
@@ -160,6 +234,7 @@ template <> __host__ __device__ inline void deq32<QF_TYPE_Q6_K>(const uint8_t *r
     case QF_TYPE_Q4_K: { constexpr int TT = QF_TYPE_Q4_K; BODY; } break; \
     case QF_TYPE_Q5_K: { constexpr int TT = QF_TYPE_Q5_K; BODY; } break; \
     case QF_TYPE_Q6_K: { constexpr int TT = QF_TYPE_Q6_K; BODY; } break; \
+    case QFD_Q4_0G8: { constexpr int TT = QFD_Q4_0G8; BODY; } break;     \
     default: break;                                        \
     }
 
@@ -214,7 +289,13 @@ typedef struct {
     uint8_t *d;
     __half *h16;           /* prefill: persistent f16 copy of a quantized weight (f16 cache), or NULL */
     bool view;             /* d and h16 point into a fused weight (wqkv, wgu), which owns them */
+    bool g8;               /* q4_0 stored regrouped (QFD_Q4_0G8, above) */
 } dweight;
+/* the device layout's type code: w->type, or QFD_Q4_0G8 */
+static inline int dw_type(const dweight *w) { return w->g8 ? QFD_Q4_0G8 : (int)w->type; }
+/* Copy rows of a host weight (GGUF layout) into device memory, regrouped to G8 when g8 (through
+ * a bounded host staging buffer); false on an allocation or copy failure (*e says which). */
+bool h2d_weight(uint8_t *dst, const void *src, qf_type t, int64_t k, int64_t rows, size_t rb, bool g8, cudaError_t *e);
 
 /* matmul routes (the values of cuda_ops.h's qf_cuda_mm_route) */
 enum { MM_AUTO = 0, MM_MATVEC = 1, MM_GEMM_F16 = 2, MM_GEMM_F32 = 3 };

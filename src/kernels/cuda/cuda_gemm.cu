@@ -35,6 +35,8 @@ __global__ void k_dequant(const uint8_t *src, size_t rb, int64_t rows, int k, O 
 
 /* embedding rows: x[t] = dequantize(E[tokens[t]]) */
 template <int T> __global__ void k_embed(const uint8_t *E, size_t rb, const int32_t *tok, int n, int d, float *x) {
+    pdl_trigger();
+    pdl_wait();
     const int nsb = d / 32;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * nsb) return;
@@ -45,6 +47,8 @@ template <int T> __global__ void k_embed(const uint8_t *E, size_t rb, const int3
 /* y[t][r] (+)= sum_k W[r][k] x[t][k]; one warp per output row, lanes stride over sub-blocks */
 template <int T>
 __global__ void k_matvec(const uint8_t *W, size_t rb, int K, int N, const float *x, int n, float *y, int accumulate) {
+    pdl_trigger();
+    pdl_wait();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int r = blockIdx.x * (blockDim.x / 32) + warp;
     if (r >= N) return;
@@ -88,7 +92,7 @@ template <int T> __host__ __device__ constexpr int mv_tile_bytes() { /* bytes of
     return T == QF_TYPE_F32    ? 32 * 32 * 4
            : T == QF_TYPE_F16  ? 32 * 32 * 2
            : T == QF_TYPE_BF16 ? 32 * 32 * 2
-           : T == QF_TYPE_Q4_0 ? 32 * (int)sizeof(block_q4_0)
+           : T == QF_TYPE_Q4_0 || T == QFD_Q4_0G8 ? 32 * (int)sizeof(block_q4_0)
            : T == QF_TYPE_Q5_0 ? 32 * (int)sizeof(block_q5_0)
            : T == QF_TYPE_Q8_0 ? 32 * (int)sizeof(block_q8_0)
            : T == QF_TYPE_Q4_K ? 4 * (int)sizeof(block_q4_K)
@@ -100,6 +104,8 @@ template <int T, int NT>
 __global__ void __launch_bounds__(MV_WARPS * 32)
     k_matvec_wide(const uint8_t *__restrict__ W, size_t rb, int K, int N, const float *__restrict__ x, int n,
                   float *y, int accumulate) {
+    pdl_trigger();
+    pdl_wait();
     constexpr int TB = mv_tile_bytes<T>() * MV_SPT;
     static_assert(TB % 8 == 0, "tiles are whole 8-byte words");
     __shared__ __align__(16) uint8_t sm[MV_WARPS][TB];
@@ -224,6 +230,7 @@ template <bool BF16, int NT, int WPR, bool GU = false>
 __global__ void __launch_bounds__(MV_WARPS * 32)
     k_matvec_h(const uint8_t *__restrict__ W, size_t rb, int K, int N, const float *__restrict__ x, int n, float *y,
                int accumulate) {
+    pdl_trigger();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % WPR;
     /* GU: N is F, y is hb, the weight has 2F rows */
     const int r = GU ? gu_row(warp, N) : blockIdx.x * (MV_WARPS / WPR) + warp / WPR;
@@ -235,11 +242,23 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
     const int nc = live ? K / 8 : 0;
     int c = lane + 32 * part;
     constexpr int S = 32 * WPR; /* chunk stride of one warp */
+    /* under PDL the first four chunks are loaded before the activations exist */
+    uint4 u0[4];
+    bool pre = c + 3 * S < nc;
+    if (pre)
+#pragma unroll
+        for (int k = 0; k < 4; k++) u0[k] = __ldg(row + c + k * S);
+    pdl_wait();
     /* four chunks in flight per lane, then two */
     for (; c + 3 * S < nc; c += 4 * S) {
         uint4 u[4];
+        if (pre) {
 #pragma unroll
-        for (int k = 0; k < 4; k++) u[k] = __ldg(row + c + k * S);
+            for (int k = 0; k < 4; k++) u[k] = u0[k];
+            pre = false;
+        } else
+#pragma unroll
+            for (int k = 0; k < 4; k++) u[k] = __ldg(row + c + k * S);
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             float w0[8];
@@ -296,6 +315,8 @@ template <int T, int NT, int WPR>
 __global__ void __launch_bounds__(MV_WARPS * 32)
     k_matvec_q0(const uint8_t *__restrict__ W, size_t rb, int K, int N, const float *__restrict__ x, int n, float *y,
                 int accumulate) {
+    pdl_trigger();
+    pdl_wait();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % WPR;
     const int r = blockIdx.x * (MV_WARPS / WPR) + warp / WPR;
     const bool live = r < N;
@@ -348,11 +369,15 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
  * Each lane's partial integer sum is exact; the float step is the oracle's per block,
  * isum * dw * dx (q4_0) or isum * (dw * dx) (q8_0), over a partial isum, then summed: only the
  * rounding of the partial products and the summation order differ from qf_vec_dot_ref. */
-#define ACT_Q_BYTES(n, K) ((size_t)(n) * (K) + (size_t)(n) * ((K) / 32) * 4)
+/* After the scales, [n][K/32] int32 block sums of the quants (the G8 kernel's -8 offset). */
+#define ACT_Q_BYTES(n, K) ((size_t)(n) * (K) + (size_t)(n) * ((K) / 32) * 8)
 
-__global__ void k_quant_act(const float *__restrict__ x, int64_t nblocks, int8_t *__restrict__ qs, float *__restrict__ xd) {
+__global__ void k_quant_act(const float *__restrict__ x, int64_t nblocks, int8_t *__restrict__ qs, float *__restrict__ xd,
+                            int *__restrict__ xs) {
+    pdl_trigger();
     const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
+    pdl_wait();
     if (b >= nblocks) return;
     const float v = x[b * 32 + lane];
     float amax = fabsf(v);
@@ -362,15 +387,20 @@ __global__ void k_quant_act(const float *__restrict__ x, int64_t nblocks, int8_t
      * operation rounded on its own (no FMA contraction) */
     const float d = __fdiv_rn(amax, 127.0f);
     const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-    qs[b * 32 + lane] = (int8_t)roundf(__fmul_rn(v, id));
-    if (lane == 0) xd[b] = __half2float(__float2half_rn(d));
+    const int q = (int)roundf(__fmul_rn(v, id));
+    qs[b * 32 + lane] = (int8_t)q;
+    int sum = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) xd[b] = __half2float(__float2half_rn(d)), xs[b] = sum;
 }
 
 static void launch_quant_act(const float *x, int n, int K, void *xq, cudaStream_t s) {
     const int64_t nb = (int64_t)n * (K / 32);
     int8_t *qs = (int8_t *)xq;
     float *xd = (float *)((uint8_t *)xq + (size_t)n * K);
-    k_quant_act<<<nblk((size_t)nb, 8), 256, 0, s>>>(x, nb, qs, xd);
+    int *xs = (int *)(xd + nb);
+    cu_launch(k_quant_act, dim3(nblk((size_t)nb, 8)), dim3(256), 0, s, x, nb, qs, xd, xs);
 }
 
 __device__ static inline int ld_w32_b2(const uint8_t *p) { /* a 4-byte word at a 2-byte aligned address */
@@ -384,6 +414,8 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
                   const float *__restrict__ xd, int n, float *y, int accumulate) {
     constexpr int LPB = T == QF_TYPE_Q4_0 ? 4 : 8; /* lanes per block */
     constexpr int BPS = 32 / LPB;                  /* blocks per warp step */
+    pdl_trigger();
+    pdl_wait();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % WPR;
     const int r = GU ? gu_row(warp, N) : blockIdx.x * (MV_WARPS / WPR) + warp / WPR; /* GU: as k_matvec_h */
     const bool live = GU ? (2 * (int)blockIdx.x + (warp & 1)) < N : r < N;
@@ -424,23 +456,131 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
     else mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
 }
 
+/* ---- q4_0 rows in the G8 layout (cuda_common.cuh) with int8 activations ----
+ * Lane l of a row's warp takes block b = l + 32 part + S u (S = 32 WPR): one 16-byte load of
+ * its 16 quant bytes (consecutive lanes read consecutive blocks of a group: a warp reads 4
+ * whole groups, 576 contiguous bytes) and its 2-byte scale, U blocks in flight per lane. The
+ * activation block is 32 int8 (two 16-byte loads), its f32 scale and the sum of its quants
+ * (k_quant_act), so a block's integer dot is 8 __dp4a on the nibbles less 8 x that sum: the
+ * whole block's isum, exactly the oracle's, and the float step isum * dw * dx is the oracle's
+ * per block (qf_vec_dot_ref); only the order of the per-block sums differs. Under PDL the first
+ * U weight loads are issued before pdl_wait() (weights are never written). */
+#define Q4G_U 4
+template <int NT, int WPR, bool GU = false>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+    k_matvec_q4g(const uint8_t *__restrict__ W, size_t rb, int K, int N, const int8_t *__restrict__ xq,
+                 const float *__restrict__ xd, const int *__restrict__ xs, int n, float *y, int accumulate) {
+    pdl_trigger();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % WPR;
+    const int r = GU ? gu_row(warp, N) : blockIdx.x * (MV_WARPS / WPR) + warp / WPR; /* GU: as k_matvec_h */
+    const bool live = GU ? (2 * (int)blockIdx.x + (warp & 1)) < N : r < N;
+    const uint8_t *row = W + (size_t)(live ? r : 0) * rb;
+    const int nb = live ? K / QK : 0, nbk = K / QK;
+    constexpr int S = 32 * WPR;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    uint4 qv[Q4G_U];
+    unsigned short dv[Q4G_U];
+    int b0 = lane + 32 * part;
+    /* the first U blocks' weights, before the activations exist */
+#pragma unroll
+    for (int u = 0; u < Q4G_U; u++) {
+        const int b = b0 + u * S;
+        if (b < nb) {
+            const uint8_t *gp = row + (size_t)(b >> 3) * Q4G_GROUP;
+            qv[u] = __ldg((const uint4 *)(gp + 16 + 16 * (b & 7)));
+            dv[u] = __ldg((const unsigned short *)gp + (b & 7));
+        }
+    }
+    pdl_wait();
+    for (;;) {
+#pragma unroll
+        for (int u = 0; u < Q4G_U; u++) {
+            const int b = b0 + u * S;
+            if (b >= nb) break;
+            const int w[4] = {(int)qv[u].x, (int)qv[u].y, (int)qv[u].z, (int)qv[u].w};
+            const float d = h2f_bits(dv[u]);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= n) break;
+                const int4 *xa = (const int4 *)(xq + (size_t)t * K + (size_t)b * QK);
+                const int4 a0 = __ldg(xa), a1 = __ldg(xa + 1);
+                int sdot = __dp4a(w[0] & 0x0F0F0F0F, a0.x, 0);
+                sdot = __dp4a(w[1] & 0x0F0F0F0F, a0.y, sdot);
+                sdot = __dp4a(w[2] & 0x0F0F0F0F, a0.z, sdot);
+                sdot = __dp4a(w[3] & 0x0F0F0F0F, a0.w, sdot);
+                sdot = __dp4a((w[0] >> 4) & 0x0F0F0F0F, a1.x, sdot);
+                sdot = __dp4a((w[1] >> 4) & 0x0F0F0F0F, a1.y, sdot);
+                sdot = __dp4a((w[2] >> 4) & 0x0F0F0F0F, a1.z, sdot);
+                sdot = __dp4a((w[3] >> 4) & 0x0F0F0F0F, a1.w, sdot);
+                const int isum = sdot - 8 * __ldg(xs + (size_t)t * nbk + b);
+                acc[t] += (float)isum * d * __ldg(xd + (size_t)t * nbk + b);
+            }
+        }
+        b0 += Q4G_U * S;
+        if (b0 >= nb) break;
+#pragma unroll
+        for (int u = 0; u < Q4G_U; u++) {
+            const int b = b0 + u * S;
+            if (b < nb) {
+                const uint8_t *gp = row + (size_t)(b >> 3) * Q4G_GROUP;
+                qv[u] = __ldg((const uint4 *)(gp + 16 + 16 * (b & 7)));
+                dv[u] = __ldg((const unsigned short *)gp + (b & 7));
+            }
+        }
+    }
+    if (GU) mv_finish_gu<NT>(acc, warp, lane, N, n, y);
+    else mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
+}
+
+/* the G8 matvec on int8 activations (xq: ACT_Q_BYTES(n, K) of 16-byte aligned scratch);
+ * GU: the gate|up + SiLU form, N = F */
+template <bool GU>
+static void launch_matvec_q4g(const dweight *w, const float *x, int n, int N, float *y, bool accumulate, void *xq,
+                              cudaStream_t s) {
+    const int K = (int)w->ne0;
+    launch_quant_act(x, n, K, xq, s);
+    const int8_t *qs = (const int8_t *)xq;
+    const float *xd = (const float *)((const uint8_t *)xq + (size_t)n * K);
+    const int *xs = (const int *)(xd + (size_t)n * (K / QK));
+    const int acc = accumulate;
+    if (GU) {
+        const dim3 grid((unsigned)((N + 1) / 2));
+        if (n == 1) cu_launch(k_matvec_q4g<1, 1, true>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, 0);
+        else cu_launch(k_matvec_q4g<MATVEC_MAX, 1, true>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, 0);
+        return;
+    }
+    const bool split = N < 8192; /* as launch_matvec: 4 warps share a row */
+    const dim3 grid(split ? (unsigned)N : nblk((size_t)N, MV_WARPS));
+    if (split && n == 1) cu_launch(k_matvec_q4g<1, MV_WARPS>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc);
+    else if (split) cu_launch(k_matvec_q4g<MATVEC_MAX, MV_WARPS>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc);
+    else if (n == 1) cu_launch(k_matvec_q4g<1, 1>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc);
+    else cu_launch(k_matvec_q4g<MATVEC_MAX, 1>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc);
+}
+
 /* y[n][N] (+)= x[n][K] . W^T for n <= MATVEC_MAX: the wide kernel where the rows are 8-byte
  * aligned, else the sub-block-per-lane kernel */
 static void launch_matvec(const dweight *w, const float *x, int n, float *y, bool accumulate, void *xq, cudaStream_t s) {
     const int K = (int)w->ne0, N = (int)w->ne1;
+    if (w->g8 && xq && ((uintptr_t)xq % 16) == 0 && ((uintptr_t)w->d % 16) == 0) {
+        launch_matvec_q4g<false>(w, x, n, N, y, accumulate, xq, s);
+        return;
+    }
+    const int dt = dw_type(w);
     const bool wide = w->row_bytes % 8 == 0 && ((uintptr_t)w->d % 8) == 0 && ((uintptr_t)x % 16) == 0;
     const bool h = (w->type == QF_TYPE_F16 || w->type == QF_TYPE_BF16) && w->row_bytes % 16 == 0 &&
                    ((uintptr_t)w->d % 16) == 0 && ((uintptr_t)x % 16) == 0 && K % 8 == 0;
     const dim3 grid(nblk((size_t)N, MV_WARPS));
-    const bool q0 = (w->type == QF_TYPE_Q4_0 || w->type == QF_TYPE_Q8_0) && ((uintptr_t)w->d % 2) == 0 &&
+    const bool q0 = !w->g8 && (w->type == QF_TYPE_Q4_0 || w->type == QF_TYPE_Q8_0) && ((uintptr_t)w->d % 2) == 0 &&
                     ((uintptr_t)x % 16) == 0;
     /* few rows (q, k, v, o, down of an 8B model): 4 warps share each row so the grid fills the GPU */
     const bool split = N < 8192;
     const dim3 g4(split ? (unsigned)N : grid.x);
 #define QF_MV(KERN, ...)                                                                                        \
     do {                                                                                                        \
-        if (split) KERN<__VA_ARGS__, MV_WARPS><<<g4, MV_WARPS * 32, 0, s>>>(w->d, w->row_bytes, K, N, x, n, y, accumulate); \
-        else KERN<__VA_ARGS__, 1><<<g4, MV_WARPS * 32, 0, s>>>(w->d, w->row_bytes, K, N, x, n, y, accumulate);           \
+        if (split) cu_launch(KERN<__VA_ARGS__, MV_WARPS>, g4, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, x, n, y, (int)accumulate); \
+        else cu_launch(KERN<__VA_ARGS__, 1>, g4, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, x, n, y, (int)accumulate);           \
     } while (0)
     if (q0 && xq && ((uintptr_t)xq % 16) == 0 && K % QK == 0) {
         /* int8 activations: quantized once per call, then __dp4a (the CPU vec_dot's numerics) */
@@ -449,8 +589,8 @@ static void launch_matvec(const dweight *w, const float *x, int n, float *y, boo
         const float *xd = (const float *)((const uint8_t *)xq + (size_t)n * K);
 #define QF_MVQ(T, NT)                                                                                                   \
     do {                                                                                                                \
-        if (split) k_matvec_dp4a<T, NT, MV_WARPS><<<g4, MV_WARPS * 32, 0, s>>>(w->d, w->row_bytes, K, N, qs, xd, n, y, accumulate); \
-        else k_matvec_dp4a<T, NT, 1><<<g4, MV_WARPS * 32, 0, s>>>(w->d, w->row_bytes, K, N, qs, xd, n, y, accumulate);           \
+        if (split) cu_launch(k_matvec_dp4a<T, NT, MV_WARPS>, g4, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, n, y, (int)accumulate); \
+        else cu_launch(k_matvec_dp4a<T, NT, 1>, g4, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, n, y, (int)accumulate);           \
     } while (0)
         if (w->type == QF_TYPE_Q4_0 && n == 1) QF_MVQ(QF_TYPE_Q4_0, 1);
         else if (w->type == QF_TYPE_Q4_0) QF_MVQ(QF_TYPE_Q4_0, MATVEC_MAX);
@@ -470,14 +610,14 @@ static void launch_matvec(const dweight *w, const float *x, int n, float *y, boo
         else QF_MV(k_matvec_h, false, MATVEC_MAX);
 #undef QF_MV
     } else if (wide && n == 1) {
-        QF_TYPE_DISPATCH(w->type, (k_matvec_wide<TT, 1><<<nblk((size_t)N, MV_WARPS), MV_WARPS * 32, 0, s>>>(
-                                      w->d, w->row_bytes, K, N, x, n, y, accumulate)));
+        QF_TYPE_DISPATCH(dt, (cu_launch(k_matvec_wide<TT, 1>, dim3(nblk((size_t)N, MV_WARPS)), dim3(MV_WARPS * 32), 0, s,
+                                        w->d, w->row_bytes, K, N, x, n, y, (int)accumulate)));
     } else if (wide) {
-        QF_TYPE_DISPATCH(w->type, (k_matvec_wide<TT, MATVEC_MAX><<<nblk((size_t)N, MV_WARPS), MV_WARPS * 32, 0, s>>>(
-                                      w->d, w->row_bytes, K, N, x, n, y, accumulate)));
+        QF_TYPE_DISPATCH(dt, (cu_launch(k_matvec_wide<TT, MATVEC_MAX>, dim3(nblk((size_t)N, MV_WARPS)), dim3(MV_WARPS * 32), 0, s,
+                                        w->d, w->row_bytes, K, N, x, n, y, (int)accumulate)));
     } else {
-        QF_TYPE_DISPATCH(w->type, (k_matvec<TT><<<nblk((size_t)N, 4), 128, 0, s>>>(w->d, w->row_bytes, K, N, x, n, y,
-                                                                                  accumulate)));
+        QF_TYPE_DISPATCH(dt, (cu_launch(k_matvec<TT>, dim3(nblk((size_t)N, 4)), dim3(128), 0, s, w->d, w->row_bytes, K, N, x,
+                                        n, y, (int)accumulate)));
     }
 }
 
@@ -488,12 +628,17 @@ bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb,
     const int K = (int)w->ne0;
     if (n > MATVEC_MAX || w->ne1 != 2 * (int64_t)F || 2 * F < 8192 || ((uintptr_t)x % 16)) return false;
     const dim3 grid((unsigned)((F + 1) / 2));
+    if (w->g8) {
+        if (!xq || ((uintptr_t)xq % 16) || ((uintptr_t)w->d % 16)) return false;
+        launch_matvec_q4g<true>(w, x, n, F, hb, false, xq, s);
+        return true;
+    }
     if ((w->type == QF_TYPE_Q4_0 || w->type == QF_TYPE_Q8_0) && xq && ((uintptr_t)xq % 16) == 0 && K % QK == 0 &&
         ((uintptr_t)w->d % 2) == 0) {
         launch_quant_act(x, n, K, xq, s);
         const int8_t *qs = (const int8_t *)xq;
         const float *xd = (const float *)((const uint8_t *)xq + (size_t)n * K);
-#define QF_GUQ(T, NT) k_matvec_dp4a<T, NT, 1, true><<<grid, MV_WARPS * 32, 0, s>>>(w->d, w->row_bytes, K, F, qs, xd, n, hb, 0)
+#define QF_GUQ(T, NT) cu_launch(k_matvec_dp4a<T, NT, 1, true>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, F, qs, xd, n, hb, 0)
         if (w->type == QF_TYPE_Q4_0 && n == 1) QF_GUQ(QF_TYPE_Q4_0, 1);
         else if (w->type == QF_TYPE_Q4_0) QF_GUQ(QF_TYPE_Q4_0, MATVEC_MAX);
         else if (n == 1) QF_GUQ(QF_TYPE_Q8_0, 1);
@@ -504,7 +649,7 @@ bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb,
     if ((w->type == QF_TYPE_F16 || w->type == QF_TYPE_BF16) && w->row_bytes % 16 == 0 && ((uintptr_t)w->d % 16) == 0 &&
         K % 8 == 0) {
         const bool bf = w->type == QF_TYPE_BF16;
-#define QF_GUH(BF, NT) k_matvec_h<BF, NT, 1, true><<<grid, MV_WARPS * 32, 0, s>>>(w->d, w->row_bytes, K, F, x, n, hb, 0)
+#define QF_GUH(BF, NT) cu_launch(k_matvec_h<BF, NT, 1, true>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, F, x, n, hb, 0)
         if (n == 1 && bf) QF_GUH(true, 1);
         else if (n == 1) QF_GUH(false, 1);
         else if (bf) QF_GUH(true, MATVEC_MAX);
@@ -528,14 +673,15 @@ __global__ void k_f32_to_f16(const float *x, size_t n, __half *y) {
 void launch_dequant(const dweight *w, void *dst, bool f32, cudaStream_t s) {
     const size_t nthr = (size_t)w->ne1 * (w->ne0 / 32);
     if (f32) {
-        QF_TYPE_DISPATCH(w->type, (k_dequant<TT, float><<<nblk(nthr, 256), 256, 0, s>>>(w->d, w->row_bytes, w->ne1, (int)w->ne0, (float *)dst)));
+        QF_TYPE_DISPATCH(dw_type(w), (k_dequant<TT, float><<<nblk(nthr, 256), 256, 0, s>>>(w->d, w->row_bytes, w->ne1, (int)w->ne0, (float *)dst)));
     } else {
-        QF_TYPE_DISPATCH(w->type, (k_dequant<TT, __half><<<nblk(nthr, 256), 256, 0, s>>>(w->d, w->row_bytes, w->ne1, (int)w->ne0, (__half *)dst)));
+        QF_TYPE_DISPATCH(dw_type(w), (k_dequant<TT, __half><<<nblk(nthr, 256), 256, 0, s>>>(w->d, w->row_bytes, w->ne1, (int)w->ne0, (__half *)dst)));
     }
 }
 
 void launch_embed(const dweight *E, const int32_t *tok, int n, int d, float *x, cudaStream_t s) {
-    QF_TYPE_DISPATCH(E->type, (k_embed<TT><<<nblk((size_t)n * (d / 32), 128), 128, 0, s>>>(E->d, E->row_bytes, tok, n, d, x)));
+    QF_TYPE_DISPATCH(dw_type(E), (cu_launch(k_embed<TT>, dim3(nblk((size_t)n * (d / 32), 128)), dim3(128), 0, s,
+                                            (const uint8_t *)E->d, E->row_bytes, tok, n, d, x)));
 }
 
 /* y[n][N] (+)= x[n][K] . W^T on device buffers; wdeq/xh are scratch of the right sizes */

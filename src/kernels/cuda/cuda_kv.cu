@@ -148,6 +148,8 @@ struct kv_write2_args {
     uint8_t *dst[2];
 };
 __global__ void k_kv_write2(kv_write2_args a, int64_t n_rows, int hd, const int *dpos) {
+    pdl_trigger();
+    pdl_wait();
     const int s = blockIdx.y, mode = a.mode[s];
     const size_t rb = a.rb[s];
     const float *src = a.src[s];
@@ -164,7 +166,7 @@ void launch_kv_write2(const qf_kv_mode mode[2], const float *const src[2], int64
         a.stride[k] = pos_stride ? pos_stride[k] : 0;
         nthr = wmax(nthr, (mode[k] == QF_KV_F32 || mode[k] == QF_KV_F16) ? (size_t)rows * hd : (size_t)rows * (hd / QK));
     }
-    k_kv_write2<<<dim3(nblk(nthr, 256), 2), 256, 0, s>>>(a, rows, hd, dpos);
+    cu_launch(k_kv_write2, dim3(nblk(nthr, 256), 2), dim3(256), 0, s, a, rows, hd, dpos);
 }
 
 void launch_kv_write(qf_kv_mode mode, const float *src, int64_t rows, int hd, size_t rb, uint8_t *dst, cudaStream_t s,

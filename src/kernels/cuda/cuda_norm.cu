@@ -3,6 +3,8 @@
 #include "kernels/cuda/cuda_common.cuh"
 
 __global__ void k_rmsnorm(const float *x, const float *g, int d, float eps, float *out, __half *out16) {
+    pdl_trigger();
+    pdl_wait();
     const float *xr = x + (size_t)blockIdx.x * d;
     float *o = out ? out + (size_t)blockIdx.x * d : NULL;
     __half *o16 = out16 ? out16 + (size_t)blockIdx.x * d : NULL;
@@ -30,6 +32,8 @@ __global__ void k_rmsnorm(const float *x, const float *g, int d, float eps, floa
  * at most 4 * NV * blockDim.x (launch_rmsnorm checks) */
 template <int NV>
 __global__ void k_rmsnorm4(const float *x, const float *g, int d, float eps, float *out, __half *out16) {
+    pdl_trigger();
+    pdl_wait();
     const int d4 = d / 4;
     const float4 *xr = (const float4 *)(x + (size_t)blockIdx.x * d);
     float4 v[NV];
@@ -70,9 +74,9 @@ __global__ void k_rmsnorm4(const float *x, const float *g, int d, float eps, flo
 /* one launch of RMSNorm over n rows of d: the register kernel when the row fits, else k_rmsnorm */
 void launch_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, __half *out16, cudaStream_t s) {
     if (n <= 0) return;
-    if (d % 4 == 0 && d <= 4 * 4 * 256) k_rmsnorm4<4><<<n, 256, 0, s>>>(x, g, d, eps, out, out16);
-    else if (d % 4 == 0 && d <= 4 * 8 * 256) k_rmsnorm4<8><<<n, 256, 0, s>>>(x, g, d, eps, out, out16);
-    else k_rmsnorm<<<n, 256, 0, s>>>(x, g, d, eps, out, out16);
+    if (d % 4 == 0 && d <= 4 * 4 * 256) cu_launch(k_rmsnorm4<4>, dim3(n), dim3(256), 0, s, x, g, d, eps, out, out16);
+    else if (d % 4 == 0 && d <= 4 * 8 * 256) cu_launch(k_rmsnorm4<8>, dim3(n), dim3(256), 0, s, x, g, d, eps, out, out16);
+    else cu_launch(k_rmsnorm, dim3(n), dim3(256), 0, s, x, g, d, eps, out, out16);
 }
 
 /* v[t][h][hd] rotated; one thread per (t, h, pair) */
@@ -161,6 +165,8 @@ template <typename QT, typename KT>
 __global__ void k_qkv_split(const float *qkv, int n, int nh, int nkv, int hd, int half, int neox, const float *cs,
                             const float *sn, const float *bq, const float *bk, const float *bv, QT *q, KT *k, KT *v,
                             const int *dpos) {
+    pdl_trigger();
+    pdl_wait();
     /* grid (H * hd / 2 / 256, n) */
     const int hp = hd / 2, H = nh + 2 * nkv;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -208,15 +214,16 @@ void launch_qkv_split(const float *qkv, int kind, int n, int nh, int nkv, int hd
                       const float *cs, const float *sn, const float *bq, const float *bk, const float *bv, void *q,
                       void *k, void *v, cudaStream_t s, const int *dpos) {
     const dim3 sg(nblk((size_t)(nh + 2 * nkv) * (hd / 2), 256), (unsigned)n);
+    const int nx = neox;
     if (kind == 1)
-        k_qkv_split<__half, __half><<<sg, 256, 0, s>>>(qkv, n, nh, nkv, hd, half, neox, cs, sn, bq, bk, bv, (__half *)q,
-                                                       (__half *)k, (__half *)v, dpos);
+        cu_launch(k_qkv_split<__half, __half>, sg, dim3(256), 0, s, qkv, n, nh, nkv, hd, half, nx, cs, sn, bq, bk, bv,
+                  (__half *)q, (__half *)k, (__half *)v, dpos);
     else if (kind == 2)
-        k_qkv_split<float, __half><<<sg, 256, 0, s>>>(qkv, n, nh, nkv, hd, half, neox, cs, sn, bq, bk, bv, (float *)q,
-                                                      (__half *)k, (__half *)v, dpos);
+        cu_launch(k_qkv_split<float, __half>, sg, dim3(256), 0, s, qkv, n, nh, nkv, hd, half, nx, cs, sn, bq, bk, bv,
+                  (float *)q, (__half *)k, (__half *)v, dpos);
     else
-        k_qkv_split<float, float><<<sg, 256, 0, s>>>(qkv, n, nh, nkv, hd, half, neox, cs, sn, bq, bk, bv, (float *)q,
-                                                     (float *)k, (float *)v, dpos);
+        cu_launch(k_qkv_split<float, float>, sg, dim3(256), 0, s, qkv, n, nh, nkv, hd, half, nx, cs, sn, bq, bk, bv,
+                  (float *)q, (float *)k, (float *)v, dpos);
 }
 
 /* ---- the normalized Walsh-Hadamard transform (--kv-rot hadamard) ----
@@ -226,6 +233,8 @@ void launch_qkv_split(const float *qkv, int kind, int n, int nh, int nkv, int hd
  * as on the CPU (no product to contract into an FMA), so the result is bit-identical. */
 #define HAD_WARPS 4
 __global__ void __launch_bounds__(HAD_WARPS * 32) k_hadamard(float *x, int64_t rows, int n, float scale) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float sm[HAD_WARPS][HD_MAX];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t r = (int64_t)blockIdx.x * HAD_WARPS + warp;
@@ -248,7 +257,7 @@ __global__ void __launch_bounds__(HAD_WARPS * 32) k_hadamard(float *x, int64_t r
 void launch_hadamard(float *x, int64_t rows, int n, cudaStream_t s) {
     if (rows <= 0) return;
     const float scale = 1.0f / sqrtf((float)n); /* on the host, as hadamard.c computes it */
-    k_hadamard<<<nblk((size_t)rows, HAD_WARPS), HAD_WARPS * 32, 0, s>>>(x, rows, n, scale);
+    cu_launch(k_hadamard, dim3(nblk((size_t)rows, HAD_WARPS)), dim3(HAD_WARPS * 32), 0, s, x, rows, n, scale);
 }
 
 /* ---- the family features (docs/families.md): the elementwise formulas of forward.c ---- */

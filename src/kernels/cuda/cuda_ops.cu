@@ -25,6 +25,15 @@ static void *dup_to(dallocs *a, const void *h, size_t bytes) {
     if (d && cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) return NULL;
     return d;
 }
+/* a weight on the device as the context uploads it: q4_0 of width % 256 == 0 regrouped (G8) */
+static dweight dup_weight(dallocs *a, const qf_weight *w) {
+    dweight dw = {w->type, w->ne0, w->ne1, w->row_bytes, NULL};
+    dw.g8 = q4g_ok(w->type, w->ne0);
+    uint8_t *d = (uint8_t *)dalloc(a, w->row_bytes * (size_t)w->ne1);
+    cudaError_t e;
+    if (d && h2d_weight(d, w->data, w->type, w->ne0, w->ne1, w->row_bytes, dw.g8, &e)) dw.d = d;
+    return dw;
+}
 static qf_status op_finish(dallocs *a, void *hdst, const void *dsrc, size_t bytes, qf_error *err) {
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) e = cudaMemcpy(hdst, dsrc, bytes, cudaMemcpyDeviceToHost);
@@ -53,7 +62,7 @@ qf_status op_matmul(const qf_weight *w, const float *x, int n, float *y, int rou
     if (!blas && cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return cu_fail(err, QF_ERR_DEVICE, "cublasCreate failed");
     dallocs a = {};
     const size_t K = (size_t)w->ne0, N = (size_t)w->ne1;
-    dweight dw = {w->type, w->ne0, w->ne1, w->row_bytes, (uint8_t *)dup_to(&a, w->data, w->row_bytes * N)};
+    dweight dw = dup_weight(&a, w);
     float *dx = (float *)dup_to(&a, x, (size_t)n * K * 4);
     float *dy = (float *)dalloc(&a, (size_t)n * N * 4);
     void *wdeq = dalloc(&a, N * K * 4);
@@ -70,7 +79,7 @@ qf_status op_matmul(const qf_weight *w, const float *x, int n, float *y, int rou
 qf_status op_matvec_gu(const qf_weight *w, const float *x, int n, int F, float *hb, qf_error *err) {
     dallocs a = {};
     const size_t K = (size_t)w->ne0;
-    dweight dw = {w->type, w->ne0, w->ne1, w->row_bytes, (uint8_t *)dup_to(&a, w->data, w->row_bytes * w->ne1)};
+    dweight dw = dup_weight(&a, w);
     float *dx = (float *)dup_to(&a, x, (size_t)n * K * 4), *dh = (float *)dalloc(&a, (size_t)n * F * 4);
     void *xq = dalloc(&a, (size_t)n * K * 2);
     OP_NEED(dw.d && dx && dh && xq);
