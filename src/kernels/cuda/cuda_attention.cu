@@ -504,6 +504,8 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
 #define SPLITG_L_MIN 16
 #define SPLITG_MAX 64
 #define SPLITG_GMAX 8
+#define SPLITG_KB 4 /* phase 1: K rows of one warp in flight */
+#define SPLITG_VB 8 /* phase 3: V rows in flight */
 __host__ __device__ static inline void split_ranges_g(int Tmax, int *L, int *nsplit) {
     int l = (Tmax + SPLITG_MAX - 1) / SPLITG_MAX;
     if (l < SPLITG_L_MIN) l = SPLITG_L_MIN;
@@ -529,23 +531,35 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     float *qs = smg, *S = smg + G * hd, *ml = S + G * L;
     for (int x = threadIdx.x; x < G * hd; x += blockDim.x) qs[x] = q[(size_t)i * Dq + (size_t)kh * G * hd + x];
     __syncthreads();
-    for (int t = warp; t < len; t += SPLIT_WARPS) {
-        const uint8_t *kr = K + ((size_t)(j0 + t) * n_head_kv + kh) * rbk;
-        float kv[HD_MAX / 32];
+    /* phase 1, SPLITG_KB keys per warp at a time: their rows are loaded before any is scored, so
+     * the loads are in flight together (a decode range is 16 keys: one batch per warp) */
+    for (int t0 = warp * SPLITG_KB; t0 < len; t0 += SPLIT_WARPS * SPLITG_KB) {
+        float kv[SPLITG_KB][HD_MAX / 32];
 #pragma unroll
-        for (int j = 0; j < HD_MAX / 32; j++) {
-            const int e = lane + 32 * j;
-            kv[j] = (j < nj && e < hd) ? kv_elem<MK>(kr, e) : 0.0f;
-        }
-        for (int g = 0; g < G; g++) {
-            float a = 0.0f;
+        for (int u = 0; u < SPLITG_KB; u++) {
+            const uint8_t *kr = K + ((size_t)(j0 + t0 + u) * n_head_kv + kh) * rbk;
 #pragma unroll
             for (int j = 0; j < HD_MAX / 32; j++) {
                 const int e = lane + 32 * j;
-                if (j < nj && e < hd) a += qs[g * hd + e] * kv[j];
+                kv[u][j] = (t0 + u < len && j < nj && e < hd) ? kv_elem<MK>(kr, e) : 0.0f;
             }
-            a = warp_sum(a);
-            if (lane == 0) S[g * L + t] = a * scale;
+        }
+        for (int g = 0; g < G; g++) {
+            float a[SPLITG_KB];
+#pragma unroll
+            for (int u = 0; u < SPLITG_KB; u++) {
+                a[u] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < HD_MAX / 32; j++) {
+                    const int e = lane + 32 * j;
+                    if (j < nj && e < hd) a[u] += qs[g * hd + e] * kv[u][j];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < SPLITG_KB; u++) {
+                const float v = warp_sum(a[u]);
+                if (lane == 0 && t0 + u < len) S[g * L + t0 + u] = v * scale;
+            }
         }
     }
     __syncthreads();
@@ -563,15 +577,21 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
         if (lane == 0) ml[2 * g] = m, ml[2 * g + 1] = len > 0 ? l : 0.0f;
     }
     __syncthreads();
+    /* phase 3: thread e sums p v[e] over the range, SPLITG_VB V rows loaded at a time */
     for (int e = threadIdx.x; e < hd; e += blockDim.x) {
         float acc[SPLITG_GMAX];
 #pragma unroll
         for (int g = 0; g < SPLITG_GMAX; g++) acc[g] = 0.0f;
-        for (int t = 0; t < len; t++) {
-            const float v = kv_elem<MV>(V + ((size_t)(j0 + t) * n_head_kv + kh) * rbv, e);
+        for (int t0 = 0; t0 < len; t0 += SPLITG_VB) {
+            float v[SPLITG_VB];
 #pragma unroll
-            for (int g = 0; g < SPLITG_GMAX; g++)
-                if (g < G) acc[g] += S[g * L + t] * v;
+            for (int u = 0; u < SPLITG_VB; u++)
+                v[u] = t0 + u < len ? kv_elem<MV>(V + ((size_t)(j0 + t0 + u) * n_head_kv + kh) * rbv, e) : 0.0f;
+#pragma unroll
+            for (int u = 0; u < SPLITG_VB; u++)
+#pragma unroll
+                for (int g = 0; g < SPLITG_GMAX; g++)
+                    if (g < G && t0 + u < len) acc[g] += S[g * L + t0 + u] * v[u];
         }
 #pragma unroll
         for (int g = 0; g < SPLITG_GMAX; g++)
@@ -583,10 +603,16 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     }
 }
 
+/* One block per (head, query): the ranges' (m, l) pairs are read once into shared memory (one
+ * thread a range), warp 0 finds M and the weights w_c = e^(m_c - M) (0 for empty ranges) and
+ * their sum, then thread e sums o_c[e] w_c over the ranges, MERGE_B partials in flight. */
+#define MERGE_B 8
 __global__ void k_attn_merge(const float *part, int pos0, int n_head, int hd, int n, const int *dpos, int grouped,
                              float *out) {
     pdl_trigger();
     pdl_wait();
+    __shared__ float wc[SPLIT_MAX];
+    __shared__ float inv_ls;
     const int h = blockIdx.x, i = blockIdx.y;
     if (dpos) pos0 = *dpos;
     int L, nsplit;
@@ -594,21 +620,36 @@ __global__ void k_attn_merge(const float *part, int pos0, int n_head, int hd, in
     else split_ranges(pos0 + n, &L, &nsplit);
     const int T = pos0 + i + 1, ns = (T + L - 1) / L;
     const float *pp = part + ((size_t)i * n_head + h) * nsplit * (hd + 2);
-    float M = -INFINITY, ls = 0.0f;
-    for (int c = 0; c < ns; c++)
-        if (pp[(size_t)c * (hd + 2) + 1] > 0) M = fmaxf(M, pp[(size_t)c * (hd + 2)]);
-    for (int c = 0; c < ns; c++) {
+    for (int c = threadIdx.x; c < ns; c += blockDim.x) {
         const float lc = pp[(size_t)c * (hd + 2) + 1];
-        if (lc > 0) ls += lc * expf(pp[(size_t)c * (hd + 2)] - M);
+        wc[c] = lc > 0 ? pp[(size_t)c * (hd + 2)] : -INFINITY; /* m_c, or -inf for an empty range */
     }
-    const float inv = 1.0f / ls;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float M = -INFINITY;
+        for (int c = threadIdx.x; c < ns; c += 32) M = fmaxf(M, wc[c]);
+        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        float ls = 0.0f;
+        for (int c = threadIdx.x; c < ns; c += 32) {
+            const float w = wc[c] == -INFINITY ? 0.0f : expf(wc[c] - M);
+            ls += w * pp[(size_t)c * (hd + 2) + 1];
+            wc[c] = w;
+        }
+        ls = warp_sum(ls);
+        if (threadIdx.x == 0) inv_ls = 1.0f / ls;
+    }
+    __syncthreads();
     for (int e = threadIdx.x; e < hd; e += blockDim.x) {
         float o = 0.0f;
-        for (int c = 0; c < ns; c++) {
-            const float *pc = pp + (size_t)c * (hd + 2);
-            if (pc[1] > 0) o += pc[2 + e] * expf(pc[0] - M);
+        for (int c0 = 0; c0 < ns; c0 += MERGE_B) {
+            float pv[MERGE_B];
+#pragma unroll
+            for (int u = 0; u < MERGE_B; u++) pv[u] = c0 + u < ns ? pp[(size_t)(c0 + u) * (hd + 2) + 2 + e] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < MERGE_B; u++)
+                if (c0 + u < ns) o += pv[u] * wc[c0 + u];
         }
-        out[(size_t)i * n_head * hd + (size_t)h * hd + e] = o * inv;
+        out[(size_t)i * n_head * hd + (size_t)h * hd + e] = o * inv_ls;
     }
 }
 

@@ -913,8 +913,11 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
         const bool dkv16 = dqkv && !g->kv_rot && g->kv_mode[0] == QF_KV_F16 && g->kv_mode[1] == QF_KV_F16 &&
                            g->kv_rb[0] == (size_t)hd * 2 && g->kv_rb[1] == (size_t)hd * 2 && !(tap && tap->on_kv);
         bool att16 = false;
-        launch_rmsnorm(g->x, L->attn_norm, n, D, hp->rms_eps, !fqkv || want_act || kvq ? g->xn : NULL,
-                       fqkv ? g->xh : NULL, S);
+        /* decode: the norm also writes the q8_0 activation of the int8 matvecs (into xh, their
+         * scratch), which then skip their own quantization launch */
+        const bool q8a = dqkv && !fqkv;
+        const bool xq1 = launch_rmsnorm(g->x, L->attn_norm, n, D, hp->rms_eps, !fqkv || want_act || kvq ? g->xn : NULL,
+                                        fqkv ? g->xh : NULL, S, q8a ? (void *)g->xh : NULL);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_IN, n, D, g->xn, err))) goto done;
         prof_mark(g, 0);
         if (fqkv) {
@@ -933,7 +936,8 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                 launch_qkv_split(g->qkv, 0, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc,
                                  rs, L->bq, L->bk, L->bv, g->q, g->k, g->v, S);
         } else if (dqkv) {
-            if ((st = dev_matmul(g->blas, &L->wqkv, g->xn, n, g->qkv, false, MM_MATVEC, g->wdeq, g->xh, S, err))) goto done;
+            if ((st = dev_matmul(g->blas, &L->wqkv, g->xn, n, g->qkv, false, MM_MATVEC, g->wdeq, g->xh, S, err, xq1)))
+                goto done;
             prof_mark(g, 1);
             if (dkv16) { /* f16 cache: K and V rows straight into it (at *dpos under graph capture) */
                 const size_t at = dpos ? 0 : (size_t)pos0 * nkv * hd;
@@ -1032,7 +1036,8 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
         } else if ((st = dev_matmul(g->blas, &L->wo, g->att, n, g->x, true, route, g->wdeq, g->xh, S, err))) goto done;
         prof_mark(g, 4);
 
-        launch_rmsnorm(g->x, L->ffn_norm, n, D, hp->rms_eps, !fgu || want_act ? g->xn : NULL, fgu ? g->xh : NULL, S);
+        const bool xq2 = launch_rmsnorm(g->x, L->ffn_norm, n, D, hp->rms_eps, !fgu || want_act ? g->xn : NULL,
+                                        fgu ? g->xh : NULL, S, dgu && !fgu && !L->eg ? (void *)g->xh : NULL);
         if ((st = tap_act(g, tap, il, QF_ACT_FFN_IN, n, D, g->xn, err))) goto done;
         prof_mark(g, 0);
         if (L->eg) {
@@ -1052,8 +1057,8 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             if ((st = dev_gemm_h(g->blas, &L->wd, g->xh, n, g->x, true, g->wdeq, err))) goto done;
         } else if (dgu) {
             /* SiLU(gate) * up at the end of the matvec where it applies (the same bits) */
-            if (!launch_matvec_gu(&L->wgu, g->xn, n, F, g->hb, g->xh, S)) {
-                if ((st = dev_matmul(g->blas, &L->wgu, g->xn, n, g->gu, false, MM_MATVEC, g->wdeq, g->xh, S, err)))
+            if (!launch_matvec_gu(&L->wgu, g->xn, n, F, g->hb, g->xh, S, xq2)) {
+                if ((st = dev_matmul(g->blas, &L->wgu, g->xn, n, g->gu, false, MM_MATVEC, g->wdeq, g->xh, S, err, xq2)))
                     goto done;
                 launch_silu_gu(g->gu, false, n, F, g->hb, NULL, S);
             }
@@ -1091,8 +1096,11 @@ static qf_status forward_logits(qf_cuda_ctx *g, int n, int first, cudaStream_t S
         launch_rmsnorm(g->x + (size_t)first * D, g->output_norm, n_out, D, hp->rms_eps, NULL, g->xh, S);
         if ((st = dev_gemm_h(g->blas, &g->output, g->xh, n_out, g->logits, false, g->wdeq, err))) goto done;
     } else {
-        launch_rmsnorm(g->x + (size_t)first * D, g->output_norm, n_out, D, hp->rms_eps, g->xn, NULL, S);
-        if ((st = dev_matmul(g->blas, &g->output, g->xn, n_out, g->logits, false, route, g->wdeq, g->xh, S, err))) goto done;
+        const bool mv = n_out <= MATVEC_MAX && route == MM_AUTO;
+        const bool xq = launch_rmsnorm(g->x + (size_t)first * D, g->output_norm, n_out, D, hp->rms_eps, g->xn, NULL, S,
+                                       mv ? (void *)g->xh : NULL);
+        if ((st = dev_matmul(g->blas, &g->output, g->xn, n_out, g->logits, false, route, g->wdeq, g->xh, S, err, xq)))
+            goto done;
     }
     if (hp->final_softcap > 0) launch_softcap(g->logits, (size_t)n_out * hp->n_vocab, hp->final_softcap, S); /* gemma2 */
 done:

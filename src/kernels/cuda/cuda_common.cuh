@@ -307,17 +307,23 @@ void launch_dequant(const dweight *w, void *dst, bool f32, cudaStream_t s);
 void launch_embed(const dweight *E, const int32_t *tok, int n, int d, float *x, cudaStream_t s);
 /* y[n][N] (+)= x[n][K] . W^T; wdeq / xh: scratch of N*K*4 and n*K*2 bytes (route: MM_*) */
 qf_status dev_matmul(cublasHandle_t blas, const dweight *w, const float *x, int n, float *y, bool accumulate,
-                     int route, void *wdeq, __half *xh, cudaStream_t s, qf_error *err);
+                     int route, void *wdeq, __half *xh, cudaStream_t s, qf_error *err, bool xq_ready = false);
+/* xq_ready (dev_matmul, launch_matvec_gu): xh already holds x's q8_0 activation (launch_rmsnorm's
+ * xq), so the int8 matvecs skip their quantization launch; other routes read x as always */
 /* decode gate|up with SiLU(gate) * up fused: hb[n][F] from the [2F][K] weight (xq: scratch as
  * dev_matmul's xh); false when it does not apply (nothing launched) */
-bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb, void *xq, cudaStream_t s);
+bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb, void *xq, cudaStream_t s,
+                      bool xq_ready = false);
 /* y[n][N] (+)= xh[n][K] . W^T, f16 inputs already in place, f32 (or yt) output */
 qf_status dev_gemm_h(cublasHandle_t blas, const dweight *w, const __half *xh, int n, void *y, bool accumulate,
                      void *wdeq, qf_error *err, cudaDataType yt = CUDA_R_32F);
 qf_status gemm_bench(int M, int N, int K, int flags, int iters, double *ms, qf_error *err);
 
 /* ---- cuda_norm.cu: RMSNorm, RoPE, bias, SiLU, the q/k/v split, the Hadamard rotation ---- */
-void launch_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, __half *out16, cudaStream_t s);
+/* xq set: also the q8_0 activation of the result for the int8 matvecs (ACT_Q_BYTES layout,
+ * cuda_gemm.cu), where the register kernel runs and d % 32 == 0; returns whether xq was written */
+bool launch_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, __half *out16, cudaStream_t s,
+                    void *xq = NULL);
 void launch_rope(float *v, int n, int n_heads, int hd, int half, bool neox, const float *cs, const float *sn,
                  cudaStream_t s);
 void launch_add_bias(float *x, const float *b, int n, int d, cudaStream_t s);

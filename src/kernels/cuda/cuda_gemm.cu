@@ -534,13 +534,20 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
     else mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
 }
 
+/* TEMPORARY (measurement): rows below which 4 warps share a row */
+static int mv_split_rows(void) {
+    static int v = -1;
+    if (v < 0) { const char *e = getenv("QF_MV_SPLIT"); v = e ? atoi(e) : 8192; }
+    return v;
+}
+
 /* the G8 matvec on int8 activations (xq: ACT_Q_BYTES(n, K) of 16-byte aligned scratch);
  * GU: the gate|up + SiLU form, N = F */
 template <bool GU>
 static void launch_matvec_q4g(const dweight *w, const float *x, int n, int N, float *y, bool accumulate, void *xq,
-                              cudaStream_t s) {
+                              cudaStream_t s, bool ready) {
     const int K = (int)w->ne0;
-    launch_quant_act(x, n, K, xq, s);
+    if (!ready) launch_quant_act(x, n, K, xq, s);
     const int8_t *qs = (const int8_t *)xq;
     const float *xd = (const float *)((const uint8_t *)xq + (size_t)n * K);
     const int *xs = (const int *)(xd + (size_t)n * (K / QK));
@@ -551,7 +558,7 @@ static void launch_matvec_q4g(const dweight *w, const float *x, int n, int N, fl
         else cu_launch(k_matvec_q4g<MATVEC_MAX, 1, true>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, 0);
         return;
     }
-    const bool split = N < 8192; /* as launch_matvec: 4 warps share a row */
+    const bool split = N < mv_split_rows(); /* as launch_matvec: 4 warps share a row */
     const dim3 grid(split ? (unsigned)N : nblk((size_t)N, MV_WARPS));
     if (split && n == 1) cu_launch(k_matvec_q4g<1, MV_WARPS>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc);
     else if (split) cu_launch(k_matvec_q4g<MATVEC_MAX, MV_WARPS>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc);
@@ -561,10 +568,11 @@ static void launch_matvec_q4g(const dweight *w, const float *x, int n, int N, fl
 
 /* y[n][N] (+)= x[n][K] . W^T for n <= MATVEC_MAX: the wide kernel where the rows are 8-byte
  * aligned, else the sub-block-per-lane kernel */
-static void launch_matvec(const dweight *w, const float *x, int n, float *y, bool accumulate, void *xq, cudaStream_t s) {
+static void launch_matvec(const dweight *w, const float *x, int n, float *y, bool accumulate, void *xq, cudaStream_t s,
+                          bool ready) {
     const int K = (int)w->ne0, N = (int)w->ne1;
     if (w->g8 && xq && ((uintptr_t)xq % 16) == 0 && ((uintptr_t)w->d % 16) == 0) {
-        launch_matvec_q4g<false>(w, x, n, N, y, accumulate, xq, s);
+        launch_matvec_q4g<false>(w, x, n, N, y, accumulate, xq, s, ready);
         return;
     }
     const int dt = dw_type(w);
@@ -575,7 +583,7 @@ static void launch_matvec(const dweight *w, const float *x, int n, float *y, boo
     const bool q0 = !w->g8 && (w->type == QF_TYPE_Q4_0 || w->type == QF_TYPE_Q8_0) && ((uintptr_t)w->d % 2) == 0 &&
                     ((uintptr_t)x % 16) == 0;
     /* few rows (q, k, v, o, down of an 8B model): 4 warps share each row so the grid fills the GPU */
-    const bool split = N < 8192;
+    const bool split = N < mv_split_rows();
     const dim3 g4(split ? (unsigned)N : grid.x);
 #define QF_MV(KERN, ...)                                                                                        \
     do {                                                                                                        \
@@ -584,7 +592,7 @@ static void launch_matvec(const dweight *w, const float *x, int n, float *y, boo
     } while (0)
     if (q0 && xq && ((uintptr_t)xq % 16) == 0 && K % QK == 0) {
         /* int8 activations: quantized once per call, then __dp4a (the CPU vec_dot's numerics) */
-        launch_quant_act(x, n, K, xq, s);
+        if (!ready) launch_quant_act(x, n, K, xq, s);
         const int8_t *qs = (const int8_t *)xq;
         const float *xd = (const float *)((const uint8_t *)xq + (size_t)n * K);
 #define QF_MVQ(T, NT)                                                                                                   \
@@ -624,18 +632,18 @@ static void launch_matvec(const dweight *w, const float *x, int n, float *y, boo
 /* hb[n][F] = SiLU(x W_gate^T) * (x W_up^T) from the fused [2F][K] gate|up weight, one launch
  * (GU kernels); false when the weight or its size does not fit them (the caller then runs the
  * matvec and k_silu_gu) */
-bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb, void *xq, cudaStream_t s) {
+bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb, void *xq, cudaStream_t s, bool ready) {
     const int K = (int)w->ne0;
     if (n > MATVEC_MAX || w->ne1 != 2 * (int64_t)F || 2 * F < 8192 || ((uintptr_t)x % 16)) return false;
     const dim3 grid((unsigned)((F + 1) / 2));
     if (w->g8) {
         if (!xq || ((uintptr_t)xq % 16) || ((uintptr_t)w->d % 16)) return false;
-        launch_matvec_q4g<true>(w, x, n, F, hb, false, xq, s);
+        launch_matvec_q4g<true>(w, x, n, F, hb, false, xq, s, ready);
         return true;
     }
     if ((w->type == QF_TYPE_Q4_0 || w->type == QF_TYPE_Q8_0) && xq && ((uintptr_t)xq % 16) == 0 && K % QK == 0 &&
         ((uintptr_t)w->d % 2) == 0) {
-        launch_quant_act(x, n, K, xq, s);
+        if (!ready) launch_quant_act(x, n, K, xq, s);
         const int8_t *qs = (const int8_t *)xq;
         const float *xd = (const float *)((const uint8_t *)xq + (size_t)n * K);
 #define QF_GUQ(T, NT) cu_launch(k_matvec_dp4a<T, NT, 1, true>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, F, qs, xd, n, hb, 0)
@@ -686,7 +694,7 @@ void launch_embed(const dweight *E, const int32_t *tok, int n, int d, float *x, 
 
 /* y[n][N] (+)= x[n][K] . W^T on device buffers; wdeq/xh are scratch of the right sizes */
 qf_status dev_matmul(cublasHandle_t blas, const dweight *w, const float *x, int n, float *y, bool accumulate,
-                     int route, void *wdeq, __half *xh, cudaStream_t s, qf_error *err) {
+                     int route, void *wdeq, __half *xh, cudaStream_t s, qf_error *err, bool xq_ready) {
     qf_status st = QF_OK;
     const int K = (int)w->ne0, N = (int)w->ne1;
     if (route == MM_AUTO) route = n <= MATVEC_MAX ? MM_MATVEC : MM_GEMM_F16;
@@ -696,7 +704,7 @@ qf_status dev_matmul(cublasHandle_t blas, const dweight *w, const float *x, int 
     if (w->type == QF_TYPE_F32 && K % 32) route = MM_GEMM_F32;
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     if (route == MM_MATVEC) {
-        launch_matvec(w, x, n, y, accumulate, xh, s);
+        launch_matvec(w, x, n, y, accumulate, xh, s, xq_ready);
     } else if (route == MM_GEMM_F32 || w->type == QF_TYPE_F32) {
         const float *W = (const float *)w->d;
         if (w->type != QF_TYPE_F32) {

@@ -30,8 +30,12 @@ __global__ void k_rmsnorm(const float *x, const float *g, int d, float eps, floa
 
 /* k_rmsnorm with the row held in registers: float4 loads, one read of x. d a multiple of 4 and
  * at most 4 * NV * blockDim.x (launch_rmsnorm checks) */
+/* xq set (d % 32 == 0): the normalized row is also quantized to q8_0 as k_quant_act does it
+ * (the same bytes: the 8 lanes holding a 32-block reduce its amax and its quant sum by
+ * shuffles), into xq in ACT_Q_BYTES layout for n rows of d: int8 [n][d], f32 scales [n][d/32],
+ * int32 sums [n][d/32]. */
 template <int NV>
-__global__ void k_rmsnorm4(const float *x, const float *g, int d, float eps, float *out, __half *out16) {
+__global__ void k_rmsnorm4(const float *x, const float *g, int d, float eps, float *out, __half *out16, void *xq) {
     pdl_trigger();
     pdl_wait();
     const int d4 = d / 4;
@@ -68,15 +72,42 @@ __global__ void k_rmsnorm4(const float *x, const float *g, int d, float eps, flo
             h[0] = __halves2half2(__float2half_rn(r.x), __float2half_rn(r.y));
             h[1] = __halves2half2(__float2half_rn(r.z), __float2half_rn(r.w));
         }
+        if (xq) { /* d4 % 8 == 0 and blockDim % 8 == 0: a 32-block is 8 consecutive lanes, all live */
+            const unsigned mk = __activemask();
+            float amax = fmaxf(fmaxf(fabsf(r.x), fabsf(r.y)), fmaxf(fabsf(r.z), fabsf(r.w)));
+#pragma unroll
+            for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(mk, amax, o));
+            const float dq = __fdiv_rn(amax, 127.0f);
+            const float id = dq != 0.0f ? __fdiv_rn(1.0f, dq) : 0.0f;
+            const int q0 = (int)roundf(__fmul_rn(r.x, id)), q1 = (int)roundf(__fmul_rn(r.y, id)),
+                      q2 = (int)roundf(__fmul_rn(r.z, id)), q3 = (int)roundf(__fmul_rn(r.w, id));
+            const size_t nb = (size_t)gridDim.x * (d / 32), b = (size_t)blockIdx.x * (d / 32) + i / 8;
+            int8_t *qs = (int8_t *)xq;
+            float *xd = (float *)((uint8_t *)xq + (size_t)gridDim.x * d);
+            int *xs = (int *)(xd + nb);
+            ((char4 *)(qs + (size_t)blockIdx.x * d))[i] = make_char4((signed char)q0, (signed char)q1, (signed char)q2,
+                                                                    (signed char)q3);
+            int sum = q0 + q1 + q2 + q3;
+#pragma unroll
+            for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(mk, sum, o);
+            if ((i & 7) == 0) xd[b] = __half2float(__float2half_rn(dq)), xs[b] = sum;
+        }
     }
 }
 
 /* one launch of RMSNorm over n rows of d: the register kernel when the row fits, else k_rmsnorm */
-void launch_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, __half *out16, cudaStream_t s) {
-    if (n <= 0) return;
-    if (d % 4 == 0 && d <= 4 * 4 * 256) cu_launch(k_rmsnorm4<4>, dim3(n), dim3(256), 0, s, x, g, d, eps, out, out16);
-    else if (d % 4 == 0 && d <= 4 * 8 * 256) cu_launch(k_rmsnorm4<8>, dim3(n), dim3(256), 0, s, x, g, d, eps, out, out16);
-    else cu_launch(k_rmsnorm, dim3(n), dim3(256), 0, s, x, g, d, eps, out, out16);
+bool launch_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, __half *out16, cudaStream_t s,
+                    void *xq) {
+    if (n <= 0) return false;
+    if (d % 32 || ((uintptr_t)xq % 16)) xq = NULL;
+    void *const nq = NULL;
+    if (d % 4 == 0 && d <= 4 * 4 * 256) cu_launch(k_rmsnorm4<4>, dim3(n), dim3(256), 0, s, x, g, d, eps, out, out16, xq);
+    else if (d % 4 == 0 && d <= 4 * 8 * 256) cu_launch(k_rmsnorm4<8>, dim3(n), dim3(256), 0, s, x, g, d, eps, out, out16, xq);
+    else {
+        cu_launch(k_rmsnorm, dim3(n), dim3(256), 0, s, x, g, d, eps, out, out16);
+        xq = nq;
+    }
+    return xq != NULL;
 }
 
 /* v[t][h][hd] rotated; one thread per (t, h, pair) */
