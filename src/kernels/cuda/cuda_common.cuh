@@ -412,8 +412,13 @@ void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_
  * to 8 heads run one block per (range, kv head); n_ctx (0: pos0 + n) picks the kernel. */
 void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
                             size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
-                            float *part, cudaStream_t s, const int *dpos = NULL, int n_ctx = 0);
+                            float *part, cudaStream_t s, const int *dpos = NULL, int n_ctx = 0,
+                            bool merge_kernel = false);
+/* part's size, and its first floats that must be zero before the first launch (the grouped
+ * kernel's arrival counters: its last block per (kv head, query) merges the ranges itself
+ * unless merge_kernel, and leaves them zero) */
 size_t attention_split_floats(int n, int n_head, int hd);
+size_t attention_split_zero_floats(int n_head);
 
 /* ---- cuda_score.cu ---- */
 /* nll[r] = -log softmax(logits[r])[tgt[r]], r < n_rows */

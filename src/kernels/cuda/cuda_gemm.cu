@@ -534,12 +534,11 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
     else mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
 }
 
-/* TEMPORARY (measurement): rows below which 4 warps share a row */
-static int mv_split_rows(void) {
-    static int v = -1;
-    if (v < 0) { const char *e = getenv("QF_MV_SPLIT"); v = e ? atoi(e) : 8192; }
-    return v;
-}
+/* Rows below which 4 warps share each row of a decode matvec (fewer rows: the grid would not
+ * fill the GPU). 2048: the 8B shape's q|k|v (6144), o and down (4096) rows take one warp each;
+ * H200, 8B q4_0 decode at 256: 374.8 / 375.4 tok/s against 360.7 / 363.2 with 8192, f16 184.3 /
+ * 183.9 against 183.0 / 182.3 (docs/gpu.md). */
+#define MV_SPLIT_ROWS 2048
 
 /* the G8 matvec on int8 activations (xq: ACT_Q_BYTES(n, K) of 16-byte aligned scratch);
  * GU: the gate|up + SiLU form, N = F */
@@ -558,7 +557,7 @@ static void launch_matvec_q4g(const dweight *w, const float *x, int n, int N, fl
         else cu_launch(k_matvec_q4g<MATVEC_MAX, 1, true>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, 0);
         return;
     }
-    const bool split = N < mv_split_rows(); /* as launch_matvec: 4 warps share a row */
+    const bool split = N < MV_SPLIT_ROWS; /* as launch_matvec: 4 warps share a row */
     const dim3 grid(split ? (unsigned)N : nblk((size_t)N, MV_WARPS));
     if (split && n == 1) cu_launch(k_matvec_q4g<1, MV_WARPS>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc);
     else if (split) cu_launch(k_matvec_q4g<MATVEC_MAX, MV_WARPS>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc);
@@ -582,8 +581,8 @@ static void launch_matvec(const dweight *w, const float *x, int n, float *y, boo
     const dim3 grid(nblk((size_t)N, MV_WARPS));
     const bool q0 = !w->g8 && (w->type == QF_TYPE_Q4_0 || w->type == QF_TYPE_Q8_0) && ((uintptr_t)w->d % 2) == 0 &&
                     ((uintptr_t)x % 16) == 0;
-    /* few rows (q, k, v, o, down of an 8B model): 4 warps share each row so the grid fills the GPU */
-    const bool split = N < mv_split_rows();
+    /* few rows (MV_SPLIT_ROWS): 4 warps share each row so the grid fills the GPU */
+    const bool split = N < MV_SPLIT_ROWS;
     const dim3 g4(split ? (unsigned)N : grid.x);
 #define QF_MV(KERN, ...)                                                                                        \
     do {                                                                                                        \
