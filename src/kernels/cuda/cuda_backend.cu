@@ -92,7 +92,7 @@ struct qf_cuda_ctx {
     bool f16_cache;        /* quantized weights keep an f16 copy for prefill GEMMs (knob no_f16_cache: off) */
     bool q4g;              /* q4_0 weights of width % 256 == 0 take the G8 layout (knob no_q4_regroup: off) */
     bool pdl;              /* the decode graph uses programmatic dependent launch (knob no_pdl: off) */
-    bool merge_kernel;     /* split-K decode attention merged by its own kernel (knob attn_merge_kernel) */
+    bool merge_kernel;     /* split-K decode attention merged by its own kernel (default; knob attn_fused_merge: off) */
     size_t f16_cache_bytes;
     /* device scratch */
     float *x, *xn, *q, *k, *v, *att, *hb, *hb2, *logits, *rcos, *rsin;
@@ -454,7 +454,7 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
     g->graph_off = p->knobs.no_graph;
     g->q4g = !p->knobs.no_q4_regroup;
     g->pdl = !p->knobs.no_pdl;
-    g->merge_kernel = p->knobs.attn_merge_kernel;
+    g->merge_kernel = !p->knobs.attn_fused_merge;
     g->kv_rot = p->kv_rot == QF_KV_ROT_HADAMARD;
     g->fam = hp->qk_norm || hp->post_norms || hp->attn_softcap > 0 || hp->final_softcap > 0 || hp->swa != QF_SWA_NONE ||
              hp->ffn_act != QF_FFN_SILU || hp->embd_scale != 1.0f || hp->n_expert > 0 ||
