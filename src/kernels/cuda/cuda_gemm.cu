@@ -466,6 +466,18 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
  * per block (qf_vec_dot_ref); only the order of the per-block sums differs. Under PDL the first
  * U weight loads are issued before pdl_wait() (weights are never written). */
 #define Q4G_U 4
+/* the quants (16 bytes) and scale of blocks b0 + u S, u < Q4G_U, of a G8 row (those < nb) */
+__device__ static inline void q4g_load(const uint8_t *row, int b0, int S, int nb, uint4 *qv, unsigned short *dv) {
+#pragma unroll
+    for (int u = 0; u < Q4G_U; u++) {
+        const int b = b0 + u * S;
+        if (b < nb) {
+            const uint8_t *gp = row + (size_t)(b >> 3) * Q4G_GROUP;
+            qv[u] = __ldg((const uint4 *)(gp + 16 + 16 * (b & 7)));
+            dv[u] = __ldg((const unsigned short *)gp + (b & 7));
+        }
+    }
+}
 template <int NT, int WPR, bool GU = false>
 __global__ void __launch_bounds__(MV_WARPS * 32)
     k_matvec_q4g(const uint8_t *__restrict__ W, size_t rb, int K, int N, const int8_t *__restrict__ xq,
@@ -484,15 +496,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
     unsigned short dv[Q4G_U];
     int b0 = lane + 32 * part;
     /* the first U blocks' weights, before the activations exist */
-#pragma unroll
-    for (int u = 0; u < Q4G_U; u++) {
-        const int b = b0 + u * S;
-        if (b < nb) {
-            const uint8_t *gp = row + (size_t)(b >> 3) * Q4G_GROUP;
-            qv[u] = __ldg((const uint4 *)(gp + 16 + 16 * (b & 7)));
-            dv[u] = __ldg((const unsigned short *)gp + (b & 7));
-        }
-    }
+    q4g_load(row, b0, S, nb, qv, dv);
     pdl_wait();
     for (;;) {
 #pragma unroll
@@ -520,15 +524,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
         }
         b0 += Q4G_U * S;
         if (b0 >= nb) break;
-#pragma unroll
-        for (int u = 0; u < Q4G_U; u++) {
-            const int b = b0 + u * S;
-            if (b < nb) {
-                const uint8_t *gp = row + (size_t)(b >> 3) * Q4G_GROUP;
-                qv[u] = __ldg((const uint4 *)(gp + 16 + 16 * (b & 7)));
-                dv[u] = __ldg((const unsigned short *)gp + (b & 7));
-            }
-        }
+        q4g_load(row, b0, S, nb, qv, dv);
     }
     if (GU) mv_finish_gu<NT>(acc, warp, lane, N, n, y);
     else mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
