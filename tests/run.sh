@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run.sh: run every test binary in $QF_BUILD/tests (default build/), then the CLI end-to-end
 # scripts tests/cli_*.sh, and print the suite's closing line "N passed, N failed, N skipped".
-# Run from the repository root. QF_TEST_FILTER=substr limits the run to matching names.
+# Run from the repository root. QF_TEST_FILTER=substr limits the run to matching names;
+# QF_TEST_JOBS=N runs N at once (default: the number of cores).
 set -u
 build=${QF_BUILD:-build}
 export QF_BUILD=$build
@@ -19,14 +20,29 @@ fi
 pass=0 fail=0 skip=0
 failed_names=()
 log_dir=$(mktemp -d)
+# QF_TEST_JOBS (default: the number of cores) tests run at once, each into its own log; the
+# results are then read in the fixed order below, so the output does not depend on the timing
+jobs=${QF_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
+names=()
 for t in "$build"/tests/test_* tests/cli_*.sh; do
     [ -e "$t" ] || continue
     name=$(basename "$t")
     [ -n "${QF_TEST_FILTER:-}" ] && [[ "$name" != *"$QF_TEST_FILTER"* ]] && continue
-    start=$(date +%s)
-    if [[ "$t" == *.sh ]]; then bash "$t" >"$log_dir/$name.log" 2>&1; rc=$?
-    else "$t" >"$log_dir/$name.log" 2>&1; rc=$?; fi
-    secs=$(( $(date +%s) - start ))
+    names+=("$name")
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n 2>/dev/null || true; done
+    (
+        start=$(date +%s)
+        # each test gets its own TMPDIR: two at once must not share scratch names
+        mkdir -p "$log_dir/$name.tmp"
+        if [[ "$t" == *.sh ]]; then TMPDIR="$log_dir/$name.tmp" bash "$t" >"$log_dir/$name.log" 2>&1; rc=$?
+        else TMPDIR="$log_dir/$name.tmp" "$t" >"$log_dir/$name.log" 2>&1; rc=$?; fi
+        echo "$rc $(( $(date +%s) - start ))" >"$log_dir/$name.rc"
+        rm -rf "$log_dir/$name.tmp"
+    ) &
+done
+wait
+for name in "${names[@]}"; do
+    read -r rc secs <"$log_dir/$name.rc" || { rc=1; secs=0; }
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log_dir/$name.log" | tail -n 1)
     if [ -z "$line" ]; then
         echo "FAIL $name: no summary line (exit $rc)"; tail -n 20 "$log_dir/$name.log"
