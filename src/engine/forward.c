@@ -235,6 +235,9 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     if (m->rope_freqs.data && !(e->vecs.rope_ff = vec_to_f32(&m->rope_freqs))) goto oom;
     /* the one place that decides the device (gpu.c) */
     if (qf_gpu_attach(c, err)) goto fail;
+    /* the CPU's repacked Q4_0 weights (repack.c), once per model; QF_NO_REPACK=1 reads the GGUF
+     * rows as before (to measure the difference) */
+    if (!c->gpu && !c->params.reference && !getenv("QF_NO_REPACK")) qf_model_repack(m, c->pool);
     return c;
 oom:
     qf_fail(err, QF_ERR_NOMEM, "out of memory allocating a context (n_ctx %d, n_batch %d)",
@@ -275,6 +278,7 @@ typedef struct {
     _Atomic int64_t next_tile; /* routes 0 and 3: tiles are taken one at a time (a thread that the
                                 * OS runs less, on a loaded machine, takes fewer); 0 before a run */
     size_t xq_row;
+    const uint8_t *rp; /* route 3: the repacked Q4_0 copy of w (repack.c), or NULL */
 } mm_job;
 
 static void mm_worker(void *arg, int ith, int nth) {
@@ -295,7 +299,8 @@ static void mm_worker(void *arg, int ith, int nth) {
     } else if (j->route == 3) {
         for (int64_t tl; (tl = atomic_fetch_add(&j->next_tile, 1)) < tiles;) { /* one packed tile in buf at a time */
             int64_t r = tl * TILE_ROWS, re = N - r < TILE_ROWS ? N : r + TILE_ROWS;
-            if (qf_gemm_k_type(w->type)) qf_gemm_k_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, j->y, N, buf);
+            if (j->rp) qf_gemm_q4x16_rows(j->rp, K, r, re, ext(j->c)->gact, j->n, j->y, N);
+            else if (qf_gemm_k_type(w->type)) qf_gemm_k_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, j->y, N, buf);
             else qf_gemm_q8_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, j->y, N, buf);
         }
     } else if (j->route == 0) {
@@ -344,6 +349,8 @@ typedef struct {
     const qf_weight *w[MV_MAX_W];
     float *y[MV_MAX_W];
     const uint8_t *act[MV_MAX_W]; /* token t's prepared row at act[k] + t * act_stride */
+    const uint8_t *rp[MV_MAX_W];  /* the repacked Q4_0 copy of w[k] (repack.c; act[k]: qf_gemm_quantize_act
+                                   * rows, qf_gemm_act_stride apart) or NULL (act[k]: qf_matvec_prepare's) */
     size_t act_stride;
     int64_t chunk0[MV_MAX_W + 1]; /* weight k owns chunks [chunk0[k], chunk0[k+1]) */
     _Atomic int64_t next;
@@ -356,6 +363,10 @@ static void mv_worker(void *arg, int ith, int nth) {
         while (ch >= j->chunk0[k + 1]) k++;
         const qf_weight *w = j->w[k];
         int64_t r0 = (ch - j->chunk0[k]) * MV_CHUNK, r1 = r0 + MV_CHUNK < w->ne1 ? r0 + MV_CHUNK : w->ne1;
+        if (j->rp[k]) { /* all tokens at once: each weight line is loaded once */
+            qf_gemm_q4x16_rows(j->rp[k], w->ne0, r0, r1, j->act[k], j->n, j->y[k], w->ne1);
+            continue;
+        }
         for (int t = 0; t < j->n; t++)
             qf_matvec_rows(w->type, w->data, w->row_bytes, w->ne0, r0, r1, j->act[k] + (size_t)t * j->act_stride,
                            j->y[k] + (size_t)t * w->ne1);
@@ -367,21 +378,28 @@ static void mv_worker(void *arg, int ith, int nth) {
 static bool matvec_multi(qf_context *c, int nw, const qf_weight *const *ws, const float *x, int n, float *const *ys) {
     if (c->params.reference || n >= GEMM_MIN_TOKENS || nw > MV_MAX_W) return false;
     int64_t K = ws[0]->ne0;
-    for (int k = 0; k < nw; k++)
-        if (ws[k]->ne0 != K || !qf_matvec_supported(ws[k]->type, K)) return false;
     ctx_ext *e = ext(c);
     mv_job j = {.nw = nw, .n = n, .act_stride = e->mvact_row};
+    const bool x16 = qf_gemm_q4x16_supported();
+    for (int k = 0; k < nw; k++) {
+        j.rp[k] = x16 ? qf_model_repacked(c->model, ws[k]) : NULL;
+        if (ws[k]->ne0 != K || !(j.rp[k] || qf_matvec_supported(ws[k]->type, K))) return false;
+    }
     j.chunk0[0] = 0;
     for (int k = 0; k < nw; k++) {
         j.w[k] = ws[k];
         j.y[k] = ys[k];
         int same = -1;
         for (int q = 0; q < k; q++)
-            if (ws[q]->type == ws[k]->type) same = q;
+            if (ws[q]->type == ws[k]->type && !j.rp[q] == !j.rp[k]) same = q;
         if (same >= 0) j.act[k] = j.act[same];
         else {
+            /* room: GEMM_MIN_TOKENS rows of mvact_row bytes (the f16 layout, 4 bytes an element), more
+             * than n rows of qf_gemm_act_stride (1.25 bytes an element) */
             uint8_t *a = e->mvact + (size_t)k * GEMM_MIN_TOKENS * e->mvact_row;
-            for (int t = 0; t < n; t++) qf_matvec_prepare(ws[k]->type, x + (size_t)t * K, K, a + (size_t)t * e->mvact_row);
+            if (j.rp[k]) qf_gemm_quantize_act(QF_TYPE_Q4_0, x, K, 0, n, a, c->xq);
+            else
+                for (int t = 0; t < n; t++) qf_matvec_prepare(ws[k]->type, x + (size_t)t * K, K, a + (size_t)t * e->mvact_row);
             j.act[k] = a;
         }
         j.chunk0[k + 1] = j.chunk0[k] + (ws[k]->ne1 + MV_CHUNK - 1) / MV_CHUNK;
@@ -409,6 +427,7 @@ static void matmul(qf_context *c, const qf_weight *w, const float *x, int n, flo
         j.route = 4;
         qf_pool_run(c->pool, mm_worker, &j);
         j.route = 3;
+        if (qf_gemm_q4x16_supported()) j.rp = qf_model_repacked(c->model, w);
         atomic_store(&j.next_tile, 0);
     } else if (n >= GEMM_MIN_TOKENS) j.route = 0;
     else {
