@@ -679,6 +679,23 @@ TEST(matvec_vs_oracle) {
         check_matvec(ts[i], 2048, 37);
         check_matvec(ts[i], 8192, 9);
     }
+    { /* the F16 activation is the f16 round trip of x bit for bit (qf_f32_to_f16 / qf_f16_to_f32), specials too */
+        const int64_t K = 384;
+        float *x = qf_malloc_aligned(K * 4), *o = qf_malloc_aligned(qf_matvec_act_bytes(QF_TYPE_F16, K));
+        for (int64_t i = 0; i < K; i++) x[i] = rndf() * (i % 3 ? 1.0f : 3e4f);
+        const float sp[] = {-0.0f, 1e-8f, -3e-6f, 6.0e-5f, 65504.0f, 65519.0f, 65520.0f, -1e6f, INFINITY, -INFINITY};
+        memcpy(x + 100, sp, sizeof sp);
+        if (qf_matvec_supported(QF_TYPE_F16, K)) {
+            qf_matvec_prepare(QF_TYPE_F16, x, K, o);
+            size_t bad = 0;
+            for (int64_t i = 0; i < K; i++) {
+                float r = qf_f16_to_f32(qf_f32_to_f16(x[i]));
+                bad += memcmp(&o[i], &r, 4) != 0;
+            }
+            CHECK_MSG(bad == 0, "f16 matvec activation: %zu of %lld differ from the scalar round trip", bad, (long long)K);
+        }
+        free(x), free(o);
+    }
     CHECK(!qf_matvec_supported(QF_TYPE_Q4_0, 96)); /* K not a multiple of 128: the vec_dot route */
     CHECK(!qf_matvec_supported(QF_TYPE_Q4_K, 256));
     qf_quant_force_scalar(true);
