@@ -541,8 +541,8 @@ TEST(gemm_q4x16_vs_oracle) {
 }
 
 /* The f16 prefill GEMM: the fast kernel (AVX-512, lanes over k) against the double-precision
- * oracle within 1e-5 of sum|w*x|, over partial row groups (N % 4), partial token groups (n % 6)
- * and more than one K block (K > QF_GEMM_F16_KB). */
+ * oracle within 1e-5 of sum|w*x|, over partial row panels (N % 32), partial token groups (n % 12)
+ * and more than one K block (K > QF_GEMM_F16_KB), partial 32-row panels. */
 static void check_gemm_f16(int64_t K, int N, int n) {
     uint16_t *w = qf_malloc_aligned((size_t)N * K * 2);
     float *x = qf_malloc_aligned((size_t)n * K * 4), *yr = qf_malloc_aligned((size_t)n * N * 4),
@@ -550,8 +550,10 @@ static void check_gemm_f16(int64_t K, int N, int n) {
     for (int64_t i = 0; i < (int64_t)N * K; i++) w[i] = qf_f32_to_f16(rndf());
     for (int64_t i = 0; i < (int64_t)n * K; i++) x[i] = rndf() * (i % 5 == 0 ? 8.0f : 1.0f);
     qf_gemm_f16_rows_ref(w, (size_t)K * 2, K, 0, N, x, n, yr, N);
-    qf_gemm_f16_rows(w, (size_t)K * 2, K, 0, 1, x, n, yf, N);
-    qf_gemm_f16_rows(w, (size_t)K * 2, K, 1, N, x, n, yf, N);
+    void *scratch = qf_malloc_aligned(qf_gemm_f16_scratch_bytes(N));
+    qf_gemm_f16_rows(w, (size_t)K * 2, K, 0, 1, x, n, yf, N, scratch);
+    qf_gemm_f16_rows(w, (size_t)K * 2, K, 1, N, x, n, yf, N, scratch);
+    free(scratch);
     double worst = 0;
     for (int t = 0; t < n; t++)
         for (int r = 0; r < N; r++) {
@@ -567,8 +569,10 @@ static void check_gemm_f16(int64_t K, int N, int n) {
 TEST(gemm_f16_vs_oracle) {
     if (!qf_gemm_f16_supported()) printf("  (no AVX-512 here: qf_gemm_f16_rows is the oracle itself)\n");
     check_gemm_f16(16, 1, 1);
-    check_gemm_f16(256, 37, 29);
-    check_gemm_f16(QF_GEMM_F16_KB + 512, 9, 13);
+    check_gemm_f16(256, 37, 29);  /* a last panel with 5 rows (its second half empty), 2 groups of 12 + 5 tokens */
+    check_gemm_f16(512, 50, 12);  /* a last panel with 18 rows */
+    check_gemm_f16(3 * QF_GEMM_F16_KB + 16, 9, 13); /* 4 K blocks, the last one 16 long */
+    check_gemm_f16(2048, 128, 30);
 }
 
 /* The K-quant prefill GEMM: the oracle against qf_vec_dot_ref with the same Q8_K activations,

@@ -181,7 +181,8 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     e->mvact_row = qf_matvec_act_bytes(QF_TYPE_F16, (int64_t)((maxK + 127) & ~(size_t)127)); /* the widest layout */
     e->mvact = qf_malloc_aligned((size_t)MV_MAX_W * GEMM_MIN_TOKENS * e->mvact_row);
     /* per-thread scratch: a weight tile (TILE_ROWS x maxK) or one attention score block */
-    size_t tile = (size_t)TILE_ROWS * maxK;
+    size_t tile = (size_t)TILE_ROWS * maxK, f16s = qf_gemm_f16_scratch_bytes(TILE_ROWS) / sizeof(float);
+    if (tile < f16s) tile = f16s; /* the f16 GEMM's panels of one K block (small models: maxK < QF_GEMM_F16_KB) */
     size_t scores = B * (size_t)c->params.n_ctx;
     c->thr_buf_floats = tile > scores ? tile : scores;
     int nthr = qf_pool_size(c->pool);
@@ -309,7 +310,7 @@ static void mm_worker(void *arg, int ith, int nth) {
             const float *wt;
             if (w->type == QF_TYPE_F16 && K % 16 == 0 && qf_gemm_f16_supported()) {
                 /* f16 converted in registers, AVX-512 FMA micro-kernel (kernels/gemm.h) */
-                qf_gemm_f16_rows(wd, w->row_bytes, K, r, r + tr, j->x, j->n, j->y, N);
+                qf_gemm_f16_rows(wd, w->row_bytes, K, r, r + tr, j->x, j->n, j->y, N, buf);
                 continue;
             }
             if (w->type == QF_TYPE_F32) wt = (const float *)(wd + (size_t)r * w->row_bytes);

@@ -325,11 +325,15 @@ void qf_gemm_q4x16_rows(const uint8_t *wp, int64_t K, int64_t r0, int64_t r1, co
     }
 }
 
+size_t qf_gemm_f16_scratch_bytes(int64_t rows) {
+    return (size_t)((rows + QF_GEMM_F16_MR - 1) / QF_GEMM_F16_MR) * QF_GEMM_F16_MR * QF_GEMM_F16_KB * sizeof(float);
+}
+
 bool qf_gemm_f16_supported(void) { return qf_quant_has_avx2() && cpu_has_avx512vnni(); }
 
 void qf_gemm_f16_rows(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x, int n,
-                      float *y, int64_t ldy) {
-    if (qf_gemm_f16_supported()) qf_gemm_f16_rows_avx512(w, row_bytes, K, r0, r1, x, n, y, ldy);
+                      float *y, int64_t ldy, void *scratch) {
+    if (qf_gemm_f16_supported()) qf_gemm_f16_rows_avx512(w, row_bytes, K, r0, r1, x, n, y, ldy, scratch);
     else qf_gemm_f16_rows_ref(w, row_bytes, K, r0, r1, x, n, y, ldy);
 }
 

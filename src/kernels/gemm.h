@@ -70,13 +70,20 @@ void qf_gemm_q8_rows_ref(qf_type wt, const void *w, size_t row_bytes, int64_t K,
 
 /* ---- f16 weights x f32 activations ----
  * y[t * ldy + r] = sum_k f32(w[r][k]) * x[t][k] for rows [r0, r1) and tokens [0, n), x row stride K,
- * K a multiple of 16. The fast kernel (AVX-512: f16 converted in registers, 4 rows x 6 tokens of
- * f32 FMA accumulators, lanes over k, one reduction per K block of QF_GEMM_F16_KB) sums in another
- * order than the oracle (double precision): they agree within float rounding, 1e-5 of sum|w*x|. */
-#define QF_GEMM_F16_KB 2048
+ * K a multiple of 16. The fast kernel (AVX-512, gemm_avx512.c) converts the rows once per K block of
+ * QF_GEMM_F16_KB to f32 panels of 32 rows transposed to [k][row] (in scratch), then keeps 32 rows x
+ * 12 tokens in 24 zmm accumulators (lanes over rows, x[t][k] broadcast): each (row, token) sums over
+ * k in order in one f32 lane, through y between K blocks. It agrees with the oracle (double
+ * precision) within float rounding, 1e-5 of sum|w*x|. scratch: qf_gemm_f16_scratch_bytes(r1 - r0),
+ * 64-byte aligned (unused by the oracle). */
+#ifndef QF_GEMM_F16_KB
+#define QF_GEMM_F16_KB 256
+#endif
+#define QF_GEMM_F16_MR 32 /* rows per panel */
 bool qf_gemm_f16_supported(void); /* AVX-512 F/BW/VL/VNNI (qf_gemm_isa_get() == AVX512) */
+size_t qf_gemm_f16_scratch_bytes(int64_t rows);
 void qf_gemm_f16_rows(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x, int n,
-                      float *y, int64_t ldy);
+                      float *y, int64_t ldy, void *scratch);
 void qf_gemm_f16_rows_ref(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x, int n,
                           float *y, int64_t ldy);
 
@@ -138,7 +145,7 @@ size_t qf_gemm_panel_bytes(qf_type wt, int64_t K);
 void qf_gemm_pack_panel(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r, int nrows, uint8_t *panel);
 void qf_gemm_quantize_act_avx512(qf_type wt, const float *x, int64_t K, int t0, int t1, uint8_t *act);
 void qf_gemm_f16_rows_avx512(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x,
-                             int n, float *y, int64_t ldy);
+                             int n, float *y, int64_t ldy, void *scratch);
 float qf_vec_dot_q8_avx512(qf_type t, int64_t n, const void *w, const void *x); /* Q8_0 / Q4_0 . Q8_0 */
 void qf_gemm_panel_avx512(qf_type wt, const uint8_t *panel, int64_t K, const uint8_t *act, int t0, int t1,
                           float *y, int64_t ldy, int nrows);
