@@ -25,6 +25,7 @@ struct qf_model {
      * context; NULL before (or when the CPU has no kernel for them). Written once under a lock. */
     _Atomic(struct qf_repack *) repack;
     bool repack_tried;
+    bool prefaulted; /* qf_model_prefault ran (under repack.c's lock) */
 };
 
 /* ---- repacked Q4_0 weights (repack.c) ---- */
@@ -37,6 +38,8 @@ void qf_model_repack(qf_model *m, qf_pool *pool);
 const uint8_t *qf_model_repacked(const qf_model *m, const qf_weight *w);
 /* Bytes of the repacked copies (0 when none). */
 size_t qf_model_repacked_bytes(const qf_model *m);
+/* Once per model, before its first CPU context runs: the mapped file faulted in (repack.c). */
+void qf_model_prefault(qf_model *m);
 /* Free the copies (qf_model_free). */
 void qf_model_repack_free(qf_model *m);
 

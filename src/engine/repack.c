@@ -171,3 +171,30 @@ void qf_model_repack_free(qf_model *m) {
     free(rp);
     atomic_store(&m->repack, NULL);
 }
+
+/* Once per model: fault the whole mapped file into the page tables now (MADV_POPULATE_READ:
+ * sequential readahead from disk if the page cache lost it), as llama.cpp's loader does with
+ * MAP_POPULATE, so the first batch does not pay ~110k page faults (and, after the page cache was
+ * reclaimed, the disk reads) inside its evaluation: measured on the 1B f16 PPL pass, 2 chunks,
+ * 84 tok/s with 341 major faults in the run against 108 with 8. Files larger than half the RAM
+ * only get MADV_WILLNEED (asynchronous readahead the kernel may drop). */
+void qf_model_prefault(qf_model *m) {
+    pthread_mutex_lock(&repack_mu);
+    if (!m->prefaulted) {
+        m->prefaulted = true;
+        size_t size = 0;
+        const uint8_t *data = qf_gguf_file_data(m->gguf, &size);
+        const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+        uintptr_t a = (uintptr_t)data & ~(pg - 1);
+        long pages = sysconf(_SC_PHYS_PAGES);
+        if (data && size) {
+            size_t len = (size_t)((uintptr_t)data + size - a);
+            bool fits = pages > 0 && size < (size_t)pages * (size_t)pg / 2;
+#ifdef MADV_POPULATE_READ
+            if (!fits || madvise((void *)a, len, MADV_POPULATE_READ) != 0)
+#endif
+                (void)madvise((void *)a, len, MADV_WILLNEED);
+        }
+    }
+    pthread_mutex_unlock(&repack_mu);
+}
