@@ -3,14 +3,18 @@
  * KV storage modes against f32; and stories260K's greedy continuation against the published one. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
+#include "engine/engine.h"
+#include "kernels/gemm.h"
+#include "qforge/awq.h"
 #include "qforge/model.h"
 #include "qforge/sample.h"
 #include "test.h"
 
-static qf_model *load(const char *rel) {
-    const char *p = test_data(rel);
+static qf_model *load(const char *rel) { /* rel: under the shared data directory, or an absolute path */
+    const char *p = rel[0] == '/' ? rel : test_data(rel);
     if (!p) return NULL;
     qf_error e = {0};
     qf_model *m = qf_model_load(p, &e);
@@ -106,6 +110,49 @@ TEST(demo_f16_fast_matches_reference) { check_routes("models/qforge-demo-11m-f16
 TEST(demo_q4km_fast_matches_reference) { check_routes("models/qforge-demo-11m-q4_k_m.gguf", 5e-2); }
 TEST(qwen2_fast_matches_reference) {
     check_routes(or_fixture("models/qforge-demo-qwen2-5m-f16.gguf", "models/synthetic-qwen2-f16.gguf"), 1e-3);
+}
+
+/* Q4_0 weights (the demo model quantized here: every matrix Q4_0, the head Q8_0): the fast routes
+ * against the oracle, where on AVX-512 VNNI CPUs the CPU context reads the model's repacked copy
+ * (engine/repack.c) for decode and prefill; and prefill from the repacked copy bit-identical to
+ * prefill from the GGUF rows (QF_NO_REPACK=1 on a second load of the same file). */
+TEST(demo_q4_0_repacked_matches) {
+    const char *src = test_data("models/qforge-demo-11m-f16.gguf");
+    if (!src) SKIP("models/qforge-demo-11m-f16.gguf not in ../shared/data");
+    static char q4[4200];
+    snprintf(q4, sizeof q4, "%s/demo-q4_0.gguf", test_tmpdir());
+    qf_error e = {0};
+    CHECK(qf_quantize_model(src, q4, QF_TYPE_Q4_0, &e) == QF_OK);
+    check_routes(q4, 5e-2);
+    qf_model *a = qf_model_load(q4, &e), *b = qf_model_load(q4, &e);
+    CHECK(a && b);
+    if (!a || !b) {
+        qf_model_free(a), qf_model_free(b);
+        return;
+    }
+    CHECK_EQ_INT(qf_model_layer(a, 0)->wq.type, QF_TYPE_Q4_0);
+    int V = qf_model_hparams(a)->n_vocab;
+    int32_t t[NT];
+    for (int i = 0; i < NT; i++) t[i] = toks[i] % V;
+    qf_context_params cp = qf_context_default_params();
+    cp.kv_k = cp.kv_v = QF_KV_F32;
+    cp.n_threads = 2;
+    float *la = run_logits(a, t, NT, cp, NT);
+    setenv("QF_NO_REPACK", "1", 1);
+    float *lb = run_logits(b, t, NT, cp, NT);
+    unsetenv("QF_NO_REPACK");
+    CHECK(la && lb);
+    bool repacked = qf_model_repacked(a, &qf_model_layer(a, 0)->wq) != NULL;
+    CHECK(repacked == qf_gemm_q4x16_supported());
+    CHECK(!qf_model_repacked(b, &qf_model_layer(b, 0)->wq));
+    if (!repacked) printf("  (no AVX-512 VNNI here: no repacked copy, both runs read the GGUF rows)\n");
+    if (la && lb) {
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t)NT * V; i++) bad += memcmp(&la[i], &lb[i], 4) != 0;
+        CHECK_MSG(bad == 0, "prefill repacked vs GGUF rows: %zu of %zu logits differ", bad, (size_t)NT * V);
+    }
+    free(la), free(lb);
+    qf_model_free(a), qf_model_free(b);
 }
 
 TEST(kv_modes_close_to_f32) {
@@ -280,6 +327,7 @@ int main(void) {
     RUN(demo_f16_fast_matches_reference);
     RUN(demo_q4km_fast_matches_reference);
     RUN(qwen2_fast_matches_reference);
+    RUN(demo_q4_0_repacked_matches);
     RUN(kv_modes_close_to_f32);
     RUN(stories260k_greedy_matches_llama2c);
     RUN(decode_rejects_bad_input);

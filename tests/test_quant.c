@@ -485,9 +485,64 @@ TEST(gemm_q8_vs_oracle) {
     printf("  gemm isa on this CPU: %d (3 AVX-512 VNNI, 2 AVX-VNNI, 1 AVX2)\n", (int)qf_gemm_isa_get());
 }
 
+/* The repacked Q4_0 panels (kernels/gemm.h Q4X16): the oracle reading the repacked bytes is
+ * bit-identical to the GGUF-row oracle qf_gemm_q8_rows_ref (so the repack loses nothing), and the
+ * AVX-512 kernel bit-identical to both, for the decode token counts (1-3: two int32 chains) and
+ * prefill ones (partial groups of 8, > one 64-token block), a partial last panel (N % 16), a row
+ * range that starts at a panel mid-matrix, and the extreme nibbles 0 / 15. */
+static void check_q4x16(int64_t K, int N, int n) {
+    const qf_type wt = QF_TYPE_Q4_0;
+    size_t rb = qf_row_bytes(wt, K), stride = qf_gemm_act_stride(K);
+    uint8_t *w = qf_malloc_aligned(rb * (size_t)N), *act = qf_malloc_aligned(stride * (size_t)n);
+    uint8_t *wp = qf_malloc_aligned(qf_gemm_q4x16_bytes(K, N));
+    float *x = qf_malloc_aligned((size_t)n * K * 4), *yr = qf_malloc_aligned((size_t)n * N * 4),
+          *yp = qf_malloc_aligned((size_t)n * N * 4), *yf = qf_malloc_aligned((size_t)n * N * 4);
+    void *tmp = qf_malloc_aligned(qf_row_bytes(QF_TYPE_Q8_0, K));
+    for (int r = 0; r < N; r++) random_row(wt, w + (size_t)r * rb, K);
+    block_q4_0 *b0 = (block_q4_0 *)(void *)w, *bl = (block_q4_0 *)(void *)(w + (size_t)(N - 1) * rb);
+    b0->qs[0] = 0xF0, b0->qs[15] = 0x0F, bl[K / 32 - 1].qs[7] = 0xFF, bl[K / 32 - 1].qs[8] = 0x00;
+    for (int64_t i = 0; i < (int64_t)n * K; i++) x[i] = rndf() * (i % 7 == 0 ? 10.0f : 1.0f);
+    qf_gemm_quantize_act(wt, x, K, 0, n, act, tmp);
+    CHECK(qf_gemm_q4x16_shape_ok(K, N));
+    CHECK_EQ_INT(qf_gemm_q4x16_bytes(K, N), (size_t)((N + 15) / 16) * 16 * rb); /* the GGUF bytes, rearranged */
+    int np = (N + 15) / 16, half = np / 2;
+    qf_gemm_q4x16_pack(w, rb, K, N, half, np, wp); /* panels are independent: either order */
+    qf_gemm_q4x16_pack(w, rb, K, N, 0, half, wp);
+    qf_gemm_q8_rows_ref(wt, w, rb, K, 0, N, act, n, yr, N);
+    qf_gemm_q4x16_rows_ref(wp, K, 0, N, act, n, yp, N);
+    size_t bad = 0;
+    for (size_t i = 0; i < (size_t)n * N; i++) bad += memcmp(&yp[i], &yr[i], 4) != 0;
+    CHECK_MSG(bad == 0, "q4x16 oracle vs gguf oracle (K %lld, N %d, n %d): %zu differ", (long long)K, N, n, bad);
+    for (size_t i = 0; i < (size_t)n * N; i++) yf[i] = NAN;
+    int split = N > 16 ? 16 : N;
+    qf_gemm_q4x16_rows(wp, K, 0, split, act, n, yf, N);
+    qf_gemm_q4x16_rows(wp, K, split, N, act, n, yf, N);
+    bad = 0;
+    for (size_t i = 0; i < (size_t)n * N; i++) bad += memcmp(&yf[i], &yr[i], 4) != 0;
+    CHECK_MSG(bad == 0, "q4x16 %s vs oracle (K %lld, N %d, n %d): %zu differ",
+              qf_gemm_q4x16_supported() ? "avx512" : "fallback", (long long)K, N, n, bad);
+    free(w), free(act), free(wp), free(x), free(yr), free(yp), free(yf), free(tmp);
+}
+
+TEST(gemm_q4x16_vs_oracle) {
+    CHECK(!qf_gemm_q4x16_shape_ok(96, 4) && !qf_gemm_q4x16_shape_ok(128, 0) && qf_gemm_q4x16_shape_ok(64, 1));
+    if (!qf_gemm_q4x16_supported()) printf("  (no AVX-512 VNNI here: qf_gemm_q4x16_rows runs the oracle)\n");
+    check_q4x16(64, 1, 1);
+    check_q4x16(64, 16, 2);
+    check_q4x16(192, 37, 3); /* an odd number of block pairs, a partial last panel */
+    check_q4x16(2048, 50, 1);
+    check_q4x16(2048, 50, 19);
+    check_q4x16(8192, 33, 2);
+    check_q4x16(512, 48, 70); /* > one 64-token block */
+    qf_quant_force_scalar(true); /* the dispatch's fallback: the oracle itself */
+    CHECK(!qf_gemm_q4x16_supported());
+    check_q4x16(192, 37, 3);
+    qf_quant_force_scalar(false);
+}
+
 /* The f16 prefill GEMM: the fast kernel (AVX-512, lanes over k) against the double-precision
- * oracle within 1e-5 of sum|w*x|, over partial row groups (N % 4), partial token groups (n % 6)
- * and more than one K block (K > QF_GEMM_F16_KB). */
+ * oracle within 1e-5 of sum|w*x|, over partial row panels (N % 32), partial token groups (n % 12)
+ * and more than one K block (K > QF_GEMM_F16_KB), partial 32-row panels. */
 static void check_gemm_f16(int64_t K, int N, int n) {
     uint16_t *w = qf_malloc_aligned((size_t)N * K * 2);
     float *x = qf_malloc_aligned((size_t)n * K * 4), *yr = qf_malloc_aligned((size_t)n * N * 4),
@@ -495,8 +550,10 @@ static void check_gemm_f16(int64_t K, int N, int n) {
     for (int64_t i = 0; i < (int64_t)N * K; i++) w[i] = qf_f32_to_f16(rndf());
     for (int64_t i = 0; i < (int64_t)n * K; i++) x[i] = rndf() * (i % 5 == 0 ? 8.0f : 1.0f);
     qf_gemm_f16_rows_ref(w, (size_t)K * 2, K, 0, N, x, n, yr, N);
-    qf_gemm_f16_rows(w, (size_t)K * 2, K, 0, 1, x, n, yf, N);
-    qf_gemm_f16_rows(w, (size_t)K * 2, K, 1, N, x, n, yf, N);
+    void *scratch = qf_malloc_aligned(qf_gemm_f16_scratch_bytes(N));
+    qf_gemm_f16_rows(w, (size_t)K * 2, K, 0, 1, x, n, yf, N, scratch);
+    qf_gemm_f16_rows(w, (size_t)K * 2, K, 1, N, x, n, yf, N, scratch);
+    free(scratch);
     double worst = 0;
     for (int t = 0; t < n; t++)
         for (int r = 0; r < N; r++) {
@@ -512,8 +569,10 @@ static void check_gemm_f16(int64_t K, int N, int n) {
 TEST(gemm_f16_vs_oracle) {
     if (!qf_gemm_f16_supported()) printf("  (no AVX-512 here: qf_gemm_f16_rows is the oracle itself)\n");
     check_gemm_f16(16, 1, 1);
-    check_gemm_f16(256, 37, 29);
-    check_gemm_f16(QF_GEMM_F16_KB + 512, 9, 13);
+    check_gemm_f16(256, 37, 29);  /* a last panel with 5 rows (its second half empty), 2 groups of 12 + 5 tokens */
+    check_gemm_f16(512, 50, 12);  /* a last panel with 18 rows */
+    check_gemm_f16(3 * QF_GEMM_F16_KB + 16, 9, 13); /* 4 K blocks, the last one 16 long */
+    check_gemm_f16(2048, 128, 30);
 }
 
 /* The K-quant prefill GEMM: the oracle against qf_vec_dot_ref with the same Q8_K activations,
@@ -624,6 +683,23 @@ TEST(matvec_vs_oracle) {
         check_matvec(ts[i], 2048, 37);
         check_matvec(ts[i], 8192, 9);
     }
+    { /* the F16 activation is the f16 round trip of x bit for bit (qf_f32_to_f16 / qf_f16_to_f32), specials too */
+        const int64_t K = 384;
+        float *x = qf_malloc_aligned(K * 4), *o = qf_malloc_aligned(qf_matvec_act_bytes(QF_TYPE_F16, K));
+        for (int64_t i = 0; i < K; i++) x[i] = rndf() * (i % 3 ? 1.0f : 3e4f);
+        const float sp[] = {-0.0f, 1e-8f, -3e-6f, 6.0e-5f, 65504.0f, 65519.0f, 65520.0f, -1e6f, INFINITY, -INFINITY};
+        memcpy(x + 100, sp, sizeof sp);
+        if (qf_matvec_supported(QF_TYPE_F16, K)) {
+            qf_matvec_prepare(QF_TYPE_F16, x, K, o);
+            size_t bad = 0;
+            for (int64_t i = 0; i < K; i++) {
+                float r = qf_f16_to_f32(qf_f32_to_f16(x[i]));
+                bad += memcmp(&o[i], &r, 4) != 0;
+            }
+            CHECK_MSG(bad == 0, "f16 matvec activation: %zu of %lld differ from the scalar round trip", bad, (long long)K);
+        }
+        free(x), free(o);
+    }
     CHECK(!qf_matvec_supported(QF_TYPE_Q4_0, 96)); /* K not a multiple of 128: the vec_dot route */
     CHECK(!qf_matvec_supported(QF_TYPE_Q4_K, 256));
     qf_quant_force_scalar(true);
@@ -639,6 +715,7 @@ int main(void) {
     RUN(force_scalar);
     RUN(random_fast_vs_oracle);
     RUN(gemm_q8_vs_oracle);
+    RUN(gemm_q4x16_vs_oracle);
     RUN(gemm_f16_vs_oracle);
     RUN(gemm_k_vs_oracle);
     RUN(matvec_vs_oracle);

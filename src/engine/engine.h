@@ -3,6 +3,8 @@
 #ifndef QF_ENGINE_H
 #define QF_ENGINE_H
 
+#include <stdatomic.h>
+
 #include "qforge/kv.h"
 #include "qforge/model.h"
 #include "util/util.h"
@@ -19,7 +21,27 @@ struct qf_model {
     bool *bound;         /* while loading: which tensors of the file a weight was bound to */
     uint8_t sha256[32];
     bool sha_done;
+    /* the CPU's private repacked copies of the Q4_0 weights (repack.c), made by the first CPU
+     * context; NULL before (or when the CPU has no kernel for them). Written once under a lock. */
+    _Atomic(struct qf_repack *) repack;
+    bool repack_tried;
+    bool prefaulted; /* qf_model_prefault ran (under repack.c's lock) */
 };
+
+/* ---- repacked Q4_0 weights (repack.c) ---- */
+/* Once per model (later calls return at once): repack every Q4_0 matrix the forward pass
+ * multiplies (kernels/gemm.h Q4X16) on pool's threads, then hand the GGUF pages of those
+ * matrices back to the page cache. Only where qf_gemm_q4x16_supported; without memory for the
+ * copy nothing changes (the GGUF rows keep serving). */
+void qf_model_repack(qf_model *m, qf_pool *pool);
+/* The repacked copy of w, or NULL (not repacked, or not a weight of m). */
+const uint8_t *qf_model_repacked(const qf_model *m, const qf_weight *w);
+/* Bytes of the repacked copies (0 when none). */
+size_t qf_model_repacked_bytes(const qf_model *m);
+/* Once per model, before its first CPU context runs: the mapped file faulted in (repack.c). */
+void qf_model_prefault(qf_model *m);
+/* Free the copies (qf_model_free). */
+void qf_model_repack_free(qf_model *m);
 
 /* ---- KV cache (kv_cache.c) ----
  * One row = the head_dim-long vector of one (layer, stream, position, kv head); rows of a

@@ -35,7 +35,11 @@
 #endif
 #define GEMM_MIN_TOKENS 4 /* below this, the vec_dot route wins */
 #define MV_MAX_W 3        /* weights one decode matvec job runs together (q, k, v) */
-#define MV_CHUNK 64       /* weight rows a thread takes at a time in the decode matvec */
+/* bytes of weights a thread takes at a time in the decode matvec (at most; see matvec_multi). Measured on
+ * the 1B shape with the chunk switched token by token: 64-row chunks (f16 256 KB, q4_0 73 KB) against
+ * 128 / 256 / 512 rows: f16 52.0 -> 48.9 / 48.6 ms a token, q4_0 24.0 -> 23.2 / 22.5 / 22.3 ms (each chunk
+ * costs an atomic on a shared line and restarts the prefetch stream) */
+#define MV_CHUNK_BYTES (512u << 10)
 
 qf_context_params qf_context_default_params(void) {
     qf_context_params p = {0};
@@ -181,7 +185,8 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     e->mvact_row = qf_matvec_act_bytes(QF_TYPE_F16, (int64_t)((maxK + 127) & ~(size_t)127)); /* the widest layout */
     e->mvact = qf_malloc_aligned((size_t)MV_MAX_W * GEMM_MIN_TOKENS * e->mvact_row);
     /* per-thread scratch: a weight tile (TILE_ROWS x maxK) or one attention score block */
-    size_t tile = (size_t)TILE_ROWS * maxK;
+    size_t tile = (size_t)TILE_ROWS * maxK, f16s = qf_gemm_f16_scratch_bytes(TILE_ROWS) / sizeof(float);
+    if (tile < f16s) tile = f16s; /* the f16 GEMM's panels of one K block (small models: maxK < QF_GEMM_F16_KB) */
     size_t scores = B * (size_t)c->params.n_ctx;
     c->thr_buf_floats = tile > scores ? tile : scores;
     int nthr = qf_pool_size(c->pool);
@@ -235,6 +240,10 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     if (m->rope_freqs.data && !(e->vecs.rope_ff = vec_to_f32(&m->rope_freqs))) goto oom;
     /* the one place that decides the device (gpu.c) */
     if (qf_gpu_attach(c, err)) goto fail;
+    /* the CPU's repacked Q4_0 weights (repack.c), once per model; QF_NO_REPACK=1 reads the GGUF
+     * rows as before (to measure the difference) */
+    if (!c->gpu) qf_model_prefault(m);
+    if (!c->gpu && !c->params.reference && !getenv("QF_NO_REPACK")) qf_model_repack(m, c->pool);
     return c;
 oom:
     qf_fail(err, QF_ERR_NOMEM, "out of memory allocating a context (n_ctx %d, n_batch %d)",
@@ -275,6 +284,7 @@ typedef struct {
     _Atomic int64_t next_tile; /* routes 0 and 3: tiles are taken one at a time (a thread that the
                                 * OS runs less, on a loaded machine, takes fewer); 0 before a run */
     size_t xq_row;
+    const uint8_t *rp; /* route 3: the repacked Q4_0 copy of w (repack.c), or NULL */
 } mm_job;
 
 static void mm_worker(void *arg, int ith, int nth) {
@@ -295,7 +305,8 @@ static void mm_worker(void *arg, int ith, int nth) {
     } else if (j->route == 3) {
         for (int64_t tl; (tl = atomic_fetch_add(&j->next_tile, 1)) < tiles;) { /* one packed tile in buf at a time */
             int64_t r = tl * TILE_ROWS, re = N - r < TILE_ROWS ? N : r + TILE_ROWS;
-            if (qf_gemm_k_type(w->type)) qf_gemm_k_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, j->y, N, buf);
+            if (j->rp) qf_gemm_q4x16_rows(j->rp, K, r, re, ext(j->c)->gact, j->n, j->y, N);
+            else if (qf_gemm_k_type(w->type)) qf_gemm_k_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, j->y, N, buf);
             else qf_gemm_q8_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, j->y, N, buf);
         }
     } else if (j->route == 0) {
@@ -304,7 +315,7 @@ static void mm_worker(void *arg, int ith, int nth) {
             const float *wt;
             if (w->type == QF_TYPE_F16 && K % 16 == 0 && qf_gemm_f16_supported()) {
                 /* f16 converted in registers, AVX-512 FMA micro-kernel (kernels/gemm.h) */
-                qf_gemm_f16_rows(wd, w->row_bytes, K, r, r + tr, j->x, j->n, j->y, N);
+                qf_gemm_f16_rows(wd, w->row_bytes, K, r, r + tr, j->x, j->n, j->y, N, buf);
                 continue;
             }
             if (w->type == QF_TYPE_F32) wt = (const float *)(wd + (size_t)r * w->row_bytes);
@@ -337,15 +348,19 @@ static void mm_worker(void *arg, int ith, int nth) {
 
 /* ---- decode: several weights that read the same input in one pool job (kernels/matvec.h) ----
  * y_k[t][r] = x[t] . W_k[r] for k < nw, t < n (n < GEMM_MIN_TOKENS): the activation is prepared
- * once per (type, token), then the threads take MV_CHUNK-row chunks of all the weights from one
+ * once per (type, token), then the threads take chunks of rows (rows[k] a chunk of weight k: about
+ * MV_CHUNK_BYTES, fewer in a small job so that each thread gets several) of all the weights from one
  * atomic counter: one pool wake-up for q, k and v (or gate and up) instead of three. */
 typedef struct {
     int nw, n;
     const qf_weight *w[MV_MAX_W];
     float *y[MV_MAX_W];
     const uint8_t *act[MV_MAX_W]; /* token t's prepared row at act[k] + t * act_stride */
+    const uint8_t *rp[MV_MAX_W];  /* the repacked Q4_0 copy of w[k] (repack.c; act[k]: qf_gemm_quantize_act
+                                   * rows, qf_gemm_act_stride apart) or NULL (act[k]: qf_matvec_prepare's) */
     size_t act_stride;
     int64_t chunk0[MV_MAX_W + 1]; /* weight k owns chunks [chunk0[k], chunk0[k+1]) */
+    int64_t rows[MV_MAX_W];       /* rows of weight k a chunk (a multiple of 16) */
     _Atomic int64_t next;
 } mv_job;
 
@@ -355,7 +370,11 @@ static void mv_worker(void *arg, int ith, int nth) {
         int k = 0;
         while (ch >= j->chunk0[k + 1]) k++;
         const qf_weight *w = j->w[k];
-        int64_t r0 = (ch - j->chunk0[k]) * MV_CHUNK, r1 = r0 + MV_CHUNK < w->ne1 ? r0 + MV_CHUNK : w->ne1;
+        int64_t r0 = (ch - j->chunk0[k]) * j->rows[k], r1 = r0 + j->rows[k] < w->ne1 ? r0 + j->rows[k] : w->ne1;
+        if (j->rp[k]) { /* all tokens at once: each weight line is loaded once */
+            qf_gemm_q4x16_rows(j->rp[k], w->ne0, r0, r1, j->act[k], j->n, j->y[k], w->ne1);
+            continue;
+        }
         for (int t = 0; t < j->n; t++)
             qf_matvec_rows(w->type, w->data, w->row_bytes, w->ne0, r0, r1, j->act[k] + (size_t)t * j->act_stride,
                            j->y[k] + (size_t)t * w->ne1);
@@ -367,24 +386,41 @@ static void mv_worker(void *arg, int ith, int nth) {
 static bool matvec_multi(qf_context *c, int nw, const qf_weight *const *ws, const float *x, int n, float *const *ys) {
     if (c->params.reference || n >= GEMM_MIN_TOKENS || nw > MV_MAX_W) return false;
     int64_t K = ws[0]->ne0;
-    for (int k = 0; k < nw; k++)
-        if (ws[k]->ne0 != K || !qf_matvec_supported(ws[k]->type, K)) return false;
     ctx_ext *e = ext(c);
     mv_job j = {.nw = nw, .n = n, .act_stride = e->mvact_row};
+    const bool x16 = qf_gemm_q4x16_supported();
+    for (int k = 0; k < nw; k++) {
+        j.rp[k] = x16 ? qf_model_repacked(c->model, ws[k]) : NULL;
+        if (ws[k]->ne0 != K || !(j.rp[k] || qf_matvec_supported(ws[k]->type, K))) return false;
+    }
     j.chunk0[0] = 0;
     for (int k = 0; k < nw; k++) {
         j.w[k] = ws[k];
         j.y[k] = ys[k];
         int same = -1;
         for (int q = 0; q < k; q++)
-            if (ws[q]->type == ws[k]->type) same = q;
+            if (ws[q]->type == ws[k]->type && !j.rp[q] == !j.rp[k]) same = q;
         if (same >= 0) j.act[k] = j.act[same];
         else {
+            /* room: GEMM_MIN_TOKENS rows of mvact_row bytes (the f16 layout, 4 bytes an element), more
+             * than n rows of qf_gemm_act_stride (1.25 bytes an element) */
             uint8_t *a = e->mvact + (size_t)k * GEMM_MIN_TOKENS * e->mvact_row;
-            for (int t = 0; t < n; t++) qf_matvec_prepare(ws[k]->type, x + (size_t)t * K, K, a + (size_t)t * e->mvact_row);
+            if (j.rp[k]) qf_gemm_quantize_act(QF_TYPE_Q4_0, x, K, 0, n, a, c->xq);
+            else
+                for (int t = 0; t < n; t++) qf_matvec_prepare(ws[k]->type, x + (size_t)t * K, K, a + (size_t)t * e->mvact_row);
             j.act[k] = a;
         }
-        j.chunk0[k + 1] = j.chunk0[k] + (ws[k]->ne1 + MV_CHUNK - 1) / MV_CHUNK;
+    }
+    /* chunk size: MV_CHUNK_BYTES, or an eighth of the job per thread when that is smaller (q4_0 q|k|v at
+     * 1B is 3.5 MB: one 512 KB chunk left to one thread at the end would be 15% of the job) */
+    size_t job_bytes = 0;
+    for (int k = 0; k < nw; k++) job_bytes += (size_t)ws[k]->ne1 * ws[k]->row_bytes;
+    size_t target = job_bytes / (8 * (size_t)qf_pool_size(c->pool));
+    if (target > MV_CHUNK_BYTES) target = MV_CHUNK_BYTES;
+    for (int k = 0; k < nw; k++) {
+        int64_t rows = (int64_t)(target / ws[k]->row_bytes) & ~(int64_t)15;
+        j.rows[k] = rows < 16 ? 16 : rows;
+        j.chunk0[k + 1] = j.chunk0[k] + (ws[k]->ne1 + j.rows[k] - 1) / j.rows[k];
     }
     atomic_store(&j.next, 0);
     qf_pool_run(c->pool, mv_worker, &j);
@@ -409,6 +445,7 @@ static void matmul(qf_context *c, const qf_weight *w, const float *x, int n, flo
         j.route = 4;
         qf_pool_run(c->pool, mm_worker, &j);
         j.route = 3;
+        if (qf_gemm_q4x16_supported()) j.rp = qf_model_repacked(c->model, w);
         atomic_store(&j.next_tile, 0);
     } else if (n >= GEMM_MIN_TOKENS) j.route = 0;
     else {

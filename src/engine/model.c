@@ -507,6 +507,7 @@ fail:
 
 void qf_model_free(qf_model *m) {
     if (!m) return;
+    qf_model_repack_free(m);
     qf_tokenizer_free(m->tok);
     free(m->layers);
     free(m->experts);

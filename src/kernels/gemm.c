@@ -240,11 +240,100 @@ void qf_gemm_q8_rows(qf_type wt, const void *w, size_t row_bytes, int64_t K, int
                r1, act, n, y, ldy, scratch);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* Q4_0 repacked into 16-row panels (gemm.h: Q4X16)                                          */
+
+#define Q4X16_PAIR 576 /* bytes of one pair of blocks of a panel: 64 of scales + 2 x 256 of quants */
+
+bool qf_gemm_q4x16_shape_ok(int64_t K, int64_t N) { return K > 0 && K % 64 == 0 && N > 0; }
+
+size_t qf_gemm_q4x16_bytes(int64_t K, int64_t N) {
+    return (size_t)((N + QF_GEMM_NR - 1) / QF_GEMM_NR) * (size_t)(K / 64) * Q4X16_PAIR;
+}
+
+void qf_gemm_q4x16_pack(const void *w, size_t row_bytes, int64_t K, int64_t N, int64_t p0, int64_t p1, uint8_t *out) {
+    const int64_t np = K / 64;
+    for (int64_t p = p0; p < p1; p++) {
+        uint8_t *panel = out + (size_t)p * (size_t)np * Q4X16_PAIR;
+        for (int i = 0; i < QF_GEMM_NR; i++) {
+            const int64_t r = p * QF_GEMM_NR + i;
+            const block_q4_0 *row = r < N ? (const block_q4_0 *)(const void *)((const uint8_t *)w + (size_t)r * row_bytes) : NULL;
+            for (int64_t b = 0; b < K / 32; b++) {
+                uint8_t *pair = panel + (size_t)(b / 2) * Q4X16_PAIR;
+                uint8_t *q = pair + 64 + (b % 2) * 256;
+                uint16_t d = row ? row[b].d : 0;
+                memcpy(pair + (b % 2) * 32 + i * 2, &d, 2);
+                for (int g = 0; g < 4; g++) {
+                    if (row) memcpy(q + (g * QF_GEMM_NR + i) * 4, row[b].qs + g * 4, 4);
+                    else memset(q + (g * QF_GEMM_NR + i) * 4, 0, 4);
+                }
+            }
+        }
+    }
+}
+
+bool qf_gemm_q4x16_supported(void) { return cpu_has_avx512vnni(); }
+
+void qf_gemm_q4x16_rows_ref(const uint8_t *wp, int64_t K, int64_t r0, int64_t r1, const uint8_t *act, int n, float *y,
+                            int64_t ldy) {
+    const int64_t nb = K / 32;
+    const size_t stride = qf_gemm_act_stride(K), pbytes = (size_t)(K / 64) * Q4X16_PAIR;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *panel = wp + (size_t)(r / QF_GEMM_NR) * pbytes;
+        const int i = (int)(r % QF_GEMM_NR);
+        for (int t = 0; t < n; t++) {
+            const uint8_t *row = act + (size_t)t * stride;
+            const int8_t *xq = (const int8_t *)row;
+            const float *dx = (const float *)(const void *)(row + K);
+            const int32_t *corr = (const int32_t *)(const void *)(row + K + nb * 4);
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *pair = panel + (size_t)(b / 2) * Q4X16_PAIR, *q = pair + 64 + (b % 2) * 256;
+                int32_t isum = corr[b];
+                for (int g = 0; g < 4; g++)
+                    for (int k = 0; k < 4; k++) {
+                        const uint8_t v = q[(g * QF_GEMM_NR + i) * 4 + k];
+                        isum += (int32_t)(v & 0xF) * xq[b * 32 + g * 4 + k] + (int32_t)(v >> 4) * xq[b * 32 + 16 + g * 4 + k];
+                    }
+                uint16_t dh;
+                memcpy(&dh, pair + (b % 2) * 32 + i * 2, 2);
+                float s = qf_f16_to_f32(dh) * dx[b];
+                acc = fmaf((float)isum, s, acc);
+            }
+            y[(size_t)t * ldy + r] = acc;
+        }
+    }
+}
+
+void qf_gemm_q4x16_rows(const uint8_t *wp, int64_t K, int64_t r0, int64_t r1, const uint8_t *act, int n, float *y,
+                        int64_t ldy) {
+    if (r0 >= r1) return;
+    QF_ASSERT(r0 % QF_GEMM_NR == 0);
+    if (!qf_gemm_q4x16_supported()) {
+        qf_gemm_q4x16_rows_ref(wp, K, r0, r1, act, n, y, ldy);
+        return;
+    }
+    const size_t pbytes = (size_t)(K / 64) * Q4X16_PAIR;
+    /* token blocks outermost (as gemm_tiled): a block's activations stay in L2 over the row range */
+    const int TB = qf_gemm_act_stride(K) * 64 <= (512u << 10) ? 64 : 32;
+    for (int t0 = 0; t0 < n; t0 += TB) {
+        int t1 = n - t0 < TB ? n : t0 + TB;
+        for (int64_t r = r0; r < r1; r += QF_GEMM_NR) {
+            int nr = r1 - r < QF_GEMM_NR ? (int)(r1 - r) : QF_GEMM_NR;
+            qf_gemm_q4x16_panel_avx512(wp + (size_t)(r / QF_GEMM_NR) * pbytes, K, act, t0, t1, y + r, ldy, nr);
+        }
+    }
+}
+
+size_t qf_gemm_f16_scratch_bytes(int64_t rows) {
+    return (size_t)((rows + QF_GEMM_F16_MR - 1) / QF_GEMM_F16_MR) * QF_GEMM_F16_MR * QF_GEMM_F16_KB * sizeof(float);
+}
+
 bool qf_gemm_f16_supported(void) { return qf_quant_has_avx2() && cpu_has_avx512vnni(); }
 
 void qf_gemm_f16_rows(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x, int n,
-                      float *y, int64_t ldy) {
-    if (qf_gemm_f16_supported()) qf_gemm_f16_rows_avx512(w, row_bytes, K, r0, r1, x, n, y, ldy);
+                      float *y, int64_t ldy, void *scratch) {
+    if (qf_gemm_f16_supported()) qf_gemm_f16_rows_avx512(w, row_bytes, K, r0, r1, x, n, y, ldy, scratch);
     else qf_gemm_f16_rows_ref(w, row_bytes, K, r0, r1, x, n, y, ldy);
 }
 

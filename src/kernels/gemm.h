@@ -70,13 +70,20 @@ void qf_gemm_q8_rows_ref(qf_type wt, const void *w, size_t row_bytes, int64_t K,
 
 /* ---- f16 weights x f32 activations ----
  * y[t * ldy + r] = sum_k f32(w[r][k]) * x[t][k] for rows [r0, r1) and tokens [0, n), x row stride K,
- * K a multiple of 16. The fast kernel (AVX-512: f16 converted in registers, 4 rows x 6 tokens of
- * f32 FMA accumulators, lanes over k, one reduction per K block of QF_GEMM_F16_KB) sums in another
- * order than the oracle (double precision): they agree within float rounding, 1e-5 of sum|w*x|. */
-#define QF_GEMM_F16_KB 2048
+ * K a multiple of 16. The fast kernel (AVX-512, gemm_avx512.c) converts the rows once per K block of
+ * QF_GEMM_F16_KB to f32 panels of 32 rows transposed to [k][row] (in scratch), then keeps 32 rows x
+ * 12 tokens in 24 zmm accumulators (lanes over rows, x[t][k] broadcast): each (row, token) sums over
+ * k in order in one f32 lane, through y between K blocks. It agrees with the oracle (double
+ * precision) within float rounding, 1e-5 of sum|w*x|. scratch: qf_gemm_f16_scratch_bytes(r1 - r0),
+ * 64-byte aligned (unused by the oracle). */
+#ifndef QF_GEMM_F16_KB
+#define QF_GEMM_F16_KB 256
+#endif
+#define QF_GEMM_F16_MR 32 /* rows per panel */
 bool qf_gemm_f16_supported(void); /* AVX-512 F/BW/VL/VNNI (qf_gemm_isa_get() == AVX512) */
+size_t qf_gemm_f16_scratch_bytes(int64_t rows);
 void qf_gemm_f16_rows(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x, int n,
-                      float *y, int64_t ldy);
+                      float *y, int64_t ldy, void *scratch);
 void qf_gemm_f16_rows_ref(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x, int n,
                           float *y, int64_t ldy);
 
@@ -103,12 +110,42 @@ void qf_gemm_k_pack_panel(qf_type wt, const void *w, size_t row_bytes, int64_t K
 void qf_gemm_k_panel_avx512(qf_type wt, const uint8_t *panel, int64_t K, const uint8_t *act, int t0, int t1,
                             float *y, int64_t ldy, int nrows);
 
+/* ---- Q4_0 repacked into 16-row panels: the CPU's private copy of a Q4_0 weight (Q4X16) ----
+ * The same GEMM (math and oracle above: y = sum over blocks of (d_w * d_x) * isum, block order,
+ * fmaf) read from a copy of the weight rearranged once at load (engine/repack.c), so that decode
+ * (n = 1..3) and prefill read one contiguous stream with 16 rows per 64-byte load and no packing:
+ *   panel p = rows [16p, 16p + 16) (rows past N: zero quants, zero scales), K / 64 pairs of blocks,
+ *   576 bytes a pair: the 32 f16 scales (block 2i's 16 rows, then block 2i + 1's), then block 2i's
+ *   quants as [group g < 4][row < 16][the 4 qs bytes 4g..4g+3] (low nibbles: elements 4g..4g+3,
+ *   high: 16+4g..16+4g+3; value nibble - 8), then block 2i + 1's.
+ * That is exactly the GGUF bytes of the 16 rows, rearranged: K * 9 bytes a panel, no extra memory
+ * per weight beyond the one copy. The activations are qf_gemm_quantize_act(QF_TYPE_Q4_0)'s. */
+bool qf_gemm_q4x16_shape_ok(int64_t K, int64_t N); /* K a positive multiple of 64, N > 0 */
+size_t qf_gemm_q4x16_bytes(int64_t K, int64_t N);   /* the whole repacked weight (64-byte multiple) */
+/* Repack panels [p0, p1) of the Q4_0 weight w (N rows of row_bytes, K elements) into out (the
+ * whole repacked weight's buffer; panel p at out + p * 9 * K). Any CPU; panels are independent. */
+void qf_gemm_q4x16_pack(const void *w, size_t row_bytes, int64_t K, int64_t N, int64_t p0, int64_t p1, uint8_t *out);
+/* True when the fast kernel runs (AVX-512 F/BW/VL/VNNI: qf_gemm_isa_get() == QF_GEMM_ISA_AVX512). */
+bool qf_gemm_q4x16_supported(void);
+/* y[t * ldy + r] for rows [r0, r1) (r0 a multiple of 16 unless the range is empty, r1 <= N) and tokens [0, n) from the repacked
+ * weight wp (qf_gemm_q4x16_pack of all N rows) and act (qf_gemm_quantize_act rows, stride
+ * qf_gemm_act_stride(K)). Bit-identical to qf_gemm_q8_rows_ref(QF_TYPE_Q4_0, ...) on the GGUF rows.
+ * Without the fast kernel it runs the oracle below. */
+void qf_gemm_q4x16_rows(const uint8_t *wp, int64_t K, int64_t r0, int64_t r1, const uint8_t *act, int n, float *y,
+                        int64_t ldy);
+/* The scalar oracle reading the repacked bytes: bit-identical to qf_gemm_q8_rows_ref on the GGUF rows. */
+void qf_gemm_q4x16_rows_ref(const uint8_t *wp, int64_t K, int64_t r0, int64_t r1, const uint8_t *act, int n, float *y,
+                            int64_t ldy);
+/* internal: the AVX-512 kernel of one panel (gemm_avx512.c), tokens [t0, t1), the panel's first nrows rows */
+void qf_gemm_q4x16_panel_avx512(const uint8_t *panel, int64_t K, const uint8_t *act, int t0, int t1, float *y,
+                                int64_t ldy, int nrows);
+
 /* internal: the AVX-512 VNNI panel kernel (gemm_avx512.c) and the panel packer (gemm.c) */
 size_t qf_gemm_panel_bytes(qf_type wt, int64_t K);
 void qf_gemm_pack_panel(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r, int nrows, uint8_t *panel);
 void qf_gemm_quantize_act_avx512(qf_type wt, const float *x, int64_t K, int t0, int t1, uint8_t *act);
 void qf_gemm_f16_rows_avx512(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x,
-                             int n, float *y, int64_t ldy);
+                             int n, float *y, int64_t ldy, void *scratch);
 float qf_vec_dot_q8_avx512(qf_type t, int64_t n, const void *w, const void *x); /* Q8_0 / Q4_0 . Q8_0 */
 void qf_gemm_panel_avx512(qf_type wt, const uint8_t *panel, int64_t K, const uint8_t *act, int t0, int t1,
                           float *y, int64_t ldy, int nrows);

@@ -98,6 +98,98 @@ void qf_gemm_panel_avx512(qf_type wt, const uint8_t *panel, int64_t K, const uin
     }
 }
 
+/* ---- Q4_0 repacked panels (gemm.h: Q4X16) ----
+ * The Q4_0 path of kern above, reading a panel of the CPU's repacked copy: per pair of blocks one
+ * 64-byte line of 32 f16 scales, then 2 x 4 lines of quants; no packing step, one stream. For
+ * NT <= 4 (decode: 1-3 tokens) the low and the high nibbles go to two int32 chains (4 vpdpbusd
+ * deep instead of 8) added at the end of the block: an exact integer sum, so the result is the
+ * same bit for bit. */
+/* software prefetch distance (bytes) along the panel for decode (NT <= 4); 0: none. Measured on the
+ * 1B q4_0 decode (qforge generate, -t 2, interleaved runs): 0 / 512 / 1024 / 2048 / 4096 / 8192 gave
+ * medians 47.6 / 43.4 / 48.0 / 48.5 / 48.9 / 48.0 t/s, within the machine's noise of each other except
+ * 512; kept at 4096 (the L2 streamer does most of the work either way). */
+#ifndef Q4X16_PF
+#define Q4X16_PF 4096
+#endif
+static inline __attribute__((always_inline)) void kern_q4x16(const uint8_t *panel, int64_t K, const uint8_t *act,
+                                                             size_t stride, int t, const int NT, float *y, int64_t ldy,
+                                                             __mmask16 m) {
+    const int64_t nb = K / 32;
+    const uint8_t *xr[8];
+    const float *dx[8];
+    const int32_t *cr[8];
+    __m512 acc[8];
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < NT; i++) {
+        xr[i] = act + (size_t)(t + i) * stride;
+        dx[i] = (const float *)(const void *)(xr[i] + K);
+        cr[i] = (const int32_t *)(const void *)(xr[i] + K + nb * 4);
+        acc[i] = _mm512_setzero_ps();
+    }
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pair = panel + (size_t)(b >> 1) * 576, *pb = pair + 64 + (b & 1) * 256;
+        if (Q4X16_PF && NT <= 4) {
+            if (!(b & 1)) _mm_prefetch((const char *)(pair + Q4X16_PF), _MM_HINT_T0);
+            _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) _mm_prefetch((const char *)(pb + g * 64 + Q4X16_PF), _MM_HINT_T0);
+        }
+        __m512i wv[8];
+        _Pragma("GCC unroll 4")
+        for (int g = 0; g < 4; g++) {
+            __m512i raw = _mm512_load_si512((const void *)(pb + g * 64));
+            wv[g] = _mm512_and_si512(raw, lo4);
+            wv[g + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), lo4);
+        }
+        __m512i ia[8];
+        _Pragma("GCC unroll 8")
+        for (int i = 0; i < NT; i++) ia[i] = _mm512_set1_epi32(cr[i][b]);
+        if (NT <= 4) {
+            __m512i ib[4];
+            _Pragma("GCC unroll 4")
+            for (int i = 0; i < NT; i++) ib[i] = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4")
+            for (int g = 0; g < 4; g++)
+                _Pragma("GCC unroll 4")
+                for (int i = 0; i < NT; i++) {
+                    ia[i] = _mm512_dpbusd_epi32(ia[i], wv[g], _mm512_set1_epi32(ld32(xr[i] + b * 32 + g * 4)));
+                    ib[i] = _mm512_dpbusd_epi32(ib[i], wv[g + 4], _mm512_set1_epi32(ld32(xr[i] + b * 32 + 16 + g * 4)));
+                }
+            _Pragma("GCC unroll 4")
+            for (int i = 0; i < NT; i++) ia[i] = _mm512_add_epi32(ia[i], ib[i]);
+        } else {
+            _Pragma("GCC unroll 8")
+            for (int g = 0; g < 8; g++)
+                _Pragma("GCC unroll 8")
+                for (int i = 0; i < NT; i++)
+                    ia[i] = _mm512_dpbusd_epi32(ia[i], wv[g], _mm512_set1_epi32(ld32(xr[i] + b * 32 + g * 4)));
+        }
+        const __m512 s = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(const void *)(pair + (b & 1) * 32)));
+        _Pragma("GCC unroll 8")
+        for (int i = 0; i < NT; i++)
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[i]), _mm512_mul_ps(s, _mm512_set1_ps(dx[i][b])), acc[i]);
+    }
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < NT; i++) _mm512_mask_storeu_ps(y + (size_t)(t + i) * ldy, m, acc[i]);
+}
+
+void qf_gemm_q4x16_panel_avx512(const uint8_t *panel, int64_t K, const uint8_t *act, int t0, int t1, float *y,
+                                int64_t ldy, int nrows) {
+    const size_t stride = qf_gemm_act_stride(K);
+    const __mmask16 m = (__mmask16)((1u << nrows) - 1);
+    for (int t = t0; t < t1; t += 8) {
+        switch (t1 - t < 8 ? t1 - t : 8) {
+        case 8: kern_q4x16(panel, K, act, stride, t, 8, y, ldy, m); break;
+        case 7: kern_q4x16(panel, K, act, stride, t, 7, y, ldy, m); break;
+        case 6: kern_q4x16(panel, K, act, stride, t, 6, y, ldy, m); break;
+        case 5: kern_q4x16(panel, K, act, stride, t, 5, y, ldy, m); break;
+        case 4: kern_q4x16(panel, K, act, stride, t, 4, y, ldy, m); break;
+        case 3: kern_q4x16(panel, K, act, stride, t, 3, y, ldy, m); break;
+        case 2: kern_q4x16(panel, K, act, stride, t, 2, y, ldy, m); break;
+        default: kern_q4x16(panel, K, act, stride, t, 1, y, ldy, m); break;
+        }
+    }
+}
+
 /* roundf() on 16 lanes: half away from zero (x - trunc(x) is exact, so the tie test is too) */
 static inline __m512 round_away(__m512 x) {
     __m512 t = _mm512_roundscale_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
@@ -135,80 +227,120 @@ void qf_gemm_quantize_act_avx512(qf_type wt, const float *x, int64_t K, int t0, 
     }
 }
 
-/* ---- f16 weights x f32 activations (qf_gemm_f16_rows) ----
- * Micro-kernel: 4 weight rows x 6 tokens, 24 zmm accumulators over 16-element steps of k; the
- * weights are converted f16 -> f32 in registers (vcvtph2ps), never as a tile in memory. Each
- * accumulator is reduced to a scalar per K block of at most QF_GEMM_F16_KB elements and added to
- * y. Blocking: K blocks (the tile's weights stay in L2), 24-token blocks (their activations too). */
-#ifndef F16_MR
-#define F16_MR 4
-#endif
-#ifndef F16_NR
-#define F16_NR 6
-#endif
-#ifndef F16_TB
-#define F16_TB 24
+/* ---- f16 weights x f32 activations, packed panels (qf_gemm_f16_rows) ----
+ * The weights of a tile, one K block (QF_GEMM_F16_KB) at a time, are converted to f32 and
+ * transposed into panels of 32 rows: panel[k][32] (two zmm a k, lanes over rows). The micro-kernel
+ * keeps 32 rows x 12 tokens in 24 zmm accumulators and per k does 2 panel loads and 24 FMAs with
+ * the token's x[t][k] broadcast from memory: no conversion, no horizontal sum, FMA-bound. Each
+ * (row, token) sums over k in order in one f32 lane (the result goes through y between K blocks). */
+#define F16P_MR QF_GEMM_F16_MR
+#ifndef F16P_NR
+#define F16P_NR 12
 #endif
 
-static inline float hsum(__m512 v) {
-    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    b = _mm_add_ss(b, _mm_movehdup_ps(b));
-    return _mm_cvtss_f32(b);
+/* in-register transpose of 16 x 16 f32: r[i] = row i on entry, column i on return */
+static inline __attribute__((always_inline)) void tr16(__m512 r[16]) {
+    __m512 t[16], u[16];
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);     /* per 128-bit lane L: a[4L] b[4L] a[4L+1] b[4L+1] */
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]); /* a[4L+2] b[4L+2] a[4L+3] b[4L+3] */
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) { /* u[4i+j], lane L: rows 4i..4i+3 of column 4L+j */
+        u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) { /* column 4L+j = lane L of u[j], u[4+j], u[8+j], u[12+j] */
+        __m512 a = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x88), b = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x88);
+        __m512 c = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xDD), d = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xDD);
+        r[j] = _mm512_shuffle_f32x4(a, b, 0x88);
+        r[8 + j] = _mm512_shuffle_f32x4(a, b, 0xDD);
+        r[4 + j] = _mm512_shuffle_f32x4(c, d, 0x88);
+        r[12 + j] = _mm512_shuffle_f32x4(c, d, 0xDD);
+    }
 }
 
-static inline __attribute__((always_inline)) void kern_f16(const uint16_t *const *wr, const int MR, const float *x,
-                                                           int64_t K, const int NT, int64_t k0, int64_t k1,
-                                                           float *y, int64_t ldy, bool add) {
-    __m512 acc[F16_MR][F16_NR];
-    _Pragma("GCC unroll 4") for (int i = 0; i < MR; i++) _Pragma("GCC unroll 6") for (int j = 0; j < NT; j++)
-        acc[i][j] = _mm512_setzero_ps();
-    for (int64_t k = k0; k < k1; k += 16) {
-        __m512 w[F16_MR];
-        _Pragma("GCC unroll 4") for (int i = 0; i < MR; i++)
-            w[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(wr[i] + k)));
-        _Pragma("GCC unroll 6") for (int j = 0; j < NT; j++) {
-            __m512 xv = _mm512_loadu_ps(x + (size_t)j * K + k);
-            _Pragma("GCC unroll 4") for (int i = 0; i < MR; i++) acc[i][j] = _mm512_fmadd_ps(w[i], xv, acc[i][j]);
+/* panels of rows [r, r + nr) (nr <= tile rows; missing rows zero), k in [k0, k0 + kl), kl % 16 == 0:
+ * panel g (rows r + 32g ...) at out + g * kl * 32, element [k][row % 32] */
+static void pack_f16p(const uint8_t *w, size_t row_bytes, int64_t r, int nr, int64_t k0, int kl, float *out) {
+    for (int b = 0; b * 16 < nr; b++) { /* 16-row blocks */
+        float *pg = out + (size_t)(b / 2) * kl * F16P_MR + (b % 2) * 16;
+        const uint16_t *rows[16];
+        int valid = nr - b * 16 < 16 ? nr - b * 16 : 16;
+        for (int i = 0; i < 16; i++)
+            rows[i] = (const uint16_t *)(const void *)(w + (size_t)(r + b * 16 + (i < valid ? i : 0)) * row_bytes) + k0;
+        for (int k = 0; k < kl; k += 16) {
+            __m512 v[16];
+            _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++)
+                v[i] = i < valid ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(rows[i] + k)))
+                                 : _mm512_setzero_ps();
+            tr16(v);
+            _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) _mm512_store_ps(pg + (size_t)(k + i) * F16P_MR, v[i]);
         }
     }
-    _Pragma("GCC unroll 4") for (int i = 0; i < MR; i++) _Pragma("GCC unroll 6") for (int j = 0; j < NT; j++) {
-        float s = hsum(acc[i][j]);
-        float *o = y + (size_t)j * ldy + i;
-        *o = add ? *o + s : s;
+    if (nr % F16P_MR > 0 && nr % F16P_MR <= 16) { /* the second half of a last, half-filled panel: zero */
+        float *pg = out + (size_t)((nr - 1) / 32) * kl * F16P_MR + 16;
+        for (int k = 0; k < kl; k++) _mm512_store_ps(pg + (size_t)k * F16P_MR, _mm512_setzero_ps());
+    }
+}
+
+static inline __attribute__((always_inline)) void kern_f16p(const float *panel, int kl, const float *x, int64_t K,
+                                                            const int NT, float *y, int64_t ldy, __mmask16 m0,
+                                                            __mmask16 m1, bool add) {
+    __m512 a0[F16P_NR], a1[F16P_NR];
+    _Pragma("GCC unroll 14") for (int t = 0; t < NT; t++) {
+        a0[t] = add ? _mm512_maskz_loadu_ps(m0, y + (size_t)t * ldy) : _mm512_setzero_ps();
+        a1[t] = add ? _mm512_maskz_loadu_ps(m1, y + (size_t)t * ldy + 16) : _mm512_setzero_ps();
+    }
+    for (int k = 0; k < kl; k++) {
+        const __m512 w0 = _mm512_load_ps(panel + (size_t)k * F16P_MR), w1 = _mm512_load_ps(panel + (size_t)k * F16P_MR + 16);
+        _Pragma("GCC unroll 14") for (int t = 0; t < NT; t++) {
+            const __m512 xb = _mm512_set1_ps(x[(size_t)t * K + k]);
+            a0[t] = _mm512_fmadd_ps(w0, xb, a0[t]);
+            a1[t] = _mm512_fmadd_ps(w1, xb, a1[t]);
+        }
+    }
+    _Pragma("GCC unroll 14") for (int t = 0; t < NT; t++) {
+        _mm512_mask_storeu_ps(y + (size_t)t * ldy, m0, a0[t]);
+        _mm512_mask_storeu_ps(y + (size_t)t * ldy + 16, m1, a1[t]);
     }
 }
 
 void qf_gemm_f16_rows_avx512(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x,
-                             int n, float *y, int64_t ldy) {
+                              int n, float *y, int64_t ldy, void *scratch) {
+    float *panels = scratch;
+    const int nr = (int)(r1 - r0), ng = (nr + F16P_MR - 1) / F16P_MR;
     for (int64_t k0 = 0; k0 < K; k0 += QF_GEMM_F16_KB) {
-        int64_t k1 = K - k0 < QF_GEMM_F16_KB ? K : k0 + QF_GEMM_F16_KB;
-        bool add = k0 > 0;
-        for (int tb = 0; tb < n; tb += F16_TB) {
-            int te = n - tb < F16_TB ? n : tb + F16_TB;
-            for (int64_t r = r0; r < r1; r += F16_MR) {
-                const uint16_t *wr[F16_MR];
-                int mr = r1 - r < F16_MR ? (int)(r1 - r) : F16_MR;
-                for (int i = 0; i < F16_MR; i++)
-                    wr[i] = (const uint16_t *)(const void *)((const uint8_t *)w + (size_t)(r + (i < mr ? i : 0)) * row_bytes);
-                for (int t = tb; t < te; t += F16_NR) {
-                    int nt = te - t < F16_NR ? te - t : F16_NR;
-                    const float *xt = x + (size_t)t * K;
-                    float *yt = y + (size_t)t * ldy + r;
-                    if (mr == F16_MR && nt == F16_NR) kern_f16(wr, F16_MR, xt, K, F16_NR, k0, k1, yt, ldy, add);
-                    else if (mr == F16_MR) {
-                        switch (nt) {
-                        case 5: kern_f16(wr, F16_MR, xt, K, 5, k0, k1, yt, ldy, add); break;
-                        case 4: kern_f16(wr, F16_MR, xt, K, 4, k0, k1, yt, ldy, add); break;
-                        case 3: kern_f16(wr, F16_MR, xt, K, 3, k0, k1, yt, ldy, add); break;
-                        case 2: kern_f16(wr, F16_MR, xt, K, 2, k0, k1, yt, ldy, add); break;
-                        default: kern_f16(wr, F16_MR, xt, K, 1, k0, k1, yt, ldy, add); break;
-                        }
-                    } else {
-                        for (int i = 0; i < mr; i++) /* the last rows of a matrix whose rows are not a multiple of 4 */
-                            for (int j = 0; j < nt; j++) kern_f16(wr + i, 1, xt + (size_t)j * K, K, 1, k0, k1, yt + (size_t)j * ldy + i, ldy, add);
-                    }
+        const int kl = K - k0 < QF_GEMM_F16_KB ? (int)(K - k0) : QF_GEMM_F16_KB;
+        const bool add = k0 > 0;
+        pack_f16p(w, row_bytes, r0, nr, k0, kl, panels);
+        for (int t = 0; t < n; t += F16P_NR) {
+            const int nt = n - t < F16P_NR ? n - t : F16P_NR;
+            const float *xt = x + (size_t)t * K + k0;
+            for (int g = 0; g < ng; g++) {
+                const int left = nr - g * F16P_MR;
+                const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+                const __mmask16 m1 = left >= 32 ? 0xFFFF : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+                const float *pg = panels + (size_t)g * kl * F16P_MR;
+                float *yt = y + (size_t)t * ldy + r0 + g * F16P_MR;
+                switch (nt) {
+#if F16P_NR >= 14
+                case 14: kern_f16p(pg, kl, xt, K, 14, yt, ldy, m0, m1, add); break;
+                case 13: kern_f16p(pg, kl, xt, K, 13, yt, ldy, m0, m1, add); break;
+#endif
+                case 12: kern_f16p(pg, kl, xt, K, 12, yt, ldy, m0, m1, add); break;
+                case 11: kern_f16p(pg, kl, xt, K, 11, yt, ldy, m0, m1, add); break;
+                case 10: kern_f16p(pg, kl, xt, K, 10, yt, ldy, m0, m1, add); break;
+                case 9: kern_f16p(pg, kl, xt, K, 9, yt, ldy, m0, m1, add); break;
+                case 8: kern_f16p(pg, kl, xt, K, 8, yt, ldy, m0, m1, add); break;
+                case 7: kern_f16p(pg, kl, xt, K, 7, yt, ldy, m0, m1, add); break;
+                case 6: kern_f16p(pg, kl, xt, K, 6, yt, ldy, m0, m1, add); break;
+                case 5: kern_f16p(pg, kl, xt, K, 5, yt, ldy, m0, m1, add); break;
+                case 4: kern_f16p(pg, kl, xt, K, 4, yt, ldy, m0, m1, add); break;
+                case 3: kern_f16p(pg, kl, xt, K, 3, yt, ldy, m0, m1, add); break;
+                case 2: kern_f16p(pg, kl, xt, K, 2, yt, ldy, m0, m1, add); break;
+                default: kern_f16p(pg, kl, xt, K, 1, yt, ldy, m0, m1, add); break;
                 }
             }
         }
