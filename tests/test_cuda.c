@@ -1144,8 +1144,10 @@ static void cert_num(const char *key, double c, double g, bool measured) {
     }
     cert_nmeas_diff++;
     /* how far the devices' numbers may drift (docs/gpu.md): int8 rounding flips of K/V values that
-     * sit within an ulp of a step boundary move KLD by ~0.1..3% and ΔPPL by ~2e-4 on the demo model */
-    double tol = 0.1 * fmax(fabs(c), fabs(g)) + 5e-4 * (strstr(key, "ppl") != NULL);
+     * sit within an ulp of a step boundary move KLD by ~0.1..3% and ΔPPL by ~2e-4 on the demo model;
+     * a p99 is ~10 tokens of the 1024 scored, the ones such flips move most: 20% (the free
+     * baseline's was 8% apart before the CPU's f16 GEMM changed its summation order, 15% after) */
+    double tol = (strstr(key, "p99") ? 0.2 : 0.1) * fmax(fabs(c), fabs(g)) + 5e-4 * (strstr(key, "ppl") != NULL);
     CHECK_MSG(fabs(c - g) <= tol, "certificate field %s: CPU %.9g vs GPU %.9g (tolerance %.3g)", key, c, g, tol);
 }
 static void cert_str(const char *key, const char *c, const char *g) {
