@@ -23,6 +23,21 @@ static inline int32_t ld32(const uint8_t *p) {
     return v;
 }
 
+/* the NT activation rows from token t (qf_gemm_act_stride layout: int8 quants, then the f32
+ * block scales, then the int32 block corrections) and NT zeroed accumulators */
+static inline __attribute__((always_inline)) void act_rows(const uint8_t *act, size_t stride, int t, const int NT,
+                                                           int64_t K, const uint8_t **xr, const float **dx,
+                                                           const int32_t **cr, __m512 *acc) {
+    const int64_t nb = K / 32;
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < NT; i++) {
+        xr[i] = act + (size_t)(t + i) * stride;
+        dx[i] = (const float *)(const void *)(xr[i] + K);
+        cr[i] = (const int32_t *)(const void *)(xr[i] + K + nb * 4);
+        acc[i] = _mm512_setzero_ps();
+    }
+}
+
 static inline __attribute__((always_inline)) void kern(const int q8, const uint8_t *panel, int64_t K,
                                                        const uint8_t *act, size_t stride, int t, const int NT,
                                                        float *y, int64_t ldy, __mmask16 m) {
@@ -33,13 +48,7 @@ static inline __attribute__((always_inline)) void kern(const int q8, const uint8
     const float *dx[8];
     const int32_t *cr[8];
     __m512 acc[8];
-    _Pragma("GCC unroll 8")
-    for (int i = 0; i < NT; i++) {
-        xr[i] = act + (size_t)(t + i) * stride;
-        dx[i] = (const float *)(const void *)(xr[i] + K);
-        cr[i] = (const int32_t *)(const void *)(xr[i] + K + nb * 4);
-        acc[i] = _mm512_setzero_ps();
-    }
+    act_rows(act, stride, t, NT, K, xr, dx, cr, acc);
     const __m512i lo4 = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *pb = panel + (size_t)b * bb;
@@ -119,13 +128,7 @@ static inline __attribute__((always_inline)) void kern_q4x16(const uint8_t *pane
     const float *dx[8];
     const int32_t *cr[8];
     __m512 acc[8];
-    _Pragma("GCC unroll 8")
-    for (int i = 0; i < NT; i++) {
-        xr[i] = act + (size_t)(t + i) * stride;
-        dx[i] = (const float *)(const void *)(xr[i] + K);
-        cr[i] = (const int32_t *)(const void *)(xr[i] + K + nb * 4);
-        acc[i] = _mm512_setzero_ps();
-    }
+    act_rows(act, stride, t, NT, K, xr, dx, cr, acc);
     const __m512i lo4 = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *pair = panel + (size_t)(b >> 1) * 576, *pb = pair + 64 + (b & 1) * 256;
