@@ -104,7 +104,6 @@ int main(int argc, char **argv) {
         if ((v = getenv("QF_CUDA_GRAPH")) && !strcmp(v, "0")) p.cuda.no_graph = true;
         if ((v = getenv("QF_CUDA_PDL")) && !strcmp(v, "0")) p.cuda.no_pdl = true;
         if ((v = getenv("QF_CUDA_Q4G")) && !strcmp(v, "0")) p.cuda.no_q4_regroup = true;
-        if ((v = getenv("QF_CUDA_ATTN_FUSE")) && !strcmp(v, "1")) p.cuda.attn_fused_merge = true;
         if ((v = getenv("QF_KV_ROT")) && !strcmp(v, "hadamard")) p.kv_rot = QF_KV_ROT_HADAMARD;
     }
     if (!qf_kv_mode_from_name(kvs, &p.kv_k) || !qf_device_from_name(devs, &p.device)) {

@@ -562,12 +562,6 @@ TEST(op_attention) {
                 e = nmse(got, ref, (size_t)n * Dq);
                 printf("  attention split-K (decode)                nmse %.3g\n", e);
                 CHECK_MSG(e <= 1e-10, "split-K attention kv %s nmse %g", qf_kv_mode_name(mode), e);
-                float *g2 = malloc((size_t)n * Dq * 4);
-                CHECK_MSG(qf_cuda_op_attention_split_merge(q, k, v, n, pos0, nh, nkv, hd, mode, g2, &err) == QF_OK, "%s",
-                          err.msg);
-                /* the merge in the split kernel's last block and in k_attn_merge: the same arithmetic */
-                CHECK_MSG(memcmp(g2, got, (size_t)n * Dq * 4) == 0, "split-K merge kernel differs from the fused merge");
-                free(g2);
             }
             if (hd <= 256) {
                 /* the tensor-core route prefill takes: Q and P in f16, the f32 / q8_0 / q4_0 rows

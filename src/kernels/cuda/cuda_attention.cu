@@ -506,7 +506,6 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
 #define SPLITG_GMAX 8
 #define SPLITG_KB 4 /* phase 1: K rows of one warp in flight */
 #define SPLITG_VB 8 /* phase 3: V rows in flight */
-#define MERGE_B 8   /* the merge: partials in flight */
 __host__ __device__ static inline void split_ranges_g(int Tmax, int *L, int *nsplit) {
     int l = (Tmax + SPLITG_MAX - 1) / SPLITG_MAX;
     if (l < SPLITG_L_MIN) l = SPLITG_L_MIN;
@@ -517,7 +516,7 @@ static size_t splitg_smem(int G, int hd, int L) { return (size_t)(G * hd + G * L
 template <int MK, int MV>
 __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     k_attn_split_g(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
-                   int n_head_kv, int hd, float scale, int n, const int *dpos, float *part, int *cnt, float *out) {
+                   int n_head_kv, int hd, float scale, int n, const int *dpos, float *part) {
     extern __shared__ float smg[];
     pdl_trigger();
     pdl_wait();
@@ -602,58 +601,12 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
         float *pp = part + (((size_t)i * n_head + kh * G + threadIdx.x) * nsplit + c) * (hd + 2);
         pp[0] = ml[2 * threadIdx.x], pp[1] = ml[2 * threadIdx.x + 1];
     }
-    if (!cnt) return;
-    /* the merge in the last block of (kv head, query) to finish (cnt: one arrival counter each,
-     * zero before and after): k_attn_merge's arithmetic for the group's G heads, the other
-     * blocks' partials read past L1 after the fence that orders them before the arrival */
-    __shared__ float wsm[SPLITG_GMAX][SPLITG_MAX], inv[SPLITG_GMAX];
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(cnt + (size_t)i * n_head_kv + kh, 1) == nsplit - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const int ns = (T + L - 1) / L;
-    for (int g = warp; g < G; g += SPLIT_WARPS) {
-        const float *pg = part + ((size_t)i * n_head + kh * G + g) * nsplit * (hd + 2);
-        float M = -INFINITY;
-        for (int cc = lane; cc < ns; cc += 32) {
-            const float lc = __ldcg(pg + (size_t)cc * (hd + 2) + 1), mc = __ldcg(pg + (size_t)cc * (hd + 2));
-            wsm[g][cc] = lc > 0 ? mc : -INFINITY;
-            M = fmaxf(M, wsm[g][cc]);
-        }
-        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-        float ls = 0.0f;
-        for (int cc = lane; cc < ns; cc += 32) {
-            const float w = wsm[g][cc] == -INFINITY ? 0.0f : expf(wsm[g][cc] - M);
-            ls += w * __ldcg(pg + (size_t)cc * (hd + 2) + 1);
-            wsm[g][cc] = w;
-        }
-        ls = warp_sum(ls);
-        if (lane == 0) inv[g] = 1.0f / ls;
-    }
-    __syncthreads();
-    for (int x = threadIdx.x; x < G * hd; x += blockDim.x) {
-        const int g = x / hd, e = x - g * hd;
-        const float *pg = part + ((size_t)i * n_head + kh * G + g) * nsplit * (hd + 2);
-        float o = 0.0f;
-        for (int c0 = 0; c0 < ns; c0 += MERGE_B) {
-            float pv[MERGE_B];
-#pragma unroll
-            for (int u = 0; u < MERGE_B; u++) pv[u] = c0 + u < ns ? __ldcg(pg + (size_t)(c0 + u) * (hd + 2) + 2 + e) : 0.0f;
-#pragma unroll
-            for (int u = 0; u < MERGE_B; u++)
-                if (c0 + u < ns) o += pv[u] * wsm[g][c0 + u];
-        }
-        out[(size_t)i * n_head * hd + (size_t)(kh * G + g) * hd + e] = o * inv[g];
-    }
-    if (threadIdx.x == 0) cnt[(size_t)i * n_head_kv + kh] = 0;
 }
 
 /* One block per (head, query): the ranges' (m, l) pairs are read once into shared memory (one
  * thread a range), warp 0 finds M and the weights w_c = e^(m_c - M) (0 for empty ranges) and
  * their sum, then thread e sums o_c[e] w_c over the ranges, MERGE_B partials in flight. */
+#define MERGE_B 8
 __global__ void k_attn_merge(const float *part, int pos0, int n_head, int hd, int n, const int *dpos, int grouped,
                              float *out) {
     pdl_trigger();
@@ -700,19 +653,12 @@ __global__ void k_attn_merge(const float *part, int pos0, int n_head, int hd, in
     }
 }
 
-/* part: [SPLIT_CNT(n_head)] arrival counters (int, zeroed by the allocator), then the partials */
-#define SPLIT_CNT(nh) ((size_t)MATVEC_MAX * (nh))
-size_t attention_split_floats(int n, int n_head, int hd) {
-    return SPLIT_CNT(n_head) + (size_t)n * n_head * SPLIT_MAX * (hd + 2);
-}
-size_t attention_split_zero_floats(int n_head) { return SPLIT_CNT(n_head); }
+size_t attention_split_floats(int n, int n_head, int hd) { return (size_t)n * n_head * SPLIT_MAX * (hd + 2); }
 
 void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
                             size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
-                            float *part, cudaStream_t s, const int *dpos, int n_ctx, bool merge_kernel) {
+                            float *part, cudaStream_t s, const int *dpos, int n_ctx) {
     const int G = n_head / n_head_kv;
-    int *cnt = (int *)part;
-    part += SPLIT_CNT(n_head);
     int L, nsplit;
     /* the grouped kernel where the group and its shared memory fit, sized for the longest
      * range any position up to n_ctx has (so graph replay and plain launches agree) */
@@ -738,7 +684,7 @@ void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
     do {                                                                                                                  \
         if (grouped)                                                                                                      \
             cu_launch(k_attn_split_g<MK, MV>, grid, dim3(SPLIT_WARPS * 32), gsm, s, q, K, V, rbk, rbv, pos0, n_head,    \
-                      n_head_kv, hd, scale, n, dpos, part, merge_kernel ? (int *)NULL : cnt, out);                         \
+                      n_head_kv, hd, scale, n, dpos, part);                                                               \
         else                                                                                                              \
             cu_launch(k_attn_split<MK, MV>, grid, dim3(SPLIT_WARPS * 32), 0, s, q, K, V, rbk, rbv, pos0, n_head, n_head_kv, \
                       hd, scale, n, dpos, part);                                                                          \
@@ -760,7 +706,6 @@ void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
     }
 #undef QF_SPL_V
 #undef QF_SPL
-    if (grouped && !merge_kernel) return; /* merged by the split kernel's last blocks */
     cu_launch(k_attn_merge, dim3((unsigned)n_head, (unsigned)n), dim3(128), 0, s, (const float *)part, pos0, n_head, hd, n,
               dpos, (int)grouped, out);
 }

@@ -92,7 +92,6 @@ struct qf_cuda_ctx {
     bool f16_cache;        /* quantized weights keep an f16 copy for prefill GEMMs (knob no_f16_cache: off) */
     bool q4g;              /* q4_0 weights of width % 256 == 0 take the G8 layout (knob no_q4_regroup: off) */
     bool pdl;              /* the decode graph uses programmatic dependent launch (knob no_pdl: off) */
-    bool merge_kernel;     /* split-K decode attention merged by its own kernel (default; knob attn_fused_merge: off) */
     size_t f16_cache_bytes;
     /* device scratch */
     float *x, *xn, *q, *k, *v, *att, *hb, *hb2, *logits, *rcos, *rsin;
@@ -140,13 +139,12 @@ bool cu_pdl(void) { return tls_pdl; }
 void cu_pdl_set(bool on) { tls_pdl = on; }
 
 /* the contract: cuda_common.cuh */
-bool h2d_weight(uint8_t *dst, const void *src, qf_type t, int64_t k, int64_t rows, size_t rb, bool g8, cudaError_t *e) {
+bool h2d_weight(uint8_t *dst, const void *src, int64_t k, int64_t rows, size_t rb, bool g8, cudaError_t *e) {
     *e = cudaSuccess;
     if (!g8) {
         *e = cudaMemcpy(dst, src, rb * (size_t)rows, cudaMemcpyHostToDevice);
         return *e == cudaSuccess;
     }
-    (void)t;
     const int64_t chunk = (int64_t)((64u << 20) / rb) > 0 ? (int64_t)((64u << 20) / rb) : 1; /* ~64 MiB of rows */
     const int64_t cr = chunk < rows ? chunk : rows;
     uint8_t *stage = (uint8_t *)malloc(rb * (size_t)cr);
@@ -176,7 +174,7 @@ static qf_status upload_weight(qf_cuda_ctx *g, const qf_weight *w, const char *n
     CK(cudaMalloc((void **)&out->d, bytes));
     {
         cudaError_t e;
-        if (!h2d_weight(out->d, w->data, w->type, w->ne0, w->ne1, w->row_bytes, out->g8, &e)) CK(e);
+        if (!h2d_weight(out->d, w->data, w->ne0, w->ne1, w->row_bytes, out->g8, &e)) CK(e);
     }
     g->weight_bytes += bytes;
 done:
@@ -238,7 +236,7 @@ static qf_status upload_fused(qf_cuda_ctx *g, const qf_weight *const *ws, const 
         p->g8 = fused->g8;
         p->d = fused->d + rb * (size_t)rows;
         cudaError_t e;
-        if (!h2d_weight(p->d, ws[i]->data, ws[i]->type, ws[i]->ne0, ws[i]->ne1, rb, p->g8, &e)) CK(e);
+        if (!h2d_weight(p->d, ws[i]->data, ws[i]->ne0, ws[i]->ne1, rb, p->g8, &e)) CK(e);
         rows += ws[i]->ne1;
     }
 done:
@@ -454,7 +452,6 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
     g->graph_off = p->knobs.no_graph;
     g->q4g = !p->knobs.no_q4_regroup;
     g->pdl = !p->knobs.no_pdl;
-    g->merge_kernel = !p->knobs.attn_fused_merge;
     g->kv_rot = p->kv_rot == QF_KV_ROT_HADAMARD;
     g->fam = hp->qk_norm || hp->post_norms || hp->attn_softcap > 0 || hp->final_softcap > 0 || hp->swa != QF_SWA_NONE ||
              hp->ffn_act != QF_FFN_SILU || hp->embd_scale != 1.0f || hp->n_expert > 0 ||
@@ -580,7 +577,6 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
         {
             const size_t pf = attention_split_floats(B < MATVEC_MAX ? B : MATVEC_MAX, hp->n_head, hp->head_dim);
             CK(cudaMalloc((void **)&g->part, pf * 4)); sc += pf * 4;
-            CK(cudaMemset(g->part, 0, attention_split_zero_floats(hp->n_head) * 4));
         }
         CK(cudaMalloc((void **)&g->logits, (size_t)B * V * 4)); sc += (size_t)B * V * 4;
         CK(cudaMalloc((void **)&g->rcos, (size_t)B * half * 4 + 4));
@@ -1021,7 +1017,7 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             if (g->kv_rot) launch_hadamard(g->q, (int64_t)n * hp->n_head, hd, S);
             if (dec && g->part && !fam) /* decode: split-K over the cache */
                 launch_attention_split(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv, hd,
-                                       g->att, g->part, S, dpos, g->n_ctx, g->merge_kernel);
+                                       g->att, g->part, S, dpos, g->n_ctx);
             else
                 launch_attention(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv, hd, g->att,
                                  fl, att16 ? g->xh : NULL, q16, S, fam ? hp->attn_scale : 0.0f, hp->attn_softcap,

@@ -291,11 +291,29 @@ typedef struct {
     bool view;             /* d and h16 point into a fused weight (wqkv, wgu), which owns them */
     bool g8;               /* q4_0 stored regrouped (QFD_Q4_0G8, above) */
 } dweight;
+/* ---- the q8_0 activation of the int8 matvecs (k_quant_act, k_rmsnorm4 write it) ----
+ * One scratch of ACT_Q_BYTES(n, K): int8 quants [n][K] (16-byte aligned), the f32 value of each
+ * block's f16 scale [n][K/32], the int32 sum of each block's quants [n][K/32] (the -8 offset of
+ * the G8 kernel). */
+#define ACT_Q_BYTES(n, K) ((size_t)(n) * (K) + (size_t)(n) * ((K) / 32) * 8)
+typedef struct {
+    int8_t *qs;
+    float *xd;
+    int *xs;
+} act_q;
+__host__ __device__ static inline act_q act_q_view(void *xq, int n, int K) {
+    act_q a;
+    a.qs = (int8_t *)xq;
+    a.xd = (float *)((uint8_t *)xq + (size_t)n * K);
+    a.xs = (int *)(a.xd + (size_t)n * (K / 32));
+    return a;
+}
+
 /* the device layout's type code: w->type, or QFD_Q4_0G8 */
 static inline int dw_type(const dweight *w) { return w->g8 ? QFD_Q4_0G8 : (int)w->type; }
 /* Copy rows of a host weight (GGUF layout) into device memory, regrouped to G8 when g8 (through
  * a bounded host staging buffer); false on an allocation or copy failure (*e says which). */
-bool h2d_weight(uint8_t *dst, const void *src, qf_type t, int64_t k, int64_t rows, size_t rb, bool g8, cudaError_t *e);
+bool h2d_weight(uint8_t *dst, const void *src, int64_t k, int64_t rows, size_t rb, bool g8, cudaError_t *e);
 
 /* matmul routes (the values of cuda_ops.h's qf_cuda_mm_route) */
 enum { MM_AUTO = 0, MM_MATVEC = 1, MM_GEMM_F16 = 2, MM_GEMM_F32 = 3 };
@@ -412,13 +430,8 @@ void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_
  * to 8 heads run one block per (range, kv head); n_ctx (0: pos0 + n) picks the kernel. */
 void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
                             size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
-                            float *part, cudaStream_t s, const int *dpos = NULL, int n_ctx = 0,
-                            bool merge_kernel = false);
-/* part's size, and its first floats that must be zero before the first launch (the grouped
- * kernel's arrival counters: its last block per (kv head, query) merges the ranges itself
- * unless merge_kernel, and leaves them zero) */
+                            float *part, cudaStream_t s, const int *dpos = NULL, int n_ctx = 0);
 size_t attention_split_floats(int n, int n_head, int hd);
-size_t attention_split_zero_floats(int n_head);
 
 /* ---- cuda_score.cu ---- */
 /* nll[r] = -log softmax(logits[r])[tgt[r]], r < n_rows */

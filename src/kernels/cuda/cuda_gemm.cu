@@ -369,8 +369,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
  * Each lane's partial integer sum is exact; the float step is the oracle's per block,
  * isum * dw * dx (q4_0) or isum * (dw * dx) (q8_0), over a partial isum, then summed: only the
  * rounding of the partial products and the summation order differ from qf_vec_dot_ref. */
-/* After the scales, [n][K/32] int32 block sums of the quants (the G8 kernel's -8 offset). */
-#define ACT_Q_BYTES(n, K) ((size_t)(n) * (K) + (size_t)(n) * ((K) / 32) * 8)
+/* (the scratch layout: act_q, cuda_common.cuh) */
 
 __global__ void k_quant_act(const float *__restrict__ x, int64_t nblocks, int8_t *__restrict__ qs, float *__restrict__ xd,
                             int *__restrict__ xs) {
@@ -397,10 +396,8 @@ __global__ void k_quant_act(const float *__restrict__ x, int64_t nblocks, int8_t
 
 static void launch_quant_act(const float *x, int n, int K, void *xq, cudaStream_t s) {
     const int64_t nb = (int64_t)n * (K / 32);
-    int8_t *qs = (int8_t *)xq;
-    float *xd = (float *)((uint8_t *)xq + (size_t)n * K);
-    int *xs = (int *)(xd + nb);
-    cu_launch(k_quant_act, dim3(nblk((size_t)nb, 8)), dim3(256), 0, s, x, nb, qs, xd, xs);
+    const act_q a = act_q_view(xq, n, K);
+    cu_launch(k_quant_act, dim3(nblk((size_t)nb, 8)), dim3(256), 0, s, x, nb, a.qs, a.xd, a.xs);
 }
 
 __device__ static inline int ld_w32_b2(const uint8_t *p) { /* a 4-byte word at a 2-byte aligned address */
@@ -543,9 +540,10 @@ static void launch_matvec_q4g(const dweight *w, const float *x, int n, int N, fl
                               cudaStream_t s, bool ready) {
     const int K = (int)w->ne0;
     if (!ready) launch_quant_act(x, n, K, xq, s);
-    const int8_t *qs = (const int8_t *)xq;
-    const float *xd = (const float *)((const uint8_t *)xq + (size_t)n * K);
-    const int *xs = (const int *)(xd + (size_t)n * (K / QK));
+    const act_q a = act_q_view(xq, n, K);
+    const int8_t *qs = a.qs;
+    const float *xd = a.xd;
+    const int *xs = a.xs;
     const int acc = accumulate;
     if (GU) {
         const dim3 grid((unsigned)((N + 1) / 2));
@@ -588,8 +586,9 @@ static void launch_matvec(const dweight *w, const float *x, int n, float *y, boo
     if (q0 && xq && ((uintptr_t)xq % 16) == 0 && K % QK == 0) {
         /* int8 activations: quantized once per call, then __dp4a (the CPU vec_dot's numerics) */
         if (!ready) launch_quant_act(x, n, K, xq, s);
-        const int8_t *qs = (const int8_t *)xq;
-        const float *xd = (const float *)((const uint8_t *)xq + (size_t)n * K);
+        const act_q a = act_q_view(xq, n, K);
+        const int8_t *qs = a.qs;
+        const float *xd = a.xd;
 #define QF_MVQ(T, NT)                                                                                                   \
     do {                                                                                                                \
         if (split) cu_launch(k_matvec_dp4a<T, NT, MV_WARPS>, g4, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, n, y, (int)accumulate); \
@@ -639,8 +638,9 @@ bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb,
     if ((w->type == QF_TYPE_Q4_0 || w->type == QF_TYPE_Q8_0) && xq && ((uintptr_t)xq % 16) == 0 && K % QK == 0 &&
         ((uintptr_t)w->d % 2) == 0) {
         if (!ready) launch_quant_act(x, n, K, xq, s);
-        const int8_t *qs = (const int8_t *)xq;
-        const float *xd = (const float *)((const uint8_t *)xq + (size_t)n * K);
+        const act_q a = act_q_view(xq, n, K);
+        const int8_t *qs = a.qs;
+        const float *xd = a.xd;
 #define QF_GUQ(T, NT) cu_launch(k_matvec_dp4a<T, NT, 1, true>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, F, qs, xd, n, hb, 0)
         if (w->type == QF_TYPE_Q4_0 && n == 1) QF_GUQ(QF_TYPE_Q4_0, 1);
         else if (w->type == QF_TYPE_Q4_0) QF_GUQ(QF_TYPE_Q4_0, MATVEC_MAX);

@@ -81,16 +81,14 @@ __global__ void k_rmsnorm4(const float *x, const float *g, int d, float eps, flo
             const float id = dq != 0.0f ? __fdiv_rn(1.0f, dq) : 0.0f;
             const int q0 = (int)roundf(__fmul_rn(r.x, id)), q1 = (int)roundf(__fmul_rn(r.y, id)),
                       q2 = (int)roundf(__fmul_rn(r.z, id)), q3 = (int)roundf(__fmul_rn(r.w, id));
-            const size_t nb = (size_t)gridDim.x * (d / 32), b = (size_t)blockIdx.x * (d / 32) + i / 8;
-            int8_t *qs = (int8_t *)xq;
-            float *xd = (float *)((uint8_t *)xq + (size_t)gridDim.x * d);
-            int *xs = (int *)(xd + nb);
-            ((char4 *)(qs + (size_t)blockIdx.x * d))[i] = make_char4((signed char)q0, (signed char)q1, (signed char)q2,
+            const size_t b = (size_t)blockIdx.x * (d / 32) + i / 8;
+            const act_q a = act_q_view(xq, (int)gridDim.x, d);
+            ((char4 *)(a.qs + (size_t)blockIdx.x * d))[i] = make_char4((signed char)q0, (signed char)q1, (signed char)q2,
                                                                     (signed char)q3);
             int sum = q0 + q1 + q2 + q3;
 #pragma unroll
             for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(mk, sum, o);
-            if ((i & 7) == 0) xd[b] = __half2float(__float2half_rn(dq)), xs[b] = sum;
+            if ((i & 7) == 0) a.xd[b] = __half2float(__float2half_rn(dq)), a.xs[b] = sum;
         }
     }
 }
@@ -100,12 +98,11 @@ bool launch_rmsnorm(const float *x, const float *g, int n, int d, float eps, flo
                     void *xq) {
     if (n <= 0) return false;
     if (d % 32 || ((uintptr_t)xq % 16)) xq = NULL;
-    void *const nq = NULL;
     if (d % 4 == 0 && d <= 4 * 4 * 256) cu_launch(k_rmsnorm4<4>, dim3(n), dim3(256), 0, s, x, g, d, eps, out, out16, xq);
     else if (d % 4 == 0 && d <= 4 * 8 * 256) cu_launch(k_rmsnorm4<8>, dim3(n), dim3(256), 0, s, x, g, d, eps, out, out16, xq);
     else {
         cu_launch(k_rmsnorm, dim3(n), dim3(256), 0, s, x, g, d, eps, out, out16);
-        xq = nq;
+        return false; /* the plain kernel writes no q8_0 activation */
     }
     return xq != NULL;
 }

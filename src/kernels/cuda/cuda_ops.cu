@@ -31,7 +31,7 @@ static dweight dup_weight(dallocs *a, const qf_weight *w) {
     dw.g8 = q4g_ok(w->type, w->ne0);
     uint8_t *d = (uint8_t *)dalloc(a, w->row_bytes * (size_t)w->ne1);
     cudaError_t e;
-    if (d && h2d_weight(d, w->data, w->type, w->ne0, w->ne1, w->row_bytes, dw.g8, &e)) dw.d = d;
+    if (d && h2d_weight(d, w->data, w->ne0, w->ne1, w->row_bytes, dw.g8, &e)) dw.d = d;
     return dw;
 }
 static qf_status op_finish(dallocs *a, void *hdst, const void *dsrc, size_t bytes, qf_error *err) {
@@ -121,7 +121,7 @@ qf_status op_silu_mul(const float *gt, const float *u, size_t n, float *out, qf_
 
 qf_status op_attention(const float *q, const float *k, const float *v, int n, int pos0, int n_head, int n_head_kv,
                        int hd, qf_kv_mode mode, int route, float *out, qf_error *err) {
-    const bool flash = route == 1, split = route == 2 || route == 3; /* 3: split-K with the separate merge kernel */
+    const bool flash = route == 1, split = route == 2;
     size_t rb = kv_row_bytes(mode, hd);
     if (flash && !flash_ok(mode, mode, hd))
         return cu_fail(err, QF_ERR_DEVICE, "CUDA op: flash attention needs an f32, f16, q8_0 or q4_0 cache and head_dim <= 256");
@@ -135,13 +135,10 @@ qf_status op_attention(const float *q, const float *k, const float *v, int n, in
     float *dout = (float *)dalloc(&a, (size_t)n * n_head * hd * 4);
     float *part = split ? (float *)dalloc(&a, attention_split_floats(n, n_head, hd) * 4) : NULL;
     OP_NEED(dq && dk && dv && ck && cv && dout && (!split || part));
-    if (split) cudaMemset(part, 0, attention_split_zero_floats(n_head) * 4);
     launch_kv_write(mode, dk, (int64_t)rows, hd, rb, ck, 0);
     launch_kv_write(mode, dv, (int64_t)rows, hd, rb, cv, 0);
     /* flash: the kernel reads the f32 / q8_0 / q4_0 rows itself, as the prefill does */
-    if (split)
-        launch_attention_split(mode, mode, dq, ck, cv, rb, rb, n, pos0, n_head, n_head_kv, hd, dout, part, 0, NULL, 0,
-                               route == 3);
+    if (split) launch_attention_split(mode, mode, dq, ck, cv, rb, rb, n, pos0, n_head, n_head_kv, hd, dout, part, 0);
     else launch_attention(mode, mode, dq, ck, cv, rb, rb, n, pos0, n_head, n_head_kv, hd, dout, flash, NULL, NULL, 0);
     return op_finish(&a, out, dout, (size_t)n * n_head * hd * 4, err);
 }

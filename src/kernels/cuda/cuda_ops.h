@@ -45,10 +45,6 @@ qf_status qf_cuda_op_attention_route(const float *q, const float *k, const float
  * in parallel and merged by their softmax maxima and sums (f32 caches of any plain mode). */
 qf_status qf_cuda_op_attention_split(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
                                      int n_head_kv, int hd, qf_kv_mode mode, float *out, qf_error *err);
-/* The same with the ranges merged by a second kernel (k_attn_merge, the forward pass's default)
- * instead of by the split kernel's last block of each (kv head, query) (QF_CUDA_ATTN_FUSE=1). */
-qf_status qf_cuda_op_attention_split_merge(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
-                                           int n_head_kv, int hd, qf_kv_mode mode, float *out, qf_error *err);
 
 /* Write rows x hd floats into a GPU cache of `mode` and read them back: the stored bytes
  * (rows x row bytes, ggml layout) and their f32 values as the attention kernel sees them. */
