@@ -511,7 +511,9 @@ TEST(op_attention) {
                   * keys; 64 of 141 */
                  {1, 5000, 32, 8, 128}, {4, 9000, 8, 2, 64},
                  /* groups of more than 8 heads: the per-head split kernel (ranges of >= 16 keys) */
-                 {1, 700, 16, 1, 64}, {3, 40, 12, 1, 128}};
+                 {1, 700, 16, 1, 64}, {3, 40, 12, 1, 128},
+                 /* the vectorized f16 split kernel's groups of 8 and 2 */
+                 {2, 100, 16, 2, 128}, {1, 33, 4, 2, 64}};
     qf_kv_mode modes[] = {QF_KV_F32, QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (int mi = 0; mi < 4; mi++) {

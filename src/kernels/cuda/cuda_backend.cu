@@ -1017,7 +1017,7 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             if (g->kv_rot) launch_hadamard(g->q, (int64_t)n * hp->n_head, hd, S);
             if (dec && g->part && !fam) /* decode: split-K over the cache */
                 launch_attention_split(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv, hd,
-                                       g->att, g->part, S, dpos, g->n_ctx);
+                                       g->att, g->part, S, dpos, g->n_ctx, !expanded);
             else
                 launch_attention(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv, hd, g->att,
                                  fl, att16 ? g->xh : NULL, q16, S, fam ? hp->attn_scale : 0.0f, hp->attn_softcap,

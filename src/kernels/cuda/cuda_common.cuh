@@ -57,7 +57,9 @@ static inline unsigned nblk(size_t n, unsigned bs) { return (unsigned)((n + bs -
  * attribute (cu_launch while cu_pdl() is on): a kernel may then start while its predecessor
  * drains. The contract every kernel launched that way keeps: pdl_trigger() first (its successor
  * may be scheduled once all of this grid's blocks have started), then nothing but reads of
- * memory no kernel writes (weights) before pdl_wait(), which returns when the predecessor grid
+ * memory no kernel of the graph writes before pdl_wait(): weights, the step's position (*dpos,
+ * copied in before the launch) and K/V cache rows older than that position (written by earlier
+ * launches; the split-K attention's `early`). pdl_wait() returns when the predecessor grid
  * has completed and its writes are visible. Both are no-ops for a plain launch and below sm_90.
  * Kernels launched with <<<>>> keep the full stream order. */
 __device__ __forceinline__ void pdl_trigger() {
@@ -427,10 +429,12 @@ void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_
  * part: attention_split_floats(n, n_head, hd) floats of device scratch. dpos set (CUDA graph
  * replay): the position is read from device memory instead of pos0, and the grid is sized for
  * any position up to n_ctx (the results are the same as with pos0 = *dpos). GQA groups of up
- * to 8 heads run one block per (range, kv head); n_ctx (0: pos0 + n) picks the kernel. */
+ * to 8 heads run one block per (range, kv head); n_ctx (0: pos0 + n) picks the kernel. early:
+ * K and V are the cache itself (not a per-call expansion), so rows before pos0 are loaded
+ * before the kernel waits for its predecessor (see pdl_wait). */
 void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
                             size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
-                            float *part, cudaStream_t s, const int *dpos = NULL, int n_ctx = 0);
+                            float *part, cudaStream_t s, const int *dpos = NULL, int n_ctx = 0, bool early = false);
 size_t attention_split_floats(int n, int n_head, int hd);
 
 /* ---- cuda_score.cu ---- */

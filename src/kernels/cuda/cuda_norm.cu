@@ -37,8 +37,15 @@ __global__ void k_rmsnorm(const float *x, const float *g, int d, float eps, floa
 template <int NV>
 __global__ void k_rmsnorm4(const float *x, const float *g, int d, float eps, float *out, __half *out16, void *xq) {
     pdl_trigger();
-    pdl_wait();
     const int d4 = d / 4;
+    /* the norm's weights before pdl_wait (a weight: no kernel writes it) */
+    float4 gw[NV];
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        gw[k] = i < d4 ? ((const float4 *)g)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    pdl_wait();
     const float4 *xr = (const float4 *)(x + (size_t)blockIdx.x * d);
     float4 v[NV];
     float ss = 0.0f;
@@ -63,7 +70,7 @@ __global__ void k_rmsnorm4(const float *x, const float *g, int d, float eps, flo
     for (int k = 0; k < NV; k++) {
         const int i = threadIdx.x + k * blockDim.x;
         if (i >= d4) break;
-        const float4 gg = ((const float4 *)g)[i];
+        const float4 gg = gw[k];
         const float4 r = make_float4(v[k].x * scale * gg.x, v[k].y * scale * gg.y, v[k].z * scale * gg.z,
                                      v[k].w * scale * gg.w);
         if (out) ((float4 *)(out + (size_t)blockIdx.x * d))[i] = r;

@@ -138,7 +138,7 @@ qf_status op_attention(const float *q, const float *k, const float *v, int n, in
     launch_kv_write(mode, dk, (int64_t)rows, hd, rb, ck, 0);
     launch_kv_write(mode, dv, (int64_t)rows, hd, rb, cv, 0);
     /* flash: the kernel reads the f32 / q8_0 / q4_0 rows itself, as the prefill does */
-    if (split) launch_attention_split(mode, mode, dq, ck, cv, rb, rb, n, pos0, n_head, n_head_kv, hd, dout, part, 0);
+    if (split) launch_attention_split(mode, mode, dq, ck, cv, rb, rb, n, pos0, n_head, n_head_kv, hd, dout, part, 0, NULL, 0, true);
     else launch_attention(mode, mode, dq, ck, cv, rb, rb, n, pos0, n_head, n_head_kv, hd, dout, flash, NULL, NULL, 0);
     return op_finish(&a, out, dout, (size_t)n * n_head * hd * 4, err);
 }
