@@ -513,6 +513,25 @@ __host__ __device__ static inline void split_ranges_g(int Tmax, int *L, int *nsp
 }
 static size_t splitg_smem(int G, int hd, int L) { return (size_t)(G * hd + G * L + 2 * G) * sizeof(float); }
 
+/* phase 2 of the grouped split kernels: for head g (warp g, g + SPLIT_WARPS, ...) the range's
+ * max m of the scores S[g][0..len), p = exp(s - m) in place, ml[2g] = m, ml[2g + 1] = sum p
+ * (0 for an empty range) */
+__device__ static inline void split_softmax(float *S, int L, int len, int G, float *ml, int warp, int lane) {
+    for (int g = warp; g < G; g += SPLIT_WARPS) {
+        float m = -INFINITY;
+        for (int t = lane; t < len; t += 32) m = fmaxf(m, S[g * L + t]);
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float l = 0.0f;
+        for (int t = lane; t < len; t += 32) {
+            const float p = expf(S[g * L + t] - m);
+            S[g * L + t] = p;
+            l += p;
+        }
+        l = warp_sum(l);
+        if (lane == 0) ml[2 * g] = m, ml[2 * g + 1] = len > 0 ? l : 0.0f;
+    }
+}
+
 template <int MK, int MV>
 __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     k_attn_split_g(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
@@ -581,19 +600,7 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
         }
     }
     __syncthreads();
-    for (int g = warp; g < G; g += SPLIT_WARPS) {
-        float m = -INFINITY;
-        for (int t = lane; t < len; t += 32) m = fmaxf(m, S[g * L + t]);
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        float l = 0.0f;
-        for (int t = lane; t < len; t += 32) {
-            const float p = expf(S[g * L + t] - m);
-            S[g * L + t] = p;
-            l += p;
-        }
-        l = warp_sum(l);
-        if (lane == 0) ml[2 * g] = m, ml[2 * g + 1] = len > 0 ? l : 0.0f;
-    }
+    split_softmax(S, L, len, G, ml, warp, lane);
     __syncthreads();
     /* phase 3: thread e sums p v[e] over the range, SPLITG_VB V rows loaded at a time */
     for (int e = threadIdx.x; e < hd; e += blockDim.x) {
@@ -709,20 +716,7 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
             for (int g = 0; g < G; g++) S[g * L + t] = a[g] * scale;
     }
     __syncthreads();
-    /* phase 2: per head the range's max m, p = exp(s - m) in place, l = sum p */
-    for (int g = warp; g < G; g += SPLIT_WARPS) {
-        float m = -INFINITY;
-        for (int t = lane; t < len; t += 32) m = fmaxf(m, S[g * L + t]);
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        float l = 0.0f;
-        for (int t = lane; t < len; t += 32) {
-            const float p = expf(S[g * L + t] - m);
-            S[g * L + t] = p;
-            l += p;
-        }
-        l = warp_sum(l);
-        if (lane == 0) ml[2 * g] = m, ml[2 * g + 1] = len > 0 ? l : 0.0f;
-    }
+    split_softmax(S, L, len, G, ml, warp, lane);
     __syncthreads();
     /* phase 3: acc[g][0..8) = sum over this key group's keys of p[g][t] v[t][8 d8 ..] */
     float acc[G][8];
