@@ -274,60 +274,105 @@ double qf_context_kv_bytes_per_token(const qf_context *c) { return qf_kv_cache_b
 /* ---------------------------------------------------------------------------------------- */
 /* matmul: y[n][N] = x[n][K] . W[N][K]^T                                                     */
 
+/* Prefill jobs (routes 0 and 3) hand out rows in units of MM_UNIT (one f16 panel, two int8 panels):
+ * TILE_ROWS at a time while much is left, then (remaining / 2 nth) units, down to MM_MIN_UNITS, so
+ * the threads finish a matmul together. Each output row is computed by one call whatever the
+ * split (every kernel sums a (row, token) in its own order, independent of the tile), so the
+ * split does not change a digit. Measured (bench/bench_gemm_f16, 1B shapes, -t 2, interleaved):
+ * fixed 128-row tiles left one thread idle for up to half a tile at the end of every matmul
+ * (k/v: 4 tiles, 2.98-3.19 ms; down: 8/7 tiles of 5 ms each); shrinking to 64 rows: k/v 2.36 ms,
+ * down 39.3-40.6 ms against 40.6-47.4; shrinking to 32 rows was in between (each chunk re-reads
+ * the whole activation). */
+#define MM_UNIT 32
+#define MM_MIN_UNITS 2
+
 typedef struct {
     qf_context *c;
-    const qf_weight *w;
+    const qf_weight *w; /* routes 1, 2, 4: the weight (route 4: the first of ws) */
     const float *x;
     float *y;
     int n;
     int route; /* 0 gemm, 1 vec_dot, 2 reference, 3 int8 gemm (kernels/gemm.h), 4 its activations */
-    _Atomic int64_t next_tile; /* routes 0 and 3: tiles are taken one at a time (a thread that the
-                                * OS runs less, on a loaded machine, takes fewer); 0 before a run */
+    /* routes 0 and 3: nw weights reading the same x (q, k, v or gate, up: one pool job), ws[k] into
+     * ys[k]; weight k owns row units [u0[k], u0[k+1]); rps[k]: its repacked Q4_0 copy (repack.c) or
+     * NULL. Units are taken from `next` (0 before a run) by mm_grab. */
+    int nw;
+    const qf_weight *ws[MV_MAX_W];
+    float *ys[MV_MAX_W];
+    const uint8_t *rps[MV_MAX_W];
+    int64_t u0[MV_MAX_W + 1];
+    _Atomic int64_t next;
     size_t xq_row;
-    const uint8_t *rp; /* route 3: the repacked Q4_0 copy of w (repack.c), or NULL */
 } mm_job;
+
+/* The next chunk of a prefill job: rows [*r0, *r1) of weight *k; false when none is left. The size
+ * depends only on how many units are left (see MM_UNIT) and a chunk never spans two weights. */
+static bool mm_grab(mm_job *j, int nth, int *k, int64_t *r0, int64_t *r1) {
+    const int64_t U = j->u0[j->nw], tu = TILE_ROWS / MM_UNIT;
+    int64_t cur = atomic_load(&j->next), sz;
+    int kk;
+    do {
+        if (cur >= U) return false;
+        sz = (U - cur) / (2 * nth);
+        sz = sz > tu ? tu : sz < MM_MIN_UNITS ? MM_MIN_UNITS : sz;
+        kk = 0;
+        while (cur >= j->u0[kk + 1]) kk++;
+        if (sz > j->u0[kk + 1] - cur) sz = j->u0[kk + 1] - cur;
+    } while (!atomic_compare_exchange_weak(&j->next, &cur, cur + sz));
+    const int64_t N = j->ws[kk]->ne1, r = (cur - j->u0[kk]) * MM_UNIT;
+    *k = kk;
+    *r0 = r;
+    *r1 = r + sz * MM_UNIT < N ? r + sz * MM_UNIT : N;
+    return true;
+}
 
 static void mm_worker(void *arg, int ith, int nth) {
     mm_job *j = arg;
-    const qf_weight *w = j->w;
-    int64_t K = w->ne0, N = w->ne1;
-    /* split output rows in whole tiles so every thread dequantizes its own tiles */
-    int64_t tiles = (N + TILE_ROWS - 1) / TILE_ROWS, t0, t1;
-    qf_split_range(tiles, ith, nth, &t0, &t1);
-    int64_t r0 = t0 * TILE_ROWS, r1 = t1 * TILE_ROWS < N ? t1 * TILE_ROWS : N;
     float *buf = j->c->thr_buf[ith];
-    const uint8_t *wd = w->data;
     if (j->route == 4) { /* quantize this thread's share of the tokens for route 3 */
-        int64_t a0, a1;
+        const qf_weight *w = j->w;
+        int64_t K = w->ne0, a0, a1;
         qf_split_range(j->n, ith, nth, &a0, &a1);
         if (qf_gemm_k_type(w->type)) qf_gemm_k_quantize_act(j->x, K, (int)a0, (int)a1, ext(j->c)->gact, buf);
         else qf_gemm_quantize_act(w->type, j->x, K, (int)a0, (int)a1, ext(j->c)->gact, buf);
-    } else if (j->route == 3) {
-        for (int64_t tl; (tl = atomic_fetch_add(&j->next_tile, 1)) < tiles;) { /* one packed tile in buf at a time */
-            int64_t r = tl * TILE_ROWS, re = N - r < TILE_ROWS ? N : r + TILE_ROWS;
-            if (j->rp) qf_gemm_q4x16_rows(j->rp, K, r, re, ext(j->c)->gact, j->n, j->y, N);
-            else if (qf_gemm_k_type(w->type)) qf_gemm_k_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, j->y, N, buf);
-            else qf_gemm_q8_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, j->y, N, buf);
-        }
-    } else if (j->route == 0) {
-        for (int64_t tl; (tl = atomic_fetch_add(&j->next_tile, 1)) < tiles;) {
-            int64_t r = tl * TILE_ROWS, tr = N - r < TILE_ROWS ? N - r : TILE_ROWS;
-            const float *wt;
-            if (w->type == QF_TYPE_F16 && K % 16 == 0 && qf_gemm_f16_supported()) {
-                /* f16 converted in registers, AVX-512 FMA micro-kernel (kernels/gemm.h) */
-                qf_gemm_f16_rows(wd, w->row_bytes, K, r, r + tr, j->x, j->n, j->y, N, buf);
+        return;
+    }
+    if (j->route == 0 || j->route == 3) {
+        int k;
+        int64_t r, re;
+        while (mm_grab(j, nth, &k, &r, &re)) { /* one packed chunk in buf at a time */
+            const qf_weight *w = j->ws[k];
+            const int64_t K = w->ne0, N = w->ne1, tr = re - r;
+            const uint8_t *wd = w->data;
+            float *y = j->ys[k];
+            if (j->route == 3) {
+                if (j->rps[k]) qf_gemm_q4x16_rows(j->rps[k], K, r, re, ext(j->c)->gact, j->n, y, N);
+                else if (qf_gemm_k_type(w->type)) qf_gemm_k_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, y, N, buf);
+                else qf_gemm_q8_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, y, N, buf);
                 continue;
             }
+            if (w->type == QF_TYPE_F16 && K % 16 == 0 && qf_gemm_f16_supported()) {
+                /* f16 converted in registers, AVX-512 FMA micro-kernel (kernels/gemm.h) */
+                qf_gemm_f16_rows(wd, w->row_bytes, K, r, re, j->x, j->n, y, N, buf);
+                continue;
+            }
+            const float *wt;
             if (w->type == QF_TYPE_F32) wt = (const float *)(wd + (size_t)r * w->row_bytes);
             else {
                 for (int64_t i = 0; i < tr; i++)
                     qf_dequantize_row(w->type, wd + (size_t)(r + i) * w->row_bytes, buf + i * K, K);
                 wt = buf;
             }
-            qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, (int)tr, (int)K, 1.0f, j->x,
-                        (int)K, wt, (int)K, 0.0f, j->y + r, (int)N);
+            qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, (int)tr, (int)K, 1.0f, j->x, (int)K, wt, (int)K,
+                     0.0f, y + r, (int)N);
         }
-    } else if (j->route == 1) {
+        return;
+    }
+    const qf_weight *w = j->w;
+    int64_t K = w->ne0, N = w->ne1, r0, r1;
+    qf_split_range(N, ith, nth, &r0, &r1);
+    const uint8_t *wd = w->data;
+    if (j->route == 1) {
         const uint8_t *xq = j->c->xq;
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *wr = wd + (size_t)r * w->row_bytes;
@@ -427,27 +472,61 @@ static bool matvec_multi(qf_context *c, int nw, const qf_weight *const *ws, cons
     return true;
 }
 
+/* the prefill route of weight type t: 3 (int8 / K-quant GEMM on quantized activations) or 0 (f16
+ * micro-kernel, or dequantize + sgemm) */
+static int prefill_route(qf_type t) { return qf_gemm_q8_supported(t) || qf_gemm_k_supported(t) ? 3 : 0; }
+
+/* Weights whose prefill can share one job: the same route, K and activation layout (route 3: the
+ * same Q8_0-family type, or both K-quants, whose Q8_K activations are the same) */
+static bool prefill_compatible(const qf_weight *a, const qf_weight *b) {
+    if (a->ne0 != b->ne0 || prefill_route(a->type) != prefill_route(b->type)) return false;
+    if (prefill_route(a->type) == 0) return true;
+    return a->type == b->type || (qf_gemm_k_type(a->type) && qf_gemm_k_type(b->type));
+}
+
+/* The prefill GEMM (n >= GEMM_MIN_TOKENS, not the reference route) of nw weights that read the same x,
+ * as one pool job (route 3: after one job quantizing x). */
+static void matmul_prefill(qf_context *c, int nw, const qf_weight *const *ws, const float *x, int n, float *const *ys) {
+    mm_job j = {.c = c, .w = ws[0], .x = x, .y = ys[0], .n = n, .nw = nw};
+    j.route = prefill_route(ws[0]->type);
+    j.u0[0] = 0;
+    for (int k = 0; k < nw; k++) {
+        j.ws[k] = ws[k];
+        j.ys[k] = ys[k];
+        j.rps[k] = j.route == 3 && qf_gemm_q4x16_supported() ? qf_model_repacked(c->model, ws[k]) : NULL;
+        j.u0[k + 1] = j.u0[k] + (ws[k]->ne1 + MM_UNIT - 1) / MM_UNIT;
+    }
+    if (j.route == 3) { /* Q8_0 / Q4_0 / Q4_K / Q6_K: activations to Q8_0 or Q8_K (as decode and ggml do) */
+        j.route = 4;
+        qf_pool_run(c->pool, mm_worker, &j);
+        j.route = 3;
+    }
+    atomic_store(&j.next, 0);
+    qf_pool_run(c->pool, mm_worker, &j);
+}
+
 static void matmul(qf_context *c, const qf_weight *w, const float *x, int n, float *y);
 
-/* q, k, v (or gate, up): one decode matvec job when it applies, else one matmul each */
+/* q, k, v (or gate, up): one decode matvec job or one prefill job when it applies, else one matmul each */
 static void matmul_n(qf_context *c, int nw, const qf_weight *const *ws, const float *x, int n, float *const *ys) {
     if (matvec_multi(c, nw, ws, x, n, ys)) return;
+    bool one = !c->params.reference && n >= GEMM_MIN_TOKENS;
+    for (int k = 1; k < nw && one; k++) one = prefill_compatible(ws[0], ws[k]);
+    if (one) {
+        matmul_prefill(c, nw, ws, x, n, ys);
+        return;
+    }
     for (int k = 0; k < nw; k++) matmul(c, ws[k], x, n, ys[k]);
 }
 
 static void matmul(qf_context *c, const qf_weight *w, const float *x, int n, float *y) {
     if (matvec_multi(c, 1, &w, x, n, &y)) return;
+    if (!c->params.reference && n >= GEMM_MIN_TOKENS) {
+        matmul_prefill(c, 1, &w, x, n, &y);
+        return;
+    }
     mm_job j = {.c = c, .w = w, .x = x, .y = y, .n = n};
     if (c->params.reference) j.route = 2;
-    else if (n >= GEMM_MIN_TOKENS && (qf_gemm_q8_supported(w->type) || qf_gemm_k_supported(w->type))) {
-        /* Q8_0 / Q4_0 / Q4_K / Q6_K: activations to Q8_0 or Q8_K (as decode and ggml do), then the
-         * int8 VNNI GEMM */
-        j.route = 4;
-        qf_pool_run(c->pool, mm_worker, &j);
-        j.route = 3;
-        if (qf_gemm_q4x16_supported()) j.rp = qf_model_repacked(c->model, w);
-        atomic_store(&j.next_tile, 0);
-    } else if (n >= GEMM_MIN_TOKENS) j.route = 0;
     else {
         j.route = 1;
         qf_type vt = qf_vec_dot_type(w->type);
