@@ -635,6 +635,8 @@ static void rope_apply(const qf_context *c, const float *cs, const float *sn, fl
 typedef struct {
     qf_context *c;
     int layer, n, pos0;
+    int q0; /* attention_worker: queries before q0's ATT_QBLOCK block are not computed (their output is
+             * not needed); 0 for all */
 } att_job;
 
 /* ---- exact sinks and recent window (kv_cache.c's qf_kv_cache_set_exact) ----
@@ -736,7 +738,7 @@ static void attention_worker(void *arg, int ith, int nth) {
         const float *V = ext(c)->vbuf + (size_t)kvh * c->params.n_ctx * hd;
         const float *Q = c->q + (size_t)h * hd;
         float *O = c->att + (size_t)h * hd;
-        for (int i0 = 0; i0 < n; i0 += ATT_QBLOCK) {
+        for (int i0 = j->q0 / ATT_QBLOCK * ATT_QBLOCK; i0 < n; i0 += ATT_QBLOCK) { /* the same blocks for any q0 */
             int nb = n - i0 < ATT_QBLOCK ? n - i0 : ATT_QBLOCK;
             int Tb = j->pos0 + i0 + nb; /* keys this block can see */
             const float *Qb = Q + (size_t)i0 * Dq;
@@ -1014,9 +1016,23 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         if (st) return st;
     }
 
+    /* The last layer computes the attention output, o-projection and FFN only for the rows whose
+     * logits are asked for (from row `skip` on; the others need only their K and V, written before the
+     * attention): llama.cpp's inp_out_ids, which it applies after the o-projection. Exact: every
+     * stage computes a row independently of the others (the GEMMs sum each (row, token) on its own
+     * and the attention keeps its ATT_QBLOCK blocks), so the remaining rows get the same bits. Not
+     * with a tap (it sees every row), an MoE layer, or when the skip would move the matmuls from the
+     * GEMM to the decode route (fewer than GEMM_MIN_TOKENS rows left of at least as many). */
+    int skip = !logits ? n : logits_from < 0 ? 0 : logits_from < n ? logits_from : n;
+    if (tap || m->layers[hp->n_layer - 1].exp_gate ||
+        (n >= GEMM_MIN_TOKENS && n - skip < GEMM_MIN_TOKENS && n - skip > 0) || getenv("QF_NO_SKIP"))
+        skip = 0;
+
     for (int il = 0; il < hp->n_layer; il++) {
         const qf_layer_weights *L = &m->layers[il];
         const layer_vecs *lv = &vecs->layers[il];
+        const int s0 = il == hp->n_layer - 1 ? skip : 0, nr = n - s0; /* rows [s0, n) past the attention */
+        float *xs = c->x + (size_t)s0 * D;
 
         rmsnorm_rows(c, c->xn, c->x, lv->attn_norm, n);
         if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_ATTN_IN, n, D, c->xn);
@@ -1042,30 +1058,33 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         if (!c->kv.k_prerope) qf_kv_cache_write(&c->kv, 0, il, pos0, n, c->k);
         qf_kv_cache_write(&c->kv, 1, il, pos0, n, c->v);
 
-        att_job aj = {.c = c, .layer = il, .n = n, .pos0 = pos0};
+        att_job aj = {.c = c, .layer = il, .n = n, .pos0 = pos0, .q0 = s0};
         qf_pool_run(c->pool, kv_gather_worker, &aj);
-        qf_pool_run(c->pool, attention_worker, &aj);
+        if (nr > 0) qf_pool_run(c->pool, attention_worker, &aj);
         qf_kv_cache_push_window(&c->kv, il, pos0, n, c->k, c->v); /* exact window: keep this batch's f16 */
+        if (nr == 0) continue;
         if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_ATTN_OUT, n, Dq, c->att);
-        matmul(c, &L->wo, c->att, n, c->xn);
-        if (lv->post_attn_norm) rmsnorm_rows(c, c->xn, c->xn, lv->post_attn_norm, n); /* gemma */
-        for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];
+        /* from here on rows [s0, n): x at xs, the others compact from row 0 */
+        matmul(c, &L->wo, c->att + (size_t)s0 * Dq, nr, c->xn);
+        if (lv->post_attn_norm) rmsnorm_rows(c, c->xn, c->xn, lv->post_attn_norm, nr); /* gemma */
+        for (size_t i = 0; i < (size_t)nr * D; i++) xs[i] += c->xn[i];
 
-        rmsnorm_rows(c, c->xn, c->x, lv->ffn_norm, n);
+        rmsnorm_rows(c, c->xn, xs, lv->ffn_norm, nr);
         if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_FFN_IN, n, D, c->xn);
         if (L->exp_gate) {
             moe_ffn(c, L, &ej); /* c->xn <- sum over the top-k experts */
         } else {
             const qf_weight *ws[2] = {&L->w_gate, &L->w_up};
             float *ys[2] = {c->hb, c->hb2};
-            matmul_n(c, 2, ws, c->xn, n, ys);
+            matmul_n(c, 2, ws, c->xn, nr, ys);
             ej.stage = 1;
+            ej.n = nr;
             ew_run(c, &ej); /* hb = silu(hb) * hb2 (or gelu_tanh(hb) * hb2) */
             if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_FFN_DOWN, n, F, c->hb);
-            matmul(c, &L->w_down, c->hb, n, c->xn);
+            matmul(c, &L->w_down, c->hb, nr, c->xn);
         }
-        if (lv->post_ffw_norm) rmsnorm_rows(c, c->xn, c->xn, lv->post_ffw_norm, n); /* gemma */
-        for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];
+        if (lv->post_ffw_norm) rmsnorm_rows(c, c->xn, c->xn, lv->post_ffw_norm, nr); /* gemma */
+        for (size_t i = 0; i < (size_t)nr * D; i++) xs[i] += c->xn[i];
     }
 
     if (!logits || logits_from >= n) return QF_OK;
