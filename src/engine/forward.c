@@ -783,17 +783,10 @@ static void attention_worker(void *arg, int ith, int nth) {
                 int lo = swa && last - swa + 1 > 0 ? last - swa + 1 : 0;
                 if (cap > 0) /* soft-capping (gemma2): c * tanh(s / c) */
                     for (int t = lo; t <= last; t++) row[t] = cap * tanhf(row[t] / cap);
-                float mx = -INFINITY;
-                for (int t = lo; t <= last; t++) mx = row[t] > mx ? row[t] : mx;
-                for (int t = lo; t <= last; t++) row[t] -= mx;
-                if (c->params.reference) qf_vec_exp_ref(row + lo, last + 1 - lo);
-                else qf_vec_exp(row + lo, last + 1 - lo);
-                double sum = 0;
-                for (int t = lo; t <= last; t++) sum += row[t];
-                float inv = (float)(1.0 / sum);
-                for (int t = lo; t <= last; t++) row[t] *= inv;
-                for (int t = 0; t < lo; t++) row[t] = 0.0f;
-                for (int t = last + 1; t < Tb; t++) row[t] = 0.0f;
+                if (c->params.reference) qf_softmax_ref(row + lo, last + 1 - lo);
+                else qf_softmax(row + lo, last + 1 - lo);
+                memset(row, 0, (size_t)lo * sizeof(float));
+                memset(row + last + 1, 0, (size_t)(Tb - last - 1) * sizeof(float));
             }
             float *Ob = O + (size_t)i0 * Dq;
             if (c->params.reference) {
