@@ -2,6 +2,7 @@
  * SiLU use, the flush to zero below -87.3 and saturation instead of overflow above 88. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/hadamard.h"
 #include "kernels/vecmath.h"
@@ -66,6 +67,38 @@ TEST(softmax_and_sum_exp_match_oracles) {
     CHECK(one == 1.0f);
 }
 
+/* qf_vec_silu_mul bit-identical to the forward pass's former loops (negate, qf_vec_exp, divide,
+ * multiply); qf_rmsnorm_row within float rounding of its in-order oracle */
+TEST(silu_mul_and_rmsnorm_match) {
+    if (!qf_quant_has_avx2()) SKIP("CPU without AVX2/FMA: the scalar oracles are what runs");
+    const int lens[] = {1, 5, 8, 13, 64, 2048, 8192};
+    uint64_t st = 7;
+    for (size_t k = 0; k < sizeof lens / sizeof *lens; k++) {
+        const int n = lens[k];
+        float *g = malloc(sizeof(float) * n), *g2 = malloc(sizeof(float) * n), *u = malloc(sizeof(float) * n),
+              *e = malloc(sizeof(float) * n), *o1 = malloc(sizeof(float) * n), *o2 = malloc(sizeof(float) * n);
+        for (int i = 0; i < n; i++) {
+            st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+            g[i] = g2[i] = (float)(st >> 40) / 16777216.0f * 40.0f - 20.0f;
+            u[i] = (float)(st & 0xFFFF) / 65536.0f - 0.5f;
+        }
+        for (int i = 0; i < n; i++) e[i] = -g2[i];
+        qf_vec_exp(e, n);
+        for (int i = 0; i < n; i++) g2[i] = g2[i] / (1.0f + e[i]) * u[i];
+        qf_rmsnorm_row_ref(o1, g, u, n, 1e-5f);
+        qf_rmsnorm_row(o2, g, u, n, 1e-5f);
+        double worst = 0;
+        for (int i = 0; i < n; i++) {
+            double d = fabs((double)o1[i] - o2[i]) / (fabs(o1[i]) + 1e-30);
+            if (d > worst) worst = d;
+        }
+        CHECK_MSG(worst < 1e-6, "rmsnorm n=%d: %.3e relative", n, worst);
+        qf_vec_silu_mul(g, u, n);
+        CHECK_MSG(memcmp(g, g2, sizeof(float) * n) == 0, "silu_mul n=%d differs from the exp + loop form", n);
+        free(g), free(g2), free(u), free(e), free(o1), free(o2);
+    }
+}
+
 TEST(dispatch_follows_force_scalar) {
     float x[16], y[16];
     for (int i = 0; i < 16; i++) x[i] = y[i] = -3.0f + 0.37f * (float)i;
@@ -105,5 +138,6 @@ int main(void) {
     RUN(exp_avx2_matches_expf);
     RUN(dispatch_follows_force_scalar);
     RUN(softmax_and_sum_exp_match_oracles);
+    RUN(silu_mul_and_rmsnorm_match);
     return test_summary();
 }

@@ -868,9 +868,12 @@ static void ew_worker(void *arg, int ith, int nth) {
         float *e = c->thr_buf[ith]; /* exp(-gate) for one token */
         for (int64_t t = t0; t < t1; t++) {
             float *g = c->hb + (size_t)t * F, *u = c->hb2 + (size_t)t * F;
+            if (!c->params.reference) { /* the same bits as the loops below with qf_vec_exp, in 8 lanes */
+                qf_vec_silu_mul(g, u, F);
+                continue;
+            }
             for (int i = 0; i < F; i++) e[i] = -g[i];
-            if (c->params.reference) qf_vec_exp_ref(e, F);
-            else qf_vec_exp(e, F);
+            qf_vec_exp_ref(e, F);
             for (int i = 0; i < F; i++) g[i] = g[i] / (1.0f + e[i]) * u[i];
         }
     }
@@ -888,8 +891,13 @@ static void norm_worker(void *arg, int ith, int nth) {
     const qf_hparams *hp = &j->c->model->hp;
     int64_t t0, t1;
     qf_split_range(j->n, ith, nth, &t0, &t1);
-    for (int64_t t = t0; t < t1; t++)
-        rmsnorm(j->out + (size_t)t * hp->n_embd, j->x + (size_t)t * hp->n_embd, j->g, hp->n_embd, hp->rms_eps);
+    const bool ref = j->c->params.reference;
+    for (int64_t t = t0; t < t1; t++) {
+        float *o = j->out + (size_t)t * hp->n_embd;
+        const float *x = j->x + (size_t)t * hp->n_embd;
+        if (ref) rmsnorm(o, x, j->g, hp->n_embd, hp->rms_eps);
+        else qf_rmsnorm_row(o, x, j->g, hp->n_embd, hp->rms_eps);
+    }
 }
 
 /* the elementwise stages split by tokens: one token (decode) runs on the calling thread, which
@@ -1106,7 +1114,8 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
     if (!logits || logits_from >= n) return QF_OK;
     int first = logits_from < 0 ? 0 : logits_from, n_out = n - first;
     for (int t = first; t < n; t++)
-        rmsnorm(c->xn + (size_t)(t - first) * D, c->x + (size_t)t * D, vecs->output_norm, D, hp->rms_eps);
+        (ref ? rmsnorm : qf_rmsnorm_row)(c->xn + (size_t)(t - first) * D, c->x + (size_t)t * D, vecs->output_norm, D,
+                                         hp->rms_eps);
     matmul(c, &m->output, c->xn, n_out, logits);
     if (hp->final_softcap > 0) { /* gemma2: c * tanh(logits / c) */
         const float cap = hp->final_softcap;

@@ -45,3 +45,24 @@ void qf_softmax(float *x, int n) {
     if (qf_quant_has_avx2()) qf_softmax_avx2(x, n);
     else qf_softmax_ref(x, n);
 }
+
+static void silu_mul_ref(float *g, const float *u, int n) {
+    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void qf_vec_silu_mul(float *g, const float *u, int n) {
+    if (qf_quant_has_avx2()) qf_vec_silu_mul_avx2(g, u, n);
+    else silu_mul_ref(g, u, n);
+}
+
+void qf_rmsnorm_row_ref(float *out, const float *x, const float *g, int n, float eps) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)(x[i] * x[i]);
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * g[i];
+}
+
+void qf_rmsnorm_row(float *out, const float *x, const float *g, int n, float eps) {
+    if (qf_quant_has_avx2()) qf_rmsnorm_row_avx2(out, x, g, n, eps);
+    else qf_rmsnorm_row_ref(out, x, g, n, eps);
+}

@@ -24,7 +24,18 @@ double qf_vec_sum_exp_ref(const float *x, int n, float mx);
  * lanes: within ~2e-7 relative of the oracle. n >= 1. */
 void qf_softmax(float *x, int n);
 void qf_softmax_ref(float *x, int n);
+/* g[i] = g[i] / (1 + exp(-g[i])) * u[i] (SwiGLU), f32 operations in that order, the exp of qf_vec_exp
+ * (the AVX2 one in 8-lane groups from i = 0, expf for a tail): bit-identical to negating g into a
+ * buffer, qf_vec_exp on it and the same f32 loop, which is what the forward pass did before. */
+void qf_vec_silu_mul(float *g, const float *u, int n);
+/* RMSNorm of one row: ss = sum of (double)(x[i] * x[i]) (the product in f32), scale =
+ * 1 / sqrtf((float)(ss / n) + eps), out[i] = x[i] * scale * g[i] (out may be x). The oracle sums in
+ * order; the fast kernel in 8 double lanes (the only difference: the order of the double sum). */
+void qf_rmsnorm_row(float *out, const float *x, const float *g, int n, float eps);
+void qf_rmsnorm_row_ref(float *out, const float *x, const float *g, int n, float eps);
 /* internal: the AVX2 kernels (vecmath_avx2.c) */
+void qf_vec_silu_mul_avx2(float *g, const float *u, int n);
+void qf_rmsnorm_row_avx2(float *out, const float *x, const float *g, int n, float eps);
 float qf_vec_max_avx2(const float *x, int n);
 double qf_vec_sum_exp_avx2(const float *x, int n, float mx);
 void qf_softmax_avx2(float *x, int n);
