@@ -575,45 +575,6 @@ TEST(gemm_f16_vs_oracle) {
     check_gemm_f16(2048, 128, 30);
 }
 
-/* qf_sgemm_nn (the prefill attention's QK^T and PV): the AVX-512 kernel bit-identical to its oracle
- * over partial row groups (M % 6), partial column blocks (N % 64, N % 16), strided operands and an
- * alpha; and the oracle within float rounding of a double-precision sum. */
-static void check_sgemm_nn(int M, int N, int K, int lda, int ldb, int ldc, float alpha) {
-    float *A = qf_malloc_aligned((size_t)M * lda * 4 + 4), *B = qf_malloc_aligned((size_t)K * ldb * 4 + 4),
-          *Cr = qf_malloc_aligned((size_t)M * ldc * 4 + 4), *Cf = qf_malloc_aligned((size_t)M * ldc * 4 + 4);
-    for (int i = 0; i < M * lda; i++) A[i] = rndf();
-    for (int i = 0; i < K * ldb; i++) B[i] = rndf() * (i % 7 == 0 ? 4.0f : 1.0f);
-    for (int i = 0; i < M * ldc; i++) Cr[i] = Cf[i] = 12345.0f; /* outside [0, N) must stay */
-    qf_sgemm_nn_ref(M, N, K, alpha, A, lda, B, ldb, Cr, ldc);
-    qf_sgemm_nn(M, N, K, alpha, A, lda, B, ldb, Cf, ldc);
-    size_t bad = 0;
-    double worst = 0;
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < ldc; j++) {
-            bad += memcmp(&Cr[(size_t)i * ldc + j], &Cf[(size_t)i * ldc + j], 4) != 0;
-            if (j >= N) continue;
-            double s = 0, mag = 0;
-            for (int k = 0; k < K; k++) {
-                s += (double)A[(size_t)i * lda + k] * B[(size_t)k * ldb + j];
-                mag += fabs((double)A[(size_t)i * lda + k] * B[(size_t)k * ldb + j]);
-            }
-            double e = fabs(Cr[(size_t)i * ldc + j] - s * alpha) / (mag * fabs(alpha) + 1e-30);
-            if (e > worst) worst = e;
-        }
-    CHECK_MSG(bad == 0, "sgemm_nn M=%d N=%d K=%d: %zu elements differ from the oracle", M, N, K, bad);
-    CHECK_MSG(worst < 1e-5, "sgemm_nn oracle M=%d N=%d K=%d: %.3e of sum|a*b|", M, N, K, worst);
-    free(A), free(B), free(Cr), free(Cf);
-}
-
-TEST(sgemm_nn_vs_oracle) {
-    if (!qf_gemm_f16_supported()) printf("  (no AVX-512 here: qf_sgemm_nn is the oracle itself)\n");
-    check_sgemm_nn(1, 1, 1, 1, 1, 1, 1.0f);
-    check_sgemm_nn(64, 512, 64, 2048, 520, 512, 0.125f); /* QK^T: 64 queries of a head, K transposed */
-    check_sgemm_nn(63, 64, 511, 511, 64, 2048, 1.0f);    /* PV: a last block of 63 queries */
-    check_sgemm_nn(7, 37, 5, 9, 40, 41, -0.5f);          /* partial everything */
-    check_sgemm_nn(13, 130, 33, 40, 131, 133, 1.0f);
-}
-
 /* The K-quant prefill GEMM: the oracle against qf_vec_dot_ref with the same Q8_K activations,
  * the fast kernel bit-identical to the oracle (partial panels, partial groups of 6 tokens). */
 static void check_gemm_k(qf_type wt, int64_t K, int N, int n) {
@@ -756,7 +717,6 @@ int main(void) {
     RUN(gemm_q8_vs_oracle);
     RUN(gemm_q4x16_vs_oracle);
     RUN(gemm_f16_vs_oracle);
-    RUN(sgemm_nn_vs_oracle);
     RUN(gemm_k_vs_oracle);
     RUN(matvec_vs_oracle);
     RUN(real_q4_k_m);

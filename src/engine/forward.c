@@ -74,7 +74,6 @@ typedef struct qf_context_ext {
     struct qf_context base;
     ctx_vecs vecs;
     float *kbuf, *vbuf; /* [n_head_kv][n_ctx][head_dim] f32 views of the cache for one layer */
-    float *ktbuf; /* kbuf transposed, [n_head_kv][head_dim][n_ctx], for qf_sgemm_nn's QK^T (att_job.own) */
     /* exact (f16-valued) views of the sink and window positions the current batch reads, same
      * layout; only the sink rows and the window rows of the batch are filled (kv.n_sink/n_window) */
     float *ekbuf, *evbuf;
@@ -112,7 +111,7 @@ void qf_context_free(qf_context *c) {
     free(e->rope_cos_swa), free(e->rope_sin_swa);
     free(e->moe_logits), free(e->moe_w), free(e->moe_x), free(e->moe_y), free(e->moe_acc), free(e->moe_rw);
     free(e->moe_ids), free(e->moe_rows);
-    free(e->kbuf), free(e->vbuf), free(e->ktbuf), free(e->ekbuf), free(e->evbuf), free(e->gact), free(e->mvact);
+    free(e->kbuf), free(e->vbuf), free(e->ekbuf), free(e->evbuf), free(e->gact), free(e->mvact);
     qf_kv_cache_free(&c->kv);
     free(c->x), free(c->xn), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
         free(c->hb2), free(c->xq), free(c->rope_cos), free(c->rope_sin);
@@ -179,7 +178,6 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     c->xq = qf_malloc_aligned(c->xq_bytes);
     e->kbuf = qf_malloc_aligned((size_t)hp->n_head_kv * c->params.n_ctx * hp->head_dim * 4);
     e->vbuf = qf_malloc_aligned((size_t)hp->n_head_kv * c->params.n_ctx * hp->head_dim * 4);
-    e->ktbuf = qf_malloc_aligned((size_t)hp->n_head_kv * c->params.n_ctx * hp->head_dim * 4);
     e->ekbuf = qf_malloc_aligned((size_t)hp->n_head_kv * c->params.n_ctx * hp->head_dim * 4);
     e->evbuf = qf_malloc_aligned((size_t)hp->n_head_kv * c->params.n_ctx * hp->head_dim * 4);
     size_t gs = qf_gemm_act_stride((int64_t)maxK), gks = qf_gemm_k_act_stride((int64_t)maxK);
@@ -194,7 +192,7 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     int nthr = qf_pool_size(c->pool);
     c->thr_buf = calloc((size_t)nthr + 1, sizeof(float *));
     if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->hb || !c->hb2 || !c->rope_cos ||
-        !c->rope_sin || !c->xq || !e->kbuf || !e->vbuf || !e->ktbuf || !e->ekbuf || !e->evbuf || !e->gact || !e->mvact || !c->thr_buf)
+        !c->rope_sin || !c->xq || !e->kbuf || !e->vbuf || !e->ekbuf || !e->evbuf || !e->gact || !e->mvact || !c->thr_buf)
         goto oom;
     if (hp->rope_freq_base_swa != hp->rope_freq_base) {
         e->rope_cos_swa = qf_malloc_aligned(B * hp->n_rot / 2 * 4);
@@ -639,17 +637,7 @@ typedef struct {
     int layer, n, pos0;
     int q0; /* attention_worker: queries before q0's ATT_QBLOCK block are not computed (their output is
              * not needed); 0 for all */
-    bool own; /* QK^T and PV through qf_sgemm_nn (AVX-512; K transposed into ktbuf by kv_gather_worker)
-               * instead of OpenBLAS (att_own) */
 } att_job;
-
-/* Prefill attention through our AVX-512 qf_sgemm_nn rather than OpenBLAS's sgemm (Debian's, pinned to
- * its Haswell AVX2 kernels here); QF_ATT_BLAS=1 keeps OpenBLAS (to measure). */
-static bool att_own(const qf_context *c) {
-    static int blas = -1;
-    if (blas < 0) blas = getenv("QF_ATT_BLAS") != NULL;
-    return !c->params.reference && !blas && qf_gemm_f16_supported();
-}
 
 /* ---- exact sinks and recent window (kv_cache.c's qf_kv_cache_set_exact) ----
  * For query position t, keys p < n_sink and t - n_window < p <= t are exact (f16 values) and
@@ -682,12 +670,6 @@ static void kv_gather_worker(void *arg, int ith, int nth) {
                 rope_rotate(hp, kc + (size_t)p * half, ks + (size_t)p * half, dst + (size_t)p * hp->head_dim, 1);
         }
         if (c->kv.n_sink || c->kv.n_window) exact_gather(c, j, stream, h, dst);
-        if (stream == 0 && j->own) { /* [p][d] -> [d][p] */
-            const int hd = hp->head_dim, nc = c->params.n_ctx;
-            float *kt = ext(c)->ktbuf + (size_t)h * nc * hd;
-            for (int p = 0; p < T; p++)
-                for (int d = 0; d < hd; d++) kt[(size_t)d * nc + p] = dst[(size_t)p * hd + d];
-        }
     }
 }
 
@@ -767,9 +749,6 @@ static void attention_worker(void *arg, int ith, int nth) {
                         for (int d = 0; d < hd; d++) s += (double)Qb[(size_t)i * Dq + d] * K[(size_t)t * hd + d];
                         S[(size_t)i * Tb + t] = (float)s * scale;
                     }
-            } else if (j->own) {
-                qf_sgemm_nn(nb, Tb, hd, scale, Qb, Dq, ext(c)->ktbuf + (size_t)kvh * c->params.n_ctx * hd,
-                            c->params.n_ctx, S, Tb);
             } else {
                 qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, Tb, hd, scale, Qb, Dq, K, hd, 0.0f, S, Tb);
             }
@@ -796,8 +775,6 @@ static void attention_worker(void *arg, int ith, int nth) {
                         for (int t = 0; t < Tb; t++) s += (double)S[(size_t)i * Tb + t] * V[(size_t)t * hd + d];
                         Ob[(size_t)i * Dq + d] = (float)s;
                     }
-            } else if (j->own) {
-                qf_sgemm_nn(nb, hd, Tb, 1.0f, S, Tb, V, hd, Ob, Dq);
             } else {
                 qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, Tb, 1.0f, S, Tb, V, hd, 0.0f, Ob, Dq);
             }
@@ -1082,7 +1059,7 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         if (!c->kv.k_prerope) qf_kv_cache_write(&c->kv, 0, il, pos0, n, c->k);
         qf_kv_cache_write(&c->kv, 1, il, pos0, n, c->v);
 
-        att_job aj = {.c = c, .layer = il, .n = n, .pos0 = pos0, .q0 = s0, .own = att_own(c)};
+        att_job aj = {.c = c, .layer = il, .n = n, .pos0 = pos0, .q0 = s0};
         qf_pool_run(c->pool, kv_gather_worker, &aj);
         if (nr > 0) qf_pool_run(c->pool, attention_worker, &aj);
         qf_kv_cache_push_window(&c->kv, il, pos0, n, c->k, c->v); /* exact window: keep this batch's f16 */

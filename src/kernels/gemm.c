@@ -349,21 +349,6 @@ void qf_gemm_f16_rows_ref(const void *w, size_t row_bytes, int64_t K, int64_t r0
     }
 }
 
-void qf_sgemm_nn_ref(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float *C,
-                     int ldc) {
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++) {
-            float acc = 0.0f;
-            for (int k = 0; k < K; k++) acc = fmaf(A[(size_t)i * lda + k], B[(size_t)k * ldb + j], acc);
-            C[(size_t)i * ldc + j] = acc * alpha;
-        }
-}
-
-void qf_sgemm_nn(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float *C, int ldc) {
-    if (qf_gemm_f16_supported()) qf_sgemm_nn_avx512(M, N, K, alpha, A, lda, B, ldb, C, ldc);
-    else qf_sgemm_nn_ref(M, N, K, alpha, A, lda, B, ldb, C, ldc);
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* Q4_K / Q6_K                                                                               */
 

@@ -87,21 +87,6 @@ void qf_gemm_f16_rows(const void *w, size_t row_bytes, int64_t K, int64_t r0, in
 void qf_gemm_f16_rows_ref(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x, int n,
                           float *y, int64_t ldy);
 
-/* ---- f32 x f32: C = alpha * A . B, all row-major (the prefill attention: S = scale * Q . K^T with K
- * stored transposed, and O = P . V) ----
- * C[i * ldc + j] = alpha * sum_{k < K} A[i * lda + k] * B[k * ldb + j] for i < M, j < N (any M, N >= 0,
- * K >= 1): each element is summed over k in order with fmaf in one f32, then multiplied once by alpha.
- * The AVX-512 kernel (gemm_avx512.c: 6 rows x 64 columns in 24 zmm, lanes over j, A broadcast) does
- * exactly that per lane, so it is bit-identical to the scalar oracle qf_sgemm_nn_ref.
- * qf_sgemm_nn runs the oracle where qf_gemm_f16_supported() is false (callers that care use OpenBLAS
- * there). */
-void qf_sgemm_nn(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float *C, int ldc);
-void qf_sgemm_nn_ref(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float *C,
-                     int ldc);
-/* internal: the AVX-512 kernel of qf_sgemm_nn */
-void qf_sgemm_nn_avx512(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float *C,
-                        int ldc);
-
 /* ---- Q4_K / Q6_K weights x Q8_K activations ----
  * The same idea for the K-quants, with ggml's Q8_K activations (as decode): the weight quants are
  * unpacked once per tile to unsigned bytes in element order (Q4_K: q in [0,15]; Q6_K: q in [0,63])

@@ -350,54 +350,6 @@ void qf_gemm_f16_rows_avx512(const void *w, size_t row_bytes, int64_t K, int64_t
     }
 }
 
-/* ---- f32 C = alpha * A . B (qf_sgemm_nn): 6 rows x 64 columns (24 zmm accumulators), per k 4 loads
- * of B's row (masked at the right edge) and 6 broadcasts of A; each lane sums its (i, j) over k in
- * order with one FMA per k, then one multiply by alpha: the oracle's arithmetic. ---- */
-#define SNN_MR 6
-static inline __attribute__((always_inline)) void kern_snn(const float *A, int lda, const float *B, int ldb, float *C,
-                                                           int ldc, int K, const int MR, const __mmask16 m[4],
-                                                           __m512 alpha) {
-    __m512 acc[SNN_MR][4];
-    _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
-        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) acc[r][v] = _mm512_setzero_ps();
-    for (int k = 0; k < K; k++) {
-        const float *b = B + (size_t)k * ldb;
-        __m512 bv[4];
-        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) bv[v] = _mm512_maskz_loadu_ps(m[v], b + 16 * v);
-        _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++) {
-            const __m512 a = _mm512_set1_ps(A[(size_t)r * lda + k]);
-            _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) acc[r][v] = _mm512_fmadd_ps(a, bv[v], acc[r][v]);
-        }
-    }
-    _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
-        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++)
-            _mm512_mask_storeu_ps(C + (size_t)r * ldc + 16 * v, m[v], _mm512_mul_ps(acc[r][v], alpha));
-}
-
-void qf_sgemm_nn_avx512(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float *C,
-                        int ldc) {
-    const __m512 va = _mm512_set1_ps(alpha);
-    for (int j0 = 0; j0 < N; j0 += 64) {
-        __mmask16 m[4];
-        for (int v = 0; v < 4; v++) {
-            int left = N - j0 - 16 * v;
-            m[v] = left >= 16 ? 0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
-        }
-        for (int i0 = 0; i0 < M; i0 += SNN_MR) {
-            const float *a = A + (size_t)i0 * lda, *b = B + j0;
-            float *c = C + (size_t)i0 * ldc + j0;
-            switch (M - i0 < SNN_MR ? M - i0 : SNN_MR) {
-            case 6: kern_snn(a, lda, b, ldb, c, ldc, K, 6, m, va); break;
-            case 5: kern_snn(a, lda, b, ldb, c, ldc, K, 5, m, va); break;
-            case 4: kern_snn(a, lda, b, ldb, c, ldc, K, 4, m, va); break;
-            case 3: kern_snn(a, lda, b, ldb, c, ldc, K, 3, m, va); break;
-            case 2: kern_snn(a, lda, b, ldb, c, ldc, K, 2, m, va); break;
-            default: kern_snn(a, lda, b, ldb, c, ldc, K, 1, m, va); break;
-            }
-        }
-    }
-}
-
 /* ---- decode: one weight row . one Q8_0 activation row, AVX-512 VNNI (qf_vec_dot's Q8_0 / Q4_0) ----
  * Two blocks per step in one zmm: the weight quants made unsigned (Q4_0: the nibble; Q8_0: w ^ 0x80)
  * times the signed activation quants with vpdpbusd, the offset (8 or 128) times the activation's
