@@ -155,6 +155,56 @@ TEST(demo_q4_0_repacked_matches) {
     qf_model_free(a), qf_model_free(b);
 }
 
+/* Only the rows from logits_from on need the last layer's attention output, o-projection and FFN
+ * (forward.c skips the others), and the prefill GEMMs split their rows between threads in chunks that
+ * depend on the thread count: the logits asked for must be the bits of a full one-thread prefill, for
+ * any logits_from (inside and at the edge of an attention block of 64 queries) and any thread count. */
+static float *prefill_rows(qf_model *m, const int32_t *t, int n, int from, int threads) {
+    qf_error e = {0};
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 160;
+    cp.n_threads = threads;
+    qf_context *c = qf_context_new(m, &cp, &e);
+    if (!c) return NULL;
+    int V = qf_model_hparams(m)->n_vocab;
+    float *lg = malloc((size_t)(n - from) * V * sizeof(float));
+    if (qf_decode(c, t, n, 0, lg, from, &e)) {
+        fprintf(stderr, "  decode: %s\n", e.msg);
+        free(lg);
+        lg = NULL;
+    }
+    qf_context_free(c);
+    return lg;
+}
+
+static void check_logits_from(const char *rel) {
+    qf_model *m = load(rel);
+    if (!m) SKIP("model not in ../shared/data");
+    enum { N = 150 };
+    int V = qf_model_hparams(m)->n_vocab;
+    int32_t t[N];
+    uint64_t s = 12345;
+    for (int i = 0; i < N; i++) t[i] = (int32_t)(qf_xorshift64s(&s) % (uint64_t)V);
+    float *all = prefill_rows(m, t, N, 0, 1);
+    CHECK(all != NULL);
+    const int froms[] = {75, 128, 146}, thr[] = {1, 3};
+    for (int a = 0; all && a < 3; a++)
+        for (int b = 0; b < 2; b++) {
+            float *part = prefill_rows(m, t, N, froms[a], thr[b]);
+            CHECK(part != NULL);
+            if (!part) continue;
+            size_t bad = 0, cnt = (size_t)(N - froms[a]) * V;
+            for (size_t i = 0; i < cnt; i++) bad += memcmp(&part[i], &all[(size_t)froms[a] * V + i], 4) != 0;
+            CHECK_MSG(bad == 0, "%s, logits from %d, %d threads: %zu of %zu logits differ from the full prefill", rel,
+                      froms[a], thr[b], bad, cnt);
+            free(part);
+        }
+    free(all);
+    qf_model_free(m);
+}
+TEST(logits_from_bit_identical_f16) { check_logits_from("models/qforge-demo-11m-f16.gguf"); }
+TEST(logits_from_bit_identical_q4km) { check_logits_from("models/qforge-demo-11m-q4_k_m.gguf"); }
+
 TEST(kv_modes_close_to_f32) {
     qf_model *m = load("models/qforge-demo-11m-f16.gguf");
     if (!m) SKIP("demo model not in ../shared/data");
@@ -328,6 +378,8 @@ int main(void) {
     RUN(demo_q4km_fast_matches_reference);
     RUN(qwen2_fast_matches_reference);
     RUN(demo_q4_0_repacked_matches);
+    RUN(logits_from_bit_identical_f16);
+    RUN(logits_from_bit_identical_q4km);
     RUN(kv_modes_close_to_f32);
     RUN(stories260k_greedy_matches_llama2c);
     RUN(decode_rejects_bad_input);

@@ -1,6 +1,8 @@
 /* test_vecmath.c: the AVX2 exp against its scalar oracle (expf) over the range the softmax and
  * SiLU use, the flush to zero below -87.3 and saturation instead of overflow above 88. */
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/hadamard.h"
 #include "kernels/vecmath.h"
@@ -29,6 +31,72 @@ TEST(exp_avx2_matches_expf) {
     CHECK_NEAR(edge[4], 2.718281828, 1e-6);
     free(a);
     free(b);
+}
+
+/* qf_vec_max exact, qf_vec_sum_exp and qf_softmax within their stated error of the oracles, over
+ * lengths with and without a tail of < 8 (the attention rows: 1..512; a vocabulary row: 128256) */
+TEST(softmax_and_sum_exp_match_oracles) {
+    if (!qf_quant_has_avx2()) SKIP("CPU without AVX2/FMA: the scalar oracles are what runs");
+    const int lens[] = {1, 7, 8, 9, 63, 64, 257, 512, 128256};
+    uint64_t st = 99;
+    for (size_t k = 0; k < sizeof lens / sizeof *lens; k++) {
+        const int n = lens[k];
+        float *x = malloc(sizeof(float) * n), *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
+        for (int i = 0; i < n; i++) {
+            st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+            x[i] = a[i] = b[i] = (float)(st >> 40) / 16777216.0f * 30.0f - 20.0f;
+        }
+        CHECK(qf_vec_max(x, n) == qf_vec_max_ref(x, n));
+        const float mx = qf_vec_max_ref(x, n);
+        const double sf = qf_vec_sum_exp(x, n, mx), sr = qf_vec_sum_exp_ref(x, n, mx);
+        CHECK_MSG(fabs(sf - sr) / sr < 2.5e-7, "sum_exp n=%d: %.3e relative", n, fabs(sf - sr) / sr);
+        qf_softmax(a, n);
+        qf_softmax_ref(b, n);
+        double worst = 0, tot = 0;
+        for (int i = 0; i < n; i++) {
+            double e = fabs((double)a[i] - b[i]) / (b[i] > 1e-30f ? b[i] : 1e-30);
+            if (b[i] > 1e-30f && e > worst) worst = e;
+            tot += a[i];
+        }
+        CHECK_MSG(worst < 5e-7, "softmax n=%d: %.3e relative", n, worst);
+        CHECK_NEAR(tot, 1.0, 1e-5);
+        free(x), free(a), free(b);
+    }
+    float one = 3.0f;
+    qf_softmax(&one, 1);
+    CHECK(one == 1.0f);
+}
+
+/* qf_vec_silu_mul bit-identical to the forward pass's former loops (negate, qf_vec_exp, divide,
+ * multiply); qf_rmsnorm_row within float rounding of its in-order oracle */
+TEST(silu_mul_and_rmsnorm_match) {
+    if (!qf_quant_has_avx2()) SKIP("CPU without AVX2/FMA: the scalar oracles are what runs");
+    const int lens[] = {1, 5, 8, 13, 64, 2048, 8192};
+    uint64_t st = 7;
+    for (size_t k = 0; k < sizeof lens / sizeof *lens; k++) {
+        const int n = lens[k];
+        float *g = malloc(sizeof(float) * n), *g2 = malloc(sizeof(float) * n), *u = malloc(sizeof(float) * n),
+              *e = malloc(sizeof(float) * n), *o1 = malloc(sizeof(float) * n), *o2 = malloc(sizeof(float) * n);
+        for (int i = 0; i < n; i++) {
+            st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+            g[i] = g2[i] = (float)(st >> 40) / 16777216.0f * 40.0f - 20.0f;
+            u[i] = (float)(st & 0xFFFF) / 65536.0f - 0.5f;
+        }
+        for (int i = 0; i < n; i++) e[i] = -g2[i];
+        qf_vec_exp(e, n);
+        for (int i = 0; i < n; i++) g2[i] = g2[i] / (1.0f + e[i]) * u[i];
+        qf_rmsnorm_row_ref(o1, g, u, n, 1e-5f);
+        qf_rmsnorm_row(o2, g, u, n, 1e-5f);
+        double worst = 0;
+        for (int i = 0; i < n; i++) {
+            double d = fabs((double)o1[i] - o2[i]) / (fabs(o1[i]) + 1e-30);
+            if (d > worst) worst = d;
+        }
+        CHECK_MSG(worst < 1e-6, "rmsnorm n=%d: %.3e relative", n, worst);
+        qf_vec_silu_mul(g, u, n);
+        CHECK_MSG(memcmp(g, g2, sizeof(float) * n) == 0, "silu_mul n=%d differs from the exp + loop form", n);
+        free(g), free(g2), free(u), free(e), free(o1), free(o2);
+    }
 }
 
 TEST(dispatch_follows_force_scalar) {
@@ -69,5 +137,7 @@ int main(void) {
     RUN(hadamard_matches_matrix_and_is_involution);
     RUN(exp_avx2_matches_expf);
     RUN(dispatch_follows_force_scalar);
+    RUN(softmax_and_sum_exp_match_oracles);
+    RUN(silu_mul_and_rmsnorm_match);
     return test_summary();
 }

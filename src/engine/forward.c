@@ -274,60 +274,105 @@ double qf_context_kv_bytes_per_token(const qf_context *c) { return qf_kv_cache_b
 /* ---------------------------------------------------------------------------------------- */
 /* matmul: y[n][N] = x[n][K] . W[N][K]^T                                                     */
 
+/* Prefill jobs (routes 0 and 3) hand out rows in units of MM_UNIT (one f16 panel, two int8 panels):
+ * TILE_ROWS at a time while much is left, then (remaining / 2 nth) units, down to MM_MIN_UNITS, so
+ * the threads finish a matmul together. Each output row is computed by one call whatever the
+ * split (every kernel sums a (row, token) in its own order, independent of the tile), so the
+ * split does not change a digit. Measured (bench/bench_gemm_f16, 1B shapes, -t 2, interleaved):
+ * fixed 128-row tiles left one thread idle for up to half a tile at the end of every matmul
+ * (k/v: 4 tiles, 2.98-3.19 ms; down: 8/7 tiles of 5 ms each); shrinking to 64 rows: k/v 2.36 ms,
+ * down 39.3-40.6 ms against 40.6-47.4; shrinking to 32 rows was in between (each chunk re-reads
+ * the whole activation). */
+#define MM_UNIT 32
+#define MM_MIN_UNITS 2
+
 typedef struct {
     qf_context *c;
-    const qf_weight *w;
+    const qf_weight *w; /* routes 1, 2, 4: the weight (route 4: the first of ws) */
     const float *x;
     float *y;
     int n;
     int route; /* 0 gemm, 1 vec_dot, 2 reference, 3 int8 gemm (kernels/gemm.h), 4 its activations */
-    _Atomic int64_t next_tile; /* routes 0 and 3: tiles are taken one at a time (a thread that the
-                                * OS runs less, on a loaded machine, takes fewer); 0 before a run */
+    /* routes 0 and 3: nw weights reading the same x (q, k, v or gate, up: one pool job), ws[k] into
+     * ys[k]; weight k owns row units [u0[k], u0[k+1]); rps[k]: its repacked Q4_0 copy (repack.c) or
+     * NULL. Units are taken from `next` (0 before a run) by mm_grab. */
+    int nw;
+    const qf_weight *ws[MV_MAX_W];
+    float *ys[MV_MAX_W];
+    const uint8_t *rps[MV_MAX_W];
+    int64_t u0[MV_MAX_W + 1];
+    _Atomic int64_t next;
     size_t xq_row;
-    const uint8_t *rp; /* route 3: the repacked Q4_0 copy of w (repack.c), or NULL */
 } mm_job;
+
+/* The next chunk of a prefill job: rows [*r0, *r1) of weight *k; false when none is left. The size
+ * depends only on how many units are left (see MM_UNIT) and a chunk never spans two weights. */
+static bool mm_grab(mm_job *j, int nth, int *k, int64_t *r0, int64_t *r1) {
+    const int64_t U = j->u0[j->nw], tu = TILE_ROWS / MM_UNIT;
+    int64_t cur = atomic_load(&j->next), sz;
+    int kk;
+    do {
+        if (cur >= U) return false;
+        sz = (U - cur) / (2 * nth);
+        sz = sz > tu ? tu : sz < MM_MIN_UNITS ? MM_MIN_UNITS : sz;
+        kk = 0;
+        while (cur >= j->u0[kk + 1]) kk++;
+        if (sz > j->u0[kk + 1] - cur) sz = j->u0[kk + 1] - cur;
+    } while (!atomic_compare_exchange_weak(&j->next, &cur, cur + sz));
+    const int64_t N = j->ws[kk]->ne1, r = (cur - j->u0[kk]) * MM_UNIT;
+    *k = kk;
+    *r0 = r;
+    *r1 = r + sz * MM_UNIT < N ? r + sz * MM_UNIT : N;
+    return true;
+}
 
 static void mm_worker(void *arg, int ith, int nth) {
     mm_job *j = arg;
-    const qf_weight *w = j->w;
-    int64_t K = w->ne0, N = w->ne1;
-    /* split output rows in whole tiles so every thread dequantizes its own tiles */
-    int64_t tiles = (N + TILE_ROWS - 1) / TILE_ROWS, t0, t1;
-    qf_split_range(tiles, ith, nth, &t0, &t1);
-    int64_t r0 = t0 * TILE_ROWS, r1 = t1 * TILE_ROWS < N ? t1 * TILE_ROWS : N;
     float *buf = j->c->thr_buf[ith];
-    const uint8_t *wd = w->data;
     if (j->route == 4) { /* quantize this thread's share of the tokens for route 3 */
-        int64_t a0, a1;
+        const qf_weight *w = j->w;
+        int64_t K = w->ne0, a0, a1;
         qf_split_range(j->n, ith, nth, &a0, &a1);
         if (qf_gemm_k_type(w->type)) qf_gemm_k_quantize_act(j->x, K, (int)a0, (int)a1, ext(j->c)->gact, buf);
         else qf_gemm_quantize_act(w->type, j->x, K, (int)a0, (int)a1, ext(j->c)->gact, buf);
-    } else if (j->route == 3) {
-        for (int64_t tl; (tl = atomic_fetch_add(&j->next_tile, 1)) < tiles;) { /* one packed tile in buf at a time */
-            int64_t r = tl * TILE_ROWS, re = N - r < TILE_ROWS ? N : r + TILE_ROWS;
-            if (j->rp) qf_gemm_q4x16_rows(j->rp, K, r, re, ext(j->c)->gact, j->n, j->y, N);
-            else if (qf_gemm_k_type(w->type)) qf_gemm_k_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, j->y, N, buf);
-            else qf_gemm_q8_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, j->y, N, buf);
-        }
-    } else if (j->route == 0) {
-        for (int64_t tl; (tl = atomic_fetch_add(&j->next_tile, 1)) < tiles;) {
-            int64_t r = tl * TILE_ROWS, tr = N - r < TILE_ROWS ? N - r : TILE_ROWS;
-            const float *wt;
-            if (w->type == QF_TYPE_F16 && K % 16 == 0 && qf_gemm_f16_supported()) {
-                /* f16 converted in registers, AVX-512 FMA micro-kernel (kernels/gemm.h) */
-                qf_gemm_f16_rows(wd, w->row_bytes, K, r, r + tr, j->x, j->n, j->y, N, buf);
+        return;
+    }
+    if (j->route == 0 || j->route == 3) {
+        int k;
+        int64_t r, re;
+        while (mm_grab(j, nth, &k, &r, &re)) { /* one packed chunk in buf at a time */
+            const qf_weight *w = j->ws[k];
+            const int64_t K = w->ne0, N = w->ne1, tr = re - r;
+            const uint8_t *wd = w->data;
+            float *y = j->ys[k];
+            if (j->route == 3) {
+                if (j->rps[k]) qf_gemm_q4x16_rows(j->rps[k], K, r, re, ext(j->c)->gact, j->n, y, N);
+                else if (qf_gemm_k_type(w->type)) qf_gemm_k_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, y, N, buf);
+                else qf_gemm_q8_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, y, N, buf);
                 continue;
             }
+            if (w->type == QF_TYPE_F16 && K % 16 == 0 && qf_gemm_f16_supported()) {
+                /* f16 converted in registers, AVX-512 FMA micro-kernel (kernels/gemm.h) */
+                qf_gemm_f16_rows(wd, w->row_bytes, K, r, re, j->x, j->n, y, N, buf);
+                continue;
+            }
+            const float *wt;
             if (w->type == QF_TYPE_F32) wt = (const float *)(wd + (size_t)r * w->row_bytes);
             else {
                 for (int64_t i = 0; i < tr; i++)
                     qf_dequantize_row(w->type, wd + (size_t)(r + i) * w->row_bytes, buf + i * K, K);
                 wt = buf;
             }
-            qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, (int)tr, (int)K, 1.0f, j->x,
-                        (int)K, wt, (int)K, 0.0f, j->y + r, (int)N);
+            qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, (int)tr, (int)K, 1.0f, j->x, (int)K, wt, (int)K,
+                     0.0f, y + r, (int)N);
         }
-    } else if (j->route == 1) {
+        return;
+    }
+    const qf_weight *w = j->w;
+    int64_t K = w->ne0, N = w->ne1, r0, r1;
+    qf_split_range(N, ith, nth, &r0, &r1);
+    const uint8_t *wd = w->data;
+    if (j->route == 1) {
         const uint8_t *xq = j->c->xq;
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *wr = wd + (size_t)r * w->row_bytes;
@@ -427,27 +472,61 @@ static bool matvec_multi(qf_context *c, int nw, const qf_weight *const *ws, cons
     return true;
 }
 
+/* the prefill route of weight type t: 3 (int8 / K-quant GEMM on quantized activations) or 0 (f16
+ * micro-kernel, or dequantize + sgemm) */
+static int prefill_route(qf_type t) { return qf_gemm_q8_supported(t) || qf_gemm_k_supported(t) ? 3 : 0; }
+
+/* Weights whose prefill can share one job: the same route, K and activation layout (route 3: the
+ * same Q8_0-family type, or both K-quants, whose Q8_K activations are the same) */
+static bool prefill_compatible(const qf_weight *a, const qf_weight *b) {
+    if (a->ne0 != b->ne0 || prefill_route(a->type) != prefill_route(b->type)) return false;
+    if (prefill_route(a->type) == 0) return true;
+    return a->type == b->type || (qf_gemm_k_type(a->type) && qf_gemm_k_type(b->type));
+}
+
+/* The prefill GEMM (n >= GEMM_MIN_TOKENS, not the reference route) of nw weights that read the same x,
+ * as one pool job (route 3: after one job quantizing x). */
+static void matmul_prefill(qf_context *c, int nw, const qf_weight *const *ws, const float *x, int n, float *const *ys) {
+    mm_job j = {.c = c, .w = ws[0], .x = x, .y = ys[0], .n = n, .nw = nw};
+    j.route = prefill_route(ws[0]->type);
+    j.u0[0] = 0;
+    for (int k = 0; k < nw; k++) {
+        j.ws[k] = ws[k];
+        j.ys[k] = ys[k];
+        j.rps[k] = j.route == 3 && qf_gemm_q4x16_supported() ? qf_model_repacked(c->model, ws[k]) : NULL;
+        j.u0[k + 1] = j.u0[k] + (ws[k]->ne1 + MM_UNIT - 1) / MM_UNIT;
+    }
+    if (j.route == 3) { /* Q8_0 / Q4_0 / Q4_K / Q6_K: activations to Q8_0 or Q8_K (as decode and ggml do) */
+        j.route = 4;
+        qf_pool_run(c->pool, mm_worker, &j);
+        j.route = 3;
+    }
+    atomic_store(&j.next, 0);
+    qf_pool_run(c->pool, mm_worker, &j);
+}
+
 static void matmul(qf_context *c, const qf_weight *w, const float *x, int n, float *y);
 
-/* q, k, v (or gate, up): one decode matvec job when it applies, else one matmul each */
+/* q, k, v (or gate, up): one decode matvec job or one prefill job when it applies, else one matmul each */
 static void matmul_n(qf_context *c, int nw, const qf_weight *const *ws, const float *x, int n, float *const *ys) {
     if (matvec_multi(c, nw, ws, x, n, ys)) return;
+    bool one = !c->params.reference && n >= GEMM_MIN_TOKENS;
+    for (int k = 1; k < nw && one; k++) one = prefill_compatible(ws[0], ws[k]);
+    if (one) {
+        matmul_prefill(c, nw, ws, x, n, ys);
+        return;
+    }
     for (int k = 0; k < nw; k++) matmul(c, ws[k], x, n, ys[k]);
 }
 
 static void matmul(qf_context *c, const qf_weight *w, const float *x, int n, float *y) {
     if (matvec_multi(c, 1, &w, x, n, &y)) return;
+    if (!c->params.reference && n >= GEMM_MIN_TOKENS) {
+        matmul_prefill(c, 1, &w, x, n, &y);
+        return;
+    }
     mm_job j = {.c = c, .w = w, .x = x, .y = y, .n = n};
     if (c->params.reference) j.route = 2;
-    else if (n >= GEMM_MIN_TOKENS && (qf_gemm_q8_supported(w->type) || qf_gemm_k_supported(w->type))) {
-        /* Q8_0 / Q4_0 / Q4_K / Q6_K: activations to Q8_0 or Q8_K (as decode and ggml do), then the
-         * int8 VNNI GEMM */
-        j.route = 4;
-        qf_pool_run(c->pool, mm_worker, &j);
-        j.route = 3;
-        if (qf_gemm_q4x16_supported()) j.rp = qf_model_repacked(c->model, w);
-        atomic_store(&j.next_tile, 0);
-    } else if (n >= GEMM_MIN_TOKENS) j.route = 0;
     else {
         j.route = 1;
         qf_type vt = qf_vec_dot_type(w->type);
@@ -556,6 +635,8 @@ static void rope_apply(const qf_context *c, const float *cs, const float *sn, fl
 typedef struct {
     qf_context *c;
     int layer, n, pos0;
+    int q0; /* attention_worker: queries before q0's ATT_QBLOCK block are not computed (their output is
+             * not needed); 0 for all */
 } att_job;
 
 /* ---- exact sinks and recent window (kv_cache.c's qf_kv_cache_set_exact) ----
@@ -657,7 +738,7 @@ static void attention_worker(void *arg, int ith, int nth) {
         const float *V = ext(c)->vbuf + (size_t)kvh * c->params.n_ctx * hd;
         const float *Q = c->q + (size_t)h * hd;
         float *O = c->att + (size_t)h * hd;
-        for (int i0 = 0; i0 < n; i0 += ATT_QBLOCK) {
+        for (int i0 = j->q0 / ATT_QBLOCK * ATT_QBLOCK; i0 < n; i0 += ATT_QBLOCK) { /* the same blocks for any q0 */
             int nb = n - i0 < ATT_QBLOCK ? n - i0 : ATT_QBLOCK;
             int Tb = j->pos0 + i0 + nb; /* keys this block can see */
             const float *Qb = Q + (size_t)i0 * Dq;
@@ -681,17 +762,10 @@ static void attention_worker(void *arg, int ith, int nth) {
                 int lo = swa && last - swa + 1 > 0 ? last - swa + 1 : 0;
                 if (cap > 0) /* soft-capping (gemma2): c * tanh(s / c) */
                     for (int t = lo; t <= last; t++) row[t] = cap * tanhf(row[t] / cap);
-                float mx = -INFINITY;
-                for (int t = lo; t <= last; t++) mx = row[t] > mx ? row[t] : mx;
-                for (int t = lo; t <= last; t++) row[t] -= mx;
-                if (c->params.reference) qf_vec_exp_ref(row + lo, last + 1 - lo);
-                else qf_vec_exp(row + lo, last + 1 - lo);
-                double sum = 0;
-                for (int t = lo; t <= last; t++) sum += row[t];
-                float inv = (float)(1.0 / sum);
-                for (int t = lo; t <= last; t++) row[t] *= inv;
-                for (int t = 0; t < lo; t++) row[t] = 0.0f;
-                for (int t = last + 1; t < Tb; t++) row[t] = 0.0f;
+                if (c->params.reference) qf_softmax_ref(row + lo, last + 1 - lo);
+                else qf_softmax(row + lo, last + 1 - lo);
+                memset(row, 0, (size_t)lo * sizeof(float));
+                memset(row + last + 1, 0, (size_t)(Tb - last - 1) * sizeof(float));
             }
             float *Ob = O + (size_t)i0 * Dq;
             if (c->params.reference) {
@@ -771,9 +845,12 @@ static void ew_worker(void *arg, int ith, int nth) {
         float *e = c->thr_buf[ith]; /* exp(-gate) for one token */
         for (int64_t t = t0; t < t1; t++) {
             float *g = c->hb + (size_t)t * F, *u = c->hb2 + (size_t)t * F;
+            if (!c->params.reference) { /* the same bits as the loops below with qf_vec_exp, in 8 lanes */
+                qf_vec_silu_mul(g, u, F);
+                continue;
+            }
             for (int i = 0; i < F; i++) e[i] = -g[i];
-            if (c->params.reference) qf_vec_exp_ref(e, F);
-            else qf_vec_exp(e, F);
+            qf_vec_exp_ref(e, F);
             for (int i = 0; i < F; i++) g[i] = g[i] / (1.0f + e[i]) * u[i];
         }
     }
@@ -791,8 +868,13 @@ static void norm_worker(void *arg, int ith, int nth) {
     const qf_hparams *hp = &j->c->model->hp;
     int64_t t0, t1;
     qf_split_range(j->n, ith, nth, &t0, &t1);
-    for (int64_t t = t0; t < t1; t++)
-        rmsnorm(j->out + (size_t)t * hp->n_embd, j->x + (size_t)t * hp->n_embd, j->g, hp->n_embd, hp->rms_eps);
+    const bool ref = j->c->params.reference;
+    for (int64_t t = t0; t < t1; t++) {
+        float *o = j->out + (size_t)t * hp->n_embd;
+        const float *x = j->x + (size_t)t * hp->n_embd;
+        if (ref) rmsnorm(o, x, j->g, hp->n_embd, hp->rms_eps);
+        else qf_rmsnorm_row(o, x, j->g, hp->n_embd, hp->rms_eps);
+    }
 }
 
 /* the elementwise stages split by tokens: one token (decode) runs on the calling thread, which
@@ -935,9 +1017,23 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         if (st) return st;
     }
 
+    /* The last layer computes the attention output, o-projection and FFN only for the rows whose
+     * logits are asked for (from row `skip` on; the others need only their K and V, written before the
+     * attention): llama.cpp's inp_out_ids, which it applies after the o-projection. Exact: every
+     * stage computes a row independently of the others (the GEMMs sum each (row, token) on its own
+     * and the attention keeps its ATT_QBLOCK blocks), so the remaining rows get the same bits. Not
+     * with a tap (it sees every row), an MoE layer, or when the skip would move the matmuls from the
+     * GEMM to the decode route (fewer than GEMM_MIN_TOKENS rows left of at least as many). */
+    int skip = !logits ? n : logits_from < 0 ? 0 : logits_from < n ? logits_from : n;
+    if (tap || m->layers[hp->n_layer - 1].exp_gate ||
+        (n >= GEMM_MIN_TOKENS && n - skip < GEMM_MIN_TOKENS && n - skip > 0) || getenv("QF_NO_SKIP"))
+        skip = 0;
+
     for (int il = 0; il < hp->n_layer; il++) {
         const qf_layer_weights *L = &m->layers[il];
         const layer_vecs *lv = &vecs->layers[il];
+        const int s0 = il == hp->n_layer - 1 ? skip : 0, nr = n - s0; /* rows [s0, n) past the attention */
+        float *xs = c->x + (size_t)s0 * D;
 
         rmsnorm_rows(c, c->xn, c->x, lv->attn_norm, n);
         if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_ATTN_IN, n, D, c->xn);
@@ -963,36 +1059,40 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         if (!c->kv.k_prerope) qf_kv_cache_write(&c->kv, 0, il, pos0, n, c->k);
         qf_kv_cache_write(&c->kv, 1, il, pos0, n, c->v);
 
-        att_job aj = {.c = c, .layer = il, .n = n, .pos0 = pos0};
+        att_job aj = {.c = c, .layer = il, .n = n, .pos0 = pos0, .q0 = s0};
         qf_pool_run(c->pool, kv_gather_worker, &aj);
-        qf_pool_run(c->pool, attention_worker, &aj);
+        if (nr > 0) qf_pool_run(c->pool, attention_worker, &aj);
         qf_kv_cache_push_window(&c->kv, il, pos0, n, c->k, c->v); /* exact window: keep this batch's f16 */
+        if (nr == 0) continue;
         if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_ATTN_OUT, n, Dq, c->att);
-        matmul(c, &L->wo, c->att, n, c->xn);
-        if (lv->post_attn_norm) rmsnorm_rows(c, c->xn, c->xn, lv->post_attn_norm, n); /* gemma */
-        for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];
+        /* from here on rows [s0, n): x at xs, the others compact from row 0 */
+        matmul(c, &L->wo, c->att + (size_t)s0 * Dq, nr, c->xn);
+        if (lv->post_attn_norm) rmsnorm_rows(c, c->xn, c->xn, lv->post_attn_norm, nr); /* gemma */
+        for (size_t i = 0; i < (size_t)nr * D; i++) xs[i] += c->xn[i];
 
-        rmsnorm_rows(c, c->xn, c->x, lv->ffn_norm, n);
+        rmsnorm_rows(c, c->xn, xs, lv->ffn_norm, nr);
         if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_FFN_IN, n, D, c->xn);
         if (L->exp_gate) {
             moe_ffn(c, L, &ej); /* c->xn <- sum over the top-k experts */
         } else {
             const qf_weight *ws[2] = {&L->w_gate, &L->w_up};
             float *ys[2] = {c->hb, c->hb2};
-            matmul_n(c, 2, ws, c->xn, n, ys);
+            matmul_n(c, 2, ws, c->xn, nr, ys);
             ej.stage = 1;
+            ej.n = nr;
             ew_run(c, &ej); /* hb = silu(hb) * hb2 (or gelu_tanh(hb) * hb2) */
             if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_FFN_DOWN, n, F, c->hb);
-            matmul(c, &L->w_down, c->hb, n, c->xn);
+            matmul(c, &L->w_down, c->hb, nr, c->xn);
         }
-        if (lv->post_ffw_norm) rmsnorm_rows(c, c->xn, c->xn, lv->post_ffw_norm, n); /* gemma */
-        for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];
+        if (lv->post_ffw_norm) rmsnorm_rows(c, c->xn, c->xn, lv->post_ffw_norm, nr); /* gemma */
+        for (size_t i = 0; i < (size_t)nr * D; i++) xs[i] += c->xn[i];
     }
 
     if (!logits || logits_from >= n) return QF_OK;
     int first = logits_from < 0 ? 0 : logits_from, n_out = n - first;
     for (int t = first; t < n; t++)
-        rmsnorm(c->xn + (size_t)(t - first) * D, c->x + (size_t)t * D, vecs->output_norm, D, hp->rms_eps);
+        (ref ? rmsnorm : qf_rmsnorm_row)(c->xn + (size_t)(t - first) * D, c->x + (size_t)t * D, vecs->output_norm, D,
+                                         hp->rms_eps);
     matmul(c, &m->output, c->xn, n_out, logits);
     if (hp->final_softcap > 0) { /* gemma2: c * tanh(logits / c) */
         const float cap = hp->final_softcap;

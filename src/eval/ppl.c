@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "engine/gpu.h"
 #include "eval/kld.h"
+#include "kernels/vecmath.h"
 #include "qforge/ppl.h"
 #include "util/par.h"
 #include "util/util.h"
@@ -24,12 +25,13 @@ qf_ppl_params qf_ppl_default_params(void) {
     return p;
 }
 
-/* log p(tok) under softmax(logits), as llama.cpp's log_softmax: f32 max, double sum of expf */
-static double log_softmax_tok(const float *logits, int n_vocab, int tok) {
-    float mx = logits[0];
-    for (int i = 1; i < n_vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < n_vocab; i++) sum += expf(logits[i] - mx);
+/* log p(tok) under softmax(logits), as llama.cpp's log_softmax: f32 max, double sum of exp. The
+ * reference route (and a CPU without AVX2) sums expf in order, llama.cpp's exact arithmetic; the fast
+ * route the AVX2 exp in 8 double lanes (kernels/vecmath.h: within ~1e-7 relative of the sum, ~1e-7 of
+ * a nats-sized NLL; the 1B f16's two-chunk PPL moved in the 7th digit) */
+static double log_softmax_tok(const float *logits, int n_vocab, int tok, bool ref) {
+    float mx = ref ? qf_vec_max_ref(logits, n_vocab) : qf_vec_max(logits, n_vocab);
+    double sum = ref ? qf_vec_sum_exp_ref(logits, n_vocab, mx) : qf_vec_sum_exp(logits, n_vocab, mx);
     return (double)(logits[tok] - mx) - log(sum);
 }
 
@@ -40,6 +42,7 @@ typedef struct {
     const int32_t *next;
     double *nll;
     int n_vocab, n;
+    bool ref; /* the reference route's arithmetic (log_softmax_tok) */
 } nll_job;
 
 static void nll_worker(void *arg, int ith, int nth) {
@@ -47,7 +50,7 @@ static void nll_worker(void *arg, int ith, int nth) {
     int64_t k0, k1;
     qf_split_range(j->n, ith, nth, &k0, &k1);
     for (int64_t k = k0; k < k1; k++)
-        j->nll[k] = -log_softmax_tok(j->logits + (size_t)k * j->n_vocab, j->n_vocab, j->next[k]);
+        j->nll[k] = -log_softmax_tok(j->logits + (size_t)k * j->n_vocab, j->n_vocab, j->next[k], j->ref);
 }
 
 /* The error for a NaN/Inf negative log-likelihood: a number that is not a result is never
@@ -106,7 +109,8 @@ static qf_status ppl_chunk(ppl_run *u, qf_kld_state *kl, int i, int own_idx, uin
         st = qf_decode(c, u->chunk + j, bs, j, dst, from, err);
     }
     if (st) return st;
-    nll_job nj = {.logits = u->logits, .next = next, .nll = nll, .n_vocab = u->n_vocab, .n = u->n_score};
+    nll_job nj = {.logits = u->logits, .next = next, .nll = nll, .n_vocab = u->n_vocab, .n = u->n_score,
+                  .ref = c->params.reference};
     qf_pool_run(c->pool, nll_worker, &nj);
     for (int k = 0; k < u->n_score; k++)
         if (!isfinite(nll[k])) return non_finite(err, i, first + k);

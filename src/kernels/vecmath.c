@@ -12,3 +12,57 @@ void qf_vec_exp(float *x, int n) {
     if (qf_quant_has_avx2() && qf_vec_exp_avx2(x, n)) return;
     qf_vec_exp_ref(x, n);
 }
+
+float qf_vec_max_ref(const float *x, int n) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
+double qf_vec_sum_exp_ref(const float *x, int n, float mx) {
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += expf(x[i] - mx);
+    return sum;
+}
+
+void qf_softmax_ref(float *x, int n) {
+    float mx = qf_vec_max_ref(x, n);
+    for (int i = 0; i < n; i++) x[i] -= mx;
+    qf_vec_exp_ref(x, n);
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += x[i];
+    float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+float qf_vec_max(const float *x, int n) { return qf_quant_has_avx2() ? qf_vec_max_avx2(x, n) : qf_vec_max_ref(x, n); }
+
+double qf_vec_sum_exp(const float *x, int n, float mx) {
+    return qf_quant_has_avx2() ? qf_vec_sum_exp_avx2(x, n, mx) : qf_vec_sum_exp_ref(x, n, mx);
+}
+
+void qf_softmax(float *x, int n) {
+    if (qf_quant_has_avx2()) qf_softmax_avx2(x, n);
+    else qf_softmax_ref(x, n);
+}
+
+static void silu_mul_ref(float *g, const float *u, int n) {
+    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void qf_vec_silu_mul(float *g, const float *u, int n) {
+    if (qf_quant_has_avx2()) qf_vec_silu_mul_avx2(g, u, n);
+    else silu_mul_ref(g, u, n);
+}
+
+void qf_rmsnorm_row_ref(float *out, const float *x, const float *g, int n, float eps) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)(x[i] * x[i]);
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * g[i];
+}
+
+void qf_rmsnorm_row(float *out, const float *x, const float *g, int n, float eps) {
+    if (qf_quant_has_avx2()) qf_rmsnorm_row_avx2(out, x, g, n, eps);
+    else qf_rmsnorm_row_ref(out, x, g, n, eps);
+}

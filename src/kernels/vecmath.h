@@ -10,4 +10,34 @@ void qf_vec_exp(float *x, int n);     /* x[i] = exp(x[i]), fastest kernel this C
 void qf_vec_exp_ref(float *x, int n); /* the oracle: expf */
 bool qf_vec_exp_avx2(float *x, int n); /* false when not built for AVX2 */
 
+/* max of x[0..n) (-INFINITY for n == 0): exact, so every kernel returns the oracle's value (no NaN inputs) */
+float qf_vec_max(const float *x, int n);
+float qf_vec_max_ref(const float *x, int n);
+/* sum over i < n of exp(x[i] - mx) in double. The oracle: expf, summed in order. The fast kernel: the
+ * AVX2 exp (within 2e-7 of expf) on 8 lanes, summed in 8 double lanes then the tail: within ~1e-7
+ * relative of the oracle (log-softmax of the PPL scores). */
+double qf_vec_sum_exp(const float *x, int n, float mx);
+double qf_vec_sum_exp_ref(const float *x, int n, float mx);
+/* softmax in place: mx = max, x = exp(x - mx) (f32 subtraction), sum in double, x *= (float)(1 / sum).
+ * The oracle: expf and an in-order double sum (the attention's arithmetic before this kernel); the
+ * fast kernel: qf_vec_exp's exp (the same values as qf_vec_exp on the row) and the double sum in 8
+ * lanes: within ~2e-7 relative of the oracle. n >= 1. */
+void qf_softmax(float *x, int n);
+void qf_softmax_ref(float *x, int n);
+/* g[i] = g[i] / (1 + exp(-g[i])) * u[i] (SwiGLU), f32 operations in that order, the exp of qf_vec_exp
+ * (the AVX2 one in 8-lane groups from i = 0, expf for a tail): bit-identical to negating g into a
+ * buffer, qf_vec_exp on it and the same f32 loop, which is what the forward pass did before. */
+void qf_vec_silu_mul(float *g, const float *u, int n);
+/* RMSNorm of one row: ss = sum of (double)(x[i] * x[i]) (the product in f32), scale =
+ * 1 / sqrtf((float)(ss / n) + eps), out[i] = x[i] * scale * g[i] (out may be x). The oracle sums in
+ * order; the fast kernel in 8 double lanes (the only difference: the order of the double sum). */
+void qf_rmsnorm_row(float *out, const float *x, const float *g, int n, float eps);
+void qf_rmsnorm_row_ref(float *out, const float *x, const float *g, int n, float eps);
+/* internal: the AVX2 kernels (vecmath_avx2.c) */
+void qf_vec_silu_mul_avx2(float *g, const float *u, int n);
+void qf_rmsnorm_row_avx2(float *out, const float *x, const float *g, int n, float eps);
+float qf_vec_max_avx2(const float *x, int n);
+double qf_vec_sum_exp_avx2(const float *x, int n, float mx);
+void qf_softmax_avx2(float *x, int n);
+
 #endif

@@ -37,3 +37,80 @@ bool qf_vec_exp_avx2(float *x, int n) {
     for (; i < n; i++) x[i] = expf(x[i]);
     return true;
 }
+
+float qf_vec_max_avx2(const float *x, int n) {
+    __m256 vm = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(x + i));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    float mx = _mm_cvtss_f32(h);
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
+static inline __m256d add_f32x8_pd(__m256d s, __m256 v, __m256d *s1) {
+    *s1 = _mm256_add_pd(*s1, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+    return _mm256_add_pd(s, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+}
+
+static inline double hsum_pd(__m256d a, __m256d b) {
+    __m256d s = _mm256_add_pd(a, b);
+    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+}
+
+double qf_vec_sum_exp_avx2(const float *x, int n, float mx) {
+    const __m256 vm = _mm256_set1_ps(mx);
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) s0 = add_f32x8_pd(s0, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm)), &s1);
+    double sum = hsum_pd(s0, s1);
+    for (; i < n; i++) sum += expf(x[i] - mx);
+    return sum;
+}
+
+void qf_softmax_avx2(float *x, int n) {
+    const float mx = qf_vec_max_avx2(x, n);
+    const __m256 vm = _mm256_set1_ps(mx);
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+        _mm256_storeu_ps(x + i, e);
+        s0 = add_f32x8_pd(s0, e, &s1);
+    }
+    double sum = hsum_pd(s0, s1);
+    for (; i < n; i++) sum += (x[i] = expf(x[i] - mx));
+    const float inv = (float)(1.0 / sum);
+    const __m256 vi = _mm256_set1_ps(inv);
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vi));
+    for (; i < n; i++) x[i] *= inv;
+}
+
+void qf_vec_silu_mul_avx2(float *g, const float *u, int n) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i), e = exp8(_mm256_xor_ps(gv, sign));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void qf_rmsnorm_row_avx2(float *out, const float *x, const float *g, int n, float eps) {
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        s0 = add_f32x8_pd(s0, _mm256_mul_ps(v, v), &s1);
+    }
+    double ss = hsum_pd(s0, s1);
+    for (; i < n; i++) ss += (double)(x[i] * x[i]);
+    const float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), _mm256_loadu_ps(g + i)));
+    for (; i < n; i++) out[i] = x[i] * scale * g[i];
+}
