@@ -637,17 +637,7 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
  * (key group kg, 8-dim chunk d8) sums p v over keys kg, kg + NKG, ... for the G heads, then the
  * key groups are summed (shuffles in the warp, shared memory across the 4 warps). early: the
  * first pass of K and V rows older than pos0 is loaded before pdl_wait, as k_attn_split_g. */
-__device__ static inline void h8f(const uint4 &u, float *f) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        __half2_raw r;
-        r.x = (unsigned short)(w[k] & 0xFFFF), r.y = (unsigned short)(w[k] >> 16);
-        const float2 v = __half22float2(__half2(r));
-        f[2 * k] = v.x, f[2 * k + 1] = v.y;
-    }
-}
-static size_t splith_smem(int G, int hd, int L) { return (size_t)(G * L + 4 * G * hd + 2 * G) * sizeof(float); }
+static size_t splith_smem(int G, int hd, int L) { return (size_t)(G * L + SPLIT_WARPS * G * hd + 2 * G) * sizeof(float); }
 
 template <int G, int HD>
 __global__ void __launch_bounds__(SPLIT_WARPS * 32)
@@ -699,7 +689,7 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
             ka = kr[0], kb = kr[1];
         }
         float kf[16];
-        h8f(ka, kf), h8f(kb, kf + 8);
+        h8_to_f(ka, kf, false), h8_to_f(kb, kf + 8, false);
         float a[G];
 #pragma unroll
         for (int g = 0; g < G; g++) {
@@ -738,7 +728,7 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
             const int t = tb + kg + u * NKG;
             if (t >= len) break;
             float vf[8];
-            h8f(vv[u], vf);
+            h8_to_f(vv[u], vf, false);
 #pragma unroll
             for (int g = 0; g < G; g++) {
                 const float p = S[g * L + t];

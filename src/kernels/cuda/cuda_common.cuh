@@ -248,6 +248,23 @@ static inline bool gpu_type_ok(qf_type t) {
     }
 }
 
+/* 8 f16 (or bf16) values of a 16-byte load to f32 */
+__device__ static inline void h8_to_f(const uint4 &u, float *w, bool bf16) {
+    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (bf16) {
+            w[2 * i] = __uint_as_float(v[i] << 16);
+            w[2 * i + 1] = __uint_as_float(v[i] & 0xFFFF0000u);
+        } else {
+            __half2_raw r;
+            r.x = (unsigned short)(v[i] & 0xFFFF), r.y = (unsigned short)(v[i] >> 16);
+            const float2 f = __half22float2(__half2(r));
+            w[2 * i] = f.x, w[2 * i + 1] = f.y;
+        }
+    }
+}
+
 __device__ static inline float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

@@ -209,23 +209,8 @@ __device__ static inline void mv_finish_gu(const float *acc, int warp, int lane,
 
 /* f16 / bf16 rows: no staging. Lane l reads 16-byte chunks l, l + 32, ... of the row (8
  * halves each; consecutive lanes, consecutive chunks: 512 bytes per load instruction) and the
- * 8 matching activations as two float4. Needs K % 8 == 0 and 16-byte aligned rows. */
-__device__ static inline void h8_to_f(const uint4 &u, float *w, bool bf16) {
-    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        if (bf16) {
-            w[2 * i] = __uint_as_float(v[i] << 16);
-            w[2 * i + 1] = __uint_as_float(v[i] & 0xFFFF0000u);
-        } else {
-            __half2_raw r;
-            r.x = (unsigned short)(v[i] & 0xFFFF), r.y = (unsigned short)(v[i] >> 16);
-            const float2 f = __half22float2(__half2(r));
-            w[2 * i] = f.x, w[2 * i + 1] = f.y;
-        }
-    }
-}
-
+ * 8 matching activations as two float4 (h8_to_f: cuda_common.cuh). Needs K % 8 == 0 and 16-byte
+ * aligned rows. */
 template <bool BF16, int NT, int WPR, bool GU = false>
 __global__ void __launch_bounds__(MV_WARPS * 32)
     k_matvec_h(const uint8_t *__restrict__ W, size_t rb, int K, int N, const float *__restrict__ x, int n, float *y,
