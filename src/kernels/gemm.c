@@ -174,13 +174,11 @@ void qf_gemm_q8_rows_ref(qf_type wt, const void *w, size_t row_bytes, int64_t K,
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
         for (int t = 0; t < n; t++) {
-            const uint8_t *row = act + (size_t)t * stride;
-            const int8_t *xq = (const int8_t *)row;
-            const float *dx = (const float *)(const void *)(row + K);
-            const int32_t *corr = (const int32_t *)(const void *)(row + K + nb * 4);
+            const qf_gemm_act_row a = qf_gemm_act_view(act + (size_t)t * stride, K);
+            const int8_t *xq = a.qs;
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
-                int32_t isum = corr[b];
+                int32_t isum = a.corr[b];
                 float dw;
                 if (wt == QF_TYPE_Q8_0) {
                     const block_q8_0 *blk = (const block_q8_0 *)(const void *)wr + b;
@@ -196,7 +194,7 @@ void qf_gemm_q8_rows_ref(qf_type wt, const void *w, size_t row_bytes, int64_t K,
                         isum += (int32_t)(blk->qs[j] & 0xF) * xq[b * 32 + j] + (int32_t)(blk->qs[j] >> 4) * xq[b * 32 + 16 + j];
                     dw = qf_f16_to_f32(blk->d);
                 }
-                float s = dw * dx[b];
+                float s = dw * a.d[b];
                 acc = fmaf((float)isum, s, acc);
             }
             y[(size_t)t * ldy + r] = acc;
@@ -282,14 +280,12 @@ void qf_gemm_q4x16_rows_ref(const uint8_t *wp, int64_t K, int64_t r0, int64_t r1
         const uint8_t *panel = wp + (size_t)(r / QF_GEMM_NR) * pbytes;
         const int i = (int)(r % QF_GEMM_NR);
         for (int t = 0; t < n; t++) {
-            const uint8_t *row = act + (size_t)t * stride;
-            const int8_t *xq = (const int8_t *)row;
-            const float *dx = (const float *)(const void *)(row + K);
-            const int32_t *corr = (const int32_t *)(const void *)(row + K + nb * 4);
+            const qf_gemm_act_row a = qf_gemm_act_view(act + (size_t)t * stride, K);
+            const int8_t *xq = a.qs;
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
                 const uint8_t *pair = panel + (size_t)(b / 2) * Q4X16_PAIR, *q = pair + 64 + (b % 2) * 256;
-                int32_t isum = corr[b];
+                int32_t isum = a.corr[b];
                 for (int g = 0; g < 4; g++)
                     for (int k = 0; k < 4; k++) {
                         const uint8_t v = q[(g * QF_GEMM_NR + i) * 4 + k];
@@ -297,7 +293,7 @@ void qf_gemm_q4x16_rows_ref(const uint8_t *wp, int64_t K, int64_t r0, int64_t r1
                     }
                 uint16_t dh;
                 memcpy(&dh, pair + (b % 2) * 32 + i * 2, 2);
-                float s = qf_f16_to_f32(dh) * dx[b];
+                float s = qf_f16_to_f32(dh) * a.d[b];
                 acc = fmaf((float)isum, s, acc);
             }
             y[(size_t)t * ldy + r] = acc;

@@ -50,6 +50,19 @@ bool qf_gemm_q8_type(qf_type t);
  * K/32 f32 scales, K/32 int32 corrections, padded to 64 bytes. */
 size_t qf_gemm_act_stride(int64_t K);
 
+/* The three parts of one activation row of K elements in that layout, for its readers: the int8
+ * quants [K], the f32 block scales [K/32], the int32 block corrections [K/32]. */
+typedef struct {
+    const int8_t *qs;
+    const float *d;
+    const int32_t *corr;
+} qf_gemm_act_row;
+static inline qf_gemm_act_row qf_gemm_act_view(const uint8_t *row, int64_t K) {
+    const qf_gemm_act_row v = {(const int8_t *)row, (const float *)(const void *)(row + K),
+                               (const int32_t *)(const void *)(row + K + (K / 32) * 4)};
+    return v;
+}
+
 /* Quantize rows [t0, t1) of x[.][K] (row stride K floats) for weight type wt into act (row stride
  * qf_gemm_act_stride(K)). tmp: scratch of at least qf_row_bytes(Q8_0, K) bytes. The quants are
  * qf_quantize_row(Q8_0)'s, bit for bit. */

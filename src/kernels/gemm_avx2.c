@@ -45,8 +45,8 @@ static inline int32_t ld32(const uint8_t *p) {
         __m256 acc[A2_NT][2];                                                                                        \
         for (int i = 0; i < NT; i++) {                                                                               \
             xr[i] = act + (size_t)(t + i) * stride;                                                                  \
-            dx[i] = (const float *)(const void *)(xr[i] + K);                                                        \
-            cr[i] = (const int32_t *)(const void *)(xr[i] + K + nb * 4);                                             \
+            const qf_gemm_act_row a = qf_gemm_act_view(xr[i], K);                                                    \
+            dx[i] = a.d, cr[i] = a.corr;                                                                             \
             acc[i][0] = acc[i][1] = _mm256_setzero_ps();                                                             \
         }                                                                                                            \
         const __m256i lo4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), x80 = _mm256_set1_epi8((char)0x80); \

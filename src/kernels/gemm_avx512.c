@@ -23,17 +23,28 @@ static inline int32_t ld32(const uint8_t *p) {
     return v;
 }
 
-/* the NT activation rows from token t (qf_gemm_act_stride layout: int8 quants, then the f32
- * block scales, then the int32 block corrections) and NT zeroed accumulators */
+/* the 16 rows x 32 quants of a Q4_0 panel block: 4 x 64 bytes, the low nibbles (elements 0-15
+ * of each row) to wv[0..4), the high nibbles (16-31) to wv[4..8) */
+static inline __attribute__((always_inline)) void q4_nibbles(const uint8_t *pb, __m512i *wv) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    _Pragma("GCC unroll 4")
+    for (int g = 0; g < 4; g++) {
+        const __m512i raw = _mm512_loadu_si512((const void *)(pb + g * 64));
+        wv[g] = _mm512_and_si512(raw, lo4);
+        wv[g + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), lo4);
+    }
+}
+
+/* the NT activation rows from token t (qf_gemm_act_view: int8 quants, then the f32 block
+ * scales, then the int32 block corrections) and NT zeroed accumulators */
 static inline __attribute__((always_inline)) void act_rows(const uint8_t *act, size_t stride, int t, const int NT,
                                                            int64_t K, const uint8_t **xr, const float **dx,
                                                            const int32_t **cr, __m512 *acc) {
-    const int64_t nb = K / 32;
     _Pragma("GCC unroll 8")
     for (int i = 0; i < NT; i++) {
         xr[i] = act + (size_t)(t + i) * stride;
-        dx[i] = (const float *)(const void *)(xr[i] + K);
-        cr[i] = (const int32_t *)(const void *)(xr[i] + K + nb * 4);
+        const qf_gemm_act_row a = qf_gemm_act_view(xr[i], K);
+        dx[i] = a.d, cr[i] = a.corr;
         acc[i] = _mm512_setzero_ps();
     }
 }
@@ -49,7 +60,6 @@ static inline __attribute__((always_inline)) void kern(const int q8, const uint8
     const int32_t *cr[8];
     __m512 acc[8];
     act_rows(act, stride, t, NT, K, xr, dx, cr, acc);
-    const __m512i lo4 = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *pb = panel + (size_t)b * bb;
         __m512i wv[8];
@@ -57,12 +67,7 @@ static inline __attribute__((always_inline)) void kern(const int q8, const uint8
             _Pragma("GCC unroll 8")
             for (int g = 0; g < 8; g++) wv[g] = _mm512_loadu_si512((const void *)(pb + g * 64));
         } else {
-            _Pragma("GCC unroll 8")
-            for (int g = 0; g < 4; g++) {
-                __m512i raw = _mm512_loadu_si512((const void *)(pb + g * 64));
-                wv[g] = _mm512_and_si512(raw, lo4);
-                wv[g + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), lo4);
-            }
+            q4_nibbles(pb, wv);
         }
         __m512i ia[8];
         _Pragma("GCC unroll 8")
@@ -129,7 +134,6 @@ static inline __attribute__((always_inline)) void kern_q4x16(const uint8_t *pane
     const int32_t *cr[8];
     __m512 acc[8];
     act_rows(act, stride, t, NT, K, xr, dx, cr, acc);
-    const __m512i lo4 = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *pair = panel + (size_t)(b >> 1) * 576, *pb = pair + 64 + (b & 1) * 256;
         if (Q4X16_PF && NT <= 4) {
@@ -137,12 +141,7 @@ static inline __attribute__((always_inline)) void kern_q4x16(const uint8_t *pane
             _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) _mm_prefetch((const char *)(pb + g * 64 + Q4X16_PF), _MM_HINT_T0);
         }
         __m512i wv[8];
-        _Pragma("GCC unroll 4")
-        for (int g = 0; g < 4; g++) {
-            __m512i raw = _mm512_load_si512((const void *)(pb + g * 64));
-            wv[g] = _mm512_and_si512(raw, lo4);
-            wv[g + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), lo4);
-        }
+        q4_nibbles(pb, wv);
         __m512i ia[8];
         _Pragma("GCC unroll 8")
         for (int i = 0; i < NT; i++) ia[i] = _mm512_set1_epi32(cr[i][b]);
