@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench_gpu_llamacpp.sh: qforge's CUDA backend against llama.cpp's CUDA build on the same GGUF
-# files, in one run (issue 16 item 4). For each type (f16, q4_0) of a random-weight model of a real
+# files, in one run (issue 16 item 4). For each type (f16, q4_0, q4_k_m) of a random-weight model of a real
 # shape (bench/gen_model_shapes; vocabulary padded to the embedding so that llama.cpp loads it):
 #   PPL pass   `qforge ppl -c 512 -b 512 --chunks CHUNKS --device cuda` (its own evaluation clock)
 #              vs `llama-perplexity -ngl 99 -fa -c 512 -b 512 --chunks CHUNKS` (prompt eval clock);
@@ -12,8 +12,8 @@
 #   LLAMA_CPP_DIR=/path/to/llama.cpp bench/bench_gpu_llamacpp.sh
 # Environment: LLAMA_CPP_DIR (required: llama-bench and llama-perplexity in build/bin or bin, a
 # CUDA build), QF_BIN (folder with qforge, bench_gpu, gen_model_shapes; default build with
-# build/bench), MODELS_DIR (where the files are made once, default /tmp/qforge-gpu-models, ~21 GB
-# for the 8B shape), SHAPE (llama3-8b), TYPES ("f16 q4_0"), CHUNKS (8), TEXT (default the demo
+# build/bench), MODELS_DIR (where the files are made once, default /tmp/qforge-gpu-models, ~26 GB
+# for the 8B shape), SHAPE (llama3-8b), TYPES ("f16 q4_0 q4_k_m"), CHUNKS (8), TEXT (default the demo
 # corpus assets/corpora/kerneldoc-demo/docs.txt), OUT (a folder for the logs, default a temp dir).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +23,7 @@ for d in "$LLAMA_CPP_DIR/build/bin" "$LLAMA_CPP_DIR/bin"; do [ -x "$d/llama-benc
 [ -n "$LB" ] || { echo "bench_gpu_llamacpp: no llama-bench under $LLAMA_CPP_DIR/{build/bin,bin}" >&2; exit 2; }
 if [ -n "${QF_BIN:-}" ]; then Q=$QF_BIN/qforge BG=$QF_BIN/bench_gpu GEN=$QF_BIN/gen_model_shapes
 else Q=build/qforge BG=build/bench/bench_gpu GEN=build/bench/gen_model_shapes; fi
-SHAPE=${SHAPE:-llama3-8b} TYPES=${TYPES:-"f16 q4_0"} CHUNKS=${CHUNKS:-8}
+SHAPE=${SHAPE:-llama3-8b} TYPES=${TYPES:-"f16 q4_0 q4_k_m"} CHUNKS=${CHUNKS:-8}
 TEXT=${TEXT:-assets/corpora/kerneldoc-demo/docs.txt}
 MODELS_DIR=${MODELS_DIR:-/tmp/qforge-gpu-models}
 OUT=${OUT:-$(mktemp -d)}

@@ -2,7 +2,7 @@
  * benchmarks at real sizes without shipping weights.
  *
  *   build/bench/gen_model_shapes --shape llama3-8b|llama3.2-1b|qwen2.5-0.5b|tiny-hd8|tiny-qwen2
- *       --type f16|q4_0|q8_0|f32
+ *       --type f16|q4_0|q8_0|f32|q4_k|q5_k|q6_k|q4_k_m
  *       [--vocab-from GGUF] [--layers N] -o OUT.gguf
  *
  * Shapes (n_layer, n_embd, heads/kv heads, head_dim, n_ff, vocab, rope base): Llama-3-8B
@@ -13,7 +13,11 @@
  * per-token arrays are padded with reserved control tokens to the shape's vocabulary so that
  * llama.cpp loads the file too (bench/bench_1b.sh runs both on it).
  * Weights: N(0, 0.02)-like values quantized with qf_quantize_row; every matrix of one type
- * shares one random pool (the values do not matter to a throughput benchmark), norms are 1. */
+ * shares one random pool (the values do not matter to a throughput benchmark), norms are 1.
+ * The K formats (q4_k, q5_k, q6_k), which qforge does not quantize to, are random bits with
+ * super-block scales that keep weights within about +-0.02. q4_k_m mixes them as llama.cpp's
+ * Q4_K_M does: q6_k for the output, and for attn_v / ffn_down of the first and last eighth of
+ * the layers and every third layer between; q4_k everywhere else. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -51,6 +55,26 @@ static float grand(void) { /* sum of 4 uniforms: roughly normal, std 1 */
     return s * 1.7320508f;
 }
 
+/* a pool of K-format super-blocks: random quants and sub-block scales; d (and dmin) set so that
+ * |w| stays within about 0.02 */
+static void fill_kquant(qf_type t, uint8_t *p, size_t bytes) {
+    for (size_t i = 0; i < bytes; i++) p[i] = (uint8_t)(qf_xorshift64s(&rs) >> 56);
+    const size_t bb = qf_type_block_bytes(t);
+    for (size_t b = 0; b + bb <= bytes; b += bb) {
+        uint8_t *k = p + b;
+        if (t == QF_TYPE_Q6_K) { /* d * sc * (q - 32), |sc| <= 128, |q - 32| <= 32: d ~ 5e-6 */
+            const uint16_t h = qf_f32_to_f16(5e-6f);
+            k[208] = h & 0xFF, k[209] = h >> 8;
+        } else { /* d * sc * q - dmin * m, sc, m <= 63, q <= 15 (31 for q5_k) */
+            const uint16_t h = qf_f32_to_f16(t == QF_TYPE_Q5_K ? 1e-5f : 2e-5f), hm = qf_f32_to_f16(1e-4f);
+            k[0] = h & 0xFF, k[1] = h >> 8, k[2] = hm & 0xFF, k[3] = hm >> 8;
+        }
+    }
+}
+
+/* llama.cpp's Q4_K_M rule for the tensors that get more bits (attn_v, ffn_down) */
+static bool more_bits(int il, int L) { return il < L / 8 || il >= 7 * L / 8 || (il - L / 8) % 3 == 2; }
+
 static int die(const char *msg) {
     fprintf(stderr, "gen_model_shapes: %s\n", msg);
     return 1;
@@ -66,7 +90,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
         else {
-            fprintf(stderr, "usage: %s --shape llama3-8b|llama3.2-1b|qwen2.5-0.5b|tiny-hd8|tiny-qwen2 --type f16|q4_0|q8_0|f32 [--vocab-from GGUF] "
+            fprintf(stderr, "usage: %s --shape llama3-8b|llama3.2-1b|qwen2.5-0.5b|tiny-hd8|tiny-qwen2 --type f16|q4_0|q8_0|f32|q4_k|q5_k|q6_k|q4_k_m [--vocab-from GGUF] "
                             "[--layers N] -o OUT.gguf\n", argv[0]);
             return 2;
         }
@@ -75,9 +99,16 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         if (!strcmp(shapes[i].name, sname)) S = &shapes[i];
     qf_type wt;
+    const bool mix = !strcmp(tname, "q4_k_m");
     if (!S) return die("unknown --shape");
-    if (!qf_type_from_name(tname, &wt) || (wt != QF_TYPE_F16 && wt != QF_TYPE_Q4_0 && wt != QF_TYPE_Q8_0 && wt != QF_TYPE_F32))
-        return die("--type must be f16, q4_0, q8_0 or f32");
+    if (mix) wt = QF_TYPE_Q4_K;
+    else if (!qf_type_from_name(tname, &wt) || (wt != QF_TYPE_F16 && wt != QF_TYPE_Q4_0 && wt != QF_TYPE_Q8_0 &&
+                                                wt != QF_TYPE_F32 && wt != QF_TYPE_Q4_K && wt != QF_TYPE_Q5_K &&
+                                                wt != QF_TYPE_Q6_K))
+        return die("--type must be f16, q4_0, q8_0, f32, q4_k, q5_k, q6_k or q4_k_m");
+    const bool kq = qf_type_block_elems(wt) == 256;
+    if (kq && (S->n_embd % 256 || S->n_ff % 256 || (int64_t)S->n_head * S->head_dim % 256))
+        return die("the K formats need n_embd, n_ff and n_head * head_dim multiples of 256");
     if (!out) return die("-o OUT.gguf is required");
     int L = layers > 0 ? layers : S->n_layer;
     qf_error err = {0};
@@ -154,22 +185,35 @@ int main(int argc, char **argv) {
     if (F * D > maxel) maxel = F * D;
     size_t pool_bytes = qf_row_bytes(wt, maxel);
     uint8_t *pool = malloc(pool_bytes);
+    /* q4_k_m: the q6_k pool of the output and the tensors that get more bits */
+    uint8_t *pool6 = mix ? malloc(qf_row_bytes(QF_TYPE_Q6_K, maxel)) : NULL;
+    if (mix && !pool6) return die("out of memory");
+    if (mix) fill_kquant(QF_TYPE_Q6_K, pool6, qf_row_bytes(QF_TYPE_Q6_K, maxel));
     float *ones = malloc((size_t)(F > V ? F : V) * 4), *tmp = malloc(4096 * 4);
     if (!pool || !ones || !tmp) return die("out of memory");
     for (int64_t i = 0; i < (F > V ? F : V); i++) ones[i] = 1.0f;
     size_t chunk_bytes = qf_row_bytes(wt, 4096);
-    for (int64_t off = 0; off < maxel; off += 4096) {
-        for (int j = 0; j < 4096; j++) tmp[j] = 0.02f * grand();
-        qf_quantize_row(wt, tmp, pool + (size_t)(off / 4096) * chunk_bytes, 4096);
-    }
+    if (kq) fill_kquant(wt, pool, pool_bytes);
+    else
+        for (int64_t off = 0; off < maxel; off += 4096) {
+            for (int j = 0; j < 4096; j++) tmp[j] = 0.02f * grand();
+            qf_quantize_row(wt, tmp, pool + (size_t)(off / 4096) * chunk_bytes, 4096);
+        }
     float *bias = malloc((size_t)Dq * 4);
     for (int64_t i = 0; i < Dq; i++) bias[i] = 0.01f * grand();
 
     qf_status st = QF_OK;
-#define MAT(nm, ne0, ne1)                                                                                     \
-    do {                                                                                                      \
-        int64_t ne_[2] = {(ne0), (ne1)};                                                                      \
-        st = st ? st : qf_gguf_writer_add_tensor(w, nm, wt, 2, ne_, pool, qf_row_bytes(wt, (ne0)) * (ne1), &err); \
+#define MATT(nm, ne0, ne1, T, P)                                                                           \
+    do {                                                                                                   \
+        int64_t ne_[2] = {(ne0), (ne1)};                                                                   \
+        st = st ? st : qf_gguf_writer_add_tensor(w, nm, T, 2, ne_, P, qf_row_bytes(T, (ne0)) * (ne1), &err); \
+    } while (0)
+#define MAT(nm, ne0, ne1) MATT(nm, ne0, ne1, wt, pool)
+    /* q4_k_m's q6_k tensors */
+#define MAT6(nm, ne0, ne1, six)                                             \
+    do {                                                                    \
+        if (six) MATT(nm, ne0, ne1, QF_TYPE_Q6_K, pool6);                   \
+        else MAT(nm, ne0, ne1);                                             \
     } while (0)
 #define VEC(nm, n, data)                                                                                       \
     do {                                                                                                       \
@@ -178,14 +222,14 @@ int main(int argc, char **argv) {
     } while (0)
     MAT("token_embd.weight", D, V);
     VEC("output_norm.weight", D, ones);
-    if (!S->tied) MAT("output.weight", D, V);
+    if (!S->tied) MAT6("output.weight", D, V, mix);
     char nm[96];
     for (int il = 0; il < L; il++) {
 #define N(s) (snprintf(nm, sizeof nm, "blk.%d.%s", il, s), nm)
         VEC(N("attn_norm.weight"), D, ones);
         MAT(N("attn_q.weight"), D, Dq);
         MAT(N("attn_k.weight"), D, Dkv);
-        MAT(N("attn_v.weight"), D, Dkv);
+        MAT6(N("attn_v.weight"), D, Dkv, mix && more_bits(il, L));
         if (S->bias) {
             VEC(N("attn_q.bias"), Dq, bias);
             VEC(N("attn_k.bias"), Dkv, bias);
@@ -195,13 +239,13 @@ int main(int argc, char **argv) {
         VEC(N("ffn_norm.weight"), D, ones);
         MAT(N("ffn_gate.weight"), D, F);
         MAT(N("ffn_up.weight"), D, F);
-        MAT(N("ffn_down.weight"), F, D);
+        MAT6(N("ffn_down.weight"), F, D, mix && more_bits(il, L));
     }
     if (!st) st = qf_gguf_writer_write(w, out, &err);
     if (st) return die(err.msg);
     printf("%s: %s %s, %d layers, vocab %lld\n", out, S->name, tname, L, (long long)V);
     qf_gguf_writer_free(w);
     qf_gguf_close(src);
-    free(pool), free(ones), free(tmp), free(bias);
+    free(pool), free(pool6), free(ones), free(tmp), free(bias);
     return 0;
 }
