@@ -122,15 +122,19 @@ TEST(op_dequant) {
     }
 }
 
-/* The decode (matvec) route of q4_0 / q8_0 weights quantizes the activation to q8_0 and takes
- * integer dot products, as the CPU's vec_dot route does: its oracle is qf_vec_dot_ref on
- * qf_quantize_row_ref(Q8_0, x). Every other type's oracle is the f32 dot (in double). */
-static bool mv_int8(qf_type t) { return t == QF_TYPE_Q4_0 || t == QF_TYPE_Q8_0; }
+/* The decode (matvec) route of q4_0 / q8_0 and of the K formats quantizes the activation to
+ * qf_vec_dot_type (q8_0, or Q8_K: one scale per 256) and takes integer dot products, as the
+ * CPU's vec_dot route does: its oracle is qf_vec_dot_ref on qf_quantize_row_ref(that type, x).
+ * Every other type's oracle is the f32 dot (in double). */
+static bool mv_int8(qf_type t) {
+    return t == QF_TYPE_Q4_0 || t == QF_TYPE_Q8_0 || t == QF_TYPE_Q4_K || t == QF_TYPE_Q5_K || t == QF_TYPE_Q6_K;
+}
 static void vec_dot_oracle(qf_type t, const void *w, int K, int N, const float *x, int n, float *ref) {
-    const size_t rb = qf_row_bytes(t, K), qb = qf_row_bytes(QF_TYPE_Q8_0, K);
+    const qf_type vt = qf_vec_dot_type(t);
+    const size_t rb = qf_row_bytes(t, K), qb = qf_row_bytes(vt, K);
     uint8_t *xq = malloc(qb);
     for (int tt = 0; tt < n; tt++) {
-        qf_quantize_row_ref(QF_TYPE_Q8_0, x + (size_t)tt * K, xq, K);
+        qf_quantize_row_ref(vt, x + (size_t)tt * K, xq, K);
         for (int r = 0; r < N; r++) ref[(size_t)tt * N + r] = qf_vec_dot_ref(t, K, (const uint8_t *)w + (size_t)r * rb, xq);
     }
     free(xq);
@@ -177,8 +181,8 @@ TEST(op_matmul) {
                     vec_dot_oracle(t, wd, K, N, x, n, vd);
                     const double ef = e;
                     e = nmse(got, vd, (size_t)n * N);
-                    printf("  matmul %-5s K=%-4d n=%-2d %-8s nmse %.3g against vec_dot (q8_0 activations), %.3g against "
-                           "the f32 dot\n", qf_type_name(t), K, n, rn[ri], e, ef);
+                    printf("  matmul %-5s K=%-4d n=%-2d %-8s nmse %.3g against vec_dot (%s activations), %.3g against "
+                           "the f32 dot\n", qf_type_name(t), K, n, rn[ri], e, qf_type_name(qf_vec_dot_type(t)), ef);
                     free(vd);
                 } else if (ni == 1 || (ni == 0 && ri == 0))
                     printf("  matmul %-5s K=%-4d n=%-2d %-8s nmse %.3g\n", qf_type_name(t), K, n, rn[ri], e);
@@ -194,7 +198,7 @@ TEST(op_matmul) {
 TEST(op_matmul_tall) {
     NEED_GPU();
     const int K = 256, N = 8200;
-    const qf_type types[] = {QF_TYPE_F16, QF_TYPE_BF16, QF_TYPE_Q4_0, QF_TYPE_Q8_0, QF_TYPE_Q4_K, QF_TYPE_Q6_K};
+    const qf_type types[] = {QF_TYPE_F16, QF_TYPE_BF16, QF_TYPE_Q4_0, QF_TYPE_Q8_0, QF_TYPE_Q4_K, QF_TYPE_Q5_K, QF_TYPE_Q6_K};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const qf_type t = types[ti];
         qf_weight w = {.type = t, .ne0 = K, .ne1 = N, .row_bytes = qf_row_bytes(t, K)};
@@ -226,7 +230,7 @@ TEST(op_matmul_tall) {
 TEST(op_matvec_gu) {
     NEED_GPU();
     const int K = 256, F = 4101;
-    const qf_type types[] = {QF_TYPE_F16, QF_TYPE_BF16, QF_TYPE_Q4_0, QF_TYPE_Q8_0};
+    const qf_type types[] = {QF_TYPE_F16, QF_TYPE_BF16, QF_TYPE_Q4_0, QF_TYPE_Q8_0, QF_TYPE_Q4_K, QF_TYPE_Q5_K, QF_TYPE_Q6_K};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const qf_type t = types[ti];
         qf_weight w = {.type = t, .ne0 = K, .ne1 = 2 * F, .row_bytes = qf_row_bytes(t, K)};
@@ -259,8 +263,8 @@ TEST(op_matvec_gu) {
         free(wd), free(wf), free(x), free(y), free(ref), free(got);
     }
     /* where it does not apply: refused, nothing written */
-    qf_weight w = {.type = QF_TYPE_Q6_K, .ne0 = 256, .ne1 = 2 * 4096, .row_bytes = qf_row_bytes(QF_TYPE_Q6_K, 256)};
-    void *wd = rand_weight(QF_TYPE_Q6_K, 2 * 4096, 256);
+    qf_weight w = {.type = QF_TYPE_Q5_0, .ne0 = 256, .ne1 = 2 * 4096, .row_bytes = qf_row_bytes(QF_TYPE_Q5_0, 256)};
+    void *wd = rand_weight(QF_TYPE_Q5_0, 2 * 4096, 256);
     w.data = wd;
     float x[256] = {0}, *hb = malloc(4096 * 4);
     qf_error err = {0};
@@ -643,36 +647,48 @@ static void e2e_model(const char *name) {
     const int n0 = 40, n1 = 4, n = n0 + n1, nv = hp->n_vocab;
     int32_t toks[44];
     for (int i = 0; i < n; i++) toks[i] = (int32_t)((frand() * 0.5f + 0.5f) * (nv - 1));
-    capture cc = {hp->n_layer, hp->n_head_kv * hp->head_dim, 64, 0, 0, {0}}, gc = cc;
+    capture cc = {hp->n_layer, hp->n_head_kv * hp->head_dim, 64, 0, 0, {0}}, gc = cc, fc = cc;
     size_t kvn = (size_t)hp->n_layer * 64 * cc.dkv;
     cc.k = calloc(kvn, 4), cc.v = calloc(kvn, 4), gc.k = calloc(kvn, 4), gc.v = calloc(kvn, 4);
-    float *lc = malloc((size_t)n * nv * 4), *lg = malloc((size_t)n * nv * 4);
+    fc.k = calloc(kvn, 4), fc.v = calloc(kvn, 4);
+    float *lc = malloc((size_t)n * nv * 4), *lg = malloc((size_t)n * nv * 4), *lf = malloc((size_t)n * nv * 4);
     qf_kv_mode modes[] = {QF_KV_F32, QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0};
     for (int mi = 0; mi < 4; mi++) {
         if (modes[mi] >= QF_KV_Q8_0 && hp->head_dim % 32) continue;
         bool ok = run_seq(m, QF_DEVICE_CPU, true, modes[mi], toks, n0, n1, lc, &cc) &&
-                  run_seq(m, QF_DEVICE_CUDA, false, modes[mi], toks, n0, n1, lg, &gc);
+                  run_seq(m, QF_DEVICE_CUDA, false, modes[mi], toks, n0, n1, lg, &gc) &&
+                  run_seq(m, QF_DEVICE_CPU, false, modes[mi], toks, n0, n1, lf, &fc);
         if (!ok) break;
         double e = nmse(lg, lc, (size_t)n * nv), ek = nmse(gc.k, cc.k, kvn), ev = nmse(gc.v, cc.v, kvn);
+        /* the CPU's own production route (int8 activations in the quantized matvecs, as the
+         * GPU's decode kernels) against the same reference */
+        const double fe = nmse(lf, lc, (size_t)n * nv), fk = nmse(fc.k, cc.k, kvn), fv = nmse(fc.v, cc.v, kvn);
         int agree = 0;
         for (int t = 0; t < n; t++) agree += argmax(lg + (size_t)t * nv, nv) == argmax(lc + (size_t)t * nv, nv);
         double ea = fabs(gc.act_sum[3] - cc.act_sum[3]) / cc.act_sum[3];
-        printf("  %-34s kv %-4s logits nmse %.3g (prefill+decode), top-1 %d/%d, tap K nmse %.3g V nmse %.3g, ffn_down act %.2g\n",
-               name + 7, qf_kv_mode_name(modes[mi]), e, agree, n, ek, ev, ea);
-        CHECK_MSG(e <= (modes[mi] == QF_KV_Q4_0 ? 1e-3 : 1e-4), "%s kv %s: logits nmse %g", name, qf_kv_mode_name(modes[mi]), e);
+        printf("  %-34s kv %-4s logits nmse %.3g (prefill+decode), top-1 %d/%d, tap K nmse %.3g V nmse %.3g, ffn_down act "
+               "%.2g; the CPU's fast route: logits %.3g, K %.3g, V %.3g\n",
+               name + 7, qf_kv_mode_name(modes[mi]), e, agree, n, ek, ev, ea, fe, fk, fv);
+        /* the bounds: fixed, or twice the CPU fast route's own distance from the reference where
+         * that is larger (quantized models: the int8 activations of the decode matvecs move the
+         * logits by 4e-5..2e-4 on the CPU too) */
+        const double lb = fmax(modes[mi] == QF_KV_Q4_0 ? 1e-3 : 1e-4, 2 * fe);
+        CHECK_MSG(e <= lb, "%s kv %s: logits nmse %g (bound %g)", name, qf_kv_mode_name(modes[mi]), e, lb);
         /* q4_0 rounds K/V to 16 levels: a last-bit difference upstream (the decode matvec's
          * summation order) moves whole steps, which the next layers' taps see (1.04e-4 measured
          * for the q4_k_m model; 3e-5..6e-5 on the others) */
         const double tb = modes[mi] == QF_KV_Q4_0 ? 3e-4 : 1e-4;
-        CHECK_MSG(ek <= tb && ev <= tb, "%s: tap K/V nmse %g %g", name, ek, ev);
+        CHECK_MSG(ek <= fmax(tb, 2 * fk) && ev <= fmax(tb, 2 * fv), "%s: tap K/V nmse %g %g (CPU fast route %g %g)", name,
+                  ek, ev, fk, fv);
         /* top-1 on random tokens: q4_0 K/V moves near-ties by whole steps (41/44 seen on the
          * q4_k_m model, whose q8_0 tensors' decode matvecs round the activation to q8_0 as the
          * CPU's vec_dot does, where the reference route keeps f32) */
         CHECK(agree >= n - (modes[mi] == QF_KV_Q4_0 ? 4 : 2));
         CHECK(ea < 1e-2);
         memset(cc.act_sum, 0, sizeof cc.act_sum), memset(gc.act_sum, 0, sizeof gc.act_sum);
+        memset(fc.act_sum, 0, sizeof fc.act_sum);
     }
-    free(cc.k), free(cc.v), free(gc.k), free(gc.v), free(lc), free(lg);
+    free(cc.k), free(cc.v), free(gc.k), free(gc.v), free(fc.k), free(fc.v), free(lc), free(lg), free(lf);
     qf_model_free(m);
 }
 
@@ -943,7 +959,8 @@ TEST(e2e_decode_graph) {
         const int n0 = 9, n1 = 40, nv = hp->n_vocab; /* positions 9..48: split-K ranges of 16 keys, 1 to 4 */
         int32_t toks[49];
         for (int i = 0; i < n0 + n1; i++) toks[i] = (int32_t)((frand() * 0.5f + 0.5f) * (nv - 1));
-        float *lg = malloc((size_t)n1 * nv * 4), *lp = malloc((size_t)n1 * nv * 4), *lc = malloc((size_t)n1 * nv * 4);
+        float *lg = malloc((size_t)n1 * nv * 4), *lp = malloc((size_t)n1 * nv * 4), *lc = malloc((size_t)n1 * nv * 4),
+              *lf = malloc((size_t)n1 * nv * 4);
         const qf_kv_mode kvs[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_F32};
         for (int k = 0; k < 4; k++) {
             const qf_kv_rot rot = k == 2 && (hp->head_dim & (hp->head_dim - 1)) == 0 ? QF_KV_ROT_HADAMARD : QF_KV_ROT_NONE;
@@ -952,23 +969,24 @@ TEST(e2e_decode_graph) {
             }
             bool ok = decode_steps(m, QF_DEVICE_CUDA, false, false, kvs[k], rot, toks, n0, n1, lg) &&
                       decode_steps(m, QF_DEVICE_CUDA, false, true, kvs[k], rot, toks, n0, n1, lp) &&
-                      decode_steps(m, QF_DEVICE_CPU, true, true, kvs[k], rot, toks, n0, n1, lc);
+                      decode_steps(m, QF_DEVICE_CPU, true, true, kvs[k], rot, toks, n0, n1, lc) &&
+                      decode_steps(m, QF_DEVICE_CPU, false, true, kvs[k], rot, toks, n0, n1, lf);
             if (!ok) break;
             const size_t nl = (size_t)n1 * nv;
             size_t diff = 0;
             for (size_t i = 0; i < nl; i++) diff += memcmp(lg + i, lp + i, 4) != 0;
-            double e = nmse(lg, lc, nl);
+            double e = nmse(lg, lc, nl), fe = nmse(lf, lc, nl); /* fe: the CPU's fast route, as in e2e_model */
             int agree = 0;
             for (int t = 0; t < n1; t++) agree += argmax(lg + (size_t)t * nv, nv) == argmax(lc + (size_t)t * nv, nv);
             printf("  decode graph %-30s kv %-4s%s: %zu of %zu logits differ from plain launches; nmse %.3g against the "
-                   "CPU reference, top-1 %d/%d\n",
-                   models[mi] + 7, qf_kv_mode_name(kvs[k]), rot ? " +rot" : "", diff, nl, e, agree, n1);
+                   "CPU reference (the CPU's fast route: %.3g), top-1 %d/%d\n",
+                   models[mi] + 7, qf_kv_mode_name(kvs[k]), rot ? " +rot" : "", diff, nl, e, fe, agree, n1);
             CHECK_MSG(diff == 0, "%s kv %s: graph replay differs from plain launches", models[mi], qf_kv_mode_name(kvs[k]));
-            CHECK_MSG(e <= (kvs[k] == QF_KV_Q4_0 ? 1e-3 : 1e-4), "%s kv %s: logits nmse %g", models[mi],
-                      qf_kv_mode_name(kvs[k]), e);
+            const double lb = fmax(kvs[k] == QF_KV_Q4_0 ? 1e-3 : 1e-4, 2 * fe);
+            CHECK_MSG(e <= lb, "%s kv %s: logits nmse %g (bound %g)", models[mi], qf_kv_mode_name(kvs[k]), e, lb);
             CHECK(agree >= n1 - (kvs[k] == QF_KV_Q4_0 ? 4 : 2)); /* q4_0: see e2e_model (37/40 seen) */
         }
-        free(lg), free(lp), free(lc);
+        free(lg), free(lp), free(lc), free(lf);
         qf_model_free(m);
     }
 }

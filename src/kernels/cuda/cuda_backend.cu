@@ -681,6 +681,10 @@ static void ctx_info(const qf_cuda_ctx *g, qf_cuda_info *out) {
 }
 
 /* can w run dev_gemm_h: f16 or cached-f16 weights, or a per-call dequantization that fits wdeq */
+/* does w's decode matvec read the norm's fused q8_0 activation (launch_rmsnorm's xq)? the K
+ * formats quantize to Q8_K themselves */
+static bool q8_act(const dweight *w) { return w->type == QF_TYPE_Q4_0 || w->type == QF_TYPE_Q8_0; }
+
 static bool gemm_h_ok(const qf_cuda_ctx *g, const dweight *w) {
     return w->d && w->type != QF_TYPE_F32 &&
            (w->h16 || w->type == QF_TYPE_F16 || (size_t)w->ne0 * w->ne1 * 2 <= g->wdeq_bytes);
@@ -914,7 +918,7 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
         bool att16 = false;
         /* decode: the norm also writes the q8_0 activation of the int8 matvecs (into xh, their
          * scratch), which then skip their own quantization launch */
-        const bool q8a = dqkv && !fqkv;
+        const bool q8a = dqkv && !fqkv && q8_act(&L->wqkv);
         const bool xq1 = launch_rmsnorm(g->x, L->attn_norm, n, D, hp->rms_eps, !fqkv || want_act || kvq ? g->xn : NULL,
                                         fqkv ? g->xh : NULL, S, q8a ? (void *)g->xh : NULL);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_IN, n, D, g->xn, err))) goto done;
@@ -1036,7 +1040,7 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
         prof_mark(g, 4);
 
         const bool xq2 = launch_rmsnorm(g->x, L->ffn_norm, n, D, hp->rms_eps, !fgu || want_act ? g->xn : NULL,
-                                        fgu ? g->xh : NULL, S, dgu && !fgu && !L->eg ? (void *)g->xh : NULL);
+                                        fgu ? g->xh : NULL, S, dgu && !fgu && !L->eg && q8_act(&L->wgu) ? (void *)g->xh : NULL);
         if ((st = tap_act(g, tap, il, QF_ACT_FFN_IN, n, D, g->xn, err))) goto done;
         prof_mark(g, 0);
         if (L->eg) {
@@ -1097,7 +1101,7 @@ static qf_status forward_logits(qf_cuda_ctx *g, int n, int first, cudaStream_t S
     } else {
         const bool mv = n_out <= MATVEC_MAX && route == MM_AUTO;
         const bool xq = launch_rmsnorm(g->x + (size_t)first * D, g->output_norm, n_out, D, hp->rms_eps, g->xn, NULL, S,
-                                       mv ? (void *)g->xh : NULL);
+                                       mv && q8_act(&g->output) ? (void *)g->xh : NULL);
         if ((st = dev_matmul(g->blas, &g->output, g->xn, n_out, g->logits, false, route, g->wdeq, g->xh, S, err, xq)))
             goto done;
     }

@@ -518,6 +518,263 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
  * 183.9 against 183.0 / 182.3 (docs/gpu.md). */
 #define MV_SPLIT_ROWS 2048
 
+/* ---- Q4_K / Q5_K / Q6_K rows with int8 activations (the CPU's vec_dot route) ----
+ * The activation is quantized to Q8_K first (k_quant_act_k: quant.c's quant_q8_K bit for bit:
+ * one f32 scale per 256 elements), stored in the ACT_Q_BYTES layout: int8 quants [n][K], the
+ * scale of super-block j of row t at xd[t * K / 32 + j], the int32 sum of each 32 quants at
+ * xs[t * K / 32 + s] (the sum of two of quant_q8_K's bsums). Eight lanes take one weight
+ * super-block (four per warp step): for Q4_K / Q5_K lane i takes sub-blocks 2 (i / 2) and
+ * 2 (i / 2) + 1, 16 of their 32 elements each (one 16-byte load of quant bytes; Q5_K one more
+ * of high bits), for Q6_K lane i takes 8 of the 32 element offsets of one half, for all four
+ * of its 32-element quarters (2-byte loads: Q6_K blocks are 210 bytes). The lanes' integer sums
+ * are added by shuffles into the super-block's exact isum (and msum, the mins' term), and the
+ * float step is dot_q4_K's / dot_q6_K's per super-block, d * xd * isum - dmin * xd * msum, each
+ * product rounded on its own: only the order of the super-block sums differs from
+ * qf_vec_dot_ref. */
+__global__ void k_quant_act_k(const float *__restrict__ x, int64_t nblocks, int K, int8_t *__restrict__ qs,
+                              float *__restrict__ xd, int *__restrict__ xs) {
+    pdl_trigger();
+    const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    pdl_wait();
+    if (b >= nblocks) return;
+    const float4 *p = (const float4 *)(x + b * 256 + 8 * lane);
+    const float4 v0 = p[0], v1 = p[1];
+    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    /* argmax_abs: the first element of the largest |x| (ties: the lowest index) */
+    float am = 0.0f, mv = v[0];
+    int ai = 8 * lane;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (fabsf(v[j]) > am) am = fabsf(v[j]), mv = v[j], ai = 8 * lane + j;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float oam = __shfl_xor_sync(0xffffffffu, am, o), omv = __shfl_xor_sync(0xffffffffu, mv, o);
+        const int oai = __shfl_xor_sync(0xffffffffu, ai, o);
+        if (oam > am || (oam == am && oai < ai)) am = oam, mv = omv, ai = oai;
+    }
+    const int64_t t = b / (K / 256), j = b % (K / 256);
+    int q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float iscale = 0.0f;
+    if (mv != 0.0f) {
+        iscale = __fdiv_rn(-127.0f, mv);
+#pragma unroll
+        for (int k = 0; k < 8; k++) q[k] = min(__float2int_rn(__fmul_rn(iscale, v[k])), 127); /* nearest_int */
+    }
+    char4 c0 = make_char4((signed char)q[0], (signed char)q[1], (signed char)q[2], (signed char)q[3]);
+    char4 c1 = make_char4((signed char)q[4], (signed char)q[5], (signed char)q[6], (signed char)q[7]);
+    char4 *qo = (char4 *)(qs + b * 256 + 8 * lane);
+    qo[0] = c0, qo[1] = c1;
+    int sum = q[0] + q[1] + q[2] + q[3] + q[4] + q[5] + q[6] + q[7];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (lane % 4 == 0) xs[t * (K / 32) + 8 * j + lane / 4] = sum;
+    if (lane == 0) xd[t * (K / 32) + j] = mv != 0.0f ? __fdiv_rn(1.0f, iscale) : 0.0f;
+}
+
+static void launch_quant_act_k(const float *x, int n, int K, void *xq, cudaStream_t s) {
+    const int64_t nb = (int64_t)n * (K / 256);
+    const act_q a = act_q_view(xq, n, K);
+    cu_launch(k_quant_act_k, dim3(nblk((size_t)nb, 8)), dim3(256), 0, s, x, nb, K, a.qs, a.xd, a.xs);
+}
+
+__device__ static inline int ld_w32_a4(const uint8_t *p) { return __ldg((const int *)p); }
+/* qf_k4_scale_min(jj, scales) with the 12 scale bytes in three registers (w0: bytes 0..3, w1:
+ * 4..7, w2: 8..11), so that a run-time jj indexes no local array */
+__device__ static inline void k4_scale_min_w(int jj, unsigned w0, unsigned w1, unsigned w2, int *sc, int *m) {
+    const int k = 8 * (jj & 3);
+    const unsigned b0 = (w0 >> k) & 0xFF, b1 = (w1 >> k) & 0xFF, b2 = (w2 >> k) & 0xFF;
+    if (jj < 4) *sc = (int)(b0 & 63), *m = (int)(b1 & 63);
+    else *sc = (int)((b2 & 0xF) | ((b0 >> 6) << 4)), *m = (int)((b2 >> 4) | ((b1 >> 6) << 4));
+}
+/* the sum of v over the 8 lanes of a super-block group (m: the group's lanes) */
+__device__ static inline int group8_sum(int v, unsigned m) {
+    v += __shfl_xor_sync(m, v, 1);
+    v += __shfl_xor_sync(m, v, 2);
+    return v + __shfl_xor_sync(m, v, 4);
+}
+
+/* One lane's slice of a K-format super-block, in registers (kq_load), so that a lane's first
+ * KQ_U super-blocks are loaded before pdl_wait and later ones a whole batch at a time */
+template <int T> struct kq_slice;
+template <> struct kq_slice<QF_TYPE_Q4_K> { uint4 q; unsigned dd, s0, s1, s2; };
+template <> struct kq_slice<QF_TYPE_Q5_K> { uint4 q, h; unsigned dd, s0, s1, s2; };
+template <> struct kq_slice<QF_TYPE_Q6_K> { int l0[2], l1[2], hh[2], sc[4]; unsigned short d; };
+template <int T> __host__ __device__ constexpr int kq_block_bytes() {
+    return T == QF_TYPE_Q4_K ? (int)sizeof(block_q4_K) : T == QF_TYPE_Q5_K ? (int)sizeof(block_q5_K) : (int)sizeof(block_q6_K);
+}
+#ifndef KQ_U
+#define KQ_U 2 /* super-blocks in flight per lane: H200, 8B q4_k_m decode 333.1 / 335.7 tok/s against 326.3 / 326.5 with 1 and 274.6 / 274.2 with 4 (more registers, fewer warps) */
+#endif
+
+/* lane i (of the super-block's 8) of the super-block at bp */
+template <int T> __device__ static inline void kq_load(const uint8_t *bp, int i, kq_slice<T> &k) {
+    if constexpr (T == QF_TYPE_Q4_K || T == QF_TYPE_Q5_K) {
+        const int j = i >> 1, h = i & 1;
+        k.dd = (unsigned)ld_w32_a4(bp), k.s0 = (unsigned)ld_w32_a4(bp + 4), k.s1 = (unsigned)ld_w32_a4(bp + 8),
+        k.s2 = (unsigned)ld_w32_a4(bp + 12);
+        k.q = __ldg((const uint4 *)(bp + (T == QF_TYPE_Q4_K ? 16 : 48) + 32 * j + 16 * h));
+        if constexpr (T == QF_TYPE_Q5_K) k.h = __ldg((const uint4 *)(bp + 16 + 16 * h));
+    } else {
+        const int half = i >> 2, w = i & 3;
+        const uint8_t *ql = bp + 64 * half + 8 * w, *qh = bp + 128 + 32 * half + 8 * w;
+        const int8_t *scp = (const int8_t *)bp + 192 + 8 * half + (w >> 1);
+#pragma unroll
+        for (int u = 0; u < 2; u++) k.l0[u] = ld_w32_b2(ql + 4 * u), k.l1[u] = ld_w32_b2(ql + 32 + 4 * u), k.hh[u] = ld_w32_b2(qh + 4 * u);
+#pragma unroll
+        for (int q = 0; q < 4; q++) k.sc[q] = __ldg(scp + 2 * q);
+        k.d = __ldg((const unsigned short *)(bp + 208));
+    }
+}
+
+/* acc[t] += the super-block's dot with activation row t (b: the super-block's index in the row,
+ * gm: the mask of its 8 lanes; lane i == 0 adds it) */
+template <int T, int NT>
+__device__ static inline void kq_dot(const kq_slice<T> &k, int b, int i, unsigned gm, int K, const int8_t *__restrict__ xq,
+                                     const float *__restrict__ xd, const int *__restrict__ xs, int n, float *acc) {
+    const int xr = K / 32;
+    if constexpr (T == QF_TYPE_Q4_K || T == QF_TYPE_Q5_K) {
+        const int j = i >> 1, h = i & 1;
+        const float d = h2f_bits((uint16_t)(k.dd & 0xFFFF)), dmin = h2f_bits((uint16_t)(k.dd >> 16));
+        int sc1, m1, sc2, m2;
+        k4_scale_min_w(2 * j, k.s0, k.s1, k.s2, &sc1, &m1);
+        k4_scale_min_w(2 * j + 1, k.s0, k.s1, k.s2, &sc2, &m2);
+        int lo[4] = {(int)k.q.x, (int)k.q.y, (int)k.q.z, (int)k.q.w}, hi[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) hi[q] = (lo[q] >> 4) & 0x0F0F0F0F, lo[q] &= 0x0F0F0F0F;
+        if constexpr (T == QF_TYPE_Q5_K) {
+            const int hb[4] = {(int)k.h.x, (int)k.h.y, (int)k.h.z, (int)k.h.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                lo[q] |= ((hb[q] >> (2 * j)) & 0x01010101) << 4;
+                hi[q] |= ((hb[q] >> (2 * j + 1)) & 0x01010101) << 4;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= n) break;
+            const int8_t *xb = xq + (size_t)t * K + (size_t)b * 256 + 64 * j + 16 * h;
+            const int4 a0 = __ldg((const int4 *)xb), a1 = __ldg((const int4 *)(xb + 32));
+            int d1 = __dp4a(lo[0], a0.x, 0);
+            d1 = __dp4a(lo[1], a0.y, d1), d1 = __dp4a(lo[2], a0.z, d1), d1 = __dp4a(lo[3], a0.w, d1);
+            int d2 = __dp4a(hi[0], a1.x, 0);
+            d2 = __dp4a(hi[1], a1.y, d2), d2 = __dp4a(hi[2], a1.z, d2), d2 = __dp4a(hi[3], a1.w, d2);
+            int isum = sc1 * d1 + sc2 * d2, msum = 0;
+            if (h == 0) {
+                const int *xsb = xs + (size_t)t * xr + 8 * b + 2 * j;
+                msum = m1 * __ldg(xsb) + m2 * __ldg(xsb + 1);
+            }
+            isum = group8_sum(isum, gm), msum = group8_sum(msum, gm);
+            if (i == 0) {
+                const float xdb = __ldg(xd + (size_t)t * xr + b);
+                acc[t] += __fsub_rn(__fmul_rn(__fmul_rn(d, xdb), (float)isum), __fmul_rn(__fmul_rn(dmin, xdb), (float)msum));
+            }
+        }
+    } else {
+        const int half = i >> 2, w = i & 3;
+        int q[4][2]; /* [quarter][word]: the 6-bit quants less 32, as signed bytes */
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int l0 = k.l0[u], l1 = k.l1[u], hh = k.hh[u];
+            q[0][u] = __vsub4((l0 & 0x0F0F0F0F) | ((hh & 0x03030303) << 4), 0x20202020);
+            q[1][u] = __vsub4((l1 & 0x0F0F0F0F) | (((hh >> 2) & 0x03030303) << 4), 0x20202020);
+            q[2][u] = __vsub4(((l0 >> 4) & 0x0F0F0F0F) | (((hh >> 4) & 0x03030303) << 4), 0x20202020);
+            q[3][u] = __vsub4(((l1 >> 4) & 0x0F0F0F0F) | (((hh >> 6) & 0x03030303) << 4), 0x20202020);
+        }
+        const float d = h2f_bits(k.d);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= n) break;
+            const int8_t *xb = xq + (size_t)t * K + (size_t)b * 256 + 128 * half + 8 * w;
+            int isum = 0;
+#pragma unroll
+            for (int qq = 0; qq < 4; qq++) {
+                const int2 a = __ldg((const int2 *)(xb + 32 * qq));
+                isum += k.sc[qq] * __dp4a(q[qq][1], a.y, __dp4a(q[qq][0], a.x, 0));
+            }
+            isum = group8_sum(isum, gm);
+            if (i == 0) acc[t] += __fmul_rn(__fmul_rn(d, __ldg(xd + (size_t)t * xr + b)), (float)isum);
+        }
+    }
+}
+
+template <int T, int NT, int WPR, bool GU = false>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+    k_matvec_k(const uint8_t *__restrict__ W, size_t rb, int K, int N, const int8_t *__restrict__ xq,
+               const float *__restrict__ xd, const int *__restrict__ xs, int n, float *y, int accumulate) {
+    constexpr int BB = kq_block_bytes<T>();
+    pdl_trigger();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % WPR;
+    const int r = GU ? gu_row(warp, N) : blockIdx.x * (MV_WARPS / WPR) + warp / WPR; /* GU: as k_matvec_h */
+    const bool live = GU ? (2 * (int)blockIdx.x + (warp & 1)) < N : r < N;
+    const uint8_t *row = W + (size_t)(live ? r : 0) * rb;
+    const int nsb = live ? K / 256 : 0, sub = lane / 8, i = lane % 8;
+    constexpr int S = 4 * WPR; /* super-blocks per warp step */
+    const unsigned gm = 0xFFu << (8 * sub);
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    kq_slice<T> kb[KQ_U];
+    int b0 = sub + 4 * part;
+    /* the first KQ_U super-blocks' weights, before the activations exist (weights are never written) */
+#pragma unroll
+    for (int u = 0; u < KQ_U; u++)
+        if (b0 + u * S < nsb) kq_load<T>(row + (size_t)(b0 + u * S) * BB, i, kb[u]);
+    pdl_wait();
+    while (b0 < nsb) {
+#pragma unroll
+        for (int u = 0; u < KQ_U; u++) {
+            const int b = b0 + u * S;
+            if (b >= nsb) break;
+            kq_dot<T, NT>(kb[u], b, i, gm, K, xq, xd, xs, n, acc);
+        }
+        b0 += KQ_U * S;
+#pragma unroll
+        for (int u = 0; u < KQ_U; u++)
+            if (b0 + u * S < nsb) kq_load<T>(row + (size_t)(b0 + u * S) * BB, i, kb[u]);
+    }
+    if (GU) mv_finish_gu<NT>(acc, warp, lane, N, n, y);
+    else mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
+}
+
+/* can w take k_matvec_k: a K format with the kernel's alignment (16-byte rows for Q4_K / Q5_K,
+ * 2-byte for Q6_K) and 16-byte aligned activations and scratch */
+static bool kq_ok(const dweight *w, const float *x, const void *xq) {
+    if (w->g8 || !xq || ((uintptr_t)xq % 16) || ((uintptr_t)x % 16) || w->ne0 % 256) return false;
+    if (w->type == QF_TYPE_Q4_K || w->type == QF_TYPE_Q5_K) return ((uintptr_t)w->d % 16) == 0 && w->row_bytes % 16 == 0;
+    return w->type == QF_TYPE_Q6_K && ((uintptr_t)w->d % 2) == 0;
+}
+
+/* the K-format matvec (kq_ok); GU: the gate|up + SiLU form, N = F. Always quantizes x itself
+ * (the norm's fused activation, "ready", is q8_0) */
+template <bool GU>
+static void launch_matvec_k(const dweight *w, const float *x, int n, int N, float *y, bool accumulate, void *xq,
+                            cudaStream_t s) {
+    const int K = (int)w->ne0;
+    launch_quant_act_k(x, n, K, xq, s);
+    const act_q a = act_q_view(xq, n, K);
+    const int8_t *qs = a.qs;
+    const float *xd = a.xd;
+    const int *xs = a.xs;
+    const int acc = accumulate;
+    const bool split = !GU && N < MV_SPLIT_ROWS;
+    const dim3 grid(GU ? (unsigned)((N + 1) / 2) : split ? (unsigned)N : nblk((size_t)N, MV_WARPS));
+#define QF_MVK(TY, NT, WPR) cu_launch(k_matvec_k<TY, NT, WPR, GU>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc)
+#define QF_MVK_T(TY)                                                                                    \
+    do {                                                                                                \
+        if (split && n == 1) QF_MVK(TY, 1, MV_WARPS);                                                   \
+        else if (split) QF_MVK(TY, MATVEC_MAX, MV_WARPS);                                               \
+        else if (n == 1) QF_MVK(TY, 1, 1);                                                              \
+        else QF_MVK(TY, MATVEC_MAX, 1);                                                                 \
+    } while (0)
+    if (w->type == QF_TYPE_Q4_K) QF_MVK_T(QF_TYPE_Q4_K);
+    else if (w->type == QF_TYPE_Q5_K) QF_MVK_T(QF_TYPE_Q5_K);
+    else QF_MVK_T(QF_TYPE_Q6_K);
+#undef QF_MVK_T
+#undef QF_MVK
+}
+
+
 /* the G8 matvec on int8 activations (xq: ACT_Q_BYTES(n, K) of 16-byte aligned scratch);
  * GU: the gate|up + SiLU form, N = F */
 template <bool GU>
@@ -551,6 +808,10 @@ static void launch_matvec(const dweight *w, const float *x, int n, float *y, boo
     const int K = (int)w->ne0, N = (int)w->ne1;
     if (w->g8 && xq && ((uintptr_t)xq % 16) == 0 && ((uintptr_t)w->d % 16) == 0) {
         launch_matvec_q4g<false>(w, x, n, N, y, accumulate, xq, s, ready);
+        return;
+    }
+    if (kq_ok(w, x, xq)) {
+        launch_matvec_k<false>(w, x, n, N, y, accumulate, xq, s);
         return;
     }
     const int dt = dw_type(w);
@@ -618,6 +879,10 @@ bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb,
     if (w->g8) {
         if (!xq || ((uintptr_t)xq % 16) || ((uintptr_t)w->d % 16)) return false;
         launch_matvec_q4g<true>(w, x, n, F, hb, false, xq, s, ready);
+        return true;
+    }
+    if (kq_ok(w, x, xq)) {
+        launch_matvec_k<true>(w, x, n, F, hb, false, xq, s);
         return true;
     }
     if ((w->type == QF_TYPE_Q4_0 || w->type == QF_TYPE_Q8_0) && xq && ((uintptr_t)xq % 16) == 0 && K % QK == 0 &&
