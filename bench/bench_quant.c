@@ -1,7 +1,11 @@
 /* bench_quant.c: throughput of the block-format kernels, scalar oracle vs AVX2, per type.
  * Reports GB/s of weight bytes read for dequantize_row and vec_dot over a matrix of rows of
- * n = 4096 elements, both versions measured in the same run.
+ * n = 4096 elements, both versions measured in the same run, and for the types with a decode
+ * matvec kernel (kernels/matvec.h) that kernel over the same rows, with its ratio to the AVX2
+ * vec_dot (the per-row route it replaces). --rows 512 keeps the matrix in cache; --rows 32768
+ * (100+ MB) reads it from memory, as decode does.
  *   build/bench/bench_quant [--n 4096] [--rows 512] [--time 0.1]   (seconds per measurement) */
+#include "kernels/matvec.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,8 +38,9 @@ static void make_weights(qf_type t, uint8_t *w, int64_t n, int64_t rows, float *
 
 static volatile float sink;
 
-/* GB/s of weights through dequantize (what = 0) or vec_dot (what = 1), repeating over all
- * rows until `budget` seconds have passed. */
+/* GB/s of weights through dequantize (what = 0), vec_dot (what = 1) or the decode matvec over all
+ * rows at once (what = 2: x is then qf_matvec_prepare's activation, out has rows floats),
+ * repeating over all rows until `budget` seconds have passed. */
 static double measure(int what, qf_type t, const uint8_t *w, const void *x, float *out, int64_t n,
                       int64_t rows, double budget) {
     const size_t rb = qf_row_bytes(t, n);
@@ -43,7 +48,11 @@ static double measure(int what, qf_type t, const uint8_t *w, const void *x, floa
     double t0 = qf_now_sec(), el;
     float acc = 0;
     do {
-        for (int64_t r = 0; r < rows; r++) {
+        if (what == 2) {
+            qf_matvec_rows(t, w, rb, n, 0, rows, x, out);
+            acc += out[0];
+        }
+        for (int64_t r = 0; r < rows && what < 2; r++) {
             if (what == 0) {
                 qf_dequantize_row(t, w + r * rb, out, n);
                 acc += out[r % n];
@@ -80,9 +89,10 @@ int main(int argc, char **argv) {
     printf("bench_quant: n=%lld rows=%lld, %.2fs per measurement, AVX2 %s\n", (long long)n,
            (long long)rows, budget, avx2 ? "yes" : "no (fast = scalar)");
     printf("GB/s of weight bytes read; x = AVX2 / scalar\n");
-    printf("%-5s %9s | %-28s | %-28s\n", "type", "bytes/row", "dequantize: scalar  AVX2", "vec_dot: scalar  AVX2");
-    float *tmp = malloc((size_t)n * sizeof(float)), *out = malloc((size_t)n * sizeof(float));
-    void *x = malloc((size_t)n * sizeof(float) + 64);
+    printf("%-5s %9s | %-28s | %-28s | %s\n", "type", "bytes/row", "dequantize: scalar  AVX2", "vec_dot: scalar  AVX2",
+           "matvec  x vec_dot AVX2");
+    float *tmp = malloc((size_t)n * sizeof(float)), *out = malloc((size_t)(n > rows ? n : rows) * sizeof(float));
+    void *x = malloc((size_t)n * sizeof(float) + 64), *act = qf_malloc_aligned(qf_matvec_act_bytes(QF_TYPE_F16, n) + 64);
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         const qf_type t = types[k];
         const size_t rb = qf_row_bytes(t, n);
@@ -97,12 +107,19 @@ int main(int argc, char **argv) {
             qf_quant_force_scalar(false);
             r[what][1] = measure(what, t, w, x, out, n, rows, budget);
         }
-        printf("%-5s %9zu | %7.2f %7.2f %6.1fx     | %7.2f %7.2f %6.1fx\n", qf_type_name(t), rb, r[0][0],
+        printf("%-5s %9zu | %7.2f %7.2f %6.1fx     | %7.2f %7.2f %6.1fx    ", qf_type_name(t), rb, r[0][0],
                r[0][1], r[0][1] / r[0][0], r[1][0], r[1][1], r[1][1] / r[1][0]);
+        if (qf_matvec_supported(t, n)) {
+            qf_matvec_prepare(t, tmp, n, act);
+            const double m = measure(2, t, w, act, out, n, rows, budget);
+            printf(" | %7.2f %5.2fx\n", m, m / r[1][1]);
+        } else
+            printf(" | (none)\n");
         free(w);
     }
     free(tmp);
     free(out);
     free(x);
+    free(act);
     return 0;
 }

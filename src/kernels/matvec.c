@@ -27,7 +27,40 @@ bool qf_matvec_supported(qf_type wt, int64_t K) {
     switch (wt) {
     case QF_TYPE_Q4_0: return qf_gemm_isa_get() == QF_GEMM_ISA_AVX512 && cpu_has_vbmi(); /* not capped or forced scalar */
     case QF_TYPE_F16: return qf_gemm_f16_supported();
+    case QF_TYPE_Q4_K:
+    case QF_TYPE_Q6_K: return K % 256 == 0 && qf_gemm_isa_get() == QF_GEMM_ISA_AVX512;
     default: return false;
+    }
+}
+
+/* bytes of one 256-block of the Q4_K / Q6_K activation layouts (matvec.h), 64-byte multiples */
+#define K4_ACT_BLOCK 320
+#define K6_ACT_BLOCK 576
+
+/* the K formats' activation: x quantized to Q8_K (qf_quantize_row's bits) block by block, laid
+ * out for the kernels */
+static void prepare_k(qf_type wt, const float *x, int64_t K, uint8_t *act) {
+    for (int64_t b = 0; b < K / 256; b++) {
+        block_q8_K q;
+        qf_quantize_row(QF_TYPE_Q8_K, x + b * 256, &q, 256);
+        if (wt == QF_TYPE_Q4_K) {
+            uint8_t *ab = act + b * K4_ACT_BLOCK;
+            /* [sub-blocks 0|2][1|3][4|6][5|7]: the order of the nibble halves of the two 64-byte loads */
+            static const int sb[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+            for (int k = 0; k < 8; k++) memcpy(ab + 32 * k, q.qs + 32 * sb[k], 32);
+            int16_t s32[8];
+            for (int s = 0; s < 8; s++) s32[s] = (int16_t)(q.bsums[2 * s] + q.bsums[2 * s + 1]);
+            memcpy(ab + 256, s32, sizeof s32);
+            memcpy(ab + 272, &q.d, 4);
+        } else {
+            uint8_t *ab = act + b * K6_ACT_BLOCK;
+            memcpy(ab, q.qs, 256);
+            int32_t c[64]; /* lane L of the 64-element chunk k: -8 * the sum of its 16-element group */
+            for (int k = 0; k < 4; k++)
+                for (int L = 0; L < 16; L++) c[16 * k + L] = -8 * q.bsums[4 * k + L / 4];
+            memcpy(ab + 256, c, sizeof c);
+            memcpy(ab + 512, &q.d, 4);
+        }
     }
 }
 
@@ -35,11 +68,17 @@ size_t qf_matvec_act_bytes(qf_type wt, int64_t K) {
     switch (wt) {
     case QF_TYPE_Q4_0: return (size_t)(K / 128) * 256 + 64; /* + 64: room for the Q8_0 staging copy's tail */
     case QF_TYPE_F16: return ((size_t)K * 4 + 63) & ~(size_t)63;
+    case QF_TYPE_Q4_K: return (size_t)(K / 256) * K4_ACT_BLOCK;
+    case QF_TYPE_Q6_K: return (size_t)(K / 256) * K6_ACT_BLOCK;
     default: return 0;
     }
 }
 
 void qf_matvec_prepare(qf_type wt, const float *x, int64_t K, void *act) {
+    if (wt == QF_TYPE_Q4_K || wt == QF_TYPE_Q6_K) {
+        prepare_k(wt, x, K, act);
+        return;
+    }
     if (wt == QF_TYPE_F16) { /* ggml's F16 activation, kept as f32; through the (AVX2 / F16C) row converters,
                               * bit-exact with qf_f32_to_f16 / qf_f16_to_f32: 1 us instead of 30 at K = 8192 */
         float *o = act;
@@ -77,7 +116,8 @@ void qf_matvec_rows(qf_type wt, const void *w, size_t row_bytes, int64_t K, int6
                     float *y) {
     QF_ASSERT(qf_matvec_supported(wt, K));
     if (wt == QF_TYPE_Q4_0) qf_matvec_q4_0_avx512(w, row_bytes, K, r0, r1, act, y);
-    else qf_matvec_f16_avx512(w, row_bytes, K, r0, r1, act, y);
+    else if (wt == QF_TYPE_F16) qf_matvec_f16_avx512(w, row_bytes, K, r0, r1, act, y);
+    else qf_matvec_k_avx512(wt, w, row_bytes, K, r0, r1, act, y);
 }
 
 void qf_matvec_rows_ref(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x,

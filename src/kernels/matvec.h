@@ -16,6 +16,17 @@
  *     nibbles, the -8 offset preloaded from the activation) and one FMA with d_w * d_x.
  *   F16 (AVX-512 F): x rounded to f16 and back (qf_vec_dot_type(F16) is F16: ggml's rounding),
  *     kept as f32 so only the weights are converted; 16-lane FMAs.
+ *   Q4_K (AVX-512 VNNI): x quantized to Q8_K exactly as qf_quantize_row, then per 256-block (320
+ *     bytes) the quants in the order of the weight's two 64-byte quant loads [sub-blocks 0|2][1|3]
+ *     [4|6][5|7] (low nibbles of bytes 0-63: elements 0-31 and 64-95, ...), each sub-block's quant
+ *     sum (int16 x 8) and d_x. Per block and row: two 64-byte loads, four vpdpbusd (one per nibble
+ *     half), the integer sub-block scales spread over the lanes (vpshufb + vpmovzxbd) and applied
+ *     by vpmulld, one FMA with d_w * d_x; the mins by one vpmaddwd against the quant sums.
+ *   Q6_K (AVX-512 VNNI): Q8_K quants in element order, then per 64 elements the -8 * (16-element
+ *     quant sums) in each lane (the -32 offset of the 6-bit quants, preloaded as the vpdpbusd
+ *     accumulator), d_x (576 bytes per block). Per half-block: one 64-byte load of the low
+ *     nibbles, 32 bytes of high bits for two quarter pairs, two vpdpbusd, the signed int8 scales of
+ *     the 16-element groups by vpmulld.
  * One weight row per step by default (matvec_avx512.c: MV_R, measured). Results equal qf_vec_dot_ref of the same row and the same
  * quantized activation up to float summation order (the integer sums are exact); the oracle,
  * qf_matvec_rows_ref, is exactly that per-row reference. */
@@ -29,8 +40,8 @@
 #include "qforge/quant.h"
 
 /* True when the fast matvec exists for weight type wt and row length K on this CPU (Q4_0: AVX-512
- * F/BW/VL/VNNI + VBMI; F16: AVX-512 F/BW/VL/VNNI, the prefill f16 GEMM's requirement; K a multiple
- * of 128) and qf_quant_force_scalar is off. */
+ * F/BW/VL/VNNI + VBMI; F16, Q4_K, Q6_K: AVX-512 F/BW/VL/VNNI, the prefill GEMMs' requirement; K a
+ * multiple of 128, 256 for the K formats) and qf_quant_force_scalar is off. */
 bool qf_matvec_supported(qf_type wt, int64_t K);
 /* Bytes of one prepared activation row for (wt, K) (64-byte multiple); 0 for an unsupported type. */
 size_t qf_matvec_act_bytes(qf_type wt, int64_t K);
@@ -48,5 +59,7 @@ void qf_matvec_rows_ref(qf_type wt, const void *w, size_t row_bytes, int64_t K, 
 /* internal: the AVX-512 kernels (matvec_avx512.c) */
 void qf_matvec_q4_0_avx512(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const void *act, float *y);
 void qf_matvec_f16_avx512(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const void *act, float *y);
+void qf_matvec_k_avx512(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const void *act,
+                        float *y);
 
 #endif

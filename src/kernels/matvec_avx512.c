@@ -125,3 +125,119 @@ void qf_matvec_f16_avx512(const void *w, size_t row_bytes, int64_t K, int64_t r0
         f16_rows(wr, 1, act, K, y + r);
     }
 }
+
+/* ---- Q4_K / Q6_K on Q8_K activations (matvec.h has the layouts) ---- */
+#ifndef MV_PF_K
+#define MV_PF_K 1024
+#endif
+
+/* the 8 six-bit sub-block scales and mins of a Q4_K block (qf_k4_scale_min for j = 0..7, ggml's
+ * mask form): scale j in byte j of *sc, min j in byte j of *mn */
+static inline __attribute__((always_inline)) void k4_scales(const uint8_t *s12, uint64_t *sc, uint64_t *mn) {
+    uint32_t u[3];
+    memcpy(u, s12, 12);
+    const uint32_t lo = u[0] & 0x3f3f3f3fu, hi = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    const uint32_t mlo = u[1] & 0x3f3f3f3fu, mhi = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    *sc = (uint64_t)lo | ((uint64_t)hi << 32);
+    *mn = (uint64_t)mlo | ((uint64_t)mhi << 32);
+}
+
+/* Q4_K: the integer dots D0..D3 (sub-blocks 0|2, 1|3, 4|6, 5|7, 8 int32 lanes each) fit int16,
+ * so they are packed in pairs (vpackssdw: per 128-bit lane c, 4 lanes of D0 then 4 of D1) and
+ * multiplied by the scales with vpmaddwd. K4_S: per 128-bit lane, the byte indices of the scales
+ * in that order (lane c < 2: sub-blocks 0 and 1, c >= 2: 2 and 3; +4 for D2, D3) */
+#define SP4(a) a, a, a, a
+static const uint8_t K4_S[2][32] __attribute__((aligned(32))) = {
+    {SP4(0), SP4(1), SP4(0), SP4(1), SP4(2), SP4(3), SP4(2), SP4(3)},
+    {SP4(4), SP4(5), SP4(4), SP4(5), SP4(6), SP4(7), SP4(6), SP4(7)}};
+/* Q6_K: the 4 scales of 16-element groups g0..g0+3 over 16 lanes, 4 each */
+static const uint8_t K6_S[4][16] __attribute__((aligned(16))) = {
+    {SP4(0), SP4(1), SP4(2), SP4(3)}, {SP4(4), SP4(5), SP4(6), SP4(7)},
+    {SP4(8), SP4(9), SP4(10), SP4(11)}, {SP4(12), SP4(13), SP4(14), SP4(15)}};
+
+static inline __attribute__((always_inline)) float q4k_row(const uint8_t *wr, const uint8_t *act, int64_t nb) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m256i i01 = _mm256_load_si256((const __m256i *)(const void *)K4_S[0]),
+                  i23 = _mm256_load_si256((const __m256i *)(const void *)K4_S[1]);
+    __m512 acc = _mm512_setzero_ps();
+    float accm = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = wr + (size_t)b * 144, *ab = act + (size_t)b * 320;
+        if (MV_PF_K) _mm_prefetch((const char *)(blk + MV_PF_K), _MM_HINT_T0);
+        uint64_t sc, mn;
+        k4_scales(blk + 4, &sc, &mn);
+        const __m256i s8 = _mm256_set1_epi64x((long long)sc);
+        const __m512i S01 = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(s8, i01)),
+                      S23 = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(s8, i23));
+        const __m512i Q0 = _mm512_loadu_si512((const void *)(blk + 16)), Q1 = _mm512_loadu_si512((const void *)(blk + 80));
+        const __m512i z = _mm512_setzero_si512();
+        const __m512i D0 = _mm512_dpbusd_epi32(z, _mm512_and_si512(Q0, m4), _mm512_load_si512((const void *)ab));
+        const __m512i D1 = _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(Q0, 4), m4),
+                                               _mm512_load_si512((const void *)(ab + 64)));
+        const __m512i D2 = _mm512_dpbusd_epi32(z, _mm512_and_si512(Q1, m4), _mm512_load_si512((const void *)(ab + 128)));
+        const __m512i D3 = _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(Q1, 4), m4),
+                                               _mm512_load_si512((const void *)(ab + 192)));
+        const __m512i V = _mm512_add_epi32(_mm512_madd_epi16(_mm512_packs_epi32(D0, D1), S01),
+                                           _mm512_madd_epi16(_mm512_packs_epi32(D2, D3), S23));
+        float dx;
+        memcpy(&dx, ab + 272, 4);
+        uint16_t dh, dmh;
+        memcpy(&dh, blk, 2), memcpy(&dmh, blk + 2, 2);
+        const float d = _cvtsh_ss(dh), dmin = _cvtsh_ss(dmh);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(V), _mm512_set1_ps(d * dx), acc);
+        /* the mins: sum_s m_s * (sum of sub-block s's activation quants), int16 pairs */
+        const __m128i p = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn)),
+                                         _mm_load_si128((const __m128i *)(const void *)(ab + 256)));
+        const __m128i p2 = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0x4E));
+        const int32_t im = _mm_cvtsi128_si32(_mm_add_epi32(p2, _mm_shuffle_epi32(p2, 0xB1)));
+        accm += dmin * dx * (float)im;
+    }
+    return _mm512_reduce_add_ps(acc) - accm;
+}
+
+static inline __attribute__((always_inline)) float q6k_row(const uint8_t *wr, const uint8_t *act, int64_t nb) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(0x03);
+    /* per 16-bit lane shift counts for the qh bits: quarters 0 / 1 (low / high 256 bits), 2 / 3 */
+    const __m512i sh01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i sh23 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = wr + (size_t)b * 210, *ab = act + (size_t)b * 576;
+        if (MV_PF_K) _mm_prefetch((const char *)(blk + MV_PF_K), _MM_HINT_T0);
+        const __m128i sc16 = _mm_loadu_si128((const __m128i *)(const void *)(blk + 192));
+        __m512i V = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            const __m512i QL = _mm512_loadu_si512((const void *)(blk + 64 * h));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 128 + 32 * h));
+            const __m512i QH = _mm512_inserti64x4(_mm512_castsi256_si512(qh), qh, 1);
+            const __m512i v0 = _mm512_or_si512(_mm512_and_si512(QL, m4),
+                                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(QH, sh01), m3), 4));
+            const __m512i v1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(QL, 4), m4),
+                                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(QH, sh23), m3), 4));
+            const uint8_t *ah = ab + 128 * h;
+            const __m512i D0 = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(ab + 256 + 128 * h)), v0,
+                                                   _mm512_load_si512((const void *)ah));
+            const __m512i D1 = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(ab + 256 + 128 * h + 64)), v1,
+                                                   _mm512_load_si512((const void *)(ah + 64)));
+            const __m512i S0 = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(sc16, _mm_load_si128((const __m128i *)(const void *)K6_S[2 * h]))),
+                          S1 = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(sc16, _mm_load_si128((const __m128i *)(const void *)K6_S[2 * h + 1])));
+            V = _mm512_add_epi32(V, _mm512_add_epi32(_mm512_mullo_epi32(D0, S0), _mm512_mullo_epi32(D1, S1)));
+        }
+        float dx;
+        memcpy(&dx, ab + 512, 4);
+        uint16_t dh;
+        memcpy(&dh, blk + 208, 2);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(V), _mm512_set1_ps(_cvtsh_ss(dh) * dx), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+void qf_matvec_k_avx512(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const void *act,
+                        float *y) {
+    const int64_t nb = K / 256;
+    const uint8_t *wb = w;
+    if (wt == QF_TYPE_Q4_K)
+        for (int64_t r = r0; r < r1; r++) y[r] = q4k_row(wb + (size_t)r * row_bytes, act, nb);
+    else
+        for (int64_t r = r0; r < r1; r++) y[r] = q6k_row(wb + (size_t)r * row_bytes, act, nb);
+}
