@@ -111,6 +111,11 @@ TEST(demo_q4km_fast_matches_reference) { check_routes("models/qforge-demo-11m-q4
 TEST(qwen2_fast_matches_reference) {
     check_routes(or_fixture("models/qforge-demo-qwen2-5m-f16.gguf", "models/synthetic-qwen2-f16.gguf"), 1e-3);
 }
+/* Q4_K and Q6_K matrices of width 256 (n_embd 256): decode takes the K-format matvec kernels
+ * (kernels/matvec.h) on AVX-512 VNNI CPUs; the fixture is gen_model_shapes' q4_k_m mix */
+TEST(qwen2_q4km_fast_matches_reference) {
+    check_routes(or_fixture("models/qforge-demo-qwen2-5m-q4_k_m.gguf", "models/synthetic-qwen2-q4_k_m.gguf"), 5e-2);
+}
 
 /* Q4_0 weights (the demo model quantized here: every matrix Q4_0, the head Q8_0): the fast routes
  * against the oracle, where on AVX-512 VNNI CPUs the CPU context reads the model's repacked copy
@@ -377,6 +382,7 @@ int main(void) {
     RUN(demo_f16_fast_matches_reference);
     RUN(demo_q4km_fast_matches_reference);
     RUN(qwen2_fast_matches_reference);
+    RUN(qwen2_q4km_fast_matches_reference);
     RUN(demo_q4_0_repacked_matches);
     RUN(logits_from_bit_identical_f16);
     RUN(logits_from_bit_identical_q4km);
