@@ -676,8 +676,8 @@ static void check_matvec(qf_type wt, int64_t K, int N) {
 }
 
 TEST(matvec_vs_oracle) {
-    const qf_type ts[] = {QF_TYPE_Q4_0, QF_TYPE_F16, QF_TYPE_Q4_K, QF_TYPE_Q6_K};
-    for (int i = 0; i < 4; i++) {
+    const qf_type ts[] = {QF_TYPE_Q4_0, QF_TYPE_F16, QF_TYPE_Q4_K, QF_TYPE_Q5_K, QF_TYPE_Q6_K};
+    for (int i = 0; i < 5; i++) {
         if (qf_type_block_elems(ts[i]) < 256) check_matvec(ts[i], 128, 1);
         check_matvec(ts[i], 256, 7);
         check_matvec(ts[i], 2048, 37);
@@ -701,11 +701,12 @@ TEST(matvec_vs_oracle) {
         free(x), free(o);
     }
     CHECK(!qf_matvec_supported(QF_TYPE_Q4_0, 96)); /* K not a multiple of 128: the vec_dot route */
-    CHECK(!qf_matvec_supported(QF_TYPE_Q5_K, 256)); /* no fast Q5_K matvec: the vec_dot route */
+    CHECK(!qf_matvec_supported(QF_TYPE_Q8_0, 256) && !qf_matvec_supported(QF_TYPE_Q5_0, 256)); /* the vec_dot route */
     CHECK(!qf_matvec_supported(QF_TYPE_Q4_K, 128) && !qf_matvec_supported(QF_TYPE_Q6_K, 384)); /* not whole 256-blocks */
     qf_quant_force_scalar(true);
     CHECK(!qf_matvec_supported(QF_TYPE_Q4_0, 256) && !qf_matvec_supported(QF_TYPE_F16, 256));
-    CHECK(!qf_matvec_supported(QF_TYPE_Q4_K, 256) && !qf_matvec_supported(QF_TYPE_Q6_K, 256));
+    CHECK(!qf_matvec_supported(QF_TYPE_Q4_K, 256) && !qf_matvec_supported(QF_TYPE_Q5_K, 256) &&
+          !qf_matvec_supported(QF_TYPE_Q6_K, 256));
     qf_quant_force_scalar(false);
 }
 

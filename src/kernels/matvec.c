@@ -28,6 +28,7 @@ bool qf_matvec_supported(qf_type wt, int64_t K) {
     case QF_TYPE_Q4_0: return qf_gemm_isa_get() == QF_GEMM_ISA_AVX512 && cpu_has_vbmi(); /* not capped or forced scalar */
     case QF_TYPE_F16: return qf_gemm_f16_supported();
     case QF_TYPE_Q4_K:
+    case QF_TYPE_Q5_K:
     case QF_TYPE_Q6_K: return K % 256 == 0 && qf_gemm_isa_get() == QF_GEMM_ISA_AVX512;
     default: return false;
     }
@@ -43,7 +44,7 @@ static void prepare_k(qf_type wt, const float *x, int64_t K, uint8_t *act) {
     for (int64_t b = 0; b < K / 256; b++) {
         block_q8_K q;
         qf_quantize_row(QF_TYPE_Q8_K, x + b * 256, &q, 256);
-        if (wt == QF_TYPE_Q4_K) {
+        if (wt == QF_TYPE_Q4_K || wt == QF_TYPE_Q5_K) {
             uint8_t *ab = act + b * K4_ACT_BLOCK;
             /* [sub-blocks 0|2][1|3][4|6][5|7]: the order of the nibble halves of the two 64-byte loads */
             static const int sb[8] = {0, 2, 1, 3, 4, 6, 5, 7};
@@ -68,14 +69,15 @@ size_t qf_matvec_act_bytes(qf_type wt, int64_t K) {
     switch (wt) {
     case QF_TYPE_Q4_0: return (size_t)(K / 128) * 256 + 64; /* + 64: room for the Q8_0 staging copy's tail */
     case QF_TYPE_F16: return ((size_t)K * 4 + 63) & ~(size_t)63;
-    case QF_TYPE_Q4_K: return (size_t)(K / 256) * K4_ACT_BLOCK;
+    case QF_TYPE_Q4_K:
+    case QF_TYPE_Q5_K: return (size_t)(K / 256) * K4_ACT_BLOCK;
     case QF_TYPE_Q6_K: return (size_t)(K / 256) * K6_ACT_BLOCK;
     default: return 0;
     }
 }
 
 void qf_matvec_prepare(qf_type wt, const float *x, int64_t K, void *act) {
-    if (wt == QF_TYPE_Q4_K || wt == QF_TYPE_Q6_K) {
+    if (wt == QF_TYPE_Q4_K || wt == QF_TYPE_Q5_K || wt == QF_TYPE_Q6_K) {
         prepare_k(wt, x, K, act);
         return;
     }

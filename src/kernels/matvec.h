@@ -22,6 +22,8 @@
  *     sum (int16 x 8) and d_x. Per block and row: two 64-byte loads, four vpdpbusd (one per nibble
  *     half), the integer sub-block scales spread over the lanes (vpshufb + vpmovzxbd) and applied
  *     by vpmulld, one FMA with d_w * d_x; the mins by one vpmaddwd against the quant sums.
+ *   Q5_K: Q4_K's activation and kernel, the fifth bit of each quant ORed into the nibble vectors
+ *     from the 32 qh bytes (bit s of qh[l] for sub-block s).
  *   Q6_K (AVX-512 VNNI): Q8_K quants in element order, then per 64 elements the -8 * (16-element
  *     quant sums) in each lane (the -32 offset of the 6-bit quants, preloaded as the vpdpbusd
  *     accumulator), d_x (576 bytes per block). Per half-block: one 64-byte load of the low
@@ -40,7 +42,7 @@
 #include "qforge/quant.h"
 
 /* True when the fast matvec exists for weight type wt and row length K on this CPU (Q4_0: AVX-512
- * F/BW/VL/VNNI + VBMI; F16, Q4_K, Q6_K: AVX-512 F/BW/VL/VNNI, the prefill GEMMs' requirement; K a
+ * F/BW/VL/VNNI + VBMI; F16, Q4_K, Q5_K, Q6_K: AVX-512 F/BW/VL/VNNI, the prefill GEMMs' requirement; K a
  * multiple of 128, 256 for the K formats) and qf_quant_force_scalar is off. */
 bool qf_matvec_supported(qf_type wt, int64_t K);
 /* Bytes of one prepared activation row for (wt, K) (64-byte multiple); 0 for an unsupported type. */

@@ -155,28 +155,46 @@ static const uint8_t K6_S[4][16] __attribute__((aligned(16))) = {
     {SP4(0), SP4(1), SP4(2), SP4(3)}, {SP4(4), SP4(5), SP4(6), SP4(7)},
     {SP4(8), SP4(9), SP4(10), SP4(11)}, {SP4(12), SP4(13), SP4(14), SP4(15)}};
 
-static inline __attribute__((always_inline)) float q4k_row(const uint8_t *wr, const uint8_t *act, int64_t nb) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+/* a 16-bit-lane shift count vector: a in the low 256 bits, b in the high */
+static inline __attribute__((always_inline)) __m512i sh2(int a, int b) {
+    return _mm512_inserti64x4(_mm512_set1_epi16((short)a), _mm256_set1_epi16((short)b), 1);
+}
+
+/* Q4_K, or Q5_K (q5: the fifth bit of sub-block s's element l is bit s of qh[l], added to the
+ * nibble vectors from the 32 qh bytes, twice, shifted per half; the activation layout is Q4_K's) */
+static inline __attribute__((always_inline)) float q4k_row(const uint8_t *wr, const uint8_t *act, int64_t nb,
+                                                           const bool q5) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m1 = _mm512_set1_epi8(0x01);
     const __m256i i01 = _mm256_load_si256((const __m256i *)(const void *)K4_S[0]),
                   i23 = _mm256_load_si256((const __m256i *)(const void *)K4_S[1]);
+    const __m512i c02 = sh2(0, 2), c13 = sh2(1, 3), c46 = sh2(4, 6), c57 = sh2(5, 7);
+    const size_t bb = q5 ? 176 : 144, qo = q5 ? 48 : 16;
     __m512 acc = _mm512_setzero_ps();
     float accm = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = wr + (size_t)b * 144, *ab = act + (size_t)b * 320;
+        const uint8_t *blk = wr + (size_t)b * bb, *ab = act + (size_t)b * 320;
         if (MV_PF_K) _mm_prefetch((const char *)(blk + MV_PF_K), _MM_HINT_T0);
         uint64_t sc, mn;
         k4_scales(blk + 4, &sc, &mn);
         const __m256i s8 = _mm256_set1_epi64x((long long)sc);
         const __m512i S01 = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(s8, i01)),
                       S23 = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(s8, i23));
-        const __m512i Q0 = _mm512_loadu_si512((const void *)(blk + 16)), Q1 = _mm512_loadu_si512((const void *)(blk + 80));
+        const __m512i Q0 = _mm512_loadu_si512((const void *)(blk + qo)), Q1 = _mm512_loadu_si512((const void *)(blk + qo + 64));
+        __m512i n0 = _mm512_and_si512(Q0, m4), n1 = _mm512_and_si512(_mm512_srli_epi16(Q0, 4), m4),
+                n2 = _mm512_and_si512(Q1, m4), n3 = _mm512_and_si512(_mm512_srli_epi16(Q1, 4), m4);
+        if (q5) { /* n0: sub-blocks 0 | 2, n1: 1 | 3, n2: 4 | 6, n3: 5 | 7 */
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16));
+            const __m512i QH = _mm512_inserti64x4(_mm512_castsi256_si512(qh), qh, 1);
+#define HB(c) _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(QH, c), m1), 4)
+            n0 = _mm512_or_si512(n0, HB(c02)), n1 = _mm512_or_si512(n1, HB(c13));
+            n2 = _mm512_or_si512(n2, HB(c46)), n3 = _mm512_or_si512(n3, HB(c57));
+#undef HB
+        }
         const __m512i z = _mm512_setzero_si512();
-        const __m512i D0 = _mm512_dpbusd_epi32(z, _mm512_and_si512(Q0, m4), _mm512_load_si512((const void *)ab));
-        const __m512i D1 = _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(Q0, 4), m4),
-                                               _mm512_load_si512((const void *)(ab + 64)));
-        const __m512i D2 = _mm512_dpbusd_epi32(z, _mm512_and_si512(Q1, m4), _mm512_load_si512((const void *)(ab + 128)));
-        const __m512i D3 = _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(Q1, 4), m4),
-                                               _mm512_load_si512((const void *)(ab + 192)));
+        const __m512i D0 = _mm512_dpbusd_epi32(z, n0, _mm512_load_si512((const void *)ab));
+        const __m512i D1 = _mm512_dpbusd_epi32(z, n1, _mm512_load_si512((const void *)(ab + 64)));
+        const __m512i D2 = _mm512_dpbusd_epi32(z, n2, _mm512_load_si512((const void *)(ab + 128)));
+        const __m512i D3 = _mm512_dpbusd_epi32(z, n3, _mm512_load_si512((const void *)(ab + 192)));
         const __m512i V = _mm512_add_epi32(_mm512_madd_epi16(_mm512_packs_epi32(D0, D1), S01),
                                            _mm512_madd_epi16(_mm512_packs_epi32(D2, D3), S23));
         float dx;
@@ -237,7 +255,9 @@ void qf_matvec_k_avx512(qf_type wt, const void *w, size_t row_bytes, int64_t K, 
     const int64_t nb = K / 256;
     const uint8_t *wb = w;
     if (wt == QF_TYPE_Q4_K)
-        for (int64_t r = r0; r < r1; r++) y[r] = q4k_row(wb + (size_t)r * row_bytes, act, nb);
+        for (int64_t r = r0; r < r1; r++) y[r] = q4k_row(wb + (size_t)r * row_bytes, act, nb, false);
+    else if (wt == QF_TYPE_Q5_K)
+        for (int64_t r = r0; r < r1; r++) y[r] = q4k_row(wb + (size_t)r * row_bytes, act, nb, true);
     else
         for (int64_t r = r0; r < r1; r++) y[r] = q6k_row(wb + (size_t)r * row_bytes, act, nb);
 }
