@@ -19,11 +19,13 @@
  * Q4_K_M does: q6_k for the output, and for attn_v / ffn_down of the first and last eighth of
  * the layers and every third layer between; q4_k everywhere else. */
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "format/quant_blocks.h"
 #include "qforge/gguf.h"
 #include "qforge/quant.h"
 #include "util/util.h"
@@ -61,13 +63,13 @@ static void fill_kquant(qf_type t, uint8_t *p, size_t bytes) {
     for (size_t i = 0; i < bytes; i++) p[i] = (uint8_t)(qf_xorshift64s(&rs) >> 56);
     const size_t bb = qf_type_block_bytes(t);
     for (size_t b = 0; b + bb <= bytes; b += bb) {
-        uint8_t *k = p + b;
+        uint8_t *k = p + b; /* the blocks are byte-aligned in the pool: the scales are copied in */
         if (t == QF_TYPE_Q6_K) { /* d * sc * (q - 32), |sc| <= 128, |q - 32| <= 32: d ~ 5e-6 */
             const uint16_t h = qf_f32_to_f16(5e-6f);
-            k[208] = h & 0xFF, k[209] = h >> 8;
-        } else { /* d * sc * q - dmin * m, sc, m <= 63, q <= 15 (31 for q5_k) */
+            memcpy(k + offsetof(block_q6_K, d), &h, 2);
+        } else { /* d * sc * q - dmin * m, sc, m <= 63, q <= 15 (31 for q5_k); d and dmin lead both types */
             const uint16_t h = qf_f32_to_f16(t == QF_TYPE_Q5_K ? 1e-5f : 2e-5f), hm = qf_f32_to_f16(1e-4f);
-            k[0] = h & 0xFF, k[1] = h >> 8, k[2] = hm & 0xFF, k[3] = hm >> 8;
+            memcpy(k + offsetof(block_q4_K, d), &h, 2), memcpy(k + offsetof(block_q4_K, dmin), &hm, 2);
         }
     }
 }

@@ -7,6 +7,7 @@
 #define QF_QUANT_BLOCKS_H
 
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __CUDACC__
 #define QF_HD __host__ __device__
@@ -60,6 +61,24 @@ QF_HD static inline void qf_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, u
         *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
         *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
     }
+}
+/* All eight at once, qf_k4_scale_min for j = 0..7 with 32-bit masks (ggml's form, little-endian):
+ * byte j of u[0..1] is scale j, byte j of u[2..3] min j. */
+QF_HD static inline void qf_k4_scale_min_words(const uint8_t *q, uint32_t u[4]) {
+    memcpy(u, q, 12);
+    const uint32_t six = 0x3f3f3f3f, lo4 = 0x0f0f0f0f, top2 = 0x03030303;
+    u[3] = ((u[2] >> 4) & lo4) | (((u[1] >> 6) & top2) << 4); /* mins 4..7 */
+    const uint32_t mins03 = u[1] & six;
+    u[1] = (u[2] & lo4) | (((u[0] >> 6) & top2) << 4); /* scales 4..7 */
+    u[2] = mins03;
+    u[0] &= six;
+}
+/* the same as byte arrays: sc[j], m[j] */
+QF_HD static inline void qf_k4_scale_min_all(const uint8_t *q, uint8_t sc[8], uint8_t m[8]) {
+    uint32_t u[4];
+    qf_k4_scale_min_words(q, u);
+    memcpy(sc, u, 8);
+    memcpy(m, u + 2, 8);
 }
 
 #endif

@@ -34,10 +34,6 @@ bool qf_matvec_supported(qf_type wt, int64_t K) {
     }
 }
 
-/* bytes of one 256-block of the Q4_K / Q6_K activation layouts (matvec.h), 64-byte multiples */
-#define K4_ACT_BLOCK 320
-#define K6_ACT_BLOCK 576
-
 /* the K formats' activation: x quantized to Q8_K (qf_quantize_row's bits) block by block, laid
  * out for the kernels */
 static void prepare_k(qf_type wt, const float *x, int64_t K, uint8_t *act) {
@@ -45,22 +41,22 @@ static void prepare_k(qf_type wt, const float *x, int64_t K, uint8_t *act) {
         block_q8_K q;
         qf_quantize_row(QF_TYPE_Q8_K, x + b * 256, &q, 256);
         if (wt == QF_TYPE_Q4_K || wt == QF_TYPE_Q5_K) {
-            uint8_t *ab = act + b * K4_ACT_BLOCK;
+            uint8_t *ab = act + b * MV_K4_BLOCK;
             /* [sub-blocks 0|2][1|3][4|6][5|7]: the order of the nibble halves of the two 64-byte loads */
             static const int sb[8] = {0, 2, 1, 3, 4, 6, 5, 7};
             for (int k = 0; k < 8; k++) memcpy(ab + 32 * k, q.qs + 32 * sb[k], 32);
             int16_t s32[8];
             for (int s = 0; s < 8; s++) s32[s] = (int16_t)(q.bsums[2 * s] + q.bsums[2 * s + 1]);
-            memcpy(ab + 256, s32, sizeof s32);
-            memcpy(ab + 272, &q.d, 4);
+            memcpy(ab + MV_K4_SUMS, s32, sizeof s32);
+            memcpy(ab + MV_K4_DX, &q.d, 4);
         } else {
-            uint8_t *ab = act + b * K6_ACT_BLOCK;
+            uint8_t *ab = act + b * MV_K6_BLOCK;
             memcpy(ab, q.qs, 256);
             int32_t c[64]; /* lane L of the 64-element chunk k: -8 * the sum of its 16-element group */
             for (int k = 0; k < 4; k++)
                 for (int L = 0; L < 16; L++) c[16 * k + L] = -8 * q.bsums[4 * k + L / 4];
-            memcpy(ab + 256, c, sizeof c);
-            memcpy(ab + 512, &q.d, 4);
+            memcpy(ab + MV_K6_CORR, c, sizeof c);
+            memcpy(ab + MV_K6_DX, &q.d, 4);
         }
     }
 }
@@ -70,8 +66,8 @@ size_t qf_matvec_act_bytes(qf_type wt, int64_t K) {
     case QF_TYPE_Q4_0: return (size_t)(K / 128) * 256 + 64; /* + 64: room for the Q8_0 staging copy's tail */
     case QF_TYPE_F16: return ((size_t)K * 4 + 63) & ~(size_t)63;
     case QF_TYPE_Q4_K:
-    case QF_TYPE_Q5_K: return (size_t)(K / 256) * K4_ACT_BLOCK;
-    case QF_TYPE_Q6_K: return (size_t)(K / 256) * K6_ACT_BLOCK;
+    case QF_TYPE_Q5_K: return (size_t)(K / 256) * MV_K4_BLOCK;
+    case QF_TYPE_Q6_K: return (size_t)(K / 256) * MV_K6_BLOCK;
     default: return 0;
     }
 }

@@ -58,6 +58,15 @@ void qf_matvec_rows(qf_type wt, const void *w, size_t row_bytes, int64_t K, int6
 void qf_matvec_rows_ref(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const float *x,
                         float *y, void *xq);
 
+/* internal: the K formats' activation layouts (bytes of one 256-block, 64-byte multiples, and the
+ * offsets in it; matvec.c writes them, matvec_avx512.c reads them) */
+#define MV_K4_BLOCK 320 /* Q4_K / Q5_K: quants [0, 256), int16 sub-block sums [256, 272), d_x at 272 */
+#define MV_K4_SUMS 256
+#define MV_K4_DX 272
+#define MV_K6_BLOCK 576 /* Q6_K: quants [0, 256), int32 offsets [256, 512), d_x at 512 */
+#define MV_K6_CORR 256
+#define MV_K6_DX 512
+
 /* internal: the AVX-512 kernels (matvec_avx512.c) */
 void qf_matvec_q4_0_avx512(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const void *act, float *y);
 void qf_matvec_f16_avx512(const void *w, size_t row_bytes, int64_t K, int64_t r0, int64_t r1, const void *act, float *y);

@@ -6,6 +6,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <stddef.h>
+
+#include "format/quant_blocks.h"
 #include "kernels/matvec.h"
 
 #ifdef __clang__
@@ -126,21 +129,10 @@ void qf_matvec_f16_avx512(const void *w, size_t row_bytes, int64_t K, int64_t r0
     }
 }
 
-/* ---- Q4_K / Q6_K on Q8_K activations (matvec.h has the layouts) ---- */
+/* ---- Q4_K / Q5_K / Q6_K on Q8_K activations (matvec.h has the layouts) ---- */
 #ifndef MV_PF_K
 #define MV_PF_K 1024
 #endif
-
-/* the 8 six-bit sub-block scales and mins of a Q4_K block (qf_k4_scale_min for j = 0..7, ggml's
- * mask form): scale j in byte j of *sc, min j in byte j of *mn */
-static inline __attribute__((always_inline)) void k4_scales(const uint8_t *s12, uint64_t *sc, uint64_t *mn) {
-    uint32_t u[3];
-    memcpy(u, s12, 12);
-    const uint32_t lo = u[0] & 0x3f3f3f3fu, hi = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-    const uint32_t mlo = u[1] & 0x3f3f3f3fu, mhi = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-    *sc = (uint64_t)lo | ((uint64_t)hi << 32);
-    *mn = (uint64_t)mlo | ((uint64_t)mhi << 32);
-}
 
 /* Q4_K: the integer dots D0..D3 (sub-blocks 0|2, 1|3, 4|6, 5|7, 8 int32 lanes each) fit int16,
  * so they are packed in pairs (vpackssdw: per 128-bit lane c, 4 lanes of D0 then 4 of D1) and
@@ -168,14 +160,16 @@ static inline __attribute__((always_inline)) float q4k_row(const uint8_t *wr, co
     const __m256i i01 = _mm256_load_si256((const __m256i *)(const void *)K4_S[0]),
                   i23 = _mm256_load_si256((const __m256i *)(const void *)K4_S[1]);
     const __m512i c02 = sh2(0, 2), c13 = sh2(1, 3), c46 = sh2(4, 6), c57 = sh2(5, 7);
-    const size_t bb = q5 ? 176 : 144, qo = q5 ? 48 : 16;
+    const size_t bb = q5 ? sizeof(block_q5_K) : sizeof(block_q4_K),
+                 qo = q5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs);
     __m512 acc = _mm512_setzero_ps();
     float accm = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = wr + (size_t)b * bb, *ab = act + (size_t)b * 320;
+        const uint8_t *blk = wr + (size_t)b * bb, *ab = act + (size_t)b * MV_K4_BLOCK;
         if (MV_PF_K) _mm_prefetch((const char *)(blk + MV_PF_K), _MM_HINT_T0);
-        uint64_t sc, mn;
-        k4_scales(blk + 4, &sc, &mn);
+        uint32_t u[4];
+        qf_k4_scale_min_words(blk + offsetof(block_q4_K, scales), u); /* the same offset in Q5_K */
+        const uint64_t sc = (uint64_t)u[0] | ((uint64_t)u[1] << 32), mn = (uint64_t)u[2] | ((uint64_t)u[3] << 32);
         const __m256i s8 = _mm256_set1_epi64x((long long)sc);
         const __m512i S01 = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(s8, i01)),
                       S23 = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(s8, i23));
@@ -183,7 +177,7 @@ static inline __attribute__((always_inline)) float q4k_row(const uint8_t *wr, co
         __m512i n0 = _mm512_and_si512(Q0, m4), n1 = _mm512_and_si512(_mm512_srli_epi16(Q0, 4), m4),
                 n2 = _mm512_and_si512(Q1, m4), n3 = _mm512_and_si512(_mm512_srli_epi16(Q1, 4), m4);
         if (q5) { /* n0: sub-blocks 0 | 2, n1: 1 | 3, n2: 4 | 6, n3: 5 | 7 */
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(blk + offsetof(block_q5_K, qh)));
             const __m512i QH = _mm512_inserti64x4(_mm512_castsi256_si512(qh), qh, 1);
 #define HB(c) _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(QH, c), m1), 4)
             n0 = _mm512_or_si512(n0, HB(c02)), n1 = _mm512_or_si512(n1, HB(c13));
@@ -198,14 +192,14 @@ static inline __attribute__((always_inline)) float q4k_row(const uint8_t *wr, co
         const __m512i V = _mm512_add_epi32(_mm512_madd_epi16(_mm512_packs_epi32(D0, D1), S01),
                                            _mm512_madd_epi16(_mm512_packs_epi32(D2, D3), S23));
         float dx;
-        memcpy(&dx, ab + 272, 4);
-        uint16_t dh, dmh;
-        memcpy(&dh, blk, 2), memcpy(&dmh, blk + 2, 2);
+        memcpy(&dx, ab + MV_K4_DX, 4);
+        uint16_t dh, dmh; /* d and dmin lead both block types */
+        memcpy(&dh, blk + offsetof(block_q4_K, d), 2), memcpy(&dmh, blk + offsetof(block_q4_K, dmin), 2);
         const float d = _cvtsh_ss(dh), dmin = _cvtsh_ss(dmh);
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(V), _mm512_set1_ps(d * dx), acc);
         /* the mins: sum_s m_s * (sum of sub-block s's activation quants), int16 pairs */
         const __m128i p = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn)),
-                                         _mm_load_si128((const __m128i *)(const void *)(ab + 256)));
+                                         _mm_load_si128((const __m128i *)(const void *)(ab + MV_K4_SUMS)));
         const __m128i p2 = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0x4E));
         const int32_t im = _mm_cvtsi128_si32(_mm_add_epi32(p2, _mm_shuffle_epi32(p2, 0xB1)));
         accm += dmin * dx * (float)im;
@@ -216,35 +210,34 @@ static inline __attribute__((always_inline)) float q4k_row(const uint8_t *wr, co
 static inline __attribute__((always_inline)) float q6k_row(const uint8_t *wr, const uint8_t *act, int64_t nb) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(0x03);
     /* per 16-bit lane shift counts for the qh bits: quarters 0 / 1 (low / high 256 bits), 2 / 3 */
-    const __m512i sh01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-    const __m512i sh23 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+    const __m512i sh01 = sh2(0, 2), sh23 = sh2(4, 6);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = wr + (size_t)b * 210, *ab = act + (size_t)b * 576;
+        const uint8_t *blk = wr + (size_t)b * sizeof(block_q6_K), *ab = act + (size_t)b * MV_K6_BLOCK;
         if (MV_PF_K) _mm_prefetch((const char *)(blk + MV_PF_K), _MM_HINT_T0);
-        const __m128i sc16 = _mm_loadu_si128((const __m128i *)(const void *)(blk + 192));
+        const __m128i sc16 = _mm_loadu_si128((const __m128i *)(const void *)(blk + offsetof(block_q6_K, scales)));
         __m512i V = _mm512_setzero_si512();
         for (int h = 0; h < 2; h++) {
-            const __m512i QL = _mm512_loadu_si512((const void *)(blk + 64 * h));
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 128 + 32 * h));
+            const __m512i QL = _mm512_loadu_si512((const void *)(blk + offsetof(block_q6_K, ql) + 64 * h));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(blk + offsetof(block_q6_K, qh) + 32 * h));
             const __m512i QH = _mm512_inserti64x4(_mm512_castsi256_si512(qh), qh, 1);
             const __m512i v0 = _mm512_or_si512(_mm512_and_si512(QL, m4),
                                                _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(QH, sh01), m3), 4));
             const __m512i v1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(QL, 4), m4),
                                                _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(QH, sh23), m3), 4));
             const uint8_t *ah = ab + 128 * h;
-            const __m512i D0 = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(ab + 256 + 128 * h)), v0,
+            const __m512i D0 = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(ab + MV_K6_CORR + 128 * h)), v0,
                                                    _mm512_load_si512((const void *)ah));
-            const __m512i D1 = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(ab + 256 + 128 * h + 64)), v1,
+            const __m512i D1 = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(ab + MV_K6_CORR + 128 * h + 64)), v1,
                                                    _mm512_load_si512((const void *)(ah + 64)));
             const __m512i S0 = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(sc16, _mm_load_si128((const __m128i *)(const void *)K6_S[2 * h]))),
                           S1 = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(sc16, _mm_load_si128((const __m128i *)(const void *)K6_S[2 * h + 1])));
             V = _mm512_add_epi32(V, _mm512_add_epi32(_mm512_mullo_epi32(D0, S0), _mm512_mullo_epi32(D1, S1)));
         }
         float dx;
-        memcpy(&dx, ab + 512, 4);
+        memcpy(&dx, ab + MV_K6_DX, 4);
         uint16_t dh;
-        memcpy(&dh, blk + 208, 2);
+        memcpy(&dh, blk + offsetof(block_q6_K, d), 2);
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(V), _mm512_set1_ps(_cvtsh_ss(dh) * dx), acc);
     }
     return _mm512_reduce_add_ps(acc);

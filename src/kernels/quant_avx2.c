@@ -55,21 +55,6 @@ static inline __m256i bits_to_bytes(const uint8_t *p) {
     return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
 }
 
-/* All eight 6-bit scales and mins of a Q4_K/Q5_K block at once, with 32-bit masks instead
- * of eight qf_k4_scale_min calls (little-endian): sc[0..8) = bytes of u[0..1], m = u[2..3]. */
-static inline void k4_unpack(const uint8_t *q, uint8_t sc[8], uint8_t m[8]) {
-    uint32_t u[4];
-    memcpy(u, q, 12);
-    const uint32_t six = 0x3f3f3f3f, lo4 = 0x0f0f0f0f, top2 = 0x03030303;
-    u[3] = ((u[2] >> 4) & lo4) | (((u[1] >> 6) & top2) << 4); /* mins 4..7 */
-    const uint32_t mins03 = u[1] & six;
-    u[1] = (u[2] & lo4) | (((u[0] >> 6) & top2) << 4); /* scales 4..7 */
-    u[2] = mins03;
-    u[0] &= six;
-    memcpy(sc, u, 8);
-    memcpy(m, u + 2, 8);
-}
-
 /* ---- dequantization ---- */
 
 /* y[0..32) = (float)q * d for 32 signed bytes; the oracle's int*float multiply. */
@@ -123,7 +108,7 @@ static void dequant_q4_K(const block_q4_K *x, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         const float d = h2f(x[i].d), dmin = h2f(x[i].dmin);
         uint8_t sc[8], m[8];
-        k4_unpack(x[i].scales, sc, m);
+        qf_k4_scale_min_all(x[i].scales, sc, m);
         for (int s = 0; s < 8; s += 2, y += 64) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 16 * s));
             store_u8x32_affine(_mm256_and_si256(q, m4), d * sc[s], dmin * m[s], y);
@@ -138,7 +123,7 @@ static void dequant_q5_K(const block_q5_K *x, float *y, int64_t nb) {
         const float d = h2f(x[i].d), dmin = h2f(x[i].dmin);
         const __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
         uint8_t sc[8], m[8];
-        k4_unpack(x[i].scales, sc, m);
+        qf_k4_scale_min_all(x[i].scales, sc, m);
         for (int s = 0; s < 8; s += 2, y += 64) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 16 * s));
             __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(s)), one), 4);
@@ -385,7 +370,7 @@ static float dot_q4_K(const block_q4_K *w, const block_q8_K *x, int64_t nb) {
     float acc_m = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         uint8_t sc[8], m[8];
-        k4_unpack(w[i].scales, sc, m);
+        qf_k4_scale_min_all(w[i].scales, sc, m);
         __m256i sumi = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * j));
@@ -408,7 +393,7 @@ static float dot_q5_K(const block_q5_K *w, const block_q8_K *x, int64_t nb) {
     float acc_m = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         uint8_t sc[8], m[8];
-        k4_unpack(w[i].scales, sc, m);
+        qf_k4_scale_min_all(w[i].scales, sc, m);
         const __m256i qh = _mm256_loadu_si256((const __m256i *)w[i].qh);
         __m256i sumi = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {

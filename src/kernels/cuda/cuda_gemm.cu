@@ -611,19 +611,23 @@ template <int T> __host__ __device__ constexpr int kq_block_bytes() {
 template <int T> __device__ static inline void kq_load(const uint8_t *bp, int i, kq_slice<T> &k) {
     if constexpr (T == QF_TYPE_Q4_K || T == QF_TYPE_Q5_K) {
         const int j = i >> 1, h = i & 1;
-        k.dd = (unsigned)ld_w32_a4(bp), k.s0 = (unsigned)ld_w32_a4(bp + 4), k.s1 = (unsigned)ld_w32_a4(bp + 8),
-        k.s2 = (unsigned)ld_w32_a4(bp + 12);
-        k.q = __ldg((const uint4 *)(bp + (T == QF_TYPE_Q4_K ? 16 : 48) + 32 * j + 16 * h));
-        if constexpr (T == QF_TYPE_Q5_K) k.h = __ldg((const uint4 *)(bp + 16 + 16 * h));
+        /* d and dmin (one word), the 12 scale bytes: the same offsets in both types */
+        constexpr size_t sc = offsetof(block_q4_K, scales);
+        k.dd = (unsigned)ld_w32_a4(bp + offsetof(block_q4_K, d)), k.s0 = (unsigned)ld_w32_a4(bp + sc),
+        k.s1 = (unsigned)ld_w32_a4(bp + sc + 4), k.s2 = (unsigned)ld_w32_a4(bp + sc + 8);
+        constexpr size_t qo = T == QF_TYPE_Q4_K ? offsetof(block_q4_K, qs) : offsetof(block_q5_K, qs);
+        k.q = __ldg((const uint4 *)(bp + qo + 32 * j + 16 * h));
+        if constexpr (T == QF_TYPE_Q5_K) k.h = __ldg((const uint4 *)(bp + offsetof(block_q5_K, qh) + 16 * h));
     } else {
         const int half = i >> 2, w = i & 3;
-        const uint8_t *ql = bp + 64 * half + 8 * w, *qh = bp + 128 + 32 * half + 8 * w;
-        const int8_t *scp = (const int8_t *)bp + 192 + 8 * half + (w >> 1);
+        const uint8_t *ql = bp + offsetof(block_q6_K, ql) + 64 * half + 8 * w,
+                      *qh = bp + offsetof(block_q6_K, qh) + 32 * half + 8 * w;
+        const int8_t *scp = (const int8_t *)bp + offsetof(block_q6_K, scales) + 8 * half + (w >> 1);
 #pragma unroll
         for (int u = 0; u < 2; u++) k.l0[u] = ld_w32_b2(ql + 4 * u), k.l1[u] = ld_w32_b2(ql + 32 + 4 * u), k.hh[u] = ld_w32_b2(qh + 4 * u);
 #pragma unroll
         for (int q = 0; q < 4; q++) k.sc[q] = __ldg(scp + 2 * q);
-        k.d = __ldg((const unsigned short *)(bp + 208));
+        k.d = __ldg((const unsigned short *)(bp + offsetof(block_q6_K, d)));
     }
 }
 
