@@ -89,6 +89,7 @@ typedef struct qf_context_ext {
     uint8_t *gact; /* int8 GEMM activations (kernels/gemm.h): n_batch rows of the widest input */
     uint8_t *mvact; /* decode matvec activations (kernels/matvec.h): MV_MAX_W x GEMM_MIN_TOKENS rows */
     size_t mvact_row; /* bytes of one of them (the widest input, any supported type) */
+    bool no_skip; /* QF_NO_SKIP set at creation: the last layer computes every row (qf_decode) */
 } ctx_ext;
 
 static ctx_ext *ext(qf_context *c) { return (ctx_ext *)c; }
@@ -244,6 +245,7 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
      * rows as before (to measure the difference) */
     if (!c->gpu) qf_model_prefault(m);
     if (!c->gpu && !c->params.reference && !getenv("QF_NO_REPACK")) qf_model_repack(m, c->pool);
+    e->no_skip = getenv("QF_NO_SKIP") != NULL; /* read once, not on every decode */
     return c;
 oom:
     qf_fail(err, QF_ERR_NOMEM, "out of memory allocating a context (n_ctx %d, n_batch %d)",
@@ -541,13 +543,6 @@ static void matmul(qf_context *c, const qf_weight *w, const float *x, int n, flo
 /* ---------------------------------------------------------------------------------------- */
 /* elementwise pieces                                                                        */
 
-static void rmsnorm(float *out, const float *x, const float *g, int n, float eps) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)(x[i] * x[i]);
-    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
-    for (int i = 0; i < n; i++) out[i] = x[i] * scale * g[i];
-}
-
 /* cos/sin of every rotated pair for positions pos0..pos0+n, as ggml's rope cache computes them
  * (theta advanced by repeated multiplication in f32) */
 static void rope_row_base(qf_context *c, float base, float freq_scale, int pos, float *cs, float *sn) {
@@ -821,12 +816,12 @@ static void ew_worker(void *arg, int ith, int nth) {
             if (lv->q_norm) /* per-head RMS norm of q and k (qwen3, gemma3) */
                 for (int h = 0; h < hp->n_head; h++) {
                     float *qh = c->q + (size_t)t * Dq + (size_t)h * hp->head_dim;
-                    rmsnorm(qh, qh, lv->q_norm, hp->head_dim, hp->rms_eps);
+                    qf_rmsnorm_row_ref(qh, qh, lv->q_norm, hp->head_dim, hp->rms_eps);
                 }
             if (lv->k_norm)
                 for (int h = 0; h < hp->n_head_kv; h++) {
                     float *kh = c->k + (size_t)t * Dkv + (size_t)h * hp->head_dim;
-                    rmsnorm(kh, kh, lv->k_norm, hp->head_dim, hp->rms_eps);
+                    qf_rmsnorm_row_ref(kh, kh, lv->k_norm, hp->head_dim, hp->rms_eps);
                 }
             rope_apply(c, j->rcos, j->rsin, c->q + (size_t)t * Dq, hp->n_head, (int)t);
             if (!j->defer_k_rope) rope_apply(c, j->rcos, j->rsin, c->k + (size_t)t * Dkv, hp->n_head_kv, (int)t);
@@ -872,7 +867,7 @@ static void norm_worker(void *arg, int ith, int nth) {
     for (int64_t t = t0; t < t1; t++) {
         float *o = j->out + (size_t)t * hp->n_embd;
         const float *x = j->x + (size_t)t * hp->n_embd;
-        if (ref) rmsnorm(o, x, j->g, hp->n_embd, hp->rms_eps);
+        if (ref) qf_rmsnorm_row_ref(o, x, j->g, hp->n_embd, hp->rms_eps);
         else qf_rmsnorm_row(o, x, j->g, hp->n_embd, hp->rms_eps);
     }
 }
@@ -1026,7 +1021,7 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
      * GEMM to the decode route (fewer than GEMM_MIN_TOKENS rows left of at least as many). */
     int skip = !logits ? n : logits_from < 0 ? 0 : logits_from < n ? logits_from : n;
     if (tap || m->layers[hp->n_layer - 1].exp_gate ||
-        (n >= GEMM_MIN_TOKENS && n - skip < GEMM_MIN_TOKENS && n - skip > 0) || getenv("QF_NO_SKIP"))
+        (n >= GEMM_MIN_TOKENS && n - skip < GEMM_MIN_TOKENS && n - skip > 0) || ext(c)->no_skip)
         skip = 0;
 
     for (int il = 0; il < hp->n_layer; il++) {
@@ -1091,8 +1086,8 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
     if (!logits || logits_from >= n) return QF_OK;
     int first = logits_from < 0 ? 0 : logits_from, n_out = n - first;
     for (int t = first; t < n; t++)
-        (ref ? rmsnorm : qf_rmsnorm_row)(c->xn + (size_t)(t - first) * D, c->x + (size_t)t * D, vecs->output_norm, D,
-                                         hp->rms_eps);
+        (ref ? qf_rmsnorm_row_ref : qf_rmsnorm_row)(c->xn + (size_t)(t - first) * D, c->x + (size_t)t * D,
+                                                    vecs->output_norm, D, hp->rms_eps);
     matmul(c, &m->output, c->xn, n_out, logits);
     if (hp->final_softcap > 0) { /* gemma2: c * tanh(logits / c) */
         const float cap = hp->final_softcap;

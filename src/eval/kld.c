@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/vecmath.h"
 #include "qforge/mpi.h"
 
 static int nearest_int_f(float f) {
@@ -92,9 +93,7 @@ static void kld_encode_row(const float *logits, int n_vocab, uint16_t *row) {
         mn = logits[i] < mn ? logits[i] : mn;
     }
     if (mn < mx - 16) mn = mx - 16;
-    double sum = 0;
-    for (int i = 0; i < n_vocab; i++) sum += expf(logits[i] - mx);
-    float lse = (float)log(sum);
+    float lse = (float)log(qf_vec_sum_exp_ref(logits, n_vocab, mx)); /* expf summed in order, in double */
     float d[2] = {(mx - mn) / 65535.f, mn - mx - lse};
     memcpy(row, d, 8);
     uint16_t *q = row + 4;
@@ -112,9 +111,7 @@ static void kld_compare_row(const qf_kld_state *k, const float *logits, const ui
     float mx = logits[0];
     for (int i = 1; i < n_vocab; i++)
         if (logits[i] > mx) mx = logits[i], imax = i;
-    double sum_exp = 0;
-    for (int i = 0; i < n_vocab; i++) sum_exp += expf(logits[i] - mx);
-    float lse = (float)log(sum_exp);
+    float lse = (float)log(qf_vec_sum_exp_ref(logits, n_vocab, mx));
     float d[2];
     memcpy(d, row, 8);
     const uint16_t *q = row + 4;
