@@ -50,8 +50,6 @@ static qf_status rebuild(qf_context *c, const qf_kv_stream_spec spec[2], qf_erro
 /* kv-rq (include/qforge/kv_rq.h has the payload): every shape checked against this model */
 static qf_status bind_rq(qf_context *c, const qf_payload *p, qf_error *err) {
     const qf_hparams *hp = &c->model->hp;
-    if (c->gpu)
-        return qf_fail(err, QF_ERR_UNSUPPORTED, "kv-rq runs on the CPU only in this build (use --device cpu)");
     int64_t fmt = 0, S = -1, R = -1, L = hp->n_layer, H = hp->n_head_kv, D = hp->head_dim, prerope = 0;
     const char *rot = qf_payload_get_string(p, "rotation");
     /* format 1: bits 2..6, K after RoPE; 2: also 1-bit rows and 'k_prerope' (required) */

@@ -22,6 +22,15 @@ static void dict_encode(void *user, int s, int il, const float *rows, int64_t n,
     }
 }
 
+/* kv-rq rows on the GPU are encoded by the host cache itself (K before V: V's predictor reads
+ * the stored K of the same token); the stored bytes are copied out for the device */
+static void rq_write(void *user, int s, int il, int pos0, int n, const float *rows, uint8_t *bytes) {
+    qf_context *c = user;
+    qf_kv_cache_write(&c->kv, s, il, pos0, n, rows);
+    const size_t rb = c->kv.rq[s]->row_bytes[il], per = (size_t)c->kv.n_head_kv * rb;
+    memcpy(bytes, c->kv.data[s][il] + (size_t)pos0 * per, (size_t)n * per);
+}
+
 /* the view of kv; *atoms_out holds the per-layer atom pointers of dict streams (free it) */
 static qf_status kv_view(qf_context *c, const qf_kv_cache *kv, qf_gpu_kv *v, const float ***atoms_out,
                          qf_error *err) {
@@ -30,11 +39,26 @@ static qf_status kv_view(qf_context *c, const qf_kv_cache *kv, qf_gpu_kv *v, con
     v->n_layer = kv->n_layer, v->n_ctx = kv->n_ctx, v->n_head_kv = kv->n_head_kv, v->head_dim = kv->head_dim;
     v->mode[0] = kv->mode_k, v->mode[1] = kv->mode_v;
     v->encode = dict_encode, v->encode_user = c;
+    v->rq_write = rq_write;
+    v->k_prerope = kv->k_prerope, v->n_sink = kv->n_sink, v->n_window = kv->n_window;
     const float **at = NULL;
     for (int s = 0; s < 2; s++) {
         v->row_bytes[s] = kv->row_bytes[s];
         v->int8_scale[s] = kv->int8_scale[s], v->int8_inv_scale[s] = kv->int8_inv_scale[s];
         v->int8_layout[s] = kv->int8_layout[s];
+        const struct qf_kv_rq_bind *r = kv->rq[s];
+        if (v->mode[s] == QF_KV_RQ && r) {
+            /* the host cache's rows are read by position (rq_write): a sliding-window ring is not */
+            if (kv->ring_rows) {
+                free(at);
+                return qf_fail(err, QF_ERR_DEVICE, "the CUDA backend runs kv-rq caches without sliding-window rings; "
+                                                   "use --device cpu");
+            }
+            v->rq[s] = (qf_gpu_kv_rq){.bits = r->bits, .row_bytes = r->row_bytes, .levels = r->levels,
+                                      .mean = r->mean, .cs = r->cs, .klt_dec = r->klt_dec,
+                                      .klt_sigma = r->klt_sigma, .klt_levels = r->klt_levels,
+                                      .klt_width = r->klt_width, .pred = r->pred, .pred_on = r->pred_on};
+        }
         const struct qf_kv_dict_bind *d = kv->dict[s];
         if (v->mode[s] != QF_KV_DICT || !d) continue;
         /* the backend decodes the v1 code layout and its rows come from dict_encode (fixed
@@ -140,4 +164,18 @@ bool qf_context_gpu_info(const qf_context *c, qf_cuda_info *out) {
     if (!c->gpu) return false;
     qf_cuda_api_get(NULL)->info(c->gpu, out);
     return true;
+}
+
+qf_status qf_gpu_op_kv_rq_decode(qf_context *c, int il, int n_pos, float *k_out, float *v_out, qf_error *err) {
+    const char *why = NULL;
+    const qf_cuda_api *a = qf_cuda_api_get(&why);
+    if (!a || !a->available()) return qf_fail(err, QF_ERR_DEVICE, "no CUDA backend or GPU: %s", why ? why : "no GPU");
+    if (c->kv.mode_k != QF_KV_RQ || c->kv.mode_v != QF_KV_RQ || il < 0 || il >= c->kv.n_layer)
+        return qf_fail(err, QF_ERR_ARG, "kv-rq decode op: the context has no kv-rq cache, or layer %d is out of range", il);
+    qf_gpu_kv v;
+    const float **at;
+    qf_status st = kv_view(c, &c->kv, &v, &at, err);
+    if (!st) st = a->op_kv_rq_decode(&v, il, n_pos, c->kv.data[0][il], c->kv.data[1][il], k_out, v_out, err);
+    free(at);
+    return st;
 }

@@ -27,4 +27,9 @@ qf_status qf_decode_nll(qf_context *c, const int32_t *tokens, int n, int pos0, i
 /* Device memory of a GPU context; false (and *out zeroed) on the CPU. */
 bool qf_context_gpu_info(const qf_context *c, qf_cuda_info *out);
 
+/* Tests: decode positions [0, n_pos) of layer il of c's kv-rq cache (host rows) on the GPU, as
+ * the CUDA backend reads them: k_out / v_out [n_pos][n_head_kv][head_dim], K as stored (before
+ * RoPE where the cache keeps it so), V with its prediction. QF_ERR_DEVICE without a GPU. */
+qf_status qf_gpu_op_kv_rq_decode(qf_context *c, int il, int n_pos, float *k_out, float *v_out, qf_error *err);
+
 #endif

@@ -44,14 +44,6 @@ qf_status qf_run_open(const qf_run_params *p, qf_run *r, qf_error *err) {
      * qf_context_new and read back from the context by everyone after; an artifact caps the
      * default at the largest context it is certified at and refuses a larger one */
     qf_context_params cp = p->cp;
-    if (r->has_artifact && r->artifact.cert.kind == QF_ARTIFACT_KV_RQ) {
-        /* kv-rq runs on the CPU only: auto picks the CPU, cuda is refused plainly */
-        if (cp.device == QF_DEVICE_CUDA) {
-            st = qf_fail(err, QF_ERR_UNSUPPORTED, "kv-rq runs on the CPU only in this build (use --device cpu or auto)");
-            goto fail;
-        }
-        cp.device = QF_DEVICE_CPU;
-    }
     if (r->has_artifact) {
         r->certified_ctx = qf_artifact_max_certified_ctx(&r->artifact);
         if (cp.n_ctx <= 0) {

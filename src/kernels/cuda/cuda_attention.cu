@@ -3,10 +3,11 @@
 #include "kernels/cuda/cuda_common.cuh"
 
 /* one warp per (query i, head h): online softmax over positions [0, pos0 + i] */
-template <int MK, int MV>
+template <int MK, int MV, bool EX = false>
 __global__ void k_attention(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int n,
                             int pos0, int n_head, int n_head_kv, int hd, float scale, float cap, int window,
-                            float *out) {
+                            float *out, const uint8_t *EK = NULL, const uint8_t *EV = NULL, int n_sink = 0,
+                            int n_window = 0) {
     const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (w >= n * n_head) return;
     const int i = w / n_head, h = w % n_head, kvh = h / (n_head / n_head_kv);
@@ -23,7 +24,9 @@ __global__ void k_attention(const float *q, const uint8_t *K, const uint8_t *V, 
     /* a sliding-window layer: keys last - window < t <= last */
     const int first = window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
     for (int t = first; t <= last; t++) {
-        const uint8_t *kr = K + ((size_t)t * n_head_kv + kvh) * rbk;
+        /* EX: exact sinks and window (launch_attention_exact) */
+        const bool ex = EX && (t < n_sink || t > last - n_window);
+        const uint8_t *kr = (ex ? EK : K) + ((size_t)t * n_head_kv + kvh) * rbk;
         float s = 0.0f;
 #pragma unroll
         for (int j = 0; j < HD_MAX / 32; j++) {
@@ -35,7 +38,7 @@ __global__ void k_attention(const float *q, const uint8_t *K, const uint8_t *V, 
         const float mn = fmaxf(m, s);
         const float corr = expf(m - mn), p = expf(s - mn);
         l = l * corr + p;
-        const uint8_t *vr = V + ((size_t)t * n_head_kv + kvh) * rbv;
+        const uint8_t *vr = (ex ? EV : V) + ((size_t)t * n_head_kv + kvh) * rbv;
 #pragma unroll
         for (int j = 0; j < HD_MAX / 32; j++) {
             const int e = lane + 32 * j;
@@ -402,6 +405,15 @@ void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_
     }
 #undef QF_ATT_V
 #undef QF_ATT
+}
+
+void launch_attention_exact(const float *q, const float *K, const float *V, const float *EK, const float *EV, int n,
+                            int pos0, int n_head, int n_head_kv, int hd, int n_sink, int n_window, float *out,
+                            cudaStream_t s) {
+    const size_t warps = (size_t)n * n_head, rb = (size_t)hd * 4;
+    k_attention<QF_KV_F32, QF_KV_F32, true><<<nblk(warps, 4), 128, 0, s>>>(
+        q, (const uint8_t *)K, (const uint8_t *)V, rb, rb, n, pos0, n_head, n_head_kv, hd, 1.0f / sqrtf((float)hd), 0.0f,
+        0, out, (const uint8_t *)EK, (const uint8_t *)EV, n_sink, n_window);
 }
 
 /* ---- split-K decode attention ("flash decoding") ----

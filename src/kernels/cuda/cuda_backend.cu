@@ -71,6 +71,7 @@ struct qf_cuda_ctx {
     void (*encode)(void *user, int s, int il, const float *rows, int64_t n, uint8_t *codes); /* dict: the host's */
     void *encode_user;
     bool kv_rot;                    /* --kv-rot hadamard */
+    struct rq_state *rq;            /* kv-rq caches (both streams), or NULL */
     int nkv, hd;
     qf_hparams hp;                  /* the model's */
     /* a family feature beyond llama/qwen2 (docs/families.md): the forward pass then takes the
@@ -121,6 +122,37 @@ struct qf_cuda_ctx {
     double prof_ms[PROF_NCAT], prof_first[PROF_NCAT]; /* all calls; the first call alone */
     /* uploads keyed by host pointer (tied output shares the embedding) */
 };
+
+/* A kv-rq cache on the GPU (set_kv): the rows as the host cache stores them (encoded by the host
+ * cache itself, gpu.c's rq_write), decoded on the device for attention (k_kv_rq_expand), plus
+ * the exact sinks and recent window and the tables that rotate pre-RoPE K rows on read. */
+struct rq_state {
+    rq_layer_dev *lay[2];      /* host [n_layer] per stream (codes point into kv[s]) */
+    void *mem[2];              /* device: the codec arrays of each stream */
+    size_t *loff[2];           /* host [n_layer + 1]: byte offset of each layer's rows in kv[s] */
+    float *scale;              /* device [256]: the row scales, the host's exp2f */
+    bool k_prerope;
+    int n_sink, n_window;
+    uint16_t *sink[2], *win[2]; /* device f16 bits [n_layer][n_sink][dkv], [n_layer][n_window][dkv] */
+    int *win_pos;              /* device [n_layer][n_window]: the position a window slot holds, -1 none */
+    float *ex[2];              /* device [n_ctx][dkv]: the exact view of a batch (more than one query) */
+    float *kr_cos, *kr_sin;    /* device [n_ctx][n_rot / 2]: RoPE of every position (pre-RoPE K) */
+    void (*write)(void *user, int s, int il, int pos0, int n, const float *rows, uint8_t *bytes);
+};
+
+static void rq_state_free(struct rq_state *r) {
+    if (!r) return;
+    for (int s = 0; s < 2; s++) {
+        free(r->lay[s]), free(r->loff[s]);
+        void *ps[] = {r->mem[s], r->sink[s], r->win[s], r->ex[s]};
+        for (int i = 0; i < 4; i++)
+            if (ps[i]) cudaFree(ps[i]);
+    }
+    void *ps[] = {r->scale, r->win_pos, r->kr_cos, r->kr_sin};
+    for (int i = 0; i < 4; i++)
+        if (ps[i]) cudaFree(ps[i]);
+    free(r);
+}
 
 static bool available(void) {
     static int cached = -1;
@@ -322,11 +354,166 @@ static void ctx_free(qf_cuda_ctx *g) {
         for (int i = 0; i < 4; i++)
             if (ps[i]) cudaFree(ps[i]);
     }
+    rq_state_free(g->rq);
     free(g->h_codes);
     free(g->h_cos), free(g->h_sin), free(g->h_k), free(g->h_v), free(g->h_act), free(g->rope_ff);
     free(g->h_cos2), free(g->h_sin2), free(g->h_moe_logits), free(g->h_moe_w), free(g->h_moe_rw), free(g->h_moe_ids);
     free(g->h_moe_rows);
     free(g);
+}
+
+static void rope_host(const qf_cuda_ctx *g, int n, int pos0, float *cs, float *sn);
+
+/* carve n bytes (16-aligned) from a host-planned device block: off advances */
+static size_t rq_take(size_t *off, size_t n) {
+    const size_t at = *off;
+    *off += (n + 15) & ~(size_t)15;
+    return at;
+}
+
+/* kv-rq on the device from kv's codecs (both streams kv-rq); the rows themselves are allocated
+ * by set_kv from (*out)->loff. Format-3 and predictor matrices are uploaded transposed, the
+ * bit offsets of format-3 codes precomputed (the prefix sums of the widths). */
+static qf_status rq_state_new(const qf_cuda_ctx *g, const qf_gpu_kv *kv, struct rq_state **out, qf_error *err) {
+    qf_status st = QF_OK;
+    const int L = g->n_layer, H = g->nkv, D = g->hd, HD = H * D, half = g->hp.n_rot / 2;
+    const size_t nl = (size_t)L * H;
+    float *tmp = NULL;
+    struct rq_state *r = (struct rq_state *)calloc(1, sizeof *r);
+    *out = NULL;
+    if (!r) return cu_fail(err, QF_ERR_NOMEM, "out of memory");
+    if (!kv->rq_write || kv->mode[0] != QF_KV_RQ || kv->mode[1] != QF_KV_RQ) {
+        st = cu_fail(err, QF_ERR_DEVICE, "CUDA backend: kv-rq runs with both K and V in kv-rq rows");
+        goto done;
+    }
+    if (kv->k_prerope && g->rcos_swa) {
+        st = cu_fail(err, QF_ERR_DEVICE, "CUDA backend: pre-RoPE K with two RoPE bases (gemma3) is not supported");
+        goto done;
+    }
+    r->write = kv->rq_write, r->k_prerope = kv->k_prerope, r->n_sink = kv->n_sink, r->n_window = kv->n_window;
+    for (int s = 0; s < 2; s++) {
+        const qf_gpu_kv_rq *q = &kv->rq[s];
+        if (!q->bits || !q->row_bytes || !q->levels || !q->mean || !q->cs) {
+            st = cu_fail(err, QF_ERR_ARG, "CUDA backend: kv-rq cache without codecs");
+            goto done;
+        }
+        const bool klt = q->klt_dec != NULL, pred = s == 1 && q->pred;
+        if (klt && (!q->klt_sigma || !q->klt_levels || !q->klt_width)) {
+            st = cu_fail(err, QF_ERR_ARG, "CUDA backend: kv-rq format 3 without its arrays");
+            goto done;
+        }
+        r->lay[s] = (rq_layer_dev *)calloc((size_t)L, sizeof(rq_layer_dev));
+        r->loff[s] = (size_t *)calloc((size_t)L + 1, sizeof(size_t));
+        if (!r->lay[s] || !r->loff[s]) {
+            st = cu_fail(err, QF_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        size_t off = 0;
+        const size_t o_lv = rq_take(&off, nl * 64 * 4), o_mean = rq_take(&off, nl * D * 4), o_cs = rq_take(&off, nl * D * 4);
+        size_t o_dec = 0, o_sig = 0, o_klv = 0, o_w = 0, o_bo = 0, o_pred = 0;
+        if (klt) {
+            o_dec = rq_take(&off, nl * D * D * 4), o_sig = rq_take(&off, nl * D * 4);
+            o_klv = rq_take(&off, nl * D * 64 * 4), o_w = rq_take(&off, nl * D), o_bo = rq_take(&off, nl * D * 2);
+        }
+        if (pred) o_pred = rq_take(&off, (size_t)L * HD * HD * 4);
+        CK(cudaMalloc(&r->mem[s], off));
+        uint8_t *m = (uint8_t *)r->mem[s];
+        CK(cudaMemcpy(m + o_lv, q->levels, nl * 64 * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(m + o_mean, q->mean, nl * D * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(m + o_cs, q->cs, nl * D * 4, cudaMemcpyHostToDevice));
+        const size_t tmp_n = wmax(klt ? (size_t)D * D : 0, pred ? (size_t)HD * HD : 0) + (size_t)D;
+        free(tmp);
+        if (!(tmp = (float *)malloc(tmp_n * 4))) {
+            st = cu_fail(err, QF_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        if (klt) {
+            CK(cudaMemcpy(m + o_sig, q->klt_sigma, nl * D * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(m + o_klv, q->klt_levels, nl * D * 64 * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(m + o_w, q->klt_width, nl * D, cudaMemcpyHostToDevice));
+            uint16_t *bo = (uint16_t *)(tmp + (size_t)D * D);
+            for (size_t lh = 0; lh < nl; lh++) {
+                const float *dec = q->klt_dec + lh * D * D;
+                for (int i = 0; i < D; i++)
+                    for (int j = 0; j < D; j++) tmp[(size_t)j * D + i] = dec[(size_t)i * D + j];
+                CK(cudaMemcpy(m + o_dec + lh * D * D * 4, tmp, (size_t)D * D * 4, cudaMemcpyHostToDevice));
+                unsigned b = 0;
+                for (int i = 0; i < D; i++) bo[i] = (uint16_t)b, b += q->klt_width[lh * D + i];
+                CK(cudaMemcpy(m + o_bo + lh * D * 2, bo, (size_t)D * 2, cudaMemcpyHostToDevice));
+            }
+        }
+        for (int l = 0; l < L; l++) {
+            rq_layer_dev *a = &r->lay[s][l];
+            r->loff[s][l + 1] = r->loff[s][l] + ((q->row_bytes[l] * (size_t)g->n_ctx * H + 255) & ~(size_t)255);
+            a->rb = q->row_bytes[l], a->bits = q->bits[l];
+            a->levels = (const float *)(m + o_lv) + (size_t)l * H * 64;
+            a->mean = (const float *)(m + o_mean) + (size_t)l * H * D;
+            a->cs = (const float *)(m + o_cs) + (size_t)l * H * D;
+            a->hs = 1.0f / sqrtf((float)D); /* as qf_hadamard computes it */
+            if (klt && a->bits != 16) {
+                a->decT = (const float *)(m + o_dec) + (size_t)l * H * D * D;
+                a->sigma = (const float *)(m + o_sig) + (size_t)l * H * D;
+                a->klevels = (const float *)(m + o_klv) + (size_t)l * H * D * 64;
+                a->width = (const uint8_t *)(m + o_w) + (size_t)l * H * D;
+                a->boff = (const uint16_t *)(m + o_bo) + (size_t)l * H * D;
+            } else if (a->bits < 1 || (a->bits > 6 && a->bits != 16)) {
+                st = cu_fail(err, QF_ERR_ARG, "CUDA backend: kv-rq layer %d has %d bits", l, a->bits);
+                goto done;
+            }
+            if (pred && q->pred_on && q->pred_on[l]) {
+                const float *P = q->pred + (size_t)l * HD * HD;
+                for (int i = 0; i < HD; i++)
+                    for (int c = 0; c < HD; c++) tmp[(size_t)c * HD + i] = P[(size_t)i * HD + c];
+                float *dst = (float *)(m + o_pred) + (size_t)l * HD * HD;
+                CK(cudaMemcpy(dst, tmp, (size_t)HD * HD * 4, cudaMemcpyHostToDevice));
+                a->predT = dst;
+            }
+        }
+    }
+    {
+        float sc[256];
+        sc[0] = 0.0f;
+        for (int c = 1; c < 256; c++) sc[c] = exp2f((float)(c - 128) / 8); /* qf_kv_rq_scale */
+        CK(cudaMalloc((void **)&r->scale, sizeof sc));
+        CK(cudaMemcpy(r->scale, sc, sizeof sc, cudaMemcpyHostToDevice));
+        for (int s = 0; s < 2; s++)
+            for (int l = 0; l < L; l++) r->lay[s][l].scale = r->scale;
+    }
+    if (r->n_sink || r->n_window) {
+        for (int s = 0; s < 2; s++) {
+            if (r->n_sink) CK(cudaMalloc((void **)&r->sink[s], (size_t)L * r->n_sink * HD * 2));
+            if (r->n_window) CK(cudaMalloc((void **)&r->win[s], (size_t)L * r->n_window * HD * 2));
+            CK(cudaMalloc((void **)&r->ex[s], (size_t)g->n_ctx * HD * 4));
+        }
+        if (r->n_window) {
+            CK(cudaMalloc((void **)&r->win_pos, (size_t)L * r->n_window * 4));
+            CK(cudaMemset(r->win_pos, 0xff, (size_t)L * r->n_window * 4)); /* -1: no position */
+        }
+    }
+    if (r->k_prerope) {
+        const size_t nb = (size_t)g->n_ctx * half * 4;
+        float *hc = (float *)malloc(nb + 4), *hs = (float *)malloc(nb + 4);
+        if (!hc || !hs) {
+            free(hc), free(hs);
+            st = cu_fail(err, QF_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        rope_host(g, g->n_ctx, 0, hc, hs); /* the tables of every position, as forward.c's kv_rope_tables */
+        cudaError_t e = cudaMalloc((void **)&r->kr_cos, nb + 4);
+        if (e == cudaSuccess) e = cudaMalloc((void **)&r->kr_sin, nb + 4);
+        if (e == cudaSuccess) e = cudaMemcpy(r->kr_cos, hc, nb, cudaMemcpyHostToDevice);
+        if (e == cudaSuccess) e = cudaMemcpy(r->kr_sin, hs, nb, cudaMemcpyHostToDevice);
+        free(hc), free(hs);
+        if (e != cudaSuccess) {
+            st = cuda_fail(err, e, "kv-rq RoPE tables");
+            goto done;
+        }
+    }
+done:
+    free(tmp);
+    if (st) rq_state_free(r);
+    else *out = r;
+    return st;
 }
 
 /* (Re)build the GPU KV cache in kv's modes: f32, f16, q8_0, q4_0 as they are; int8 with
@@ -341,8 +528,17 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
     uint8_t *d[2] = {NULL, NULL}, *hc = NULL;
     float *sc[2] = {NULL, NULL}, *inv[2] = {NULL, NULL}, *at[2] = {NULL, NULL}, *f32[2] = {NULL, NULL};
     int na[2] = {0, 0}, sp[2] = {0, 0}, q8[2] = {0, 0};
+    struct rq_state *rq = NULL;
     if (kv->n_layer != L || kv->n_head_kv != nkv || kv->head_dim != hd || kv->n_ctx != g->n_ctx)
         return cu_fail(err, QF_ERR_ARG, "CUDA backend: the KV cache's shape does not match the GPU context");
+    if (mode[0] == QF_KV_RQ || mode[1] == QF_KV_RQ) {
+        if (g->kv_rot) return cu_fail(err, QF_ERR_ARG, "CUDA backend: --kv-rot applies to f32/f16/q8_0/q4_0 caches, not to rq");
+        if (g->hp.attn_softcap > 0 || g->hp.swa != QF_SWA_NONE || g->hp.attn_scale != 1.0f / sqrtf((float)hd))
+            return cu_fail(err, QF_ERR_DEVICE, "CUDA backend: kv-rq with soft-capped, sliding-window or rescaled "
+                                               "attention is not supported (use --device cpu)");
+        if ((st = rq_state_new(g, kv, &rq, err))) return st;
+    } else if (kv->k_prerope || kv->n_sink || kv->n_window)
+        return cu_fail(err, QF_ERR_DEVICE, "CUDA backend: pre-RoPE K and exact sinks / window run with kv-rq caches only");
     for (int s = 0; s < 2; s++) {
         if (mode[s] == QF_KV_INT8) {
             if (!kv->int8_scale[s] || !kv->int8_inv_scale[s])
@@ -359,17 +555,26 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
             na[s] = kv->n_atoms[s], sp[s] = kv->sparsity[s], q8[s] = kv->coef_q8[s];
             rb[s] = kv->row_bytes[s];
             codes = wmax(codes, rb[s]);
+        } else if (mode[s] == QF_KV_RQ) {
+            for (int l = 0; l < L; l++) rb[s] = wmax(rb[s], kv->rq[s].row_bytes[l]);
+            codes = wmax(codes, rb[s]);
         } else {
             rb[s] = kv_row_bytes(mode[s], hd);
         }
-        if (!rb[s] || rb[s] != kv->row_bytes[s])
+        if (!rb[s] || rb[s] != kv->row_bytes[s]) {
+            rq_state_free(rq);
             return cu_fail(err, QF_ERR_DEVICE, "CUDA backend: KV cache type %s (head_dim %d) is not supported on the GPU",
                            cu_kv_mode_name(mode[s]), hd);
+        }
         if (g->kv_rot && (mode[s] == QF_KV_INT8 || mode[s] == QF_KV_DICT))
             return cu_fail(err, QF_ERR_ARG, "CUDA backend: --kv-rot applies to f32/f16/q8_0/q4_0 caches, not to %s",
                            cu_kv_mode_name(mode[s]));
         lb[s] = rb[s] * (size_t)g->n_ctx * nkv;
-        CK(cudaMalloc((void **)&d[s], lb[s] * L));
+        if (mode[s] == QF_KV_RQ) { /* rows of each layer's own width */
+            CK(cudaMalloc((void **)&d[s], rq->loff[s][L]));
+            for (int l = 0; l < L; l++) rq->lay[s][l].codes = d[s] + rq->loff[s][l];
+        } else
+            CK(cudaMalloc((void **)&d[s], lb[s] * L));
         if (mode[s] == QF_KV_INT8) {
             CK(cudaMalloc((void **)&sc[s], (size_t)L * dkv * 4));
             CK(cudaMalloc((void **)&inv[s], (size_t)L * dkv * 4));
@@ -382,7 +587,8 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
             for (int l = 0; l < L; l++)
                 CK(cudaMemcpy(at[s] + per * l, kv->atoms[s][l], per * 4, cudaMemcpyHostToDevice));
         }
-        if (mode[s] == QF_KV_INT8 || mode[s] == QF_KV_DICT) CK(cudaMalloc((void **)&f32[s], (size_t)g->n_ctx * dkv * 4));
+        if (mode[s] == QF_KV_INT8 || mode[s] == QF_KV_DICT || mode[s] == QF_KV_RQ)
+            CK(cudaMalloc((void **)&f32[s], (size_t)g->n_ctx * dkv * 4));
     }
     if (codes && !(hc = (uint8_t *)malloc(codes * nkv * (size_t)g->n_batch))) {
         st = cu_fail(err, QF_ERR_NOMEM, "out of memory");
@@ -396,6 +602,7 @@ done:
                 if (ps[i]) cudaFree(ps[i]);
         }
         free(hc);
+        rq_state_free(rq);
         return st;
     }
     g->kv_bytes = 0;
@@ -407,8 +614,10 @@ done:
         g->kv_scale[s] = sc[s], g->kv_inv[s] = inv[s], g->kv_atoms[s] = at[s], g->kv_f32[s] = f32[s];
         g->kv_na[s] = na[s], g->kv_s[s] = sp[s], g->kv_q8[s] = q8[s];
         g->kv_layout[s] = mode[s] == QF_KV_INT8 ? kv->int8_layout[s] : 0;
-        g->kv_bytes += lb[s] * L;
+        g->kv_bytes += mode[s] == QF_KV_RQ ? rq->loff[s][L] : lb[s] * L;
     }
+    rq_state_free(g->rq);
+    g->rq = rq;
     free(g->h_codes);
     g->h_codes = hc;
     if (g->gexec) { /* the graph holds the old cache's addresses */
@@ -728,6 +937,76 @@ done:
     return st;
 }
 
+/* Store a batch's K and V rows in layer il's kv-rq cache and expand the layer for attention:
+ * the rows go to the host, which encodes them with its own cache (rq_write: K first, V's
+ * predictor reads the stored K), the bytes come back into the device cache, and positions
+ * [0, pos0 + n) are decoded into g->kv_f32 (V with its prediction from the decoded pre-RoPE K,
+ * then K rotated when it is stored before RoPE: h_k already holds the pre-RoPE rows). The
+ * batch's sink positions go to the sink store. */
+static qf_status rq_store(qf_cuda_ctx *g, int il, int n, int pos0, cudaStream_t S, qf_error *err) {
+    qf_status st = QF_OK;
+    struct rq_state *r = g->rq;
+    const int hd = g->hd, nkv = g->nkv, dkv = nkv * hd, T = pos0 + n;
+    if (!r->k_prerope) CK(cudaMemcpy(g->h_k, g->k, (size_t)n * dkv * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(g->h_v, g->v, (size_t)n * dkv * 4, cudaMemcpyDeviceToHost));
+    for (int s = 0; s < 2; s++) {
+        rq_layer_dev a = r->lay[s][il];
+        const size_t nb = (size_t)n * nkv * a.rb;
+        r->write(g->encode_user, s, il, pos0, n, s ? g->h_v : g->h_k, g->h_codes);
+        CK(cudaMemcpy((uint8_t *)a.codes + (size_t)pos0 * nkv * a.rb, g->h_codes, nb, cudaMemcpyHostToDevice));
+        if (a.predT) a.khat = g->kv_f32[0];
+        launch_kv_rq_expand(&a, T, nkv, hd, g->kv_f32[s], S);
+    }
+    if (r->k_prerope)
+        launch_rope(g->kv_f32[0], T, nkv, hd, g->hp.n_rot / 2, g->hp.rope_type == QF_ROPE_NEOX, r->kr_cos, r->kr_sin, S);
+    if (r->n_sink)
+        for (int s = 0; s < 2; s++)
+            launch_kv_sink_write(r->sink[s] + (size_t)il * r->n_sink * dkv, s ? g->v : g->k, pos0, n, r->n_sink, dkv, S);
+done:
+    return st;
+}
+
+/* Attention of a batch over layer il's expanded kv-rq rows (rq_store), with forward.c's
+ * per-(query, key) choice between the exact and the stored rows: one query takes the split-K
+ * kernel on the stored rows with its exact ones written over them; more queries take the warp
+ * kernel over both views. Then the batch's last rows enter the window ring. */
+static void rq_attention(qf_cuda_ctx *g, int il, int n, int pos0, bool split, cudaStream_t S) {
+    struct rq_state *r = g->rq;
+    const qf_hparams *hp = &g->hp;
+    const int hd = g->hd, nkv = g->nkv, dkv = nkv * hd;
+    const size_t rb = (size_t)hd * 4;
+    const uint8_t *K = (const uint8_t *)g->kv_f32[0], *V = (const uint8_t *)g->kv_f32[1];
+    const bool ex = r->n_sink || r->n_window;
+    const uint16_t *sink[2], *win[2];
+    const int *wpos = r->n_window ? r->win_pos + (size_t)il * r->n_window : NULL;
+    for (int s = 0; s < 2; s++) {
+        sink[s] = r->n_sink ? r->sink[s] + (size_t)il * r->n_sink * dkv : NULL;
+        win[s] = r->n_window ? r->win[s] + (size_t)il * r->n_window * dkv : NULL;
+    }
+    const float *fresh[2] = {g->k, g->v};
+    if (split && (!ex || n == 1)) {
+        for (int s = 0; s < 2 && ex; s++)
+            launch_kv_exact_gather(g->kv_f32[s], g->kv_f32[s], fresh[s], sink[s], win[s], wpos, r->n_sink, r->n_window,
+                                   pos0, n, dkv, S);
+        launch_attention_split(QF_KV_F32, QF_KV_F32, g->q, K, V, rb, rb, n, pos0, hp->n_head, nkv, hd, g->att, g->part,
+                               S, NULL, g->n_ctx, false);
+    } else if (ex) {
+        for (int s = 0; s < 2; s++)
+            launch_kv_exact_gather(r->ex[s], g->kv_f32[s], fresh[s], sink[s], win[s], wpos, r->n_sink, r->n_window, pos0,
+                                   n, dkv, S);
+        launch_attention_exact(g->q, g->kv_f32[0], g->kv_f32[1], r->ex[0], r->ex[1], n, pos0, hp->n_head, nkv, hd,
+                               r->n_sink, r->n_window, g->att, S);
+    } else {
+        const bool fl = n > MATVEC_MAX && !g->attn_warp && flash_ok(QF_KV_F32, QF_KV_F32, hd);
+        launch_attention(QF_KV_F32, QF_KV_F32, g->q, K, V, rb, rb, n, pos0, hp->n_head, nkv, hd, g->att, fl, NULL, NULL,
+                         S);
+    }
+    if (r->n_window)
+        for (int s = 0; s < 2; s++)
+            launch_kv_window_push(r->win[s] + (size_t)il * r->n_window * dkv, r->win_pos + (size_t)il * r->n_window,
+                                  fresh[s], pos0, n, r->n_window, dkv, S);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* the forward pass                                                                          */
 
@@ -899,13 +1178,14 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
          * input and on its f16 residual (kvq: about 22 bits of input, f32 accumulation) */
         const bool kvq = !(g->kv_mode[0] == QF_KV_F32 || g->kv_mode[0] == QF_KV_F16) ||
                          !(g->kv_mode[1] == QF_KV_F32 || g->kv_mode[1] == QF_KV_F16);
-        const bool fqkv = pre16 && gemm_h_ok(g, &L->wqkv) && hd % 2 == 0 && (!kvq || g->xl);
+        /* kv-rq: separate q, k, v projections (the host encodes pre-RoPE K rows) */
+        const bool fqkv = pre16 && gemm_h_ok(g, &L->wqkv) && hd % 2 == 0 && (!kvq || g->xl) && !g->rq;
         const bool fgu = pre16 && gemm_h_ok(g, &L->wgu);
         const bool want_act = tap && tap->on_act;
         /* decode (n <= MATVEC_MAX): one matrix-vector launch over the fused q|k|v rows and one
          * over gate|up (f32 activations, the same matvec kernel), then the split / SiLU*up */
         const bool dec = n <= MATVEC_MAX && route == MM_AUTO;
-        const bool dqkv = !fam && dec && L->wqkv.d && hd % 2 == 0, dgu = !fam && dec && L->wgu.d;
+        const bool dqkv = !fam && dec && L->wqkv.d && hd % 2 == 0 && !g->rq, dgu = !fam && dec && L->wgu.d;
         /* f16 KV on the flash route, no K/V tap: the split writes the f16 Q and the cache rows */
         const bool kv16 = fqkv && !g->kv_rot && g->kv_mode[0] == QF_KV_F16 && g->kv_mode[1] == QF_KV_F16 && !g->attn_warp &&
                           flash_ok(QF_KV_F16, QF_KV_F16, hd) && g->kv_rb[0] == (size_t)hd * 2 &&
@@ -973,6 +1253,8 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             /* per-head RMS norm of q and k before RoPE (qwen3, gemma3) */
             if (L->q_norm) launch_rmsnorm(g->q, L->q_norm, n * hp->n_head, hd, hp->rms_eps, g->q, NULL, S);
             if (L->k_norm) launch_rmsnorm(g->k, L->k_norm, n * nkv, hd, hp->rms_eps, g->k, NULL, S);
+            if (g->rq && g->rq->k_prerope) /* the rows the host encodes: K before RoPE */
+                CK(cudaMemcpy(g->h_k, g->k, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
             /* gemma3's sliding-window layers rotate with their own base */
             const bool swa_rope = g->rcos_swa && L->window > 0;
             const float *lrc = swa_rope ? g->rcos_swa : rc, *lrs = swa_rope ? g->rsin_swa : rs;
@@ -985,7 +1267,10 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             tap->on_kv(tap->user, il, pos0, n, nkv, hd, g->h_k, g->h_v);
         }
         prof_mark(g, 0);
-        {
+        if (g->rq) {
+            if ((st = rq_store(g, il, n, pos0, S, err))) goto done;
+            rq_attention(g, il, n, pos0, dec && g->part && !fam, S);
+        } else {
             const uint8_t *kvp[2];
             qf_kv_mode km[2];
             size_t krb[2];
@@ -1284,6 +1569,47 @@ const char *cu_kv_mode_name(qf_kv_mode m) {
 /* ---------------------------------------------------------------------------------------- */
 /* the plugin's function table                                                               */
 
+/* tests (qf_gpu_op_kv_rq_decode): the first n_pos positions of layer il of a kv-rq view decoded
+ * by the forward pass's kernel, K as stored (before RoPE where the cache keeps it so) and V
+ * with its prediction from those K rows; k_rows / v_rows as the host cache stores them */
+static qf_status op_kv_rq_decode(const qf_gpu_kv *kv, int il, int64_t n_pos, const uint8_t *k_rows, const uint8_t *v_rows,
+                                 float *k_out, float *v_out, qf_error *err) {
+    qf_status st = QF_OK;
+    struct rq_state *r = NULL;
+    uint8_t *dr[2] = {NULL, NULL};
+    float *dout[2] = {NULL, NULL};
+    const int H = kv->n_head_kv, D = kv->head_dim;
+    qf_gpu_kv v = *kv;
+    qf_cuda_ctx *g = NULL;
+    if (!available()) return cu_fail(err, QF_ERR_DEVICE, "no CUDA GPU is available");
+    if (il < 0 || il >= kv->n_layer || n_pos <= 0 || n_pos > kv->n_ctx || D > HD_MAX)
+        return cu_fail(err, QF_ERR_ARG, "op_kv_rq_decode: layer %d, %lld positions", il, (long long)n_pos);
+    if (!(g = (qf_cuda_ctx *)calloc(1, sizeof *g))) return cu_fail(err, QF_ERR_NOMEM, "out of memory");
+    g->n_layer = kv->n_layer, g->nkv = H, g->hd = D, g->n_ctx = kv->n_ctx;
+    v.k_prerope = false, v.n_sink = v.n_window = 0; /* the stored rows only */
+    if ((st = rq_state_new(g, &v, &r, err))) goto done;
+    for (int s = 0; s < 2; s++) {
+        rq_layer_dev a = r->lay[s][il];
+        const size_t nb = (size_t)n_pos * H * a.rb;
+        CK(cudaMalloc((void **)&dr[s], nb));
+        CK(cudaMemcpy(dr[s], s ? v_rows : k_rows, nb, cudaMemcpyHostToDevice));
+        CK(cudaMalloc((void **)&dout[s], (size_t)n_pos * H * D * 4));
+        a.codes = dr[s];
+        if (a.predT) a.khat = dout[0];
+        launch_kv_rq_expand(&a, n_pos, H, D, dout[s], 0);
+        CK(cudaGetLastError());
+        CK(cudaMemcpy(s ? v_out : k_out, dout[s], (size_t)n_pos * H * D * 4, cudaMemcpyDeviceToHost));
+    }
+done:
+    for (int s = 0; s < 2; s++) {
+        if (dr[s]) cudaFree(dr[s]);
+        if (dout[s]) cudaFree(dout[s]);
+    }
+    rq_state_free(r);
+    free(g);
+    return st;
+}
+
 static qf_status bench_gemm(int M, int N, int K, int flags, int iters, double *ms, qf_error *err) {
     return gemm_bench(M, N, K, flags, iters, ms, err);
 }
@@ -1292,7 +1618,7 @@ static const qf_cuda_api the_api = {
     QF_CUDA_ABI,      available,       ctx_new,      ctx_free,    cuda_forward,
     set_kv,           ctx_info,        op_dequant,   op_matmul,   op_rmsnorm,
     op_rope,          op_silu_mul,     op_attention, op_kv_roundtrip, op_kv_int8_roundtrip,
-    op_kv_dict_decode, bench_gemm,      op_matvec_gu,
+    op_kv_dict_decode, bench_gemm,      op_matvec_gu, op_kv_rq_decode,
 };
 
 extern "C" __attribute__((visibility("default"))) const qf_cuda_api *qf_cuda_plugin_api(int abi) {

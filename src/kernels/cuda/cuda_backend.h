@@ -25,8 +25,9 @@ extern "C" {
 /* The ABI of the function table; the loader refuses a plugin built for another one.
  * 4: qf_gpu_model carries the family features' per-layer windows and the host's MoE routing
  * (the backend runs every family of docs/families.md). 5: qf_cuda_params gains no_pdl and
- * no_q4_regroup. */
-#define QF_CUDA_ABI 5
+ * no_q4_regroup. 6: qf_gpu_kv carries kv-rq caches (qf_gpu_kv_rq), pre-RoPE K and the exact
+ * sinks / recent window. */
+#define QF_CUDA_ABI 6
 
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 
@@ -48,6 +49,23 @@ typedef struct {
     void (*moe_route)(const qf_hparams *hp, float *logits, int n, int *ids, float *w);
 } qf_gpu_model;
 
+/* One kv-rq stream (engine.h struct qf_kv_rq_bind, row format format/kv_rq_row.h): the
+ * arrays are the host cache's and stay valid while the backend copies them (set_kv). */
+typedef struct {
+    const int *bits;                     /* [n_layer]: 1..6, QF_KV_RQ_BITS_F16 or a format-3 rate */
+    const size_t *row_bytes;             /* [n_layer] */
+    const float *levels;                 /* [n_layer][n_head_kv][QF_KV_RQ_MAX_LEVELS] */
+    const float *mean, *cs;              /* [n_layer][n_head_kv][head_dim] */
+    /* format 3 (NULL otherwise): dec [n_layer][n_head_kv][head_dim][head_dim] (x = mean + dec y),
+     * sigma [..][head_dim], levels [..][head_dim][QF_KV_RQ_MAX_LEVELS], width [..][head_dim] */
+    const float *klt_dec, *klt_sigma, *klt_levels;
+    const uint8_t *klt_width;
+    /* V only, or NULL: pred [n_layer][H*D][H*D] predicts V from the token's decoded pre-RoPE K;
+     * pred_on[layer] says which layers have one */
+    const float *pred;
+    const bool *pred_on;
+} qf_gpu_kv_rq;
+
 /* A view of the KV cache the backend mirrors: its shape and storage modes, plus what a bound
  * artifact brings (int8: static scales and the host's reciprocals; dict: unit-norm atoms per
  * layer and the host's encoder, which the backend calls for every dict row it stores). */
@@ -63,6 +81,16 @@ typedef struct {
      * each), exactly as the host cache would; user is encode_user */
     void (*encode)(void *user, int s, int il, const float *rows, int64_t n, uint8_t *codes);
     void *encode_user;
+    /* RQ: the codecs; the rows are encoded by the host cache itself: rq_write stores n tokens
+     * [n][n_head_kv][head_dim] of stream s at pos0 of layer il in the host cache (K before V:
+     * V's predictor reads the stored K) and copies the stored bytes out (row_bytes[il] each) */
+    qf_gpu_kv_rq rq[2];
+    void (*rq_write)(void *user, int s, int il, int pos0, int n, const float *rows, uint8_t *bytes);
+    /* K rows are stored before RoPE (the reader rotates them); the first n_sink positions and
+     * the last n_window written ones are also kept as f16 and read exactly (kv_cache.c's
+     * qf_kv_cache_set_exact, forward.c's rule) */
+    bool k_prerope;
+    int n_sink, n_window;
 } qf_gpu_kv;
 
 /* Per-context backend parameters (qf_context_params.cuda plus the sizes the engine chose). */
@@ -115,6 +143,10 @@ typedef struct qf_cuda_api {
                                    int n_atoms, int sparsity, int coef_q8, float *out, qf_error *err);
     qf_status (*bench_gemm)(int M, int N, int K, int flags, int iters, double *ms, qf_error *err);
     qf_status (*op_matvec_gu)(const qf_weight *w, const float *x, int n, int F, float *hb, qf_error *err);
+    /* kv-rq: positions [0, n_pos) of layer il decoded on the device (K as stored, V with its
+     * prediction from those K rows); rows as the host cache stores them */
+    qf_status (*op_kv_rq_decode)(const qf_gpu_kv *kv, int il, int64_t n_pos, const uint8_t *k_rows,
+                                 const uint8_t *v_rows, float *k_out, float *v_out, qf_error *err);
 } qf_cuda_api;
 
 /* Exported by libqforge-cuda.so: the table when abi == QF_CUDA_ABI, else NULL. */

@@ -422,6 +422,32 @@ void launch_kv_int8_expand(int layout, const int8_t *src, int64_t n_tok, int nkv
 void launch_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *scale, float *out, cudaStream_t s);
 void launch_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, size_t rb, const float *atoms, int na,
                            int sparsity, int q8, float *out, cudaStream_t s);
+/* kv-rq: one (layer, stream) as the decoder reads it (cuda_backend.cu set_kv uploads the host
+ * cache's codecs; the matrices transposed so that threads read consecutive floats) */
+struct rq_layer_dev {
+    const uint8_t *codes;              /* the layer's rows [n_ctx][nkv], rb bytes each */
+    size_t rb;
+    int bits;                          /* 1..6, 16 (f16 rows), or a format-3 rate (decT set) */
+    const float *levels, *mean, *cs;   /* [nkv][64], [nkv][hd], [nkv][hd] */
+    const float *scale;                /* [256]: qf_kv_rq_scale(c), the host's exp2f */
+    float hs;                          /* 1 / sqrtf(hd), the host's */
+    const float *decT;                 /* format 3: [nkv][hd (j)][hd (i)] = dec[i][j], else NULL */
+    const float *sigma, *klevels;      /* format 3: [nkv][hd], [nkv][hd][64] */
+    const uint8_t *width;              /* format 3: [nkv][hd] */
+    const uint16_t *boff;              /* format 3: [nkv][hd] bit offset of each code */
+    const float *predT;                /* V with a predictor: [HD (col)][HD (row)], else NULL */
+    const float *khat;                 /* with predT: [n_pos][HD] the decoded pre-RoPE K rows */
+};
+/* rows [0, n_pos) x nkv of one layer decoded to f32 [n_pos][nkv][hd] (bit-identical to the host) */
+void launch_kv_rq_expand(const rq_layer_dev *a, int64_t n_pos, int nkv, int hd, float *out, cudaStream_t s);
+/* exact sinks / recent window (kv_cache.c qf_kv_cache_set_exact): store the batch's sink rows,
+ * gather the exact view of a batch (dst may be stored: one query), push the window ring */
+void launch_kv_sink_write(uint16_t *sink, const float *fresh, int pos0, int n, int n_sink, int dkv, cudaStream_t s);
+void launch_kv_exact_gather(float *dst, const float *stored, const float *fresh, const uint16_t *sink,
+                            const uint16_t *win, const int *win_pos, int n_sink, int n_window, int pos0, int n, int dkv,
+                            cudaStream_t s);
+void launch_kv_window_push(uint16_t *win, int *win_pos, const float *fresh, int pos0, int n, int n_window, int dkv,
+                           cudaStream_t s);
 
 /* ---- cuda_attention.cu ---- */
 /* flash route: K and V in one mode, f16 (cp.async tiles) or f32 / q8_0 / q4_0 (tiles dequantized
@@ -440,6 +466,12 @@ void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_
                       size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out, bool flash,
                       __half *out16, const __half *q16, cudaStream_t s, float scale = 0.0f, float cap = 0.0f,
                       int window = 0);
+/* The same over f32 rows K, V [pos][n_head_kv][hd] with exact sinks and a recent window: the
+ * query at t reads EK / EV (the exact view) for keys p < n_sink and t - n_window < p <= t, K / V
+ * for the others (forward.c attention_worker's per-(t, p) choice); one warp per (query, head). */
+void launch_attention_exact(const float *q, const float *K, const float *V, const float *EK, const float *EV, int n,
+                            int pos0, int n_head, int n_head_kv, int hd, int n_sink, int n_window, float *out,
+                            cudaStream_t s);
 
 /* Split-K ("flash decoding") attention for decode batches: the keys of each query cut into up
  * to 256 ranges of >= 16 keys attended to in parallel, then merged (any plain cache mode).

@@ -460,3 +460,168 @@ void launch_kv_int8_expand(int layout, const int8_t *src, int64_t n_tok, int nkv
     } else k_kv_expand_int8_tok<<<nblk((size_t)rows, 4), 128, 0, s>>>(src, rows, hd, step, out);
     if (layout == 1 || layout == 2 || layout == 4) launch_hadamard(out, rows, hd, s);
 }
+
+/* ---- kv-rq rows (format/kv_rq_row.h), decoded as kv_rq.c / kv_rq_klt.c / kv_cache.c do ----
+ * One block per (position, kv head) row, its elements over the threads. Every f32 operation is
+ * rounded on its own (KV_MUL / KV_ADD) and the sums run in the host's order, so each decoded
+ * value is the host decoder's bit for bit:
+ *   whole-bit rows  x = mean + cs (.) (H(s levels[code]) * (1 / sqrtf(hd)))   (qf_hadamard's
+ *                   butterfly in shared memory)
+ *   format 3 rows   x = mean + sum_j dec[:, j] y_j over y_j != 0, y_j = (s sigma_j) levels_j[code_j]
+ *   f16 rows        the halves
+ *   V predicted     x += sum over kv heads g of (sum_q P[h hd + i][g hd + q] khat_g[q]),
+ *                   khat the token's decoded pre-RoPE K row (kv_cache.c read_rows) */
+__global__ void k_kv_rq_expand(rq_layer_dev a, int64_t n_pos, int nkv, int hd, float *out) {
+    __shared__ float y[HD_MAX];
+    const int64_t r = blockIdx.x;
+    if (r >= n_pos * nkv) return;
+    const int h = (int)(r % nkv), p = (int)(r / nkv), HD = nkv * hd;
+    const uint8_t *row = a.codes + (size_t)r * a.rb, *cb = row + 1; /* QF_KV_RQ_SCALE_BYTES */
+    float *o = out + (size_t)r * hd;
+    const size_t lh = (size_t)h * hd;
+    if (a.bits == 16) { /* QF_KV_RQ_BITS_F16 */
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) o[i] = h2f(row + 2 * i);
+        return;
+    }
+    const float s = a.scale[row[0]];
+    float res[HD_MAX / 32];
+    if (a.decT) { /* format 3 */
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            const int w = a.width[lh + i];
+            float v = 0.0f;
+            if (w) {
+                const uint32_t b = a.boff[lh + i];
+                uint32_t x = cb[b >> 3];
+                if ((b & 7) + w > 8) x |= (uint32_t)cb[(b >> 3) + 1] << 8;
+                const int code = (int)((x >> (b & 7)) & ((1u << w) - 1));
+                v = KV_MUL(KV_MUL(s, a.sigma[lh + i]), a.klevels[(lh + i) * 64 + code]);
+            }
+            y[i] = v;
+        }
+        __syncthreads();
+        int k = 0;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x, k++) {
+            float v = a.mean[lh + i];
+            const float *dc = a.decT + lh * hd + i; /* dec[i][j] at dc[j * hd] */
+            for (int j = 0; j < hd; j++) {
+                const float yj = y[j];
+                if (yj == 0.0f) continue;
+                v = KV_ADD(v, KV_MUL(dc[(size_t)j * hd], yj));
+            }
+            res[k] = v;
+        }
+    } else {
+        const int bits = a.bits;
+        const float *lv = a.levels + (size_t)h * 64;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            const uint32_t b = (uint32_t)i * bits;
+            uint32_t x = cb[b >> 3];
+            if ((b & 7) + bits > 8) x |= (uint32_t)cb[(b >> 3) + 1] << 8;
+            y[i] = KV_MUL(s, lv[(x >> (b & 7)) & ((1u << bits) - 1)]);
+        }
+        __syncthreads();
+        for (int len = 1; len < hd; len <<= 1) {
+            for (int q = threadIdx.x; q < hd / 2; q += blockDim.x) {
+                const int i = (q / len) * 2 * len + q % len;
+                const float u = y[i], w = y[i + len];
+                y[i] = u + w;
+                y[i + len] = u - w;
+            }
+            __syncthreads();
+        }
+        int k = 0;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x, k++)
+            res[k] = KV_ADD(a.mean[lh + i], KV_MUL(a.cs[lh + i], KV_MUL(y[i], a.hs)));
+    }
+    int k = 0;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x, k++) {
+        float v = res[k];
+        if (a.predT) {
+            const float *kh = a.khat + (size_t)p * HD;
+            const float *pc = a.predT + lh + i; /* P[h hd + i][c] at pc[c * HD] */
+            for (int g2 = 0; g2 < nkv; g2++) {
+                float acc = 0.0f;
+                for (int q = 0; q < hd; q++) {
+                    const int c = g2 * hd + q;
+                    acc = KV_ADD(acc, KV_MUL(pc[(size_t)c * HD], kh[c]));
+                }
+                v = KV_ADD(v, acc);
+            }
+        }
+        o[i] = v;
+    }
+}
+
+void launch_kv_rq_expand(const rq_layer_dev *a, int64_t n_pos, int nkv, int hd, float *out, cudaStream_t s) {
+    if (n_pos <= 0) return;
+    k_kv_rq_expand<<<(unsigned)(n_pos * nkv), hd < 128 ? 64 : 128, 0, s>>>(*a, n_pos, nkv, hd, out);
+}
+
+/* ---- exact sinks and recent window (kv_cache.c qf_kv_cache_set_exact, forward.c's rule) ----
+ * sink [n_sink][dkv] and win [n_window][dkv] are f16 bits; win_pos[slot] = the position a
+ * window slot holds (-1: none). */
+__device__ static inline float f16_round(float x) { return h2f_bits(f32_to_f16_bits(x)); }
+
+/* the batch's positions below n_sink into the sink store (post-RoPE K, V) */
+__global__ void k_kv_sink_write(uint16_t *sink, const float *fresh, int pos0, int n, int n_sink, int dkv) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int hi = pos0 + n < n_sink ? pos0 + n : n_sink;
+    if (pos0 >= hi || i >= (int64_t)(hi - pos0) * dkv) return;
+    sink[(size_t)pos0 * dkv + i] = f32_to_f16_bits(fresh[i]);
+}
+
+/* the exact view of the positions a batch at [pos0, pos0 + n) reads exactly: [0, n_sink) and
+ * [lo, pos0 + n), lo = max(n_sink, pos0 - n_window + 1); the batch's own rows rounded to f16,
+ * then the sink store, then a window slot that holds the position, else the stored row
+ * (forward.c exact_gather). dst may be stored itself (one query: its exact rows replace the
+ * stored ones). */
+__global__ void k_kv_exact_gather(float *dst, const float *stored, const float *fresh, const uint16_t *sink,
+                                  const uint16_t *win, const int *win_pos, int n_sink, int n_window, int pos0, int n,
+                                  int dkv) {
+    const int T = pos0 + n, ns = n_sink < T ? n_sink : T;
+    const int lw = pos0 - n_window + 1, lo = lw > n_sink ? lw : n_sink;
+    const int64_t n_win = lo < T ? T - lo : 0;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (ns + n_win) * dkv) return;
+    const int pp = (int)(i / dkv), e = (int)(i % dkv);
+    const int p = pp < ns ? pp : lo + (pp - ns);
+    float v;
+    if (p >= pos0) v = f16_round(fresh[(size_t)(p - pos0) * dkv + e]);
+    else if (p < n_sink) v = h2f_bits(sink[(size_t)p * dkv + e]);
+    else if (n_window > 0 && win_pos[p % n_window] == p) v = h2f_bits(win[(size_t)(p % n_window) * dkv + e]);
+    else v = stored[(size_t)p * dkv + e];
+    dst[(size_t)p * dkv + e] = v;
+}
+
+/* after attention: the batch's last n_window rows into the window ring (qf_kv_cache_push_window) */
+__global__ void k_kv_window_push(uint16_t *win, int *win_pos, const float *fresh, int pos0, int n, int n_window,
+                                 int dkv) {
+    const int first = n > n_window ? n - n_window : 0;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)(n - first) * dkv) return;
+    const int t = first + (int)(i / dkv), e = (int)(i % dkv), p = pos0 + t, slot = p % n_window;
+    win[(size_t)slot * dkv + e] = f32_to_f16_bits(fresh[(size_t)t * dkv + e]);
+    if (e == 0) win_pos[slot] = p;
+}
+
+void launch_kv_sink_write(uint16_t *sink, const float *fresh, int pos0, int n, int n_sink, int dkv, cudaStream_t s) {
+    if (pos0 >= n_sink) return;
+    k_kv_sink_write<<<nblk((size_t)n * dkv, 256), 256, 0, s>>>(sink, fresh, pos0, n, n_sink, dkv);
+}
+
+void launch_kv_exact_gather(float *dst, const float *stored, const float *fresh, const uint16_t *sink,
+                            const uint16_t *win, const int *win_pos, int n_sink, int n_window, int pos0, int n, int dkv,
+                            cudaStream_t s) {
+    const int T = pos0 + n, lw = pos0 - n_window + 1, lo = lw > n_sink ? lw : n_sink;
+    const size_t rows = (size_t)(n_sink < T ? n_sink : T) + (size_t)(lo < T ? T - lo : 0);
+    if (!rows) return;
+    k_kv_exact_gather<<<nblk(rows * dkv, 256), 256, 0, s>>>(dst, stored, fresh, sink, win, win_pos, n_sink, n_window,
+                                                             pos0, n, dkv);
+}
+
+void launch_kv_window_push(uint16_t *win, int *win_pos, const float *fresh, int pos0, int n, int n_window, int dkv,
+                           cudaStream_t s) {
+    if (n_window <= 0 || n <= 0) return;
+    const int first = n > n_window ? n - n_window : 0;
+    k_kv_window_push<<<nblk((size_t)(n - first) * dkv, 256), 256, 0, s>>>(win, win_pos, fresh, pos0, n, n_window, dkv);
+}
