@@ -1255,7 +1255,8 @@ TEST(e2e_certificate) {
  * CPU over the certified context (prefill: the warp kernel over both views), and one-token
  * decode steps (split-K with the exact rows written over the stored ones) against the CPU's
  * steps and against the GPU's own batched pass over the same tokens. */
-static bool rq_calibrate(const char *model, const char *corpus, double bits, int prerope, int n_ctx, const char *out) {
+static bool rq_calibrate_on(const char *model, const char *corpus, double bits, int prerope, int n_ctx, const char *out,
+                            qf_device dev) {
     qf_job j;
     qf_job_default(&j);
     const char *paths[1] = {corpus};
@@ -1269,14 +1270,17 @@ static bool rq_calibrate(const char *model, const char *corpus, double bits, int
     j.n_threads = 8;
     j.rq_bits = bits;
     j.rq_prerope = prerope;
-    j.capture_device = QF_DEVICE_CPU;
+    j.capture_device = dev;
     j.out_path = out;
     qf_job_report rep;
     qf_error err = {0};
     qf_status st = qf_job_run(&j, &rep, &err);
-    CHECK_MSG(st == QF_OK, "kv-rq calibrate (%s, %.1f bits): %s", model, bits, err.msg);
+    CHECK_MSG(st == QF_OK, "kv-rq calibrate (%s, %.1f bits) on %s: %s", model, bits, qf_device_name(dev), err.msg);
     qf_job_report_free(&rep);
     return st == QF_OK;
+}
+static bool rq_calibrate(const char *model, const char *corpus, double bits, int prerope, int n_ctx, const char *out) {
+    return rq_calibrate_on(model, corpus, bits, prerope, n_ctx, out, QF_DEVICE_CPU);
 }
 
 static bool rq_gemm_f32; /* the GPU contexts' GEMMs in f32 (qf_cuda_params.gemm_f32) */
@@ -1305,6 +1309,33 @@ static bool rq_steps(qf_context *c, const int32_t *toks, int n0, int n1, int nv,
         ok = qf_decode(c, toks + n0 + i, 1, n0 + i, logits + (size_t)i * nv, 0, &err) == QF_OK;
     CHECK_MSG(ok, "%s", err.msg);
     return ok;
+}
+
+/* the device decoder against the host's on c's (CPU) kv-rq cache rows of its first T tokens:
+ * every value bit for bit (K as stored, V with its prediction) */
+static void rq_decoder_check(qf_model *m, qf_context *c, const int32_t *toks, int T, const char *what) {
+    (void)toks;
+    qf_error err = {0};
+    size_t rq_diff = 0, rq_n = 0;
+    const qf_hparams *hp = qf_model_hparams(m);
+    const int H = hp->n_head_kv, D = hp->head_dim;
+    float *gk = malloc((size_t)T * H * D * 4), *gv = malloc((size_t)T * H * D * 4), *hr = malloc((size_t)T * D * 4);
+    for (int il = 0; gk && gv && hr && il < hp->n_layer; il++) {
+        if (qf_gpu_op_kv_rq_decode(c, il, T, gk, gv, &err)) {
+            CHECK_MSG(0, "kv-rq decode op: %s", err.msg);
+            break;
+        }
+        for (int st = 0; st < 2; st++)
+            for (int h = 0; h < H; h++) {
+                qf_kv_cache_read_head(&c->kv, st, il, h, T, hr);
+                for (int t = 0; t < T; t++)
+                    for (int d = 0; d < D; d++, rq_n++)
+                        rq_diff += memcmp(hr + (size_t)t * D + d, (st ? gv : gk) + ((size_t)t * H + h) * D + d, 4) != 0;
+            }
+    }
+    free(gk), free(gv), free(hr);
+    printf("  kv-rq device decoder%s: %zu of %zu decoded K/V values differ from the host decoder's\n", what, rq_diff, rq_n);
+    CHECK_MSG(rq_diff == 0 && rq_n > 0, "kv-rq device decode%s: %zu of %zu values differ", what, rq_diff, rq_n);
 }
 
 TEST(e2e_kv_rq) {
@@ -1372,29 +1403,21 @@ TEST(e2e_kv_rq) {
         ok = cc && cg && rq_steps(cc, toks, n0, n1, nv, lc) && rq_steps(cg, toks, n0, n1, nv, lg);
         if (ok) ok = qf_decode(cg, toks, n0 + n1, 0, lb, n0, &err) == QF_OK;
         CHECK_MSG(ok, "kv-rq decode: %s", err.msg);
-        /* the device decoder against the host's on the CPU cache's rows of those 64 tokens:
-         * every value bit for bit (K as stored, V with its prediction) */
-        size_t rq_diff = 0, rq_n = 0;
         if (ok) {
-            const qf_hparams *hp = qf_model_hparams(m);
-            const int H = hp->n_head_kv, D = hp->head_dim, T = n0 + n1;
-            float *gk = malloc((size_t)T * H * D * 4), *gv = malloc((size_t)T * H * D * 4), *hr = malloc((size_t)T * D * 4);
-            for (int il = 0; gk && gv && hr && il < hp->n_layer; il++) {
-                if (qf_gpu_op_kv_rq_decode(cc, il, T, gk, gv, &err)) {
-                    CHECK_MSG(0, "kv-rq decode op: %s", err.msg);
-                    break;
-                }
-                for (int st = 0; st < 2; st++)
-                    for (int h = 0; h < H; h++) {
-                        qf_kv_cache_read_head(&cc->kv, st, il, h, T, hr);
-                        for (int t = 0; t < T; t++)
-                            for (int d = 0; d < D; d++, rq_n++)
-                                rq_diff += memcmp(hr + (size_t)t * D + d, (st ? gv : gk) + ((size_t)t * H + h) * D + d, 4) != 0;
-                    }
+            rq_decoder_check(m, cc, toks, n0 + n1, "");
+            /* the same with f16 layers (the learner's sensitivity runs: every layer f16 but one;
+             * V's f16 rows still hold the residual of its prediction) */
+            qf_payload_entry *kb = (qf_payload_entry *)qf_payload_get(&art.payload, "k_bits"),
+                             *vb = (qf_payload_entry *)qf_payload_get(&art.payload, "v_bits");
+            if (kb && vb && kb->type == QF_PAYLOAD_U8 && kb->count >= 2 && vb->count >= 2) {
+                const uint8_t k1 = kb->bytes[1], v0 = vb->bytes[0];
+                kb->bytes[1] = vb->bytes[0] = 16; /* QF_KV_RQ_BITS_F16 */
+                qf_context *c16 = rq_context(m, QF_DEVICE_CPU, &art, N);
+                if (c16 && qf_decode(c16, toks, n0 + n1, 0, NULL, n0 + n1, &err) == QF_OK)
+                    rq_decoder_check(m, c16, toks, n0 + n1, " (K layer 1 and V layer 0 as f16 rows)");
+                if (c16) qf_context_free(c16);
+                kb->bytes[1] = k1, vb->bytes[0] = v0;
             }
-            free(gk), free(gv), free(hr);
-            printf("  kv-rq device decoder: %zu of %zu decoded K/V values differ from the host decoder's\n", rq_diff, rq_n);
-            CHECK_MSG(rq_diff == 0 && rq_n > 0, "kv-rq device decode: %zu of %zu values differ", rq_diff, rq_n);
         }
         if (ok) {
             const size_t nl = (size_t)n1 * nv;
@@ -1421,6 +1444,30 @@ TEST(e2e_kv_rq) {
         if (cc) qf_context_free(cc);
         if (cg) qf_context_free(cg);
         free(lc), free(lg), free(lb);
+        /* the same calibration certified on the GPU (--device cuda: capture with the pre-RoPE and
+         * query taps, reference, sensitivity runs and candidates there, f32 GEMMs): the same
+         * verdict, the reference PPL to 1e-6 and the candidate's within the devices' drift */
+        char outg[4096];
+        snprintf(outg, sizeof outg, "%s/rq%zu_gpu.qfa", test_tmpdir(), ri);
+        t0 = qf_now_sec();
+        qf_artifact ag = {0};
+        if (rq_calibrate_on(model, corpus, runs[ri].bits, runs[ri].prerope, runs[ri].n_ctx, outg, QF_DEVICE_CUDA) &&
+            qf_artifact_load(outg, qf_model_sha256(m), NULL, &ag, &err) == QF_OK) {
+            const double t_gpu = qf_now_sec() - t0;
+            const qf_payload_entry *dv = qf_payload_get(&ag.cert.config, "certify_device");
+            const char *kb[2] = {qf_payload_get_string(&art.cert.config, "k_bits"),
+                                 qf_payload_get_string(&ag.cert.config, "k_bits")};
+            printf("  kv-rq calibration on the GPU: %.1f s (CPU %.1f s), certify_device %s; ref PPL %.9g / %.9g (CPU), "
+                   "candidate %.6f / %.6f, KLD %.5f / %.5f, passed %d / %d, K bits %s / %s\n",
+                   t_gpu, t_cal, dv && dv->type == QF_PAYLOAD_STRING ? dv->str : "?", ag.cert.ref_ppl, art.cert.ref_ppl,
+                   ag.cert.cand_ppl, art.cert.cand_ppl, ag.cert.kld_mean, art.cert.kld_mean, ag.cert.passed,
+                   art.cert.passed, kb[1] ? kb[1] : "?", kb[0] ? kb[0] : "?");
+            CHECK(dv && dv->type == QF_PAYLOAD_STRING && !strcmp(dv->str, "cuda"));
+            CHECK_MSG(fabs(ag.cert.ref_ppl / art.cert.ref_ppl - 1) < 1e-5, "reference PPL GPU %.9g vs CPU %.9g",
+                      ag.cert.ref_ppl, art.cert.ref_ppl);
+            CHECK(ag.cert.passed == art.cert.passed);
+        }
+        qf_artifact_free(&ag);
         qf_artifact_free(&art);
         qf_model_free(m);
     }

@@ -293,6 +293,48 @@ TEST(rq_v_predictor_roundtrip_and_refusals) {
     P[5] = 0;
 }
 
+/* qf_kv_cache_write_pool: a batch's kv-rq rows encoded on 3 threads are the bytes of the one-
+ * thread writer (each position on its own; V's predictor reads the same token's K), K and V,
+ * with and without the predictor; small batches and other modes take the one-thread path. */
+TEST(rq_pool_writer_same_bytes) {
+    qf_hparams hp = {0};
+    hp.n_layer = 2, hp.n_head_kv = 2, hp.head_dim = 64;
+    enum { HD = 128, NP = 40 };
+    static rq_spec_data dk, dv;
+    static const int b3[2] = {3, 2}, b2[2] = {2, 3};
+    rq_spec(&dk, 2, 2, 64, b3);
+    rq_spec(&dv, 2, 2, 64, b2);
+    static float P[2 * HD * HD], k[NP * HD], v[NP * HD];
+    uint64_t s = 77;
+    for (int i = 0; i < 2 * HD * HD; i++) P[i] = i < HD * HD ? 0.05f * gauss(&s) : 0.0f; /* layer 1: no predictor */
+    for (int i = 0; i < NP * HD; i++) k[i] = gauss(&s), v[i] = gauss(&s);
+    qf_kv_stream_spec spec[2] = {
+        {.mode = QF_KV_RQ, .rq_bits = dk.bits, .rq_levels = dk.levels, .rq_mean = dk.mean, .rq_cs = dk.cs, .prerope = true},
+        {.mode = QF_KV_RQ, .rq_bits = dv.bits, .rq_levels = dv.levels, .rq_mean = dv.mean, .rq_cs = dv.cs, .rq_pred = P}};
+    qf_kv_cache a, b;
+    qf_error e = {0};
+    CHECK(qf_kv_cache_init_spec(&a, &hp, NP, spec, &e) == QF_OK);
+    CHECK(qf_kv_cache_init_spec(&b, &hp, NP, spec, &e) == QF_OK);
+    qf_pool *pool = qf_pool_create(3);
+    CHECK(pool != NULL);
+    for (int l = 0; pool && l < 2; l++) {
+        qf_kv_cache_write(&a, 0, l, 0, NP, k);
+        qf_kv_cache_write(&a, 1, l, 0, NP, v);
+        qf_kv_cache_write_pool(&b, 0, l, 0, 30, k, pool); /* 30 on the threads, then 10 ... */
+        qf_kv_cache_write_pool(&b, 0, l, 30, 10, k + 30 * HD, pool);
+        qf_kv_cache_write_pool(&b, 1, l, 0, 30, v, pool);
+        qf_kv_cache_write_pool(&b, 1, l, 30, 1, v + 30 * HD, pool); /* ... a single token: one thread */
+        qf_kv_cache_write_pool(&b, 1, l, 31, 9, v + 31 * HD, pool);
+        for (int st = 0; st < 2; st++) {
+            size_t n = (size_t)NP * 2 * a.rq[st]->row_bytes[l];
+            CHECK_MSG(!memcmp(a.data[st][l], b.data[st][l], n), "layer %d stream %d: pooled rows differ", l, st);
+        }
+    }
+    qf_pool_free(pool);
+    qf_kv_cache_free(&a);
+    qf_kv_cache_free(&b);
+}
+
 /* ---- the exact sink/window facility on a real model ---- */
 
 static qf_model *load(const char *rel) {
@@ -529,6 +571,7 @@ int main(void) {
     RUN(lloyd_rejects_bad_input);
     RUN(rq_cache_mode_roundtrip_and_refusals);
     RUN(rq_v_predictor_roundtrip_and_refusals);
+    RUN(rq_pool_writer_same_bytes);
     RUN(exact_window_all_exact_equals_f16_and_decode_equals_prefill);
     RUN(prerope_cache_sinks_are_post_rope);
     RUN(rq_payload_format_versions);

@@ -80,6 +80,9 @@ typedef struct {
      * scratch of the rotated layouts */
     uint8_t int8_layout[2];
     float *int8_buf;
+    /* qf_kv_cache_write_pool: the threads' kv-rq encoder scratch (rq_par_n floats) */
+    float *rq_par;
+    size_t rq_par_n;
 } qf_kv_cache;
 
 /* QF_KV_RQ storage of one stream: layer l's rows are qf_kv_rq_row_bytes(head_dim, bits[l])
@@ -174,6 +177,10 @@ qf_status qf_kv_cache_set_rot(qf_kv_cache *kv, qf_kv_rot rot, qf_error *err);
 /* Write n_rows consecutive rows starting at (pos, kv head 0): src is [n_rows][head_dim]. */
 void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos,
                        const float *src);
+/* qf_kv_cache_write with a kv-rq stream's encoding spread over pool's threads: the same bytes
+ * (each position is encoded on its own). Other modes, sliding-window rings, small batches or
+ * a NULL pool take qf_kv_cache_write. Not reentrant for one cache (shared scratch). */
+void qf_kv_cache_write_pool(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos, const float *src, qf_pool *pool);
 /* The exact f16 sink copies of rows [pos, pos+n_pos) that are sinks (p < n_sink): src as for
  * qf_kv_cache_write. qf_kv_cache_write does this itself except for the K stream of a
  * k_prerope cache, whose sink copies must be the post-RoPE keys attention reads: forward.c

@@ -1045,14 +1045,14 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         if (tap && tap->on_q) tap->on_q(tap->user, il, pos0, n, hp->n_head, hd, c->q);
         if (defer_k) {
             if (tap && tap->on_k_prerope) tap->on_k_prerope(tap->user, il, pos0, n, hp->n_head_kv, hd, c->k);
-            if (c->kv.k_prerope) qf_kv_cache_write(&c->kv, 0, il, pos0, n, c->k);
+            if (c->kv.k_prerope) qf_kv_cache_write_pool(&c->kv, 0, il, pos0, n, c->k, c->pool);
             ej.stage = 2;
             ew_run(c, &ej); /* RoPE on k */
             if (c->kv.k_prerope) qf_kv_cache_write_sinks(&c->kv, 0, il, pos0, n, c->k); /* exact = post-RoPE */
         }
         if (tap && tap->on_kv) tap->on_kv(tap->user, il, pos0, n, hp->n_head_kv, hd, c->k, c->v);
-        if (!c->kv.k_prerope) qf_kv_cache_write(&c->kv, 0, il, pos0, n, c->k);
-        qf_kv_cache_write(&c->kv, 1, il, pos0, n, c->v);
+        if (!c->kv.k_prerope) qf_kv_cache_write_pool(&c->kv, 0, il, pos0, n, c->k, c->pool);
+        qf_kv_cache_write_pool(&c->kv, 1, il, pos0, n, c->v, c->pool);
 
         att_job aj = {.c = c, .layer = il, .n = n, .pos0 = pos0, .q0 = s0};
         qf_pool_run(c->pool, kv_gather_worker, &aj);

@@ -26,7 +26,7 @@ static void dict_encode(void *user, int s, int il, const float *rows, int64_t n,
  * the stored K of the same token); the stored bytes are copied out for the device */
 static void rq_write(void *user, int s, int il, int pos0, int n, const float *rows, uint8_t *bytes) {
     qf_context *c = user;
-    qf_kv_cache_write(&c->kv, s, il, pos0, n, rows);
+    qf_kv_cache_write_pool(&c->kv, s, il, pos0, n, rows, c->pool);
     const size_t rb = c->kv.rq[s]->row_bytes[il], per = (size_t)c->kv.n_head_kv * rb;
     memcpy(bytes, c->kv.data[s][il] + (size_t)pos0 * per, (size_t)n * per);
 }

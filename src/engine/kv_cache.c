@@ -512,6 +512,8 @@ bool qf_kv_cache_ring_holds(const qf_kv_cache *kv, int lo, int hi, int *layer, i
 void qf_kv_cache_free(qf_kv_cache *kv) {
     exact_free(kv);
     ring_free(kv);
+    free(kv->rq_par);
+    kv->rq_par = NULL, kv->rq_par_n = 0;
     for (int s = 0; s < 2; s++) {
         if (kv->data[s])
             for (int l = 0; l < kv->n_layer; l++) free(kv->data[s][l]);
@@ -585,31 +587,41 @@ static int ec_group(const qf_kv_cache *kv) {
     return g;
 }
 
+/* kv-rq: encode positions [p0, p1) of a batch (src [n][n_head_kv][head_dim], dst its first
+ * row) with the caller's scratch: pred 2 * n_head_kv * head_dim floats, sc 2 * head_dim. Each
+ * position is encoded on its own (V's predictor reads the same token's stored K, written
+ * first), so ranges may run on different threads and give the same bytes. */
+static void rq_rows(const qf_kv_cache *kv, int stream, int layer, uint8_t *dst, const float *src, int p0, int p1,
+                    float *pred, float *sc) {
+    const struct qf_kv_rq_bind *r = kv->rq[stream];
+    size_t rb = layer_row_bytes(kv, stream, layer);
+    int hd = kv->head_dim, nh = kv->n_head_kv, HD = nh * hd;
+    bool pr = r->pred && r->pred_on[layer];
+    size_t slot0 = (size_t)(dst - kv->data[stream][layer]) / ((size_t)nh * rb); /* K of a token: same slot */
+    for (int p = p0; p < p1; p++) {
+        const float *x = src + (size_t)p * HD;
+        if (pr) { /* code V minus its prediction from this token's stored K (written first) */
+            float *kh = pred, *res = pred + HD;
+            rq_k_hat(kv, layer, (int)(slot0 + (size_t)p), kh);
+            rq_predict(r->pred + (size_t)layer * HD * HD, HD, kh, 0, HD, res);
+            for (int i = 0; i < HD; i++) res[i] = x[i] - res[i];
+            x = res;
+        }
+        for (int h = 0; h < nh; h++) {
+            qf_kv_rq_codec c = rq_codec(r, kv, layer, h);
+            size_t i = (size_t)p * nh + h;
+            qf_kv_rq_encode(&c, x + (size_t)h * hd, sc, dst + i * rb);
+        }
+    }
+}
+
 /* encode n_pos consecutive positions' rows (src [n_pos][n_head_kv][head_dim]) at dst */
 static void write_rows(qf_kv_cache *kv, int stream, int layer, uint8_t *dst, const float *src, int n_pos) {
     qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
     size_t rb = layer_row_bytes(kv, stream, layer);
     int hd = kv->head_dim, nh = kv->n_head_kv;
     if (mode == QF_KV_RQ) {
-        const struct qf_kv_rq_bind *r = kv->rq[stream];
-        bool pr = r->pred && r->pred_on[layer];
-        int HD = nh * hd;
-        size_t slot0 = (size_t)(dst - kv->data[stream][layer]) / ((size_t)nh * rb); /* K of a token: same slot */
-        for (int p = 0; p < n_pos; p++) {
-            const float *x = src + (size_t)p * HD;
-            if (pr) { /* code V minus its prediction from this token's stored K (written first) */
-                float *kh = r->pred_buf, *res = r->pred_buf + HD;
-                rq_k_hat(kv, layer, (int)(slot0 + (size_t)p), kh);
-                rq_predict(r->pred + (size_t)layer * HD * HD, HD, kh, 0, HD, res);
-                for (int i = 0; i < HD; i++) res[i] = x[i] - res[i];
-                x = res;
-            }
-            for (int h = 0; h < nh; h++) {
-                qf_kv_rq_codec c = rq_codec(r, kv, layer, h);
-                size_t i = (size_t)p * nh + h;
-                qf_kv_rq_encode(&c, x + (size_t)h * hd, r->scratch, dst + i * rb);
-            }
-        }
+        rq_rows(kv, stream, layer, dst, src, 0, n_pos, kv->rq[stream]->pred_buf, kv->rq[stream]->scratch);
         return;
     }
     if (mode == QF_KV_INT8) {
@@ -696,6 +708,45 @@ void qf_kv_cache_write(qf_kv_cache *kv, int stream, int layer, int pos, int n_po
         for (int i = 0; i < run; i++) kv->ring_pos[layer][slot + i] = p + i;
         p += run;
     }
+}
+
+typedef struct {
+    const qf_kv_cache *kv;
+    int stream, layer, n_pos;
+    uint8_t *dst;
+    const float *src;
+    float *buf; /* per thread: 2 HD + 2 hd floats */
+    size_t per;
+} rq_par_job;
+
+static void rq_par_worker(void *arg, int ith, int nth) {
+    rq_par_job *j = arg;
+    int p0 = (int)((int64_t)j->n_pos * ith / nth), p1 = (int)((int64_t)j->n_pos * (ith + 1) / nth);
+    float *b = j->buf + (size_t)ith * j->per;
+    rq_rows(j->kv, j->stream, j->layer, j->dst, j->src, p0, p1, b, b + 2 * (size_t)j->kv->n_head_kv * j->kv->head_dim);
+}
+
+void qf_kv_cache_write_pool(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos, const float *src, qf_pool *pool) {
+    qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
+    int nth = pool ? qf_pool_size(pool) : 1;
+    if (mode != QF_KV_RQ || nth < 2 || n_pos < 2 * nth || (kv->ring_rows && kv->ring_rows[layer])) {
+        qf_kv_cache_write(kv, stream, layer, pos, n_pos, src);
+        return;
+    }
+    size_t hd = (size_t)kv->head_dim, per = 2 * (size_t)kv->n_head_kv * hd + 2 * hd;
+    if (kv->rq_par_n < per * (size_t)nth) {
+        float *b = realloc(kv->rq_par, per * (size_t)nth * sizeof(float));
+        if (!b) { /* no scratch for the threads: one thread, the same bytes */
+            qf_kv_cache_write(kv, stream, layer, pos, n_pos, src);
+            return;
+        }
+        kv->rq_par = b, kv->rq_par_n = per * (size_t)nth;
+    }
+    if (!(stream == 0 && kv->k_prerope)) qf_kv_cache_write_sinks(kv, stream, layer, pos, n_pos, src);
+    size_t rb = layer_row_bytes(kv, stream, layer);
+    rq_par_job j = {.kv = kv, .stream = stream, .layer = layer, .n_pos = n_pos, .src = src, .buf = kv->rq_par, .per = per,
+                    .dst = kv->data[stream][layer] + (size_t)pos * kv->n_head_kv * rb};
+    qf_pool_run(pool, rq_par_worker, &j);
 }
 
 /* decode n_pos consecutive stored rows of kv head h, starting at slot `slot`, into dst */

@@ -153,9 +153,10 @@ static qf_status stage_model(const qf_job *j, shared *s, qf_error *err) {
     cp.n_batch = s->n_ctx; /* as qforge ppl without -b */
     cp.n_threads = j->n_threads;
     cp.kv_k = cp.kv_v = j->ref_kv;
-    /* KV artifacts are certified on the CPU path, except kv-int8 under an explicit --device
-     * cuda: the GPU runs its every row layout (reference, candidates, free baseline) */
-    s->cert_gpu = j->capture_device == QF_DEVICE_CUDA && j->kind == QF_ARTIFACT_KV_INT8;
+    /* KV artifacts are certified on the CPU path, except kv-int8 and kv-rq under an explicit
+     * --device cuda: the GPU runs their every row layout (reference, candidates, kv-rq's
+     * sensitivity runs, the free baseline) and the capture taps they need */
+    s->cert_gpu = j->capture_device == QF_DEVICE_CUDA && (j->kind == QF_ARTIFACT_KV_INT8 || j->kind == QF_ARTIFACT_KV_RQ);
     cp.device = s->cert_gpu ? QF_DEVICE_CUDA : QF_DEVICE_CPU;
     /* every GEMM in f32 on the GPU: the f16 route's input rounding differs between the
      * reference (fused f16 q|k|v) and quantized-KV passes (f32 K/V), which shows up in the KLDs
@@ -1064,8 +1065,6 @@ static qf_status rq_spread_text(const qf_model *m, const char *text, size_t len,
 static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error *err) {
     const qf_hparams *hp = qf_model_hparams(s->model);
     int L = hp->n_layer, D = hp->head_dim, U = 2 * L;
-    if (qf_context_device(s->ctx) != QF_DEVICE_CPU)
-        return qf_fail(err, QF_ERR_UNSUPPORTED, "kv-rq runs on the CPU only in this build");
     qf_kv_rq_fit fit;
     qf_kv_rq_learn_params lp;
     qf_kv_rq_learn_params_default(&lp);

@@ -109,6 +109,7 @@ struct qf_cuda_ctx {
     cudaEvent_t pin_ev[2];
     /* host */
     float *h_cos, *h_sin, *h_k, *h_v, *h_act, *rope_ff;
+    float *h_kpre;                  /* [n_batch][Dkv]: K before RoPE (kv-rq's host encoder, the on_k_prerope tap) */
     size_t weight_bytes, kv_bytes, scratch_bytes;
     /* QF_CUDA_PROFILE=1: events between the stages of each decode, summed per category and
      * printed when the context is freed */
@@ -356,7 +357,7 @@ static void ctx_free(qf_cuda_ctx *g) {
     }
     rq_state_free(g->rq);
     free(g->h_codes);
-    free(g->h_cos), free(g->h_sin), free(g->h_k), free(g->h_v), free(g->h_act), free(g->rope_ff);
+    free(g->h_cos), free(g->h_sin), free(g->h_k), free(g->h_v), free(g->h_act), free(g->rope_ff), free(g->h_kpre);
     free(g->h_cos2), free(g->h_sin2), free(g->h_moe_logits), free(g->h_moe_w), free(g->h_moe_rw), free(g->h_moe_ids);
     free(g->h_moe_rows);
     free(g);
@@ -849,7 +850,8 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
         g->h_k = (float *)malloc((size_t)B * Dkv * 4);
         g->h_v = (float *)malloc((size_t)B * Dkv * 4);
         g->h_act = (float *)malloc((size_t)B * maxK * 4);
-        if (!g->h_cos || !g->h_sin || !g->h_k || !g->h_v || !g->h_act) {
+        g->h_kpre = (float *)malloc((size_t)B * Dkv * 4);
+        if (!g->h_cos || !g->h_sin || !g->h_k || !g->h_v || !g->h_act || !g->h_kpre) {
             st = cu_fail(err, QF_ERR_NOMEM, "out of memory");
             goto done;
         }
@@ -952,7 +954,7 @@ static qf_status rq_store(qf_cuda_ctx *g, int il, int n, int pos0, cudaStream_t 
     for (int s = 0; s < 2; s++) {
         rq_layer_dev a = r->lay[s][il];
         const size_t nb = (size_t)n * nkv * a.rb;
-        r->write(g->encode_user, s, il, pos0, n, s ? g->h_v : g->h_k, g->h_codes);
+        r->write(g->encode_user, s, il, pos0, n, s ? g->h_v : r->k_prerope ? g->h_kpre : g->h_k, g->h_codes);
         CK(cudaMemcpy((uint8_t *)a.codes + (size_t)pos0 * nkv * a.rb, g->h_codes, nb, cudaMemcpyHostToDevice));
         if (a.predT) a.khat = g->kv_f32[0];
         launch_kv_rq_expand(&a, T, nkv, hd, g->kv_f32[s], S);
@@ -1179,13 +1181,14 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
         const bool kvq = !(g->kv_mode[0] == QF_KV_F32 || g->kv_mode[0] == QF_KV_F16) ||
                          !(g->kv_mode[1] == QF_KV_F32 || g->kv_mode[1] == QF_KV_F16);
         /* kv-rq: separate q, k, v projections (the host encodes pre-RoPE K rows) */
-        const bool fqkv = pre16 && gemm_h_ok(g, &L->wqkv) && hd % 2 == 0 && (!kvq || g->xl) && !g->rq;
+        const bool tap_qk = tap && (tap->on_q || tap->on_k_prerope); /* taps between the projections and RoPE */
+        const bool fqkv = pre16 && gemm_h_ok(g, &L->wqkv) && hd % 2 == 0 && (!kvq || g->xl) && !g->rq && !tap_qk;
         const bool fgu = pre16 && gemm_h_ok(g, &L->wgu);
         const bool want_act = tap && tap->on_act;
         /* decode (n <= MATVEC_MAX): one matrix-vector launch over the fused q|k|v rows and one
          * over gate|up (f32 activations, the same matvec kernel), then the split / SiLU*up */
         const bool dec = n <= MATVEC_MAX && route == MM_AUTO;
-        const bool dqkv = !fam && dec && L->wqkv.d && hd % 2 == 0 && !g->rq, dgu = !fam && dec && L->wgu.d;
+        const bool dqkv = !fam && dec && L->wqkv.d && hd % 2 == 0 && !g->rq && !tap_qk, dgu = !fam && dec && L->wgu.d;
         /* f16 KV on the flash route, no K/V tap: the split writes the f16 Q and the cache rows */
         const bool kv16 = fqkv && !g->kv_rot && g->kv_mode[0] == QF_KV_F16 && g->kv_mode[1] == QF_KV_F16 && !g->attn_warp &&
                           flash_ok(QF_KV_F16, QF_KV_F16, hd) && g->kv_rb[0] == (size_t)hd * 2 &&
@@ -1253,13 +1256,20 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             /* per-head RMS norm of q and k before RoPE (qwen3, gemma3) */
             if (L->q_norm) launch_rmsnorm(g->q, L->q_norm, n * hp->n_head, hd, hp->rms_eps, g->q, NULL, S);
             if (L->k_norm) launch_rmsnorm(g->k, L->k_norm, n * nkv, hd, hp->rms_eps, g->k, NULL, S);
-            if (g->rq && g->rq->k_prerope) /* the rows the host encodes: K before RoPE */
-                CK(cudaMemcpy(g->h_k, g->k, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
+            /* K before RoPE: the rows a pre-RoPE kv-rq cache encodes, and the on_k_prerope tap */
+            const bool kpre = (g->rq && g->rq->k_prerope) || (tap && tap->on_k_prerope);
+            if (kpre) CK(cudaMemcpy(g->h_kpre, g->k, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
             /* gemma3's sliding-window layers rotate with their own base */
             const bool swa_rope = g->rcos_swa && L->window > 0;
             const float *lrc = swa_rope ? g->rcos_swa : rc, *lrs = swa_rope ? g->rsin_swa : rs;
             launch_rope(g->q, n, hp->n_head, hd, half, hp->rope_type == QF_ROPE_NEOX, lrc, lrs, S);
             launch_rope(g->k, n, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, lrc, lrs, S);
+            /* forward.c's order: q after RoPE, then K before it, then (below) K and V */
+            if (tap && tap->on_q) {
+                CK(cudaMemcpy(g->h_act, g->q, (size_t)n * Dq * 4, cudaMemcpyDeviceToHost));
+                tap->on_q(tap->user, il, pos0, n, hp->n_head, hd, g->h_act);
+            }
+            if (tap && tap->on_k_prerope) tap->on_k_prerope(tap->user, il, pos0, n, nkv, hd, g->h_kpre);
         }
         if (tap && tap->on_kv) {
             CK(cudaMemcpy(g->h_k, g->k, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));

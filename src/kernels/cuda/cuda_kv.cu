@@ -469,7 +469,8 @@ void launch_kv_int8_expand(int layout, const int8_t *src, int64_t n_tok, int nkv
  *                   butterfly in shared memory)
  *   format 3 rows   x = mean + sum_j dec[:, j] y_j over y_j != 0, y_j = (s sigma_j) levels_j[code_j]
  *   f16 rows        the halves
- *   V predicted     x += sum over kv heads g of (sum_q P[h hd + i][g hd + q] khat_g[q]),
+ *   V predicted     (any of the above, f16 rows too: they hold the residual as well)
+ *                   x += sum over kv heads g of (sum_q P[h hd + i][g hd + q] khat_g[q]),
  *                   khat the token's decoded pre-RoPE K row (kv_cache.c read_rows) */
 __global__ void k_kv_rq_expand(rq_layer_dev a, int64_t n_pos, int nkv, int hd, float *out) {
     __shared__ float y[HD_MAX];
@@ -479,13 +480,12 @@ __global__ void k_kv_rq_expand(rq_layer_dev a, int64_t n_pos, int nkv, int hd, f
     const uint8_t *row = a.codes + (size_t)r * a.rb, *cb = row + 1; /* QF_KV_RQ_SCALE_BYTES */
     float *o = out + (size_t)r * hd;
     const size_t lh = (size_t)h * hd;
-    if (a.bits == 16) { /* QF_KV_RQ_BITS_F16 */
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) o[i] = h2f(row + 2 * i);
-        return;
-    }
-    const float s = a.scale[row[0]];
     float res[HD_MAX / 32];
-    if (a.decT) { /* format 3 */
+    if (a.bits == 16) { /* QF_KV_RQ_BITS_F16: halves (V's prediction is still added below) */
+        int k = 0;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x, k++) res[k] = h2f(row + 2 * i);
+    } else if (a.decT) { /* format 3 */
+        const float s = a.scale[row[0]];
         for (int i = threadIdx.x; i < hd; i += blockDim.x) {
             const int w = a.width[lh + i];
             float v = 0.0f;
@@ -511,6 +511,7 @@ __global__ void k_kv_rq_expand(rq_layer_dev a, int64_t n_pos, int nkv, int hd, f
             res[k] = v;
         }
     } else {
+        const float s = a.scale[row[0]];
         const int bits = a.bits;
         const float *lv = a.levels + (size_t)h * 64;
         for (int i = threadIdx.x; i < hd; i += blockDim.x) {
