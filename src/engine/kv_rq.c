@@ -83,7 +83,7 @@ void qf_kv_rq_encode(const qf_kv_rq_codec *c, const float *x, float *scratch, ui
     /* the scale code: of the two codes around s, the one whose re-coded row errs least */
     uint8_t sc = 0;
     if (s > 0) {
-        int c0 = (int)floorf(log2f(s) * QF_KV_RQ_SCALE_STEPS) + 128;
+        int c0 = qf_kv_rq_scale_floor(s);
         double best = INFINITY;
         uint8_t tmp[QF_KV_RQ_MAX_HEAD_DIM];
         for (int cand = c0; cand <= c0 + 1; cand++) {

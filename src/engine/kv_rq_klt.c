@@ -84,7 +84,7 @@ void qf_kv_rq_klt_encode(const qf_kv_rq_klt *c, const float *x, float *scratch, 
             if (!(den > 0) || !(num > 0)) break;
             s = (float)(num / den);
         }
-        int c0 = (int)floorf(log2f(s) * QF_KV_RQ_SCALE_STEPS) + 128;
+        int c0 = qf_kv_rq_scale_floor(s);
         double best = INFINITY;
         uint8_t tmp[QF_KV_RQ_MAX_HEAD_DIM] = {0};
         for (int cand = c0; cand <= c0 + 1; cand++) {

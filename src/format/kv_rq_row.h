@@ -37,6 +37,14 @@ static inline float qf_kv_rq_scale(uint8_t c) {
     return c ? exp2f((float)((int)c - 128) / QF_KV_RQ_SCALE_STEPS) : 0.0f;
 }
 
+/* the scale code just below s > 0 (the encoder tries it and the next one): floor(8 log2 s) + 128
+ * in double, so that the CPU and the GPU encoder compute the same code (for a float s, 8 log2 s
+ * lies within a double's rounding of an integer only at powers of two, where log2 is exact;
+ * float log2f, used before, can differ in its last bit between libraries) */
+static inline int qf_kv_rq_scale_floor(float s) {
+    return (int)floor(log2((double)s) * QF_KV_RQ_SCALE_STEPS) + 128;
+}
+
 /* true for the bit widths a row may have */
 static inline int qf_kv_rq_bits_ok(int bits) {
     return (bits >= QF_KV_RQ_MIN_BITS && bits <= QF_KV_RQ_MAX_BITS) || bits == QF_KV_RQ_BITS_F16;
