@@ -19,6 +19,7 @@
 #include "test.h"
 #include "util/util.h"
 #include "engine/gpu.h"
+#include "format/quant_blocks.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/hadamard.h"
 
@@ -97,8 +98,11 @@ static void *rand_weight(qf_type t, int64_t rows, int64_t k) {
         for (size_t b = 0; b < rb / bb; b++) {
             uint8_t *p = row + b * bb;
             uint16_t h = (uint16_t)(0x1C00 + ((uint16_t)(frand() * 100 + 100))); /* ~0.004 */
-            if (t == QF_TYPE_Q6_K) p[208] = h & 0xFF, p[209] = h >> 8;
-            else p[0] = h & 0xFF, p[1] = h >> 8, p[2] = h & 0xFF, p[3] = h >> 8;
+            /* d (and dmin) little-endian where the block layout puts them (format/quant_blocks.h) */
+            const size_t at = t == QF_TYPE_Q6_K ? offsetof(block_q6_K, d) : offsetof(block_q4_K, d);
+            p[at] = h & 0xFF, p[at + 1] = h >> 8;
+            if (t != QF_TYPE_Q6_K) /* Q4_K / Q5_K: dmin follows d */
+                p[offsetof(block_q4_K, dmin)] = h & 0xFF, p[offsetof(block_q4_K, dmin) + 1] = h >> 8;
         }
     }
     free(src);
@@ -1283,11 +1287,13 @@ static bool rq_calibrate(const char *model, const char *corpus, double bits, int
     return rq_calibrate_on(model, corpus, bits, prerope, n_ctx, out, QF_DEVICE_CPU);
 }
 
-static bool rq_gemm_f32; /* the GPU contexts' GEMMs in f32 (qf_cuda_params.gemm_f32) */
+static bool rq_gemm_f32;  /* the GPU contexts' GEMMs in f32 (qf_cuda_params.gemm_f32) */
+static bool rq_attn_warp; /* and prefill attention on the warp kernel instead of the flash route */
 static qf_context *rq_context(qf_model *m, qf_device dev, const qf_artifact *art, int n_ctx) {
     qf_context_params p = qf_context_default_params();
     p.n_ctx = n_ctx;
     p.cuda.gemm_f32 = rq_gemm_f32;
+    p.cuda.attn_warp = rq_attn_warp;
     p.device = dev;
     p.n_threads = 8;
     qf_error err = {0};
@@ -1338,6 +1344,38 @@ static void rq_decoder_check(qf_model *m, qf_context *c, const int32_t *toks, in
     CHECK_MSG(rq_diff == 0 && rq_n > 0, "kv-rq device decode%s: %zu of %zu values differ", what, rq_diff, rq_n);
 }
 
+/* the device encoder against the host's: T tokens of random K and V (one K row not finite, one
+ * V row zero) written into c's (CPU) kv-rq cache by the host and encoded on the GPU; every
+ * stored byte of every layer compared */
+static void rq_encoder_check(qf_model *m, qf_context *c, int T, const char *what) {
+    qf_error err = {0};
+    const qf_hparams *hp = qf_model_hparams(m);
+    const int H = hp->n_head_kv, D = hp->head_dim, HD = H * D;
+    float *k = malloc((size_t)T * HD * 4), *v = malloc((size_t)T * HD * 4);
+    uint8_t *kb = malloc((size_t)T * H * (D * 2 + 1)), *vb = malloc((size_t)T * H * (D * 2 + 1));
+    size_t ndiff = 0, nbytes = 0;
+    for (int il = 0; k && v && kb && vb && il < hp->n_layer; il++) {
+        for (size_t i = 0; i < (size_t)T * HD; i++) k[i] = 2.0f * frand(), v[i] = 1.5f * frand() * frand();
+        k[3 * HD + 5] = NAN;
+        memset(v + 5 * HD, 0, (size_t)HD * 4);
+        qf_kv_cache_write(&c->kv, 0, il, 0, T, k);
+        qf_kv_cache_write(&c->kv, 1, il, 0, T, v);
+        if (qf_gpu_op_kv_rq_encode(c, il, T, k, v, kb, vb, &err)) {
+            CHECK_MSG(0, "kv-rq encode op: %s", err.msg);
+            break;
+        }
+        for (int st = 0; st < 2; st++) {
+            const size_t n = (size_t)T * H * c->kv.rq[st]->row_bytes[il];
+            const uint8_t *hb = c->kv.data[st][il], *gb = st ? vb : kb;
+            for (size_t i = 0; i < n; i++) ndiff += hb[i] != gb[i];
+            nbytes += n;
+        }
+    }
+    free(k), free(v), free(kb), free(vb);
+    printf("  kv-rq device encoder%s: %zu of %zu stored bytes differ from the host encoder's\n", what, ndiff, nbytes);
+    CHECK_MSG(ndiff == 0 && nbytes > 0, "kv-rq device encode%s: %zu of %zu bytes differ", what, ndiff, nbytes);
+}
+
 TEST(e2e_kv_rq) {
     NEED_GPU();
     char corpus[4096];
@@ -1378,11 +1416,11 @@ TEST(e2e_kv_rq) {
         }
         const int N = runs[ri].n_ctx, nv = qf_model_hparams(m)->n_vocab;
         /* PPL over 4 chunks of the certified context */
-        double ppl[3] = {NAN, NAN, NAN}, tps[3] = {0, 0, 0};
-        for (int d = 0; d < 3; d++) { /* CPU, GPU, GPU with f32 GEMMs */
-            rq_gemm_f32 = d == 2;
+        double ppl[4] = {NAN, NAN, NAN, NAN}, tps[4] = {0, 0, 0, 0};
+        for (int d = 0; d < 4; d++) { /* CPU, GPU (flash prefill), GPU with f32 GEMMs, GPU with the warp kernel */
+            rq_gemm_f32 = d == 2, rq_attn_warp = d == 3;
             qf_context *c = rq_context(m, d ? QF_DEVICE_CUDA : QF_DEVICE_CPU, &art, N);
-            rq_gemm_f32 = false;
+            rq_gemm_f32 = rq_attn_warp = false;
             if (!c) continue;
             qf_ppl_params pp = qf_ppl_default_params();
             pp.n_ctx = N;
@@ -1413,8 +1451,10 @@ TEST(e2e_kv_rq) {
                 const uint8_t k1 = kb->bytes[1], v0 = vb->bytes[0];
                 kb->bytes[1] = vb->bytes[0] = 16; /* QF_KV_RQ_BITS_F16 */
                 qf_context *c16 = rq_context(m, QF_DEVICE_CPU, &art, N);
-                if (c16 && qf_decode(c16, toks, n0 + n1, 0, NULL, n0 + n1, &err) == QF_OK)
+                if (c16 && qf_decode(c16, toks, n0 + n1, 0, NULL, n0 + n1, &err) == QF_OK) {
                     rq_decoder_check(m, c16, toks, n0 + n1, " (K layer 1 and V layer 0 as f16 rows)");
+                    rq_encoder_check(m, c16, n0 + n1, " (K layer 1 and V layer 0 as f16 rows)");
+                }
                 if (c16) qf_context_free(c16);
                 kb->bytes[1] = k1, vb->bytes[0] = v0;
             }
@@ -1429,18 +1469,21 @@ TEST(e2e_kv_rq) {
             qf_payload_get_int(&art.payload, "n_sink", &S), qf_payload_get_int(&art.payload, "n_window", &R);
             qf_payload_get_int(&art.payload, "k_prerope", &pr);
             printf("  kv-rq %s %.1f bits (%s, pre-RoPE K %lld, S%lld R%lld; calibrated in %.1f s): PPL CPU %.5f (%.0f tok/s) "
-                   "GPU %.5f (%.0f tok/s), rel diff %.2e (GPU with f32 GEMMs: %.5f, %.2e); decode steps: nmse %.3g "
-                   "against the CPU's steps, %.3g against the GPU's batched pass, top-1 %d/%d\n",
+                   "GPU %.5f (%.0f tok/s), rel diff %.2e (GPU with f32 GEMMs: %.5f, %.2e; with the warp kernel in "
+                   "prefill: %.5f (%.0f tok/s), %.2e); decode steps: nmse %.3g against the CPU's steps, %.3g against "
+                   "the GPU's batched pass, top-1 %d/%d\n",
                    runs[ri].model + 7, runs[ri].bits, fmt, (long long)pr, (long long)S, (long long)R, t_cal, ppl[0],
-                   tps[0], ppl[1], tps[1], rel, ppl[2], fabs(ppl[2] / ppl[0] - 1), e, eb, agree, n1);
+                   tps[0], ppl[1], tps[1], rel, ppl[2], fabs(ppl[2] / ppl[0] - 1), ppl[3], tps[3],
+                   fabs(ppl[3] / ppl[0] - 1), e, eb, agree, n1);
             /* the decoder is exact (above); what differs is K/V itself: the default route's f16
              * GEMM inputs move some coordinates across 1- and 2-bit decision boundaries
              * (docs/gpu.md "kv-rq on the GPU": 6.3e-4 .. 2.6e-3 measured) */
-            CHECK_MSG(rel < 5e-3 && fabs(ppl[2] / ppl[0] - 1) < 5e-3, "kv-rq PPL: CPU %f vs GPU %f / %f (f32 GEMMs)",
-                      ppl[0], ppl[1], ppl[2]);
+            CHECK_MSG(rel < 5e-3 && fabs(ppl[2] / ppl[0] - 1) < 5e-3 && fabs(ppl[3] / ppl[0] - 1) < 5e-3,
+                      "kv-rq PPL: CPU %f vs GPU %f / %f (f32 GEMMs) / %f (warp)", ppl[0], ppl[1], ppl[2], ppl[3]);
             CHECK_MSG(e < 1e-2 && eb < 1e-2, "kv-rq decode nmse %g / %g", e, eb);
             CHECK(agree >= n1 - 3);
         }
+        if (ok) rq_encoder_check(m, cc, n0 + n1, ""); /* last: it overwrites cc's cache */
         if (cc) qf_context_free(cc);
         if (cg) qf_context_free(cg);
         free(lc), free(lg), free(lb);

@@ -22,15 +22,6 @@ static void dict_encode(void *user, int s, int il, const float *rows, int64_t n,
     }
 }
 
-/* kv-rq rows on the GPU are encoded by the host cache itself (K before V: V's predictor reads
- * the stored K of the same token); the stored bytes are copied out for the device */
-static void rq_write(void *user, int s, int il, int pos0, int n, const float *rows, uint8_t *bytes) {
-    qf_context *c = user;
-    qf_kv_cache_write_pool(&c->kv, s, il, pos0, n, rows, c->pool);
-    const size_t rb = c->kv.rq[s]->row_bytes[il], per = (size_t)c->kv.n_head_kv * rb;
-    memcpy(bytes, c->kv.data[s][il] + (size_t)pos0 * per, (size_t)n * per);
-}
-
 /* the view of kv; *atoms_out holds the per-layer atom pointers of dict streams (free it) */
 static qf_status kv_view(qf_context *c, const qf_kv_cache *kv, qf_gpu_kv *v, const float ***atoms_out,
                          qf_error *err) {
@@ -39,7 +30,6 @@ static qf_status kv_view(qf_context *c, const qf_kv_cache *kv, qf_gpu_kv *v, con
     v->n_layer = kv->n_layer, v->n_ctx = kv->n_ctx, v->n_head_kv = kv->n_head_kv, v->head_dim = kv->head_dim;
     v->mode[0] = kv->mode_k, v->mode[1] = kv->mode_v;
     v->encode = dict_encode, v->encode_user = c;
-    v->rq_write = rq_write;
     v->k_prerope = kv->k_prerope, v->n_sink = kv->n_sink, v->n_window = kv->n_window;
     const float **at = NULL;
     for (int s = 0; s < 2; s++) {
@@ -55,7 +45,8 @@ static qf_status kv_view(qf_context *c, const qf_kv_cache *kv, qf_gpu_kv *v, con
                                                    "use --device cpu");
             }
             v->rq[s] = (qf_gpu_kv_rq){.bits = r->bits, .row_bytes = r->row_bytes, .levels = r->levels,
-                                      .mean = r->mean, .cs = r->cs, .klt_dec = r->klt_dec,
+                                      .mean = r->mean, .cs = r->cs, .inv_cs = r->inv_cs,
+                                      .klt_enc = r->klt_enc, .klt_dec = r->klt_dec,
                                       .klt_sigma = r->klt_sigma, .klt_levels = r->klt_levels,
                                       .klt_width = r->klt_width, .pred = r->pred, .pred_on = r->pred_on};
         }
@@ -164,6 +155,21 @@ bool qf_context_gpu_info(const qf_context *c, qf_cuda_info *out) {
     if (!c->gpu) return false;
     qf_cuda_api_get(NULL)->info(c->gpu, out);
     return true;
+}
+
+qf_status qf_gpu_op_kv_rq_encode(qf_context *c, int il, int n_pos, const float *k, const float *v, uint8_t *k_rows,
+                                 uint8_t *v_rows, qf_error *err) {
+    const char *why = NULL;
+    const qf_cuda_api *a = qf_cuda_api_get(&why);
+    if (!a || !a->available()) return qf_fail(err, QF_ERR_DEVICE, "no CUDA backend or GPU: %s", why ? why : "no GPU");
+    if (c->kv.mode_k != QF_KV_RQ || c->kv.mode_v != QF_KV_RQ || il < 0 || il >= c->kv.n_layer)
+        return qf_fail(err, QF_ERR_ARG, "kv-rq encode op: the context has no kv-rq cache, or layer %d is out of range", il);
+    qf_gpu_kv view;
+    const float **at;
+    qf_status st = kv_view(c, &c->kv, &view, &at, err);
+    if (!st) st = a->op_kv_rq_encode(&view, il, n_pos, k, v, k_rows, v_rows, err);
+    free(at);
+    return st;
 }
 
 qf_status qf_gpu_op_kv_rq_decode(qf_context *c, int il, int n_pos, float *k_out, float *v_out, qf_error *err) {

@@ -31,5 +31,10 @@ bool qf_context_gpu_info(const qf_context *c, qf_cuda_info *out);
  * the CUDA backend reads them: k_out / v_out [n_pos][n_head_kv][head_dim], K as stored (before
  * RoPE where the cache keeps it so), V with its prediction. QF_ERR_DEVICE without a GPU. */
 qf_status qf_gpu_op_kv_rq_decode(qf_context *c, int il, int n_pos, float *k_out, float *v_out, qf_error *err);
+/* Tests: n_pos tokens k, v [n_pos][n_head_kv][head_dim] (K as c's cache stores it) encoded on the
+ * GPU as the CUDA backend writes layer il's rows (V's prediction from the device-decoded K):
+ * k_rows / v_rows get n_pos x n_head_kv rows of the layer's row bytes each. */
+qf_status qf_gpu_op_kv_rq_encode(qf_context *c, int il, int n_pos, const float *k, const float *v, uint8_t *k_rows,
+                                 uint8_t *v_rows, qf_error *err);
 
 #endif

@@ -121,7 +121,7 @@ __device__ static inline float ld_f(const __half *p) { return __half2float(*p); 
 template <int HDP, int BC, typename QT, int M>
 __global__ void __launch_bounds__(128) k_flash_f16(const QT *q, const uint8_t *Kb, const uint8_t *Vb, size_t rb, int n,
                                                    int pos0, int n_head, int n_head_kv, int hd, float scale_log2,
-                                                   float *out, __half *out16) {
+                                                   float *out, __half *out16, float *lse2 = NULL) {
     const __half *K = (const __half *)Kb, *V = (const __half *)Vb;
     constexpr int LD = HDP + 8; /* padded row: conflict-free fragment loads */
     /* two stages of [K tile | V tile]: the next tile is copied (cp.async) while this one is used */
@@ -269,13 +269,15 @@ __global__ void __launch_bounds__(128) k_flash_f16(const QT *q, const uint8_t *K
                 s[nt][e] = v;
                 mx[u] = fmaxf(mx[u], v);
             }
-        float corr[2];
+        float corr[2], msafe[2];
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             mx[u] = fmaxf(mx[u], __shfl_xor_sync(0xffffffffu, mx[u], 1));
             mx[u] = fmaxf(mx[u], __shfl_xor_sync(0xffffffffu, mx[u], 2));
             const float mn = fmaxf(mrow[u], mx[u]);
-            corr[u] = exp2f(mrow[u] - mn); /* first tile: exp2(-inf) = 0 */
+            /* a row with no key yet (pos0 < 0: launch_attention_rq's shifted part) stays at m = -inf */
+            msafe[u] = mn == -INFINITY ? 0.0f : mn;
+            corr[u] = exp2f(mrow[u] - msafe[u]); /* first tile: exp2(-inf) = 0 */
             mrow[u] = mn;
             lrow[u] *= corr[u];
         }
@@ -284,7 +286,7 @@ __global__ void __launch_bounds__(128) k_flash_f16(const QT *q, const uint8_t *K
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int u = e >> 1;
-                const float p = exp2f(s[nt][e] - mrow[u]);
+                const float p = exp2f(s[nt][e] - msafe[u]);
                 s[nt][e] = p;
                 lrow[u] += p;
             }
@@ -320,7 +322,9 @@ __global__ void __launch_bounds__(128) k_flash_f16(const QT *q, const uint8_t *K
 #pragma unroll
     for (int u = 0; u < 2; u++) {
         if (!ok[u]) continue;
-        const float inv = 1.0f / lrow[u];
+        const float inv = lrow[u] > 0.0f ? 1.0f / lrow[u] : 0.0f; /* no key: a zero output of weight 0 */
+        if (lse2 && tig == 0) /* log2 of the row's softmax denominator, in the scaled score's units */
+            lse2[(size_t)rowi[u] * n_head + rowh[u]] = lrow[u] > 0.0f ? mrow[u] + log2f(lrow[u]) : -INFINITY;
         const size_t ob = ((size_t)rowi[u] * n_head + rowh[u]) * hd;
         if (out16) { /* f16 output (the wo GEMM's input): the rounding of the f32 values */
 #pragma unroll
@@ -345,7 +349,7 @@ __global__ void __launch_bounds__(128) k_flash_f16(const QT *q, const uint8_t *K
 template <int HDP, int BC, typename QT, int M>
 static void launch_flash_t(dim3 grid, const QT *q, const uint8_t *K, const uint8_t *V, size_t rb, int n, int pos0,
                            int n_head, int n_head_kv, int hd, float scale_log2, float *out, __half *out16,
-                           cudaStream_t s) {
+                           cudaStream_t s, float *lse2 = NULL) {
     static bool attr_set = false;
     if (!attr_set) {
         cudaFuncSetAttribute(k_flash_f16<HDP, BC, QT, M>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -353,19 +357,20 @@ static void launch_flash_t(dim3 grid, const QT *q, const uint8_t *K, const uint8
         attr_set = true;
     }
     k_flash_f16<HDP, BC, QT, M><<<grid, 128, flash_smem<HDP, BC, M>(), s>>>(q, K, V, rb, n, pos0, n_head, n_head_kv, hd,
-                                                                        scale_log2, out, out16);
+                                                                        scale_log2, out, out16, lse2);
 }
 
 template <typename QT, int M>
 static void launch_flash(const QT *q, const uint8_t *K, const uint8_t *V, size_t rb, int n, int pos0, int n_head,
-                         int n_head_kv, int hd, float *out, __half *out16, cudaStream_t s) {
+                         int n_head_kv, int hd, float *out, __half *out16, cudaStream_t s, float *lse2 = NULL) {
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
     const int G = n_head / n_head_kv;
     dim3 grid((unsigned)n_head_kv, nblk((size_t)n * G, 64));
-    if (hd <= 64) launch_flash_t<64, 64, QT, M>(grid, q, K, V, rb, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s);
+    if (hd <= 64)
+        launch_flash_t<64, 64, QT, M>(grid, q, K, V, rb, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s, lse2);
     else if (hd <= 128)
-        launch_flash_t<128, 64, QT, M>(grid, q, K, V, rb, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s);
-    else launch_flash_t<256, 32, QT, M>(grid, q, K, V, rb, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s);
+        launch_flash_t<128, 64, QT, M>(grid, q, K, V, rb, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s, lse2);
+    else launch_flash_t<256, 32, QT, M>(grid, q, K, V, rb, n, pos0, n_head, n_head_kv, hd, scale_log2, out, out16, s, lse2);
 }
 
 void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V, size_t rbk,
@@ -415,6 +420,80 @@ void launch_attention_exact(const float *q, const float *K, const float *V, cons
         q, (const uint8_t *)K, (const uint8_t *)V, rb, rb, n, pos0, n_head, n_head_kv, hd, 1.0f / sqrtf((float)hd), 0.0f,
         0, out, (const uint8_t *)EK, (const uint8_t *)EV, n_sink, n_window);
 }
+
+/* ---- exact sinks and window on the flash route (kv-rq prefill) ----
+ * The query at t reads the stored rows for keys S <= p <= t - R and the exact view for the
+ * others, so its softmax splits into two disjoint key sets whose partial results combine by
+ * their denominators: A, the stored keys, is causal attention over the rows from S on with the
+ * queries shifted by R + S (the flash kernel at pos0 - R - S; a row with no such key has weight
+ * 0); B, at most S + R exact keys per query, takes one warp per (query, head). */
+__global__ void k_attn_exact_part(const float *q, const float *EK, const float *EV, int n, int pos0, int n_head,
+                                  int n_head_kv, int hd, float scale, int n_sink, int n_window, float *out, float *lse) {
+    const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (w >= n * n_head) return;
+    const int i = w / n_head, h = w % n_head, kvh = h / (n_head / n_head_kv);
+    const int Dq = n_head * hd, nj = (hd + 31) / 32, last = pos0 + i;
+    float qr[HD_MAX / 32], acc[HD_MAX / 32];
+#pragma unroll
+    for (int j = 0; j < HD_MAX / 32; j++) {
+        const int e = lane + 32 * j;
+        qr[j] = (j < nj && e < hd) ? q[(size_t)i * Dq + (size_t)h * hd + e] : 0.0f;
+        acc[j] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    const int ns = n_sink < last + 1 ? n_sink : last + 1, lw = last - n_window + 1, w0 = lw > n_sink ? lw : n_sink;
+    for (int pass = 0; pass < 2; pass++)
+        for (int t = pass ? w0 : 0; t < (pass ? last + 1 : ns); t++) {
+            const float *kr = EK + ((size_t)t * n_head_kv + kvh) * hd, *vr = EV + ((size_t)t * n_head_kv + kvh) * hd;
+            float s = 0.0f;
+#pragma unroll
+            for (int j = 0; j < HD_MAX / 32; j++) {
+                const int e = lane + 32 * j;
+                if (j < nj && e < hd) s += qr[j] * kr[e];
+            }
+            s = warp_sum(s) * scale;
+            const float mn = fmaxf(m, s), corr = expf(m - mn), p = expf(s - mn);
+            l = l * corr + p;
+#pragma unroll
+            for (int j = 0; j < HD_MAX / 32; j++) {
+                const int e = lane + 32 * j;
+                if (j < nj && e < hd) acc[j] = acc[j] * corr + p * vr[e];
+            }
+            m = mn;
+        }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+    for (int j = 0; j < HD_MAX / 32; j++) {
+        const int e = lane + 32 * j;
+        if (j < nj && e < hd) out[(size_t)i * Dq + (size_t)h * hd + e] = acc[j] * inv;
+    }
+    if (lane == 0) lse[(size_t)i * n_head + h] = l > 0.0f ? m + logf(l) : -INFINITY;
+}
+
+/* out = the two parts weighted by their denominators (la2: log2, lb: natural log) */
+__global__ void k_attn_merge2(const float *oa, const float *la2, const float *ob, const float *lb, int64_t n_rows, int hd,
+                              float *out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_rows * hd) return;
+    const int64_t r = i / hd;
+    const float a = la2[r] * 0.6931471805599453f, b = lb[r], M = fmaxf(a, b);
+    const float wa = a == -INFINITY ? 0.0f : expf(a - M), wb = b == -INFINITY ? 0.0f : expf(b - M);
+    out[i] = (wa * oa[i] + wb * ob[i]) / (wa + wb);
+}
+
+void launch_attention_exact_flash(const float *q, const float *K, const float *V, const float *EK, const float *EV, int n,
+                                  int pos0, int n_head, int n_head_kv, int hd, int n_sink, int n_window, float *part,
+                                  float *out, cudaStream_t s) {
+    const size_t nr = (size_t)n * n_head, rb = (size_t)hd * 4, skip = (size_t)n_sink * n_head_kv * rb;
+    float *oa = part, *ob = oa + nr * hd, *la = ob + nr * hd, *lb = la + nr;
+    launch_flash<float, QF_KV_F32>(q, (const uint8_t *)K + skip, (const uint8_t *)V + skip, rb, n, pos0 - n_window - n_sink,
+                                   n_head, n_head_kv, hd, oa, NULL, s, la);
+    k_attn_exact_part<<<nblk(nr, 4), 128, 0, s>>>(q, EK, EV, n, pos0, n_head, n_head_kv, hd, 1.0f / sqrtf((float)hd),
+                                                  n_sink, n_window, ob, lb);
+    k_attn_merge2<<<nblk(nr * hd, 256), 256, 0, s>>>(oa, la, ob, lb, (int64_t)nr, hd, out);
+}
+
+size_t attention_exact_flash_floats(int n, int n_head, int hd) { return (size_t)n * n_head * (2 * (size_t)hd + 2); }
 
 /* ---- split-K decode attention ("flash decoding") ----
  * The one-warp-per-(query, head) kernel walks the whole cache with one warp: 32 warps for a

@@ -17,8 +17,10 @@
  *   skipped); decode and other caches use one warp per (query, head): q k^T, causal online
  *   softmax and the V sum in one pass over the cache, which lives on the GPU in f32, f16, q8_0
  *   or q4_0 (ggml blocks quantized on the GPU with ggml's reference rounding, bit-exact), int8
- *   (an artifact's static scales) or dict codes (encoded on the host by the CPU's OMP encoder,
- *   decoded on the GPU); int8 and dict layers are expanded to f32 for attention;
+ *   (an artifact's static scales), dict codes (encoded on the host by the CPU's OMP encoder,
+ *   decoded on the GPU) or kv-rq rows (encoded and decoded on the GPU, the host codec's bytes
+ *   and values, with exact f16 sinks and a recent window); int8, dict and rq layers are
+ *   expanded to f32 for attention;
  *   quantized weights keep a persistent f16 copy for prefill GEMMs (f16 cache, memory
  *   permitting); decode with targets scores PPL rows on the GPU (log-softmax, NLL);
  *   with a tap set, K (post-RoPE), V and the activation sites are read back to the host and
@@ -129,6 +131,7 @@ struct qf_cuda_ctx {
  * the exact sinks and recent window and the tables that rotate pre-RoPE K rows on read. */
 struct rq_state {
     rq_layer_dev *lay[2];      /* host [n_layer] per stream (codes point into kv[s]) */
+    rq_enc_dev *enc[2];        /* host [n_layer] per stream: the encoder's view (dst: the layer's rows) */
     void *mem[2];              /* device: the codec arrays of each stream */
     size_t *loff[2];           /* host [n_layer + 1]: byte offset of each layer's rows in kv[s] */
     float *scale;              /* device [256]: the row scales, the host's exp2f */
@@ -138,19 +141,20 @@ struct rq_state {
     int *win_pos;              /* device [n_layer][n_window]: the position a window slot holds, -1 none */
     float *ex[2];              /* device [n_ctx][dkv]: the exact view of a batch (more than one query) */
     float *kr_cos, *kr_sin;    /* device [n_ctx][n_rot / 2]: RoPE of every position (pre-RoPE K) */
-    void (*write)(void *user, int s, int il, int pos0, int n, const float *rows, uint8_t *bytes);
+    float *kpre, *vres;        /* device [n_batch][dkv]: K before RoPE, V minus its prediction */
+    float *fpart;              /* device: launch_attention_exact_flash's two partial results */
 };
 
 static void rq_state_free(struct rq_state *r) {
     if (!r) return;
     for (int s = 0; s < 2; s++) {
-        free(r->lay[s]), free(r->loff[s]);
+        free(r->lay[s]), free(r->enc[s]), free(r->loff[s]);
         void *ps[] = {r->mem[s], r->sink[s], r->win[s], r->ex[s]};
         for (int i = 0; i < 4; i++)
             if (ps[i]) cudaFree(ps[i]);
     }
-    void *ps[] = {r->scale, r->win_pos, r->kr_cos, r->kr_sin};
-    for (int i = 0; i < 4; i++)
+    void *ps[] = {r->scale, r->win_pos, r->kr_cos, r->kr_sin, r->kpre, r->vres, r->fpart};
+    for (int i = 0; i < 7; i++)
         if (ps[i]) cudaFree(ps[i]);
     free(r);
 }
@@ -383,7 +387,7 @@ static qf_status rq_state_new(const qf_cuda_ctx *g, const qf_gpu_kv *kv, struct 
     struct rq_state *r = (struct rq_state *)calloc(1, sizeof *r);
     *out = NULL;
     if (!r) return cu_fail(err, QF_ERR_NOMEM, "out of memory");
-    if (!kv->rq_write || kv->mode[0] != QF_KV_RQ || kv->mode[1] != QF_KV_RQ) {
+    if (kv->mode[0] != QF_KV_RQ || kv->mode[1] != QF_KV_RQ) {
         st = cu_fail(err, QF_ERR_DEVICE, "CUDA backend: kv-rq runs with both K and V in kv-rq rows");
         goto done;
     }
@@ -391,29 +395,36 @@ static qf_status rq_state_new(const qf_cuda_ctx *g, const qf_gpu_kv *kv, struct 
         st = cu_fail(err, QF_ERR_DEVICE, "CUDA backend: pre-RoPE K with two RoPE bases (gemma3) is not supported");
         goto done;
     }
-    r->write = kv->rq_write, r->k_prerope = kv->k_prerope, r->n_sink = kv->n_sink, r->n_window = kv->n_window;
+    r->k_prerope = kv->k_prerope, r->n_sink = kv->n_sink, r->n_window = kv->n_window;
     for (int s = 0; s < 2; s++) {
         const qf_gpu_kv_rq *q = &kv->rq[s];
-        if (!q->bits || !q->row_bytes || !q->levels || !q->mean || !q->cs) {
+        if (!q->bits || !q->row_bytes || !q->levels || !q->mean || !q->cs || !q->inv_cs) {
             st = cu_fail(err, QF_ERR_ARG, "CUDA backend: kv-rq cache without codecs");
             goto done;
         }
         const bool klt = q->klt_dec != NULL, pred = s == 1 && q->pred;
-        if (klt && (!q->klt_sigma || !q->klt_levels || !q->klt_width)) {
+        if (pred && (size_t)HD * sizeof(float) > 48 * 1024) { /* k_kv_rq_expand's shared partial sums */
+            st = cu_fail(err, QF_ERR_DEVICE, "CUDA backend: a kv-rq V predictor over %d K values per token exceeds the "
+                                             "GPU decoder's %d (use --device cpu)", HD, 12 * 1024);
+            goto done;
+        }
+        if (klt && (!q->klt_enc || !q->klt_sigma || !q->klt_levels || !q->klt_width)) {
             st = cu_fail(err, QF_ERR_ARG, "CUDA backend: kv-rq format 3 without its arrays");
             goto done;
         }
         r->lay[s] = (rq_layer_dev *)calloc((size_t)L, sizeof(rq_layer_dev));
+        r->enc[s] = (rq_enc_dev *)calloc((size_t)L, sizeof(rq_enc_dev));
         r->loff[s] = (size_t *)calloc((size_t)L + 1, sizeof(size_t));
-        if (!r->lay[s] || !r->loff[s]) {
+        if (!r->lay[s] || !r->enc[s] || !r->loff[s]) {
             st = cu_fail(err, QF_ERR_NOMEM, "out of memory");
             goto done;
         }
         size_t off = 0;
-        const size_t o_lv = rq_take(&off, nl * 64 * 4), o_mean = rq_take(&off, nl * D * 4), o_cs = rq_take(&off, nl * D * 4);
-        size_t o_dec = 0, o_sig = 0, o_klv = 0, o_w = 0, o_bo = 0, o_pred = 0;
+        const size_t o_lv = rq_take(&off, nl * 64 * 4), o_mean = rq_take(&off, nl * D * 4), o_cs = rq_take(&off, nl * D * 4),
+                     o_inv = rq_take(&off, nl * D * 4);
+        size_t o_dec = 0, o_enc = 0, o_sig = 0, o_klv = 0, o_w = 0, o_bo = 0, o_pred = 0;
         if (klt) {
-            o_dec = rq_take(&off, nl * D * D * 4), o_sig = rq_take(&off, nl * D * 4);
+            o_dec = rq_take(&off, nl * D * D * 4), o_enc = rq_take(&off, nl * D * D * 4), o_sig = rq_take(&off, nl * D * 4);
             o_klv = rq_take(&off, nl * D * 64 * 4), o_w = rq_take(&off, nl * D), o_bo = rq_take(&off, nl * D * 2);
         }
         if (pred) o_pred = rq_take(&off, (size_t)L * HD * HD * 4);
@@ -422,6 +433,7 @@ static qf_status rq_state_new(const qf_cuda_ctx *g, const qf_gpu_kv *kv, struct 
         CK(cudaMemcpy(m + o_lv, q->levels, nl * 64 * 4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(m + o_mean, q->mean, nl * D * 4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(m + o_cs, q->cs, nl * D * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(m + o_inv, q->inv_cs, nl * D * 4, cudaMemcpyHostToDevice));
         const size_t tmp_n = wmax(klt ? (size_t)D * D : 0, pred ? (size_t)HD * HD : 0) + (size_t)D;
         free(tmp);
         if (!(tmp = (float *)malloc(tmp_n * 4))) {
@@ -434,10 +446,12 @@ static qf_status rq_state_new(const qf_cuda_ctx *g, const qf_gpu_kv *kv, struct 
             CK(cudaMemcpy(m + o_w, q->klt_width, nl * D, cudaMemcpyHostToDevice));
             uint16_t *bo = (uint16_t *)(tmp + (size_t)D * D);
             for (size_t lh = 0; lh < nl; lh++) {
-                const float *dec = q->klt_dec + lh * D * D;
-                for (int i = 0; i < D; i++)
-                    for (int j = 0; j < D; j++) tmp[(size_t)j * D + i] = dec[(size_t)i * D + j];
-                CK(cudaMemcpy(m + o_dec + lh * D * D * 4, tmp, (size_t)D * D * 4, cudaMemcpyHostToDevice));
+                for (int w = 0; w < 2; w++) { /* dec and enc, transposed */
+                    const float *src = (w ? q->klt_enc : q->klt_dec) + lh * D * D;
+                    for (int i = 0; i < D; i++)
+                        for (int j = 0; j < D; j++) tmp[(size_t)j * D + i] = src[(size_t)i * D + j];
+                    CK(cudaMemcpy(m + (w ? o_enc : o_dec) + lh * D * D * 4, tmp, (size_t)D * D * 4, cudaMemcpyHostToDevice));
+                }
                 unsigned b = 0;
                 for (int i = 0; i < D; i++) bo[i] = (uint16_t)b, b += q->klt_width[lh * D + i];
                 CK(cudaMemcpy(m + o_bo + lh * D * 2, bo, (size_t)D * 2, cudaMemcpyHostToDevice));
@@ -451,7 +465,14 @@ static qf_status rq_state_new(const qf_cuda_ctx *g, const qf_gpu_kv *kv, struct 
             a->mean = (const float *)(m + o_mean) + (size_t)l * H * D;
             a->cs = (const float *)(m + o_cs) + (size_t)l * H * D;
             a->hs = 1.0f / sqrtf((float)D); /* as qf_hadamard computes it */
+            rq_enc_dev *en = &r->enc[s][l];
+            en->rb = a->rb, en->bits = a->bits, en->levels = a->levels, en->mean = a->mean, en->hs = a->hs;
+            en->inv_cs = (const float *)(m + o_inv) + (size_t)l * H * D;
             if (klt && a->bits != 16) {
+                en->encT = (const float *)(m + o_enc) + (size_t)l * H * D * D;
+                en->sigma = (const float *)(m + o_sig) + (size_t)l * H * D;
+                en->klevels = (const float *)(m + o_klv) + (size_t)l * H * D * 64;
+                en->width = (const uint8_t *)(m + o_w) + (size_t)l * H * D;
                 a->decT = (const float *)(m + o_dec) + (size_t)l * H * D * D;
                 a->sigma = (const float *)(m + o_sig) + (size_t)l * H * D;
                 a->klevels = (const float *)(m + o_klv) + (size_t)l * H * D * 64;
@@ -478,7 +499,10 @@ static qf_status rq_state_new(const qf_cuda_ctx *g, const qf_gpu_kv *kv, struct 
         CK(cudaMalloc((void **)&r->scale, sizeof sc));
         CK(cudaMemcpy(r->scale, sc, sizeof sc, cudaMemcpyHostToDevice));
         for (int s = 0; s < 2; s++)
-            for (int l = 0; l < L; l++) r->lay[s][l].scale = r->scale;
+            for (int l = 0; l < L; l++) r->lay[s][l].scale = r->enc[s][l].scale = r->scale;
+        const size_t nb = (size_t)(g->n_batch > 0 ? g->n_batch : 1) * HD * 4;
+        CK(cudaMalloc((void **)&r->kpre, nb));
+        CK(cudaMalloc((void **)&r->vres, nb));
     }
     if (r->n_sink || r->n_window) {
         for (int s = 0; s < 2; s++) {
@@ -486,6 +510,8 @@ static qf_status rq_state_new(const qf_cuda_ctx *g, const qf_gpu_kv *kv, struct 
             if (r->n_window) CK(cudaMalloc((void **)&r->win[s], (size_t)L * r->n_window * HD * 2));
             CK(cudaMalloc((void **)&r->ex[s], (size_t)g->n_ctx * HD * 4));
         }
+        if (g->n_batch > MATVEC_MAX) /* prefill batches on the flash route */
+            CK(cudaMalloc((void **)&r->fpart, attention_exact_flash_floats(g->n_batch, g->hp.n_head, D) * 4));
         if (r->n_window) {
             CK(cudaMalloc((void **)&r->win_pos, (size_t)L * r->n_window * 4));
             CK(cudaMemset(r->win_pos, 0xff, (size_t)L * r->n_window * 4)); /* -1: no position */
@@ -558,7 +584,6 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
             codes = wmax(codes, rb[s]);
         } else if (mode[s] == QF_KV_RQ) {
             for (int l = 0; l < L; l++) rb[s] = wmax(rb[s], kv->rq[s].row_bytes[l]);
-            codes = wmax(codes, rb[s]);
         } else {
             rb[s] = kv_row_bytes(mode[s], hd);
         }
@@ -573,7 +598,7 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
         lb[s] = rb[s] * (size_t)g->n_ctx * nkv;
         if (mode[s] == QF_KV_RQ) { /* rows of each layer's own width */
             CK(cudaMalloc((void **)&d[s], rq->loff[s][L]));
-            for (int l = 0; l < L; l++) rq->lay[s][l].codes = d[s] + rq->loff[s][l];
+            for (int l = 0; l < L; l++) rq->lay[s][l].codes = rq->enc[s][l].dst = d[s] + rq->loff[s][l];
         } else
             CK(cudaMalloc((void **)&d[s], lb[s] * L));
         if (mode[s] == QF_KV_INT8) {
@@ -939,23 +964,25 @@ done:
     return st;
 }
 
-/* Store a batch's K and V rows in layer il's kv-rq cache and expand the layer for attention:
- * the rows go to the host, which encodes them with its own cache (rq_write: K first, V's
- * predictor reads the stored K), the bytes come back into the device cache, and positions
- * [0, pos0 + n) are decoded into g->kv_f32 (V with its prediction from the decoded pre-RoPE K,
- * then K rotated when it is stored before RoPE: h_k already holds the pre-RoPE rows). The
- * batch's sink positions go to the sink store. */
+/* Store a batch's K and V rows in layer il's kv-rq cache and expand the layer for attention,
+ * all on the device: K (r->kpre, the rows before RoPE, when the artifact stores them so) is
+ * encoded (k_kv_rq_encode: the host encoder's bytes) and positions [0, pos0 + n) decoded into
+ * g->kv_f32[0]; V minus its prediction from those decoded K rows is encoded, and V decoded
+ * with the prediction added back; then K is rotated when it is stored before RoPE. The batch's
+ * sink positions go to the sink store. */
 static qf_status rq_store(qf_cuda_ctx *g, int il, int n, int pos0, cudaStream_t S, qf_error *err) {
-    qf_status st = QF_OK;
     struct rq_state *r = g->rq;
     const int hd = g->hd, nkv = g->nkv, dkv = nkv * hd, T = pos0 + n;
-    if (!r->k_prerope) CK(cudaMemcpy(g->h_k, g->k, (size_t)n * dkv * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(g->h_v, g->v, (size_t)n * dkv * 4, cudaMemcpyDeviceToHost));
     for (int s = 0; s < 2; s++) {
+        rq_enc_dev e = r->enc[s][il];
         rq_layer_dev a = r->lay[s][il];
-        const size_t nb = (size_t)n * nkv * a.rb;
-        r->write(g->encode_user, s, il, pos0, n, s ? g->h_v : r->k_prerope ? g->h_kpre : g->h_k, g->h_codes);
-        CK(cudaMemcpy((uint8_t *)a.codes + (size_t)pos0 * nkv * a.rb, g->h_codes, nb, cudaMemcpyHostToDevice));
+        e.dst += (size_t)pos0 * nkv * e.rb;
+        const float *src = s ? g->v : r->k_prerope ? r->kpre : g->k;
+        if (s == 1 && a.predT) { /* V minus its prediction from this token's stored K (decoded above) */
+            launch_kv_rq_vres(g->v, g->kv_f32[0] + (size_t)pos0 * dkv, a.predT, n, dkv, r->vres, S);
+            src = r->vres;
+        }
+        launch_kv_rq_encode(&e, src, (int64_t)n * nkv, nkv, hd, S);
         if (a.predT) a.khat = g->kv_f32[0];
         launch_kv_rq_expand(&a, T, nkv, hd, g->kv_f32[s], S);
     }
@@ -964,8 +991,8 @@ static qf_status rq_store(qf_cuda_ctx *g, int il, int n, int pos0, cudaStream_t 
     if (r->n_sink)
         for (int s = 0; s < 2; s++)
             launch_kv_sink_write(r->sink[s] + (size_t)il * r->n_sink * dkv, s ? g->v : g->k, pos0, n, r->n_sink, dkv, S);
-done:
-    return st;
+    (void)err;
+    return QF_OK;
 }
 
 /* Attention of a batch over layer il's expanded kv-rq rows (rq_store), with forward.c's
@@ -996,8 +1023,12 @@ static void rq_attention(qf_cuda_ctx *g, int il, int n, int pos0, bool split, cu
         for (int s = 0; s < 2; s++)
             launch_kv_exact_gather(r->ex[s], g->kv_f32[s], fresh[s], sink[s], win[s], wpos, r->n_sink, r->n_window, pos0,
                                    n, dkv, S);
-        launch_attention_exact(g->q, g->kv_f32[0], g->kv_f32[1], r->ex[0], r->ex[1], n, pos0, hp->n_head, nkv, hd,
-                               r->n_sink, r->n_window, g->att, S);
+        if (n > MATVEC_MAX && r->fpart && !g->attn_warp && flash_ok(QF_KV_F32, QF_KV_F32, hd)) /* prefill */
+            launch_attention_exact_flash(g->q, g->kv_f32[0], g->kv_f32[1], r->ex[0], r->ex[1], n, pos0, hp->n_head, nkv,
+                                         hd, r->n_sink, r->n_window, r->fpart, g->att, S);
+        else
+            launch_attention_exact(g->q, g->kv_f32[0], g->kv_f32[1], r->ex[0], r->ex[1], n, pos0, hp->n_head, nkv, hd,
+                                   r->n_sink, r->n_window, g->att, S);
     } else {
         const bool fl = n > MATVEC_MAX && !g->attn_warp && flash_ok(QF_KV_F32, QF_KV_F32, hd);
         launch_attention(QF_KV_F32, QF_KV_F32, g->q, K, V, rb, rb, n, pos0, hp->n_head, nkv, hd, g->att, fl, NULL, NULL,
@@ -1257,8 +1288,9 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             if (L->q_norm) launch_rmsnorm(g->q, L->q_norm, n * hp->n_head, hd, hp->rms_eps, g->q, NULL, S);
             if (L->k_norm) launch_rmsnorm(g->k, L->k_norm, n * nkv, hd, hp->rms_eps, g->k, NULL, S);
             /* K before RoPE: the rows a pre-RoPE kv-rq cache encodes, and the on_k_prerope tap */
-            const bool kpre = (g->rq && g->rq->k_prerope) || (tap && tap->on_k_prerope);
-            if (kpre) CK(cudaMemcpy(g->h_kpre, g->k, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
+            if (g->rq && g->rq->k_prerope)
+                CK(cudaMemcpyAsync(g->rq->kpre, g->k, (size_t)n * Dkv * 4, cudaMemcpyDeviceToDevice, S));
+            if (tap && tap->on_k_prerope) CK(cudaMemcpy(g->h_kpre, g->k, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
             /* gemma3's sliding-window layers rotate with their own base */
             const bool swa_rope = g->rcos_swa && L->window > 0;
             const float *lrc = swa_rope ? g->rcos_swa : rc, *lrs = swa_rope ? g->rsin_swa : rs;
@@ -1624,11 +1656,61 @@ static qf_status bench_gemm(int M, int N, int K, int flags, int iters, double *m
     return gemm_bench(M, N, K, flags, iters, ms, err);
 }
 
+/* tests (qf_gpu_op_kv_rq_encode): n_pos tokens of K and V encoded into layer il's rows as the
+ * forward pass writes them (V's prediction from the device-decoded K rows) */
+static qf_status op_kv_rq_encode(const qf_gpu_kv *kv, int il, int64_t n_pos, const float *k, const float *v,
+                                 uint8_t *k_rows, uint8_t *v_rows, qf_error *err) {
+    qf_status st = QF_OK;
+    struct rq_state *r = NULL;
+    uint8_t *dr[2] = {NULL, NULL};
+    float *dx[2] = {NULL, NULL}, *dk = NULL, *dres = NULL;
+    const int H = kv->n_head_kv, D = kv->head_dim, HD = H * D;
+    qf_gpu_kv v2 = *kv;
+    qf_cuda_ctx *g = NULL;
+    if (!available()) return cu_fail(err, QF_ERR_DEVICE, "no CUDA GPU is available");
+    if (il < 0 || il >= kv->n_layer || n_pos <= 0 || n_pos > kv->n_ctx || D > HD_MAX)
+        return cu_fail(err, QF_ERR_ARG, "op_kv_rq_encode: layer %d, %lld positions", il, (long long)n_pos);
+    if (!(g = (qf_cuda_ctx *)calloc(1, sizeof *g))) return cu_fail(err, QF_ERR_NOMEM, "out of memory");
+    g->n_layer = kv->n_layer, g->nkv = H, g->hd = D, g->n_ctx = kv->n_ctx, g->n_batch = 1;
+    v2.k_prerope = false, v2.n_sink = v2.n_window = 0;
+    if ((st = rq_state_new(g, &v2, &r, err))) goto done;
+    CK(cudaMalloc((void **)&dk, (size_t)n_pos * HD * 4));
+    CK(cudaMalloc((void **)&dres, (size_t)n_pos * HD * 4));
+    for (int s = 0; s < 2; s++) {
+        rq_enc_dev e = r->enc[s][il];
+        rq_layer_dev a = r->lay[s][il];
+        const size_t nb = (size_t)n_pos * H * e.rb;
+        CK(cudaMalloc((void **)&dr[s], nb));
+        CK(cudaMalloc((void **)&dx[s], (size_t)n_pos * HD * 4));
+        CK(cudaMemcpy(dx[s], s ? v : k, (size_t)n_pos * HD * 4, cudaMemcpyHostToDevice));
+        e.dst = dr[s], a.codes = dr[s];
+        const float *src = dx[s];
+        if (s == 1 && a.predT) {
+            launch_kv_rq_vres(dx[1], dk, a.predT, (int)n_pos, HD, dres, 0);
+            src = dres;
+        }
+        launch_kv_rq_encode(&e, src, n_pos * H, H, D, 0);
+        if (s == 0) launch_kv_rq_expand(&a, n_pos, H, D, dk, 0); /* the decoded K the predictor reads */
+        CK(cudaGetLastError());
+        CK(cudaMemcpy(s ? v_rows : k_rows, dr[s], nb, cudaMemcpyDeviceToHost));
+    }
+done:
+    for (int s = 0; s < 2; s++) {
+        if (dr[s]) cudaFree(dr[s]);
+        if (dx[s]) cudaFree(dx[s]);
+    }
+    if (dk) cudaFree(dk);
+    if (dres) cudaFree(dres);
+    rq_state_free(r);
+    free(g);
+    return st;
+}
+
 static const qf_cuda_api the_api = {
     QF_CUDA_ABI,      available,       ctx_new,      ctx_free,    cuda_forward,
     set_kv,           ctx_info,        op_dequant,   op_matmul,   op_rmsnorm,
     op_rope,          op_silu_mul,     op_attention, op_kv_roundtrip, op_kv_int8_roundtrip,
-    op_kv_dict_decode, bench_gemm,      op_matvec_gu, op_kv_rq_decode,
+    op_kv_dict_decode, bench_gemm,      op_matvec_gu, op_kv_rq_decode, op_kv_rq_encode,
 };
 
 extern "C" __attribute__((visibility("default"))) const qf_cuda_api *qf_cuda_plugin_api(int abi) {

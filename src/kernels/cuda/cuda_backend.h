@@ -55,10 +55,11 @@ typedef struct {
     const int *bits;                     /* [n_layer]: 1..6, QF_KV_RQ_BITS_F16 or a format-3 rate */
     const size_t *row_bytes;             /* [n_layer] */
     const float *levels;                 /* [n_layer][n_head_kv][QF_KV_RQ_MAX_LEVELS] */
-    const float *mean, *cs;              /* [n_layer][n_head_kv][head_dim] */
-    /* format 3 (NULL otherwise): dec [n_layer][n_head_kv][head_dim][head_dim] (x = mean + dec y),
-     * sigma [..][head_dim], levels [..][head_dim][QF_KV_RQ_MAX_LEVELS], width [..][head_dim] */
-    const float *klt_dec, *klt_sigma, *klt_levels;
+    const float *mean, *cs, *inv_cs;     /* [n_layer][n_head_kv][head_dim]; inv_cs the host's 1 / cs */
+    /* format 3 (NULL otherwise): enc, dec [n_layer][n_head_kv][head_dim][head_dim] (y = enc (x -
+     * mean), x = mean + dec y), sigma [..][head_dim], levels [..][head_dim][QF_KV_RQ_MAX_LEVELS],
+     * width [..][head_dim] */
+    const float *klt_enc, *klt_dec, *klt_sigma, *klt_levels;
     const uint8_t *klt_width;
     /* V only, or NULL: pred [n_layer][H*D][H*D] predicts V from the token's decoded pre-RoPE K;
      * pred_on[layer] says which layers have one */
@@ -81,11 +82,8 @@ typedef struct {
      * each), exactly as the host cache would; user is encode_user */
     void (*encode)(void *user, int s, int il, const float *rows, int64_t n, uint8_t *codes);
     void *encode_user;
-    /* RQ: the codecs; the rows are encoded by the host cache itself: rq_write stores n tokens
-     * [n][n_head_kv][head_dim] of stream s at pos0 of layer il in the host cache (K before V:
-     * V's predictor reads the stored K) and copies the stored bytes out (row_bytes[il] each) */
+    /* RQ: the codecs (the backend encodes and decodes the rows as the host cache does) */
     qf_gpu_kv_rq rq[2];
-    void (*rq_write)(void *user, int s, int il, int pos0, int n, const float *rows, uint8_t *bytes);
     /* K rows are stored before RoPE (the reader rotates them); the first n_sink positions and
      * the last n_window written ones are also kept as f16 and read exactly (kv_cache.c's
      * qf_kv_cache_set_exact, forward.c's rule) */
@@ -147,6 +145,10 @@ typedef struct qf_cuda_api {
      * prediction from those K rows); rows as the host cache stores them */
     qf_status (*op_kv_rq_decode)(const qf_gpu_kv *kv, int il, int64_t n_pos, const uint8_t *k_rows,
                                  const uint8_t *v_rows, float *k_out, float *v_out, qf_error *err);
+    /* kv-rq: n_pos tokens k, v [n_pos][n_head_kv][head_dim] (K as the cache stores it) encoded
+     * into layer il's rows on the device, V's prediction from the device-decoded K rows */
+    qf_status (*op_kv_rq_encode)(const qf_gpu_kv *kv, int il, int64_t n_pos, const float *k, const float *v,
+                                 uint8_t *k_rows, uint8_t *v_rows, qf_error *err);
 } qf_cuda_api;
 
 /* Exported by libqforge-cuda.so: the table when abi == QF_CUDA_ABI, else NULL. */

@@ -438,6 +438,22 @@ struct rq_layer_dev {
     const float *predT;                /* V with a predictor: [HD (col)][HD (row)], else NULL */
     const float *khat;                 /* with predT: [n_pos][HD] the decoded pre-RoPE K rows */
 };
+/* one (layer, stream) as the encoder writes it: the rows go to dst ([n][nkv] rows of rb bytes) */
+struct rq_enc_dev {
+    uint8_t *dst;
+    size_t rb;
+    int bits;                          /* 1..6, 16, or a format-3 rate (encT set) */
+    const float *levels, *mean, *inv_cs; /* [nkv][64], [nkv][hd], [nkv][hd] */
+    const float *scale;                /* [256]: qf_kv_rq_scale(c) */
+    float hs;                          /* 1 / sqrtf(hd) */
+    const float *encT;                 /* format 3: [nkv][hd (j)][hd (i)] = enc[i][j], else NULL */
+    const float *sigma, *klevels;      /* format 3: [nkv][hd], [nkv][hd][64] */
+    const uint8_t *width;              /* format 3: [nkv][hd] */
+};
+/* n_rows rows x[n_rows][hd] (row r is kv head r % nkv) encoded into a.dst: the host encoder's bytes */
+void launch_kv_rq_encode(const rq_enc_dev *a, const float *x, int64_t n_rows, int nkv, int hd, cudaStream_t s);
+/* res[n][HD] = v - P khat (kv-rq's V predictor, P given transposed: predT[i][o] = P[o][i]) */
+void launch_kv_rq_vres(const float *v, const float *khat, const float *predT, int n, int HD, float *res, cudaStream_t s);
 /* rows [0, n_pos) x nkv of one layer decoded to f32 [n_pos][nkv][hd] (bit-identical to the host) */
 void launch_kv_rq_expand(const rq_layer_dev *a, int64_t n_pos, int nkv, int hd, float *out, cudaStream_t s);
 /* exact sinks / recent window (kv_cache.c qf_kv_cache_set_exact): store the batch's sink rows,
@@ -472,6 +488,14 @@ void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_
 void launch_attention_exact(const float *q, const float *K, const float *V, const float *EK, const float *EV, int n,
                             int pos0, int n_head, int n_head_kv, int hd, int n_sink, int n_window, float *out,
                             cudaStream_t s);
+/* The same on the tensor-core flash kernel (head_dim <= 256): the stored keys S <= p <= t - R as
+ * causal flash attention over the rows from S on with the queries shifted by R + S, the exact
+ * keys by one warp per (query, head), the two merged by their softmax denominators. part:
+ * attention_exact_flash_floats(n, n_head, hd) floats of device scratch. */
+void launch_attention_exact_flash(const float *q, const float *K, const float *V, const float *EK, const float *EV, int n,
+                                  int pos0, int n_head, int n_head_kv, int hd, int n_sink, int n_window, float *part,
+                                  float *out, cudaStream_t s);
+size_t attention_exact_flash_floats(int n, int n_head, int hd);
 
 /* Split-K ("flash decoding") attention for decode batches: the keys of each query cut into up
  * to 256 ranges of >= 16 keys attended to in parallel, then merged (any plain cache mode).

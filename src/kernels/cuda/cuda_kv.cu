@@ -534,20 +534,27 @@ __global__ void k_kv_rq_expand(rq_layer_dev a, int64_t n_pos, int nkv, int hd, f
         for (int i = threadIdx.x; i < hd; i += blockDim.x, k++)
             res[k] = KV_ADD(a.mean[lh + i], KV_MUL(a.cs[lh + i], KV_MUL(y[i], a.hs)));
     }
+    if (a.predT) { /* the kv heads' partial sums in parallel, each in the host's order, then added in order */
+        extern __shared__ float part[]; /* [nkv][hd] */
+        const float *kh = a.khat + (size_t)p * HD;
+        for (int w = threadIdx.x; w < nkv * hd; w += blockDim.x) {
+            const int g2 = w / hd, i = w % hd;
+            const float *pc = a.predT + lh + i; /* P[h hd + i][c] at pc[c * HD] */
+            float acc = 0.0f;
+            for (int q = 0; q < hd; q++) {
+                const int c = g2 * hd + q;
+                acc = KV_ADD(acc, KV_MUL(pc[(size_t)c * HD], kh[c]));
+            }
+            part[w] = acc;
+        }
+        __syncthreads();
+    }
     int k = 0;
     for (int i = threadIdx.x; i < hd; i += blockDim.x, k++) {
         float v = res[k];
         if (a.predT) {
-            const float *kh = a.khat + (size_t)p * HD;
-            const float *pc = a.predT + lh + i; /* P[h hd + i][c] at pc[c * HD] */
-            for (int g2 = 0; g2 < nkv; g2++) {
-                float acc = 0.0f;
-                for (int q = 0; q < hd; q++) {
-                    const int c = g2 * hd + q;
-                    acc = KV_ADD(acc, KV_MUL(pc[(size_t)c * HD], kh[c]));
-                }
-                v = KV_ADD(v, acc);
-            }
+            extern __shared__ float part[];
+            for (int g2 = 0; g2 < nkv; g2++) v = KV_ADD(v, part[g2 * hd + i]);
         }
         o[i] = v;
     }
@@ -555,7 +562,9 @@ __global__ void k_kv_rq_expand(rq_layer_dev a, int64_t n_pos, int nkv, int hd, f
 
 void launch_kv_rq_expand(const rq_layer_dev *a, int64_t n_pos, int nkv, int hd, float *out, cudaStream_t s) {
     if (n_pos <= 0) return;
-    k_kv_rq_expand<<<(unsigned)(n_pos * nkv), hd < 128 ? 64 : 128, 0, s>>>(*a, n_pos, nkv, hd, out);
+    const size_t smem = a->predT ? (size_t)nkv * hd * sizeof(float) : 0; /* the predictor's partial sums */
+    const int threads = a->predT ? 256 : hd < 128 ? 64 : 128;
+    k_kv_rq_expand<<<(unsigned)(n_pos * nkv), threads, smem, s>>>(*a, n_pos, nkv, hd, out);
 }
 
 /* ---- exact sinks and recent window (kv_cache.c qf_kv_cache_set_exact, forward.c's rule) ----
@@ -625,4 +634,248 @@ void launch_kv_window_push(uint16_t *win, int *win_pos, const float *fresh, int 
     if (n_window <= 0 || n <= 0) return;
     const int first = n > n_window ? n - n_window : 0;
     k_kv_window_push<<<nblk((size_t)(n - first) * dkv, 256), 256, 0, s>>>(win, win_pos, fresh, pos0, n, n_window, dkv);
+}
+
+/* ---- kv-rq rows encoded on the device, as kv_rq.c qf_kv_rq_encode / kv_rq_klt.c do ----
+ * One block per (token, kv head) row: the parallel steps (centring, the Hadamard butterfly or
+ * the format-3 projection, each coordinate's nearest level) over the threads, the sums thread
+ * 0 runs in the host's order, every f32 and f64 operation rounded on its own, the scale code by
+ * qf_kv_rq_scale_floor: the same bytes as the host encoder (test_cuda e2e_kv_rq). */
+#define KV_SUB(a, b) __fsub_rn((a), (b))
+__device__ static inline double kv_dadd(double a, double b) { return __dadd_rn(a, b); }
+__device__ static inline double kv_dmul(double a, double b) { return __dmul_rn(a, b); }
+
+/* kv_rq.c qf_kv_rq_nearest: the first level whose upper decision boundary is >= v */
+__device__ static inline int rq_nearest(const float *lv, int n, float v) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (v <= KV_MUL(0.5f, KV_ADD(lv[mid], lv[mid + 1]))) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+__device__ static inline int rq_scale_floor(float s) { return (int)floor(log2((double)s) * 8.0) + 128; }
+
+__global__ void k_kv_rq_encode(rq_enc_dev a, const float *x, int64_t n_rows, int nkv, int hd) {
+    __shared__ float y[HD_MAX];
+    __shared__ uint8_t cd[HD_MAX], tc[HD_MAX];
+    __shared__ float sh_s;
+    __shared__ int sh_fin, sh_go, sh_sc;
+    const int64_t r = blockIdx.x;
+    if (r >= n_rows) return;
+    const int h = (int)(r % nkv), tid = threadIdx.x, nt = blockDim.x;
+    const size_t lh = (size_t)h * hd;
+    const float *xr = x + (size_t)r * hd;
+    uint8_t *row = a.dst + (size_t)r * a.rb, *cb = row + 1; /* QF_KV_RQ_SCALE_BYTES */
+    if (a.bits == 16) { /* QF_KV_RQ_BITS_F16 */
+        for (int i = tid; i < hd; i += nt) ((uint16_t *)row)[i] = f32_to_f16_bits(xr[i]);
+        return;
+    }
+    if (tid == 0) sh_fin = 1;
+    __syncthreads();
+    const bool klt = a.encT != NULL;
+    for (int i = tid; i < hd; i += nt) {
+        const float d = KV_SUB(xr[i], a.mean[lh + i]);
+        const float v = klt ? d : KV_MUL(d, a.inv_cs[lh + i]);
+        y[i] = v;
+        if (!isfinite(v)) sh_fin = 0;
+    }
+    __syncthreads();
+    const bool fin = sh_fin != 0;
+    if (!klt) {
+        /* y = H((x - mean) inv_cs); s = rms(y); three passes: code, least-squares scale */
+        if (fin) {
+            for (int len = 1; len < hd; len <<= 1) {
+                for (int q = tid; q < hd / 2; q += nt) {
+                    const int i = (q / len) * 2 * len + q % len;
+                    const float u = y[i], w = y[i + len];
+                    y[i] = u + w;
+                    y[i + len] = u - w;
+                }
+                __syncthreads();
+            }
+            for (int i = tid; i < hd; i += nt) y[i] = KV_MUL(y[i], a.hs);
+            __syncthreads();
+        }
+        const int L = 1 << a.bits;
+        const float *lv = a.levels + (size_t)h * 64;
+        if (tid == 0) {
+            double ss = 0;
+            if (fin)
+                for (int i = 0; i < hd; i++) ss = kv_dadd(ss, kv_dmul((double)y[i], (double)y[i]));
+            const float s = fin ? __double2float_rn(__dsqrt_rn(__ddiv_rn(ss, (double)hd))) : 0.0f;
+            sh_s = s, sh_go = s > 0 && isfinite(s);
+        }
+        __syncthreads();
+        if (!sh_go) { /* a zero row: every code the level nearest 0, scale code 0 */
+            const int z = rq_nearest(lv, L, 0.0f);
+            for (int i = tid; i < hd; i += nt) cd[i] = (uint8_t)z;
+            if (tid == 0) sh_sc = 0;
+        } else {
+            for (int it = 0; it < 3; it++) {
+                const float inv = KV_DIV(1.0f, sh_s);
+                for (int i = tid; i < hd; i += nt) cd[i] = (uint8_t)rq_nearest(lv, L, KV_MUL(y[i], inv));
+                __syncthreads();
+                if (tid == 0) {
+                    double num = 0, den = 0;
+                    for (int i = 0; i < hd; i++) {
+                        const float l = lv[cd[i]];
+                        num = kv_dadd(num, kv_dmul((double)y[i], (double)l));
+                        den = kv_dadd(den, kv_dmul((double)l, (double)l));
+                    }
+                    if (it == 2 || !(den > 0) || !(num > 0)) sh_go = 0; /* the last pass only re-codes */
+                    else sh_s = __double2float_rn(__ddiv_rn(num, den));
+                }
+                __syncthreads();
+                if (!sh_go) break;
+            }
+            /* of the two scale codes around s, the one whose re-coded row errs least */
+            const float s = sh_s;
+            if (tid == 0) sh_sc = 0;
+            if (s > 0) {
+                const int c0 = rq_scale_floor(s);
+                double best = INFINITY;
+                for (int cand = c0; cand <= c0 + 1; cand++) {
+                    const int cc = cand < 1 ? 1 : cand > 255 ? 255 : cand;
+                    const float sv = a.scale[cc], inv = KV_DIV(1.0f, sv);
+                    for (int i = tid; i < hd; i += nt) tc[i] = (uint8_t)rq_nearest(lv, L, KV_MUL(y[i], inv));
+                    __syncthreads();
+                    if (tid == 0) {
+                        double e = 0;
+                        for (int i = 0; i < hd; i++) {
+                            const double d = (double)KV_SUB(y[i], KV_MUL(sv, lv[tc[i]]));
+                            e = kv_dadd(e, kv_dmul(d, d));
+                        }
+                        if (e < best) {
+                            best = e, sh_sc = cc;
+                            for (int i = 0; i < hd; i++) cd[i] = tc[i];
+                        }
+                    }
+                    __syncthreads();
+                }
+            }
+        }
+        __syncthreads();
+        if (tid == 0) { /* qf_kv_rq_pack */
+            const int bits = a.bits;
+            const uint32_t mask = (1u << bits) - 1;
+            for (int i = 0; i < hd * bits / 8; i++) cb[i] = 0;
+            for (int i = 0; i < hd; i++) {
+                const uint32_t b = (uint32_t)i * bits, v = cd[i] & mask;
+                cb[b >> 3] |= (uint8_t)(v << (b & 7));
+                if ((b & 7) + bits > 8) cb[(b >> 3) + 1] |= (uint8_t)(v >> (8 - (b & 7)));
+            }
+            row[0] = (uint8_t)sh_sc;
+        }
+        return;
+    }
+    /* format 3: z = enc (x - mean) / sigma; s = rms(z); two weighted least-squares passes; the
+     * scale code whose re-coded row has the least weighted error */
+    __shared__ float z[HD_MAX];
+    if (fin)
+        for (int i = tid; i < hd; i += nt) {
+            const float *e = a.encT + lh * hd + i; /* enc[i][j] at e[j * hd] */
+            double acc = 0;
+            for (int j = 0; j < hd; j++) acc = kv_dadd(acc, kv_dmul((double)e[(size_t)j * hd], (double)y[j]));
+            z[i] = __double2float_rn(__ddiv_rn(acc, (double)a.sigma[lh + i]));
+        }
+    __syncthreads();
+    const uint8_t *wd = a.width + lh;
+    const float *sg = a.sigma + lh, *kl = a.klevels + lh * 64;
+    if (tid == 0) {
+        double ss = 0;
+        if (fin)
+            for (int i = 0; i < hd; i++) ss = kv_dadd(ss, kv_dmul((double)z[i], (double)z[i]));
+        const float s = fin && isfinite(ss) ? __double2float_rn(__dsqrt_rn(__ddiv_rn(ss, (double)hd))) : 0.0f;
+        sh_s = s, sh_go = s > 0 && isfinite(s), sh_sc = 0;
+    }
+    __syncthreads();
+    for (int i = tid; i < hd; i += nt) cd[i] = 0, tc[i] = 0;
+    __syncthreads();
+    if (sh_go) {
+        for (int it = 0; it < 2; it++) {
+            const float inv = KV_DIV(1.0f, sh_s);
+            for (int i = tid; i < hd; i += nt)
+                if (wd[i]) cd[i] = (uint8_t)rq_nearest(kl + (size_t)i * 64, 1 << wd[i], KV_MUL(z[i], inv));
+            __syncthreads();
+            if (tid == 0) {
+                double num = 0, den = 0;
+                for (int i = 0; i < hd; i++) {
+                    if (!wd[i]) continue;
+                    const double l = kl[(size_t)i * 64 + cd[i]], g2 = kv_dmul((double)sg[i], (double)sg[i]);
+                    num = kv_dadd(num, kv_dmul(kv_dmul(g2, (double)z[i]), l));
+                    den = kv_dadd(den, kv_dmul(kv_dmul(g2, l), l));
+                }
+                if (!(den > 0) || !(num > 0)) sh_go = 0;
+                else sh_s = __double2float_rn(__ddiv_rn(num, den));
+            }
+            __syncthreads();
+            if (!sh_go) break;
+        }
+        const int c0 = rq_scale_floor(sh_s);
+        double best = INFINITY;
+        for (int cand = c0; cand <= c0 + 1; cand++) {
+            const int cc = cand < 1 ? 1 : cand > 255 ? 255 : cand;
+            const float sv = a.scale[cc], inv = KV_DIV(1.0f, sv);
+            for (int i = tid; i < hd; i += nt)
+                if (wd[i]) tc[i] = (uint8_t)rq_nearest(kl + (size_t)i * 64, 1 << wd[i], KV_MUL(z[i], inv));
+            __syncthreads();
+            if (tid == 0) {
+                double e = 0;
+                for (int i = 0; i < hd; i++) {
+                    if (!wd[i]) continue;
+                    const double d = (double)KV_SUB(z[i], KV_MUL(sv, kl[(size_t)i * 64 + tc[i]])), g = sg[i];
+                    e = kv_dadd(e, kv_dmul(kv_dmul(kv_dmul(g, g), d), d));
+                }
+                if (e < best) {
+                    best = e, sh_sc = cc;
+                    for (int i = 0; i < hd; i++) cd[i] = tc[i];
+                }
+            }
+            __syncthreads();
+        }
+    }
+    __syncthreads();
+    if (!sh_sc) /* zero row: every coded coordinate at its level nearest 0 */
+        for (int i = tid; i < hd; i += nt) cd[i] = wd[i] ? (uint8_t)rq_nearest(kl + (size_t)i * 64, 1 << wd[i], 0.0f) : 0;
+    __syncthreads();
+    if (tid == 0) { /* qf_kv_rq_klt_pack */
+        uint32_t nb = 0;
+        for (int i = 0; i < hd; i++) nb += wd[i];
+        for (uint32_t i = 0; i < (nb + 7) / 8; i++) cb[i] = 0;
+        uint32_t b = 0;
+        for (int i = 0; i < hd; i++) {
+            const int w = wd[i];
+            if (!w) continue;
+            const uint32_t v = cd[i] & ((1u << w) - 1);
+            cb[b >> 3] |= (uint8_t)(v << (b & 7));
+            if ((b & 7) + w > 8) cb[(b >> 3) + 1] |= (uint8_t)(v >> (8 - (b & 7)));
+            b += (uint32_t)w;
+        }
+        row[0] = (uint8_t)sh_sc;
+    }
+}
+
+/* V minus its prediction from the token's decoded pre-RoPE K rows (kv_cache.c rq_predict):
+ * res[t][o] = v[t][o] - sum_i P[o][i] khat[t][i], the sum in f32 in i's order */
+__global__ void k_kv_rq_vres(const float *v, const float *khat, const float *predT, int n, int HD, float *res) {
+    const int64_t w = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (w >= (int64_t)n * HD) return;
+    const int t = (int)(w / HD), o = (int)(w % HD);
+    const float *kh = khat + (size_t)t * HD;
+    float acc = 0.0f;
+    for (int i = 0; i < HD; i++) acc = KV_ADD(acc, KV_MUL(predT[(size_t)i * HD + o], kh[i]));
+    res[w] = KV_SUB(v[w], acc);
+}
+
+void launch_kv_rq_encode(const rq_enc_dev *a, const float *x, int64_t n_rows, int nkv, int hd, cudaStream_t s) {
+    if (n_rows <= 0) return;
+    k_kv_rq_encode<<<(unsigned)n_rows, hd < 128 ? 64 : 128, 0, s>>>(*a, x, n_rows, nkv, hd);
+}
+
+void launch_kv_rq_vres(const float *v, const float *khat, const float *predT, int n, int HD, float *res, cudaStream_t s) {
+    if (n <= 0) return;
+    k_kv_rq_vres<<<nblk((size_t)n * HD, 256), 256, 0, s>>>(v, khat, predT, n, HD, res);
 }
