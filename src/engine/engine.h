@@ -102,6 +102,7 @@ struct qf_kv_rq_bind {
     /* format 3 (kv_rq_klt.h), or NULL: per (layer, head) enc/dec [D][D], sigma [D], width [D],
      * levels [D][QF_KV_RQ_MAX_LEVELS]; replaces levels/cs in every non-f16 layer */
     float *klt_enc, *klt_dec, *klt_sigma, *klt_levels;
+    float *klt_decT; /* dec transposed per (layer, head): the decoder's contiguous columns */
     uint8_t *klt_width;
 };
 /* How an int8 stream stores a row (kv-int8 payload "k_layout"/"v_layout"):

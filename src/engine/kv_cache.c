@@ -112,7 +112,7 @@ static void rq_bind_free(struct qf_kv_rq_bind *r) {
     if (!r) return;
     free(r->bits), free(r->row_bytes), free(r->levels), free(r->mean), free(r->cs), free(r->inv_cs), free(r->scratch);
     free(r->pred), free(r->pred_on), free(r->pred_buf);
-    free(r->klt_enc), free(r->klt_dec), free(r->klt_sigma), free(r->klt_levels), free(r->klt_width);
+    free(r->klt_enc), free(r->klt_dec), free(r->klt_sigma), free(r->klt_levels), free(r->klt_width), free(r->klt_decT);
     free(r);
 }
 
@@ -124,10 +124,14 @@ static qf_status rq_bind_klt(struct qf_kv_rq_bind *r, const qf_kv_stream_spec *s
     size_t lh = (size_t)L * H, nm = lh * hd * hd, nv = lh * hd, nl = nv * QF_KV_RQ_MAX_LEVELS;
     if (!(r->klt_enc = malloc(nm * sizeof(float))) || !(r->klt_dec = malloc(nm * sizeof(float))) ||
         !(r->klt_sigma = malloc(nv * sizeof(float))) || !(r->klt_levels = malloc(nl * sizeof(float))) ||
-        !(r->klt_width = malloc(nv)))
+        !(r->klt_width = malloc(nv)) || !(r->klt_decT = malloc(nm * sizeof(float))))
         return qf_fail(err, QF_ERR_NOMEM, "rq KV cache (%s): out of memory for the transform", sname);
     memcpy(r->klt_enc, sp->rq_klt_enc, nm * sizeof(float));
     memcpy(r->klt_dec, sp->rq_klt_dec, nm * sizeof(float));
+    for (size_t o = 0; o < lh; o++) /* the decoder's columns, contiguous */
+        for (int i = 0; i < hd; i++)
+            for (int j = 0; j < hd; j++)
+                r->klt_decT[o * hd * hd + (size_t)j * hd + i] = r->klt_dec[o * hd * hd + (size_t)i * hd + j];
     memcpy(r->klt_sigma, sp->rq_klt_sigma, nv * sizeof(float));
     memcpy(r->klt_levels, sp->rq_klt_levels, nl * sizeof(float));
     memcpy(r->klt_width, sp->rq_klt_width, nv);
@@ -257,6 +261,7 @@ static qf_kv_rq_codec rq_codec(const struct qf_kv_rq_bind *r, const qf_kv_cache 
                                                         .mean = r->mean + lh * kv->head_dim,
                                                         .enc = r->klt_enc + lh * kv->head_dim * kv->head_dim,
                                                         .dec = r->klt_dec + lh * kv->head_dim * kv->head_dim,
+                                                        .decT = r->klt_decT + lh * kv->head_dim * kv->head_dim,
                                                         .sigma = r->klt_sigma + lh * kv->head_dim,
                                                         .levels = r->klt_levels + lh * kv->head_dim * QF_KV_RQ_MAX_LEVELS,
                                                         .width = r->klt_width + lh * kv->head_dim}

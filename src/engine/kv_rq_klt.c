@@ -107,11 +107,19 @@ void qf_kv_rq_klt_decode(const qf_kv_rq_klt *c, const uint8_t *row, float *out) 
     qf_kv_rq_klt_unpack(row + QF_KV_RQ_SCALE_BYTES, c->width, D, codes);
     for (int i = 0; i < D; i++)
         y[i] = c->width[i] ? s * c->sigma[i] * c->levels[(size_t)i * QF_KV_RQ_MAX_LEVELS + codes[i]] : 0.0f;
-    for (int i = 0; i < D; i++) out[i] = c->mean[i];
-    for (int j = 0; j < D; j++) { /* out += dec[:, j] y_j, skipping dropped coordinates */
-        if (y[j] == 0) continue;
-        for (int i = 0; i < D; i++) out[i] += c->dec[(size_t)i * D + j] * y[j];
+    float acc[QF_KV_RQ_MAX_HEAD_DIM]; /* a local sum: no aliasing, so the column loop vectorizes */
+    for (int i = 0; i < D; i++) acc[i] = c->mean[i];
+    for (int j = 0; j < D; j++) { /* acc += dec[:, j] y_j, skipping dropped coordinates */
+        const float yj = y[j];
+        if (yj == 0) continue;
+        if (c->decT) {
+            const float *col = c->decT + (size_t)j * D;
+            for (int i = 0; i < D; i++) acc[i] += col[i] * yj;
+        } else {
+            for (int i = 0; i < D; i++) acc[i] += c->dec[(size_t)i * D + j] * yj;
+        }
     }
+    memcpy(out, acc, (size_t)D * sizeof(float));
 }
 
 const char *qf_kv_rq_klt_check(const qf_kv_rq_klt *c, int total_bits) {

@@ -50,11 +50,14 @@ static inline size_t qf_kv_rq_any_row_bytes(int head_dim, int bits) {
 
 /* One (layer, stream, head) of format 3: enc, dec [D][D] row-major (y = enc (x - mean),
  * x = mean + dec y), sigma [D] (finite, > 0), width [D] (0..QF_KV_RQ_KLT_MAX_WIDTH),
- * levels [D][QF_KV_RQ_MAX_LEVELS] (first 2^width ascending). */
+ * levels [D][QF_KV_RQ_MAX_LEVELS] (first 2^width ascending). decT, optional: dec transposed
+ * (decT[j][i] = dec[i][j]), which the decoder then reads column by column: the same sums in the
+ * same order, from contiguous memory. */
 typedef struct {
     int head_dim;
     const float *mean, *enc, *dec, *sigma, *levels;
     const uint8_t *width;
+    const float *decT;
 } qf_kv_rq_klt;
 
 /* Pack / unpack D codes of per-coordinate widths (stream layout above). dst gets
