@@ -37,19 +37,12 @@ static qf_status kv_view(qf_context *c, const qf_kv_cache *kv, qf_gpu_kv *v, con
         v->int8_scale[s] = kv->int8_scale[s], v->int8_inv_scale[s] = kv->int8_inv_scale[s];
         v->int8_layout[s] = kv->int8_layout[s];
         const struct qf_kv_rq_bind *r = kv->rq[s];
-        if (v->mode[s] == QF_KV_RQ && r) {
-            /* the host cache's rows are read by position (rq_write): a sliding-window ring is not */
-            if (kv->ring_rows) {
-                free(at);
-                return qf_fail(err, QF_ERR_DEVICE, "the CUDA backend runs kv-rq caches without sliding-window rings; "
-                                                   "use --device cpu");
-            }
+        if (v->mode[s] == QF_KV_RQ && r)
             v->rq[s] = (qf_gpu_kv_rq){.bits = r->bits, .row_bytes = r->row_bytes, .levels = r->levels,
                                       .mean = r->mean, .cs = r->cs, .inv_cs = r->inv_cs,
                                       .klt_enc = r->klt_enc, .klt_dec = r->klt_dec,
                                       .klt_sigma = r->klt_sigma, .klt_levels = r->klt_levels,
                                       .klt_width = r->klt_width, .pred = r->pred, .pred_on = r->pred_on};
-        }
         const struct qf_kv_dict_bind *d = kv->dict[s];
         if (v->mode[s] != QF_KV_DICT || !d) continue;
         /* the backend decodes the v1 code layout and its rows come from dict_encode (fixed
@@ -157,31 +150,35 @@ bool qf_context_gpu_info(const qf_context *c, qf_cuda_info *out) {
     return true;
 }
 
+/* the plugin and a view of c's kv-rq cache for the test ops below (free *at after) */
+static qf_status rq_op_view(qf_context *c, int il, const char *what, const qf_cuda_api **a, qf_gpu_kv *v,
+                            const float ***at, qf_error *err) {
+    const char *why = NULL;
+    *a = qf_cuda_api_get(&why);
+    *at = NULL;
+    if (!*a || !(*a)->available()) return qf_fail(err, QF_ERR_DEVICE, "no CUDA backend or GPU: %s", why ? why : "no GPU");
+    if (c->kv.mode_k != QF_KV_RQ || c->kv.mode_v != QF_KV_RQ || il < 0 || il >= c->kv.n_layer)
+        return qf_fail(err, QF_ERR_ARG, "kv-rq %s op: the context has no kv-rq cache, or layer %d is out of range", what, il);
+    return kv_view(c, &c->kv, v, at, err);
+}
+
 qf_status qf_gpu_op_kv_rq_encode(qf_context *c, int il, int n_pos, const float *k, const float *v, uint8_t *k_rows,
                                  uint8_t *v_rows, qf_error *err) {
-    const char *why = NULL;
-    const qf_cuda_api *a = qf_cuda_api_get(&why);
-    if (!a || !a->available()) return qf_fail(err, QF_ERR_DEVICE, "no CUDA backend or GPU: %s", why ? why : "no GPU");
-    if (c->kv.mode_k != QF_KV_RQ || c->kv.mode_v != QF_KV_RQ || il < 0 || il >= c->kv.n_layer)
-        return qf_fail(err, QF_ERR_ARG, "kv-rq encode op: the context has no kv-rq cache, or layer %d is out of range", il);
+    const qf_cuda_api *a;
     qf_gpu_kv view;
     const float **at;
-    qf_status st = kv_view(c, &c->kv, &view, &at, err);
+    qf_status st = rq_op_view(c, il, "encode", &a, &view, &at, err);
     if (!st) st = a->op_kv_rq_encode(&view, il, n_pos, k, v, k_rows, v_rows, err);
     free(at);
     return st;
 }
 
 qf_status qf_gpu_op_kv_rq_decode(qf_context *c, int il, int n_pos, float *k_out, float *v_out, qf_error *err) {
-    const char *why = NULL;
-    const qf_cuda_api *a = qf_cuda_api_get(&why);
-    if (!a || !a->available()) return qf_fail(err, QF_ERR_DEVICE, "no CUDA backend or GPU: %s", why ? why : "no GPU");
-    if (c->kv.mode_k != QF_KV_RQ || c->kv.mode_v != QF_KV_RQ || il < 0 || il >= c->kv.n_layer)
-        return qf_fail(err, QF_ERR_ARG, "kv-rq decode op: the context has no kv-rq cache, or layer %d is out of range", il);
-    qf_gpu_kv v;
+    const qf_cuda_api *a;
+    qf_gpu_kv view;
     const float **at;
-    qf_status st = kv_view(c, &c->kv, &v, &at, err);
-    if (!st) st = a->op_kv_rq_decode(&v, il, n_pos, c->kv.data[0][il], c->kv.data[1][il], k_out, v_out, err);
+    qf_status st = rq_op_view(c, il, "decode", &a, &view, &at, err);
+    if (!st) st = a->op_kv_rq_decode(&view, il, n_pos, c->kv.data[0][il], c->kv.data[1][il], k_out, v_out, err);
     free(at);
     return st;
 }

@@ -107,7 +107,7 @@ void qf_kv_rq_klt_decode(const qf_kv_rq_klt *c, const uint8_t *row, float *out) 
     qf_kv_rq_klt_unpack(row + QF_KV_RQ_SCALE_BYTES, c->width, D, codes);
     for (int i = 0; i < D; i++)
         y[i] = c->width[i] ? s * c->sigma[i] * c->levels[(size_t)i * QF_KV_RQ_MAX_LEVELS + codes[i]] : 0.0f;
-    float acc[QF_KV_RQ_MAX_HEAD_DIM]; /* a local sum: no aliasing, so the column loop vectorizes */
+    float acc[QF_KV_RQ_MAX_HEAD_DIM]; /* a local sum: the column loop keeps no store to memory it might alias */
     for (int i = 0; i < D; i++) acc[i] = c->mean[i];
     for (int j = 0; j < D; j++) { /* acc += dec[:, j] y_j, skipping dropped coordinates */
         const float yj = y[j];
