@@ -83,7 +83,12 @@ typedef struct {
     /* qf_kv_cache_write_pool: the threads' kv-rq encoder scratch (rq_par_n floats) */
     float *rq_par;
     size_t rq_par_n;
+    /* both streams kv-rq: the coefficient-domain tables (qf_kv_rq_lin_build), or NULL */
+    struct qf_kv_rq_lin *rq_lin;
 } qf_kv_cache;
+
+/* bytes allocated past the last row of a layer's storage (readers may load a few bytes past a row) */
+#define QF_KV_ROW_PAD 8
 
 /* QF_KV_RQ storage of one stream: layer l's rows are qf_kv_rq_row_bytes(head_dim, bits[l])
  * bytes (format/kv_rq_row.h); writes encode, reads decode. */
@@ -217,6 +222,49 @@ void qf_kv_cache_push_window(qf_kv_cache *kv, int layer, int pos0, int n, const 
  * sink store or the window ring holds p, false otherwise (dst untouched). */
 bool qf_kv_cache_exact_row(const qf_kv_cache *kv, int stream, int layer, int h, int p, float *dst);
 
+/* ---- kv-rq in the coefficient domain (kv_rq_lin.c; forward.c's fast route) ----
+ * Every kv-rq row is linear in its coefficients y[m] (kv_rq.h, kv_rq_klt.h):
+ *   x = mean + T y     formats 1/2: T = diag(cs) H, y_k = s levels[code_k], m = head_dim;
+ *                      format 3:    T = dec's coded columns, y_k = s sigma_j levels_j[code_j] over
+ *                                   the m coordinates j with a nonzero width;
+ *                      f16 layers:  T = I, mean = 0, y = x, m = head_dim.
+ * A predicted V row (the V stream's pred_on[l]) adds P_h k^ over the token's decoded K rows,
+ * itself linear in K's coefficients yk (the K heads' y side by side, kdim = sum of their m):
+ *   v = mean_v + T_v y_v + pbias_h + M_h yk     (M_h = P_h T_K, pbias_h = P_h mean_K).
+ * So sum_p w_p v_p = W (mean_v + pbias_h) + T_v (sum_p w_p y_v,p) + M_h (sum_p w_p yk_p), W =
+ * sum_p w_p: attention over the coefficients needs one transform per query, not one decode per
+ * position. The same sums in another order as the row decoder (kv_rq.h): equal to rounding. */
+typedef struct qf_kv_rq_lin qf_kv_rq_lin;
+/* Build kv->rq_lin when both streams are kv-rq (no-op otherwise or when built); QF_ERR_NOMEM. */
+qf_status qf_kv_rq_lin_build(qf_kv_cache *kv, qf_error *err);
+void qf_kv_rq_lin_free(qf_kv_cache *kv);
+/* m of (stream, layer, kv head); kdim and K head g's column offset in the K coefficient row of
+ * a layer; whether V is predicted there. kv->rq_lin must be built. */
+int qf_kv_rq_lin_dim(const qf_kv_cache *kv, int stream, int layer, int h);
+int qf_kv_rq_lin_kdim(const qf_kv_cache *kv, int layer);
+int qf_kv_rq_lin_koff(const qf_kv_cache *kv, int layer, int g);
+bool qf_kv_rq_lin_pred_on(const qf_kv_cache *kv, int layer);
+/* The coefficients of positions [p0, p0 + n) of kv head h into dst (row p at dst + (p-p0) ld,
+ * m floats). No sliding-window rings (kv-rq refuses them). */
+void qf_kv_rq_lin_coef(const qf_kv_cache *kv, int stream, int layer, int h, int p0, int n, float *dst, size_t ld);
+/* dst [n][head_dim] = mean + T y for n coefficient rows y (stride ld): the stored rows without
+ * V's prediction (format 3: one GEMM). */
+void qf_kv_rq_lin_decode(const qf_kv_cache *kv, int stream, int layer, int h, int n, const float *y, size_t ld,
+                         float *dst);
+/* dst [n][head_dim] += pbias_h + M_h yk for n K coefficient rows (stride ld), V head h; no-op
+ * on a layer without prediction. */
+void qf_kv_rq_lin_pred(const qf_kv_cache *kv, int layer, int h, int n, const float *yk, size_t ld, float *dst);
+/* out[head_dim] = wsum mean + T ysum: a weighted sum of rows from the weighted sum of their
+ * coefficients (ysum[m]) and of the weights (wsum). */
+void qf_kv_rq_lin_apply(const qf_kv_cache *kv, int stream, int layer, int h, const float *ysum, float wsum,
+                        float *out);
+/* out[head_dim] += wsum pbias_h + M_h yksum: the predicted part of that sum (V head h); no-op
+ * on a layer without prediction. */
+void qf_kv_rq_lin_apply_pred(const qf_kv_cache *kv, int layer, int h, const float *yksum, float wsum, float *out);
+/* One stored row of (stream, layer, kv head h, position p) fully decoded (prediction included),
+ * by the row decoder (kv_rq.h), into dst[head_dim]. */
+void qf_kv_cache_read_pos(const qf_kv_cache *kv, int stream, int layer, int h, int p, float *dst);
+
 /* MoE routing (mixtral, qwen3moe), the one definition the CPU forward and the CUDA backend
  * share: for each of n tokens, p = softmax(logits[t]) (written back into logits), the top
  * hp->n_expert_used experts by p (ties: the lower index) into ids[t][k], and their weights
@@ -245,6 +293,16 @@ struct qf_context {
      * modes; base_kv_k/base_kv_v are the modes the context was created with */
     int bound;            /* 0 = nothing bound (calloc'd), else 1 + the qf_artifact_kind */
     qf_kv_mode base_kv_k, base_kv_v; /* recorded when binding */
+    /* how the CPU reads a kv-rq cache (forward.c): QF_RQ_ROUTE_AUTO, or one route forced (tests,
+     * benchmarks; the environment's QF_RQ_ROUTE=rows|explicit|coef at creation) */
+    int rq_route;
+};
+
+enum {
+    QF_RQ_ROUTE_AUTO = 0,
+    QF_RQ_ROUTE_ROWS,     /* the row decoder per position (qf_kv_cache_read_head), as the reference route */
+    QF_RQ_ROUTE_EXPLICIT, /* coefficient runs decoded by GEMMs, V's prediction added per position */
+    QF_RQ_ROUTE_COEF      /* V attention in the coefficient domain (engine.h, kv-rq) */
 };
 
 #endif

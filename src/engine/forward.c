@@ -77,6 +77,10 @@ typedef struct qf_context_ext {
     /* exact (f16-valued) views of the sink and window positions the current batch reads, same
      * layout; only the sink rows and the window rows of the batch are filled (kv.n_sink/n_window) */
     float *ekbuf, *evbuf;
+    /* kv-rq fast route (kv.rq_lin): K's coefficients of every kv head for one layer [n_ctx][kdim],
+     * and per-thread scratch (rq_thr_per floats each); allocated at the first such decode */
+    float *ykbuf, *rq_thr;
+    size_t rq_thr_per;
     float *kr_cos, *kr_sin; /* pre-RoPE K cache: [n_ctx][n_rot/2] tables for every position, or NULL */
     float *kr_cos_swa, *kr_sin_swa; /* the same for sliding-window layers with their own base (gemma3) */
     /* sliding-window layers with their own RoPE base (gemma3): [n_batch][n_rot/2], or NULL */
@@ -113,6 +117,7 @@ void qf_context_free(qf_context *c) {
     free(e->moe_logits), free(e->moe_w), free(e->moe_x), free(e->moe_y), free(e->moe_acc), free(e->moe_rw);
     free(e->moe_ids), free(e->moe_rows);
     free(e->kbuf), free(e->vbuf), free(e->ekbuf), free(e->evbuf), free(e->gact), free(e->mvact);
+    free(e->ykbuf), free(e->rq_thr);
     qf_kv_cache_free(&c->kv);
     free(c->x), free(c->xn), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
         free(c->hb2), free(c->xq), free(c->rope_cos), free(c->rope_sin);
@@ -246,6 +251,11 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     if (!c->gpu) qf_model_prefault(m);
     if (!c->gpu && !c->params.reference && !getenv("QF_NO_REPACK")) qf_model_repack(m, c->pool);
     e->no_skip = getenv("QF_NO_SKIP") != NULL; /* read once, not on every decode */
+    const char *route = getenv("QF_RQ_ROUTE");
+    c->rq_route = !route ? QF_RQ_ROUTE_AUTO
+                  : !strcmp(route, "rows") ? QF_RQ_ROUTE_ROWS
+                  : !strcmp(route, "explicit") ? QF_RQ_ROUTE_EXPLICIT
+                  : !strcmp(route, "coef") ? QF_RQ_ROUTE_COEF : QF_RQ_ROUTE_AUTO;
     return c;
 oom:
     qf_fail(err, QF_ERR_NOMEM, "out of memory allocating a context (n_ctx %d, n_batch %d)",
@@ -608,12 +618,18 @@ static void rope_rotate(const qf_hparams *hp, const float *cs, const float *sn, 
     int half = hp->n_rot / 2, hd = hp->head_dim;
     for (int h = 0; h < n_heads; h++) {
         float *x = v + (size_t)h * hd;
-        for (int i = 0; i < half; i++) {
-            int a = hp->rope_type == QF_ROPE_NEOX ? i : 2 * i;
-            int b = hp->rope_type == QF_ROPE_NEOX ? i + half : 2 * i + 1;
-            float x0 = x[a], x1 = x[b];
-            x[a] = x0 * cs[i] - x1 * sn[i];
-            x[b] = x0 * sn[i] + x1 * cs[i];
+        if (hp->rope_type == QF_ROPE_NEOX) { /* the same operations, one loop per layout (vectorizes) */
+            for (int i = 0; i < half; i++) {
+                float x0 = x[i], x1 = x[i + half];
+                x[i] = x0 * cs[i] - x1 * sn[i];
+                x[i + half] = x0 * sn[i] + x1 * cs[i];
+            }
+        } else {
+            for (int i = 0; i < half; i++) {
+                float x0 = x[2 * i], x1 = x[2 * i + 1];
+                x[2 * i] = x0 * cs[i] - x1 * sn[i];
+                x[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+            }
         }
     }
 }
@@ -630,6 +646,8 @@ static void rope_apply(const qf_context *c, const float *cs, const float *sn, fl
 typedef struct {
     qf_context *c;
     int layer, n, pos0;
+    bool vcoef; /* kv-rq fast route: vbuf holds V's coefficients, attention sums them (rq_vcoef) */
+    int rq_run; /* kv-rq fast route: positions per work item of the gather (rq_run_len) */
     int q0; /* attention_worker: queries before q0's ATT_QBLOCK block are not computed (their output is
              * not needed); 0 for all */
 } att_job;
@@ -668,6 +686,84 @@ static void kv_gather_worker(void *arg, int ith, int nth) {
     }
 }
 
+/* ---- kv-rq caches, fast route (engine.h "kv-rq in the coefficient domain") ----
+ * Phase 1, per (stream, kv head, run of j->rq_run positions): the rows' coefficients; K decoded
+ * by one GEMM per run into kbuf (and rotated, for a pre-RoPE cache), its coefficients kept in
+ * ykbuf for V's predictor; V either decoded the same way into vbuf (phase 2 adds the
+ * prediction) or, with j->vcoef, left as coefficients in vbuf for attention_worker to sum.
+ * Phase 2: the prediction, and the exact sink/window views. */
+#define RQ_RUN_MIN 64
+#define RQ_RUN_MAX 512 /* the per-thread scratch holds one run of V coefficients */
+
+/* long runs (fewer, larger GEMMs), but about 4 work items per thread */
+static int rq_run_len(const qf_context *c, int T) {
+    int nth = qf_pool_size(c->pool), per = (4 * nth + 2 * c->model->hp.n_head_kv - 1) / (2 * c->model->hp.n_head_kv);
+    int run = (T + per - 1) / per;
+    return run < RQ_RUN_MIN ? RQ_RUN_MIN : run > RQ_RUN_MAX ? RQ_RUN_MAX : run;
+}
+
+/* V attention in the coefficient domain pays when the queries per kv head are few: it sums
+ * (m_v + kdim) coefficients per (query, key) instead of decoding each key's V once
+ * (head_dim (m_v + kdim) per key) */
+static bool rq_vcoef(const qf_context *c, int n, int T) {
+    const qf_hparams *hp = &c->model->hp;
+    double gq = (double)hp->n_head / hp->n_head_kv;
+    return gq * n * ((double)T + hp->head_dim) < (double)T * hp->head_dim;
+}
+
+static void rq_gather_worker(void *arg, int ith, int nth) {
+    att_job *j = arg;
+    qf_context *c = j->c;
+    const qf_hparams *hp = &c->model->hp;
+    const qf_kv_cache *kv = &c->kv;
+    int T = j->pos0 + j->n, nh = hp->n_head_kv, hd = hp->head_dim, l = j->layer, R = j->rq_run, nr = (T + R - 1) / R;
+    size_t kd = (size_t)qf_kv_rq_lin_kdim(kv, l), nc = (size_t)c->params.n_ctx;
+    float *y = ext(c)->rq_thr + (size_t)ith * ext(c)->rq_thr_per;
+    for (int idx = ith; idx < 2 * nh * nr; idx += nth) {
+        int stream = idx / (nh * nr), h = idx / nr % nh, p0 = idx % nr * R, np = T - p0 < R ? T - p0 : R;
+        if (stream == 0) {
+            float *yk = ext(c)->ykbuf + (size_t)p0 * kd + qf_kv_rq_lin_koff(kv, l, h);
+            float *dst = ext(c)->kbuf + ((size_t)h * nc + p0) * hd;
+            qf_kv_rq_lin_coef(kv, 0, l, h, p0, np, yk, kd);
+            qf_kv_rq_lin_decode(kv, 0, l, h, np, yk, kd, dst);
+            if (kv->k_prerope) {
+                int half = hp->n_rot / 2;
+                for (int p = 0; p < np; p++)
+                    rope_rotate(hp, ext(c)->kr_cos + (size_t)(p0 + p) * half, ext(c)->kr_sin + (size_t)(p0 + p) * half,
+                                dst + (size_t)p * hd, 1);
+            }
+        } else {
+            float *dst = ext(c)->vbuf + ((size_t)h * nc + p0) * hd;
+            if (j->vcoef) {
+                qf_kv_rq_lin_coef(kv, 1, l, h, p0, np, dst, (size_t)hd);
+            } else {
+                qf_kv_rq_lin_coef(kv, 1, l, h, p0, np, y, (size_t)hd);
+                qf_kv_rq_lin_decode(kv, 1, l, h, np, y, (size_t)hd, dst);
+            }
+        }
+    }
+}
+
+static void rq_gather2_worker(void *arg, int ith, int nth) {
+    att_job *j = arg;
+    qf_context *c = j->c;
+    const qf_kv_cache *kv = &c->kv;
+    int T = j->pos0 + j->n, nh = c->model->hp.n_head_kv, hd = c->model->hp.head_dim, l = j->layer;
+    int R = j->rq_run, nr = (T + R - 1) / R;
+    int n_pred = !j->vcoef && qf_kv_rq_lin_pred_on(kv, l) ? nh * nr : 0, n_ex = kv->n_sink || kv->n_window ? 2 * nh : 0;
+    size_t kd = (size_t)qf_kv_rq_lin_kdim(kv, l), nc = (size_t)c->params.n_ctx;
+    for (int idx = ith; idx < n_pred + n_ex; idx += nth) {
+        if (idx < n_pred) {
+            int h = idx / nr, p0 = idx % nr * R, np = T - p0 < R ? T - p0 : R;
+            qf_kv_rq_lin_pred(kv, l, h, np, ext(c)->ykbuf + (size_t)p0 * kd, kd, ext(c)->vbuf + ((size_t)h * nc + p0) * hd);
+        } else {
+            int e = idx - n_pred, stream = e / nh, h = e % nh;
+            const float *stored = stream ? (j->vcoef ? NULL : ext(c)->vbuf) : ext(c)->kbuf;
+            exact_gather(c, j, stream, h, stored ? stored + (size_t)h * nc * hd : NULL);
+        }
+    }
+}
+
 static void exact_gather(qf_context *c, const void *jv, int stream, int h, const float *stored) {
     const att_job *j = jv;
     const qf_hparams *hp = &c->model->hp;
@@ -685,7 +781,8 @@ static void exact_gather(qf_context *c, const void *jv, int stream, int h, const
             const float *f = fresh + (size_t)(p - j->pos0) * Dkv + (size_t)h * hd;
             for (int i = 0; i < hd; i++) d[i] = qf_f16_to_f32(qf_f32_to_f16(f[i]));
         } else if (!qf_kv_cache_exact_row(&c->kv, stream, j->layer, h, p, d)) {
-            memcpy(d, stored + (size_t)p * hd, (size_t)hd * sizeof(float));
+            if (stored) memcpy(d, stored + (size_t)p * hd, (size_t)hd * sizeof(float));
+            else qf_kv_cache_read_pos(&c->kv, stream, j->layer, h, p, d); /* vbuf holds coefficients */
         }
     }
 }
@@ -714,6 +811,49 @@ static void exact_values(const qf_context *c, int tq, const float *w, const floa
         }
         float a = w[p];
         for (int d = 0; d < hd; d++) o[d] += a * (EV[(size_t)p * hd + d] - V[(size_t)p * hd + d]);
+    }
+}
+
+/* The output of a block of nb queries (rows i0.., their softmax weights S [nb][Tb]) over a kv-rq
+ * V in the coefficient domain (vbuf: V's coefficients of kv head kvh; ykbuf: K's): the exact
+ * keys' values are added as they are and their weights zeroed, then the stored keys' weighted
+ * coefficient sums go through the head's linear maps once per query (engine.h). */
+static void rq_values_coef(qf_context *c, const att_job *j, int ith, int kvh, int i0, int nb, int Tb, float *S,
+                           const float *Yv, const float *EV, float *Ob) {
+    const qf_hparams *hp = &c->model->hp;
+    const qf_kv_cache *kv = &c->kv;
+    int hd = hp->head_dim, Dq = hp->n_head * hd, l = j->layer, mv = qf_kv_rq_lin_dim(kv, 1, l, kvh);
+    int kd = qf_kv_rq_lin_kdim(kv, l);
+    bool pred = qf_kv_rq_lin_pred_on(kv, l), exact = kv->n_sink || kv->n_window;
+    float *ex = ext(c)->rq_thr + (size_t)ith * ext(c)->rq_thr_per; /* [nb][hd] exact part */
+    float *cv = ex + (size_t)ATT_QBLOCK * hd, *ck = cv + (size_t)ATT_QBLOCK * hd; /* [nb][mv], [nb][kd] */
+    float wsum[ATT_QBLOCK];
+    for (int i = 0; i < nb; i++) {
+        float *w = S + (size_t)i * Tb, *e = ex + (size_t)i * hd;
+        memset(e, 0, (size_t)hd * sizeof(float));
+        if (exact) {
+            int tq = j->pos0 + i0 + i, lw = tq - kv->n_window + 1;
+            for (int p = 0; p <= tq; p++) {
+                if (p >= kv->n_sink && p < lw) {
+                    p = lw - 1;
+                    continue;
+                }
+                for (int d = 0; d < hd; d++) e[d] += w[p] * EV[(size_t)p * hd + d];
+                w[p] = 0;
+            }
+        }
+        double a = 0;
+        for (int p = 0; p < Tb; p++) a += w[p];
+        wsum[i] = (float)a;
+    }
+    qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, mv, Tb, 1.0f, S, Tb, Yv, hd, 0.0f, cv, mv);
+    if (pred)
+        qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, kd, Tb, 1.0f, S, Tb, ext(c)->ykbuf, kd, 0.0f, ck, kd);
+    for (int i = 0; i < nb; i++) {
+        float *o = Ob + (size_t)i * Dq;
+        qf_kv_rq_lin_apply(kv, 1, l, kvh, cv + (size_t)i * mv, wsum[i], o);
+        if (pred) qf_kv_rq_lin_apply_pred(kv, l, kvh, ck + (size_t)i * kd, wsum[i], o);
+        for (int d = 0; d < hd; d++) o[d] += ex[(size_t)i * hd + d];
     }
 }
 
@@ -763,6 +903,10 @@ static void attention_worker(void *arg, int ith, int nth) {
                 memset(row + last + 1, 0, (size_t)(Tb - last - 1) * sizeof(float));
             }
             float *Ob = O + (size_t)i0 * Dq;
+            if (j->vcoef) {
+                rq_values_coef(c, j, ith, kvh, i0, nb, Tb, S, V, EV, Ob);
+                continue;
+            }
             if (c->params.reference) {
                 for (int i = 0; i < nb; i++)
                     for (int d = 0; d < hd; d++) {
@@ -970,6 +1114,27 @@ static void moe_ffn(qf_context *c, const qf_layer_weights *L, ew_job *j) {
     memcpy(c->xn, e->moe_acc, (size_t)n * D * sizeof(float));
 }
 
+/* the kv-rq fast route's tables and buffers, once per cache / context */
+static qf_status rq_fast_init(qf_context *c, qf_error *err) {
+    qf_status st = qf_kv_rq_lin_build(&c->kv, err);
+    if (st) return st;
+    ctx_ext *e = ext(c);
+    if (e->ykbuf) return QF_OK;
+    const qf_hparams *hp = &c->model->hp;
+    size_t hd = (size_t)hp->head_dim, HD = (size_t)hp->n_head_kv * hd;
+    size_t per = (size_t)ATT_QBLOCK * (2 * hd + HD);
+    if (per < (size_t)RQ_RUN_MAX * hd) per = (size_t)RQ_RUN_MAX * hd;
+    e->rq_thr_per = (per + 15) & ~(size_t)15;
+    e->ykbuf = qf_malloc_aligned((size_t)c->params.n_ctx * HD * sizeof(float));
+    e->rq_thr = qf_malloc_aligned((size_t)qf_pool_size(c->pool) * e->rq_thr_per * sizeof(float));
+    if (!e->ykbuf || !e->rq_thr) {
+        free(e->ykbuf), free(e->rq_thr);
+        e->ykbuf = e->rq_thr = NULL;
+        return qf_fail(err, QF_ERR_NOMEM, "decode: out of memory for the kv-rq buffers");
+    }
+    return QF_OK;
+}
+
 qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float *logits,
                     int logits_from, qf_error *err) {
     qf_model *m = c->model;
@@ -1010,6 +1175,13 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
     if (c->kv.k_prerope) {
         qf_status st = kv_rope_tables(c, err);
         if (st) return st;
+    }
+    bool rq_fast = false;
+    if (c->kv.rq[0] && c->kv.rq[1] && !ref && !ext(c)->rope_cos_swa && !c->kv.ring_rows &&
+        c->rq_route != QF_RQ_ROUTE_ROWS) {
+        qf_status st = rq_fast_init(c, err);
+        if (st) return st;
+        rq_fast = true;
     }
 
     /* The last layer computes the attention output, o-projection and FFN only for the rows whose
@@ -1055,7 +1227,14 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         qf_kv_cache_write_pool(&c->kv, 1, il, pos0, n, c->v, c->pool);
 
         att_job aj = {.c = c, .layer = il, .n = n, .pos0 = pos0, .q0 = s0};
-        qf_pool_run(c->pool, kv_gather_worker, &aj);
+        if (rq_fast) {
+            aj.vcoef = c->rq_route == QF_RQ_ROUTE_AUTO ? rq_vcoef(c, nr, pos0 + n) : c->rq_route == QF_RQ_ROUTE_COEF;
+            aj.rq_run = rq_run_len(c, pos0 + n);
+            qf_pool_run(c->pool, rq_gather_worker, &aj);
+            qf_pool_run(c->pool, rq_gather2_worker, &aj);
+        } else {
+            qf_pool_run(c->pool, kv_gather_worker, &aj);
+        }
         if (nr > 0) qf_pool_run(c->pool, attention_worker, &aj);
         qf_kv_cache_push_window(&c->kv, il, pos0, n, c->k, c->v); /* exact window: keep this batch's f16 */
         if (nr == 0) continue;

@@ -366,7 +366,9 @@ qf_status qf_kv_cache_init_spec(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx
         kv->data[s] = calloc((size_t)(unsigned)kv->n_layer, sizeof(uint8_t *));
         if (!kv->data[s]) goto oom;
         for (int l = 0; l < hp->n_layer; l++)
-            if (!(kv->data[s][l] = qf_malloc_aligned(layer_row_bytes(kv, s, l) * (size_t)n_ctx * (size_t)hp->n_head_kv)))
+            /* QF_KV_ROW_PAD: kv_rq_lin.c reads each code with one 16-bit load */
+            if (!(kv->data[s][l] = qf_malloc_aligned(layer_row_bytes(kv, s, l) * (size_t)n_ctx * (size_t)hp->n_head_kv +
+                                                     QF_KV_ROW_PAD)))
                 goto oom;
     }
     return QF_OK;
@@ -516,6 +518,7 @@ bool qf_kv_cache_ring_holds(const qf_kv_cache *kv, int lo, int hi, int *layer, i
 
 void qf_kv_cache_free(qf_kv_cache *kv) {
     exact_free(kv);
+    qf_kv_rq_lin_free(kv);
     ring_free(kv);
     free(kv->rq_par);
     kv->rq_par = NULL, kv->rq_par_n = 0;
@@ -774,7 +777,7 @@ static void read_rows(const qf_kv_cache *kv, int stream, int layer, int h, int s
                 float *o = dst + (size_t)p * hd;
                 for (int g = 0; g < nh; g++) {
                     qf_kv_rq_codec ck = rq_codec(kv->rq[0], kv, layer, g);
-                    qf_kv_rq_decode(&ck, kv->data[0][layer] + ((size_t)p * nh + g) * rbk, kg);
+                    qf_kv_rq_decode(&ck, kv->data[0][layer] + ((size_t)(slot + p) * nh + g) * rbk, kg);
                     for (int i = 0; i < hd; i++) {
                         const float *po = P + (size_t)i * HD + (size_t)g * hd;
                         float a = 0;
@@ -815,6 +818,11 @@ static void read_rows(const qf_kv_cache *kv, int stream, int layer, int h, int s
         for (int p = 0; p < n_pos; p++) qf_dequantize_row(t, base + p * stride, dst + (size_t)p * hd, hd);
     }
     if (kv->rot == QF_KV_ROT_HADAMARD) qf_hadamard_rows(dst, hd, n_pos);
+}
+
+void qf_kv_cache_read_pos(const qf_kv_cache *kv, int stream, int layer, int h, int p, float *dst) {
+    int R = kv->ring_rows ? kv->ring_rows[layer] : 0;
+    read_rows(kv, stream, layer, h, R ? p % R : p, 1, dst);
 }
 
 void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos,

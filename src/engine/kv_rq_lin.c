@@ -1,0 +1,263 @@
+/* kv_rq_lin.c: kv-rq rows in the coefficient domain (engine.h, "kv-rq in the coefficient
+ * domain"): the tables that read a row's coefficients straight from its bits, decode a run of
+ * rows with one GEMM, and apply the per-head linear maps (the transform, and V's predictor
+ * folded into K's coefficients) to attention-weighted sums. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "engine/kv_rq.h"
+#include "kernels/blas.h"
+#include "kernels/hadamard.h"
+#include "util/util.h"
+
+enum { LIN_F16 = 0, LIN_HAD = 2, LIN_KLT = 3 };
+
+struct qf_kv_rq_lin {
+    int L, H, hd;
+    uint8_t *kind;  /* [2][L]: LIN_F16, LIN_HAD (format 1/2 rows) or LIN_KLT (format 3) */
+    int *m;         /* [2][L][H]: coefficients per row */
+    int *kdim;      /* [L]: sum of m over the K heads (the K coefficient row of one position) */
+    int *koff;      /* [L][H]: K head g's first column in that row */
+    /* coefficient k of (stream, layer, head) o, at [o][k]: its code is bits [sh, sh + width) of
+     * the 16 bits at code byte `byte` (little endian; mask = 2^width - 1), its value in units of
+     * the row scale tab[toff + code] (format 3: sigma_j levels_j; formats 1/2: the head's levels) */
+    uint16_t *byte, *toff;
+    uint8_t *sh, *mask;
+    float *tab;     /* [2][L][H][hd * QF_KV_RQ_MAX_LEVELS] at most; each coefficient's 2^width values */
+    float *Tt;      /* [2][L][H][hd][hd], LIN_KLT: row k = column j_k of dec (m rows used) */
+    bool *pred_on;  /* [L] */
+    float *M;       /* [L][H][hd][H hd], predicted layers: V head h's predictor on K's
+                     * coefficients, P_h T_K (kdim columns used) */
+    float *pbias;   /* [L][H][hd]: P_h applied to K's means */
+};
+
+static size_t slh(const qf_kv_rq_lin *t, int s, int l, int h) { return ((size_t)s * t->L + l) * t->H + h; }
+
+void qf_kv_rq_lin_free(qf_kv_cache *kv) {
+    qf_kv_rq_lin *t = kv->rq_lin;
+    if (!t) return;
+    free(t->kind), free(t->m), free(t->kdim), free(t->koff), free(t->byte), free(t->toff), free(t->sh), free(t->mask);
+    free(t->tab), free(t->Tt);
+    free(t->pred_on), free(t->M), free(t->pbias);
+    free(t);
+    kv->rq_lin = NULL;
+}
+
+/* K head g's transform as a dense [hd][m] matrix T (k = mean + T y), column k into col */
+static void k_column(const qf_kv_cache *kv, const qf_kv_rq_lin *t, int l, int g, int k, float *col) {
+    int hd = t->hd;
+    const struct qf_kv_rq_bind *r = kv->rq[0];
+    if (t->kind[l] == LIN_F16) {
+        for (int i = 0; i < hd; i++) col[i] = i == k;
+    } else if (t->kind[l] == LIN_KLT) {
+        memcpy(col, t->Tt + (slh(t, 0, l, g) * hd + (size_t)k) * hd, (size_t)hd * sizeof(float));
+    } else { /* diag(cs) H e_k */
+        for (int i = 0; i < hd; i++) col[i] = i == k;
+        qf_hadamard(col, hd);
+        const float *cs = r->cs + ((size_t)l * t->H + g) * hd;
+        for (int i = 0; i < hd; i++) col[i] *= cs[i];
+    }
+}
+
+qf_status qf_kv_rq_lin_build(qf_kv_cache *kv, qf_error *err) {
+    if (kv->rq_lin || !kv->rq[0] || !kv->rq[1]) return QF_OK;
+    int L = kv->n_layer, H = kv->n_head_kv, hd = kv->head_dim, HD = H * hd;
+    qf_kv_rq_lin *t = calloc(1, sizeof *t);
+    size_t n2 = 2 * (size_t)L * H;
+    if (!t) goto oom;
+    kv->rq_lin = t;
+    t->L = L, t->H = H, t->hd = hd;
+    if (!(t->kind = calloc(2 * (size_t)L, 1)) || !(t->m = calloc(n2, sizeof(int))) ||
+        !(t->kdim = calloc((size_t)L, sizeof(int))) || !(t->koff = calloc((size_t)L * H, sizeof(int))) ||
+        !(t->byte = calloc(n2 * hd, sizeof(uint16_t))) || !(t->toff = calloc(n2 * hd, sizeof(uint16_t))) ||
+        !(t->sh = calloc(n2 * hd, 1)) || !(t->mask = calloc(n2 * hd, 1)) ||
+        !(t->tab = calloc(n2 * hd * QF_KV_RQ_MAX_LEVELS, sizeof(float))) ||
+        !(t->pred_on = calloc((size_t)L, sizeof(bool))))
+        goto oom;
+    bool klt = kv->rq[0]->klt_enc || kv->rq[1]->klt_enc;
+    if (klt && !(t->Tt = qf_malloc_aligned(n2 * hd * hd * sizeof(float)))) goto oom;
+    for (int s = 0; s < 2; s++) {
+        const struct qf_kv_rq_bind *r = kv->rq[s];
+        for (int l = 0; l < L; l++) {
+            int b = r->bits[l];
+            uint8_t kind = b == QF_KV_RQ_BITS_F16 ? LIN_F16 : r->klt_enc ? LIN_KLT : LIN_HAD;
+            t->kind[s * L + l] = kind;
+            for (int h = 0; h < H; h++) {
+                size_t o = slh(t, s, l, h), lh = (size_t)l * H + h;
+                uint16_t *by = t->byte + o * hd, *to = t->toff + o * hd;
+                uint8_t *sh = t->sh + o * hd, *mk = t->mask + o * hd;
+                float *tab = t->tab + o * hd * QF_KV_RQ_MAX_LEVELS;
+                int m = 0;
+                unsigned bit = 0, nt = 0;
+                if (kind == LIN_F16) {
+                    m = hd;
+                } else if (kind == LIN_HAD) { /* one codebook for the head */
+                    memcpy(tab, r->levels + lh * QF_KV_RQ_MAX_LEVELS, sizeof(float) << b);
+                    for (int k = 0; k < hd; k++, bit += (unsigned)b)
+                        by[k] = (uint16_t)(bit >> 3), sh[k] = (uint8_t)(bit & 7), mk[k] = (uint8_t)((1u << b) - 1), to[k] = 0;
+                    m = hd;
+                } else {
+                    const uint8_t *w = r->klt_width + lh * hd;
+                    const float *sg = r->klt_sigma + lh * hd, *lv = r->klt_levels + lh * hd * QF_KV_RQ_MAX_LEVELS;
+                    for (int j = 0; j < hd; j++) {
+                        if (!w[j]) continue;
+                        by[m] = (uint16_t)(bit >> 3), sh[m] = (uint8_t)(bit & 7), mk[m] = (uint8_t)((1u << w[j]) - 1);
+                        to[m] = (uint16_t)nt;
+                        for (int c = 0; c < (1 << w[j]); c++) tab[nt++] = sg[j] * lv[(size_t)j * QF_KV_RQ_MAX_LEVELS + c];
+                        memcpy(t->Tt + (o * hd + (size_t)m) * hd, r->klt_decT + (lh * hd + (size_t)j) * hd,
+                               (size_t)hd * sizeof(float));
+                        bit += w[j], m++;
+                    }
+                }
+                t->m[o] = m;
+                if (s == 0) t->koff[(size_t)l * H + h] = t->kdim[l], t->kdim[l] += m;
+            }
+        }
+    }
+    const struct qf_kv_rq_bind *rv = kv->rq[1];
+    if (rv->pred) {
+        if (!(t->M = qf_malloc_aligned((size_t)L * H * hd * HD * sizeof(float))) ||
+            !(t->pbias = calloc((size_t)L * H * hd, sizeof(float))))
+            goto oom;
+        /* T_g as a dense [hd][m_g] matrix, one column at a time; M's g block = P's g block T_g */
+        float *Tg = malloc((size_t)hd * hd * sizeof(float)), *col = malloc((size_t)hd * sizeof(float));
+        if (!Tg || !col) {
+            free(Tg), free(col);
+            goto oom;
+        }
+        for (int l = 0; l < L; l++) {
+            if (!(t->pred_on[l] = rv->pred_on[l])) continue;
+            const float *P = rv->pred + (size_t)l * HD * HD;
+            float *M = t->M + (size_t)l * H * hd * HD;
+            for (int g = 0; g < H; g++) {
+                int mg = t->m[slh(t, 0, l, g)], off = t->koff[(size_t)l * H + g];
+                for (int k = 0; k < mg; k++) {
+                    k_column(kv, t, l, g, k, col);
+                    for (int j = 0; j < hd; j++) Tg[(size_t)j * mg + k] = col[j];
+                }
+                if (mg > 0)
+                    qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, HD, mg, hd, 1.0f, P + (size_t)g * hd, HD, Tg, mg,
+                             0.0f, M + off, HD);
+                if (t->kind[l] == LIN_F16) continue; /* an f16 K row has no mean */
+                const float *mu = kv->rq[0]->mean + ((size_t)l * H + g) * hd;
+                for (int o = 0; o < HD; o++) {
+                    const float *po = P + (size_t)o * HD + (size_t)g * hd;
+                    double a = 0;
+                    for (int j = 0; j < hd; j++) a += (double)po[j] * mu[j];
+                    t->pbias[(size_t)l * HD + o] += (float)a;
+                }
+            }
+        }
+        free(Tg), free(col);
+    }
+    return QF_OK;
+oom:
+    qf_kv_rq_lin_free(kv);
+    return qf_fail(err, QF_ERR_NOMEM, "kv-rq: out of memory for the coefficient-domain tables");
+}
+
+int qf_kv_rq_lin_dim(const qf_kv_cache *kv, int s, int l, int h) { return kv->rq_lin->m[slh(kv->rq_lin, s, l, h)]; }
+int qf_kv_rq_lin_kdim(const qf_kv_cache *kv, int l) { return kv->rq_lin->kdim[l]; }
+int qf_kv_rq_lin_koff(const qf_kv_cache *kv, int l, int g) { return kv->rq_lin->koff[(size_t)l * kv->n_head_kv + g]; }
+bool qf_kv_rq_lin_pred_on(const qf_kv_cache *kv, int l) { return kv->rq_lin->pred_on[l]; }
+
+void qf_kv_rq_lin_coef(const qf_kv_cache *kv, int s, int l, int h, int p0, int n, float *dst, size_t ld) {
+    const qf_kv_rq_lin *t = kv->rq_lin;
+    int hd = t->hd, H = t->H;
+    size_t rb = kv->rq[s]->row_bytes[l], stride = (size_t)H * rb, o = slh(t, s, l, h);
+    const uint8_t *base = kv->data[s][l] + (size_t)p0 * stride + (size_t)h * rb;
+    if (t->kind[s * t->L + l] == LIN_F16) {
+        for (int p = 0; p < n; p++) {
+            const uint16_t *x = (const uint16_t *)(base + (size_t)p * stride);
+            for (int i = 0; i < hd; i++) dst[(size_t)p * ld + i] = qf_f16_to_f32(x[i]);
+        }
+        return;
+    }
+    int m = t->m[o];
+    const uint16_t *by = t->byte + o * hd, *to = t->toff + o * hd;
+    const uint8_t *sh = t->sh + o * hd, *mk = t->mask + o * hd;
+    const float *tab = t->tab + o * hd * QF_KV_RQ_MAX_LEVELS;
+    for (int p = 0; p < n; p++) {
+        /* a code's 16 bits may reach one byte past the row: the next row's, or QF_KV_ROW_PAD */
+        const uint8_t *row = base + (size_t)p * stride, *code = row + QF_KV_RQ_SCALE_BYTES;
+        float sc = qf_kv_rq_scale(row[0]), *y = dst + (size_t)p * ld;
+        for (int k = 0; k < m; k++) {
+            unsigned x = (unsigned)code[by[k]] | (unsigned)code[by[k] + 1] << 8;
+            y[k] = sc * tab[to[k] + ((x >> sh[k]) & mk[k])];
+        }
+    }
+}
+
+void qf_kv_rq_lin_decode(const qf_kv_cache *kv, int s, int l, int h, int n, const float *y, size_t ld, float *dst) {
+    const qf_kv_rq_lin *t = kv->rq_lin;
+    int hd = t->hd;
+    size_t lh = (size_t)l * t->H + h, o = slh(t, s, l, h);
+    const struct qf_kv_rq_bind *r = kv->rq[s];
+    const float *mu = r->mean + lh * hd;
+    uint8_t kind = t->kind[s * t->L + l];
+    if (kind == LIN_F16) {
+        for (int p = 0; p < n; p++) memcpy(dst + (size_t)p * hd, y + (size_t)p * ld, (size_t)hd * sizeof(float));
+    } else if (kind == LIN_HAD) {
+        const float *cs = r->cs + lh * hd;
+        for (int p = 0; p < n; p++) {
+            float *d = dst + (size_t)p * hd;
+            memcpy(d, y + (size_t)p * ld, (size_t)hd * sizeof(float));
+            qf_hadamard(d, hd);
+            for (int i = 0; i < hd; i++) d[i] = mu[i] + cs[i] * d[i];
+        }
+    } else {
+        for (int p = 0; p < n; p++) memcpy(dst + (size_t)p * hd, mu, (size_t)hd * sizeof(float));
+        if (t->m[o] > 0)
+            qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, t->m[o], 1.0f, y, (int)ld,
+                     t->Tt + o * hd * hd, hd, 1.0f, dst, hd);
+    }
+}
+
+void qf_kv_rq_lin_pred(const qf_kv_cache *kv, int l, int h, int n, const float *yk, size_t ld, float *dst) {
+    const qf_kv_rq_lin *t = kv->rq_lin;
+    if (!t->pred_on[l]) return;
+    int hd = t->hd, HD = t->H * hd;
+    const float *M = t->M + ((size_t)l * HD + (size_t)h * hd) * HD, *pb = t->pbias + (size_t)l * HD + (size_t)h * hd;
+    for (int p = 0; p < n; p++)
+        for (int i = 0; i < hd; i++) dst[(size_t)p * hd + i] += pb[i];
+    qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, hd, t->kdim[l], 1.0f, yk, (int)ld, M, HD, 1.0f, dst, hd);
+}
+
+void qf_kv_rq_lin_apply(const qf_kv_cache *kv, int s, int l, int h, const float *ysum, float wsum, float *out) {
+    const qf_kv_rq_lin *t = kv->rq_lin;
+    int hd = t->hd;
+    size_t lh = (size_t)l * t->H + h, o = slh(t, s, l, h);
+    const struct qf_kv_rq_bind *r = kv->rq[s];
+    const float *mu = r->mean + lh * hd;
+    uint8_t kind = t->kind[s * t->L + l];
+    if (kind == LIN_F16) {
+        memcpy(out, ysum, (size_t)hd * sizeof(float));
+    } else if (kind == LIN_HAD) {
+        const float *cs = r->cs + lh * hd;
+        memcpy(out, ysum, (size_t)hd * sizeof(float));
+        qf_hadamard(out, hd);
+        for (int i = 0; i < hd; i++) out[i] = wsum * mu[i] + cs[i] * out[i];
+    } else {
+        for (int i = 0; i < hd; i++) out[i] = wsum * mu[i];
+        const float *T = t->Tt + o * hd * hd;
+        for (int k = 0; k < t->m[o]; k++) {
+            const float a = ysum[k], *row = T + (size_t)k * hd;
+            for (int i = 0; i < hd; i++) out[i] += row[i] * a;
+        }
+    }
+}
+
+void qf_kv_rq_lin_apply_pred(const qf_kv_cache *kv, int l, int h, const float *yksum, float wsum, float *out) {
+    const qf_kv_rq_lin *t = kv->rq_lin;
+    if (!t->pred_on[l]) return;
+    int hd = t->hd, HD = t->H * hd, kd = t->kdim[l];
+    const float *M = t->M + ((size_t)l * HD + (size_t)h * hd) * HD, *pb = t->pbias + (size_t)l * HD + (size_t)h * hd;
+    for (int i = 0; i < hd; i++) {
+        const float *mi = M + (size_t)i * HD;
+        float a = 0;
+        for (int k = 0; k < kd; k++) a += mi[k] * yksum[k];
+        out[i] += wsum * pb[i] + a;
+    }
+}
