@@ -142,6 +142,7 @@ struct rq_state {
     float *ex[2];              /* device [n_ctx][dkv]: the exact view of a batch (more than one query) */
     float *kr_cos, *kr_sin;    /* device [n_ctx][n_rot / 2]: RoPE of every position (pre-RoPE K) */
     float *kpre, *vres;        /* device [n_batch][dkv]: K before RoPE, V minus its prediction */
+    float *coef;               /* device [n_ctx][dkv]: format-3 coefficients of one layer (rq_store) */
     float *fpart;              /* device: launch_attention_exact_flash's two partial results */
 };
 
@@ -153,8 +154,8 @@ static void rq_state_free(struct rq_state *r) {
         for (int i = 0; i < 4; i++)
             if (ps[i]) cudaFree(ps[i]);
     }
-    void *ps[] = {r->scale, r->win_pos, r->kr_cos, r->kr_sin, r->kpre, r->vres, r->fpart};
-    for (int i = 0; i < 7; i++)
+    void *ps[] = {r->scale, r->win_pos, r->kr_cos, r->kr_sin, r->kpre, r->vres, r->fpart, r->coef};
+    for (int i = 0; i < 8; i++)
         if (ps[i]) cudaFree(ps[i]);
     free(r);
 }
@@ -503,6 +504,7 @@ static qf_status rq_state_new(const qf_cuda_ctx *g, const qf_gpu_kv *kv, struct 
         const size_t nb = (size_t)(g->n_batch > 0 ? g->n_batch : 1) * HD * 4;
         CK(cudaMalloc((void **)&r->kpre, nb));
         CK(cudaMalloc((void **)&r->vres, nb));
+        CK(cudaMalloc((void **)&r->coef, (size_t)g->n_ctx * HD * 4));
     }
     if (r->n_sink || r->n_window) {
         for (int s = 0; s < 2; s++) {
@@ -967,11 +969,13 @@ done:
 /* Store a batch's K and V rows in layer il's kv-rq cache and expand the layer for attention,
  * all on the device: K (r->kpre, the rows before RoPE, when the artifact stores them so) is
  * encoded (k_kv_rq_encode: the host encoder's bytes) and positions [0, pos0 + n) decoded into
- * g->kv_f32[0]; V minus its prediction from those decoded K rows is encoded, and V decoded
- * with the prediction added back; then K is rotated when it is stored before RoPE. The batch's
- * sink positions go to the sink store. */
+ * g->kv_f32[0] (format-3 rows by GEMMs, the batch's own rows by the host's decoder); V minus
+ * its prediction from the batch's decoded K rows is encoded, and V decoded with the prediction
+ * added back (one GEMM); then K is rotated when it is stored before RoPE. The batch's sink
+ * positions go to the sink store. */
 static qf_status rq_store(qf_cuda_ctx *g, int il, int n, int pos0, cudaStream_t S, qf_error *err) {
     struct rq_state *r = g->rq;
+    qf_status st = QF_OK;
     const int hd = g->hd, nkv = g->nkv, dkv = nkv * hd, T = pos0 + n;
     for (int s = 0; s < 2; s++) {
         rq_enc_dev e = r->enc[s][il];
@@ -983,16 +987,34 @@ static qf_status rq_store(qf_cuda_ctx *g, int il, int n, int pos0, cudaStream_t 
             src = r->vres;
         }
         launch_kv_rq_encode(&e, src, (int64_t)n * nkv, nkv, hd, S);
-        if (a.predT) a.khat = g->kv_f32[0];
-        launch_kv_rq_expand(&a, T, nkv, hd, g->kv_f32[s], S);
+        /* positions [0, T) for attention: format-3 rows by GEMMs over their coefficients (the
+         * same sums as the host's row decoder in another order), V's prediction by one GEMM
+         * over the decoded pre-RoPE K (not one HD x HD product per position) */
+        const float one = 1.0f;
+        rq_layer_dev b = a;
+        b.predT = NULL;
+        if (a.decT && a.bits != 16) {
+            launch_kv_rq_coef3(&b, T, nkv, hd, r->coef, g->kv_f32[s], S);
+            CKB(cublasSgemmStridedBatched(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, hd, &one, a.decT, hd,
+                                          (long long)hd * hd, r->coef, dkv, hd, &one, g->kv_f32[s], dkv, hd, nkv));
+            if (s == 0) { /* the batch's own K rows as the host decodes them: V's encoder reads them */
+                b.codes += (size_t)pos0 * nkv * b.rb;
+                launch_kv_rq_expand(&b, n, nkv, hd, g->kv_f32[0] + (size_t)pos0 * dkv, S);
+            }
+        } else {
+            launch_kv_rq_expand(&b, T, nkv, hd, g->kv_f32[s], S);
+        }
+        if (a.predT) /* V[p] += P khat[p]: (col-major) V^T += P K^T, predT's col-major view being P */
+            CKB(cublasSgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, dkv, T, dkv, &one, a.predT, dkv, g->kv_f32[0], dkv, &one,
+                            g->kv_f32[1], dkv));
     }
     if (r->k_prerope)
         launch_rope(g->kv_f32[0], T, nkv, hd, g->hp.n_rot / 2, g->hp.rope_type == QF_ROPE_NEOX, r->kr_cos, r->kr_sin, S);
     if (r->n_sink)
         for (int s = 0; s < 2; s++)
             launch_kv_sink_write(r->sink[s] + (size_t)il * r->n_sink * dkv, s ? g->v : g->k, pos0, n, r->n_sink, dkv, S);
-    (void)err;
-    return QF_OK;
+done:
+    return st;
 }
 
 /* Attention of a batch over layer il's expanded kv-rq rows (rq_store), with forward.c's

@@ -454,6 +454,9 @@ struct rq_enc_dev {
 void launch_kv_rq_encode(const rq_enc_dev *a, const float *x, int64_t n_rows, int nkv, int hd, cudaStream_t s);
 /* res[n][HD] = v - P khat (kv-rq's V predictor, P given transposed: predT[i][o] = P[o][i]) */
 void launch_kv_rq_vres(const float *v, const float *khat, const float *predT, int n, int HD, float *res, cudaStream_t s);
+/* format-3 rows [0, n_pos) x nkv as coefficients y [n_pos][nkv][hd] and out = their means (then
+ * out += y dec^T per head decodes them: cuda_backend.cu rq_store) */
+void launch_kv_rq_coef3(const rq_layer_dev *a, int64_t n_pos, int nkv, int hd, float *y, float *out, cudaStream_t s);
 /* rows [0, n_pos) x nkv of one layer decoded to f32 [n_pos][nkv][hd] (bit-identical to the host) */
 void launch_kv_rq_expand(const rq_layer_dev *a, int64_t n_pos, int nkv, int hd, float *out, cudaStream_t s);
 /* exact sinks / recent window (kv_cache.c qf_kv_cache_set_exact): store the batch's sink rows,

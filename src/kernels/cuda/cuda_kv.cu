@@ -567,6 +567,35 @@ void launch_kv_rq_expand(const rq_layer_dev *a, int64_t n_pos, int nkv, int hd, 
     k_kv_rq_expand<<<(unsigned)(n_pos * nkv), threads, smem, s>>>(*a, n_pos, nkv, hd, out);
 }
 
+/* Format-3 rows of a layer as coefficients, for a GEMM to decode (the forward pass's route;
+ * engine.h "kv-rq in the coefficient domain"): y[r][i] = (s sigma_i) levels_i[code_i] (0 for a
+ * dropped coordinate), out[r][i] = mean[h][i], so that out += y dec^T per head decodes them. */
+__global__ void k_kv_rq_coef3(rq_layer_dev a, int64_t n_rows, int nkv, int hd, float *y, float *out) {
+    const int64_t r = blockIdx.x;
+    if (r >= n_rows) return;
+    const int h = (int)(r % nkv);
+    const uint8_t *row = a.codes + (size_t)r * a.rb, *cb = row + 1; /* QF_KV_RQ_SCALE_BYTES */
+    const size_t lh = (size_t)h * hd;
+    const float s = a.scale[row[0]];
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        const int w = a.width[lh + i];
+        float v = 0.0f;
+        if (w) {
+            const uint32_t b = a.boff[lh + i];
+            uint32_t x = cb[b >> 3];
+            if ((b & 7) + w > 8) x |= (uint32_t)cb[(b >> 3) + 1] << 8;
+            v = KV_MUL(KV_MUL(s, a.sigma[lh + i]), a.klevels[(lh + i) * 64 + ((x >> (b & 7)) & ((1u << w) - 1))]);
+        }
+        y[(size_t)r * hd + i] = v;
+        out[(size_t)r * hd + i] = a.mean[lh + i];
+    }
+}
+
+void launch_kv_rq_coef3(const rq_layer_dev *a, int64_t n_pos, int nkv, int hd, float *y, float *out, cudaStream_t s) {
+    if (n_pos <= 0) return;
+    k_kv_rq_coef3<<<(unsigned)(n_pos * nkv), hd < 128 ? 64 : 128, 0, s>>>(*a, n_pos * nkv, nkv, hd, y, out);
+}
+
 /* ---- exact sinks and recent window (kv_cache.c qf_kv_cache_set_exact, forward.c's rule) ----
  * sink [n_sink][dkv] and win [n_window][dkv] are f16 bits; win_pos[slot] = the position a
  * window slot holds (-1: none). */
