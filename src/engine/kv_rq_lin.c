@@ -193,26 +193,16 @@ void qf_kv_rq_lin_coef(const qf_kv_cache *kv, int s, int l, int h, int p0, int n
 void qf_kv_rq_lin_decode(const qf_kv_cache *kv, int s, int l, int h, int n, const float *y, size_t ld, float *dst) {
     const qf_kv_rq_lin *t = kv->rq_lin;
     int hd = t->hd;
-    size_t lh = (size_t)l * t->H + h, o = slh(t, s, l, h);
-    const struct qf_kv_rq_bind *r = kv->rq[s];
-    const float *mu = r->mean + lh * hd;
-    uint8_t kind = t->kind[s * t->L + l];
-    if (kind == LIN_F16) {
-        for (int p = 0; p < n; p++) memcpy(dst + (size_t)p * hd, y + (size_t)p * ld, (size_t)hd * sizeof(float));
-    } else if (kind == LIN_HAD) {
-        const float *cs = r->cs + lh * hd;
-        for (int p = 0; p < n; p++) {
-            float *d = dst + (size_t)p * hd;
-            memcpy(d, y + (size_t)p * ld, (size_t)hd * sizeof(float));
-            qf_hadamard(d, hd);
-            for (int i = 0; i < hd; i++) d[i] = mu[i] + cs[i] * d[i];
-        }
-    } else {
-        for (int p = 0; p < n; p++) memcpy(dst + (size_t)p * hd, mu, (size_t)hd * sizeof(float));
-        if (t->m[o] > 0)
-            qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, t->m[o], 1.0f, y, (int)ld,
-                     t->Tt + o * hd * hd, hd, 1.0f, dst, hd);
+    size_t o = slh(t, s, l, h);
+    if (t->kind[s * t->L + l] != LIN_KLT) { /* one row at a time: the map with weight 1 (1 * mean is exact) */
+        for (int p = 0; p < n; p++) qf_kv_rq_lin_apply(kv, s, l, h, y + (size_t)p * ld, 1.0f, dst + (size_t)p * hd);
+        return;
     }
+    const float *mu = kv->rq[s]->mean + ((size_t)l * t->H + h) * hd;
+    for (int p = 0; p < n; p++) memcpy(dst + (size_t)p * hd, mu, (size_t)hd * sizeof(float));
+    if (t->m[o] > 0)
+        qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, t->m[o], 1.0f, y, (int)ld, t->Tt + o * hd * hd, hd,
+                 1.0f, dst, hd);
 }
 
 void qf_kv_rq_lin_pred(const qf_kv_cache *kv, int l, int h, int n, const float *yk, size_t ld, float *dst) {

@@ -472,6 +472,17 @@ void launch_kv_int8_expand(int layout, const int8_t *src, int64_t n_tok, int nkv
  *   V predicted     (any of the above, f16 rows too: they hold the residual as well)
  *                   x += sum over kv heads g of (sum_q P[h hd + i][g hd + q] khat_g[q]),
  *                   khat the token's decoded pre-RoPE K row (kv_cache.c read_rows) */
+/* format-3 coefficient i of a row (cb: its codes, s: its scale): (s sigma_i) levels_i[code_i], 0
+ * for a dropped coordinate (kv_rq_klt.c's decoder, each f32 product rounded on its own) */
+__device__ static inline float rq3_coef(const rq_layer_dev &a, const uint8_t *cb, size_t lh, int i, float s) {
+    const int w = a.width[lh + i];
+    if (!w) return 0.0f;
+    const uint32_t b = a.boff[lh + i];
+    uint32_t x = cb[b >> 3];
+    if ((b & 7) + w > 8) x |= (uint32_t)cb[(b >> 3) + 1] << 8;
+    return KV_MUL(KV_MUL(s, a.sigma[lh + i]), a.klevels[(lh + i) * 64 + ((x >> (b & 7)) & ((1u << w) - 1))]);
+}
+
 __global__ void k_kv_rq_expand(rq_layer_dev a, int64_t n_pos, int nkv, int hd, float *out) {
     __shared__ float y[HD_MAX];
     const int64_t r = blockIdx.x;
@@ -486,18 +497,7 @@ __global__ void k_kv_rq_expand(rq_layer_dev a, int64_t n_pos, int nkv, int hd, f
         for (int i = threadIdx.x; i < hd; i += blockDim.x, k++) res[k] = h2f(row + 2 * i);
     } else if (a.decT) { /* format 3 */
         const float s = a.scale[row[0]];
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-            const int w = a.width[lh + i];
-            float v = 0.0f;
-            if (w) {
-                const uint32_t b = a.boff[lh + i];
-                uint32_t x = cb[b >> 3];
-                if ((b & 7) + w > 8) x |= (uint32_t)cb[(b >> 3) + 1] << 8;
-                const int code = (int)((x >> (b & 7)) & ((1u << w) - 1));
-                v = KV_MUL(KV_MUL(s, a.sigma[lh + i]), a.klevels[(lh + i) * 64 + code]);
-            }
-            y[i] = v;
-        }
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) y[i] = rq3_coef(a, cb, lh, i, s);
         __syncthreads();
         int k = 0;
         for (int i = threadIdx.x; i < hd; i += blockDim.x, k++) {
@@ -578,15 +578,7 @@ __global__ void k_kv_rq_coef3(rq_layer_dev a, int64_t n_rows, int nkv, int hd, f
     const size_t lh = (size_t)h * hd;
     const float s = a.scale[row[0]];
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        const int w = a.width[lh + i];
-        float v = 0.0f;
-        if (w) {
-            const uint32_t b = a.boff[lh + i];
-            uint32_t x = cb[b >> 3];
-            if ((b & 7) + w > 8) x |= (uint32_t)cb[(b >> 3) + 1] << 8;
-            v = KV_MUL(KV_MUL(s, a.sigma[lh + i]), a.klevels[(lh + i) * 64 + ((x >> (b & 7)) & ((1u << w) - 1))]);
-        }
-        y[(size_t)r * hd + i] = v;
+        y[(size_t)r * hd + i] = rq3_coef(a, cb, lh, i, s);
         out[(size_t)r * hd + i] = a.mean[lh + i];
     }
 }
