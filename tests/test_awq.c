@@ -401,6 +401,12 @@ TEST(bad_input_is_a_clear_error) {
         int32_t two[2] = {1, 2};
         CHECK_EQ_INT(qf_awq_run(m, two, 2, &p, out, NULL, &e), QF_ERR_ARG);
         CHECK(strstr(e.msg, "n_grid") != NULL);
+        if (!qf_cuda_available()) { /* --device cuda without a GPU: refused before any work */
+            p = qf_awq_default_params();
+            p.device = QF_DEVICE_CUDA;
+            CHECK_EQ_INT(qf_awq_run(m, two, 2, &p, out, NULL, &e), QF_ERR_DEVICE);
+            CHECK(strstr(e.msg, "--device cpu") != NULL);
+        }
         qf_model_free(m);
     }
     FILE *f = fopen(out, "rb");

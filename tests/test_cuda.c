@@ -20,7 +20,11 @@
 #include "util/util.h"
 #include "engine/gpu.h"
 #include "format/quant_blocks.h"
+#include "kernels/cuda/cuda_forge.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "forge/awq_impl.h"
+#include "qforge/awq.h"
+#include "qforge/tokenizer.h"
 #include "kernels/hadamard.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -1517,6 +1521,166 @@ TEST(e2e_kv_rq) {
     free(text);
 }
 
+/* ---- the AWQ learner on the GPU (cuda_awq.cu against learn_awq.c) ---- */
+
+/* A weight with AWQ's shape of problem: rows of N(0, 0.02)-like values with a few outlier
+ * channels, positive scales s, a diagonal importance and SPD block covariances (A A^T / 32 plus
+ * a floor, one block degenerate: all zero weights) */
+static void awq_problem(int64_t R, int64_t D, float *W, float *s, float *imp, float *cov) {
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c = 0; c < D; c++) W[r * D + c] = frand() * 0.03f * (c % 37 == 0 ? 8.0f : 1.0f);
+    for (int64_t c = 0; c < 32; c++) W[3 * D + 32 + c] = 0; /* row 3, block 1: zeros */
+    for (int64_t c = 0; c < D; c++) s[c] = 0.25f + 2.0f * (frand() + 1.0f), imp[c] = 0.01f + (frand() + 1.0f);
+    float a[32 * 32];
+    for (int64_t b = 0; b < D / 32; b++) {
+        for (int i = 0; i < 1024; i++) a[i] = frand();
+        float *h = cov + b * 1024;
+        for (int i = 0; i < 32; i++)
+            for (int j = 0; j < 32; j++) {
+                float v = 0;
+                for (int k = 0; k < 32; k++) v += a[i * 32 + k] * a[j * 32 + k];
+                h[i * 32 + j] = v / 32 + (i == j ? 0.05f : 0);
+            }
+    }
+}
+
+TEST(op_awq_quant) {
+    NEED_GPU();
+    const int64_t R = 150, D = 512, nb = D / 32;
+    float *W = malloc((size_t)(R * D) * 4), *s = malloc((size_t)D * 4), *imp = malloc((size_t)D * 4);
+    float *cov = malloc((size_t)D * 32 * 4);
+    block_q4_0 *qc = malloc((size_t)(R * nb) * sizeof(block_q4_0)), *qg = malloc((size_t)(R * nb) * sizeof(block_q4_0));
+    float *rc = malloc((size_t)(R * nb) * 4), *rg = malloc((size_t)(R * nb) * 4);
+    float *dc = malloc((size_t)(R * D) * 4), *dg = malloc((size_t)(R * D) * 4);
+    awq_problem(R, D, W, s, imp, cov);
+    static const char *names[3] = {"rtn", "diag search", "cov search"};
+    for (int quant = 0; quant < 3; quant++)
+        for (int scaled = 0; scaled < 2; scaled++) {
+            qf_error err = {0};
+            const float *sp = scaled ? s : NULL;
+            qf_awq_quant_rows(W, R, D, sp, quant, imp, cov, qc, rc, dc);
+            qf_status st = qf_cuda_awq_quantize(W, R, D, sp, quant, imp, cov, qg, rg, dg, &err);
+            CHECK_MSG(st == QF_OK, "%s", err.msg);
+            if (st) continue;
+            int64_t bdiff = 0, rdiff = 0, ddiff = 0, searched = 0;
+            for (int64_t i = 0; i < R * nb; i++) {
+                bdiff += memcmp(&qc[i], &qg[i], sizeof qc[i]) != 0;
+                rdiff += memcmp(&rc[i], &rg[i], 4) != 0;
+                searched += rc[i] != 1.0f;
+            }
+            for (int64_t i = 0; i < R * D; i++) ddiff += memcmp(&dc[i], &dg[i], 4) != 0;
+            printf("  %-11s %s: %lld of %lld blocks differ, %lld ratios, %lld dequantized values (%lld blocks "
+                   "moved off RTN)\n",
+                   names[quant], scaled ? "x s" : "   ", (long long)bdiff, (long long)(R * nb), (long long)rdiff,
+                   (long long)ddiff, (long long)searched);
+            CHECK_EQ_INT(bdiff, 0);
+            CHECK_EQ_INT(rdiff, 0);
+            CHECK_EQ_INT(ddiff, 0);
+            if (quant) CHECK(searched > 0); /* the search did something to compare */
+        }
+    /* the group MSE: the GPU's against the CPU's quantized weight in double on the host */
+    const int64_t n = 64;
+    float *X = malloc((size_t)(n * D) * 4);
+    for (int64_t i = 0; i < n * D; i++) X[i] = frand() * (i % 53 == 0 ? 6.0f : 1.0f);
+    qf_cuda_awq *g = NULL;
+    qf_error err = {0};
+    qf_status st = qf_cuda_awq_group_new(X, n, D, W, R, &g, &err);
+    CHECK_MSG(st == QF_OK, "%s", err.msg);
+    for (int quant = 0; quant < 3 && !st; quant++) {
+        double mg = -1, e = 0;
+        st = qf_cuda_awq_group_mse(g, s, quant, imp, cov, &mg, &err);
+        CHECK_MSG(st == QF_OK, "%s", err.msg);
+        qf_awq_quant_rows(W, R, D, s, quant, imp, cov, NULL, NULL, dc);
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t r = 0; r < R; r++) {
+                double y = 0, yq = 0;
+                for (int64_t c = 0; c < D; c++)
+                    y += (double)X[i * D + c] * W[r * D + c], yq += (double)X[i * D + c] * dc[r * D + c];
+                e += (y - yq) * (y - yq);
+            }
+        e /= (double)(n * R);
+        printf("  group mse, %-11s: GPU %.9e, CPU weights in f64 %.9e (rel. %.1e)\n", names[quant], mg, e,
+               fabs(mg / e - 1));
+        CHECK(fabs(mg / e - 1) < 1e-4);
+    }
+    /* bad shapes are refused, not run */
+    CHECK_EQ_INT(qf_cuda_awq_quantize(W, R, 33, NULL, 0, NULL, NULL, qg, NULL, NULL, &err), QF_ERR_ARG);
+    CHECK_EQ_INT(qf_cuda_awq_quantize(W, R, D, NULL, 2, imp, NULL, qg, NULL, NULL, &err), QF_ERR_ARG);
+    qf_cuda_awq_group_free(g);
+    free(X), free(W), free(s), free(imp), free(cov), free(qc), free(qg), free(rc), free(rg), free(dc), free(dg);
+}
+
+/* qf_awq_run on the demo model, CPU and GPU, same tokens: the alphas and the Q4_0 blocks they
+ * give. The GPU's capture runs f32 GEMMs, so its activations (and the covariances the search
+ * weighs) differ from the CPU's in their last bits: a few blocks may round the other way, an
+ * alpha may move where two candidates tie. */
+TEST(e2e_awq) {
+    NEED_GPU();
+    const char *mp = model_path("models/qforge-demo-11m-f16.gguf");
+    const char *cp = test_data("corpora/kerneldoc-demo/docs.txt");
+    if (!mp || !cp) SKIP("demo model or corpora/kerneldoc-demo/docs.txt not found");
+    size_t len = 0;
+    char *text = NULL;
+    qf_error err = {0};
+    qf_model *m = qf_read_file(cp, &text, &len, &err) == QF_OK ? qf_model_load(mp, &err) : NULL;
+    CHECK(m);
+    if (!m) {
+        free(text);
+        return;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK(qf_tokenize(qf_model_tokenizer(m), text, len, true, false, &ids, &n, &err) == QF_OK);
+    char out[2][4096];
+    qf_awq_report rep[2];
+    memset(rep, 0, sizeof rep);
+    for (int d = 0; d < 2; d++) {
+        snprintf(out[d], sizeof out[d], "%s/awq_%s.gguf", test_tmpdir(), d ? "gpu" : "cpu");
+        qf_awq_params p = qf_awq_default_params();
+        p.max_tokens = 4096;
+        p.n_ctx = 256;
+        p.n_threads = 2;
+        p.device = d ? QF_DEVICE_CUDA : QF_DEVICE_CPU;
+        qf_status st = qf_awq_run(m, ids, (int64_t)n, &p, out[d], &rep[d], &err);
+        CHECK_MSG(st == QF_OK, "%s", err.msg);
+        if (st) goto done;
+        printf("  %s: %.2f s (capture %.2f, search %.2f, block quantizer %.2f, write %.2f)\n", d ? "GPU" : "CPU",
+               rep[d].seconds, rep[d].seconds_capture, rep[d].seconds_search, rep[d].seconds_quant,
+               rep[d].seconds_write);
+    }
+    CHECK(!rep[0].on_gpu && rep[1].on_gpu);
+    {
+        int L = rep[0].n_layer, na = 0, same = 0;
+        for (int i = 0; i < L * QF_AWQ_GROUP_COUNT; i++)
+            if (rep[0].alpha[i] >= 0) na++, same += rep[0].alpha[i] == rep[1].alpha[i];
+        qf_model *a = qf_model_load(out[0], &err), *b = qf_model_load(out[1], &err);
+        CHECK(a && b);
+        int64_t nblk = 0, ndiff = 0;
+        for (int l = 0; a && b && l < L; l++) {
+            const qf_layer_weights *la = qf_model_layer(a, l), *lb = qf_model_layer(b, l);
+            const qf_weight *wa[7] = {&la->wq, &la->wk, &la->wv, &la->wo, &la->w_gate, &la->w_up, &la->w_down};
+            const qf_weight *wb[7] = {&lb->wq, &lb->wk, &lb->wv, &lb->wo, &lb->w_gate, &lb->w_up, &lb->w_down};
+            for (int k = 0; k < 7; k++) {
+                CHECK_EQ_INT(wa[k]->type, QF_TYPE_Q4_0);
+                if (wa[k]->type != QF_TYPE_Q4_0 || wb[k]->type != QF_TYPE_Q4_0) continue;
+                const block_q4_0 *x = wa[k]->data, *y = wb[k]->data;
+                int64_t nbk = wa[k]->ne1 * (wa[k]->ne0 / 32);
+                for (int64_t i = 0; i < nbk; i++) ndiff += memcmp(&x[i], &y[i], sizeof x[i]) != 0;
+                nblk += nbk;
+            }
+        }
+        printf("  alphas: %d of %d groups equal; Q4_0 blocks: %lld of %lld differ (%.3f%%)\n", same, na,
+               (long long)ndiff, (long long)nblk, nblk ? 100.0 * (double)ndiff / (double)nblk : 0.0);
+        CHECK(na > 0 && same * 10 >= na * 9);         /* >= 90% of the alphas */
+        CHECK(nblk > 0 && ndiff * 100 <= nblk);      /* <= 1% of the blocks */
+        qf_model_free(a), qf_model_free(b);
+    }
+done:
+    for (int d = 0; d < 2; d++) qf_awq_report_free(&rep[d]), unlink(out[d]);
+    free(ids), free(text);
+    qf_model_free(m);
+}
+
 int main(void) {
     RUN(device_selection);
     RUN(op_dequant);
@@ -1537,5 +1701,7 @@ int main(void) {
     RUN(e2e_artifacts);
     RUN(e2e_certificate);
     RUN(e2e_kv_rq);
+    RUN(op_awq_quant);
+    RUN(e2e_awq);
     return test_summary();
 }

@@ -20,6 +20,7 @@ static const char *USAGE =
     "  awq:     --max-tokens N (calibration tokens, default 8192)  --rows N (rows per site,\n"
     "           default 512)  --grid N (alpha grid, default 20)  --alpha A (fixed alpha)\n"
     "           --no-clip  --no-vo  -c N (window, default 512)  -t N (threads)\n"
+    "           --device cpu|cuda|auto (capture, alpha search and block quantizer; default cpu)\n"
     "  --json         print the result as JSON";
 
 static int awq_main(const char *in, const char *out, const char **paths, int n_paths,
@@ -168,6 +169,10 @@ int qf_cmd_quantize(int argc, char **argv) {
             if (r < 0) goto missing;
             if (!cli_parse_int(val, 2, 1 << 20, &ap.n_ctx))
                 return cli_usage("quantize", USAGE, "-c '%s': expected an integer >= 2", val);
+        } else if ((r = cli_flag_value(argc, argv, &i, "--device", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!qf_device_from_name(val, &ap.device))
+                return cli_usage("quantize", USAGE, "--device '%s': expected cpu, cuda or auto", val);
         } else if ((r = cli_flag_value(argc, argv, &i, "-t", "--threads", &val))) {
             if (r < 0) goto missing;
             if (!cli_parse_int(val, 1, 1024, &ap.n_threads))

@@ -105,6 +105,12 @@ typedef struct {
     int n_threads;         /* 0 = all cores */
     bool progress;         /* progress bar on a TTY */
     uint64_t seed;         /* row reservoir seed */
+    qf_device device;      /* where the capture, the alpha search and the block quantizer run:
+                              QF_DEVICE_CPU (the default), QF_DEVICE_CUDA (QF_ERR_DEVICE when no
+                              GPU answers) or QF_DEVICE_AUTO (the GPU when one answers). On the
+                              GPU the quantized blocks are the CPU's bit for bit for the same
+                              inputs; the capture (f32 GEMMs) and the search's sums differ from
+                              the CPU's in their last bits (docs/awq.md, "On the GPU") */
 } qf_awq_params;
 
 QF_API qf_awq_params qf_awq_default_params(void);
@@ -121,6 +127,8 @@ typedef struct {
     int64_t rows_used;     /* rows kept per site (<= rows_per_site) */
     int n_grid;
     double seconds;        /* whole run */
+    double seconds_capture, seconds_search, seconds_quant, seconds_write; /* its parts */
+    bool on_gpu;           /* capture, search and block quantizer ran on the GPU */
     uint8_t sha256[32];    /* of the written file */
     uint8_t tensor_sha256[32]; /* of its tensor data section */
     char sha256_hex[65], tensor_sha256_hex[65];

@@ -205,6 +205,7 @@ typedef struct {
     } tried[QF_JOB_MAX_TRIED];
     double f16_kv_bytes_per_token;
     double awq_gap_closed;      /* awq: (RTN PPL - AWQ PPL) / (RTN PPL - reference PPL); tried[1] is RTN */
+    bool awq_on_gpu;            /* awq: capture, alpha search and block quantizer ran on the GPU */
     /* the chosen candidate at every context of the job's --ctx list ([0] = result above) */
     int n_ctx_results;
     struct {

@@ -11,7 +11,9 @@
 
 /* Replacement f32 contents of a tensor (same shape), or NULL to use the source tensor. When the
  * learner quantized the tensor itself it also sets *q4_0 to the tensor's Q4_0 rows, which the
- * writer stores as they are when the tensor's destination type is Q4_0. */
+ * writer stores as they are when the tensor's destination type is Q4_0; the f32 contents may
+ * then be NULL (the learner freed them: an 8B model's f32 copies are 28 GB), and a destination
+ * other than Q4_0 is an error. */
 typedef const float *(*qf_tensor_override_fn)(void *user, const char *name, const void **q4_0);
 
 /* Write src re-quantized to `type` (qf_quantize_model's rules) to out_path atomically.
@@ -22,6 +24,15 @@ qf_status qf_forge_write_model(const qf_gguf *src, const char *out_path, qf_type
                                bool keep_float, qf_tensor_override_fn override, void *user,
                                int n_threads, uint8_t sha256[32], uint8_t tensor_sha256[32],
                                qf_error *err);
+
+/* The CPU's Q4_0 block quantizer of learn_awq.c on R rows of W[R][D] (D a multiple of 32), each
+ * row multiplied by s[D] first when s is non-NULL: quant 0 = RTN, 1 = the scale search under
+ * imp[D], 2 = the search under cov[D/32][32][32] with the rounding descent. Any of q4
+ * ([R][D/32] blocks), ratio ([R][D/32]: chosen d / RTN's d) and deq ([R][D]: the dequantized
+ * blocks divided by s) may be NULL. The oracle test_cuda holds the GPU's quantizer
+ * (qf_cuda_awq_quantize) to, byte for byte. */
+void qf_awq_quant_rows(const float *W, int64_t R, int64_t D, const float *s, int quant, const float *imp,
+                       const float *cov, void *q4, float *ratio, float *deq);
 
 /* general.architecture is llama or qwen2 (QF_ERR_UNSUPPORTED naming the file otherwise). */
 qf_status qf_forge_check_arch(const qf_gguf *g, qf_error *err);

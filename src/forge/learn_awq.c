@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "kernels/blas.h"
+#include "kernels/cuda/cuda_forge.h"
 #include "forge/awq_impl.h"
 #include "format/quant_blocks.h"
 #include "qforge/awq.h"
@@ -49,6 +50,7 @@ qf_awq_params qf_awq_default_params(void) {
         .n_threads = 0,
         .progress = false,
         .seed = 0x5eed,
+        .device = QF_DEVICE_CPU,
     };
     return p;
 }
@@ -77,8 +79,30 @@ typedef struct {
     reservoir *res; /* [n_layer][QF_ACT_SITE_COUNT] */
     int64_t cap;
     uint64_t rng;
-    float tmp[32 * 32];
+    qf_pool *pool;  /* the block covariances' threads */
+    float *tmp;     /* [pool threads][32 * 32] */
 } awq_tap_state;
+
+typedef struct {
+    const awq_tap_state *s;
+    reservoir *r;
+    const float *x;
+    int n_tok, dim;
+} cov_job;
+
+/* blocks of 32 channels split over the pool: each block's sum of x_b x_b^T (upper triangle) */
+static void cov_worker(void *arg, int ith, int nth) {
+    cov_job *j = arg;
+    int64_t lo, hi;
+    qf_split_range(j->dim / 32, ith, nth, &lo, &hi);
+    float *tmp = j->s->tmp + (size_t)ith * 1024;
+    for (int64_t b = lo; b < hi; b++) {
+        qf_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, 32, j->n_tok, 1.0f, j->x + b * 32, j->dim, 0.0f, tmp, 32);
+        double *c = j->r->cov + (size_t)b * 1024;
+        for (int i = 0; i < 32; i++)
+            for (int k = i; k < 32; k++) c[i * 32 + k] += tmp[i * 32 + k];
+    }
+}
 
 static void awq_on_act(void *user, int layer, qf_act_site site, int n_tok, int dim, const float *x) {
     awq_tap_state *s = user;
@@ -86,13 +110,8 @@ static void awq_on_act(void *user, int layer, qf_act_site site, int n_tok, int d
     reservoir *r = &s->res[layer * QF_ACT_SITE_COUNT + site];
     if (r->dim != dim) return;
     if (r->cov) {
-        for (int b = 0; b < dim / 32; b++) {
-            qf_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, 32, n_tok, 1.0f, x + b * 32, dim, 0.0f,
-                        s->tmp, 32);
-            double *c = r->cov + (size_t)b * 1024;
-            for (int i = 0; i < 32; i++)
-                for (int j = i; j < 32; j++) c[i * 32 + j] += s->tmp[i * 32 + j];
-        }
+        cov_job j = {.s = s, .r = r, .x = x, .n_tok = n_tok, .dim = dim};
+        qf_pool_run(s->pool, cov_worker, &j);
         r->cov_n += n_tok;
     }
     if (!r->rows) return;
@@ -109,13 +128,28 @@ static void awq_on_act(void *user, int layer, qf_act_site site, int n_tok, int d
 }
 
 /* ---- f32 copies of the reference weights ---- */
-static float *weight_f32(const qf_weight *w) {
+typedef struct {
+    const qf_weight *w;
+    float *out;
+} deq_job;
+
+static void deq_worker(void *arg, int ith, int nth) {
+    deq_job *j = arg;
+    int64_t lo, hi;
+    qf_split_range(j->w->ne1 > 0 ? j->w->ne1 : 1, ith, nth, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++)
+        qf_dequantize_row(j->w->type, (const uint8_t *)j->w->data + (size_t)r * j->w->row_bytes, j->out + r * j->w->ne0,
+                          j->w->ne0);
+}
+
+/* The weight as f32 [ne1][ne0] (malloc'ed; NULL when out of memory), its rows over the pool
+ * (an 8B-shaped layer is ~220M weights: single-threaded, this conversion led the GPU route). */
+static float *weight_f32(const qf_weight *w, qf_pool *pool) {
     int64_t n = w->ne0 * (w->ne1 > 0 ? w->ne1 : 1);
     float *out = malloc((size_t)n * sizeof(float));
     if (!out) return NULL;
-    for (int64_t r = 0; r < (w->ne1 > 0 ? w->ne1 : 1); r++)
-        qf_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, out + r * w->ne0,
-                          w->ne0);
+    deq_job j = {.w = w, .out = out};
+    qf_pool_run(pool, deq_worker, &j);
     return out;
 }
 
@@ -337,6 +371,28 @@ static double quant_row(const float *row, int64_t D, const float *imp, const flo
     return sum;
 }
 
+void qf_awq_quant_rows(const float *W, int64_t R, int64_t D, const float *s, int quant, const float *imp,
+                       const float *cov, void *q4v, float *ratio, float *deq) {
+    block_q4_0 *q4 = q4v;
+    float x[32], dq[32];
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t b = 0; b < D / 32; b++) {
+            const float *w = W + r * D + b * 32;
+            for (int i = 0; i < 32; i++) x[i] = s ? w[i] * s[b * 32 + i] : w[i];
+            block_q4_0 blk;
+            float rt = 1;
+            if (quant == QF_CUDA_AWQ_COV) rt = q4_block_search_h(x, cov + b * 1024, &blk);
+            else if (quant == QF_CUDA_AWQ_DIAG) rt = q4_block_search(x, imp + b * 32, &blk);
+            else qf_quantize_row(QF_TYPE_Q4_0, x, &blk, 32);
+            if (q4) q4[r * (D / 32) + b] = blk;
+            if (ratio) ratio[r * (D / 32) + b] = rt;
+            if (deq) {
+                qf_dequantize_row(QF_TYPE_Q4_0, &blk, dq, 32);
+                for (int i = 0; i < 32; i++) deq[r * D + b * 32 + i] = s ? dq[i] / s[b * 32 + i] : dq[i];
+            }
+        }
+}
+
 /* ---- scales ----
  * s over the group's scale channels (Ds of them; under GQA the v -> o group has one per
  * kv-head channel, cmap maps wo's input channel to it), normalized by sqrt(max * min), as
@@ -382,7 +438,7 @@ static void folded_importance(const float *msq, const float *raw_cov, const floa
 }
 
 /* ---- alpha search for one group ---- */
-typedef enum { QUANT_RTN = 0, QUANT_DIAG, QUANT_COV } quant_kind;
+typedef enum { QUANT_RTN = QF_CUDA_AWQ_RTN, QUANT_DIAG = QF_CUDA_AWQ_DIAG, QUANT_COV = QF_CUDA_AWQ_COV } quant_kind;
 
 typedef struct {
     const float *X;        /* [n][D] calibration rows */
@@ -407,6 +463,32 @@ typedef struct {
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 
+/* One alpha's scales: ss [Ds] per scale channel, s [D] per input channel, and the folded
+ * importance the quantizer reads (imp [D]; cov [D/32][32][32] for QUANT_COV, else unused). */
+static void alpha_fold(const search_job *j, float alpha, float *ss, float *s, float *imp, float *cov) {
+    make_scales(j->mean_abs, j->wmean, j->Ds, alpha, ss);
+    expand_scales(ss, j->cmap, j->D, s);
+    if (j->quant != QUANT_RTN) folded_importance(j->msq, j->raw_cov, s, j->D, imp, j->quant == QUANT_COV ? cov : NULL);
+}
+
+/* The search on the GPU: j->mse[a] for every alpha, the group's X and W already on the device
+ * (g). The folding is the host's (cheap); the quantized weight, the GEMM and the error run
+ * there. */
+static qf_status gpu_search(search_job *j, qf_cuda_awq *g, qf_error *err) {
+    const int64_t D = j->D;
+    float *ss = malloc((size_t)j->Ds * sizeof(float)), *s = malloc((size_t)D * sizeof(float));
+    float *imp = malloc((size_t)D * sizeof(float));
+    float *cov = j->quant == QUANT_COV ? malloc((size_t)D * 32 * sizeof(float)) : NULL;
+    qf_status st = QF_OK;
+    if (!ss || !s || !imp || (j->quant == QUANT_COV && !cov)) st = qf_fail(err, QF_ERR_NOMEM, "awq: out of memory");
+    for (int a = 0; a < j->n_alpha && !st; a++) {
+        alpha_fold(j, j->alphas[a], ss, s, imp, cov);
+        st = qf_cuda_awq_group_mse(g, s, (int)j->quant, imp, cov, &j->mse[a], err);
+    }
+    free(ss), free(s), free(imp), free(cov);
+    return st;
+}
+
 static double group_mse(search_job *j, int ith, float alpha) {
     const int64_t D = j->D, R = j->R, n = j->n;
     float *Wq = j->wbuf[ith], *Yq = j->ybuf[ith];
@@ -418,9 +500,7 @@ static double group_mse(search_job *j, int ith, float alpha) {
         j->failed = true;
         return INFINITY;
     }
-    make_scales(j->mean_abs, j->wmean, j->Ds, alpha, ss);
-    expand_scales(ss, j->cmap, D, s);
-    if (j->quant != QUANT_RTN) folded_importance(j->msq, j->raw_cov, s, D, imp, cov);
+    alpha_fold(j, alpha, ss, s, imp, cov);
     for (int64_t r = 0; r < R; r++) {
         const float *w = j->W + r * D;
         for (int64_t c = 0; c < D; c++) row[c] = w[c] * s[c];
@@ -453,6 +533,13 @@ static double group_mse(search_job *j, int ith, float alpha) {
 static void search_worker(void *arg, int ith, int nth) {
     search_job *j = arg;
     for (int a = ith; a < j->n_alpha; a += nth) j->mse[a] = group_mse(j, ith, j->alphas[a]);
+}
+
+/* j->mse for every alpha of j: on the GPU when g holds the group, else over the pool */
+static qf_status run_search(search_job *j, qf_pool *pool, qf_cuda_awq *g, qf_error *err) {
+    if (g) return gpu_search(j, g, err);
+    qf_pool_run(pool, search_worker, j);
+    return j->failed ? qf_fail(err, QF_ERR_NOMEM, "awq: out of memory") : QF_OK;
 }
 
 typedef struct {
@@ -520,7 +607,7 @@ static const float *ov_lookup(void *user, const char *name, const void **q4) {
     for (int i = 0; i < o->n; i++)
         if (!strcmp(o->v[i].name, name)) {
             *q4 = o->v[i].q4;
-            return o->v[i].data;
+            return o->v[i].data; /* NULL once the block quantizer has run (q4 holds the rows) */
         }
     return NULL;
 }
@@ -534,12 +621,12 @@ static void ov_free(override_set *o) {
 }
 
 /* Folded f32 tensor for blk.<il>.<what>: created from the model's weight on first use. */
-static float *ov_tensor(override_set *o, int il, const char *what, const qf_weight *w) {
+static float *ov_tensor(override_set *o, int il, const char *what, const qf_weight *w, qf_pool *pool) {
     char name[96];
     snprintf(name, sizeof name, "blk.%d.%s", il, what);
     float *d = ov_get(o, name);
     if (d) return d;
-    return ov_add(o, name, weight_f32(w), w->ne0 * (w->ne1 > 0 ? w->ne1 : 1));
+    return ov_add(o, name, weight_f32(w, pool), w->ne0 * (w->ne1 > 0 ? w->ne1 : 1));
 }
 
 static void scale_cols(float *W, int64_t R, int64_t D, const float *s) {
@@ -611,6 +698,12 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
                        (long long)n_tok);
     int n_threads = p.n_threads > 0 ? p.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (n_threads < 1) n_threads = 1;
+    if (p.device == QF_DEVICE_CUDA && !qf_cuda_available())
+        return qf_fail(err, QF_ERR_DEVICE,
+                       "awq --device cuda: no CUDA GPU answers (this build has no CUDA backend, or no GPU is "
+                       "visible); run with --device cpu");
+    const bool gpu = p.device == QF_DEVICE_CUDA || (p.device == QF_DEVICE_AUTO && qf_cuda_available());
+    rep->on_gpu = gpu;
     const int L = hp->n_layer, D = hp->n_embd, F = hp->n_ff, Dq = hp->n_head * hp->head_dim;
     const int hd = hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim;
     /* v -> o: one scale per kv-head channel; query head h reads kv head h / (n_head / n_head_kv) */
@@ -627,16 +720,20 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
     if (!cap) return err ? err->code : QF_ERR_NOMEM;
     awq_tap_state ts = {.cap_tap = qf_capture_tap(cap), .cap = p.rows_per_site, .rng = p.seed};
     ts.res = calloc((size_t)L * QF_ACT_SITE_COUNT, sizeof(reservoir));
+    qf_pool *pool = qf_pool_create(n_threads); /* the capture's covariances, then the search */
+    ts.pool = pool;
+    ts.tmp = malloc((size_t)n_threads * 1024 * sizeof(float));
     qf_context *ctx = NULL;
+    qf_cuda_awq *gdev = NULL; /* the current group's search state on the GPU */
+    float *gratio = NULL;     /* [R][D/32] the GPU quantizer's d ratios */
     override_set ov = {0};
     search_job sj = {0};
-    qf_pool *pool = NULL;
     float *Y = NULL, *Wstack = NULL, *mean_abs = NULL, *mean_s = NULL, *wmean = NULL, *wmean_s = NULL;
     float *msq = NULL, *s = NULL, *ss = NULL, *alphas = NULL, *s_all = NULL, *Wdown = NULL, *Href = NULL;
     float *raw_cov = NULL, *imp = NULL, *fcov = NULL;
     double *mse = NULL, *ratio_sum = NULL;
     int *cmap = NULL;
-    if (!ts.res) goto nomem;
+    if (!ts.res || !pool || !ts.tmp) goto nomem;
     for (int l = 0; l < L; l++)
         for (int si = 0; si < QF_ACT_SITE_COUNT; si++) {
             reservoir *r = &ts.res[l * QF_ACT_SITE_COUNT + si];
@@ -660,7 +757,8 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
     cp.n_ctx = n_ctx;
     cp.n_batch = n_ctx;
     cp.n_threads = n_threads;
-    cp.device = QF_DEVICE_CPU;
+    cp.device = gpu ? QF_DEVICE_CUDA : QF_DEVICE_CPU;
+    cp.cuda.gemm_f32 = gpu; /* f32 GEMMs: activations as close to the CPU's as the GPU gets */
     ctx = qf_context_new(m, &cp, err);
     if (!ctx) {
         st = err ? err->code : QF_ERR_NOMEM;
@@ -701,6 +799,8 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
     }
     qf_context_free(ctx);
     ctx = NULL;
+    rep->seconds_capture = qf_now_sec() - t0;
+    double t_search = qf_now_sec();
 
     {
         size_t k = (size_t)L * G;
@@ -718,7 +818,6 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
     }
 
     /* ---- search and fold, layer by layer ---- */
-    pool = qf_pool_create(n_threads);
     int n_alpha = p.fixed_alpha >= 0 ? 2 : p.n_grid;
     int64_t maxR = 2 * (int64_t)F + Dq, maxD = F > Dq ? F : Dq;
     if (D > maxD) maxD = D;
@@ -751,7 +850,8 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
         !mean_abs || !mean_s || !wmean || !wmean_s || !msq || !s || !ss || !imp || !fcov || !cmap || !s_all ||
         !Y || !Href || !ratio_sum)
         goto nomem;
-    for (int t = 0; t < n_threads; t++) {
+    /* the CPU search's per-thread buffers (~2 GB each on an 8B shape): not needed on the GPU */
+    for (int t = 0; t < ((gpu && !p.ffn_act_loss) ? 0 : n_threads); t++) {
         sj.wbuf[t] = malloc((size_t)maxR * (size_t)maxD * sizeof(float));
         sj.ybuf[t] = malloc((size_t)nrows * (size_t)maxR * sizeof(float));
         sj.hbuf[t] = malloc((size_t)nrows * (size_t)F * sizeof(float));
@@ -764,6 +864,7 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
         for (int a = 0; a < n_alpha; a++) alphas[a] = (float)a / (float)p.n_grid;
     for (int64_t i = 0; i < (int64_t)L * G * maxD; i++) s_all[i] = 1;
     qf_progress bar;
+    double t_quant = 0; /* the block quantizer's share of the layer loop */
     if (p.progress) qf_progress_begin(&bar, "awq search", (int64_t)L * G);
     for (int l = 0; l < L && !st; l++) {
         const qf_layer_weights *lw = qf_model_layer(m, l);
@@ -788,7 +889,7 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
             if (!ok || !res->rows || res->kept < 1 || !as || as->count < 1) continue;
             int64_t Din = res->dim, R = 0, Ds = Din;
             for (int k = 0; k < nw; k++) {
-                float *wf = weight_f32(ws[k]);
+                float *wf = weight_f32(ws[k], pool);
                 if (!wf) goto nomem;
                 memcpy(Wstack + R * Din, wf, (size_t)(ws[k]->ne1 * Din) * sizeof(float));
                 R += ws[k]->ne1;
@@ -826,13 +927,17 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
             raw_cov = final_quant == QUANT_COV ? site_cov(res) : NULL;
             if (final_quant == QUANT_COV && !raw_cov) goto nomem;
             int64_t n = res->kept;
-            qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)R, (int)Din, 1.0f, res->rows,
-                        (int)Din, Wstack, (int)Din, 0.0f, Y, (int)R);
             bool act = g == QF_AWQ_GATE_UP && p.ffn_act_loss && R == 2 * (int64_t)F;
+            /* the GPU scores every group but the act-loss one (its W_down term is CPU-only) */
+            if (gpu && !act) {
+                if ((st = qf_cuda_awq_group_new(res->rows, n, Din, Wstack, R, &gdev, err))) goto done;
+            } else
+                qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)R, (int)Din, 1.0f, res->rows,
+                         (int)Din, Wstack, (int)Din, 0.0f, Y, (int)R);
             free(Wdown);
             Wdown = NULL;
             if (act) {
-                Wdown = weight_f32(&lw->w_down);
+                Wdown = weight_f32(&lw->w_down, pool);
                 if (!Wdown) goto nomem;
                 for (int64_t i = 0; i < n; i++)
                     for (int64_t c = 0; c < F; c++) Href[i * F + c] = silu(Y[i * R + c]) * Y[i * R + F + c];
@@ -845,12 +950,11 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
             float a0 = 0;
             double m0 = 0;
             sj.quant = QUANT_RTN, sj.n_alpha = 1, sj.alphas = &a0, sj.mse = &m0;
-            qf_pool_run(pool, search_worker, &sj);
+            if ((st = run_search(&sj, pool, gdev, err))) goto done;
             /* the grid, scored with RTN (cheap); the final quantizer rescores the best below */
             sj.quant = QUANT_RTN;
             sj.n_alpha = n_alpha, sj.alphas = alphas, sj.mse = mse;
-            qf_pool_run(pool, search_worker, &sj);
-            if (sj.failed) goto nomem;
+            if ((st = run_search(&sj, pool, gdev, err))) goto done;
             int best = 0;
             if (p.fixed_alpha >= 0) best = 1;
             else
@@ -867,14 +971,15 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
                 if (nc == 2) cand[1] = alpha;
                 sj.quant = final_quant;
                 sj.n_alpha = nc, sj.alphas = cand, sj.mse = cm;
-                qf_pool_run(pool, search_worker, &sj);
-                if (sj.failed) goto nomem;
+                if ((st = run_search(&sj, pool, gdev, err))) goto done;
                 int bc = 0;
                 for (int c = 1; c < nc; c++)
                     if (cm[c] < cm[bc]) bc = c;
                 alpha = cand[bc];
                 mse_best = cm[bc];
             }
+            qf_cuda_awq_group_free(gdev);
+            gdev = NULL;
             int k_rep = l * G + g;
             rep->alpha[k_rep] = alpha;
             rep->mse_rtn[k_rep] = m0;
@@ -887,37 +992,35 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
                 const char *nm = g == QF_AWQ_QKV ? (k == 0 ? "attn_q.weight" : k == 1 ? "attn_k.weight" : "attn_v.weight")
                                  : g == QF_AWQ_GATE_UP ? (k == 0 ? "ffn_gate.weight" : "ffn_up.weight")
                                  : g == QF_AWQ_DOWN ? "ffn_down.weight" : "attn_output.weight";
-                float *wf = ov_tensor(&ov, l, nm, ws[k]);
+                float *wf = ov_tensor(&ov, l, nm, ws[k], pool);
                 if (!wf) goto nomem;
                 scale_cols(wf, ws[k]->ne1, Din, sg);
             }
             if (g == QF_AWQ_QKV || g == QF_AWQ_GATE_UP) {
                 const qf_weight *nw_ = g == QF_AWQ_QKV ? &lw->attn_norm : &lw->ffn_norm;
-                float *gain = ov_tensor(&ov, l, g == QF_AWQ_QKV ? "attn_norm.weight" : "ffn_norm.weight", nw_);
+                float *gain = ov_tensor(&ov, l, g == QF_AWQ_QKV ? "attn_norm.weight" : "ffn_norm.weight", nw_, pool);
                 if (!gain) goto nomem;
                 for (int64_t c = 0; c < Din; c++) gain[c] /= sg[c];
             } else {
                 /* the producer's output channels are the scale channels (ffn_up: F; attn_v: the
                  * kv-head channels, one per group of query heads) */
                 const qf_weight *prod = g == QF_AWQ_DOWN ? &lw->w_up : &lw->wv;
-                float *wf = ov_tensor(&ov, l, g == QF_AWQ_DOWN ? "ffn_up.weight" : "attn_v.weight", prod);
+                float *wf = ov_tensor(&ov, l, g == QF_AWQ_DOWN ? "ffn_up.weight" : "attn_v.weight", prod, pool);
                 if (!wf) goto nomem;
                 const float *sp = tied ? ss : sg;
                 scale_rows_inv(wf, prod->ne1, prod->ne0, sp);
                 if (g == QF_AWQ_VO && lw->bv.data) {
-                    float *bv = ov_tensor(&ov, l, "attn_v.bias", &lw->bv);
+                    float *bv = ov_tensor(&ov, l, "attn_v.bias", &lw->bv, pool);
                     if (!bv) goto nomem;
                     for (int64_t c = 0; c < lw->bv.ne0; c++) bv[c] /= sp[c];
                 }
             }
         }
-    }
-    if (p.progress) qf_progress_end(&bar);
-
-    /* ---- the final block quantizer on every folded weight that will be Q4_0 ---- */
-    if (final_quant != QUANT_RTN) {
-        for (int l = 0; l < L; l++) {
-            const qf_layer_weights *lw = qf_model_layer(m, l);
+        /* ---- the final block quantizer on this layer's folded weights (every group of the
+         * layer is folded now; later layers never touch them), then their f32 copies freed:
+         * the peak is one layer's f32 weights, not the model's ---- */
+        double t_q = qf_now_sec();
+        if (final_quant != QUANT_RTN && !st) {
             static const char *names[7] = {"attn_q.weight", "attn_k.weight", "attn_v.weight",
                                            "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
                                            "ffn_down.weight"};
@@ -932,7 +1035,7 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
                 if (!is_q4(w)) continue;
                 const qf_act_stats *as = qf_capture_act(cap, l, sites[k]);
                 if (!as || as->count < 1 || as->dim != w->ne0) continue;
-                float *wf = ov_tensor(&ov, l, names[k], w);
+                float *wf = ov_tensor(&ov, l, names[k], w, pool);
                 if (!wf) goto nomem;
                 /* the folded input is x / s (s = 1 for an unscaled group) */
                 const float *sg = s_all + (size_t)(l * G + groups[k]) * maxD;
@@ -950,20 +1053,39 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
                     if (ov.v[i].data == wf) oe = &ov.v[i];
                 if (oe && !oe->q4) oe->q4 = malloc((size_t)w->ne1 * (size_t)(w->ne0 / QK) * sizeof(block_q4_0));
                 if (!oe || !oe->q4) goto nomem;
-                clip_job cj = {.W = wf, .q4 = oe->q4, .imp = imp, .cov = cv, .R = w->ne1, .D = w->ne0,
-                               .ratio_sum = ratio_sum};
-                memset(ratio_sum, 0, (size_t)n_threads * sizeof(double));
-                qf_pool_run(pool, clip_worker, &cj);
                 double tot = 0;
-                for (int t = 0; t < n_threads; t++) tot += ratio_sum[t];
+                if (gpu) { /* the same blocks, bit for bit (test_cuda op_awq_quant) */
+                    const int64_t nbk = w->ne1 * (w->ne0 / QK);
+                    free(gratio);
+                    if (!(gratio = malloc((size_t)nbk * sizeof(float)))) goto nomem;
+                    if ((st = qf_cuda_awq_quantize(wf, w->ne1, w->ne0, NULL, cv ? QUANT_COV : QUANT_DIAG, imp, cv,
+                                                   oe->q4, gratio, NULL, err)))
+                        goto done;
+                    for (int64_t i = 0; i < nbk; i++) tot += gratio[i];
+                } else {
+                    clip_job cj = {.W = wf, .q4 = oe->q4, .imp = imp, .cov = cv, .R = w->ne1, .D = w->ne0,
+                                   .ratio_sum = ratio_sum};
+                    memset(ratio_sum, 0, (size_t)n_threads * sizeof(double));
+                    qf_pool_run(pool, clip_worker, &cj);
+                    for (int t = 0; t < n_threads; t++) tot += ratio_sum[t];
+                }
                 if (k == 0 || k == 3 || k == 4 || k == 6) /* q / gate stand for their group */
                     rep->clip[l * G + groups[k]] = (float)(tot / (double)(w->ne1 * (w->ne0 / 32)));
+                /* the writer stores these rows as they are: the f32 copy has done its work */
+                free(oe->data);
+                oe->data = NULL;
             }
         }
+        t_quant += qf_now_sec() - t_q;
     }
+    if (p.progress) qf_progress_end(&bar);
+    rep->seconds_search = qf_now_sec() - t_search - t_quant;
 
+    rep->seconds_quant = t_quant;
+    double t_write = qf_now_sec();
     st = qf_forge_write_model(src, out_gguf, QF_TYPE_Q4_0, p.keep_float, ov_lookup, &ov, n_threads,
                               rep->sha256, rep->tensor_sha256, err);
+    rep->seconds_write = qf_now_sec() - t_write;
     if (!st) {
         qf_hex(rep->sha256, 32, rep->sha256_hex);
         qf_hex(rep->tensor_sha256, 32, rep->tensor_sha256_hex);
@@ -981,6 +1103,7 @@ done:
         }
         free(ts.res);
     }
+    free(ts.tmp);
     for (int t = 0; t < n_threads; t++) {
         if (sj.wbuf) free(sj.wbuf[t]);
         if (sj.ybuf) free(sj.ybuf[t]);
@@ -993,6 +1116,8 @@ done:
     free(ss), free(alphas), free(s_all), free(Wdown), free(Href), free(raw_cov), free(imp), free(fcov);
     free(mse), free(ratio_sum), free(cmap);
     if (pool) qf_pool_free(pool);
+    qf_cuda_awq_group_free(gdev);
+    free(gratio);
     ov_free(&ov);
     if (ctx) qf_context_free(ctx);
     qf_capture_free(cap);

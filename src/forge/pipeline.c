@@ -153,10 +153,12 @@ static qf_status stage_model(const qf_job *j, shared *s, qf_error *err) {
     cp.n_batch = s->n_ctx; /* as qforge ppl without -b */
     cp.n_threads = j->n_threads;
     cp.kv_k = cp.kv_v = j->ref_kv;
-    /* KV artifacts are certified on the CPU path, except kv-int8 and kv-rq under an explicit
+    /* Artifacts are certified on the CPU path, except kv-int8, kv-rq and awq under an explicit
      * --device cuda: the GPU runs their every row layout (reference, candidates, kv-rq's
-     * sensitivity runs, the free baseline) and the capture taps they need */
-    s->cert_gpu = j->capture_device == QF_DEVICE_CUDA && (j->kind == QF_ARTIFACT_KV_INT8 || j->kind == QF_ARTIFACT_KV_RQ);
+     * sensitivity runs, the free baseline; awq's model and its RTN baseline) and the capture
+     * taps they need */
+    s->cert_gpu = j->capture_device == QF_DEVICE_CUDA &&
+                  (j->kind == QF_ARTIFACT_KV_INT8 || j->kind == QF_ARTIFACT_KV_RQ || j->kind == QF_ARTIFACT_AWQ);
     cp.device = s->cert_gpu ? QF_DEVICE_CUDA : QF_DEVICE_CPU;
     /* every GEMM in f32 on the GPU: the f16 route's input rounding differs between the
      * reference (fused f16 q|k|v) and quantized-KV passes (f32 K/V), which shows up in the KLDs
@@ -606,6 +608,7 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
         if (!st && j->dict_version == 2) st = qf_payload_add_float(cf, "tol_quantile", j->dict_tol_quantile, err);
     } else if (!st && j->kind == QF_ARTIFACT_AWQ) {
         st = qf_payload_add_string(cf, "weights", "q4_0 (AWQ-scaled, folded)", err);
+        if (!st) st = qf_payload_add_string(cf, "learn_device", rep->awq_on_gpu ? "cuda" : "cpu", err);
         if (!st && rep->n_tried > 1) { /* the RTN-Q4_0 baseline on the same evaluation tokens */
             const qf_certify_result *b = &rep->tried[1].result;
             if (!st) st = qf_payload_add_float(cf, "rtn_q4_0_ppl", b->cand_ppl, err);
@@ -690,6 +693,7 @@ static qf_status run_awq(const qf_job *j, shared *s, qf_job_report *rep, qf_erro
     ap.n_threads = qf_context_params_get(s->ctx)->n_threads;
     ap.progress = j->progress;
     ap.seed = j->seed;
+    ap.device = j->capture_device; /* capture, search and block quantizer: the GPU when asked for or found */
     qf_awq_report arep;
     memset(&arep, 0, sizeof arep);
     double t0 = qf_now_sec();
@@ -698,8 +702,11 @@ static qf_status run_awq(const qf_job *j, shared *s, qf_job_report *rep, qf_erro
     if (st) return as_stage(err, st, QF_ERR_CAPTURE_FAILED, "awq (capture + learn)");
     rep->seconds_learn = qf_now_sec() - t0;
     s->calib_tokens = rep->calib_tokens = arep.calib_tokens;
-    stage(j, "[2-3/5 capture+learn] awq over %lld calibration tokens -> %s (%.1f s)", (long long)arep.calib_tokens, gguf,
-          rep->seconds_learn);
+    rep->awq_on_gpu = arep.on_gpu;
+    stage(j, "[2-3/5 capture+learn] awq over %lld calibration tokens on the %s -> %s (%.1f s: capture %.1f, search %.1f, "
+             "block quantizer %.1f, write %.1f)",
+          (long long)arep.calib_tokens, arep.on_gpu ? "GPU" : "CPU", gguf, rep->seconds_learn, arep.seconds_capture,
+          arep.seconds_search, arep.seconds_quant, arep.seconds_write);
     qf_model *cm = NULL;
     qf_context *cc = NULL;
     qf_payload pl = {0};

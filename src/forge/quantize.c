@@ -148,6 +148,12 @@ qf_status qf_forge_write_model(const qf_gguf *src, const char *out_path, qf_type
             goto done;
         }
         int64_t nel = qf_gguf_tensor_nelements(t);
+        if (q4 && !ov && dst != QF_TYPE_Q4_0) { /* the learner dropped its f32 copy: only q4 is left */
+            st = qf_fail(err, QF_ERR_UNSUPPORTED, "quantize: tensor '%s': the learner kept only its Q4_0 rows, but the "
+                         "file wants %s", name, qf_type_name(dst));
+            free(name);
+            goto done;
+        }
         if (q4 && dst == QF_TYPE_Q4_0) {
             st = qf_gguf_writer_add_tensor(w, name, dst, t->n_dims, t->ne, q4,
                                            qf_row_bytes(dst, t->ne[0]) * (size_t)(nel / t->ne[0]), err);

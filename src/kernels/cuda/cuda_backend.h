@@ -26,10 +26,11 @@ extern "C" {
  * 4: qf_gpu_model carries the family features' per-layer windows and the host's MoE routing
  * (the backend runs every family of docs/families.md). 5: qf_cuda_params gains no_pdl and
  * no_q4_regroup. 6: qf_gpu_kv carries kv-rq caches (qf_gpu_kv_rq), pre-RoPE K and the exact
- * sinks / recent window. */
-#define QF_CUDA_ABI 6
+ * sinks / recent window. 7: the AWQ learner's entries (awq_group_*, awq_quantize). */
+#define QF_CUDA_ABI 7
 
 typedef struct qf_cuda_ctx qf_cuda_ctx;
+typedef struct qf_cuda_awq qf_cuda_awq; /* one AWQ group's search state on the device */
 
 /* What the backend runs: the model's hyper-parameters and its weights as stored (the data
  * pointers stay valid for the context's life). dequant_row is the host's scalar oracle
@@ -149,6 +150,14 @@ typedef struct qf_cuda_api {
      * into layer il's rows on the device, V's prediction from the device-decoded K rows */
     qf_status (*op_kv_rq_encode)(const qf_gpu_kv *kv, int il, int64_t n_pos, const float *k, const float *v,
                                  uint8_t *k_rows, uint8_t *v_rows, qf_error *err);
+    /* the AWQ learner (kernels/cuda/cuda_forge.h has the contracts) */
+    qf_status (*awq_group_new)(const float *X, int64_t n, int64_t D, const float *W, int64_t R, qf_cuda_awq **out,
+                               qf_error *err);
+    qf_status (*awq_group_mse)(qf_cuda_awq *a, const float *s, int quant, const float *imp, const float *cov,
+                               double *mse, qf_error *err);
+    void (*awq_group_free)(qf_cuda_awq *a);
+    qf_status (*awq_quantize)(const float *W, int64_t R, int64_t D, const float *s, int quant, const float *imp,
+                              const float *cov, void *q4, float *ratio, float *deq, qf_error *err);
 } qf_cuda_api;
 
 /* Exported by libqforge-cuda.so: the table when abi == QF_CUDA_ABI, else NULL. */

@@ -4,74 +4,6 @@
 
 /* ---- KV cache rows: f32, f16, q8_0, q4_0 (ggml's reference quantizers) ---- */
 
-/* f32 -> f16 bits, round to nearest even, in integer arithmetic (the same on host and device) */
-__host__ __device__ static inline uint16_t f32_to_f16_bits(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    const uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t ax = x & 0x7FFFFFFFu;
-    if (ax >= 0x7F800000u) return (uint16_t)(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u : 0)); /* inf, nan */
-    if (ax >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* rounds to >= 65520: inf */
-    if (ax < 0x38800000u) { /* f16 subnormal or zero */
-        if (ax < 0x33000000u) return (uint16_t)sign;
-        const uint32_t e = ax >> 23, m = (ax & 0x7FFFFFu) | 0x800000u;
-        const int shift = 126 - (int)e; /* 14..24 */
-        uint32_t r = m >> shift;
-        const uint32_t rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
-        if (rem > halfway || (rem == halfway && (r & 1))) r++;
-        return (uint16_t)(sign | r);
-    }
-    uint32_t r = ((ax - 0x38000000u) >> 13);
-    const uint32_t rem = ax & 0x1FFFu;
-    if (rem > 0x1000u || (rem == 0x1000u && (r & 1))) r++;
-    return (uint16_t)(sign | r);
-}
-
-/* IEEE f32 operations, each rounded to nearest on its own: on the device the intrinsics keep
- * nvcc from contracting a*b+c into an FMA (-fmad=true is nvcc's default), so the device
- * rounds exactly like the host's C oracle (quant.c, kv_codes.c). */
-#ifdef __CUDA_ARCH__
-#define KV_MUL(a, b) __fmul_rn((a), (b))
-#define KV_ADD(a, b) __fadd_rn((a), (b))
-#define KV_DIV(a, b) __fdiv_rn((a), (b))
-#else
-#define KV_MUL(a, b) ((a) * (b))
-#define KV_ADD(a, b) ((a) + (b))
-#define KV_DIV(a, b) ((a) / (b))
-#endif
-
-/* one 32-element block of a q8_0 / q4_0 cache row, as ggml's reference quantizers */
-__host__ __device__ static inline void kv_quant_block(int mode, const float *x, uint8_t *out) {
-    if (mode == QF_KV_Q8_0) {
-        uint8_t *o = out;
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const float d = KV_DIV(amax, 127.0f);
-        const float id = d ? KV_DIV(1.0f, d) : 0.0f;
-        const uint16_t hx = f32_to_f16_bits(d);
-        o[0] = (uint8_t)(hx & 0xFF), o[1] = (uint8_t)(hx >> 8);
-        for (int j = 0; j < 32; j++) ((int8_t *)o)[2 + j] = (int8_t)roundf(KV_MUL(x[j], id));
-    } else { /* QF_KV_Q4_0 */
-        uint8_t *o = out;
-        float amax = 0.0f, mx = 0.0f;
-        for (int j = 0; j < 32; j++)
-            if (fabsf(x[j]) > amax) {
-                amax = fabsf(x[j]);
-                mx = x[j];
-            }
-        const float d = KV_DIV(mx, -8.0f);
-        const float id = d ? KV_DIV(1.0f, d) : 0.0f;
-        const uint16_t hx = f32_to_f16_bits(d);
-        o[0] = (uint8_t)(hx & 0xFF), o[1] = (uint8_t)(hx >> 8);
-        for (int j = 0; j < 16; j++) {
-            /* x*id and +8.5 rounded separately, as the C oracle does: nvcc would otherwise
-             * contract them into one FMA (one rounding), which changes some nibbles */
-            int q0 = (int)KV_ADD(KV_MUL(x[j], id), 8.5f), q1 = (int)KV_ADD(KV_MUL(x[j + 16], id), 8.5f);
-            o[2 + j] = (uint8_t)((q0 < 15 ? q0 : 15) | ((q1 < 15 ? q1 : 15) << 4));
-        }
-    }
-}
-
 /* Thread i's share of writing the n_rows x hd source into cache rows of rb bytes at dst: one
  * element each for f32/f16, one 32-element block each for q8_0/q4_0. */
 __device__ static void kv_write_thread(int mode, const float *src, int64_t n_rows, int hd, size_t rb, uint8_t *dst) {
@@ -662,7 +594,6 @@ void launch_kv_window_push(uint16_t *win, int *win_pos, const float *fresh, int 
  * the format-3 projection, each coordinate's nearest level) over the threads, the sums thread
  * 0 runs in the host's order, every f32 and f64 operation rounded on its own, the scale code by
  * qf_kv_rq_scale_floor: the same bytes as the host encoder (test_cuda e2e_kv_rq). */
-#define KV_SUB(a, b) __fsub_rn((a), (b))
 __device__ static inline double kv_dadd(double a, double b) { return __dadd_rn(a, b); }
 __device__ static inline double kv_dmul(double a, double b) { return __dmul_rn(a, b); }
 

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_forge.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "qforge/quant.h"
 
@@ -182,4 +183,27 @@ qf_status qf_cuda_op_kv_dict_decode(const uint8_t *codes, int64_t rows, int hd, 
 qf_status qf_cuda_bench_gemm(int M, int N, int K, int flags, int iters, double *ms, qf_error *err) {
     NEED_API();
     return a->bench_gemm(M, N, K, flags, iters, ms, err);
+}
+
+/* ---- cuda_forge.h ---- */
+
+qf_status qf_cuda_awq_group_new(const float *X, int64_t n, int64_t D, const float *W, int64_t R, qf_cuda_awq **out,
+                                qf_error *err) {
+    *out = NULL;
+    NEED_API();
+    return a->awq_group_new(X, n, D, W, R, out, err);
+}
+qf_status qf_cuda_awq_group_mse(qf_cuda_awq *g, const float *s, int quant, const float *imp, const float *cov,
+                                double *mse, qf_error *err) {
+    NEED_API();
+    return a->awq_group_mse(g, s, quant, imp, cov, mse, err);
+}
+void qf_cuda_awq_group_free(qf_cuda_awq *g) {
+    const qf_cuda_api *a = g ? qf_cuda_api_get(NULL) : NULL;
+    if (a) a->awq_group_free(g);
+}
+qf_status qf_cuda_awq_quantize(const float *W, int64_t R, int64_t D, const float *s, int quant, const float *imp,
+                               const float *cov, void *q4, float *ratio, float *deq, qf_error *err) {
+    NEED_API();
+    return a->awq_quantize(W, R, D, s, quant, imp, cov, q4, ratio, deq, err);
 }
