@@ -60,6 +60,20 @@ __device__ static inline double err_diag(const float *x, const float *imp, const
     return (double)e;
 }
 
+/* t = the levels of x * scale, and the weighted sums sum imp x t, sum imp t^2 of their refit
+ * (the product scale * x is commutative: the host's x * id is the same float) */
+__device__ static inline void round_levels(const float *x, const float *imp, float scale, int8_t *t, float *slx,
+                                           float *sl2) {
+    float a = 0, b = 0;
+    for (int i = 0; i < 32; i++) {
+        const int v = q4_level(KV_MUL(scale, x[i]));
+        t[i] = (int8_t)v;
+        a = KV_ADD(a, KV_MUL(KV_MUL(imp[i], x[i]), (float)v));
+        b = KV_ADD(b, KV_MUL(KV_MUL(imp[i], (float)v), (float)v));
+    }
+    *slx = a, *sl2 = b;
+}
+
 /* learn_awq.c's q4_block_search: levels / scale into l, dh (RTN when nothing beats it); returns
  * the chosen d over RTN's */
 __device__ static float search_diag(const float *x, const float *imp, int8_t *l, uint16_t *dh) {
@@ -80,13 +94,8 @@ __device__ static float search_diag(const float *x, const float *imp, int8_t *l,
     uint16_t best_dh = dh_rtn;
     for (int k = -9; k <= 9; k++) {
         const float iscale = KV_DIV(-KV_ADD(8.0f, KV_MUL(0.1f, (float)k)), mx);
-        float slx = 0, sl2 = 0;
-        for (int i = 0; i < 32; i++) {
-            const int v = q4_level(KV_MUL(iscale, x[i]));
-            t[i] = (int8_t)v;
-            slx = KV_ADD(slx, KV_MUL(KV_MUL(imp[i], x[i]), (float)v));
-            sl2 = KV_ADD(sl2, KV_MUL(KV_MUL(imp[i], (float)v), (float)v));
-        }
+        float slx, sl2;
+        round_levels(x, imp, iscale, t, &slx, &sl2);
         if (!(sl2 > 0)) continue;
         for (int it = 0; it < 2; it++) {
             const uint16_t h = f32_to_f16_bits(KV_DIV(slx, sl2));
@@ -99,14 +108,7 @@ __device__ static float search_diag(const float *x, const float *imp, int8_t *l,
                 for (int i = 0; i < 32; i++) l[i] = t[i];
                 found = true;
             }
-            slx = sl2 = 0;
-            const float id = KV_DIV(1.0f, d);
-            for (int i = 0; i < 32; i++) {
-                const int v = q4_level(KV_MUL(x[i], id));
-                t[i] = (int8_t)v;
-                slx = KV_ADD(slx, KV_MUL(KV_MUL(imp[i], x[i]), (float)v));
-                sl2 = KV_ADD(sl2, KV_MUL(KV_MUL(imp[i], (float)v), (float)v));
-            }
+            round_levels(x, imp, KV_DIV(1.0f, d), t, &slx, &sl2); /* re-round with the refitted d */
             if (!(sl2 > 0)) break;
         }
     }
