@@ -135,6 +135,14 @@ if [ -f "$s260" ] && [ -f "$ts" ]; then
         "$qf" ppl -m "$d/awq.gguf" -f "$ts" -c 64 -t 2 >/dev/null 2>&1; then
         ok "awq: .qfa + runnable GGUF, RTN baseline in the certificate"
     else bad "awq: artifact, GGUF or RTN baseline missing"; fi
+    if "$qf" verify "$d/awq.qfa" --json 2>/dev/null | grep -q '"learn_device": *"cpu"'; then
+        ok "awq: the certificate records where it learned (learn_device cpu)"
+    else bad "awq: learn_device missing from the certificate"; fi
+    if [ ! -e /dev/nvidia0 ] && [ ! -e /dev/nvidiactl ]; then # --device cuda without a GPU: refused, nothing written
+        expect "awq --device cuda without a GPU -> DeviceError" 19 "$qf" calibrate "${awq[@]}" --device cuda -o "$d/awqg.qfa"
+        if [ ! -e "$d/awqg.qfa" ] && [ ! -e "$d/awqg.gguf" ]; then ok "awq --device cuda without a GPU: no files"
+        else bad "awq --device cuda without a GPU: files written"; fi
+    fi
     expect "awq gate 0 -> CertifyFailed" 12 "$qf" calibrate "${awq[@]}" --gate 0 -o "$d/awq0.qfa"
     if [ ! -e "$d/awq0.qfa" ] && [ ! -e "$d/awq0.gguf" ] && ! ls "$d"/awq0.gguf.* >/dev/null 2>&1; then
         ok "awq: a failed gate leaves neither .qfa nor GGUF"
