@@ -764,18 +764,30 @@ static void rq_gather2_worker(void *arg, int ith, int nth) {
     }
 }
 
+/* The positions read exactly (the f16 sinks and recent window) by queries whose window starts at
+ * lw (a query at t: lw = t - n_window + 1): [0, s1) and [w0, ...), in increasing order:
+ *   for (int p = exact_first(&s); p <= last; p = exact_next(&s, p))
+ * (the two spans may meet or overlap; no position is visited twice). */
+typedef struct {
+    int s1, w0;
+} exact_span;
+
+static inline int exact_first(const qf_kv_cache *kv, int lw, exact_span *s) {
+    s->s1 = kv->n_sink;
+    s->w0 = lw > s->s1 ? lw : s->s1;
+    return s->s1 > 0 ? 0 : s->w0;
+}
+static inline int exact_next(const exact_span *s, int p) { return p + 1 == s->s1 ? s->w0 : p + 1; }
+
 static void exact_gather(qf_context *c, const void *jv, int stream, int h, const float *stored) {
     const att_job *j = jv;
     const qf_hparams *hp = &c->model->hp;
     int hd = hp->head_dim, Dkv = hp->n_head_kv * hd;
-    int lw = j->pos0 - c->kv.n_window + 1, lo = lw < c->kv.n_sink ? c->kv.n_sink : lw, hi = j->pos0 + j->n;
+    int hi = j->pos0 + j->n;
     float *dst = (stream ? ext(c)->evbuf : ext(c)->ekbuf) + (size_t)h * c->params.n_ctx * hd;
     const float *fresh = stream ? c->v : c->k;
-    for (int p = 0; p < hi; p++) {
-        if (p >= c->kv.n_sink && p < lo) {
-            p = lo - 1; /* skip to the window */
-            continue;
-        }
+    exact_span sp;
+    for (int p = exact_first(&c->kv, j->pos0 - c->kv.n_window + 1, &sp); p < hi; p = exact_next(&sp, p)) {
         float *d = dst + (size_t)p * hd;
         if (p >= j->pos0) {
             const float *f = fresh + (size_t)(p - j->pos0) * Dkv + (size_t)h * hd;
@@ -789,12 +801,9 @@ static void exact_gather(qf_context *c, const void *jv, int stream, int h, const
 
 /* query at tq: the exact keys' scores (before the softmax) */
 static void exact_scores(const qf_context *c, int tq, const float *q, const float *EK, float *row, float scale) {
-    int hd = c->model->hp.head_dim, lw = tq - c->kv.n_window + 1;
-    for (int p = 0; p <= tq; p++) {
-        if (p >= c->kv.n_sink && p < lw) {
-            p = lw - 1;
-            continue;
-        }
+    int hd = c->model->hp.head_dim;
+    exact_span sp;
+    for (int p = exact_first(&c->kv, tq - c->kv.n_window + 1, &sp); p <= tq; p = exact_next(&sp, p)) {
         double s = 0;
         for (int d = 0; d < hd; d++) s += (double)q[d] * EK[(size_t)p * hd + d];
         row[p] = (float)s * scale;
@@ -803,12 +812,9 @@ static void exact_scores(const qf_context *c, int tq, const float *q, const floa
 
 /* query at tq with softmax weights w: o += w_p (Vexact_p - Vstored_p) over the exact keys */
 static void exact_values(const qf_context *c, int tq, const float *w, const float *EV, const float *V, float *o) {
-    int hd = c->model->hp.head_dim, lw = tq - c->kv.n_window + 1;
-    for (int p = 0; p <= tq; p++) {
-        if (p >= c->kv.n_sink && p < lw) {
-            p = lw - 1;
-            continue;
-        }
+    int hd = c->model->hp.head_dim;
+    exact_span sp;
+    for (int p = exact_first(&c->kv, tq - c->kv.n_window + 1, &sp); p <= tq; p = exact_next(&sp, p)) {
         float a = w[p];
         for (int d = 0; d < hd; d++) o[d] += a * (EV[(size_t)p * hd + d] - V[(size_t)p * hd + d]);
     }
@@ -832,12 +838,9 @@ static void rq_values_coef(qf_context *c, const att_job *j, int ith, int kvh, in
         float *w = S + (size_t)i * Tb, *e = ex + (size_t)i * hd;
         memset(e, 0, (size_t)hd * sizeof(float));
         if (exact) {
-            int tq = j->pos0 + i0 + i, lw = tq - kv->n_window + 1;
-            for (int p = 0; p <= tq; p++) {
-                if (p >= kv->n_sink && p < lw) {
-                    p = lw - 1;
-                    continue;
-                }
+            int tq = j->pos0 + i0 + i;
+            exact_span sp;
+            for (int p = exact_first(kv, tq - kv->n_window + 1, &sp); p <= tq; p = exact_next(&sp, p)) {
                 for (int d = 0; d < hd; d++) e[d] += w[p] * EV[(size_t)p * hd + d];
                 w[p] = 0;
             }
