@@ -107,7 +107,8 @@ typedef struct {
     uint64_t seed;         /* row reservoir seed */
     qf_device device;      /* where the capture, the alpha search and the block quantizer run:
                               QF_DEVICE_CPU (the default), QF_DEVICE_CUDA (QF_ERR_DEVICE when no
-                              GPU answers) or QF_DEVICE_AUTO (the GPU when one answers). On the
+                              GPU answers) or QF_DEVICE_AUTO (the GPU when one answers and its
+                              backend runs the model, else the CPU). On the
                               GPU the quantized blocks are the CPU's bit for bit for the same
                               inputs; the capture (f32 GEMMs) and the search's sums differ from
                               the CPU's in their last bits (docs/awq.md, "On the GPU") */

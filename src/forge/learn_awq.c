@@ -702,8 +702,7 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
         return qf_fail(err, QF_ERR_DEVICE,
                        "awq --device cuda: no CUDA GPU answers (this build has no CUDA backend, or no GPU is "
                        "visible); run with --device cpu");
-    const bool gpu = p.device == QF_DEVICE_CUDA || (p.device == QF_DEVICE_AUTO && qf_cuda_available());
-    rep->on_gpu = gpu;
+    bool gpu = p.device == QF_DEVICE_CUDA || (p.device == QF_DEVICE_AUTO && qf_cuda_available());
     const int L = hp->n_layer, D = hp->n_embd, F = hp->n_ff, Dq = hp->n_head * hp->head_dim;
     const int hd = hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim;
     /* v -> o: one scale per kv-head channel; query head h reads kv head h / (n_head / n_head_kv) */
@@ -760,6 +759,14 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
     cp.device = gpu ? QF_DEVICE_CUDA : QF_DEVICE_CPU;
     cp.cuda.gemm_f32 = gpu; /* f32 GEMMs: activations as close to the CPU's as the GPU gets */
     ctx = qf_context_new(m, &cp, err);
+    if (!ctx && gpu && p.device == QF_DEVICE_AUTO) { /* a model the GPU backend refuses: auto means the CPU */
+        gpu = false;
+        cp.device = QF_DEVICE_CPU;
+        cp.cuda.gemm_f32 = false;
+        if (err) qf_error_clear(err);
+        ctx = qf_context_new(m, &cp, err);
+    }
+    rep->on_gpu = gpu;
     if (!ctx) {
         st = err ? err->code : QF_ERR_NOMEM;
         goto done;
