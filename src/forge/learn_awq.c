@@ -830,6 +830,13 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
     if (D > maxD) maxD = D;
     if (3 * (int64_t)D > maxR) maxR = 3 * (int64_t)D;
     if (Dq + 2 * (int64_t)Dkv > maxR) maxR = Dq + 2 * (int64_t)Dkv;
+    /* the largest stacked group: q|k|v [Dq + 2 Dkv][D], gate|up [2F][D], down [D][F], o [D][Dq]
+     * (not maxR x maxD, which no group reaches: 1.9 GB per search thread on an 8B shape for
+     * gate|up's 0.47 GB) */
+    int64_t maxRD = (Dq + 2 * (int64_t)Dkv) * D;
+    if (2 * (int64_t)F * D > maxRD) maxRD = 2 * (int64_t)F * D;
+    if ((int64_t)D * F > maxRD) maxRD = (int64_t)D * F;
+    if ((int64_t)D * Dq > maxRD) maxRD = (int64_t)D * Dq;
     int64_t nrows = p.rows_per_site;
     alphas = malloc((size_t)(n_alpha > 3 ? n_alpha : 3) * sizeof(float));
     mse = malloc((size_t)(n_alpha > 3 ? n_alpha : 3) * sizeof(double));
@@ -838,7 +845,7 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
     sj.hbuf = calloc((size_t)n_threads, sizeof(float *));
     sj.obuf = calloc((size_t)n_threads, sizeof(float *));
     sj.qbuf = calloc((size_t)n_threads, sizeof(void *));
-    Wstack = malloc((size_t)maxR * (size_t)maxD * sizeof(float));
+    Wstack = malloc((size_t)maxRD * sizeof(float));
     mean_abs = malloc((size_t)maxD * sizeof(float));
     mean_s = malloc((size_t)maxD * sizeof(float));
     wmean = malloc((size_t)maxD * sizeof(float));
@@ -859,7 +866,7 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
         goto nomem;
     /* the CPU search's per-thread buffers (~2 GB each on an 8B shape): not needed on the GPU */
     for (int t = 0; t < ((gpu && !p.ffn_act_loss) ? 0 : n_threads); t++) {
-        sj.wbuf[t] = malloc((size_t)maxR * (size_t)maxD * sizeof(float));
+        sj.wbuf[t] = malloc((size_t)maxRD * sizeof(float));
         sj.ybuf[t] = malloc((size_t)nrows * (size_t)maxR * sizeof(float));
         sj.hbuf[t] = malloc((size_t)nrows * (size_t)F * sizeof(float));
         sj.obuf[t] = malloc((size_t)nrows * (size_t)D * sizeof(float));
@@ -895,6 +902,9 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
             const qf_act_stats *as = qf_capture_act(cap, l, site);
             if (!ok || !res->rows || res->kept < 1 || !as || as->count < 1) continue;
             int64_t Din = res->dim, R = 0, Ds = Din;
+            for (int k = 0; k < nw; k++) ok = ok && ws[k]->ne0 == Din, R += ws[k]->ne1;
+            if (!ok || R * Din > maxRD) continue; /* a shape the hyper-parameters did not promise: RTN */
+            R = 0;
             for (int k = 0; k < nw; k++) {
                 float *wf = weight_f32(ws[k], pool);
                 if (!wf) goto nomem;
