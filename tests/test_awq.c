@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "forge/awq_impl.h"
+#include "format/quant_blocks.h"
 #include "qforge/awq.h"
 #include "qforge/gguf.h"
 #include "qforge/model.h"
@@ -427,6 +429,58 @@ TEST(bad_input_is_a_clear_error) {
     }
 }
 
+/* qf_awq_quant_rows, the CPU oracle test_cuda holds the GPU's block quantizer to: RTN is
+ * quant.c's Q4_0 byte for byte; a search ratio of exactly 1 is RTN's block, any other is a
+ * block whose error under its importance is no larger than RTN's; deq is the dequantized block
+ * divided by s. Runs everywhere (no GPU needed). */
+TEST(quant_rows_oracle) {
+    const int64_t R = 24, D = 256, nb = D / 32;
+    float *W = malloc((size_t)(R * D) * 4), *s = malloc((size_t)D * 4), *imp = malloc((size_t)D * 4);
+    float *cov = malloc((size_t)D * 32 * 4), *deq = malloc((size_t)(R * D) * 4), *x = malloc((size_t)D * 4);
+    float *rat = malloc((size_t)(R * nb) * 4), *dq = malloc((size_t)D * 4);
+    block_q4_0 *q = malloc((size_t)(R * nb) * sizeof(block_q4_0)), *ref = malloc((size_t)nb * sizeof(block_q4_0));
+    uint64_t st = 7;
+    for (int64_t i = 0; i < R * D; i++) W[i] = ((float)qf_rand_unit(&st) - 0.5f) * 0.05f * (i % 29 == 0 ? 6 : 1);
+    for (int64_t c = 0; c < D; c++) s[c] = 0.5f + 2 * (float)qf_rand_unit(&st), imp[c] = 0.01f + (float)qf_rand_unit(&st);
+    for (int64_t b = 0; b < nb; b++) /* diagonal covariances: the two searches see the same metric */
+        for (int i = 0; i < 32; i++)
+            for (int j = 0; j < 32; j++) cov[b * 1024 + i * 32 + j] = i == j ? imp[b * 32 + i] : 0;
+    int64_t bad_rtn = 0, bad_deq = 0, worse = 0, moved = 0;
+    for (int quant = 0; quant < 3; quant++) {
+        qf_awq_quant_rows(W, R, D, s, quant, imp, cov, q, rat, deq);
+        for (int64_t r = 0; r < R; r++) {
+            for (int64_t c = 0; c < D; c++) x[c] = W[r * D + c] * s[c];
+            qf_quantize_row(QF_TYPE_Q4_0, x, ref, D);
+            qf_dequantize_row(QF_TYPE_Q4_0, q + r * nb, dq, D);
+            for (int64_t c = 0; c < D; c++) bad_deq += deq[r * D + c] != dq[c] / s[c];
+            for (int64_t b = 0; b < nb; b++) {
+                const block_q4_0 *got = &q[r * nb + b];
+                bool same = memcmp(got, &ref[b], sizeof *got) == 0;
+                if (quant == 0 || rat[r * nb + b] == 1.0f) {
+                    bad_rtn += !same;
+                    continue;
+                }
+                moved++;
+                float dr[32];
+                qf_dequantize_row(QF_TYPE_Q4_0, &ref[b], dr, 32);
+                double eg = 0, er = 0;
+                for (int i = 0; i < 32; i++) {
+                    double a = x[b * 32 + i] - dq[b * 32 + i], e = x[b * 32 + i] - dr[i];
+                    eg += imp[b * 32 + i] * a * a, er += imp[b * 32 + i] * e * e;
+                }
+                worse += eg > er * (1 + 1e-6);
+            }
+        }
+    }
+    printf("  %lld searched blocks off RTN, %lld RTN mismatches, %lld worse than RTN, %lld deq mismatches\n",
+           (long long)moved, (long long)bad_rtn, (long long)worse, (long long)bad_deq);
+    CHECK(moved > 0);
+    CHECK_EQ_INT(bad_rtn, 0);
+    CHECK_EQ_INT(worse, 0);
+    CHECK_EQ_INT(bad_deq, 0);
+    free(W), free(s), free(imp), free(cov), free(deq), free(x), free(rat), free(dq), free(q), free(ref);
+}
+
 int main(void) {
     RUN(rtn_types_follow_llama_quantize);
     RUN(rtn_round_trip_loads_and_ppl_close);
@@ -436,5 +490,6 @@ int main(void) {
     RUN(awq_search_and_certificate);
     RUN(awq_options_act_loss_duo);
     RUN(bad_input_is_a_clear_error);
+    RUN(quant_rows_oracle);
     return test_summary();
 }
