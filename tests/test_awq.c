@@ -447,7 +447,7 @@ TEST(quant_rows_oracle) {
             for (int j = 0; j < 32; j++) cov[b * 1024 + i * 32 + j] = i == j ? imp[b * 32 + i] : 0;
     int64_t bad_rtn = 0, bad_deq = 0, worse = 0, moved = 0;
     for (int quant = 0; quant < 3; quant++) {
-        qf_awq_quant_rows(W, R, D, s, quant, imp, cov, q, rat, deq);
+        CHECK_EQ_INT(qf_awq_quant_rows(W, R, D, s, quant, imp, cov, q, rat, deq), QF_OK);
         for (int64_t r = 0; r < R; r++) {
             for (int64_t c = 0; c < D; c++) x[c] = W[r * D + c] * s[c];
             qf_quantize_row(QF_TYPE_Q4_0, x, ref, D);

@@ -1558,7 +1558,7 @@ TEST(op_awq_quant) {
         for (int scaled = 0; scaled < 2; scaled++) {
             qf_error err = {0};
             const float *sp = scaled ? s : NULL;
-            qf_awq_quant_rows(W, R, D, sp, quant, imp, cov, qc, rc, dc);
+            CHECK_EQ_INT(qf_awq_quant_rows(W, R, D, sp, quant, imp, cov, qc, rc, dc), QF_OK);
             qf_status st = qf_cuda_awq_quantize(W, R, D, sp, quant, imp, cov, qg, rg, dg, &err);
             CHECK_MSG(st == QF_OK, "%s", err.msg);
             if (st) continue;
@@ -1590,7 +1590,7 @@ TEST(op_awq_quant) {
         double mg = -1, e = 0;
         st = qf_cuda_awq_group_mse(g, s, quant, imp, cov, &mg, &err);
         CHECK_MSG(st == QF_OK, "%s", err.msg);
-        qf_awq_quant_rows(W, R, D, s, quant, imp, cov, NULL, NULL, dc);
+        CHECK_EQ_INT(qf_awq_quant_rows(W, R, D, s, quant, imp, cov, NULL, NULL, dc), QF_OK);
         for (int64_t i = 0; i < n; i++)
             for (int64_t r = 0; r < R; r++) {
                 double y = 0, yq = 0;

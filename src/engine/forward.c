@@ -766,7 +766,7 @@ static void rq_gather2_worker(void *arg, int ith, int nth) {
 
 /* The positions read exactly (the f16 sinks and recent window) by queries whose window starts at
  * lw (a query at t: lw = t - n_window + 1): [0, s1) and [w0, ...), in increasing order:
- *   for (int p = exact_first(&s); p <= last; p = exact_next(&s, p))
+ *   for (int p = exact_first(kv, lw, &s); p <= last; p = exact_next(&s, p))
  * (the two spans may meet or overlap; no position is visited twice). */
 typedef struct {
     int s1, w0;

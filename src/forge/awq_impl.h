@@ -29,10 +29,11 @@ qf_status qf_forge_write_model(const qf_gguf *src, const char *out_path, qf_type
  * row multiplied by s[D] first when s is non-NULL: quant 0 = RTN, 1 = the scale search under
  * imp[D], 2 = the search under cov[D/32][32][32] with the rounding descent. Any of q4
  * ([R][D/32] blocks), ratio ([R][D/32]: chosen d / RTN's d) and deq ([R][D]: the dequantized
- * blocks divided by s) may be NULL. The oracle test_cuda holds the GPU's quantizer
- * (qf_cuda_awq_quantize) to, byte for byte. */
-void qf_awq_quant_rows(const float *W, int64_t R, int64_t D, const float *s, int quant, const float *imp,
-                       const float *cov, void *q4, float *ratio, float *deq);
+ * blocks divided by s) may be NULL. It runs the learner's own row quantizer, the oracle
+ * test_cuda holds the GPU's (qf_cuda_awq_quantize) to, byte for byte. QF_ERR_NOMEM when its
+ * row buffer cannot be allocated. */
+qf_status qf_awq_quant_rows(const float *W, int64_t R, int64_t D, const float *s, int quant, const float *imp,
+                            const float *cov, void *q4, float *ratio, float *deq);
 
 /* general.architecture is llama or qwen2 (QF_ERR_UNSUPPORTED naming the file otherwise). */
 qf_status qf_forge_check_arch(const qf_gguf *g, qf_error *err);

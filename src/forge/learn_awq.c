@@ -355,42 +355,47 @@ static float q4_block_search_h(const float *x, const float *H, block_q4_0 *out) 
 
 /* Quantize one folded row (D a multiple of 32) with the chosen block quantizer: cov (the
  * folded [D/32][32][32] covariance) when non-NULL, else imp (diagonal) when non-NULL, else RTN.
- * q4 receives the Q4_0 row; deq (may be NULL) its dequantized values. Returns the sum of the
- * per-block d ratios to RTN. */
+ * q4 receives the Q4_0 row; deq (may be NULL) its dequantized values; ratio (may be NULL) each
+ * block's d ratio to RTN. Returns the sum of those ratios. */
 static double quant_row(const float *row, int64_t D, const float *imp, const float *cov, block_q4_0 *q4,
-                        float *deq) {
+                        float *deq, float *ratio) {
     double sum = 0;
     if (!imp && !cov) {
         qf_quantize_row(QF_TYPE_Q4_0, row, q4, D);
         sum = (double)(D / 32);
+        if (ratio)
+            for (int64_t b = 0; b < D / 32; b++) ratio[b] = 1;
     } else
-        for (int64_t b = 0; b < D / 32; b++)
-            sum += cov ? q4_block_search_h(row + b * 32, cov + b * 1024, q4 + b)
-                       : q4_block_search(row + b * 32, imp + b * 32, q4 + b);
+        for (int64_t b = 0; b < D / 32; b++) {
+            float r = cov ? q4_block_search_h(row + b * 32, cov + b * 1024, q4 + b)
+                          : q4_block_search(row + b * 32, imp + b * 32, q4 + b);
+            if (ratio) ratio[b] = r;
+            sum += r;
+        }
     if (deq) qf_dequantize_row(QF_TYPE_Q4_0, q4, deq, D);
     return sum;
 }
 
-void qf_awq_quant_rows(const float *W, int64_t R, int64_t D, const float *s, int quant, const float *imp,
-                       const float *cov, void *q4v, float *ratio, float *deq) {
-    block_q4_0 *q4 = q4v;
-    float x[32], dq[32];
-    for (int64_t r = 0; r < R; r++)
-        for (int64_t b = 0; b < D / 32; b++) {
-            const float *w = W + r * D + b * 32;
-            for (int i = 0; i < 32; i++) x[i] = s ? w[i] * s[b * 32 + i] : w[i];
-            block_q4_0 blk;
-            float rt = 1;
-            if (quant == QF_CUDA_AWQ_COV) rt = q4_block_search_h(x, cov + b * 1024, &blk);
-            else if (quant == QF_CUDA_AWQ_DIAG) rt = q4_block_search(x, imp + b * 32, &blk);
-            else qf_quantize_row(QF_TYPE_Q4_0, x, &blk, 32);
-            if (q4) q4[r * (D / 32) + b] = blk;
-            if (ratio) ratio[r * (D / 32) + b] = rt;
-            if (deq) {
-                qf_dequantize_row(QF_TYPE_Q4_0, &blk, dq, 32);
-                for (int i = 0; i < 32; i++) deq[r * D + b * 32 + i] = s ? dq[i] / s[b * 32 + i] : dq[i];
-            }
-        }
+qf_status qf_awq_quant_rows(const float *W, int64_t R, int64_t D, const float *s, int quant, const float *imp,
+                            const float *cov, void *q4v, float *ratio, float *deq) {
+    block_q4_0 *q4 = q4v, *tmp = q4 ? NULL : malloc((size_t)(D / 32) * sizeof(block_q4_0));
+    float *x = malloc((size_t)D * sizeof(float));
+    if (!x || (!q4 && !tmp)) {
+        free(x), free(tmp);
+        return QF_ERR_NOMEM;
+    }
+    const int64_t nb = D / 32;
+    for (int64_t r = 0; r < R; r++) { /* the search's and the block quantizer's own route: quant_row */
+        const float *w = W + r * D;
+        for (int64_t c = 0; c < D; c++) x[c] = s ? w[c] * s[c] : w[c];
+        float *dr = deq ? deq + r * D : NULL;
+        quant_row(x, D, quant == QF_CUDA_AWQ_DIAG ? imp : NULL, quant == QF_CUDA_AWQ_COV ? cov : NULL,
+                  q4 ? q4 + r * nb : tmp, dr, ratio ? ratio + r * nb : NULL);
+        if (dr && s)
+            for (int64_t c = 0; c < D; c++) dr[c] /= s[c];
+    }
+    free(x), free(tmp);
+    return QF_OK;
 }
 
 /* ---- scales ----
@@ -505,7 +510,7 @@ static double group_mse(search_job *j, int ith, float alpha) {
         const float *w = j->W + r * D;
         for (int64_t c = 0; c < D; c++) row[c] = w[c] * s[c];
         quant_row(row, D, j->quant == QUANT_DIAG ? imp : NULL, j->quant == QUANT_COV ? cov : NULL, j->qbuf[ith],
-                  Wq + r * D);
+                  Wq + r * D, NULL);
         for (int64_t c = 0; c < D; c++) Wq[r * D + c] /= s[c];
     }
     free(ss), free(s), free(row), free(imp), free(cov);
@@ -558,8 +563,7 @@ static void clip_worker(void *arg, int ith, int nth) {
     double sum = 0;
     int64_t nb = j->D / 32;
     for (int64_t r = lo; r < hi; r++)
-        sum += quant_row(j->W + r * j->D, j->D, j->cov ? NULL : j->imp, j->cov, j->q4 + r * nb,
-                         NULL);
+        sum += quant_row(j->W + r * j->D, j->D, j->cov ? NULL : j->imp, j->cov, j->q4 + r * nb, NULL, NULL);
     j->ratio_sum[ith] = sum;
 }
 
@@ -860,9 +864,10 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
     Y = malloc((size_t)nrows * (size_t)maxR * sizeof(float));
     Href = malloc((size_t)nrows * (size_t)F * sizeof(float));
     ratio_sum = calloc((size_t)n_threads, sizeof(double));
+    if (gpu) gratio = malloc((size_t)(maxRD / QK) * sizeof(float)); /* one tensor's blocks at most */
     if (!pool || !alphas || !mse || !sj.wbuf || !sj.ybuf || !sj.hbuf || !sj.obuf || !sj.qbuf || !Wstack ||
         !mean_abs || !mean_s || !wmean || !wmean_s || !msq || !s || !ss || !imp || !fcov || !cmap || !s_all ||
-        !Y || !Href || !ratio_sum)
+        !Y || !Href || !ratio_sum || (gpu && !gratio))
         goto nomem;
     /* the CPU search's per-thread buffers (~2 GB each on an 8B shape): not needed on the GPU */
     for (int t = 0; t < ((gpu && !p.ffn_act_loss) ? 0 : n_threads); t++) {
@@ -904,12 +909,10 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
             int64_t Din = res->dim, R = 0, Ds = Din;
             for (int k = 0; k < nw; k++) ok = ok && ws[k]->ne0 == Din, R += ws[k]->ne1;
             if (!ok || R * Din > maxRD) continue; /* a shape the hyper-parameters did not promise: RTN */
-            R = 0;
-            for (int k = 0; k < nw; k++) {
+            for (int64_t k = 0, r0 = 0; k < nw; r0 += ws[k]->ne1, k++) {
                 float *wf = weight_f32(ws[k], pool);
                 if (!wf) goto nomem;
-                memcpy(Wstack + R * Din, wf, (size_t)(ws[k]->ne1 * Din) * sizeof(float));
-                R += ws[k]->ne1;
+                memcpy(Wstack + r0 * Din, wf, (size_t)(ws[k]->ne1 * Din) * sizeof(float));
                 free(wf);
             }
             for (int64_t c = 0; c < Din; c++) {
@@ -1071,10 +1074,8 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
                 if (oe && !oe->q4) oe->q4 = malloc((size_t)w->ne1 * (size_t)(w->ne0 / QK) * sizeof(block_q4_0));
                 if (!oe || !oe->q4) goto nomem;
                 double tot = 0;
-                if (gpu) { /* the same blocks, bit for bit (test_cuda op_awq_quant) */
+                if (gpu && w->ne1 * w->ne0 <= maxRD) { /* the same blocks, bit for bit (test_cuda op_awq_quant) */
                     const int64_t nbk = w->ne1 * (w->ne0 / QK);
-                    free(gratio);
-                    if (!(gratio = malloc((size_t)nbk * sizeof(float)))) goto nomem;
                     if ((st = qf_cuda_awq_quantize(wf, w->ne1, w->ne0, NULL, cv ? QUANT_COV : QUANT_DIAG, imp, cv,
                                                    oe->q4, gratio, NULL, err)))
                         goto done;
