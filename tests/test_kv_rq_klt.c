@@ -81,7 +81,7 @@ TEST(klt_learner_widths_oracle_and_gain) {
     qf_kv_rq_fit f;
     qf_error e = {0};
     CHECK_EQ_INT(qf_kv_rq_learn(&cv, &lp, &f, &e), QF_OK);
-    CHECK_EQ_INT(qf_kv_rq_learn_klt(&cv, NULL, NULL, 4096, &f, &e), QF_OK);
+    CHECK_EQ_INT(qf_kv_rq_learn_klt(&cv, NULL, NULL, 4096, 1, &f, &e), QF_OK);
     CHECK(f.klt != NULL);
     if (!f.klt) goto out;
     for (int r8 = 0; r8 < QF_KV_RQ_KLT_N_RATES; r8++) { /* every head's widths spend exactly r8 * D / 8 bits */
@@ -240,9 +240,64 @@ TEST(klt_payload_binds_and_refuses_tampering) {
     qf_model_free(m);
 }
 
+/* The learners on a thread pool: formats 2 and 3 (and the V predictor's ridge fit) give the same
+ * bits for 1 and 3 threads (every unit computed by one thread in the serial order, the sums
+ * added in the serial order). 2 layers x 2 kv heads, so the units interleave over the threads. */
+static bool same(const void *a, const void *b, size_t n) { return (!a && !b) || (a && b && memcmp(a, b, n) == 0); }
+
+TEST(learn_threads_bit_identical) {
+    enum { D = 64, H = 2, L = 2, N = 1200 };
+    uint64_t s = 77;
+    float *k[L], *v[L];
+    for (int l = 0; l < L; l++) { /* V = 2 K + independent data: the predictor is used */
+        k[l] = lowrank(N * H, D, &s), v[l] = lowrank(N * H, D, &s);
+        for (size_t i = 0; i < (size_t)N * H * D; i++) v[l][i] += 2.0f * k[l][i];
+    }
+    const float *kk[L] = {k[0], k[1]}, *vv[L] = {v[0], v[1]};
+    int64_t nk[L] = {N * H, N * H}, nv[L] = {N * H, N * H};
+    qf_kv_capture_view cv = {.n_layer = L, .n_kv_head = H, .head_dim = D, .k = kk, .v = vv, .n_k = nk, .n_v = nv};
+    qf_kv_rq_fit f[2];
+    qf_error e = {0};
+    for (int t = 0; t < 2; t++) {
+        qf_kv_rq_learn_params lp;
+        qf_kv_rq_learn_params_default(&lp);
+        lp.lloyd_iters = 8, lp.v_pred = true, lp.n_threads = t ? 3 : 1;
+        CHECK_EQ_INT(qf_kv_rq_learn(&cv, &lp, &f[t], &e), QF_OK);
+        CHECK_EQ_INT(qf_kv_rq_learn_klt(&cv, NULL, NULL, 1000, t ? 3 : 1, &f[t], &e), QF_OK);
+    }
+    size_t nlhd = (size_t)L * H * D, HD = (size_t)H * D;
+    CHECK(f[0].v_pred && f[1].v_pred && f[0].klt && f[1].klt);
+    if (!f[0].klt || !f[1].klt || !f[0].v_pred || !f[1].v_pred) goto out;
+    CHECK(same(f[0].v_pred, f[1].v_pred, sizeof(float) * L * HD * HD));
+    CHECK(same(f[0].v_pred_ratio, f[1].v_pred_ratio, sizeof(double) * L));
+    CHECK(f[0].v_pred_ratio[0] < 0.9);
+    for (int st = 0; st < 2; st++) {
+        CHECK(same(f[0].mean[st], f[1].mean[st], sizeof(float) * nlhd));
+        CHECK(same(f[0].cs[st], f[1].cs[st], sizeof(float) * nlhd));
+        CHECK(same(f[0].rel_mse[st], f[1].rel_mse[st], sizeof(double) * L * QF_KV_RQ_N_WIDTHS));
+        for (int w = 0; w < QF_KV_RQ_N_WIDTHS; w++)
+            CHECK(same(f[0].levels[st][w], f[1].levels[st][w], sizeof(float) * (size_t)L * H * QF_KV_RQ_MAX_LEVELS));
+        const qf_kv_rq_klt_fit *a = f[0].klt, *b = f[1].klt;
+        CHECK(same(a->enc[st], b->enc[st], sizeof(float) * nlhd * D));
+        CHECK(same(a->dec[st], b->dec[st], sizeof(float) * nlhd * D));
+        CHECK(same(a->sigma[st], b->sigma[st], sizeof(float) * nlhd));
+        CHECK(same(a->levels[st], b->levels[st], sizeof(float) * nlhd * QF_KV_RQ_N_WIDTHS * QF_KV_RQ_MAX_LEVELS));
+        CHECK(same(a->width[st], b->width[st], (size_t)QF_KV_RQ_KLT_N_RATES * nlhd));
+        CHECK(same(a->rel8[st], b->rel8[st], sizeof(double) * L * QF_KV_RQ_KLT_N_RATES));
+        CHECK(same(a->eig[st], b->eig[st], sizeof(double) * nlhd));
+        CHECK(same(a->had_rel_mse[st], b->had_rel_mse[st], sizeof(double) * L * QF_KV_RQ_N_WIDTHS));
+    }
+    printf("  V prediction residual ratio, layer 0: %.4f; K rel. error at 2 bits: %.4f\n", f[0].v_pred_ratio[0],
+           f[0].rel_mse[0][1]);
+out:
+    qf_kv_rq_fit_free(&f[0]), qf_kv_rq_fit_free(&f[1]);
+    for (int l = 0; l < L; l++) free(k[l]), free(v[l]);
+}
+
 int main(void) {
     RUN(klt_pack_unpack_bit_by_bit);
     RUN(klt_learner_widths_oracle_and_gain);
     RUN(klt_payload_binds_and_refuses_tampering);
+    RUN(learn_threads_bit_identical);
     return test_summary();
 }

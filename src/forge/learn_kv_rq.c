@@ -5,6 +5,7 @@
 #include "qforge/kv_rq.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,41 +106,153 @@ static qf_status fit_one(const float *x, int64_t n, int64_t stride, int D, doubl
 }
 
 
+/* ---- the dense steps on the thread pool ----
+ * Every output element is computed by one thread, in the order the serial loops used, and the
+ * running sums are added in that order too: the fit is bit-identical for any thread count
+ * (test_kv_rq_klt `learn_threads_bit_identical`). A NULL pool runs everything on the caller. */
+
+/* Cholesky factor of the SPD A [n][n] in place (lower factor in A), column j's rows in parallel.
+ * false when A is not positive definite. */
+typedef struct {
+    double *A;
+    int n, j;
+    double d;
+} chol_col;
+
+static void chol_col_worker(void *arg, int ith, int nth) {
+    const chol_col *c = arg;
+    double *A = c->A;
+    int n = c->n, j = c->j;
+    for (int i = j + 1 + ith; i < n; i += nth) {
+        double v = A[(size_t)i * n + j];
+        for (int k = 0; k < j; k++) v -= A[(size_t)i * n + k] * A[(size_t)j * n + k];
+        A[(size_t)i * n + j] = v / c->d;
+    }
+}
+
+/* L y = b, then L^T x = y for each column of b [n][m] (x overwrites b); columns in parallel,
+ * each through its own contiguous copy (tmp: one n-vector per thread). */
+typedef struct {
+    const double *A;
+    double *b, *tmp;
+    int n, m;
+} chol_sub;
+
+static void chol_sub_worker(void *arg, int ith, int nth) {
+    const chol_sub *c = arg;
+    const double *A = c->A;
+    int n = c->n, m = c->m;
+    double *t = c->tmp + (size_t)ith * n;
+    for (int col = ith; col < m; col += nth) {
+        for (int i = 0; i < n; i++) t[i] = c->b[(size_t)i * m + col];
+        for (int i = 0; i < n; i++) {
+            double v = t[i];
+            for (int k = 0; k < i; k++) v -= A[(size_t)i * n + k] * t[k];
+            t[i] = v / A[(size_t)i * n + i];
+        }
+        for (int i = n - 1; i >= 0; i--) {
+            double v = t[i];
+            for (int k = i + 1; k < n; k++) v -= A[(size_t)k * n + i] * t[k];
+            t[i] = v / A[(size_t)i * n + i];
+        }
+        for (int i = 0; i < n; i++) c->b[(size_t)i * m + col] = t[i];
+    }
+}
+
 /* Cholesky solve of the SPD system A x = b in place (A [n][n] row-major, lower factor kept in A;
- * b [n][m] overwritten with x). false when A is not positive definite. */
-static bool chol_solve(double *A, int n, double *b, int m) {
+ * b [n][m] overwritten with x). false when A is not positive definite (or out of memory). */
+static bool chol_solve(double *A, int n, double *b, int m, qf_pool *pool) {
     for (int j = 0; j < n; j++) {
         double d = A[(size_t)j * n + j];
         for (int k = 0; k < j; k++) d -= A[(size_t)j * n + k] * A[(size_t)j * n + k];
         if (!(d > 0)) return false;
         d = sqrt(d);
         A[(size_t)j * n + j] = d;
-        for (int i = j + 1; i < n; i++) {
-            double v = A[(size_t)i * n + j];
-            for (int k = 0; k < j; k++) v -= A[(size_t)i * n + k] * A[(size_t)j * n + k];
-            A[(size_t)i * n + j] = v / d;
-        }
+        chol_col c = {A, n, j, d};
+        if (n - j > 64) qf_pool_run(pool, chol_col_worker, &c);
+        else chol_col_worker(&c, 0, 1);
     }
-    for (int c = 0; c < m; c++) {
-        for (int i = 0; i < n; i++) { /* L y = b */
-            double v = b[(size_t)i * m + c];
-            for (int k = 0; k < i; k++) v -= A[(size_t)i * n + k] * b[(size_t)k * m + c];
-            b[(size_t)i * m + c] = v / A[(size_t)i * n + i];
-        }
-        for (int i = n - 1; i >= 0; i--) { /* L^T x = y */
-            double v = b[(size_t)i * m + c];
-            for (int k = i + 1; k < n; k++) v -= A[(size_t)k * n + i] * b[(size_t)k * m + c];
-            b[(size_t)i * m + c] = v / A[(size_t)i * n + i];
-        }
-    }
+    double *tmp = malloc(sizeof(double) * (size_t)n * (size_t)qf_pool_size(pool));
+    if (!tmp) return false;
+    chol_sub c = {A, b, tmp, n, m};
+    qf_pool_run(pool, chol_sub_worker, &c);
+    free(tmp);
     return true;
 }
 
-double qf_kv_rq_linear_fit(const float *x, const float *y, int64_t n, int dx, int dy, double noise, float *P) {
+/* The centred Gram sums A [dx][dx] (lower triangle) and B [dx][dy] over the n rows; rows i of
+ * A and B interleaved over the threads, the rows of x in tiles so that row i stays in cache. */
+typedef struct {
+    const float *x, *y;
+    int64_t n;
+    int dx, dy;
+    const double *mx, *my;
+    double *A, *B;
+} gram_job;
+
+static void gram_worker(void *arg, int ith, int nth) {
+    const gram_job *g = arg;
+    enum { RT = 32 };
+    for (int64_t r0 = 0; r0 < g->n; r0 += RT) {
+        int64_t r1 = r0 + RT < g->n ? r0 + RT : g->n;
+        for (int i = ith; i < g->dx; i += nth) {
+            double *Ai = g->A + (size_t)i * g->dx, *Bi = g->B + (size_t)i * g->dy;
+            for (int64_t r = r0; r < r1; r++) {
+                const float *xr = g->x + r * g->dx, *yr = g->y + r * g->dy;
+                double a = xr[i] - g->mx[i];
+                for (int k = 0; k <= i; k++) Ai[k] += a * (xr[k] - g->mx[k]);
+                for (int k = 0; k < g->dy; k++) Bi[k] += a * (yr[k] - g->my[k]);
+            }
+        }
+    }
+}
+
+/* The held-in residual of the fit on noisy inputs, per element: d [n][dy] = y - my - W^T xn,
+ * xn = x - mx + noise; row r's noise from splitmix64 state seed + (2 dx r) steps, i.e. the
+ * sequence a serial pass over the rows draws. WT [dy][dx] (W transposed, the same doubles). */
+typedef struct {
+    const float *x, *y;
+    int64_t n;
+    int dx, dy;
+    double noise;
+    const double *mx, *my, *A, *WT;
+    float *xn; /* [threads][dx] */
+    double *d;
+} resid_job;
+
+#define LIN_FIT_SEED 12345u
+
+static void resid_worker(void *arg, int ith, int nth) {
+    const resid_job *j = arg;
+    int dx = j->dx, dy = j->dy;
+    float *xn = j->xn + (size_t)ith * dx;
+    for (int64_t r = ith; r < j->n; r += nth) {
+        const float *xr = j->x + r * dx, *yr = j->y + r * dy;
+        uint64_t st = LIN_FIT_SEED + (uint64_t)r * 2u * (uint64_t)dx * 0x9E3779B97F4A7C15ull;
+        for (int i = 0; i < dx; i++) { /* the input as the decoder will see it: noisy */
+            double u1 = ((double)(qf_splitmix64(&st) >> 11) + 0.5) / 9007199254740992.0;
+            double u2 = ((double)(qf_splitmix64(&st) >> 11) + 0.5) / 9007199254740992.0;
+            double g = sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
+            xn[i] = (float)(xr[i] - j->mx[i] + g * sqrt(j->noise * j->A[(size_t)i * dx + i] / (1.0 + j->noise) / (double)j->n));
+        }
+        for (int k = 0; k < dy; k++) {
+            const double *w = j->WT + (size_t)k * dx;
+            double p = 0;
+            for (int i = 0; i < dx; i++) p += w[i] * xn[i];
+            j->d[r * dy + k] = yr[k] - j->my[k] - p;
+        }
+    }
+}
+
+static double linear_fit(const float *x, const float *y, int64_t n, int dx, int dy, double noise, float *P,
+                         qf_pool *pool) {
     /* centred ridge regression y ~ W x; the ridge is noise * diag(var x) (inputs that will be
      * dequantized with that relative error); returns the held-in residual / total variance */
+    int nth = qf_pool_size(pool);
     double *mx = calloc((size_t)dx, sizeof(double)), *my = calloc((size_t)dy, sizeof(double));
     double *A = calloc((size_t)dx * dx, sizeof(double)), *B = calloc((size_t)dx * dy, sizeof(double));
+    double *A2 = NULL, *WT = NULL, *d = NULL;
+    float *xn = NULL;
     double ratio = NAN;
     if (!mx || !my || !A || !B || n < 2) goto done;
     for (int64_t r = 0; r < n; r++) {
@@ -150,55 +263,103 @@ double qf_kv_rq_linear_fit(const float *x, const float *y, int64_t n, int dx, in
     for (int i = 0; i < dy; i++) my[i] /= (double)n;
     double tot = 0;
     for (int64_t r = 0; r < n; r++) {
-        const float *xr = x + r * dx, *yr = y + r * dy;
-        for (int i = 0; i < dx; i++) {
-            double a = xr[i] - mx[i];
-            for (int k = 0; k <= i; k++) A[(size_t)i * dx + k] += a * (xr[k] - mx[k]);
-            for (int k = 0; k < dy; k++) B[(size_t)i * dy + k] += a * (yr[k] - my[k]);
-        }
+        const float *yr = y + r * dy;
         for (int k = 0; k < dy; k++) tot += (yr[k] - my[k]) * (yr[k] - my[k]);
     }
+    gram_job g = {x, y, n, dx, dy, mx, my, A, B};
+    qf_pool_run(pool, gram_worker, &g);
     for (int i = 0; i < dx; i++)
         for (int k = 0; k < i; k++) A[(size_t)k * dx + i] = A[(size_t)i * dx + k];
     for (int i = 0; i < dx; i++) A[(size_t)i * dx + i] *= 1.0 + noise, A[(size_t)i * dx + i] += 1e-9;
-    double *W = malloc((size_t)dx * dy * sizeof(double));
-    if (!W) goto done;
-    memcpy(W, B, (size_t)dx * dy * sizeof(double));
-    double *A2 = malloc((size_t)dx * dx * sizeof(double));
-    if (!A2) {
-        free(W);
-        goto done;
-    }
+    double *W = B; /* solved in place: B is not needed after */
+    if (!(A2 = malloc((size_t)dx * dx * sizeof(double)))) goto done;
     memcpy(A2, A, (size_t)dx * dx * sizeof(double));
-    if (chol_solve(A2, dx, W, dy)) {
-        double res = 0;
-        float *xn = malloc((size_t)dx * sizeof(float));
-        uint64_t st = 12345;
-        for (int64_t r = 0; r < n && xn; r++) {
-            const float *xr = x + r * dx, *yr = y + r * dy;
-            for (int i = 0; i < dx; i++) { /* the input as the decoder will see it: noisy */
-                double u1 = ((double)(qf_splitmix64(&st) >> 11) + 0.5) / 9007199254740992.0;
-                double u2 = ((double)(qf_splitmix64(&st) >> 11) + 0.5) / 9007199254740992.0;
-                double g = sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
-                xn[i] = (float)(xr[i] - mx[i] + g * sqrt(noise * A[(size_t)i * dx + i] / (1.0 + noise) / (double)n));
-            }
-            for (int k = 0; k < dy; k++) {
-                double p = 0;
-                for (int i = 0; i < dx; i++) p += W[(size_t)i * dy + k] * xn[i];
-                double d = yr[k] - my[k] - p;
-                res += d * d;
-            }
-        }
-        free(xn);
-        ratio = tot > 0 ? res / tot : NAN;
-        if (P)
-            for (int k = 0; k < dy; k++)
-                for (int i = 0; i < dx; i++) P[(size_t)k * dx + i] = (float)W[(size_t)i * dy + k];
-    }
-    free(W), free(A2);
+    if (!chol_solve(A2, dx, W, dy, pool)) goto done;
+    WT = malloc((size_t)dx * dy * sizeof(double)), xn = malloc(sizeof(float) * (size_t)dx * nth);
+    d = malloc(sizeof(double) * (size_t)n * dy);
+    if (!WT || !xn || !d) goto done;
+    for (int i = 0; i < dx; i++)
+        for (int k = 0; k < dy; k++) WT[(size_t)k * dx + i] = W[(size_t)i * dy + k];
+    resid_job rj = {x, y, n, dx, dy, noise, mx, my, A, WT, xn, d};
+    qf_pool_run(pool, resid_worker, &rj);
+    double res = 0;
+    for (size_t i = 0; i < (size_t)n * dy; i++) res += d[i] * d[i];
+    ratio = tot > 0 ? res / tot : NAN;
+    if (P)
+        for (int k = 0; k < dy; k++)
+            for (int i = 0; i < dx; i++) P[(size_t)k * dx + i] = (float)W[(size_t)i * dy + k];
 done:
-    free(mx), free(my), free(A), free(B);
+    free(mx), free(my), free(A), free(B), free(A2), free(WT), free(xn), free(d);
     return ratio;
+}
+
+double qf_kv_rq_linear_fit(const float *x, const float *y, int64_t n, int dx, int dy, double noise, float *P) {
+    return linear_fit(x, y, n, dx, dy, noise, P, NULL);
+}
+
+/* V minus its prediction from the same token's K, for the fitting rows only: out row r =
+ * token r * stride (P [HD][HD], rows of HD), tokens over the threads. */
+typedef struct {
+    const float *k, *v, *P;
+    int64_t rows, stride;
+    int HD;
+    float *out;
+} vres_job;
+
+static void vres_worker(void *arg, int ith, int nth) {
+    const vres_job *j = arg;
+    int HD = j->HD;
+    for (int64_t r = ith; r < j->rows; r += nth) {
+        const float *kt = j->k + (size_t)(r * j->stride) * HD, *vt = j->v + (size_t)(r * j->stride) * HD;
+        float *rt = j->out + (size_t)r * HD;
+        for (int o = 0; o < HD; o++) {
+            double a = vt[o];
+            const float *po = j->P + (size_t)o * HD;
+            for (int i = 0; i < HD; i++) a -= (double)po[i] * kt[i];
+            rt[o] = (float)a;
+        }
+    }
+}
+
+/* The (layer, stream, head) fits, one unit each, over the threads (a shared counter hands them
+ * out; each result lands in the unit's own slots, summed afterwards in the serial order). */
+typedef struct {
+    const qf_kv_capture_view *v;
+    const qf_kv_rq_learn_params *p;
+    qf_kv_rq_fit *f;
+    float *const *resid; /* [L] V residual rows (rows x H*D), or NULL */
+    const int64_t *rows, *stride;
+    float *u;            /* [threads][max_rows * D] */
+    int64_t max_rows;
+    double *rm;          /* [unit][N_WIDTHS] */
+    qf_status *st;       /* [unit] */
+    qf_error *err;       /* [unit] */
+    atomic_int next;
+    int n_units;
+} fit_job;
+
+static void fit_worker(void *arg, int ith, int nth) {
+    (void)nth;
+    fit_job *j = arg;
+    const qf_kv_rq_learn_params *p = j->p;
+    int H = j->v->n_kv_head, D = j->v->head_dim;
+    float *u = j->u + (size_t)ith * j->max_rows * D;
+    for (int un; (un = atomic_fetch_add(&j->next, 1)) < j->n_units;) {
+        int l = un / (2 * H), s = un / H % 2, h = un % H, ls = l * 2 + s;
+        size_t o = ((size_t)l * H + h) * D, ol = ((size_t)l * H + h) * QF_KV_RQ_MAX_LEVELS;
+        float *lv[QF_KV_RQ_N_WIDTHS];
+        for (int w = 0; w < QF_KV_RQ_N_WIDTHS; w++) lv[w] = j->f->levels[s][w] + ol;
+        /* rows of head h are vectors r * H + h: x + h * D with a stride of stride * H vectors
+         * (the V residual holds the fitting rows only: stride 1) */
+        const float *x = s ? j->v->v[l] : j->v->k[l];
+        int64_t stride = j->stride[ls];
+        if (s == 1 && j->resid) x = j->resid[l], stride = 1;
+        j->st[un] = fit_one(x + (size_t)h * D, j->rows[ls], stride * H, D, s ? p->v_alpha : p->k_alpha,
+                            p->chan_w[s] ? p->chan_w[s] + o : NULL,
+                            p->seed * 0x9E3779B97F4A7C15ull + (uint64_t)((l * 2 + s) * H + h), p->lloyd_iters,
+                            j->f->mean[s] + o, j->f->cs[s] + o, lv, j->rm + (size_t)un * QF_KV_RQ_N_WIDTHS, u,
+                            &j->err[un]);
+    }
 }
 
 qf_status qf_kv_rq_learn(const qf_kv_capture_view *v, const qf_kv_rq_learn_params *p, qf_kv_rq_fit *f,
@@ -211,6 +372,16 @@ qf_status qf_kv_rq_learn(const qf_kv_capture_view *v, const qf_kv_rq_learn_param
                        L, H, D, QF_KV_RQ_MIN_HEAD_DIM, QF_KV_RQ_MAX_HEAD_DIM);
     f->n_layer = L, f->n_kv_head = H, f->head_dim = D;
     size_t nv = (size_t)L * H * D, nl = (size_t)L * H * QF_KV_RQ_MAX_LEVELS;
+    int HD = H * D, U = 2 * L * H;
+    qf_pool *pool = NULL;
+    float **resid = NULL; /* [L] V minus its prediction from the same layer's K, when p->v_pred */
+    int64_t *rows = calloc((size_t)2 * L, sizeof(int64_t)), *stride = calloc((size_t)2 * L, sizeof(int64_t));
+    double *rm = calloc((size_t)U * QF_KV_RQ_N_WIDTHS, sizeof(double));
+    qf_status *ust = calloc((size_t)U, sizeof(qf_status));
+    qf_error *uerr = calloc((size_t)U, sizeof(qf_error));
+    float *u = NULL;
+    qf_status st = QF_OK;
+    if (!rows || !stride || !rm || !ust || !uerr) goto oom;
     for (int s = 0; s < 2; s++) {
         f->mean[s] = malloc(nv * sizeof(float));
         f->cs[s] = malloc(nv * sizeof(float));
@@ -224,84 +395,67 @@ qf_status qf_kv_rq_learn(const qf_kv_capture_view *v, const qf_kv_rq_learn_param
         for (int s = 0; s < 2; s++) {
             int64_t n = s ? v->n_v[l] : v->n_k[l];
             const float *x = s ? v->v[l] : v->k[l];
-            if (!x || n / H < 64)
-                return qf_kv_rq_fit_free(f),
-                       qf_fail(err, QF_ERR_CAPTURE_FAILED, "kv-rq learn: layer %d %c: %lld captured vectors, need at "
-                                                           "least %d (capture more tokens)",
-                               l, s ? 'V' : 'K', (long long)n, 64 * H);
-            int64_t rows = n / H;
-            if (p->max_rows > 0 && rows > p->max_rows) rows = p->max_rows;
-            if (rows > max_rows) max_rows = rows;
+            if (!x || n / H < 64) {
+                st = qf_fail(err, QF_ERR_CAPTURE_FAILED, "kv-rq learn: layer %d %c: %lld captured vectors, need at "
+                                                         "least %d (capture more tokens)",
+                             l, s ? 'V' : 'K', (long long)n, 64 * H);
+                goto fail;
+            }
+            int64_t nt = n / H, r = p->max_rows > 0 && nt > p->max_rows ? p->max_rows : nt;
+            rows[l * 2 + s] = r, stride[l * 2 + s] = nt / r; /* strided subsample of the rows, in whole rows */
+            if (r > max_rows) max_rows = r;
         }
-    float *u = malloc(sizeof(float) * (size_t)max_rows * D);
-    if (!u) goto oom;
-    float *resid = NULL; /* V minus its prediction from the same layer's K, when p->v_pred */
+    if (p->n_threads > 1 && !(pool = qf_pool_create(p->n_threads))) goto oom;
     if (p->v_pred) {
-        int HD = H * D;
-        if (!(f->v_pred = calloc((size_t)L * HD * HD, sizeof(float))) ||
-            !(f->v_pred_ratio = calloc((size_t)L, sizeof(double))) ||
-            !(resid = malloc(sizeof(float) * (size_t)v->n_v[0] * D))) {
-            free(u);
-            goto oom;
-        }
-        for (int l = 1; l < L; l++)
+        for (int l = 0; l < L; l++)
             if (v->n_v[l] != v->n_v[0] || v->n_k[l] != v->n_v[0]) {
-                free(u), free(resid);
-                qf_kv_rq_fit_free(f);
-                return qf_fail(err, QF_ERR_CAPTURE_FAILED, "kv-rq learn: V prediction needs as many K as V vectors in "
-                                                           "every layer");
+                st = qf_fail(err, QF_ERR_CAPTURE_FAILED, "kv-rq learn: V prediction needs as many K as V vectors in "
+                                                         "every layer");
+                goto fail;
             }
-    }
-    for (int l = 0; l < L; l++)
-        for (int s = 0; s < 2; s++) {
-            int64_t n = (s ? v->n_v[l] : v->n_k[l]) / H, rows = p->max_rows > 0 && n > p->max_rows ? p->max_rows : n;
-            int64_t stride = n / rows; /* strided subsample of the rows, in whole rows */
-            const float *x = s ? v->v[l] : v->k[l];
-            if (s == 1 && p->v_pred) {
-                /* ridge fit on up to 4096 tokens, then the residual of every captured token */
-                int HD = H * D;
-                int64_t nt = v->n_v[l] / H, nf = nt < 4096 ? nt : 4096;
-                float *P = f->v_pred + (size_t)l * HD * HD;
-                f->v_pred_ratio[l] = qf_kv_rq_linear_fit(v->k[l], v->v[l], nf, HD, HD, p->v_pred_noise, P);
-                if (!(f->v_pred_ratio[l] < 0.9)) { /* explains too little: no prediction in this layer */
-                    memset(P, 0, sizeof(float) * (size_t)HD * HD);
-                    f->v_pred_ratio[l] = 1;
-                }
-                for (int64_t t = 0; t < nt; t++) {
-                    const float *kt = v->k[l] + t * HD, *vt = v->v[l] + t * HD;
-                    float *rt = resid + t * HD;
-                    for (int o = 0; o < HD; o++) {
-                        double a = vt[o];
-                        const float *po = P + (size_t)o * HD;
-                        for (int i = 0; i < HD; i++) a -= (double)po[i] * kt[i];
-                        rt[o] = (float)a;
-                    }
-                }
-                x = resid;
+        if (!(f->v_pred = calloc((size_t)L * HD * HD, sizeof(float))) ||
+            !(f->v_pred_ratio = calloc((size_t)L, sizeof(double))) || !(resid = calloc((size_t)L, sizeof(float *))))
+            goto oom;
+        for (int l = 0; l < L; l++) {
+            /* ridge fit on up to 4096 tokens, then the residual of the fitting rows */
+            int64_t nt = v->n_v[l] / H, nf = nt < 4096 ? nt : 4096;
+            float *P = f->v_pred + (size_t)l * HD * HD;
+            f->v_pred_ratio[l] = linear_fit(v->k[l], v->v[l], nf, HD, HD, p->v_pred_noise, P, pool);
+            if (!(f->v_pred_ratio[l] < 0.9)) { /* explains too little: no prediction in this layer */
+                memset(P, 0, sizeof(float) * (size_t)HD * HD);
+                f->v_pred_ratio[l] = 1;
             }
-            for (int h = 0; h < H; h++) {
-                size_t o = ((size_t)l * H + h) * D, ol = ((size_t)l * H + h) * QF_KV_RQ_MAX_LEVELS;
-                float *lv[QF_KV_RQ_N_WIDTHS];
-                for (int w = 0; w < QF_KV_RQ_N_WIDTHS; w++) lv[w] = f->levels[s][w] + ol;
-                double rm[QF_KV_RQ_N_WIDTHS];
-                /* rows of head h are vectors r * H + h: x + h * D with a stride of stride * H vectors */
-                qf_status st = fit_one(x + (size_t)h * D, rows, stride * H, D, s ? p->v_alpha : p->k_alpha,
-                                       p->chan_w[s] ? p->chan_w[s] + o : NULL,
-                                       p->seed * 0x9E3779B97F4A7C15ull + (uint64_t)((l * 2 + s) * H + h), p->lloyd_iters,
-                                       f->mean[s] + o, f->cs[s] + o, lv, rm, u, err);
-                if (st) {
-                    free(u), free(resid);
-                    qf_kv_rq_fit_free(f);
-                    return qf_error_prefix(err, "layer %d %c head %d: ", l, s ? 'V' : 'K', h);
-                }
-                for (int w = 0; w < QF_KV_RQ_N_WIDTHS; w++) f->rel_mse[s][l * QF_KV_RQ_N_WIDTHS + w] += rm[w] / H;
-            }
+            if (!(resid[l] = malloc(sizeof(float) * (size_t)rows[l * 2 + 1] * HD))) goto oom;
+            vres_job vj = {v->k[l], v->v[l], P, rows[l * 2 + 1], stride[l * 2 + 1], HD, resid[l]};
+            qf_pool_run(pool, vres_worker, &vj);
         }
-    free(u), free(resid);
-    return QF_OK;
+    }
+    if (!(u = malloc(sizeof(float) * (size_t)max_rows * D * (size_t)qf_pool_size(pool)))) goto oom;
+    fit_job fj = {.v = v, .p = p, .f = f, .resid = resid, .rows = rows, .stride = stride, .u = u,
+                  .max_rows = max_rows, .rm = rm, .st = ust, .err = uerr, .n_units = U};
+    atomic_init(&fj.next, 0);
+    qf_pool_run(pool, fit_worker, &fj);
+    for (int un = 0; un < U; un++) /* the first failing unit in the serial order */
+        if (ust[un]) {
+            if (err) *err = uerr[un];
+            st = ust[un];
+            qf_error_prefix(err, "layer %d %c head %d: ", un / (2 * H), un / H % 2 ? 'V' : 'K', un % H);
+            goto fail;
+        }
+    for (int un = 0; un < U; un++) {
+        int l = un / (2 * H), s = un / H % 2;
+        for (int w = 0; w < QF_KV_RQ_N_WIDTHS; w++) f->rel_mse[s][l * QF_KV_RQ_N_WIDTHS + w] += rm[(size_t)un * QF_KV_RQ_N_WIDTHS + w] / H;
+    }
+    goto out;
 oom:
+    st = qf_fail(err, QF_ERR_NOMEM, "kv-rq learn: out of memory");
+fail:
     qf_kv_rq_fit_free(f);
-    return qf_fail(err, QF_ERR_NOMEM, "kv-rq learn: out of memory");
+out:
+    for (int l = 0; resid && l < L; l++) free(resid[l]);
+    free(resid), free(u), free(rows), free(stride), free(rm), free(ust), free(uerr);
+    qf_pool_free(pool);
+    return st;
 }
 
 qf_status qf_kv_rq_payload(const qf_kv_rq_fit *f, const int *const bits[2], int n_sink, int n_window, qf_payload *pl,

@@ -2,6 +2,7 @@
  * (layer, stream, kv head) a KLT in the attention's metric, per-coordinate Lloyd-Max codebooks
  * and greedy reverse water-filling of the row's bits over the coordinates. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -217,18 +218,118 @@ static void metric(int s, const float *kw, const float *vgram, int D, double *M,
     for (int i = 0; i < D; i++) M[(size_t)i * D + i] = Minv[(size_t)i * D + i] = 1;
 }
 
-qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const float *vgram, int64_t max_rows,
-                             qf_kv_rq_fit *f, qf_error *err) {
+/* One (layer, stream, head) unit of qf_kv_rq_learn_klt per call of the shared counter; its
+ * results land in its own slots (r8, rel3, relh), summed in the serial order afterwards. */
+typedef struct {
+    const qf_kv_capture_view *v;
+    const float *kw, *vgram;
+    const qf_kv_rq_fit *f;
+    qf_kv_rq_klt_fit *k;
+    int64_t max_rows;
+    double *scratch;       /* [threads][2 DD + D + DD + DD]: scr, M, Minv */
+    float *xs;             /* [threads][max_rows * D + 4 D] */
+    uint8_t *rowb;         /* [threads][scale + D] */
+    double *r8, *rel3, *relh; /* [unit][N_RATES], [unit][NW], [unit][NW] */
+    qf_status *st;
+    qf_error *err;
+    atomic_int next;
+    int n_units;
+} klt_job;
+
+static void klt_unit(klt_job *j, int un, double *scr, double *M, double *Minv, float *X, float *xh, uint8_t *row) {
+    const qf_kv_capture_view *v = j->v;
+    const qf_kv_rq_fit *f = j->f;
+    qf_kv_rq_klt_fit *k = j->k;
     int L = f->n_layer, H = f->n_kv_head, D = f->head_dim, HD = H * D;
+    size_t lhd = (size_t)L * H * D;
+    int l = un / (2 * H), s = un / H % 2, h = un % H;
+    int64_t nt = (s ? v->n_v[l] : v->n_k[l]) / H, rows = nt < j->max_rows ? nt : j->max_rows, stride = nt / rows;
+    const float *src = s ? v->v[l] : v->k[l];
+    const float *P = s && f->v_pred ? f->v_pred + (size_t)l * HD * HD : NULL;
+    size_t o = ((size_t)l * H + h) * D;
+    const float *mean = f->mean[s] + o;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xt = src + (size_t)(r * stride) * HD;
+        if (P) { /* V minus its prediction from the same token's (exact) K */
+            const float *kt = v->k[l] + (size_t)(r * stride) * HD;
+            for (int oo = 0; oo < D; oo++) {
+                double a = xt[h * D + oo];
+                const float *po = P + (size_t)(h * D + oo) * HD;
+                for (int i = 0; i < HD; i++) a -= (double)po[i] * kt[i];
+                X[r * D + oo] = (float)(a - mean[oo]);
+            }
+        } else
+            for (int c = 0; c < D; c++) X[r * D + c] = xt[h * D + c] - mean[c];
+    }
+    metric(s, j->kw ? j->kw + o : NULL, j->vgram ? j->vgram + o * D : NULL, D, M, Minv, scr);
+    float *enc = k->enc[s] + o * D, *dec = k->dec[s] + o * D, *sig = k->sigma[s] + o, *lv = k->levels[s] + o * NW * NL;
+    j->st[un] = fit_head(X, rows, D, M, Minv, enc, dec, sig, lv, k->width[s] + o, lhd, k->eig[s] + o,
+                         j->r8 + (size_t)un * QF_KV_RQ_KLT_N_RATES, &j->err[un]);
+    if (j->st[un]) return;
+    /* the real codecs' relative error in the metric, |enc (x - x^)|^2 / |enc (x - mean)|^2,
+     * at each unit width: format 3 and the Hadamard rows of the same fit */
+    float lvw[QF_KV_RQ_MAX_HEAD_DIM * NL];
+    int64_t step = rows > 1024 ? rows / 1024 : 1;
+    for (int b = 1; b <= NW; b++) {
+        const uint8_t *wd = k->width[s] + (size_t)(8 * b) * lhd + o;
+        for (int i = 0; i < D; i++) memcpy(lvw + (size_t)i * NL, lv + ((size_t)i * NW + (wd[i] ? wd[i] - 1 : 0)) * NL, NL * sizeof(float));
+        qf_kv_rq_klt c3 = {.head_dim = D, .mean = mean, .enc = enc, .dec = dec, .sigma = sig, .levels = lvw, .width = wd};
+        float ics[QF_KV_RQ_MAX_HEAD_DIM];
+        for (int c = 0; c < D; c++) ics[c] = 1.0f / f->cs[s][o + c];
+        qf_kv_rq_codec ch = {.head_dim = D, .bits = b, .levels = f->levels[s][b - 1] + ((size_t)l * H + h) * NL,
+                             .mean = mean, .cs = f->cs[s] + o, .inv_cs = ics};
+        double num3 = 0, numh = 0, den = 0;
+        for (int64_t r = 0; r < rows; r += step) {
+            float *x = xh, *y = xh + D, *sc = xh + 2 * D;
+            for (int c = 0; c < D; c++) x[c] = X[r * D + c] + mean[c];
+            for (int pass = 0; pass < 2; pass++) {
+                if (pass == 0) qf_kv_rq_klt_encode(&c3, x, sc, row), qf_kv_rq_klt_decode(&c3, row, y);
+                else qf_kv_rq_encode(&ch, x, sc, row), qf_kv_rq_decode(&ch, row, y);
+                double e = 0, d0 = 0;
+                for (int i = 0; i < D; i++) {
+                    double a = 0, a0 = 0;
+                    for (int jj = 0; jj < D; jj++) a += (double)enc[(size_t)i * D + jj] * (x[jj] - y[jj]), a0 += (double)enc[(size_t)i * D + jj] * X[r * D + jj];
+                    e += a * a, d0 += a0 * a0;
+                }
+                if (pass == 0) num3 += e, den += d0;
+                else numh += e;
+            }
+        }
+        j->rel3[(size_t)un * NW + b - 1] = den > 0 ? num3 / den / H : 0;
+        j->relh[(size_t)un * NW + b - 1] = den > 0 ? numh / den / H : 0;
+    }
+}
+
+static void klt_worker(void *arg, int ith, int nth) {
+    (void)nth;
+    klt_job *j = arg;
+    int D = j->f->head_dim;
+    size_t DD = (size_t)D * D;
+    double *scr = j->scratch + (size_t)ith * (4 * DD + D), *M = scr + 2 * DD + D, *Minv = M + DD;
+    float *X = j->xs + (size_t)ith * ((size_t)j->max_rows * D + 4 * (size_t)D), *xh = X + (size_t)j->max_rows * D;
+    uint8_t *row = j->rowb + (size_t)ith * (QF_KV_RQ_SCALE_BYTES + (size_t)D);
+    for (int un; (un = atomic_fetch_add(&j->next, 1)) < j->n_units;) klt_unit(j, un, scr, M, Minv, X, xh, row);
+}
+
+qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const float *vgram, int64_t max_rows,
+                             int n_threads, qf_kv_rq_fit *f, qf_error *err) {
+    int L = f->n_layer, H = f->n_kv_head, D = f->head_dim, U = 2 * L * H;
     size_t DD = (size_t)D * D, lhd = (size_t)L * H * D;
     if (max_rows <= 0) max_rows = 4096;
+    qf_pool *pool = n_threads > 1 ? qf_pool_create(n_threads) : NULL;
+    int nth = qf_pool_size(pool);
     qf_kv_rq_klt_fit *k = calloc(1, sizeof *k);
-    double *M = malloc(DD * sizeof(double)), *Minv = malloc(DD * sizeof(double)), *scr = malloc((2 * DD + D) * sizeof(double));
-    float *X = malloc(sizeof(float) * (size_t)max_rows * D), *pv = malloc(sizeof(float) * (size_t)HD);
-    float *xh = malloc(sizeof(float) * 4 * (size_t)D);
-    uint8_t *row = malloc(QF_KV_RQ_SCALE_BYTES + (size_t)D);
+    klt_job j = {.v = v, .kw = kw, .vgram = vgram, .f = f, .k = k, .max_rows = max_rows, .n_units = U};
+    atomic_init(&j.next, 0);
+    j.scratch = malloc(sizeof(double) * (4 * DD + D) * nth);
+    j.xs = malloc(sizeof(float) * ((size_t)max_rows * D + 4 * (size_t)D) * nth);
+    j.rowb = malloc((QF_KV_RQ_SCALE_BYTES + (size_t)D) * nth);
+    j.r8 = calloc((size_t)U * QF_KV_RQ_KLT_N_RATES, sizeof(double));
+    j.rel3 = calloc((size_t)U * NW, sizeof(double)), j.relh = calloc((size_t)U * NW, sizeof(double));
+    j.st = calloc((size_t)U, sizeof(qf_status)), j.err = calloc((size_t)U, sizeof(qf_error));
     qf_status st = QF_OK;
-    if (!k || !M || !Minv || !scr || !X || !pv || !xh || !row) goto oom;
+    if ((n_threads > 1 && !pool) || !k || !j.scratch || !j.xs || !j.rowb || !j.r8 || !j.rel3 || !j.relh || !j.st || !j.err)
+        goto oom;
     for (int s = 0; s < 2; s++)
         if (!(k->enc[s] = malloc(lhd * D * sizeof(float))) || !(k->dec[s] = malloc(lhd * D * sizeof(float))) ||
             !(k->sigma[s] = malloc(lhd * sizeof(float))) || !(k->levels[s] = malloc(lhd * NW * NL * sizeof(float))) ||
@@ -236,71 +337,33 @@ qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const
             !(k->rel8[s] = calloc((size_t)L * QF_KV_RQ_KLT_N_RATES, sizeof(double))) ||
             !(k->had_rel_mse[s] = calloc((size_t)L * NW, sizeof(double))))
             goto oom;
-    for (int l = 0; l < L && !st; l++)
-        for (int s = 0; s < 2 && !st; s++) {
-            int64_t nt = (s ? v->n_v[l] : v->n_k[l]) / H, rows = nt < max_rows ? nt : max_rows, stride = nt / rows;
-            const float *src = s ? v->v[l] : v->k[l];
-            const float *P = s && f->v_pred ? f->v_pred + (size_t)l * HD * HD : NULL;
-            double rel[NW] = {0};
-            for (int h = 0; h < H && !st; h++) {
-                size_t o = ((size_t)l * H + h) * D;
-                const float *mean = f->mean[s] + o;
-                for (int64_t r = 0; r < rows; r++) {
-                    const float *xt = src + (size_t)(r * stride) * HD;
-                    if (P) { /* V minus its prediction from the same token's (exact) K */
-                        const float *kt = v->k[l] + (size_t)(r * stride) * HD;
-                        for (int oo = 0; oo < D; oo++) {
-                            double a = xt[h * D + oo];
-                            const float *po = P + (size_t)(h * D + oo) * HD;
-                            for (int i = 0; i < HD; i++) a -= (double)po[i] * kt[i];
-                            X[r * D + oo] = (float)(a - mean[oo]);
-                        }
-                    } else
-                        for (int c = 0; c < D; c++) X[r * D + c] = xt[h * D + c] - mean[c];
-                }
-                metric(s, kw ? kw + o : NULL, vgram ? vgram + o * D : NULL, D, M, Minv, scr);
-                float *enc = k->enc[s] + o * D, *dec = k->dec[s] + o * D, *sig = k->sigma[s] + o,
-                      *lv = k->levels[s] + o * NW * NL;
-                double r8[QF_KV_RQ_KLT_N_RATES];
-                st = fit_head(X, rows, D, M, Minv, enc, dec, sig, lv, k->width[s] + o, lhd, k->eig[s] + o, r8, err);
-                if (st) break;
-                for (int e = 0; e < QF_KV_RQ_KLT_N_RATES; e++) k->rel8[s][l * QF_KV_RQ_KLT_N_RATES + e] += r8[e] / H;
-                /* the real codecs' relative error in the metric, |enc (x - x^)|^2 / |enc (x - mean)|^2,
-                 * at each unit width: format 3 and the Hadamard rows of the same fit */
-                float lvw[QF_KV_RQ_MAX_HEAD_DIM * NL];
-                int64_t step = rows > 1024 ? rows / 1024 : 1;
-                for (int b = 1; b <= NW; b++) {
-                    const uint8_t *wd = k->width[s] + (size_t)(8 * b) * lhd + o;
-                    for (int i = 0; i < D; i++) memcpy(lvw + (size_t)i * NL, lv + ((size_t)i * NW + (wd[i] ? wd[i] - 1 : 0)) * NL, NL * sizeof(float));
-                    qf_kv_rq_klt c3 = {.head_dim = D, .mean = mean, .enc = enc, .dec = dec, .sigma = sig, .levels = lvw, .width = wd};
-                    float ics[QF_KV_RQ_MAX_HEAD_DIM];
-                    for (int c = 0; c < D; c++) ics[c] = 1.0f / f->cs[s][o + c];
-                    qf_kv_rq_codec ch = {.head_dim = D, .bits = b, .levels = f->levels[s][b - 1] + ((size_t)l * H + h) * NL,
-                                         .mean = mean, .cs = f->cs[s] + o, .inv_cs = ics};
-                    double num3 = 0, numh = 0, den = 0;
-                    for (int64_t r = 0; r < rows; r += step) {
-                        float *x = xh, *y = xh + D, *sc = xh + 2 * D;
-                        for (int c = 0; c < D; c++) x[c] = X[r * D + c] + mean[c];
-                        for (int pass = 0; pass < 2; pass++) {
-                            if (pass == 0) qf_kv_rq_klt_encode(&c3, x, sc, row), qf_kv_rq_klt_decode(&c3, row, y);
-                            else qf_kv_rq_encode(&ch, x, sc, row), qf_kv_rq_decode(&ch, row, y);
-                            double e = 0, d0 = 0;
-                            for (int i = 0; i < D; i++) {
-                                double a = 0, a0 = 0;
-                                for (int j = 0; j < D; j++) a += (double)enc[(size_t)i * D + j] * (x[j] - y[j]), a0 += (double)enc[(size_t)i * D + j] * X[r * D + j];
-                                e += a * a, d0 += a0 * a0;
-                            }
-                            if (pass == 0) num3 += e, den += d0;
-                            else numh += e;
-                        }
-                    }
-                    rel[b - 1] += den > 0 ? num3 / den / H : 0;
-                    k->had_rel_mse[s][l * NW + b - 1] += den > 0 ? numh / den / H : 0;
-                }
-            }
-            for (int b = 0; b < NW; b++) f->rel_mse[s][l * NW + b] = rel[b];
+    qf_pool_run(pool, klt_worker, &j);
+    for (int un = 0; un < U && !st; un++) /* the first failing unit in the serial order */
+        if (j.st[un]) {
+            st = j.st[un];
+            if (err) *err = j.err[un];
         }
-    free(M), free(Minv), free(scr), free(X), free(pv), free(xh), free(row);
+    if (!st) /* the per-unit results summed over the heads in the serial order */
+        for (int l = 0; l < L; l++)
+            for (int s = 0; s < 2; s++) {
+                double rel[NW] = {0};
+                for (int h = 0; h < H; h++) {
+                    int un = (l * 2 + s) * H + h;
+                    for (int e = 0; e < QF_KV_RQ_KLT_N_RATES; e++)
+                        k->rel8[s][l * QF_KV_RQ_KLT_N_RATES + e] += j.r8[(size_t)un * QF_KV_RQ_KLT_N_RATES + e] / H;
+                    for (int b = 0; b < NW; b++) {
+                        rel[b] += j.rel3[(size_t)un * NW + b];
+                        k->had_rel_mse[s][l * NW + b] += j.relh[(size_t)un * NW + b];
+                    }
+                }
+                for (int b = 0; b < NW; b++) f->rel_mse[s][l * NW + b] = rel[b];
+            }
+    goto out;
+oom:
+    st = qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
+out:
+    free(j.scratch), free(j.xs), free(j.rowb), free(j.r8), free(j.rel3), free(j.relh), free(j.st), free(j.err);
+    qf_pool_free(pool);
     if (st) {
         qf_kv_rq_klt_fit_free(k);
         return st;
@@ -308,10 +371,6 @@ qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const
     qf_kv_rq_klt_fit_free(f->klt);
     f->klt = k;
     return QF_OK;
-oom:
-    free(M), free(Minv), free(scr), free(X), free(pv), free(xh), free(row);
-    qf_kv_rq_klt_fit_free(k);
-    return qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
 }
 
 qf_status qf_kv_rq_klt_payload(const qf_kv_rq_fit *f, const int *const bits[2], qf_payload *pl, qf_error *err) {

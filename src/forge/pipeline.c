@@ -962,7 +962,7 @@ static qf_status rq_learn_klt(const qf_job *j, shared *s, const qf_kv_capture_vi
         if (!st) st = rq_channel_weights(j, s, kw, vw, err);
         if (!st) st = rq_v_gram(s, vg, err);
     }
-    if (!st) st = qf_kv_rq_learn_klt(v, kw, vg, 4096, fit, err);
+    if (!st) st = qf_kv_rq_learn_klt(v, kw, vg, 4096, qf_context_params_get(s->ctx)->n_threads, fit, err);
     free(kw), free(vw), free(vg);
     if (st) return st;
     fit->klt->eighths = j->rq_klt_eighths == 1;
@@ -1095,6 +1095,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     }
     lp.v_pred = j->rq_vpred != 0 && rq_use_prerope(j);
     lp.v_pred_noise = j->rq_vpred_noise;
+    lp.n_threads = qf_context_params_get(s->ctx)->n_threads;
     st = qf_kv_rq_learn(&v, &lp, &fit, err);
     free(cw[0]), free(cw[1]);
     if (!st && fit.v_pred) {
