@@ -111,10 +111,11 @@ TEST(int8_calibrate_package_load_ppl_reproduces) {
     CHECK(qf_payload_get_int(&a.cert.config, "eval_chunks", &chunks) && chunks == EVAL_CHUNKS);
     CHECK(qf_payload_get_int(&a.cert.config, "eval_n_ctx", &nctx) && nctx == NCTX);
     CHECK((sha = qf_payload_get_string(&a.cert.config, "eval_text_sha256")) != NULL);
-    /* what qforge ppl --artifact does */
+    /* what qforge ppl --artifact does (the canonical arithmetic, as certification) */
     qf_context_params cp = qf_context_default_params();
     cp.n_ctx = NCTX;
     cp.n_threads = 2;
+    cp.canonical = true;
     cp.device = QF_DEVICE_CPU;
     qf_context *c = qf_context_new(m, &cp, &e);
     CHECK(c != NULL);

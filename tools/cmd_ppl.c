@@ -10,7 +10,7 @@
 
 static const char *USAGE =
     "qforge ppl -m MODEL -f TEXT [-c N] [-t N] [-b N] [--chunks N] [-ctk T] [-ctv T] [--kv-rot R]\n"
-    "           [--kl-divergence-base FILE] [--kl-divergence] [--reference] [--device D] [--json]\n"
+    "           [--kl-divergence-base FILE] [--kl-divergence] [--reference] [--arith A] [--device D] [--json]\n"
     "           [--artifact X.qfa [--trust-key PEM] [--force-uncertified-ctx]]\n"
     "  -c N          chunk (context) size, default 512\n"
     "  -t N          threads, default all cores\n"
@@ -22,6 +22,9 @@ static const char *USAGE =
     "  --kl-divergence-base FILE  save this run's log-probs to FILE (the reference)\n"
     "  --kl-divergence            compare against --kl-divergence-base FILE\n"
     "  --reference   use the scalar CPU reference path (slow; the oracle)\n"
+    "  --arith A     canonical or fast: canonical (the default with --artifact) computes every number\n"
+    "                the same on the CPU and the GPU, as certification does, so the certificate's\n"
+    "                PPL is reproduced exactly; fast (the default otherwise) is each device's fastest\n"
     "  --device D    cpu, cuda or auto (default auto: the GPU when one answers)\n"
     "  --artifact X  run a certified kv-int8 / kv-dict / kv-rq artifact (.qfa) in the KV cache; it must be\n"
     "                certified for this exact model file (refused otherwise, with its exit code)\n"
@@ -37,6 +40,7 @@ int qf_cmd_ppl(int argc, char **argv) {
     qf_ppl_params pp = qf_ppl_default_params();
     eo.cp.n_ctx = pp.n_ctx;
     bool json = false, kl = false, reference = false;
+    int arith = -1; /* -1: canonical with --artifact, else fast */
     int n_batch = 0;
     char why[256];
     for (int i = 1; i < argc; i++) {
@@ -63,6 +67,11 @@ int qf_cmd_ppl(int argc, char **argv) {
             kl = true;
         } else if (!strcmp(a, "--reference")) {
             reference = true;
+        } else if ((r = cli_flag_value(argc, argv, &i, "--arith", NULL, &val))) {
+            if (r < 0) goto missing;
+            if (!strcmp(val, "canonical")) arith = 1;
+            else if (!strcmp(val, "fast")) arith = 0;
+            else return cli_usage("ppl", USAGE, "bad --arith '%s' (canonical or fast)", val);
         } else if (!strcmp(a, "--json")) {
             json = true;
         } else {
@@ -76,6 +85,7 @@ int qf_cmd_ppl(int argc, char **argv) {
     if (!model_path) return cli_usage("ppl", USAGE, "-m MODEL is required");
     if (!text_path) return cli_usage("ppl", USAGE, "-f TEXT is required");
     if (kl && !kl_base) return cli_usage("ppl", USAGE, "--kl-divergence needs --kl-divergence-base FILE");
+    if (reference && arith == 1) return cli_usage("ppl", USAGE, "--reference and --arith canonical are two different routes: pick one");
     eo.cp.reference = reference;
     if (!cli_engine_check(&eo, why, sizeof why)) return cli_usage("ppl", USAGE, "%s", why);
     if (kl) pp.kl_base_read = kl_base;
@@ -93,6 +103,7 @@ int qf_cmd_ppl(int argc, char **argv) {
     rp.trust_key = eo.trust_key;
     rp.cp = eo.cp;
     rp.cp.reference = reference;
+    rp.cp.canonical = !reference && (arith == 1 || (arith < 0 && artifact_path));
     rp.cp.n_batch = n_batch; /* 0: the chunk */
     rp.force_uncertified_ctx = eo.force_uncertified_ctx;
 
@@ -124,7 +135,7 @@ int qf_cmd_ppl(int argc, char **argv) {
                 qf_model_hparams(run.model)->arch_name, qf_model_hparams(run.model)->n_layer,
                 qf_model_hparams(run.model)->n_embd, qf_kv_mode_name(cp->kv_k), qf_kv_mode_name(cp->kv_v),
                 cp->kv_rot != QF_KV_ROT_NONE ? " rot " : "", cp->kv_rot != QF_KV_ROT_NONE ? qf_kv_rot_name(cp->kv_rot) : "",
-                cp->n_threads, cp->reference ? ", reference path" : "");
+                cp->n_threads, cp->reference ? ", reference path" : qf_context_canonical(c) ? ", canonical arithmetic" : "");
         fprintf(stderr, "perplexity: calculating perplexity over chunks of n_ctx=%d, batch_size=%d%s\n", pp.n_ctx,
                 cp->n_batch, qf_mpi_size() > 1 ? mpi_note : "");
         }

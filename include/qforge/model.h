@@ -205,6 +205,10 @@ typedef struct {
                          two. On the GPU route only when the backend supports it: under --device
                          auto the context falls back to the CPU, under --device cuda it is refused */
     bool reference;  /* scalar oracle kernels and no BLAS: the CPU reference path */
+    bool canonical;  /* the canonical arithmetic (docs/gpu.md "Canonical arithmetic"): every number
+                        is the same bits on the CPU (any thread count or instruction set) and on
+                        the GPU, where qf_context_canonical says it applies; certification and
+                        `qforge ppl --artifact` run this way. Ignored with `reference` */
     qf_device device;
     qf_cuda_params cuda; /* CUDA backend knobs (ignored on the CPU) */
 } qf_context_params;
@@ -218,6 +222,12 @@ QF_API void qf_context_free(qf_context *c);
 QF_API const qf_context_params *qf_context_params_get(const qf_context *c);
 QF_API qf_device qf_context_device(const qf_context *c); /* the device actually in use */
 QF_API qf_model *qf_context_model(const qf_context *c);
+/* True when c computes in the canonical arithmetic: params.canonical (not reference) and a model
+ * and cache it covers: the llama / qwen2 layer (no MoE, per-head q/k norms, post norms, soft-
+ * capping, sliding windows or embedding scale; SwiGLU) with K and V in f32, f16, q8_0, q4_0 (with
+ * or without --kv-rot hadamard) or kv-int8 rows. Elsewhere the canonical flag still picks the
+ * same kernels on the CPU, but the GPU takes its own route. */
+QF_API bool qf_context_canonical(const qf_context *c);
 
 /* Run n tokens at positions [pos0, pos0+n) (the cache must already hold [0, pos0)); pos0 = 0
  * starts a new sequence (whatever the cache holds past pos0 is overwritten before it is read).

@@ -296,6 +296,10 @@ struct qf_context {
     /* how the CPU reads a kv-rq cache (forward.c): QF_RQ_ROUTE_AUTO, or one route forced (tests,
      * benchmarks; the environment's QF_RQ_ROUTE=rows|explicit|coef at creation) */
     int rq_route;
+    /* params.canonical and not params.reference: the canonical kernels (kernels/canon.h) on the
+     * CPU; canon_scr: their scratch, at this float offset in each thr_buf */
+    bool canon;
+    size_t canon_scr;
 };
 
 enum {

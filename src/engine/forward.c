@@ -13,7 +13,11 @@
  * weight to f32 and multiplies them with OpenBLAS sgemm; a single token (decode) quantizes
  * the activation to the weight's vec_dot type and uses the integer dot kernels, as ggml does.
  * The reference route (params.reference) uses the scalar oracle kernels and plain loops: it is
- * the CPU reference path that the fast route and the GPU are certified against. */
+ * the CPU reference path that the fast route and the GPU are checked against. The canonical
+ * route (params.canonical, kernels/canon.h) is the fast route with every sum in one defined
+ * order: the integer GEMMs at any batch size (their scalar oracles where the CPU lacks the
+ * instructions), an fmaf chain for the other weights and for attention: the GPU computes the
+ * same bits (docs/gpu.md "Canonical arithmetic"), and certification runs this way. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -22,6 +26,7 @@
 
 #include "engine.h"
 #include "kernels/blas.h"
+#include "kernels/canon_cpu.h"
 #include "kernels/gemm.h"
 #include "kernels/matvec.h"
 #include "engine/gpu.h"
@@ -195,6 +200,11 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     if (tile < f16s) tile = f16s; /* the f16 GEMM's panels of one K block (small models: maxK < QF_GEMM_F16_KB) */
     size_t scores = B * (size_t)c->params.n_ctx;
     c->thr_buf_floats = tile > scores ? tile : scores;
+    c->canon = c->params.canonical && !c->params.reference;
+    if (c->canon) { /* the canonical kernels' transposed panels, after the tile / score block */
+        c->canon_scr = c->thr_buf_floats;
+        c->thr_buf_floats += (size_t)QF_CANON_SCRATCH(maxK);
+    }
     int nthr = qf_pool_size(c->pool);
     c->thr_buf = calloc((size_t)nthr + 1, sizeof(float *));
     if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->hb || !c->hb2 || !c->rope_cos ||
@@ -280,6 +290,20 @@ bool qf_device_from_name(const char *name, qf_device *out) {
 }
 bool qf_cuda_available(void) { return qf_cuda_backend_available(); }
 qf_model *qf_context_model(const qf_context *c) { return c->model; }
+
+bool qf_context_canonical(const qf_context *c) {
+    const qf_hparams *hp = &c->model->hp;
+    if (!c->canon || hp->n_expert || hp->qk_norm || hp->post_norms || hp->attn_softcap > 0 || hp->final_softcap > 0 ||
+        hp->swa != QF_SWA_NONE || hp->embd_scale != 1.0f || hp->ffn_act != QF_FFN_SILU)
+        return false;
+    const qf_kv_cache *kv = &c->kv;
+    if (kv->n_sink || kv->n_window || kv->k_prerope) return false;
+    const qf_kv_mode m[2] = {kv->mode_k, kv->mode_v};
+    for (int s = 0; s < 2; s++)
+        if (m[s] != QF_KV_F32 && m[s] != QF_KV_F16 && m[s] != QF_KV_Q8_0 && m[s] != QF_KV_Q4_0 && m[s] != QF_KV_INT8)
+            return false;
+    return true;
+}
 void qf_context_set_tap(qf_context *c, const qf_tap *tap) { c->tap = tap; }
 double qf_context_kv_bytes_per_token(const qf_context *c) { return qf_kv_cache_bytes_per_token(&c->kv); }
 
@@ -357,10 +381,15 @@ static void mm_worker(void *arg, int ith, int nth) {
             const int64_t K = w->ne0, N = w->ne1, tr = re - r;
             const uint8_t *wd = w->data;
             float *y = j->ys[k];
-            if (j->route == 3) {
-                if (j->rps[k]) qf_gemm_q4x16_rows(j->rps[k], K, r, re, ext(j->c)->gact, j->n, y, N);
-                else if (qf_gemm_k_type(w->type)) qf_gemm_k_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, y, N, buf);
-                else qf_gemm_q8_rows(w->type, wd, w->row_bytes, K, r, re, ext(j->c)->gact, j->n, y, N, buf);
+            if (j->route == 3) { /* the oracles only on the canonical route of a CPU without the kernel */
+                const uint8_t *act = ext(j->c)->gact;
+                if (j->rps[k]) qf_gemm_q4x16_rows(j->rps[k], K, r, re, act, j->n, y, N);
+                else if (qf_gemm_k_type(w->type)) {
+                    if (qf_gemm_k_supported(w->type)) qf_gemm_k_rows(w->type, wd, w->row_bytes, K, r, re, act, j->n, y, N, buf);
+                    else qf_gemm_k_rows_ref(w->type, wd, w->row_bytes, K, r, re, act, j->n, y, N);
+                } else if (qf_gemm_q8_supported(w->type))
+                    qf_gemm_q8_rows(w->type, wd, w->row_bytes, K, r, re, act, j->n, y, N, buf);
+                else qf_gemm_q8_rows_ref(w->type, wd, w->row_bytes, K, r, re, act, j->n, y, N);
                 continue;
             }
             if (w->type == QF_TYPE_F16 && K % 16 == 0 && qf_gemm_f16_supported()) {
@@ -372,8 +401,13 @@ static void mm_worker(void *arg, int ith, int nth) {
             if (w->type == QF_TYPE_F32) wt = (const float *)(wd + (size_t)r * w->row_bytes);
             else {
                 for (int64_t i = 0; i < tr; i++)
-                    qf_dequantize_row(w->type, wd + (size_t)(r + i) * w->row_bytes, buf + i * K, K);
+                    (j->c->canon ? qf_dequantize_row_ref : qf_dequantize_row)(w->type, wd + (size_t)(r + i) * w->row_bytes,
+                                                                            buf + i * K, K);
                 wt = buf;
+            }
+            if (j->c->canon) { /* the f32 chain of each (row, token): the same sums as the f16 kernel */
+                qf_canon_gemm_rows(wt, K, tr, j->x, j->n, y + r, N, buf + j->c->canon_scr);
+                continue;
             }
             qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, (int)tr, (int)K, 1.0f, j->x, (int)K, wt, (int)K,
                      0.0f, y + r, (int)N);
@@ -441,7 +475,7 @@ static void mv_worker(void *arg, int ith, int nth) {
 /* Run the nw matmuls y[k] = x . W[k]^T as one decode matvec job; false (nothing done) when the
  * route does not apply (prefill, the reference route, a type or shape without the fast kernel). */
 static bool matvec_multi(qf_context *c, int nw, const qf_weight *const *ws, const float *x, int n, float *const *ys) {
-    if (c->params.reference || n >= GEMM_MIN_TOKENS || nw > MV_MAX_W) return false;
+    if (c->params.reference || c->canon || n >= GEMM_MIN_TOKENS || nw > MV_MAX_W) return false;
     int64_t K = ws[0]->ne0;
     ctx_ext *e = ext(c);
     mv_job j = {.nw = nw, .n = n, .act_stride = e->mvact_row};
@@ -485,14 +519,18 @@ static bool matvec_multi(qf_context *c, int nw, const qf_weight *const *ws, cons
 }
 
 /* the prefill route of weight type t: 3 (int8 / K-quant GEMM on quantized activations) or 0 (f16
- * micro-kernel, or dequantize + sgemm) */
-static int prefill_route(qf_type t) { return qf_gemm_q8_supported(t) || qf_gemm_k_supported(t) ? 3 : 0; }
+ * micro-kernel, dequantize + sgemm, or the canonical chain). The canonical route takes 3 for every
+ * type the integer GEMMs know, with their scalar oracles where this CPU lacks the kernel. */
+static int prefill_route(const qf_context *c, qf_type t) {
+    if (c->canon) return qf_gemm_q8_type(t) || qf_gemm_k_type(t) ? 3 : 0;
+    return qf_gemm_q8_supported(t) || qf_gemm_k_supported(t) ? 3 : 0;
+}
 
 /* Weights whose prefill can share one job: the same route, K and activation layout (route 3: the
  * same Q8_0-family type, or both K-quants, whose Q8_K activations are the same) */
-static bool prefill_compatible(const qf_weight *a, const qf_weight *b) {
-    if (a->ne0 != b->ne0 || prefill_route(a->type) != prefill_route(b->type)) return false;
-    if (prefill_route(a->type) == 0) return true;
+static bool prefill_compatible(const qf_context *c, const qf_weight *a, const qf_weight *b) {
+    if (a->ne0 != b->ne0 || prefill_route(c, a->type) != prefill_route(c, b->type)) return false;
+    if (prefill_route(c, a->type) == 0) return true;
     return a->type == b->type || (qf_gemm_k_type(a->type) && qf_gemm_k_type(b->type));
 }
 
@@ -500,7 +538,7 @@ static bool prefill_compatible(const qf_weight *a, const qf_weight *b) {
  * as one pool job (route 3: after one job quantizing x). */
 static void matmul_prefill(qf_context *c, int nw, const qf_weight *const *ws, const float *x, int n, float *const *ys) {
     mm_job j = {.c = c, .w = ws[0], .x = x, .y = ys[0], .n = n, .nw = nw};
-    j.route = prefill_route(ws[0]->type);
+    j.route = prefill_route(c, ws[0]->type);
     j.u0[0] = 0;
     for (int k = 0; k < nw; k++) {
         j.ws[k] = ws[k];
@@ -522,8 +560,8 @@ static void matmul(qf_context *c, const qf_weight *w, const float *x, int n, flo
 /* q, k, v (or gate, up): one decode matvec job or one prefill job when it applies, else one matmul each */
 static void matmul_n(qf_context *c, int nw, const qf_weight *const *ws, const float *x, int n, float *const *ys) {
     if (matvec_multi(c, nw, ws, x, n, ys)) return;
-    bool one = !c->params.reference && n >= GEMM_MIN_TOKENS;
-    for (int k = 1; k < nw && one; k++) one = prefill_compatible(ws[0], ws[k]);
+    bool one = !c->params.reference && (n >= GEMM_MIN_TOKENS || c->canon);
+    for (int k = 1; k < nw && one; k++) one = prefill_compatible(c, ws[0], ws[k]);
     if (one) {
         matmul_prefill(c, nw, ws, x, n, ys);
         return;
@@ -533,7 +571,7 @@ static void matmul_n(qf_context *c, int nw, const qf_weight *const *ws, const fl
 
 static void matmul(qf_context *c, const qf_weight *w, const float *x, int n, float *y) {
     if (matvec_multi(c, 1, &w, x, n, &y)) return;
-    if (!c->params.reference && n >= GEMM_MIN_TOKENS) {
+    if (!c->params.reference && (n >= GEMM_MIN_TOKENS || c->canon)) {
         matmul_prefill(c, 1, &w, x, n, &y);
         return;
     }
@@ -880,7 +918,12 @@ static void attention_worker(void *arg, int ith, int nth) {
             int nb = n - i0 < ATT_QBLOCK ? n - i0 : ATT_QBLOCK;
             int Tb = j->pos0 + i0 + nb; /* keys this block can see */
             const float *Qb = Q + (size_t)i0 * Dq;
-            if (c->params.reference) {
+            bool exact = c->kv.n_sink || c->kv.n_window;
+            /* the canonical route's attention (kernels/canon.h): fmaf chains over d, then over t */
+            const bool canon = c->canon && !exact && !j->vcoef;
+            if (canon) {
+                qf_canon_scores(Qb, Dq, nb, K, Tb, hd, scale, S, Tb, c->thr_buf[ith] + c->canon_scr);
+            } else if (c->params.reference) {
                 for (int i = 0; i < nb; i++)
                     for (int t = 0; t < Tb; t++) {
                         double s = 0;
@@ -890,7 +933,6 @@ static void attention_worker(void *arg, int ith, int nth) {
             } else {
                 qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, Tb, hd, scale, Qb, Dq, K, hd, 0.0f, S, Tb);
             }
-            bool exact = c->kv.n_sink || c->kv.n_window;
             const float *EK = ext(c)->ekbuf + (size_t)kvh * c->params.n_ctx * hd;
             const float *EV = ext(c)->evbuf + (size_t)kvh * c->params.n_ctx * hd;
             for (int i = 0; i < nb; i++) {
@@ -910,7 +952,9 @@ static void attention_worker(void *arg, int ith, int nth) {
                 rq_values_coef(c, j, ith, kvh, i0, nb, Tb, S, V, EV, Ob);
                 continue;
             }
-            if (c->params.reference) {
+            if (canon) {
+                qf_canon_pv(S, Tb, nb, j->pos0 + i0 + 1, V, hd, Ob, Dq);
+            } else if (c->params.reference) {
                 for (int i = 0; i < nb; i++)
                     for (int d = 0; d < hd; d++) {
                         double s = 0;
@@ -1167,7 +1211,7 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
 
     for (int t = 0; t < n; t++) {
         const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
-        if (ref) qf_dequantize_row_ref(m->tok_embd.type, row, c->x + (size_t)t * D, D);
+        if (ref || c->canon) qf_dequantize_row_ref(m->tok_embd.type, row, c->x + (size_t)t * D, D);
         else qf_dequantize_row(m->tok_embd.type, row, c->x + (size_t)t * D, D);
     }
     if (hp->embd_scale != 1.0f) /* gemma: embeddings times sqrt(n_embd) */

@@ -174,7 +174,10 @@ static qf_status perplexity(qf_context *c, const int32_t *tokens, int64_t n_toke
     qf_kld_state kl;
     uint8_t *rec = NULL, *all = NULL;
     qf_status st = qf_kld_begin(&kl, p, n_ctx, n_vocab, n_chunk, n_own, base, tokens, err);
-    u.gpu_scores = qf_context_device(c) == QF_DEVICE_CUDA && !kl.reading && !kl.writing && u.n_batch >= n_ctx;
+    /* (not in the canonical arithmetic: its scores are the host's log_softmax_tok of the same
+     * logits on every device) */
+    u.gpu_scores = qf_context_device(c) == QF_DEVICE_CUDA && !kl.reading && !kl.writing && u.n_batch >= n_ctx &&
+                   !c->params.canonical;
     u.off_pos = (size_t)n_score * sizeof(double);
     u.off_rows = u.off_pos + (kl.reading ? (size_t)n_score * sizeof(qf_kld_pos) : 0);
     u.rec_bytes = u.off_rows + (kl.writing && !kl.local ? (size_t)n_score * kl.nv * sizeof(uint16_t) : 0);

@@ -164,6 +164,11 @@ static qf_status stage_model(const qf_job *j, shared *s, qf_error *err) {
      * reference (fused f16 q|k|v) and quantized-KV passes (f32 K/V), which shows up in the KLDs
      * a verdict compares; in f32 the GPU's numbers follow the CPU's */
     if (s->cert_gpu) cp.cuda.gemm_f32 = cp.cuda.attn_warp = true; /* and f32 attention for every cache */
+    /* Certification computes in the canonical arithmetic (kernels/canon.h): where the model and
+     * cache are covered (qf_context_canonical), every number is the same bits on the CPU and the
+     * GPU, so the certificate does not depend on the device; the GPU's f32 knobs above are its
+     * route where they are not */
+    cp.canonical = true;
     if (!(s->ctx = qf_context_new(s->model, &cp, err))) return err ? err->code : QF_ERR_NOMEM;
     s->eval_chunks = j->eval_chunks == 0 ? 16 : j->eval_chunks < 0 ? 0 : j->eval_chunks;
     return QF_OK;
@@ -629,6 +634,9 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
     if (!st) st = qf_payload_add_int(cf, "eval_chunks", r->n_chunks, err);
     if (!st) st = qf_payload_add_string(cf, "ref_kv", qf_kv_mode_name(j->ref_kv), err);
     if (!st) st = qf_payload_add_int(cf, "n_threads", qf_context_params_get(s->ctx)->n_threads, err);
+    /* "canonical": the numbers are the same bits on every device (docs/gpu.md "Canonical
+     * arithmetic"); "device": this model or cache is outside it, the numbers are this device's */
+    if (!st) st = qf_payload_add_string(cf, "arith", qf_context_canonical(s->ctx) ? "canonical" : "device", err);
     if (!st && j->kind == QF_ARTIFACT_KV_INT8) /* the precision the gate judged the numbers at */
         st = qf_payload_add_int(cf, "numbers_sig_digits", QF_CERT_SIG_DIGITS_INT8, err);
     if (!st && s->cert_gpu) { /* where certification ran, and the CPU re-check of its first chunk */
@@ -643,11 +651,12 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
     if (!st) {
         char cmd[768];
         snprintf(cmd, sizeof cmd,
-                 "qforge ppl -m %s -f EVAL.txt -c %d --chunks %d -t %d "
+                 "qforge ppl -m %s -f EVAL.txt -c %d --chunks %d -t %d%s "
                  "(EVAL.txt: qforge calibrate --eval-out, or qforge corpus <same inputs> -o DIR -> DIR/eval.txt; "
                  "sha256 above)",
                  j->kind == QF_ARTIFACT_AWQ ? "THE-AWQ.gguf (named by the payload)" : "MODEL --artifact ARTIFACT",
-                 r->n_ctx, r->n_chunks, qf_context_params_get(s->ctx)->n_threads);
+                 r->n_ctx, r->n_chunks, qf_context_params_get(s->ctx)->n_threads,
+                 j->kind == QF_ARTIFACT_AWQ ? " --arith canonical" : "");
         st = qf_payload_add_string(cf, "reproduce", cmd, err);
     }
     return st;

@@ -1,6 +1,7 @@
 /* vecmath.c: dispatch of the elementwise kernels (see vecmath.h). */
 #include <math.h>
 
+#include "kernels/canon.h"
 #include "kernels/vecmath.h"
 #include "qforge/quant.h"
 
@@ -8,9 +9,11 @@ void qf_vec_exp_ref(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] = expf(x[i]);
 }
 
+/* the fast kernels' scalar fallbacks compute canon.h's canonical arithmetic, the same bits as
+ * their AVX2 versions */
 void qf_vec_exp(float *x, int n) {
     if (qf_quant_has_avx2() && qf_vec_exp_avx2(x, n)) return;
-    qf_vec_exp_ref(x, n);
+    for (int i = 0; i < n; i++) x[i] = qf_canon_exp(x[i]);
 }
 
 float qf_vec_max_ref(const float *x, int n) {
@@ -38,21 +41,25 @@ void qf_softmax_ref(float *x, int n) {
 float qf_vec_max(const float *x, int n) { return qf_quant_has_avx2() ? qf_vec_max_avx2(x, n) : qf_vec_max_ref(x, n); }
 
 double qf_vec_sum_exp(const float *x, int n, float mx) {
-    return qf_quant_has_avx2() ? qf_vec_sum_exp_avx2(x, n, mx) : qf_vec_sum_exp_ref(x, n, mx);
+    if (qf_quant_has_avx2()) return qf_vec_sum_exp_avx2(x, n, mx);
+    double L[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) L[j] += qf_canon_exp(x[i + j] - mx);
+    double s = qf_canon_lanes(L);
+    for (; i < n; i++) s += qf_canon_exp(x[i] - mx);
+    return s;
 }
 
 void qf_softmax(float *x, int n) {
     if (qf_quant_has_avx2()) qf_softmax_avx2(x, n);
-    else qf_softmax_ref(x, n);
-}
-
-static void silu_mul_ref(float *g, const float *u, int n) {
-    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    else qf_canon_softmax(x, n);
 }
 
 void qf_vec_silu_mul(float *g, const float *u, int n) {
     if (qf_quant_has_avx2()) qf_vec_silu_mul_avx2(g, u, n);
-    else silu_mul_ref(g, u, n);
+    else
+        for (int i = 0; i < n; i++) g[i] = qf_canon_silu_mul(g[i], u[i]);
 }
 
 void qf_rmsnorm_row_ref(float *out, const float *x, const float *g, int n, float eps) {
@@ -64,5 +71,5 @@ void qf_rmsnorm_row_ref(float *out, const float *x, const float *g, int n, float
 
 void qf_rmsnorm_row(float *out, const float *x, const float *g, int n, float eps) {
     if (qf_quant_has_avx2()) qf_rmsnorm_row_avx2(out, x, g, n, eps);
-    else qf_rmsnorm_row_ref(out, x, g, n, eps);
+    else qf_canon_rmsnorm_row(out, x, g, n, eps);
 }

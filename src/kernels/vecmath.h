@@ -1,6 +1,8 @@
 /* vecmath.h: elementwise math on float arrays for the forward pass: exp in place (softmax,
- * SiLU). The scalar version (expf) is the oracle; the AVX2/FMA version (vecmath_avx2.c, chosen
- * at run time with the quant kernels' CPU check) is within 2e-7 relative of it. */
+ * SiLU). The _ref versions (libm's expf, in-order sums) are the reference route's oracles; the
+ * fast versions compute canon.h's canonical arithmetic (Cephes' exp polynomial, 8-lane double row
+ * sums): the AVX2/FMA kernels (vecmath_avx2.c, chosen at run time with the quant kernels' CPU
+ * check) and the scalar fallbacks give the same bits, within 2e-7 relative of the oracles. */
 #ifndef QF_VECMATH_H
 #define QF_VECMATH_H
 

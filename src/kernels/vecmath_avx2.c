@@ -1,4 +1,6 @@
-/* vecmath_avx2.c: AVX2/FMA exp for the softmax and SiLU (compiled with -mavx2 -mfma).
+/* vecmath_avx2.c: AVX2/FMA exp for the softmax and SiLU (compiled with -mavx2 -mfma). Each lane,
+ * and each element of a tail, computes canon.h's canonical scalar (qf_canon_exp, the row sums'
+ * 8 double lanes): the same bits as the scalar fallbacks in vecmath.c on any CPU.
  *
  * exp(x) = 2^k * exp(r), k = round(x / ln 2), r = x - k ln 2 (ln 2 split in two parts so r is
  * exact to f32), exp(r) by a degree-6 polynomial on |r| <= ln2/2 (Cephes' expf coefficients).
@@ -8,6 +10,7 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include "kernels/canon.h"
 #include "kernels/vecmath.h"
 
 static inline __m256 exp8(__m256 x) {
@@ -34,7 +37,7 @@ static inline __m256 exp8(__m256 x) {
 bool qf_vec_exp_avx2(float *x, int n) {
     int i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp8(_mm256_loadu_ps(x + i)));
-    for (; i < n; i++) x[i] = expf(x[i]);
+    for (; i < n; i++) x[i] = qf_canon_exp(x[i]); /* the same lane, scalar */
     return true;
 }
 
@@ -67,7 +70,7 @@ double qf_vec_sum_exp_avx2(const float *x, int n, float mx) {
     int i = 0;
     for (; i + 8 <= n; i += 8) s0 = add_f32x8_pd(s0, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm)), &s1);
     double sum = hsum_pd(s0, s1);
-    for (; i < n; i++) sum += expf(x[i] - mx);
+    for (; i < n; i++) sum += qf_canon_exp(x[i] - mx);
     return sum;
 }
 
@@ -82,7 +85,7 @@ void qf_softmax_avx2(float *x, int n) {
         s0 = add_f32x8_pd(s0, e, &s1);
     }
     double sum = hsum_pd(s0, s1);
-    for (; i < n; i++) sum += (x[i] = expf(x[i] - mx));
+    for (; i < n; i++) sum += (x[i] = qf_canon_exp(x[i] - mx));
     const float inv = (float)(1.0 / sum);
     const __m256 vi = _mm256_set1_ps(inv);
     for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vi));
@@ -96,7 +99,7 @@ void qf_vec_silu_mul_avx2(float *g, const float *u, int n) {
         const __m256 gv = _mm256_loadu_ps(g + i), e = exp8(_mm256_xor_ps(gv, sign));
         _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
     }
-    for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    for (; i < n; i++) g[i] = qf_canon_silu_mul(g[i], u[i]);
 }
 
 void qf_rmsnorm_row_avx2(float *out, const float *x, const float *g, int n, float eps) {

@@ -1,0 +1,129 @@
+/* canon_avx2.c: the AVX2/FMA versions of canon_cpu.h's kernels (compiled with -mavx2 -mfma).
+ * Lanes run over independent outputs (keys, rows or head dimensions), never over the summed
+ * index, and _mm256_fmadd_ps rounds once like fmaf: every output is the oracle's chain, bit for
+ * bit. Several outputs are kept in flight (4 queries x 16 keys, 2 queries x 32 dims, 16 rows x 4
+ * tokens) so that the FMA latency does not serialize one chain. */
+#include <immintrin.h>
+
+#include "kernels/canon.h"
+#include "kernels/canon_cpu.h"
+
+bool qf_canon_scores_avx2(const float *Q, int64_t ldq, int nq, const float *K, int T, int hd, float scale, float *S,
+                          int64_t lds, float *scratch) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    int t = 0;
+    for (; t + 16 <= T; t += 16) {
+        /* the 16 keys transposed: scratch[d * 16 + j] = K[t + j][d] */
+        for (int j = 0; j < 16; j++) {
+            const float *kr = K + (int64_t)(t + j) * hd;
+            for (int d = 0; d < hd; d++) scratch[d * 16 + j] = kr[d];
+        }
+        int i = 0;
+        for (; i + 4 <= nq; i += 4) {
+            __m256 a[4][2];
+            for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+            const float *q0 = Q + i * ldq;
+            for (int d = 0; d < hd; d++) {
+                const __m256 k0 = _mm256_loadu_ps(scratch + d * 16), k1 = _mm256_loadu_ps(scratch + d * 16 + 8);
+                for (int r = 0; r < 4; r++) {
+                    const __m256 qb = _mm256_set1_ps(q0[r * ldq + d]);
+                    a[r][0] = _mm256_fmadd_ps(qb, k0, a[r][0]);
+                    a[r][1] = _mm256_fmadd_ps(qb, k1, a[r][1]);
+                }
+            }
+            for (int r = 0; r < 4; r++) {
+                _mm256_storeu_ps(S + (i + r) * lds + t, _mm256_mul_ps(a[r][0], vs));
+                _mm256_storeu_ps(S + (i + r) * lds + t + 8, _mm256_mul_ps(a[r][1], vs));
+            }
+        }
+        for (; i < nq; i++) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            const float *q = Q + i * ldq;
+            for (int d = 0; d < hd; d++) {
+                const __m256 qb = _mm256_set1_ps(q[d]);
+                a0 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(scratch + d * 16), a0);
+                a1 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(scratch + d * 16 + 8), a1);
+            }
+            _mm256_storeu_ps(S + i * lds + t, _mm256_mul_ps(a0, vs));
+            _mm256_storeu_ps(S + i * lds + t + 8, _mm256_mul_ps(a1, vs));
+        }
+    }
+    for (; t < T; t++) /* the last keys: one chain each (scalar fmaf is the same instruction) */
+        for (int i = 0; i < nq; i++) S[i * lds + t] = CN_MUL(qf_canon_dot(Q + i * ldq, K + (int64_t)t * hd, hd, 1), scale);
+    return true;
+}
+
+/* the chains of dims [d0, d0 + 8w) of queries a (na keys) and b (nb = na + 1 keys, or none) */
+static inline void pv_block(const float *Pa, const float *Pb, int na, const float *V, int hd, int d0, int w, float *Oa,
+                            float *Ob) {
+    __m256 a[4], b[4];
+    for (int j = 0; j < w; j++) a[j] = b[j] = _mm256_setzero_ps();
+    int t = 0;
+    for (; t < na; t++) {
+        const float *vr = V + (int64_t)t * hd + d0;
+        const __m256 pa = _mm256_set1_ps(Pa[t]);
+        if (Pb) {
+            const __m256 pb = _mm256_set1_ps(Pb[t]);
+            for (int j = 0; j < w; j++) {
+                const __m256 v = _mm256_loadu_ps(vr + 8 * j);
+                a[j] = _mm256_fmadd_ps(pa, v, a[j]);
+                b[j] = _mm256_fmadd_ps(pb, v, b[j]);
+            }
+        } else
+            for (int j = 0; j < w; j++) a[j] = _mm256_fmadd_ps(pa, _mm256_loadu_ps(vr + 8 * j), a[j]);
+    }
+    if (Pb) { /* b's last key */
+        const float *vr = V + (int64_t)t * hd + d0;
+        const __m256 pb = _mm256_set1_ps(Pb[t]);
+        for (int j = 0; j < w; j++) b[j] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(vr + 8 * j), b[j]);
+    }
+    for (int j = 0; j < w; j++) {
+        _mm256_storeu_ps(Oa + d0 + 8 * j, a[j]);
+        if (Pb) _mm256_storeu_ps(Ob + d0 + 8 * j, b[j]);
+    }
+}
+
+bool qf_canon_pv_avx2(const float *P, int64_t ldp, int nq, int cnt0, const float *V, int hd, float *O, int64_t ldo) {
+    if (hd % 8) return false;
+    for (int i = 0; i < nq; i += 2) {
+        const bool two = i + 1 < nq;
+        const float *Pa = P + i * ldp, *Pb = two ? P + (i + 1) * ldp : NULL;
+        for (int d0 = 0; d0 < hd; d0 += 32) {
+            const int w = hd - d0 >= 32 ? 4 : (hd - d0) / 8;
+            pv_block(Pa, Pb, cnt0 + i, V, hd, d0, w, O + i * ldo, two ? O + (i + 1) * ldo : NULL);
+        }
+    }
+    return true;
+}
+
+bool qf_canon_gemm_rows_avx2(const float *W, int64_t K, int64_t nrows, const float *x, int n, float *y, int64_t ldy,
+                             float *scratch) {
+    int64_t r = 0;
+    for (; r + 16 <= nrows; r += 16) {
+        /* the 16 rows transposed: scratch[k * 16 + j] = W[r + j][k] */
+        for (int j = 0; j < 16; j++) {
+            const float *wr = W + (r + j) * K;
+            for (int64_t k = 0; k < K; k++) scratch[k * 16 + j] = wr[k];
+        }
+        for (int t = 0; t < n; t += 4) {
+            const int nt = n - t < 4 ? n - t : 4;
+            __m256 a[4][2];
+            for (int u = 0; u < 4; u++) a[u][0] = a[u][1] = _mm256_setzero_ps();
+            for (int64_t k = 0; k < K; k++) {
+                const __m256 w0 = _mm256_loadu_ps(scratch + k * 16), w1 = _mm256_loadu_ps(scratch + k * 16 + 8);
+                for (int u = 0; u < nt; u++) {
+                    const __m256 xb = _mm256_set1_ps(x[(int64_t)(t + u) * K + k]);
+                    a[u][0] = _mm256_fmadd_ps(w0, xb, a[u][0]);
+                    a[u][1] = _mm256_fmadd_ps(w1, xb, a[u][1]);
+                }
+            }
+            for (int u = 0; u < nt; u++) {
+                _mm256_storeu_ps(y + (int64_t)(t + u) * ldy + r, a[u][0]);
+                _mm256_storeu_ps(y + (int64_t)(t + u) * ldy + r + 8, a[u][1]);
+            }
+        }
+    }
+    for (; r < nrows; r++) /* the last rows: one chain each */
+        for (int t = 0; t < n; t++) y[(int64_t)t * ldy + r] = qf_canon_dot(W + r * K, x + (int64_t)t * K, (int)K, 1);
+    return true;
+}
