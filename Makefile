@@ -53,7 +53,7 @@ ifneq ($(and $(NVCC),$(CUDA_SRC)),)
   CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
   CUDA_PLUGIN := $(BUILD)/libqforge-cuda.so
 endif
-CUDA_HDR := $(wildcard src/kernels/cuda/*.cuh src/kernels/cuda/*.h) src/format/quant_blocks.h $(wildcard include/qforge/*.h)
+CUDA_HDR := $(wildcard src/kernels/cuda/*.cuh src/kernels/cuda/*.h) src/format/quant_blocks.h src/kernels/canon.h $(wildcard include/qforge/*.h)
 
 # Open MPI (docs/mpi.md): only when pkg-config finds ompi-c (QF_NO_MPI=1 turns it off). Only
 # src/util/mpi.c sees MPI; everything else goes through qforge/mpi.h and util/par.h.

@@ -26,6 +26,8 @@
 #include "qforge/awq.h"
 #include "qforge/tokenizer.h"
 #include "kernels/hadamard.h"
+#include "kernels/canon_cpu.h"
+#include "kernels/gemm.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static __attribute__((unused)) float frand(void) { /* uniform [-1, 1) */
@@ -1104,6 +1106,197 @@ TEST(e2e_artifacts) {
     free(text);
 }
 
+/* ---- the canonical arithmetic (kernels/canon.h): the CPU's bits on the GPU ---- */
+
+/* forward.c's canonical matmul on the CPU, with the scalar oracles: the integer GEMMs for the
+ * types they know, the f32 chain over the reference dequantization for the others */
+static void canon_matmul_cpu(qf_type t, const void *w, int K, int N, const float *x, int n, float *y) {
+    const size_t rb = qf_row_bytes(t, K);
+    if (qf_gemm_q8_type(t) || qf_gemm_k_type(t)) {
+        const bool kq = qf_gemm_k_type(t);
+        const size_t stride = kq ? qf_gemm_k_act_stride(K) : qf_gemm_act_stride(K);
+        uint8_t *act = malloc(stride * n), *tmp = malloc((size_t)K * 4 + 1024);
+        if (kq) {
+            qf_gemm_k_quantize_act(x, K, 0, n, act, tmp);
+            qf_gemm_k_rows_ref(t, w, rb, K, 0, N, act, n, y, N);
+        } else {
+            qf_gemm_quantize_act(t, x, K, 0, n, act, tmp);
+            qf_gemm_q8_rows_ref(t, w, rb, K, 0, N, act, n, y, N);
+        }
+        free(act), free(tmp);
+        return;
+    }
+    float *wf = malloc(sizeof(float) * (size_t)K * N);
+    for (int r = 0; r < N; r++) qf_dequantize_row_ref(t, (const uint8_t *)w + (size_t)r * rb, wf + (size_t)r * K, K);
+    qf_canon_gemm_rows_ref(wf, K, N, x, n, y, N);
+    free(wf);
+}
+
+/* every weight type: the GPU's canonical GEMM (QF_CUDA_MM_CANON) equals the CPU's bit for bit;
+ * K 512 / 2304 (q4_0 in the G8 layout on the device) and 800 (the 32-block types, GGUF layout),
+ * rows and tokens across the tiles' edges */
+TEST(op_canon_matmul) {
+    NEED_GPU();
+    const int Ks[] = {512, 2304, 800}, N = 150, ns[] = {1, 5, 70};
+    for (size_t ti = 0; ti < 3 * N_TYPES; ti++) {
+        const int K = Ks[ti / N_TYPES];
+        const qf_type t = all_types[ti % N_TYPES];
+        if (K % qf_type_block_elems(t)) continue;
+        void *w = rand_weight(t, N, K);
+        qf_weight qw = {.type = t, .ne0 = K, .ne1 = N, .row_bytes = qf_row_bytes(t, K), .data = w};
+        for (int ni = 0; ni < 3; ni++) {
+            const int n = ns[ni];
+            float *x = malloc(sizeof(float) * n * K), *ref = malloc(sizeof(float) * n * N), *got = malloc(sizeof(float) * n * N);
+            for (int i = 0; i < n * K; i++) x[i] = frand() * 3.0f;
+            canon_matmul_cpu(t, w, K, N, x, n, ref);
+            qf_error err = {0};
+            CHECK_MSG(qf_cuda_op_matmul(&qw, x, n, got, QF_CUDA_MM_CANON, &err) == QF_OK, "%s", err.msg);
+            size_t diff = 0;
+            for (int i = 0; i < n * N; i++) diff += memcmp(&got[i], &ref[i], 4) != 0;
+            if (diff || ni == 2) printf("  canonical GEMM %-5s K %4d n %2d: %zu of %d outputs differ\n", qf_type_name(t), K, n, diff, n * N);
+            CHECK_MSG(diff == 0, "canonical GEMM %s K %d n %d: %zu outputs differ", qf_type_name(t), K, n, diff);
+            free(x), free(ref), free(got);
+        }
+        free(w);
+    }
+}
+
+/* Everything a forward pass hands its tap, every position: post-RoPE K, V, and the four
+ * activation sites [layer][pos][dim] */
+typedef struct {
+    int n_layer, n_ctx, dims[6], pos0;
+    float *a[6]; /* 0 ATTN_IN, 1 ATTN_OUT, 2 FFN_IN, 3 FFN_DOWN (qf_act_site), 4 K, 5 V */
+} full_cap;
+static void fc_put(full_cap *c, int s, int layer, int n_tok, const float *x) {
+    memcpy(c->a[s] + ((size_t)layer * c->n_ctx + c->pos0) * c->dims[s], x, sizeof(float) * n_tok * c->dims[s]);
+}
+static void fc_kv(void *user, int layer, int pos0, int n_tok, int nkv, int hd, const float *k, const float *v) {
+    (void)pos0, (void)nkv, (void)hd;
+    fc_put(user, 4, layer, n_tok, k), fc_put(user, 5, layer, n_tok, v);
+}
+static void fc_act(void *user, int layer, qf_act_site site, int n_tok, int dim, const float *x) {
+    (void)dim;
+    fc_put(user, (int)site, layer, n_tok, x);
+}
+
+/* prefill n0 tokens, then n1 one at a time, in the canonical arithmetic on dev; logits of every token */
+static bool canon_seq(qf_model *m, qf_device dev, qf_kv_mode kv, qf_kv_rot rot, const int32_t *toks, int n0, int n1,
+                      float *logits, full_cap *cap) {
+    qf_context_params p = qf_context_default_params();
+    p.n_ctx = cap->n_ctx, p.kv_k = p.kv_v = kv, p.kv_rot = rot, p.device = dev, p.canonical = true, p.n_threads = 2;
+    qf_error err = {0};
+    qf_context *c = qf_context_new(m, &p, &err);
+    CHECK_MSG(c, "%s", err.msg);
+    if (!c) return false;
+    CHECK(qf_context_device(c) == dev && qf_context_canonical(c));
+    qf_tap tap = {.user = cap, .on_kv = fc_kv, .on_act = fc_act};
+    qf_context_set_tap(c, &tap);
+    const int nv = qf_model_hparams(m)->n_vocab;
+    cap->pos0 = 0;
+    bool ok = qf_decode(c, toks, n0, 0, logits, 0, &err) == QF_OK;
+    for (int i = 0; ok && i < n1; i++) {
+        cap->pos0 = n0 + i;
+        ok = qf_decode(c, toks + n0 + i, 1, n0 + i, logits + (size_t)(n0 + i) * nv, 0, &err) == QF_OK;
+    }
+    CHECK_MSG(ok, "%s", err.msg);
+    qf_context_free(c);
+    return ok;
+}
+
+/* the CPU's and the GPU's canonical forward passes, bit for bit: logits and every tapped value;
+ * on a difference, the first (layer, site) where it appears */
+static void canon_model(qf_model *m, const char *name, qf_kv_mode kv, qf_kv_rot rot) {
+    const qf_hparams *hp = qf_model_hparams(m);
+    const int n0 = 40, n1 = 4, n = n0 + n1, nv = hp->n_vocab, L = hp->n_layer;
+    int32_t toks[44];
+    for (int i = 0; i < n; i++) toks[i] = (int32_t)((frand() * 0.5f + 0.5f) * (nv - 1));
+    full_cap cap[2];
+    const int dims[6] = {hp->n_embd, hp->n_head * hp->head_dim, hp->n_embd, hp->n_ff, hp->n_head_kv * hp->head_dim,
+                         hp->n_head_kv * hp->head_dim};
+    float *lg[2];
+    for (int d = 0; d < 2; d++) {
+        cap[d].n_layer = L, cap[d].n_ctx = 64;
+        for (int s = 0; s < 6; s++) cap[d].dims[s] = dims[s], cap[d].a[s] = calloc((size_t)L * 64 * dims[s], 4);
+        lg[d] = calloc((size_t)n * nv, 4);
+    }
+    bool ok = canon_seq(m, QF_DEVICE_CPU, kv, rot, toks, n0, n1, lg[0], &cap[0]) &&
+              canon_seq(m, QF_DEVICE_CUDA, kv, rot, toks, n0, n1, lg[1], &cap[1]);
+    if (ok) {
+        static const char *const site[6] = {"attn_in", "attn_out", "ffn_in", "ffn_down", "K", "V"};
+        int fl = -1, fs = -1;
+        size_t ndiff = 0;
+        for (int l = 0; l < L && fl < 0; l++)
+            for (int s = 0; s < 6; s++) {
+                const size_t off = (size_t)l * 64 * dims[s], cnt = (size_t)n * dims[s];
+                size_t dd = 0;
+                for (size_t i = 0; i < cnt; i++) dd += memcmp(&cap[0].a[s][off + i], &cap[1].a[s][off + i], 4) != 0;
+                if (dd && fl < 0) fl = l, fs = s, ndiff = dd;
+            }
+        size_t dlog = 0;
+        for (size_t i = 0; i < (size_t)n * nv; i++) dlog += memcmp(&lg[0][i], &lg[1][i], 4) != 0;
+        printf("  %-36s kv %-4s%-4s logits: %zu of %zu differ", name, qf_kv_mode_name(kv), rot ? "+had" : "", dlog,
+               (size_t)n * nv);
+        if (fl >= 0) printf("; first difference: layer %d %s (%zu values)", fl, site[fs], ndiff);
+        printf("\n");
+        CHECK_MSG(dlog == 0 && fl < 0, "%s kv %s: the GPU's canonical pass differs from the CPU's", name, qf_kv_mode_name(kv));
+    }
+    for (int d = 0; d < 2; d++) {
+        for (int s = 0; s < 6; s++) free(cap[d].a[s]);
+        free(lg[d]);
+    }
+}
+
+TEST(e2e_canonical) {
+    NEED_GPU();
+    const char *names[] = {"models/qforge-demo-11m-f16.gguf", "models/qforge-demo-11m-q8_0.gguf",
+                           "models/qforge-demo-11m-q4_k_m.gguf", "models/qforge-demo-qwen2-5m-f16.gguf",
+                           "models/qforge-demo-qwen2-5m-q4_k_m.gguf", "models/qforge-demo-27m-hd128-f16.gguf"};
+    int ran = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const char *path = model_path(names[i]);
+        if (!path) {
+            printf("  %s: not found, skipped\n", names[i]);
+            continue;
+        }
+        qf_error err = {0};
+        qf_model *m = qf_model_load(path, &err);
+        CHECK_MSG(m, "%s", err.msg);
+        if (!m) continue;
+        ran++;
+        canon_model(m, names[i] + 7, QF_KV_F16, QF_KV_ROT_NONE);
+        if (i == 0 || i == 5) { /* the cache modes on the demo models */
+            canon_model(m, names[i] + 7, QF_KV_F32, QF_KV_ROT_NONE);
+            canon_model(m, names[i] + 7, QF_KV_Q8_0, QF_KV_ROT_NONE);
+            canon_model(m, names[i] + 7, QF_KV_Q4_0, QF_KV_ROT_HADAMARD);
+        }
+        if (i == 0) { /* q4_0 weights: the demo model quantized here */
+            char q4[4096];
+            snprintf(q4, sizeof q4, "%s/canon-q4_0.gguf", test_tmpdir());
+            qf_model *m4 = qf_quantize_model(path, q4, QF_TYPE_Q4_0, &err) == QF_OK ? qf_model_load(q4, &err) : NULL;
+            CHECK_MSG(m4, "%s", err.msg);
+            if (m4) canon_model(m4, "qforge-demo-11m q4_0 (quantized here)", QF_KV_Q8_0, QF_KV_ROT_NONE);
+            qf_model_free(m4);
+        }
+        qf_model_free(m);
+    }
+    /* QF_CANON_MODELS=A.gguf:B.gguf: more models (the GPU machine's bench/gen_model_shapes files,
+     * e.g. two layers of the Llama-3-8B shape in q4_0 and q4_k_m: head_dim 128, GQA 4) */
+    const char *extra = getenv("QF_CANON_MODELS");
+    char list[4096];
+    snprintf(list, sizeof list, "%s", extra ? extra : "");
+    for (char *sv = NULL, *path = strtok_r(list, ":", &sv); path; path = strtok_r(NULL, ":", &sv)) {
+        qf_error err = {0};
+        qf_model *m = qf_model_load(path, &err);
+        CHECK_MSG(m, "%s", err.msg);
+        if (!m) continue;
+        ran++;
+        canon_model(m, path, QF_KV_F16, QF_KV_ROT_NONE);
+        canon_model(m, path, QF_KV_Q8_0, QF_KV_ROT_HADAMARD);
+        qf_model_free(m);
+    }
+    if (!ran) SKIP("no demo model found");
+}
+
 /* ---- the certificate, CPU vs GPU (issue 16 item 3) ---- */
 
 /* one kv-int8 calibration of qforge-demo-11m-f16 (the docs/gpu.md run: -c 256, 4096 calibration
@@ -1154,9 +1347,12 @@ static double cert_round(double x, int d) {
 }
 
 static int cert_ndiff, cert_nsame, cert_nmeas_diff;
-/* measured numbers count as the same when equal at the precision the gate judged them at */
+static bool cert_exact; /* both certificates say arith = canonical: every number must be identical */
+/* measured numbers count as the same when equal at the precision the gate judged them at, or,
+ * in the canonical arithmetic, when equal */
 static void cert_num(const char *key, double c, double g, bool measured) {
-    if (measured) c = cert_round(c, QF_CERT_SIG_DIGITS_INT8), g = cert_round(g, QF_CERT_SIG_DIGITS_INT8);
+    if (measured && !cert_exact) c = cert_round(c, QF_CERT_SIG_DIGITS_INT8), g = cert_round(g, QF_CERT_SIG_DIGITS_INT8);
+    if (cert_exact) measured = false; /* a difference is a failure */
     bool same = c == g || (isnan(c) && isnan(g));
     cert_nsame += same, cert_ndiff += !same;
     if (same) return;
@@ -1182,9 +1378,10 @@ static void cert_str(const char *key, const char *c, const char *g) {
 
 /* `qforge calibrate --artifact kv-int8` with --device cpu and --device cuda: the two
  * certificates field by field. Every field except the timings (created_utc) and the recorded
- * device (certify_device, cpu_recheck_*) must be identical, except the measured numbers, which
- * the gate judges at 3 significant digits: they are compared at that precision, printed when
- * they differ there and held to a drift bound. */
+ * device (certify_device, cpu_recheck_*) must be identical: in the canonical arithmetic (both
+ * record arith = canonical) the measured numbers too, at full precision, and the learned
+ * payload; otherwise the measured numbers at the 3 significant digits the gate judges them at,
+ * within a drift bound. */
 TEST(e2e_certificate) {
     NEED_GPU();
     char model[4096], corpus[4096], pc[4096], pg[4096];
@@ -1202,6 +1399,12 @@ TEST(e2e_certificate) {
         return;
     }
     cert_ndiff = cert_nsame = cert_nmeas_diff = 0;
+    {
+        const char *ac = qf_payload_get_string(&c.config, "arith"), *ag = qf_payload_get_string(&g.config, "arith");
+        cert_exact = ac && ag && !strcmp(ac, "canonical") && !strcmp(ag, "canonical");
+        printf("  arith: CPU %s, GPU %s\n", ac ? ac : "(none)", ag ? ag : "(none)");
+        CHECK(cert_exact); /* the demo model and kv-int8 are covered */
+    }
     cert_num("kind", c.kind, g.kind, false);
     cert_num("model_sha256", memcmp(c.model_sha256, g.model_sha256, 32), 0, false);
     cert_str("model_name", c.model_name, g.model_name);
@@ -1230,10 +1433,12 @@ TEST(e2e_certificate) {
     /* the learned payload: the capture ran on each device */
     bool pay = !memcmp(c.payload_sha256, g.payload_sha256, 32);
     printf("  payload (learned scales): %s\n", pay ? "identical" : "differs (the capture ran on each device)");
+    CHECK(pay || !cert_exact);
     /* config, by name: the GPU adds certify_device and the CPU re-check of its first chunk */
     for (size_t i = 0; i < g.config.n; i++) {
         const qf_payload_entry *e = &g.config.entries[i];
         if (!strcmp(e->name, "certify_device") || !strncmp(e->name, "cpu_recheck_", 12)) {
+            if (cert_exact && !strcmp(e->name, "cpu_recheck_chunk0_rel_diff")) CHECK(e->f == 0);
             printf("  GPU only: %s = ", e->name);
             if (e->type == QF_PAYLOAD_STRING) printf("%s\n", e->str);
             else printf("%.9g\n", e->f);
@@ -1699,6 +1904,8 @@ int main(void) {
     RUN(e2e_perplexity);
     RUN(e2e_kv_rot);
     RUN(e2e_artifacts);
+    RUN(op_canon_matmul);
+    RUN(e2e_canonical);
     RUN(e2e_certificate);
     RUN(e2e_kv_rq);
     RUN(op_awq_quant);

@@ -12,7 +12,7 @@
 static const char *USAGE =
     "qforge calibrate -m MODEL --artifact kv-int8|kv-dict|awq|kv-rq [--corpus PATH]... [--builtin]\n"
     "                 [--gate G] [--max-kld K] [--max-kld-p99 K] [--min-top1 T] [--allow-worse-than-baseline]\n"
-    "                 [-c N] [--ctx N,N...] [--max-tok N] [--eval-chunks N] [--device D]\n"
+    "                 [-c N] [--ctx N,N...] [--max-tok N] [--eval-chunks N] [--device D] [--arith A]\n"
     "                 [-t N] [--sign-key PEM] -o OUT.qfa [--eval-out FILE] [--json]\n"
     "  --corpus PATH     a text file or directory (repeatable); none = the built-in demo corpus\n"
     "  --builtin         add the built-in demo corpus (assets/corpora/kerneldoc-demo)\n"
@@ -34,6 +34,8 @@ static const char *USAGE =
     "                    awq: its alpha search and block quantizer too;\n"
     "                    certification runs on the CPU, except kv-int8, kv-rq and awq with --device cuda:\n"
     "                    then on the GPU, its first chunk re-checked on the CPU (in the certificate)\n"
+    "  --arith A         canonical (default): certify in the canonical arithmetic, the same numbers on\n"
+    "                    the CPU and the GPU (the certificate records arith); fast: each device's own\n"
     "  --eval-chunks N   evaluation chunks of N tokens (default 16; 0 = all)\n"
     "  -t N              threads (default all cores)\n"
     "  --ref-kv T        reference KV cache type: f32 (default) or f16\n"

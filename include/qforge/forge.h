@@ -134,6 +134,8 @@ typedef struct {
     qf_kv_mode ref_kv;          /* the reference KV mode (default f32) */
     int64_t capture_per_layer;  /* K (and V) vectors kept per layer (0 = QF_JOB_DEFAULT_BUDGET) */
     uint64_t seed;              /* capture reservoir and dictionary seed (default 1) */
+    bool arith_fast;            /* --arith fast: certify in each device's fastest arithmetic instead
+                                   of the canonical one (the certificate then depends on the device) */
     qf_device capture_device;   /* where the capture runs (auto: the GPU when one is found, K/V read
                                    back from GPU memory); certification runs on the CPU, except
                                    kv-int8 with CUDA: reference, candidates and free baseline on

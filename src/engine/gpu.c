@@ -95,7 +95,7 @@ qf_status qf_gpu_attach(qf_context *c, qf_error *err) {
                        .output = &m->output, .rope_freqs = &m->rope_freqs, .layers = m->layers,
                        .dequant_row = dequant_row, .layer_window = win, .moe_route = qf_moe_route};
     qf_gpu_params gp = {.n_ctx = p->n_ctx, .n_batch = c->n_batch, .kv_rot = p->kv_rot,
-                        .device_index = qf_par_device_index(), .knobs = p->cuda};
+                        .device_index = qf_par_device_index(), .knobs = p->cuda, .canonical = c->canon};
     qf_gpu_kv kv;
     const float **at;
     qf_status st = kv_view(c, &c->kv, &kv, &at, err);

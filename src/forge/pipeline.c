@@ -168,7 +168,7 @@ static qf_status stage_model(const qf_job *j, shared *s, qf_error *err) {
      * cache are covered (qf_context_canonical), every number is the same bits on the CPU and the
      * GPU, so the certificate does not depend on the device; the GPU's f32 knobs above are its
      * route where they are not */
-    cp.canonical = true;
+    cp.canonical = !j->arith_fast;
     if (!(s->ctx = qf_context_new(s->model, &cp, err))) return err ? err->code : QF_ERR_NOMEM;
     s->eval_chunks = j->eval_chunks == 0 ? 16 : j->eval_chunks < 0 ? 0 : j->eval_chunks;
     return QF_OK;

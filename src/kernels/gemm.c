@@ -392,34 +392,10 @@ size_t qf_gemm_k_scratch_bytes(qf_type wt, int64_t K, int64_t rows) {
 
 /* one 256-block of one row: unsigned quants in element order, integer scales (and mins), d (dmin) */
 static void k_unpack(qf_type wt, const uint8_t *wr, int64_t b, uint8_t *q, int32_t *sc, int32_t *mn, float *d, float *dmin) {
-    if (wt == QF_TYPE_Q4_K) {
-        const block_q4_K *blk = (const block_q4_K *)(const void *)wr + b;
-        for (int j = 0; j < 4; j++)
-            for (int l = 0; l < 32; l++) {
-                q[64 * j + l] = blk->qs[32 * j + l] & 0xF;
-                q[64 * j + 32 + l] = blk->qs[32 * j + l] >> 4;
-            }
-        for (int s = 0; s < 8; s++) {
-            uint8_t a, m;
-            qf_k4_scale_min(s, blk->scales, &a, &m);
-            sc[s] = a, mn[s] = m;
-        }
-        *d = qf_f16_to_f32(blk->d);
-        *dmin = qf_f16_to_f32(blk->dmin);
-    } else {
-        const block_q6_K *blk = (const block_q6_K *)(const void *)wr + b;
-        const uint8_t *ql = blk->ql, *qh = blk->qh;
-        for (int h = 0; h < 2; h++, ql += 64, qh += 32)
-            for (int l = 0; l < 32; l++) {
-                q[128 * h + l] = (uint8_t)((ql[l] & 0xF) | ((qh[l] & 3) << 4));
-                q[128 * h + l + 32] = (uint8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
-                q[128 * h + l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
-                q[128 * h + l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
-            }
-        for (int s = 0; s < 16; s++) sc[s] = blk->scales[s];
-        *d = qf_f16_to_f32(blk->d);
-        *dmin = 0.0f;
-    }
+    uint16_t dh, mh;
+    qf_k_unpack(wt == QF_TYPE_Q6_K, wr, b, q, sc, mn, &dh, &mh); /* format/quant_blocks.h: shared with the GPU */
+    *d = qf_f16_to_f32(dh);
+    *dmin = wt == QF_TYPE_Q6_K ? 0.0f : qf_f16_to_f32(mh);
 }
 
 void qf_gemm_k_pack_panel(qf_type wt, const void *w, size_t row_bytes, int64_t K, int64_t r, int nrows, uint8_t *panel) {

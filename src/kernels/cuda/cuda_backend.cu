@@ -95,6 +95,11 @@ struct qf_cuda_ctx {
     bool f16_cache;        /* quantized weights keep an f16 copy for prefill GEMMs (knob no_f16_cache: off) */
     bool q4g;              /* q4_0 weights of width % 256 == 0 take the G8 layout (knob no_q4_regroup: off) */
     bool pdl;              /* the decode graph uses programmatic dependent launch (knob no_pdl: off) */
+    /* the canonical arithmetic (qf_gpu_params.canonical, a llama / qwen2 model): forward_canon, when
+     * the cache is covered too (canon_on); ck, cv the layer's K, V as f32 [n_ctx][n_head_kv][hd],
+     * cs the attention scores [n_head][n_batch][n_ctx] */
+    bool canon;
+    float *ck, *cv, *cs;
     size_t f16_cache_bytes;
     /* device scratch */
     float *x, *xn, *q, *k, *v, *att, *hb, *hb2, *logits, *rcos, *rsin;
@@ -342,7 +347,7 @@ static void ctx_free(qf_cuda_ctx *g) {
     void *bufs[] = {g->output_norm, g->kv[0], g->kv[1], g->x, g->xn, g->q, g->k, g->v, g->att, g->hb,
                     g->hb2, g->logits, g->rcos, g->rsin, g->wdeq, g->xh, g->xl, g->tok, g->tgt, g->nll,
                     g->qkv, g->gu, g->part, g->rcos_swa, g->rsin_swa, g->moe_logits, g->moe_x, g->moe_y,
-                    g->moe_acc, g->moe_rw, g->moe_rows};
+                    g->moe_acc, g->moe_rw, g->moe_rows, g->ck, g->cv, g->cs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     if (g->blas) cublasDestroy(g->blas);
@@ -694,6 +699,7 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
              hp->ffn_act != QF_FFN_SILU || hp->embd_scale != 1.0f || hp->n_expert > 0 ||
              hp->rope_freq_base_swa != hp->rope_freq_base || hp->attn_scale != 1.0f / sqrtf((float)hp->head_dim);
     if (g->fam) g->graph_off = true;
+    g->canon = p->canonical && !g->fam;
     g->moe_route = m->moe_route;
     if (hp->n_expert && !m->moe_route) {
         free(g);
@@ -868,6 +874,12 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
         } else {
             cudaGetLastError();
             g->h_pin = NULL;
+        }
+        if (g->canon) {
+            CK(cudaMalloc((void **)&g->ck, (size_t)g->n_ctx * Dkv * 4)); sc += (size_t)g->n_ctx * Dkv * 4;
+            CK(cudaMalloc((void **)&g->cv, (size_t)g->n_ctx * Dkv * 4)); sc += (size_t)g->n_ctx * Dkv * 4;
+            const size_t ns = (size_t)hp->n_head * B * g->n_ctx * 4;
+            CK(cudaMalloc((void **)&g->cs, ns)); sc += ns;
         }
         g->wdeq_bytes = max_w * (g->gemm_f32 ? 4 : 2);
         CK(cudaMalloc(&g->wdeq, g->wdeq_bytes)); sc += g->wdeq_bytes;
@@ -1437,6 +1449,92 @@ done:
     return st;
 }
 
+/* The canonical arithmetic's cache modes (qf_context_canonical's list; kv-rq and dict take the
+ * knobs' routes) */
+static bool canon_on(const qf_cuda_ctx *g) {
+    if (!g->canon || g->rq) return false;
+    for (int s = 0; s < 2; s++)
+        if (g->kv_mode[s] != QF_KV_F32 && g->kv_mode[s] != QF_KV_F16 && g->kv_mode[s] != QF_KV_Q8_0 &&
+            g->kv_mode[s] != QF_KV_Q4_0 && g->kv_mode[s] != QF_KV_INT8)
+            return false;
+    return true;
+}
+
+/* forward.c's canonical route (kernels/canon.h), stage by stage, each the CPU's bits: the norms,
+ * RoPE and SiLU of cuda_canon.cu, its GEMMs (the CPU's integer GEMMs or f32 chains), the cache
+ * rows written as always (the host's bytes) and read back to f32 as the host reads them (and
+ * rotated back under --kv-rot), attention in fmaf chains, residuals added after each matmul.
+ * Then the logits of rows [first, n) (first = n: none). */
+static qf_status forward_canon(qf_cuda_ctx *g, const qf_tap *tap, int n, int pos0, int first, const float *rc,
+                               const float *rs, const int32_t *tok, qf_error *err) {
+    const qf_hparams *hp = &g->hp;
+    const int D = hp->n_embd, hd = hp->head_dim, Dq = hp->n_head * hd, Dkv = hp->n_head_kv * hd, F = hp->n_ff,
+              half = hp->n_rot / 2, nkv = hp->n_head_kv, T = pos0 + n;
+    const bool neox = hp->rope_type == QF_ROPE_NEOX;
+    const cudaStream_t S = 0;
+    qf_status st = QF_OK;
+    launch_embed(&g->tok_embd, tok, n, D, g->x, S);
+    for (int il = 0; il < hp->n_layer; il++) {
+        dlayer *L = &g->layers[il];
+        launch_canon_rmsnorm(g->x, L->attn_norm, n, D, hp->rms_eps, g->xn, S);
+        if ((st = tap_act(g, tap, il, QF_ACT_ATTN_IN, n, D, g->xn, err))) goto done;
+        if ((st = canon_matmul(&L->wq, g->xn, n, g->q, g->xh, S, err)) ||
+            (st = canon_matmul(&L->wk, g->xn, n, g->k, g->xh, S, err)) ||
+            (st = canon_matmul(&L->wv, g->xn, n, g->v, g->xh, S, err)))
+            goto done;
+        if (L->bq) launch_add_bias(g->q, L->bq, n, Dq, S);
+        if (L->bk) launch_add_bias(g->k, L->bk, n, Dkv, S);
+        if (L->bv) launch_add_bias(g->v, L->bv, n, Dkv, S);
+        if (tap && tap->on_k_prerope) CK(cudaMemcpy(g->h_kpre, g->k, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
+        launch_canon_rope(g->q, n, hp->n_head, hd, half, neox, rc, rs, S);
+        launch_canon_rope(g->k, n, nkv, hd, half, neox, rc, rs, S);
+        if (tap && tap->on_q) { /* forward.c's order: q, K before RoPE, then K and V */
+            CK(cudaMemcpy(g->h_act, g->q, (size_t)n * Dq * 4, cudaMemcpyDeviceToHost));
+            tap->on_q(tap->user, il, pos0, n, hp->n_head, hd, g->h_act);
+        }
+        if (tap && tap->on_k_prerope) tap->on_k_prerope(tap->user, il, pos0, n, nkv, hd, g->h_kpre);
+        if (tap && tap->on_kv) {
+            CK(cudaMemcpy(g->h_k, g->k, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(g->h_v, g->v, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
+            tap->on_kv(tap->user, il, pos0, n, nkv, hd, g->h_k, g->h_v);
+        }
+        const float *kv32[2];
+        for (int s = 0; s < 2; s++) { /* store the rows; the layer's positions [0, T) as f32 */
+            const uint8_t *view;
+            qf_kv_mode vm;
+            size_t vrb;
+            if ((st = kv_store(g, s, il, s ? g->v : g->k, n, pos0, NULL, S, &view, &vm, &vrb, err))) goto done;
+            if (vm == QF_KV_F32 && view == (const uint8_t *)g->kv_f32[s]) { /* int8: expanded by kv_store */
+                kv32[s] = g->kv_f32[s];
+                continue;
+            }
+            float *dst = s ? g->cv : g->ck;
+            launch_kv_read(vm, view, (int64_t)T * nkv, hd, vrb, dst, S);
+            if (g->kv_rot) launch_hadamard(dst, (int64_t)T * nkv, hd, S);
+            kv32[s] = dst;
+        }
+        launch_canon_attention(g->q, kv32[0], kv32[1], n, pos0, hp->n_head, nkv, hd, hp->attn_scale, g->cs, g->att, S);
+        if ((st = tap_act(g, tap, il, QF_ACT_ATTN_OUT, n, Dq, g->att, err))) goto done;
+        if ((st = canon_matmul(&L->wo, g->att, n, g->xn, g->xh, S, err))) goto done;
+        launch_add(g->x, g->xn, (size_t)n * D, S);
+        launch_canon_rmsnorm(g->x, L->ffn_norm, n, D, hp->rms_eps, g->xn, S);
+        if ((st = tap_act(g, tap, il, QF_ACT_FFN_IN, n, D, g->xn, err))) goto done;
+        if ((st = canon_matmul(&L->wg, g->xn, n, g->hb, g->xh, S, err)) ||
+            (st = canon_matmul(&L->wu, g->xn, n, g->hb2, g->xh, S, err)))
+            goto done;
+        launch_canon_silu(g->hb, g->hb2, (size_t)n * F, S);
+        if ((st = tap_act(g, tap, il, QF_ACT_FFN_DOWN, n, F, g->hb, err))) goto done;
+        if ((st = canon_matmul(&L->wd, g->hb, n, g->xn, g->xh, S, err))) goto done;
+        launch_add(g->x, g->xn, (size_t)n * D, S);
+    }
+    if (first < n) {
+        launch_canon_rmsnorm(g->x + (size_t)first * D, g->output_norm, n - first, D, hp->rms_eps, g->xn, S);
+        st = canon_matmul(&g->output, g->xn, n - first, g->logits, g->xh, S, err);
+    }
+done:
+    return st;
+}
+
 /* logits rows [first, n) of the last forward_layers into g->logits, on stream S */
 static qf_status forward_logits(qf_cuda_ctx *g, int n, int first, cudaStream_t S, qf_error *err) {
     const qf_hparams *hp = &g->hp;
@@ -1543,7 +1641,7 @@ static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *
             plain = plain && (g->kv_mode[s] == QF_KV_F32 || g->kv_mode[s] == QF_KV_F16 || g->kv_mode[s] == QF_KV_Q8_0 ||
                               g->kv_mode[s] == QF_KV_Q4_0);
         if (!g->graph_off && n == 1 && !tap && !g->ev && !nll && !targets && logits && logits_from <= 0 && g->part &&
-            route == MM_AUTO && plain && g->stream) {
+            route == MM_AUTO && plain && g->stream && !canon_on(g)) {
             bool fallback = false;
             st = forward_graph(g, tokens[0], pos0, logits, &fallback, err);
             if (st || !fallback) return st;
@@ -1558,7 +1656,11 @@ static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *
         CK(cudaMemcpy(g->rsin_swa, g->h_sin2, (size_t)n * half * 4, cudaMemcpyHostToDevice));
     }
     CK(cudaMemcpy(g->tok, tokens, (size_t)n * 4, cudaMemcpyHostToDevice));
-    if ((st = forward_layers(g, tap, n, pos0, NULL, g->rcos, g->rsin, g->tok, 0, err))) goto done;
+    if (canon_on(g)) {
+        const int first = (logits || nll) && logits_from < n ? (logits_from < 0 ? 0 : logits_from) : n;
+        if ((st = forward_canon(g, tap, n, pos0, first, g->rcos, g->rsin, g->tok, err))) goto done;
+    } else if ((st = forward_layers(g, tap, n, pos0, NULL, g->rcos, g->rsin, g->tok, 0, err)))
+        goto done;
     le = cudaGetLastError();
     if (le != cudaSuccess) {
         st = cuda_fail(err, le, "forward kernels");
@@ -1566,7 +1668,7 @@ static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *
     }
     if ((logits || nll) && logits_from < n) {
         int first = logits_from < 0 ? 0 : logits_from, n_out = n - first;
-        if ((st = forward_logits(g, n, first, 0, err))) goto done;
+        if (!canon_on(g) && (st = forward_logits(g, n, first, 0, err))) goto done;
         if (nll) {
             CK(cudaMemcpy(g->tgt, targets, (size_t)n_out * 4, cudaMemcpyHostToDevice));
             launch_nll(g->logits, n_out, hp->n_vocab, g->tgt, g->nll, 0);

@@ -26,8 +26,9 @@ extern "C" {
  * 4: qf_gpu_model carries the family features' per-layer windows and the host's MoE routing
  * (the backend runs every family of docs/families.md). 5: qf_cuda_params gains no_pdl and
  * no_q4_regroup. 6: qf_gpu_kv carries kv-rq caches (qf_gpu_kv_rq), pre-RoPE K and the exact
- * sinks / recent window. 7: the AWQ learner's entries (awq_group_*, awq_quantize). */
-#define QF_CUDA_ABI 7
+ * sinks / recent window. 7: the AWQ learner's entries (awq_group_*, awq_quantize). 8: qf_gpu_params
+ * gains canonical. */
+#define QF_CUDA_ABI 8
 
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 typedef struct qf_cuda_awq qf_cuda_awq; /* one AWQ group's search state on the device */
@@ -98,6 +99,10 @@ typedef struct {
     qf_kv_rot kv_rot;                   /* HADAMARD: K/V rows rotated before they are stored */
     int device_index;                   /* under mpirun, the local rank: device index % count; -1 = default */
     qf_cuda_params knobs;               /* gemm_f32, attn_warp, gu16, no_f16_cache, profile */
+    /* the canonical arithmetic (kernels/canon.h): forward.c's canonical route bit for bit, where the
+     * model and cache are covered (llama / qwen2 layers; f32, f16, q8_0, q4_0, int8 KV); the knobs'
+     * routes elsewhere */
+    bool canonical;
 } qf_gpu_params;
 
 /* Sizes the context holds on the GPU (bench). */

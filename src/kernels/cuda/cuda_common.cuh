@@ -411,9 +411,14 @@ static inline int dw_type(const dweight *w) { return w->g8 ? QFD_Q4_0G8 : (int)w
 bool h2d_weight(uint8_t *dst, const void *src, int64_t k, int64_t rows, size_t rb, bool g8, cudaError_t *e);
 
 /* matmul routes (the values of cuda_ops.h's qf_cuda_mm_route) */
-enum { MM_AUTO = 0, MM_MATVEC = 1, MM_GEMM_F16 = 2, MM_GEMM_F32 = 3 };
+enum { MM_AUTO = 0, MM_MATVEC = 1, MM_GEMM_F16 = 2, MM_GEMM_F32 = 3, MM_CANON = 4 };
 
 /* ---- cuda_gemm.cu: dequantization, matrix-vector and GEMM ---- */
+/* x [n][K] quantized for the integer matvecs and GEMMs into xq (ACT_Q_BYTES(n, K)): q8_0 blocks
+ * (quant.c's quant_q8_0 bytes; xd the f32 of each f16 scale) or Q8_K (quant_q8_K's; xd one scale
+ * per 256, xs the sum of each 32 quants) */
+void launch_quant_act(const float *x, int n, int K, void *xq, cudaStream_t s);
+void launch_quant_act_k(const float *x, int n, int K, void *xq, cudaStream_t s);
 /* dst[ne1][ne0] = dequantize(w), f32 or f16 */
 void launch_dequant(const dweight *w, void *dst, bool f32, cudaStream_t s);
 /* x[t] = dequantize(E[tok[t]]), t < n */
@@ -588,6 +593,21 @@ void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
                             size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
                             float *part, cudaStream_t s, const int *dpos = NULL, int n_ctx = 0, bool early = false);
 size_t attention_split_floats(int n, int n_head, int hd);
+
+/* ---- cuda_canon.cu: the canonical arithmetic (kernels/canon.h), the CPU's bits ---- */
+/* out[r] = RMSNorm of x[r] times g, r < n rows of d */
+void launch_canon_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, cudaStream_t s);
+void launch_canon_rope(float *v, int n, int n_heads, int hd, int half, bool neox, const float *cs, const float *sn,
+                       cudaStream_t s);
+/* g[i] = SiLU(g[i]) * u[i], i < n */
+void launch_canon_silu(float *g, const float *u, size_t n, cudaStream_t s);
+/* y[n][N] = x[n][K] . W^T as forward.c's canonical route computes it (q8 / K integer GEMMs on
+ * quantized activations, else the f32 chain); act: ACT_Q_BYTES(n, K) bytes of scratch */
+qf_status canon_matmul(const dweight *w, const float *x, int n, float *y, void *act, cudaStream_t s, qf_error *err);
+/* causal GQA attention of n queries q [n][n_head][hd] at [pos0, pos0 + n) over f32 rows K, V
+ * [pos][nkv][hd]: out [n][n_head][hd]; S: n_head * n * (pos0 + n) floats of scratch */
+void launch_canon_attention(const float *q, const float *K, const float *V, int n, int pos0, int n_head, int nkv,
+                            int hd, float scale, float *S, float *out, cudaStream_t s);
 
 /* ---- cuda_score.cu ---- */
 /* nll[r] = -log softmax(logits[r])[tgt[r]], r < n_rows */

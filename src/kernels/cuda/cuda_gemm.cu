@@ -379,7 +379,7 @@ __global__ void k_quant_act(const float *__restrict__ x, int64_t nblocks, int8_t
     if (lane == 0) xd[b] = __half2float(__float2half_rn(d)), xs[b] = sum;
 }
 
-static void launch_quant_act(const float *x, int n, int K, void *xq, cudaStream_t s) {
+void launch_quant_act(const float *x, int n, int K, void *xq, cudaStream_t s) {
     const int64_t nb = (int64_t)n * (K / 32);
     const act_q a = act_q_view(xq, n, K);
     cu_launch(k_quant_act, dim3(nblk((size_t)nb, 8)), dim3(256), 0, s, x, nb, a.qs, a.xd, a.xs);
@@ -572,7 +572,7 @@ __global__ void k_quant_act_k(const float *__restrict__ x, int64_t nblocks, int 
     if (lane == 0) xd[t * (K / 32) + j] = mv != 0.0f ? __fdiv_rn(1.0f, iscale) : 0.0f;
 }
 
-static void launch_quant_act_k(const float *x, int n, int K, void *xq, cudaStream_t s) {
+void launch_quant_act_k(const float *x, int n, int K, void *xq, cudaStream_t s) {
     const int64_t nb = (int64_t)n * (K / 256);
     const act_q a = act_q_view(xq, n, K);
     cu_launch(k_quant_act_k, dim3(nblk((size_t)nb, 8)), dim3(256), 0, s, x, nb, K, a.qs, a.xd, a.xs);

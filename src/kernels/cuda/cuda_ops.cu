@@ -68,7 +68,8 @@ qf_status op_matmul(const qf_weight *w, const float *x, int n, float *y, int rou
     void *wdeq = dalloc(&a, N * K * 4);
     __half *xh = (__half *)dalloc(&a, (size_t)n * K * 2);
     OP_NEED(dw.d && dx && dy && wdeq && xh);
-    qf_status st = dev_matmul(blas, &dw, dx, n, dy, false, route, wdeq, xh, 0, err);
+    qf_status st = route == MM_CANON ? canon_matmul(&dw, dx, n, dy, xh, 0, err)
+                                     : dev_matmul(blas, &dw, dx, n, dy, false, route, wdeq, xh, 0, err);
     if (st) {
         dfree(&a);
         return st;

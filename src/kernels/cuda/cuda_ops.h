@@ -18,7 +18,8 @@ typedef enum {
     QF_CUDA_MM_AUTO = 0,  /* what the forward pass picks for this n */
     QF_CUDA_MM_MATVEC,    /* fused dequantize + dot, f32 activations (decode, n <= 8) */
     QF_CUDA_MM_GEMM_F16,  /* dequantize to f16, cuBLAS f16 x f16 -> f32 accumulate (prefill) */
-    QF_CUDA_MM_GEMM_F32   /* dequantize to f32, cuBLAS sgemm (QF_CUDA_GEMM=f32) */
+    QF_CUDA_MM_GEMM_F32,  /* dequantize to f32, cuBLAS sgemm (QF_CUDA_GEMM=f32) */
+    QF_CUDA_MM_CANON      /* the canonical arithmetic (kernels/canon.h): the CPU canonical route's bits */
 } qf_cuda_mm_route;
 
 /* dst[rows][k] = dequantize(src) (src: rows of type t, k a multiple of the block size) */

@@ -1,0 +1,378 @@
+/* cuda_canon.cu: the canonical arithmetic on the GPU (kernels/canon.h; docs/gpu.md "Canonical
+ * arithmetic"). Each kernel computes every output with the host's operations in the host's
+ * order, one IEEE rounding each (the CN_ macros and __*_rn intrinsics keep nvcc from
+ * contracting a * b + c): the forward pass of a canonical context gives the CPU's bits.
+ *
+ *   RMSNorm       one warp per row: lanes 0..7 the 8 double lane sums, then canon.h's combine
+ *   GEMM q8       Q4_0 / Q8_0 / Q5_0 weights (and the Q4_0 G8 layout): the activation quantized
+ *                 to q8_0 (k_quant_act, quant.c's bytes), per 32-block the exact integer dot
+ *                 (__dp4a) and acc = fmaf((float)isum, dw * dx, acc), gemm.c's oracle
+ *   GEMM K        Q4_K / Q6_K weights on Q8_K activations (k_quant_act_k), per 256-block
+ *                 gemm.c's qf_gemm_k_rows_ref: integer sub-block sums, then one or two fmaf
+ *   GEMM chain    any other type, dequantized by deq32 (quant.c's oracle): fmaf over k in order
+ *   attention     scores (fmaf chain over d, times the scale), canon.h's softmax per row, the
+ *                 weighted sum (fmaf chain over the query's keys) on f32 K/V rows
+ *   RoPE, SiLU    canon.h's per-element functions
+ *
+ * The GEMM tiles keep 4 x 4 (K: 4 x 2) outputs per thread, each its own chain; tiles only
+ * change which thread computes an output, never the order of its sums. */
+#include "kernels/canon.h"
+#include "kernels/cuda/cuda_common.cuh"
+
+/* ---- RMSNorm ---- */
+
+__global__ void k_canon_rmsnorm(const float *__restrict__ x, const float *__restrict__ g, int n, int d, float eps,
+                                float *__restrict__ out) {
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    const float *xr = x + (size_t)row * d;
+    const int full = d / 8 * 8;
+    double L = 0.0;
+    if (lane < 8)
+        for (int i = lane; i < full; i += 8) L = __dadd_rn(L, (double)__fmul_rn(xr[i], xr[i]));
+    double Ls[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) Ls[j] = __shfl_sync(0xffffffffu, L, j);
+    double ss = qf_canon_lanes(Ls);
+    for (int i = full; i < d; i++) ss = __dadd_rn(ss, (double)__fmul_rn(xr[i], xr[i]));
+    const float scale = qf_canon_rms_scale(ss, d, eps);
+    __syncwarp();
+    for (int i = lane; i < d; i += 32) out[(size_t)row * d + i] = __fmul_rn(__fmul_rn(xr[i], scale), g[i]);
+}
+
+void launch_canon_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, cudaStream_t s) {
+    k_canon_rmsnorm<<<nblk((size_t)n, 8), 256, 0, s>>>(x, g, n, d, eps, out);
+}
+
+/* ---- RoPE and SiLU * up ---- */
+
+__global__ void k_canon_rope(float *v, int n, int n_heads, int hd, int half, bool neox, const float *cs,
+                             const float *sn) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)n * n_heads * half) return;
+    const int p = (int)(i % half);
+    const int64_t th = i / half; /* token * n_heads + head */
+    const int t = (int)(th / n_heads);
+    float *x = v + th * hd;
+    const float c = cs[(size_t)t * half + p], s = sn[(size_t)t * half + p];
+    if (neox) qf_canon_rope_pair(&x[p], &x[p + half], c, s);
+    else qf_canon_rope_pair(&x[2 * p], &x[2 * p + 1], c, s);
+}
+
+void launch_canon_rope(float *v, int n, int n_heads, int hd, int half, bool neox, const float *cs, const float *sn,
+                       cudaStream_t s) {
+    k_canon_rope<<<nblk((size_t)n * n_heads * half, 256), 256, 0, s>>>(v, n, n_heads, hd, half, neox, cs, sn);
+}
+
+__global__ void k_canon_silu(float *g, const float *u, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) g[i] = qf_canon_silu_mul(g[i], u[i]);
+}
+
+void launch_canon_silu(float *g, const float *u, size_t n, cudaStream_t s) {
+    k_canon_silu<<<nblk(n, 256), 256, 0, s>>>(g, u, n);
+}
+
+/* ---- GEMMs ---- */
+
+#define CG_BM 64 /* weight rows per block */
+#define CG_BN 64 /* tokens per block (K GEMM: 32) */
+
+/* the signed integer values of block b of a q8-family row (value / d) and the f32 of its scale */
+template <int T> __device__ static inline float blk_ints(const uint8_t *row, int b, int8_t *v);
+template <> __device__ inline float blk_ints<QF_TYPE_Q4_0>(const uint8_t *row, int b, int8_t *v) {
+    const block_q4_0 *q = (const block_q4_0 *)row + b;
+    for (int j = 0; j < 16; j++) v[j] = (int8_t)((q->qs[j] & 0xF) - 8), v[j + 16] = (int8_t)((q->qs[j] >> 4) - 8);
+    return h2f_bits(q->d);
+}
+template <> __device__ inline float blk_ints<QFD_Q4_0G8>(const uint8_t *row, int b, int8_t *v) {
+    const uint8_t *gp = row + (size_t)(b >> 3) * Q4G_GROUP, *qs = gp + 16 + 16 * (b & 7);
+    for (int j = 0; j < 16; j++) v[j] = (int8_t)((qs[j] & 0xF) - 8), v[j + 16] = (int8_t)((qs[j] >> 4) - 8);
+    return h2f_bits(((const uint16_t *)gp)[b & 7]);
+}
+template <> __device__ inline float blk_ints<QF_TYPE_Q8_0>(const uint8_t *row, int b, int8_t *v) {
+    const block_q8_0 *q = (const block_q8_0 *)row + b;
+    for (int j = 0; j < 32; j++) v[j] = q->qs[j];
+    return h2f_bits(q->d);
+}
+template <> __device__ inline float blk_ints<QF_TYPE_Q5_0>(const uint8_t *row, int b, int8_t *v) {
+    const block_q5_0 *q = (const block_q5_0 *)row + b;
+    const uint32_t qh = (uint32_t)q->qh[0] | ((uint32_t)q->qh[1] << 8) | ((uint32_t)q->qh[2] << 16) | ((uint32_t)q->qh[3] << 24);
+    for (int j = 0; j < 16; j++) {
+        v[j] = (int8_t)(((q->qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - 16);
+        v[j + 16] = (int8_t)(((q->qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+    }
+    return h2f_bits(q->d);
+}
+
+/* y[t][r] (t < n, r < N, row stride N) = sum over blocks of fmaf((float)isum, dw * dx, acc):
+ * 256 threads, 64 rows x 64 tokens, thread (tr, tt) the rows 4 tr.. and tokens 4 tt.. */
+template <int T>
+__global__ void __launch_bounds__(256) k_canon_gemm_q8(const uint8_t *__restrict__ W, size_t rb, int K, int N,
+                                                       const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                                                       int n, float *__restrict__ y) {
+    __shared__ int sw[CG_BM][9], sx[CG_BN][9];
+    __shared__ float sdw[CG_BM], sdx[CG_BN];
+    const int tid = threadIdx.x, tr = tid % 16, tt = tid / 16;
+    const int r0 = blockIdx.x * CG_BM, t0 = blockIdx.y * CG_BN, nb = K / 32;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        if (tid < CG_BM) { /* one weight row's block */
+            const int r = r0 + tid;
+            int8_t v[32];
+            float d = 0.0f;
+            if (r < N) d = blk_ints<T>(W + (size_t)r * rb, b, v);
+            else
+                for (int j = 0; j < 32; j++) v[j] = 0;
+            memcpy(sw[tid], v, 32);
+            sdw[tid] = d;
+        } else if (tid < CG_BM + CG_BN) { /* one token's block */
+            const int k = tid - CG_BM, t = t0 + k;
+            if (t < n) {
+                memcpy(sx[k], xq + (size_t)t * K + (size_t)b * 32, 32);
+                sdx[k] = xd[(size_t)t * nb + b];
+            } else {
+                for (int w = 0; w < 8; w++) sx[k][w] = 0;
+                sdx[k] = 0.0f;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int *a = sw[4 * tr + i], *c = sx[4 * tt + j];
+                int isum = 0;
+#pragma unroll
+                for (int w = 0; w < 8; w++) isum = __dp4a(a[w], c[w], isum);
+                acc[i][j] = qf_canon_q8_step(acc[i][j], isum, sdw[4 * tr + i], sdx[4 * tt + j]);
+            }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int r = r0 + 4 * tr + i, t = t0 + 4 * tt + j;
+            if (r < N && t < n) y[(size_t)t * N + r] = acc[i][j];
+        }
+}
+
+/* the K GEMM: 64 rows x 32 tokens, thread (tr, tt) the rows 4 tr.. and tokens 2 tt.. */
+#define CK_BN 32
+template <int Q6>
+__global__ void __launch_bounds__(256) k_canon_gemm_k(const uint8_t *__restrict__ W, size_t rb, int K, int N,
+                                                      const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                                                      int n, float *__restrict__ y) {
+    constexpr int NS = Q6 ? 16 : 8, SUB = 256 / NS;
+    __shared__ int sw[CG_BM][64], sx[CK_BN][64];
+    __shared__ int ssc[CG_BM][NS], smn[CG_BM][8];
+    __shared__ float sd[CG_BM], sdm[CG_BM], sdx[CK_BN];
+    const int tid = threadIdx.x, tr = tid % 16, tt = tid / 16;
+    const int r0 = blockIdx.x * CG_BM, t0 = blockIdx.y * CK_BN, nb = K / 256;
+    float acc[4][2];
+#pragma unroll
+    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        if (tid < CG_BM) {
+            const int r = r0 + tid;
+            uint8_t q[256];
+            int32_t sc[16], mn[8];
+            uint16_t dh = 0, mh = 0;
+            if (r < N) qf_k_unpack(Q6, W + (size_t)r * rb, b, q, sc, mn, &dh, &mh);
+            else {
+                for (int j = 0; j < 256; j++) q[j] = 0;
+                for (int j = 0; j < 16; j++) sc[j] = 0;
+                for (int j = 0; j < 8; j++) mn[j] = 0;
+            }
+            memcpy(sw[tid], q, 256);
+            for (int j = 0; j < NS; j++) ssc[tid][j] = sc[j];
+            if (!Q6)
+                for (int j = 0; j < 8; j++) smn[tid][j] = mn[j];
+            sd[tid] = h2f_bits(dh), sdm[tid] = Q6 ? 0.0f : h2f_bits(mh);
+        } else if (tid < CG_BM + CK_BN) {
+            const int k = tid - CG_BM, t = t0 + k;
+            if (t < n) {
+                memcpy(sx[k], xq + (size_t)t * K + (size_t)b * 256, 256);
+                sdx[k] = xd[(size_t)t * (K / 32) + b];
+            } else {
+                for (int w = 0; w < 64; w++) sx[k][w] = 0;
+                sdx[k] = 0.0f;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int rr = 4 * tr + i, tk = 2 * tt + j;
+                const int *a = sw[rr], *c = sx[tk];
+                int iacc = 0, im = 0;
+                for (int s = 0; s < NS; s++) {
+                    int is = 0, xs = 0;
+                    for (int w = s * SUB / 4; w < (s + 1) * SUB / 4; w++) {
+                        is = __dp4a(a[w], c[w], is);
+                        xs = __dp4a(0x01010101, c[w], xs); /* the sum of the activation quants: Q8_K's bsums */
+                    }
+                    if (Q6) is -= 32 * xs;
+                    else im += smn[rr][s] * xs;
+                    iacc += is * ssc[rr][s];
+                }
+                float v = __fmaf_rn((float)iacc, __fmul_rn(sd[rr], sdx[tk]), acc[i][j]);
+                if (!Q6) v = __fmaf_rn(-(float)im, __fmul_rn(sdm[rr], sdx[tk]), v);
+                acc[i][j] = v;
+            }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int r = r0 + 4 * tr + i, t = t0 + 2 * tt + j;
+            if (r < N && t < n) y[(size_t)t * N + r] = acc[i][j];
+        }
+}
+
+/* the f32 chain over dequantized rows: 64 rows x 64 tokens, K in chunks of 32 */
+template <int T>
+__global__ void __launch_bounds__(256) k_canon_gemm_chain(const uint8_t *__restrict__ W, size_t rb, int K, int N,
+                                                          const float *__restrict__ x, int n, float *__restrict__ y) {
+    __shared__ float sw[CG_BM][33], sx[CG_BN][33];
+    const int tid = threadIdx.x, tr = tid % 16, tt = tid / 16;
+    const int r0 = blockIdx.x * CG_BM, t0 = blockIdx.y * CG_BN;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    for (int sb = 0; sb < K / 32; sb++) {
+        if (tid < CG_BM) {
+            const int r = r0 + tid;
+            float v[32];
+            if (r < N) deq32<T>(W + (size_t)r * rb, sb, v);
+            else
+                for (int j = 0; j < 32; j++) v[j] = 0.0f;
+            for (int j = 0; j < 32; j++) sw[tid][j] = v[j];
+        } else if (tid < CG_BM + CG_BN) {
+            const int k = tid - CG_BM, t = t0 + k;
+            for (int j = 0; j < 32; j++) sx[k][j] = t < n ? x[(size_t)t * K + (size_t)sb * 32 + j] : 0.0f;
+        }
+        __syncthreads();
+        for (int k = 0; k < 32; k++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = __fmaf_rn(sw[4 * tr + i][k], sx[4 * tt + j][k], acc[i][j]);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int r = r0 + 4 * tr + i, t = t0 + 4 * tt + j;
+            if (r < N && t < n) y[(size_t)t * N + r] = acc[i][j];
+        }
+}
+
+qf_status canon_matmul(const dweight *w, const float *x, int n, float *y, void *act, cudaStream_t s, qf_error *err) {
+    const int K = (int)w->ne0, N = (int)w->ne1, T = dw_type(w);
+    if (K % 32) return cu_fail(err, QF_ERR_DEVICE, "canonical GEMM: K = %d is not a multiple of 32", K);
+    const act_q a = act_q_view(act, n, K);
+    const dim3 grid(nblk((size_t)N, CG_BM), nblk((size_t)n, CG_BN));
+    switch (T) {
+    case QF_TYPE_Q4_0: case QFD_Q4_0G8: case QF_TYPE_Q8_0: case QF_TYPE_Q5_0:
+        launch_quant_act(x, n, K, act, s);
+        if (T == QF_TYPE_Q4_0) k_canon_gemm_q8<QF_TYPE_Q4_0><<<grid, 256, 0, s>>>(w->d, w->row_bytes, K, N, a.qs, a.xd, n, y);
+        else if (T == QFD_Q4_0G8) k_canon_gemm_q8<QFD_Q4_0G8><<<grid, 256, 0, s>>>(w->d, w->row_bytes, K, N, a.qs, a.xd, n, y);
+        else if (T == QF_TYPE_Q8_0) k_canon_gemm_q8<QF_TYPE_Q8_0><<<grid, 256, 0, s>>>(w->d, w->row_bytes, K, N, a.qs, a.xd, n, y);
+        else k_canon_gemm_q8<QF_TYPE_Q5_0><<<grid, 256, 0, s>>>(w->d, w->row_bytes, K, N, a.qs, a.xd, n, y);
+        break;
+    case QF_TYPE_Q4_K: case QF_TYPE_Q6_K: {
+        const dim3 gk(nblk((size_t)N, CG_BM), nblk((size_t)n, CK_BN));
+        launch_quant_act_k(x, n, K, act, s);
+        if (T == QF_TYPE_Q6_K) k_canon_gemm_k<1><<<gk, 256, 0, s>>>(w->d, w->row_bytes, K, N, a.qs, a.xd, n, y);
+        else k_canon_gemm_k<0><<<gk, 256, 0, s>>>(w->d, w->row_bytes, K, N, a.qs, a.xd, n, y);
+        break;
+    }
+    default:
+        QF_TYPE_DISPATCH(T, (cu_launch(k_canon_gemm_chain<TT>, grid, dim3(256), 0, s, (const uint8_t *)w->d, w->row_bytes, K,
+                                       N, x, n, y)));
+        break;
+    }
+    return QF_OK;
+}
+
+/* ---- attention over f32 K/V rows [pos][n_head_kv][hd] ----
+ * S [n_head][n][T]: scores, then (in place) the probabilities of query i over keys [0, pos0 + i] */
+
+#define CA_KT 32 /* keys per block */
+#define CA_QT 8  /* queries per block */
+__global__ void __launch_bounds__(128) k_canon_scores(const float *__restrict__ q, const float *__restrict__ K, int n,
+                                                      int pos0, int T, int n_head, int nkv, int hd, float scale,
+                                                      float *__restrict__ S) {
+    extern __shared__ float sm[];
+    float *ks = sm, *qs = sm + CA_KT * (hd + 1); /* [32][hd + 1], [8][hd] */
+    const int h = blockIdx.z, kvh = h / (n_head / nkv), t0 = blockIdx.x * CA_KT, i0 = blockIdx.y * CA_QT;
+    const int last = pos0 + (i0 + CA_QT < n ? i0 + CA_QT : n) - 1; /* the block's last query position */
+    if (t0 > last) return;                                           /* keys no query of the block sees */
+    for (int e = threadIdx.x; e < CA_KT * hd; e += blockDim.x) {
+        const int kt = e / hd, d = e % hd, t = t0 + kt;
+        ks[kt * (hd + 1) + d] = t < T ? K[((size_t)t * nkv + kvh) * hd + d] : 0.0f;
+    }
+    for (int e = threadIdx.x; e < CA_QT * hd; e += blockDim.x) {
+        const int qi = e / hd, d = e % hd, i = i0 + qi;
+        qs[qi * hd + d] = i < n ? q[((size_t)i * n_head + h) * hd + d] : 0.0f;
+    }
+    __syncthreads();
+    const int kt = threadIdx.x % 32, qa = threadIdx.x / 32 * 2, t = t0 + kt;
+    float a0 = 0.0f, a1 = 0.0f;
+    const float *kr = ks + kt * (hd + 1), *q0 = qs + qa * hd, *q1 = q0 + hd;
+    for (int d = 0; d < hd; d++) {
+        a0 = __fmaf_rn(q0[d], kr[d], a0);
+        a1 = __fmaf_rn(q1[d], kr[d], a1);
+    }
+    if (t < T) {
+        if (i0 + qa < n) S[((size_t)h * n + i0 + qa) * T + t] = __fmul_rn(a0, scale);
+        if (i0 + qa + 1 < n) S[((size_t)h * n + i0 + qa + 1) * T + t] = __fmul_rn(a1, scale);
+    }
+}
+
+__global__ void k_canon_softmax(float *S, int n, int pos0, int T, int n_head) {
+    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; /* h * n + i */
+    if (r >= (int64_t)n_head * n) return;
+    qf_canon_softmax(S + r * T, pos0 + (int)(r % n) + 1);
+}
+
+/* out[i][h][d] = fmaf chain over t <= pos0 + i of P[h][i][t] * V[t][kvh][d]: a block per (8
+ * queries, head), a thread per d */
+__global__ void k_canon_pv(const float *__restrict__ S, const float *__restrict__ V, int n, int pos0, int T, int n_head,
+                           int nkv, int hd, float *__restrict__ out) {
+    const int h = blockIdx.y, kvh = h / (n_head / nkv), i0 = blockIdx.x * CA_QT, d = threadIdx.x;
+    if (d >= hd) return;
+    const int nq = n - i0 < CA_QT ? n - i0 : CA_QT, tmax = pos0 + i0 + nq; /* the last query's key count */
+    float acc[CA_QT];
+#pragma unroll
+    for (int k = 0; k < CA_QT; k++) acc[k] = 0.0f;
+    const float *P = S + ((size_t)h * n + i0) * T;
+    for (int t = 0; t < tmax; t++) {
+        const float v = V[((size_t)t * nkv + kvh) * hd + d];
+#pragma unroll
+        for (int k = 0; k < CA_QT; k++)
+            if (k < nq && t <= pos0 + i0 + k) acc[k] = __fmaf_rn(P[(size_t)k * T + t], v, acc[k]);
+    }
+    for (int k = 0; k < nq; k++) out[((size_t)(i0 + k) * n_head + h) * hd + d] = acc[k];
+}
+
+void launch_canon_attention(const float *q, const float *K, const float *V, int n, int pos0, int n_head, int nkv,
+                            int hd, float scale, float *S, float *out, cudaStream_t s) {
+    const int T = pos0 + n;
+    const size_t smem = (size_t)(CA_KT * (hd + 1) + CA_QT * hd) * sizeof(float);
+    k_canon_scores<<<dim3(nblk((size_t)T, CA_KT), nblk((size_t)n, CA_QT), n_head), 128, smem, s>>>(q, K, n, pos0, T, n_head,
+                                                                                                 nkv, hd, scale, S);
+    k_canon_softmax<<<nblk((size_t)n_head * n, 128), 128, 0, s>>>(S, n, pos0, T, n_head);
+    k_canon_pv<<<dim3(nblk((size_t)n, CA_QT), n_head), hd, 0, s>>>(S, V, n, pos0, T, n_head, nkv, hd, out);
+}
