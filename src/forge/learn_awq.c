@@ -761,7 +761,10 @@ qf_status qf_awq_run(qf_model *m, const int32_t *calib_tokens, int64_t n_calib,
     cp.n_batch = n_ctx;
     cp.n_threads = n_threads;
     cp.device = gpu ? QF_DEVICE_CUDA : QF_DEVICE_CPU;
-    cp.cuda.gemm_f32 = gpu; /* f32 GEMMs: activations as close to the CPU's as the GPU gets */
+    cp.cuda.gemm_f32 = gpu; /* f32 GEMMs where the canonical arithmetic does not apply */
+    /* the canonical arithmetic (kernels/canon.h): the same captured activations on the CPU and
+     * the GPU, so the search and the block quantizer (bit-exact with the CPU's) see the same inputs */
+    cp.canonical = true;
     ctx = qf_context_new(m, &cp, err);
     if (!ctx && gpu && p.device == QF_DEVICE_AUTO) { /* a model the GPU backend refuses: auto means the CPU */
         gpu = false;
