@@ -12,6 +12,8 @@
 #include "qforge/model.h"
 #include "engine/kv_rq.h"
 #include "engine/kv_rq_klt.h"
+#include "kernels/gemm.h"
+#include "qforge/quant.h"
 #include "test.h"
 #include "util/util.h"
 
@@ -171,10 +173,12 @@ static void on_act(void *user, int layer, qf_act_site site, int n_tok, int dim, 
     memcpy(a->att0 + (size_t)a->pos * a->dq, x, (size_t)n_tok * dim * sizeof(float));
 }
 
+static bool g_canon;   /* route_logits: the canonical arithmetic */
+static int g_threads = 2;
 static float *route_logits(qf_model *m, const stream_data *dk, const stream_data *dv, const float *P, int route,
                            const int32_t *t, int n_prompt, int n, float *att0) {
     qf_context_params cp = qf_context_default_params();
-    cp.n_ctx = 64, cp.n_threads = 2;
+    cp.n_ctx = 64, cp.n_threads = g_threads, cp.canonical = g_canon;
     qf_error e = {0};
     qf_context *c = qf_context_new(m, &cp, &e);
     if (!c) return NULL;
@@ -196,6 +200,10 @@ static float *route_logits(qf_model *m, const stream_data *dk, const stream_data
     c->kv = fresh;
     c->params.kv_k = c->params.kv_v = QF_KV_RQ;
     c->rq_route = route;
+    if (g_canon && !qf_context_canonical(c)) {
+        snprintf(e.msg, sizeof e.msg, "a canonical kv-rq context does not say so");
+        goto fail;
+    }
     if (qf_decode(c, t, n_prompt, 0, lg, 0, &e)) goto fail;
     for (int i = n_prompt; i < n; i++) {
         at.pos = i;
@@ -216,6 +224,9 @@ static double max_rel(const float *a, const float *b, size_t n) {
     return num / den;
 }
 
+static stream_data g_dk, g_dv;
+static float g_P[LMAX * HD * HD];
+
 TEST(forward_routes_agree) {
     const char *path = test_data("models/qforge-demo-11m-f16.gguf");
     if (!path) SKIP("demo model not found");
@@ -225,8 +236,10 @@ TEST(forward_routes_agree) {
     if (!m) return;
     const qf_hparams *hp = qf_model_hparams(m);
     CHECK(hp->n_layer == LMAX && hp->n_head_kv == H && hp->head_dim == D);
-    static stream_data dk, dv;
-    static float P[LMAX * HD * HD];
+    stream_data *const pk = &g_dk, *const pv = &g_dv;
+#define dk (*pk)
+#define dv (*pv)
+    float *const P = g_P;
     uint64_t s = 17;
     for (int st = 0; st < 2; st++) {
         stream_data *d = st ? &dv : &dk;
@@ -260,6 +273,39 @@ TEST(forward_routes_agree) {
         CHECK(a < 1e-5 && g < 1e-2);
     }
     for (int r = 0; r < NR; r++) free(lg[r]), free(att[r]);
+#undef dk
+#undef dv
+    /* the canonical arithmetic (kernels/canon.h) on the same kv-rq cache (format 3 rows, f16
+     * layers, V predicted from pre-RoPE K, 1 sink and a window of 4): the same logits, bit for
+     * bit, for any thread count, any batch split and any instruction set (the GPU's side:
+     * test_cuda e2e_canonical) */
+    g_canon = true;
+    float *base = NULL;
+    struct { const char *name; int threads, prompt, isa; } vs[] = {
+        {"2 threads, prompt 40", 2, 40, 0}, {"1 thread", 1, 40, 0}, {"3 threads, token by token", 3, 1, 0},
+        {"AVX2 only, prompt 17", 2, 17, 1}, {"no SIMD", 2, 40, 2}};
+    for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
+        g_threads = vs[v].threads;
+        if (vs[v].isa == 1) qf_gemm_cap_isa(QF_GEMM_ISA_AVX2);
+        if (vs[v].isa == 2) qf_quant_force_scalar(true);
+        float *a = calloc((size_t)n * dq, sizeof(float));
+        float *l = route_logits(m, &g_dk, &g_dv, g_P, QF_RQ_ROUTE_AUTO, t, vs[v].prompt, n, a);
+        qf_gemm_cap_isa(QF_GEMM_ISA_AVX512), qf_quant_force_scalar(false);
+        free(a);
+        CHECK_MSG(l != NULL, "%s", vs[v].name);
+        if (!l) continue;
+        if (!base) {
+            base = l;
+            continue;
+        }
+        size_t diff = 0;
+        for (size_t i = 0; i < (size_t)n * V; i++) diff += memcmp(&l[i], &base[i], 4) != 0;
+        printf("  canonical, %-26s %zu of %zu logits differ from %s\n", vs[v].name, diff, (size_t)n * V, vs[0].name);
+        CHECK(diff == 0);
+        free(l);
+    }
+    free(base);
+    g_canon = false, g_threads = 2;
     qf_model_free(m);
 }
 

@@ -225,8 +225,9 @@ QF_API qf_model *qf_context_model(const qf_context *c);
 /* True when c computes in the canonical arithmetic: params.canonical (not reference) and a model
  * and cache it covers: the llama / qwen2 layer (no MoE, per-head q/k norms, post norms, soft-
  * capping, sliding windows or embedding scale; SwiGLU) with K and V in f32, f16, q8_0, q4_0 (with
- * or without --kv-rot hadamard) or kv-int8 rows. Elsewhere the canonical flag still picks the
- * same kernels on the CPU, but the GPU takes its own route. */
+ * or without --kv-rot hadamard), kv-int8 or kv-rq rows (with its exact sinks and window).
+ * Elsewhere (kv-dict, the other families) the canonical flag still picks the same kernels on the
+ * CPU, but the GPU takes its own route. */
 QF_API bool qf_context_canonical(const qf_context *c);
 
 /* Run n tokens at positions [pos0, pos0+n) (the cache must already hold [0, pos0)); pos0 = 0

@@ -26,6 +26,7 @@
 
 #include "engine.h"
 #include "kernels/blas.h"
+#include "kernels/canon.h"
 #include "kernels/canon_cpu.h"
 #include "kernels/gemm.h"
 #include "kernels/matvec.h"
@@ -297,8 +298,9 @@ bool qf_context_canonical(const qf_context *c) {
         hp->swa != QF_SWA_NONE || hp->embd_scale != 1.0f || hp->ffn_act != QF_FFN_SILU)
         return false;
     const qf_kv_cache *kv = &c->kv;
-    if (kv->n_sink || kv->n_window || kv->k_prerope) return false;
     const qf_kv_mode m[2] = {kv->mode_k, kv->mode_v};
+    if (m[0] == QF_KV_RQ && m[1] == QF_KV_RQ) return !kv->ring_rows; /* kv-rq: its rows, exact sinks / window */
+    if (kv->n_sink || kv->n_window || kv->k_prerope) return false;
     for (int s = 0; s < 2; s++)
         if (m[s] != QF_KV_F32 && m[s] != QF_KV_F16 && m[s] != QF_KV_Q8_0 && m[s] != QF_KV_Q4_0 && m[s] != QF_KV_INT8)
             return false;
@@ -919,8 +921,9 @@ static void attention_worker(void *arg, int ith, int nth) {
             int Tb = j->pos0 + i0 + nb; /* keys this block can see */
             const float *Qb = Q + (size_t)i0 * Dq;
             bool exact = c->kv.n_sink || c->kv.n_window;
-            /* the canonical route's attention (kernels/canon.h): fmaf chains over d, then over t */
-            const bool canon = c->canon && !exact && !j->vcoef;
+            /* the canonical route's attention (kernels/canon.h): fmaf chains over d, then over t;
+             * the exact keys (kv-rq) scored and summed from their exact rows in the same chains */
+            const bool canon = c->canon && !j->vcoef;
             if (canon) {
                 qf_canon_scores(Qb, Dq, nb, K, Tb, hd, scale, S, Tb, c->thr_buf[ith] + c->canon_scr);
             } else if (c->params.reference) {
@@ -938,7 +941,12 @@ static void attention_worker(void *arg, int ith, int nth) {
             for (int i = 0; i < nb; i++) {
                 float *row = S + (size_t)i * Tb;
                 int last = j->pos0 + i0 + i; /* causal: query sees positions <= its own */
-                if (exact) exact_scores(c, last, Qb + (size_t)i * Dq, EK, row, scale);
+                if (exact && canon) {
+                    exact_span sp;
+                    for (int p = exact_first(&c->kv, last - c->kv.n_window + 1, &sp); p <= last; p = exact_next(&sp, p))
+                        row[p] = CN_MUL(qf_canon_dot(Qb + (size_t)i * Dq, EK + (size_t)p * hd, hd, 1), scale);
+                } else if (exact)
+                    exact_scores(c, last, Qb + (size_t)i * Dq, EK, row, scale);
                 int lo = swa && last - swa + 1 > 0 ? last - swa + 1 : 0;
                 if (cap > 0) /* soft-capping (gemma2): c * tanh(s / c) */
                     for (int t = lo; t <= last; t++) row[t] = cap * tanhf(row[t] / cap);
@@ -952,7 +960,10 @@ static void attention_worker(void *arg, int ith, int nth) {
                 rq_values_coef(c, j, ith, kvh, i0, nb, Tb, S, V, EV, Ob);
                 continue;
             }
-            if (canon) {
+            if (canon && exact) {
+                qf_canon_pv_ex(S, Tb, nb, j->pos0 + i0 + 1, V, EV, c->kv.n_sink, c->kv.n_window, hd, Ob, Dq);
+                continue;
+            } else if (canon) {
                 qf_canon_pv(S, Tb, nb, j->pos0 + i0 + 1, V, hd, Ob, Dq);
             } else if (c->params.reference) {
                 for (int i = 0; i < nb; i++)
@@ -1224,8 +1235,8 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         if (st) return st;
     }
     bool rq_fast = false;
-    if (c->kv.rq[0] && c->kv.rq[1] && !ref && !ext(c)->rope_cos_swa && !c->kv.ring_rows &&
-        c->rq_route != QF_RQ_ROUTE_ROWS) {
+    if (c->kv.rq[0] && c->kv.rq[1] && !ref && !c->canon && !ext(c)->rope_cos_swa && !c->kv.ring_rows &&
+        c->rq_route != QF_RQ_ROUTE_ROWS) { /* (the canonical route reads the rows) */
         qf_status st = rq_fast_init(c, err);
         if (st) return st;
         rq_fast = true;

@@ -36,3 +36,24 @@ void qf_canon_gemm_rows(const float *W, int64_t K, int64_t nrows, const float *x
     if (qf_quant_has_avx2() && qf_canon_gemm_rows_avx2(W, K, nrows, x, n, y, ldy, scratch)) return;
     qf_canon_gemm_rows_ref(W, K, nrows, x, n, y, ldy);
 }
+
+void qf_canon_pv_ex_ref(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
+                        int n_window, int hd, float *O, int64_t ldo) {
+    for (int i = 0; i < nq; i++) {
+        const int tq = cnt0 - 1 + i;
+        for (int d = 0; d < hd; d++) {
+            float acc = 0.0f;
+            for (int t = 0; t <= tq; t++) {
+                const float *row = qf_canon_exact(t, tq, n_sink, n_window) ? EV : V;
+                acc = CN_FMA(P[i * ldp + t], row[(int64_t)t * hd + d], acc);
+            }
+            O[i * ldo + d] = acc;
+        }
+    }
+}
+
+void qf_canon_pv_ex(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
+                    int n_window, int hd, float *O, int64_t ldo) {
+    if (qf_quant_has_avx2() && qf_canon_pv_ex_avx2(P, ldp, nq, cnt0, V, EV, n_sink, n_window, hd, O, ldo)) return;
+    qf_canon_pv_ex_ref(P, ldp, nq, cnt0, V, EV, n_sink, n_window, hd, O, ldo);
+}

@@ -150,6 +150,10 @@ QF_CANON float qf_canon_dot(const float *a, const float *b, int n, int64_t sb) {
     return acc;
 }
 
+/* forward.c's exact-key rule (kv-rq's f16 sinks and recent window): the query at position tq
+ * reads key p < = tq exactly when p < n_sink or p > tq - n_window */
+QF_CANON int qf_canon_exact(int p, int tq, int n_sink, int n_window) { return p < n_sink || p > tq - n_window; }
+
 /* one block step of the integer GEMMs (gemm.h): acc + isum * (dw * dx), one rounding for the product
  * of the scales and one for the fma */
 QF_CANON float qf_canon_q8_step(float acc, int32_t isum, float dw, float dx) {

@@ -127,3 +127,24 @@ bool qf_canon_gemm_rows_avx2(const float *W, int64_t K, int64_t nrows, const flo
         for (int t = 0; t < n; t++) y[(int64_t)t * ldy + r] = qf_canon_dot(W + r * K, x + (int64_t)t * K, (int)K, 1);
     return true;
 }
+
+bool qf_canon_pv_ex_avx2(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
+                         int n_window, int hd, float *O, int64_t ldo) {
+    if (hd % 8) return false;
+    for (int i = 0; i < nq; i++) {
+        const int tq = cnt0 - 1 + i;
+        const float *Pi = P + i * ldp;
+        for (int d0 = 0; d0 < hd; d0 += 32) {
+            const int w = hd - d0 >= 32 ? 4 : (hd - d0) / 8;
+            __m256 a[4];
+            for (int j = 0; j < w; j++) a[j] = _mm256_setzero_ps();
+            for (int t = 0; t <= tq; t++) {
+                const float *vr = (qf_canon_exact(t, tq, n_sink, n_window) ? EV : V) + (int64_t)t * hd + d0;
+                const __m256 p = _mm256_set1_ps(Pi[t]);
+                for (int j = 0; j < w; j++) a[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * j), a[j]);
+            }
+            for (int j = 0; j < w; j++) _mm256_storeu_ps(O + i * ldo + d0 + 8 * j, a[j]);
+        }
+    }
+    return true;
+}

@@ -23,6 +23,14 @@ void qf_canon_scores_ref(const float *Q, int64_t ldq, int nq, const float *K, in
 void qf_canon_pv(const float *P, int64_t ldp, int nq, int cnt0, const float *V, int hd, float *O, int64_t ldo);
 void qf_canon_pv_ref(const float *P, int64_t ldp, int nq, int cnt0, const float *V, int hd, float *O, int64_t ldo);
 
+/* The same with exact sinks and a recent window (kv-rq, forward.c's per-(query, key) rule): the
+ * query at position tq = cnt0 - 1 + i reads row t of EV instead of V when t < n_sink or
+ * t > tq - n_window. */
+void qf_canon_pv_ex(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
+                    int n_window, int hd, float *O, int64_t ldo);
+void qf_canon_pv_ex_ref(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
+                        int n_window, int hd, float *O, int64_t ldo);
+
 /* y[t * ldy + r] = qf_canon_dot(W + r * K, x + t * K, K) for r < nrows, t < n: f32 weight rows.
  * scratch: QF_CANON_SCRATCH(K) floats (unused by the oracle). */
 void qf_canon_gemm_rows(const float *W, int64_t K, int64_t nrows, const float *x, int n, float *y, int64_t ldy,
@@ -33,6 +41,8 @@ void qf_canon_gemm_rows_ref(const float *W, int64_t K, int64_t nrows, const floa
 bool qf_canon_scores_avx2(const float *Q, int64_t ldq, int nq, const float *K, int T, int hd, float scale, float *S,
                           int64_t lds, float *scratch);
 bool qf_canon_pv_avx2(const float *P, int64_t ldp, int nq, int cnt0, const float *V, int hd, float *O, int64_t ldo);
+bool qf_canon_pv_ex_avx2(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
+                         int n_window, int hd, float *O, int64_t ldo);
 bool qf_canon_gemm_rows_avx2(const float *W, int64_t K, int64_t nrows, const float *x, int n, float *y, int64_t ldy,
                              float *scratch);
 

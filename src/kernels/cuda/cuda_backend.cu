@@ -1449,10 +1449,11 @@ done:
     return st;
 }
 
-/* The canonical arithmetic's cache modes (qf_context_canonical's list; kv-rq and dict take the
- * knobs' routes) */
+/* The canonical arithmetic's cache modes (qf_context_canonical's list; dict takes the knobs'
+ * routes) */
 static bool canon_on(const qf_cuda_ctx *g) {
-    if (!g->canon || g->rq) return false;
+    if (!g->canon) return false;
+    if (g->rq) return true; /* kv-rq: its rows decoded as the host decodes them (forward_canon) */
     for (int s = 0; s < 2; s++)
         if (g->kv_mode[s] != QF_KV_F32 && g->kv_mode[s] != QF_KV_F16 && g->kv_mode[s] != QF_KV_Q8_0 &&
             g->kv_mode[s] != QF_KV_Q4_0 && g->kv_mode[s] != QF_KV_INT8)
@@ -1486,6 +1487,8 @@ static qf_status forward_canon(qf_cuda_ctx *g, const qf_tap *tap, int n, int pos
         if (L->bk) launch_add_bias(g->k, L->bk, n, Dkv, S);
         if (L->bv) launch_add_bias(g->v, L->bv, n, Dkv, S);
         if (tap && tap->on_k_prerope) CK(cudaMemcpy(g->h_kpre, g->k, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
+        if (g->rq && g->rq->k_prerope) /* the rows a pre-RoPE kv-rq cache encodes */
+            CK(cudaMemcpyAsync(g->rq->kpre, g->k, (size_t)n * Dkv * 4, cudaMemcpyDeviceToDevice, S));
         launch_canon_rope(g->q, n, hp->n_head, hd, half, neox, rc, rs, S);
         launch_canon_rope(g->k, n, nkv, hd, half, neox, rc, rs, S);
         if (tap && tap->on_q) { /* forward.c's order: q, K before RoPE, then K and V */
@@ -1498,22 +1501,46 @@ static qf_status forward_canon(qf_cuda_ctx *g, const qf_tap *tap, int n, int pos
             CK(cudaMemcpy(g->h_v, g->v, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
             tap->on_kv(tap->user, il, pos0, n, nkv, hd, g->h_k, g->h_v);
         }
-        const float *kv32[2];
-        for (int s = 0; s < 2; s++) { /* store the rows; the layer's positions [0, T) as f32 */
-            const uint8_t *view;
-            qf_kv_mode vm;
-            size_t vrb;
-            if ((st = kv_store(g, s, il, s ? g->v : g->k, n, pos0, NULL, S, &view, &vm, &vrb, err))) goto done;
-            if (vm == QF_KV_F32 && view == (const uint8_t *)g->kv_f32[s]) { /* int8: expanded by kv_store */
-                kv32[s] = g->kv_f32[s];
-                continue;
+        if (g->rq) { /* kv-rq: the host encoder's rows, read back as the host's row decoder reads them */
+            struct rq_state *r = g->rq;
+            if ((st = rq_store(g, il, n, pos0, S, err))) goto done;
+            rq_layer_dev a = r->lay[0][il], b = r->lay[1][il];
+            a.predT = NULL;
+            launch_kv_rq_expand(&a, T, nkv, hd, g->kv_f32[0], S); /* K as stored (before RoPE where it is so) */
+            if (b.predT) b.khat = g->kv_f32[0];
+            launch_kv_rq_expand(&b, T, nkv, hd, g->kv_f32[1], S); /* V, its prediction from those K rows added */
+            if (r->k_prerope) launch_canon_rope(g->kv_f32[0], T, nkv, hd, half, neox, r->kr_cos, r->kr_sin, S);
+            const bool ex = r->n_sink || r->n_window;
+            const int *wpos = r->n_window ? r->win_pos + (size_t)il * r->n_window : NULL;
+            const float *fresh[2] = {g->k, g->v};
+            for (int s = 0; s < 2 && ex; s++)
+                launch_kv_exact_gather(r->ex[s], g->kv_f32[s], fresh[s], r->n_sink ? r->sink[s] + (size_t)il * r->n_sink * Dkv : NULL,
+                                       r->n_window ? r->win[s] + (size_t)il * r->n_window * Dkv : NULL, wpos, r->n_sink,
+                                       r->n_window, pos0, n, Dkv, S);
+            launch_canon_attention(g->q, g->kv_f32[0], g->kv_f32[1], ex ? r->ex[0] : NULL, ex ? r->ex[1] : NULL, r->n_sink,
+                                   r->n_window, n, pos0, hp->n_head, nkv, hd, hp->attn_scale, g->cs, g->att, S);
+            for (int s = 0; s < 2 && r->n_window; s++)
+                launch_kv_window_push(r->win[s] + (size_t)il * r->n_window * Dkv, r->win_pos + (size_t)il * r->n_window,
+                                      fresh[s], pos0, n, r->n_window, Dkv, S);
+        } else {
+            const float *kv32[2];
+            for (int s = 0; s < 2; s++) { /* store the rows; the layer's positions [0, T) as f32 */
+                const uint8_t *view;
+                qf_kv_mode vm;
+                size_t vrb;
+                if ((st = kv_store(g, s, il, s ? g->v : g->k, n, pos0, NULL, S, &view, &vm, &vrb, err))) goto done;
+                if (vm == QF_KV_F32 && view == (const uint8_t *)g->kv_f32[s]) { /* int8: expanded by kv_store */
+                    kv32[s] = g->kv_f32[s];
+                    continue;
+                }
+                float *dst = s ? g->cv : g->ck;
+                launch_kv_read(vm, view, (int64_t)T * nkv, hd, vrb, dst, S);
+                if (g->kv_rot) launch_hadamard(dst, (int64_t)T * nkv, hd, S);
+                kv32[s] = dst;
             }
-            float *dst = s ? g->cv : g->ck;
-            launch_kv_read(vm, view, (int64_t)T * nkv, hd, vrb, dst, S);
-            if (g->kv_rot) launch_hadamard(dst, (int64_t)T * nkv, hd, S);
-            kv32[s] = dst;
+            launch_canon_attention(g->q, kv32[0], kv32[1], NULL, NULL, 0, 0, n, pos0, hp->n_head, nkv, hd, hp->attn_scale, g->cs,
+                                   g->att, S);
         }
-        launch_canon_attention(g->q, kv32[0], kv32[1], n, pos0, hp->n_head, nkv, hd, hp->attn_scale, g->cs, g->att, S);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_OUT, n, Dq, g->att, err))) goto done;
         if ((st = canon_matmul(&L->wo, g->att, n, g->xn, g->xh, S, err))) goto done;
         launch_add(g->x, g->xn, (size_t)n * D, S);

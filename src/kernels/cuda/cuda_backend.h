@@ -100,8 +100,8 @@ typedef struct {
     int device_index;                   /* under mpirun, the local rank: device index % count; -1 = default */
     qf_cuda_params knobs;               /* gemm_f32, attn_warp, gu16, no_f16_cache, profile */
     /* the canonical arithmetic (kernels/canon.h): forward.c's canonical route bit for bit, where the
-     * model and cache are covered (llama / qwen2 layers; f32, f16, q8_0, q4_0, int8 KV); the knobs'
-     * routes elsewhere */
+     * model and cache are covered (llama / qwen2 layers; f32, f16, q8_0, q4_0, int8, kv-rq KV); the
+     * knobs' routes elsewhere */
     bool canonical;
 } qf_gpu_params;
 

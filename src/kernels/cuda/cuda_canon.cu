@@ -341,6 +341,22 @@ __global__ void __launch_bounds__(128) k_canon_scores(const float *__restrict__ 
     }
 }
 
+/* kv-rq's exact keys: their scores again from the exact rows EK (the same chain), over the
+ * stored keys' */
+__global__ void k_canon_scores_exact(const float *__restrict__ q, const float *__restrict__ EK, int n, int pos0, int T,
+                                     int n_head, int nkv, int hd, float scale, int n_sink, int n_window,
+                                     float *__restrict__ S) {
+    const int r = blockIdx.x, h = r / n, i = r % n, kvh = h / (n_head / nkv), tq = pos0 + i;
+    const float *qr = q + ((size_t)i * n_head + h) * hd;
+    for (int p = threadIdx.x; p <= tq; p += blockDim.x) {
+        if (!qf_canon_exact(p, tq, n_sink, n_window)) continue;
+        const float *kr = EK + ((size_t)p * nkv + kvh) * hd;
+        float a = 0.0f;
+        for (int d = 0; d < hd; d++) a = __fmaf_rn(qr[d], kr[d], a);
+        S[(size_t)r * T + p] = __fmul_rn(a, scale);
+    }
+}
+
 __global__ void k_canon_softmax(float *S, int n, int pos0, int T, int n_head) {
     const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; /* h * n + i */
     if (r >= (int64_t)n_head * n) return;
@@ -349,8 +365,9 @@ __global__ void k_canon_softmax(float *S, int n, int pos0, int T, int n_head) {
 
 /* out[i][h][d] = fmaf chain over t <= pos0 + i of P[h][i][t] * V[t][kvh][d]: a block per (8
  * queries, head), a thread per d */
-__global__ void k_canon_pv(const float *__restrict__ S, const float *__restrict__ V, int n, int pos0, int T, int n_head,
-                           int nkv, int hd, float *__restrict__ out) {
+__global__ void k_canon_pv(const float *__restrict__ S, const float *__restrict__ V, const float *__restrict__ EV,
+                           int n_sink, int n_window, int n, int pos0, int T, int n_head, int nkv, int hd,
+                           float *__restrict__ out) {
     const int h = blockIdx.y, kvh = h / (n_head / nkv), i0 = blockIdx.x * CA_QT, d = threadIdx.x;
     if (d >= hd) return;
     const int nq = n - i0 < CA_QT ? n - i0 : CA_QT, tmax = pos0 + i0 + nq; /* the last query's key count */
@@ -359,20 +376,28 @@ __global__ void k_canon_pv(const float *__restrict__ S, const float *__restrict_
     for (int k = 0; k < CA_QT; k++) acc[k] = 0.0f;
     const float *P = S + ((size_t)h * n + i0) * T;
     for (int t = 0; t < tmax; t++) {
-        const float v = V[((size_t)t * nkv + kvh) * hd + d];
+        const size_t at = ((size_t)t * nkv + kvh) * hd + d;
+        const float v = V[at], ve = EV ? EV[at] : v;
 #pragma unroll
-        for (int k = 0; k < CA_QT; k++)
-            if (k < nq && t <= pos0 + i0 + k) acc[k] = __fmaf_rn(P[(size_t)k * T + t], v, acc[k]);
+        for (int k = 0; k < CA_QT; k++) {
+            const int tq = pos0 + i0 + k;
+            if (k < nq && t <= tq)
+                acc[k] = __fmaf_rn(P[(size_t)k * T + t], EV && qf_canon_exact(t, tq, n_sink, n_window) ? ve : v, acc[k]);
+        }
     }
     for (int k = 0; k < nq; k++) out[((size_t)(i0 + k) * n_head + h) * hd + d] = acc[k];
 }
 
-void launch_canon_attention(const float *q, const float *K, const float *V, int n, int pos0, int n_head, int nkv,
-                            int hd, float scale, float *S, float *out, cudaStream_t s) {
+void launch_canon_attention(const float *q, const float *K, const float *V, const float *EK, const float *EV, int n_sink,
+                            int n_window, int n, int pos0, int n_head, int nkv, int hd, float scale, float *S, float *out,
+                            cudaStream_t s) {
     const int T = pos0 + n;
     const size_t smem = (size_t)(CA_KT * (hd + 1) + CA_QT * hd) * sizeof(float);
     k_canon_scores<<<dim3(nblk((size_t)T, CA_KT), nblk((size_t)n, CA_QT), n_head), 128, smem, s>>>(q, K, n, pos0, T, n_head,
                                                                                                  nkv, hd, scale, S);
+    if (EK) k_canon_scores_exact<<<(unsigned)(n_head * n), 128, 0, s>>>(q, EK, n, pos0, T, n_head, nkv, hd, scale, n_sink,
+                                                                        n_window, S);
     k_canon_softmax<<<nblk((size_t)n_head * n, 128), 128, 0, s>>>(S, n, pos0, T, n_head);
-    k_canon_pv<<<dim3(nblk((size_t)n, CA_QT), n_head), hd, 0, s>>>(S, V, n, pos0, T, n_head, nkv, hd, out);
+    k_canon_pv<<<dim3(nblk((size_t)n, CA_QT), n_head), hd, 0, s>>>(S, V, EK ? EV : NULL, n_sink, n_window, n, pos0, T,
+                                                                    n_head, nkv, hd, out);
 }

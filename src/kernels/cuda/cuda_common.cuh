@@ -605,9 +605,12 @@ void launch_canon_silu(float *g, const float *u, size_t n, cudaStream_t s);
  * quantized activations, else the f32 chain); act: ACT_Q_BYTES(n, K) bytes of scratch */
 qf_status canon_matmul(const dweight *w, const float *x, int n, float *y, void *act, cudaStream_t s, qf_error *err);
 /* causal GQA attention of n queries q [n][n_head][hd] at [pos0, pos0 + n) over f32 rows K, V
- * [pos][nkv][hd]: out [n][n_head][hd]; S: n_head * n * (pos0 + n) floats of scratch */
-void launch_canon_attention(const float *q, const float *K, const float *V, int n, int pos0, int n_head, int nkv,
-                            int hd, float scale, float *S, float *out, cudaStream_t s);
+ * [pos][nkv][hd]: out [n][n_head][hd]; S: n_head * n * (pos0 + n) floats of scratch. EK, EV
+ * (kv-rq's exact view, or NULL): the rows the query at tq reads instead for keys p < n_sink and
+ * p > tq - n_window (canon.h qf_canon_exact) */
+void launch_canon_attention(const float *q, const float *K, const float *V, const float *EK, const float *EV, int n_sink,
+                            int n_window, int n, int pos0, int n_head, int nkv, int hd, float scale, float *S, float *out,
+                            cudaStream_t s);
 
 /* ---- cuda_score.cu ---- */
 /* nll[r] = -log softmax(logits[r])[tgt[r]], r < n_rows */
