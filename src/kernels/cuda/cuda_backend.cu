@@ -1123,6 +1123,30 @@ done:
     return st;
 }
 
+/* the taps between RoPE and the cache, in forward.c's order: q after RoPE, K before it (already
+ * in g->h_kpre), then (tap_kv) K after it and V */
+static qf_status tap_q_kpre(qf_cuda_ctx *g, const qf_tap *tap, int il, int pos0, int n, qf_error *err) {
+    qf_status st = QF_OK;
+    const qf_hparams *hp = &g->hp;
+    if (tap && tap->on_q) {
+        CK(cudaMemcpy(g->h_act, g->q, (size_t)n * hp->n_head * hp->head_dim * 4, cudaMemcpyDeviceToHost));
+        tap->on_q(tap->user, il, pos0, n, hp->n_head, hp->head_dim, g->h_act);
+    }
+    if (tap && tap->on_k_prerope) tap->on_k_prerope(tap->user, il, pos0, n, g->nkv, g->hd, g->h_kpre);
+done:
+    return st;
+}
+static qf_status tap_kv(qf_cuda_ctx *g, const qf_tap *tap, int il, int pos0, int n, qf_error *err) {
+    qf_status st = QF_OK;
+    const size_t bytes = (size_t)n * g->nkv * g->hd * 4;
+    if (!tap || !tap->on_kv) return QF_OK;
+    CK(cudaMemcpy(g->h_k, g->k, bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(g->h_v, g->v, bytes, cudaMemcpyDeviceToHost));
+    tap->on_kv(tap->user, il, pos0, n, g->nkv, g->hd, g->h_k, g->h_v);
+done:
+    return st;
+}
+
 /* device logits -> pageable host memory through the pinned staging buffer: the copy of one
  * half overlaps the host memcpy of the other */
 static cudaError_t copy_logits(qf_cuda_ctx *g, float *dst, const float *src, size_t bytes) {
@@ -1330,18 +1354,9 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             const float *lrc = swa_rope ? g->rcos_swa : rc, *lrs = swa_rope ? g->rsin_swa : rs;
             launch_rope(g->q, n, hp->n_head, hd, half, hp->rope_type == QF_ROPE_NEOX, lrc, lrs, S);
             launch_rope(g->k, n, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, lrc, lrs, S);
-            /* forward.c's order: q after RoPE, then K before it, then (below) K and V */
-            if (tap && tap->on_q) {
-                CK(cudaMemcpy(g->h_act, g->q, (size_t)n * Dq * 4, cudaMemcpyDeviceToHost));
-                tap->on_q(tap->user, il, pos0, n, hp->n_head, hd, g->h_act);
-            }
-            if (tap && tap->on_k_prerope) tap->on_k_prerope(tap->user, il, pos0, n, nkv, hd, g->h_kpre);
+            if ((st = tap_q_kpre(g, tap, il, pos0, n, err))) goto done;
         }
-        if (tap && tap->on_kv) {
-            CK(cudaMemcpy(g->h_k, g->k, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
-            CK(cudaMemcpy(g->h_v, g->v, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
-            tap->on_kv(tap->user, il, pos0, n, nkv, hd, g->h_k, g->h_v);
-        }
+        if ((st = tap_kv(g, tap, il, pos0, n, err))) goto done;
         prof_mark(g, 0);
         if (g->rq) {
             if ((st = rq_store(g, il, n, pos0, S, err))) goto done;
@@ -1491,16 +1506,7 @@ static qf_status forward_canon(qf_cuda_ctx *g, const qf_tap *tap, int n, int pos
             CK(cudaMemcpyAsync(g->rq->kpre, g->k, (size_t)n * Dkv * 4, cudaMemcpyDeviceToDevice, S));
         launch_canon_rope(g->q, n, hp->n_head, hd, half, neox, rc, rs, S);
         launch_canon_rope(g->k, n, nkv, hd, half, neox, rc, rs, S);
-        if (tap && tap->on_q) { /* forward.c's order: q, K before RoPE, then K and V */
-            CK(cudaMemcpy(g->h_act, g->q, (size_t)n * Dq * 4, cudaMemcpyDeviceToHost));
-            tap->on_q(tap->user, il, pos0, n, hp->n_head, hd, g->h_act);
-        }
-        if (tap && tap->on_k_prerope) tap->on_k_prerope(tap->user, il, pos0, n, nkv, hd, g->h_kpre);
-        if (tap && tap->on_kv) {
-            CK(cudaMemcpy(g->h_k, g->k, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
-            CK(cudaMemcpy(g->h_v, g->v, (size_t)n * Dkv * 4, cudaMemcpyDeviceToHost));
-            tap->on_kv(tap->user, il, pos0, n, nkv, hd, g->h_k, g->h_v);
-        }
+        if ((st = tap_q_kpre(g, tap, il, pos0, n, err)) || (st = tap_kv(g, tap, il, pos0, n, err))) goto done;
         if (g->rq) { /* kv-rq: the host encoder's rows, read back as the host's row decoder reads them */
             struct rq_state *r = g->rq;
             if ((st = rq_store(g, il, n, pos0, S, err))) goto done;

@@ -105,6 +105,29 @@ template <> __device__ inline float blk_ints<QF_TYPE_Q5_0>(const uint8_t *row, i
     return h2f_bits(q->d);
 }
 
+/* one token's activation block into shared memory: `bytes` quants from xq + at and the scale
+ * xd[xi]; zeros past the last token */
+__device__ static inline void load_act_block(int *dst, float *dx, const int8_t *xq, const float *xd, bool in, size_t at,
+                                             size_t xi, int bytes) {
+    if (in) {
+        memcpy(dst, xq + at, bytes);
+        *dx = xd[xi];
+    } else {
+        for (int w = 0; w < bytes / 4; w++) dst[w] = 0;
+        *dx = 0.0f;
+    }
+}
+
+/* a thread's NI x NJ outputs: rows r0.., tokens t0.. of y [n][N], those inside */
+template <int NI, int NJ>
+__device__ static inline void store_tile(const float (&acc)[NI][NJ], float *y, int r0, int t0, int N, int n) {
+#pragma unroll
+    for (int i = 0; i < NI; i++)
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+            if (r0 + i < N && t0 + j < n) y[(size_t)(t0 + j) * N + r0 + i] = acc[i][j];
+}
+
 /* y[t][r] (t < n, r < N, row stride N) = sum over blocks of fmaf((float)isum, dw * dx, acc):
  * 256 threads, 64 rows x 64 tokens, thread (tr, tt) the rows 4 tr.. and tokens 4 tt.. */
 template <int T>
@@ -132,13 +155,7 @@ __global__ void __launch_bounds__(256) k_canon_gemm_q8(const uint8_t *__restrict
             sdw[tid] = d;
         } else if (tid < CG_BM + CG_BN) { /* one token's block */
             const int k = tid - CG_BM, t = t0 + k;
-            if (t < n) {
-                memcpy(sx[k], xq + (size_t)t * K + (size_t)b * 32, 32);
-                sdx[k] = xd[(size_t)t * nb + b];
-            } else {
-                for (int w = 0; w < 8; w++) sx[k][w] = 0;
-                sdx[k] = 0.0f;
-            }
+            load_act_block(sx[k], &sdx[k], xq, xd, t < n, (size_t)t * K + (size_t)b * 32, (size_t)t * nb + b, 32);
         }
         __syncthreads();
 #pragma unroll
@@ -153,13 +170,7 @@ __global__ void __launch_bounds__(256) k_canon_gemm_q8(const uint8_t *__restrict
             }
         __syncthreads();
     }
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int r = r0 + 4 * tr + i, t = t0 + 4 * tt + j;
-            if (r < N && t < n) y[(size_t)t * N + r] = acc[i][j];
-        }
+    store_tile<4, 4>(acc, y, r0 + 4 * tr, t0 + 4 * tt, N, n);
 }
 
 /* the K GEMM: 64 rows x 32 tokens, thread (tr, tt) the rows 4 tr.. and tokens 2 tt.. */
@@ -196,13 +207,7 @@ __global__ void __launch_bounds__(256) k_canon_gemm_k(const uint8_t *__restrict_
             sd[tid] = h2f_bits(dh), sdm[tid] = Q6 ? 0.0f : h2f_bits(mh);
         } else if (tid < CG_BM + CK_BN) {
             const int k = tid - CG_BM, t = t0 + k;
-            if (t < n) {
-                memcpy(sx[k], xq + (size_t)t * K + (size_t)b * 256, 256);
-                sdx[k] = xd[(size_t)t * (K / 32) + b];
-            } else {
-                for (int w = 0; w < 64; w++) sx[k][w] = 0;
-                sdx[k] = 0.0f;
-            }
+            load_act_block(sx[k], &sdx[k], xq, xd, t < n, (size_t)t * K + (size_t)b * 256, (size_t)t * (K / 32) + b, 256);
         }
         __syncthreads();
 #pragma unroll
@@ -228,13 +233,7 @@ __global__ void __launch_bounds__(256) k_canon_gemm_k(const uint8_t *__restrict_
             }
         __syncthreads();
     }
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int r = r0 + 4 * tr + i, t = t0 + 2 * tt + j;
-            if (r < N && t < n) y[(size_t)t * N + r] = acc[i][j];
-        }
+    store_tile<4, 2>(acc, y, r0 + 4 * tr, t0 + 2 * tt, N, n);
 }
 
 /* the f32 chain over dequantized rows: 64 rows x 64 tokens, K in chunks of 32 */
@@ -269,13 +268,7 @@ __global__ void __launch_bounds__(256) k_canon_gemm_chain(const uint8_t *__restr
                 for (int j = 0; j < 4; j++) acc[i][j] = __fmaf_rn(sw[4 * tr + i][k], sx[4 * tt + j][k], acc[i][j]);
         __syncthreads();
     }
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int r = r0 + 4 * tr + i, t = t0 + 4 * tt + j;
-            if (r < N && t < n) y[(size_t)t * N + r] = acc[i][j];
-        }
+    store_tile<4, 4>(acc, y, r0 + 4 * tr, t0 + 4 * tt, N, n);
 }
 
 qf_status canon_matmul(const dweight *w, const float *x, int n, float *y, void *act, cudaStream_t s, qf_error *err) {
