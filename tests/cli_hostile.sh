@@ -107,6 +107,10 @@ expect f_is_directory 4 "is a directory" "$qf" ppl -m "$M" -f "$d"
 expect usage_bad_type_exits_1 1 "expected f16, q8_0 or q4_0" "$qf" quantize "$M" "$d/q.gguf" q9
 expect usage_unknown_flag_exits_1 1 "unknown option" "$qf" ppl -m "$M" -f "$T" --bogus
 expect usage_missing_value_exits_1 1 "needs a value" "$qf" generate -m "$M" -p
+expect usage_bad_arith_ppl 1 "bad --arith 'exact' \\(canonical or fast\\)" "$qf" ppl -m "$M" -f "$T" --arith exact
+expect usage_reference_and_canonical 1 "pick one" "$qf" ppl -m "$M" -f "$T" --reference --arith canonical
+expect usage_bad_arith_calibrate 1 "bad --arith 'slow'" "$qf" calibrate -m "$M" --artifact kv-int8 --arith slow -o "$d/a.qfa"
+[ ! -e "$d/a.qfa" ] && ok "bad --arith wrote nothing" || bad "bad --arith wrote $d/a.qfa"
 if [ -n "${QF_ASAN:-}" ]; then
     echo "SKIP nomem_suggests_b: ASan needs terabytes of address space (ulimit -v cannot apply)"; skip=$((skip + 1))
 else
