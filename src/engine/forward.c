@@ -100,6 +100,11 @@ typedef struct qf_context_ext {
     uint8_t *mvact; /* decode matvec activations (kernels/matvec.h): MV_MAX_W x GEMM_MIN_TOKENS rows */
     size_t mvact_row; /* bytes of one of them (the widest input, any supported type) */
     bool no_skip; /* QF_NO_SKIP set at creation: the last layer computes every row (qf_decode) */
+    /* the canonical route's exact-key scores of one query block (attention_worker), per thread
+     * canon_ex_per floats: [ATT_QBLOCK][n_sink + ATT_QBLOCK + n_window]; allocated at the first
+     * decode with exact sinks or a window */
+    float *canon_ex;
+    size_t canon_ex_per;
 } ctx_ext;
 
 static ctx_ext *ext(qf_context *c) { return (ctx_ext *)c; }
@@ -123,7 +128,7 @@ void qf_context_free(qf_context *c) {
     free(e->moe_logits), free(e->moe_w), free(e->moe_x), free(e->moe_y), free(e->moe_acc), free(e->moe_rw);
     free(e->moe_ids), free(e->moe_rows);
     free(e->kbuf), free(e->vbuf), free(e->ekbuf), free(e->evbuf), free(e->gact), free(e->mvact);
-    free(e->ykbuf), free(e->rq_thr);
+    free(e->ykbuf), free(e->rq_thr), free(e->canon_ex);
     qf_kv_cache_free(&c->kv);
     free(c->x), free(c->xn), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
         free(c->hb2), free(c->xq), free(c->rope_cos), free(c->rope_sin);
@@ -924,8 +929,25 @@ static void attention_worker(void *arg, int ith, int nth) {
             /* the canonical route's attention (kernels/canon.h): fmaf chains over d, then over t;
              * the exact keys (kv-rq) scored and summed from their exact rows in the same chains */
             const bool canon = c->canon && !j->vcoef;
+            const float *EK = ext(c)->ekbuf + (size_t)kvh * c->params.n_ctx * hd;
+            /* exact keys: their scores from EK by the same kernel, for the sinks and the span of
+             * window keys any query of the block reads, [ns) and [lo, hi) -> Sx [nb][ns + hi - lo] */
+            int ns = 0, xlo = 0, hi = 0;
+            float *Sx = NULL;
             if (canon) {
                 qf_canon_scores(Qb, Dq, nb, K, Tb, hd, scale, S, Tb, c->thr_buf[ith] + c->canon_scr);
+                if (exact) {
+                    ns = c->kv.n_sink < Tb ? c->kv.n_sink : Tb;
+                    xlo = j->pos0 + i0 - c->kv.n_window + 1;
+                    xlo = xlo > ns ? xlo : ns;
+                    hi = Tb;
+                    const int W = ns + hi - xlo;
+                    Sx = ext(c)->canon_ex + (size_t)ith * ext(c)->canon_ex_per;
+                    if (ns) qf_canon_scores(Qb, Dq, nb, EK, ns, hd, scale, Sx, W, c->thr_buf[ith] + c->canon_scr);
+                    if (hi > xlo)
+                        qf_canon_scores(Qb, Dq, nb, EK + (size_t)xlo * hd, hi - xlo, hd, scale, Sx + ns, W,
+                                        c->thr_buf[ith] + c->canon_scr);
+                }
             } else if (c->params.reference) {
                 for (int i = 0; i < nb; i++)
                     for (int t = 0; t < Tb; t++) {
@@ -936,15 +958,15 @@ static void attention_worker(void *arg, int ith, int nth) {
             } else {
                 qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, Tb, hd, scale, Qb, Dq, K, hd, 0.0f, S, Tb);
             }
-            const float *EK = ext(c)->ekbuf + (size_t)kvh * c->params.n_ctx * hd;
             const float *EV = ext(c)->evbuf + (size_t)kvh * c->params.n_ctx * hd;
             for (int i = 0; i < nb; i++) {
                 float *row = S + (size_t)i * Tb;
                 int last = j->pos0 + i0 + i; /* causal: query sees positions <= its own */
                 if (exact && canon) {
+                    const float *sx = Sx + (size_t)i * (ns + hi - xlo);
                     exact_span sp;
                     for (int p = exact_first(&c->kv, last - c->kv.n_window + 1, &sp); p <= last; p = exact_next(&sp, p))
-                        row[p] = CN_MUL(qf_canon_dot(Qb + (size_t)i * Dq, EK + (size_t)p * hd, hd, 1), scale);
+                        row[p] = p < ns ? sx[p] : sx[ns + p - xlo];
                 } else if (exact)
                     exact_scores(c, last, Qb + (size_t)i * Dq, EK, row, scale);
                 int lo = swa && last - swa + 1 > 0 ? last - swa + 1 : 0;
@@ -1240,6 +1262,17 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         qf_status st = rq_fast_init(c, err);
         if (st) return st;
         rq_fast = true;
+    }
+
+    if (c->canon && (c->kv.n_sink || c->kv.n_window)) { /* attention_worker's exact-key scores */
+        ctx_ext *e = ext(c);
+        size_t per = (size_t)ATT_QBLOCK * ((size_t)c->kv.n_sink + ATT_QBLOCK + (size_t)c->kv.n_window);
+        if (e->canon_ex_per < per) {
+            float *b = malloc(sizeof(float) * per * (size_t)qf_pool_size(c->pool));
+            if (!b) return qf_fail(err, QF_ERR_NOMEM, "decode: out of memory for the exact keys' scores");
+            free(e->canon_ex);
+            e->canon_ex = b, e->canon_ex_per = per;
+        }
     }
 
     /* The last layer computes the attention output, o-projection and FFN only for the rows whose

@@ -128,22 +128,37 @@ bool qf_canon_gemm_rows_avx2(const float *W, int64_t K, int64_t nrows, const flo
     return true;
 }
 
+/* two queries at a time (8 chains in flight), each choosing its own row per key */
 bool qf_canon_pv_ex_avx2(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
                          int n_window, int hd, float *O, int64_t ldo) {
     if (hd % 8) return false;
-    for (int i = 0; i < nq; i++) {
-        const int tq = cnt0 - 1 + i;
-        const float *Pi = P + i * ldp;
+    for (int i = 0; i < nq; i += 2) {
+        const bool two = i + 1 < nq;
+        const int ta = cnt0 - 1 + i, tb = ta + 1; /* the queries' positions (b: when two) */
+        const float *Pa = P + i * ldp, *Pb = two ? Pa + ldp : NULL;
         for (int d0 = 0; d0 < hd; d0 += 32) {
             const int w = hd - d0 >= 32 ? 4 : (hd - d0) / 8;
-            __m256 a[4];
-            for (int j = 0; j < w; j++) a[j] = _mm256_setzero_ps();
-            for (int t = 0; t <= tq; t++) {
-                const float *vr = (qf_canon_exact(t, tq, n_sink, n_window) ? EV : V) + (int64_t)t * hd + d0;
-                const __m256 p = _mm256_set1_ps(Pi[t]);
-                for (int j = 0; j < w; j++) a[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * j), a[j]);
+            __m256 a[4], b[4];
+            for (int j = 0; j < w; j++) a[j] = b[j] = _mm256_setzero_ps();
+            for (int t = 0; t <= ta; t++) {
+                const float *va = (qf_canon_exact(t, ta, n_sink, n_window) ? EV : V) + (int64_t)t * hd + d0;
+                const __m256 pa = _mm256_set1_ps(Pa[t]);
+                for (int j = 0; j < w; j++) a[j] = _mm256_fmadd_ps(pa, _mm256_loadu_ps(va + 8 * j), a[j]);
+                if (two) {
+                    const float *vb = (qf_canon_exact(t, tb, n_sink, n_window) ? EV : V) + (int64_t)t * hd + d0;
+                    const __m256 pb = _mm256_set1_ps(Pb[t]);
+                    for (int j = 0; j < w; j++) b[j] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(vb + 8 * j), b[j]);
+                }
             }
-            for (int j = 0; j < w; j++) _mm256_storeu_ps(O + i * ldo + d0 + 8 * j, a[j]);
+            if (two) { /* b's last key */
+                const float *vb = (qf_canon_exact(tb, tb, n_sink, n_window) ? EV : V) + (int64_t)tb * hd + d0;
+                const __m256 pb = _mm256_set1_ps(Pb[tb]);
+                for (int j = 0; j < w; j++) b[j] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(vb + 8 * j), b[j]);
+            }
+            for (int j = 0; j < w; j++) {
+                _mm256_storeu_ps(O + i * ldo + d0 + 8 * j, a[j]);
+                if (two) _mm256_storeu_ps(O + (i + 1) * ldo + d0 + 8 * j, b[j]);
+            }
         }
     }
     return true;
