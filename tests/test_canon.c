@@ -37,9 +37,16 @@ TEST(kernels_match_their_oracles) {
         qf_canon_scores_ref(Q, hd, nq, K, T, hd, 0.125f, S2, T + nq);
         CHECK_MSG(memcmp(S1, S2, sizeof(float) * nq * (T + nq)) == 0, "scores hd %d T %d", hd, T);
         fill(S1, (size_t)nq * (T + nq), &s, 1);
-        qf_canon_pv(S1, T + nq, nq, T, V, hd, O1, hd);
-        qf_canon_pv_ref(S1, T + nq, nq, T, V, hd, O2, hd);
+        qf_canon_pv(S1, T + nq, nq, T, V, NULL, 0, 0, hd, O1, hd);
+        qf_canon_pv_ref(S1, T + nq, nq, T, V, NULL, 0, 0, hd, O2, hd);
         CHECK_MSG(memcmp(O1, O2, sizeof(float) * nq * hd) == 0, "pv hd %d T %d", hd, T);
+        /* with exact rows (2 sinks, a window of 5): the rows chosen per (query, key) */
+        float *EV = malloc(sizeof(float) * (T + nq) * hd);
+        fill(EV, (size_t)(T + nq) * hd, &s, 1);
+        qf_canon_pv(S1, T + nq, nq, T, V, EV, 2, 5, hd, O1, hd);
+        qf_canon_pv_ref(S1, T + nq, nq, T, V, EV, 2, 5, hd, O2, hd);
+        CHECK_MSG(memcmp(O1, O2, sizeof(float) * nq * hd) == 0, "pv with exact rows hd %d T %d", hd, T);
+        free(EV);
         free(Q), free(K), free(V), free(S1), free(S2), free(O1), free(O2), free(scr);
     }
     const int Ks[] = {100, 64}, Rs[] = {37, 16}, Ns[] = {6, 1};

@@ -931,7 +931,7 @@ static void attention_worker(void *arg, int ith, int nth) {
             const bool canon = c->canon && !j->vcoef;
             const float *EK = ext(c)->ekbuf + (size_t)kvh * c->params.n_ctx * hd;
             /* exact keys: their scores from EK by the same kernel, for the sinks and the span of
-             * window keys any query of the block reads, [ns) and [lo, hi) -> Sx [nb][ns + hi - lo] */
+             * window keys any query of the block reads, [0, ns) and [xlo, hi) -> Sx [nb][ns + hi - xlo] */
             int ns = 0, xlo = 0, hi = 0;
             float *Sx = NULL;
             if (canon) {
@@ -982,11 +982,9 @@ static void attention_worker(void *arg, int ith, int nth) {
                 rq_values_coef(c, j, ith, kvh, i0, nb, Tb, S, V, EV, Ob);
                 continue;
             }
-            if (canon && exact) {
-                qf_canon_pv_ex(S, Tb, nb, j->pos0 + i0 + 1, V, EV, c->kv.n_sink, c->kv.n_window, hd, Ob, Dq);
+            if (canon) { /* the exact keys' rows chosen inside the chains: no exact_values below */
+                qf_canon_pv(S, Tb, nb, j->pos0 + i0 + 1, V, exact ? EV : NULL, c->kv.n_sink, c->kv.n_window, hd, Ob, Dq);
                 continue;
-            } else if (canon) {
-                qf_canon_pv(S, Tb, nb, j->pos0 + i0 + 1, V, hd, Ob, Dq);
             } else if (c->params.reference) {
                 for (int i = 0; i < nb; i++)
                     for (int d = 0; d < hd; d++) {

@@ -16,16 +16,6 @@ void qf_canon_scores(const float *Q, int64_t ldq, int nq, const float *K, int T,
     qf_canon_scores_ref(Q, ldq, nq, K, T, hd, scale, S, lds);
 }
 
-void qf_canon_pv_ref(const float *P, int64_t ldp, int nq, int cnt0, const float *V, int hd, float *O, int64_t ldo) {
-    for (int i = 0; i < nq; i++)
-        for (int d = 0; d < hd; d++) O[i * ldo + d] = qf_canon_dot(P + i * ldp, V + d, cnt0 + i, hd);
-}
-
-void qf_canon_pv(const float *P, int64_t ldp, int nq, int cnt0, const float *V, int hd, float *O, int64_t ldo) {
-    if (qf_quant_has_avx2() && qf_canon_pv_avx2(P, ldp, nq, cnt0, V, hd, O, ldo)) return;
-    qf_canon_pv_ref(P, ldp, nq, cnt0, V, hd, O, ldo);
-}
-
 void qf_canon_gemm_rows_ref(const float *W, int64_t K, int64_t nrows, const float *x, int n, float *y, int64_t ldy) {
     for (int64_t r = 0; r < nrows; r++)
         for (int t = 0; t < n; t++) y[t * ldy + r] = qf_canon_dot(W + r * K, x + (int64_t)t * K, (int)K, 1);
@@ -37,14 +27,14 @@ void qf_canon_gemm_rows(const float *W, int64_t K, int64_t nrows, const float *x
     qf_canon_gemm_rows_ref(W, K, nrows, x, n, y, ldy);
 }
 
-void qf_canon_pv_ex_ref(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
-                        int n_window, int hd, float *O, int64_t ldo) {
+void qf_canon_pv_ref(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
+                     int n_window, int hd, float *O, int64_t ldo) {
     for (int i = 0; i < nq; i++) {
         const int tq = cnt0 - 1 + i;
         for (int d = 0; d < hd; d++) {
             float acc = 0.0f;
             for (int t = 0; t <= tq; t++) {
-                const float *row = qf_canon_exact(t, tq, n_sink, n_window) ? EV : V;
+                const float *row = EV && qf_canon_exact(t, tq, n_sink, n_window) ? EV : V;
                 acc = CN_FMA(P[i * ldp + t], row[(int64_t)t * hd + d], acc);
             }
             O[i * ldo + d] = acc;
@@ -52,8 +42,8 @@ void qf_canon_pv_ex_ref(const float *P, int64_t ldp, int nq, int cnt0, const flo
     }
 }
 
-void qf_canon_pv_ex(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
-                    int n_window, int hd, float *O, int64_t ldo) {
-    if (qf_quant_has_avx2() && qf_canon_pv_ex_avx2(P, ldp, nq, cnt0, V, EV, n_sink, n_window, hd, O, ldo)) return;
-    qf_canon_pv_ex_ref(P, ldp, nq, cnt0, V, EV, n_sink, n_window, hd, O, ldo);
+void qf_canon_pv(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
+                 int n_window, int hd, float *O, int64_t ldo) {
+    if (qf_quant_has_avx2() && qf_canon_pv_avx2(P, ldp, nq, cnt0, V, EV, n_sink, n_window, hd, O, ldo)) return;
+    qf_canon_pv_ref(P, ldp, nq, cnt0, V, EV, n_sink, n_window, hd, O, ldo);
 }

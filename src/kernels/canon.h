@@ -116,24 +116,32 @@ QF_CANON void qf_canon_rmsnorm_row(float *out, const float *x, const float *g, i
     for (int i = 0; i < n; i++) out[i] = CN_MUL(CN_MUL(x[i], scale), g[i]);
 }
 
-/* softmax of x[0..n) in place, n >= 1 */
-QF_CANON void qf_canon_softmax(float *x, int n) {
-    float mx = -INFINITY;
-    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+/* sum of (double)exp(x[i] - mx) in the canonical row-sum order; e (may be x, or NULL) receives
+ * the exponentials */
+QF_CANON double qf_canon_sum_exp(const float *x, int n, float mx, float *e) {
     double L[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int i = 0;
     for (; i + 8 <= n; i += 8)
         for (int j = 0; j < 8; j++) {
-            x[i + j] = qf_canon_exp(CN_SUB(x[i + j], mx));
-            L[j] = CN_DADD(L[j], (double)x[i + j]);
+            const float v = qf_canon_exp(CN_SUB(x[i + j], mx));
+            if (e) e[i + j] = v;
+            L[j] = CN_DADD(L[j], (double)v);
         }
     double s = qf_canon_lanes(L);
     for (; i < n; i++) {
-        x[i] = qf_canon_exp(CN_SUB(x[i], mx));
-        s = CN_DADD(s, (double)x[i]);
+        const float v = qf_canon_exp(CN_SUB(x[i], mx));
+        if (e) e[i] = v;
+        s = CN_DADD(s, (double)v);
     }
-    const float inv = (float)CN_DDIV(1.0, s);
-    for (i = 0; i < n; i++) x[i] = CN_MUL(x[i], inv);
+    return s;
+}
+
+/* softmax of x[0..n) in place, n >= 1 */
+QF_CANON void qf_canon_softmax(float *x, int n) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    const float inv = (float)CN_DDIV(1.0, qf_canon_sum_exp(x, n, mx, x));
+    for (int i = 0; i < n; i++) x[i] = CN_MUL(x[i], inv);
 }
 
 /* one RoPE pair (x0, x1) rotated by (c, s) */

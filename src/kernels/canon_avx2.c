@@ -53,49 +53,6 @@ bool qf_canon_scores_avx2(const float *Q, int64_t ldq, int nq, const float *K, i
     return true;
 }
 
-/* the chains of dims [d0, d0 + 8w) of queries a (na keys) and b (nb = na + 1 keys, or none) */
-static inline void pv_block(const float *Pa, const float *Pb, int na, const float *V, int hd, int d0, int w, float *Oa,
-                            float *Ob) {
-    __m256 a[4], b[4];
-    for (int j = 0; j < w; j++) a[j] = b[j] = _mm256_setzero_ps();
-    int t = 0;
-    for (; t < na; t++) {
-        const float *vr = V + (int64_t)t * hd + d0;
-        const __m256 pa = _mm256_set1_ps(Pa[t]);
-        if (Pb) {
-            const __m256 pb = _mm256_set1_ps(Pb[t]);
-            for (int j = 0; j < w; j++) {
-                const __m256 v = _mm256_loadu_ps(vr + 8 * j);
-                a[j] = _mm256_fmadd_ps(pa, v, a[j]);
-                b[j] = _mm256_fmadd_ps(pb, v, b[j]);
-            }
-        } else
-            for (int j = 0; j < w; j++) a[j] = _mm256_fmadd_ps(pa, _mm256_loadu_ps(vr + 8 * j), a[j]);
-    }
-    if (Pb) { /* b's last key */
-        const float *vr = V + (int64_t)t * hd + d0;
-        const __m256 pb = _mm256_set1_ps(Pb[t]);
-        for (int j = 0; j < w; j++) b[j] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(vr + 8 * j), b[j]);
-    }
-    for (int j = 0; j < w; j++) {
-        _mm256_storeu_ps(Oa + d0 + 8 * j, a[j]);
-        if (Pb) _mm256_storeu_ps(Ob + d0 + 8 * j, b[j]);
-    }
-}
-
-bool qf_canon_pv_avx2(const float *P, int64_t ldp, int nq, int cnt0, const float *V, int hd, float *O, int64_t ldo) {
-    if (hd % 8) return false;
-    for (int i = 0; i < nq; i += 2) {
-        const bool two = i + 1 < nq;
-        const float *Pa = P + i * ldp, *Pb = two ? P + (i + 1) * ldp : NULL;
-        for (int d0 = 0; d0 < hd; d0 += 32) {
-            const int w = hd - d0 >= 32 ? 4 : (hd - d0) / 8;
-            pv_block(Pa, Pb, cnt0 + i, V, hd, d0, w, O + i * ldo, two ? O + (i + 1) * ldo : NULL);
-        }
-    }
-    return true;
-}
-
 bool qf_canon_gemm_rows_avx2(const float *W, int64_t K, int64_t nrows, const float *x, int n, float *y, int64_t ldy,
                              float *scratch) {
     int64_t r = 0;
@@ -129,9 +86,10 @@ bool qf_canon_gemm_rows_avx2(const float *W, int64_t K, int64_t nrows, const flo
 }
 
 /* two queries at a time (8 chains in flight), each choosing its own row per key */
-bool qf_canon_pv_ex_avx2(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
-                         int n_window, int hd, float *O, int64_t ldo) {
+bool qf_canon_pv_avx2(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
+                      int n_window, int hd, float *O, int64_t ldo) {
     if (hd % 8) return false;
+    if (!EV) EV = V, n_sink = n_window = 0; /* no exact rows: every key reads V */
     for (int i = 0; i < nq; i += 2) {
         const bool two = i + 1 < nq;
         const int ta = cnt0 - 1 + i, tb = ta + 1; /* the queries' positions (b: when two) */

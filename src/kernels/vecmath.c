@@ -41,14 +41,7 @@ void qf_softmax_ref(float *x, int n) {
 float qf_vec_max(const float *x, int n) { return qf_quant_has_avx2() ? qf_vec_max_avx2(x, n) : qf_vec_max_ref(x, n); }
 
 double qf_vec_sum_exp(const float *x, int n, float mx) {
-    if (qf_quant_has_avx2()) return qf_vec_sum_exp_avx2(x, n, mx);
-    double L[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) L[j] += qf_canon_exp(x[i + j] - mx);
-    double s = qf_canon_lanes(L);
-    for (; i < n; i++) s += qf_canon_exp(x[i] - mx);
-    return s;
+    return qf_quant_has_avx2() ? qf_vec_sum_exp_avx2(x, n, mx) : qf_canon_sum_exp(x, n, mx, NULL);
 }
 
 void qf_softmax(float *x, int n) {

@@ -1535,7 +1535,7 @@ static qf_status forward_canon(qf_cuda_ctx *g, const qf_tap *tap, int n, int pos
                 qf_kv_mode vm;
                 size_t vrb;
                 if ((st = kv_store(g, s, il, s ? g->v : g->k, n, pos0, NULL, S, &view, &vm, &vrb, err))) goto done;
-                if (vm == QF_KV_F32 && view == (const uint8_t *)g->kv_f32[s]) { /* int8: expanded by kv_store */
+                if (g->kv_mode[s] == QF_KV_INT8) { /* expanded to f32 by kv_store */
                     kv32[s] = g->kv_f32[s];
                     continue;
                 }
