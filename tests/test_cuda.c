@@ -1179,21 +1179,24 @@ static void fc_act(void *user, int layer, qf_act_site site, int n_tok, int dim, 
     fc_put(user, (int)site, layer, n_tok, x);
 }
 
-/* prefill n0 tokens, then n1 one at a time, in the canonical arithmetic on dev; logits of every token */
-static bool canon_seq(qf_model *m, qf_device dev, qf_kv_mode kv, qf_kv_rot rot, const int32_t *toks, int n0, int n1,
-                      float *logits, full_cap *cap) {
+/* prefill n0 tokens, then n1 one at a time, in the canonical arithmetic on dev (art bound, when
+ * given, instead of the kv cache mode); logits of every token */
+static bool canon_seq(qf_model *m, qf_device dev, qf_kv_mode kv, qf_kv_rot rot, const qf_artifact *art,
+                      const int32_t *toks, int n0, int n1, float *logits, full_cap *cap) {
     qf_context_params p = qf_context_default_params();
     p.n_ctx = cap->n_ctx, p.kv_k = p.kv_v = kv, p.kv_rot = rot, p.device = dev, p.canonical = true, p.n_threads = 2;
     qf_error err = {0};
     qf_context *c = qf_context_new(m, &p, &err);
     CHECK_MSG(c, "%s", err.msg);
     if (!c) return false;
+    bool ok = !art || qf_context_bind_artifact(c, art, &err) == QF_OK;
+    CHECK_MSG(ok, "binding on %s: %s", qf_device_name(dev), err.msg);
     CHECK(qf_context_device(c) == dev && qf_context_canonical(c));
     qf_tap tap = {.user = cap, .on_kv = fc_kv, .on_act = fc_act};
     qf_context_set_tap(c, &tap);
     const int nv = qf_model_hparams(m)->n_vocab;
     cap->pos0 = 0;
-    bool ok = qf_decode(c, toks, n0, 0, logits, 0, &err) == QF_OK;
+    ok = ok && qf_decode(c, toks, n0, 0, logits, 0, &err) == QF_OK;
     for (int i = 0; ok && i < n1; i++) {
         cap->pos0 = n0 + i;
         ok = qf_decode(c, toks + n0 + i, 1, n0 + i, logits + (size_t)(n0 + i) * nv, 0, &err) == QF_OK;
@@ -1203,39 +1206,41 @@ static bool canon_seq(qf_model *m, qf_device dev, qf_kv_mode kv, qf_kv_rot rot, 
     return ok;
 }
 
-/* the CPU's and the GPU's canonical forward passes, bit for bit: logits and every tapped value;
- * on a difference, the first (layer, site) where it appears */
-static void canon_model(qf_model *m, const char *name, qf_kv_mode kv, qf_kv_rot rot) {
+/* the CPU's and the GPU's canonical forward passes (n0-token prefill, n1 steps, a context of
+ * n_ctx; art bound when given), bit for bit: logits and every tapped value; on a difference, the
+ * first (layer, site) where it appears */
+static void canon_model(qf_model *m, const char *name, qf_kv_mode kv, qf_kv_rot rot, const qf_artifact *art, int n_ctx,
+                        int n0, int n1) {
     const qf_hparams *hp = qf_model_hparams(m);
-    const int n0 = 40, n1 = 4, n = n0 + n1, nv = hp->n_vocab, L = hp->n_layer;
-    int32_t toks[44];
+    const int n = n0 + n1, nv = hp->n_vocab, L = hp->n_layer;
+    int32_t *toks = malloc(sizeof(int32_t) * n);
     for (int i = 0; i < n; i++) toks[i] = (int32_t)((frand() * 0.5f + 0.5f) * (nv - 1));
     full_cap cap[2];
     const int dims[6] = {hp->n_embd, hp->n_head * hp->head_dim, hp->n_embd, hp->n_ff, hp->n_head_kv * hp->head_dim,
                          hp->n_head_kv * hp->head_dim};
     float *lg[2];
     for (int d = 0; d < 2; d++) {
-        cap[d].n_layer = L, cap[d].n_ctx = 64;
-        for (int s = 0; s < 6; s++) cap[d].dims[s] = dims[s], cap[d].a[s] = calloc((size_t)L * 64 * dims[s], 4);
+        cap[d].n_layer = L, cap[d].n_ctx = n_ctx;
+        for (int s = 0; s < 6; s++) cap[d].dims[s] = dims[s], cap[d].a[s] = calloc((size_t)L * n_ctx * dims[s], 4);
         lg[d] = calloc((size_t)n * nv, 4);
     }
-    bool ok = canon_seq(m, QF_DEVICE_CPU, kv, rot, toks, n0, n1, lg[0], &cap[0]) &&
-              canon_seq(m, QF_DEVICE_CUDA, kv, rot, toks, n0, n1, lg[1], &cap[1]);
+    bool ok = canon_seq(m, QF_DEVICE_CPU, kv, rot, art, toks, n0, n1, lg[0], &cap[0]) &&
+              canon_seq(m, QF_DEVICE_CUDA, kv, rot, art, toks, n0, n1, lg[1], &cap[1]);
     if (ok) {
         static const char *const site[6] = {"attn_in", "attn_out", "ffn_in", "ffn_down", "K", "V"};
         int fl = -1, fs = -1;
         size_t ndiff = 0;
         for (int l = 0; l < L && fl < 0; l++)
             for (int s = 0; s < 6; s++) {
-                const size_t off = (size_t)l * 64 * dims[s], cnt = (size_t)n * dims[s];
+                const size_t off = (size_t)l * n_ctx * dims[s], cnt = (size_t)n * dims[s];
                 size_t dd = 0;
                 for (size_t i = 0; i < cnt; i++) dd += memcmp(&cap[0].a[s][off + i], &cap[1].a[s][off + i], 4) != 0;
                 if (dd && fl < 0) fl = l, fs = s, ndiff = dd;
             }
         size_t dlog = 0;
         for (size_t i = 0; i < (size_t)n * nv; i++) dlog += memcmp(&lg[0][i], &lg[1][i], 4) != 0;
-        printf("  %-36s kv %-4s%-4s logits: %zu of %zu differ", name, qf_kv_mode_name(kv), rot ? "+had" : "", dlog,
-               (size_t)n * nv);
+        printf("  %-36s kv %-4s%-4s logits: %zu of %zu differ", name, art ? "art" : qf_kv_mode_name(kv), rot ? "+had" : "",
+               dlog, (size_t)n * nv);
         if (fl >= 0) printf("; first difference: layer %d %s (%zu values)", fl, site[fs], ndiff);
         printf("\n");
         CHECK_MSG(dlog == 0 && fl < 0, "%s kv %s: the GPU's canonical pass differs from the CPU's", name, qf_kv_mode_name(kv));
@@ -1244,6 +1249,7 @@ static void canon_model(qf_model *m, const char *name, qf_kv_mode kv, qf_kv_rot 
         for (int s = 0; s < 6; s++) free(cap[d].a[s]);
         free(lg[d]);
     }
+    free(toks);
 }
 
 TEST(e2e_canonical) {
@@ -1263,18 +1269,18 @@ TEST(e2e_canonical) {
         CHECK_MSG(m, "%s", err.msg);
         if (!m) continue;
         ran++;
-        canon_model(m, names[i] + 7, QF_KV_F16, QF_KV_ROT_NONE);
+        canon_model(m, names[i] + 7, QF_KV_F16, QF_KV_ROT_NONE, NULL, 64, 40, 4);
         if (i == 0 || i == 5) { /* the cache modes on the demo models */
-            canon_model(m, names[i] + 7, QF_KV_F32, QF_KV_ROT_NONE);
-            canon_model(m, names[i] + 7, QF_KV_Q8_0, QF_KV_ROT_NONE);
-            canon_model(m, names[i] + 7, QF_KV_Q4_0, QF_KV_ROT_HADAMARD);
+            canon_model(m, names[i] + 7, QF_KV_F32, QF_KV_ROT_NONE, NULL, 64, 40, 4);
+            canon_model(m, names[i] + 7, QF_KV_Q8_0, QF_KV_ROT_NONE, NULL, 64, 40, 4);
+            canon_model(m, names[i] + 7, QF_KV_Q4_0, QF_KV_ROT_HADAMARD, NULL, 64, 40, 4);
         }
         if (i == 0) { /* q4_0 weights: the demo model quantized here */
             char q4[4096];
             snprintf(q4, sizeof q4, "%s/canon-q4_0.gguf", test_tmpdir());
             qf_model *m4 = qf_quantize_model(path, q4, QF_TYPE_Q4_0, &err) == QF_OK ? qf_model_load(q4, &err) : NULL;
             CHECK_MSG(m4, "%s", err.msg);
-            if (m4) canon_model(m4, "qforge-demo-11m q4_0 (quantized here)", QF_KV_Q8_0, QF_KV_ROT_NONE);
+            if (m4) canon_model(m4, "qforge-demo-11m q4_0 (quantized here)", QF_KV_Q8_0, QF_KV_ROT_NONE, NULL, 64, 40, 4);
             qf_model_free(m4);
         }
         qf_model_free(m);
@@ -1290,8 +1296,8 @@ TEST(e2e_canonical) {
         CHECK_MSG(m, "%s", err.msg);
         if (!m) continue;
         ran++;
-        canon_model(m, path, QF_KV_F16, QF_KV_ROT_NONE);
-        canon_model(m, path, QF_KV_Q8_0, QF_KV_ROT_HADAMARD);
+        canon_model(m, path, QF_KV_F16, QF_KV_ROT_NONE, NULL, 64, 40, 4);
+        canon_model(m, path, QF_KV_Q8_0, QF_KV_ROT_HADAMARD, NULL, 64, 40, 4);
         qf_model_free(m);
     }
     if (!ran) SKIP("no demo model found");
@@ -1751,7 +1757,6 @@ TEST(e2e_canonical_kv_rq) {
     qf_model *m = qf_model_load(model, &err);
     CHECK_MSG(m, "%s", err.msg);
     if (!m) return;
-    const qf_hparams *hp = qf_model_hparams(m);
     const struct { double bits; int prerope; } runs[] = {{2.5, -1}, {4.0, -1}}; /* format 3, pre-RoPE K + V predicted; format 2 */
     for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++) {
         char out[4096];
@@ -1762,57 +1767,9 @@ TEST(e2e_canonical_kv_rq) {
             CHECK_MSG(0, "kv-rq artifact %.1f bits: %s", runs[ri].bits, err.msg);
             continue;
         }
-        const int n0 = 100, n1 = 6, n = n0 + n1, nv = hp->n_vocab, Lr = hp->n_layer;
-        int32_t toks[106];
-        for (int i = 0; i < n; i++) toks[i] = (int32_t)((frand() * 0.5f + 0.5f) * (nv - 1));
-        const int dims[6] = {hp->n_embd, hp->n_head * hp->head_dim, hp->n_embd, hp->n_ff, hp->n_head_kv * hp->head_dim,
-                             hp->n_head_kv * hp->head_dim};
-        full_cap cap[2];
-        float *lg[2];
-        bool ok = true;
-        for (int d = 0; d < 2; d++) {
-            cap[d].n_layer = Lr, cap[d].n_ctx = 128;
-            for (int s2 = 0; s2 < 6; s2++) cap[d].dims[s2] = dims[s2], cap[d].a[s2] = calloc((size_t)Lr * 128 * dims[s2], 4);
-            lg[d] = calloc((size_t)n * nv, 4);
-            qf_context_params cp = qf_context_default_params();
-            cp.n_ctx = 128, cp.device = d ? QF_DEVICE_CUDA : QF_DEVICE_CPU, cp.canonical = true, cp.n_threads = 4;
-            qf_context *c = qf_context_new(m, &cp, &err);
-            ok = ok && c && qf_context_bind_artifact(c, &art, &err) == QF_OK && qf_context_canonical(c);
-            CHECK_MSG(ok, "%s: %s", d ? "GPU" : "CPU", err.msg);
-            if (ok) {
-                qf_tap tap = {.user = &cap[d], .on_kv = fc_kv, .on_act = fc_act};
-                qf_context_set_tap(c, &tap);
-                cap[d].pos0 = 0;
-                ok = qf_decode(c, toks, n0, 0, lg[d], 0, &err) == QF_OK;
-                for (int i = 0; ok && i < n1; i++) {
-                    cap[d].pos0 = n0 + i;
-                    ok = qf_decode(c, toks + n0 + i, 1, n0 + i, lg[d] + (size_t)(n0 + i) * nv, 0, &err) == QF_OK;
-                }
-                CHECK_MSG(ok, "%s", err.msg);
-            }
-            qf_context_free(c);
-        }
-        if (ok) {
-            static const char *const site[6] = {"attn_in", "attn_out", "ffn_in", "ffn_down", "K", "V"};
-            int fl = -1, fs = -1;
-            size_t nd = 0, dlog = 0;
-            for (int l = 0; l < Lr && fl < 0; l++)
-                for (int s2 = 0; s2 < 6 && fl < 0; s2++) {
-                    size_t dd = 0;
-                    for (size_t i = 0; i < (size_t)n * dims[s2]; i++)
-                        dd += memcmp(&cap[0].a[s2][(size_t)l * 128 * dims[s2] + i], &cap[1].a[s2][(size_t)l * 128 * dims[s2] + i], 4) != 0;
-                    if (dd) fl = l, fs = s2, nd = dd;
-                }
-            for (size_t i = 0; i < (size_t)n * nv; i++) dlog += memcmp(&lg[0][i], &lg[1][i], 4) != 0;
-            printf("  kv-rq %.1f bits, canonical: logits %zu of %zu differ", runs[ri].bits, dlog, (size_t)n * nv);
-            if (fl >= 0) printf("; first difference: layer %d %s (%zu values)", fl, site[fs], nd);
-            printf("\n");
-            CHECK(dlog == 0 && fl < 0);
-        }
-        for (int d = 0; d < 2; d++) {
-            for (int s2 = 0; s2 < 6; s2++) free(cap[d].a[s2]);
-            free(lg[d]);
-        }
+        char label[64];
+        snprintf(label, sizeof label, "kv-rq %.1f bits", runs[ri].bits);
+        canon_model(m, label, QF_KV_F16, QF_KV_ROT_NONE, &art, 128, 100, 6);
         qf_artifact_free(&art);
     }
     qf_model_free(m);
