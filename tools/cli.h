@@ -24,6 +24,8 @@ int cli_usage(const char *cmd, const char *usage, const char *fmt, ...)
 bool cli_parse_int(const char *s, long lo, long hi, int *out);
 bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 bool cli_parse_double(const char *s, double lo, double hi, double *out);
+/* --arith's value: "canonical" (*canonical = true) or "fast" (false); false for anything else */
+bool cli_parse_arith(const char *s, bool *canonical);
 
 /* `argv[*i]` is flag `name`: take its value into *val (advancing *i), or report a missing
  * value. Returns 1 when matched, 0 when not this flag, -1 on a missing value. */

@@ -66,9 +66,9 @@ int cli_job_flag(int argc, char **argv, int *i, qf_job *j, const char **paths, i
         if (!qf_device_from_name(val, &j->capture_device)) BAD("bad --device '%s' (auto, cpu, cuda)", val);
     } else if (FLAG("--arith", NULL)) {
         if (r < 0) goto missing;
-        if (!strcmp(val, "fast")) j->arith_fast = true;
-        else if (!strcmp(val, "canonical")) j->arith_fast = false;
-        else BAD("bad --arith '%s' (canonical or fast)", val);
+        bool canonical;
+        if (!cli_parse_arith(val, &canonical)) BAD("bad --arith '%s' (canonical or fast)", val);
+        j->arith_fast = !canonical;
     } else if (FLAG("--max-tok", NULL)) {
         if (r < 0) goto missing;
         if (!cli_parse_i64(val, 0, INT64_MAX, &j->max_calib_tokens)) BAD("bad --max-tok '%s'", val);

@@ -66,6 +66,12 @@ bool cli_parse_double(const char *s, double lo, double hi, double *out) {
     return true;
 }
 
+bool cli_parse_arith(const char *s, bool *canonical) {
+    if (!s || (strcmp(s, "canonical") && strcmp(s, "fast"))) return false;
+    *canonical = !strcmp(s, "canonical");
+    return true;
+}
+
 int cli_flag_value(int argc, char **argv, int *i, const char *name, const char *alias,
                    const char **val) {
     const char *a = argv[*i];

@@ -24,7 +24,7 @@ static const char *USAGE =
     "  --reference   use the scalar CPU reference path (slow; the oracle)\n"
     "  --arith A     canonical or fast: canonical (the default with --artifact) computes every number\n"
     "                the same on the CPU and the GPU, as certification does, so the certificate's\n"
-    "                PPL is reproduced exactly; fast (the default otherwise) is each device's fastest\n"
+    "                PPL is reproduced exactly; fast (the default otherwise): each device's fastest route\n"
     "  --device D    cpu, cuda or auto (default auto: the GPU when one answers)\n"
     "  --artifact X  run a certified kv-int8 / kv-dict / kv-rq artifact (.qfa) in the KV cache; it must be\n"
     "                certified for this exact model file (refused otherwise, with its exit code)\n"
@@ -69,9 +69,9 @@ int qf_cmd_ppl(int argc, char **argv) {
             reference = true;
         } else if ((r = cli_flag_value(argc, argv, &i, "--arith", NULL, &val))) {
             if (r < 0) goto missing;
-            if (!strcmp(val, "canonical")) arith = 1;
-            else if (!strcmp(val, "fast")) arith = 0;
-            else return cli_usage("ppl", USAGE, "bad --arith '%s' (canonical or fast)", val);
+            bool canonical;
+            if (!cli_parse_arith(val, &canonical)) return cli_usage("ppl", USAGE, "bad --arith '%s' (canonical or fast)", val);
+            arith = canonical;
         } else if (!strcmp(a, "--json")) {
             json = true;
         } else {
