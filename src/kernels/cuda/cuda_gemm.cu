@@ -512,6 +512,182 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
     else mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
 }
 
+/* ---- one-token decode matvecs (n == 1, N >= MV_SPLIT_ROWS): rows in groups ----
+ * A block is W warp groups of P warps; group g takes R consecutive rows, its P warps split each
+ * row's blocks (q4_0 G8) or 16-byte chunks (f16 / bf16) between them, U per lane in flight for
+ * every one of the R rows. The activation of a block or chunk is loaded once and used for the R
+ * rows; the R x U weight loads of the first step are issued before pdl_wait. Weights are read
+ * with the L2 evict-first policy: a decode step reads each weight byte once, so its lines should
+ * leave L2 first (the activations and the K/V rows stay). The parts' sums are added in part order
+ * (fixed: graph and plain launches give the same bits). GU: the block's group 0 takes gate rows
+ * r0 .. r0 + R - 1, group 1 the matching up rows F + r0 ..; the gate group writes
+ * hb[r] = SiLU(g) * u (k_silu_gu's expression). Measured on the Llama-3-8B shapes (H200, the
+ * matvecs of a step chained in a graph, docs/gpu.md "Session 18"): q4_0 1.540 -> 1.168 ms,
+ * f16 4.039 -> 3.537 ms against one warp per row with plain loads. */
+__device__ static inline uint64_t l2_evict_first(void) {
+    uint64_t pol = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#endif
+    return pol;
+}
+/* 16 bytes of weights that no kernel writes (read-only path, not kept in L1, L2 evict-first) */
+__device__ static inline uint4 ld_stream16(const void *p, uint64_t pol) {
+    uint4 r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p), "l"(pol));
+#else
+    (void)pol;
+    r = __ldg((const uint4 *)p);
+#endif
+    return r;
+}
+/* the end of a grouped kernel: part sums of warp w, row j in red[w][j] */
+template <int R, int W, int P, bool GU>
+__device__ static inline void mv1_finish(const float *acc, int warp, int lane, int r0, int N, float *y,
+                                         int accumulate) {
+    __shared__ float red[W * P][R];
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        const float v = warp_sum(acc[j]);
+        if (lane == 0) red[warp][j] = v;
+    }
+    __syncthreads();
+    if (warp % P || lane >= R) return;
+    const int r = r0 + lane;
+    if (GU) {
+        if (warp != 0 || r >= N) return;
+        float g = 0.0f, u = 0.0f;
+        for (int p = 0; p < P; p++) g += red[p][lane];
+        for (int p = 0; p < P; p++) u += red[P + p][lane];
+        y[r] = g / (1.0f + expf(-g)) * u;
+        return;
+    }
+    if (r >= N) return;
+    float v = 0.0f;
+    for (int p = 0; p < P; p++) v += red[warp + p][lane];
+    y[r] = accumulate ? y[r] + v : v;
+}
+/* the first row of group g (GU: rows are gate / up by group) and the weight row of row j */
+template <int R, int W, bool GU> __device__ static inline int mv1_r0(int grp) {
+    return GU ? (int)blockIdx.x * R : ((int)blockIdx.x * W + grp) * R;
+}
+template <int R, int U, int W, int P, bool GU>
+__global__ void __launch_bounds__(W * P * 32)
+    k_mv1_q4g(const uint8_t *__restrict__ Wt, size_t rb, int K, int N, const int8_t *__restrict__ xq,
+              const float *__restrict__ xd, const int *__restrict__ xs, float *y, int accumulate) {
+    static_assert(!GU || W == 2, "GU: a gate group and an up group");
+    pdl_trigger();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = warp / P, part = warp % P;
+    const int r0 = mv1_r0<R, W, GU>(grp), nb = K / QK;
+    const uint64_t pol = l2_evict_first();
+    constexpr int S = 32 * P;
+    float acc[R];
+    uint4 qv[R][U];
+    unsigned short dv[R][U];
+#pragma unroll
+    for (int j = 0; j < R; j++) acc[j] = 0.0f;
+    const uint8_t *rows[R];
+#pragma unroll
+    for (int j = 0; j < R; j++) /* rows past N read row N - 1 and are not written */
+        rows[j] = Wt + (size_t)((GU && grp ? N : 0) + min(r0 + j, N - 1)) * rb;
+    int b0 = lane + 32 * part;
+    auto load = [&](int b0) {
+#pragma unroll
+        for (int j = 0; j < R; j++)
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int b = b0 + S * u;
+                if (b < nb) {
+                    const uint8_t *gp = rows[j] + (size_t)(b >> 3) * Q4G_GROUP;
+                    qv[j][u] = ld_stream16(gp + 16 + 16 * (b & 7), pol);
+                    dv[j][u] = __ldg((const unsigned short *)gp + (b & 7));
+                }
+            }
+    };
+    load(b0); /* weights only: before the activations exist */
+    pdl_wait();
+    for (;;) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int b = b0 + S * u;
+            if (b >= nb) break;
+            const int4 *xa = (const int4 *)(xq + (size_t)b * QK);
+            const int4 a0 = __ldg(xa), a1 = __ldg(xa + 1);
+            const int sx = __ldg(xs + b);
+            const float dx = __ldg(xd + b);
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                const int w[4] = {(int)qv[j][u].x, (int)qv[j][u].y, (int)qv[j][u].z, (int)qv[j][u].w};
+                int sdot = __dp4a(w[0] & 0x0F0F0F0F, a0.x, 0);
+                sdot = __dp4a(w[1] & 0x0F0F0F0F, a0.y, sdot);
+                sdot = __dp4a(w[2] & 0x0F0F0F0F, a0.z, sdot);
+                sdot = __dp4a(w[3] & 0x0F0F0F0F, a0.w, sdot);
+                sdot = __dp4a((w[0] >> 4) & 0x0F0F0F0F, a1.x, sdot);
+                sdot = __dp4a((w[1] >> 4) & 0x0F0F0F0F, a1.y, sdot);
+                sdot = __dp4a((w[2] >> 4) & 0x0F0F0F0F, a1.z, sdot);
+                sdot = __dp4a((w[3] >> 4) & 0x0F0F0F0F, a1.w, sdot);
+                /* the oracle's per-block step: isum * dw * dx */
+                acc[j] += (float)(sdot - 8 * sx) * h2f_bits(dv[j][u]) * dx;
+            }
+        }
+        b0 += S * U;
+        if (b0 >= nb) break;
+        load(b0);
+    }
+    mv1_finish<R, W, P, GU>(acc, warp, lane, r0, N, y, accumulate);
+}
+template <bool BF16, int R, int U, int W, int P, bool GU>
+__global__ void __launch_bounds__(W * P * 32)
+    k_mv1_h(const uint8_t *__restrict__ Wt, size_t rb, int K, int N, const float *__restrict__ x, float *y,
+            int accumulate) {
+    static_assert(!GU || W == 2, "GU: a gate group and an up group");
+    pdl_trigger();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = warp / P, part = warp % P;
+    const int r0 = mv1_r0<R, W, GU>(grp), nc = K / 8;
+    const uint64_t pol = l2_evict_first();
+    constexpr int S = 32 * P;
+    float acc[R];
+    uint4 qv[R][U];
+#pragma unroll
+    for (int j = 0; j < R; j++) acc[j] = 0.0f;
+    const uint4 *rows[R];
+#pragma unroll
+    for (int j = 0; j < R; j++) rows[j] = (const uint4 *)(Wt + (size_t)((GU && grp ? N : 0) + min(r0 + j, N - 1)) * rb);
+    int c0 = lane + 32 * part;
+    auto load = [&](int c0) {
+#pragma unroll
+        for (int j = 0; j < R; j++)
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (c0 + S * u < nc) qv[j][u] = ld_stream16(rows[j] + c0 + S * u, pol);
+    };
+    load(c0);
+    pdl_wait();
+    const float4 *xp = (const float4 *)x;
+    for (;;) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + S * u;
+            if (c >= nc) break;
+            const float4 a0 = __ldg(xp + 2 * c), a1 = __ldg(xp + 2 * c + 1);
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                float w0[8];
+                h8_to_f(qv[j][u], w0, BF16);
+                acc[j] += w0[0] * a0.x + w0[1] * a0.y + w0[2] * a0.z + w0[3] * a0.w + w0[4] * a1.x + w0[5] * a1.y +
+                          w0[6] * a1.z + w0[7] * a1.w;
+            }
+        }
+        c0 += S * U;
+        if (c0 >= nc) break;
+        load(c0);
+    }
+    mv1_finish<R, W, P, GU>(acc, warp, lane, r0, N, y, accumulate);
+}
+
 /* Rows below which 4 warps share each row of a decode matvec (fewer rows: the grid would not
  * fill the GPU). 2048: the 8B shape's q|k|v (6144), o and down (4096) rows take one warp each;
  * H200, 8B q4_0 decode at 256: 374.8 / 375.4 tok/s against 360.7 / 363.2 with 8192, f16 184.3 /
@@ -616,8 +792,9 @@ template <int T> __device__ static inline void kq_load(const uint8_t *bp, int i,
         k.dd = (unsigned)ld_w32_a4(bp + offsetof(block_q4_K, d)), k.s0 = (unsigned)ld_w32_a4(bp + sc),
         k.s1 = (unsigned)ld_w32_a4(bp + sc + 4), k.s2 = (unsigned)ld_w32_a4(bp + sc + 8);
         constexpr size_t qo = T == QF_TYPE_Q4_K ? offsetof(block_q4_K, qs) : offsetof(block_q5_K, qs);
-        k.q = __ldg((const uint4 *)(bp + qo + 32 * j + 16 * h));
-        if constexpr (T == QF_TYPE_Q5_K) k.h = __ldg((const uint4 *)(bp + offsetof(block_q5_K, qh) + 16 * h));
+        const uint64_t pol = l2_evict_first(); /* the quants stream through L2 (ld_stream16) */
+        k.q = ld_stream16(bp + qo + 32 * j + 16 * h, pol);
+        if constexpr (T == QF_TYPE_Q5_K) k.h = ld_stream16(bp + offsetof(block_q5_K, qh) + 16 * h, pol);
     } else {
         const int half = i >> 2, w = i & 3;
         const uint8_t *ql = bp + offsetof(block_q6_K, ql) + 64 * half + 8 * w,
@@ -791,6 +968,12 @@ static void launch_matvec_q4g(const dweight *w, const float *x, int n, int N, fl
     const float *xd = a.xd;
     const int *xs = a.xs;
     const int acc = accumulate;
+    if (n == 1 && (GU || N >= MV_SPLIT_ROWS)) { /* one token: the grouped kernels */
+        if (GU) cu_launch(k_mv1_q4g<4, 2, 2, 2, true>, dim3(nblk((size_t)N, 4)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, 0);
+        else if (K >= 8192) cu_launch(k_mv1_q4g<2, 2, 2, 2, false>, dim3(nblk((size_t)N, 4)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc);
+        else cu_launch(k_mv1_q4g<4, 2, 2, 2, false>, dim3(nblk((size_t)N, 8)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc);
+        return;
+    }
     if (GU) {
         const dim3 grid((unsigned)((N + 1) / 2));
         if (n == 1) cu_launch(k_matvec_q4g<1, 1, true>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, 0);
@@ -854,6 +1037,12 @@ static void launch_matvec(const dweight *w, const float *x, int n, float *y, boo
         else if (w->type == QF_TYPE_Q4_0) QF_MV(k_matvec_q0, QF_TYPE_Q4_0, MATVEC_MAX);
         else if (n == 1) QF_MV(k_matvec_q0, QF_TYPE_Q8_0, 1);
         else QF_MV(k_matvec_q0, QF_TYPE_Q8_0, MATVEC_MAX);
+    } else if (h && n == 1 && !split) { /* one token: the grouped kernel */
+        const bool bf = w->type == QF_TYPE_BF16;
+        const dim3 g1(nblk((size_t)N, 4));
+        const int acc = accumulate;
+        if (bf) cu_launch(k_mv1_h<true, 4, 2, 1, 4, false>, g1, dim3(128), 0, s, w->d, w->row_bytes, K, N, x, y, acc);
+        else cu_launch(k_mv1_h<false, 4, 2, 1, 4, false>, g1, dim3(128), 0, s, w->d, w->row_bytes, K, N, x, y, acc);
     } else if (h) {
         const bool bf = w->type == QF_TYPE_BF16;
         if (n == 1 && bf) QF_MV(k_matvec_h, true, 1);
@@ -906,6 +1095,12 @@ bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb,
     if ((w->type == QF_TYPE_F16 || w->type == QF_TYPE_BF16) && w->row_bytes % 16 == 0 && ((uintptr_t)w->d % 16) == 0 &&
         K % 8 == 0) {
         const bool bf = w->type == QF_TYPE_BF16;
+        if (n == 1) { /* one token: the grouped kernel */
+            const dim3 g1(nblk((size_t)F, 2));
+            if (bf) cu_launch(k_mv1_h<true, 2, 2, 2, 2, true>, g1, dim3(128), 0, s, w->d, w->row_bytes, K, F, x, hb, 0);
+            else cu_launch(k_mv1_h<false, 2, 2, 2, 2, true>, g1, dim3(128), 0, s, w->d, w->row_bytes, K, F, x, hb, 0);
+            return true;
+        }
 #define QF_GUH(BF, NT) cu_launch(k_matvec_h<BF, NT, 1, true>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, F, x, n, hb, 0)
         if (n == 1 && bf) QF_GUH(true, 1);
         else if (n == 1) QF_GUH(false, 1);
