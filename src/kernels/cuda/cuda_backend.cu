@@ -985,7 +985,11 @@ done:
  * its prediction from the batch's decoded K rows is encoded, and V decoded with the prediction
  * added back (one GEMM); then K is rotated when it is stored before RoPE. The batch's sink
  * positions go to the sink store. */
-static qf_status rq_store(qf_cuda_ctx *g, int il, int n, int pos0, cudaStream_t S, qf_error *err) {
+/* encode_only (the canonical route, which expands [0, T) itself the host's way): encode the
+ * batch's rows and decode only the batch's own K rows the V encoder reads; no GEMM decode of
+ * [0, T), no V prediction, no RoPE of the expansion */
+static qf_status rq_store(qf_cuda_ctx *g, int il, int n, int pos0, cudaStream_t S, qf_error *err,
+                          bool encode_only = false) {
     struct rq_state *r = g->rq;
     qf_status st = QF_OK;
     const int hd = g->hd, nkv = g->nkv, dkv = nkv * hd, T = pos0 + n;
@@ -1005,6 +1009,13 @@ static qf_status rq_store(qf_cuda_ctx *g, int il, int n, int pos0, cudaStream_t 
         const float one = 1.0f;
         rq_layer_dev b = a;
         b.predT = NULL;
+        if (encode_only) {
+            if (s == 0) { /* the batch's own K rows as the host decodes them: V's encoder reads them */
+                b.codes += (size_t)pos0 * nkv * b.rb;
+                launch_kv_rq_expand(&b, n, nkv, hd, g->kv_f32[0] + (size_t)pos0 * dkv, S);
+            }
+            continue;
+        }
         if (a.decT && a.bits != 16) {
             launch_kv_rq_coef3(&b, T, nkv, hd, r->coef, g->kv_f32[s], S);
             CKB(cublasSgemmStridedBatched(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, hd, &one, a.decT, hd,
@@ -1020,7 +1031,7 @@ static qf_status rq_store(qf_cuda_ctx *g, int il, int n, int pos0, cudaStream_t 
             CKB(cublasSgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, dkv, T, dkv, &one, a.predT, dkv, g->kv_f32[0], dkv, &one,
                             g->kv_f32[1], dkv));
     }
-    if (r->k_prerope)
+    if (r->k_prerope && !encode_only)
         launch_rope(g->kv_f32[0], T, nkv, hd, g->hp.n_rot / 2, g->hp.rope_type == QF_ROPE_NEOX, r->kr_cos, r->kr_sin, S);
     if (r->n_sink)
         for (int s = 0; s < 2; s++)
@@ -1509,7 +1520,7 @@ static qf_status forward_canon(qf_cuda_ctx *g, const qf_tap *tap, int n, int pos
         if ((st = tap_q_kpre(g, tap, il, pos0, n, err)) || (st = tap_kv(g, tap, il, pos0, n, err))) goto done;
         if (g->rq) { /* kv-rq: the host encoder's rows, read back as the host's row decoder reads them */
             struct rq_state *r = g->rq;
-            if ((st = rq_store(g, il, n, pos0, S, err))) goto done;
+            if ((st = rq_store(g, il, n, pos0, S, err, true))) goto done;
             rq_layer_dev a = r->lay[0][il], b = r->lay[1][il];
             a.predT = NULL;
             launch_kv_rq_expand(&a, T, nkv, hd, g->kv_f32[0], S); /* K as stored (before RoPE where it is so) */
