@@ -448,6 +448,19 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
  * per block (qf_vec_dot_ref); only the order of the per-block sums differs. Under PDL the first
  * U weight loads are issued before pdl_wait() (weights are never written). */
 #define Q4G_U 4
+/* sum q a over a block: its 16 quant bytes (low nibbles: elements 0..15, high: 16..31) against
+ * the activation's 32 int8 (a0: 0..15, a1: 16..31), 8 __dp4a */
+__device__ static inline int q4g_dot(const uint4 &q, const int4 &a0, const int4 &a1) {
+    const int w[4] = {(int)q.x, (int)q.y, (int)q.z, (int)q.w};
+    int sdot = __dp4a(w[0] & 0x0F0F0F0F, a0.x, 0);
+    sdot = __dp4a(w[1] & 0x0F0F0F0F, a0.y, sdot);
+    sdot = __dp4a(w[2] & 0x0F0F0F0F, a0.z, sdot);
+    sdot = __dp4a(w[3] & 0x0F0F0F0F, a0.w, sdot);
+    sdot = __dp4a((w[0] >> 4) & 0x0F0F0F0F, a1.x, sdot);
+    sdot = __dp4a((w[1] >> 4) & 0x0F0F0F0F, a1.y, sdot);
+    sdot = __dp4a((w[2] >> 4) & 0x0F0F0F0F, a1.z, sdot);
+    return __dp4a((w[3] >> 4) & 0x0F0F0F0F, a1.w, sdot);
+}
 /* the quants (16 bytes) and scale of blocks b0 + u S, u < Q4G_U, of a G8 row (those < nb) */
 __device__ static inline void q4g_load(const uint8_t *row, int b0, int S, int nb, uint4 *qv, unsigned short *dv) {
 #pragma unroll
@@ -485,22 +498,12 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
         for (int u = 0; u < Q4G_U; u++) {
             const int b = b0 + u * S;
             if (b >= nb) break;
-            const int w[4] = {(int)qv[u].x, (int)qv[u].y, (int)qv[u].z, (int)qv[u].w};
             const float d = h2f_bits(dv[u]);
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 if (t >= n) break;
                 const int4 *xa = (const int4 *)(xq + (size_t)t * K + (size_t)b * QK);
-                const int4 a0 = __ldg(xa), a1 = __ldg(xa + 1);
-                int sdot = __dp4a(w[0] & 0x0F0F0F0F, a0.x, 0);
-                sdot = __dp4a(w[1] & 0x0F0F0F0F, a0.y, sdot);
-                sdot = __dp4a(w[2] & 0x0F0F0F0F, a0.z, sdot);
-                sdot = __dp4a(w[3] & 0x0F0F0F0F, a0.w, sdot);
-                sdot = __dp4a((w[0] >> 4) & 0x0F0F0F0F, a1.x, sdot);
-                sdot = __dp4a((w[1] >> 4) & 0x0F0F0F0F, a1.y, sdot);
-                sdot = __dp4a((w[2] >> 4) & 0x0F0F0F0F, a1.z, sdot);
-                sdot = __dp4a((w[3] >> 4) & 0x0F0F0F0F, a1.w, sdot);
-                const int isum = sdot - 8 * __ldg(xs + (size_t)t * nbk + b);
+                const int isum = q4g_dot(qv[u], __ldg(xa), __ldg(xa + 1)) - 8 * __ldg(xs + (size_t)t * nbk + b);
                 acc[t] += (float)isum * d * __ldg(xd + (size_t)t * nbk + b);
             }
         }
@@ -620,17 +623,8 @@ __global__ void __launch_bounds__(W * P * 32)
             const float dx = __ldg(xd + b);
 #pragma unroll
             for (int j = 0; j < R; j++) {
-                const int w[4] = {(int)qv[j][u].x, (int)qv[j][u].y, (int)qv[j][u].z, (int)qv[j][u].w};
-                int sdot = __dp4a(w[0] & 0x0F0F0F0F, a0.x, 0);
-                sdot = __dp4a(w[1] & 0x0F0F0F0F, a0.y, sdot);
-                sdot = __dp4a(w[2] & 0x0F0F0F0F, a0.z, sdot);
-                sdot = __dp4a(w[3] & 0x0F0F0F0F, a0.w, sdot);
-                sdot = __dp4a((w[0] >> 4) & 0x0F0F0F0F, a1.x, sdot);
-                sdot = __dp4a((w[1] >> 4) & 0x0F0F0F0F, a1.y, sdot);
-                sdot = __dp4a((w[2] >> 4) & 0x0F0F0F0F, a1.z, sdot);
-                sdot = __dp4a((w[3] >> 4) & 0x0F0F0F0F, a1.w, sdot);
                 /* the oracle's per-block step: isum * dw * dx */
-                acc[j] += (float)(sdot - 8 * sx) * h2f_bits(dv[j][u]) * dx;
+                acc[j] += (float)(q4g_dot(qv[j][u], a0, a1) - 8 * sx) * h2f_bits(dv[j][u]) * dx;
             }
         }
         b0 += S * U;
