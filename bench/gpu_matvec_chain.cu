@@ -1,0 +1,348 @@
+/* gpu_matvec_chain.cu: the decode matvecs of one Llama-3-8B step (32 layers x q|k|v, o,
+ * gate|up, down, then the output head; 32 distinct matrices per shape, so nothing stays in L2),
+ * chained in one CUDA graph with programmatic dependent launch as qforge's decode graph, for
+ * variants of the one-token kernel: R rows per warp group, U 16-byte loads per lane and row in
+ * flight, W groups x P K-splitting warps per block, plain / L1::no_allocate / L2 evict-first
+ * weight loads. Random bits (f16 scales kept finite), q4_0 in qforge's G8 layout or f16. It
+ * prints each shape's time against a pure read of the same bytes, and the whole chain's time as
+ * a share of the 4.8 TB/s bound (bench_gpu's). docs/gpu.md "Session 18" has the H200 numbers.
+ *   make build/bench/gpu_matvec_chain        (needs nvcc; not part of `all`)
+ *   build/bench/gpu_matvec_chain [TINY] [f16]  (TINY: 1-block kernels per layer, default 0)
+ * A standalone program: it links nothing of qforge (its kernels are the experiment's copies;
+ * the shipped ones are cuda_gemm.cu's k_mv1_q4g / k_mv1_h). */
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <stdio.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#define CKE(x) do { cudaError_t e = (x); if (e) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
+#define QK 32
+#define GRP 144
+
+__device__ __forceinline__ void trig() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void gwait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ float h2f(unsigned short b) { return __half2float(__ushort_as_half(b)); }
+__device__ __forceinline__ float wsum(float v) { for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(~0u, v, o); return v; }
+
+__device__ __forceinline__ uint4 ldw(const void *p, int mode) {
+    uint4 r;
+    if (mode == 0) r = __ldg((const uint4 *)p);
+    else if (mode == 1) asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    else {
+        uint64_t pol;
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+        asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(pol));
+    }
+    return r;
+}
+
+template <int R, int U, int W, int P, int MODE>
+__global__ void __launch_bounds__(W * P * 32) k_q4x(const uint8_t *__restrict__ Wt, size_t rb, int K, int N,
+                                                   const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                                                   const int *__restrict__ xs, float *y) {
+    trig();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = warp / P, part = warp % P;
+    const int r0 = (blockIdx.x * W + grp) * R;
+    const int nb = K / QK;
+    float acc[R];
+    uint4 qv[R][U];
+    unsigned short dv[R][U];
+#pragma unroll
+    for (int j = 0; j < R; j++) acc[j] = 0.f;
+    int b0 = lane + 32 * part;
+    constexpr int S = 32 * P;
+    auto load = [&](int b0) {
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            const uint8_t *row = Wt + (size_t)min(r0 + j, N - 1) * rb;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int b = b0 + S * u;
+                if (b < nb) {
+                    const uint8_t *gp = row + (size_t)(b >> 3) * GRP;
+                    qv[j][u] = ldw(gp + 16 + 16 * (b & 7), MODE);
+                    dv[j][u] = __ldg((const unsigned short *)gp + (b & 7));
+                }
+            }
+        }
+    };
+    load(b0);
+    gwait();
+    for (;;) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int b = b0 + S * u;
+            if (b >= nb) break;
+            const int4 *xa = (const int4 *)(xq + (size_t)b * QK);
+            const int4 a0 = __ldg(xa), a1 = __ldg(xa + 1);
+            const int sx = __ldg(xs + b);
+            const float dx = __ldg(xd + b);
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                const uint4 q = qv[j][u];
+                int s = __dp4a((int)q.x & 0x0F0F0F0F, a0.x, 0);
+                s = __dp4a((int)q.y & 0x0F0F0F0F, a0.y, s);
+                s = __dp4a((int)q.z & 0x0F0F0F0F, a0.z, s);
+                s = __dp4a((int)q.w & 0x0F0F0F0F, a0.w, s);
+                s = __dp4a(((int)q.x >> 4) & 0x0F0F0F0F, a1.x, s);
+                s = __dp4a(((int)q.y >> 4) & 0x0F0F0F0F, a1.y, s);
+                s = __dp4a(((int)q.z >> 4) & 0x0F0F0F0F, a1.z, s);
+                s = __dp4a(((int)q.w >> 4) & 0x0F0F0F0F, a1.w, s);
+                acc[j] += (float)(s - 8 * sx) * h2f(dv[j][u]) * dx;
+            }
+        }
+        b0 += S * U;
+        if (b0 >= nb) break;
+        load(b0);
+    }
+    __shared__ float red[W * P][R];
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        const float v = wsum(acc[j]);
+        if (lane == 0) red[warp][j] = v;
+    }
+    if (P > 1) __syncthreads();
+    if (part == 0 && lane < R && r0 + lane < N) {
+        float v = 0;
+        for (int p = 0; p < P; p++) v += red[warp + p][lane];
+        y[r0 + lane] = v;
+    }
+}
+
+__device__ __forceinline__ void h8f(uint4 u, float *w) {
+    const __half2 *h = (const __half2 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) { float2 f = __half22float2(h[i]); w[2 * i] = f.x; w[2 * i + 1] = f.y; }
+}
+template <int R, int U, int W, int P, int MODE>
+__global__ void __launch_bounds__(W * P * 32) k_hx(const uint8_t *__restrict__ Wt, size_t rb, int K, int N,
+                                                  const int8_t *__restrict__ xq_, const float *__restrict__ x,
+                                                  const int *__restrict__ xs_, float *y) {
+    trig();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = warp / P, part = warp % P;
+    const int r0 = (blockIdx.x * W + grp) * R;
+    const int nc = K / 8;
+    float acc[R];
+    uint4 qv[R][U];
+#pragma unroll
+    for (int j = 0; j < R; j++) acc[j] = 0.f;
+    int c0 = lane + 32 * part;
+    constexpr int S = 32 * P;
+    auto load = [&](int c0) {
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            const uint4 *row = (const uint4 *)(Wt + (size_t)min(r0 + j, N - 1) * rb);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = c0 + S * u;
+                if (c < nc) qv[j][u] = ldw(row + c, MODE);
+            }
+        }
+    };
+    load(c0);
+    gwait();
+    for (;;) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + S * u;
+            if (c >= nc) break;
+            const float4 *xp = (const float4 *)x;
+            const float4 a0 = __ldg(xp + 2 * c), a1 = __ldg(xp + 2 * c + 1);
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                float w[8];
+                h8f(qv[j][u], w);
+                acc[j] += w[0] * a0.x + w[1] * a0.y + w[2] * a0.z + w[3] * a0.w + w[4] * a1.x + w[5] * a1.y + w[6] * a1.z + w[7] * a1.w;
+            }
+        }
+        c0 += S * U;
+        if (c0 >= nc) break;
+        load(c0);
+    }
+    __shared__ float red[W * P][R];
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        const float v = wsum(acc[j]);
+        if (lane == 0) red[warp][j] = v;
+    }
+    if (P > 1) __syncthreads();
+    if (part == 0 && lane < R && r0 + lane < N) {
+        float v = 0;
+        for (int p = 0; p < P; p++) v += red[warp + p][lane];
+        y[r0 + lane] = v;
+    }
+}
+
+// pure read ceiling: every byte once, 16-byte loads, 4 in flight per thread
+__global__ void __launch_bounds__(256) k_read(const uint4 *__restrict__ p, size_t n16, float *y) {
+    trig();
+    uint32_t acc = 0;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n16; i += 4 * stride) {
+        uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride), d = __ldg(p + i + 3 * stride);
+        acc ^= a.x ^ b.y ^ c.z ^ d.w;
+    }
+    for (; i < n16; i += stride) acc ^= __ldg(p + i).x;
+    gwait();
+    if (acc == 0x12345678u) y[0] = 1.f;
+}
+
+// a tiny kernel standing for a norm / quant / attention launch (1 block)
+__global__ void k_tiny(float *y, int n) {
+    trig();
+    gwait();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = y[i] * 0.5f + 1.f;
+}
+
+__global__ void k_fill(uint32_t *p, size_t n, uint32_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+        // keep f16 scales finite: clear the exponent's top bit in every 16-bit half
+        p[i] = h & 0x3FFF3FFFu;
+    }
+}
+
+typedef void (*kfn)(const uint8_t *, size_t, int, int, const int8_t *, const float *, const int *, float *);
+
+struct variant { const char *name; kfn f; int rows_per_block; int threads; };
+
+static bool g_pdl = true;
+static void launch(const void *f, unsigned grid, unsigned threads, void **args, cudaStream_t s) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid); cfg.blockDim = dim3(threads); cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = g_pdl ? 1 : 0;
+    cfg.attrs = at; cfg.numAttrs = 1;
+    CKE(cudaLaunchKernelExC(&cfg, f, args));
+}
+
+struct mat { uint8_t *w; size_t rb; int K, N; };
+
+static void run_mv(const variant &v, const mat &m, const int8_t *xq, const float *xd, const int *xs, float *y, cudaStream_t s) {
+    const uint8_t *w = m.w; size_t rb = m.rb; int K = m.K, N = m.N;
+    void *args[] = {(void *)&w, &rb, &K, &N, (void *)&xq, (void *)&xd, (void *)&xs, &y};
+    launch((const void *)v.f, (unsigned)((N + v.rows_per_block - 1) / v.rows_per_block), v.threads, args, s);
+}
+
+int main(int argc, char **argv) {
+    const int L = 32, D = 4096, F = 14336, QKV = 6144, V = 128256;
+    int tiny = argc > 1 ? atoi(argv[1]) : 0; // small kernels per layer
+    const bool F16e = argc > 2 && !strcmp(argv[2], "f16");
+    cudaStream_t s; CKE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    auto mk = [&](int N, int K) { mat m; m.K = K; m.N = N; m.rb = F16e ? (size_t)K * 2 : (size_t)K / 32 * 18; CKE(cudaMalloc(&m.w, m.rb * N)); k_fill<<<1024, 256>>>((uint32_t *)m.w, m.rb * N / 4, N * 31 + K); return m; };
+    std::vector<mat> qkv, wo, gu, dn;
+    for (int l = 0; l < L; l++) qkv.push_back(mk(QKV, D)), wo.push_back(mk(D, D)), gu.push_back(mk(2 * F, D)), dn.push_back(mk(D, F));
+    mat lm = mk(V, D);
+    int8_t *xq; float *xd, *y, *yt; int *xs;
+    CKE(cudaMalloc(&xq, F)); CKE(cudaMalloc(&xd, F * 4)); CKE(cudaMalloc(&xs, F / 32 * 4));
+    CKE(cudaMalloc(&y, (size_t)V * 4)); CKE(cudaMalloc(&yt, 16384 * 4));
+    k_fill<<<64, 256>>>((uint32_t *)xq, F / 4, 7); k_fill<<<8, 256>>>((uint32_t *)xd, F, 9); k_fill<<<8, 256>>>((uint32_t *)xs, F / 32, 11);
+    CKE(cudaMemset(yt, 0, 16384 * 4));
+    CKE(cudaDeviceSynchronize());
+    double bytes = 0;
+    for (int l = 0; l < L; l++) bytes += (double)qkv[l].rb * qkv[l].N + wo[l].rb * wo[l].N + gu[l].rb * gu[l].N + dn[l].rb * dn[l].N;
+    bytes += (double)lm.rb * lm.N;
+
+    const bool F16 = F16e;
+    std::vector<variant> vs;
+    if (!F16) vs = {
+        {"base R1U4 W4", k_q4x<1, 4, 4, 1, 0>, 4, 128},
+        {"ef R1U4 W4", k_q4x<1, 4, 4, 1, 2>, 4, 128},
+        {"ef R2U2 W4", k_q4x<2, 2, 4, 1, 2>, 8, 128},
+        {"ef R2U4 W4", k_q4x<2, 4, 4, 1, 2>, 8, 128},
+        {"ef R4U2 W4", k_q4x<4, 2, 4, 1, 2>, 16, 128},
+        {"ef R2U2 P4", k_q4x<2, 2, 1, 4, 2>, 2, 128},
+        {"ef R4U2 P4", k_q4x<4, 2, 1, 4, 2>, 4, 128},
+        {"ef R2U2 W2P2", k_q4x<2, 2, 2, 2, 2>, 4, 128},
+        {"ef R4U2 W2P2", k_q4x<4, 2, 2, 2, 2>, 8, 128},
+        {"ef R2U2 P8", k_q4x<2, 2, 1, 8, 2>, 2, 256},
+        {"ef R4U1 P8", k_q4x<4, 1, 1, 8, 2>, 4, 256},
+        {"ef R1U4 P4", k_q4x<1, 4, 1, 4, 2>, 1, 128},
+        {"nol1 R4U2 P4", k_q4x<4, 2, 1, 4, 1>, 4, 128},
+    };
+    else vs = {
+        {"base R1U4 W4", k_hx<1, 4, 4, 1, 0>, 4, 128},
+        {"ef R1U4 W4", k_hx<1, 4, 4, 1, 2>, 4, 128},
+        {"ef R2U2 W4", k_hx<2, 2, 4, 1, 2>, 8, 128},
+        {"ef R2U4 W4", k_hx<2, 4, 4, 1, 2>, 8, 128},
+        {"ef R4U2 W4", k_hx<4, 2, 4, 1, 2>, 16, 128},
+        {"ef R2U2 P4", k_hx<2, 2, 1, 4, 2>, 2, 128},
+        {"ef R2U4 P4", k_hx<2, 4, 1, 4, 2>, 2, 128},
+        {"ef R4U2 P4", k_hx<4, 2, 1, 4, 2>, 4, 128},
+        {"ef R2U2 W2P2", k_hx<2, 2, 2, 2, 2>, 4, 128},
+        {"ef R1U4 P4", k_hx<1, 4, 1, 4, 2>, 1, 128},
+        {"ef R1U8 W4", k_hx<1, 8, 4, 1, 2>, 4, 128},
+        {"nol1 R2U4 W4", k_hx<2, 4, 4, 1, 1>, 8, 128},
+    };
+
+    cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
+    // 1) each shape alone: mean over 32 distinct layer matrices (cold L2), plain launches with PDL, in a graph
+    const char *shn[5] = {"qkv 6144x4096", "wo 4096x4096", "gu 28672x4096", "down 4096x14336", "lm 128256x4096"};
+    auto time_graph = [&](auto body, int reps) {
+        cudaGraph_t g; cudaGraphExec_t ge;
+        CKE(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        body();
+        CKE(cudaStreamEndCapture(s, &g)); CKE(cudaGraphInstantiate(&ge, g, 0));
+        CKE(cudaGraphLaunch(ge, s)); CKE(cudaStreamSynchronize(s));
+        CKE(cudaEventRecord(e0, s));
+        for (int r = 0; r < reps; r++) CKE(cudaGraphLaunch(ge, s));
+        CKE(cudaEventRecord(e1, s)); CKE(cudaEventSynchronize(e1));
+        float ms; cudaEventElapsedTime(&ms, e0, e1);
+        cudaGraphExecDestroy(ge); cudaGraphDestroy(g);
+        return ms / reps;
+    };
+    printf("per-shape: us per matvec (32 distinct matrices in a chain) and TB/s\n%-20s", "variant");
+    for (int i = 0; i < 5; i++) printf(" %22s", shn[i]);
+    printf("\n%-20s", "read ceiling");
+    for (int i = 0; i < 5; i++) {
+        float ms = time_graph([&] {
+            for (int l = 0; l < L; l++) {
+                const mat &m = i == 0 ? qkv[l] : i == 1 ? wo[l] : i == 2 ? gu[l] : i == 3 ? dn[l] : lm;
+                const uint4 *p = (const uint4 *)m.w; size_t n16 = m.rb * m.N / 16;
+                void *args[] = {(void *)&p, &n16, &y};
+                launch((const void *)k_read, 132 * 8, 256, args, s);
+            } }, 10);
+        const mat &m = i == 0 ? qkv[0] : i == 1 ? wo[0] : i == 2 ? gu[0] : i == 3 ? dn[0] : lm;
+        printf(" %10.2f %5.2fTB/s  ", ms * 1000 / L, m.rb * m.N / (ms / L * 1e-3) / 1e12);
+    }
+    printf("\n");
+    for (auto &v : vs) {
+        printf("%-20s", v.name);
+        for (int i = 0; i < 5; i++) {
+            float ms = time_graph([&] {
+                for (int l = 0; l < L; l++) {
+                    const mat &m = i == 0 ? qkv[l] : i == 1 ? wo[l] : i == 2 ? gu[l] : i == 3 ? dn[l] : lm;
+                    run_mv(v, m, xq, xd, xs, y, s);
+                } }, 10);
+            const mat &m = i == 0 ? qkv[0] : i == 1 ? wo[0] : i == 2 ? gu[0] : i == 3 ? dn[0] : lm;
+            printf(" %10.2f %5.2fTB/s  ", ms * 1000 / L, m.rb * m.N / (ms / L * 1e-3) / 1e12);
+        }
+        printf("\n");
+        CKE(cudaGetLastError());
+    }
+    // 2) the whole step's matvecs (32 layers x 4 + lm head), optionally with `tiny` 1-block kernels per layer
+    for (int pdl = 1; pdl >= 1; pdl--) {
+        g_pdl = pdl;
+        for (auto &v : vs) {
+            float ms = time_graph([&] {
+                for (int l = 0; l < L; l++) {
+                    for (int t = 0; t < tiny / 2; t++) { void *a[] = {&yt, (void *)&D}; launch((const void *)k_tiny, 1, 256, a, s); }
+                    run_mv(v, qkv[l], xq, xd, xs, y, s);
+                    run_mv(v, wo[l], xq, xd, xs, y, s);
+                    for (int t = 0; t < tiny - tiny / 2; t++) { void *a[] = {&yt, (void *)&D}; launch((const void *)k_tiny, 1, 256, a, s); }
+                    run_mv(v, gu[l], xq, xd, xs, y, s);
+                    run_mv(v, dn[l], xq, xd, xs, y, s);
+                }
+                run_mv(v, lm, xq, xd, xs, y, s); }, 20);
+            printf("step pdl %d tiny %d %-20s %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", pdl, tiny, v.name, ms, 1000 / ms,
+                   bytes / (ms * 1e-3) / 4.8e12 * 100);
+        }
+    }
+    return 0;
+}
