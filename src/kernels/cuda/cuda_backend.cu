@@ -96,8 +96,9 @@ struct qf_cuda_ctx {
     bool q4g;              /* q4_0 weights of width % 256 == 0 take the G8 layout (knob no_q4_regroup: off) */
     bool pdl;              /* the decode graph uses programmatic dependent launch (knob no_pdl: off) */
     /* the canonical arithmetic (qf_gpu_params.canonical, a llama / qwen2 model): forward_canon, when
-     * the cache is covered too (canon_on); ck, cv the layer's K, V as f32 [n_ctx][n_head_kv][hd],
-     * cs the attention scores [n_head][n_batch][n_ctx] */
+     * the cache is covered too (canon_on); ck, cv the layer's K, V as f32 [n_ctx][n_head_kv][hd]
+     * for a plain cache (allocated on first use, NULL until then), cs the attention scores
+     * [n_head][n_batch][n_ctx] */
     bool canon;
     float *ck, *cv, *cs;
     size_t f16_cache_bytes;
@@ -876,8 +877,6 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
             g->h_pin = NULL;
         }
         if (g->canon) {
-            CK(cudaMalloc((void **)&g->ck, (size_t)g->n_ctx * Dkv * 4)); sc += (size_t)g->n_ctx * Dkv * 4;
-            CK(cudaMalloc((void **)&g->cv, (size_t)g->n_ctx * Dkv * 4)); sc += (size_t)g->n_ctx * Dkv * 4;
             const size_t ns = (size_t)hp->n_head * B * g->n_ctx * 4;
             CK(cudaMalloc((void **)&g->cs, ns)); sc += ns;
         }
@@ -1550,7 +1549,13 @@ static qf_status forward_canon(qf_cuda_ctx *g, const qf_tap *tap, int n, int pos
                     kv32[s] = g->kv_f32[s];
                     continue;
                 }
-                float *dst = s ? g->cv : g->ck;
+                float **buf = s ? &g->cv : &g->ck;
+                if (!*buf) { /* a plain cache's f32 view, made on its first use (kv-int8 and kv-rq, which
+                              * may be bound to this context instead, read kv_f32) */
+                    CK(cudaMalloc((void **)buf, (size_t)g->n_ctx * Dkv * 4));
+                    g->scratch_bytes += (size_t)g->n_ctx * Dkv * 4;
+                }
+                float *dst = *buf;
                 launch_kv_read(vm, view, (int64_t)T * nkv, hd, vrb, dst, S);
                 if (g->kv_rot) launch_hadamard(dst, (int64_t)T * nkv, hd, S);
                 kv32[s] = dst;
