@@ -212,9 +212,10 @@ TEST(op_matmul_tall) {
     NEED_GPU();
     const int shapes[][2] = {{256, 8200}, {512, 2053}, {8448, 2051}};
     const qf_type types[] = {QF_TYPE_F16, QF_TYPE_BF16, QF_TYPE_Q4_0, QF_TYPE_Q8_0, QF_TYPE_Q4_K, QF_TYPE_Q5_K, QF_TYPE_Q6_K};
-    for (size_t ti = 0; ti < 3 * sizeof types / sizeof types[0]; ti++) {
-        const int K = shapes[ti / 7][0], N = shapes[ti / 7][1];
-        const qf_type t = types[ti % 7];
+    const size_t nt = sizeof types / sizeof types[0];
+    for (size_t ti = 0; ti < sizeof shapes / sizeof shapes[0] * nt; ti++) {
+        const int K = shapes[ti / nt][0], N = shapes[ti / nt][1];
+        const qf_type t = types[ti % nt];
         qf_weight w = {.type = t, .ne0 = K, .ne1 = N, .row_bytes = qf_row_bytes(t, K)};
         void *wd = rand_weight(t, N, K);
         w.data = wd;

@@ -573,7 +573,7 @@ __device__ static inline void mv1_finish(const float *acc, int warp, int lane, i
     for (int p = 0; p < P; p++) v += red[warp + p][lane];
     y[r] = accumulate ? y[r] + v : v;
 }
-/* the first row of group g (GU: rows are gate / up by group) and the weight row of row j */
+/* the first output row of warp group grp (GU: both groups share it, gate rows and up rows) */
 template <int R, int W, bool GU> __device__ static inline int mv1_r0(int grp) {
     return GU ? (int)blockIdx.x * R : ((int)blockIdx.x * W + grp) * R;
 }
@@ -968,17 +968,15 @@ static void launch_matvec_q4g(const dweight *w, const float *x, int n, int N, fl
         else cu_launch(k_mv1_q4g<4, 2, 2, 2, false>, dim3(nblk((size_t)N, 8)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc);
         return;
     }
-    if (GU) {
+    if (GU) { /* n > 1 here */
         const dim3 grid((unsigned)((N + 1) / 2));
-        if (n == 1) cu_launch(k_matvec_q4g<1, 1, true>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, 0);
-        else cu_launch(k_matvec_q4g<MATVEC_MAX, 1, true>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, 0);
+        cu_launch(k_matvec_q4g<MATVEC_MAX, 1, true>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, 0);
         return;
     }
     const bool split = N < MV_SPLIT_ROWS; /* as launch_matvec: 4 warps share a row */
     const dim3 grid(split ? (unsigned)N : nblk((size_t)N, MV_WARPS));
     if (split && n == 1) cu_launch(k_matvec_q4g<1, MV_WARPS>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc);
     else if (split) cu_launch(k_matvec_q4g<MATVEC_MAX, MV_WARPS>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc);
-    else if (n == 1) cu_launch(k_matvec_q4g<1, 1>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc);
     else cu_launch(k_matvec_q4g<MATVEC_MAX, 1>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc);
 }
 
@@ -1095,12 +1093,8 @@ bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb,
             else cu_launch(k_mv1_h<false, 2, 2, 2, 2, true>, g1, dim3(128), 0, s, w->d, w->row_bytes, K, F, x, hb, 0);
             return true;
         }
-#define QF_GUH(BF, NT) cu_launch(k_matvec_h<BF, NT, 1, true>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, F, x, n, hb, 0)
-        if (n == 1 && bf) QF_GUH(true, 1);
-        else if (n == 1) QF_GUH(false, 1);
-        else if (bf) QF_GUH(true, MATVEC_MAX);
-        else QF_GUH(false, MATVEC_MAX);
-#undef QF_GUH
+        if (bf) cu_launch(k_matvec_h<true, MATVEC_MAX, 1, true>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, F, x, n, hb, 0);
+        else cu_launch(k_matvec_h<false, MATVEC_MAX, 1, true>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, F, x, n, hb, 0);
         return true;
     }
     return false;
