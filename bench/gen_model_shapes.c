@@ -1,7 +1,7 @@
 /* gen_model_shapes.c: write a random-weight GGUF with the shapes of a real model, for GPU
  * benchmarks at real sizes without shipping weights.
  *
- *   build/bench/gen_model_shapes --shape llama3-8b|llama3.2-1b|qwen2.5-0.5b|tiny-hd8|tiny-qwen2
+ *   build/bench/gen_model_shapes --shape llama3-8b|llama3.2-1b|qwen2.5-0.5b|tiny-hd8|tiny-qwen2|test-d2048
  *       --type f16|q4_0|q8_0|f32|q4_k|q5_k|q6_k|q4_k_m
  *       [--vocab-from GGUF] [--layers N] -o OUT.gguf
  *
@@ -46,6 +46,9 @@ static const shape shapes[] = {
      * qwen2-5m's (Q/K/V bias, NEOX rope base 1e6, untied output) */
     {"tiny-hd8", "llama", "stories260K-shaped (random weights)", 5, 64, 8, 4, 8, 172, 4096, 10000.0f, 1, 0},
     {"tiny-qwen2", "qwen2", "qwen2-5m-shaped (random weights)", 4, 256, 4, 2, 64, 768, 4096, 1000000.0f, 0, 1},
+    /* test_cuda's wide decode fixture (gpu_device_bundle.sh's prepare.sh): rows of 2048 and more,
+     * so the one-token G8 kernels and their fused norms run (n_ff >= 8192: the down rows' variant) */
+    {"test-d2048", "llama", "2048-wide test model (random weights)", 2, 2048, 16, 4, 128, 8448, 4096, 500000.0f, 0, 0},
 };
 
 static uint64_t rs = 0x243F6A8885A308D3ull;
@@ -92,7 +95,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
         else {
-            fprintf(stderr, "usage: %s --shape llama3-8b|llama3.2-1b|qwen2.5-0.5b|tiny-hd8|tiny-qwen2 --type f16|q4_0|q8_0|f32|q4_k|q5_k|q6_k|q4_k_m [--vocab-from GGUF] "
+            fprintf(stderr, "usage: %s --shape llama3-8b|llama3.2-1b|qwen2.5-0.5b|tiny-hd8|tiny-qwen2|test-d2048 --type f16|q4_0|q8_0|f32|q4_k|q5_k|q6_k|q4_k_m [--vocab-from GGUF] "
                             "[--layers N] -o OUT.gguf\n", argv[0]);
             return 2;
         }

@@ -21,15 +21,18 @@ for m in qforge-demo-11m-q4_k_m qforge-demo-qwen2-5m-q4_k_m; do
     cp "$data/models/$m.gguf" "$st/data/models/"
 done
 cp -r "$data/corpora/kerneldoc-demo" "$st/data/corpora/"
-# the q8_0 and q4_0 copies of the demo model are made on the target (they would not fit the
-# device tool's 64 MiB carry beside the tree): B/bin/prepare.sh B, after the unpacking
+# the q8_0 and q4_0 copies of the demo model and the 2048-wide test model are made on the target
+# (they would not fit the device tool's 64 MiB carry beside the tree): B/bin/prepare.sh B, after
+# the unpacking
 cat >"$st/bin/prepare.sh" <<'EOS'
 #!/bin/sh
-# prepare.sh B: the demo model's q8_0 and q4_0 copies into B/data/models (run from the repository root)
+# prepare.sh B: the demo model's q8_0 and q4_0 copies into B/data/models (run from the repository
+# root), and a 2048-wide random q4_0 model (test_cuda e2e_decode_graph: the fused decode norms)
 set -e
 for t in q8_0 q4_0; do
     "$1/bin/qforge" quantize assets/models/qforge-demo-11m-f16.gguf "$1/data/models/qforge-demo-11m-$t.gguf" $t >/dev/null
 done
+"$1/bin/gen_model_shapes" --shape test-d2048 --type q4_0 -o "$1/data/models/test-d2048-q4_0.gguf" >/dev/null
 EOS
 chmod +x "$st/bin/prepare.sh"
 skip='^(linux-vdso|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libresolv|ld-linux|libstdc\+\+|libgcc_s|libcuda|libcublas|libcudart|libnvidia)'
