@@ -95,6 +95,9 @@ struct qf_cuda_ctx {
     bool f16_cache;        /* quantized weights keep an f16 copy for prefill GEMMs (knob no_f16_cache: off) */
     bool q4g;              /* q4_0 weights of width % 256 == 0 take the G8 layout (knob no_q4_regroup: off) */
     bool pdl;              /* the decode graph uses programmatic dependent launch (knob no_pdl: off) */
+    float *h_lg;           /* pinned staging for one row of logits (forward_graph's copy), or NULL */
+#define LG_CHUNKS 4
+    cudaEvent_t lg_ev[LG_CHUNKS];
     /* the canonical arithmetic (qf_gpu_params.canonical, a llama / qwen2 model): forward_canon, when
      * the cache is covered too (canon_on); ck, cv the layer's K, V as f32 [n_ctx][n_head_kv][hd]
      * for a plain cache (allocated on first use, NULL until then), cs the attention scores
@@ -357,6 +360,11 @@ static void ctx_free(qf_cuda_ctx *g) {
     if (g->dstep) cudaFree(g->dstep);
     if (g->tok_step) cudaFree(g->tok_step);
     if (g->h_step) cudaFreeHost(g->h_step);
+    if (g->h_lg) {
+        cudaFreeHost(g->h_lg);
+        for (int c = 0; c < LG_CHUNKS; c++)
+            if (g->lg_ev[c]) cudaEventDestroy(g->lg_ev[c]);
+    }
     if (g->h_pin) {
         cudaFreeHost(g->h_pin);
         cudaEventDestroy(g->pin_ev[0]), cudaEventDestroy(g->pin_ev[1]);
@@ -828,6 +836,11 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
         CK(cudaMalloc((void **)&g->xh, (size_t)B * maxK * 2)); sc += (size_t)B * maxK * 2;
         CK(cudaMalloc((void **)&g->xl, (size_t)B * D * 2)); sc += (size_t)B * D * 2;
         CK(cudaMalloc((void **)&g->tok, (size_t)B * 4));
+        if (cudaMallocHost((void **)&g->h_lg, (size_t)V * 4) != cudaSuccess) {
+            cudaGetLastError();
+            g->h_lg = NULL;
+        } else
+            for (int c = 0; c < LG_CHUNKS; c++) CK(cudaEventCreateWithFlags(&g->lg_ev[c], cudaEventDisableTiming));
         if (hp->rope_freq_base_swa != hp->rope_freq_base) { /* gemma3: the local layers' RoPE base */
             CK(cudaMalloc((void **)&g->rcos_swa, (size_t)B * half * 4 + 4));
             CK(cudaMalloc((void **)&g->rsin_swa, (size_t)B * half * 4 + 4));
@@ -1667,7 +1680,20 @@ static qf_status forward_graph(qf_cuda_ctx *g, int32_t token, int pos0, float *l
         }
     }
     CK(cudaGraphLaunch(g->gexec, g->stream));
-    CK(cudaMemcpyAsync(logits, g->logits, (size_t)hp->n_vocab * 4, cudaMemcpyDeviceToHost, g->stream));
+    if (g->h_lg) { /* through pinned memory in chunks, the host copy of one overlapping the next's */
+        const size_t V = (size_t)hp->n_vocab, ch = (V + LG_CHUNKS - 1) / LG_CHUNKS;
+        for (int c = 0; c < LG_CHUNKS && (size_t)c * ch < V; c++) {
+            const size_t o = (size_t)c * ch, m = V - o < ch ? V - o : ch;
+            CK(cudaMemcpyAsync(g->h_lg + o, g->logits + o, m * 4, cudaMemcpyDeviceToHost, g->stream));
+            CK(cudaEventRecord(g->lg_ev[c], g->stream));
+        }
+        for (int c = 0; c < LG_CHUNKS && (size_t)c * ch < V; c++) {
+            const size_t o = (size_t)c * ch, m = V - o < ch ? V - o : ch;
+            CK(cudaEventSynchronize(g->lg_ev[c]));
+            memcpy(logits + o, g->h_lg + o, m * 4);
+        }
+    } else
+        CK(cudaMemcpyAsync(logits, g->logits, (size_t)hp->n_vocab * 4, cudaMemcpyDeviceToHost, g->stream));
     CK(cudaStreamSynchronize(g->stream));
 done:
     return st;
