@@ -1335,12 +1335,18 @@ TEST(e2e_canonical) {
 /* one kv-int8 calibration of qforge-demo-11m-f16 (the docs/gpu.md run: -c 256, 4096 calibration
  * tokens, 4 evaluation chunks) with capture and certification on `dev`; its certificate and
  * payload SHA-256 from the written artifact */
-static bool cert_run(const char *model, const char *corpus, qf_device dev, const char *out, qf_certificate *cert) {
+static bool cert_run_kind(const char *model, const char *corpus, qf_device dev, const char *out, qf_certificate *cert,
+                          qf_artifact_kind kind) {
     qf_job j;
     qf_job_default(&j);
     const char *paths[1] = {corpus};
     j.model_path = model;
-    j.kind = QF_ARTIFACT_KV_INT8;
+    j.kind = kind;
+    if (kind == QF_ARTIFACT_KV_DICT) { /* a small dictionary, gated loosely: the device is what is checked */
+        j.dict_atoms = 256, j.dict_sparsity = 16, j.dict_iters = 4, j.dict_coef = QF_KV_COEF_Q8;
+        j.gate.max_delta_ppl = 1.0, j.gate.has_max_kld = true, j.gate.max_kld = 1.0;
+        j.gate.has_max_kld_p99 = true, j.gate.max_kld_p99 = 10.0, j.gate.vs_baseline = false;
+    }
     j.corpus_paths = paths;
     j.n_corpus_paths = 1;
     j.n_ctx = 256;
@@ -1364,6 +1370,9 @@ static bool cert_run(const char *model, const char *corpus, qf_device dev, const
     memset(&a.cert.config, 0, sizeof a.cert.config); /* moved to *cert */
     qf_artifact_free(&a);
     return true;
+}
+static bool cert_run(const char *model, const char *corpus, qf_device dev, const char *out, qf_certificate *cert) {
+    return cert_run_kind(model, corpus, dev, out, cert, QF_ARTIFACT_KV_INT8);
 }
 
 /* the measured (gated) numbers: recorded at QF_CERT_SIG_DIGITS_INT8 significant digits */
@@ -1490,6 +1499,48 @@ TEST(e2e_certificate) {
     printf("  certificate CPU vs GPU: %d fields identical, %d differ (%d of them measured numbers, at %d significant "
            "digits)\n",
            cert_nsame, cert_ndiff, cert_nmeas_diff, QF_CERT_SIG_DIGITS_INT8);
+    qf_payload_free(&c.config), qf_payload_free(&g.config);
+}
+
+/* kv-dict v1 certified under --device cuda (issue 16 item 3): the reference, candidate and free
+ * baseline passes run on the GPU (the host cache's encoder OMP-encodes the rows the GPU
+ * computes), the certificate records arith "device", the GPU and the CPU re-check of its first
+ * chunk; its numbers follow the CPU's run of the same job to the dictionary's precision (the
+ * capture ran on each device, so the dictionaries themselves may differ) */
+TEST(e2e_certificate_dict) {
+    NEED_GPU();
+    char model[4096], corpus[4096], pc[4096], pg[4096];
+    const char *p = model_path("models/qforge-demo-11m-f16.gguf");
+    if (!p) SKIP("demo model not found");
+    snprintf(model, sizeof model, "%s", p);
+    if (!(p = test_data("corpora/kerneldoc-demo/docs.txt"))) SKIP("corpora/kerneldoc-demo/docs.txt not found");
+    snprintf(corpus, sizeof corpus, "%s", p);
+    snprintf(pc, sizeof pc, "%s/dict_cpu.qfa", test_tmpdir());
+    snprintf(pg, sizeof pg, "%s/dict_gpu.qfa", test_tmpdir());
+    qf_certificate c, g;
+    memset(&c, 0, sizeof c), memset(&g, 0, sizeof g);
+    double t0 = qf_now_sec();
+    const bool okc = cert_run_kind(model, corpus, QF_DEVICE_CPU, pc, &c, QF_ARTIFACT_KV_DICT);
+    const double tc = qf_now_sec() - t0;
+    t0 = qf_now_sec();
+    const bool okg = okc && cert_run_kind(model, corpus, QF_DEVICE_CUDA, pg, &g, QF_ARTIFACT_KV_DICT);
+    const double tg = qf_now_sec() - t0;
+    if (okc && okg) {
+        const char *ag = qf_payload_get_string(&g.config, "arith"), *dv = qf_payload_get_string(&g.config, "certify_device");
+        const qf_payload_entry *rd = qf_payload_get(&g.config, "cpu_recheck_chunk0_rel_diff");
+        printf("  kv-dict certificate: CPU %.1f s, GPU %.1f s; GPU arith %s, certify_device %s, chunk-0 CPU re-check "
+               "rel. diff %.3g\n", tc, tg, ag ? ag : "(none)", dv ? dv : "(none)", rd ? rd->f : -1.0);
+        printf("  ref PPL %.6f / %.6f, candidate %.6f / %.6f, KLD mean %.6f / %.6f, p99 %.6f / %.6f, top-1 %.4f / "
+               "%.4f (CPU / GPU)\n", c.ref_ppl, g.ref_ppl, c.cand_ppl, g.cand_ppl, c.kld_mean, g.kld_mean, c.kld_p99,
+               g.kld_p99, c.top1_agreement, g.top1_agreement);
+        CHECK(ag && !strcmp(ag, "device")); /* the reference is canonical, the OMP codes are not */
+        CHECK(dv != NULL);
+        CHECK_MSG(rd && rd->f <= 1e-2, "the CPU re-check of the first chunk differs by %g", rd ? rd->f : -1.0);
+        CHECK_MSG(fabs(g.ref_ppl / c.ref_ppl - 1) <= 1e-3, "reference PPL %g (GPU) vs %g (CPU)", g.ref_ppl, c.ref_ppl);
+        CHECK_MSG(fabs(g.cand_ppl / c.cand_ppl - 1) <= 2e-2, "candidate PPL %g (GPU) vs %g (CPU)", g.cand_ppl, c.cand_ppl);
+        CHECK_MSG(fabs(g.kld_mean / c.kld_mean - 1) <= 0.1, "KLD mean %g (GPU) vs %g (CPU)", g.kld_mean, c.kld_mean);
+        CHECK(c.passed == g.passed);
+    }
     qf_payload_free(&c.config), qf_payload_free(&g.config);
 }
 
@@ -1986,6 +2037,7 @@ int main(void) {
     RUN(op_canon_matmul);
     RUN(e2e_canonical);
     RUN(e2e_certificate);
+    RUN(e2e_certificate_dict);
     RUN(e2e_kv_rq);
     RUN(e2e_canonical_kv_rq);
     RUN(op_awq_quant);

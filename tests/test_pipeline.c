@@ -111,6 +111,8 @@ TEST(int8_calibrate_package_load_ppl_reproduces) {
     CHECK(qf_payload_get_int(&a.cert.config, "eval_chunks", &chunks) && chunks == EVAL_CHUNKS);
     CHECK(qf_payload_get_int(&a.cert.config, "eval_n_ctx", &nctx) && nctx == NCTX);
     CHECK((sha = qf_payload_get_string(&a.cert.config, "eval_text_sha256")) != NULL);
+    const char *arith = qf_payload_get_string(&a.cert.config, "arith");
+    CHECK(arith && !strcmp(arith, "canonical")); /* kv-int8 on a llama model: covered */
     /* what qforge ppl --artifact does (the canonical arithmetic, as certification) */
     qf_context_params cp = qf_context_default_params();
     cp.n_ctx = NCTX;
@@ -204,6 +206,36 @@ TEST(failed_gate_writes_nothing) {
     CHECK_EQ_INT(qf_job_run(&j, &rep, &e), QF_ERR_ARG);
     qf_job_report_free(&rep);
     CHECK(!exists(out));
+}
+
+/* a kv-dict certificate says its numbers are this device's (arith "device"): the reference pass
+ * is canonical, the dictionary's OMP codes are not (pipeline.c) */
+TEST(dict_certificate_arith_is_device) {
+    const char *mp = MODEL(), *cp = CORPUS();
+    if (!mp || !cp) SKIP("demo model or kerneldoc corpus not in ../shared/data");
+    const char *paths[1] = {cp};
+    char out[4096];
+    snprintf(out, sizeof out, "%s/dict_arith.qfa", test_tmpdir());
+    qf_job j;
+    small_job(&j, mp, paths, QF_ARTIFACT_KV_DICT);
+    j.dict_atoms = 64, j.dict_sparsity = 8, j.dict_iters = 1;
+    j.gate.max_delta_ppl = 1e6, j.gate.has_max_kld = true, j.gate.max_kld = 1e6;
+    j.gate.has_max_kld_p99 = true, j.gate.max_kld_p99 = 1e6, j.gate.vs_baseline = false;
+    j.eval_chunks = 2;
+    j.max_calib_tokens = 512;
+    j.out_path = out;
+    qf_job_report rep;
+    qf_error e = {0};
+    CHECK_MSG(qf_job_run(&j, &rep, &e) == QF_OK, "%s", e.msg);
+    qf_job_report_free(&rep);
+    qf_artifact a;
+    if (qf_artifact_load(out, NULL, NULL, &a, &e) != QF_OK) {
+        CHECK_MSG(0, "%s", e.msg);
+        return;
+    }
+    const char *arith = qf_payload_get_string(&a.cert.config, "arith");
+    CHECK(arith && !strcmp(arith, "device"));
+    qf_artifact_free(&a);
 }
 
 TEST(certify_restores_the_context) {
@@ -471,5 +503,6 @@ int main(void) {
     RUN(artifact_refused_on_another_model);
     RUN(certify_restores_the_context);
     RUN(failed_gate_writes_nothing);
+    RUN(dict_certificate_arith_is_device);
     return test_summary();
 }

@@ -153,12 +153,14 @@ static qf_status stage_model(const qf_job *j, shared *s, qf_error *err) {
     cp.n_batch = s->n_ctx; /* as qforge ppl without -b */
     cp.n_threads = j->n_threads;
     cp.kv_k = cp.kv_v = j->ref_kv;
-    /* Artifacts are certified on the CPU path, except kv-int8, kv-rq and awq under an explicit
-     * --device cuda: the GPU runs their every row layout (reference, candidates, kv-rq's
+    /* Artifacts are certified on the CPU path, except kv-int8, kv-rq, awq and kv-dict v1 under an
+     * explicit --device cuda: the GPU runs their every row layout (reference, candidates, kv-rq's
      * sensitivity runs, the free baseline; awq's model and its RTN baseline) and the capture
-     * taps they need */
+     * taps they need. kv-dict v2 stays on the CPU (its codes are not the GPU cache's); a v1
+     * dictionary's rows are OMP-encoded by the host cache's encoder either way (docs/gpu.md) */
     s->cert_gpu = j->capture_device == QF_DEVICE_CUDA &&
-                  (j->kind == QF_ARTIFACT_KV_INT8 || j->kind == QF_ARTIFACT_KV_RQ || j->kind == QF_ARTIFACT_AWQ);
+                  (j->kind == QF_ARTIFACT_KV_INT8 || j->kind == QF_ARTIFACT_KV_RQ || j->kind == QF_ARTIFACT_AWQ ||
+                   (j->kind == QF_ARTIFACT_KV_DICT && j->dict_version == 1));
     cp.device = s->cert_gpu ? QF_DEVICE_CUDA : QF_DEVICE_CPU;
     /* every GEMM in f32 on the GPU: the f16 route's input rounding differs between the
      * reference (fused f16 q|k|v) and quantized-KV passes (f32 K/V), which shows up in the KLDs
@@ -635,8 +637,11 @@ static qf_status fill_cert(const qf_job *j, shared *s, qf_job_report *rep, qf_er
     if (!st) st = qf_payload_add_string(cf, "ref_kv", qf_kv_mode_name(j->ref_kv), err);
     if (!st) st = qf_payload_add_int(cf, "n_threads", qf_context_params_get(s->ctx)->n_threads, err);
     /* "canonical": the numbers are the same bits on every device (docs/gpu.md "Canonical
-     * arithmetic"); "device": this model or cache is outside it, the numbers are this device's */
-    if (!st) st = qf_payload_add_string(cf, "arith", qf_context_canonical(s->ctx) ? "canonical" : "device", err);
+     * arithmetic"); "device": this model or the candidate's cache is outside it, the numbers are
+     * this device's. s->ctx holds the reference cache here; a kv-dict candidate (OMP codes) is
+     * never canonical, even where its reference is */
+    const bool canon = qf_context_canonical(s->ctx) && j->kind != QF_ARTIFACT_KV_DICT;
+    if (!st) st = qf_payload_add_string(cf, "arith", canon ? "canonical" : "device", err);
     if (!st && j->kind == QF_ARTIFACT_KV_INT8) /* the precision the gate judged the numbers at */
         st = qf_payload_add_int(cf, "numbers_sig_digits", QF_CERT_SIG_DIGITS_INT8, err);
     if (!st && s->cert_gpu) { /* where certification ran, and the CPU re-check of its first chunk */
