@@ -19,6 +19,7 @@
 #include "test.h"
 #include "util/util.h"
 #include "engine/gpu.h"
+#include "engine/kv_codes.h"
 #include "format/quant_blocks.h"
 #include "kernels/cuda/cuda_forge.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -520,6 +521,90 @@ TEST(op_kv_int8_dict) {
             free(atoms), free(codes);
         }
     free(x), free(sc), free(inv), free(ref), free(got), free(qc), free(qg);
+}
+
+/* the dict cache's encoder on the device against the host's (qf_kv_omp_one + qf_kv_code_pack):
+ * random rows, sparse combinations of atoms (exact fits: the residual and pivot stops), a row
+ * equal to an atom, a zero row and a NaN row; head_dim 64 and 128, 1- and 2-byte indices, f16
+ * and q8 coefficients, sparsity 8 and 16. The stored bytes must be the same */
+TEST(op_kv_dict_encode) {
+    NEED_GPU();
+    const int rows = 96;
+    qf_error err = {0};
+    for (int hi = 0; hi < 2; hi++)
+        for (int ai = 0; ai < 2; ai++)
+            for (int cf = 0; cf < 2; cf++)
+                for (int si = 0; si < 2; si++) {
+                    const int hd = hi ? 128 : 64, na = ai ? 300 : 256, sp = si ? 16 : 8;
+                    float *atoms = malloc((size_t)na * hd * 4), *x = malloc((size_t)rows * hd * 4);
+                    for (int i = 0; i < na * hd; i++) atoms[i] = frand();
+                    qf_kv_dict d = {0};
+                    CHECK(qf_kv_dict_init(&d, atoms, na, hd, &err) == QF_OK);
+                    for (int r = 0; r < rows; r++) {
+                        float *xr = x + (size_t)r * hd;
+                        if (r % 3 == 1) { /* a combination of r % 7 + 1 atoms */
+                            memset(xr, 0, (size_t)hd * 4);
+                            for (int j = 0; j < r % 7 + 1; j++) {
+                                const int a = (int)((frand() * 0.5f + 0.5f) * (na - 1));
+                                const float c = frand() * 2;
+                                for (int t = 0; t < hd; t++) xr[t] += c * d.atoms[(size_t)a * hd + t];
+                            }
+                        } else
+                            for (int t = 0; t < hd; t++) xr[t] = frand() * 3;
+                    }
+                    memset(x + 4 * (size_t)hd, 0, (size_t)hd * 4);               /* a zero row */
+                    x[5 * (size_t)hd + 7] = NAN;                                   /* a NaN row */
+                    memcpy(x + 6 * (size_t)hd, d.atoms + 11 * (size_t)hd, (size_t)hd * 4); /* an atom */
+                    const size_t rb = qf_kv_code_bytes(na, sp, (qf_kv_coef)cf);
+                    uint8_t *ch = malloc(rb * rows), *cg = malloc(rb * rows);
+                    float *scratch = malloc(qf_kv_omp_scratch_floats(na, sp) * 4), coef[16];
+                    uint16_t idx[16];
+                    for (int r = 0; r < rows; r++) {
+                        qf_kv_omp_one(&d, x + (size_t)r * hd, sp, scratch, idx, coef);
+                        qf_kv_code_pack(idx, coef, sp, na, (qf_kv_coef)cf, ch + (size_t)r * rb);
+                    }
+                    CHECK_MSG(qf_cuda_op_kv_dict_encode(x, rows, hd, d.atoms, d.gram, na, sp, cf, rb, cg, &err) == QF_OK,
+                              "%s", err.msg);
+                    size_t diff = 0, rdiff = 0;
+                    for (int r = 0; r < rows; r++) {
+                        const size_t dr = (size_t)(memcmp(ch + (size_t)r * rb, cg + (size_t)r * rb, rb) != 0);
+                        rdiff += dr;
+                        for (size_t b = 0; dr && b < rb; b++) diff += ch[(size_t)r * rb + b] != cg[(size_t)r * rb + b];
+                    }
+                    printf("  kv dict encode hd %3d, %d atoms, %s, sparsity %2d: %zu of %d rows (%zu bytes) differ from the "
+                           "host encoder's\n", hd, na, qf_kv_coef_name((qf_kv_coef)cf), sp, rdiff, rows, diff);
+                    CHECK(rdiff == 0);
+                    qf_kv_dict_free(&d);
+                    free(atoms), free(x), free(ch), free(cg), free(scratch);
+                }
+    { /* one 8B-shaped batch (512 tokens x 8 kv heads, head_dim 128, 256 atoms, sparsity 16, q8): rows/s */
+        const int n = 4096, hd = 128, na = 256, sp = 16;
+        float *atoms = malloc((size_t)na * hd * 4), *x = malloc((size_t)n * hd * 4), coef[16];
+        for (int i = 0; i < na * hd; i++) atoms[i] = frand();
+        for (int i = 0; i < n * hd; i++) x[i] = frand();
+        qf_kv_dict d = {0};
+        CHECK(qf_kv_dict_init(&d, atoms, na, hd, &err) == QF_OK);
+        const size_t rb = qf_kv_code_bytes(na, sp, QF_KV_COEF_Q8);
+        uint8_t *ch = malloc(rb * n), *cg = malloc(rb * n);
+        float *scratch = malloc(qf_kv_omp_scratch_floats(na, sp) * 4);
+        uint16_t idx[16];
+        double t0 = qf_now_sec();
+        for (int r = 0; r < n; r++) {
+            qf_kv_omp_one(&d, x + (size_t)r * hd, sp, scratch, idx, coef);
+            qf_kv_code_pack(idx, coef, sp, na, QF_KV_COEF_Q8, ch + (size_t)r * rb);
+        }
+        const double th = qf_now_sec() - t0;
+        CHECK(qf_cuda_op_kv_dict_encode(x, n, hd, d.atoms, d.gram, na, sp, 1, rb, cg, &err) == QF_OK); /* warm-up */
+        t0 = qf_now_sec();
+        CHECK(qf_cuda_op_kv_dict_encode(x, n, hd, d.atoms, d.gram, na, sp, 1, rb, cg, &err) == QF_OK);
+        const double tg = qf_now_sec() - t0;
+        printf("  kv dict encode, %d rows of 128 (256 atoms, sparsity 16, q8): host encoder (one thread) %.0f rows/s, "
+               "device %.0f rows/s (with the op's copies); %s\n", n, n / th, n / tg,
+               memcmp(ch, cg, rb * n) ? "bytes DIFFER" : "the same bytes");
+        CHECK(memcmp(ch, cg, rb * n) == 0);
+        qf_kv_dict_free(&d);
+        free(atoms), free(x), free(ch), free(cg), free(scratch);
+    }
 }
 
 TEST(op_attention) {
@@ -2027,6 +2112,7 @@ int main(void) {
     RUN(op_kv_cache);
     RUN(op_kv_rot);
     RUN(op_kv_int8_dict);
+    RUN(op_kv_dict_encode);
     RUN(op_attention);
     RUN(e2e_logits_and_taps);
     RUN(e2e_families);

@@ -52,11 +52,16 @@ static qf_status kv_view(qf_context *c, const qf_kv_cache *kv, qf_gpu_kv *v, con
             return qf_fail(err, QF_ERR_DEVICE, "the CUDA backend runs kv-dict v1 caches only (this one is v2: packed "
                                                "indices or error-bounded codes); use --device cpu");
         }
-        if (!at && !(at = calloc((size_t)2 * kv->n_layer, sizeof *at)))
+        /* [4][n_layer]: the atoms of K, of V, then their Gram matrices */
+        if (!at && !(at = calloc((size_t)4 * kv->n_layer, sizeof *at)))
             return qf_fail(err, QF_ERR_NOMEM, "out of memory");
-        for (int l = 0; l < kv->n_layer; l++) at[(size_t)s * kv->n_layer + l] = d->layer[l].atoms;
+        for (int l = 0; l < kv->n_layer; l++) {
+            at[(size_t)s * kv->n_layer + l] = d->layer[l].atoms;
+            at[(size_t)(2 + s) * kv->n_layer + l] = d->layer[l].gram;
+        }
         v->n_atoms[s] = d->n_atoms, v->sparsity[s] = d->sparsity, v->coef_q8[s] = d->coef == QF_KV_COEF_Q8;
         v->atoms[s] = at + (size_t)s * kv->n_layer;
+        v->gram[s] = at + (size_t)(2 + s) * kv->n_layer;
     }
     *atoms_out = at;
     return QF_OK;

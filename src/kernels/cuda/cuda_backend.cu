@@ -67,6 +67,7 @@ struct qf_cuda_ctx {
     int kv_layout[2];               /* int8: row layout (engine.h qf_kv_int8_layout) */
     float *tok_step;                /* int8 token layouts: the 256 steps (kv_tok_steps), device */
     float *kv_atoms[2];             /* dict: [n_layer][n_atoms][head_dim], unit norm */
+    float *kv_gram[2];              /* dict: [n_layer][n_atoms][n_atoms] (the host's), or NULL: the host encodes */
     int kv_na[2], kv_s[2], kv_q8[2];
     float *kv_f32[2];               /* int8 / dict: the layer's cache expanded to f32, [n_ctx][n_head_kv][head_dim] */
     uint8_t *h_codes;               /* dict: host staging of the codes of one batch */
@@ -570,6 +571,7 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
     size_t rb[2] = {0, 0}, lb[2] = {0, 0}, codes = 0;
     uint8_t *d[2] = {NULL, NULL}, *hc = NULL;
     float *sc[2] = {NULL, NULL}, *inv[2] = {NULL, NULL}, *at[2] = {NULL, NULL}, *f32[2] = {NULL, NULL};
+    float *gr[2] = {NULL, NULL};
     int na[2] = {0, 0}, sp[2] = {0, 0}, q8[2] = {0, 0};
     struct rq_state *rq = NULL;
     if (kv->n_layer != L || kv->n_head_kv != nkv || kv->head_dim != hd || kv->n_ctx != g->n_ctx)
@@ -624,10 +626,15 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
             CK(cudaMemcpy(inv[s], kv->int8_inv_scale[s], (size_t)L * dkv * 4, cudaMemcpyHostToDevice));
         }
         if (mode[s] == QF_KV_DICT) {
-            const size_t per = (size_t)na[s] * hd;
+            const size_t per = (size_t)na[s] * hd, pg = (size_t)na[s] * na[s];
             CK(cudaMalloc((void **)&at[s], per * L * 4));
             for (int l = 0; l < L; l++)
                 CK(cudaMemcpy(at[s] + per * l, kv->atoms[s][l], per * 4, cudaMemcpyHostToDevice));
+            if (kv->gram[s]) { /* the device encoder's: the host's Gram matrices as they are */
+                CK(cudaMalloc((void **)&gr[s], pg * L * 4));
+                for (int l = 0; l < L; l++)
+                    CK(cudaMemcpy(gr[s] + pg * l, kv->gram[s][l], pg * 4, cudaMemcpyHostToDevice));
+            }
         }
         if (mode[s] == QF_KV_INT8 || mode[s] == QF_KV_DICT || mode[s] == QF_KV_RQ)
             CK(cudaMalloc((void **)&f32[s], (size_t)g->n_ctx * dkv * 4));
@@ -639,8 +646,8 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
 done:
     if (st) {
         for (int s = 0; s < 2; s++) {
-            void *ps[] = {d[s], sc[s], inv[s], at[s], f32[s]};
-            for (int i = 0; i < 5; i++)
+            void *ps[] = {d[s], sc[s], inv[s], at[s], f32[s], gr[s]};
+            for (int i = 0; i < 6; i++)
                 if (ps[i]) cudaFree(ps[i]);
         }
         free(hc);
@@ -649,11 +656,12 @@ done:
     }
     g->kv_bytes = 0;
     for (int s = 0; s < 2; s++) {
-        void *ps[] = {g->kv[s], g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s]};
-        for (int i = 0; i < 5; i++)
+        void *ps[] = {g->kv[s], g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s], g->kv_gram[s]};
+        for (int i = 0; i < 6; i++)
             if (ps[i]) cudaFree(ps[i]);
         g->kv_mode[s] = mode[s], g->kv_rb[s] = rb[s], g->kv_layer_bytes[s] = lb[s], g->kv[s] = d[s];
         g->kv_scale[s] = sc[s], g->kv_inv[s] = inv[s], g->kv_atoms[s] = at[s], g->kv_f32[s] = f32[s];
+        g->kv_gram[s] = gr[s];
         g->kv_na[s] = na[s], g->kv_s[s] = sp[s], g->kv_q8[s] = q8[s];
         g->kv_layout[s] = mode[s] == QF_KV_INT8 ? kv->int8_layout[s] : 0;
         g->kv_bytes += mode[s] == QF_KV_RQ ? rq->loff[s][L] : lb[s] * L;
@@ -955,9 +963,10 @@ static bool gemm_h_ok(const qf_cuda_ctx *g, const dweight *w) {
 /* Store n tokens of stream s (src [n][n_head_kv][head_dim] f32 on the device) at pos0 in
  * layer il's cache, and say how attention reads the layer: the cache itself (f32, f16, q8_0,
  * q4_0), or, for int8 and dict, positions [0, pos0 + n) expanded to f32 in g->kv_f32[s].
- * dict rows are OMP-encoded on the host by the host cache's own encoder (g->encode), so the
- * codes are the CPU's for the same vectors; the codes are then uploaded and decoded on the
- * device. With --kv-rot the rows are rotated first (src is scratch: rotated in place). */
+ * dict rows are OMP-encoded on the device (launch_kv_dict_encode: the host encoder's bytes for
+ * the same vectors), or where its scratch does not fit by the host cache's own encoder
+ * (g->encode, codes uploaded); then decoded on the device. With --kv-rot the rows are rotated
+ * first (src is scratch: rotated in place). */
 static qf_status kv_store(qf_cuda_ctx *g, int s, int il, float *src, int n, int pos0, const int *dpos, cudaStream_t S,
                           const uint8_t **view, qf_kv_mode *vmode, size_t *vrb, qf_error *err) {
     qf_status st = QF_OK;
@@ -973,10 +982,15 @@ static qf_status kv_store(qf_cuda_ctx *g, int s, int il, float *src, int n, int 
         launch_kv_int8_expand(g->kv_layout[s], (const int8_t *)C, pos0 + n, nkv, hd, g->kv_scale[s] + (size_t)il * dkv,
                               g->tok_step, g->kv_f32[s], 0);
     } else if (mode == QF_KV_DICT) {
-        float *h = s ? g->h_v : g->h_k;
-        CK(cudaMemcpy(h, src, (size_t)rows * hd * 4, cudaMemcpyDeviceToHost));
-        g->encode(g->encode_user, s, il, h, rows, g->h_codes);
-        CK(cudaMemcpy(C + (size_t)pos0 * nkv * rb, g->h_codes, (size_t)rows * rb, cudaMemcpyHostToDevice));
+        const int na = g->kv_na[s];
+        if (!g->kv_gram[s] || !launch_kv_dict_encode(src, rows, hd, g->kv_atoms[s] + (size_t)il * na * hd,
+                                                     g->kv_gram[s] + (size_t)il * na * na, na, g->kv_s[s],
+                                                     g->kv_q8[s], rb, C + (size_t)pos0 * nkv * rb, 0)) {
+            float *h = s ? g->h_v : g->h_k;
+            CK(cudaMemcpy(h, src, (size_t)rows * hd * 4, cudaMemcpyDeviceToHost));
+            g->encode(g->encode_user, s, il, h, rows, g->h_codes);
+            CK(cudaMemcpy(C + (size_t)pos0 * nkv * rb, g->h_codes, (size_t)rows * rb, cudaMemcpyHostToDevice));
+        }
         launch_kv_expand_dict(C, all, hd, rb, g->kv_atoms[s] + (size_t)il * g->kv_na[s] * hd, g->kv_na[s], g->kv_s[s],
                               g->kv_q8[s], g->kv_f32[s], 0);
     } else {
@@ -1910,7 +1924,7 @@ static const qf_cuda_api the_api = {
     set_kv,           ctx_info,        op_dequant,   op_matmul,   op_rmsnorm,
     op_rope,          op_silu_mul,     op_attention, op_kv_roundtrip, op_kv_int8_roundtrip,
     op_kv_dict_decode, bench_gemm,      op_matvec_gu, op_kv_rq_decode, op_kv_rq_encode,
-    awq_group_new,    awq_group_mse,   awq_group_free, awq_quantize,
+    awq_group_new,    awq_group_mse,   awq_group_free, awq_quantize, op_kv_dict_encode,
 };
 
 extern "C" __attribute__((visibility("default"))) const qf_cuda_api *qf_cuda_plugin_api(int abi) {

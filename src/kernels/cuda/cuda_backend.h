@@ -27,8 +27,9 @@ extern "C" {
  * (the backend runs every family of docs/families.md). 5: qf_cuda_params gains no_pdl and
  * no_q4_regroup. 6: qf_gpu_kv carries kv-rq caches (qf_gpu_kv_rq), pre-RoPE K and the exact
  * sinks / recent window. 7: the AWQ learner's entries (awq_group_*, awq_quantize). 8: qf_gpu_params
- * gains canonical. */
-#define QF_CUDA_ABI 8
+ * gains canonical. 9: qf_gpu_kv carries the dictionaries' Gram matrices (dict rows encoded on the
+ * device), the table gains op_kv_dict_encode. */
+#define QF_CUDA_ABI 9
 
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 typedef struct qf_cuda_awq qf_cuda_awq; /* one AWQ group's search state on the device */
@@ -80,8 +81,10 @@ typedef struct {
     int int8_layout[2];                             /* INT8: qf_kv_int8_layout (engine.h) */
     int n_atoms[2], sparsity[2], coef_q8[2];        /* DICT */
     const float *const *atoms[2];                   /* DICT: atoms[s][layer] = [n_atoms][head_dim] */
+    const float *const *gram[2];                    /* DICT: gram[s][layer] = [n_atoms][n_atoms], the host's */
     /* DICT: encode n rows [n][head_dim] of stream s for layer il into packed codes (row_bytes[s]
-     * each), exactly as the host cache would; user is encode_user */
+     * each), exactly as the host cache would; user is encode_user. The backend encodes on the
+     * device (the same bytes) where the encoder's scratch fits, else calls this */
     void (*encode)(void *user, int s, int il, const float *rows, int64_t n, uint8_t *codes);
     void *encode_user;
     /* RQ: the codecs (the backend encodes and decodes the rows as the host cache does) */
@@ -163,6 +166,10 @@ typedef struct qf_cuda_api {
     void (*awq_group_free)(qf_cuda_awq *a);
     qf_status (*awq_quantize)(const float *W, int64_t R, int64_t D, const float *s, int quant, const float *imp,
                               const float *cov, void *q4, float *ratio, float *deq, qf_error *err);
+    /* kv-dict: rows x [rows][hd] encoded on the device against unit-norm atoms [n_atoms][hd] and
+     * their Gram matrix (v1 codes of rb bytes); QF_ERR_DEVICE where the encoder does not fit */
+    qf_status (*op_kv_dict_encode)(const float *x, int64_t rows, int hd, const float *atoms, const float *gram,
+                                   int n_atoms, int sparsity, int coef_q8, size_t rb, uint8_t *codes, qf_error *err);
 } qf_cuda_api;
 
 /* Exported by libqforge-cuda.so: the table when abi == QF_CUDA_ABI, else NULL. */

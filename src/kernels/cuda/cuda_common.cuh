@@ -501,6 +501,12 @@ void launch_kv_int8_write(int layout, float *src, int64_t n_tok, int nkv, int hd
 void launch_kv_int8_expand(int layout, const int8_t *src, int64_t n_tok, int nkv, int hd, const float *scale,
                            const float *step, float *out, cudaStream_t s);
 void launch_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *scale, float *out, cudaStream_t s);
+/* kv-dict rows on the device: n rows x[n][hd] OMP-encoded against unit-norm atoms [A][hd] with
+ * their Gram matrix [A][A] (the host's, uploaded) at sparsity s, packed into codes (rb bytes a
+ * row, v1 layout: byte or 2-byte indices, f16 or q8 coefficients): the host encoder's bytes
+ * (qf_kv_omp_one + qf_kv_code_pack). false (nothing launched) where its scratch does not fit */
+bool launch_kv_dict_encode(const float *x, int64_t n, int hd, const float *atoms, const float *gram, int A, int s, int q8,
+                           size_t rb, uint8_t *codes, cudaStream_t st);
 void launch_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, size_t rb, const float *atoms, int na,
                            int sparsity, int q8, float *out, cudaStream_t s);
 /* kv-rq: one (layer, stream) as the decoder reads it (cuda_backend.cu set_kv uploads the host
@@ -630,6 +636,8 @@ qf_status op_kv_roundtrip(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_
                           float *out, qf_error *err);
 qf_status op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, int hd, int layout, const float *scale,
                                const float *inv, int8_t *bytes, float *out, qf_error *err);
+qf_status op_kv_dict_encode(const float *x, int64_t rows, int hd, const float *atoms, const float *gram, int n_atoms,
+                            int sparsity, int coef_q8, size_t rb, uint8_t *codes, qf_error *err);
 qf_status op_kv_dict_decode(const uint8_t *codes, int64_t rows, int hd, size_t rb, const float *atoms, int n_atoms,
                             int sparsity, int coef_q8, float *out, qf_error *err);
 

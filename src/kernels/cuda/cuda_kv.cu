@@ -1,6 +1,8 @@
 /* cuda_kv.cu: KV cache rows: f32, f16, q8_0 and q4_0 written with ggml's reference quantizers
- * (bit-exact with quant.c), kv-int8 with static scales, kv-dict codes decoded. */
+ * (bit-exact with quant.c), kv-int8 with static scales, kv-dict codes encoded (the host OMP
+ * encoder's bytes) and decoded. */
 #include "kernels/cuda/cuda_common.cuh"
+#include "qforge/kv.h" /* the OMP encoder's limits and stopping rules */
 
 /* ---- KV cache rows: f32, f16, q8_0, q4_0 (ggml's reference quantizers) ---- */
 
@@ -70,6 +72,166 @@ __global__ void k_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, s
         o = KV_ADD(o, KV_MUL(c, atoms[(size_t)a * hd + t]));
     }
     out[i] = o;
+}
+
+/* ---- the kv-dict encoder on the device: kv_codes.c's qf_kv_omp_ex (tol 0, alpha0 computed)
+ * and qf_kv_code_pack (v1 layout), operation for operation ----
+ * One warp per row. alpha0 = D x: lane a, a + 32, ... each run dot8 (8 partial f32 sums over
+ * the row, combined ((0+1)+(2+3))+((4+5)+(6+7))); |alpha| is compared on its bit pattern, the
+ * first index of the maximum wins; the Cholesky row, the forward / back substitutions and the
+ * residual norm run in f64 on lane 0 in the host's order (dot_d's sums lane-parallel, one per
+ * lane, each sequential: a product of two floats is exact in f64); alpha = alpha0 - G[:, I]
+ * gamma in f32, the selected atoms in order. Every product and sum is rounded on its own (the
+ * KV_* intrinsics: no FMA contraction), so the codes are the host encoder's bytes. Scratch per
+ * warp in dynamic shared memory (dict_enc_smem): alpha0, alpha [A] f32, the row [hd], L [s][s],
+ * cI, y, gamma [s] f64, the dot products [s + 2] f64, the selection [s]. */
+__host__ __device__ static inline size_t dict_enc_smem(int A, int hd, int s) {
+    const size_t b = (size_t)8 * ((size_t)s * s + 3 * (size_t)s + (size_t)s + 2) + 4 * (2 * (size_t)A + (size_t)hd + (size_t)s);
+    return (b + 15) / 16 * 16;
+}
+__device__ static inline double dot_d_dev(const float *a, const float *b, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s = KV_DADD(s, KV_DMUL((double)a[i], (double)b[i]));
+    return s;
+}
+__global__ void k_kv_dict_encode(const float *x, int64_t n, int hd, const float *atoms, const float *gram, int A, int s,
+                                 int q8, size_t rb, uint8_t *codes, int wpb) {
+    extern __shared__ double dsm[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t r = (int64_t)blockIdx.x * wpb + warp;
+    if (r >= n) return;
+    double *L = dsm + (size_t)warp * (dict_enc_smem(A, hd, s) / 8);
+    double *cI = L + (size_t)s * s, *y = cI + s, *gam = y + s, *dt = gam + s;
+    float *a0 = (float *)(dt + s + 2), *al = a0 + A, *xs = al + A;
+    int *sel = (int *)(xs + hd);
+    const float *xr = x + r * hd;
+    for (int t = lane; t < hd; t += 32) xs[t] = xr[t];
+    __syncwarp();
+    const double xx = dot_d_dev(xs, xs, hd); /* every lane: the same sum */
+    int k = 0;
+    if (xx > 0 && isfinite(xx)) {
+        for (int a = lane; a < A; a += 32) { /* dot8 */
+            const float *at = atoms + (size_t)a * hd;
+            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int t = 0;
+            for (; t + 8 <= hd; t += 8)
+#pragma unroll
+                for (int u = 0; u < 8; u++) acc[u] = KV_ADD(acc[u], KV_MUL(at[t + u], xs[t + u]));
+            float d = KV_ADD(KV_ADD(KV_ADD(acc[0], acc[1]), KV_ADD(acc[2], acc[3])),
+                             KV_ADD(KV_ADD(acc[4], acc[5]), KV_ADD(acc[6], acc[7])));
+            for (; t < hd; t++) d = KV_ADD(d, KV_MUL(at[t], xs[t]));
+            a0[a] = d, al[a] = d;
+        }
+        __syncwarp();
+        const double stop = QF_KV_OMP_STOP_CORR * sqrt(xx);
+        double rr = xx;
+        while (k < s) {
+            /* argmax |alpha| on the bit patterns, the first index of the maximum */
+            uint32_t mx = 0;
+            int bi = A;
+            for (int a = lane; a < A; a += 32) {
+                const uint32_t v = __float_as_uint(al[a]) & 0x7fffffffu;
+                if (bi == A || v > mx) mx = v, bi = a;
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                const uint32_t m2 = __shfl_xor_sync(0xffffffffu, mx, o);
+                const int b2 = __shfl_xor_sync(0xffffffffu, bi, o);
+                if (m2 > mx || (m2 == mx && b2 < bi)) mx = m2, bi = b2;
+            }
+            if (mx > 0x7f800000u) break; /* NaN */
+            const int best = bi;
+            if (best >= A || !((double)fabsf(al[best]) > stop)) break; /* the residual is zero */
+            bool dup = false;
+            for (int j = 0; j < k; j++) dup |= sel[j] == best;
+            if (dup) break;
+            /* the dot products the Cholesky row needs: D_I^T d_best (j < k), |d_best|^2 (k), d_best . x (k + 1) */
+            const float *db = atoms + (size_t)best * hd;
+            for (int j = lane; j < k + 2; j += 32)
+                dt[j] = j < k ? dot_d_dev(atoms + (size_t)sel[j] * hd, db, hd) : j == k ? dot_d_dev(db, db, hd)
+                                                                                       : dot_d_dev(db, xs, hd);
+            __syncwarp();
+            int ok = 0;
+            if (lane == 0) {
+                double *Lk = L + (size_t)k * s;
+                double piv = dt[k];
+                for (int j = 0; j < k; j++) {
+                    double g = dt[j];
+                    for (int m = 0; m < j; m++) g = KV_DSUB(g, KV_DMUL(L[(size_t)j * s + m], Lk[m]));
+                    Lk[j] = g / L[(size_t)j * s + j];
+                    piv = KV_DSUB(piv, KV_DMUL(Lk[j], Lk[j]));
+                }
+                if (piv > QF_KV_OMP_STOP_PIVOT) {
+                    ok = 1;
+                    Lk[k] = sqrt(piv);
+                    sel[k] = best;
+                    cI[k] = dt[k + 1];
+                    double v = cI[k];
+                    for (int j = 0; j < k; j++) v = KV_DSUB(v, KV_DMUL(Lk[j], y[j]));
+                    y[k] = v / Lk[k];
+                    rr = KV_DSUB(rr, KV_DMUL(y[k], y[k]));
+                    const int kk = k + 1;
+                    for (int i = kk - 1; i >= 0; i--) {
+                        double g = y[i];
+                        for (int j = i + 1; j < kk; j++) g = KV_DSUB(g, KV_DMUL(L[(size_t)j * s + i], gam[j]));
+                        gam[i] = g / L[(size_t)i * s + i];
+                    }
+                }
+            }
+            ok = __shfl_sync(0xffffffffu, ok, 0);
+            rr = __shfl_sync(0xffffffffu, rr, 0);
+            __syncwarp();
+            if (!ok) break; /* the atom is in the span already */
+            k++;
+            if (rr <= -1.0 || k == s) break; /* tol 0: the host's bound on ||r||^2 is -1 */
+            /* alpha = alpha0 - G[:, I] gamma, then the selected atoms zeroed */
+            for (int a = lane; a < A; a += 32) {
+                float v = a0[a];
+                for (int j = 0; j < k; j++) v = KV_SUB(v, KV_MUL(gram[(size_t)sel[j] * A + a], (float)gam[j]));
+                al[a] = v;
+            }
+            __syncwarp();
+            if (lane < k) al[sel[lane]] = 0;
+            for (int j = lane + 32; j < k; j += 32) al[sel[j]] = 0;
+            __syncwarp();
+        }
+    }
+    /* qf_kv_code_pack, v1: byte (A <= 256) or 2-byte indices, then f16 or q8 (f16 scale) coefficients */
+    if (lane) return;
+    uint8_t *o = codes + r * rb;
+    float cf[QF_KV_MAX_SPARSITY];
+    for (int j = 0; j < s; j++) {
+        const int id = j < k ? sel[j] : 0;
+        cf[j] = j < k && isfinite(gam[j]) ? (float)gam[j] : 0.0f;
+        if (A <= 256) *o++ = (uint8_t)id;
+        else *o++ = (uint8_t)(id & 0xff), *o++ = (uint8_t)(id >> 8);
+    }
+    if (!q8) {
+        for (int j = 0; j < s; j++) {
+            const uint16_t h = f32_to_f16_bits(cf[j]);
+            *o++ = (uint8_t)(h & 0xff), *o++ = (uint8_t)(h >> 8);
+        }
+        return;
+    }
+    float m = 0;
+    for (int j = 0; j < s; j++) m = fmaxf(m, fabsf(cf[j]));
+    const uint16_t h = f32_to_f16_bits(KV_DIV(m, 127.0f));
+    const float sc = h2f_bits(h), inv = sc > 0 ? KV_DIV(1.0f, sc) : 0.0f;
+    *o++ = (uint8_t)(h & 0xff), *o++ = (uint8_t)(h >> 8);
+    for (int j = 0; j < s; j++) {
+        const float v = fminf(fmaxf(KV_MUL(cf[j], inv), -127.0f), 127.0f);
+        *o++ = (uint8_t)(int8_t)KV_ADD(v, v >= 0 ? 0.5f : -0.5f);
+    }
+}
+
+bool launch_kv_dict_encode(const float *x, int64_t n, int hd, const float *atoms, const float *gram, int A, int s, int q8,
+                           size_t rb, uint8_t *codes, cudaStream_t st) {
+    const size_t per = dict_enc_smem(A, hd, s);
+    int wpb = 4;
+    while (wpb > 1 && per * wpb > 48 * 1024) wpb /= 2;
+    if (per * wpb > 48 * 1024 || s > QF_KV_MAX_SPARSITY || s < 1 || s > A || n <= 0) return false;
+    k_kv_dict_encode<<<(unsigned)((n + wpb - 1) / wpb), 32 * wpb, per * wpb, st>>>(x, n, hd, atoms, gram, A, s, q8, rb,
+                                                                                   codes, wpb);
+    return true;
 }
 
 /* K and V rows of one batch in one launch: blockIdx.y picks the stream, kv_write_thread writes it */
