@@ -1420,6 +1420,17 @@ TEST(e2e_canonical) {
 /* one kv-int8 calibration of qforge-demo-11m-f16 (the docs/gpu.md run: -c 256, 4096 calibration
  * tokens, 4 evaluation chunks) with capture and certification on `dev`; its certificate and
  * payload SHA-256 from the written artifact */
+/* the certificate tests' inputs: the demo model and the kerneldoc corpus (paths of 4096 bytes);
+ * NULL, or why they are missing */
+static const char *cert_inputs(char *model, char *corpus) {
+    const char *p = model_path("models/qforge-demo-11m-f16.gguf");
+    if (!p) return "demo model not found";
+    snprintf(model, 4096, "%s", p);
+    if (!(p = test_data("corpora/kerneldoc-demo/docs.txt"))) return "corpora/kerneldoc-demo/docs.txt not found";
+    snprintf(corpus, 4096, "%s", p);
+    return NULL;
+}
+
 static bool cert_run_kind(const char *model, const char *corpus, qf_device dev, const char *out, qf_certificate *cert,
                           qf_artifact_kind kind) {
     qf_job j;
@@ -1512,11 +1523,8 @@ static void cert_str(const char *key, const char *c, const char *g) {
 TEST(e2e_certificate) {
     NEED_GPU();
     char model[4096], corpus[4096], pc[4096], pg[4096];
-    const char *p = model_path("models/qforge-demo-11m-f16.gguf");
-    if (!p) SKIP("demo model not found");
-    snprintf(model, sizeof model, "%s", p);
-    if (!(p = test_data("corpora/kerneldoc-demo/docs.txt"))) SKIP("corpora/kerneldoc-demo/docs.txt not found");
-    snprintf(corpus, sizeof corpus, "%s", p);
+    const char *why = cert_inputs(model, corpus);
+    if (why) SKIP(why);
     snprintf(pc, sizeof pc, "%s/cert_cpu.qfa", test_tmpdir());
     snprintf(pg, sizeof pg, "%s/cert_gpu.qfa", test_tmpdir());
     qf_certificate c, g;
@@ -1588,18 +1596,15 @@ TEST(e2e_certificate) {
 }
 
 /* kv-dict v1 certified under --device cuda (issue 16 item 3): the reference, candidate and free
- * baseline passes run on the GPU (the host cache's encoder OMP-encodes the rows the GPU
- * computes), the certificate records arith "device", the GPU and the CPU re-check of its first
+ * baseline passes run on the GPU (its rows OMP-encoded on the device, the host encoder's
+ * bytes), the certificate records arith "device", the GPU and the CPU re-check of its first
  * chunk; its numbers follow the CPU's run of the same job to the dictionary's precision (the
  * capture ran on each device, so the dictionaries themselves may differ) */
 TEST(e2e_certificate_dict) {
     NEED_GPU();
     char model[4096], corpus[4096], pc[4096], pg[4096];
-    const char *p = model_path("models/qforge-demo-11m-f16.gguf");
-    if (!p) SKIP("demo model not found");
-    snprintf(model, sizeof model, "%s", p);
-    if (!(p = test_data("corpora/kerneldoc-demo/docs.txt"))) SKIP("corpora/kerneldoc-demo/docs.txt not found");
-    snprintf(corpus, sizeof corpus, "%s", p);
+    const char *why = cert_inputs(model, corpus);
+    if (why) SKIP(why);
     snprintf(pc, sizeof pc, "%s/dict_cpu.qfa", test_tmpdir());
     snprintf(pg, sizeof pg, "%s/dict_gpu.qfa", test_tmpdir());
     qf_certificate c, g;
