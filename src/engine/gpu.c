@@ -30,6 +30,7 @@ static qf_status kv_view(qf_context *c, const qf_kv_cache *kv, qf_gpu_kv *v, con
     v->n_layer = kv->n_layer, v->n_ctx = kv->n_ctx, v->n_head_kv = kv->n_head_kv, v->head_dim = kv->head_dim;
     v->mode[0] = kv->mode_k, v->mode[1] = kv->mode_v;
     v->encode = dict_encode, v->encode_user = c;
+    v->omp = (qf_gpu_dict_omp){QF_KV_OMP_STOP_CORR, QF_KV_OMP_STOP_PIVOT};
     v->k_prerope = kv->k_prerope, v->n_sink = kv->n_sink, v->n_window = kv->n_window;
     const float **at = NULL;
     for (int s = 0; s < 2; s++) {

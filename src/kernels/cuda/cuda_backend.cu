@@ -68,6 +68,7 @@ struct qf_cuda_ctx {
     float *tok_step;                /* int8 token layouts: the 256 steps (kv_tok_steps), device */
     float *kv_atoms[2];             /* dict: [n_layer][n_atoms][head_dim], unit norm */
     float *kv_gram[2];              /* dict: [n_layer][n_atoms][n_atoms] (the host's), or NULL: the host encodes */
+    qf_gpu_dict_omp kv_omp;                /* dict: the encoder's stopping rules (the engine's) */
     int kv_na[2], kv_s[2], kv_q8[2];
     float *kv_f32[2];               /* int8 / dict: the layer's cache expanded to f32, [n_ctx][n_head_kv][head_dim] */
     uint8_t *h_codes;               /* dict: host staging of the codes of one batch */
@@ -675,6 +676,7 @@ done:
         g->gexec = NULL;
     }
     g->encode = kv->encode, g->encode_user = kv->encode_user;
+    g->kv_omp = kv->omp;
     return QF_OK;
 }
 
@@ -985,7 +987,7 @@ static qf_status kv_store(qf_cuda_ctx *g, int s, int il, float *src, int n, int 
         const int na = g->kv_na[s];
         if (!g->kv_gram[s] || !launch_kv_dict_encode(src, rows, hd, g->kv_atoms[s] + (size_t)il * na * hd,
                                                      g->kv_gram[s] + (size_t)il * na * na, na, g->kv_s[s],
-                                                     g->kv_q8[s], rb, C + (size_t)pos0 * nkv * rb, 0)) {
+                                                     g->kv_q8[s], rb, C + (size_t)pos0 * nkv * rb, g->kv_omp, 0)) {
             float *h = s ? g->h_v : g->h_k;
             CK(cudaMemcpy(h, src, (size_t)rows * hd * 4, cudaMemcpyDeviceToHost));
             g->encode(g->encode_user, s, il, h, rows, g->h_codes);

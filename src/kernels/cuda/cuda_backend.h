@@ -70,6 +70,12 @@ typedef struct {
     const bool *pred_on;
 } qf_gpu_kv_rq;
 
+/* The OMP encoder's stopping rules (kv.h's QF_KV_OMP_STOP_CORR, QF_KV_OMP_STOP_PIVOT), which the
+ * engine owns: the device's dict encoder stops where the host's does. */
+typedef struct {
+    double stop_corr, stop_pivot;
+} qf_gpu_dict_omp;
+
 /* A view of the KV cache the backend mirrors: its shape and storage modes, plus what a bound
  * artifact brings (int8: static scales and the host's reciprocals; dict: unit-norm atoms per
  * layer and the host's encoder, which the backend calls for every dict row it stores). */
@@ -82,6 +88,7 @@ typedef struct {
     int n_atoms[2], sparsity[2], coef_q8[2];        /* DICT */
     const float *const *atoms[2];                   /* DICT: atoms[s][layer] = [n_atoms][head_dim] */
     const float *const *gram[2];                    /* DICT: gram[s][layer] = [n_atoms][n_atoms], the host's */
+    qf_gpu_dict_omp omp;                                   /* DICT: the encoder's stopping rules */
     /* DICT: encode n rows [n][head_dim] of stream s for layer il into packed codes (row_bytes[s]
      * each), exactly as the host cache would; user is encode_user. The backend encodes on the
      * device (the same bytes) where the encoder's scratch fits, else calls this */
@@ -169,7 +176,8 @@ typedef struct qf_cuda_api {
     /* kv-dict: rows x [rows][hd] encoded on the device against unit-norm atoms [n_atoms][hd] and
      * their Gram matrix (v1 codes of rb bytes); QF_ERR_DEVICE where the encoder does not fit */
     qf_status (*op_kv_dict_encode)(const float *x, int64_t rows, int hd, const float *atoms, const float *gram,
-                                   int n_atoms, int sparsity, int coef_q8, size_t rb, uint8_t *codes, qf_error *err);
+                                   int n_atoms, int sparsity, int coef_q8, size_t rb, qf_gpu_dict_omp omp, uint8_t *codes,
+                                   qf_error *err);
 } qf_cuda_api;
 
 /* Exported by libqforge-cuda.so: the table when abi == QF_CUDA_ABI, else NULL. */

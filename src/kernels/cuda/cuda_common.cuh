@@ -506,7 +506,7 @@ void launch_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *s
  * row, v1 layout: byte or 2-byte indices, f16 or q8 coefficients): the host encoder's bytes
  * (qf_kv_omp_one + qf_kv_code_pack). false (nothing launched) where its scratch does not fit */
 bool launch_kv_dict_encode(const float *x, int64_t n, int hd, const float *atoms, const float *gram, int A, int s, int q8,
-                           size_t rb, uint8_t *codes, cudaStream_t st);
+                           size_t rb, uint8_t *codes, qf_gpu_dict_omp omp, cudaStream_t st);
 void launch_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, size_t rb, const float *atoms, int na,
                            int sparsity, int q8, float *out, cudaStream_t s);
 /* kv-rq: one (layer, stream) as the decoder reads it (cuda_backend.cu set_kv uploads the host
@@ -637,7 +637,7 @@ qf_status op_kv_roundtrip(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_
 qf_status op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, int hd, int layout, const float *scale,
                                const float *inv, int8_t *bytes, float *out, qf_error *err);
 qf_status op_kv_dict_encode(const float *x, int64_t rows, int hd, const float *atoms, const float *gram, int n_atoms,
-                            int sparsity, int coef_q8, size_t rb, uint8_t *codes, qf_error *err);
+                            int sparsity, int coef_q8, size_t rb, qf_gpu_dict_omp omp, uint8_t *codes, qf_error *err);
 qf_status op_kv_dict_decode(const uint8_t *codes, int64_t rows, int hd, size_t rb, const float *atoms, int n_atoms,
                             int sparsity, int coef_q8, float *out, qf_error *err);
 

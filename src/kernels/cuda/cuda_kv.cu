@@ -2,7 +2,6 @@
  * (bit-exact with quant.c), kv-int8 with static scales, kv-dict codes encoded (the host OMP
  * encoder's bytes) and decoded. */
 #include "kernels/cuda/cuda_common.cuh"
-#include "qforge/kv.h" /* the OMP encoder's limits and stopping rules */
 
 /* ---- KV cache rows: f32, f16, q8_0, q4_0 (ggml's reference quantizers) ---- */
 
@@ -84,7 +83,9 @@ __global__ void k_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, s
  * gamma in f32, the selected atoms in order. Every product and sum is rounded on its own (the
  * KV_* intrinsics: no FMA contraction), so the codes are the host encoder's bytes. Scratch per
  * warp in dynamic shared memory (dict_enc_smem): alpha0, alpha [A] f32, the row [hd], L [s][s],
- * cI, y, gamma [s] f64, the dot products [s + 2] f64, the selection [s]. */
+ * cI, y, gamma [s] f64, the dot products [s + 2] f64, the selection [s]. The stopping rules'
+ * constants (kv.h's QF_KV_OMP_STOP_CORR, QF_KV_OMP_STOP_PIVOT) come from the engine (qf_gpu_dict_omp). */
+#define DICT_ENC_MAX_S 64 /* kv.h's QF_KV_MAX_SPARSITY */
 __host__ __device__ static inline size_t dict_enc_smem(int A, int hd, int s) {
     const size_t b = (size_t)8 * ((size_t)s * s + 3 * (size_t)s + (size_t)s + 2) + 4 * (2 * (size_t)A + (size_t)hd + (size_t)s);
     return (b + 15) / 16 * 16;
@@ -95,7 +96,7 @@ __device__ static inline double dot_d_dev(const float *a, const float *b, int n)
     return s;
 }
 __global__ void k_kv_dict_encode(const float *x, int64_t n, int hd, const float *atoms, const float *gram, int A, int s,
-                                 int q8, size_t rb, uint8_t *codes, int wpb) {
+                                 int q8, size_t rb, uint8_t *codes, int wpb, qf_gpu_dict_omp omp) {
     extern __shared__ double dsm[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t r = (int64_t)blockIdx.x * wpb + warp;
@@ -123,7 +124,7 @@ __global__ void k_kv_dict_encode(const float *x, int64_t n, int hd, const float 
             a0[a] = d, al[a] = d;
         }
         __syncwarp();
-        const double stop = QF_KV_OMP_STOP_CORR * sqrt(xx);
+        const double stop = omp.stop_corr * sqrt(xx);
         double rr = xx;
         while (k < s) {
             /* argmax |alpha| on the bit patterns, the first index of the maximum */
@@ -160,7 +161,7 @@ __global__ void k_kv_dict_encode(const float *x, int64_t n, int hd, const float 
                     Lk[j] = g / L[(size_t)j * s + j];
                     piv = KV_DSUB(piv, KV_DMUL(Lk[j], Lk[j]));
                 }
-                if (piv > QF_KV_OMP_STOP_PIVOT) {
+                if (piv > omp.stop_pivot) {
                     ok = 1;
                     Lk[k] = sqrt(piv);
                     sel[k] = best;
@@ -198,7 +199,7 @@ __global__ void k_kv_dict_encode(const float *x, int64_t n, int hd, const float 
     /* qf_kv_code_pack, v1: byte (A <= 256) or 2-byte indices, then f16 or q8 (f16 scale) coefficients */
     if (lane) return;
     uint8_t *o = codes + r * rb;
-    float cf[QF_KV_MAX_SPARSITY];
+    float cf[DICT_ENC_MAX_S];
     for (int j = 0; j < s; j++) {
         const int id = j < k ? sel[j] : 0;
         cf[j] = j < k && isfinite(gam[j]) ? (float)gam[j] : 0.0f;
@@ -224,13 +225,13 @@ __global__ void k_kv_dict_encode(const float *x, int64_t n, int hd, const float 
 }
 
 bool launch_kv_dict_encode(const float *x, int64_t n, int hd, const float *atoms, const float *gram, int A, int s, int q8,
-                           size_t rb, uint8_t *codes, cudaStream_t st) {
+                           size_t rb, uint8_t *codes, qf_gpu_dict_omp omp, cudaStream_t st) {
     const size_t per = dict_enc_smem(A, hd, s);
     int wpb = 4;
     while (wpb > 1 && per * wpb > 48 * 1024) wpb /= 2;
-    if (per * wpb > 48 * 1024 || s > QF_KV_MAX_SPARSITY || s < 1 || s > A || n <= 0) return false;
+    if (per * wpb > 48 * 1024 || s > DICT_ENC_MAX_S || s < 1 || s > A || n <= 0 || !(omp.stop_corr >= 0)) return false;
     k_kv_dict_encode<<<(unsigned)((n + wpb - 1) / wpb), 32 * wpb, per * wpb, st>>>(x, n, hd, atoms, gram, A, s, q8, rb,
-                                                                                   codes, wpb);
+                                                                                   codes, wpb, omp);
     return true;
 }
 

@@ -181,9 +181,11 @@ qf_status qf_cuda_op_kv_dict_decode(const uint8_t *codes, int64_t rows, int hd, 
     return a->op_kv_dict_decode(codes, rows, hd, rb, atoms, n_atoms, sparsity, coef_q8, out, err);
 }
 qf_status qf_cuda_op_kv_dict_encode(const float *x, int64_t rows, int hd, const float *atoms, const float *gram,
-                                    int n_atoms, int sparsity, int coef_q8, size_t rb, uint8_t *codes, qf_error *err) {
+                                    int n_atoms, int sparsity, int coef_q8, size_t rb, double stop_corr,
+                                    double stop_pivot, uint8_t *codes, qf_error *err) {
     NEED_API();
-    return a->op_kv_dict_encode(x, rows, hd, atoms, gram, n_atoms, sparsity, coef_q8, rb, codes, err);
+    const qf_gpu_dict_omp omp = {stop_corr, stop_pivot};
+    return a->op_kv_dict_encode(x, rows, hd, atoms, gram, n_atoms, sparsity, coef_q8, rb, omp, codes, err);
 }
 qf_status qf_cuda_bench_gemm(int M, int N, int K, int flags, int iters, double *ms, qf_error *err) {
     NEED_API();

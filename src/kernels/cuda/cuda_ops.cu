@@ -208,13 +208,13 @@ qf_status op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, int hd, in
 }
 
 qf_status op_kv_dict_encode(const float *x, int64_t rows, int hd, const float *atoms, const float *gram, int n_atoms,
-                            int sparsity, int coef_q8, size_t rb, uint8_t *codes, qf_error *err) {
+                            int sparsity, int coef_q8, size_t rb, qf_gpu_dict_omp omp, uint8_t *codes, qf_error *err) {
     dallocs a = {};
     float *dx = (float *)dup_to(&a, x, (size_t)rows * hd * 4), *da = (float *)dup_to(&a, atoms, (size_t)n_atoms * hd * 4),
           *dg = (float *)dup_to(&a, gram, (size_t)n_atoms * n_atoms * 4);
     uint8_t *dc = (uint8_t *)dalloc(&a, (size_t)rows * rb);
     OP_NEED(dx && da && dg && dc);
-    if (!launch_kv_dict_encode(dx, rows, hd, da, dg, n_atoms, sparsity, coef_q8, rb, dc, 0)) {
+    if (!launch_kv_dict_encode(dx, rows, hd, da, dg, n_atoms, sparsity, coef_q8, rb, dc, omp, 0)) {
         dfree(&a);
         return cu_fail(err, QF_ERR_DEVICE, "CUDA op: the dict encoder's scratch does not fit (%d atoms, sparsity %d)",
                        n_atoms, sparsity);

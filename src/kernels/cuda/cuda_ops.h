@@ -69,9 +69,11 @@ qf_status qf_cuda_op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, in
 qf_status qf_cuda_op_matvec_gu(const qf_weight *w, const float *x, int n, int F, float *hb, qf_error *err);
 /* kv-dict: encode rows x [rows][hd] against unit-norm atoms [n_atoms][hd] and their Gram
  * matrix [n_atoms][n_atoms] into v1 codes of rb bytes, as the GPU cache writes them (the host's
- * qf_kv_omp_one + qf_kv_code_pack bytes); QF_ERR_DEVICE where the encoder's scratch does not fit. */
+ * qf_kv_omp_one + qf_kv_code_pack bytes, given kv.h's stopping constants stop_corr and
+ * stop_pivot); QF_ERR_DEVICE where the encoder's scratch does not fit. */
 qf_status qf_cuda_op_kv_dict_encode(const float *x, int64_t rows, int hd, const float *atoms, const float *gram,
-                                    int n_atoms, int sparsity, int coef_q8, size_t rb, uint8_t *codes, qf_error *err);
+                                    int n_atoms, int sparsity, int coef_q8, size_t rb, double stop_corr,
+                                    double stop_pivot, uint8_t *codes, qf_error *err);
 /* kv-dict: decode rows packed codes of rb bytes (qf_kv_code_pack layout) against atoms
  * [n_atoms][hd] as the GPU cache reads them. */
 qf_status qf_cuda_op_kv_dict_decode(const uint8_t *codes, int64_t rows, int hd, size_t rb, const float *atoms,
