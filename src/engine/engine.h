@@ -196,6 +196,14 @@ void qf_kv_cache_write_sinks(qf_kv_cache *kv, int stream, int layer, int pos, in
  * layer's ring gives its last ring_rows positions; dst rows before them are zeroed. */
 void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos,
                            float *dst);
+/* Does layer's V stream add a prediction from the token's stored K (a kv-rq V predictor)? */
+bool qf_kv_cache_v_predicted(const qf_kv_cache *kv, int layer);
+/* qf_kv_cache_read_head of the V stream, the same floats, with the predictor's K rows taken from
+ * kdec: head g's positions [0, n_pos) at kdec + g * kstride, as qf_kv_cache_read_head(kv, 0, ...)
+ * returns them (decoded, before any RoPE). The row route reads each K row once per layer this
+ * way instead of once per V head. */
+void qf_kv_cache_read_head_vpred(const qf_kv_cache *kv, int layer, int h, int n_pos, const float *kdec, size_t kstride,
+                                 float *dst);
 /* Keep only a window in the cache for hp's sliding-window layers: each such layer stores its
  * last min(n_ctx, n_swa - 1 + n_batch) positions in a ring (a batch of up to n_batch tokens
  * still finds every key its queries see). Call on a fresh cache, after init; no-op for models

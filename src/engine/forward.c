@@ -692,6 +692,7 @@ typedef struct {
     qf_context *c;
     int layer, n, pos0;
     bool vcoef; /* kv-rq fast route: vbuf holds V's coefficients, attention sums them (rq_vcoef) */
+    int gphase; /* kv_gather_worker's phase: 0 all at once, or 1, 2, 3 (V predicted from K) */
     int rq_run; /* kv-rq fast route: positions per work item of the gather (rq_run_len) */
     int q0; /* attention_worker: queries before q0's ATT_QBLOCK block are not computed (their output is
              * not needed); 0 for all */
@@ -711,15 +712,23 @@ typedef struct {
 static void exact_gather(qf_context *c, const void *jv, int stream, int h, const float *stored);
 
 /* gather the cache's f32 view of every kv head for positions [0, pos0+n) */
+/* kv_gather_worker's phases (att_job.gphase): 0 every (stream, kv head) read and finished in one
+ * item; where V is predicted from the stored K (a kv-rq V predictor), 1 reads the K heads as
+ * stored, 2 the V heads with their prediction from those rows (each K row decoded once a layer,
+ * not once per V head), 3 finishes both streams (RoPE on K, the exact sink / window views) */
 static void kv_gather_worker(void *arg, int ith, int nth) {
     att_job *j = arg;
     qf_context *c = j->c;
     const qf_hparams *hp = &c->model->hp;
-    int T = j->pos0 + j->n;
-    for (int idx = ith; idx < 2 * hp->n_head_kv; idx += nth) {
-        int stream = idx / hp->n_head_kv, h = idx % hp->n_head_kv;
-        float *dst = (stream ? ext(c)->vbuf : ext(c)->kbuf) + (size_t)h * c->params.n_ctx * hp->head_dim;
-        qf_kv_cache_read_head(&c->kv, stream, j->layer, h, T, dst);
+    int T = j->pos0 + j->n, nh = hp->n_head_kv;
+    const size_t hs = (size_t)c->params.n_ctx * hp->head_dim; /* floats a kv head of kbuf / vbuf */
+    for (int idx = ith; idx < 2 * nh; idx += nth) {
+        int stream = idx / nh, h = idx % nh;
+        if ((j->gphase == 1 && stream) || (j->gphase == 2 && !stream)) continue;
+        float *dst = (stream ? ext(c)->vbuf : ext(c)->kbuf) + (size_t)h * hs;
+        if (j->gphase == 2) qf_kv_cache_read_head_vpred(&c->kv, j->layer, h, T, ext(c)->kbuf, hs, dst);
+        else if (j->gphase < 3) qf_kv_cache_read_head(&c->kv, stream, j->layer, h, T, dst);
+        if (j->gphase == 1 || j->gphase == 2) continue;
         if (stream == 0 && c->kv.k_prerope) { /* RoPE on read, per position */
             int half = hp->n_rot / 2;
             bool swa = ext(c)->kr_cos_swa && qf_hparams_layer_swa(hp, j->layer);
@@ -1321,6 +1330,8 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
             aj.rq_run = rq_run_len(c, pos0 + n);
             qf_pool_run(c->pool, rq_gather_worker, &aj);
             qf_pool_run(c->pool, rq_gather2_worker, &aj);
+        } else if (qf_kv_cache_v_predicted(&c->kv, il)) {
+            for (aj.gphase = 1; aj.gphase <= 3; aj.gphase++) qf_pool_run(c->pool, kv_gather_worker, &aj);
         } else {
             qf_pool_run(c->pool, kv_gather_worker, &aj);
         }

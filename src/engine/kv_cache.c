@@ -757,8 +757,12 @@ void qf_kv_cache_write_pool(qf_kv_cache *kv, int stream, int layer, int pos, int
     qf_pool_run(pool, rq_par_worker, &j);
 }
 
-/* decode n_pos consecutive stored rows of kv head h, starting at slot `slot`, into dst */
-static void read_rows(const qf_kv_cache *kv, int stream, int layer, int h, int slot, int n_pos, float *dst) {
+/* decode n_pos consecutive stored rows of kv head h, starting at slot `slot` (position pos), into
+ * dst. A predicted V stream adds each position's prediction from the K heads' stored rows,
+ * decoded here one at a time or, with kdec, read from kdec (the K heads' rows decoded as this
+ * function decodes them: head g's position p at kdec + g * kstride + p * head_dim) */
+static void read_rows(const qf_kv_cache *kv, int stream, int layer, int h, int slot, int pos, int n_pos, float *dst,
+                      const float *kdec, size_t kstride) {
     qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
     size_t rb = layer_row_bytes(kv, stream, layer);
     int hd = kv->head_dim, nh = kv->n_head_kv;
@@ -776,12 +780,16 @@ static void read_rows(const qf_kv_cache *kv, int stream, int layer, int h, int s
             for (int p = 0; p < n_pos; p++) {
                 float *o = dst + (size_t)p * hd;
                 for (int g = 0; g < nh; g++) {
-                    qf_kv_rq_codec ck = rq_codec(kv->rq[0], kv, layer, g);
-                    qf_kv_rq_decode(&ck, kv->data[0][layer] + ((size_t)(slot + p) * nh + g) * rbk, kg);
+                    const float *k = kg;
+                    if (kdec) k = kdec + g * kstride + (size_t)(pos + p) * hd;
+                    else {
+                        qf_kv_rq_codec ck = rq_codec(kv->rq[0], kv, layer, g);
+                        qf_kv_rq_decode(&ck, kv->data[0][layer] + ((size_t)(slot + p) * nh + g) * rbk, kg);
+                    }
                     for (int i = 0; i < hd; i++) {
                         const float *po = P + (size_t)i * HD + (size_t)g * hd;
                         float a = 0;
-                        for (int q = 0; q < hd; q++) a += po[q] * kg[q];
+                        for (int q = 0; q < hd; q++) a += po[q] * k[q];
                         o[i] += a;
                     }
                 }
@@ -822,23 +830,38 @@ static void read_rows(const qf_kv_cache *kv, int stream, int layer, int h, int s
 
 void qf_kv_cache_read_pos(const qf_kv_cache *kv, int stream, int layer, int h, int p, float *dst) {
     int R = kv->ring_rows ? kv->ring_rows[layer] : 0;
-    read_rows(kv, stream, layer, h, R ? p % R : p, 1, dst);
+    read_rows(kv, stream, layer, h, R ? p % R : p, p, 1, dst, NULL, 0);
 }
 
-void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos,
-                           float *dst) {
+static void read_head(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos, float *dst, const float *kdec,
+                      size_t kstride) {
     int R = kv->ring_rows ? kv->ring_rows[layer] : 0;
     if (!R) {
-        read_rows(kv, stream, layer, h, 0, n_pos, dst);
+        read_rows(kv, stream, layer, h, 0, 0, n_pos, dst, kdec, kstride);
         return;
     }
     int hd = kv->head_dim, lo = n_pos > R ? n_pos - R : 0;
     memset(dst, 0, (size_t)lo * hd * sizeof(float)); /* outside the window: never weighted */
     for (int p = lo; p < n_pos;) {
         int slot = p % R, run = R - slot < n_pos - p ? R - slot : n_pos - p;
-        read_rows(kv, stream, layer, h, slot, run, dst + (size_t)p * hd);
+        read_rows(kv, stream, layer, h, slot, p, run, dst + (size_t)p * hd, kdec, kstride);
         p += run;
     }
+}
+
+void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos,
+                           float *dst) {
+    read_head(kv, stream, layer, h, n_pos, dst, NULL, 0);
+}
+
+bool qf_kv_cache_v_predicted(const qf_kv_cache *kv, int layer) {
+    const struct qf_kv_rq_bind *r = kv->mode_v == QF_KV_RQ ? kv->rq[1] : NULL;
+    return r && r->pred && r->pred_on[layer] && kv->mode_k == QF_KV_RQ;
+}
+
+void qf_kv_cache_read_head_vpred(const qf_kv_cache *kv, int layer, int h, int n_pos, const float *kdec, size_t kstride,
+                                 float *dst) {
+    read_head(kv, 1, layer, h, n_pos, dst, kdec, kstride);
 }
 
 double qf_kv_cache_bytes_per_token(const qf_kv_cache *kv) {
