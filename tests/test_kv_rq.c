@@ -281,6 +281,22 @@ TEST(rq_v_predictor_roundtrip_and_refusals) {
     }
     printf("  V rel. MSE with the predictor %.4f, without (2-bit rows) %.4f; vs oracle %.2e\n", err[0], err[1], worst);
     CHECK(err[0] < 0.5 * err[1] && worst < 1e-4);
+    /* the row route's V read with the K heads decoded once (forward.c's kv_gather_worker):
+     * the same floats as qf_kv_cache_read_head, predicted layer or not */
+    {
+        static float kdec[2 * NP * 64], v1[NP * 64], v2[NP * 64];
+        CHECK(qf_kv_cache_v_predicted(&kv, 0) && !qf_kv_cache_v_predicted(&kv, 1));
+        size_t nd = 0;
+        for (int l = 0; l < 2; l++) {
+            for (int h = 0; h < 2; h++) qf_kv_cache_read_head(&kv, 0, l, h, NP, kdec + (size_t)h * NP * 64);
+            for (int h = 0; h < 2; h++) {
+                qf_kv_cache_read_head(&kv, 1, l, h, NP, v1);
+                qf_kv_cache_read_head_vpred(&kv, l, h, NP, kdec, (size_t)NP * 64, v2);
+                nd += memcmp(v1, v2, sizeof v1) != 0;
+            }
+        }
+        CHECK(nd == 0);
+    }
     qf_kv_cache_free(&kv);
     spec[0].prerope = false; /* a predictor needs pre-RoPE K rows */
     CHECK_EQ_INT(qf_kv_cache_init_spec(&kv, &hp, NP, spec, &e), QF_ERR_ARG);
