@@ -17,8 +17,9 @@
  *   skipped); decode and other caches use one warp per (query, head): q k^T, causal online
  *   softmax and the V sum in one pass over the cache, which lives on the GPU in f32, f16, q8_0
  *   or q4_0 (ggml blocks quantized on the GPU with ggml's reference rounding, bit-exact), int8
- *   (an artifact's static scales), dict codes (encoded on the host by the CPU's OMP encoder,
- *   decoded on the GPU) or kv-rq rows (encoded and decoded on the GPU, the host codec's bytes
+ *   (an artifact's static scales), dict codes (OMP-encoded on the GPU, the host encoder's
+ *   bytes, or by the host's encoder where the device's scratch does not fit; decoded on the
+ *   GPU) or kv-rq rows (encoded and decoded on the GPU, the host codec's bytes
  *   and values, with exact f16 sinks and a recent window); int8, dict and rq layers are
  *   expanded to f32 for attention;
  *   quantized weights keep a persistent f16 copy for prefill GEMMs (f16 cache, memory
@@ -563,8 +564,9 @@ done:
 
 /* (Re)build the GPU KV cache in kv's modes: f32, f16, q8_0, q4_0 as they are; int8 with
  * kv's static scales (and their reciprocals, the host's own, so the device quantizes with
- * the same bits); dict with kv's normalised dictionaries (the codes are encoded on the host,
- * see kv_store). The old cache is freed only once the new one exists. */
+ * the same bits); dict with kv's normalised dictionaries and their Gram matrices (the codes are
+ * encoded on the device, or on the host, see kv_store). The old cache is freed only once the new
+ * one exists. */
 static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
     qf_status st = QF_OK;
     const int hd = g->hd, nkv = g->nkv, L = g->n_layer, dkv = nkv * hd;
