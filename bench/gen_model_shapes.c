@@ -47,7 +47,7 @@ static const shape shapes[] = {
     {"tiny-hd8", "llama", "stories260K-shaped (random weights)", 5, 64, 8, 4, 8, 172, 4096, 10000.0f, 1, 0},
     {"tiny-qwen2", "qwen2", "qwen2-5m-shaped (random weights)", 4, 256, 4, 2, 64, 768, 4096, 1000000.0f, 0, 1},
     /* test_cuda's wide decode fixture (gpu_device_bundle.sh's prepare.sh): rows of 2048 and more,
-     * so the one-token G8 kernels and their fused norms run (n_ff >= 8192: the down rows' variant) */
+     * so the one-token G8 kernels run (n_ff >= 8192: the down rows' variant too) */
     {"test-d2048", "llama", "2048-wide test model (random weights)", 2, 2048, 16, 4, 128, 8448, 4096, 500000.0f, 0, 0},
 };
 

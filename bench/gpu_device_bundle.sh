@@ -27,7 +27,7 @@ cp -r "$data/corpora/kerneldoc-demo" "$st/data/corpora/"
 cat >"$st/bin/prepare.sh" <<'EOS'
 #!/bin/sh
 # prepare.sh B: the demo model's q8_0 and q4_0 copies into B/data/models (run from the repository
-# root), and a 2048-wide random q4_0 model (test_cuda e2e_decode_graph: the fused decode norms)
+# root), and a 2048-wide random q4_0 model (test_cuda e2e_decode_graph: the one-token G8 kernels)
 set -e
 for t in q8_0 q4_0; do
     "$1/bin/qforge" quantize assets/models/qforge-demo-11m-f16.gguf "$1/data/models/qforge-demo-11m-$t.gguf" $t >/dev/null

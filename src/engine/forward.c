@@ -711,11 +711,11 @@ typedef struct {
  * read the same values. */
 static void exact_gather(qf_context *c, const void *jv, int stream, int h, const float *stored);
 
-/* gather the cache's f32 view of every kv head for positions [0, pos0+n) */
-/* kv_gather_worker's phases (att_job.gphase): 0 every (stream, kv head) read and finished in one
- * item; where V is predicted from the stored K (a kv-rq V predictor), 1 reads the K heads as
- * stored, 2 the V heads with their prediction from those rows (each K row decoded once a layer,
- * not once per V head), 3 finishes both streams (RoPE on K, the exact sink / window views) */
+/* gather the cache's f32 view of every kv head for positions [0, pos0+n). Phases (att_job.gphase):
+ * 0 every (stream, kv head) read and finished in one item; where V is predicted from the stored
+ * K (a kv-rq V predictor), 1 reads the K heads as stored, 2 the V heads with their prediction
+ * from those rows (each K row decoded once a layer, not once per V head), 3 finishes both
+ * streams (RoPE on K, the exact sink / window views) */
 static void kv_gather_worker(void *arg, int ith, int nth) {
     att_job *j = arg;
     qf_context *c = j->c;

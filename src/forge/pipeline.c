@@ -157,7 +157,7 @@ static qf_status stage_model(const qf_job *j, shared *s, qf_error *err) {
      * explicit --device cuda: the GPU runs their every row layout (reference, candidates, kv-rq's
      * sensitivity runs, the free baseline; awq's model and its RTN baseline) and the capture
      * taps they need. kv-dict v2 stays on the CPU (its codes are not the GPU cache's); a v1
-     * dictionary's rows are OMP-encoded by the host cache's encoder either way (docs/gpu.md) */
+     * dictionary's rows are OMP-encoded on the GPU into the host encoder's bytes (docs/gpu.md) */
     s->cert_gpu = j->capture_device == QF_DEVICE_CUDA &&
                   (j->kind == QF_ARTIFACT_KV_INT8 || j->kind == QF_ARTIFACT_KV_RQ || j->kind == QF_ARTIFACT_AWQ ||
                    (j->kind == QF_ARTIFACT_KV_DICT && j->dict_version == 1));
