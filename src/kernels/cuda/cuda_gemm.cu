@@ -1037,8 +1037,9 @@ static void launch_matvec(const dweight *w, const float *x, int n, float *y, boo
         else cu_launch(k_mv1_h<false, 4, 2, 1, 4, false>, g1, dim3(128), 0, s, w->d, w->row_bytes, K, N, x, y, acc);
     } else if (h) {
         const bool bf = w->type == QF_TYPE_BF16;
-        if (n == 1 && bf) QF_MV(k_matvec_h, true, 1);
-        else if (n == 1) QF_MV(k_matvec_h, false, 1);
+        /* one token reaches here only with split rows (the grouped kernel took the others) */
+        if (n == 1 && bf) cu_launch(k_matvec_h<true, 1, MV_WARPS>, g4, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, x, n, y, (int)accumulate);
+        else if (n == 1) cu_launch(k_matvec_h<false, 1, MV_WARPS>, g4, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, x, n, y, (int)accumulate);
         else if (bf) QF_MV(k_matvec_h, true, MATVEC_MAX);
         else QF_MV(k_matvec_h, false, MATVEC_MAX);
 #undef QF_MV
