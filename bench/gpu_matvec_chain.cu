@@ -39,6 +39,23 @@ __device__ __forceinline__ uint4 ldw(const void *p, int mode) {
     return r;
 }
 
+// the end of both kernels: each warp's R sums reduced, the P parts of a group added in order
+template <int R, int W, int P>
+__device__ __forceinline__ void group_store(const float *acc, int warp, int lane, int part, int r0, int N, float *y) {
+    __shared__ float red[W * P][R];
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        const float v = wsum(acc[j]);
+        if (lane == 0) red[warp][j] = v;
+    }
+    if (P > 1) __syncthreads();
+    if (part == 0 && lane < R && r0 + lane < N) {
+        float v = 0;
+        for (int p = 0; p < P; p++) v += red[warp + p][lane];
+        y[r0 + lane] = v;
+    }
+}
+
 template <int R, int U, int W, int P, int MODE>
 __global__ void __launch_bounds__(W * P * 32) k_q4x(const uint8_t *__restrict__ Wt, size_t rb, int K, int N,
                                                    const int8_t *__restrict__ xq, const float *__restrict__ xd,
@@ -98,18 +115,7 @@ __global__ void __launch_bounds__(W * P * 32) k_q4x(const uint8_t *__restrict__ 
         if (b0 >= nb) break;
         load(b0);
     }
-    __shared__ float red[W * P][R];
-#pragma unroll
-    for (int j = 0; j < R; j++) {
-        const float v = wsum(acc[j]);
-        if (lane == 0) red[warp][j] = v;
-    }
-    if (P > 1) __syncthreads();
-    if (part == 0 && lane < R && r0 + lane < N) {
-        float v = 0;
-        for (int p = 0; p < P; p++) v += red[warp + p][lane];
-        y[r0 + lane] = v;
-    }
+    group_store<R, W, P>(acc, warp, lane, part, r0, N, y);
 }
 
 __device__ __forceinline__ void h8f(uint4 u, float *w) {
@@ -162,18 +168,7 @@ __global__ void __launch_bounds__(W * P * 32) k_hx(const uint8_t *__restrict__ W
         if (c0 >= nc) break;
         load(c0);
     }
-    __shared__ float red[W * P][R];
-#pragma unroll
-    for (int j = 0; j < R; j++) {
-        const float v = wsum(acc[j]);
-        if (lane == 0) red[warp][j] = v;
-    }
-    if (P > 1) __syncthreads();
-    if (part == 0 && lane < R && r0 + lane < N) {
-        float v = 0;
-        for (int p = 0; p < P; p++) v += red[warp + p][lane];
-        y[r0 + lane] = v;
-    }
+    group_store<R, W, P>(acc, warp, lane, part, r0, N, y);
 }
 
 // pure read ceiling: every byte once, 16-byte loads, 4 in flight per thread
