@@ -186,6 +186,53 @@ TEST(delta_ppl_paired_se) {
     qf_kld_end(&k);
 }
 
+/* the KL rows of a chunk over a thread pool: the encoded base rows (writing) and each position's
+ * statistics (reading) are the same bytes with 1 and 3 threads, and a damaged base row is
+ * reported as the first one, as one thread finds it */
+TEST(kld_rows_thread_invariant) {
+    const int n_vocab = 1001, n = 31;
+    qf_kld_state k;
+    memset(&k, 0, sizeof k);
+    k.n_vocab = n_vocab, k.nv = 2 * ((n_vocab + 1) / 2) + 4, k.n_chunk = 1, k.n_score = n;
+    float *lg = malloc(sizeof(float) * (size_t)n * n_vocab), *lg2 = malloc(sizeof(float) * (size_t)n * n_vocab);
+    uint16_t *ra = calloc((size_t)n * k.nv, 2), *rb = calloc((size_t)n * k.nv, 2);
+    int32_t next[31];
+    qf_kld_pos pa[31], pb[31];
+    qf_pool *pool = qf_pool_create(3);
+    CHECK(lg && lg2 && ra && rb && pool);
+    uint64_t st = 7;
+    for (size_t i = 0; i < (size_t)n * n_vocab; i++) {
+        lg[i] = (float)((qf_splitmix64(&st) >> 40) % 20000) / 1000.0f - 10.0f;
+        lg2[i] = lg[i] + (float)((qf_splitmix64(&st) >> 40) % 1000) / 2000.0f;
+    }
+    for (int i = 0; i < n; i++) next[i] = (int32_t)(qf_splitmix64(&st) % (uint64_t)n_vocab);
+    k.writing = true;
+    CHECK(qf_kld_chunk(&k, lg, next, n, 0, ra, NULL, NULL, NULL) == QF_OK);
+    CHECK(qf_kld_chunk(&k, lg, next, n, 0, rb, NULL, pool, NULL) == QF_OK);
+    CHECK(memcmp(ra, rb, (size_t)n * k.nv * 2) == 0);
+    k.writing = false, k.reading = true;
+    k.in_rows = (const uint8_t *)ra, k.in_rows_len = (size_t)n * k.nv * 2;
+    memset(pa, 0, sizeof pa), memset(pb, 0xff, sizeof pb);
+    CHECK(qf_kld_chunk(&k, lg2, next, n, 0, NULL, pa, NULL, NULL) == QF_OK);
+    CHECK(qf_kld_chunk(&k, lg2, next, n, 0, NULL, pb, pool, NULL) == QF_OK);
+    for (int i = 0; i < n; i++) /* field by field: the struct's padding is not compared */
+        CHECK(memcmp(&pa[i].nll, &pb[i].nll, 4) == 0 && memcmp(&pa[i].nll_base, &pb[i].nll_base, 4) == 0 &&
+              memcmp(&pa[i].pd, &pb[i].pd, 4) == 0 && memcmp(&pa[i].nll_floor, &pb[i].nll_floor, 4) == 0 &&
+              pa[i].same_top == pb[i].same_top && memcmp(&pa[i].kl, &pb[i].kl, 8) == 0);
+    CHECK(pa[3].kl > 0 && isfinite(pa[3].kl));
+    /* rows 17 and 5 damaged: row 5 is named, whoever computed it */
+    float nan = NAN;
+    memcpy((uint8_t *)ra + (size_t)17 * k.nv * 2, &nan, 4);
+    memcpy((uint8_t *)ra + (size_t)5 * k.nv * 2 + 4, &nan, 4);
+    for (int t = 0; t < 2; t++) {
+        qf_error e = {0};
+        CHECK(qf_kld_chunk(&k, lg2, next, n, 0, NULL, pb, t ? pool : NULL, &e) == QF_ERR_FORMAT);
+        CHECK_MSG(strstr(e.msg, "row 5 of block 0") != NULL, "%s", e.msg);
+    }
+    qf_pool_free(pool);
+    free(lg), free(lg2), free(ra), free(rb);
+}
+
 /* a context with --kv-rot refuses an artifact binding; --device cuda refuses a rotation the
  * backend cannot run, --device auto runs it on the CPU */
 TEST(rot_refusals_in_the_context) {
@@ -509,6 +556,7 @@ int main(void) {
     RUN(rot_q4_0_beats_plain_q4_0);
     RUN(rot_refusals_in_the_context);
     RUN(delta_ppl_paired_se);
+    RUN(kld_rows_thread_invariant);
     RUN(int8_token_codec);
     RUN(int8_ec_codec);
     RUN(int8_layouts_in_the_cache);

@@ -65,8 +65,7 @@ qf_status qf_kld_begin(qf_kld_state *k, const qf_ppl_params *p, int n_ctx, int n
         k->in_rows = base->rows;
         k->in_rows_len = base->rows_len;
         k->kld_values = malloc((size_t)n_chunk * k->n_score * sizeof(float));
-        k->row = malloc((size_t)k->nv * 2);
-        if (!k->kld_values || !k->row) return qf_fail(err, QF_ERR_NOMEM, "out of memory");
+        if (!k->kld_values) return qf_fail(err, QF_ERR_NOMEM, "out of memory");
     } else if (p->kl_base_write) {
         k->writing = true;
         k->rows = malloc((size_t)k->n_score * k->nv * sizeof(uint16_t));
@@ -164,14 +163,55 @@ void qf_kld_accumulate(qf_kld_state *k, const qf_kld_pos *pos, int n) {
     }
 }
 
+/* the rows of one chunk over the pool's threads: each row's encoding or comparison is computed
+ * by one thread exactly as alone, so the results do not depend on the number of threads */
+typedef struct {
+    const qf_kld_state *k;
+    const float *logits;
+    const int32_t *next;
+    int n;
+    const uint8_t *base; /* reading: the row block */
+    uint16_t *dst;       /* writing */
+    qf_kld_pos *pos;
+    uint8_t *bad; /* reading: [n] 1 where the row's scale/offset is not finite, 2 where its thread
+                     had no memory for its row buffer */
+} kld_rows_job;
+
+static void kld_rows_worker(void *arg, int ith, int nth) {
+    kld_rows_job *j = arg;
+    const qf_kld_state *k = j->k;
+    int64_t r0, r1;
+    qf_split_range(j->n, ith, nth, &r0, &r1);
+    if (r0 >= r1) return;
+    if (!j->base) {
+        for (int64_t i = r0; i < r1; i++)
+            kld_encode_row(j->logits + (size_t)i * k->n_vocab, k->n_vocab, j->dst + (size_t)i * k->nv);
+        return;
+    }
+    uint16_t *row = malloc((size_t)k->nv * 2); /* rows are not 4-byte aligned in general */
+    if (!row) {
+        memset(j->bad + r0, 2, (size_t)(r1 - r0));
+        return;
+    }
+    for (int64_t i = r0; i < r1; i++) {
+        memcpy(row, j->base + (size_t)i * k->nv * 2, (size_t)k->nv * 2);
+        float d[2];
+        memcpy(d, row, 8);
+        j->bad[i] = !isfinite(d[0]) || !isfinite(d[1]);
+        if (!j->bad[i]) kld_compare_row(k, j->logits + (size_t)i * k->n_vocab, row, j->next[i], &j->pos[i]);
+    }
+    free(row);
+}
+
 /* The rank that ran a chunk: encode its rows into `rows_out` (writing; NULL when local: they
  * go to this rank's own file at once) or compare them with base row block `row_block` into
- * `pos` (reading). */
+ * `pos` (reading); the rows over `pool` (NULL: the caller alone). */
 qf_status qf_kld_chunk(qf_kld_state *k, const float *logits, const int32_t *next, int n, int row_block,
-                       uint16_t *rows_out, qf_kld_pos *pos, qf_error *err) {
+                       uint16_t *rows_out, qf_kld_pos *pos, qf_pool *pool, qf_error *err) {
     if (k->writing) {
         uint16_t *dst = rows_out ? rows_out : k->rows;
-        for (int i = 0; i < n; i++) kld_encode_row(logits + (size_t)i * k->n_vocab, k->n_vocab, dst + (size_t)i * k->nv);
+        kld_rows_job j = {.k = k, .logits = logits, .n = n, .dst = dst};
+        qf_pool_run(pool, kld_rows_worker, &j);
         if (rows_out) return QF_OK;
         qf_status st = qf_atomic_write(&k->out, k->rows, (size_t)n * k->nv * sizeof(uint16_t), err);
         if (st) k->file_open = false; /* qf_atomic_write aborted the temp file */
@@ -180,16 +220,19 @@ qf_status qf_kld_chunk(qf_kld_state *k, const float *logits, const int32_t *next
     if (k->reading) {
         /* qf_kld_begin checked the file holds every row block this run reads */
         QF_ASSERT(((size_t)row_block + 1) * n * k->nv * 2 <= k->in_rows_len);
-        const uint8_t *base = k->in_rows + (size_t)row_block * n * k->nv * 2;
-        for (int i = 0; i < n; i++) {
-            memcpy(k->row, base + (size_t)i * k->nv * 2, (size_t)k->nv * 2); /* rows are not 4-byte aligned in general */
-            float d[2];
-            memcpy(d, k->row, 8);
-            if (!isfinite(d[0]) || !isfinite(d[1]))
-                return qf_fail(err, QF_ERR_FORMAT, "KL base: row %d of block %d: non-finite scale/offset (damaged file)",
-                               i, row_block);
-            kld_compare_row(k, logits + (size_t)i * k->n_vocab, k->row, next[i], &pos[i]);
-        }
+        uint8_t *bad = calloc((size_t)(n > 0 ? n : 1), 1);
+        if (!bad) return qf_fail(err, QF_ERR_NOMEM, "out of memory");
+        kld_rows_job j = {.k = k, .logits = logits, .next = next, .n = n,
+                          .base = k->in_rows + (size_t)row_block * n * k->nv * 2, .pos = pos, .bad = bad};
+        qf_pool_run(pool, kld_rows_worker, &j);
+        qf_status st = QF_OK;
+        for (int i = 0; i < n && !st; i++) /* the first failing row, as the serial loop found it */
+            if (bad[i] == 2) st = qf_fail(err, QF_ERR_NOMEM, "out of memory");
+            else if (bad[i])
+                st = qf_fail(err, QF_ERR_FORMAT, "KL base: row %d of block %d: non-finite scale/offset (damaged file)",
+                             i, row_block);
+        free(bad);
+        return st;
     }
     return QF_OK;
 }
@@ -260,6 +303,5 @@ void qf_kld_base_close(qf_kld_base_file *b) { qf_unmap_file(&b->mf); }
 void qf_kld_end(qf_kld_state *k) {
     if (k->file_open) qf_atomic_abort(&k->out);
     free(k->rows);
-    free(k->row);
     free(k->kld_values);
 }

@@ -51,7 +51,6 @@ typedef struct {
     qf_atomic_file out;
     int n_ctx, n_vocab, n_chunk, n_score, nv;
     uint16_t *rows;   /* one chunk of rows (local writing) */
-    uint16_t *row;    /* one row (reading) */
     const uint8_t *in_rows; /* reading: the mapped file's rows */
     size_t in_rows_len;
     double sum_nll, sum_nll2, sum_nll_base, sum_nll_base2, sum_kld, sum_kld2, sum_p_diff2, sum_p_diff4;
@@ -82,9 +81,12 @@ qf_status qf_kld_begin(qf_kld_state *k, const qf_ppl_params *p, int n_ctx, int n
  * paired per-chunk ΔPPL statistics count calls as chunks.) */
 /* The rank that ran a chunk, with the logits of its n scored positions and their next tokens:
  * writing: encode the rows into rows_out (n * nv words; NULL when local: they go to this rank's
- * own file at once); reading: compare them with base row block `row_block` into pos[0..n). */
+ * own file at once); reading: compare them with base row block `row_block` into pos[0..n). The
+ * rows are split over `pool` (NULL: the calling thread alone); every row is computed by one
+ * thread, so rows_out and pos are the same bytes for any number of threads. A damaged base row
+ * (non-finite scale or offset): QF_ERR_FORMAT naming the first one. */
 qf_status qf_kld_chunk(qf_kld_state *k, const float *logits, const int32_t *next, int n, int row_block,
-                       uint16_t *rows_out, qf_kld_pos *pos, qf_error *err);
+                       uint16_t *rows_out, qf_kld_pos *pos, qf_pool *pool, qf_error *err);
 
 /* Rank 0, in chunk order: add one chunk's n positions to the sums (the single-process order,
  * so the statistics are bit-identical for any number of ranks). */

@@ -116,7 +116,7 @@ static qf_status ppl_chunk(ppl_run *u, qf_kld_state *kl, int i, int own_idx, uin
         if (!isfinite(nll[k])) return non_finite(err, i, first + k);
     return qf_kld_chunk(kl, u->logits, next, u->n_score, kl->local ? own_idx : i,
                      kl->writing && !kl->local ? (uint16_t *)(void *)(rec + u->off_rows) : NULL,
-                     (qf_kld_pos *)(void *)(rec + u->off_pos), err);
+                     (qf_kld_pos *)(void *)(rec + u->off_pos), c->pool, err);
 }
 
 /* Rounds per window of the sharded loop: how many of its chunks a rank runs before the records
