@@ -129,45 +129,58 @@ __device__ static inline void store_tile(const float (&acc)[NI][NJ], float *y, i
 }
 
 /* y[t][r] (t < n, r < N, row stride N) = sum over blocks of fmaf((float)isum, dw * dx, acc):
- * 256 threads, 64 rows x 64 tokens, thread (tr, tt) the rows 4 tr.. and tokens 4 tt.. */
+ * 256 threads, 64 rows x 64 tokens, thread (tr, tt) the rows 4 tr.. and tokens 4 tt..; CG_KB
+ * blocks of K a shared-memory stage, each thread loading one (row, block) of the weights and
+ * one (token, block) of the activation, then every output's steps in block order (the oracle's
+ * order: a stage only changes when the data arrive). Against one block a stage (128 loading
+ * threads, two barriers a block), H200, 8B q4_0 shape, `qforge ppl --arith canonical
+ * --chunks 8` 4.1-4.4 s against 6.3-6.5 s end to end, the same PPL bits (docs/gpu.md
+ * "Session 20"). */
+#define CG_KB 4
 template <int T>
 __global__ void __launch_bounds__(256) k_canon_gemm_q8(const uint8_t *__restrict__ W, size_t rb, int K, int N,
                                                        const int8_t *__restrict__ xq, const float *__restrict__ xd,
                                                        int n, float *__restrict__ y) {
-    __shared__ int sw[CG_BM][9], sx[CG_BN][9];
-    __shared__ float sdw[CG_BM], sdx[CG_BN];
-    const int tid = threadIdx.x, tr = tid % 16, tt = tid / 16;
+    static_assert(CG_BM * CG_KB == 256 && CG_BN * CG_KB == 256, "a (row, block) and a (token, block) a thread");
+    __shared__ int sw[CG_BM][CG_KB * 8 + 1], sx[CG_BN][CG_KB * 8 + 1];
+    __shared__ float sdw[CG_BM][CG_KB], sdx[CG_BN][CG_KB];
+    const int tid = threadIdx.x, tr = tid % 16, tt = tid / 16, lr = tid / CG_KB, lk = tid % CG_KB;
     const int r0 = blockIdx.x * CG_BM, t0 = blockIdx.y * CG_BN, nb = K / 32;
     float acc[4][4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
-    for (int b = 0; b < nb; b++) {
-        if (tid < CG_BM) { /* one weight row's block */
-            const int r = r0 + tid;
+    for (int b0 = 0; b0 < nb; b0 += CG_KB) {
+        const int b = b0 + lk;
+        {
+            const int r = r0 + lr;
             int8_t v[32];
             float d = 0.0f;
-            if (r < N) d = blk_ints<T>(W + (size_t)r * rb, b, v);
+            if (r < N && b < nb) d = blk_ints<T>(W + (size_t)r * rb, b, v);
             else
-                for (int j = 0; j < 32; j++) v[j] = 0;
-            memcpy(sw[tid], v, 32);
-            sdw[tid] = d;
-        } else if (tid < CG_BM + CG_BN) { /* one token's block */
-            const int k = tid - CG_BM, t = t0 + k;
-            load_act_block(sx[k], &sdx[k], xq, xd, t < n, (size_t)t * K + (size_t)b * 32, (size_t)t * nb + b, 32);
+                for (int q = 0; q < 32; q++) v[q] = 0;
+            memcpy(&sw[lr][lk * 8], v, 32);
+            sdw[lr][lk] = d;
+        }
+        {
+            const int t = t0 + lr;
+            load_act_block(&sx[lr][lk * 8], &sdx[lr][lk], xq, xd, t < n && b < nb, (size_t)t * K + (size_t)b * 32,
+                           (size_t)t * nb + b, 32);
         }
         __syncthreads();
+        const int kn = nb - b0 < CG_KB ? nb - b0 : CG_KB;
+        for (int kb = 0; kb < kn; kb++)
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+            for (int i = 0; i < 4; i++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int *a = sw[4 * tr + i], *c = sx[4 * tt + j];
-                int isum = 0;
+                for (int j = 0; j < 4; j++) {
+                    const int *a = &sw[4 * tr + i][kb * 8], *c = &sx[4 * tt + j][kb * 8];
+                    int isum = 0;
 #pragma unroll
-                for (int w = 0; w < 8; w++) isum = __dp4a(a[w], c[w], isum);
-                acc[i][j] = qf_canon_q8_step(acc[i][j], isum, sdw[4 * tr + i], sdx[4 * tt + j]);
-            }
+                    for (int w = 0; w < 8; w++) isum = __dp4a(a[w], c[w], isum);
+                    acc[i][j] = qf_canon_q8_step(acc[i][j], isum, sdw[4 * tr + i][kb], sdx[4 * tt + j][kb]);
+                }
         __syncthreads();
     }
     store_tile<4, 4>(acc, y, r0 + 4 * tr, t0 + 4 * tt, N, n);
