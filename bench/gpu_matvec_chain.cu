@@ -8,6 +8,10 @@
  * a share of the 4.8 TB/s bound (bench_gpu's). docs/gpu.md "Session 18" has the H200 numbers.
  *   make build/bench/gpu_matvec_chain        (needs nvcc; not part of `all`)
  *   build/bench/gpu_matvec_chain [TINY] [f16]  (TINY: 1-block kernels per layer, default 0)
+ * Then (q4_0) the same step as ONE persistent kernel: the matvecs (and the TINY one-block
+ * phases, run by block 0) as phases separated by a grid barrier (an arrival counter and a
+ * generation flag), 2 to 16 blocks per SM, with and without an L2 prefetch of the next
+ * matvec's first lines before each barrier: docs/gpu.md "Session 20" (it loses to the chain).
  * A standalone program: it links nothing of qforge (its kernels are the experiment's copies;
  * the shipped ones are cuda_gemm.cu's k_mv1_q4g / k_mv1_h). */
 #include <cuda_runtime.h>
@@ -56,13 +60,14 @@ __device__ __forceinline__ void group_store(const float *acc, int warp, int lane
     }
 }
 
-template <int R, int U, int W, int P, int MODE>
-__global__ void __launch_bounds__(W * P * 32) k_q4x(const uint8_t *__restrict__ Wt, size_t rb, int K, int N,
-                                                   const int8_t *__restrict__ xq, const float *__restrict__ xd,
-                                                   const int *__restrict__ xs, float *y) {
-    trig();
+// R rows per warp group of P warps, W groups: the row group rg of a matvec (WAIT: the weights of
+// the first step are loaded before the PDL wait)
+template <int R, int U, int W, int P, int MODE, bool WAIT>
+__device__ __forceinline__ void mv_rows(const uint8_t *__restrict__ Wt, size_t rb, int K, int N,
+                                        const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                                        const int *__restrict__ xs, float *y, int rg) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = warp / P, part = warp % P;
-    const int r0 = (blockIdx.x * W + grp) * R;
+    const int r0 = (rg * W + grp) * R;
     const int nb = K / QK;
     float acc[R];
     uint4 qv[R][U];
@@ -87,7 +92,7 @@ __global__ void __launch_bounds__(W * P * 32) k_q4x(const uint8_t *__restrict__ 
         }
     };
     load(b0);
-    gwait();
+    if (WAIT) gwait();
     for (;;) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -116,6 +121,70 @@ __global__ void __launch_bounds__(W * P * 32) k_q4x(const uint8_t *__restrict__ 
         load(b0);
     }
     group_store<R, W, P>(acc, warp, lane, part, r0, N, y);
+}
+
+template <int R, int U, int W, int P, int MODE>
+__global__ void __launch_bounds__(W * P * 32) k_q4x(const uint8_t *__restrict__ Wt, size_t rb, int K, int N,
+                                                   const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                                                   const int *__restrict__ xs, float *y) {
+    trig();
+    mv_rows<R, U, W, P, MODE, true>(Wt, rb, K, N, xq, xd, xs, y, blockIdx.x);
+}
+
+// ---- the persistent variant: one kernel, a grid barrier between phases ----
+// (all blocks must be resident: the grid is sized from the occupancy query below)
+struct phase { const uint8_t *w; size_t rb; int K, N; int tiny; };
+__device__ __forceinline__ void gbar(unsigned *cnt, unsigned *gen) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned g = *(volatile unsigned *)gen;
+        __threadfence();
+        if (atomicAdd(cnt, 1) == gridDim.x - 1) {
+            *(volatile unsigned *)cnt = 0;
+            __threadfence();
+            atomicAdd(gen, 1);
+        } else
+            while (*(volatile unsigned *)gen == g) {}
+        __threadfence();
+    }
+    __syncthreads();
+}
+// PF: before each barrier, L2-prefetch the first lines of this block's first row group of the next matvec phase
+template <int R, int U, int W, int P, int PF>
+__global__ void __launch_bounds__(W * P * 32) k_persist(const phase *ph, int nph, const int8_t *__restrict__ xq,
+                                                      const float *__restrict__ xd, const int *__restrict__ xs, float *y,
+                                                      float *yt, unsigned *bar) {
+    for (int p = 0; p < nph; p++) {
+        const phase P_ = ph[p];
+        if (P_.tiny) {
+            if (blockIdx.x == 0)
+                for (int i = threadIdx.x; i < P_.tiny; i += blockDim.x) yt[i] = yt[i] * 0.5f + 1.f;
+        } else {
+            const int ngr = (P_.N + W * R - 1) / (W * R);
+            for (int g = blockIdx.x; g < ngr; g += gridDim.x) {
+                mv_rows<R, U, W, P, 2, false>(P_.w, P_.rb, P_.K, P_.N, xq, xd, xs, y, g);
+                __syncthreads(); /* group_store's shared sums are reused by the next row group */
+            }
+        }
+        if (PF) {
+            for (int q = p + 1; q < nph; q++)
+                if (!ph[q].tiny) {
+                    const phase Q = ph[q];
+                    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = warp / P, part = warp % P;
+                    const int r0 = (blockIdx.x * W + grp) * R, nb = Q.K / QK;
+                    for (int j = 0; j < R; j++)
+                        for (int u = 0; u < PF; u++) {
+                            const int b = lane + 32 * part + 32 * P * u;
+                            if (b < nb && r0 + j < Q.N) {
+                                const uint8_t *gp = Q.w + (size_t)(r0 + j) * Q.rb + (size_t)(b >> 3) * GRP + 16 + 16 * (b & 7);
+                                asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(gp));
+                            }
+                        }
+                    break;
+                }
+        }
+        gbar(bar, bar + 1);
+    }
 }
 
 __device__ __forceinline__ void h8f(uint4 u, float *w) {
@@ -337,6 +406,35 @@ int main(int argc, char **argv) {
                 run_mv(v, lm, xq, xd, xs, y, s); }, 20);
             printf("step pdl %d tiny %d %-20s %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", pdl, tiny, v.name, ms, 1000 / ms,
                    bytes / (ms * 1e-3) / 4.8e12 * 100);
+        }
+    }
+    // 3) persistent: the same step as one kernel with grid barriers (tiny phases run by block 0)
+    if (!F16) {
+        std::vector<phase> hp;
+        for (int l = 0; l < L; l++) {
+            for (int t = 0; t < tiny / 2; t++) hp.push_back({nullptr, 0, 0, 0, D});
+            hp.push_back({qkv[l].w, qkv[l].rb, qkv[l].K, qkv[l].N, 0});
+            hp.push_back({wo[l].w, wo[l].rb, wo[l].K, wo[l].N, 0});
+            for (int t = 0; t < tiny - tiny / 2; t++) hp.push_back({nullptr, 0, 0, 0, D});
+            hp.push_back({gu[l].w, gu[l].rb, gu[l].K, gu[l].N, 0});
+            hp.push_back({dn[l].w, dn[l].rb, dn[l].K, dn[l].N, 0});
+        }
+        hp.push_back({lm.w, lm.rb, lm.K, lm.N, 0});
+        phase *dph; unsigned *bar;
+        CKE(cudaMalloc(&dph, hp.size() * sizeof(phase))); CKE(cudaMemcpy(dph, hp.data(), hp.size() * sizeof(phase), cudaMemcpyHostToDevice));
+        CKE(cudaMalloc(&bar, 8)); CKE(cudaMemset(bar, 0, 8));
+        int nph = (int)hp.size(), nsm = 0; cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0);
+        auto runp = [&](const char *name, auto kern, int bps) {
+            int occ = 0; cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, 128, 0);
+            const int nbk = nsm * (bps < occ ? bps : occ);
+            float ms = time_graph([&] { kern<<<nbk, 128, 0, s>>>(dph, nph, xq, xd, xs, y, yt, bar); }, 20);
+            CKE(cudaGetLastError());
+            printf("persist tiny %d %-14s blocks %4d (occ %d) %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", tiny, name, nbk, occ, ms,
+                   1000 / ms, bytes / (ms * 1e-3) / 4.8e12 * 100);
+        };
+        for (int bps : {2, 4, 99}) { // 99: as many as fit
+            runp("R4U2W2P2", k_persist<4, 2, 2, 2, 0>, bps);
+            runp("R4U2W2P2 pf2", k_persist<4, 2, 2, 2, 2>, bps);
         }
     }
     return 0;
