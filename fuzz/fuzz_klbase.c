@@ -47,7 +47,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (logits && pos) {
             for (size_t i = 0; i < (size_t)k.n_score * b.n_vocab; i++) logits[i] = (float)(i % 97) * 0.25f - 12.f;
             for (int c = 0; c < n_chunk && st == QF_OK; c++) {
-                st = qf_kld_chunk(&k, logits, b.tokens + (size_t)c * b.n_ctx + first + 1, k.n_score, c, NULL, pos, &e);
+                st = qf_kld_chunk(&k, logits, b.tokens + (size_t)c * b.n_ctx + first + 1, k.n_score, c, NULL, pos, NULL,
+                                  &e);
                 if (st == QF_OK) qf_kld_accumulate(&k, pos, k.n_score);
             }
             qf_ppl_result r;
