@@ -324,6 +324,48 @@ TEST(qf_assert_aborts_with_file_line) {
 /* Cases run only by tests/cli_harness.sh (QF_TEST_HARNESS_SELFTEST=1): the harness must FAIL
  * a case that checks nothing and report a missing data file as SKIP with its name. */
 TEST(selftest_checks_nothing) {}
+/* the reference: a stable top-down merge sort with the comparison qf_kv_rq_lloyd used */
+static int ref_cmp(float x, float y) { return (x > y) - (x < y); }
+static void ref_msort(float *v, float *tmp, size_t n) {
+    if (n < 2) return;
+    size_t h = n / 2, i = 0, j = h, k = 0;
+    ref_msort(v, tmp, h), ref_msort(v + h, tmp, n - h);
+    while (i < h && j < n) tmp[k++] = ref_cmp(v[j], v[i]) < 0 ? v[j++] : v[i++];
+    while (i < h) tmp[k++] = v[i++];
+    while (j < n) tmp[k++] = v[j++];
+    memcpy(v, tmp, n * sizeof(float));
+}
+
+/* qf_sort_floats: the stable comparison sort's exact bytes (both zeros keep their input order,
+ * repeated values, negatives, denormals, large magnitudes), and lengths 0 to 300000 */
+TEST(sort_floats_is_the_stable_sort) {
+    const size_t ns[] = {0, 1, 2, 3, 1000, 65537, 300000};
+    uint64_t st = 11;
+    for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
+        const size_t n = ns[c];
+        const size_t bytes = sizeof(float) * (n + 1);
+        float *a = malloc(bytes), *b = malloc(bytes), *t = malloc(bytes);
+        CHECK(a && b && t);
+        for (size_t i = 0; i < n; i++) {
+            const uint64_t r = qf_splitmix64(&st);
+            float f;
+            switch (r % 7) {
+            case 0: f = (r >> 8) % 2 ? 0.0f : -0.0f; break;
+            case 1: f = (float)((int)((r >> 8) % 9) - 4); break;          /* repeated values */
+            case 2: f = (float)((r >> 8) % 1000) * 1e-42f; break;         /* denormals */
+            case 3: f = -(float)((r >> 8) % 100000) * 3.7e30f; break;     /* large, negative */
+            default: f = (float)(qf_rand_unit(&st) * 20.0 - 10.0); break;
+            }
+            a[i] = b[i] = f;
+        }
+        CHECK(qf_sort_floats(a, n));
+        ref_msort(b, t, n);
+        CHECK_MSG(n == 0 || memcmp(a, b, n * sizeof(float)) == 0, "n = %zu", n);
+        for (size_t i = 1; i < n; i++) CHECK(!(a[i] < a[i - 1]));
+        free(a), free(b), free(t);
+    }
+}
+
 TEST(selftest_missing_data) {
     const char *p;
     TEST_DATA_OR_SKIP(p, "no/such/file.gguf");
@@ -344,6 +386,7 @@ int main(void) {
     RUN(atomic_write_disk_full);
     RUN(read_missing_file);
     RUN(pool_runs_every_index);
+    RUN(sort_floats_is_the_stable_sort);
     RUN(error_names_and_codes);
     RUN(temp_files_removed_on_signal);
     RUN(stale_temp_files_swept);

@@ -148,7 +148,7 @@ qf_status qf_kv_rq_lloyd(float *v, int64_t n, int n_levels, int iters, float *le
     if (!pre) return qf_fail(err, QF_ERR_NOMEM, "kv-rq Lloyd-Max: out of memory for %lld values", (long long)n);
     bool sorted = true;
     for (int64_t i = 1; i < n && sorted; i++) sorted = v[i - 1] <= v[i];
-    if (!sorted) qsort(v, (size_t)n, sizeof(float), cmp_float);
+    if (!sorted && !qf_sort_floats(v, (size_t)n)) qsort(v, (size_t)n, sizeof(float), cmp_float); /* same order */
     pre[0] = 0;
     for (int64_t i = 0; i < n; i++) pre[i + 1] = pre[i] + v[i];
     for (int k = 0; k < n_levels; k++) levels[k] = v[(int64_t)(((double)k + 0.5) / n_levels * (double)n)];
