@@ -270,6 +270,18 @@ static void klt_unit(klt_job *j, int un, double *scr, double *M, double *Minv, f
      * at each unit width: format 3 and the Hadamard rows of the same fit */
     float lvw[QF_KV_RQ_MAX_HEAD_DIM * NL];
     int64_t step = rows > 1024 ? rows / 1024 : 1;
+    /* the denominator is the same at every width: sum over the rows of |enc (x - mean)|^2, the
+     * rows and each sum in the order the width loop added them */
+    double den = 0;
+    for (int64_t r = 0; r < rows; r += step) {
+        double d0 = 0;
+        for (int i = 0; i < D; i++) {
+            double a0 = 0;
+            for (int jj = 0; jj < D; jj++) a0 += (double)enc[(size_t)i * D + jj] * X[r * D + jj];
+            d0 += a0 * a0;
+        }
+        den += d0;
+    }
     for (int b = 1; b <= NW; b++) {
         const uint8_t *wd = k->width[s] + (size_t)(8 * b) * lhd + o;
         for (int i = 0; i < D; i++) memcpy(lvw + (size_t)i * NL, lv + ((size_t)i * NW + (wd[i] ? wd[i] - 1 : 0)) * NL, NL * sizeof(float));
@@ -278,20 +290,20 @@ static void klt_unit(klt_job *j, int un, double *scr, double *M, double *Minv, f
         for (int c = 0; c < D; c++) ics[c] = 1.0f / f->cs[s][o + c];
         qf_kv_rq_codec ch = {.head_dim = D, .bits = b, .levels = f->levels[s][b - 1] + ((size_t)l * H + h) * NL,
                              .mean = mean, .cs = f->cs[s] + o, .inv_cs = ics};
-        double num3 = 0, numh = 0, den = 0;
+        double num3 = 0, numh = 0;
         for (int64_t r = 0; r < rows; r += step) {
             float *x = xh, *y = xh + D, *sc = xh + 2 * D;
             for (int c = 0; c < D; c++) x[c] = X[r * D + c] + mean[c];
             for (int pass = 0; pass < 2; pass++) {
                 if (pass == 0) qf_kv_rq_klt_encode(&c3, x, sc, row), qf_kv_rq_klt_decode(&c3, row, y);
                 else qf_kv_rq_encode(&ch, x, sc, row), qf_kv_rq_decode(&ch, row, y);
-                double e = 0, d0 = 0;
+                double e = 0;
                 for (int i = 0; i < D; i++) {
-                    double a = 0, a0 = 0;
-                    for (int jj = 0; jj < D; jj++) a += (double)enc[(size_t)i * D + jj] * (x[jj] - y[jj]), a0 += (double)enc[(size_t)i * D + jj] * X[r * D + jj];
-                    e += a * a, d0 += a0 * a0;
+                    double a = 0;
+                    for (int jj = 0; jj < D; jj++) a += (double)enc[(size_t)i * D + jj] * (x[jj] - y[jj]);
+                    e += a * a;
                 }
-                if (pass == 0) num3 += e, den += d0;
+                if (pass == 0) num3 += e;
                 else numh += e;
             }
         }
