@@ -321,9 +321,6 @@ TEST(qf_assert_aborts_with_file_line) {
     CHECK_MSG(strstr(buf, "test_util.c:") && strstr(buf, "assertion failed: x == 2"), "stderr: %s", buf);
 }
 
-/* Cases run only by tests/cli_harness.sh (QF_TEST_HARNESS_SELFTEST=1): the harness must FAIL
- * a case that checks nothing and report a missing data file as SKIP with its name. */
-TEST(selftest_checks_nothing) {}
 /* the reference: a stable top-down merge sort with the comparison qf_kv_rq_lloyd used */
 static int ref_cmp(float x, float y) { return (x > y) - (x < y); }
 static void ref_msort(float *v, float *tmp, size_t n) {
@@ -366,6 +363,9 @@ TEST(sort_floats_is_the_stable_sort) {
     }
 }
 
+/* Cases run only by tests/cli_harness.sh (QF_TEST_HARNESS_SELFTEST=1): the harness must FAIL
+ * a case that checks nothing and report a missing data file as SKIP with its name. */
+TEST(selftest_checks_nothing) {}
 TEST(selftest_missing_data) {
     const char *p;
     TEST_DATA_OR_SKIP(p, "no/such/file.gguf");

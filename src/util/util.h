@@ -145,7 +145,7 @@ static inline double qf_rand_unit(uint64_t *s) { return (double)(qf_splitmix64(s
  * Sort the n finite floats v ascending, stably, -0.0 and +0.0 counting as equal (so they keep
  * their input order): the order a stable comparison sort with (x > y) - (x < y) gives (glibc's
  * qsort, which merge-sorts such arrays), by an LSD radix sort, 4-5x faster on millions of
- * values. false when its n-float buffer cannot be allocated: v is then untouched. NaN: a
+ * values. false when its two n-word buffers cannot be allocated: v is then untouched. NaN: a
  * programmer error (the callers reject them first). */
 bool qf_sort_floats(float *v, size_t n);
 
