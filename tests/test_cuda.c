@@ -671,6 +671,12 @@ TEST(op_attention) {
                 e = nmse(got, ref, (size_t)n * Dq);
                 printf("  attention split-K (decode)                nmse %.3g\n", e);
                 CHECK_MSG(e <= 1e-10, "split-K attention kv %s nmse %g", qf_kv_mode_name(mode), e);
+                if (n == 1 && mode == QF_KV_F16 && hd % 32 == 0) {
+                    /* the decode step's form: the q|k|v split and the o activation folded in,
+                     * the same bytes as the separate launches (the op compares them) */
+                    CHECK_MSG(qf_cuda_op_attention_fused(q, k, v, pos0, nh, nkv, hd, got, &err) == QF_OK, "%s", err.msg);
+                    printf("  attention split-K, split and o quantization folded in: the same bytes\n");
+                }
             }
             if (hd <= 256) {
                 /* the tensor-core route prefill takes: Q and P in f16, the f32 / q8_0 / q4_0 rows

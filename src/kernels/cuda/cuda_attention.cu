@@ -733,7 +733,7 @@ static size_t splith_smem(int G, int hd, int L) { return (size_t)(G * L + SPLIT_
 template <int G, int HD>
 __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     k_attn_split_h(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
-                   int n_head_kv, float scale, int n, const int *dpos, float *part, int early) {
+                   int n_head_kv, float scale, int n, const int *dpos, float *part, int early, attn_fuse fx) {
     constexpr int LPK = HD / 16, KPW = 32 / LPK, KPB = KPW * SPLIT_WARPS; /* phase 1: lanes a key, keys a pass */
     constexpr int NC8 = HD / 8, NKG = SPLIT_WARPS * 32 / NC8;            /* phase 3: 8-dim chunks, key groups */
     extern __shared__ float smh[];
@@ -761,15 +761,38 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
             v0[u] = ((const uint4 *)(V + ((size_t)(j0 + kg + u * NKG) * n_head_kv + kh) * rbv))[d8];
     pdl_wait();
     float qv[G][16];
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-        const float4 *qp = (const float4 *)(q + (size_t)i * n_head * HD + ((size_t)kh * G + g) * HD + 16 * sub);
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float4 a = qp[k];
-            qv[g][4 * k] = a.x, qv[g][4 * k + 1] = a.y, qv[g][4 * k + 2] = a.z, qv[g][4 * k + 3] = a.w;
+    if (fx.qkv) { /* the split folded in (one token): red holds the G rotated q rows until phase 3 */
+        for (int x = threadIdx.x; x < G * HD / 2; x += blockDim.x) {
+            const int g = x / (HD / 2), j = x % (HD / 2), h = kh * G + g;
+            qkv_pair(fx.qkv + (size_t)h * HD, j, HD, fx.half, fx.neox, fx.cs, fx.sn, fx.bq ? fx.bq + (size_t)h * HD : NULL,
+                     true, 0, red + g * HD);
         }
-    }
+        if (c == nsplit - 1) { /* the range that holds position pos0: the token's K and V rows */
+            __half *kd = (__half *)const_cast<uint8_t *>(K + ((size_t)pos0 * n_head_kv + kh) * rbk);
+            __half *vd = (__half *)const_cast<uint8_t *>(V + ((size_t)pos0 * n_head_kv + kh) * rbv);
+            for (int j = threadIdx.x; j < HD / 2; j += blockDim.x) {
+                qkv_pair(fx.qkv + (size_t)(n_head + kh) * HD, j, HD, fx.half, fx.neox, fx.cs, fx.sn,
+                         fx.bk ? fx.bk + (size_t)kh * HD : NULL, true, 0, kd);
+                qkv_pair(fx.qkv + (size_t)(n_head + n_head_kv + kh) * HD, j, HD, fx.half, fx.neox, fx.cs, fx.sn,
+                         fx.bv ? fx.bv + (size_t)kh * HD : NULL, false, 0, vd);
+            }
+        }
+        __syncthreads(); /* the q rows, and the K / V rows phase 1 and 3 read back */
+#pragma unroll
+        for (int g = 0; g < G; g++)
+#pragma unroll
+            for (int k = 0; k < 16; k++) qv[g][k] = red[g * HD + 16 * sub + k];
+        __syncthreads(); /* red is phase 3's again */
+    } else
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const float4 *qp = (const float4 *)(q + (size_t)i * n_head * HD + ((size_t)kh * G + g) * HD + 16 * sub);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float4 a = qp[k];
+                qv[g][4 * k] = a.x, qv[g][4 * k + 1] = a.y, qv[g][4 * k + 2] = a.z, qv[g][4 * k + 3] = a.w;
+            }
+        }
     /* phase 1: S[g][t] = q_g . k_t * scale */
     for (int tb = 0; tb < len; tb += KPB) {
         const int t = tb + t1;
@@ -861,7 +884,7 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
  * ranges in order). dpos is read before the wait (the host writes it before the graph launch). */
 #define MERGE_R 32
 __global__ void k_attn_merge(const float *part, int pos0, int n_head, int hd, int n, const int *dpos, int grouped,
-                             float *out) {
+                             float *out, act_q aq) {
     pdl_trigger();
     __shared__ float wc[SPLIT_MAX], lc[SPLIT_MAX];
     __shared__ float inv_ls;
@@ -899,14 +922,17 @@ __global__ void k_attn_merge(const float *part, int pos0, int n_head, int hd, in
     for (int u = 0; u < MERGE_R; u++)
         if (u < ns) o += pv[u] * wc[u];
     for (int c = MERGE_R; c < ns; c++) o += pp[(size_t)c * (hd + 2) + 2 + e] * wc[c];
-    out[(size_t)i * n_head * hd + (size_t)h * hd + e] = o * inv_ls;
+    const size_t at = (size_t)i * n_head * hd + (size_t)h * hd + e;
+    out[at] = o * inv_ls;
+    /* aq set (hd % 32 == 0: every warp one whole 32-block): the o matvec's q8_0 activation */
+    if (aq.qs) quant_q8_warp(o * inv_ls, e % 32, aq.qs + at, aq.xd + at / 32, aq.xs + at / 32);
 }
 
 size_t attention_split_floats(int n, int n_head, int hd) { return (size_t)n * n_head * SPLIT_MAX * (hd + 2); }
 
-void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
+bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
                             size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
-                            float *part, cudaStream_t s, const int *dpos, int n_ctx, bool early) {
+                            float *part, cudaStream_t s, const int *dpos, int n_ctx, bool early, const attn_fuse *fx) {
     const int G = n_head / n_head_kv;
     int L, nsplit;
     /* the grouped kernel where the group and its shared memory fit, sized for the longest
@@ -937,9 +963,17 @@ void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
     }
     const float scale = 1.0f / sqrtf((float)hd);
     const dim3 grid((unsigned)nsplit, (unsigned)(grouped ? n_head_kv : n_head), (unsigned)n);
+    attn_fuse f = {};
+    if (fx && fx->qkv) {
+        if (vh && n == 1) f = *fx, f.xq = NULL; /* folded into k_attn_split_h */
+        else /* the split first: q to q, K and V to the cache rows */
+            launch_qkv_split(fx->qkv, 2, n, n_head, n_head_kv, hd, fx->half, fx->neox != 0, fx->cs, fx->sn, fx->bq, fx->bk,
+                             fx->bv, (void *)q, (void *)(K + (dpos ? 0 : (size_t)pos0 * n_head_kv * rbk)),
+                             (void *)(V + (dpos ? 0 : (size_t)pos0 * n_head_kv * rbv)), s, dpos);
+    }
     if (vh) {
 #define QF_SPH(GG, HH) cu_launch(k_attn_split_h<GG, HH>, grid, dim3(SPLIT_WARPS * 32), hsm, s, q, K, V, rbk, rbv, pos0, \
-                                 n_head, n_head_kv, scale, n, dpos, part, (int)early)
+                                 n_head, n_head_kv, scale, n, dpos, part, (int)early, f)
         if (hd == 128) {
             if (G == 1) QF_SPH(1, 128);
             else if (G == 2) QF_SPH(2, 128);
@@ -980,6 +1014,10 @@ void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
     }
 #undef QF_SPL_V
 #undef QF_SPL
+    act_q aq = {};
+    const bool wq = fx && fx->xq && hd % 32 == 0;
+    if (wq) aq = act_q_view(fx->xq, n, n_head * hd);
     cu_launch(k_attn_merge, dim3((unsigned)n_head, (unsigned)n), dim3((unsigned)((hd + 31) / 32 * 32)), 0, s,
-              (const float *)part, pos0, n_head, hd, n, dpos, (int)grouped, out);
+              (const float *)part, pos0, n_head, hd, n, dpos, (int)grouped, out, aq);
+    return wq;
 }

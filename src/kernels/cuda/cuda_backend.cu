@@ -1328,7 +1328,10 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
          * (the same __float2half_rn of the same f32 values as the K|V write) */
         const bool dkv16 = dqkv && !g->kv_rot && g->kv_mode[0] == QF_KV_F16 && g->kv_mode[1] == QF_KV_F16 &&
                            g->kv_rb[0] == (size_t)hd * 2 && g->kv_rb[1] == (size_t)hd * 2 && !(tap && tap->on_kv);
-        bool att16 = false;
+        bool att16 = false, oq = false; /* oq: g->xh holds the attention output's q8_0 activation */
+        /* one token with an f16 cache: the q|k|v split runs inside the split-K attention (one
+         * launch fewer a layer) */
+        const bool fold_split = dkv16 && n == 1 && g->part;
         /* decode: the norm also writes the q8_0 activation of the int8 matvecs (into xh, their
          * scratch), which then skip their own quantization launch */
         const bool q8a = dqkv && !fqkv && q8_act(&L->wqkv);
@@ -1355,7 +1358,10 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             if ((st = dev_matmul(g->blas, &L->wqkv, g->xn, n, g->qkv, false, MM_MATVEC, g->wdeq, g->xh, S, err, xq1)))
                 goto done;
             prof_mark(g, 1);
-            if (dkv16) { /* f16 cache: K and V rows straight into it (at *dpos under graph capture) */
+            if (dkv16 && fold_split) {
+                /* one token: the split-K attention kernel rotates q and writes the K and V rows
+                 * itself (launch_attention_split's fx, below) */
+            } else if (dkv16) { /* f16 cache: K and V rows straight into it (at *dpos under graph capture) */
                 const size_t at = dpos ? 0 : (size_t)pos0 * nkv * hd;
                 launch_qkv_split(g->qkv, 2, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc, rs, L->bq,
                                  L->bk, L->bv, g->q, (__half *)(g->kv[0] + g->kv_layer_bytes[0] * il) + at,
@@ -1436,10 +1442,16 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             /* --kv-rot: the cache holds H k and H v, so attention runs on H q and its output,
              * H (sum p v), is rotated back */
             if (g->kv_rot) launch_hadamard(g->q, (int64_t)n * hp->n_head, hd, S);
-            if (dec && g->part && !fam) /* decode: split-K over the cache */
-                launch_attention_split(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv, hd,
-                                       g->att, g->part, S, dpos, g->n_ctx, !expanded);
-            else
+            if (dec && g->part && !fam) { /* decode: split-K over the cache */
+                attn_fuse fx = {};
+                if (fold_split)
+                    fx.qkv = g->qkv, fx.cs = rc, fx.sn = rs, fx.bq = L->bq, fx.bk = L->bk, fx.bv = L->bv, fx.half = half,
+                    fx.neox = hp->rope_type == QF_ROPE_NEOX;
+                /* the merge writes the o matvec's q8_0 activation (it then skips its quantization) */
+                if (!g->kv_rot && !L->post_attn_norm && q8_act(&L->wo)) fx.xq = g->xh;
+                oq = launch_attention_split(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv,
+                                            hd, g->att, g->part, S, dpos, g->n_ctx, !expanded, &fx);
+            } else
                 launch_attention(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv, hd, g->att,
                                  fl, att16 ? g->xh : NULL, q16, S, fam ? hp->attn_scale : 0.0f, hp->attn_softcap,
                                  L->window);
@@ -1453,7 +1465,7 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             if ((st = dev_matmul(g->blas, &L->wo, g->att, n, g->xn, false, route, g->wdeq, g->xh, S, err))) goto done;
             launch_rmsnorm(g->xn, L->post_attn_norm, n, D, hp->rms_eps, g->xn, NULL, S);
             launch_add(g->x, g->xn, (size_t)n * D, S);
-        } else if ((st = dev_matmul(g->blas, &L->wo, g->att, n, g->x, true, route, g->wdeq, g->xh, S, err))) goto done;
+        } else if ((st = dev_matmul(g->blas, &L->wo, g->att, n, g->x, true, route, g->wdeq, g->xh, S, err, oq))) goto done;
         prof_mark(g, 4);
 
         const bool xq2 = launch_rmsnorm(g->x, L->ffn_norm, n, D, hp->rms_eps, !fgu || want_act ? g->xn : NULL,

@@ -28,8 +28,9 @@ extern "C" {
  * no_q4_regroup. 6: qf_gpu_kv carries kv-rq caches (qf_gpu_kv_rq), pre-RoPE K and the exact
  * sinks / recent window. 7: the AWQ learner's entries (awq_group_*, awq_quantize). 8: qf_gpu_params
  * gains canonical. 9: qf_gpu_kv carries the dictionaries' Gram matrices (dict rows encoded on the
- * device), the table gains op_kv_dict_encode. */
-#define QF_CUDA_ABI 9
+ * device), the table gains op_kv_dict_encode. 10: op_attention's route 3 (the decode step's fused
+ * split-K attention against the separate launches). */
+#define QF_CUDA_ABI 10
 
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 typedef struct qf_cuda_awq qf_cuda_awq; /* one AWQ group's search state on the device */
@@ -147,6 +148,7 @@ typedef struct qf_cuda_api {
     qf_status (*op_rope)(float *v, int n, int n_heads, int head_dim, int n_rot, qf_rope_type type, const float *cs,
                          const float *sn, qf_error *err);
     qf_status (*op_silu_mul)(const float *g, const float *u, size_t n, float *out, qf_error *err);
+    /* route: 0 the warp kernel, 1 flash, 2 split-K, 3 split-K fused as the decode step runs it */
     qf_status (*op_attention)(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
                               int n_head_kv, int hd, qf_kv_mode mode, int route, float *out, qf_error *err);
     qf_status (*op_kv_roundtrip)(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_t rows, int hd, void *bytes,

@@ -346,6 +346,49 @@ __device__ static inline float warp_sum(float v) {
     return v;
 }
 
+/* One 32-block of a q8_0 activation, a warp's 32 lanes holding its values in order (v: this
+ * lane's): quant.c's quant_q8_0 (d = amax / 127, id = d ? 1 / d : 0, q = roundf(x * id), each
+ * operation rounded on its own), the quant to *qs, and from lane 0 the f32 of d's f16 rounding to
+ * *xd and the int sum of the block's quants to *xs (the ACT_Q_BYTES layout's three arrays). The
+ * one definition of k_quant_act's bytes, which the split-K merge writes as well. */
+__device__ static inline void quant_q8_warp(float v, int lane, int8_t *qs, float *xd, int *xs) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = __fdiv_rn(amax, 127.0f);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    const int q = (int)roundf(__fmul_rn(v, id));
+    *qs = (int8_t)q;
+    int sum = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) *xd = __half2float(__float2half_rn(d)), *xs = sum;
+}
+
+/* ---- the fused q|k|v row: bias and RoPE of one pair of elements ----
+ * One pair j < hd / 2 of one head row src: bias b (if any), RoPE when rot and j < half (k_rope's
+ * pairs: (j, j + half) for NEOX, else (2j, 2j + 1); row t of the cos / sin tables), stored as
+ * OT (f32, or the f16 rounding of the same f32). The one definition that k_qkv_split and the
+ * decode attention's fused split (k_attn_split_h) share, so both give the same bits. */
+__device__ static inline void st_out(float *p, float x) { *p = x; }
+__device__ static inline void st_out(__half *p, float x) { *p = __float2half_rn(x); }
+template <typename OT>
+__device__ static inline void qkv_pair(const float *src, int j, int hd, int half, int neox, const float *cs,
+                                       const float *sn, const float *b, bool rot, int t, OT *dst) {
+    (void)hd;
+    rot = rot && j < half;
+    const int a = rot && neox ? j : 2 * j, c = rot && neox ? j + half : 2 * j + 1;
+    float x0 = src[a], x1 = src[c];
+    if (b) x0 += b[a], x1 += b[c];
+    if (rot) {
+        const float cc = cs[(size_t)t * half + j], s = sn[(size_t)t * half + j];
+        const float y0 = x0 * cc - x1 * s, y1 = x0 * s + x1 * cc;
+        st_out(dst + a, y0), st_out(dst + c, y1);
+    } else {
+        st_out(dst + a, x0), st_out(dst + c, x1);
+    }
+}
+
 /* ---- KV cache rows ---- */
 
 /* element e of one head_dim row stored in mode M */
@@ -595,9 +638,27 @@ size_t attention_exact_flash_floats(int n, int n_head, int hd);
  * to 8 heads run one block per (range, kv head); n_ctx (0: pos0 + n) picks the kernel. early:
  * K and V are the cache itself (not a per-call expansion), so rows before pos0 are loaded
  * before the kernel waits for its predecessor (see pdl_wait). */
-void launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
+/* What the decode step folds into split-K attention (launch_attention_split's fx), so the step
+ * launches fewer kernels:
+ * - qkv set (f16 cache with rows of hd * 2 bytes): the q|k|v split (k_qkv_split kind 2). qkv is
+ *   the fused projection's output [n][n_head + 2 n_head_kv][hd]; bq / bk / bv the biases (or
+ *   NULL), cs / sn the call's RoPE tables, half and neox qkv_pair's operands. For one token with
+ *   the vectorized kernel, each block rotates its heads' q itself and the block whose range holds
+ *   position pos0 writes the token's K and V rows into the cache; otherwise k_qkv_split is
+ *   launched first (into q and the cache rows at pos0 / *dpos). The same bits either way.
+ * - xq set (hd % 32 == 0): the merge also writes the q8_0 activation of its output
+ *   (ACT_Q_BYTES(n, n_head * hd) layout, k_quant_act's bytes), so the o matvec needs no
+ *   quantization launch. */
+typedef struct {
+    const float *qkv, *cs, *sn, *bq, *bk, *bv;
+    int half, neox;
+    void *xq;
+} attn_fuse;
+/* returns whether fx->xq was written */
+bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
                             size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
-                            float *part, cudaStream_t s, const int *dpos = NULL, int n_ctx = 0, bool early = false);
+                            float *part, cudaStream_t s, const int *dpos = NULL, int n_ctx = 0, bool early = false,
+                            const attn_fuse *fx = NULL);
 size_t attention_split_floats(int n, int n_head, int hd);
 
 /* ---- cuda_canon.cu: the canonical arithmetic (kernels/canon.h), the CPU's bits ---- */

@@ -363,20 +363,7 @@ __global__ void k_quant_act(const float *__restrict__ x, int64_t nblocks, int8_t
     const int lane = threadIdx.x % 32;
     pdl_wait();
     if (b >= nblocks) return;
-    const float v = x[b * 32 + lane];
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    /* quant.c's quant_q8_0: d = amax / 127, id = d ? 1 / d : 0, q = roundf(x * id), each
-     * operation rounded on its own (no FMA contraction) */
-    const float d = __fdiv_rn(amax, 127.0f);
-    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-    const int q = (int)roundf(__fmul_rn(v, id));
-    qs[b * 32 + lane] = (int8_t)q;
-    int sum = q;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) xd[b] = __half2float(__float2half_rn(d)), xs[b] = sum;
+    quant_q8_warp(x[b * 32 + lane], lane, qs + b * 32 + lane, xd + b, xs + b); /* quant.c's quant_q8_0 */
 }
 
 void launch_quant_act(const float *x, int n, int K, void *xq, cudaStream_t s) {

@@ -170,27 +170,7 @@ __global__ void k_silu_gu(const IT *gu, int F, float *o32, __half *o16) {
 
 /* fused q/k/v: qkv[t] = [q (nh heads) | k (nkv) | v (nkv)] x hd; adds the biases (if any),
  * rotates q and k (k_rope's pairs and formula) and writes q, k, v to their own buffers.
- * One thread per (token, head, pair of elements). */
-__device__ static inline void st_out(float *p, float x) { *p = x; }
-__device__ static inline void st_out(__half *p, float x) { *p = __float2half_rn(x); }
-
-/* one pair of elements of one head row: bias, RoPE (rot: q and k), store */
-template <typename OT>
-__device__ static inline void qkv_pair(const float *src, int j, int hd, int half, int neox, const float *cs,
-                                       const float *sn, const float *b, bool rot, int t, OT *dst) {
-    rot = rot && j < half;
-    const int a = rot && neox ? j : 2 * j, c = rot && neox ? j + half : 2 * j + 1;
-    float x0 = src[a], x1 = src[c];
-    if (b) x0 += b[a], x1 += b[c];
-    if (rot) {
-        const float cc = cs[(size_t)t * half + j], s = sn[(size_t)t * half + j];
-        const float y0 = x0 * cc - x1 * s, y1 = x0 * s + x1 * cc;
-        st_out(dst + a, y0), st_out(dst + c, y1);
-    } else {
-        st_out(dst + a, x0), st_out(dst + c, x1);
-    }
-}
-
+ * One thread per (token, head, pair of elements): qkv_pair (cuda_common.cuh). */
 /* OT = __half: q goes to the flash kernel's f16 Q and k, v straight into the f16 KV cache
  * (rows [t][nkv][hd] from pos0), the __float2half_rn of the same f32 values that the f32
  * route's k_kv_write and the flash kernel's Q load would round */

@@ -6,13 +6,13 @@
 /* single operations for the tests                                                           */
 
 typedef struct {
-    void *p[8];
+    void *p[20];
     int n;
 } dallocs;
 
 static void *dalloc(dallocs *a, size_t bytes) {
     void *p = NULL;
-    if (a->n >= 8 || cudaMalloc(&p, bytes ? bytes : 4) != cudaSuccess) return NULL;
+    if (a->n >= 20 || cudaMalloc(&p, bytes ? bytes : 4) != cudaSuccess) return NULL;
     a->p[a->n++] = p;
     return p;
 }
@@ -120,8 +120,104 @@ qf_status op_silu_mul(const float *gt, const float *u, size_t n, float *out, qf_
     return op_finish(&a, out, dg, n * 4, err);
 }
 
+/* route 3 of op_attention: one token's decode attention over an f16 cache in the decode step's
+ * fused form (attn_fuse: the q|k|v split and the o activation's quantization folded into split-K
+ * attention) against the separate launches (k_qkv_split kind 2, split-K attention, k_quant_act),
+ * on the same q|k|v row: [q | k row pos0 | v row pos0], with biases where pos0 % 3 == 0, NEOX
+ * pairs where pos0 is odd and a RoPE row of cos / sin(0.37 (j + 1)). The cache rows, the output
+ * and the q8_0 activation must be the same bytes (else QF_ERR_DEVICE saying which); out gets the
+ * fused output (rotated q and K row pos0: not plain attention of q, k, v). */
+static qf_status op_attention_fused(const float *q, const float *k, const float *v, int pos0, int n_head, int n_head_kv,
+                                    int hd, float *out, qf_error *err) {
+    const size_t rb = (size_t)hd * 2, rows = (size_t)(pos0 + 1) * n_head_kv, Dq = (size_t)n_head * hd,
+                 Dkv = (size_t)n_head_kv * hd, H = Dq + 2 * Dkv, xqb = ACT_Q_BYTES(1, (int)Dq);
+    const int half = hd / 2, neox = pos0 % 2;
+    if (hd % 32 || hd > HD_MAX) return cu_fail(err, QF_ERR_DEVICE, "CUDA op: fused split-K attention needs hd %% 32 == 0");
+    float *hq = (float *)malloc(H * 4), *tab = (float *)malloc((size_t)hd * 4), *bias = (float *)malloc(H * 4);
+    uint8_t *hb[3] = {(uint8_t *)malloc(rows * rb), (uint8_t *)malloc(rows * rb), (uint8_t *)malloc(xqb)};
+    uint8_t *hf[3] = {(uint8_t *)malloc(rows * rb), (uint8_t *)malloc(rows * rb), (uint8_t *)malloc(xqb)};
+    float *o1 = (float *)malloc(Dq * 4);
+    qf_status st = QF_OK;
+    dallocs a = {};
+    if (!hq || !tab || !bias || !hb[0] || !hb[1] || !hb[2] || !hf[0] || !hf[1] || !hf[2] || !o1) {
+        st = cu_fail(err, QF_ERR_DEVICE, "CUDA op: out of host memory");
+        goto out;
+    }
+    memcpy(hq, q, Dq * 4), memcpy(hq + Dq, k + (size_t)pos0 * Dkv, Dkv * 4), memcpy(hq + Dq + Dkv, v + (size_t)pos0 * Dkv, Dkv * 4);
+    for (int j = 0; j < half; j++) tab[j] = cosf(0.37f * (float)(j + 1)), tab[half + j] = sinf(0.37f * (float)(j + 1));
+    for (size_t i = 0; i < H; i++) bias[i] = 0.01f * (float)((int)(i % 23) - 11);
+    {
+        float *dk = (float *)dup_to(&a, k, rows * hd * 4), *dv = (float *)dup_to(&a, v, rows * hd * 4);
+        float *dqkv = (float *)dup_to(&a, hq, H * 4), *dtab = (float *)dup_to(&a, tab, (size_t)hd * 4);
+        float *db = pos0 % 3 == 0 ? (float *)dup_to(&a, bias, H * 4) : NULL;
+        uint8_t *c[2][2], *xq[2];
+        float *o[2], *dq = (float *)dalloc(&a, Dq * 4);
+        float *part = (float *)dalloc(&a, attention_split_floats(1, n_head, hd) * 4);
+        bool ok = dk && dv && dqkv && dtab && (db || pos0 % 3) && dq && part;
+        for (int r = 0; r < 2; r++) {
+            c[r][0] = (uint8_t *)dalloc(&a, rows * rb), c[r][1] = (uint8_t *)dalloc(&a, rows * rb);
+            xq[r] = (uint8_t *)dalloc(&a, xqb), o[r] = (float *)dalloc(&a, Dq * 4);
+            ok = ok && c[r][0] && c[r][1] && xq[r] && o[r];
+        }
+        if (!ok) {
+            dfree(&a);
+            st = cu_fail(err, QF_ERR_DEVICE, "CUDA op: device allocation failed");
+            goto out;
+        }
+        for (int r = 0; r < 2; r++) { /* rows 0 .. pos0 - 1 from k, v; row pos0 left zero for the split */
+            cudaMemset(c[r][0], 0, rows * rb), cudaMemset(c[r][1], 0, rows * rb);
+            launch_kv_write(QF_KV_F16, dk, (int64_t)pos0 * n_head_kv, hd, rb, c[r][0], 0);
+            launch_kv_write(QF_KV_F16, dv, (int64_t)pos0 * n_head_kv, hd, rb, c[r][1], 0);
+        }
+        attn_fuse fx = {dqkv, dtab, dtab + half, db, db ? db + Dq : NULL, db ? db + Dq + Dkv : NULL, half, neox, NULL};
+        /* separate: the split, the attention, the quantization */
+        launch_qkv_split(dqkv, 2, 1, n_head, n_head_kv, hd, half, neox != 0, fx.cs, fx.sn, fx.bq, fx.bk, fx.bv, dq,
+                         c[0][0] + (size_t)pos0 * n_head_kv * rb, c[0][1] + (size_t)pos0 * n_head_kv * rb, 0);
+        launch_attention_split(QF_KV_F16, QF_KV_F16, dq, c[0][0], c[0][1], rb, rb, 1, pos0, n_head, n_head_kv, hd, o[0],
+                               part, 0, NULL, 0, true);
+        launch_quant_act(o[0], 1, (int)Dq, xq[0], 0);
+        /* fused */
+        fx.xq = xq[1];
+        if (!launch_attention_split(QF_KV_F16, QF_KV_F16, dq, c[1][0], c[1][1], rb, rb, 1, pos0, n_head, n_head_kv, hd, o[1],
+                                    part, 0, NULL, 0, true, &fx)) {
+            dfree(&a);
+            st = cu_fail(err, QF_ERR_DEVICE, "CUDA op: the merge did not write the q8_0 activation");
+            goto out;
+        }
+        cudaError_t e = cudaGetLastError();
+        uint8_t **hs[2] = {hb, hf};
+        for (int r = 0; r < 2 && e == cudaSuccess; r++) {
+            e = cudaMemcpy(hs[r][0], c[r][0], rows * rb, cudaMemcpyDeviceToHost);
+            if (e == cudaSuccess) e = cudaMemcpy(hs[r][1], c[r][1], rows * rb, cudaMemcpyDeviceToHost);
+            if (e == cudaSuccess) e = cudaMemcpy(hs[r][2], xq[r], xqb, cudaMemcpyDeviceToHost);
+            if (e == cudaSuccess) e = cudaMemcpy(r ? out : o1, o[r], Dq * 4, cudaMemcpyDeviceToHost);
+        }
+        dfree(&a);
+        if (e != cudaSuccess) {
+            st = cuda_fail(err, e, "test op");
+            goto out;
+        }
+    }
+    {
+        const char *what = memcmp(hb[0], hf[0], rows * rb)   ? "K cache rows"
+                           : memcmp(hb[1], hf[1], rows * rb) ? "V cache rows"
+                           : memcmp(o1, out, Dq * 4)         ? "attention output"
+                           : memcmp(hb[2], hf[2], xqb)       ? "q8_0 activation"
+                                                             : NULL;
+        if (what) st = cu_fail(err, QF_ERR_DEVICE, "CUDA op: fused split-K attention: the %s differ from the separate launches'", what);
+    }
+out:
+    free(hq), free(tab), free(bias), free(o1);
+    for (int r = 0; r < 3; r++) free(hb[r]), free(hf[r]);
+    return st;
+}
+
 qf_status op_attention(const float *q, const float *k, const float *v, int n, int pos0, int n_head, int n_head_kv,
                        int hd, qf_kv_mode mode, int route, float *out, qf_error *err) {
+    if (route == 3) {
+        if (n != 1 || mode != QF_KV_F16) return cu_fail(err, QF_ERR_DEVICE, "CUDA op: the fused route is one token, f16 cache");
+        return op_attention_fused(q, k, v, pos0, n_head, n_head_kv, hd, out, err);
+    }
     const bool flash = route == 1, split = route == 2;
     size_t rb = kv_row_bytes(mode, hd);
     if (flash && !flash_ok(mode, mode, hd))
