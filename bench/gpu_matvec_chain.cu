@@ -7,11 +7,14 @@
  * prints each shape's time against a pure read of the same bytes, and the whole chain's time as
  * a share of the 4.8 TB/s bound (bench_gpu's). docs/gpu.md "Session 18" has the H200 numbers.
  *   make build/bench/gpu_matvec_chain        (needs nvcc; not part of `all`)
- *   build/bench/gpu_matvec_chain [TINY] [f16]  (TINY: 1-block kernels per layer, default 0)
+ *   build/bench/gpu_matvec_chain [TINY] [f16|q4] [nopf]  (TINY: 1-block kernels per layer, default 0)
  * Then (q4_0) the same step as ONE persistent kernel: the matvecs (and the TINY one-block
  * phases, run by block 0) as phases separated by a grid barrier (an arrival counter and a
  * generation flag), 2 to 16 blocks per SM, with and without an L2 prefetch of the next
  * matvec's first lines before each barrier: docs/gpu.md "Session 20" (it loses to the chain).
+ * And (q4_0, unless the third argument is "nopf") the step laid out as the decode graph, 7
+ * one-block kernels a layer, the first after q|k|v also asking L2 for the head of the layer's
+ * gate|up (bulk or per-line prefetches, 8-48 MB): docs/gpu.md "Session 21" (no gain).
  * A standalone program: it links nothing of qforge (its kernels are the experiment's copies;
  * the shipped ones are cuda_gemm.cu's k_mv1_q4g / k_mv1_h). */
 #include <cuda_runtime.h>
@@ -262,6 +265,39 @@ __global__ void k_tiny(float *y, int n) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = y[i] * 0.5f + 1.f;
 }
 
+// a small kernel that, once its predecessor is done, asks L2 for `bytes` of another matrix
+// (cp.async.bulk.prefetch.L2 in 64 KB pieces spread over its threads; EL: evict-last hint),
+// standing for a split / norm launch that warms the next big matvec's weights
+template <int EL>
+__global__ void k_tiny_pf(float *y, int n, const uint8_t *pf, size_t bytes) {
+    trig();
+    gwait();
+    if (EL >= 2) { // per-line prefetch instructions (2: L2 normal, 3: L2 evict_last) spread over all threads
+        const size_t nl = bytes / 128;
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < nl; i += (size_t)gridDim.x * blockDim.x) {
+            if (EL == 3) asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(pf + i * 128));
+            else asm volatile("prefetch.global.L2 [%0];" ::"l"(pf + i * 128));
+        }
+        if (blockIdx.x == 0)
+            for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = y[i] * 0.5f + 1.f;
+        return;
+    }
+    const size_t piece = bytes / gridDim.x / 16 * 16 < 65536 ? bytes / gridDim.x / 16 * 16 + 16 : 65536, np = (bytes + piece - 1) / piece;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < np; i += (size_t)gridDim.x * blockDim.x) {
+        const uint8_t *a = pf + i * piece;
+        const unsigned sz = (unsigned)(i + 1 < np ? piece : bytes - i * piece) & ~15u;
+        if (!sz) continue;
+        if (EL) {
+            uint64_t pol;
+            asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+            asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(a), "r"(sz), "l"(pol) : "memory");
+        } else
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(sz) : "memory");
+    }
+    if (blockIdx.x == 0)
+        for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = y[i] * 0.5f + 1.f;
+}
+
 __global__ void k_fill(uint32_t *p, size_t n, uint32_t seed) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint32_t h = (uint32_t)i * 2654435761u ^ seed;
@@ -406,6 +442,44 @@ int main(int argc, char **argv) {
                 run_mv(v, lm, xq, xd, xs, y, s); }, 20);
             printf("step pdl %d tiny %d %-20s %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", pdl, tiny, v.name, ms, 1000 / ms,
                    bytes / (ms * 1e-3) / 4.8e12 * 100);
+        }
+    }
+    // 2b) the step laid out as qforge's decode graph: norm, q|k|v, split / attention / merge /
+    //     quant, o, norm, gate|up, quant, down (7 small kernels a layer), the split (first small
+    //     kernel after q|k|v) also asking L2 for the first PF MB of this layer's gate|up, and the
+    //     quant after gate|up for the first PD MB of down
+    if (!F16 && (argc <= 3 || strcmp(argv[3], "nopf"))) {
+        g_pdl = true;
+        variant v = {"ef R4U2 W2P2", k_q4x<4, 2, 2, 2, 2>, 8, 128};
+        auto tiny1 = [&](const uint8_t *pf, size_t bytes, int el, unsigned nb) {
+            void *a[] = {&yt, (void *)&D, (void *)&pf, &bytes};
+            const void *f = el == 0 ? (const void *)k_tiny_pf<0> : el == 1 ? (const void *)k_tiny_pf<1>
+                          : el == 2 ? (const void *)k_tiny_pf<2> : (const void *)k_tiny_pf<3>;
+            launch(f, nb, 256, a, s);
+        };
+        struct pcase { int pf, pd, el; unsigned nb; };
+        // el: 0 bulk, 1 bulk evict_last, 2 line prefetch, 3 line prefetch evict_last
+        const pcase cs[] = {{0, 0, 0, 1},    {0, 0, 0, 132},  {8, 0, 0, 132},  {16, 0, 0, 132}, {32, 0, 0, 132},
+                            {16, 0, 0, 264}, {32, 0, 0, 528}, {16, 0, 1, 132}, {32, 0, 1, 264}, {8, 0, 2, 132},
+                            {16, 0, 2, 132}, {32, 0, 2, 132}, {16, 0, 3, 132}, {32, 0, 3, 264}, {24, 8, 2, 132},
+                            {0, 0, 0, 1}};
+        for (const pcase &c : cs) {
+            float ms = time_graph([&] {
+                for (int l = 0; l < L; l++) {
+                    tiny1(nullptr, 0, false, 1);
+                    run_mv(v, qkv[l], xq, xd, xs, y, s);
+                    tiny1(gu[l].w, (size_t)c.pf << 20, c.el, c.nb);
+                    for (int t = 0; t < 3; t++) tiny1(nullptr, 0, false, 1);
+                    run_mv(v, wo[l], xq, xd, xs, y, s);
+                    tiny1(nullptr, 0, false, 1);
+                    run_mv(v, gu[l], xq, xd, xs, y, s);
+                    tiny1(dn[l].w, (size_t)c.pd << 20, c.el, 1);
+                    run_mv(v, dn[l], xq, xd, xs, y, s);
+                }
+                run_mv(v, lm, xq, xd, xs, y, s); }, 20);
+            CKE(cudaGetLastError());
+            printf("layout pf gate|up %2d MB down %d MB %s blocks %u: %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", c.pf, c.pd,
+                   c.el == 0 ? "bulk      " : c.el == 1 ? "bulk el   " : c.el == 2 ? "line      " : "line el   ", c.nb, ms, 1000 / ms, bytes / (ms * 1e-3) / 4.8e12 * 100);
         }
     }
     // 3) persistent: the same step as one kernel with grid barriers (tiny phases run by block 0)
