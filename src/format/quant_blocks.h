@@ -81,19 +81,35 @@ QF_HD static inline void qf_k4_scale_min_all(const uint8_t *q, uint8_t sc[8], ui
     memcpy(m, u + 2, 8);
 }
 
-/* Super-block b of a Q4_K (q6 = 0) or Q6_K (q6 = 1) row unpacked for the integer GEMMs (CPU
- * gemm.c, GPU cuda_canon.cu): q[256] the unsigned quants in element order (Q4_K 0..15; Q6_K
- * 0..63, value q - 32), sc the sub-block scales (8 of 32 elements, or 16 of 16), mn Q4_K's 8
- * mins (untouched for Q6_K), *d / *dmin the f16 bits of the super-block scales (dmin 0 for Q6_K). */
-QF_HD static inline void qf_k_unpack(int q6, const uint8_t *row, int64_t b, uint8_t *q, int32_t *sc, int32_t *mn,
-                                     uint16_t *d, uint16_t *dmin) {
+/* Quarter j (0..3) of super-block b of a Q4_K (q6 = 0) or Q6_K (q6 = 1) row, unpacked for the
+ * integer GEMMs (gemm.c through qf_k_unpack, cuda_canon.cu's k_canon_gemm_k): q[0..63] = the unsigned quants of elements
+ * 64 j .. 64 j + 63 (Q4_K 0..15; Q6_K 0..63, value q - 32). */
+QF_HD static inline void qf_k_unpack_quarter(int q6, const uint8_t *row, int64_t b, int j, uint8_t *q) {
+    if (!q6) {
+        const uint8_t *qs = ((const block_q4_K *)(const void *)row + b)->qs + 32 * j;
+        for (int l = 0; l < 32; l++) q[l] = qs[l] & 0xF, q[32 + l] = qs[l] >> 4;
+    } else {
+        const block_q6_K *blk = (const block_q6_K *)(const void *)row + b;
+        const uint8_t *ql = blk->ql + 64 * (j / 2), *qh = blk->qh + 32 * (j / 2);
+        if (j % 2 == 0)
+            for (int l = 0; l < 32; l++) {
+                q[l] = (uint8_t)((ql[l] & 0xF) | ((qh[l] & 3) << 4));
+                q[l + 32] = (uint8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+            }
+        else
+            for (int l = 0; l < 32; l++) {
+                q[l] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                q[l + 32] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+            }
+    }
+}
+/* The scales of super-block b: sc the sub-block scales (8 of 32 elements, or
+ * 16 of 16), mn Q4_K's 8 mins (untouched for Q6_K), *d / *dmin the f16 bits of the super-block
+ * scales (dmin 0 for Q6_K). */
+QF_HD static inline void qf_k_unpack_scales(int q6, const uint8_t *row, int64_t b, int32_t *sc, int32_t *mn, uint16_t *d,
+                                            uint16_t *dmin) {
     if (!q6) {
         const block_q4_K *blk = (const block_q4_K *)(const void *)row + b;
-        for (int j = 0; j < 4; j++)
-            for (int l = 0; l < 32; l++) {
-                q[64 * j + l] = blk->qs[32 * j + l] & 0xF;
-                q[64 * j + 32 + l] = blk->qs[32 * j + l] >> 4;
-            }
         for (int s = 0; s < 8; s++) {
             uint8_t a, m;
             qf_k4_scale_min(s, blk->scales, &a, &m);
@@ -102,17 +118,17 @@ QF_HD static inline void qf_k_unpack(int q6, const uint8_t *row, int64_t b, uint
         *d = blk->d, *dmin = blk->dmin;
     } else {
         const block_q6_K *blk = (const block_q6_K *)(const void *)row + b;
-        const uint8_t *ql = blk->ql, *qh = blk->qh;
-        for (int h = 0; h < 2; h++, ql += 64, qh += 32)
-            for (int l = 0; l < 32; l++) {
-                q[128 * h + l] = (uint8_t)((ql[l] & 0xF) | ((qh[l] & 3) << 4));
-                q[128 * h + l + 32] = (uint8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
-                q[128 * h + l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
-                q[128 * h + l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
-            }
         for (int s = 0; s < 16; s++) sc[s] = blk->scales[s];
         *d = blk->d, *dmin = 0;
     }
+}
+/* Super-block b of a Q4_K (q6 = 0) or Q6_K (q6 = 1) row unpacked for the integer GEMMs (CPU
+ * gemm.c): q[256] the unsigned quants in element order (the four quarters), and the scales
+ * (qf_k_unpack_scales). */
+QF_HD static inline void qf_k_unpack(int q6, const uint8_t *row, int64_t b, uint8_t *q, int32_t *sc, int32_t *mn,
+                                     uint16_t *d, uint16_t *dmin) {
+    for (int j = 0; j < 4; j++) qf_k_unpack_quarter(q6, row, b, j, q + 64 * j);
+    qf_k_unpack_scales(q6, row, b, sc, mn, d, dmin);
 }
 
 #endif

@@ -186,41 +186,65 @@ __global__ void __launch_bounds__(256) k_canon_gemm_q8(const uint8_t *__restrict
     store_tile<4, 4>(acc, y, r0 + 4 * tr, t0 + 4 * tt, N, n);
 }
 
-/* the K GEMM: 64 rows x 32 tokens, thread (tr, tt) the rows 4 tr.. and tokens 2 tt.. */
-#define CK_BN 32
+#define CK_BN 32 /* the K GEMM's tokens per block */
+
+/* the K GEMM: 64 rows x 32 tokens, thread (tr, tt) the rows 4 tr.. and tokens 2 tt.., one
+ * super-block a stage, every thread loading: thread (row tid / 4, quarter tid % 4) unpacks 64
+ * quants of the weights (the quarter-0 thread the row's scales too), thread (token tid / 8,
+ * part tid % 8) 32 bytes of the activation and their sub-block sums (Q8_K's bsums, once a stage
+ * instead of once an output). Each output's integer sums and its two fmaf are those of gemm.c's
+ * qf_gemm_k_rows_ref, in the same order. Against one thread unpacking a row's whole super-block
+ * (192 threads idle while it did, the bsums summed again for every output), H200, 8B q4_k_m
+ * shape, `qforge ppl --arith canonical --chunks 8` 14.2-14.3 s against 23.7-23.8 s end to end,
+ * the same PPL bits (docs/gpu.md "Session 21"). */
 template <int Q6>
 __global__ void __launch_bounds__(256) k_canon_gemm_k(const uint8_t *__restrict__ W, size_t rb, int K, int N,
                                                       const int8_t *__restrict__ xq, const float *__restrict__ xd,
                                                       int n, float *__restrict__ y) {
     constexpr int NS = Q6 ? 16 : 8, SUB = 256 / NS;
-    __shared__ int sw[CG_BM][64], sx[CK_BN][64];
-    __shared__ int ssc[CG_BM][NS], smn[CG_BM][8];
+    static_assert(CG_BM * 4 == 256 && CK_BN * 8 == 256, "a row quarter and a token part a thread");
+    __shared__ __align__(16) int sw[CG_BM][64];
+    __shared__ __align__(16) int sx[CK_BN][64];
+    __shared__ int ssc[CG_BM][NS], smn[CG_BM][8], sxs[CK_BN][NS];
     __shared__ float sd[CG_BM], sdm[CG_BM], sdx[CK_BN];
-    const int tid = threadIdx.x, tr = tid % 16, tt = tid / 16;
+    const int tid = threadIdx.x, tr = tid % 16, tt = tid / 16, lr = tid / 4, lq = tid % 4, lt = tid / 8, l8 = tid % 8;
     const int r0 = blockIdx.x * CG_BM, t0 = blockIdx.y * CK_BN, nb = K / 256;
     float acc[4][2];
 #pragma unroll
     for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = 0.0f;
     for (int b = 0; b < nb; b++) {
-        if (tid < CG_BM) {
-            const int r = r0 + tid;
-            uint8_t q[256];
-            int32_t sc[16], mn[8];
-            uint16_t dh = 0, mh = 0;
-            if (r < N) qf_k_unpack(Q6, W + (size_t)r * rb, b, q, sc, mn, &dh, &mh);
-            else {
-                for (int j = 0; j < 256; j++) q[j] = 0;
-                for (int j = 0; j < 16; j++) sc[j] = 0;
-                for (int j = 0; j < 8; j++) mn[j] = 0;
+        {
+            const int r = r0 + lr;
+            __align__(16) uint8_t q[64];
+            if (r < N) qf_k_unpack_quarter(Q6, W + (size_t)r * rb, b, lq, q);
+            else
+                for (int j = 0; j < 64; j++) q[j] = 0;
+            memcpy(&sw[lr][16 * lq], q, 64);
+            if (lq == 0) {
+                int32_t sc[16] = {0}, mn[8] = {0};
+                uint16_t dh = 0, mh = 0;
+                if (r < N) qf_k_unpack_scales(Q6, W + (size_t)r * rb, b, sc, mn, &dh, &mh);
+                for (int j = 0; j < NS; j++) ssc[lr][j] = sc[j];
+                if (!Q6)
+                    for (int j = 0; j < 8; j++) smn[lr][j] = mn[j];
+                sd[lr] = h2f_bits(dh), sdm[lr] = Q6 ? 0.0f : h2f_bits(mh);
             }
-            memcpy(sw[tid], q, 256);
-            for (int j = 0; j < NS; j++) ssc[tid][j] = sc[j];
-            if (!Q6)
-                for (int j = 0; j < 8; j++) smn[tid][j] = mn[j];
-            sd[tid] = h2f_bits(dh), sdm[tid] = Q6 ? 0.0f : h2f_bits(mh);
-        } else if (tid < CG_BM + CK_BN) {
-            const int k = tid - CG_BM, t = t0 + k;
-            load_act_block(sx[k], &sdx[k], xq, xd, t < n, (size_t)t * K + (size_t)b * 256, (size_t)t * (K / 32) + b, 256);
+        }
+        {
+            const int t = t0 + lt;
+            int4 v[2] = {make_int4(0, 0, 0, 0), make_int4(0, 0, 0, 0)};
+            if (t < n) {
+                const int4 *p = (const int4 *)(xq + (size_t)t * K + (size_t)b * 256 + 32 * l8);
+                v[0] = p[0], v[1] = p[1];
+            }
+            *(int4 *)&sx[lt][8 * l8] = v[0], *(int4 *)&sx[lt][8 * l8 + 4] = v[1];
+            const int *wv = (const int *)v;
+            int h[2] = {0, 0};
+#pragma unroll
+            for (int w = 0; w < 8; w++) h[w / 4] = __dp4a(0x01010101, wv[w], h[w / 4]);
+            if (Q6) sxs[lt][2 * l8] = h[0], sxs[lt][2 * l8 + 1] = h[1];
+            else sxs[lt][l8] = h[0] + h[1];
+            if (l8 == 0) sdx[lt] = t < n ? xd[(size_t)t * (K / 32) + b] : 0.0f;
         }
         __syncthreads();
 #pragma unroll
@@ -230,12 +254,12 @@ __global__ void __launch_bounds__(256) k_canon_gemm_k(const uint8_t *__restrict_
                 const int rr = 4 * tr + i, tk = 2 * tt + j;
                 const int *a = sw[rr], *c = sx[tk];
                 int iacc = 0, im = 0;
+#pragma unroll
                 for (int s = 0; s < NS; s++) {
-                    int is = 0, xs = 0;
-                    for (int w = s * SUB / 4; w < (s + 1) * SUB / 4; w++) {
-                        is = __dp4a(a[w], c[w], is);
-                        xs = __dp4a(0x01010101, c[w], xs); /* the sum of the activation quants: Q8_K's bsums */
-                    }
+                    int is = 0;
+#pragma unroll
+                    for (int w = s * SUB / 4; w < (s + 1) * SUB / 4; w++) is = __dp4a(a[w], c[w], is);
+                    const int xs = sxs[tk][s];
                     if (Q6) is -= 32 * xs;
                     else im += smn[rr][s] * xs;
                     iacc += is * ssc[rr][s];
@@ -249,32 +273,49 @@ __global__ void __launch_bounds__(256) k_canon_gemm_k(const uint8_t *__restrict_
     store_tile<4, 2>(acc, y, r0 + 4 * tr, t0 + 2 * tt, N, n);
 }
 
-/* the f32 chain over dequantized rows: 64 rows x 64 tokens, K in chunks of 32 */
+/* the f32 chain over dequantized rows: 64 rows x 64 tokens, K in stages of CC_KB 32-blocks;
+ * thread tid < 128 dequantizes block tid % 2 of row tid / 2 of the stage, the others load the
+ * activation's (token, block); every output takes its fmaf over k in order. Against one block a
+ * stage with half the threads loading, H200, 8B f16 shape, `qforge ppl --arith canonical
+ * --chunks 8` 8.9-9.6 s against 12.1-12.6 s end to end, the same PPL bits. */
+#define CC_KB 2
 template <int T>
 __global__ void __launch_bounds__(256) k_canon_gemm_chain(const uint8_t *__restrict__ W, size_t rb, int K, int N,
                                                           const float *__restrict__ x, int n, float *__restrict__ y) {
-    __shared__ float sw[CG_BM][33], sx[CG_BN][33];
-    const int tid = threadIdx.x, tr = tid % 16, tt = tid / 16;
+    static_assert(CG_BM * CC_KB == 128 && CG_BN * CC_KB == 128, "a (row, block) or a (token, block) a thread");
+    __shared__ float sw[CG_BM][32 * CC_KB + 1], sx[CG_BN][32 * CC_KB + 1];
+    const int tid = threadIdx.x, tr = tid % 16, tt = tid / 16, nb = K / 32;
     const int r0 = blockIdx.x * CG_BM, t0 = blockIdx.y * CG_BN;
     float acc[4][4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
-    for (int sb = 0; sb < K / 32; sb++) {
-        if (tid < CG_BM) {
-            const int r = r0 + tid;
-            float v[32];
-            if (r < N) deq32<T>(W + (size_t)r * rb, sb, v);
+    for (int b0 = 0; b0 < nb; b0 += CC_KB) {
+        const int u = (tid % 128) / CC_KB, kb = tid % CC_KB, b = b0 + kb;
+        float v[32];
+        if (tid < 128) {
+            const int r = r0 + u;
+            if (r < N && b < nb) deq32<T>(W + (size_t)r * rb, b, v);
             else
                 for (int j = 0; j < 32; j++) v[j] = 0.0f;
-            for (int j = 0; j < 32; j++) sw[tid][j] = v[j];
-        } else if (tid < CG_BM + CG_BN) {
-            const int k = tid - CG_BM, t = t0 + k;
-            for (int j = 0; j < 32; j++) sx[k][j] = t < n ? x[(size_t)t * K + (size_t)sb * 32 + j] : 0.0f;
+            for (int j = 0; j < 32; j++) sw[u][32 * kb + j] = v[j];
+        } else {
+            const int t = t0 + u;
+            if (t < n && b < nb) {
+                const float4 *p = (const float4 *)(x + (size_t)t * K + (size_t)b * 32);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const float4 f = p[j];
+                    v[4 * j] = f.x, v[4 * j + 1] = f.y, v[4 * j + 2] = f.z, v[4 * j + 3] = f.w;
+                }
+            } else
+                for (int j = 0; j < 32; j++) v[j] = 0.0f;
+            for (int j = 0; j < 32; j++) sx[u][32 * kb + j] = v[j];
         }
         __syncthreads();
-        for (int k = 0; k < 32; k++)
+        const int kn = 32 * (nb - b0 < CC_KB ? nb - b0 : CC_KB);
+        for (int k = 0; k < kn; k++)
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
