@@ -761,7 +761,7 @@ template <int T> __host__ __device__ constexpr int kq_block_bytes() {
     return T == QF_TYPE_Q4_K ? (int)sizeof(block_q4_K) : T == QF_TYPE_Q5_K ? (int)sizeof(block_q5_K) : (int)sizeof(block_q6_K);
 }
 #ifndef KQ_U
-#define KQ_U 2 /* super-blocks in flight per lane: H200, 8B q4_k_m decode 333.1 / 335.7 tok/s against 326.3 / 326.5 with 1 and 274.6 / 274.2 with 4 (more registers, fewer warps) */
+#define KQ_U 2 /* super-blocks in flight per lane (k_matvec_k; the one-token k_mv1_k takes 4): H200, 8B q4_k_m decode 333.1 / 335.7 tok/s against 326.3 / 326.5 with 1 and 274.6 / 274.2 with 4 (more registers, fewer warps) */
 #endif
 
 /* lane i (of the super-block's 8) of the super-block at bp */
@@ -899,6 +899,141 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
     else mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
 }
 
+/* acc += one lane's share of a super-block's dot with the one token's Q8_K activation staged in
+ * shared memory (aq quants, as xs, ad scales: k_mv1_k), as a float: the lane's integer sums
+ * (kq_dot's, over its slice) times the super-block's scales, each product rounded on its own.
+ * The 8 lanes' shares are added with the rest of the row at the end, not per super-block. */
+template <int T>
+__device__ static inline float kq_dot_lane(const kq_slice<T> &k, int b, int i, const int8_t *aq, const int *as,
+                                           const float *ad, float acc) {
+    if constexpr (T == QF_TYPE_Q4_K || T == QF_TYPE_Q5_K) {
+        const int j = i >> 1, h = i & 1;
+        const float d = h2f_bits((uint16_t)(k.dd & 0xFFFF)), dmin = h2f_bits((uint16_t)(k.dd >> 16));
+        int sc1, m1, sc2, m2;
+        k4_scale_min_w(2 * j, k.s0, k.s1, k.s2, &sc1, &m1);
+        k4_scale_min_w(2 * j + 1, k.s0, k.s1, k.s2, &sc2, &m2);
+        int lo[4] = {(int)k.q.x, (int)k.q.y, (int)k.q.z, (int)k.q.w}, hi[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) hi[q] = (lo[q] >> 4) & 0x0F0F0F0F, lo[q] &= 0x0F0F0F0F;
+        if constexpr (T == QF_TYPE_Q5_K) {
+            const int hb[4] = {(int)k.h.x, (int)k.h.y, (int)k.h.z, (int)k.h.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                lo[q] |= ((hb[q] >> (2 * j)) & 0x01010101) << 4;
+                hi[q] |= ((hb[q] >> (2 * j + 1)) & 0x01010101) << 4;
+            }
+        }
+        const int8_t *xb = aq + (size_t)b * 256 + 64 * j + 16 * h;
+        const int4 a0 = *(const int4 *)xb, a1 = *(const int4 *)(xb + 32);
+        int d1 = __dp4a(lo[0], a0.x, 0);
+        d1 = __dp4a(lo[1], a0.y, d1), d1 = __dp4a(lo[2], a0.z, d1), d1 = __dp4a(lo[3], a0.w, d1);
+        int d2 = __dp4a(hi[0], a1.x, 0);
+        d2 = __dp4a(hi[1], a1.y, d2), d2 = __dp4a(hi[2], a1.z, d2), d2 = __dp4a(hi[3], a1.w, d2);
+        const int isum = sc1 * d1 + sc2 * d2;
+        const int msum = h == 0 ? m1 * as[8 * b + 2 * j] + m2 * as[8 * b + 2 * j + 1] : 0;
+        const float xdb = ad[b];
+        return acc + __fsub_rn(__fmul_rn(__fmul_rn(d, xdb), (float)isum), __fmul_rn(__fmul_rn(dmin, xdb), (float)msum));
+    } else {
+        const int half = i >> 2, w = i & 3;
+        const int8_t *xb = aq + (size_t)b * 256 + 128 * half + 8 * w;
+        int isum = 0;
+#pragma unroll
+        for (int qq = 0; qq < 4; qq++) {
+            int q0, q1;
+            const int l0 = k.l0[0], l1 = k.l1[0], hh = k.hh[0], l0b = k.l0[1], l1b = k.l1[1], hhb = k.hh[1];
+            const int sh = qq >= 2 ? 4 : 0, hs = 2 * qq;
+            const int la = qq & 1 ? l1 : l0, lb = qq & 1 ? l1b : l0b;
+            q0 = __vsub4(((la >> sh) & 0x0F0F0F0F) | (((hh >> hs) & 0x03030303) << 4), 0x20202020);
+            q1 = __vsub4(((lb >> sh) & 0x0F0F0F0F) | (((hhb >> hs) & 0x03030303) << 4), 0x20202020);
+            const int2 a = *(const int2 *)(xb + 32 * qq);
+            isum += k.sc[qq] * __dp4a(q1, a.y, __dp4a(q0, a.x, 0));
+        }
+        return acc + __fmul_rn(__fmul_rn(h2f_bits(k.d), ad[b]), (float)isum);
+    }
+}
+
+/* One token through K-format rows in row groups: each warp takes R rows, a lane the same
+ * super-block slices as k_matvec_k's one warp per row (8 lanes a super-block, 4 super-blocks a
+ * warp step, U steps in flight), for all R rows, the first before pdl_wait. After the wait
+ * the block stages the token's Q8_K activation in shared memory (K quants, the K / 32 sums, the
+ * K / 256 scales: K + K / 8 + K / 64 bytes), and each lane keeps its own float sum of its
+ * slices (kq_dot_lane), reduced once per row at the end: no shuffles and no L2 round trip per
+ * super-block (k_matvec_k, under Nsight Compute on the 8B q4_k shape, reached 24-45% of the
+ * DRAM bandwidth, latency-bound). Against k_matvec_k only the rounding of the partial products
+ * and the order of the sums differ. GU: warps 0, 1 take gate rows, warps 2, 3 the matching up
+ * rows F + ..., and the gate warps write hb = SiLU(g) * u (mv_finish_gu's expression).
+ * Launched with R 1, U 4: H200, 8B decode (`bench_gpu --decode-only --decode-pos 1`), q4_k_m
+ * 361.2-362.4 tok/s against k_matvec_k's 335.4-336.0, q4_k 436.2 against 384.0; R 1 U 2
+ * 352-353 / 415, R 1 U 3 360-363 / 424, R 2 U 2 347-350 / 399 (docs/gpu.md "Session 21"). */
+template <int T, int R, int U, bool GU>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+    k_mv1_k(const uint8_t *__restrict__ W, size_t rb, int K, int N, const int8_t *__restrict__ xq,
+            const float *__restrict__ xd, const int *__restrict__ xs, float *y, int accumulate) {
+    constexpr int BB = kq_block_bytes<T>();
+    extern __shared__ int4 smk[];
+    pdl_trigger();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane / 8, i = lane % 8;
+    const int r0 = GU ? ((int)blockIdx.x * 2 + (warp & 1)) * R : ((int)blockIdx.x * MV_WARPS + warp) * R;
+    const int nsb = K / 256;
+    const uint8_t *rows[R];
+#pragma unroll
+    for (int j = 0; j < R; j++) /* rows past N read row N - 1 and are not written */
+        rows[j] = W + (size_t)((GU && warp >= 2 ? N : 0) + min(r0 + j, N - 1)) * rb;
+    float acc[R];
+#pragma unroll
+    for (int j = 0; j < R; j++) acc[j] = 0.0f;
+    kq_slice<T> kb[R][U];
+    int b0 = sub;
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int j = 0; j < R; j++)
+            if (b0 + 4 * u < nsb) kq_load<T>(rows[j] + (size_t)(b0 + 4 * u) * BB, i, kb[j][u]);
+    pdl_wait();
+    int8_t *aq = (int8_t *)smk;
+    int *as = (int *)(aq + K);
+    float *ad = (float *)(as + K / 32);
+    for (int x = threadIdx.x; x < K / 16; x += blockDim.x) smk[x] = __ldg((const int4 *)xq + x);
+    for (int x = threadIdx.x; x < K / 32; x += blockDim.x) as[x] = __ldg(xs + x);
+    for (int x = threadIdx.x; x < nsb; x += blockDim.x) ad[x] = __ldg(xd + x);
+    __syncthreads();
+    while (b0 < nsb) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int b = b0 + 4 * u;
+            if (b >= nsb) break;
+#pragma unroll
+            for (int j = 0; j < R; j++) acc[j] = kq_dot_lane<T>(kb[j][u], b, i, aq, as, ad, acc[j]);
+        }
+        b0 += 4 * U;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int j = 0; j < R; j++)
+                if (b0 + 4 * u < nsb) kq_load<T>(rows[j] + (size_t)(b0 + 4 * u) * BB, i, kb[j][u]);
+    }
+    if (GU) {
+        __shared__ float red[MV_WARPS][R];
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            const float v = warp_sum(acc[j]);
+            if (lane == 0) red[warp][j] = v;
+        }
+        __syncthreads();
+        if (warp < 2 && lane < R && r0 + lane < N) {
+            const float x = red[warp][lane], u = red[warp + 2][lane];
+            y[r0 + lane] = x / (1.0f + expf(-x)) * u;
+        }
+    } else
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            const float v = warp_sum(acc[j]);
+            if (lane == 0 && r0 + j < N) y[r0 + j] = accumulate ? y[r0 + j] + v : v;
+        }
+}
+/* k_mv1_k's shared memory: the Q8_K activation of one token of width K */
+static size_t mv1k_smem(int K) { return (size_t)K + (size_t)K / 8 + (size_t)K / 64; }
+
 /* can w take k_matvec_k: a K format with the kernel's alignment (16-byte rows for Q4_K / Q5_K,
  * 2-byte for Q6_K) and 16-byte aligned activations and scratch */
 static bool kq_ok(const dweight *w, const float *x, const void *xq) {
@@ -920,6 +1055,16 @@ static void launch_matvec_k(const dweight *w, const float *x, int n, int N, floa
     const int *xs = a.xs;
     const int acc = accumulate;
     const bool split = !GU && N < MV_SPLIT_ROWS;
+    if (n == 1 && !split && mv1k_smem(K) <= 48 * 1024) { /* one token: the row-group kernel */
+        const dim3 g1(GU ? nblk((size_t)N, 2) : nblk((size_t)N, MV_WARPS));
+        const size_t sm = mv1k_smem(K);
+#define QF_MV1K(TY) cu_launch(k_mv1_k<TY, 1, 4, GU>, g1, dim3(MV_WARPS * 32), sm, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc)
+        if (w->type == QF_TYPE_Q4_K) QF_MV1K(QF_TYPE_Q4_K);
+        else if (w->type == QF_TYPE_Q5_K) QF_MV1K(QF_TYPE_Q5_K);
+        else QF_MV1K(QF_TYPE_Q6_K);
+#undef QF_MV1K
+        return;
+    }
     const dim3 grid(GU ? (unsigned)((N + 1) / 2) : split ? (unsigned)N : nblk((size_t)N, MV_WARPS));
 #define QF_MVK(TY, NT, WPR) cu_launch(k_matvec_k<TY, NT, WPR, GU>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc)
 #define QF_MVK_T(TY)                                                                                    \
