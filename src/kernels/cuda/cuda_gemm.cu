@@ -789,6 +789,38 @@ template <int T> __device__ static inline void kq_load(const uint8_t *bp, int i,
     }
 }
 
+/* Lane i's slice of a Q4_K / Q5_K super-block as 4-bit (5-bit) values: lo[q], hi[q] the words
+ * of its 16 elements of sub-blocks 2 (i / 2) and 2 (i / 2) + 1, with those sub-blocks' scales
+ * and mins; Q6_K: q[quarter][word] the 6-bit quants less 32, as signed bytes */
+template <int T>
+__device__ static inline void kq_unpack(const kq_slice<T> &k, int i, int *lo, int *hi, int *sc1, int *m1, int *sc2,
+                                        int *m2) {
+    const int j = i >> 1;
+    k4_scale_min_w(2 * j, k.s0, k.s1, k.s2, sc1, m1);
+    k4_scale_min_w(2 * j + 1, k.s0, k.s1, k.s2, sc2, m2);
+    lo[0] = (int)k.q.x, lo[1] = (int)k.q.y, lo[2] = (int)k.q.z, lo[3] = (int)k.q.w;
+#pragma unroll
+    for (int q = 0; q < 4; q++) hi[q] = (lo[q] >> 4) & 0x0F0F0F0F, lo[q] &= 0x0F0F0F0F;
+    if constexpr (T == QF_TYPE_Q5_K) {
+        const int hb[4] = {(int)k.h.x, (int)k.h.y, (int)k.h.z, (int)k.h.w};
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            lo[q] |= ((hb[q] >> (2 * j)) & 0x01010101) << 4;
+            hi[q] |= ((hb[q] >> (2 * j + 1)) & 0x01010101) << 4;
+        }
+    }
+}
+__device__ static inline void kq_unpack6(const kq_slice<QF_TYPE_Q6_K> &k, int (*q)[2]) {
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int l0 = k.l0[u], l1 = k.l1[u], hh = k.hh[u];
+        q[0][u] = __vsub4((l0 & 0x0F0F0F0F) | ((hh & 0x03030303) << 4), 0x20202020);
+        q[1][u] = __vsub4((l1 & 0x0F0F0F0F) | (((hh >> 2) & 0x03030303) << 4), 0x20202020);
+        q[2][u] = __vsub4(((l0 >> 4) & 0x0F0F0F0F) | (((hh >> 4) & 0x03030303) << 4), 0x20202020);
+        q[3][u] = __vsub4(((l1 >> 4) & 0x0F0F0F0F) | (((hh >> 6) & 0x03030303) << 4), 0x20202020);
+    }
+}
+
 /* acc[t] += the super-block's dot with activation row t (b: the super-block's index in the row,
  * gm: the mask of its 8 lanes; lane i == 0 adds it) */
 template <int T, int NT>
@@ -798,20 +830,8 @@ __device__ static inline void kq_dot(const kq_slice<T> &k, int b, int i, unsigne
     if constexpr (T == QF_TYPE_Q4_K || T == QF_TYPE_Q5_K) {
         const int j = i >> 1, h = i & 1;
         const float d = h2f_bits((uint16_t)(k.dd & 0xFFFF)), dmin = h2f_bits((uint16_t)(k.dd >> 16));
-        int sc1, m1, sc2, m2;
-        k4_scale_min_w(2 * j, k.s0, k.s1, k.s2, &sc1, &m1);
-        k4_scale_min_w(2 * j + 1, k.s0, k.s1, k.s2, &sc2, &m2);
-        int lo[4] = {(int)k.q.x, (int)k.q.y, (int)k.q.z, (int)k.q.w}, hi[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++) hi[q] = (lo[q] >> 4) & 0x0F0F0F0F, lo[q] &= 0x0F0F0F0F;
-        if constexpr (T == QF_TYPE_Q5_K) {
-            const int hb[4] = {(int)k.h.x, (int)k.h.y, (int)k.h.z, (int)k.h.w};
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                lo[q] |= ((hb[q] >> (2 * j)) & 0x01010101) << 4;
-                hi[q] |= ((hb[q] >> (2 * j + 1)) & 0x01010101) << 4;
-            }
-        }
+        int sc1, m1, sc2, m2, lo[4], hi[4];
+        kq_unpack<T>(k, i, lo, hi, &sc1, &m1, &sc2, &m2);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t >= n) break;
@@ -835,14 +855,7 @@ __device__ static inline void kq_dot(const kq_slice<T> &k, int b, int i, unsigne
     } else {
         const int half = i >> 2, w = i & 3;
         int q[4][2]; /* [quarter][word]: the 6-bit quants less 32, as signed bytes */
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const int l0 = k.l0[u], l1 = k.l1[u], hh = k.hh[u];
-            q[0][u] = __vsub4((l0 & 0x0F0F0F0F) | ((hh & 0x03030303) << 4), 0x20202020);
-            q[1][u] = __vsub4((l1 & 0x0F0F0F0F) | (((hh >> 2) & 0x03030303) << 4), 0x20202020);
-            q[2][u] = __vsub4(((l0 >> 4) & 0x0F0F0F0F) | (((hh >> 4) & 0x03030303) << 4), 0x20202020);
-            q[3][u] = __vsub4(((l1 >> 4) & 0x0F0F0F0F) | (((hh >> 6) & 0x03030303) << 4), 0x20202020);
-        }
+        kq_unpack6(k, q);
         const float d = h2f_bits(k.d);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
@@ -909,20 +922,8 @@ __device__ static inline float kq_dot_lane(const kq_slice<T> &k, int b, int i, c
     if constexpr (T == QF_TYPE_Q4_K || T == QF_TYPE_Q5_K) {
         const int j = i >> 1, h = i & 1;
         const float d = h2f_bits((uint16_t)(k.dd & 0xFFFF)), dmin = h2f_bits((uint16_t)(k.dd >> 16));
-        int sc1, m1, sc2, m2;
-        k4_scale_min_w(2 * j, k.s0, k.s1, k.s2, &sc1, &m1);
-        k4_scale_min_w(2 * j + 1, k.s0, k.s1, k.s2, &sc2, &m2);
-        int lo[4] = {(int)k.q.x, (int)k.q.y, (int)k.q.z, (int)k.q.w}, hi[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++) hi[q] = (lo[q] >> 4) & 0x0F0F0F0F, lo[q] &= 0x0F0F0F0F;
-        if constexpr (T == QF_TYPE_Q5_K) {
-            const int hb[4] = {(int)k.h.x, (int)k.h.y, (int)k.h.z, (int)k.h.w};
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                lo[q] |= ((hb[q] >> (2 * j)) & 0x01010101) << 4;
-                hi[q] |= ((hb[q] >> (2 * j + 1)) & 0x01010101) << 4;
-            }
-        }
+        int sc1, m1, sc2, m2, lo[4], hi[4];
+        kq_unpack<T>(k, i, lo, hi, &sc1, &m1, &sc2, &m2);
         const int8_t *xb = aq + (size_t)b * 256 + 64 * j + 16 * h;
         const int4 a0 = *(const int4 *)xb, a1 = *(const int4 *)(xb + 32);
         int d1 = __dp4a(lo[0], a0.x, 0);
@@ -936,17 +937,12 @@ __device__ static inline float kq_dot_lane(const kq_slice<T> &k, int b, int i, c
     } else {
         const int half = i >> 2, w = i & 3;
         const int8_t *xb = aq + (size_t)b * 256 + 128 * half + 8 * w;
-        int isum = 0;
+        int q[4][2], isum = 0;
+        kq_unpack6(k, q);
 #pragma unroll
         for (int qq = 0; qq < 4; qq++) {
-            int q0, q1;
-            const int l0 = k.l0[0], l1 = k.l1[0], hh = k.hh[0], l0b = k.l0[1], l1b = k.l1[1], hhb = k.hh[1];
-            const int sh = qq >= 2 ? 4 : 0, hs = 2 * qq;
-            const int la = qq & 1 ? l1 : l0, lb = qq & 1 ? l1b : l0b;
-            q0 = __vsub4(((la >> sh) & 0x0F0F0F0F) | (((hh >> hs) & 0x03030303) << 4), 0x20202020);
-            q1 = __vsub4(((lb >> sh) & 0x0F0F0F0F) | (((hhb >> hs) & 0x03030303) << 4), 0x20202020);
             const int2 a = *(const int2 *)(xb + 32 * qq);
-            isum += k.sc[qq] * __dp4a(q1, a.y, __dp4a(q0, a.x, 0));
+            isum += k.sc[qq] * __dp4a(q[qq][1], a.y, __dp4a(q[qq][0], a.x, 0));
         }
         return acc + __fmul_rn(__fmul_rn(h2f_bits(k.d), ad[b]), (float)isum);
     }
