@@ -735,7 +735,6 @@ void launch_quant_act_k(const float *x, int n, int K, void *xq, cudaStream_t s) 
     cu_launch(k_quant_act_k, dim3(nblk((size_t)nb, 8)), dim3(256), 0, s, x, nb, K, a.qs, a.xd, a.xs);
 }
 
-__device__ static inline int ld_w32_a4(const uint8_t *p) { return __ldg((const int *)p); }
 /* qf_k4_scale_min(jj, scales) with the 12 scale bytes in three registers (w0: bytes 0..3, w1:
  * 4..7, w2: 8..11), so that a run-time jj indexes no local array */
 __device__ static inline void k4_scale_min_w(int jj, unsigned w0, unsigned w1, unsigned w2, int *sc, int *m) {
@@ -768,10 +767,13 @@ template <int T> __host__ __device__ constexpr int kq_block_bytes() {
 template <int T> __device__ static inline void kq_load(const uint8_t *bp, int i, kq_slice<T> &k) {
     if constexpr (T == QF_TYPE_Q4_K || T == QF_TYPE_Q5_K) {
         const int j = i >> 1, h = i & 1;
-        /* d and dmin (one word), the 12 scale bytes: the same offsets in both types */
-        constexpr size_t sc = offsetof(block_q4_K, scales);
-        k.dd = (unsigned)ld_w32_a4(bp + offsetof(block_q4_K, d)), k.s0 = (unsigned)ld_w32_a4(bp + sc),
-        k.s1 = (unsigned)ld_w32_a4(bp + sc + 4), k.s2 = (unsigned)ld_w32_a4(bp + sc + 8);
+        /* d and dmin (one word), the 12 scale bytes: the block's first 16 bytes in both types,
+         * one 16-byte load (kq_ok: 16-byte aligned rows of 16-byte multiple blocks) */
+        static_assert(offsetof(block_q4_K, d) == 0 && offsetof(block_q4_K, scales) == 4 &&
+                          offsetof(block_q5_K, d) == 0 && offsetof(block_q5_K, scales) == 4,
+                      "Q4_K / Q5_K header: d, dmin, scales[12]");
+        const uint4 hd = __ldg((const uint4 *)bp);
+        k.dd = hd.x, k.s0 = hd.y, k.s1 = hd.z, k.s2 = hd.w;
         constexpr size_t qo = T == QF_TYPE_Q4_K ? offsetof(block_q4_K, qs) : offsetof(block_q5_K, qs);
         const uint64_t pol = l2_evict_first(); /* the quants stream through L2 (ld_stream16) */
         k.q = ld_stream16(bp + qo + 32 * j + 16 * h, pol);
