@@ -950,20 +950,19 @@ __device__ static inline float kq_dot_lane(const kq_slice<T> &k, int b, int i, c
     }
 }
 
-/* One token through K-format rows in row groups: each warp takes R rows, a lane the same
- * super-block slices as k_matvec_k's one warp per row (8 lanes a super-block, 4 super-blocks a
- * warp step, U steps in flight), for all R rows, the first before pdl_wait. After the wait
+/* One token through K-format rows: each warp takes one row (k_matvec_k's WPR 1 rows and ends:
+ * gu_row, mv_finish, mv_finish_gu), a lane the same super-block slices (8 lanes a super-block,
+ * 4 super-blocks a warp step) with U steps in flight, the first before pdl_wait. After the wait
  * the block stages the token's Q8_K activation in shared memory (K quants, the K / 32 sums, the
  * K / 256 scales: K + K / 8 + K / 64 bytes), and each lane keeps its own float sum of its
  * slices (kq_dot_lane), reduced once per row at the end: no shuffles and no L2 round trip per
  * super-block (k_matvec_k, under Nsight Compute on the 8B q4_k shape, reached 24-45% of the
  * DRAM bandwidth, latency-bound). Against k_matvec_k only the rounding of the partial products
- * and the order of the sums differ. GU: warps 0, 1 take gate rows, warps 2, 3 the matching up
- * rows F + ..., and the gate warps write hb = SiLU(g) * u (mv_finish_gu's expression).
- * Launched with R 1, U 4: H200, 8B decode (`bench_gpu --decode-only --decode-pos 1`), q4_k_m
- * 361.2-362.4 tok/s against k_matvec_k's 335.4-336.0, q4_k 436.2 against 384.0; R 1 U 2
- * 352-353 / 415, R 1 U 3 360-363 / 424, R 2 U 2 347-350 / 399 (docs/gpu.md "Session 21"). */
-template <int T, int R, int U, bool GU>
+ * and the order of the sums differ. GU: the gate|up + SiLU form, as k_matvec_k's.
+ * Launched with U 4: H200, 8B decode (`bench_gpu --decode-only --decode-pos 1`), q4_k_m
+ * 361.2-362.4 tok/s against k_matvec_k's 335.4-336.0, q4_k 436.2 against 384.0; U 2 352-353 /
+ * 415, U 3 360-363 / 424; two rows a warp (U 2) 347-350 / 399 (docs/gpu.md "Session 21"). */
+template <int T, int U, bool GU>
 __global__ void __launch_bounds__(MV_WARPS * 32)
     k_mv1_k(const uint8_t *__restrict__ W, size_t rb, int K, int N, const int8_t *__restrict__ xq,
             const float *__restrict__ xd, const int *__restrict__ xs, float *y, int accumulate) {
@@ -971,22 +970,16 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
     extern __shared__ int4 smk[];
     pdl_trigger();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane / 8, i = lane % 8;
-    const int r0 = GU ? ((int)blockIdx.x * 2 + (warp & 1)) * R : ((int)blockIdx.x * MV_WARPS + warp) * R;
-    const int nsb = K / 256;
-    const uint8_t *rows[R];
-#pragma unroll
-    for (int j = 0; j < R; j++) /* rows past N read row N - 1 and are not written */
-        rows[j] = W + (size_t)((GU && warp >= 2 ? N : 0) + min(r0 + j, N - 1)) * rb;
-    float acc[R];
-#pragma unroll
-    for (int j = 0; j < R; j++) acc[j] = 0.0f;
-    kq_slice<T> kb[R][U];
+    const int r = GU ? gu_row(warp, N) : (int)blockIdx.x * MV_WARPS + warp;
+    const bool live = GU ? (2 * (int)blockIdx.x + (warp & 1)) < N : r < N;
+    const uint8_t *row = W + (size_t)(live ? r : 0) * rb;
+    const int nsb = K / 256, nrb = live ? nsb : 0; /* the row's super-blocks: none past N */
+    float acc[1] = {0.0f};
+    kq_slice<T> kb[U];
     int b0 = sub;
 #pragma unroll
     for (int u = 0; u < U; u++)
-#pragma unroll
-        for (int j = 0; j < R; j++)
-            if (b0 + 4 * u < nsb) kq_load<T>(rows[j] + (size_t)(b0 + 4 * u) * BB, i, kb[j][u]);
+        if (b0 + 4 * u < nrb) kq_load<T>(row + (size_t)(b0 + 4 * u) * BB, i, kb[u]);
     pdl_wait();
     int8_t *aq = (int8_t *)smk;
     int *as = (int *)(aq + K);
@@ -995,39 +988,20 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
     for (int x = threadIdx.x; x < K / 32; x += blockDim.x) as[x] = __ldg(xs + x);
     for (int x = threadIdx.x; x < nsb; x += blockDim.x) ad[x] = __ldg(xd + x);
     __syncthreads();
-    while (b0 < nsb) {
+    while (b0 < nrb) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int b = b0 + 4 * u;
-            if (b >= nsb) break;
-#pragma unroll
-            for (int j = 0; j < R; j++) acc[j] = kq_dot_lane<T>(kb[j][u], b, i, aq, as, ad, acc[j]);
+            if (b >= nrb) break;
+            acc[0] = kq_dot_lane<T>(kb[u], b, i, aq, as, ad, acc[0]);
         }
         b0 += 4 * U;
 #pragma unroll
         for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int j = 0; j < R; j++)
-                if (b0 + 4 * u < nsb) kq_load<T>(rows[j] + (size_t)(b0 + 4 * u) * BB, i, kb[j][u]);
+            if (b0 + 4 * u < nrb) kq_load<T>(row + (size_t)(b0 + 4 * u) * BB, i, kb[u]);
     }
-    if (GU) {
-        __shared__ float red[MV_WARPS][R];
-#pragma unroll
-        for (int j = 0; j < R; j++) {
-            const float v = warp_sum(acc[j]);
-            if (lane == 0) red[warp][j] = v;
-        }
-        __syncthreads();
-        if (warp < 2 && lane < R && r0 + lane < N) {
-            const float x = red[warp][lane], u = red[warp + 2][lane];
-            y[r0 + lane] = x / (1.0f + expf(-x)) * u;
-        }
-    } else
-#pragma unroll
-        for (int j = 0; j < R; j++) {
-            const float v = warp_sum(acc[j]);
-            if (lane == 0 && r0 + j < N) y[r0 + j] = accumulate ? y[r0 + j] + v : v;
-        }
+    if (GU) mv_finish_gu<1>(acc, warp, lane, N, 1, y);
+    else mv_finish<1, 1>(acc, warp, lane, 0, live, r, N, 1, y, accumulate);
 }
 /* k_mv1_k's shared memory: the Q8_K activation of one token of width K */
 static size_t mv1k_smem(int K) { return (size_t)K + (size_t)K / 8 + (size_t)K / 64; }
@@ -1056,7 +1030,7 @@ static void launch_matvec_k(const dweight *w, const float *x, int n, int N, floa
     if (n == 1 && !split && mv1k_smem(K) <= 48 * 1024) { /* one token: the row-group kernel */
         const dim3 g1(GU ? nblk((size_t)N, 2) : nblk((size_t)N, MV_WARPS));
         const size_t sm = mv1k_smem(K);
-#define QF_MV1K(TY) cu_launch(k_mv1_k<TY, 1, 4, GU>, g1, dim3(MV_WARPS * 32), sm, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc)
+#define QF_MV1K(TY) cu_launch(k_mv1_k<TY, 4, GU>, g1, dim3(MV_WARPS * 32), sm, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc)
         if (w->type == QF_TYPE_Q4_K) QF_MV1K(QF_TYPE_Q4_K);
         else if (w->type == QF_TYPE_Q5_K) QF_MV1K(QF_TYPE_Q5_K);
         else QF_MV1K(QF_TYPE_Q6_K);
