@@ -82,8 +82,8 @@ QF_HD static inline void qf_k4_scale_min_all(const uint8_t *q, uint8_t sc[8], ui
 }
 
 /* Quarter j (0..3) of super-block b of a Q4_K (q6 = 0) or Q6_K (q6 = 1) row, unpacked for the
- * integer GEMMs (gemm.c through qf_k_unpack, cuda_canon.cu's k_canon_gemm_k): q[0..63] = the unsigned quants of elements
- * 64 j .. 64 j + 63 (Q4_K 0..15; Q6_K 0..63, value q - 32). */
+ * integer GEMMs (gemm.c through qf_k_unpack, cuda_canon.cu's k_canon_gemm_k): q[0..63] = the
+ * unsigned quants of elements 64 j .. 64 j + 63 (Q4_K 0..15; Q6_K 0..63, value q - 32). */
 QF_HD static inline void qf_k_unpack_quarter(int q6, const uint8_t *row, int64_t b, int j, uint8_t *q) {
     if (!q6) {
         const uint8_t *qs = ((const block_q4_K *)(const void *)row + b)->qs + 32 * j;
@@ -103,9 +103,9 @@ QF_HD static inline void qf_k_unpack_quarter(int q6, const uint8_t *row, int64_t
             }
     }
 }
-/* The scales of super-block b: sc the sub-block scales (8 of 32 elements, or
- * 16 of 16), mn Q4_K's 8 mins (untouched for Q6_K), *d / *dmin the f16 bits of the super-block
- * scales (dmin 0 for Q6_K). */
+/* The scales of super-block b: sc the sub-block scales (8 of 32 elements, or 16 of 16), mn
+ * Q4_K's 8 mins (untouched for Q6_K), *d / *dmin the f16 bits of the super-block scales (dmin
+ * 0 for Q6_K). */
 QF_HD static inline void qf_k_unpack_scales(int q6, const uint8_t *row, int64_t b, int32_t *sc, int32_t *mn, uint16_t *d,
                                             uint16_t *dmin) {
     if (!q6) {

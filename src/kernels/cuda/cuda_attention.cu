@@ -764,16 +764,16 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     if (fx.qkv) { /* the split folded in (one token): red holds the G rotated q rows until phase 3 */
         for (int x = threadIdx.x; x < G * HD / 2; x += blockDim.x) {
             const int g = x / (HD / 2), j = x % (HD / 2), h = kh * G + g;
-            qkv_pair(fx.qkv + (size_t)h * HD, j, HD, fx.half, fx.neox, fx.cs, fx.sn, fx.bq ? fx.bq + (size_t)h * HD : NULL,
+            qkv_pair(fx.qkv + (size_t)h * HD, j, fx.half, fx.neox, fx.cs, fx.sn, fx.bq ? fx.bq + (size_t)h * HD : NULL,
                      true, 0, red + g * HD);
         }
         if (c == nsplit - 1) { /* the range that holds position pos0: the token's K and V rows */
             __half *kd = (__half *)const_cast<uint8_t *>(K + ((size_t)pos0 * n_head_kv + kh) * rbk);
             __half *vd = (__half *)const_cast<uint8_t *>(V + ((size_t)pos0 * n_head_kv + kh) * rbv);
             for (int j = threadIdx.x; j < HD / 2; j += blockDim.x) {
-                qkv_pair(fx.qkv + (size_t)(n_head + kh) * HD, j, HD, fx.half, fx.neox, fx.cs, fx.sn,
+                qkv_pair(fx.qkv + (size_t)(n_head + kh) * HD, j, fx.half, fx.neox, fx.cs, fx.sn,
                          fx.bk ? fx.bk + (size_t)kh * HD : NULL, true, 0, kd);
-                qkv_pair(fx.qkv + (size_t)(n_head + n_head_kv + kh) * HD, j, HD, fx.half, fx.neox, fx.cs, fx.sn,
+                qkv_pair(fx.qkv + (size_t)(n_head + n_head_kv + kh) * HD, j, fx.half, fx.neox, fx.cs, fx.sn,
                          fx.bv ? fx.bv + (size_t)kh * HD : NULL, false, 0, vd);
             }
         }

@@ -373,9 +373,8 @@ __device__ static inline void quant_q8_warp(float v, int lane, int8_t *qs, float
 __device__ static inline void st_out(float *p, float x) { *p = x; }
 __device__ static inline void st_out(__half *p, float x) { *p = __float2half_rn(x); }
 template <typename OT>
-__device__ static inline void qkv_pair(const float *src, int j, int hd, int half, int neox, const float *cs,
-                                       const float *sn, const float *b, bool rot, int t, OT *dst) {
-    (void)hd;
+__device__ static inline void qkv_pair(const float *src, int j, int half, int neox, const float *cs, const float *sn,
+                                       const float *b, bool rot, int t, OT *dst) {
     rot = rot && j < half;
     const int a = rot && neox ? j : 2 * j, c = rot && neox ? j + half : 2 * j + 1;
     float x0 = src[a], x1 = src[c];

@@ -190,12 +190,12 @@ __global__ void k_qkv_split(const float *qkv, int n, int nh, int nkv, int hd, in
     const float *src = qkv + ((int64_t)t * H + h) * hd;
     const int64_t at = dpos ? (int64_t)*dpos * nkv * hd : 0;
     if (h < nh) {
-        qkv_pair(src, j, hd, half, neox, cs, sn, bq ? bq + (size_t)h * hd : NULL, true, t, q + ((int64_t)t * nh + h) * hd);
+        qkv_pair(src, j, half, neox, cs, sn, bq ? bq + (size_t)h * hd : NULL, true, t, q + ((int64_t)t * nh + h) * hd);
     } else if (h < nh + nkv) {
-        qkv_pair(src, j, hd, half, neox, cs, sn, bk ? bk + (size_t)(h - nh) * hd : NULL, true, t,
+        qkv_pair(src, j, half, neox, cs, sn, bk ? bk + (size_t)(h - nh) * hd : NULL, true, t,
                  k + at + ((int64_t)t * nkv + h - nh) * hd);
     } else {
-        qkv_pair(src, j, hd, half, neox, cs, sn, bv ? bv + (size_t)(h - nh - nkv) * hd : NULL, false, t,
+        qkv_pair(src, j, half, neox, cs, sn, bv ? bv + (size_t)(h - nh - nkv) * hd : NULL, false, t,
                  v + at + ((int64_t)t * nkv + h - nh - nkv) * hd);
     }
 }
