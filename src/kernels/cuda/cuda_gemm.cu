@@ -760,7 +760,7 @@ template <int T> __host__ __device__ constexpr int kq_block_bytes() {
     return T == QF_TYPE_Q4_K ? (int)sizeof(block_q4_K) : T == QF_TYPE_Q5_K ? (int)sizeof(block_q5_K) : (int)sizeof(block_q6_K);
 }
 #ifndef KQ_U
-#define KQ_U 2 /* super-blocks in flight per lane (k_matvec_k; the one-token k_mv1_k takes 4): H200, 8B q4_k_m decode 333.1 / 335.7 tok/s against 326.3 / 326.5 with 1 and 274.6 / 274.2 with 4 (more registers, fewer warps) */
+#define KQ_U 2 /* super-blocks in flight per lane (k_matvec_k; the one-token k_mv1_k takes 2 of its own): H200, 8B q4_k_m decode 333.1 / 335.7 tok/s against 326.3 / 326.5 with 1 and 274.6 / 274.2 with 4 (more registers, fewer warps) */
 #endif
 
 /* lane i (of the super-block's 8) of the super-block at bp */
@@ -792,14 +792,9 @@ template <int T> __device__ static inline void kq_load(const uint8_t *bp, int i,
 }
 
 /* Lane i's slice of a Q4_K / Q5_K super-block as 4-bit (5-bit) values: lo[q], hi[q] the words
- * of its 16 elements of sub-blocks 2 (i / 2) and 2 (i / 2) + 1, with those sub-blocks' scales
- * and mins; Q6_K: q[quarter][word] the 6-bit quants less 32, as signed bytes */
-template <int T>
-__device__ static inline void kq_unpack(const kq_slice<T> &k, int i, int *lo, int *hi, int *sc1, int *m1, int *sc2,
-                                        int *m2) {
-    const int j = i >> 1;
-    k4_scale_min_w(2 * j, k.s0, k.s1, k.s2, sc1, m1);
-    k4_scale_min_w(2 * j + 1, k.s0, k.s1, k.s2, sc2, m2);
+ * of its 16 elements of sub-blocks 2 (i / 2) and 2 (i / 2) + 1 (kq_unpack_q), with those
+ * sub-blocks' scales and mins; Q6_K: q[quarter][word] the 6-bit quants less 32, as signed bytes */
+template <int T> __device__ static inline void kq_unpack_q(const kq_slice<T> &k, int j, int *lo, int *hi) {
     lo[0] = (int)k.q.x, lo[1] = (int)k.q.y, lo[2] = (int)k.q.z, lo[3] = (int)k.q.w;
 #pragma unroll
     for (int q = 0; q < 4; q++) hi[q] = (lo[q] >> 4) & 0x0F0F0F0F, lo[q] &= 0x0F0F0F0F;
@@ -811,6 +806,25 @@ __device__ static inline void kq_unpack(const kq_slice<T> &k, int i, int *lo, in
             hi[q] |= ((hb[q] >> (2 * j + 1)) & 0x01010101) << 4;
         }
     }
+}
+template <int T>
+__device__ static inline void kq_unpack(const kq_slice<T> &k, int i, int *lo, int *hi, int *sc1, int *m1, int *sc2,
+                                        int *m2) {
+    const int j = i >> 1;
+    k4_scale_min_w(2 * j, k.s0, k.s1, k.s2, sc1, m1);
+    k4_scale_min_w(2 * j + 1, k.s0, k.s1, k.s2, sc2, m2);
+    kq_unpack_q<T>(k, j, lo, hi);
+}
+/* the scales and mins of sub-blocks 2 j and 2 j + 1 (qf_k4_scale_min's values) from the 12
+ * scale bytes in three words, without branches: all eight 6-bit scales (mins) of the half
+ * that holds them as the bytes of one word, then two bytes of it */
+__device__ static inline void k4_scale_min_pair(int j, unsigned w0, unsigned w1, unsigned w2, int *sc1, int *m1,
+                                                int *sc2, int *m2) {
+    const unsigned scw = j < 2 ? (w0 & 0x3F3F3F3Fu) : ((w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u));
+    const unsigned mw = j < 2 ? (w1 & 0x3F3F3F3Fu) : (((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u));
+    const int sh = 16 * (j & 1);
+    *sc1 = (int)((scw >> sh) & 0xFF), *sc2 = (int)((scw >> (sh + 8)) & 0xFF);
+    *m1 = (int)((mw >> sh) & 0xFF), *m2 = (int)((mw >> (sh + 8)) & 0xFF);
 }
 __device__ static inline void kq_unpack6(const kq_slice<QF_TYPE_Q6_K> &k, int (*q)[2]) {
 #pragma unroll
@@ -914,91 +928,129 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
     else mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
 }
 
-/* acc += one lane's share of a super-block's dot with the one token's Q8_K activation staged in
- * shared memory (aq quants, as xs, ad scales: k_mv1_k), as a float: the lane's integer sums
- * (kq_dot's, over its slice) times the super-block's scales, each product rounded on its own.
- * The 8 lanes' shares are added with the rest of the row at the end, not per super-block. */
+/* A lane's share of a K-format super-block in the one-token kernel (k_mv1_k): Q4_K / Q5_K take
+ * 4 lanes a super-block, lane i the 32 quant bytes of sub-blocks 2 i and 2 i + 1 (two 16-byte
+ * loads, Q5_K the 32 high-bit bytes too: two more) and the header, so that the scales, the mins'
+ * term and the float step come once per 64 elements; Q6_K takes kq_slice's 8 lanes (its 210-byte
+ * blocks allow only 2-byte loads) */
+template <int T> struct kq_pair { kq_slice<T> h[2]; };
+template <> struct kq_pair<QF_TYPE_Q6_K> { kq_slice<QF_TYPE_Q6_K> h[1]; };
+template <int T> __host__ __device__ constexpr int kq_lanes() { return T == QF_TYPE_Q6_K ? 8 : 4; }
+
+/* lane i (of the super-block's kq_lanes) of the super-block at bp */
+template <int T> __device__ static inline void kq_load_pair(const uint8_t *bp, int i, kq_pair<T> &k) {
+    if constexpr (T == QF_TYPE_Q6_K) kq_load<T>(bp, i, k.h[0]);
+    else {
+        /* kq_slice's lanes 2 i and 2 i + 1: the same header, the two halves of the 32 bytes */
+        kq_load<T>(bp, 2 * i, k.h[0]);
+        const uint64_t pol = l2_evict_first();
+        constexpr size_t qo = T == QF_TYPE_Q4_K ? offsetof(block_q4_K, qs) : offsetof(block_q5_K, qs);
+        k.h[1].dd = k.h[0].dd, k.h[1].s0 = k.h[0].s0, k.h[1].s1 = k.h[0].s1, k.h[1].s2 = k.h[0].s2;
+        k.h[1].q = ld_stream16(bp + qo + 32 * i + 16, pol);
+        if constexpr (T == QF_TYPE_Q5_K) k.h[1].h = ld_stream16(bp + offsetof(block_q5_K, qh) + 16, pol);
+    }
+}
+
+/* The position in shared memory of the activation's 16-byte chunk c (k_mv1_k stores chunk c
+ * there). Q4_K / Q5_K: the low three bits XOR the next three, so that the 8 lanes of a quarter
+ * warp (two super-blocks' 4 lanes, 64 bytes apart, 16-byte reads) take 8 different bank groups;
+ * without it 4 of them shared one. Q6_K: bits 1-2 XOR bits 3-4, so that the 16 lanes of a half
+ * warp (two super-blocks, two halves each, 8-byte reads) take 16 different bank pairs. H200,
+ * 8B q4_k gate|up under Nsight Compute: shared-memory bank conflicts 951 k -> 128 k. */
+template <int T> __device__ static inline int kq_swz(int c) {
+    return T == QF_TYPE_Q6_K ? c ^ (((c >> 3) & 3) << 1) : c ^ ((c >> 3) & 7);
+}
+
+/* acc + lane i's share of super-block b's dot with the one token's Q8_K activation staged in
+ * shared memory (aq quants, as the sums of 32, ad the scales: k_mv1_k), as a float: the lane's
+ * integer sums (kq_dot's, over its share) times the super-block's scales, each product rounded
+ * on its own. The lanes' shares are added with the rest of the row at the end, not per
+ * super-block. */
 template <int T>
-__device__ static inline float kq_dot_lane(const kq_slice<T> &k, int b, int i, const int8_t *aq, const int *as,
+__device__ static inline float kq_dot_pair(const kq_pair<T> &k, int b, int i, const int8_t *aq, const int *as,
                                            const float *ad, float acc) {
     if constexpr (T == QF_TYPE_Q4_K || T == QF_TYPE_Q5_K) {
-        const int j = i >> 1, h = i & 1;
-        const float d = h2f_bits((uint16_t)(k.dd & 0xFFFF)), dmin = h2f_bits((uint16_t)(k.dd >> 16));
-        int sc1, m1, sc2, m2, lo[4], hi[4];
-        kq_unpack<T>(k, i, lo, hi, &sc1, &m1, &sc2, &m2);
-        const int8_t *xb = aq + (size_t)b * 256 + 64 * j + 16 * h;
-        const int4 a0 = *(const int4 *)xb, a1 = *(const int4 *)(xb + 32);
-        int d1 = __dp4a(lo[0], a0.x, 0);
-        d1 = __dp4a(lo[1], a0.y, d1), d1 = __dp4a(lo[2], a0.z, d1), d1 = __dp4a(lo[3], a0.w, d1);
-        int d2 = __dp4a(hi[0], a1.x, 0);
-        d2 = __dp4a(hi[1], a1.y, d2), d2 = __dp4a(hi[2], a1.z, d2), d2 = __dp4a(hi[3], a1.w, d2);
-        const int isum = sc1 * d1 + sc2 * d2;
-        const int msum = h == 0 ? m1 * as[8 * b + 2 * j] + m2 * as[8 * b + 2 * j + 1] : 0;
+        const float d = h2f_bits((uint16_t)(k.h[0].dd & 0xFFFF)), dmin = h2f_bits((uint16_t)(k.h[0].dd >> 16));
+        int sc1, m1, sc2, m2, d1 = 0, d2 = 0;
+        k4_scale_min_pair(i, k.h[0].s0, k.h[0].s1, k.h[0].s2, &sc1, &m1, &sc2, &m2);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int lo[4], hi[4];
+            kq_unpack_q<T>(k.h[h], i, lo, hi);
+            const int c = 16 * b + 4 * i + h; /* the 16-byte chunk of the low nibbles' activation */
+            const int4 a0 = ((const int4 *)aq)[kq_swz<T>(c)], a1 = ((const int4 *)aq)[kq_swz<T>(c + 2)];
+            d1 = __dp4a(lo[0], a0.x, d1), d1 = __dp4a(lo[1], a0.y, d1), d1 = __dp4a(lo[2], a0.z, d1);
+            d1 = __dp4a(lo[3], a0.w, d1);
+            d2 = __dp4a(hi[0], a1.x, d2), d2 = __dp4a(hi[1], a1.y, d2), d2 = __dp4a(hi[2], a1.z, d2);
+            d2 = __dp4a(hi[3], a1.w, d2);
+        }
+        const int isum = sc1 * d1 + sc2 * d2, msum = m1 * as[8 * b + 2 * i] + m2 * as[8 * b + 2 * i + 1];
         const float xdb = ad[b];
         return acc + __fsub_rn(__fmul_rn(__fmul_rn(d, xdb), (float)isum), __fmul_rn(__fmul_rn(dmin, xdb), (float)msum));
     } else {
         const int half = i >> 2, w = i & 3;
-        const int8_t *xb = aq + (size_t)b * 256 + 128 * half + 8 * w;
+        const int o = 256 * b + 128 * half + 8 * w; /* the byte offset of the first quarter's 8 */
         int q[4][2], isum = 0;
-        kq_unpack6(k, q);
+        kq_unpack6(k.h[0], q);
 #pragma unroll
         for (int qq = 0; qq < 4; qq++) {
-            const int2 a = *(const int2 *)(xb + 32 * qq);
-            isum += k.sc[qq] * __dp4a(q[qq][1], a.y, __dp4a(q[qq][0], a.x, 0));
+            const int oq = o + 32 * qq;
+            const int2 a = *(const int2 *)(aq + 16 * kq_swz<T>(oq >> 4) + (oq & 15));
+            isum += k.h[0].sc[qq] * __dp4a(q[qq][1], a.y, __dp4a(q[qq][0], a.x, 0));
         }
-        return acc + __fmul_rn(__fmul_rn(h2f_bits(k.d), ad[b]), (float)isum);
+        return acc + __fmul_rn(__fmul_rn(h2f_bits(k.h[0].d), ad[b]), (float)isum);
     }
 }
 
 /* One token through K-format rows: each warp takes one row (k_matvec_k's WPR 1 rows and ends:
- * gu_row, mv_finish, mv_finish_gu), a lane the same super-block slices (8 lanes a super-block,
- * 4 super-blocks a warp step) with U steps in flight, the first before pdl_wait. After the wait
- * the block stages the token's Q8_K activation in shared memory (K quants, the K / 32 sums, the
- * K / 256 scales: K + K / 8 + K / 64 bytes), and each lane keeps its own float sum of its
- * slices (kq_dot_lane), reduced once per row at the end: no shuffles and no L2 round trip per
- * super-block (k_matvec_k, under Nsight Compute on the 8B q4_k shape, reached 24-45% of the
- * DRAM bandwidth, latency-bound). Against k_matvec_k only the rounding of the partial products
- * and the order of the sums differ. GU: the gate|up + SiLU form, as k_matvec_k's.
- * Launched with U 4: H200, 8B decode (`bench_gpu --decode-only --decode-pos 1`), q4_k_m
- * 361.2-362.4 tok/s against k_matvec_k's 335.4-336.0, q4_k 436.2 against 384.0; U 2 352-353 /
- * 415, U 3 360-363 / 424; two rows a warp (U 2) 347-350 / 399 (docs/gpu.md "Session 21"). */
+ * gu_row, mv_finish, mv_finish_gu), kq_lanes lanes a super-block (kq_pair), so that a warp step
+ * covers 32 / kq_lanes super-blocks; U steps in flight, the first before pdl_wait. After the
+ * wait the block stages the token's Q8_K activation in shared memory (K quants, the K / 32 sums,
+ * the K / 256 scales: K + K / 8 + K / 64 bytes; the quants' 16-byte chunks swizzled, kq_swz),
+ * and each lane keeps its own float sum of its shares (kq_dot_pair), reduced once per row at the
+ * end: no shuffles and no L2 round trip per super-block (k_matvec_k, under Nsight Compute on the
+ * 8B q4_k shape, reached 24-45% of the DRAM bandwidth, latency-bound). Against k_matvec_k only
+ * the rounding of the partial products and the order of the sums differ. GU: the gate|up + SiLU
+ * form, as k_matvec_k's. Launched with U 2: H200, 8B decode (`bench_gpu --decode-only
+ * --decode-pos 1`, docs/gpu.md "Session 22"): q4_k_m 427.0 tok/s, q4_k 506.6, q6_k 313.1
+ * against 363.3, 437.5, 256.8 with 8 lanes a Q4_K super-block, no swizzle and U 4. */
 template <int T, int U, bool GU>
 __global__ void __launch_bounds__(MV_WARPS * 32)
     k_mv1_k(const uint8_t *__restrict__ W, size_t rb, int K, int N, const int8_t *__restrict__ xq,
             const float *__restrict__ xd, const int *__restrict__ xs, float *y, int accumulate) {
-    constexpr int BB = kq_block_bytes<T>();
+    constexpr int BB = kq_block_bytes<T>(), LP = kq_lanes<T>(), S = 32 / LP;
     extern __shared__ int4 smk[];
     pdl_trigger();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane / 8, i = lane % 8;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane / LP, i = lane % LP;
     const int r = GU ? gu_row(warp, N) : (int)blockIdx.x * MV_WARPS + warp;
     const bool live = GU ? (2 * (int)blockIdx.x + (warp & 1)) < N : r < N;
     const uint8_t *row = W + (size_t)(live ? r : 0) * rb;
     const int nsb = K / 256, nrb = live ? nsb : 0; /* the row's super-blocks: none past N */
     float acc[1] = {0.0f};
-    kq_slice<T> kb[U];
+    kq_pair<T> kb[U];
     int b0 = sub;
 #pragma unroll
     for (int u = 0; u < U; u++)
-        if (b0 + 4 * u < nrb) kq_load<T>(row + (size_t)(b0 + 4 * u) * BB, i, kb[u]);
+        if (b0 + S * u < nrb) kq_load_pair<T>(row + (size_t)(b0 + S * u) * BB, i, kb[u]);
     pdl_wait();
     int8_t *aq = (int8_t *)smk;
     int *as = (int *)(aq + K);
     float *ad = (float *)(as + K / 32);
-    for (int x = threadIdx.x; x < K / 16; x += blockDim.x) smk[x] = __ldg((const int4 *)xq + x);
+    for (int x = threadIdx.x; x < K / 16; x += blockDim.x) smk[kq_swz<T>(x)] = __ldg((const int4 *)xq + x);
     for (int x = threadIdx.x; x < K / 32; x += blockDim.x) as[x] = __ldg(xs + x);
     for (int x = threadIdx.x; x < nsb; x += blockDim.x) ad[x] = __ldg(xd + x);
     __syncthreads();
     while (b0 < nrb) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int b = b0 + 4 * u;
+            const int b = b0 + S * u;
             if (b >= nrb) break;
-            acc[0] = kq_dot_lane<T>(kb[u], b, i, aq, as, ad, acc[0]);
+            acc[0] = kq_dot_pair<T>(kb[u], b, i, aq, as, ad, acc[0]);
         }
-        b0 += 4 * U;
+        b0 += S * U;
 #pragma unroll
         for (int u = 0; u < U; u++)
-            if (b0 + 4 * u < nrb) kq_load<T>(row + (size_t)(b0 + 4 * u) * BB, i, kb[u]);
+            if (b0 + S * u < nrb) kq_load_pair<T>(row + (size_t)(b0 + S * u) * BB, i, kb[u]);
     }
     if (GU) mv_finish_gu<1>(acc, warp, lane, N, 1, y);
     else mv_finish<1, 1>(acc, warp, lane, 0, live, r, N, 1, y, accumulate);
@@ -1014,13 +1066,14 @@ static bool kq_ok(const dweight *w, const float *x, const void *xq) {
     return w->type == QF_TYPE_Q6_K && ((uintptr_t)w->d % 2) == 0;
 }
 
-/* the K-format matvec (kq_ok); GU: the gate|up + SiLU form, N = F. Always quantizes x itself
- * (the norm's fused activation, "ready", is q8_0) */
+/* the K-format matvec (kq_ok); GU: the gate|up + SiLU form, N = F. ready: xq already holds x's
+ * Q8_K activation (the caller's launch_quant_act_k: forward_layers quantizes once for separate
+ * q, k, v), else x is quantized here */
 template <bool GU>
 static void launch_matvec_k(const dweight *w, const float *x, int n, int N, float *y, bool accumulate, void *xq,
-                            cudaStream_t s) {
+                            cudaStream_t s, bool ready) {
     const int K = (int)w->ne0;
-    launch_quant_act_k(x, n, K, xq, s);
+    if (!ready) launch_quant_act_k(x, n, K, xq, s);
     const act_q a = act_q_view(xq, n, K);
     const int8_t *qs = a.qs;
     const float *xd = a.xd;
@@ -1030,7 +1083,7 @@ static void launch_matvec_k(const dweight *w, const float *x, int n, int N, floa
     if (n == 1 && !split && mv1k_smem(K) <= 48 * 1024) { /* one token: the row-group kernel */
         const dim3 g1(GU ? nblk((size_t)N, 2) : nblk((size_t)N, MV_WARPS));
         const size_t sm = mv1k_smem(K);
-#define QF_MV1K(TY) cu_launch(k_mv1_k<TY, 4, GU>, g1, dim3(MV_WARPS * 32), sm, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc)
+#define QF_MV1K(TY) cu_launch(k_mv1_k<TY, 2, GU>, g1, dim3(MV_WARPS * 32), sm, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc)
         if (w->type == QF_TYPE_Q4_K) QF_MV1K(QF_TYPE_Q4_K);
         else if (w->type == QF_TYPE_Q5_K) QF_MV1K(QF_TYPE_Q5_K);
         else QF_MV1K(QF_TYPE_Q6_K);
@@ -1094,7 +1147,7 @@ static void launch_matvec(const dweight *w, const float *x, int n, float *y, boo
         return;
     }
     if (kq_ok(w, x, xq)) {
-        launch_matvec_k<false>(w, x, n, N, y, accumulate, xq, s);
+        launch_matvec_k<false>(w, x, n, N, y, accumulate, xq, s, ready);
         return;
     }
     const int dt = dw_type(w);
@@ -1172,7 +1225,7 @@ bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb,
         return true;
     }
     if (kq_ok(w, x, xq)) {
-        launch_matvec_k<true>(w, x, n, F, hb, false, xq, s);
+        launch_matvec_k<true>(w, x, n, F, hb, false, xq, s, ready);
         return true;
     }
     if ((w->type == QF_TYPE_Q4_0 || w->type == QF_TYPE_Q8_0) && xq && ((uintptr_t)xq % 16) == 0 && K % QK == 0 &&
