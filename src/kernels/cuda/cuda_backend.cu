@@ -954,10 +954,18 @@ static void ctx_info(const qf_cuda_ctx *g, qf_cuda_info *out) {
     out->f16_cache_bytes = g->f16_cache_bytes;
 }
 
+/* which activation w's decode matvec reads (launch_matvec's xq): ACT_Q8_0 (Q4_0, Q8_0: the
+ * norm before it can write it, launch_rmsnorm's xq), ACT_Q8_K (the K formats: launch_quant_act_k)
+ * or ACT_NONE (f32 x) */
+enum { ACT_NONE = 0, ACT_Q8_0 = 1, ACT_Q8_K = 2 };
+static int act_kind(const dweight *w) {
+    if (w->type == QF_TYPE_Q4_0 || w->type == QF_TYPE_Q8_0) return ACT_Q8_0;
+    if (w->type == QF_TYPE_Q4_K || w->type == QF_TYPE_Q5_K || w->type == QF_TYPE_Q6_K) return ACT_Q8_K;
+    return ACT_NONE;
+}
+static bool q8_act(const dweight *w) { return act_kind(w) == ACT_Q8_0; }
+
 /* can w run dev_gemm_h: f16 or cached-f16 weights, or a per-call dequantization that fits wdeq */
-/* does w's decode matvec read the norm's fused q8_0 activation (launch_rmsnorm's xq)? the K
- * formats quantize to Q8_K themselves */
-static bool q8_act(const dweight *w) { return w->type == QF_TYPE_Q4_0 || w->type == QF_TYPE_Q8_0; }
 
 static bool gemm_h_ok(const qf_cuda_ctx *g, const dweight *w) {
     return w->d && w->type != QF_TYPE_F32 &&
@@ -1335,8 +1343,17 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
         /* decode: the norm also writes the q8_0 activation of the int8 matvecs (into xh, their
          * scratch), which then skip their own quantization launch */
         const bool q8a = dqkv && !fqkv && q8_act(&L->wqkv);
-        const bool xq1 = launch_rmsnorm(g->x, L->attn_norm, n, D, hp->rms_eps, !fqkv || want_act || kvq ? g->xn : NULL,
-                                        fqkv ? g->xh : NULL, S, q8a ? (void *)g->xh : NULL);
+        bool xq1 = launch_rmsnorm(g->x, L->attn_norm, n, D, hp->rms_eps, !fqkv || want_act || kvq ? g->xn : NULL,
+                                  fqkv ? g->xh : NULL, S, q8a ? (void *)g->xh : NULL);
+        /* decode with separate q, k, v matvecs (q4_k_m's layers whose v is Q6_K and q, k Q4_K):
+         * where all three read the same int8 activation it is quantized once for them, not three
+         * times */
+        if (!fam && dec && !dqkv && !fqkv && act_kind(&L->wq) != ACT_NONE && act_kind(&L->wk) == act_kind(&L->wq) &&
+            act_kind(&L->wv) == act_kind(&L->wq)) {
+            if (act_kind(&L->wq) == ACT_Q8_K) launch_quant_act_k(g->xn, n, D, g->xh, S);
+            else launch_quant_act(g->xn, n, D, g->xh, S);
+            xq1 = true;
+        }
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_IN, n, D, g->xn, err))) goto done;
         prof_mark(g, 0);
         if (fqkv) {
@@ -1370,7 +1387,7 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                 launch_qkv_split(g->qkv, 0, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc, rs,
                                  L->bq, L->bk, L->bv, g->q, g->k, g->v, S);
         } else {
-            if ((st = dev_matmul(g->blas, &L->wq, g->xn, n, g->q, false, route, g->wdeq, g->xh, S, err))) goto done;
+            if ((st = dev_matmul(g->blas, &L->wq, g->xn, n, g->q, false, route, g->wdeq, g->xh, S, err, xq1))) goto done;
             {
                 /* a quantized cache (q8_0, q4_0, int8, dict) rounds K and V to a coarse grid or picks
                  * atoms by argmax, and f16 GEMM inputs move some of those decisions away from the
@@ -1382,8 +1399,11 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                                      (size_t)wkv[s]->ne0 * wkv[s]->ne1 * 4 <= g->wdeq_bytes
                                  ? MM_GEMM_F32
                                  : route;
-                if ((st = dev_matmul(g->blas, &L->wk, g->xn, n, g->k, false, rkv[0], g->wdeq, g->xh, S, err))) goto done;
-                if ((st = dev_matmul(g->blas, &L->wv, g->xn, n, g->v, false, rkv[1], g->wdeq, g->xh, S, err))) goto done;
+                /* xq1 (decode only): the routes are all the matvec's, none overwrites xh */
+                if ((st = dev_matmul(g->blas, &L->wk, g->xn, n, g->k, false, rkv[0], g->wdeq, g->xh, S, err, xq1)))
+                    goto done;
+                if ((st = dev_matmul(g->blas, &L->wv, g->xn, n, g->v, false, rkv[1], g->wdeq, g->xh, S, err, xq1)))
+                    goto done;
             }
             prof_mark(g, 1);
             if (L->bq) launch_add_bias(g->q, L->bq, n, Dq, S);

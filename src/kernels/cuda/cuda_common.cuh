@@ -468,8 +468,10 @@ void launch_embed(const dweight *E, const int32_t *tok, int n, int d, float *x, 
 /* y[n][N] (+)= x[n][K] . W^T; wdeq / xh: scratch of N*K*4 and n*K*2 bytes (route: MM_*) */
 qf_status dev_matmul(cublasHandle_t blas, const dweight *w, const float *x, int n, float *y, bool accumulate,
                      int route, void *wdeq, __half *xh, cudaStream_t s, qf_error *err, bool xq_ready = false);
-/* xq_ready (dev_matmul, launch_matvec_gu): xh already holds x's q8_0 activation (launch_rmsnorm's
- * xq), so the int8 matvecs skip their quantization launch; other routes read x as always */
+/* xq_ready (dev_matmul, launch_matvec_gu): xh already holds x's activation in the format the
+ * weight's int8 matvec reads (q8_0 for Q4_0 / Q8_0: launch_rmsnorm's xq or launch_quant_act; Q8_K
+ * for the K formats: launch_quant_act_k), so the matvec skips its quantization launch; other
+ * routes read x as always */
 /* decode gate|up with SiLU(gate) * up fused: hb[n][F] from the [2F][K] weight (xq: scratch as
  * dev_matmul's xh); false when it does not apply (nothing launched) */
 bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb, void *xq, cudaStream_t s,
@@ -481,7 +483,9 @@ qf_status gemm_bench(int M, int N, int K, int flags, int iters, double *ms, qf_e
 
 /* ---- cuda_norm.cu: RMSNorm, RoPE, bias, SiLU, the q/k/v split, the Hadamard rotation ---- */
 /* xq set: also the q8_0 activation of the result for the int8 matvecs (ACT_Q_BYTES layout,
- * cuda_gemm.cu), where the register kernel runs and d % 32 == 0; returns whether xq was written */
+ * cuda_gemm.cu), where the register kernel runs and d % 32 == 0; returns whether xq was written.
+ * (Q8_K, the K formats' activation, is not written here: one block a row on the step's critical
+ * path took longer than launch_quant_act_k's separate launch; docs/gpu.md "Session 22") */
 bool launch_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, __half *out16, cudaStream_t s,
                     void *xq = NULL);
 void launch_rope(float *v, int n, int n_heads, int hd, int half, bool neox, const float *cs, const float *sn,
