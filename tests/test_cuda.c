@@ -288,6 +288,39 @@ TEST(op_matvec_gu) {
     free(wd), free(hb);
 }
 
+/* The decode norm's fused activation (launch_rmsnorm's xq): the q8_0 bytes the int8 matvecs
+ * read must be the separate quantization launch's, byte for byte (widths with partial register
+ * passes, several rows, a zero row, a row where one element dominates) */
+TEST(op_rmsnorm_act) {
+    NEED_GPU();
+    const int dims[] = {256, 800, 2304, 4096, 5120};
+    const int n = 3;
+    for (size_t k = 0; k < sizeof dims / sizeof dims[0]; k++) {
+        const int d = dims[k];
+        const size_t qb = (size_t)n * d + (size_t)n * (d / 32) * 8;
+        float *x = malloc((size_t)n * d * 4), *g = malloc((size_t)d * 4), *out = malloc((size_t)n * d * 4);
+        uint8_t *q = malloc(qb), *r = malloc(qb);
+        for (int i = 0; i < n * d; i++) x[i] = frand() * 3;
+        for (int i = 0; i < d; i++) g[i] = frand();
+        for (int i = 0; i < d; i++) x[d + i] = 0.0f;                         /* row 1: zeros */
+        for (int i = 0; i < d; i++) x[2 * d + i] = (i % 3 == 0) ? 1.0f : -1.0f; /* row 2: ties */
+        x[2 * d + 300 % d] = 50.0f;
+        qf_error err = {0};
+        CHECK(qf_cuda_op_rmsnorm(x, g, n, d, 1e-5f, out, 1, q, r, &err) == QF_OK);
+        size_t diff = 0;
+        for (size_t i = 0; i < qb; i++) diff += q[i] != r[i];
+        printf("  rmsnorm d=%-5d q8_0 activation: %zu of %zu bytes differ from the separate launch\n", d, diff, qb);
+        CHECK(diff == 0);
+        free(x), free(g), free(out), free(q), free(r);
+    }
+    /* q8_0 needs whole 32-blocks: the norm says so instead of writing a partial activation */
+    float x[100] = {1}, g[100] = {1}, out[100];
+    uint8_t q[200], r[200];
+    qf_error err = {0};
+    CHECK(qf_cuda_op_rmsnorm(x, g, 1, 100, 1e-5f, out, 1, q, r, &err) == QF_ERR_DEVICE);
+    CHECK(qf_cuda_op_rmsnorm(x, g, 1, 96, 1e-5f, out, 2, q, r, &err) == QF_ERR_DEVICE);
+}
+
 TEST(op_rmsnorm_silu) {
     NEED_GPU();
     const int n = 7, d = 384;
@@ -301,7 +334,7 @@ TEST(op_rmsnorm_silu) {
         for (int i = 0; i < d; i++) ref[t * d + i] = x[t * d + i] * scale * g[i];
     }
     qf_error err = {0};
-    CHECK(qf_cuda_op_rmsnorm(x, g, n, d, 1e-5f, got, &err) == QF_OK);
+    CHECK(qf_cuda_op_rmsnorm(x, g, n, d, 1e-5f, got, 0, NULL, NULL, &err) == QF_OK);
     double e = nmse(got, ref, n * d);
     printf("  rmsnorm nmse %.3g\n", e);
     CHECK(e <= 1e-12);
@@ -2122,6 +2155,7 @@ int main(void) {
     RUN(op_matmul_tall);
     RUN(op_matvec_gu);
     RUN(op_rmsnorm_silu);
+    RUN(op_rmsnorm_act);
     RUN(op_rope);
     RUN(op_kv_cache);
     RUN(op_kv_rot);

@@ -29,8 +29,9 @@ extern "C" {
  * sinks / recent window. 7: the AWQ learner's entries (awq_group_*, awq_quantize). 8: qf_gpu_params
  * gains canonical. 9: qf_gpu_kv carries the dictionaries' Gram matrices (dict rows encoded on the
  * device), the table gains op_kv_dict_encode. 10: op_attention's route 3 (the decode step's fused
- * split-K attention against the separate launches). */
-#define QF_CUDA_ABI 10
+ * split-K attention against the separate launches). 11: op_rmsnorm returns the norm's fused
+ * q8_0 activation next to the separate quantization's. */
+#define QF_CUDA_ABI 11
 
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 typedef struct qf_cuda_awq qf_cuda_awq; /* one AWQ group's search state on the device */
@@ -144,7 +145,8 @@ typedef struct qf_cuda_api {
     qf_status (*op_dequant)(qf_type t, const void *src, size_t row_bytes, int64_t rows, int64_t k, float *dst,
                             qf_error *err);
     qf_status (*op_matmul)(const qf_weight *w, const float *x, int n, float *y, int route, qf_error *err);
-    qf_status (*op_rmsnorm)(const float *x, const float *g, int n, int d, float eps, float *out, qf_error *err);
+    qf_status (*op_rmsnorm)(const float *x, const float *g, int n, int d, float eps, float *out, int act, void *xq,
+                            void *xq_ref, qf_error *err);
     qf_status (*op_rope)(float *v, int n, int n_heads, int head_dim, int n_rot, qf_rope_type type, const float *cs,
                          const float *sn, qf_error *err);
     qf_status (*op_silu_mul)(const float *g, const float *u, size_t n, float *out, qf_error *err);

@@ -690,7 +690,8 @@ void launch_nll(const float *logits, int n_rows, int V, const int32_t *tgt, doub
 qf_status op_dequant(qf_type t, const void *src, size_t rb, int64_t rows, int64_t k, float *dst, qf_error *err);
 qf_status op_matmul(const qf_weight *w, const float *x, int n, float *y, int route, qf_error *err);
 qf_status op_matvec_gu(const qf_weight *w, const float *x, int n, int F, float *hb, qf_error *err);
-qf_status op_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, qf_error *err);
+qf_status op_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, int act, void *xq,
+                     void *xq_ref, qf_error *err);
 qf_status op_rope(float *v, int n, int n_heads, int head_dim, int n_rot, qf_rope_type type, const float *cs,
                   const float *sn, qf_error *err);
 qf_status op_silu_mul(const float *g, const float *u, size_t n, float *out, qf_error *err);

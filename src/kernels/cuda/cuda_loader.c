@@ -128,9 +128,10 @@ qf_status qf_cuda_op_matmul(const qf_weight *w, const float *x, int n, float *y,
     NEED_API();
     return a->op_matmul(w, x, n, y, (int)route, err);
 }
-qf_status qf_cuda_op_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, qf_error *err) {
+qf_status qf_cuda_op_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, int act, void *xq,
+                             void *xq_ref, qf_error *err) {
     NEED_API();
-    return a->op_rmsnorm(x, g, n, d, eps, out, err);
+    return a->op_rmsnorm(x, g, n, d, eps, out, act, xq, xq_ref, err);
 }
 qf_status qf_cuda_op_rope(float *v, int n, int n_heads, int head_dim, int n_rot, qf_rope_type type, const float *cs,
                           const float *sn, qf_error *err) {

@@ -91,12 +91,29 @@ qf_status op_matvec_gu(const qf_weight *w, const float *x, int n, int F, float *
     return op_finish(&a, hb, dh, (size_t)n * F * 4, err);
 }
 
-qf_status op_rmsnorm(const float *x, const float *gn, int n, int d, float eps, float *out, qf_error *err) {
+qf_status op_rmsnorm(const float *x, const float *gn, int n, int d, float eps, float *out, int act, void *xq,
+                     void *xq_ref, qf_error *err) {
+    if (act < 0 || act > 1) return cu_fail(err, QF_ERR_DEVICE, "CUDA op: activation kind %d not supported", act);
     dallocs a = {};
+    const size_t qb = ACT_Q_BYTES(n, d);
     float *dx = (float *)dup_to(&a, x, (size_t)n * d * 4), *dg = (float *)dup_to(&a, gn, (size_t)d * 4);
     float *dout = (float *)dalloc(&a, (size_t)n * d * 4);
-    OP_NEED(dx && dg && dout);
-    launch_rmsnorm(dx, dg, n, d, eps, dout, NULL, 0);
+    void *dq = act ? dalloc(&a, qb) : NULL, *dr = act ? dalloc(&a, qb) : NULL;
+    OP_NEED(dx && dg && dout && (!act || (dq && dr)));
+    if (act && (cudaMemset(dq, 0xA5, qb) != cudaSuccess || cudaMemset(dr, 0xA5, qb) != cudaSuccess)) {
+        dfree(&a);
+        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: memset failed");
+    }
+    if (!launch_rmsnorm(dx, dg, n, d, eps, dout, NULL, 0, dq) && act) {
+        dfree(&a);
+        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: the norm does not write this activation (n %d, d %d)", n, d);
+    }
+    if (act) launch_quant_act(dout, n, d, dr, 0);
+    if (act && (cudaMemcpy(xq, dq, qb, cudaMemcpyDeviceToHost) != cudaSuccess ||
+                cudaMemcpy(xq_ref, dr, qb, cudaMemcpyDeviceToHost) != cudaSuccess)) {
+        dfree(&a);
+        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: copy failed");
+    }
     return op_finish(&a, out, dout, (size_t)n * d * 4, err);
 }
 

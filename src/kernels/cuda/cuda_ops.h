@@ -27,7 +27,12 @@ qf_status qf_cuda_op_dequant(qf_type t, const void *src, int64_t rows, int64_t k
 /* y[n][w->ne1] = x[n][w->ne0] . W^T */
 qf_status qf_cuda_op_matmul(const qf_weight *w, const float *x, int n, float *y, qf_cuda_mm_route route,
                             qf_error *err);
-qf_status qf_cuda_op_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, qf_error *err);
+/* out[n][d] = RMSNorm(x) g; act 1: also the norm's fused q8_0 activation of out into xq (what
+ * the decode step's int8 matvecs read) and the separate quantization launch's into xq_ref (each
+ * ACT_Q_BYTES(n, d): int8 [n][d], f32 [n][d / 32], int32 [n][d / 32]; QF_ERR_DEVICE where the
+ * norm does not write it, d % 32 != 0) */
+qf_status qf_cuda_op_rmsnorm(const float *x, const float *g, int n, int d, float eps, float *out, int act, void *xq,
+                             void *xq_ref, qf_error *err);
 /* rotate in place: v[n][n_heads][head_dim], tables cs/sn [n][n_rot/2] */
 qf_status qf_cuda_op_rope(float *v, int n, int n_heads, int head_dim, int n_rot, qf_rope_type type,
                           const float *cs, const float *sn, qf_error *err);
