@@ -1196,35 +1196,41 @@ done:
     return st;
 }
 
-/* device logits -> pageable host memory through the pinned staging buffer: the copy of one
- * half overlaps the host memcpy of the other */
-static cudaError_t copy_logits(qf_cuda_ctx *g, float *dst, const float *src, size_t bytes) {
-    if (!g->h_pin || bytes <= ((size_t)1 << 20)) return cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
-    const size_t half = g->pin_bytes / 2;
-    uint8_t *pin = (uint8_t *)g->h_pin, *d = (uint8_t *)dst;
+/* bytes of device memory src -> pageable host memory dst through pinned staging: ns slots of
+ * slot bytes at pin, one event each (ev), copies on stream s. Every slot is primed with the next
+ * piece; then, slot after slot in ring order, the host copies a piece out as soon as its event
+ * fires and the slot takes the next piece, so the host copy of one piece overlaps the device
+ * copies of the others. ns <= STAGE_MAX. Returns the first CUDA error (dst then incomplete). */
+#define STAGE_MAX 8
+static_assert(LG_CHUNKS <= STAGE_MAX, "forward_graph's logits copy: one slot a chunk");
+static cudaError_t copy_staged(void *dst, const void *src, size_t bytes, uint8_t *pin, size_t slot, cudaEvent_t *ev,
+                               int ns, cudaStream_t s) {
+    uint8_t *d = (uint8_t *)dst;
     const uint8_t *sp = (const uint8_t *)src;
-    size_t off[2] = {0, 0}, len[2] = {0, 0}, next = 0;
+    size_t off[STAGE_MAX] = {0}, len[STAGE_MAX] = {0}, next = 0;
     cudaError_t e = cudaSuccess;
-    int b = 0;
-    for (int k = 0; k < 2 && next < bytes; k++) { /* prime both halves */
-        off[k] = next, len[k] = bytes - next < half ? bytes - next : half;
-        if ((e = cudaMemcpyAsync(pin + k * half, sp + off[k], len[k], cudaMemcpyDeviceToHost, 0))) return e;
-        if ((e = cudaEventRecord(g->pin_ev[k], 0))) return e;
+    auto issue = [&](int k) { /* slot k takes the next piece, if any */
+        off[k] = next, len[k] = bytes - next < slot ? bytes - next : slot;
         next += len[k];
-    }
-    while (len[b]) {
-        if ((e = cudaEventSynchronize(g->pin_ev[b]))) return e;
-        memcpy(d + off[b], pin + b * half, len[b]);
-        len[b] = 0;
-        if (next < bytes) {
-            off[b] = next, len[b] = bytes - next < half ? bytes - next : half;
-            if ((e = cudaMemcpyAsync(pin + b * half, sp + off[b], len[b], cudaMemcpyDeviceToHost, 0))) return e;
-            if ((e = cudaEventRecord(g->pin_ev[b], 0))) return e;
-            next += len[b];
-        }
-        b ^= 1;
+        if (!len[k]) return cudaSuccess;
+        cudaError_t r = cudaMemcpyAsync(pin + k * slot, sp + off[k], len[k], cudaMemcpyDeviceToHost, s);
+        return r ? r : cudaEventRecord(ev[k], s);
+    };
+    for (int k = 0; k < ns; k++)
+        if ((e = issue(k))) return e;
+    for (int b = 0; len[b]; b = (b + 1) % ns) {
+        if ((e = cudaEventSynchronize(ev[b]))) return e;
+        memcpy(d + off[b], pin + b * slot, len[b]);
+        if ((e = issue(b))) return e;
     }
     return cudaSuccess;
+}
+
+/* device logits -> pageable host memory through the pinned staging buffer (two halves, the
+ * legacy stream); small copies and contexts without the buffer copy directly */
+static cudaError_t copy_logits(qf_cuda_ctx *g, float *dst, const float *src, size_t bytes) {
+    if (!g->h_pin || bytes <= ((size_t)1 << 20)) return cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+    return copy_staged(dst, src, bytes, (uint8_t *)g->h_pin, g->pin_bytes / 2, g->pin_ev, 2, 0);
 }
 
 /* The mixture-of-experts FFN of layer L (mixtral, qwen3moe) on g->xn [n][n_embd] (the ffn_norm
@@ -1730,18 +1736,9 @@ static qf_status forward_graph(qf_cuda_ctx *g, int32_t token, int pos0, float *l
         }
     }
     CK(cudaGraphLaunch(g->gexec, g->stream));
-    if (g->h_lg) { /* through pinned memory in chunks, the host copy of one overlapping the next's */
+    if (g->h_lg) { /* through pinned memory in LG_CHUNKS pieces (the row fits: each slot used once) */
         const size_t V = (size_t)hp->n_vocab, ch = (V + LG_CHUNKS - 1) / LG_CHUNKS;
-        for (int c = 0; c < LG_CHUNKS && (size_t)c * ch < V; c++) {
-            const size_t o = (size_t)c * ch, m = V - o < ch ? V - o : ch;
-            CK(cudaMemcpyAsync(g->h_lg + o, g->logits + o, m * 4, cudaMemcpyDeviceToHost, g->stream));
-            CK(cudaEventRecord(g->lg_ev[c], g->stream));
-        }
-        for (int c = 0; c < LG_CHUNKS && (size_t)c * ch < V; c++) {
-            const size_t o = (size_t)c * ch, m = V - o < ch ? V - o : ch;
-            CK(cudaEventSynchronize(g->lg_ev[c]));
-            memcpy(logits + o, g->h_lg + o, m * 4);
-        }
+        CK(copy_staged(logits, g->logits, V * 4, (uint8_t *)g->h_lg, ch * 4, g->lg_ev, LG_CHUNKS, g->stream));
     } else
         CK(cudaMemcpyAsync(logits, g->logits, (size_t)hp->n_vocab * 4, cudaMemcpyDeviceToHost, g->stream));
     CK(cudaStreamSynchronize(g->stream));
