@@ -262,11 +262,18 @@ int main(int argc, char **argv) {
     }
     /* decode: prefill half a chunk (or --decode-pos), then single tokens */
     int half = dpos >= 1 && dpos < n_ctx ? dpos : n_ctx / 2, steps = n_ctx - half < dsteps ? n_ctx - half : dsteps;
-    qf_decode(c, toks, half, 0, NULL, half, &err);
     /* one untimed step first (it captures the step's CUDA graph); the timed steps rewrite it */
-    qf_decode(c, toks + half, 1, half, logits, 0, &err);
+    if (qf_decode(c, toks, half, 0, NULL, half, &err) || qf_decode(c, toks + half, 1, half, logits, 0, &err)) {
+        fprintf(stderr, "bench_gpu: decode: %s\n", err.msg);
+        return 1;
+    }
     double a = now();
-    for (int i = 0; i < steps && !err.code; i++) qf_decode(c, toks + half + i, 1, half + i, logits, 0, &err);
+    for (int i = 0; i < steps; i++)
+        if (qf_decode(c, toks + half + i, 1, half + i, logits, 0, &err)) {
+            /* a failed step must not print a rate (it returns at once: the rate would be absurd) */
+            fprintf(stderr, "bench_gpu: decode step %d: %s\n", i, err.msg);
+            return 1;
+        }
     double dt = now() - a;
     printf("decode (1 token/step):  %8.1f tok/s at positions %d..%d; bandwidth bound %.0f tok/s -> %.1f%% of roofline\n",
            steps / dt, half, half + steps - 1, PEAK_BW / bytes, 100 * (steps / dt) / (PEAK_BW / bytes));
