@@ -1354,9 +1354,9 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
         /* decode with separate q, k, v matvecs (q4_k_m's layers whose v is Q6_K and q, k Q4_K):
          * where all three read the same int8 activation it is quantized once for them, not three
          * times */
-        if (!fam && dec && !dqkv && !fqkv && act_kind(&L->wq) != ACT_NONE && act_kind(&L->wk) == act_kind(&L->wq) &&
-            act_kind(&L->wv) == act_kind(&L->wq)) {
-            if (act_kind(&L->wq) == ACT_Q8_K) launch_quant_act_k(g->xn, n, D, g->xh, S);
+        const int aq = act_kind(&L->wq);
+        if (!fam && dec && !dqkv && !fqkv && aq != ACT_NONE && act_kind(&L->wk) == aq && act_kind(&L->wv) == aq) {
+            if (aq == ACT_Q8_K) launch_quant_act_k(g->xn, n, D, g->xh, S);
             else launch_quant_act(g->xn, n, D, g->xh, S);
             xq1 = true;
         }

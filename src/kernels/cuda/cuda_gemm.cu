@@ -735,14 +735,6 @@ void launch_quant_act_k(const float *x, int n, int K, void *xq, cudaStream_t s) 
     cu_launch(k_quant_act_k, dim3(nblk((size_t)nb, 8)), dim3(256), 0, s, x, nb, K, a.qs, a.xd, a.xs);
 }
 
-/* qf_k4_scale_min(jj, scales) with the 12 scale bytes in three registers (w0: bytes 0..3, w1:
- * 4..7, w2: 8..11), so that a run-time jj indexes no local array */
-__device__ static inline void k4_scale_min_w(int jj, unsigned w0, unsigned w1, unsigned w2, int *sc, int *m) {
-    const int k = 8 * (jj & 3);
-    const unsigned b0 = (w0 >> k) & 0xFF, b1 = (w1 >> k) & 0xFF, b2 = (w2 >> k) & 0xFF;
-    if (jj < 4) *sc = (int)(b0 & 63), *m = (int)(b1 & 63);
-    else *sc = (int)((b2 & 0xF) | ((b0 >> 6) << 4)), *m = (int)((b2 >> 4) | ((b1 >> 6) << 4));
-}
 /* the sum of v over the 8 lanes of a super-block group (m: the group's lanes) */
 __device__ static inline int group8_sum(int v, unsigned m) {
     v += __shfl_xor_sync(m, v, 1);
@@ -807,17 +799,10 @@ template <int T> __device__ static inline void kq_unpack_q(const kq_slice<T> &k,
         }
     }
 }
-template <int T>
-__device__ static inline void kq_unpack(const kq_slice<T> &k, int i, int *lo, int *hi, int *sc1, int *m1, int *sc2,
-                                        int *m2) {
-    const int j = i >> 1;
-    k4_scale_min_w(2 * j, k.s0, k.s1, k.s2, sc1, m1);
-    k4_scale_min_w(2 * j + 1, k.s0, k.s1, k.s2, sc2, m2);
-    kq_unpack_q<T>(k, j, lo, hi);
-}
 /* the scales and mins of sub-blocks 2 j and 2 j + 1 (qf_k4_scale_min's values) from the 12
- * scale bytes in three words, without branches: all eight 6-bit scales (mins) of the half
- * that holds them as the bytes of one word, then two bytes of it */
+ * scale bytes in three words (w0: bytes 0..3, w1: 4..7, w2: 8..11), without branches or a local
+ * array: all four 6-bit scales (mins) of the half that holds them as the bytes of one word, then
+ * two bytes of it */
 __device__ static inline void k4_scale_min_pair(int j, unsigned w0, unsigned w1, unsigned w2, int *sc1, int *m1,
                                                 int *sc2, int *m2) {
     const unsigned scw = j < 2 ? (w0 & 0x3F3F3F3Fu) : ((w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u));
@@ -825,6 +810,13 @@ __device__ static inline void k4_scale_min_pair(int j, unsigned w0, unsigned w1,
     const int sh = 16 * (j & 1);
     *sc1 = (int)((scw >> sh) & 0xFF), *sc2 = (int)((scw >> (sh + 8)) & 0xFF);
     *m1 = (int)((mw >> sh) & 0xFF), *m2 = (int)((mw >> (sh + 8)) & 0xFF);
+}
+template <int T>
+__device__ static inline void kq_unpack(const kq_slice<T> &k, int i, int *lo, int *hi, int *sc1, int *m1, int *sc2,
+                                        int *m2) {
+    const int j = i >> 1;
+    k4_scale_min_pair(j, k.s0, k.s1, k.s2, sc1, m1, sc2, m2);
+    kq_unpack_q<T>(k, j, lo, hi);
 }
 __device__ static inline void kq_unpack6(const kq_slice<QF_TYPE_Q6_K> &k, int (*q)[2]) {
 #pragma unroll
@@ -941,11 +933,12 @@ template <int T> __host__ __device__ constexpr int kq_lanes() { return T == QF_T
 template <int T> __device__ static inline void kq_load_pair(const uint8_t *bp, int i, kq_pair<T> &k) {
     if constexpr (T == QF_TYPE_Q6_K) kq_load<T>(bp, i, k.h[0]);
     else {
-        /* kq_slice's lanes 2 i and 2 i + 1: the same header, the two halves of the 32 bytes */
+        /* kq_slice's lanes 2 i and 2 i + 1: h[0] the header and the first 16 of the 32 bytes,
+         * h[1] only the second 16 (Q5_K: and their high bits; kq_dot_pair reads the header
+         * from h[0]) */
         kq_load<T>(bp, 2 * i, k.h[0]);
         const uint64_t pol = l2_evict_first();
         constexpr size_t qo = T == QF_TYPE_Q4_K ? offsetof(block_q4_K, qs) : offsetof(block_q5_K, qs);
-        k.h[1].dd = k.h[0].dd, k.h[1].s0 = k.h[0].s0, k.h[1].s1 = k.h[0].s1, k.h[1].s2 = k.h[0].s2;
         k.h[1].q = ld_stream16(bp + qo + 32 * i + 16, pol);
         if constexpr (T == QF_TYPE_Q5_K) k.h[1].h = ld_stream16(bp + offsetof(block_q5_K, qh) + 16, pol);
     }
