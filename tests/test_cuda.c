@@ -13,6 +13,7 @@
 #include "qforge/artifact_bind.h"
 #include "qforge/forge.h"
 #include "qforge/kvlearn.h"
+#include "qforge/kv_rq.h"
 #include "qforge/model.h"
 #include "qforge/ppl.h"
 #include "qforge/quant.h"
@@ -2074,6 +2075,91 @@ TEST(op_awq_quant) {
     free(X), free(W), free(s), free(imp), free(cov), free(qc), free(qg), free(rc), free(rg), free(dc), free(dg);
 }
 
+/* kv-rq's learner with its dense steps on the GPU (the V predictor's Gram sums, triangular
+ * solves and residual; V minus its prediction for the codebooks and the KLT fit) against the
+ * same learner on the CPU: every learned array bit for bit. 3 KV heads of 32 and 1000 tokens
+ * put edges into every tile of the device kernels. */
+static bool same_bytes(const void *a, const void *b, size_t n, const char *what) {
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++) d += ((const uint8_t *)a)[i] != ((const uint8_t *)b)[i];
+    if (d) printf("  %s: %zu of %zu bytes differ\n", what, d, n);
+    return d == 0;
+}
+TEST(op_rq_learn) {
+    NEED_GPU();
+    enum { L = 2, H = 3, D = 32, N = 1000, HD = H * D };
+    float *k[L], *v[L];
+    for (int l = 0; l < L; l++) { /* a few strong directions, V = 2 K + its own data */
+        k[l] = malloc(sizeof(float) * N * HD), v[l] = malloc(sizeof(float) * N * HD);
+        for (int r = 0; r < N; r++) {
+            float c0 = 4 * frand(), c1 = 2 * frand();
+            for (int i = 0; i < HD; i++) {
+                k[l][r * HD + i] = c0 * (float)((i * 7 + l) % 5 - 2) + c1 * (float)(i % 3) + 0.3f * frand();
+                v[l][r * HD + i] = 2.0f * k[l][r * HD + i] + 0.5f * frand() + 0.1f * (float)(i % 4);
+            }
+        }
+    }
+    const float *kk[L] = {k[0], k[1]}, *vv[L] = {v[0], v[1]};
+    int64_t nk[L] = {N * H, N * H}, nv[L] = {N * H, N * H};
+    qf_kv_capture_view cv = {.n_layer = L, .n_kv_head = H, .head_dim = D, .k = kk, .v = vv, .n_k = nk, .n_v = nv};
+    float *kw = malloc(sizeof(float) * L * HD), *vg = malloc(sizeof(float) * L * HD * D);
+    for (int i = 0; i < L * HD; i++) kw[i] = 0.5f + (float)(i % 7);
+    for (int b = 0; b < L * H; b++)
+        for (int i = 0; i < D; i++)
+            for (int j = 0; j < D; j++) vg[((size_t)b * D + i) * D + j] = (i == j ? 3.0f : 0.0f) + 0.1f * (float)((i + j) % 3);
+    qf_kv_rq_fit f[2];
+    memset(f, 0, sizeof f);
+    double sec[2] = {0, 0};
+    for (int g = 0; g < 2; g++) {
+        qf_kv_rq_learn_params lp;
+        qf_kv_rq_learn_params_default(&lp);
+        lp.lloyd_iters = 8, lp.v_pred = true, lp.n_threads = 2, lp.gpu = g;
+        qf_error e = {0};
+        double t0 = qf_now_sec();
+        qf_status st = qf_kv_rq_learn(&cv, &lp, &f[g], &e);
+        CHECK_MSG(st == QF_OK, "%s", e.msg);
+        if (!st) st = qf_kv_rq_learn_klt(&cv, kw, vg, &lp, &f[g], &e);
+        CHECK_MSG(st == QF_OK, "%s", e.msg);
+        sec[g] = qf_now_sec() - t0;
+    }
+    printf("  learn + klt: CPU %.3f s, GPU steps %.3f s; predictor residual / V variance %.4f %.4f\n", sec[0], sec[1],
+           f[0].v_pred_ratio ? f[0].v_pred_ratio[0] : -1, f[0].v_pred_ratio ? f[0].v_pred_ratio[1] : -1);
+    if (f[0].v_pred && f[1].v_pred && f[0].klt && f[1].klt) {
+        const size_t lhd = (size_t)L * HD, nw = QF_KV_RQ_N_WIDTHS;
+        CHECK(f[0].v_pred_ratio[0] < 0.9); /* the predictor is used: its residual feeds everything below */
+        CHECK(same_bytes(f[0].v_pred, f[1].v_pred, sizeof(float) * L * HD * HD, "v_pred"));
+        CHECK(same_bytes(f[0].v_pred_ratio, f[1].v_pred_ratio, sizeof(double) * L, "v_pred_ratio"));
+        for (int s = 0; s < 2; s++) {
+            CHECK(same_bytes(f[0].mean[s], f[1].mean[s], sizeof(float) * lhd, "mean"));
+            CHECK(same_bytes(f[0].cs[s], f[1].cs[s], sizeof(float) * lhd, "cs"));
+            CHECK(same_bytes(f[0].rel_mse[s], f[1].rel_mse[s], sizeof(double) * L * nw, "rel_mse"));
+            for (size_t w = 0; w < nw; w++)
+                CHECK(same_bytes(f[0].levels[s][w], f[1].levels[s][w], sizeof(float) * L * H * 64, "levels"));
+            const qf_kv_rq_klt_fit *a = f[0].klt, *b = f[1].klt;
+            CHECK(same_bytes(a->enc[s], b->enc[s], sizeof(float) * lhd * D, "klt enc"));
+            CHECK(same_bytes(a->dec[s], b->dec[s], sizeof(float) * lhd * D, "klt dec"));
+            CHECK(same_bytes(a->sigma[s], b->sigma[s], sizeof(float) * lhd, "klt sigma"));
+            CHECK(same_bytes(a->levels[s], b->levels[s], sizeof(float) * lhd * nw * 64, "klt levels"));
+            CHECK(same_bytes(a->width[s], b->width[s], QF_KV_RQ_KLT_N_RATES * lhd, "klt width"));
+            CHECK(same_bytes(a->eig[s], b->eig[s], sizeof(double) * lhd, "klt eig"));
+            CHECK(same_bytes(a->rel8[s], b->rel8[s], sizeof(double) * L * QF_KV_RQ_KLT_N_RATES, "klt rel8"));
+            CHECK(same_bytes(a->had_rel_mse[s], b->had_rel_mse[s], sizeof(double) * L * nw, "klt had_rel_mse"));
+        }
+    } else
+        CHECK(0);
+    /* the entries refuse what they cannot run */
+    qf_error e = {0};
+    double A[4], B[4];
+    CHECK_EQ_INT(qf_cuda_learn_gram_f64(NULL, k[0], 2, 2, 2, A, B, A, B, &e), QF_ERR_ARG);
+    CHECK_EQ_INT(qf_cuda_learn_chol_sub_f64(A, 0, B, 1, &e), QF_ERR_ARG);
+    CHECK_EQ_INT(qf_cuda_learn_rows_minus_f64(v[0], k[0], 4, 0, HD, kw, NULL, k[1], &e), QF_ERR_ARG);
+    CHECK_EQ_INT(qf_cuda_learn_resid_f64(v[0], k[0], 4, HD, HD, A, NULL, A, &e), QF_ERR_ARG);
+    printf("  refusal: %s\n", e.msg);
+    for (int g = 0; g < 2; g++) qf_kv_rq_fit_free(&f[g]);
+    for (int l = 0; l < L; l++) free(k[l]), free(v[l]);
+    free(kw), free(vg);
+}
+
 /* qf_awq_run on the demo model, CPU and GPU, same tokens: the alphas and the Q4_0 blocks they
  * give. The GPU's capture runs f32 GEMMs, so its activations (and the covariances the search
  * weighs) differ from the CPU's in their last bits: a few blocks may round the other way, an
@@ -2175,6 +2261,7 @@ int main(void) {
     RUN(e2e_kv_rq);
     RUN(e2e_canonical_kv_rq);
     RUN(op_awq_quant);
+    RUN(op_rq_learn);
     RUN(e2e_awq);
     return test_summary();
 }

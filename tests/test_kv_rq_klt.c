@@ -81,7 +81,7 @@ TEST(klt_learner_widths_oracle_and_gain) {
     qf_kv_rq_fit f;
     qf_error e = {0};
     CHECK_EQ_INT(qf_kv_rq_learn(&cv, &lp, &f, &e), QF_OK);
-    CHECK_EQ_INT(qf_kv_rq_learn_klt(&cv, NULL, NULL, 4096, 1, &f, &e), QF_OK);
+    CHECK_EQ_INT(qf_kv_rq_learn_klt(&cv, NULL, NULL, &lp, &f, &e), QF_OK);
     CHECK(f.klt != NULL);
     if (!f.klt) goto out;
     for (int r8 = 0; r8 < QF_KV_RQ_KLT_N_RATES; r8++) { /* every head's widths spend exactly r8 * D / 8 bits */
@@ -263,7 +263,8 @@ TEST(learn_threads_bit_identical) {
         qf_kv_rq_learn_params_default(&lp);
         lp.lloyd_iters = 8, lp.v_pred = true, lp.n_threads = t ? 3 : 1;
         CHECK_EQ_INT(qf_kv_rq_learn(&cv, &lp, &f[t], &e), QF_OK);
-        CHECK_EQ_INT(qf_kv_rq_learn_klt(&cv, NULL, NULL, 1000, t ? 3 : 1, &f[t], &e), QF_OK);
+        lp.max_rows = 1000;
+        CHECK_EQ_INT(qf_kv_rq_learn_klt(&cv, NULL, NULL, &lp, &f[t], &e), QF_OK);
     }
     size_t nlhd = (size_t)L * H * D, HD = (size_t)H * D;
     CHECK(f[0].v_pred && f[1].v_pred && f[0].klt && f[1].klt);

@@ -51,6 +51,11 @@ typedef struct {
     double v_pred_noise;
     /* Threads for the fits (0 or 1: the caller's only). The fit is bit-identical for any count. */
     int n_threads;
+    /* Run the dense double-precision steps on the CUDA device: the V predictor's Gram sums,
+     * triangular solves and residual, and V minus its prediction (here and in
+     * qf_kv_rq_learn_klt). The fit is bit-identical to the CPU's; QF_ERR_DEVICE without a GPU
+     * (ask qf_cuda_available first). Default false. */
+    bool gpu;
 } qf_kv_rq_learn_params;
 
 QF_API void qf_kv_rq_learn_params_default(qf_kv_rq_learn_params *p);
@@ -99,10 +104,12 @@ typedef struct qf_kv_rq_klt_fit {
 /* Fit format 3 on top of qf_kv_rq_learn's fit f (its means and V predictor are reused; its
  * rel_mse is replaced by the format-3 codec's, measured in the metric): kw [L][H][D] per-channel
  * K error weights (or NULL: identity), vgram [L][H][D][D] per-head V Gram matrices (or NULL).
- * The (layer, stream, head) fits run on n_threads threads (0 or 1: the caller's only); the
- * result is bit-identical for any count. QF_ERR_NOMEM, QF_ERR_ARG (a non-finite weight). */
-QF_API qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const float *vgram, int64_t max_rows,
-                                    int n_threads, qf_kv_rq_fit *f, qf_error *err);
+ * Of p it reads max_rows (rows per head fitted, 0: 4096), n_threads (the (layer, stream, head)
+ * fits over that many threads; 0 or 1: the caller's only) and gpu (V minus its prediction on
+ * the device); the result is bit-identical for any count and either device. QF_ERR_NOMEM,
+ * QF_ERR_ARG (a non-finite weight), QF_ERR_DEVICE. */
+QF_API qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const float *vgram,
+                                    const qf_kv_rq_learn_params *p, qf_kv_rq_fit *f, qf_error *err);
 #define QF_KV_RQ_KLT_N_RATES 49 /* e = 0..48 eighths */
 QF_API void qf_kv_rq_klt_fit_free(qf_kv_rq_klt_fit *k);
 /* The fractional format-3 allocation (qf_kv_rq_allocate_min calls it when f->klt->eighths): like

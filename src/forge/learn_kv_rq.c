@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "engine/kv_rq.h"
+#include "kernels/cuda/cuda_forge.h"
 #include "kernels/hadamard.h"
 #include "util/util.h"
 
@@ -160,8 +161,9 @@ static void chol_sub_worker(void *arg, int ith, int nth) {
 }
 
 /* Cholesky solve of the SPD system A x = b in place (A [n][n] row-major, lower factor kept in A;
- * b [n][m] overwritten with x). false when A is not positive definite (or out of memory). */
-static bool chol_solve(double *A, int n, double *b, int m, qf_pool *pool) {
+ * b [n][m] overwritten with x; gpu: the substitutions on the device, the same bits). false when
+ * A is not positive definite, out of memory, or the device failed (*gst set, err filled). */
+static bool chol_solve(double *A, int n, double *b, int m, qf_pool *pool, bool gpu, qf_status *gst, qf_error *err) {
     for (int j = 0; j < n; j++) {
         double d = A[(size_t)j * n + j];
         for (int k = 0; k < j; k++) d -= A[(size_t)j * n + k] * A[(size_t)j * n + k];
@@ -172,6 +174,7 @@ static bool chol_solve(double *A, int n, double *b, int m, qf_pool *pool) {
         if (n - j > 64) qf_pool_run(pool, chol_col_worker, &c);
         else chol_col_worker(&c, 0, 1);
     }
+    if (gpu) return !(*gst = qf_cuda_learn_chol_sub_f64(A, n, b, m, err));
     double *tmp = malloc(sizeof(double) * (size_t)n * (size_t)qf_pool_size(pool));
     if (!tmp) return false;
     chol_sub c = {A, b, tmp, n, m};
@@ -222,19 +225,32 @@ typedef struct {
 
 #define LIN_FIT_SEED 12345u
 
+/* row r of x as the decoder will see it: centred, plus its noise */
+static void noisy_row(const resid_job *j, int64_t r, float *xn) {
+    int dx = j->dx;
+    const float *xr = j->x + r * dx;
+    uint64_t st = LIN_FIT_SEED + (uint64_t)r * 2u * (uint64_t)dx * 0x9E3779B97F4A7C15ull;
+    for (int i = 0; i < dx; i++) {
+        double u1 = ((double)(qf_splitmix64(&st) >> 11) + 0.5) / 9007199254740992.0;
+        double u2 = ((double)(qf_splitmix64(&st) >> 11) + 0.5) / 9007199254740992.0;
+        double g = sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
+        xn[i] = (float)(xr[i] - j->mx[i] + g * sqrt(j->noise * j->A[(size_t)i * dx + i] / (1.0 + j->noise) / (double)j->n));
+    }
+}
+
+/* every noisy row into xn [n][dx] (the device then takes the products) */
+static void noise_worker(void *arg, int ith, int nth) {
+    const resid_job *j = arg;
+    for (int64_t r = ith; r < j->n; r += nth) noisy_row(j, r, j->xn + (size_t)r * j->dx);
+}
+
 static void resid_worker(void *arg, int ith, int nth) {
     const resid_job *j = arg;
     int dx = j->dx, dy = j->dy;
     float *xn = j->xn + (size_t)ith * dx;
     for (int64_t r = ith; r < j->n; r += nth) {
-        const float *xr = j->x + r * dx, *yr = j->y + r * dy;
-        uint64_t st = LIN_FIT_SEED + (uint64_t)r * 2u * (uint64_t)dx * 0x9E3779B97F4A7C15ull;
-        for (int i = 0; i < dx; i++) { /* the input as the decoder will see it: noisy */
-            double u1 = ((double)(qf_splitmix64(&st) >> 11) + 0.5) / 9007199254740992.0;
-            double u2 = ((double)(qf_splitmix64(&st) >> 11) + 0.5) / 9007199254740992.0;
-            double g = sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
-            xn[i] = (float)(xr[i] - j->mx[i] + g * sqrt(j->noise * j->A[(size_t)i * dx + i] / (1.0 + j->noise) / (double)j->n));
-        }
+        const float *yr = j->y + r * dy;
+        noisy_row(j, r, xn);
         for (int k = 0; k < dy; k++) {
             const double *w = j->WT + (size_t)k * dx;
             double p = 0;
@@ -245,9 +261,11 @@ static void resid_worker(void *arg, int ith, int nth) {
 }
 
 static double linear_fit(const float *x, const float *y, int64_t n, int dx, int dy, double noise, float *P,
-                         qf_pool *pool) {
+                         qf_pool *pool, bool gpu, qf_status *gst, qf_error *err) {
     /* centred ridge regression y ~ W x; the ridge is noise * diag(var x) (inputs that will be
-     * dequantized with that relative error); returns the held-in residual / total variance */
+     * dequantized with that relative error); returns the held-in residual / total variance.
+     * gpu: the Gram sums, the substitutions and the residual's products on the device (the same
+     * bits); a device failure returns NAN with *gst set. */
     int nth = qf_pool_size(pool);
     double *mx = calloc((size_t)dx, sizeof(double)), *my = calloc((size_t)dy, sizeof(double));
     double *A = calloc((size_t)dx * dx, sizeof(double)), *B = calloc((size_t)dx * dy, sizeof(double));
@@ -266,22 +284,30 @@ static double linear_fit(const float *x, const float *y, int64_t n, int dx, int 
         const float *yr = y + r * dy;
         for (int k = 0; k < dy; k++) tot += (yr[k] - my[k]) * (yr[k] - my[k]);
     }
-    gram_job g = {x, y, n, dx, dy, mx, my, A, B};
-    qf_pool_run(pool, gram_worker, &g);
+    if (gpu) {
+        if ((*gst = qf_cuda_learn_gram_f64(x, y, n, dx, dy, mx, my, A, B, err))) goto done;
+    } else {
+        gram_job g = {x, y, n, dx, dy, mx, my, A, B};
+        qf_pool_run(pool, gram_worker, &g);
+    }
     for (int i = 0; i < dx; i++)
         for (int k = 0; k < i; k++) A[(size_t)k * dx + i] = A[(size_t)i * dx + k];
     for (int i = 0; i < dx; i++) A[(size_t)i * dx + i] *= 1.0 + noise, A[(size_t)i * dx + i] += 1e-9;
     double *W = B; /* solved in place: B is not needed after */
     if (!(A2 = malloc((size_t)dx * dx * sizeof(double)))) goto done;
     memcpy(A2, A, (size_t)dx * dx * sizeof(double));
-    if (!chol_solve(A2, dx, W, dy, pool)) goto done;
-    WT = malloc((size_t)dx * dy * sizeof(double)), xn = malloc(sizeof(float) * (size_t)dx * nth);
+    if (!chol_solve(A2, dx, W, dy, pool, gpu, gst, err)) goto done;
+    WT = malloc((size_t)dx * dy * sizeof(double)), xn = malloc(sizeof(float) * (size_t)dx * (gpu ? (size_t)n : (size_t)nth));
     d = malloc(sizeof(double) * (size_t)n * dy);
     if (!WT || !xn || !d) goto done;
     for (int i = 0; i < dx; i++)
         for (int k = 0; k < dy; k++) WT[(size_t)k * dx + i] = W[(size_t)i * dy + k];
     resid_job rj = {x, y, n, dx, dy, noise, mx, my, A, WT, xn, d};
-    qf_pool_run(pool, resid_worker, &rj);
+    if (gpu) {
+        qf_pool_run(pool, noise_worker, &rj);
+        if ((*gst = qf_cuda_learn_resid_f64(y, xn, n, dx, dy, my, WT, d, err))) goto done;
+    } else
+        qf_pool_run(pool, resid_worker, &rj);
     double res = 0;
     for (size_t i = 0; i < (size_t)n * dy; i++) res += d[i] * d[i];
     ratio = tot > 0 ? res / tot : NAN;
@@ -294,7 +320,8 @@ done:
 }
 
 double qf_kv_rq_linear_fit(const float *x, const float *y, int64_t n, int dx, int dy, double noise, float *P) {
-    return linear_fit(x, y, n, dx, dy, noise, P, NULL);
+    qf_status gst = QF_OK;
+    return linear_fit(x, y, n, dx, dy, noise, P, NULL, false, &gst, NULL);
 }
 
 /* V minus its prediction from the same token's K, for the fitting rows only: out row r =
@@ -420,14 +447,28 @@ qf_status qf_kv_rq_learn(const qf_kv_capture_view *v, const qf_kv_rq_learn_param
             /* ridge fit on up to 4096 tokens, then the residual of the fitting rows */
             int64_t nt = v->n_v[l] / H, nf = nt < 4096 ? nt : 4096;
             float *P = f->v_pred + (size_t)l * HD * HD;
-            f->v_pred_ratio[l] = linear_fit(v->k[l], v->v[l], nf, HD, HD, p->v_pred_noise, P, pool);
+            qf_status gst = QF_OK;
+            f->v_pred_ratio[l] = linear_fit(v->k[l], v->v[l], nf, HD, HD, p->v_pred_noise, P, pool, p->gpu, &gst, err);
+            if (gst) {
+                st = gst;
+                qf_error_prefix(err, "kv-rq learn: layer %d V predictor on the GPU: ", l);
+                goto fail;
+            }
             if (!(f->v_pred_ratio[l] < 0.9)) { /* explains too little: no prediction in this layer */
                 memset(P, 0, sizeof(float) * (size_t)HD * HD);
                 f->v_pred_ratio[l] = 1;
             }
             if (!(resid[l] = malloc(sizeof(float) * (size_t)rows[l * 2 + 1] * HD))) goto oom;
-            vres_job vj = {v->k[l], v->v[l], P, rows[l * 2 + 1], stride[l * 2 + 1], HD, resid[l]};
-            qf_pool_run(pool, vres_worker, &vj);
+            if (p->gpu) {
+                if ((st = qf_cuda_learn_rows_minus_f64(v->v[l], v->k[l], rows[l * 2 + 1], stride[l * 2 + 1], HD, P, NULL,
+                                                       resid[l], err))) {
+                    qf_error_prefix(err, "kv-rq learn: layer %d V residual on the GPU: ", l);
+                    goto fail;
+                }
+            } else {
+                vres_job vj = {v->k[l], v->v[l], P, rows[l * 2 + 1], stride[l * 2 + 1], HD, resid[l]};
+                qf_pool_run(pool, vres_worker, &vj);
+            }
         }
     }
     if (!(u = malloc(sizeof(float) * (size_t)max_rows * D * (size_t)qf_pool_size(pool)))) goto oom;

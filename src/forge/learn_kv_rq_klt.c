@@ -8,6 +8,7 @@
 
 #include "engine/kv_rq.h"
 #include "engine/kv_rq_klt.h"
+#include "kernels/cuda/cuda_forge.h"
 #include "qforge/kv_rq.h"
 #include "util/util.h"
 
@@ -228,6 +229,7 @@ typedef struct {
     int64_t max_rows;
     double *scratch;       /* [threads][2 DD + D + DD + DD]: scr, M, Minv */
     float *xs;             /* [threads][max_rows * D + 4 D] */
+    float **vres;          /* [L] V minus its prediction and the mean, rows x H*D (the device's), or NULL */
     uint8_t *rowb;         /* [threads][scale + D] */
     double *r8, *rel3, *relh; /* [unit][N_RATES], [unit][NW], [unit][NW] */
     qf_status *st;
@@ -250,7 +252,9 @@ static void klt_unit(klt_job *j, int un, double *scr, double *M, double *Minv, f
     const float *mean = f->mean[s] + o;
     for (int64_t r = 0; r < rows; r++) {
         const float *xt = src + (size_t)(r * stride) * HD;
-        if (P) { /* V minus its prediction from the same token's (exact) K */
+        if (P && j->vres) /* computed on the device: the same expression and bits as below */
+            memcpy(X + r * D, j->vres[l] + (size_t)r * HD + (size_t)h * D, sizeof(float) * (size_t)D);
+        else if (P) { /* V minus its prediction from the same token's (exact) K */
             const float *kt = v->k[l] + (size_t)(r * stride) * HD;
             for (int oo = 0; oo < D; oo++) {
                 double a = xt[h * D + oo];
@@ -323,11 +327,28 @@ static void klt_worker(void *arg, int ith, int nth) {
     for (int un; (un = atomic_fetch_add(&j->next, 1)) < j->n_units;) klt_unit(j, un, scr, M, Minv, X, xh, row);
 }
 
-qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const float *vgram, int64_t max_rows,
-                             int n_threads, qf_kv_rq_fit *f, qf_error *err) {
+/* V minus its prediction and the mean for every layer's fitting rows, on the device (j->vres) */
+static qf_status klt_vres_gpu(klt_job *j, qf_error *err) {
+    const qf_kv_capture_view *v = j->v;
+    const qf_kv_rq_fit *f = j->f;
+    int L = f->n_layer, H = f->n_kv_head, HD = H * f->head_dim;
+    if (!(j->vres = calloc((size_t)L, sizeof(float *)))) return qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
+    for (int l = 0; l < L; l++) {
+        int64_t nt = v->n_v[l] / H, rows = nt < j->max_rows ? nt : j->max_rows, stride = nt / rows;
+        if (!(j->vres[l] = malloc(sizeof(float) * (size_t)rows * HD))) return qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
+        qf_status st = qf_cuda_learn_rows_minus_f64(v->v[l], v->k[l], rows, stride, HD, f->v_pred + (size_t)l * HD * HD,
+                                                    f->mean[1] + (size_t)l * HD, j->vres[l], err);
+        if (st) return qf_error_prefix(err, "kv-rq klt: layer %d V residual on the GPU: ", l), st;
+    }
+    return QF_OK;
+}
+
+qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const float *vgram,
+                             const qf_kv_rq_learn_params *p, qf_kv_rq_fit *f, qf_error *err) {
     int L = f->n_layer, H = f->n_kv_head, D = f->head_dim, U = 2 * L * H;
     size_t DD = (size_t)D * D, lhd = (size_t)L * H * D;
-    if (max_rows <= 0) max_rows = 4096;
+    int64_t max_rows = p->max_rows > 0 ? p->max_rows : 4096;
+    int n_threads = p->n_threads;
     qf_pool *pool = n_threads > 1 ? qf_pool_create(n_threads) : NULL;
     int nth = qf_pool_size(pool);
     qf_kv_rq_klt_fit *k = calloc(1, sizeof *k);
@@ -349,6 +370,7 @@ qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const
             !(k->rel8[s] = calloc((size_t)L * QF_KV_RQ_KLT_N_RATES, sizeof(double))) ||
             !(k->had_rel_mse[s] = calloc((size_t)L * NW, sizeof(double))))
             goto oom;
+    if (p->gpu && f->v_pred && (st = klt_vres_gpu(&j, err))) goto out;
     qf_pool_run(pool, klt_worker, &j);
     for (int un = 0; un < U && !st; un++) /* the first failing unit in the serial order */
         if (j.st[un]) {
@@ -374,6 +396,8 @@ qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const
 oom:
     st = qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
 out:
+    for (int l = 0; j.vres && l < L; l++) free(j.vres[l]);
+    free(j.vres);
     free(j.scratch), free(j.xs), free(j.rowb), free(j.r8), free(j.rel3), free(j.relh), free(j.st), free(j.err);
     qf_pool_free(pool);
     if (st) {

@@ -962,6 +962,12 @@ static qf_status rq_v_gram(shared *s, float *vg, qf_error *err) {
  * and the measurement behind it logged per (layer, stream): the eigenvalue spread (arithmetic /
  * geometric mean, the transform-coding gain over equal widths, in dB), the share of the
  * variance in the top eighth of the coordinates, and both codecs' relative error in the metric. */
+/* kv-rq's dense learning steps run on the GPU wherever the capture may (--device cuda, or auto
+ * with a GPU): the fit is the CPU's bit for bit (test_cuda op_rq_learn, e2e_canonical_kv_rq) */
+static bool rq_learn_gpu(const qf_job *j) {
+    return j->capture_device == QF_DEVICE_CUDA || (j->capture_device == QF_DEVICE_AUTO && qf_cuda_available());
+}
+
 static qf_status rq_learn_klt(const qf_job *j, shared *s, const qf_kv_capture_view *v, qf_kv_rq_fit *fit,
                               qf_error *err) {
     const qf_hparams *hp = qf_model_hparams(s->model);
@@ -976,7 +982,10 @@ static qf_status rq_learn_klt(const qf_job *j, shared *s, const qf_kv_capture_vi
         if (!st) st = rq_channel_weights(j, s, kw, vw, err);
         if (!st) st = rq_v_gram(s, vg, err);
     }
-    if (!st) st = qf_kv_rq_learn_klt(v, kw, vg, 4096, qf_context_params_get(s->ctx)->n_threads, fit, err);
+    qf_kv_rq_learn_params kp;
+    qf_kv_rq_learn_params_default(&kp);
+    kp.max_rows = 4096, kp.n_threads = qf_context_params_get(s->ctx)->n_threads, kp.gpu = rq_learn_gpu(j);
+    if (!st) st = qf_kv_rq_learn_klt(v, kw, vg, &kp, fit, err);
     free(kw), free(vw), free(vg);
     if (st) return st;
     fit->klt->eighths = j->rq_klt_eighths == 1;
@@ -1110,6 +1119,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     lp.v_pred = j->rq_vpred != 0 && rq_use_prerope(j);
     lp.v_pred_noise = j->rq_vpred_noise;
     lp.n_threads = qf_context_params_get(s->ctx)->n_threads;
+    lp.gpu = rq_learn_gpu(j);
     st = qf_kv_rq_learn(&v, &lp, &fit, err);
     free(cw[0]), free(cw[1]);
     if (!st && fit.v_pred) {

@@ -30,8 +30,8 @@ extern "C" {
  * gains canonical. 9: qf_gpu_kv carries the dictionaries' Gram matrices (dict rows encoded on the
  * device), the table gains op_kv_dict_encode. 10: op_attention's route 3 (the decode step's fused
  * split-K attention against the separate launches). 11: op_rmsnorm returns the norm's fused
- * q8_0 activation next to the separate quantization's. */
-#define QF_CUDA_ABI 11
+ * q8_0 activation next to the separate quantization's. 12: kv-rq's learning steps (learn_*_f64). */
+#define QF_CUDA_ABI 12
 
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 typedef struct qf_cuda_awq qf_cuda_awq; /* one AWQ group's search state on the device */
@@ -182,6 +182,14 @@ typedef struct qf_cuda_api {
     qf_status (*op_kv_dict_encode)(const float *x, int64_t rows, int hd, const float *atoms, const float *gram,
                                    int n_atoms, int sparsity, int coef_q8, size_t rb, qf_gpu_dict_omp omp, uint8_t *codes,
                                    qf_error *err);
+    /* kv-rq's learner (kernels/cuda/cuda_forge.h has the contracts) */
+    qf_status (*learn_gram_f64)(const float *x, const float *y, int64_t n, int dx, int dy, const double *mx,
+                                const double *my, double *A, double *B, qf_error *err);
+    qf_status (*learn_chol_sub_f64)(const double *L, int n, double *b, int m, qf_error *err);
+    qf_status (*learn_rows_minus_f64)(const float *y, const float *x, int64_t rows, int64_t stride, int d,
+                                      const float *P, const float *mean, float *out, qf_error *err);
+    qf_status (*learn_resid_f64)(const float *y, const float *xn, int64_t n, int dx, int dy, const double *my,
+                                 const double *WT, double *d, qf_error *err);
 } qf_cuda_api;
 
 /* Exported by libqforge-cuda.so: the table when abi == QF_CUDA_ABI, else NULL. */

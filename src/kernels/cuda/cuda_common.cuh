@@ -715,4 +715,13 @@ void awq_group_free(qf_cuda_awq *a);
 qf_status awq_quantize(const float *W, int64_t R, int64_t D, const float *s, int quant, const float *imp,
                        const float *cov, void *q4, float *ratio, float *deq, qf_error *err);
 
+/* ---- cuda_learn.cu: kv-rq's dense double-precision learning steps (cuda_forge.h) ---- */
+qf_status learn_gram_f64(const float *x, const float *y, int64_t n, int dx, int dy, const double *mx, const double *my,
+                         double *A, double *B, qf_error *err);
+qf_status learn_chol_sub_f64(const double *L, int n, double *b, int m, qf_error *err);
+qf_status learn_rows_minus_f64(const float *y, const float *x, int64_t rows, int64_t stride, int d, const float *P,
+                               const float *mean, float *out, qf_error *err);
+qf_status learn_resid_f64(const float *y, const float *xn, int64_t n, int dx, int dy, const double *my, const double *WT,
+                          double *d, qf_error *err);
+
 #endif

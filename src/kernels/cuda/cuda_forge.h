@@ -34,4 +34,29 @@ void qf_cuda_awq_group_free(qf_cuda_awq *a); /* NULL is fine */
 qf_status qf_cuda_awq_quantize(const float *W, int64_t R, int64_t D, const float *s, int quant, const float *imp,
                                const float *cov, void *q4, float *ratio, float *deq, qf_error *err);
 
+/* kv-rq's learner (forge/learn_kv_rq.c, learn_kv_rq_klt.c): its dense double-precision loops.
+ * Each output is one running sum over k in the host loop's order, every product and sum rounded
+ * on its own, so every result is the host's bit for bit (test_cuda `op_rq_learn`). QF_ERR_ARG
+ * for a NULL array or a shape out of range, QF_ERR_DEVICE for a CUDA failure (out of GPU memory
+ * included); the outputs are then undefined. */
+
+/* The centred Gram sums of x [n][dx] and y [n][dy] (learn_kv_rq.c gram_worker):
+ * A[i][k] = sum_r (x[r][i] - mx[i]) (x[r][k] - mx[k]) for every i, k (both triangles),
+ * B[i][k] = sum_r (x[r][i] - mx[i]) (y[r][k] - my[k]); A [dx][dx], B [dx][dy]. */
+qf_status qf_cuda_learn_gram_f64(const float *x, const float *y, int64_t n, int dx, int dy, const double *mx,
+                                 const double *my, double *A, double *B, qf_error *err);
+/* L y = b, then L^T x = y, for each column of b [n][m] in place; L [n][n] row-major, its lower
+ * triangle the Cholesky factor (learn_kv_rq.c chol_sub_worker). */
+qf_status qf_cuda_learn_chol_sub_f64(const double *L, int n, double *b, int m, qf_error *err);
+/* out[r][o] = (float)(y_r[o] - sum_i P[o][i] x_r[i] - mean[o]) for rows r < rows, with
+ * y_r = y + r * stride * d and x_r likewise (P [d][d] f32; mean NULL: no mean term; the sum
+ * starts at y_r[o] and subtracts each product: learn_kv_rq.c vres_worker, learn_kv_rq_klt.c
+ * klt_unit). */
+qf_status qf_cuda_learn_rows_minus_f64(const float *y, const float *x, int64_t rows, int64_t stride, int d,
+                                       const float *P, const float *mean, float *out, qf_error *err);
+/* d[r][k] = (y[r][k] - my[k]) - sum_i WT[k][i] xn[r][i] (the sum from 0; y [n][dy], xn [n][dx],
+ * WT [dy][dx]; learn_kv_rq.c resid_worker). */
+qf_status qf_cuda_learn_resid_f64(const float *y, const float *xn, int64_t n, int dx, int dy, const double *my,
+                                  const double *WT, double *d, qf_error *err);
+
 #endif

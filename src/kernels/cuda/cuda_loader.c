@@ -220,3 +220,22 @@ qf_status qf_cuda_awq_quantize(const float *W, int64_t R, int64_t D, const float
     NEED_API();
     return a->awq_quantize(W, R, D, s, quant, imp, cov, q4, ratio, deq, err);
 }
+qf_status qf_cuda_learn_gram_f64(const float *x, const float *y, int64_t n, int dx, int dy, const double *mx,
+                                 const double *my, double *A, double *B, qf_error *err) {
+    NEED_API();
+    return a->learn_gram_f64(x, y, n, dx, dy, mx, my, A, B, err);
+}
+qf_status qf_cuda_learn_chol_sub_f64(const double *L, int n, double *b, int m, qf_error *err) {
+    NEED_API();
+    return a->learn_chol_sub_f64(L, n, b, m, err);
+}
+qf_status qf_cuda_learn_rows_minus_f64(const float *y, const float *x, int64_t rows, int64_t stride, int d,
+                                       const float *P, const float *mean, float *out, qf_error *err) {
+    NEED_API();
+    return a->learn_rows_minus_f64(y, x, rows, stride, d, P, mean, out, err);
+}
+qf_status qf_cuda_learn_resid_f64(const float *y, const float *xn, int64_t n, int dx, int dy, const double *my,
+                                  const double *WT, double *d, qf_error *err) {
+    NEED_API();
+    return a->learn_resid_f64(y, xn, n, dx, dy, my, WT, d, err);
+}

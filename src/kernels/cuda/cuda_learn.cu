@@ -1,0 +1,224 @@
+/* cuda_learn.cu: kv-rq's dense double-precision learning steps on the device (the host side and
+ * the oracle: forge/learn_kv_rq.c, forge/learn_kv_rq_klt.c; contracts in cuda_forge.h).
+ *
+ * On the Llama-3-8B shape (8 KV heads of 128) kv-rq's learning took 197 s of a 317 s
+ * `qforge calibrate --artifact kv-rq --bits 2.5 --device cuda` on the H200 machine's 16 cores
+ * (docs/gpu.md). Most of it is four loops over [rows][H*D] x [H*D][H*D] in double: the V
+ * predictor's Gram sums, its triangular solves and held-in residual, and V minus its prediction
+ * for every fitting row (twice: the codebooks and the KLT fit). Here each output element is one
+ * thread's running sum over k in the host loop's order, every product and sum rounded on its own
+ * (KV_DMUL & co.: nvcc would contract a*b+c into an FMA), so the results are the host's bit for
+ * bit and the learned artifact, and with it the certificate, does not depend on the device
+ * (test_cuda `op_rq_learn`). */
+#include "kernels/cuda/cuda_common.cuh"
+
+extern "C" {
+#include "kernels/cuda/cuda_forge.h"
+}
+
+#define LT_BM 64 /* outputs per block: LT_BM x LT_BN, 4 x 4 per thread, k in LT_BK steps */
+#define LT_BN 64
+#define LT_BK 16
+
+enum { LT_GRAM = 0, LT_MINUS = 1, LT_RESID = 2 };
+
+/* One tiled pass, C[m][n] = a running sum over k < K, per MODE:
+ *   LT_GRAM   a(m,k) = x[k][m] - mx[m], b(n,k) = z[k][n] - mz[n] (x [K][M], z [K][N]);
+ *             c = 0, c += a b;                        out64[m][n] = c
+ *   LT_MINUS  a(m,k) = x[m * xs][k], b(n,k) = P[n][k] (floats; x rows of K = N, P [N][K]);
+ *             c = y[m * xs][n], c -= b a;              out32[m][n] = (float)(c - mean[n])
+ *   LT_RESID  a(m,k) = x[m][k] (float), b(n,k) = W[n][k] (double, W [N][K]);
+ *             c = 0, c += b a;                         out64[m][n] = (y[m][n] - my[n]) - c
+ * The products and sums are the host loops' (learn_kv_rq.c gram_worker, vres_worker,
+ * resid_worker; learn_kv_rq_klt.c klt_unit), each rounded on its own. */
+template <int MODE>
+__global__ void __launch_bounds__(256)
+    k_learn_tile(int M, int N, int K, const float *__restrict__ x, int64_t xs, const void *__restrict__ bsrc,
+                 const double *__restrict__ mx, const double *__restrict__ mz, const float *__restrict__ y,
+                 const float *__restrict__ mean, double *out64, float *out32) {
+    __shared__ double As[LT_BK][LT_BM], Bs[LT_BK][LT_BN];
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const int m0 = blockIdx.y * LT_BM, n0 = blockIdx.x * LT_BN;
+    double c[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
+            c[i][j] = (MODE == LT_MINUS && m < M && n < N) ? (double)y[(int64_t)m * xs + n] : 0.0;
+        }
+    for (int k0 = 0; k0 < K; k0 += LT_BK) {
+        const int kn = K - k0 < LT_BK ? K - k0 : LT_BK;
+        for (int e = threadIdx.x; e < LT_BK * LT_BM; e += 256) {
+            int kk, mm;
+            if (MODE == LT_GRAM) kk = e / LT_BM, mm = e % LT_BM; /* x [K][M]: m contiguous */
+            else kk = e % LT_BK, mm = e / LT_BK;                 /* rows of K: k contiguous */
+            const int m = m0 + mm, n = n0 + mm, k = k0 + kk;
+            double a = 0, b = 0;
+            if (k < K && m < M) {
+                if (MODE == LT_GRAM) a = KV_DSUB((double)x[(int64_t)k * M + m], mx[m]);
+                else if (MODE == LT_MINUS) a = (double)x[(int64_t)m * xs + k];
+                else a = (double)x[(int64_t)m * K + k];
+            }
+            if (k < K && n < N) {
+                if (MODE == LT_GRAM) b = KV_DSUB((double)((const float *)bsrc)[(int64_t)k * N + n], mz[n]);
+                else if (MODE == LT_MINUS) b = (double)((const float *)bsrc)[(int64_t)n * K + k];
+                else b = ((const double *)bsrc)[(int64_t)n * K + k];
+            }
+            As[kk][mm] = a, Bs[kk][mm] = b;
+        }
+        __syncthreads();
+        for (int kk = 0; kk < kn; kk++) {
+            double av[4], bv[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) av[i] = As[kk][ty + 16 * i], bv[i] = Bs[kk][tx + 16 * i];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    if (MODE == LT_GRAM) c[i][j] = KV_DADD(c[i][j], KV_DMUL(av[i], bv[j]));
+                    else if (MODE == LT_MINUS) c[i][j] = KV_DSUB(c[i][j], KV_DMUL(bv[j], av[i]));
+                    else c[i][j] = KV_DADD(c[i][j], KV_DMUL(bv[j], av[i]));
+                }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
+            if (m >= M || n >= N) continue;
+            if (MODE == LT_GRAM) out64[(int64_t)m * N + n] = c[i][j];
+            else if (MODE == LT_MINUS) out32[(int64_t)m * N + n] = (float)KV_DSUB(c[i][j], mean ? (double)mean[n] : 0.0);
+            else out64[(int64_t)m * N + n] = KV_DSUB(KV_DSUB((double)y[(int64_t)m * N + n], mz[n]), c[i][j]);
+        }
+}
+
+/* L y = b, then L^T x = y, for column `col` of b [n][m] in place (learn_kv_rq.c chol_sub_worker) */
+__global__ void k_chol_sub(const double *__restrict__ L, int n, double *b, int m) {
+    const int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= m) return;
+    for (int i = 0; i < n; i++) {
+        double v = b[(int64_t)i * m + col];
+        for (int k = 0; k < i; k++) v = KV_DSUB(v, KV_DMUL(L[(int64_t)i * n + k], b[(int64_t)k * m + col]));
+        b[(int64_t)i * m + col] = __ddiv_rn(v, L[(int64_t)i * n + i]);
+    }
+    for (int i = n - 1; i >= 0; i--) {
+        double v = b[(int64_t)i * m + col];
+        for (int k = i + 1; k < n; k++) v = KV_DSUB(v, KV_DMUL(L[(int64_t)k * n + i], b[(int64_t)k * m + col]));
+        b[(int64_t)i * m + col] = __ddiv_rn(v, L[(int64_t)i * n + i]);
+    }
+}
+
+static dim3 lt_grid(int M, int N) { return dim3(nblk((size_t)N, LT_BN), nblk((size_t)M, LT_BM)); }
+
+/* device buffers of one call, freed together */
+typedef struct {
+    void *p[8];
+    int n;
+} dbufs;
+static qf_status dalloc(dbufs *b, void **out, size_t bytes, const void *src, qf_error *err) {
+    qf_status st = QF_OK;
+    *out = NULL;
+    CK(cudaMalloc(out, bytes ? bytes : 1));
+    b->p[b->n++] = *out;
+    if (src) CK(cudaMemcpy(*out, src, bytes, cudaMemcpyHostToDevice));
+done:
+    return st;
+}
+static void dfree(dbufs *b) {
+    for (int i = 0; i < b->n; i++) cudaFree(b->p[i]);
+    b->n = 0;
+}
+static bool dims_ok(int64_t a, int64_t b, int64_t c) {
+    return a >= 1 && b >= 1 && c >= 1 && a <= (1 << 30) && b <= (1 << 20) && c <= (1 << 20);
+}
+
+qf_status learn_gram_f64(const float *x, const float *y, int64_t n, int dx, int dy, const double *mx, const double *my,
+                         double *A, double *B, qf_error *err) {
+    if (!x || !y || !mx || !my || !A || !B || !dims_ok(n, dx, dy))
+        return cu_fail(err, QF_ERR_ARG, "kv-rq learn on the GPU: gram of %lld x (%d, %d): bad shape or a NULL array",
+                       (long long)n, dx, dy);
+    qf_status st = QF_OK;
+    dbufs b = {{0}, 0};
+    float *dx_ = NULL, *dy_ = NULL;
+    double *dmx = NULL, *dmy = NULL, *dA = NULL, *dB = NULL;
+    if ((st = dalloc(&b, (void **)&dx_, (size_t)n * dx * 4, x, err)) ||
+        (st = dalloc(&b, (void **)&dy_, (size_t)n * dy * 4, y, err)) ||
+        (st = dalloc(&b, (void **)&dmx, (size_t)dx * 8, mx, err)) || (st = dalloc(&b, (void **)&dmy, (size_t)dy * 8, my, err)) ||
+        (st = dalloc(&b, (void **)&dA, (size_t)dx * dx * 8, NULL, err)) ||
+        (st = dalloc(&b, (void **)&dB, (size_t)dx * dy * 8, NULL, err)))
+        goto done;
+    /* the full symmetric A (both triangles: a product's operands commute exactly, so the upper
+     * triangle equals the host's mirrored lower one bit for bit) */
+    k_learn_tile<LT_GRAM><<<lt_grid(dx, dx), 256>>>(dx, dx, (int)n, dx_, 0, dx_, dmx, dmx, NULL, NULL, dA, NULL);
+    k_learn_tile<LT_GRAM><<<lt_grid(dx, dy), 256>>>(dx, dy, (int)n, dx_, 0, dy_, dmx, dmy, NULL, NULL, dB, NULL);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(A, dA, (size_t)dx * dx * 8, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(B, dB, (size_t)dx * dy * 8, cudaMemcpyDeviceToHost));
+done:
+    dfree(&b);
+    return st;
+}
+
+qf_status learn_chol_sub_f64(const double *L, int n, double *bm, int m, qf_error *err) {
+    if (!L || !bm || !dims_ok(1, n, m))
+        return cu_fail(err, QF_ERR_ARG, "kv-rq learn on the GPU: triangular solve of %d x %d: bad shape or a NULL array", n,
+                       m);
+    qf_status st = QF_OK;
+    dbufs b = {{0}, 0};
+    double *dL = NULL, *db = NULL;
+    if ((st = dalloc(&b, (void **)&dL, (size_t)n * n * 8, L, err)) || (st = dalloc(&b, (void **)&db, (size_t)n * m * 8, bm, err)))
+        goto done;
+    k_chol_sub<<<nblk((size_t)m, 32), 32>>>(dL, n, db, m);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(bm, db, (size_t)n * m * 8, cudaMemcpyDeviceToHost));
+done:
+    dfree(&b);
+    return st;
+}
+
+qf_status learn_rows_minus_f64(const float *y, const float *x, int64_t rows, int64_t stride, int d, const float *P,
+                               const float *mean, float *out, qf_error *err) {
+    if (!y || !x || !P || !out || stride < 1 || !dims_ok(rows, d, d) || (rows - 1) * stride >= (int64_t)1 << 31)
+        return cu_fail(err, QF_ERR_ARG, "kv-rq learn on the GPU: %lld rows (stride %lld) of %d: bad shape or a NULL array",
+                       (long long)rows, (long long)stride, d);
+    qf_status st = QF_OK;
+    dbufs b = {{0}, 0};
+    const int64_t span = ((rows - 1) * stride + 1) * d; /* the input rows read, strided */
+    float *dy_ = NULL, *dx_ = NULL, *dP = NULL, *dmean = NULL, *dout = NULL;
+    if ((st = dalloc(&b, (void **)&dy_, (size_t)span * 4, y, err)) || (st = dalloc(&b, (void **)&dx_, (size_t)span * 4, x, err)) ||
+        (st = dalloc(&b, (void **)&dP, (size_t)d * d * 4, P, err)) ||
+        (mean && (st = dalloc(&b, (void **)&dmean, (size_t)d * 4, mean, err))) ||
+        (st = dalloc(&b, (void **)&dout, (size_t)rows * d * 4, NULL, err)))
+        goto done;
+    k_learn_tile<LT_MINUS><<<lt_grid((int)rows, d), 256>>>((int)rows, d, d, dx_, stride * d, dP, NULL, NULL, dy_, dmean,
+                                                           NULL, dout);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(out, dout, (size_t)rows * d * 4, cudaMemcpyDeviceToHost));
+done:
+    dfree(&b);
+    return st;
+}
+
+qf_status learn_resid_f64(const float *y, const float *xn, int64_t n, int dx, int dy, const double *my, const double *WT,
+                          double *dres, qf_error *err) {
+    if (!y || !xn || !my || !WT || !dres || !dims_ok(n, dx, dy))
+        return cu_fail(err, QF_ERR_ARG, "kv-rq learn on the GPU: residual of %lld x (%d, %d): bad shape or a NULL array",
+                       (long long)n, dx, dy);
+    qf_status st = QF_OK;
+    dbufs b = {{0}, 0};
+    float *dy_ = NULL, *dxn = NULL;
+    double *dmy = NULL, *dW = NULL, *dd = NULL;
+    if ((st = dalloc(&b, (void **)&dy_, (size_t)n * dy * 4, y, err)) || (st = dalloc(&b, (void **)&dxn, (size_t)n * dx * 4, xn, err)) ||
+        (st = dalloc(&b, (void **)&dmy, (size_t)dy * 8, my, err)) || (st = dalloc(&b, (void **)&dW, (size_t)dx * dy * 8, WT, err)) ||
+        (st = dalloc(&b, (void **)&dd, (size_t)n * dy * 8, NULL, err)))
+        goto done;
+    k_learn_tile<LT_RESID><<<lt_grid((int)n, dy), 256>>>((int)n, dy, dx, dxn, dx, dW, NULL, dmy, dy_, NULL, dd, NULL);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(dres, dd, (size_t)n * dy * 8, cudaMemcpyDeviceToHost));
+done:
+    dfree(&b);
+    return st;
+}
