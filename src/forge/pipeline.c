@@ -985,6 +985,7 @@ static qf_status rq_learn_klt(const qf_job *j, shared *s, const qf_kv_capture_vi
     qf_kv_rq_learn_params kp;
     qf_kv_rq_learn_params_default(&kp);
     kp.max_rows = 4096, kp.n_threads = qf_context_params_get(s->ctx)->n_threads, kp.gpu = rq_learn_gpu(j);
+    double t1 = qf_now_sec();
     if (!st) st = qf_kv_rq_learn_klt(v, kw, vg, &kp, fit, err);
     free(kw), free(vw), free(vg);
     if (st) return st;
@@ -1005,7 +1006,9 @@ static qf_status rq_learn_klt(const qf_job *j, shared *s, const qf_kv_capture_vi
                      "%.4f/%.4f %.4f/%.4f",
                   l, sidx ? 'V' : 'K', gain, D / 8, D, 100 * top, rk[0], rh[0], rk[1], rh[1], rk[2], rh[2], rk[3], rh[3]);
         }
-    stage(j, "[3/5 learn] kv-rq klt (metric %s) in %.1f s", j->rq_klt_plain ? "plain" : "attention", qf_now_sec() - t0);
+    stage(j, "[3/5 learn] kv-rq klt (metric %s) in %.1f s (the metric's weights %.1f s, the fits %.1f s%s)",
+          j->rq_klt_plain ? "plain" : "attention", qf_now_sec() - t0, t1 - t0, qf_now_sec() - t1,
+          kp.gpu ? ", V residual on the GPU" : "");
     return QF_OK;
 }
 
