@@ -245,6 +245,39 @@ TEST(klt_payload_binds_and_refuses_tampering) {
  * added in the serial order). 2 layers x 2 kv heads, so the units interleave over the threads. */
 static bool same(const void *a, const void *b, size_t n) { return (!a && !b) || (a && b && memcmp(a, b, n) == 0); }
 
+/* gpu = true where no GPU answers: a clear QF_ERR_DEVICE from the learner and from the KLT fit,
+ * nothing half-built left behind (the sanitizer pass checks the frees). With a GPU, test_cuda
+ * op_rq_learn covers the device path. */
+TEST(learn_gpu_without_one_is_a_clear_error) {
+    if (qf_cuda_available()) SKIP("a CUDA GPU answers here: test_cuda op_rq_learn runs the device path");
+    enum { D = 32, H = 2, N = 600 };
+    uint64_t s = 5;
+    float *k = lowrank(N * H, D, &s), *v = lowrank(N * H, D, &s);
+    for (size_t i = 0; i < (size_t)N * H * D; i++) v[i] += 2.0f * k[i]; /* the predictor is used */
+    const float *kk[1] = {k}, *vv[1] = {v};
+    int64_t nk[1] = {N * H}, nv[1] = {N * H};
+    qf_kv_capture_view cv = {.n_layer = 1, .n_kv_head = H, .head_dim = D, .k = kk, .v = vv, .n_k = nk, .n_v = nv};
+    qf_kv_rq_learn_params lp;
+    qf_kv_rq_learn_params_default(&lp);
+    lp.lloyd_iters = 4, lp.v_pred = true, lp.gpu = true;
+    qf_kv_rq_fit f;
+    qf_error e = {0};
+    CHECK_EQ_INT(qf_kv_rq_learn(&cv, &lp, &f, &e), QF_ERR_DEVICE);
+    printf("  learn: %s\n", e.msg);
+    CHECK(strstr(e.msg, "on the GPU") != NULL && strstr(e.msg, "CUDA") != NULL);
+    CHECK(f.v_pred == NULL && f.mean[0] == NULL); /* the failed fit holds nothing */
+    lp.gpu = false;
+    CHECK_EQ_INT(qf_kv_rq_learn(&cv, &lp, &f, &e), QF_OK);
+    lp.gpu = true;
+    memset(&e, 0, sizeof e);
+    CHECK_EQ_INT(qf_kv_rq_learn_klt(&cv, NULL, NULL, &lp, &f, &e), QF_ERR_DEVICE);
+    printf("  klt: %s\n", e.msg);
+    CHECK(strstr(e.msg, "on the GPU") != NULL);
+    CHECK(f.klt == NULL); /* the fit it was given is left as it was */
+    qf_kv_rq_fit_free(&f);
+    free(k), free(v);
+}
+
 TEST(learn_threads_bit_identical) {
     enum { D = 64, H = 2, L = 2, N = 1200 };
     uint64_t s = 77;
@@ -300,5 +333,6 @@ int main(void) {
     RUN(klt_learner_widths_oracle_and_gain);
     RUN(klt_payload_binds_and_refuses_tampering);
     RUN(learn_threads_bit_identical);
+    RUN(learn_gpu_without_one_is_a_clear_error);
     return test_summary();
 }
