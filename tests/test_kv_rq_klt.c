@@ -278,6 +278,26 @@ TEST(learn_gpu_without_one_is_a_clear_error) {
     free(k), free(v);
 }
 
+/* The V predictor's ridge fit takes its output columns four at a time (the triangular solves, the
+ * residual's sums): column k of a 7-output fit must be the bits of a fit of column k alone, for
+ * the grouped columns and the three left over. */
+TEST(linear_fit_columns_independent) {
+    enum { N = 300, DX = 24, DY = 7 };
+    uint64_t s = 9;
+    float *x = lowrank(N, DX, &s), *y = malloc(sizeof(float) * N * DY), *y1 = malloc(sizeof(float) * N);
+    for (int r = 0; r < N; r++)
+        for (int k = 0; k < DY; k++) y[r * DY + k] = 0.7f * x[r * DX + (3 * k) % DX] - 0.2f * x[r * DX + k] + 0.1f * gauss(&s);
+    float P[DY * DX], P1[DX];
+    double ratio = qf_kv_rq_linear_fit(x, y, N, DX, DY, 0.2, P);
+    CHECK(ratio > 0 && ratio < 0.5);
+    for (int k = 0; k < DY; k++) {
+        for (int r = 0; r < N; r++) y1[r] = y[r * DY + k];
+        CHECK(qf_kv_rq_linear_fit(x, y1, N, DX, 1, 0.2, P1) >= 0);
+        CHECK(memcmp(P1, P + k * DX, sizeof P1) == 0);
+    }
+    free(x), free(y), free(y1);
+}
+
 TEST(learn_threads_bit_identical) {
     enum { D = 64, H = 2, L = 2, N = 1200 };
     uint64_t s = 77;
@@ -333,6 +353,7 @@ int main(void) {
     RUN(klt_learner_widths_oracle_and_gain);
     RUN(klt_payload_binds_and_refuses_tampering);
     RUN(learn_threads_bit_identical);
+    RUN(linear_fit_columns_independent);
     RUN(learn_gpu_without_one_is_a_clear_error);
     return test_summary();
 }

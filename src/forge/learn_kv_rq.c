@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "engine/kv_rq.h"
+#include "forge/kv_rq_learn_impl.h"
 #include "kernels/cuda/cuda_forge.h"
 #include "kernels/hadamard.h"
 #include "util/util.h"
@@ -131,8 +132,28 @@ static void chol_col_worker(void *arg, int ith, int nth) {
     }
 }
 
+void qf_kv_rq_pred_minus(const float *y, const float *P, const float *x, int n_out, int n_in, double *out) {
+    int o = 0;
+    for (; o + 4 <= n_out; o += 4) {
+        const float *p0 = P + (size_t)o * n_in, *p1 = p0 + n_in, *p2 = p1 + n_in, *p3 = p2 + n_in;
+        double a0 = y[o], a1 = y[o + 1], a2 = y[o + 2], a3 = y[o + 3];
+        for (int i = 0; i < n_in; i++) {
+            const double xi = x[i];
+            a0 -= (double)p0[i] * xi, a1 -= (double)p1[i] * xi, a2 -= (double)p2[i] * xi, a3 -= (double)p3[i] * xi;
+        }
+        out[o] = a0, out[o + 1] = a1, out[o + 2] = a2, out[o + 3] = a3;
+    }
+    for (; o < n_out; o++) {
+        const float *po = P + (size_t)o * n_in;
+        double a = y[o];
+        for (int i = 0; i < n_in; i++) a -= (double)po[i] * x[i];
+        out[o] = a;
+    }
+}
+
 /* L y = b, then L^T x = y for each column of b [n][m] (x overwrites b); columns in parallel,
- * each through its own contiguous copy (tmp: one n-vector per thread). */
+ * four at a time, each through its own contiguous copy (tmp: four n-vectors per thread); the
+ * four columns' substitutions advance together, each in the order of one column alone. */
 typedef struct {
     const double *A;
     double *b, *tmp;
@@ -143,20 +164,29 @@ static void chol_sub_worker(void *arg, int ith, int nth) {
     const chol_sub *c = arg;
     const double *A = c->A;
     int n = c->n, m = c->m;
-    double *t = c->tmp + (size_t)ith * n;
-    for (int col = ith; col < m; col += nth) {
-        for (int i = 0; i < n; i++) t[i] = c->b[(size_t)i * m + col];
+    double *t = c->tmp + (size_t)ith * 4 * n; /* column q's copy at t[4 i + q] */
+    for (int c0 = 4 * ith; c0 < m; c0 += 4 * nth) {
+        int nc = m - c0 < 4 ? m - c0 : 4;
+        for (int i = 0; i < n; i++)
+            for (int q = 0; q < 4; q++) t[4 * i + q] = q < nc ? c->b[(size_t)i * m + c0 + q] : 0;
         for (int i = 0; i < n; i++) {
-            double v = t[i];
-            for (int k = 0; k < i; k++) v -= A[(size_t)i * n + k] * t[k];
-            t[i] = v / A[(size_t)i * n + i];
+            double v[4] = {t[4 * i], t[4 * i + 1], t[4 * i + 2], t[4 * i + 3]};
+            for (int k = 0; k < i; k++) {
+                const double a = A[(size_t)i * n + k];
+                v[0] -= a * t[4 * k], v[1] -= a * t[4 * k + 1], v[2] -= a * t[4 * k + 2], v[3] -= a * t[4 * k + 3];
+            }
+            for (int q = 0; q < 4; q++) t[4 * i + q] = v[q] / A[(size_t)i * n + i];
         }
         for (int i = n - 1; i >= 0; i--) {
-            double v = t[i];
-            for (int k = i + 1; k < n; k++) v -= A[(size_t)k * n + i] * t[k];
-            t[i] = v / A[(size_t)i * n + i];
+            double v[4] = {t[4 * i], t[4 * i + 1], t[4 * i + 2], t[4 * i + 3]};
+            for (int k = i + 1; k < n; k++) {
+                const double a = A[(size_t)k * n + i];
+                v[0] -= a * t[4 * k], v[1] -= a * t[4 * k + 1], v[2] -= a * t[4 * k + 2], v[3] -= a * t[4 * k + 3];
+            }
+            for (int q = 0; q < 4; q++) t[4 * i + q] = v[q] / A[(size_t)i * n + i];
         }
-        for (int i = 0; i < n; i++) c->b[(size_t)i * m + col] = t[i];
+        for (int i = 0; i < n; i++)
+            for (int q = 0; q < nc; q++) c->b[(size_t)i * m + c0 + q] = t[4 * i + q];
     }
 }
 
@@ -175,7 +205,7 @@ static bool chol_solve(double *A, int n, double *b, int m, qf_pool *pool, bool g
         else chol_col_worker(&c, 0, 1);
     }
     if (gpu) return !(*gst = qf_cuda_learn_chol_sub_f64(A, n, b, m, err));
-    double *tmp = malloc(sizeof(double) * (size_t)n * (size_t)qf_pool_size(pool));
+    double *tmp = malloc(sizeof(double) * 4 * (size_t)n * (size_t)qf_pool_size(pool));
     if (!tmp) return false;
     chol_sub c = {A, b, tmp, n, m};
     qf_pool_run(pool, chol_sub_worker, &c);
@@ -251,7 +281,18 @@ static void resid_worker(void *arg, int ith, int nth) {
     for (int64_t r = ith; r < j->n; r += nth) {
         const float *yr = j->y + r * dy;
         noisy_row(j, r, xn);
-        for (int k = 0; k < dy; k++) {
+        int k = 0;
+        for (; k + 4 <= dy; k += 4) { /* four outputs together, each sum in i order */
+            const double *w0 = j->WT + (size_t)k * dx, *w1 = w0 + dx, *w2 = w1 + dx, *w3 = w2 + dx;
+            double p0 = 0, p1 = 0, p2 = 0, p3 = 0;
+            for (int i = 0; i < dx; i++) {
+                const double xi = xn[i];
+                p0 += w0[i] * xi, p1 += w1[i] * xi, p2 += w2[i] * xi, p3 += w3[i] * xi;
+            }
+            j->d[r * dy + k] = yr[k] - j->my[k] - p0, j->d[r * dy + k + 1] = yr[k + 1] - j->my[k + 1] - p1;
+            j->d[r * dy + k + 2] = yr[k + 2] - j->my[k + 2] - p2, j->d[r * dy + k + 3] = yr[k + 3] - j->my[k + 3] - p3;
+        }
+        for (; k < dy; k++) {
             const double *w = j->WT + (size_t)k * dx;
             double p = 0;
             for (int i = 0; i < dx; i++) p += w[i] * xn[i];
@@ -331,6 +372,7 @@ typedef struct {
     int64_t rows, stride;
     int HD;
     float *out;
+    double *acc; /* [threads][HD] */
 } vres_job;
 
 static void vres_worker(void *arg, int ith, int nth) {
@@ -339,12 +381,9 @@ static void vres_worker(void *arg, int ith, int nth) {
     for (int64_t r = ith; r < j->rows; r += nth) {
         const float *kt = j->k + (size_t)(r * j->stride) * HD, *vt = j->v + (size_t)(r * j->stride) * HD;
         float *rt = j->out + (size_t)r * HD;
-        for (int o = 0; o < HD; o++) {
-            double a = vt[o];
-            const float *po = j->P + (size_t)o * HD;
-            for (int i = 0; i < HD; i++) a -= (double)po[i] * kt[i];
-            rt[o] = (float)a;
-        }
+        double *a = j->acc + (size_t)ith * HD;
+        qf_kv_rq_pred_minus(vt, j->P, kt, HD, HD, a);
+        for (int o = 0; o < HD; o++) rt[o] = (float)a[o];
     }
 }
 
@@ -466,8 +505,11 @@ qf_status qf_kv_rq_learn(const qf_kv_capture_view *v, const qf_kv_rq_learn_param
                     goto fail;
                 }
             } else {
-                vres_job vj = {v->k[l], v->v[l], P, rows[l * 2 + 1], stride[l * 2 + 1], HD, resid[l]};
+                double *acc = malloc(sizeof(double) * (size_t)HD * (size_t)qf_pool_size(pool));
+                if (!acc) goto oom;
+                vres_job vj = {v->k[l], v->v[l], P, rows[l * 2 + 1], stride[l * 2 + 1], HD, resid[l], acc};
                 qf_pool_run(pool, vres_worker, &vj);
+                free(acc);
             }
         }
     }

@@ -8,6 +8,7 @@
 
 #include "engine/kv_rq.h"
 #include "engine/kv_rq_klt.h"
+#include "forge/kv_rq_learn_impl.h"
 #include "kernels/cuda/cuda_forge.h"
 #include "qforge/kv_rq.h"
 #include "util/util.h"
@@ -255,13 +256,9 @@ static void klt_unit(klt_job *j, int un, double *scr, double *M, double *Minv, f
         if (P && j->vres) /* computed on the device: the same expression and bits as below */
             memcpy(X + r * D, j->vres[l] + (size_t)r * HD + (size_t)h * D, sizeof(float) * (size_t)D);
         else if (P) { /* V minus its prediction from the same token's (exact) K */
-            const float *kt = v->k[l] + (size_t)(r * stride) * HD;
-            for (int oo = 0; oo < D; oo++) {
-                double a = xt[h * D + oo];
-                const float *po = P + (size_t)(h * D + oo) * HD;
-                for (int i = 0; i < HD; i++) a -= (double)po[i] * kt[i];
-                X[r * D + oo] = (float)(a - mean[oo]);
-            }
+            double *a = scr; /* D of the unit's scratch, free until metric() */
+            qf_kv_rq_pred_minus(xt + (size_t)h * D, P + (size_t)h * D * HD, v->k[l] + (size_t)(r * stride) * HD, D, HD, a);
+            for (int oo = 0; oo < D; oo++) X[r * D + oo] = (float)(a[oo] - mean[oo]);
         } else
             for (int c = 0; c < D; c++) X[r * D + c] = xt[h * D + c] - mean[c];
     }

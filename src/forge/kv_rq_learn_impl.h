@@ -1,0 +1,12 @@
+/* kv_rq_learn_impl.h: forge-internal glue between learn_kv_rq.c and learn_kv_rq_klt.c. Not
+ * public API. */
+#ifndef QF_KV_RQ_LEARN_IMPL_H
+#define QF_KV_RQ_LEARN_IMPL_H
+
+/* V minus its prediction from the same token's K, one row: out[o] = y[o] - sum_i P[o][i] x[i]
+ * for o < n_out (P [n_out][n_in] f32 rows). Each sum starts at y[o] and subtracts the products
+ * (double) in i order, the bits of the plain loop (and of the device's, cuda_learn.cu); four
+ * outputs advance together so the subtractions are not one dependent chain. */
+void qf_kv_rq_pred_minus(const float *y, const float *P, const float *x, int n_out, int n_in, double *out);
+
+#endif
