@@ -213,13 +213,14 @@ static bool chol_solve(double *A, int n, double *b, int m, qf_pool *pool, bool g
     return true;
 }
 
-/* The centred Gram sums A [dx][dx] (lower triangle) and B [dx][dy] over the n rows; rows i of
- * A and B interleaved over the threads, the rows of x in tiles so that row i stays in cache. */
+/* The centred Gram sums A [dx][dx] (lower triangle) and B [dx][dy] over the n rows of the
+ * centred xc [n][dx] = x - mx and yc [n][dy] = y - my (doubles, each difference rounded once);
+ * rows i of A and B interleaved over the threads, the rows in tiles so that row i stays in
+ * cache. */
 typedef struct {
-    const float *x, *y;
+    const double *xc, *yc;
     int64_t n;
     int dx, dy;
-    const double *mx, *my;
     double *A, *B;
 } gram_job;
 
@@ -231,10 +232,9 @@ static void gram_worker(void *arg, int ith, int nth) {
         for (int i = ith; i < g->dx; i += nth) {
             double *Ai = g->A + (size_t)i * g->dx, *Bi = g->B + (size_t)i * g->dy;
             for (int64_t r = r0; r < r1; r++) {
-                const float *xr = g->x + r * g->dx, *yr = g->y + r * g->dy;
-                double a = xr[i] - g->mx[i];
-                for (int k = 0; k <= i; k++) Ai[k] += a * (xr[k] - g->mx[k]);
-                for (int k = 0; k < g->dy; k++) Bi[k] += a * (yr[k] - g->my[k]);
+                const double *xr = g->xc + r * g->dx, *yr = g->yc + r * g->dy, a = xr[i];
+                for (int k = 0; k <= i; k++) Ai[k] += a * xr[k];
+                for (int k = 0; k < g->dy; k++) Bi[k] += a * yr[k];
             }
         }
     }
@@ -328,8 +328,15 @@ static double linear_fit(const float *x, const float *y, int64_t n, int dx, int 
     if (gpu) {
         if ((*gst = qf_cuda_learn_gram_f64(x, y, n, dx, dy, mx, my, A, B, err))) goto done;
     } else {
-        gram_job g = {x, y, n, dx, dy, mx, my, A, B};
+        double *xc = malloc(sizeof(double) * (size_t)n * (size_t)(dx + dy)), *yc = xc + (size_t)n * dx;
+        if (!xc) goto done;
+        for (int64_t r = 0; r < n; r++) {
+            for (int i = 0; i < dx; i++) xc[r * dx + i] = x[r * dx + i] - mx[i];
+            for (int i = 0; i < dy; i++) yc[r * dy + i] = y[r * dy + i] - my[i];
+        }
+        gram_job g = {xc, yc, n, dx, dy, A, B};
         qf_pool_run(pool, gram_worker, &g);
+        free(xc);
     }
     for (int i = 0; i < dx; i++)
         for (int k = 0; k < i; k++) A[(size_t)k * dx + i] = A[(size_t)i * dx + k];
