@@ -249,7 +249,7 @@ typedef struct {
     int dx, dy;
     double noise;
     const double *mx, *my, *A, *WT;
-    float *xn; /* [threads][dx] */
+    float *xn; /* [threads][dx]; [n][dx] when the device takes the products (noise_worker) */
     double *d;
 } resid_job;
 

@@ -188,6 +188,12 @@ static bool rq_use_klt(const qf_job *j) {
     return j->rq_transform == 1 || (j->rq_transform < 0 && j->rq_bits > 0 && j->rq_bits < 3.0 && rq_use_prerope(j));
 }
 
+/* The capture, and kv-rq's dense learning steps, may run on the GPU: --device cuda, or auto with
+ * a GPU found (the learned fit is the CPU's bit for bit: test_cuda op_rq_learn) */
+static bool may_use_gpu(const qf_job *j) {
+    return j->capture_device == QF_DEVICE_CUDA || (j->capture_device == QF_DEVICE_AUTO && qf_cuda_available());
+}
+
 static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, qf_error *err) {
     double t0 = qf_now_sec();
     const qf_tokenizer *tok = qf_model_tokenizer(s->model);
@@ -209,8 +215,7 @@ static qf_status stage_capture(const qf_job *j, shared *s, qf_job_report *rep, q
     /* the GPU read-back route when asked for or found; the CPU context otherwise */
     qf_context *gpu = NULL;
     const bool on_gpu = qf_context_device(s->ctx) == QF_DEVICE_CUDA; /* certification's GPU context: capture there */
-    if (!on_gpu && !prerope &&
-        (j->capture_device == QF_DEVICE_CUDA || (j->capture_device == QF_DEVICE_AUTO && qf_cuda_available()))) {
+    if (!on_gpu && !prerope && may_use_gpu(j)) {
         qf_context_params gp = *qf_context_params_get(s->ctx);
         gp.device = QF_DEVICE_CUDA;
         if (!(gpu = qf_context_new(s->model, &gp, err))) {
@@ -962,12 +967,6 @@ static qf_status rq_v_gram(shared *s, float *vg, qf_error *err) {
  * and the measurement behind it logged per (layer, stream): the eigenvalue spread (arithmetic /
  * geometric mean, the transform-coding gain over equal widths, in dB), the share of the
  * variance in the top eighth of the coordinates, and both codecs' relative error in the metric. */
-/* kv-rq's dense learning steps run on the GPU wherever the capture may (--device cuda, or auto
- * with a GPU): the fit is the CPU's bit for bit (test_cuda op_rq_learn, e2e_canonical_kv_rq) */
-static bool rq_learn_gpu(const qf_job *j) {
-    return j->capture_device == QF_DEVICE_CUDA || (j->capture_device == QF_DEVICE_AUTO && qf_cuda_available());
-}
-
 static qf_status rq_learn_klt(const qf_job *j, shared *s, const qf_kv_capture_view *v, qf_kv_rq_fit *fit,
                               qf_error *err) {
     const qf_hparams *hp = qf_model_hparams(s->model);
@@ -984,7 +983,7 @@ static qf_status rq_learn_klt(const qf_job *j, shared *s, const qf_kv_capture_vi
     }
     qf_kv_rq_learn_params kp;
     qf_kv_rq_learn_params_default(&kp);
-    kp.max_rows = 4096, kp.n_threads = qf_context_params_get(s->ctx)->n_threads, kp.gpu = rq_learn_gpu(j);
+    kp.max_rows = 4096, kp.n_threads = qf_context_params_get(s->ctx)->n_threads, kp.gpu = may_use_gpu(j);
     double t1 = qf_now_sec();
     if (!st) st = qf_kv_rq_learn_klt(v, kw, vg, &kp, fit, err);
     free(kw), free(vw), free(vg);
@@ -1122,7 +1121,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     lp.v_pred = j->rq_vpred != 0 && rq_use_prerope(j);
     lp.v_pred_noise = j->rq_vpred_noise;
     lp.n_threads = qf_context_params_get(s->ctx)->n_threads;
-    lp.gpu = rq_learn_gpu(j);
+    lp.gpu = may_use_gpu(j);
     st = qf_kv_rq_learn(&v, &lp, &fit, err);
     free(cw[0]), free(cw[1]);
     if (!st && fit.v_pred) {
