@@ -52,6 +52,29 @@ static inline qf_status cuda_fail(qf_error *err, cudaError_t e, const char *what
 
 static inline unsigned nblk(size_t n, unsigned bs) { return (unsigned)((n + bs - 1) / bs); }
 
+/* ---- the device buffers of one host call (the single ops, the learners' entries), freed together ---- */
+typedef struct {
+    void *p[20];
+    int n;
+} dallocs;
+/* bytes of device memory recorded in a (NULL when a is full or cudaMalloc fails) */
+static inline void *dalloc(dallocs *a, size_t bytes) {
+    void *p = NULL;
+    if (a->n >= 20 || cudaMalloc(&p, bytes ? bytes : 4) != cudaSuccess) return NULL;
+    a->p[a->n++] = p;
+    return p;
+}
+static inline void dfree(dallocs *a) {
+    for (int i = 0; i < a->n; i++) cudaFree(a->p[i]);
+    a->n = 0;
+}
+/* a device copy of bytes of host memory h (NULL on failure; a buffer made is still in a) */
+static inline void *dup_to(dallocs *a, const void *h, size_t bytes) {
+    void *d = dalloc(a, bytes);
+    if (d && cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) return NULL;
+    return d;
+}
+
 /* ---- programmatic dependent launch (Hopper; docs/gpu.md "Decode") ----
  * The one-token decode graph launches its kernels with the programmatic-stream-serialization
  * attribute (cu_launch while cu_pdl() is on): a kernel may then start while its predecessor

@@ -113,23 +113,10 @@ __global__ void k_chol_sub(const double *__restrict__ L, int n, double *b, int m
 
 static dim3 lt_grid(int M, int N) { return dim3(nblk((size_t)N, LT_BN), nblk((size_t)M, LT_BM)); }
 
-/* device buffers of one call, freed together */
-typedef struct {
-    void *p[8];
-    int n;
-} dbufs;
-static qf_status dalloc(dbufs *b, void **out, size_t bytes, const void *src, qf_error *err) {
-    qf_status st = QF_OK;
-    *out = NULL;
-    CK(cudaMalloc(out, bytes ? bytes : 1));
-    b->p[b->n++] = *out;
-    if (src) CK(cudaMemcpy(*out, src, bytes, cudaMemcpyHostToDevice));
-done:
-    return st;
-}
-static void dfree(dbufs *b) {
-    for (int i = 0; i < b->n; i++) cudaFree(b->p[i]);
-    b->n = 0;
+/* the device buffers' failure (dalloc / dup_to answered NULL) */
+static qf_status no_device_memory(dallocs *a, qf_error *err) {
+    dfree(a);
+    return cu_fail(err, QF_ERR_DEVICE, "kv-rq learn on the GPU: device allocation or copy failed");
 }
 static bool dims_ok(int64_t a, int64_t b, int64_t c) {
     return a >= 1 && b >= 1 && c >= 1 && a <= (1 << 30) && b <= (1 << 20) && c <= (1 << 20);
@@ -141,15 +128,11 @@ qf_status learn_gram_f64(const float *x, const float *y, int64_t n, int dx, int 
         return cu_fail(err, QF_ERR_ARG, "kv-rq learn on the GPU: gram of %lld x (%d, %d): bad shape or a NULL array",
                        (long long)n, dx, dy);
     qf_status st = QF_OK;
-    dbufs b = {{0}, 0};
-    float *dx_ = NULL, *dy_ = NULL;
-    double *dmx = NULL, *dmy = NULL, *dA = NULL, *dB = NULL;
-    if ((st = dalloc(&b, (void **)&dx_, (size_t)n * dx * 4, x, err)) ||
-        (st = dalloc(&b, (void **)&dy_, (size_t)n * dy * 4, y, err)) ||
-        (st = dalloc(&b, (void **)&dmx, (size_t)dx * 8, mx, err)) || (st = dalloc(&b, (void **)&dmy, (size_t)dy * 8, my, err)) ||
-        (st = dalloc(&b, (void **)&dA, (size_t)dx * dx * 8, NULL, err)) ||
-        (st = dalloc(&b, (void **)&dB, (size_t)dx * dy * 8, NULL, err)))
-        goto done;
+    dallocs b = {};
+    float *dx_ = (float *)dup_to(&b, x, (size_t)n * dx * 4), *dy_ = (float *)dup_to(&b, y, (size_t)n * dy * 4);
+    double *dmx = (double *)dup_to(&b, mx, (size_t)dx * 8), *dmy = (double *)dup_to(&b, my, (size_t)dy * 8);
+    double *dA = (double *)dalloc(&b, (size_t)dx * dx * 8), *dB = (double *)dalloc(&b, (size_t)dx * dy * 8);
+    if (!dx_ || !dy_ || !dmx || !dmy || !dA || !dB) return no_device_memory(&b, err);
     /* the full symmetric A (both triangles: a product's operands commute exactly, so the upper
      * triangle equals the host's mirrored lower one bit for bit) */
     k_learn_tile<LT_GRAM><<<lt_grid(dx, dx), 256>>>(dx, dx, (int)n, dx_, 0, dx_, dmx, dmx, NULL, NULL, dA, NULL);
@@ -167,10 +150,9 @@ qf_status learn_chol_sub_f64(const double *L, int n, double *bm, int m, qf_error
         return cu_fail(err, QF_ERR_ARG, "kv-rq learn on the GPU: triangular solve of %d x %d: bad shape or a NULL array", n,
                        m);
     qf_status st = QF_OK;
-    dbufs b = {{0}, 0};
-    double *dL = NULL, *db = NULL;
-    if ((st = dalloc(&b, (void **)&dL, (size_t)n * n * 8, L, err)) || (st = dalloc(&b, (void **)&db, (size_t)n * m * 8, bm, err)))
-        goto done;
+    dallocs b = {};
+    double *dL = (double *)dup_to(&b, L, (size_t)n * n * 8), *db = (double *)dup_to(&b, bm, (size_t)n * m * 8);
+    if (!dL || !db) return no_device_memory(&b, err);
     k_chol_sub<<<nblk((size_t)m, 32), 32>>>(dL, n, db, m);
     CK(cudaGetLastError());
     CK(cudaMemcpy(bm, db, (size_t)n * m * 8, cudaMemcpyDeviceToHost));
@@ -185,14 +167,12 @@ qf_status learn_rows_minus_f64(const float *y, const float *x, int64_t rows, int
         return cu_fail(err, QF_ERR_ARG, "kv-rq learn on the GPU: %lld rows (stride %lld) of %d: bad shape or a NULL array",
                        (long long)rows, (long long)stride, d);
     qf_status st = QF_OK;
-    dbufs b = {{0}, 0};
+    dallocs b = {};
     const int64_t span = ((rows - 1) * stride + 1) * d; /* the input rows read, strided */
-    float *dy_ = NULL, *dx_ = NULL, *dP = NULL, *dmean = NULL, *dout = NULL;
-    if ((st = dalloc(&b, (void **)&dy_, (size_t)span * 4, y, err)) || (st = dalloc(&b, (void **)&dx_, (size_t)span * 4, x, err)) ||
-        (st = dalloc(&b, (void **)&dP, (size_t)d * d * 4, P, err)) ||
-        (mean && (st = dalloc(&b, (void **)&dmean, (size_t)d * 4, mean, err))) ||
-        (st = dalloc(&b, (void **)&dout, (size_t)rows * d * 4, NULL, err)))
-        goto done;
+    float *dy_ = (float *)dup_to(&b, y, (size_t)span * 4), *dx_ = (float *)dup_to(&b, x, (size_t)span * 4);
+    float *dP = (float *)dup_to(&b, P, (size_t)d * d * 4), *dmean = mean ? (float *)dup_to(&b, mean, (size_t)d * 4) : NULL;
+    float *dout = (float *)dalloc(&b, (size_t)rows * d * 4);
+    if (!dy_ || !dx_ || !dP || (mean && !dmean) || !dout) return no_device_memory(&b, err);
     k_learn_tile<LT_MINUS><<<lt_grid((int)rows, d), 256>>>((int)rows, d, d, dx_, stride * d, dP, NULL, NULL, dy_, dmean,
                                                            NULL, dout);
     CK(cudaGetLastError());
@@ -208,13 +188,11 @@ qf_status learn_resid_f64(const float *y, const float *xn, int64_t n, int dx, in
         return cu_fail(err, QF_ERR_ARG, "kv-rq learn on the GPU: residual of %lld x (%d, %d): bad shape or a NULL array",
                        (long long)n, dx, dy);
     qf_status st = QF_OK;
-    dbufs b = {{0}, 0};
-    float *dy_ = NULL, *dxn = NULL;
-    double *dmy = NULL, *dW = NULL, *dd = NULL;
-    if ((st = dalloc(&b, (void **)&dy_, (size_t)n * dy * 4, y, err)) || (st = dalloc(&b, (void **)&dxn, (size_t)n * dx * 4, xn, err)) ||
-        (st = dalloc(&b, (void **)&dmy, (size_t)dy * 8, my, err)) || (st = dalloc(&b, (void **)&dW, (size_t)dx * dy * 8, WT, err)) ||
-        (st = dalloc(&b, (void **)&dd, (size_t)n * dy * 8, NULL, err)))
-        goto done;
+    dallocs b = {};
+    float *dy_ = (float *)dup_to(&b, y, (size_t)n * dy * 4), *dxn = (float *)dup_to(&b, xn, (size_t)n * dx * 4);
+    double *dmy = (double *)dup_to(&b, my, (size_t)dy * 8), *dW = (double *)dup_to(&b, WT, (size_t)dx * dy * 8);
+    double *dd = (double *)dalloc(&b, (size_t)n * dy * 8);
+    if (!dy_ || !dxn || !dmy || !dW || !dd) return no_device_memory(&b, err);
     k_learn_tile<LT_RESID><<<lt_grid((int)n, dy), 256>>>((int)n, dy, dx, dxn, dx, dW, NULL, dmy, dy_, NULL, dd, NULL);
     CK(cudaGetLastError());
     CK(cudaMemcpy(dres, dd, (size_t)n * dy * 8, cudaMemcpyDeviceToHost));

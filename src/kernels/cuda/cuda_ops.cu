@@ -5,26 +5,6 @@
 /* ---------------------------------------------------------------------------------------- */
 /* single operations for the tests                                                           */
 
-typedef struct {
-    void *p[20];
-    int n;
-} dallocs;
-
-static void *dalloc(dallocs *a, size_t bytes) {
-    void *p = NULL;
-    if (a->n >= 20 || cudaMalloc(&p, bytes ? bytes : 4) != cudaSuccess) return NULL;
-    a->p[a->n++] = p;
-    return p;
-}
-static void dfree(dallocs *a) {
-    for (int i = 0; i < a->n; i++) cudaFree(a->p[i]);
-    a->n = 0;
-}
-static void *dup_to(dallocs *a, const void *h, size_t bytes) {
-    void *d = dalloc(a, bytes);
-    if (d && cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) return NULL;
-    return d;
-}
 /* a weight on the device as the context uploads it: q4_0 of width % 256 == 0 regrouped (G8) */
 static dweight dup_weight(dallocs *a, const qf_weight *w) {
     dweight dw = {w->type, w->ne0, w->ne1, w->row_bytes, NULL};
