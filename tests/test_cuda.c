@@ -119,9 +119,9 @@ static void *rand_weight(qf_type t, int64_t rows, int64_t k) {
 
 TEST(op_dequant) {
     NEED_GPU();
-    for (size_t ti = 0; ti < N_TYPES; ti++) {
-        qf_type t = all_types[ti];
-        int64_t rows = 37, k = 512;
+    for (size_t ti = 0; ti < 2 * N_TYPES; ti++) { /* k 2048: Q6_K in its G8 layout too */
+        qf_type t = all_types[ti % N_TYPES];
+        int64_t rows = 37, k = ti < N_TYPES ? 512 : 2048;
         void *w = rand_weight(t, rows, k);
         float *ref = malloc(rows * k * 4), *got = malloc(rows * k * 4);
         for (int64_t r = 0; r < rows; r++)
@@ -129,7 +129,7 @@ TEST(op_dequant) {
         qf_error err = {0};
         CHECK_MSG(qf_cuda_op_dequant(t, w, rows, k, got, &err) == QF_OK, "%s", err.msg);
         double e = nmse(got, ref, rows * k);
-        printf("  dequant %-5s nmse %.3g\n", qf_type_name(t), e);
+        printf("  dequant %-5s k %4d nmse %.3g\n", qf_type_name(t), (int)k, e);
         CHECK_MSG(e <= 1e-12, "dequant %s nmse %g", qf_type_name(t), e);
         free(w), free(ref), free(got);
     }
@@ -156,11 +156,11 @@ static void vec_dot_oracle(qf_type t, const void *w, int K, int N, const float *
 /* K = 512: one partial tile of the wide decode kernel; K = 2304: a whole tile and a partial
  * one (q6_K rows of these sizes are not 8-byte multiples: the fallback kernel). q4_0 rows of
  * these widths take the regrouped G8 layout on the device (k_matvec_q4g); K = 800 (the 32-block
- * types only) keeps the GGUF layout and its kernels. */
+ * types only) keeps the GGUF layout and its kernels; K = 2048: Q6_K in its G8 layout too. */
 TEST(op_matmul) {
     NEED_GPU();
-    const int Ks[] = {512, 2304, 800}, N = 96, ns[] = {1, 5, 33};
-    for (size_t ti = 0; ti < 3 * N_TYPES; ti++) {
+    const int Ks[] = {512, 2304, 800, 2048}, N = 96, ns[] = {1, 5, 33};
+    for (size_t ti = 0; ti < 4 * N_TYPES; ti++) {
         const int K = Ks[ti / N_TYPES];
         qf_type t = all_types[ti % N_TYPES];
         if (K % 256 && qf_type_block_elems(t) > 32) continue;
@@ -208,11 +208,12 @@ TEST(op_matmul) {
 }
 
 /* many rows (one warp per row in the decode kernels, or the one-token kernels' row groups;
- * fewer rows share 4 warps each): N = 8200, and N = 2053 / 2051 whose last row group is partial,
- * at K = 512 (f16 and q4_0: 4 rows per group) and K = 8448 (q4_0: 2 rows per group) */
+ * fewer rows share 4 warps each): N = 8200, and N = 2053 / 2051 / 1031 whose last row group is
+ * partial, at K = 512 (f16 and q4_0: 4 rows per group), K = 8448 (q4_0: 2 rows per group) and
+ * K = 6144 (Q6_K's G8 layout, three groups a row) */
 TEST(op_matmul_tall) {
     NEED_GPU();
-    const int shapes[][2] = {{256, 8200}, {512, 2053}, {8448, 2051}};
+    const int shapes[][2] = {{256, 8200}, {512, 2053}, {8448, 2051}, {6144, 1031}};
     const qf_type types[] = {QF_TYPE_F16, QF_TYPE_BF16, QF_TYPE_Q4_0, QF_TYPE_Q8_0, QF_TYPE_Q4_K, QF_TYPE_Q5_K, QF_TYPE_Q6_K};
     const size_t nt = sizeof types / sizeof types[0];
     for (size_t ti = 0; ti < sizeof shapes / sizeof shapes[0] * nt; ti++) {
@@ -243,13 +244,15 @@ TEST(op_matmul_tall) {
     }
 }
 
-/* decode gate|up with SiLU(gate) * up at the end of the matvec (2F >= 8192 rows; odd F) */
+/* decode gate|up with SiLU(gate) * up at the end of the matvec (2F >= 8192 rows; odd F); Q6_K
+ * also at K = 2048 (its G8 layout) */
 TEST(op_matvec_gu) {
     NEED_GPU();
-    const int K = 256, F = 4101;
-    const qf_type types[] = {QF_TYPE_F16, QF_TYPE_BF16, QF_TYPE_Q4_0, QF_TYPE_Q8_0, QF_TYPE_Q4_K, QF_TYPE_Q5_K, QF_TYPE_Q6_K};
+    const int F = 4101;
+    const qf_type types[] = {QF_TYPE_F16, QF_TYPE_BF16, QF_TYPE_Q4_0, QF_TYPE_Q8_0, QF_TYPE_Q4_K, QF_TYPE_Q5_K, QF_TYPE_Q6_K, QF_TYPE_Q6_K};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const qf_type t = types[ti];
+        const int K = ti + 1 == sizeof types / sizeof types[0] ? 2048 : 256;
         qf_weight w = {.type = t, .ne0 = K, .ne1 = 2 * F, .row_bytes = qf_row_bytes(t, K)};
         void *wd = rand_weight(t, 2 * F, K);
         w.data = wd;
@@ -274,7 +277,7 @@ TEST(op_matvec_gu) {
             qf_error err = {0};
             CHECK_MSG(qf_cuda_op_matvec_gu(&w, x, n, F, got, &err) == QF_OK, "%s", err.msg);
             double e = nmse(got, ref, (size_t)n * F);
-            printf("  matvec gate|up + SiLU %-5s F=%d n=%d nmse %.3g\n", qf_type_name(t), F, n, e);
+            printf("  matvec gate|up + SiLU %-5s K=%d F=%d n=%d nmse %.3g\n", qf_type_name(t), K, F, n, e);
             CHECK_MSG(e <= 1e-10, "matvec gu %s n=%d nmse %g", qf_type_name(t), n, e);
         }
         free(wd), free(wf), free(x), free(y), free(ref), free(got);
@@ -1097,10 +1100,13 @@ TEST(e2e_decode_graph) {
     /* the q4_0 copy (qforge quantize; gpu_device_bundle.sh makes it): its ffn_down rows (1024
      * wide) take the G8 layout and k_matvec_q4g, the 384-wide rows the GGUF layout. test-d2048
      * (gen_model_shapes, made there too): 2048 rows and more, so a step runs the one-token
-     * row-group kernels (k_mv1_q4g, the down rows' variant too) end to end */
+     * row-group kernels (k_mv1_q4g, the down rows' variant too) end to end; its q6_K copy the
+     * one-token kernel of Q6_K's G8 layout (the 2048-wide rows; the 8448-wide down rows keep the
+     * GGUF layout) */
     const char *models[] = {"models/qforge-demo-11m-f16.gguf", "models/qforge-demo-11m-q8_0.gguf",
                             "models/qforge-demo-11m-q4_k_m.gguf", "models/qforge-demo-qwen2-5m-q4_k_m.gguf",
-                            "models/qforge-demo-11m-q4_0.gguf", "models/test-d2048-q4_0.gguf"};
+                            "models/qforge-demo-11m-q4_0.gguf", "models/test-d2048-q4_0.gguf",
+                            "models/test-d2048-q6_k.gguf"};
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
         const char *path = model_path(models[mi]);
         if (!path) {
@@ -1288,12 +1294,12 @@ static void canon_matmul_cpu(qf_type t, const void *w, int K, int N, const float
 }
 
 /* every weight type: the GPU's canonical GEMM (QF_CUDA_MM_CANON) equals the CPU's bit for bit;
- * K 512 / 2304 (q4_0 in the G8 layout on the device) and 800 (the 32-block types, GGUF layout),
- * rows and tokens across the tiles' edges */
+ * K 512 / 2304 (q4_0 in the G8 layout on the device), 800 (the 32-block types, GGUF layout) and
+ * 2048 (Q6_K in its G8 layout too), rows and tokens across the tiles' edges */
 TEST(op_canon_matmul) {
     NEED_GPU();
-    const int Ks[] = {512, 2304, 800}, N = 150, ns[] = {1, 5, 70};
-    for (size_t ti = 0; ti < 3 * N_TYPES; ti++) {
+    const int Ks[] = {512, 2304, 800, 2048}, N = 150, ns[] = {1, 5, 70};
+    for (size_t ti = 0; ti < 4 * N_TYPES; ti++) {
         const int K = Ks[ti / N_TYPES];
         const qf_type t = all_types[ti % N_TYPES];
         if (K % qf_type_block_elems(t)) continue;

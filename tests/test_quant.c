@@ -207,6 +207,32 @@ TEST(quantize_round_trip) {
     free(q);
 }
 
+/* The GPU's G8 layout of Q6_K rows (quant_blocks.h): every field of every super-block read
+ * through qf_q6k_at from the regrouped row is the GGUF block's, and the integer GEMMs' unpacking
+ * (q6 = 2) gives the same quants and scales */
+TEST(q6k_g8_layout) {
+    CHECK(qf_q6k_g8_ok(2048) && qf_q6k_g8_ok(14336) && !qf_q6k_g8_ok(2304) && !qf_q6k_g8_ok(256));
+    const int64_t k = 6144, rows = 3, nb = k / QK_K;
+    const size_t rb = qf_row_bytes(QF_TYPE_Q6_K, k);
+    uint8_t *src = malloc(rb * rows), *dst = malloc(rb * rows);
+    for (int64_t r = 0; r < rows; r++) random_row(QF_TYPE_Q6_K, src + rb * r, k);
+    qf_q6k_regroup(src, dst, rows, k);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const block_q6_K *x = (const block_q6_K *)(src + rb * r) + b;
+            const qf_q6k_fields f = qf_q6k_at(dst + rb * r, b, 1), g = qf_q6k_at(src + rb * r, b, 0);
+            CHECK(!memcmp(f.ql, x->ql, 128) && !memcmp(f.qh, x->qh, 64) && !memcmp(f.scales, x->scales, 16) &&
+                  *f.d == x->d && g.ql == x->ql && g.d == &x->d);
+            uint8_t q1[256], q2[256];
+            int32_t s1[16], s2[16], m1[8] = {0}, m2[8] = {0};
+            uint16_t d1, d2, dm1, dm2;
+            qf_k_unpack(1, src + rb * r, b, q1, s1, m1, &d1, &dm1);
+            qf_k_unpack(2, dst + rb * r, b, q2, s2, m2, &d2, &dm2);
+            CHECK(!memcmp(q1, q2, 256) && !memcmp(s1, s2, sizeof s1) && d1 == d2 && dm1 == dm2);
+        }
+    free(src), free(dst);
+}
+
 TEST(force_scalar) {
     bool had = qf_quant_has_avx2();
     qf_quant_force_scalar(true);
@@ -715,6 +741,7 @@ int main(void) {
     RUN(bad_input_is_refused);
     RUN(oracle_known_values);
     RUN(quantize_round_trip);
+    RUN(q6k_g8_layout);
     RUN(force_scalar);
     RUN(random_fast_vs_oracle);
     RUN(gemm_q8_vs_oracle);

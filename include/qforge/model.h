@@ -191,7 +191,7 @@ typedef struct {
     bool profile;      /* GPU time per stage printed to stderr when the context is freed */
     bool no_graph;     /* one-token decode steps launch kernel by kernel instead of replaying a CUDA graph */
     bool no_pdl;       /* the decode graph without programmatic dependent launch (QF_CUDA_PDL=0) */
-    bool no_q4_regroup; /* q4_0 weights stay in the GGUF block layout on the device (QF_CUDA_Q4G=0) */
+    bool no_q4_regroup; /* q4_0 and Q6_K weights stay in the GGUF block layouts on the device (QF_CUDA_Q4G=0) */
 } qf_cuda_params;
 
 typedef struct {

@@ -81,16 +81,63 @@ QF_HD static inline void qf_k4_scale_min_all(const uint8_t *q, uint8_t sc[8], ui
     memcpy(m, u + 2, 8);
 }
 
-/* Quarter j (0..3) of super-block b of a Q4_K (q6 = 0) or Q6_K (q6 = 1) row, unpacked for the
- * integer GEMMs (gemm.c through qf_k_unpack, cuda_canon.cu's k_canon_gemm_k): q[0..63] = the
+/* ---- Q6_K regrouped for the GPU (G8) ----
+ * A Q6_K row whose width is a multiple of 8 super-blocks is stored on the device in groups of
+ * 8 super-blocks: their ql (8 x 128 bytes), then their qh (8 x 64), their scales (8 x 16), their
+ * d (8 x 2): 1680 bytes a group, the same bytes as the GGUF row in another order (the row's
+ * size is unchanged). Every field of every super-block is then 16-byte aligned (scales 8, d 2),
+ * where a GGUF Q6_K super-block (210 bytes) allows only 2-byte loads. qf_q6k_at gives the four
+ * fields of super-block b in either layout; qf_q6k_regroup writes the device layout. */
+#define Q6KG_GROUP (8 * (int)sizeof(block_q6_K))
+QF_STATIC_ASSERT(8 * sizeof(block_q6_K) == 8 * (128 + 64 + 16 + 2), "q6_K G8 group");
+typedef struct {
+    const uint8_t *ql, *qh;
+    const int8_t *scales;
+    const uint16_t *d;
+} qf_q6k_fields;
+QF_HD static inline qf_q6k_fields qf_q6k_at(const uint8_t *row, int64_t b, int g8) {
+    qf_q6k_fields f;
+    if (!g8) {
+        const block_q6_K *blk = (const block_q6_K *)(const void *)row + b;
+        f.ql = blk->ql, f.qh = blk->qh, f.scales = blk->scales, f.d = &blk->d;
+    } else {
+        const uint8_t *gp = row + (size_t)(b >> 3) * Q6KG_GROUP;
+        const int j = (int)(b & 7);
+        f.ql = gp + 128 * j, f.qh = gp + 8 * 128 + 64 * j, f.scales = (const int8_t *)(gp + 8 * 192 + 16 * j);
+        f.d = (const uint16_t *)(const void *)(gp + 8 * 208) + j;
+    }
+    return f;
+}
+/* does a Q6_K row of k elements take the G8 layout (whole groups) */
+QF_HD static inline int qf_q6k_g8_ok(int64_t k) { return k % (8 * QK_K) == 0; }
+/* GGUF Q6_K rows -> G8 rows (rows of k elements, qf_q6k_g8_ok(k)) */
+static inline void qf_q6k_regroup(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t k) {
+    const int64_t nb = k / QK_K;
+    const size_t rb = (size_t)nb * sizeof(block_q6_K);
+    for (int64_t r = 0; r < rows; r++) {
+        const block_q6_K *b = (const block_q6_K *)(const void *)(src + (size_t)r * rb);
+        uint8_t *o = dst + (size_t)r * rb;
+        for (int64_t g = 0; g < nb / 8; g++, o += Q6KG_GROUP)
+            for (int j = 0; j < 8; j++) {
+                const block_q6_K *x = b + 8 * g + j;
+                memcpy(o + 128 * j, x->ql, 128);
+                memcpy(o + 8 * 128 + 64 * j, x->qh, 64);
+                memcpy(o + 8 * 192 + 16 * j, x->scales, 16);
+                memcpy(o + 8 * 208 + 2 * j, &x->d, 2);
+            }
+    }
+}
+
+/* Quarter j (0..3) of super-block b of a Q4_K (q6 = 0) or Q6_K (q6 = 1; 2: the G8 layout) row,
+ * unpacked for the integer GEMMs (gemm.c through qf_k_unpack, cuda_canon.cu's k_canon_gemm_k): q[0..63] = the
  * unsigned quants of elements 64 j .. 64 j + 63 (Q4_K 0..15; Q6_K 0..63, value q - 32). */
 QF_HD static inline void qf_k_unpack_quarter(int q6, const uint8_t *row, int64_t b, int j, uint8_t *q) {
     if (!q6) {
         const uint8_t *qs = ((const block_q4_K *)(const void *)row + b)->qs + 32 * j;
         for (int l = 0; l < 32; l++) q[l] = qs[l] & 0xF, q[32 + l] = qs[l] >> 4;
     } else {
-        const block_q6_K *blk = (const block_q6_K *)(const void *)row + b;
-        const uint8_t *ql = blk->ql + 64 * (j / 2), *qh = blk->qh + 32 * (j / 2);
+        const qf_q6k_fields f = qf_q6k_at(row, b, q6 == 2);
+        const uint8_t *ql = f.ql + 64 * (j / 2), *qh = f.qh + 32 * (j / 2);
         if (j % 2 == 0)
             for (int l = 0; l < 32; l++) {
                 q[l] = (uint8_t)((ql[l] & 0xF) | ((qh[l] & 3) << 4));
@@ -103,7 +150,7 @@ QF_HD static inline void qf_k_unpack_quarter(int q6, const uint8_t *row, int64_t
             }
     }
 }
-/* The scales of super-block b: sc the sub-block scales (8 of 32 elements, or 16 of 16), mn
+/* The scales of super-block b (q6 as above): sc the sub-block scales (8 of 32 elements, or 16 of 16), mn
  * Q4_K's 8 mins (untouched for Q6_K), *d / *dmin the f16 bits of the super-block scales (dmin
  * 0 for Q6_K). */
 QF_HD static inline void qf_k_unpack_scales(int q6, const uint8_t *row, int64_t b, int32_t *sc, int32_t *mn, uint16_t *d,
@@ -117,9 +164,9 @@ QF_HD static inline void qf_k_unpack_scales(int q6, const uint8_t *row, int64_t 
         }
         *d = blk->d, *dmin = blk->dmin;
     } else {
-        const block_q6_K *blk = (const block_q6_K *)(const void *)row + b;
-        for (int s = 0; s < 16; s++) sc[s] = blk->scales[s];
-        *d = blk->d, *dmin = 0;
+        const qf_q6k_fields f = qf_q6k_at(row, b, q6 == 2);
+        for (int s = 0; s < 16; s++) sc[s] = f.scales[s];
+        *d = *f.d, *dmin = 0;
     }
 }
 /* Super-block b of a Q4_K (q6 = 0) or Q6_K (q6 = 1) row unpacked for the integer GEMMs (CPU

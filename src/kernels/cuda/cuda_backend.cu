@@ -96,7 +96,7 @@ struct qf_cuda_ctx {
     bool attn_warp;        /* QF_CUDA_ATTN=warp: the one-warp-per-(query, head) kernel for prefill too */
     bool gu16;             /* QF_CUDA_GU16=1 (experimental, not certified): the gate|up GEMM writes f16 */
     bool f16_cache;        /* quantized weights keep an f16 copy for prefill GEMMs (knob no_f16_cache: off) */
-    bool q4g;              /* q4_0 weights of width % 256 == 0 take the G8 layout (knob no_q4_regroup: off) */
+    bool q4g;              /* q4_0 / Q6_K weights of whole groups take the G8 layouts (knob no_q4_regroup: off) */
     bool pdl;              /* the decode graph uses programmatic dependent launch (knob no_pdl: off) */
     float *h_lg;           /* pinned staging for one row of logits (forward_graph's copy), or NULL */
 #define LG_CHUNKS 4
@@ -189,7 +189,7 @@ bool cu_pdl(void) { return tls_pdl; }
 void cu_pdl_set(bool on) { tls_pdl = on; }
 
 /* the contract: cuda_common.cuh */
-bool h2d_weight(uint8_t *dst, const void *src, int64_t k, int64_t rows, size_t rb, bool g8, cudaError_t *e) {
+bool h2d_weight(uint8_t *dst, const void *src, qf_type t, int64_t k, int64_t rows, size_t rb, bool g8, cudaError_t *e) {
     *e = cudaSuccess;
     if (!g8) {
         *e = cudaMemcpy(dst, src, rb * (size_t)rows, cudaMemcpyHostToDevice);
@@ -204,7 +204,8 @@ bool h2d_weight(uint8_t *dst, const void *src, int64_t k, int64_t rows, size_t r
     }
     for (int64_t r = 0; r < rows && *e == cudaSuccess; r += cr) {
         const int64_t nr = rows - r < cr ? rows - r : cr;
-        q4g_regroup((const uint8_t *)src + rb * (size_t)r, stage, nr, k);
+        if (t == QF_TYPE_Q6_K) qf_q6k_regroup((const uint8_t *)src + rb * (size_t)r, stage, nr, k);
+        else q4g_regroup((const uint8_t *)src + rb * (size_t)r, stage, nr, k);
         *e = cudaMemcpy(dst + rb * (size_t)r, stage, rb * (size_t)nr, cudaMemcpyHostToDevice);
     }
     free(stage);
@@ -220,11 +221,11 @@ static qf_status upload_weight(qf_cuda_ctx *g, const qf_weight *w, const char *n
                        cu_type_name(w->type));
     size_t bytes = w->row_bytes * (size_t)w->ne1;
     out->type = w->type, out->ne0 = w->ne0, out->ne1 = w->ne1, out->row_bytes = w->row_bytes;
-    out->g8 = g->q4g && q4g_ok(w->type, w->ne0);
+    out->g8 = g->q4g && g8_ok(w->type, w->ne0);
     CK(cudaMalloc((void **)&out->d, bytes));
     {
         cudaError_t e;
-        if (!h2d_weight(out->d, w->data, w->ne0, w->ne1, w->row_bytes, out->g8, &e)) CK(e);
+        if (!h2d_weight(out->d, w->data, w->type, w->ne0, w->ne1, w->row_bytes, out->g8, &e)) CK(e);
     }
     g->weight_bytes += bytes;
 done:
@@ -275,7 +276,7 @@ static qf_status upload_fused(qf_cuda_ctx *g, const qf_weight *const *ws, const 
     }
     const size_t rb = ws[0]->row_bytes;
     fused->type = ws[0]->type, fused->ne0 = ws[0]->ne0, fused->ne1 = rows, fused->row_bytes = rb;
-    fused->g8 = g->q4g && q4g_ok(ws[0]->type, ws[0]->ne0);
+    fused->g8 = g->q4g && g8_ok(ws[0]->type, ws[0]->ne0);
     CK(cudaMalloc((void **)&fused->d, rb * (size_t)rows));
     g->weight_bytes += rb * (size_t)rows;
     rows = 0;
@@ -286,7 +287,7 @@ static qf_status upload_fused(qf_cuda_ctx *g, const qf_weight *const *ws, const 
         p->g8 = fused->g8;
         p->d = fused->d + rb * (size_t)rows;
         cudaError_t e;
-        if (!h2d_weight(p->d, ws[i]->data, ws[i]->ne0, ws[i]->ne1, rb, p->g8, &e)) CK(e);
+        if (!h2d_weight(p->d, ws[i]->data, ws[i]->type, ws[i]->ne0, ws[i]->ne1, rb, p->g8, &e)) CK(e);
         rows += ws[i]->ne1;
     }
 done:

@@ -338,10 +338,11 @@ qf_status canon_matmul(const dweight *w, const float *x, int n, float *y, void *
         else if (T == QF_TYPE_Q8_0) k_canon_gemm_q8<QF_TYPE_Q8_0><<<grid, 256, 0, s>>>(w->d, w->row_bytes, K, N, a.qs, a.xd, n, y);
         else k_canon_gemm_q8<QF_TYPE_Q5_0><<<grid, 256, 0, s>>>(w->d, w->row_bytes, K, N, a.qs, a.xd, n, y);
         break;
-    case QF_TYPE_Q4_K: case QF_TYPE_Q6_K: {
+    case QF_TYPE_Q4_K: case QF_TYPE_Q6_K: case QFD_Q6_KG: {
         const dim3 gk(nblk((size_t)N, CG_BM), nblk((size_t)n, CK_BN));
         launch_quant_act_k(x, n, K, act, s);
         if (T == QF_TYPE_Q6_K) k_canon_gemm_k<1><<<gk, 256, 0, s>>>(w->d, w->row_bytes, K, N, a.qs, a.xd, n, y);
+        else if (T == QFD_Q6_KG) k_canon_gemm_k<2><<<gk, 256, 0, s>>>(w->d, w->row_bytes, K, N, a.qs, a.xd, n, y);
         else k_canon_gemm_k<0><<<gk, 256, 0, s>>>(w->d, w->row_bytes, K, N, a.qs, a.xd, n, y);
         break;
     }

@@ -274,17 +274,21 @@ template <> __host__ __device__ inline void deq32<QF_TYPE_Q5_K>(const uint8_t *r
     else
         for (int l = 0; l < 32; l++) y[l] = d1 * ((ql[l] & 0xF) + (qh[l] & u ? 16 : 0)) - m1;
 }
-template <> __host__ __device__ inline void deq32<QF_TYPE_Q6_K>(const uint8_t *row, int sb, float *y) {
-    const block_q6_K *b = (const block_q6_K *)row + (sb >> 3);
+/* sub-block sb of a Q6_K row in either layout (g8: quant_blocks.h's G8) */
+__host__ __device__ inline void deq32_q6k(const uint8_t *row, int sb, float *y, int g8) {
+    const qf_q6k_fields f = qf_q6k_at(row, sb >> 3, g8);
     const int s = sb & 7, half = s >> 2, k = s & 3;
-    const uint8_t *ql = b->ql + 64 * half + ((k & 1) ? 32 : 0), *qh = b->qh + 32 * half;
-    const int8_t *sc = b->scales + 8 * half;
-    const float d = h2f_bits(b->d);
+    const uint8_t *ql = f.ql + 64 * half + ((k & 1) ? 32 : 0), *qh = f.qh + 32 * half;
+    const int8_t *sc = f.scales + 8 * half;
+    const float d = h2f_bits(*f.d);
     const int nsh = (k >> 1) * 4, hsh = 2 * k;
     for (int l = 0; l < 32; l++) {
         const int q = (((ql[l] >> nsh) & 0xF) | (((qh[l] >> hsh) & 3) << 4)) - 32;
         y[l] = d * sc[l / 16 + 2 * k] * q;
     }
+}
+template <> __host__ __device__ inline void deq32<QF_TYPE_Q6_K>(const uint8_t *row, int sb, float *y) {
+    deq32_q6k(row, sb, y, 0);
 }
 
 /* ---- q4_0 regrouped for the device (G8) ----
@@ -306,8 +310,17 @@ template <> __host__ __device__ inline void deq32<QFD_Q4_0G8>(const uint8_t *row
         y[j + QK / 2] = ((qs[j] >> 4) - 8) * d;
     }
 }
-/* does a q4_0 weight of width k take the G8 layout on the device */
-static inline bool q4g_ok(qf_type t, int64_t k) { return t == QF_TYPE_Q4_0 && k % 256 == 0; }
+/* Q6_K regrouped for the device: quant_blocks.h's G8 layout (qf_q6k_at), the device-only type
+ * code QFD_Q6_KG (dweight.g8 on a Q6_K weight); deq32<QFD_Q6_KG> gives deq32<Q6_K>'s values
+ * bit for bit. The one-token matvec then reads each lane's share with 16-byte loads (k_mv1_k). */
+#define QFD_Q6_KG 1001
+template <> __host__ __device__ inline void deq32<QFD_Q6_KG>(const uint8_t *row, int sb, float *y) {
+    deq32_q6k(row, sb, y, 1);
+}
+/* does a weight of type t and width k take a G8 layout on the device (q4_0 or Q6_K) */
+static inline bool g8_ok(qf_type t, int64_t k) {
+    return (t == QF_TYPE_Q4_0 && k % 256 == 0) || (t == QF_TYPE_Q6_K && qf_q6k_g8_ok(k));
+}
 /* GGUF q4_0 rows -> G8 rows (host memory, rows of k elements, k % 256 == 0) */
 static inline void q4g_regroup(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t k) {
     const int64_t nb = k / QK;
@@ -336,6 +349,7 @@ static inline void q4g_regroup(const uint8_t *src, uint8_t *dst, int64_t rows, i
     case QF_TYPE_Q5_K: { constexpr int TT = QF_TYPE_Q5_K; BODY; } break; \
     case QF_TYPE_Q6_K: { constexpr int TT = QF_TYPE_Q6_K; BODY; } break; \
     case QFD_Q4_0G8: { constexpr int TT = QFD_Q4_0G8; BODY; } break;     \
+    case QFD_Q6_KG: { constexpr int TT = QFD_Q6_KG; BODY; } break;       \
     default: break;                                        \
     }
 
@@ -449,7 +463,7 @@ typedef struct {
     uint8_t *d;
     __half *h16;           /* prefill: persistent f16 copy of a quantized weight (f16 cache), or NULL */
     bool view;             /* d and h16 point into a fused weight (wqkv, wgu), which owns them */
-    bool g8;               /* q4_0 stored regrouped (QFD_Q4_0G8, above) */
+    bool g8;               /* q4_0 or Q6_K stored regrouped (QFD_Q4_0G8, QFD_Q6_KG, above) */
 } dweight;
 /* ---- the q8_0 activation of the int8 matvecs (k_quant_act, k_rmsnorm4 write it) ----
  * One scratch of ACT_Q_BYTES(n, K): int8 quants [n][K] (16-byte aligned), the f32 value of each
@@ -469,11 +483,14 @@ __host__ __device__ static inline act_q act_q_view(void *xq, int n, int K) {
     return a;
 }
 
-/* the device layout's type code: w->type, or QFD_Q4_0G8 */
-static inline int dw_type(const dweight *w) { return w->g8 ? QFD_Q4_0G8 : (int)w->type; }
-/* Copy rows of a host weight (GGUF layout) into device memory, regrouped to G8 when g8 (through
- * a bounded host staging buffer); false on an allocation or copy failure (*e says which). */
-bool h2d_weight(uint8_t *dst, const void *src, int64_t k, int64_t rows, size_t rb, bool g8, cudaError_t *e);
+/* the device layout's type code: w->type, or QFD_Q4_0G8 / QFD_Q6_KG */
+static inline int dw_type(const dweight *w) {
+    return !w->g8 ? (int)w->type : w->type == QF_TYPE_Q6_K ? QFD_Q6_KG : QFD_Q4_0G8;
+}
+/* Copy rows of a host weight of type t (GGUF layout) into device memory, regrouped to its G8
+ * layout when g8 (through a bounded host staging buffer); false on an allocation or copy failure
+ * (*e says which). */
+bool h2d_weight(uint8_t *dst, const void *src, qf_type t, int64_t k, int64_t rows, size_t rb, bool g8, cudaError_t *e);
 
 /* matmul routes (the values of cuda_ops.h's qf_cuda_mm_route) */
 enum { MM_AUTO = 0, MM_MATVEC = 1, MM_GEMM_F16 = 2, MM_GEMM_F32 = 3, MM_CANON = 4 };

@@ -97,8 +97,9 @@ template <int T> __host__ __device__ constexpr int mv_tile_bytes() { /* bytes of
            : T == QF_TYPE_Q8_0 ? 32 * (int)sizeof(block_q8_0)
            : T == QF_TYPE_Q4_K ? 4 * (int)sizeof(block_q4_K)
            : T == QF_TYPE_Q5_K ? 4 * (int)sizeof(block_q5_K)
-                               : 4 * (int)sizeof(block_q6_K);
+                               : 4 * (int)sizeof(block_q6_K); /* Q6_K, QFD_Q6_KG */
 }
+static_assert(mv_tile_bytes<QFD_Q6_KG>() * MV_SPT % Q6KG_GROUP == 0, "k_matvec_wide: a tile is whole Q6_K G8 groups");
 
 template <int T, int NT>
 __global__ void __launch_bounds__(MV_WARPS * 32)
@@ -748,6 +749,8 @@ template <int T> struct kq_slice;
 template <> struct kq_slice<QF_TYPE_Q4_K> { uint4 q; unsigned dd, s0, s1, s2; };
 template <> struct kq_slice<QF_TYPE_Q5_K> { uint4 q, h; unsigned dd, s0, s1, s2; };
 template <> struct kq_slice<QF_TYPE_Q6_K> { int l0[2], l1[2], hh[2], sc[4]; unsigned short d; };
+template <> struct kq_slice<QFD_Q6_KG> : kq_slice<QF_TYPE_Q6_K> {}; /* the G8 layout, the same lanes */
+template <int T> __host__ __device__ constexpr bool kq_q6() { return T == QF_TYPE_Q6_K || T == QFD_Q6_KG; }
 template <int T> __host__ __device__ constexpr int kq_block_bytes() {
     return T == QF_TYPE_Q4_K ? (int)sizeof(block_q4_K) : T == QF_TYPE_Q5_K ? (int)sizeof(block_q5_K) : (int)sizeof(block_q6_K);
 }
@@ -755,9 +758,10 @@ template <int T> __host__ __device__ constexpr int kq_block_bytes() {
 #define KQ_U 2 /* super-blocks in flight per lane (k_matvec_k; the one-token k_mv1_k takes 2 of its own): H200, 8B q4_k_m decode 333.1 / 335.7 tok/s against 326.3 / 326.5 with 1 and 274.6 / 274.2 with 4 (more registers, fewer warps) */
 #endif
 
-/* lane i (of the super-block's 8) of the super-block at bp */
-template <int T> __device__ static inline void kq_load(const uint8_t *bp, int i, kq_slice<T> &k) {
+/* lane i (of the super-block's 8) of super-block b of the row at row */
+template <int T> __device__ static inline void kq_load(const uint8_t *row, int b, int i, kq_slice<T> &k) {
     if constexpr (T == QF_TYPE_Q4_K || T == QF_TYPE_Q5_K) {
+        const uint8_t *bp = row + (size_t)b * kq_block_bytes<T>();
         const int j = i >> 1, h = i & 1;
         /* d and dmin (one word), the 12 scale bytes: the block's first 16 bytes in both types,
          * one 16-byte load (kq_ok: 16-byte aligned rows of 16-byte multiple blocks) */
@@ -772,14 +776,20 @@ template <int T> __device__ static inline void kq_load(const uint8_t *bp, int i,
         if constexpr (T == QF_TYPE_Q5_K) k.h = ld_stream16(bp + offsetof(block_q5_K, qh) + 16 * h, pol);
     } else {
         const int half = i >> 2, w = i & 3;
-        const uint8_t *ql = bp + offsetof(block_q6_K, ql) + 64 * half + 8 * w,
-                      *qh = bp + offsetof(block_q6_K, qh) + 32 * half + 8 * w;
-        const int8_t *scp = (const int8_t *)bp + offsetof(block_q6_K, scales) + 8 * half + (w >> 1);
+        const qf_q6k_fields f = qf_q6k_at(row, b, T == QFD_Q6_KG);
+        const uint8_t *ql = f.ql + 64 * half + 8 * w, *qh = f.qh + 32 * half + 8 * w;
+        const int8_t *scp = f.scales + 8 * half + (w >> 1);
+        if constexpr (T == QFD_Q6_KG) { /* 8-byte aligned: one load a field */
+            const uint2 a = __ldg((const uint2 *)ql), c = __ldg((const uint2 *)(ql + 32)), h = __ldg((const uint2 *)qh);
+            k.l0[0] = (int)a.x, k.l0[1] = (int)a.y, k.l1[0] = (int)c.x, k.l1[1] = (int)c.y, k.hh[0] = (int)h.x, k.hh[1] = (int)h.y;
+        } else {
 #pragma unroll
-        for (int u = 0; u < 2; u++) k.l0[u] = ld_w32_b2(ql + 4 * u), k.l1[u] = ld_w32_b2(ql + 32 + 4 * u), k.hh[u] = ld_w32_b2(qh + 4 * u);
+            for (int u = 0; u < 2; u++)
+                k.l0[u] = ld_w32_b2(ql + 4 * u), k.l1[u] = ld_w32_b2(ql + 32 + 4 * u), k.hh[u] = ld_w32_b2(qh + 4 * u);
+        }
 #pragma unroll
         for (int q = 0; q < 4; q++) k.sc[q] = __ldg(scp + 2 * q);
-        k.d = __ldg((const unsigned short *)(bp + offsetof(block_q6_K, d)));
+        k.d = __ldg((const unsigned short *)f.d);
     }
 }
 
@@ -885,7 +895,6 @@ template <int T, int NT, int WPR, bool GU = false>
 __global__ void __launch_bounds__(MV_WARPS * 32)
     k_matvec_k(const uint8_t *__restrict__ W, size_t rb, int K, int N, const int8_t *__restrict__ xq,
                const float *__restrict__ xd, const int *__restrict__ xs, int n, float *y, int accumulate) {
-    constexpr int BB = kq_block_bytes<T>();
     pdl_trigger();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % WPR;
     const int r = GU ? gu_row(warp, N) : blockIdx.x * (MV_WARPS / WPR) + warp / WPR; /* GU: as k_matvec_h */
@@ -902,7 +911,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
     /* the first KQ_U super-blocks' weights, before the activations exist (weights are never written) */
 #pragma unroll
     for (int u = 0; u < KQ_U; u++)
-        if (b0 + u * S < nsb) kq_load<T>(row + (size_t)(b0 + u * S) * BB, i, kb[u]);
+        if (b0 + u * S < nsb) kq_load<T>(row, b0 + u * S, i, kb[u]);
     pdl_wait();
     while (b0 < nsb) {
 #pragma unroll
@@ -914,7 +923,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
         b0 += KQ_U * S;
 #pragma unroll
         for (int u = 0; u < KQ_U; u++)
-            if (b0 + u * S < nsb) kq_load<T>(row + (size_t)(b0 + u * S) * BB, i, kb[u]);
+            if (b0 + u * S < nsb) kq_load<T>(row, b0 + u * S, i, kb[u]);
     }
     if (GU) mv_finish_gu<NT>(acc, warp, lane, N, n, y);
     else mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
@@ -923,20 +932,34 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
 /* A lane's share of a K-format super-block in the one-token kernel (k_mv1_k): Q4_K / Q5_K take
  * 4 lanes a super-block, lane i the 32 quant bytes of sub-blocks 2 i and 2 i + 1 (two 16-byte
  * loads, Q5_K the 32 high-bit bytes too: two more) and the header, so that the scales, the mins'
- * term and the float step come once per 64 elements; Q6_K takes kq_slice's 8 lanes (its 210-byte
- * blocks allow only 2-byte loads) */
+ * term and the float step come once per 64 elements; Q6_K in the GGUF layout takes kq_slice's 8
+ * lanes (its 210-byte blocks allow only 2-byte loads), in the G8 layout 4 lanes with 16-byte
+ * loads (kq_pair<QFD_Q6_KG>) */
 template <int T> struct kq_pair { kq_slice<T> h[2]; };
 template <> struct kq_pair<QF_TYPE_Q6_K> { kq_slice<QF_TYPE_Q6_K> h[1]; };
+/* Q6_K in the G8 layout: lane i (of 4) takes half i / 2 of the super-block, its 16 element
+ * offsets 16 (i % 2) .. + 15 in all four 32-element quarters: ql of quarters 0 / 2 (l0), of 1 /
+ * 3 (l1), their qh (hh), three 16-byte loads; the half's 8 scales (one 8-byte load) and d */
+template <> struct kq_pair<QFD_Q6_KG> { uint4 l0, l1, hh; uint2 sc; unsigned short d; };
 template <int T> __host__ __device__ constexpr int kq_lanes() { return T == QF_TYPE_Q6_K ? 8 : 4; }
 
-/* lane i (of the super-block's kq_lanes) of the super-block at bp */
-template <int T> __device__ static inline void kq_load_pair(const uint8_t *bp, int i, kq_pair<T> &k) {
-    if constexpr (T == QF_TYPE_Q6_K) kq_load<T>(bp, i, k.h[0]);
-    else {
+/* lane i (of the super-block's kq_lanes) of super-block b of the row at row */
+template <int T> __device__ static inline void kq_load_pair(const uint8_t *row, int b, int i, kq_pair<T> &k) {
+    if constexpr (T == QF_TYPE_Q6_K) kq_load<T>(row, b, i, k.h[0]);
+    else if constexpr (T == QFD_Q6_KG) {
+        const qf_q6k_fields f = qf_q6k_at(row, b, 1);
+        const int half = i >> 1, o = 16 * (i & 1);
+        const uint64_t pol = l2_evict_first();
+        k.l0 = ld_stream16(f.ql + 64 * half + o, pol), k.l1 = ld_stream16(f.ql + 64 * half + 32 + o, pol);
+        k.hh = ld_stream16(f.qh + 32 * half + o, pol);
+        k.sc = __ldg((const uint2 *)(f.scales + 8 * half));
+        k.d = __ldg((const unsigned short *)f.d);
+    } else {
+        const uint8_t *bp = row + (size_t)b * kq_block_bytes<T>();
         /* kq_slice's lanes 2 i and 2 i + 1: h[0] the header and the first 16 of the 32 bytes,
          * h[1] only the second 16 (Q5_K: and their high bits; kq_dot_pair reads the header
          * from h[0]) */
-        kq_load<T>(bp, 2 * i, k.h[0]);
+        kq_load<T>(row, b, 2 * i, k.h[0]);
         const uint64_t pol = l2_evict_first();
         constexpr size_t qo = T == QF_TYPE_Q4_K ? offsetof(block_q4_K, qs) : offsetof(block_q5_K, qs);
         k.h[1].q = ld_stream16(bp + qo + 32 * i + 16, pol);
@@ -951,7 +974,7 @@ template <int T> __device__ static inline void kq_load_pair(const uint8_t *bp, i
  * warp (two super-blocks, two halves each, 8-byte reads) take 16 different bank pairs. H200,
  * 8B q4_k gate|up under Nsight Compute: shared-memory bank conflicts 951 k -> 128 k. */
 template <int T> __device__ static inline int kq_swz(int c) {
-    return T == QF_TYPE_Q6_K ? c ^ (((c >> 3) & 3) << 1) : c ^ ((c >> 3) & 7);
+    return kq_q6<T>() ? c ^ (((c >> 3) & 3) << 1) : c ^ ((c >> 3) & 7);
 }
 
 /* acc + lane i's share of super-block b's dot with the one token's Q8_K activation staged in
@@ -980,6 +1003,30 @@ __device__ static inline float kq_dot_pair(const kq_pair<T> &k, int b, int i, co
         const int isum = sc1 * d1 + sc2 * d2, msum = m1 * as[8 * b + 2 * i] + m2 * as[8 * b + 2 * i + 1];
         const float xdb = ad[b];
         return acc + __fsub_rn(__fmul_rn(__fmul_rn(d, xdb), (float)isum), __fmul_rn(__fmul_rn(dmin, xdb), (float)msum));
+    } else if constexpr (T == QFD_Q6_KG) {
+        /* quarter qq of the lane's 16 offsets: ql's low nibbles (qq 0, 1) or high (2, 3) of l0
+         * (qq even) or l1 (odd), qh's bits 2 qq, 2 qq + 1; scale 2 qq + (i & 1) of the half */
+        const int half = i >> 1;
+        const int c0 = 16 * b + 8 * half + (i & 1); /* the activation's 16-byte chunk of quarter 0 */
+        const unsigned l0[4] = {k.l0.x, k.l0.y, k.l0.z, k.l0.w}, l1[4] = {k.l1.x, k.l1.y, k.l1.z, k.l1.w},
+                       hh[4] = {k.hh.x, k.hh.y, k.hh.z, k.hh.w};
+        const unsigned scw = (i & 1) ? __byte_perm(k.sc.x, k.sc.y, 0x7531) : __byte_perm(k.sc.x, k.sc.y, 0x6420);
+        int isum = 0;
+#pragma unroll
+        for (int qq = 0; qq < 4; qq++) {
+            const int4 a = ((const int4 *)aq)[kq_swz<T>(c0 + 2 * qq)];
+            const int av[4] = {a.x, a.y, a.z, a.w};
+            int dq = 0;
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                const unsigned l = (qq & 1) ? l1[v] : l0[v];
+                const int q = (int)__vsub4(((qq < 2 ? l : l >> 4) & 0x0F0F0F0Fu) | (((hh[v] >> (2 * qq)) & 0x03030303u) << 4),
+                                           0x20202020u);
+                dq = __dp4a(q, av[v], dq);
+            }
+            isum += (int)(signed char)(scw >> (8 * qq)) * dq;
+        }
+        return acc + __fmul_rn(__fmul_rn(h2f_bits(k.d), ad[b]), (float)isum);
     } else {
         const int half = i >> 2, w = i & 3;
         const int o = 256 * b + 128 * half + 8 * w; /* the byte offset of the first quarter's 8 */
@@ -1006,12 +1053,14 @@ __device__ static inline float kq_dot_pair(const kq_pair<T> &k, int b, int i, co
  * the rounding of the partial products and the order of the sums differ. GU: the gate|up + SiLU
  * form, as k_matvec_k's. Launched with U 2: H200, 8B decode (`bench_gpu --decode-only
  * --decode-pos 1`, docs/gpu.md "Session 22"): q4_k_m 427.0 tok/s, q4_k 506.6, q6_k 313.1
- * against 363.3, 437.5, 256.8 with 8 lanes a Q4_K super-block, no swizzle and U 4. */
+ * against 363.3, 437.5, 256.8 with 8 lanes a Q4_K super-block, no swizzle and U 4. Q6_K's G8
+ * layout (U 1): q6_k 410.1 / 412.0, q4_k_m 458-463 against 313.0 / 433.0 in its GGUF layout
+ * (docs/gpu.md "Session 24"). */
 template <int T, int U, bool GU>
 __global__ void __launch_bounds__(MV_WARPS * 32)
     k_mv1_k(const uint8_t *__restrict__ W, size_t rb, int K, int N, const int8_t *__restrict__ xq,
             const float *__restrict__ xd, const int *__restrict__ xs, float *y, int accumulate) {
-    constexpr int BB = kq_block_bytes<T>(), LP = kq_lanes<T>(), S = 32 / LP;
+    constexpr int LP = kq_lanes<T>(), S = 32 / LP;
     extern __shared__ int4 smk[];
     pdl_trigger();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane / LP, i = lane % LP;
@@ -1024,7 +1073,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
     int b0 = sub;
 #pragma unroll
     for (int u = 0; u < U; u++)
-        if (b0 + S * u < nrb) kq_load_pair<T>(row + (size_t)(b0 + S * u) * BB, i, kb[u]);
+        if (b0 + S * u < nrb) kq_load_pair<T>(row, b0 + S * u, i, kb[u]);
     pdl_wait();
     int8_t *aq = (int8_t *)smk;
     int *as = (int *)(aq + K);
@@ -1043,7 +1092,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
         b0 += S * U;
 #pragma unroll
         for (int u = 0; u < U; u++)
-            if (b0 + S * u < nrb) kq_load_pair<T>(row + (size_t)(b0 + S * u) * BB, i, kb[u]);
+            if (b0 + S * u < nrb) kq_load_pair<T>(row, b0 + S * u, i, kb[u]);
     }
     if (GU) mv_finish_gu<1>(acc, warp, lane, N, 1, y);
     else mv_finish<1, 1>(acc, warp, lane, 0, live, r, N, 1, y, accumulate);
@@ -1054,8 +1103,9 @@ static size_t mv1k_smem(int K) { return (size_t)K + (size_t)K / 8 + (size_t)K / 
 /* can w take k_matvec_k: a K format with the kernel's alignment (16-byte rows for Q4_K / Q5_K,
  * 2-byte for Q6_K) and 16-byte aligned activations and scratch */
 static bool kq_ok(const dweight *w, const float *x, const void *xq) {
-    if (w->g8 || !xq || ((uintptr_t)xq % 16) || ((uintptr_t)x % 16) || w->ne0 % 256) return false;
-    if (w->type == QF_TYPE_Q4_K || w->type == QF_TYPE_Q5_K) return ((uintptr_t)w->d % 16) == 0 && w->row_bytes % 16 == 0;
+    if (!xq || ((uintptr_t)xq % 16) || ((uintptr_t)x % 16) || w->ne0 % 256) return false;
+    if (w->type == QF_TYPE_Q4_K || w->type == QF_TYPE_Q5_K || (w->type == QF_TYPE_Q6_K && w->g8))
+        return ((uintptr_t)w->d % 16) == 0 && w->row_bytes % 16 == 0;
     return w->type == QF_TYPE_Q6_K && ((uintptr_t)w->d % 2) == 0;
 }
 
@@ -1077,8 +1127,11 @@ static void launch_matvec_k(const dweight *w, const float *x, int n, int N, floa
         const dim3 g1(GU ? nblk((size_t)N, 2) : nblk((size_t)N, MV_WARPS));
         const size_t sm = mv1k_smem(K);
 #define QF_MV1K(TY) cu_launch(k_mv1_k<TY, 2, GU>, g1, dim3(MV_WARPS * 32), sm, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc)
+        /* Q6_K's G8 layout with one step in flight (58 bytes a lane): H200, 8B q6_k decode 410.1 /
+         * 412.0 tok/s against 380.9 / 381.6 with 2, 381.0 / 377.8 with 3 (docs/gpu.md "Session 24") */
         if (w->type == QF_TYPE_Q4_K) QF_MV1K(QF_TYPE_Q4_K);
         else if (w->type == QF_TYPE_Q5_K) QF_MV1K(QF_TYPE_Q5_K);
+        else if (w->g8) cu_launch(k_mv1_k<QFD_Q6_KG, 1, GU>, g1, dim3(MV_WARPS * 32), sm, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc);
         else QF_MV1K(QF_TYPE_Q6_K);
 #undef QF_MV1K
         return;
@@ -1094,6 +1147,7 @@ static void launch_matvec_k(const dweight *w, const float *x, int n, int N, floa
     } while (0)
     if (w->type == QF_TYPE_Q4_K) QF_MVK_T(QF_TYPE_Q4_K);
     else if (w->type == QF_TYPE_Q5_K) QF_MVK_T(QF_TYPE_Q5_K);
+    else if (w->g8) QF_MVK_T(QFD_Q6_KG);
     else QF_MVK_T(QF_TYPE_Q6_K);
 #undef QF_MVK_T
 #undef QF_MVK
@@ -1135,7 +1189,7 @@ static void launch_matvec_q4g(const dweight *w, const float *x, int n, int N, fl
 static void launch_matvec(const dweight *w, const float *x, int n, float *y, bool accumulate, void *xq, cudaStream_t s,
                           bool ready) {
     const int K = (int)w->ne0, N = (int)w->ne1;
-    if (w->g8 && xq && ((uintptr_t)xq % 16) == 0 && ((uintptr_t)w->d % 16) == 0) {
+    if (w->g8 && w->type == QF_TYPE_Q4_0 && xq && ((uintptr_t)xq % 16) == 0 && ((uintptr_t)w->d % 16) == 0) {
         launch_matvec_q4g<false>(w, x, n, N, y, accumulate, xq, s, ready);
         return;
     }
@@ -1212,7 +1266,7 @@ bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb,
     const int K = (int)w->ne0;
     if (n > MATVEC_MAX || w->ne1 != 2 * (int64_t)F || 2 * F < 8192 || ((uintptr_t)x % 16)) return false;
     const dim3 grid((unsigned)((F + 1) / 2));
-    if (w->g8) {
+    if (w->g8 && w->type == QF_TYPE_Q4_0) {
         if (!xq || ((uintptr_t)xq % 16) || ((uintptr_t)w->d % 16)) return false;
         launch_matvec_q4g<true>(w, x, n, F, hb, false, xq, s, ready);
         return true;

@@ -8,10 +8,10 @@
 /* a weight on the device as the context uploads it: q4_0 of width % 256 == 0 regrouped (G8) */
 static dweight dup_weight(dallocs *a, const qf_weight *w) {
     dweight dw = {w->type, w->ne0, w->ne1, w->row_bytes, NULL};
-    dw.g8 = q4g_ok(w->type, w->ne0);
+    dw.g8 = g8_ok(w->type, w->ne0);
     uint8_t *d = (uint8_t *)dalloc(a, w->row_bytes * (size_t)w->ne1);
     cudaError_t e;
-    if (d && h2d_weight(d, w->data, w->ne0, w->ne1, w->row_bytes, dw.g8, &e)) dw.d = d;
+    if (d && h2d_weight(d, w->data, w->type, w->ne0, w->ne1, w->row_bytes, dw.g8, &e)) dw.d = d;
     return dw;
 }
 static qf_status op_finish(dallocs *a, void *hdst, const void *dsrc, size_t bytes, qf_error *err) {
