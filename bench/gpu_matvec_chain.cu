@@ -15,6 +15,11 @@
  * And (q4_0, unless the third argument is "nopf") the step laid out as the decode graph, 7
  * one-block kernels a layer, the first after q|k|v also asking L2 for the head of the layer's
  * gate|up (bulk or per-line prefetches, 8-48 MB): docs/gpu.md "Session 21" (no gain).
+ * With "bulk" as the third argument (q4_0; docs/gpu.md "Session 24", neither kept): the shipped
+ * kernels against one whose blocks stream their rows into a shared-memory ring with
+ * cp.async.bulk (its outputs checked against the shipped kernel's first), and the step as the
+ * decode graph lays it out now (4 one-block kernels a layer: "graph4") with flags in global
+ * memory between the kernels instead of griddepcontrol.wait ("flags").
  * A standalone program: it links nothing of qforge (its kernels are the experiment's copies;
  * the shipped ones are cuda_gemm.cu's k_mv1_q4g / k_mv1_h). */
 #include <cuda_runtime.h>
@@ -63,12 +68,33 @@ __device__ __forceinline__ void group_store(const float *acc, int warp, int lane
     }
 }
 
-// R rows per warp group of P warps, W groups: the row group rg of a matvec (WAIT: the weights of
-// the first step are loaded before the PDL wait)
-template <int R, int U, int W, int P, int MODE, bool WAIT>
+// ---- flags instead of griddepcontrol.wait: each kernel's blocks add one to its counter when
+// done (release), the next kernel's blocks wait for the count (acquire) before reading ----
+__device__ __forceinline__ unsigned ld_acq(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void fwait(const unsigned *c, unsigned target, int ns) {
+    if (threadIdx.x == 0 && c)
+        while (ld_acq(c) < target)
+            if (ns) __nanosleep(ns);
+    __syncthreads();
+}
+__device__ __forceinline__ void fsignal(unsigned *c) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c) : "memory");
+    }
+}
+// R rows per warp group of P warps, W groups: the row group rg of a matvec (the weights of the
+// first step are loaded before the wait; WAIT 1: the PDL wait, 2: flags, 0: none)
+template <int R, int U, int W, int P, int MODE, int WAIT>
 __device__ __forceinline__ void mv_rows(const uint8_t *__restrict__ Wt, size_t rb, int K, int N,
                                         const int8_t *__restrict__ xq, const float *__restrict__ xd,
-                                        const int *__restrict__ xs, float *y, int rg) {
+                                        const int *__restrict__ xs, float *y, int rg,
+                                        const unsigned *wc = nullptr, unsigned wt = 0, int ns = 0) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = warp / P, part = warp % P;
     const int r0 = (rg * W + grp) * R;
     const int nb = K / QK;
@@ -95,7 +121,8 @@ __device__ __forceinline__ void mv_rows(const uint8_t *__restrict__ Wt, size_t r
         }
     };
     load(b0);
-    if (WAIT) gwait();
+    if (WAIT == 1) gwait();
+    if (WAIT == 2) fwait(wc, wt, ns);
     for (;;) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -131,7 +158,112 @@ __global__ void __launch_bounds__(W * P * 32) k_q4x(const uint8_t *__restrict__ 
                                                    const int8_t *__restrict__ xq, const float *__restrict__ xd,
                                                    const int *__restrict__ xs, float *y) {
     trig();
-    mv_rows<R, U, W, P, MODE, true>(Wt, rb, K, N, xq, xd, xs, y, blockIdx.x);
+    mv_rows<R, U, W, P, MODE, 1>(Wt, rb, K, N, xq, xd, xs, y, blockIdx.x);
+}
+
+// ---- bulk: the weights streamed into a shared-memory ring by the copy engine (cp.async.bulk) ----
+// One block of NT threads per SM (or bps), each a contiguous, equal share of the rows; chunks of
+// rc whole rows, nst of them in flight, the first nst issued before the PDL wait (so the ring
+// fills while the predecessor drains); the activation staged in shared memory after the wait.
+__device__ __forceinline__ uint32_t s32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mb_init(uint64_t *b, unsigned cnt) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(s32(b)), "r"(cnt) : "memory");
+}
+__device__ __forceinline__ void bulk_ld(void *dst, const void *src, unsigned bytes, uint64_t *b, uint64_t pol) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(s32(b)), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+                 ::"r"(s32(dst)), "l"(src), "r"(bytes), "r"(s32(b)), "l"(pol) : "memory");
+}
+__device__ __forceinline__ void mb_wait(uint64_t *b, unsigned parity) {
+    uint32_t ok;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(ok) : "r"(s32(b)), "r"(parity) : "memory");
+    } while (!ok);
+}
+template <int NT, bool FENCE>
+__global__ void __launch_bounds__(NT) k_q4b(const uint8_t *__restrict__ Wt, size_t rb, int K, int N,
+                                            const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                                            const int *__restrict__ xs, float *y, int rc, int nst) {
+    extern __shared__ __align__(128) uint8_t sm[];
+    __shared__ uint64_t bar[64];
+    __shared__ float red[2][NT / 32];
+    trig();
+    const int nb = K / QK;
+    const int r0 = (int)((long long)N * blockIdx.x / gridDim.x), r1 = (int)((long long)N * (blockIdx.x + 1) / gridDim.x);
+    const int nch = (r1 - r0 + rc - 1) / rc;
+    const size_t chb = (size_t)rc * rb;
+    uint8_t *ring = sm;
+    int8_t *aq = (int8_t *)(sm + nst * chb);
+    float *ad = (float *)(aq + K);
+    int *as = (int *)(ad + nb);
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < nst; i++) mb_init(&bar[i], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int c = 0; c < nst && c < nch; c++) {
+            const int ra = r0 + c * rc, n = min(rc, r1 - ra);
+            bulk_ld(ring + c * chb, Wt + (size_t)ra * rb, (unsigned)(n * rb), &bar[c], pol);
+        }
+    }
+    gwait();
+    for (int i = threadIdx.x; i < K / 16; i += NT) ((int4 *)aq)[i] = __ldg((const int4 *)xq + i);
+    for (int i = threadIdx.x; i < nb; i += NT) ad[i] = __ldg(xd + i), as[i] = __ldg(xs + i);
+    __syncthreads();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, P = (NT / 32) / rc, row = warp / P, part = warp % P;
+    for (int c = 0; c < nch; c++) {
+        const int s = c % nst, ra = r0 + c * rc, n = min(rc, r1 - ra);
+        mb_wait(&bar[s], (unsigned)(c / nst) & 1u);
+        float acc = 0.f;
+        if (row < n) {
+            const uint8_t *rp = ring + s * chb + (size_t)row * rb;
+            for (int b = lane + 32 * part; b < nb; b += 32 * P) {
+                const uint8_t *gp = rp + (b >> 3) * GRP;
+                const uint4 q = *(const uint4 *)(gp + 16 + 16 * (b & 7));
+                const unsigned short d = ((const unsigned short *)gp)[b & 7];
+                const int4 a0 = ((const int4 *)(aq + b * QK))[0], a1 = ((const int4 *)(aq + b * QK))[1];
+                int t = __dp4a((int)q.x & 0x0F0F0F0F, a0.x, 0);
+                t = __dp4a((int)q.y & 0x0F0F0F0F, a0.y, t);
+                t = __dp4a((int)q.z & 0x0F0F0F0F, a0.z, t);
+                t = __dp4a((int)q.w & 0x0F0F0F0F, a0.w, t);
+                t = __dp4a(((int)q.x >> 4) & 0x0F0F0F0F, a1.x, t);
+                t = __dp4a(((int)q.y >> 4) & 0x0F0F0F0F, a1.y, t);
+                t = __dp4a(((int)q.z >> 4) & 0x0F0F0F0F, a1.z, t);
+                t = __dp4a(((int)q.w >> 4) & 0x0F0F0F0F, a1.w, t);
+                acc += (float)(t - 8 * as[b]) * h2f(d) * ad[b];
+            }
+        }
+        acc = wsum(acc);
+        if (lane == 0) red[c & 1][warp] = acc;
+        __syncthreads(); /* every warp is done with slot s */
+        if (threadIdx.x == 0 && c + nst < nch) {
+            if (FENCE) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            const int rn = r0 + (c + nst) * rc, nn = min(rc, r1 - rn);
+            bulk_ld(ring + s * chb, Wt + (size_t)rn * rb, (unsigned)(nn * rb), &bar[s], pol);
+        }
+        if (part == 0 && lane == 0 && row < n) {
+            float v = 0.f;
+            for (int p = 0; p < P; p++) v += red[c & 1][row * P + p];
+            y[ra + row] = v;
+        }
+    }
+}
+
+template <int R, int U, int W, int P>
+__global__ void __launch_bounds__(W * P * 32) k_q4f(const uint8_t *__restrict__ Wt, size_t rb, int K, int N,
+                                                   const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                                                   const int *__restrict__ xs, float *y, const unsigned *wc,
+                                                   unsigned wt, unsigned *sc, int ns) {
+    trig();
+    mv_rows<R, U, W, P, 2, 2>(Wt, rb, K, N, xq, xd, xs, y, blockIdx.x, wc, wt, ns);
+    fsignal(sc);
+}
+__global__ void k_tiny_f(float *y, int n, const unsigned *wc, unsigned wt, unsigned *sc, int ns) {
+    trig();
+    fwait(wc, wt, ns);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = y[i] * 0.5f + 1.f;
+    fsignal(sc);
 }
 
 // ---- the persistent variant: one kernel, a grid barrier between phases ----
@@ -165,7 +297,7 @@ __global__ void __launch_bounds__(W * P * 32) k_persist(const phase *ph, int nph
         } else {
             const int ngr = (P_.N + W * R - 1) / (W * R);
             for (int g = blockIdx.x; g < ngr; g += gridDim.x) {
-                mv_rows<R, U, W, P, 2, false>(P_.w, P_.rb, P_.K, P_.N, xq, xd, xs, y, g);
+                mv_rows<R, U, W, P, 2, 0>(P_.w, P_.rb, P_.K, P_.N, xq, xd, xs, y, g);
                 __syncthreads(); /* group_store's shared sums are reused by the next row group */
             }
         }
@@ -309,7 +441,7 @@ __global__ void k_fill(uint32_t *p, size_t n, uint32_t seed) {
 
 typedef void (*kfn)(const uint8_t *, size_t, int, int, const int8_t *, const float *, const int *, float *);
 
-struct variant { const char *name; kfn f; int rows_per_block; int threads; };
+struct variant { const char *name; kfn f; int rows_per_block; int threads; int bps = 0, ring_kb = 0, chunk_kb = 16; bool fence = false; };
 
 static bool g_pdl = true;
 static void launch(const void *f, unsigned grid, unsigned threads, void **args, cudaStream_t s) {
@@ -324,8 +456,26 @@ static void launch(const void *f, unsigned grid, unsigned threads, void **args, 
 
 struct mat { uint8_t *w; size_t rb; int K, N; };
 
+static int g_nsm = 132;
 static void run_mv(const variant &v, const mat &m, const int8_t *xq, const float *xd, const int *xs, float *y, cudaStream_t s) {
     const uint8_t *w = m.w; size_t rb = m.rb; int K = m.K, N = m.N;
+    if (v.bps) { /* bulk: rows per chunk a divisor of the block's 8 warps */
+        int rc = (int)((size_t)v.chunk_kb * 1024 / rb);
+        rc = rc >= 8 ? 8 : rc >= 4 ? 4 : rc >= 2 ? 2 : 1;
+        int nst = (int)((size_t)v.ring_kb * 1024 / (rc * rb));
+        if (nst > 64) nst = 64;
+        if (nst < 2) nst = 2;
+        const size_t smem = nst * rc * rb + K + K / 32 * 8;
+        void *args[] = {(void *)&w, &rb, &K, &N, (void *)&xq, (void *)&xd, (void *)&xs, &y, &rc, &nst};
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(g_nsm * v.bps); cfg.blockDim = dim3(256); cfg.stream = s; cfg.dynamicSmemBytes = smem;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = g_pdl ? 1 : 0;
+        cfg.attrs = at; cfg.numAttrs = 1;
+        CKE(cudaLaunchKernelExC(&cfg, v.fence ? (const void *)k_q4b<256, true> : (const void *)k_q4b<256, false>, args));
+        return;
+    }
     void *args[] = {(void *)&w, &rb, &K, &N, (void *)&xq, (void *)&xd, (void *)&xs, &y};
     launch((const void *)v.f, (unsigned)((N + v.rows_per_block - 1) / v.rows_per_block), v.threads, args, s);
 }
@@ -350,8 +500,17 @@ int main(int argc, char **argv) {
     bytes += (double)lm.rb * lm.N;
 
     const bool F16 = F16e;
+    CKE(cudaFuncSetAttribute(k_q4b<256, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024 - 1024));
+    CKE(cudaFuncSetAttribute(k_q4b<256, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024 - 1024));
+    cudaDeviceGetAttribute(&g_nsm, cudaDevAttrMultiProcessorCount, 0);
     std::vector<variant> vs;
-    if (!F16) vs = {
+    const bool bulk_only = argc > 3 && !strcmp(argv[3], "bulk");
+    if (!F16 && bulk_only) vs = {
+        {"ef R4U2 W2P2", k_q4x<4, 2, 2, 2, 2>, 8, 128},
+        {"ef R2U2 W2P2", k_q4x<2, 2, 2, 2, 2>, 4, 128},
+        {"bulk 2x96K c16", nullptr, 0, 256, 2, 96, 16},
+    };
+    else if (!F16) vs = {
         {"base R1U4 W4", k_q4x<1, 4, 4, 1, 0>, 4, 128},
         {"ef R1U4 W4", k_q4x<1, 4, 4, 1, 2>, 4, 128},
         {"ef R2U2 W4", k_q4x<2, 2, 4, 1, 2>, 8, 128},
@@ -381,6 +540,23 @@ int main(int argc, char **argv) {
         {"nol1 R2U4 W4", k_hx<2, 4, 4, 1, 1>, 8, 128},
     };
 
+    if (bulk_only) { /* the bulk kernel's outputs against the shipped kernel's, each shape */
+        std::vector<float> a(V), b(V);
+        const mat *ms[5] = {&qkv[0], &wo[0], &gu[0], &dn[0], &lm};
+        for (int i = 0; i < 5; i++)
+            for (size_t k = 1; k < vs.size(); k++) {
+                run_mv(vs[0], *ms[i], xq, xd, xs, y, s);
+                CKE(cudaMemcpyAsync(a.data(), y, ms[i]->N * 4, cudaMemcpyDeviceToHost, s));
+                CKE(cudaMemsetAsync(y, 0, ms[i]->N * 4, s));
+                run_mv(vs[k], *ms[i], xq, xd, xs, y, s);
+                CKE(cudaMemcpyAsync(b.data(), y, ms[i]->N * 4, cudaMemcpyDeviceToHost, s));
+                CKE(cudaStreamSynchronize(s));
+                double num = 0, den = 0;
+                for (int r = 0; r < ms[i]->N; r++) num += (double)(a[r] - b[r]) * (a[r] - b[r]), den += (double)a[r] * a[r];
+                if (!(num <= 1e-10 * den)) printf("MISMATCH %s shape %d: nmse %g\n", vs[k].name, i, num / den);
+            }
+        printf("bulk check done\n");
+    }
     cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
     // 1) each shape alone: mean over 32 distinct layer matrices (cold L2), plain launches with PDL, in a graph
     const char *shn[5] = {"qkv 6144x4096", "wo 4096x4096", "gu 28672x4096", "down 4096x14336", "lm 128256x4096"};
@@ -444,6 +620,72 @@ int main(int argc, char **argv) {
                    bytes / (ms * 1e-3) / 4.8e12 * 100);
         }
     }
+    // 2c) the step as qforge's graph now (docs/gpu.md "Session 21"): norm, q|k|v, split-K
+    //     attention, merge, o, norm, gate|up, down: 4 one-block kernels a layer, every variant
+    if (!F16) {
+        g_pdl = true;
+        for (int rep = 0; rep < 2; rep++)
+            for (auto &v : vs) {
+                float ms = time_graph([&] {
+                    for (int l = 0; l < L; l++) {
+                        void *a[] = {&yt, (void *)&D};
+                        launch((const void *)k_tiny, 1, 256, a, s);
+                        run_mv(v, qkv[l], xq, xd, xs, y, s);
+                        launch((const void *)k_tiny, 1, 256, a, s);
+                        launch((const void *)k_tiny, 1, 256, a, s);
+                        run_mv(v, wo[l], xq, xd, xs, y, s);
+                        launch((const void *)k_tiny, 1, 256, a, s);
+                        run_mv(v, gu[l], xq, xd, xs, y, s);
+                        run_mv(v, dn[l], xq, xd, xs, y, s);
+                    }
+                    run_mv(v, lm, xq, xd, xs, y, s); }, 20);
+                CKE(cudaGetLastError());
+                printf("graph4 %-20s %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", v.name, ms, 1000 / ms,
+                       bytes / (ms * 1e-3) / 4.8e12 * 100);
+            }
+    }
+    // 2d) the same graph4 step with flags between the kernels instead of griddepcontrol.wait
+    //     (still launched with PDL, so each kernel is resident before its predecessor ends)
+    if (!F16) {
+        g_pdl = true;
+        unsigned *ctr;
+        const int nk = L * 8 + 1;
+        CKE(cudaMalloc(&ctr, nk * 4));
+        for (int rep = 0; rep < 2; rep++)
+            for (int ns : {0, 32, 100, 400}) {
+                for (int kind = 0; kind < 2; kind++) { // 0: R4U2W2P2 all (K>=8192: R2); 1: same as shipped
+                    float ms = time_graph([&] {
+                        CKE(cudaMemsetAsync(ctr, 0, nk * 4, s));
+                        int k = 0;
+                        unsigned prevb = 0;
+                        auto tiny = [&]() {
+                            const unsigned *wc = k ? ctr + k - 1 : nullptr;
+                            unsigned *sc = ctr + k;
+                            void *a[] = {&yt, (void *)&D, (void *)&wc, &prevb, (void *)&sc, &ns};
+                            launch((const void *)k_tiny_f, 1, 128, a, s);
+                            prevb = 1, k++;
+                        };
+                        auto mv = [&](const mat &m) {
+                            const uint8_t *w = m.w; size_t rb = m.rb; int K = m.K, N = m.N;
+                            const unsigned *wc = k ? ctr + k - 1 : nullptr;
+                            unsigned *sc = ctr + k;
+                            void *a[] = {(void *)&w, &rb, &K, &N, (void *)&xq, (void *)&xd, (void *)&xs, &y, (void *)&wc, &prevb, (void *)&sc, &ns};
+                            unsigned nb;
+                            if (K >= 8192 && kind == 1) nb = (N + 3) / 4, launch((const void *)k_q4f<2, 2, 2, 2>, nb, 128, a, s);
+                            else nb = (N + 7) / 8, launch((const void *)k_q4f<4, 2, 2, 2>, nb, 128, a, s);
+                            prevb = nb, k++;
+                        };
+                        for (int l = 0; l < L; l++) {
+                            tiny(); mv(qkv[l]); tiny(); tiny(); mv(wo[l]); tiny(); mv(gu[l]); mv(dn[l]);
+                        }
+                        mv(lm); }, 20);
+                    CKE(cudaGetLastError());
+                    printf("flags ns %3d %s %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", ns, kind ? "shipped  " : "R4 all   ", ms,
+                           1000 / ms, bytes / (ms * 1e-3) / 4.8e12 * 100);
+                }
+            }
+    }
+    if (bulk_only) return 0;
     // 2b) the step laid out as qforge's decode graph: norm, q|k|v, split / attention / merge /
     //     quant, o, norm, gate|up, quant, down (7 small kernels a layer), the split (first small
     //     kernel after q|k|v) also asking L2 for the first PF MB of this layer's gate|up, and the
