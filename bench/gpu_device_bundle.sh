@@ -27,13 +27,13 @@ cp -r "$data/corpora/kerneldoc-demo" "$st/data/corpora/"
 cat >"$st/bin/prepare.sh" <<'EOS'
 #!/bin/sh
 # prepare.sh B: the demo model's q8_0 and q4_0 copies into B/data/models (run from the repository
-# root), and a 2048-wide random model in q4_0 and q6_K (test_cuda e2e_decode_graph: the one-token
-# kernels of both G8 layouts)
+# root), and a 2048-wide random model in q4_0, q8_0 and q6_K (test_cuda e2e_decode_graph: the
+# one-token kernels of the G8 layouts)
 set -e
 for t in q8_0 q4_0; do
     "$1/bin/qforge" quantize assets/models/qforge-demo-11m-f16.gguf "$1/data/models/qforge-demo-11m-$t.gguf" $t >/dev/null
 done
-for t in q4_0 q6_k; do
+for t in q4_0 q8_0 q6_k; do
     "$1/bin/gen_model_shapes" --shape test-d2048 --type $t -o "$1/data/models/test-d2048-$t.gguf" >/dev/null
 done
 EOS

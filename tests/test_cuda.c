@@ -154,8 +154,8 @@ static void vec_dot_oracle(qf_type t, const void *w, int K, int N, const float *
 }
 
 /* K = 512: one partial tile of the wide decode kernel; K = 2304: a whole tile and a partial
- * one (q6_K rows of these sizes are not 8-byte multiples: the fallback kernel). q4_0 rows of
- * these widths take the regrouped G8 layout on the device (k_matvec_q4g); K = 800 (the 32-block
+ * one (q6_K rows of these sizes are not 8-byte multiples: the fallback kernel). q4_0 and q8_0
+ * rows of these widths take their regrouped G8 layouts on the device (k_matvec_q4g); K = 800 (the 32-block
  * types only) keeps the GGUF layout and its kernels; K = 2048: Q6_K in its G8 layout too. */
 TEST(op_matmul) {
     NEED_GPU();
@@ -1100,13 +1100,13 @@ TEST(e2e_decode_graph) {
     /* the q4_0 copy (qforge quantize; gpu_device_bundle.sh makes it): its ffn_down rows (1024
      * wide) take the G8 layout and k_matvec_q4g, the 384-wide rows the GGUF layout. test-d2048
      * (gen_model_shapes, made there too): 2048 rows and more, so a step runs the one-token
-     * row-group kernels (k_mv1_q4g, the down rows' variant too) end to end; its q6_K copy the
-     * one-token kernel of Q6_K's G8 layout (the 2048-wide rows; the 8448-wide down rows keep the
-     * GGUF layout) */
+     * row-group kernels (k_mv1_q4g, the down rows' variant too) end to end, its q8_0 copy their
+     * q8_0 form, its q6_K copy the one-token kernel of Q6_K's G8 layout (the 2048-wide rows; the
+     * 8448-wide down rows keep the GGUF layout) */
     const char *models[] = {"models/qforge-demo-11m-f16.gguf", "models/qforge-demo-11m-q8_0.gguf",
                             "models/qforge-demo-11m-q4_k_m.gguf", "models/qforge-demo-qwen2-5m-q4_k_m.gguf",
                             "models/qforge-demo-11m-q4_0.gguf", "models/test-d2048-q4_0.gguf",
-                            "models/test-d2048-q6_k.gguf"};
+                            "models/test-d2048-q8_0.gguf", "models/test-d2048-q6_k.gguf"};
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
         const char *path = model_path(models[mi]);
         if (!path) {
@@ -1294,7 +1294,7 @@ static void canon_matmul_cpu(qf_type t, const void *w, int K, int N, const float
 }
 
 /* every weight type: the GPU's canonical GEMM (QF_CUDA_MM_CANON) equals the CPU's bit for bit;
- * K 512 / 2304 (q4_0 in the G8 layout on the device), 800 (the 32-block types, GGUF layout) and
+ * K 512 / 2304 (q4_0 and q8_0 in their G8 layouts on the device), 800 (the 32-block types, GGUF layout) and
  * 2048 (Q6_K in its G8 layout too), rows and tokens across the tiles' edges */
 TEST(op_canon_matmul) {
     NEED_GPU();

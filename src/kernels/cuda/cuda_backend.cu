@@ -96,7 +96,7 @@ struct qf_cuda_ctx {
     bool attn_warp;        /* QF_CUDA_ATTN=warp: the one-warp-per-(query, head) kernel for prefill too */
     bool gu16;             /* QF_CUDA_GU16=1 (experimental, not certified): the gate|up GEMM writes f16 */
     bool f16_cache;        /* quantized weights keep an f16 copy for prefill GEMMs (knob no_f16_cache: off) */
-    bool q4g;              /* q4_0 / Q6_K weights of whole groups take the G8 layouts (knob no_q4_regroup: off) */
+    bool q4g;              /* q4_0 / q8_0 / Q6_K weights of whole groups take the G8 layouts (knob no_q4_regroup: off) */
     bool pdl;              /* the decode graph uses programmatic dependent launch (knob no_pdl: off) */
     float *h_lg;           /* pinned staging for one row of logits (forward_graph's copy), or NULL */
 #define LG_CHUNKS 4
@@ -205,6 +205,7 @@ bool h2d_weight(uint8_t *dst, const void *src, qf_type t, int64_t k, int64_t row
     for (int64_t r = 0; r < rows && *e == cudaSuccess; r += cr) {
         const int64_t nr = rows - r < cr ? rows - r : cr;
         if (t == QF_TYPE_Q6_K) qf_q6k_regroup((const uint8_t *)src + rb * (size_t)r, stage, nr, k);
+        else if (t == QF_TYPE_Q8_0) q8g_regroup((const uint8_t *)src + rb * (size_t)r, stage, nr, k);
         else q4g_regroup((const uint8_t *)src + rb * (size_t)r, stage, nr, k);
         *e = cudaMemcpy(dst + rb * (size_t)r, stage, rb * (size_t)nr, cudaMemcpyHostToDevice);
     }

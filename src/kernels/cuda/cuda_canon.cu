@@ -90,6 +90,12 @@ template <> __device__ inline float blk_ints<QFD_Q4_0G8>(const uint8_t *row, int
     for (int j = 0; j < 16; j++) v[j] = (int8_t)((qs[j] & 0xF) - 8), v[j + 16] = (int8_t)((qs[j] >> 4) - 8);
     return h2f_bits(((const uint16_t *)gp)[b & 7]);
 }
+template <> __device__ inline float blk_ints<QFD_Q8_0G8>(const uint8_t *row, int b, int8_t *v) {
+    const uint8_t *gp = row + (size_t)(b >> 3) * Q8G_GROUP;
+    const int8_t *qs = (const int8_t *)(gp + 16 + 32 * (b & 7));
+    for (int j = 0; j < 32; j++) v[j] = qs[j];
+    return h2f_bits(((const uint16_t *)gp)[b & 7]);
+}
 template <> __device__ inline float blk_ints<QF_TYPE_Q8_0>(const uint8_t *row, int b, int8_t *v) {
     const block_q8_0 *q = (const block_q8_0 *)row + b;
     for (int j = 0; j < 32; j++) v[j] = q->qs[j];
@@ -331,11 +337,12 @@ qf_status canon_matmul(const dweight *w, const float *x, int n, float *y, void *
     const act_q a = act_q_view(act, n, K);
     const dim3 grid(nblk((size_t)N, CG_BM), nblk((size_t)n, CG_BN));
     switch (T) {
-    case QF_TYPE_Q4_0: case QFD_Q4_0G8: case QF_TYPE_Q8_0: case QF_TYPE_Q5_0:
+    case QF_TYPE_Q4_0: case QFD_Q4_0G8: case QF_TYPE_Q8_0: case QFD_Q8_0G8: case QF_TYPE_Q5_0:
         launch_quant_act(x, n, K, act, s);
         if (T == QF_TYPE_Q4_0) k_canon_gemm_q8<QF_TYPE_Q4_0><<<grid, 256, 0, s>>>(w->d, w->row_bytes, K, N, a.qs, a.xd, n, y);
         else if (T == QFD_Q4_0G8) k_canon_gemm_q8<QFD_Q4_0G8><<<grid, 256, 0, s>>>(w->d, w->row_bytes, K, N, a.qs, a.xd, n, y);
         else if (T == QF_TYPE_Q8_0) k_canon_gemm_q8<QF_TYPE_Q8_0><<<grid, 256, 0, s>>>(w->d, w->row_bytes, K, N, a.qs, a.xd, n, y);
+        else if (T == QFD_Q8_0G8) k_canon_gemm_q8<QFD_Q8_0G8><<<grid, 256, 0, s>>>(w->d, w->row_bytes, K, N, a.qs, a.xd, n, y);
         else k_canon_gemm_q8<QF_TYPE_Q5_0><<<grid, 256, 0, s>>>(w->d, w->row_bytes, K, N, a.qs, a.xd, n, y);
         break;
     case QF_TYPE_Q4_K: case QF_TYPE_Q6_K: case QFD_Q6_KG: {

@@ -310,6 +310,36 @@ template <> __host__ __device__ inline void deq32<QFD_Q4_0G8>(const uint8_t *row
         y[j + QK / 2] = ((qs[j] >> 4) - 8) * d;
     }
 }
+/* ---- q8_0 regrouped for the device (G8), as q4_0's ----
+ * A q8_0 row whose width is a multiple of 256: groups of 8 blocks, the 8 f16 scales (16 bytes),
+ * then the 8 blocks' 32 quant bytes each (256 bytes), 272 bytes a group, the same bytes as the
+ * GGUF row in another order (row_bytes unchanged). A block's quants are two 16-byte loads (a GGUF
+ * q8_0 block is 34 bytes: 2-byte loads). QFD_Q8_0G8: its device type code; deq32<QFD_Q8_0G8>
+ * gives deq32<Q8_0>'s values bit for bit. */
+#define QFD_Q8_0G8 1002
+#define Q8G_GROUP 272 /* bytes of one group of 8 blocks */
+template <> __host__ __device__ inline void deq32<QFD_Q8_0G8>(const uint8_t *row, int sb, float *y) {
+    const uint8_t *gp = row + (size_t)(sb >> 3) * Q8G_GROUP;
+    const float d = h2f_bits(((const uint16_t *)gp)[sb & 7]);
+    const int8_t *qs = (const int8_t *)(gp + 16 + 32 * (sb & 7));
+    for (int j = 0; j < QK; j++) y[j] = qs[j] * d;
+}
+/* GGUF q8_0 rows -> G8 rows (host memory, rows of k elements, k % 256 == 0) */
+static inline void q8g_regroup(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t k) {
+    const int64_t nb = k / QK;
+    const size_t rb = (size_t)nb * sizeof(block_q8_0);
+    for (int64_t r = 0; r < rows; r++) {
+        const block_q8_0 *b = (const block_q8_0 *)(src + (size_t)r * rb);
+        uint8_t *o = dst + (size_t)r * rb;
+        for (int64_t g = 0; g < nb / 8; g++, o += Q8G_GROUP)
+            for (int j = 0; j < 8; j++) {
+                memcpy(o + 2 * j, &b[8 * g + j].d, 2);
+                memcpy(o + 16 + 32 * j, b[8 * g + j].qs, 32);
+            }
+    }
+}
+static_assert(8 * sizeof(block_q8_0) == Q8G_GROUP && 8 * sizeof(block_q4_0) == Q4G_GROUP, "G8 groups");
+
 /* Q6_K regrouped for the device: quant_blocks.h's G8 layout (qf_q6k_at), the device-only type
  * code QFD_Q6_KG (dweight.g8 on a Q6_K weight); deq32<QFD_Q6_KG> gives deq32<Q6_K>'s values
  * bit for bit. The one-token matvec then reads each lane's share with 16-byte loads (k_mv1_k). */
@@ -317,9 +347,9 @@ template <> __host__ __device__ inline void deq32<QFD_Q4_0G8>(const uint8_t *row
 template <> __host__ __device__ inline void deq32<QFD_Q6_KG>(const uint8_t *row, int sb, float *y) {
     deq32_q6k(row, sb, y, 1);
 }
-/* does a weight of type t and width k take a G8 layout on the device (q4_0 or Q6_K) */
+/* does a weight of type t and width k take a G8 layout on the device (q4_0, q8_0 or Q6_K) */
 static inline bool g8_ok(qf_type t, int64_t k) {
-    return (t == QF_TYPE_Q4_0 && k % 256 == 0) || (t == QF_TYPE_Q6_K && qf_q6k_g8_ok(k));
+    return ((t == QF_TYPE_Q4_0 || t == QF_TYPE_Q8_0) && k % 256 == 0) || (t == QF_TYPE_Q6_K && qf_q6k_g8_ok(k));
 }
 /* GGUF q4_0 rows -> G8 rows (host memory, rows of k elements, k % 256 == 0) */
 static inline void q4g_regroup(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t k) {
@@ -350,6 +380,7 @@ static inline void q4g_regroup(const uint8_t *src, uint8_t *dst, int64_t rows, i
     case QF_TYPE_Q6_K: { constexpr int TT = QF_TYPE_Q6_K; BODY; } break; \
     case QFD_Q4_0G8: { constexpr int TT = QFD_Q4_0G8; BODY; } break;     \
     case QFD_Q6_KG: { constexpr int TT = QFD_Q6_KG; BODY; } break;       \
+    case QFD_Q8_0G8: { constexpr int TT = QFD_Q8_0G8; BODY; } break;     \
     default: break;                                        \
     }
 
@@ -463,7 +494,7 @@ typedef struct {
     uint8_t *d;
     __half *h16;           /* prefill: persistent f16 copy of a quantized weight (f16 cache), or NULL */
     bool view;             /* d and h16 point into a fused weight (wqkv, wgu), which owns them */
-    bool g8;               /* q4_0 or Q6_K stored regrouped (QFD_Q4_0G8, QFD_Q6_KG, above) */
+    bool g8;               /* q4_0, q8_0 or Q6_K stored regrouped (QFD_Q4_0G8, QFD_Q8_0G8, QFD_Q6_KG, above) */
 } dweight;
 /* ---- the q8_0 activation of the int8 matvecs (k_quant_act, k_rmsnorm4 write it) ----
  * One scratch of ACT_Q_BYTES(n, K): int8 quants [n][K] (16-byte aligned), the f32 value of each
@@ -483,9 +514,12 @@ __host__ __device__ static inline act_q act_q_view(void *xq, int n, int K) {
     return a;
 }
 
-/* the device layout's type code: w->type, or QFD_Q4_0G8 / QFD_Q6_KG */
+/* the device layout's type code: w->type, or QFD_Q4_0G8 / QFD_Q8_0G8 / QFD_Q6_KG */
 static inline int dw_type(const dweight *w) {
-    return !w->g8 ? (int)w->type : w->type == QF_TYPE_Q6_K ? QFD_Q6_KG : QFD_Q4_0G8;
+    return !w->g8 ? (int)w->type
+           : w->type == QF_TYPE_Q6_K ? QFD_Q6_KG
+           : w->type == QF_TYPE_Q8_0 ? QFD_Q8_0G8
+                                     : QFD_Q4_0G8;
 }
 /* Copy rows of a host weight of type t (GGUF layout) into device memory, regrouped to its G8
  * layout when g8 (through a bounded host staging buffer); false on an allocation or copy failure

@@ -94,7 +94,7 @@ template <int T> __host__ __device__ constexpr int mv_tile_bytes() { /* bytes of
            : T == QF_TYPE_BF16 ? 32 * 32 * 2
            : T == QF_TYPE_Q4_0 || T == QFD_Q4_0G8 ? 32 * (int)sizeof(block_q4_0)
            : T == QF_TYPE_Q5_0 ? 32 * (int)sizeof(block_q5_0)
-           : T == QF_TYPE_Q8_0 ? 32 * (int)sizeof(block_q8_0)
+           : T == QF_TYPE_Q8_0 || T == QFD_Q8_0G8 ? 32 * (int)sizeof(block_q8_0)
            : T == QF_TYPE_Q4_K ? 4 * (int)sizeof(block_q4_K)
            : T == QF_TYPE_Q5_K ? 4 * (int)sizeof(block_q5_K)
                                : 4 * (int)sizeof(block_q6_K); /* Q6_K, QFD_Q6_KG */
@@ -449,19 +449,41 @@ __device__ static inline int q4g_dot(const uint4 &q, const int4 &a0, const int4 
     sdot = __dp4a((w[2] >> 4) & 0x0F0F0F0F, a1.z, sdot);
     return __dp4a((w[3] >> 4) & 0x0F0F0F0F, a1.w, sdot);
 }
-/* the quants (16 bytes) and scale of blocks b0 + u S, u < Q4G_U, of a G8 row (those < nb) */
-__device__ static inline void q4g_load(const uint8_t *row, int b0, int S, int nb, uint4 *qv, unsigned short *dv) {
+/* q8_0 rows in their G8 layout take the same kernels (Q8): a block's 32 quant bytes are two
+ * 16-byte words, its integer dot 8 __dp4a on the signed bytes (no offset) */
+template <bool Q8> __host__ __device__ constexpr int g8_qw() { return Q8 ? 2 : 1; } /* 16-byte words a block */
+/* block b of a G8 row: its quants and its scale */
+template <bool Q8> __device__ static inline const uint8_t *g8_quants(const uint8_t *row, int b) {
+    return row + (size_t)(b >> 3) * (Q8 ? Q8G_GROUP : Q4G_GROUP) + 16 + 16 * g8_qw<Q8>() * (b & 7);
+}
+template <bool Q8> __device__ static inline const unsigned short *g8_scale(const uint8_t *row, int b) {
+    return (const unsigned short *)(row + (size_t)(b >> 3) * (Q8 ? Q8G_GROUP : Q4G_GROUP)) + (b & 7);
+}
+/* a block's isum against the activation block (a0, a1: its 32 int8, sx: their sum) */
+template <bool Q8> __device__ static inline int g8_isum(const uint4 *q, const int4 &a0, const int4 &a1, int sx) {
+    if constexpr (Q8) {
+        int t = __dp4a((int)q[0].x, a0.x, 0);
+        t = __dp4a((int)q[0].y, a0.y, t), t = __dp4a((int)q[0].z, a0.z, t), t = __dp4a((int)q[0].w, a0.w, t);
+        t = __dp4a((int)q[1].x, a1.x, t), t = __dp4a((int)q[1].y, a1.y, t), t = __dp4a((int)q[1].z, a1.z, t);
+        return __dp4a((int)q[1].w, a1.w, t);
+    } else
+        return q4g_dot(q[0], a0, a1) - 8 * sx;
+}
+/* the quants and scale of blocks b0 + u S, u < Q4G_U, of a G8 row (those < nb) */
+template <bool Q8>
+__device__ static inline void q4g_load(const uint8_t *row, int b0, int S, int nb, uint4 (*qv)[g8_qw<Q8>()], unsigned short *dv) {
 #pragma unroll
     for (int u = 0; u < Q4G_U; u++) {
         const int b = b0 + u * S;
         if (b < nb) {
-            const uint8_t *gp = row + (size_t)(b >> 3) * Q4G_GROUP;
-            qv[u] = __ldg((const uint4 *)(gp + 16 + 16 * (b & 7)));
-            dv[u] = __ldg((const unsigned short *)gp + (b & 7));
+            const uint4 *q = (const uint4 *)g8_quants<Q8>(row, b);
+#pragma unroll
+            for (int w = 0; w < g8_qw<Q8>(); w++) qv[u][w] = __ldg(q + w);
+            dv[u] = __ldg(g8_scale<Q8>(row, b));
         }
     }
 }
-template <int NT, int WPR, bool GU = false>
+template <int NT, int WPR, bool GU = false, bool Q8 = false>
 __global__ void __launch_bounds__(MV_WARPS * 32)
     k_matvec_q4g(const uint8_t *__restrict__ W, size_t rb, int K, int N, const int8_t *__restrict__ xq,
                  const float *__restrict__ xd, const int *__restrict__ xs, int n, float *y, int accumulate) {
@@ -475,11 +497,11 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    uint4 qv[Q4G_U];
+    uint4 qv[Q4G_U][g8_qw<Q8>()];
     unsigned short dv[Q4G_U];
     int b0 = lane + 32 * part;
     /* the first U blocks' weights, before the activations exist */
-    q4g_load(row, b0, S, nb, qv, dv);
+    q4g_load<Q8>(row, b0, S, nb, qv, dv);
     pdl_wait();
     for (;;) {
 #pragma unroll
@@ -491,13 +513,13 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
             for (int t = 0; t < NT; t++) {
                 if (t >= n) break;
                 const int4 *xa = (const int4 *)(xq + (size_t)t * K + (size_t)b * QK);
-                const int isum = q4g_dot(qv[u], __ldg(xa), __ldg(xa + 1)) - 8 * __ldg(xs + (size_t)t * nbk + b);
+                const int isum = g8_isum<Q8>(qv[u], __ldg(xa), __ldg(xa + 1), Q8 ? 0 : __ldg(xs + (size_t)t * nbk + b));
                 acc[t] += (float)isum * d * __ldg(xd + (size_t)t * nbk + b);
             }
         }
         b0 += Q4G_U * S;
         if (b0 >= nb) break;
-        q4g_load(row, b0, S, nb, qv, dv);
+        q4g_load<Q8>(row, b0, S, nb, qv, dv);
     }
     if (GU) mv_finish_gu<NT>(acc, warp, lane, N, n, y);
     else mv_finish<NT, WPR>(acc, warp, lane, part, live, r, N, n, y, accumulate);
@@ -565,7 +587,7 @@ __device__ static inline void mv1_finish(const float *acc, int warp, int lane, i
 template <int R, int W, bool GU> __device__ static inline int mv1_r0(int grp) {
     return GU ? (int)blockIdx.x * R : ((int)blockIdx.x * W + grp) * R;
 }
-template <int R, int U, int W, int P, bool GU>
+template <int R, int U, int W, int P, bool GU, bool Q8 = false>
 __global__ void __launch_bounds__(W * P * 32)
     k_mv1_q4g(const uint8_t *__restrict__ Wt, size_t rb, int K, int N, const int8_t *__restrict__ xq,
               const float *__restrict__ xd, const int *__restrict__ xs, float *y, int accumulate) {
@@ -576,7 +598,7 @@ __global__ void __launch_bounds__(W * P * 32)
     const uint64_t pol = l2_evict_first();
     constexpr int S = 32 * P;
     float acc[R];
-    uint4 qv[R][U];
+    uint4 qv[R][U][g8_qw<Q8>()];
     unsigned short dv[R][U];
 #pragma unroll
     for (int j = 0; j < R; j++) acc[j] = 0.0f;
@@ -592,9 +614,10 @@ __global__ void __launch_bounds__(W * P * 32)
             for (int u = 0; u < U; u++) {
                 const int b = b0 + S * u;
                 if (b < nb) {
-                    const uint8_t *gp = rows[j] + (size_t)(b >> 3) * Q4G_GROUP;
-                    qv[j][u] = ld_stream16(gp + 16 + 16 * (b & 7), pol);
-                    dv[j][u] = __ldg((const unsigned short *)gp + (b & 7));
+                    const uint8_t *q = g8_quants<Q8>(rows[j], b);
+#pragma unroll
+                    for (int w = 0; w < g8_qw<Q8>(); w++) qv[j][u][w] = ld_stream16(q + 16 * w, pol);
+                    dv[j][u] = __ldg(g8_scale<Q8>(rows[j], b));
                 }
             }
     };
@@ -607,12 +630,12 @@ __global__ void __launch_bounds__(W * P * 32)
             if (b >= nb) break;
             const int4 *xa = (const int4 *)(xq + (size_t)b * QK);
             const int4 a0 = __ldg(xa), a1 = __ldg(xa + 1);
-            const int sx = __ldg(xs + b);
+            const int sx = Q8 ? 0 : __ldg(xs + b);
             const float dx = __ldg(xd + b);
 #pragma unroll
             for (int j = 0; j < R; j++) {
                 /* the oracle's per-block step: isum * dw * dx */
-                acc[j] += (float)(q4g_dot(qv[j][u], a0, a1) - 8 * sx) * h2f_bits(dv[j][u]) * dx;
+                acc[j] += (float)g8_isum<Q8>(qv[j][u], a0, a1, sx) * h2f_bits(dv[j][u]) * dx;
             }
         }
         b0 += S * U;
@@ -1154,8 +1177,33 @@ static void launch_matvec_k(const dweight *w, const float *x, int n, int N, floa
 }
 
 
-/* the G8 matvec on int8 activations (xq: ACT_Q_BYTES(n, K) of 16-byte aligned scratch);
- * GU: the gate|up + SiLU form, N = F */
+/* the G8 kernels of q4_0 (Q8 false) or q8_0 rows: one token over many rows in row groups (q8_0
+ * with one block in flight per row where q4_0 has two: the same 16 bytes a lane and row) */
+template <bool GU, bool Q8>
+static void g8_launch(const dweight *w, int n, int N, float *y, const int8_t *qs, const float *xd, const int *xs, int acc,
+                      cudaStream_t s) {
+    const int K = (int)w->ne0;
+    constexpr int U = Q8 ? 1 : 2;
+    if (n == 1 && (GU || N >= MV_SPLIT_ROWS)) { /* one token: the grouped kernels */
+        if (GU) cu_launch(k_mv1_q4g<4, U, 2, 2, true, Q8>, dim3(nblk((size_t)N, 4)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, 0);
+        else if (K >= 8192) cu_launch(k_mv1_q4g<2, U, 2, 2, false, Q8>, dim3(nblk((size_t)N, 4)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc);
+        else cu_launch(k_mv1_q4g<4, U, 2, 2, false, Q8>, dim3(nblk((size_t)N, 8)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc);
+        return;
+    }
+    if (GU) { /* n > 1 here */
+        const dim3 grid((unsigned)((N + 1) / 2));
+        cu_launch(k_matvec_q4g<MATVEC_MAX, 1, true, Q8>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, 0);
+        return;
+    }
+    const bool split = N < MV_SPLIT_ROWS; /* as launch_matvec: 4 warps share a row */
+    const dim3 grid(split ? (unsigned)N : nblk((size_t)N, MV_WARPS));
+    if (split && n == 1) cu_launch(k_matvec_q4g<1, MV_WARPS, false, Q8>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc);
+    else if (split) cu_launch(k_matvec_q4g<MATVEC_MAX, MV_WARPS, false, Q8>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc);
+    else cu_launch(k_matvec_q4g<MATVEC_MAX, 1, false, Q8>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc);
+}
+
+/* the G8 matvec on int8 activations (xq: ACT_Q_BYTES(n, K) of 16-byte aligned scratch), q4_0 or
+ * q8_0 rows; GU: the gate|up + SiLU form, N = F */
 template <bool GU>
 static void launch_matvec_q4g(const dweight *w, const float *x, int n, int N, float *y, bool accumulate, void *xq,
                               cudaStream_t s, bool ready) {
@@ -1166,22 +1214,8 @@ static void launch_matvec_q4g(const dweight *w, const float *x, int n, int N, fl
     const float *xd = a.xd;
     const int *xs = a.xs;
     const int acc = accumulate;
-    if (n == 1 && (GU || N >= MV_SPLIT_ROWS)) { /* one token: the grouped kernels */
-        if (GU) cu_launch(k_mv1_q4g<4, 2, 2, 2, true>, dim3(nblk((size_t)N, 4)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, 0);
-        else if (K >= 8192) cu_launch(k_mv1_q4g<2, 2, 2, 2, false>, dim3(nblk((size_t)N, 4)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc);
-        else cu_launch(k_mv1_q4g<4, 2, 2, 2, false>, dim3(nblk((size_t)N, 8)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc);
-        return;
-    }
-    if (GU) { /* n > 1 here */
-        const dim3 grid((unsigned)((N + 1) / 2));
-        cu_launch(k_matvec_q4g<MATVEC_MAX, 1, true>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, 0);
-        return;
-    }
-    const bool split = N < MV_SPLIT_ROWS; /* as launch_matvec: 4 warps share a row */
-    const dim3 grid(split ? (unsigned)N : nblk((size_t)N, MV_WARPS));
-    if (split && n == 1) cu_launch(k_matvec_q4g<1, MV_WARPS>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc);
-    else if (split) cu_launch(k_matvec_q4g<MATVEC_MAX, MV_WARPS>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc);
-    else cu_launch(k_matvec_q4g<MATVEC_MAX, 1>, grid, dim3(MV_WARPS * 32), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, n, y, acc);
+    if (w->type == QF_TYPE_Q8_0) g8_launch<GU, true>(w, n, N, y, qs, xd, xs, acc, s);
+    else g8_launch<GU, false>(w, n, N, y, qs, xd, xs, acc, s);
 }
 
 /* y[n][N] (+)= x[n][K] . W^T for n <= MATVEC_MAX: the wide kernel where the rows are 8-byte
@@ -1189,7 +1223,7 @@ static void launch_matvec_q4g(const dweight *w, const float *x, int n, int N, fl
 static void launch_matvec(const dweight *w, const float *x, int n, float *y, bool accumulate, void *xq, cudaStream_t s,
                           bool ready) {
     const int K = (int)w->ne0, N = (int)w->ne1;
-    if (w->g8 && w->type == QF_TYPE_Q4_0 && xq && ((uintptr_t)xq % 16) == 0 && ((uintptr_t)w->d % 16) == 0) {
+    if (w->g8 && w->type != QF_TYPE_Q6_K && xq && ((uintptr_t)xq % 16) == 0 && ((uintptr_t)w->d % 16) == 0) {
         launch_matvec_q4g<false>(w, x, n, N, y, accumulate, xq, s, ready);
         return;
     }
@@ -1266,7 +1300,7 @@ bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb,
     const int K = (int)w->ne0;
     if (n > MATVEC_MAX || w->ne1 != 2 * (int64_t)F || 2 * F < 8192 || ((uintptr_t)x % 16)) return false;
     const dim3 grid((unsigned)((F + 1) / 2));
-    if (w->g8 && w->type == QF_TYPE_Q4_0) {
+    if (w->g8 && w->type != QF_TYPE_Q6_K) { /* q4_0, q8_0 */
         if (!xq || ((uintptr_t)xq % 16) || ((uintptr_t)w->d % 16)) return false;
         launch_matvec_q4g<true>(w, x, n, F, hb, false, xq, s, ready);
         return true;
