@@ -1177,17 +1177,19 @@ static void launch_matvec_k(const dweight *w, const float *x, int n, int N, floa
 }
 
 
-/* the G8 kernels of q4_0 (Q8 false) or q8_0 rows: one token over many rows in row groups (q8_0
- * with one block in flight per row where q4_0 has two: the same 16 bytes a lane and row) */
+/* the G8 kernels of q4_0 (Q8 false) or q8_0 rows: one token over many rows in row groups */
 template <bool GU, bool Q8>
 static void g8_launch(const dweight *w, int n, int N, float *y, const int8_t *qs, const float *xd, const int *xs, int acc,
                       cudaStream_t s) {
     const int K = (int)w->ne0;
-    constexpr int U = Q8 ? 1 : 2;
+    /* q8_0: 2 rows a group, 2 blocks in flight (64 bytes a lane and row): H200, 8B q8_0 decode
+     * 402.7 / 398.1 tok/s against 350.8 / 351.4 with 4 rows and 1 block, 399.4 / 399.7 with 4 and
+     * 2, 377.1 / 372.9 with 2 and 3, 352.9 / 354.6 with 1 and 2 (docs/gpu.md "Session 24") */
+    constexpr int U = 2, RR = Q8 ? 2 : 4;
     if (n == 1 && (GU || N >= MV_SPLIT_ROWS)) { /* one token: the grouped kernels */
-        if (GU) cu_launch(k_mv1_q4g<4, U, 2, 2, true, Q8>, dim3(nblk((size_t)N, 4)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, 0);
+        if (GU) cu_launch(k_mv1_q4g<RR, U, 2, 2, true, Q8>, dim3(nblk((size_t)N, RR)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, 0);
         else if (K >= 8192) cu_launch(k_mv1_q4g<2, U, 2, 2, false, Q8>, dim3(nblk((size_t)N, 4)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc);
-        else cu_launch(k_mv1_q4g<4, U, 2, 2, false, Q8>, dim3(nblk((size_t)N, 8)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc);
+        else cu_launch(k_mv1_q4g<RR, U, 2, 2, false, Q8>, dim3(nblk((size_t)N, 2 * RR)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc);
         return;
     }
     if (GU) { /* n > 1 here */
