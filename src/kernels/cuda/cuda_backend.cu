@@ -205,8 +205,7 @@ bool h2d_weight(uint8_t *dst, const void *src, qf_type t, int64_t k, int64_t row
     for (int64_t r = 0; r < rows && *e == cudaSuccess; r += cr) {
         const int64_t nr = rows - r < cr ? rows - r : cr;
         if (t == QF_TYPE_Q6_K) qf_q6k_regroup((const uint8_t *)src + rb * (size_t)r, stage, nr, k);
-        else if (t == QF_TYPE_Q8_0) q8g_regroup((const uint8_t *)src + rb * (size_t)r, stage, nr, k);
-        else q4g_regroup((const uint8_t *)src + rb * (size_t)r, stage, nr, k);
+        else g8_regroup_0((const uint8_t *)src + rb * (size_t)r, stage, nr, k, t == QF_TYPE_Q8_0);
         *e = cudaMemcpy(dst + rb * (size_t)r, stage, rb * (size_t)nr, cudaMemcpyHostToDevice);
     }
     free(stage);

@@ -324,21 +324,8 @@ template <> __host__ __device__ inline void deq32<QFD_Q8_0G8>(const uint8_t *row
     const int8_t *qs = (const int8_t *)(gp + 16 + 32 * (sb & 7));
     for (int j = 0; j < QK; j++) y[j] = qs[j] * d;
 }
-/* GGUF q8_0 rows -> G8 rows (host memory, rows of k elements, k % 256 == 0) */
-static inline void q8g_regroup(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t k) {
-    const int64_t nb = k / QK;
-    const size_t rb = (size_t)nb * sizeof(block_q8_0);
-    for (int64_t r = 0; r < rows; r++) {
-        const block_q8_0 *b = (const block_q8_0 *)(src + (size_t)r * rb);
-        uint8_t *o = dst + (size_t)r * rb;
-        for (int64_t g = 0; g < nb / 8; g++, o += Q8G_GROUP)
-            for (int j = 0; j < 8; j++) {
-                memcpy(o + 2 * j, &b[8 * g + j].d, 2);
-                memcpy(o + 16 + 32 * j, b[8 * g + j].qs, 32);
-            }
-    }
-}
 static_assert(8 * sizeof(block_q8_0) == Q8G_GROUP && 8 * sizeof(block_q4_0) == Q4G_GROUP, "G8 groups");
+static_assert(offsetof(block_q4_0, qs) == 2 && offsetof(block_q8_0, qs) == 2, "a _0 block: its f16 d, then its quants");
 
 /* Q6_K regrouped for the device: quant_blocks.h's G8 layout (qf_q6k_at), the device-only type
  * code QFD_Q6_KG (dweight.g8 on a Q6_K weight); deq32<QFD_Q6_KG> gives deq32<Q6_K>'s values
@@ -351,17 +338,19 @@ template <> __host__ __device__ inline void deq32<QFD_Q6_KG>(const uint8_t *row,
 static inline bool g8_ok(qf_type t, int64_t k) {
     return ((t == QF_TYPE_Q4_0 || t == QF_TYPE_Q8_0) && k % 256 == 0) || (t == QF_TYPE_Q6_K && qf_q6k_g8_ok(k));
 }
-/* GGUF q4_0 rows -> G8 rows (host memory, rows of k elements, k % 256 == 0) */
-static inline void q4g_regroup(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t k) {
+/* GGUF q4_0 (q8 false) or q8_0 rows -> their G8 rows (host memory, rows of k elements,
+ * k % 256 == 0): each group of 8 blocks as its 8 d, then its 8 blocks' quants */
+static inline void g8_regroup_0(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t k, bool q8) {
+    const size_t qb = q8 ? sizeof(((block_q8_0 *)0)->qs) : sizeof(((block_q4_0 *)0)->qs), bb = 2 + qb;
     const int64_t nb = k / QK;
-    const size_t rb = (size_t)nb * sizeof(block_q4_0);
+    const size_t rb = (size_t)nb * bb;
     for (int64_t r = 0; r < rows; r++) {
-        const block_q4_0 *b = (const block_q4_0 *)(src + (size_t)r * rb);
+        const uint8_t *b = src + (size_t)r * rb;
         uint8_t *o = dst + (size_t)r * rb;
-        for (int64_t g = 0; g < nb / 8; g++, o += Q4G_GROUP)
-            for (int j = 0; j < 8; j++) {
-                memcpy(o + 2 * j, &b[8 * g + j].d, 2);
-                memcpy(o + 16 + 16 * j, b[8 * g + j].qs, 16);
+        for (int64_t g = 0; g < nb / 8; g++, o += 8 * bb)
+            for (int j = 0; j < 8; j++, b += bb) {
+                memcpy(o + 2 * j, b, 2);
+                memcpy(o + 16 + qb * j, b + 2, qb);
             }
     }
 }
