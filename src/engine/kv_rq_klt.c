@@ -53,23 +53,36 @@ static double code_at(const qf_kv_rq_klt *c, const float *z, float s, uint8_t *c
     return e;
 }
 
-void qf_kv_rq_klt_encode(const qf_kv_rq_klt *c, const float *x, float *scratch, uint8_t *row) {
+bool qf_kv_rq_klt_transform(const qf_kv_rq_klt *c, const float *x, float *scratch, float *z, double *ss) {
     int D = c->head_dim;
-    float *d = scratch, *z = scratch + D;
-    uint8_t codes[QF_KV_RQ_MAX_HEAD_DIM] = {0};
+    float *d = scratch;
     bool finite = true;
     for (int i = 0; i < D; i++) {
         d[i] = x[i] - c->mean[i];
         finite &= isfinite(d[i]) != 0;
     }
-    double ss = 0;
-    for (int i = 0; i < D && finite; i++) {
+    if (!finite) return false;
+    double s2 = 0;
+    for (int i = 0; i < D; i++) {
         const float *e = c->enc + (size_t)i * D;
         double a = 0;
         for (int j = 0; j < D; j++) a += (double)e[j] * d[j];
         z[i] = (float)(a / c->sigma[i]);
-        ss += (double)z[i] * z[i];
+        s2 += (double)z[i] * z[i];
     }
+    *ss = s2;
+    return true;
+}
+
+void qf_kv_rq_klt_encode(const qf_kv_rq_klt *c, const float *x, float *scratch, uint8_t *row) {
+    double ss = 0;
+    const bool finite = qf_kv_rq_klt_transform(c, x, scratch, scratch + c->head_dim, &ss);
+    qf_kv_rq_klt_encode_z(c, scratch + c->head_dim, ss, finite, row);
+}
+
+void qf_kv_rq_klt_encode_z(const qf_kv_rq_klt *c, const float *z, double ss, bool finite, uint8_t *row) {
+    int D = c->head_dim;
+    uint8_t codes[QF_KV_RQ_MAX_HEAD_DIM] = {0};
     float s = finite && isfinite(ss) ? (float)sqrt(ss / D) : 0.0f;
     uint8_t sc = 0;
     if (s > 0 && isfinite(s)) {

@@ -16,6 +16,7 @@
 #ifndef QF_ENGINE_KV_RQ_KLT_H
 #define QF_ENGINE_KV_RQ_KLT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "format/kv_rq_row.h"
@@ -70,6 +71,11 @@ void qf_kv_rq_klt_unpack(const uint8_t *src, const uint8_t *width, int n, uint8_
  * squares (weights sigma_i^2: the metric's error); of the two scale codes around it the one that
  * errs least is kept. Non-finite input encodes as a zero row (scale code 0: decodes to mean). */
 void qf_kv_rq_klt_encode(const qf_kv_rq_klt *c, const float *x, float *scratch, uint8_t *row);
+/* qf_kv_rq_klt_encode in two steps, the same bits: the transform z[D] = enc (x - mean) / sigma
+ * (scratch: D floats) with ss = sum z_i^2 (false when x is not finite: z and ss unset), then the
+ * row from it. The forge measures one row at several widths of the same transform. */
+bool qf_kv_rq_klt_transform(const qf_kv_rq_klt *c, const float *x, float *scratch, float *z, double *ss);
+void qf_kv_rq_klt_encode_z(const qf_kv_rq_klt *c, const float *z, double ss, bool finite, uint8_t *row);
 /* Decode one row into out[D]. */
 void qf_kv_rq_klt_decode(const qf_kv_rq_klt *c, const uint8_t *row, float *out);
 

@@ -232,6 +232,10 @@ typedef struct {
     float *xs;             /* [threads][max_rows * D + 4 D] */
     float **vres;          /* [L] V minus its prediction and the mean, rows x H*D (the device's), or NULL */
     uint8_t *rowb;         /* [threads][scale + D] */
+    int64_t mz;            /* rows a unit's codec error measures, at most (< 2048) */
+    float *zbuf;           /* [threads][mz * D + D * D]: format 3's transform of those rows, dec transposed */
+    double *zss;           /* [threads][mz]: their sums of squares */
+    uint8_t *zfin;         /* [threads][mz]: finite or not */
     double *r8, *rel3, *relh; /* [unit][N_RATES], [unit][NW], [unit][NW] */
     qf_status *st;
     qf_error *err;
@@ -239,12 +243,12 @@ typedef struct {
     int n_units;
 } klt_job;
 
-static void klt_unit(klt_job *j, int un, double *scr, double *M, double *Minv, float *X, float *xh, uint8_t *row) {
+static void klt_unit(klt_job *j, int un, int ith, double *scr, double *M, double *Minv, float *X, float *xh, uint8_t *row) {
     const qf_kv_capture_view *v = j->v;
     const qf_kv_rq_fit *f = j->f;
     qf_kv_rq_klt_fit *k = j->k;
     int L = f->n_layer, H = f->n_kv_head, D = f->head_dim, HD = H * D;
-    size_t lhd = (size_t)L * H * D;
+    size_t lhd = (size_t)L * H * D, DD = (size_t)D * D;
     int l = un / (2 * H), s = un / H % 2, h = un % H;
     int64_t nt = (s ? v->n_v[l] : v->n_k[l]) / H, rows = nt < j->max_rows ? nt : j->max_rows, stride = nt / rows;
     const float *src = s ? v->v[l] : v->k[l];
@@ -283,20 +287,37 @@ static void klt_unit(klt_job *j, int un, double *scr, double *M, double *Minv, f
         }
         den += d0;
     }
+    /* format 3's transform of each measured row does not depend on the widths: once per row
+     * (qf_kv_rq_klt_transform, the encoder's own first step), and dec transposed for the decoder
+     * (the same sums from contiguous memory) */
+    float *zs = j->zbuf + (size_t)ith * ((size_t)j->mz * D + DD), *decT = zs + (size_t)j->mz * D;
+    double *zss = j->zss + (size_t)ith * j->mz;
+    uint8_t *zfin = j->zfin + (size_t)ith * j->mz;
+    for (int i = 0; i < D; i++)
+        for (int c = 0; c < D; c++) decT[(size_t)c * D + i] = dec[(size_t)i * D + c];
+    {
+        qf_kv_rq_klt c0 = {.head_dim = D, .mean = mean, .enc = enc, .dec = dec, .sigma = sig, .levels = lv, .width = NULL};
+        for (int64_t r = 0, q = 0; r < rows; r += step, q++) {
+            float *x = xh;
+            for (int c = 0; c < D; c++) x[c] = X[r * D + c] + mean[c];
+            zfin[q] = qf_kv_rq_klt_transform(&c0, x, xh + D, zs + (size_t)q * D, &zss[q]);
+        }
+    }
     for (int b = 1; b <= NW; b++) {
         const uint8_t *wd = k->width[s] + (size_t)(8 * b) * lhd + o;
         for (int i = 0; i < D; i++) memcpy(lvw + (size_t)i * NL, lv + ((size_t)i * NW + (wd[i] ? wd[i] - 1 : 0)) * NL, NL * sizeof(float));
-        qf_kv_rq_klt c3 = {.head_dim = D, .mean = mean, .enc = enc, .dec = dec, .sigma = sig, .levels = lvw, .width = wd};
+        qf_kv_rq_klt c3 = {.head_dim = D, .mean = mean, .enc = enc, .dec = dec, .sigma = sig, .levels = lvw, .width = wd, .decT = decT};
         float ics[QF_KV_RQ_MAX_HEAD_DIM];
         for (int c = 0; c < D; c++) ics[c] = 1.0f / f->cs[s][o + c];
         qf_kv_rq_codec ch = {.head_dim = D, .bits = b, .levels = f->levels[s][b - 1] + ((size_t)l * H + h) * NL,
                              .mean = mean, .cs = f->cs[s] + o, .inv_cs = ics};
         double num3 = 0, numh = 0;
-        for (int64_t r = 0; r < rows; r += step) {
+        for (int64_t r = 0, q = 0; r < rows; r += step, q++) {
             float *x = xh, *y = xh + D, *sc = xh + 2 * D;
             for (int c = 0; c < D; c++) x[c] = X[r * D + c] + mean[c];
             for (int pass = 0; pass < 2; pass++) {
-                if (pass == 0) qf_kv_rq_klt_encode(&c3, x, sc, row), qf_kv_rq_klt_decode(&c3, row, y);
+                if (pass == 0)
+                    qf_kv_rq_klt_encode_z(&c3, zs + (size_t)q * D, zss[q], zfin[q], row), qf_kv_rq_klt_decode(&c3, row, y);
                 else qf_kv_rq_encode(&ch, x, sc, row), qf_kv_rq_decode(&ch, row, y);
                 double e = 0;
                 for (int i = 0; i < D; i++) {
@@ -321,7 +342,7 @@ static void klt_worker(void *arg, int ith, int nth) {
     double *scr = j->scratch + (size_t)ith * (4 * DD + D), *M = scr + 2 * DD + D, *Minv = M + DD;
     float *X = j->xs + (size_t)ith * ((size_t)j->max_rows * D + 4 * (size_t)D), *xh = X + (size_t)j->max_rows * D;
     uint8_t *row = j->rowb + (size_t)ith * (QF_KV_RQ_SCALE_BYTES + (size_t)D);
-    for (int un; (un = atomic_fetch_add(&j->next, 1)) < j->n_units;) klt_unit(j, un, scr, M, Minv, X, xh, row);
+    for (int un; (un = atomic_fetch_add(&j->next, 1)) < j->n_units;) klt_unit(j, un, ith, scr, M, Minv, X, xh, row);
 }
 
 /* V minus its prediction and the mean for every layer's fitting rows, on the device (j->vres) */
@@ -354,11 +375,15 @@ qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const
     j.scratch = malloc(sizeof(double) * (4 * DD + D) * nth);
     j.xs = malloc(sizeof(float) * ((size_t)max_rows * D + 4 * (size_t)D) * nth);
     j.rowb = malloc((QF_KV_RQ_SCALE_BYTES + (size_t)D) * nth);
+    j.mz = max_rows < 2048 ? max_rows : 2048; /* klt_unit measures ceil(rows / step) < 2048 rows */
+    j.zbuf = malloc(sizeof(float) * ((size_t)j.mz * D + DD) * nth);
+    j.zss = malloc(sizeof(double) * (size_t)j.mz * nth), j.zfin = malloc((size_t)j.mz * nth);
     j.r8 = calloc((size_t)U * QF_KV_RQ_KLT_N_RATES, sizeof(double));
     j.rel3 = calloc((size_t)U * NW, sizeof(double)), j.relh = calloc((size_t)U * NW, sizeof(double));
     j.st = calloc((size_t)U, sizeof(qf_status)), j.err = calloc((size_t)U, sizeof(qf_error));
     qf_status st = QF_OK;
-    if ((n_threads > 1 && !pool) || !k || !j.scratch || !j.xs || !j.rowb || !j.r8 || !j.rel3 || !j.relh || !j.st || !j.err)
+    if ((n_threads > 1 && !pool) || !k || !j.scratch || !j.xs || !j.rowb || !j.zbuf || !j.zss || !j.zfin || !j.r8 || !j.rel3 ||
+        !j.relh || !j.st || !j.err)
         goto oom;
     for (int s = 0; s < 2; s++)
         if (!(k->enc[s] = malloc(lhd * D * sizeof(float))) || !(k->dec[s] = malloc(lhd * D * sizeof(float))) ||
@@ -395,7 +420,8 @@ oom:
 out:
     for (int l = 0; j.vres && l < L; l++) free(j.vres[l]);
     free(j.vres);
-    free(j.scratch), free(j.xs), free(j.rowb), free(j.r8), free(j.rel3), free(j.relh), free(j.st), free(j.err);
+    free(j.scratch), free(j.xs), free(j.rowb), free(j.zbuf), free(j.zss), free(j.zfin);
+    free(j.r8), free(j.rel3), free(j.relh), free(j.st), free(j.err);
     qf_pool_free(pool);
     if (st) {
         qf_kv_rq_klt_fit_free(k);
