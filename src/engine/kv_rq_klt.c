@@ -53,6 +53,25 @@ static double code_at(const qf_kv_rq_klt *c, const float *z, float s, uint8_t *c
     return e;
 }
 
+void qf_kv_rq_klt_matvec(const float *A, const float *x, int n, int D, double *y) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float *a0 = A + (size_t)i * D, *a1 = a0 + D, *a2 = a1 + D, *a3 = a2 + D;
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int j = 0; j < D; j++) {
+            const double xj = x[j];
+            s0 += (double)a0[j] * xj, s1 += (double)a1[j] * xj, s2 += (double)a2[j] * xj, s3 += (double)a3[j] * xj;
+        }
+        y[i] = s0, y[i + 1] = s1, y[i + 2] = s2, y[i + 3] = s3;
+    }
+    for (; i < n; i++) {
+        const float *a = A + (size_t)i * D;
+        double s = 0;
+        for (int j = 0; j < D; j++) s += (double)a[j] * x[j];
+        y[i] = s;
+    }
+}
+
 bool qf_kv_rq_klt_transform(const qf_kv_rq_klt *c, const float *x, float *scratch, float *z, double *ss) {
     int D = c->head_dim;
     float *d = scratch;
@@ -62,12 +81,10 @@ bool qf_kv_rq_klt_transform(const qf_kv_rq_klt *c, const float *x, float *scratc
         finite &= isfinite(d[i]) != 0;
     }
     if (!finite) return false;
-    double s2 = 0;
+    double a[QF_KV_RQ_MAX_HEAD_DIM], s2 = 0;
+    qf_kv_rq_klt_matvec(c->enc, d, D, D, a);
     for (int i = 0; i < D; i++) {
-        const float *e = c->enc + (size_t)i * D;
-        double a = 0;
-        for (int j = 0; j < D; j++) a += (double)e[j] * d[j];
-        z[i] = (float)(a / c->sigma[i]);
+        z[i] = (float)(a[i] / c->sigma[i]);
         s2 += (double)z[i] * z[i];
     }
     *ss = s2;

@@ -92,15 +92,22 @@ static qf_status fit_head(const float *X, int64_t n, int D, const double *M, con
         st = qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
         goto done;
     }
-    /* covariance of M x */
+    /* covariance of M x (M x four rows of M at a time: independent sums, the same bits) */
     for (int64_t r = 0; r < n; r++) {
         const float *x = X + r * D;
-        for (int i = 0; i < D; i++) {
+        int i = 0;
+        for (; i + 4 <= D; i += 4) {
+            const double *m0 = M + (size_t)i * D, *m1 = m0 + D, *m2 = m1 + D, *m3 = m2 + D;
+            double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+            for (int j = 0; j < D; j++) a0 += m0[j] * x[j], a1 += m1[j] * x[j], a2 += m2[j] * x[j], a3 += m3[j] * x[j];
+            u[i] = a0, u[i + 1] = a1, u[i + 2] = a2, u[i + 3] = a3;
+        }
+        for (; i < D; i++) {
             double a = 0;
             for (int j = 0; j < D; j++) a += M[(size_t)i * D + j] * x[j];
             u[i] = a;
         }
-        for (int i = 0; i < D; i++)
+        for (i = 0; i < D; i++)
             for (int j = 0; j <= i; j++) C[(size_t)i * D + j] += u[i] * u[j];
     }
     for (int i = 0; i < D; i++)
@@ -120,14 +127,14 @@ static qf_status fit_head(const float *X, int64_t n, int D, const double *M, con
         }
     /* standardized, row-scaled coordinates t = z / rms(z), z_i = (enc x)_i / sigma_i */
     int64_t m = 0;
+    double ua[QF_KV_RQ_MAX_HEAD_DIM];
     for (int64_t r = 0; r < n; r++) {
         const float *x = X + r * D;
         float *tr = t + m * D;
         double ss = 0;
+        qf_kv_rq_klt_matvec(enc, x, D, D, ua);
         for (int i = 0; i < D; i++) {
-            double a = 0;
-            for (int j = 0; j < D; j++) a += (double)enc[(size_t)i * D + j] * x[j];
-            tr[i] = (float)(a / sigma[i]);
+            tr[i] = (float)(ua[i] / sigma[i]);
             ss += (double)tr[i] * tr[i];
         }
         if (!(ss > 0) || !isfinite(ss)) continue;
@@ -229,7 +236,7 @@ typedef struct {
     qf_kv_rq_klt_fit *k;
     int64_t max_rows;
     double *scratch;       /* [threads][2 DD + D + DD + DD]: scr, M, Minv */
-    float *xs;             /* [threads][max_rows * D + 4 D] */
+    float *xs;             /* [threads][max_rows * D + 5 D] */
     float **vres;          /* [L] V minus its prediction and the mean, rows x H*D (the device's), or NULL */
     uint8_t *rowb;         /* [threads][scale + D] */
     int64_t mz;            /* rows a unit's codec error measures, at most (< 2048) */
@@ -277,14 +284,11 @@ static void klt_unit(klt_job *j, int un, int ith, double *scr, double *M, double
     int64_t step = rows > 1024 ? rows / 1024 : 1;
     /* the denominator is the same at every width: sum over the rows of |enc (x - mean)|^2, the
      * rows and each sum in the order the width loop added them */
-    double den = 0;
+    double den = 0, ea[QF_KV_RQ_MAX_HEAD_DIM];
     for (int64_t r = 0; r < rows; r += step) {
         double d0 = 0;
-        for (int i = 0; i < D; i++) {
-            double a0 = 0;
-            for (int jj = 0; jj < D; jj++) a0 += (double)enc[(size_t)i * D + jj] * X[r * D + jj];
-            d0 += a0 * a0;
-        }
+        qf_kv_rq_klt_matvec(enc, X + r * D, D, D, ea);
+        for (int i = 0; i < D; i++) d0 += ea[i] * ea[i];
         den += d0;
     }
     /* format 3's transform of each measured row does not depend on the widths: once per row
@@ -320,11 +324,10 @@ static void klt_unit(klt_job *j, int un, int ith, double *scr, double *M, double
                     qf_kv_rq_klt_encode_z(&c3, zs + (size_t)q * D, zss[q], zfin[q], row), qf_kv_rq_klt_decode(&c3, row, y);
                 else qf_kv_rq_encode(&ch, x, sc, row), qf_kv_rq_decode(&ch, row, y);
                 double e = 0;
-                for (int i = 0; i < D; i++) {
-                    double a = 0;
-                    for (int jj = 0; jj < D; jj++) a += (double)enc[(size_t)i * D + jj] * (x[jj] - y[jj]);
-                    e += a * a;
-                }
+                float *dx = xh + 4 * D; /* x - y, as floats (the product's operand) */
+                for (int jj = 0; jj < D; jj++) dx[jj] = x[jj] - y[jj];
+                qf_kv_rq_klt_matvec(enc, dx, D, D, ea);
+                for (int i = 0; i < D; i++) e += ea[i] * ea[i];
                 if (pass == 0) num3 += e;
                 else numh += e;
             }
@@ -340,7 +343,7 @@ static void klt_worker(void *arg, int ith, int nth) {
     int D = j->f->head_dim;
     size_t DD = (size_t)D * D;
     double *scr = j->scratch + (size_t)ith * (4 * DD + D), *M = scr + 2 * DD + D, *Minv = M + DD;
-    float *X = j->xs + (size_t)ith * ((size_t)j->max_rows * D + 4 * (size_t)D), *xh = X + (size_t)j->max_rows * D;
+    float *X = j->xs + (size_t)ith * ((size_t)j->max_rows * D + 5 * (size_t)D), *xh = X + (size_t)j->max_rows * D;
     uint8_t *row = j->rowb + (size_t)ith * (QF_KV_RQ_SCALE_BYTES + (size_t)D);
     for (int un; (un = atomic_fetch_add(&j->next, 1)) < j->n_units;) klt_unit(j, un, ith, scr, M, Minv, X, xh, row);
 }
@@ -373,7 +376,7 @@ qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const
     klt_job j = {.v = v, .kw = kw, .vgram = vgram, .f = f, .k = k, .max_rows = max_rows, .n_units = U};
     atomic_init(&j.next, 0);
     j.scratch = malloc(sizeof(double) * (4 * DD + D) * nth);
-    j.xs = malloc(sizeof(float) * ((size_t)max_rows * D + 4 * (size_t)D) * nth);
+    j.xs = malloc(sizeof(float) * ((size_t)max_rows * D + 5 * (size_t)D) * nth);
     j.rowb = malloc((QF_KV_RQ_SCALE_BYTES + (size_t)D) * nth);
     j.mz = max_rows < 2048 ? max_rows : 2048; /* klt_unit measures ceil(rows / step) < 2048 rows */
     j.zbuf = malloc(sizeof(float) * ((size_t)j.mz * D + DD) * nth);
