@@ -8,5 +8,8 @@
  * (double) in i order, the bits of the plain loop (and of the device's, cuda_learn.cu); four
  * outputs advance together so the subtractions are not one dependent chain. */
 void qf_kv_rq_pred_minus(const float *y, const float *P, const float *x, int n_out, int n_in, double *out);
+/* y[i] = sum_j A[i][j] * x[j] for the n rows of the double A [n][D] (x f32), each sum in j order,
+ * four rows advancing together: the bits of one row at a time (qf_kv_rq_klt_matvec for f32 A). */
+void qf_kv_rq_matvec_f64(const double *A, const float *x, int n, int D, double *y);
 
 #endif

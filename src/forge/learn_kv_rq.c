@@ -151,6 +151,25 @@ void qf_kv_rq_pred_minus(const float *y, const float *P, const float *x, int n_o
     }
 }
 
+void qf_kv_rq_matvec_f64(const double *A, const float *x, int n, int D, double *y) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const double *a0 = A + (size_t)i * D, *a1 = a0 + D, *a2 = a1 + D, *a3 = a2 + D;
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int j = 0; j < D; j++) {
+            const double xj = x[j];
+            s0 += a0[j] * xj, s1 += a1[j] * xj, s2 += a2[j] * xj, s3 += a3[j] * xj;
+        }
+        y[i] = s0, y[i + 1] = s1, y[i + 2] = s2, y[i + 3] = s3;
+    }
+    for (; i < n; i++) {
+        const double *a = A + (size_t)i * D;
+        double s = 0;
+        for (int j = 0; j < D; j++) s += a[j] * x[j];
+        y[i] = s;
+    }
+}
+
 /* L y = b, then L^T x = y for each column of b [n][m] (x overwrites b); columns in parallel,
  * four at a time, each through its own contiguous copy (tmp: four n-vectors per thread); the
  * four columns' substitutions advance together, each in the order of one column alone. */
@@ -281,23 +300,9 @@ static void resid_worker(void *arg, int ith, int nth) {
     for (int64_t r = ith; r < j->n; r += nth) {
         const float *yr = j->y + r * dy;
         noisy_row(j, r, xn);
-        int k = 0;
-        for (; k + 4 <= dy; k += 4) { /* four outputs together, each sum in i order */
-            const double *w0 = j->WT + (size_t)k * dx, *w1 = w0 + dx, *w2 = w1 + dx, *w3 = w2 + dx;
-            double p0 = 0, p1 = 0, p2 = 0, p3 = 0;
-            for (int i = 0; i < dx; i++) {
-                const double xi = xn[i];
-                p0 += w0[i] * xi, p1 += w1[i] * xi, p2 += w2[i] * xi, p3 += w3[i] * xi;
-            }
-            j->d[r * dy + k] = yr[k] - j->my[k] - p0, j->d[r * dy + k + 1] = yr[k + 1] - j->my[k + 1] - p1;
-            j->d[r * dy + k + 2] = yr[k + 2] - j->my[k + 2] - p2, j->d[r * dy + k + 3] = yr[k + 3] - j->my[k + 3] - p3;
-        }
-        for (; k < dy; k++) {
-            const double *w = j->WT + (size_t)k * dx;
-            double p = 0;
-            for (int i = 0; i < dx; i++) p += w[i] * xn[i];
-            j->d[r * dy + k] = yr[k] - j->my[k] - p;
-        }
+        double *dr = j->d + r * dy; /* the prediction W x first, then the residual over it */
+        qf_kv_rq_matvec_f64(j->WT, xn, dy, dx, dr);
+        for (int k = 0; k < dy; k++) dr[k] = yr[k] - j->my[k] - dr[k];
     }
 }
 

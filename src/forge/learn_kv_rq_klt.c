@@ -92,22 +92,10 @@ static qf_status fit_head(const float *X, int64_t n, int D, const double *M, con
         st = qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
         goto done;
     }
-    /* covariance of M x (M x four rows of M at a time: independent sums, the same bits) */
+    /* covariance of M x */
     for (int64_t r = 0; r < n; r++) {
-        const float *x = X + r * D;
-        int i = 0;
-        for (; i + 4 <= D; i += 4) {
-            const double *m0 = M + (size_t)i * D, *m1 = m0 + D, *m2 = m1 + D, *m3 = m2 + D;
-            double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-            for (int j = 0; j < D; j++) a0 += m0[j] * x[j], a1 += m1[j] * x[j], a2 += m2[j] * x[j], a3 += m3[j] * x[j];
-            u[i] = a0, u[i + 1] = a1, u[i + 2] = a2, u[i + 3] = a3;
-        }
-        for (; i < D; i++) {
-            double a = 0;
-            for (int j = 0; j < D; j++) a += M[(size_t)i * D + j] * x[j];
-            u[i] = a;
-        }
-        for (i = 0; i < D; i++)
+        qf_kv_rq_matvec_f64(M, X + r * D, D, D, u);
+        for (int i = 0; i < D; i++)
             for (int j = 0; j <= i; j++) C[(size_t)i * D + j] += u[i] * u[j];
     }
     for (int i = 0; i < D; i++)
