@@ -5,6 +5,7 @@
  * the exact evaluation setup (eval text SHA-256, chunk size, chunks, reference KV mode,
  * threads) so `qforge ppl --artifact` reproduces its candidate PPL (docs/forge.md). */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -930,36 +931,80 @@ done:
 
 /* V Gram matrices for the format-3 metric, vg [L][H][D][D]: G = sum over the heads g of the kv
  * head's group of Wo_g^T Wo_g (Wo_g the attn_output columns of head g): the output error of a V
- * error e is |Wo_g e|^2 = e^T G e (summed over the heads that read it). */
-static qf_status rq_v_gram(shared *s, float *vg, qf_error *err) {
+ * error e is |Wo_g e|^2 = e^T G e (summed over the heads that read it). Each entry is one double
+ * sum over the rows, then the group's heads, in that order; G is symmetric and c[a] c[b] is
+ * c[b] c[a] exactly, so only a <= b is summed and mirrored, and the layers go over a pool of
+ * n_threads (the same bits for any count). */
+typedef struct {
+    shared *s;
+    float *vg;
+    int n_layer;
+    atomic_int next;
+    qf_status *st; /* [L] */
+    qf_error *err; /* [L] */
+} v_gram_job;
+
+static qf_status v_gram_layer(shared *s, int l, float *vg, qf_error *err) {
     const qf_hparams *hp = qf_model_hparams(s->model);
-    int L = hp->n_layer, H = hp->n_head_kv, NH = hp->n_head, D = hp->head_dim, gq = NH / H;
-    qf_status st = QF_OK;
-    for (int l = 0; l < L && !st; l++) {
-        const qf_weight *w = &qf_model_layer(s->model, l)->wo;
-        int64_t in = w->ne0, rows = w->ne1 > 0 ? w->ne1 : 1;
-        if (in != (int64_t)NH * D)
-            return qf_fail(err, QF_ERR_UNSUPPORTED, "kv-rq klt: layer %d attn_output has %lld inputs, expected %d", l,
-                           (long long)in, NH * D);
-        float *wo = malloc((size_t)in * sizeof(float));
-        double *g = calloc((size_t)H * D * D, sizeof(double));
-        if (!wo || !g) {
-            free(wo), free(g);
-            return qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
-        }
-        for (int64_t r = 0; r < rows; r++) {
-            qf_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, wo, in);
-            for (int h = 0; h < H; h++)
-                for (int gg = 0; gg < gq; gg++) {
-                    const float *c = wo + (size_t)(h * gq + gg) * D;
-                    double *gh = g + (size_t)h * D * D;
-                    for (int a = 0; a < D; a++)
-                        for (int b = 0; b < D; b++) gh[(size_t)a * D + b] += (double)c[a] * c[b];
-                }
-        }
-        for (size_t i = 0; i < (size_t)H * D * D; i++) vg[(size_t)l * H * D * D + i] = (float)g[i];
+    int H = hp->n_head_kv, NH = hp->n_head, D = hp->head_dim, gq = NH / H;
+    const qf_weight *w = &qf_model_layer(s->model, l)->wo;
+    int64_t in = w->ne0, rows = w->ne1 > 0 ? w->ne1 : 1;
+    if (in != (int64_t)NH * D)
+        return qf_fail(err, QF_ERR_UNSUPPORTED, "kv-rq klt: layer %d attn_output has %lld inputs, expected %d", l,
+                       (long long)in, NH * D);
+    float *wo = malloc((size_t)in * sizeof(float));
+    double *g = calloc((size_t)H * D * D, sizeof(double));
+    if (!wo || !g) {
         free(wo), free(g);
+        return qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
     }
+    for (int64_t r = 0; r < rows; r++) {
+        qf_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, wo, in);
+        for (int h = 0; h < H; h++)
+            for (int gg = 0; gg < gq; gg++) {
+                const float *c = wo + (size_t)(h * gq + gg) * D;
+                double *gh = g + (size_t)h * D * D;
+                for (int a = 0; a < D; a++) {
+                    const double ca = c[a];
+                    double *ga = gh + (size_t)a * D;
+                    for (int b = a; b < D; b++) ga[b] += ca * c[b];
+                }
+            }
+    }
+    for (int h = 0; h < H; h++)
+        for (int a = 0; a < D; a++)
+            for (int b = a; b < D; b++) {
+                const size_t o = (size_t)l * H * D * D + (size_t)h * D * D;
+                vg[o + (size_t)a * D + b] = vg[o + (size_t)b * D + a] = (float)g[(size_t)h * D * D + (size_t)a * D + b];
+            }
+    free(wo), free(g);
+    return QF_OK;
+}
+
+static void v_gram_worker(void *arg, int ith, int nth) {
+    (void)ith, (void)nth;
+    v_gram_job *j = arg;
+    for (int l; (l = atomic_fetch_add(&j->next, 1)) < j->n_layer;) j->st[l] = v_gram_layer(j->s, l, j->vg, &j->err[l]);
+}
+
+static qf_status rq_v_gram(shared *s, int n_threads, float *vg, qf_error *err) {
+    int L = qf_model_hparams(s->model)->n_layer;
+    qf_pool *pool = n_threads > 1 ? qf_pool_create(n_threads < L ? n_threads : L) : NULL;
+    v_gram_job j = {.s = s, .vg = vg, .n_layer = L, .st = calloc((size_t)L, sizeof(qf_status)),
+                    .err = calloc((size_t)L, sizeof(qf_error))};
+    atomic_init(&j.next, 0);
+    qf_status st = QF_OK;
+    if ((n_threads > 1 && L > 1 && !pool) || !j.st || !j.err) st = qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
+    else {
+        qf_pool_run(pool, v_gram_worker, &j);
+        for (int l = 0; l < L && !st; l++) /* the first failing layer */
+            if (j.st[l]) {
+                st = j.st[l];
+                if (err) *err = j.err[l];
+            }
+    }
+    qf_pool_free(pool);
+    free(j.st), free(j.err);
     return st;
 }
 
@@ -979,7 +1024,7 @@ static qf_status rq_learn_klt(const qf_job *j, shared *s, const qf_kv_capture_vi
         if (!(kw = malloc(n * sizeof(float))) || !(vw = malloc(n * sizeof(float))) || !(vg = malloc(n * D * sizeof(float))))
             st = qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
         if (!st) st = rq_channel_weights(j, s, kw, vw, err);
-        if (!st) st = rq_v_gram(s, vg, err);
+        if (!st) st = rq_v_gram(s, qf_context_params_get(s->ctx)->n_threads, vg, err);
     }
     qf_kv_rq_learn_params kp;
     qf_kv_rq_learn_params_default(&kp);
@@ -1191,6 +1236,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     }
     qf_gate any = qf_gate_default();
     any.max_delta_ppl = 1e30;
+    double t_pass = 0; /* the passes themselves, without building and binding the payloads */
     for (int u = 0; u < U; u++) {
         for (int sidx = 0; sidx < 2; sidx++)
             for (int l = 0; l < L; l++) bits[sidx][l] = QF_KV_RQ_BITS_F16;
@@ -1202,14 +1248,15 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
             (st = qf_certify_candidate(s->ctx, cref, QF_ARTIFACT_KV_RQ, &pl, &any, &r, err)))
             goto done;
         sens[u % 2][u / 2] = r.kld_mean > 1e-9 ? r.kld_mean : 1e-9;
+        t_pass += r.seconds;
     }
     {
         char line[1024];
         int o = 0;
         for (int l = 0; l < L && o < 900; l++) o += snprintf(line + o, sizeof line - (size_t)o, " %d:%.4f/%.4f", l, sens[0][l], sens[1][l]);
         stage(j, "[3/5 learn] kv-rq sensitivity (mean KLD at 2 bits alone, K/V per layer, %d calibration chunks of %d, "
-                 "%.1f s):%s",
-              cp.n_chunks, cp.n_ctx, qf_now_sec() - t0, line);
+                 "%.1f s, the passes %.1f s):%s",
+              cp.n_chunks, cp.n_ctx, qf_now_sec() - t0, t_pass, line);
     }
     rep->seconds_learn = qf_now_sec() - t0;
     t0 = qf_now_sec();
