@@ -2161,6 +2161,18 @@ TEST(op_rq_learn) {
     CHECK_EQ_INT(qf_cuda_learn_rows_minus_f64(v[0], k[0], 4, 0, HD, kw, NULL, k[1], &e), QF_ERR_ARG);
     CHECK_EQ_INT(qf_cuda_learn_resid_f64(v[0], k[0], 4, HD, HD, A, NULL, A, &e), QF_ERR_ARG);
     printf("  refusal: %s\n", e.msg);
+    /* the KLT measurement: NULL, a head_dim that is no power of two, no rows */
+    uint8_t wd[6 * D] = {0};
+    qf_cuda_klt_measure km = {.n_head = 1, .head_dim = D, .n_widths = 6, .n_rows = 4, .x = k[0], .mean = kw, .cs = kw,
+                              .enc = vg, .dec = vg, .sigma = kw, .width = wd, .klevels = vg, .hlevels = vg, .den = A,
+                              .err3 = NULL, .errh = B};
+    CHECK_EQ_INT(qf_cuda_learn_klt_measure(NULL, &e), QF_ERR_ARG);
+    CHECK_EQ_INT(qf_cuda_learn_klt_measure(&km, &e), QF_ERR_ARG);
+    km.err3 = B, km.head_dim = 48;
+    CHECK_EQ_INT(qf_cuda_learn_klt_measure(&km, &e), QF_ERR_ARG);
+    km.head_dim = D, km.n_rows = 0;
+    CHECK_EQ_INT(qf_cuda_learn_klt_measure(&km, &e), QF_ERR_ARG);
+    printf("  refusal: %s\n", e.msg);
     for (int g = 0; g < 2; g++) qf_kv_rq_fit_free(&f[g]);
     for (int l = 0; l < L; l++) free(k[l]), free(v[l]);
     free(kw), free(vg);

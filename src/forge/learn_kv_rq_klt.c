@@ -236,36 +236,42 @@ typedef struct {
     qf_error *err;
     atomic_int next;
     int n_units;
+    bool gpu_measure;      /* the codecs' error measured on the device after the fits (klt_measure_gpu) */
 } klt_job;
+
+/* fitting row r of (layer l, stream s, head h) minus the fit's mean: X [D] (scr: D doubles) */
+static void unit_row(const klt_job *j, int l, int s, int h, int64_t r, int64_t stride, float *X, double *scr) {
+    const qf_kv_capture_view *v = j->v;
+    const qf_kv_rq_fit *f = j->f;
+    int H = f->n_kv_head, D = f->head_dim, HD = H * D;
+    const float *src = s ? v->v[l] : v->k[l], *xt = src + (size_t)(r * stride) * HD;
+    const float *P = s && f->v_pred ? f->v_pred + (size_t)l * HD * HD : NULL;
+    const float *mean = f->mean[s] + ((size_t)l * H + h) * D;
+    if (P && j->vres) /* computed on the device: the same expression and bits as below */
+        memcpy(X, j->vres[l] + (size_t)r * HD + (size_t)h * D, sizeof(float) * (size_t)D);
+    else if (P) { /* V minus its prediction from the same token's (exact) K */
+        qf_kv_rq_pred_minus(xt + (size_t)h * D, P + (size_t)h * D * HD, v->k[l] + (size_t)(r * stride) * HD, D, HD, scr);
+        for (int oo = 0; oo < D; oo++) X[oo] = (float)(scr[oo] - mean[oo]);
+    } else
+        for (int c = 0; c < D; c++) X[c] = xt[h * D + c] - mean[c];
+}
 
 static void klt_unit(klt_job *j, int un, int ith, double *scr, double *M, double *Minv, float *X, float *xh, uint8_t *row) {
     const qf_kv_capture_view *v = j->v;
     const qf_kv_rq_fit *f = j->f;
     qf_kv_rq_klt_fit *k = j->k;
-    int L = f->n_layer, H = f->n_kv_head, D = f->head_dim, HD = H * D;
+    int L = f->n_layer, H = f->n_kv_head, D = f->head_dim;
     size_t lhd = (size_t)L * H * D, DD = (size_t)D * D;
     int l = un / (2 * H), s = un / H % 2, h = un % H;
     int64_t nt = (s ? v->n_v[l] : v->n_k[l]) / H, rows = nt < j->max_rows ? nt : j->max_rows, stride = nt / rows;
-    const float *src = s ? v->v[l] : v->k[l];
-    const float *P = s && f->v_pred ? f->v_pred + (size_t)l * HD * HD : NULL;
     size_t o = ((size_t)l * H + h) * D;
     const float *mean = f->mean[s] + o;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xt = src + (size_t)(r * stride) * HD;
-        if (P && j->vres) /* computed on the device: the same expression and bits as below */
-            memcpy(X + r * D, j->vres[l] + (size_t)r * HD + (size_t)h * D, sizeof(float) * (size_t)D);
-        else if (P) { /* V minus its prediction from the same token's (exact) K */
-            double *a = scr; /* D of the unit's scratch, free until metric() */
-            qf_kv_rq_pred_minus(xt + (size_t)h * D, P + (size_t)h * D * HD, v->k[l] + (size_t)(r * stride) * HD, D, HD, a);
-            for (int oo = 0; oo < D; oo++) X[r * D + oo] = (float)(a[oo] - mean[oo]);
-        } else
-            for (int c = 0; c < D; c++) X[r * D + c] = xt[h * D + c] - mean[c];
-    }
+    for (int64_t r = 0; r < rows; r++) unit_row(j, l, s, h, r, stride, X + r * D, scr);
     metric(s, j->kw ? j->kw + o : NULL, j->vgram ? j->vgram + o * D : NULL, D, M, Minv, scr);
     float *enc = k->enc[s] + o * D, *dec = k->dec[s] + o * D, *sig = k->sigma[s] + o, *lv = k->levels[s] + o * NW * NL;
     j->st[un] = fit_head(X, rows, D, M, Minv, enc, dec, sig, lv, k->width[s] + o, lhd, k->eig[s] + o,
                          j->r8 + (size_t)un * QF_KV_RQ_KLT_N_RATES, &j->err[un]);
-    if (j->st[un]) return;
+    if (j->st[un] || j->gpu_measure) return; /* measured on the device: klt_measure_gpu */
     /* the real codecs' relative error in the metric, |enc (x - x^)|^2 / |enc (x - mean)|^2,
      * at each unit width: format 3 and the Hadamard rows of the same fit */
     float lvw[QF_KV_RQ_MAX_HEAD_DIM * NL];
@@ -336,6 +342,69 @@ static void klt_worker(void *arg, int ith, int nth) {
     for (int un; (un = atomic_fetch_add(&j->next, 1)) < j->n_units;) klt_unit(j, un, ith, scr, M, Minv, X, xh, row);
 }
 
+/* klt_unit's codec-error measurement for every (layer, stream) on the device, after the fits:
+ * the device answers each measured row's error and denominator (the host's doubles), summed
+ * here over the rows in klt_unit's order, so rel3 / relh are the host route's bit for bit */
+static qf_status klt_measure_gpu(klt_job *j, qf_error *err) {
+    const qf_kv_rq_fit *f = j->f;
+    qf_kv_rq_klt_fit *k = j->k;
+    const qf_kv_capture_view *v = j->v;
+    int L = f->n_layer, H = f->n_kv_head, D = f->head_dim, HD = H * D;
+    size_t lhd = (size_t)L * HD;
+    int64_t mq = j->mz; /* rows a unit measures, at most */
+    float *x = malloc(sizeof(float) * (size_t)mq * HD), *kl = malloc(sizeof(float) * (size_t)NW * HD * NL);
+    float *hl = malloc(sizeof(float) * (size_t)NW * H * NL);
+    uint8_t *wd = malloc((size_t)NW * HD);
+    double *den = malloc(sizeof(double) * (size_t)mq * H), *e3 = malloc(sizeof(double) * (size_t)NW * mq * H);
+    double *eh = malloc(sizeof(double) * (size_t)NW * mq * H), scr[QF_KV_RQ_MAX_HEAD_DIM];
+    qf_status st = QF_OK;
+    if (!x || !kl || !hl || !wd || !den || !e3 || !eh) {
+        st = qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
+        goto out;
+    }
+    for (int l = 0; l < L && !st; l++)
+        for (int s = 0; s < 2 && !st; s++) {
+            int64_t nt = (s ? v->n_v[l] : v->n_k[l]) / H, rows = nt < j->max_rows ? nt : j->max_rows;
+            int64_t stride = nt / rows, step = rows > 1024 ? rows / 1024 : 1, nq = (rows + step - 1) / step;
+            for (int h = 0; h < H; h++)
+                for (int64_t q = 0; q < nq; q++) unit_row(j, l, s, h, q * step, stride, x + ((size_t)q * H + h) * D, scr);
+            size_t o = (size_t)l * HD;
+            for (int b = 1; b <= NW; b++) {
+                uint8_t *w = wd + (size_t)(b - 1) * HD;
+                memcpy(w, k->width[s] + (size_t)(8 * b) * lhd + o, (size_t)HD);
+                for (int i = 0; i < HD; i++) /* each coordinate's levels at its width (klt_unit's lvw) */
+                    memcpy(kl + ((size_t)(b - 1) * HD + i) * NL,
+                           k->levels[s] + ((o + i) * NW + (w[i] ? w[i] - 1 : 0)) * NL, NL * sizeof(float));
+                memcpy(hl + (size_t)(b - 1) * H * NL, f->levels[s][b - 1] + (size_t)l * H * NL, sizeof(float) * H * NL);
+            }
+            qf_cuda_klt_measure m = {.n_head = H, .head_dim = D, .n_widths = NW, .n_rows = nq, .x = x,
+                                     .mean = f->mean[s] + o, .cs = f->cs[s] + o, .enc = k->enc[s] + o * D,
+                                     .dec = k->dec[s] + o * D, .sigma = k->sigma[s] + o, .width = wd, .klevels = kl,
+                                     .hlevels = hl, .den = den, .err3 = e3, .errh = eh};
+            if ((st = qf_cuda_learn_klt_measure(&m, err))) {
+                qf_error_prefix(err, "kv-rq klt: layer %d %s codec error on the GPU: ", l, s ? "V" : "K");
+                break;
+            }
+            for (int h = 0; h < H; h++) {
+                int un = (l * 2 + s) * H + h;
+                double dn = 0;
+                for (int64_t q = 0; q < nq; q++) dn += den[q * H + h];
+                for (int b = 0; b < NW; b++) {
+                    double n3 = 0, nh = 0;
+                    for (int64_t q = 0; q < nq; q++) {
+                        n3 += e3[((size_t)b * nq + q) * H + h];
+                        nh += eh[((size_t)b * nq + q) * H + h];
+                    }
+                    j->rel3[(size_t)un * NW + b] = dn > 0 ? n3 / dn / H : 0;
+                    j->relh[(size_t)un * NW + b] = dn > 0 ? nh / dn / H : 0;
+                }
+            }
+        }
+out:
+    free(x), free(kl), free(hl), free(wd), free(den), free(e3), free(eh);
+    return st;
+}
+
 /* V minus its prediction and the mean for every layer's fitting rows, on the device (j->vres) */
 static qf_status klt_vres_gpu(klt_job *j, qf_error *err) {
     const qf_kv_capture_view *v = j->v;
@@ -384,12 +453,14 @@ qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const
             !(k->had_rel_mse[s] = calloc((size_t)L * NW, sizeof(double))))
             goto oom;
     if (p->gpu && f->v_pred && (st = klt_vres_gpu(&j, err))) goto out;
+    j.gpu_measure = p->gpu;
     qf_pool_run(pool, klt_worker, &j);
     for (int un = 0; un < U && !st; un++) /* the first failing unit in the serial order */
         if (j.st[un]) {
             st = j.st[un];
             if (err) *err = j.err[un];
         }
+    if (!st && j.gpu_measure) st = klt_measure_gpu(&j, err);
     if (!st) /* the per-unit results summed over the heads in the serial order */
         for (int l = 0; l < L; l++)
             for (int s = 0; s < 2; s++) {

@@ -513,8 +513,7 @@ static qf_status rq_state_new(const qf_cuda_ctx *g, const qf_gpu_kv *kv, struct 
     }
     {
         float sc[256];
-        sc[0] = 0.0f;
-        for (int c = 1; c < 256; c++) sc[c] = exp2f((float)(c - 128) / 8); /* qf_kv_rq_scale */
+        rq_scale_table(sc);
         CK(cudaMalloc((void **)&r->scale, sizeof sc));
         CK(cudaMemcpy(r->scale, sc, sizeof sc, cudaMemcpyHostToDevice));
         for (int s = 0; s < 2; s++)
@@ -1959,7 +1958,7 @@ static const qf_cuda_api the_api = {
     op_rope,          op_silu_mul,     op_attention, op_kv_roundtrip, op_kv_int8_roundtrip,
     op_kv_dict_decode, bench_gemm,      op_matvec_gu, op_kv_rq_decode, op_kv_rq_encode,
     awq_group_new,    awq_group_mse,   awq_group_free, awq_quantize, op_kv_dict_encode,
-    learn_gram_f64,   learn_chol_sub_f64, learn_rows_minus_f64, learn_resid_f64,
+    learn_gram_f64,   learn_chol_sub_f64, learn_rows_minus_f64, learn_resid_f64, learn_klt_measure,
 };
 
 extern "C" __attribute__((visibility("default"))) const qf_cuda_api *qf_cuda_plugin_api(int abi) {

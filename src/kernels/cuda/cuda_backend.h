@@ -30,11 +30,29 @@ extern "C" {
  * gains canonical. 9: qf_gpu_kv carries the dictionaries' Gram matrices (dict rows encoded on the
  * device), the table gains op_kv_dict_encode. 10: op_attention's route 3 (the decode step's fused
  * split-K attention against the separate launches). 11: op_rmsnorm returns the norm's fused
- * q8_0 activation next to the separate quantization's. 12: kv-rq's learning steps (learn_*_f64). */
-#define QF_CUDA_ABI 12
+ * q8_0 activation next to the separate quantization's. 12: kv-rq's learning steps (learn_*_f64).
+ * 13: learn_klt_measure (the KLT fit's codec-error measurement). */
+#define QF_CUDA_ABI 13
 
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 typedef struct qf_cuda_awq qf_cuda_awq; /* one AWQ group's search state on the device */
+
+/* kv-rq format 3's codec-error measurement for one (layer, stream) of the KLT fit: the inputs
+ * and the per-row results of learn_kv_rq_klt.c klt_unit's measurement loop (the contract is
+ * cuda_forge.h's qf_cuda_learn_klt_measure). All pointers are host memory. */
+typedef struct {
+    int n_head, head_dim, n_widths;  /* H; D (8..256, a power of two); NW, the widths 1..NW bits */
+    int64_t n_rows;                  /* measured rows of each head */
+    const float *x;                  /* [n_rows][H][D] the rows minus the fit's mean */
+    const float *mean, *cs;          /* [H][D] the fit's mean, the Hadamard codec's channel scales */
+    const float *enc, *dec, *sigma;  /* format 3: [H][D][D], [H][D][D], [H][D] */
+    const uint8_t *width;            /* [NW][H][D] format 3's coordinate widths at b bits an element */
+    const float *klevels;            /* [NW][H][D][64] each coordinate's levels at that width */
+    const float *hlevels;            /* [NW][H][64] the Hadamard codec's levels at b bits */
+    double *den;                     /* out [n_rows][H]: |enc x|^2 */
+    double *err3, *errh;             /* out [NW][n_rows][H]: |enc (x' - decode(encode(x')))|^2, x' = x + mean,
+                                        format 3's codec and the Hadamard codec */
+} qf_cuda_klt_measure;
 
 /* What the backend runs: the model's hyper-parameters and its weights as stored (the data
  * pointers stay valid for the context's life). dequant_row is the host's scalar oracle
@@ -190,6 +208,7 @@ typedef struct qf_cuda_api {
                                       const float *P, const float *mean, float *out, qf_error *err);
     qf_status (*learn_resid_f64)(const float *y, const float *xn, int64_t n, int dx, int dy, const double *my,
                                  const double *WT, double *d, qf_error *err);
+    qf_status (*learn_klt_measure)(const qf_cuda_klt_measure *m, qf_error *err);
 } qf_cuda_api;
 
 /* Exported by libqforge-cuda.so: the table when abi == QF_CUDA_ABI, else NULL. */

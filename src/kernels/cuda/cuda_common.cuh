@@ -634,6 +634,11 @@ struct rq_layer_dev {
     const float *predT;                /* V with a predictor: [HD (col)][HD (row)], else NULL */
     const float *khat;                 /* with predT: [n_pos][HD] the decoded pre-RoPE K rows */
 };
+/* sc[c] = qf_kv_rq_scale(c) for every scale code c (the host's exp2f; sc[0] = 0) */
+static inline void rq_scale_table(float sc[256]) {
+    sc[0] = 0.0f;
+    for (int c = 1; c < 256; c++) sc[c] = exp2f((float)(c - 128) / 8);
+}
 /* one (layer, stream) as the encoder writes it: the rows go to dst ([n][nkv] rows of rb bytes) */
 struct rq_enc_dev {
     uint8_t *dst;
@@ -784,6 +789,7 @@ qf_status learn_gram_f64(const float *x, const float *y, int64_t n, int dx, int 
 qf_status learn_chol_sub_f64(const double *L, int n, double *b, int m, qf_error *err);
 qf_status learn_rows_minus_f64(const float *y, const float *x, int64_t rows, int64_t stride, int d, const float *P,
                                const float *mean, float *out, qf_error *err);
+qf_status learn_klt_measure(const qf_cuda_klt_measure *m, qf_error *err);
 qf_status learn_resid_f64(const float *y, const float *xn, int64_t n, int dx, int dy, const double *my, const double *WT,
                           double *d, qf_error *err);
 

@@ -58,5 +58,12 @@ qf_status qf_cuda_learn_rows_minus_f64(const float *y, const float *x, int64_t r
  * WT [dy][dx]; learn_kv_rq.c resid_worker). */
 qf_status qf_cuda_learn_resid_f64(const float *y, const float *xn, int64_t n, int dx, int dy, const double *my,
                                   const double *WT, double *d, qf_error *err);
+/* The KLT fit's codec-error measurement for one (layer, stream) (learn_kv_rq_klt.c klt_unit):
+ * each row x' = x + mean encoded and decoded by format 3 at each width's coordinate widths and
+ * levels, and by the Hadamard codec at the same bits, with the cache's device codecs (the host
+ * codecs' bytes, test_cuda e2e_kv_rq); per row the error |enc (x' - x^)|^2 and the denominator
+ * |enc x|^2, qf_kv_rq_klt_matvec's sums then the squares in i order: the host's doubles bit for
+ * bit, which the caller adds over the rows in its own order. */
+qf_status qf_cuda_learn_klt_measure(const qf_cuda_klt_measure *m, qf_error *err);
 
 #endif

@@ -200,3 +200,133 @@ done:
     dfree(&b);
     return st;
 }
+
+/* ---- the KLT fit's codec-error measurement (learn_kv_rq_klt.c klt_unit) ---- */
+
+/* xm[r][i] = x[r][i] + mean[h][i], row r of head h = r % H (klt_unit's x = X + mean) */
+__global__ void k_klt_add_mean(const float *__restrict__ x, const float *__restrict__ mean, int64_t R, int H, int D,
+                               float *xm) {
+    const int64_t w = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (w >= R * D) return;
+    const int64_t r = w / D;
+    const int i = (int)(w % D), h = (int)(r % H);
+    xm[w] = KV_ADD(x[w], mean[(size_t)h * D + i]);
+}
+
+/* e[r] = sum_i a_i^2, a = enc[h] d, d = x[r] - y[r] (y NULL: d = x[r]): qf_kv_rq_klt_matvec's sums
+ * (each over j in order from 0; a float times a float is exact in double) and klt_unit's sum of
+ * their squares in i order. One block a row; encT [H][D (j)][D (i)] = enc[h][i][j]. */
+__global__ void k_klt_err(const float *__restrict__ encT, const float *__restrict__ x, const float *__restrict__ y,
+                          int64_t R, int H, int D, double *e) {
+    __shared__ float d[HD_MAX];
+    __shared__ double a[HD_MAX];
+    const int64_t r = blockIdx.x;
+    if (r >= R) return;
+    const int h = (int)(r % H), tid = threadIdx.x, nt = blockDim.x;
+    for (int i = tid; i < D; i += nt) d[i] = y ? KV_SUB(x[r * D + i], y[r * D + i]) : x[r * D + i];
+    __syncthreads();
+    for (int i = tid; i < D; i += nt) {
+        const float *ec = encT + (size_t)h * D * D + i;
+        double acc = 0;
+        for (int j = 0; j < D; j++) acc = KV_DADD(acc, KV_DMUL((double)ec[(size_t)j * D], (double)d[j]));
+        a[i] = acc;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        double s = 0;
+        for (int i = 0; i < D; i++) s = KV_DADD(s, KV_DMUL(a[i], a[i]));
+        e[r] = s;
+    }
+}
+
+qf_status learn_klt_measure(const qf_cuda_klt_measure *m, qf_error *err) {
+    if (!m || !m->x || !m->mean || !m->cs || !m->enc || !m->dec || !m->sigma || !m->width || !m->klevels ||
+        !m->hlevels || !m->den || !m->err3 || !m->errh || m->n_head < 1 || m->n_widths < 1 || m->n_widths > 6 ||
+        m->head_dim < 8 || m->head_dim > HD_MAX || (m->head_dim & (m->head_dim - 1)) || m->n_rows < 1 ||
+        m->n_rows * m->n_head > (int64_t)1 << 30)
+        return cu_fail(err, QF_ERR_ARG, "kv-rq klt measurement on the GPU: %lld rows of %d heads x %d, %d widths: bad "
+                                        "shape or a NULL array",
+                       m ? (long long)m->n_rows : 0LL, m ? m->n_head : 0, m ? m->head_dim : 0, m ? m->n_widths : 0);
+    const int H = m->n_head, D = m->head_dim, NW = m->n_widths;
+    const int64_t R = m->n_rows * H;
+    const size_t HDn = (size_t)H * D, DD = (size_t)D * D;
+    qf_status st = QF_OK;
+    dallocs b = {};
+    /* host-side: enc and dec transposed per head (the device codecs' layouts), 1 / cs, the bit
+     * offsets of each width's codes, the scale table */
+    float *encT = (float *)malloc(HDn * D * 4), *decT = (float *)malloc(HDn * D * 4), *inv = (float *)malloc(HDn * 4);
+    uint16_t *bo = (uint16_t *)malloc((size_t)NW * HDn * 2);
+    float sc[256];
+    rq_scale_table(sc);
+    if (!encT || !decT || !inv || !bo) {
+        free(encT), free(decT), free(inv), free(bo);
+        return cu_fail(err, QF_ERR_NOMEM, "kv-rq klt measurement on the GPU: out of memory");
+    }
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < D; i++)
+            for (int j = 0; j < D; j++) {
+                encT[h * DD + (size_t)j * D + i] = m->enc[h * DD + (size_t)i * D + j];
+                decT[h * DD + (size_t)j * D + i] = m->dec[h * DD + (size_t)i * D + j];
+            }
+    for (size_t i = 0; i < HDn; i++) inv[i] = 1.0f / m->cs[i]; /* klt_unit's ics */
+    for (int w = 0; w < NW; w++)
+        for (int h = 0; h < H; h++) {
+            unsigned o = 0;
+            for (int i = 0; i < D; i++) {
+                const size_t k = (size_t)w * HDn + (size_t)h * D + i;
+                bo[k] = (uint16_t)o, o += m->width[k];
+            }
+        }
+    const size_t rbmax = 1 + ((size_t)D * NW + 7) / 8; /* QF_KV_RQ_SCALE_BYTES + the widest row's codes */
+    float *dx = (float *)dup_to(&b, m->x, (size_t)R * D * 4), *dxm = (float *)dalloc(&b, (size_t)R * D * 4);
+    float *dy = (float *)dalloc(&b, (size_t)R * D * 4);
+    float *dmean = (float *)dup_to(&b, m->mean, HDn * 4), *dcs = (float *)dup_to(&b, m->cs, HDn * 4);
+    float *dinv = (float *)dup_to(&b, inv, HDn * 4), *dsig = (float *)dup_to(&b, m->sigma, HDn * 4);
+    float *dencT = (float *)dup_to(&b, encT, HDn * D * 4), *ddecT = (float *)dup_to(&b, decT, HDn * D * 4);
+    uint8_t *dw = (uint8_t *)dup_to(&b, m->width, (size_t)NW * HDn);
+    uint16_t *dbo = (uint16_t *)dup_to(&b, bo, (size_t)NW * HDn * 2);
+    float *dkl = (float *)dup_to(&b, m->klevels, (size_t)NW * HDn * 64 * 4);
+    float *dhl = (float *)dup_to(&b, m->hlevels, (size_t)NW * H * 64 * 4);
+    float *dsc = (float *)dup_to(&b, sc, sizeof sc);
+    uint8_t *dcodes = (uint8_t *)dalloc(&b, (size_t)R * rbmax);
+    double *de = (double *)dalloc(&b, (size_t)(1 + 2 * NW) * R * 8);
+    free(encT), free(decT), free(inv), free(bo);
+    if (!dx || !dxm || !dy || !dmean || !dcs || !dinv || !dsig || !dencT || !ddecT || !dw || !dbo || !dkl || !dhl ||
+        !dsc || !dcodes || !de)
+        return no_device_memory(&b, err);
+    {
+        const int nt = D < 128 ? D : 128;
+        const float hs = 1.0f / sqrtf((float)D); /* as qf_hadamard computes it */
+        k_klt_add_mean<<<nblk((size_t)R * D, 256), 256>>>(dx, dmean, R, H, D, dxm);
+        k_klt_err<<<(unsigned)R, nt>>>(dencT, dx, NULL, R, H, D, de);
+        for (int w = 0; w < NW; w++) {
+            const int bits = w + 1;
+            for (int pass = 0; pass < 2; pass++) { /* format 3, then the Hadamard codec */
+                rq_enc_dev en = {};
+                rq_layer_dev la = {};
+                en.dst = dcodes, la.codes = dcodes;
+                en.rb = la.rb = 1 + ((size_t)D * bits + 7) / 8;
+                en.bits = la.bits = bits;
+                en.mean = la.mean = dmean, en.inv_cs = dinv, la.cs = dcs;
+                en.scale = la.scale = dsc, en.hs = la.hs = hs;
+                if (pass == 0) {
+                    en.encT = dencT, la.decT = ddecT;
+                    en.sigma = la.sigma = dsig;
+                    en.klevels = la.klevels = dkl + (size_t)w * HDn * 64;
+                    en.width = la.width = dw + (size_t)w * HDn;
+                    la.boff = dbo + (size_t)w * HDn;
+                } else en.levels = la.levels = dhl + (size_t)w * H * 64;
+                launch_kv_rq_encode(&en, dxm, R, H, D, 0);
+                launch_kv_rq_expand(&la, m->n_rows, H, D, dy, 0);
+                k_klt_err<<<(unsigned)R, nt>>>(dencT, dxm, dy, R, H, D, de + (size_t)(1 + pass * NW + w) * R);
+            }
+        }
+    }
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(m->den, de, (size_t)R * 8, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(m->err3, de + R, (size_t)NW * R * 8, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(m->errh, de + (size_t)(1 + NW) * R, (size_t)NW * R * 8, cudaMemcpyDeviceToHost));
+done:
+    dfree(&b);
+    return st;
+}

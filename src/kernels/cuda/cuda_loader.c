@@ -239,3 +239,7 @@ qf_status qf_cuda_learn_resid_f64(const float *y, const float *xn, int64_t n, in
     NEED_API();
     return a->learn_resid_f64(y, xn, n, dx, dy, my, WT, d, err);
 }
+qf_status qf_cuda_learn_klt_measure(const qf_cuda_klt_measure *m, qf_error *err) {
+    NEED_API();
+    return a->learn_klt_measure(m, err);
+}
