@@ -105,8 +105,9 @@ typedef struct qf_kv_rq_klt_fit {
  * rel_mse is replaced by the format-3 codec's, measured in the metric): kw [L][H][D] per-channel
  * K error weights (or NULL: identity), vgram [L][H][D][D] per-head V Gram matrices (or NULL).
  * Of p it reads max_rows (rows per head fitted, 0: 4096), n_threads (the (layer, stream, head)
- * fits over that many threads; 0 or 1: the caller's only) and gpu (V minus its prediction on
- * the device); the result is bit-identical for any count and either device. QF_ERR_NOMEM,
+ * fits over that many threads; 0 or 1: the caller's only) and gpu (V minus its prediction and
+ * the codecs' measured error on the device); the result is bit-identical for any count and
+ * either device. QF_ERR_NOMEM,
  * QF_ERR_ARG (a non-finite weight), QF_ERR_DEVICE. */
 QF_API qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const float *vgram,
                                     const qf_kv_rq_learn_params *p, qf_kv_rq_fit *f, qf_error *err);
