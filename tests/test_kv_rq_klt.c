@@ -348,6 +348,75 @@ out:
     for (int l = 0; l < L; l++) free(k[l]), free(v[l]);
 }
 
+/* qf_kv_rq_payload_update (the sensitivity and window loops' payloads): a payload built for one
+ * allocation and rewritten for another is entry for entry, byte for byte, the payload built for
+ * the second; a payload of another fit is refused and left as it was. Format 3 and format 2. */
+static bool same_payload(const qf_payload *a, const qf_payload *b) {
+    if (a->n != b->n) return false;
+    for (size_t i = 0; i < a->n; i++) {
+        const qf_payload_entry *x = &a->entries[i], *y = &b->entries[i];
+        if (strcmp(x->name, y->name) || x->type != y->type || x->n_dims != y->n_dims || x->count != y->count ||
+            memcmp(x->shape, y->shape, sizeof x->shape) || x->i != y->i || !same(x->f32, y->f32, x->count * 4) ||
+            !same(x->bytes, y->bytes, x->count) || !same(x->str, y->str, x->str ? strlen(x->str) : 0))
+            return false;
+    }
+    return true;
+}
+
+TEST(payload_update_matches_a_fresh_build) {
+    enum { D = 32, H = 2, L = 2, N = 600 };
+    uint64_t s = 11;
+    float *k[L], *v[L];
+    for (int l = 0; l < L; l++) {
+        k[l] = lowrank(N * H, D, &s), v[l] = lowrank(N * H, D, &s);
+        for (size_t i = 0; i < (size_t)N * H * D; i++) v[l][i] += 2.0f * k[l][i];
+    }
+    const float *kk[L] = {k[0], k[1]}, *vv[L] = {v[0], v[1]};
+    int64_t nk[L] = {N * H, N * H}, nv[L] = {N * H, N * H};
+    qf_kv_capture_view cv = {.n_layer = L, .n_kv_head = H, .head_dim = D, .k = kk, .v = vv, .n_k = nk, .n_v = nv};
+    qf_kv_rq_learn_params lp;
+    qf_kv_rq_learn_params_default(&lp);
+    lp.lloyd_iters = 4, lp.v_pred = true;
+    qf_kv_rq_fit f;
+    qf_error e = {0};
+    CHECK_EQ_INT(qf_kv_rq_learn(&cv, &lp, &f, &e), QF_OK);
+    f.k_prerope = true;
+    for (int fmt = 3; fmt >= 2; fmt--) {
+        if (fmt == 3) {
+            CHECK_EQ_INT(qf_kv_rq_learn_klt(&cv, NULL, NULL, &lp, &f, &e), QF_OK);
+            if (!f.klt) break;
+            f.klt->eighths = true;
+        } else qf_kv_rq_klt_fit_free(f.klt), f.klt = NULL;
+        int ka[L] = {QF_KV_RQ_SENS_BITS, QF_KV_RQ_BITS_F16}, va[L] = {QF_KV_RQ_BITS_F16, QF_KV_RQ_BITS_F16};
+        int kb[L], vb[L];
+        int *a[2] = {ka, va}, *b[2] = {kb, vb};
+        double ones[L] = {1, 1};
+        const double *sens[2] = {ones, ones};
+        qf_kv_rq_allocate_min(&f, sens, 2.5, 1, b); /* a real allocation: fractional rates for format 3 */
+        qf_payload p1 = {0}, p2 = {0}, p3 = {0};
+        CHECK_EQ_INT(qf_kv_rq_payload(&f, (const int *const *)a, 1, 3, &p1, &e), QF_OK);
+        CHECK_EQ_INT(qf_kv_rq_payload(&f, (const int *const *)b, 4, 0, &p2, &e), QF_OK);
+        CHECK(!same_payload(&p1, &p2));
+        CHECK_EQ_INT(qf_kv_rq_payload_update(&f, (const int *const *)b, 4, 0, &p1, &e), QF_OK);
+        CHECK(same_payload(&p1, &p2));
+        CHECK_EQ_INT(qf_kv_rq_payload_update(&f, (const int *const *)a, 1, 3, &p1, &e), QF_OK); /* and back */
+        CHECK_EQ_INT(qf_kv_rq_payload(&f, (const int *const *)a, 1, 3, &p3, &e), QF_OK);
+        CHECK(same_payload(&p1, &p3));
+        /* another fit's payload: a format-2 payload for a format-3 fit and the other way round,
+         * or one without the allocation's entries */
+        qf_payload q = {0};
+        CHECK_EQ_INT(qf_payload_add_int(&q, "n_sink", 7, &e), QF_OK);
+        CHECK_EQ_INT(qf_payload_add_int(&q, "n_window", 9, &e), QF_OK);
+        CHECK_EQ_INT(qf_kv_rq_payload_update(&f, (const int *const *)b, 4, 0, &q, &e), QF_ERR_ARG);
+        printf("  format %d, refused: %s\n", fmt, e.msg);
+        int64_t v7 = 0, v9 = 0;
+        CHECK(qf_payload_get_int(&q, "n_sink", &v7) && v7 == 7 && qf_payload_get_int(&q, "n_window", &v9) && v9 == 9);
+        qf_payload_free(&q), qf_payload_free(&p1), qf_payload_free(&p2), qf_payload_free(&p3);
+    }
+    qf_kv_rq_fit_free(&f);
+    for (int l = 0; l < L; l++) free(k[l]), free(v[l]);
+}
+
 int main(void) {
     RUN(klt_pack_unpack_bit_by_bit);
     RUN(klt_learner_widths_oracle_and_gain);
@@ -355,5 +424,6 @@ int main(void) {
     RUN(learn_threads_bit_identical);
     RUN(linear_fit_columns_independent);
     RUN(learn_gpu_without_one_is_a_clear_error);
+    RUN(payload_update_matches_a_fresh_build);
     return test_summary();
 }

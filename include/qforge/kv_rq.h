@@ -135,6 +135,13 @@ QF_API double qf_kv_rq_linear_fit(const float *x, const float *y, int64_t n, int
 /* The artifact payload for a bit allocation (bits[s][l] in 2..6 or 16) and sink/window. */
 QF_API qf_status qf_kv_rq_payload(const qf_kv_rq_fit *f, const int *const bits[2], int n_sink, int n_window, qf_payload *pl,
                            qf_error *err);
+/* pl, built by qf_kv_rq_payload from the same fit for any allocation, rewritten in place to
+ * what qf_kv_rq_payload gives for bits, n_sink and n_window (the same entries, byte for byte):
+ * only the allocation's arrays change, so a loop over allocations (the sensitivity and window
+ * passes) does not copy the fit's matrices again each time. QF_ERR_ARG (pl untouched) when an
+ * entry is missing or has another shape. */
+QF_API qf_status qf_kv_rq_payload_update(const qf_kv_rq_fit *f, const int *const bits[2], int n_sink, int n_window,
+                                         qf_payload *pl, qf_error *err);
 
 /* Bits per element at context n_ctx, every overhead included (the engine's
  * qf_artifact_bits_per_element computes the same from a payload): mean over (stream, layer) of row bits / head_dim, plus

@@ -553,6 +553,58 @@ out:
     return st;
 }
 
+/* the payload's arrays that depend on the allocation, stream s: b [L] the bits and lv [L][H][64]
+ * the Hadamard codec's levels at each layer's whole-bit width (width 0's for other rates) */
+static void bit_arrays(const qf_kv_rq_fit *f, const int *bits, int s, float *lv, uint8_t *b) {
+    int L = f->n_layer, H = f->n_kv_head;
+    for (int l = 0; l < L; l++) {
+        int bb = bits[l];
+        b[l] = (uint8_t)bb;
+        int w = bb >= QF_KV_RQ_MIN_BITS && bb <= QF_KV_RQ_MAX_BITS ? bb - QF_KV_RQ_MIN_BITS : 0;
+        memcpy(lv + (size_t)l * H * QF_KV_RQ_MAX_LEVELS, f->levels[s][w] + (size_t)l * H * QF_KV_RQ_MAX_LEVELS,
+               (size_t)H * QF_KV_RQ_MAX_LEVELS * sizeof(float));
+    }
+}
+
+/* pl's entry `name` when it has the type and element count given, else NULL */
+static qf_payload_entry *entry_of(qf_payload *pl, const char *name, qf_payload_type type, size_t count) {
+    for (size_t i = 0; i < pl->n; i++)
+        if (!strcmp(pl->entries[i].name, name))
+            return pl->entries[i].type == type && pl->entries[i].count == count ? &pl->entries[i] : NULL;
+    return NULL;
+}
+
+qf_status qf_kv_rq_payload_update(const qf_kv_rq_fit *f, const int *const bits[2], int n_sink, int n_window,
+                                  qf_payload *pl, qf_error *err) {
+    int L = f->n_layer, H = f->n_kv_head, D = f->head_dim;
+    size_t lhd = (size_t)L * H * D;
+    qf_payload_entry *ns = entry_of(pl, "n_sink", QF_PAYLOAD_INT, 0), *nw = entry_of(pl, "n_window", QF_PAYLOAD_INT, 0);
+    qf_payload_entry *eb[2], *el[2], *kw[2] = {NULL, NULL}, *kl[2] = {NULL, NULL};
+    bool ok = ns && nw;
+    for (int s = 0; s < 2 && ok; s++) { /* every entry found before any is written */
+        char name[32];
+        const char *sn = s ? "v" : "k";
+        snprintf(name, sizeof name, "%s_bits", sn);
+        eb[s] = entry_of(pl, name, QF_PAYLOAD_U8, (size_t)L);
+        snprintf(name, sizeof name, "%s_levels", sn);
+        el[s] = entry_of(pl, name, QF_PAYLOAD_F32, (size_t)L * H * QF_KV_RQ_MAX_LEVELS);
+        if (f->klt) {
+            snprintf(name, sizeof name, "%s_klt_width", sn);
+            kw[s] = entry_of(pl, name, QF_PAYLOAD_U8, lhd);
+            snprintf(name, sizeof name, "%s_klt_levels", sn);
+            kl[s] = entry_of(pl, name, QF_PAYLOAD_F32, lhd * QF_KV_RQ_MAX_LEVELS);
+        }
+        ok = eb[s] && el[s] && (!f->klt || (kw[s] && kl[s]));
+    }
+    if (!ok) return qf_fail(err, QF_ERR_ARG, "kv-rq payload update: the payload was not built by qf_kv_rq_payload for this fit");
+    for (int s = 0; s < 2; s++) {
+        bit_arrays(f, bits[s], s, el[s]->f32, eb[s]->bytes);
+        if (f->klt) qf_kv_rq_klt_bit_arrays(f, s, bits[s], kl[s]->f32, kw[s]->bytes);
+    }
+    ns->i = n_sink, nw->i = n_window;
+    return QF_OK;
+}
+
 qf_status qf_kv_rq_payload(const qf_kv_rq_fit *f, const int *const bits[2], int n_sink, int n_window, qf_payload *pl,
                            qf_error *err) {
     int L = f->n_layer, H = f->n_kv_head, D = f->head_dim;
@@ -576,13 +628,7 @@ qf_status qf_kv_rq_payload(const qf_kv_rq_fit *f, const int *const bits[2], int 
     for (int s = 0; s < 2 && !st; s++) {
         const char *sn = s ? "v" : "k";
         char name[32];
-        for (int l = 0; l < L; l++) {
-            int bb = bits[s][l];
-            b[l] = (uint8_t)bb;
-            int w = bb >= QF_KV_RQ_MIN_BITS && bb <= QF_KV_RQ_MAX_BITS ? bb - QF_KV_RQ_MIN_BITS : 0;
-            memcpy(lv + (size_t)l * H * QF_KV_RQ_MAX_LEVELS, f->levels[s][w] + (size_t)l * H * QF_KV_RQ_MAX_LEVELS,
-                   (size_t)H * QF_KV_RQ_MAX_LEVELS * sizeof(float));
-        }
+        bit_arrays(f, bits[s], s, lv, b);
         int64_t sh1[1] = {L}, sh3l[3] = {L, H, QF_KV_RQ_MAX_LEVELS}, sh3[3] = {L, H, D};
         snprintf(name, sizeof name, "%s_bits", sn);
         if (!st) st = qf_payload_add_u8(pl, name, b, 1, sh1, err);

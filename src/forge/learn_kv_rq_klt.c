@@ -494,6 +494,22 @@ out:
     return QF_OK;
 }
 
+void qf_kv_rq_klt_bit_arrays(const qf_kv_rq_fit *f, int s, const int *bits, float *lv, uint8_t *wd) {
+    const qf_kv_rq_klt_fit *k = f->klt;
+    int L = f->n_layer, H = f->n_kv_head, D = f->head_dim;
+    size_t lhd = (size_t)L * H * D;
+    for (int l = 0; l < L; l++) {
+        int e = qf_kv_rq_klt_eighths(bits[l]); /* 0: an f16 layer (widths unused, zeros) */
+        for (size_t i = (size_t)l * H * D; i < (size_t)(l + 1) * H * D; i++) {
+            int w = e ? k->width[s][(size_t)e * lhd + i] : 0;
+            wd[i] = (uint8_t)w;
+            if (w) memcpy(lv + i * NL, k->levels[s] + (i * NW + (size_t)(w - 1)) * NL, NL * sizeof(float));
+            else
+                for (int q = 0; q < NL; q++) lv[i * NL + q] = (float)q;
+        }
+    }
+}
+
 qf_status qf_kv_rq_klt_payload(const qf_kv_rq_fit *f, const int *const bits[2], qf_payload *pl, qf_error *err) {
     const qf_kv_rq_klt_fit *k = f->klt;
     int L = f->n_layer, H = f->n_kv_head, D = f->head_dim;
@@ -503,16 +519,7 @@ qf_status qf_kv_rq_klt_payload(const qf_kv_rq_fit *f, const int *const bits[2], 
     qf_status st = QF_OK;
     if (!lv || !wd) st = qf_fail(err, QF_ERR_NOMEM, "kv-rq klt payload: out of memory");
     for (int s = 0; s < 2 && !st; s++) {
-        for (int l = 0; l < L; l++) {
-            int e = qf_kv_rq_klt_eighths(bits[s][l]); /* 0: an f16 layer (widths unused, zeros) */
-            for (size_t i = (size_t)l * H * D; i < (size_t)(l + 1) * H * D; i++) {
-                int w = e ? k->width[s][(size_t)e * lhd + i] : 0;
-                wd[i] = (uint8_t)w;
-                if (w) memcpy(lv + i * NL, k->levels[s] + (i * NW + (size_t)(w - 1)) * NL, NL * sizeof(float));
-                else
-                    for (int q = 0; q < NL; q++) lv[i * NL + q] = (float)q;
-            }
-        }
+        qf_kv_rq_klt_bit_arrays(f, s, bits[s], lv, wd);
         const char *sn = s ? "v" : "k";
         char name[32];
         int64_t sh4[4] = {L, H, D, D}, sh3[3] = {L, H, D}, sh4l[4] = {L, H, D, NL};

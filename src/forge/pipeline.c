@@ -1069,6 +1069,17 @@ static void rq_bits_str(const int *b, int L, char *out, size_t n) {
     }
 }
 
+/* pl for the allocation bits and S sinks + R window tokens of fit: built on the first call (pl
+ * empty), afterwards only the entries the allocation changes are rewritten
+ * (qf_kv_rq_payload_update), so the sensitivity and window loops do not copy the fit's
+ * matrices (the V predictor: 128 MB at 8B) once per pass. The certified candidate's payload is
+ * still built whole (rq_certify). */
+static qf_status rq_payload_for(const qf_kv_rq_fit *fit, int *const bits[2], int S, int R, qf_payload *pl,
+                                qf_error *err) {
+    if (pl->n) return qf_kv_rq_payload_update(fit, (const int *const *)bits, S, R, pl, err);
+    return qf_kv_rq_payload(fit, (const int *const *)bits, S, R, pl, err);
+}
+
 /* One kv-rq candidate certified on the evaluation split (s->ref) and logged. */
 static qf_status rq_certify(const qf_job *j, shared *s, const qf_kv_rq_fit *fit, int *const bits[2], int S, int R,
                             qf_payload *pl, qf_certify_result *r, double *bpe, qf_error *err) {
@@ -1241,10 +1252,8 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
         for (int sidx = 0; sidx < 2; sidx++)
             for (int l = 0; l < L; l++) bits[sidx][l] = QF_KV_RQ_BITS_F16;
         bits[u % 2][u / 2] = QF_KV_RQ_SENS_BITS;
-        qf_payload_free(&pl);
-        memset(&pl, 0, sizeof pl);
         qf_certify_result r;
-        if ((st = qf_kv_rq_payload(&fit, (const int *const *)bits, S, R, &pl, err)) ||
+        if ((st = rq_payload_for(&fit, bits, S, R, &pl, err)) ||
             (st = qf_certify_candidate(s->ctx, cref, QF_ARTIFACT_KV_RQ, &pl, &any, &r, err)))
             goto done;
         sens[u % 2][u / 2] = r.kld_mean > 1e-9 ? r.kld_mean : 1e-9;
@@ -1298,10 +1307,8 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
                 double mc = j->rq_bits - scale_bits - 16.0 * sr / s->n_ctx;
                 if (mc < mb) continue;
                 qf_kv_rq_allocate_min(&fit, (const double *const *)sens, mc, mb, bits);
-                qf_payload_free(&pl);
-                memset(&pl, 0, sizeof pl);
                 qf_certify_result cr_;
-                if ((st = qf_kv_rq_payload(&fit, (const int *const *)bits, cs, cr, &pl, err)) ||
+                if ((st = rq_payload_for(&fit, bits, cs, cr, &pl, err)) ||
                     (st = qf_certify_candidate(s->ctx, cref, QF_ARTIFACT_KV_RQ, &pl, &any, &cr_, err)))
                     goto done;
                 stage(j, "[3/5 learn] kv-rq split S%d R%d (codes <= %.3f): calibration KLD %.5f", cs, cr, mc, cr_.kld_mean);
