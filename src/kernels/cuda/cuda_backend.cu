@@ -466,13 +466,10 @@ static qf_status rq_state_new(const qf_cuda_ctx *g, const qf_gpu_kv *kv, struct 
             uint16_t *bo = (uint16_t *)(tmp + (size_t)D * D);
             for (size_t lh = 0; lh < nl; lh++) {
                 for (int w = 0; w < 2; w++) { /* dec and enc, transposed */
-                    const float *src = (w ? q->klt_enc : q->klt_dec) + lh * D * D;
-                    for (int i = 0; i < D; i++)
-                        for (int j = 0; j < D; j++) tmp[(size_t)j * D + i] = src[(size_t)i * D + j];
+                    rq_transpose_heads((w ? q->klt_enc : q->klt_dec) + lh * D * D, 1, D, tmp);
                     CK(cudaMemcpy(m + (w ? o_enc : o_dec) + lh * D * D * 4, tmp, (size_t)D * D * 4, cudaMemcpyHostToDevice));
                 }
-                unsigned b = 0;
-                for (int i = 0; i < D; i++) bo[i] = (uint16_t)b, b += q->klt_width[lh * D + i];
+                rq_bit_offsets(q->klt_width + lh * D, 1, D, bo);
                 CK(cudaMemcpy(m + o_bo + lh * D * 2, bo, (size_t)D * 2, cudaMemcpyHostToDevice));
             }
         }

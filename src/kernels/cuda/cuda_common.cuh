@@ -634,6 +634,20 @@ struct rq_layer_dev {
     const float *predT;                /* V with a predictor: [HD (col)][HD (row)], else NULL */
     const float *khat;                 /* with predT: [n_pos][HD] the decoded pre-RoPE K rows */
 };
+/* the format-3 layouts above, built on the host: dst[h][j][i] = src[h][i][j] for nh D x D
+ * matrices (encT, decT), and bo[h][i] = the bit offset of coordinate i's code in a row of
+ * head h's widths w[h][D] (boff) */
+static inline void rq_transpose_heads(const float *src, size_t nh, int D, float *dst) {
+    for (size_t h = 0; h < nh; h++)
+        for (int i = 0; i < D; i++)
+            for (int j = 0; j < D; j++) dst[(h * D + j) * D + i] = src[(h * D + i) * D + j];
+}
+static inline void rq_bit_offsets(const uint8_t *w, size_t nh, int D, uint16_t *bo) {
+    for (size_t h = 0; h < nh; h++) {
+        unsigned b = 0;
+        for (int i = 0; i < D; i++) bo[h * D + i] = (uint16_t)b, b += w[h * D + i];
+    }
+}
 /* sc[c] = qf_kv_rq_scale(c) for every scale code c (the host's exp2f; sc[0] = 0) */
 static inline void rq_scale_table(float sc[256]) {
     sc[0] = 0.0f;

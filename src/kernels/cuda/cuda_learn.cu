@@ -249,7 +249,7 @@ qf_status learn_klt_measure(const qf_cuda_klt_measure *m, qf_error *err) {
                        m ? (long long)m->n_rows : 0LL, m ? m->n_head : 0, m ? m->head_dim : 0, m ? m->n_widths : 0);
     const int H = m->n_head, D = m->head_dim, NW = m->n_widths;
     const int64_t R = m->n_rows * H;
-    const size_t HDn = (size_t)H * D, DD = (size_t)D * D;
+    const size_t HDn = (size_t)H * D;
     qf_status st = QF_OK;
     dallocs b = {};
     /* host-side: enc and dec transposed per head (the device codecs' layouts), 1 / cs, the bit
@@ -262,21 +262,10 @@ qf_status learn_klt_measure(const qf_cuda_klt_measure *m, qf_error *err) {
         free(encT), free(decT), free(inv), free(bo);
         return cu_fail(err, QF_ERR_NOMEM, "kv-rq klt measurement on the GPU: out of memory");
     }
-    for (int h = 0; h < H; h++)
-        for (int i = 0; i < D; i++)
-            for (int j = 0; j < D; j++) {
-                encT[h * DD + (size_t)j * D + i] = m->enc[h * DD + (size_t)i * D + j];
-                decT[h * DD + (size_t)j * D + i] = m->dec[h * DD + (size_t)i * D + j];
-            }
+    rq_transpose_heads(m->enc, (size_t)H, D, encT);
+    rq_transpose_heads(m->dec, (size_t)H, D, decT);
     for (size_t i = 0; i < HDn; i++) inv[i] = 1.0f / m->cs[i]; /* klt_unit's ics */
-    for (int w = 0; w < NW; w++)
-        for (int h = 0; h < H; h++) {
-            unsigned o = 0;
-            for (int i = 0; i < D; i++) {
-                const size_t k = (size_t)w * HDn + (size_t)h * D + i;
-                bo[k] = (uint16_t)o, o += m->width[k];
-            }
-        }
+    rq_bit_offsets(m->width, (size_t)NW * H, D, bo); /* each width's rows: NW x H heads */
     const size_t rbmax = 1 + ((size_t)D * NW + 7) / 8; /* QF_KV_RQ_SCALE_BYTES + the widest row's codes */
     float *dx = (float *)dup_to(&b, m->x, (size_t)R * D * 4), *dxm = (float *)dalloc(&b, (size_t)R * D * 4);
     float *dy = (float *)dalloc(&b, (size_t)R * D * 4);
