@@ -239,6 +239,22 @@ typedef struct {
     bool gpu_measure;      /* the codecs' error measured on the device after the fits (klt_measure_gpu) */
 } klt_job;
 
+/* the fitting rows of (layer l, stream s) per kv head: min(tokens, max_rows) of them, every
+ * *stride-th token (the fit, the V residual and the codec-error measurement read the same) */
+static int64_t fit_rows(const klt_job *j, int l, int s, int64_t *stride) {
+    int64_t nt = (s ? j->v->n_v[l] : j->v->n_k[l]) / j->f->n_kv_head, rows = nt < j->max_rows ? nt : j->max_rows;
+    *stride = nt / rows;
+    return rows;
+}
+/* the codec-error measurement reads every step-th fitting row: ceil(rows / step) < 2048 */
+static int64_t measure_step(int64_t rows) { return rows > 1024 ? rows / 1024 : 1; }
+/* each of n coordinates' levels at its width wd[i] (width 0: width 1's, never read), from
+ * lv [n][NW][NL] into out [n][NL] */
+static void levels_at_widths(const float *lv, const uint8_t *wd, size_t n, float *out) {
+    for (size_t i = 0; i < n; i++)
+        memcpy(out + i * NL, lv + (i * NW + (size_t)(wd[i] ? wd[i] - 1 : 0)) * NL, NL * sizeof(float));
+}
+
 /* fitting row r of (layer l, stream s, head h) minus the fit's mean: X [D] (scr: D doubles) */
 static void unit_row(const klt_job *j, int l, int s, int h, int64_t r, int64_t stride, float *X, double *scr) {
     const qf_kv_capture_view *v = j->v;
@@ -257,13 +273,12 @@ static void unit_row(const klt_job *j, int l, int s, int h, int64_t r, int64_t s
 }
 
 static void klt_unit(klt_job *j, int un, int ith, double *scr, double *M, double *Minv, float *X, float *xh, uint8_t *row) {
-    const qf_kv_capture_view *v = j->v;
     const qf_kv_rq_fit *f = j->f;
     qf_kv_rq_klt_fit *k = j->k;
     int L = f->n_layer, H = f->n_kv_head, D = f->head_dim;
     size_t lhd = (size_t)L * H * D, DD = (size_t)D * D;
     int l = un / (2 * H), s = un / H % 2, h = un % H;
-    int64_t nt = (s ? v->n_v[l] : v->n_k[l]) / H, rows = nt < j->max_rows ? nt : j->max_rows, stride = nt / rows;
+    int64_t stride, rows = fit_rows(j, l, s, &stride);
     size_t o = ((size_t)l * H + h) * D;
     const float *mean = f->mean[s] + o;
     for (int64_t r = 0; r < rows; r++) unit_row(j, l, s, h, r, stride, X + r * D, scr);
@@ -275,7 +290,7 @@ static void klt_unit(klt_job *j, int un, int ith, double *scr, double *M, double
     /* the real codecs' relative error in the metric, |enc (x - x^)|^2 / |enc (x - mean)|^2,
      * at each unit width: format 3 and the Hadamard rows of the same fit */
     float lvw[QF_KV_RQ_MAX_HEAD_DIM * NL];
-    int64_t step = rows > 1024 ? rows / 1024 : 1;
+    int64_t step = measure_step(rows);
     /* the denominator is the same at every width: sum over the rows of |enc (x - mean)|^2, the
      * rows and each sum in the order the width loop added them */
     double den = 0, ea[QF_KV_RQ_MAX_HEAD_DIM];
@@ -303,7 +318,7 @@ static void klt_unit(klt_job *j, int un, int ith, double *scr, double *M, double
     }
     for (int b = 1; b <= NW; b++) {
         const uint8_t *wd = k->width[s] + (size_t)(8 * b) * lhd + o;
-        for (int i = 0; i < D; i++) memcpy(lvw + (size_t)i * NL, lv + ((size_t)i * NW + (wd[i] ? wd[i] - 1 : 0)) * NL, NL * sizeof(float));
+        levels_at_widths(lv, wd, (size_t)D, lvw);
         qf_kv_rq_klt c3 = {.head_dim = D, .mean = mean, .enc = enc, .dec = dec, .sigma = sig, .levels = lvw, .width = wd, .decT = decT};
         float ics[QF_KV_RQ_MAX_HEAD_DIM];
         for (int c = 0; c < D; c++) ics[c] = 1.0f / f->cs[s][o + c];
@@ -348,7 +363,6 @@ static void klt_worker(void *arg, int ith, int nth) {
 static qf_status klt_measure_gpu(klt_job *j, qf_error *err) {
     const qf_kv_rq_fit *f = j->f;
     qf_kv_rq_klt_fit *k = j->k;
-    const qf_kv_capture_view *v = j->v;
     int L = f->n_layer, H = f->n_kv_head, D = f->head_dim, HD = H * D;
     size_t lhd = (size_t)L * HD;
     int64_t mq = j->mz; /* rows a unit measures, at most */
@@ -364,17 +378,14 @@ static qf_status klt_measure_gpu(klt_job *j, qf_error *err) {
     }
     for (int l = 0; l < L && !st; l++)
         for (int s = 0; s < 2 && !st; s++) {
-            int64_t nt = (s ? v->n_v[l] : v->n_k[l]) / H, rows = nt < j->max_rows ? nt : j->max_rows;
-            int64_t stride = nt / rows, step = rows > 1024 ? rows / 1024 : 1, nq = (rows + step - 1) / step;
+            int64_t stride, rows = fit_rows(j, l, s, &stride), step = measure_step(rows), nq = (rows + step - 1) / step;
             for (int h = 0; h < H; h++)
                 for (int64_t q = 0; q < nq; q++) unit_row(j, l, s, h, q * step, stride, x + ((size_t)q * H + h) * D, scr);
             size_t o = (size_t)l * HD;
             for (int b = 1; b <= NW; b++) {
                 uint8_t *w = wd + (size_t)(b - 1) * HD;
                 memcpy(w, k->width[s] + (size_t)(8 * b) * lhd + o, (size_t)HD);
-                for (int i = 0; i < HD; i++) /* each coordinate's levels at its width (klt_unit's lvw) */
-                    memcpy(kl + ((size_t)(b - 1) * HD + i) * NL,
-                           k->levels[s] + ((o + i) * NW + (w[i] ? w[i] - 1 : 0)) * NL, NL * sizeof(float));
+                levels_at_widths(k->levels[s] + o * NW * NL, w, (size_t)HD, kl + (size_t)(b - 1) * HD * NL);
                 memcpy(hl + (size_t)(b - 1) * H * NL, f->levels[s][b - 1] + (size_t)l * H * NL, sizeof(float) * H * NL);
             }
             qf_cuda_klt_measure m = {.n_head = H, .head_dim = D, .n_widths = NW, .n_rows = nq, .x = x,
@@ -412,7 +423,7 @@ static qf_status klt_vres_gpu(klt_job *j, qf_error *err) {
     int L = f->n_layer, H = f->n_kv_head, HD = H * f->head_dim;
     if (!(j->vres = calloc((size_t)L, sizeof(float *)))) return qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
     for (int l = 0; l < L; l++) {
-        int64_t nt = v->n_v[l] / H, rows = nt < j->max_rows ? nt : j->max_rows, stride = nt / rows;
+        int64_t stride, rows = fit_rows(j, l, 1, &stride);
         if (!(j->vres[l] = malloc(sizeof(float) * (size_t)rows * HD))) return qf_fail(err, QF_ERR_NOMEM, "kv-rq klt: out of memory");
         qf_status st = qf_cuda_learn_rows_minus_f64(v->v[l], v->k[l], rows, stride, HD, f->v_pred + (size_t)l * HD * HD,
                                                     f->mean[1] + (size_t)l * HD, j->vres[l], err);
