@@ -447,14 +447,17 @@ qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const
     j.xs = malloc(sizeof(float) * ((size_t)max_rows * D + 5 * (size_t)D) * nth);
     j.rowb = malloc((QF_KV_RQ_SCALE_BYTES + (size_t)D) * nth);
     j.mz = max_rows < 2048 ? max_rows : 2048; /* klt_unit measures ceil(rows / step) < 2048 rows */
-    j.zbuf = malloc(sizeof(float) * ((size_t)j.mz * D + DD) * nth);
-    j.zss = malloc(sizeof(double) * (size_t)j.mz * nth), j.zfin = malloc((size_t)j.mz * nth);
+    j.gpu_measure = p->gpu;
+    if (!j.gpu_measure) { /* the measurement's per-thread buffers (klt_unit); the device's route needs none */
+        j.zbuf = malloc(sizeof(float) * ((size_t)j.mz * D + DD) * nth);
+        j.zss = malloc(sizeof(double) * (size_t)j.mz * nth), j.zfin = malloc((size_t)j.mz * nth);
+    }
     j.r8 = calloc((size_t)U * QF_KV_RQ_KLT_N_RATES, sizeof(double));
     j.rel3 = calloc((size_t)U * NW, sizeof(double)), j.relh = calloc((size_t)U * NW, sizeof(double));
     j.st = calloc((size_t)U, sizeof(qf_status)), j.err = calloc((size_t)U, sizeof(qf_error));
     qf_status st = QF_OK;
-    if ((n_threads > 1 && !pool) || !k || !j.scratch || !j.xs || !j.rowb || !j.zbuf || !j.zss || !j.zfin || !j.r8 || !j.rel3 ||
-        !j.relh || !j.st || !j.err)
+    if ((n_threads > 1 && !pool) || !k || !j.scratch || !j.xs || !j.rowb || !j.r8 || !j.rel3 || !j.relh || !j.st || !j.err ||
+        (!j.gpu_measure && (!j.zbuf || !j.zss || !j.zfin)))
         goto oom;
     for (int s = 0; s < 2; s++)
         if (!(k->enc[s] = malloc(lhd * D * sizeof(float))) || !(k->dec[s] = malloc(lhd * D * sizeof(float))) ||
@@ -464,7 +467,6 @@ qf_status qf_kv_rq_learn_klt(const qf_kv_capture_view *v, const float *kw, const
             !(k->had_rel_mse[s] = calloc((size_t)L * NW, sizeof(double))))
             goto oom;
     if (p->gpu && f->v_pred && (st = klt_vres_gpu(&j, err))) goto out;
-    j.gpu_measure = p->gpu;
     qf_pool_run(pool, klt_worker, &j);
     for (int un = 0; un < U && !st; un++) /* the first failing unit in the serial order */
         if (j.st[un]) {
