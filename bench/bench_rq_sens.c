@@ -29,16 +29,6 @@ static double median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_d);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
-static bool same_payload(const qf_payload *a, const qf_payload *b) {
-    if (a->n != b->n) return false;
-    for (size_t i = 0; i < a->n; i++) {
-        const qf_payload_entry *x = &a->entries[i], *y = &b->entries[i];
-        if (strcmp(x->name, y->name) || x->type != y->type || x->count != y->count || x->i != y->i ||
-            (x->f32 && memcmp(x->f32, y->f32, x->count * sizeof(float))) || (x->bytes && memcmp(x->bytes, y->bytes, x->count)))
-            return false;
-    }
-    return true;
-}
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -120,7 +110,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "pass %d: %s\n", u, e.msg);
             return 1;
         }
-        equal &= same_payload(&whole, &upd);
+        equal &= qf_payload_equal(&whole, &upd);
         qf_payload_free(&whole);
         tb[u] = b - a, tu[u] = cc - b, ti[u] = d - cc, to[u] = ee - d;
         printf("pass %d: payload whole %.3f s, rewritten %.3f s; bind %.3f s, unbind %.3f s\n", u, tb[u], tu[u], ti[u],

@@ -95,6 +95,37 @@ TEST(payload_api) {
     CHECK(strcmp(qf_artifact_kind_name(QF_ARTIFACT_KV_DICT), "kv-dict") == 0);
 }
 
+/* qf_payload_equal: the same entries in the same order; any one field or value that differs,
+ * a float's bits included, makes them unequal */
+static void mk(qf_payload *p, float x0, const char *str, int64_t rows, const char *last) {
+    float x[6] = {x0, 1, 2, 3, 4, 5};
+    qf_error e;
+    memset(p, 0, sizeof *p);
+    CHECK(qf_payload_add_f32(p, "x", x, 2, (int64_t[]){rows, 6 / rows}, &e) == QF_OK);
+    CHECK(qf_payload_add_string(p, "s", str, &e) == QF_OK);
+    CHECK(qf_payload_add_float(p, "f", 0.5, &e) == QF_OK);
+    CHECK(qf_payload_add_int(p, last, 7, &e) == QF_OK);
+}
+TEST(payload_equal) {
+    qf_payload a, b;
+    mk(&a, 0.0f, "hi", 2, "n"), mk(&b, 0.0f, "hi", 2, "n");
+    CHECK(qf_payload_equal(&a, &b));
+    qf_payload_free(&b), mk(&b, -0.0f, "hi", 2, "n"); /* equal as floats, not as bits */
+    CHECK(!qf_payload_equal(&a, &b));
+    qf_payload_free(&b), mk(&b, 0.0f, "ho", 2, "n");
+    CHECK(!qf_payload_equal(&a, &b));
+    qf_payload_free(&b), mk(&b, 0.0f, "hi", 3, "n"); /* the same floats, another shape */
+    CHECK(!qf_payload_equal(&a, &b));
+    qf_payload_free(&b), mk(&b, 0.0f, "hi", 2, "m");
+    CHECK(!qf_payload_equal(&a, &b));
+    qf_payload_free(&b), mk(&b, 0.0f, "hi", 2, "n");
+    b.entries[2].f = 0.25;
+    CHECK(!qf_payload_equal(&a, &b));
+    qf_payload_free(&b), b = (qf_payload){0};
+    CHECK(!qf_payload_equal(&a, &b));
+    qf_payload_free(&a);
+}
+
 TEST(round_trip_every_field) {
     const char *dir = test_tmpdir();
     const char *path = tmp_path(dir, "a.qfa");
@@ -564,6 +595,7 @@ TEST(cli_verify) {
 
 int main(void) {
     RUN(payload_api);
+    RUN(payload_equal);
     RUN(round_trip_every_field);
     RUN(every_byte_flip_refused);
     RUN(crafted_bodies_never_crash);

@@ -351,17 +351,6 @@ out:
 /* qf_kv_rq_payload_update (the sensitivity and window loops' payloads): a payload built for one
  * allocation and rewritten for another is entry for entry, byte for byte, the payload built for
  * the second; a payload of another fit is refused and left as it was. Format 3 and format 2. */
-static bool same_payload(const qf_payload *a, const qf_payload *b) {
-    if (a->n != b->n) return false;
-    for (size_t i = 0; i < a->n; i++) {
-        const qf_payload_entry *x = &a->entries[i], *y = &b->entries[i];
-        if (strcmp(x->name, y->name) || x->type != y->type || x->n_dims != y->n_dims || x->count != y->count ||
-            memcmp(x->shape, y->shape, sizeof x->shape) || x->i != y->i || !same(x->f32, y->f32, x->count * 4) ||
-            !same(x->bytes, y->bytes, x->count) || !same(x->str, y->str, x->str ? strlen(x->str) : 0))
-            return false;
-    }
-    return true;
-}
 
 TEST(payload_update_matches_a_fresh_build) {
     enum { D = 32, H = 2, L = 2, N = 600 };
@@ -396,12 +385,12 @@ TEST(payload_update_matches_a_fresh_build) {
         qf_payload p1 = {0}, p2 = {0}, p3 = {0};
         CHECK_EQ_INT(qf_kv_rq_payload(&f, (const int *const *)a, 1, 3, &p1, &e), QF_OK);
         CHECK_EQ_INT(qf_kv_rq_payload(&f, (const int *const *)b, 4, 0, &p2, &e), QF_OK);
-        CHECK(!same_payload(&p1, &p2));
+        CHECK(!qf_payload_equal(&p1, &p2));
         CHECK_EQ_INT(qf_kv_rq_payload_update(&f, (const int *const *)b, 4, 0, &p1, &e), QF_OK);
-        CHECK(same_payload(&p1, &p2));
+        CHECK(qf_payload_equal(&p1, &p2));
         CHECK_EQ_INT(qf_kv_rq_payload_update(&f, (const int *const *)a, 1, 3, &p1, &e), QF_OK); /* and back */
         CHECK_EQ_INT(qf_kv_rq_payload(&f, (const int *const *)a, 1, 3, &p3, &e), QF_OK);
-        CHECK(same_payload(&p1, &p3));
+        CHECK(qf_payload_equal(&p1, &p3));
         /* another fit's payload: a format-2 payload for a format-3 fit and the other way round,
          * or one without the allocation's entries */
         qf_payload q = {0};

@@ -85,6 +85,9 @@ QF_API const uint8_t *qf_payload_get_bytes(const qf_payload *p, const char *name
 QF_API bool qf_payload_get_int(const qf_payload *p, const char *name, int64_t *out);
 QF_API bool qf_payload_get_float(const qf_payload *p, const char *name, double *out);
 QF_API const char *qf_payload_get_string(const qf_payload *p, const char *name);
+/* True when a and b hold the same entries in the same order: names, types, shapes, values (floats
+ * compared bit for bit) and array bytes. */
+QF_API bool qf_payload_equal(const qf_payload *a, const qf_payload *b);
 
 /* ---- the gate ----
  * One predicate (qf_gate_judge) decides for the forge's certifier (src/forge/certify.c) and for

@@ -187,6 +187,21 @@ const char *qf_payload_get_string(const qf_payload *p, const char *name) {
     return e && e->type == QF_PAYLOAD_STRING ? e->str : NULL;
 }
 
+bool qf_payload_equal(const qf_payload *a, const qf_payload *b) {
+    if (a->n != b->n) return false;
+    for (size_t i = 0; i < a->n; i++) {
+        const qf_payload_entry *x = &a->entries[i], *y = &b->entries[i];
+        size_t elem = x->type == QF_PAYLOAD_F32 ? sizeof(float) : 1;
+        const void *dx = x->f32 ? (const void *)x->f32 : x->bytes ? (const void *)x->bytes : x->str;
+        const void *dy = y->f32 ? (const void *)y->f32 : y->bytes ? (const void *)y->bytes : y->str;
+        if (strcmp(x->name, y->name) || x->type != y->type || x->n_dims != y->n_dims || x->count != y->count ||
+            memcmp(x->shape, y->shape, sizeof x->shape) || x->i != y->i || memcmp(&x->f, &y->f, sizeof x->f) ||
+            (!dx) != (!dy) || (dx && memcmp(dx, dy, x->count * elem)))
+            return false;
+    }
+    return true;
+}
+
 /* ---- certificate ---- */
 void qf_certificate_init(qf_certificate *c, qf_artifact_kind kind) {
     memset(c, 0, sizeof *c);
