@@ -406,6 +406,89 @@ TEST(payload_update_matches_a_fresh_build) {
     for (int l = 0; l < L; l++) free(k[l]), free(v[l]);
 }
 
+/* qf_context_bind_payload_in_place (the certifier's bind): the cache reads the V predictor and
+ * format 3's matrices from the payload instead of copying them, and runs the same bits (the
+ * logits of 16 tokens equal those of a copied bind); it still checks them (a non-finite
+ * predictor coefficient or transform entry is refused, the context stays unbound and usable).
+ * A synthetic fit at the embedded demo model's shape (6 layers x 2 kv heads x 64). */
+TEST(bind_in_place_same_logits_and_checks) {
+    const char *path = "assets/models/qforge-demo-11m-f16.gguf";
+    qf_error e = {0};
+    qf_model *m = qf_model_load(path, &e);
+    CHECK(m != NULL);
+    if (!m) return;
+    const qf_hparams *hp = qf_model_hparams(m);
+    enum { N = 300 };
+    int L = hp->n_layer, H = hp->n_head_kv, D = hp->head_dim;
+    uint64_t s = 5;
+    float **k = calloc((size_t)L, sizeof *k), **v = calloc((size_t)L, sizeof *v);
+    int64_t *nk = calloc((size_t)L, sizeof *nk);
+    for (int l = 0; l < L; l++) {
+        k[l] = lowrank(N * H, D, &s), v[l] = lowrank(N * H, D, &s), nk[l] = N * H;
+        for (size_t i = 0; i < (size_t)N * H * D; i++) v[l][i] += 0.5f * k[l][i];
+    }
+    qf_kv_capture_view cv = {.n_layer = L, .n_kv_head = H, .head_dim = D, .k = (const float *const *)k,
+                             .v = (const float *const *)v, .n_k = nk, .n_v = nk};
+    qf_kv_rq_learn_params lp;
+    qf_kv_rq_learn_params_default(&lp);
+    lp.lloyd_iters = 4, lp.v_pred = true;
+    qf_kv_rq_fit f;
+    memset(&f, 0, sizeof f);
+    CHECK_EQ_INT(qf_kv_rq_learn(&cv, &lp, &f, &e), QF_OK);
+    CHECK_EQ_INT(qf_kv_rq_learn_klt(&cv, NULL, NULL, &lp, &f, &e), QF_OK);
+    CHECK(f.klt != NULL && f.v_pred != NULL);
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 64, cp.n_threads = 2;
+    qf_context *c = qf_context_new(m, &cp, &e);
+    CHECK(c != NULL);
+    if (!f.klt || !f.v_pred || !c) goto out;
+    f.klt->eighths = true, f.k_prerope = true;
+    int *bits[2] = {calloc((size_t)L, sizeof(int)), calloc((size_t)L, sizeof(int))};
+    double *ones = calloc((size_t)L, sizeof(double));
+    for (int l = 0; l < L; l++) ones[l] = 1 + l;
+    const double *sens[2] = {ones, ones};
+    qf_kv_rq_allocate_min(&f, sens, 2.5, 1, bits);
+    qf_payload pl = {0};
+    CHECK_EQ_INT(qf_kv_rq_payload(&f, (const int *const *)bits, 1, 4, &pl, &e), QF_OK);
+    int32_t tok[16];
+    for (int i = 0; i < 16; i++) tok[i] = 1 + 37 * i % 4000;
+    int nvoc = hp->n_vocab;
+    float *a = malloc(sizeof(float) * 16 * (size_t)nvoc), *b = malloc(sizeof(float) * 16 * (size_t)nvoc);
+    const qf_payload_entry *pv = qf_payload_get(&pl, "v_pred"), *ke = qf_payload_get(&pl, "k_klt_enc");
+    CHECK(pv != NULL && ke != NULL);
+    if (!pv || !ke) goto out2;
+    CHECK_EQ_INT(qf_context_bind_payload(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_OK);
+    CHECK(c->kv.rq[1]->pred != pv->f32 && c->kv.rq[0]->klt_enc != ke->f32); /* copies */
+    CHECK_EQ_INT(qf_decode(c, tok, 16, 0, a, 0, &e), QF_OK);
+    CHECK_EQ_INT(qf_context_unbind(c, &e), QF_OK);
+    CHECK_EQ_INT(qf_context_bind_payload_in_place(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_OK);
+    CHECK(c->kv.rq[1]->pred == pv->f32 && c->kv.rq[0]->klt_enc == ke->f32); /* the payload's own */
+    CHECK_EQ_INT(qf_decode(c, tok, 16, 0, b, 0, &e), QF_OK);
+    CHECK(memcmp(a, b, sizeof(float) * 16 * (size_t)nvoc) == 0);
+    CHECK_EQ_INT(qf_context_unbind(c, &e), QF_OK);
+    /* checked in place all the same */
+    static const char *const name[2] = {"v_pred", "k_klt_enc"}, *const why[2] = {"V predictor", "matrices"};
+    for (int t = 0; t < 2; t++) {
+        float *x = (float *)(t ? ke->f32 : pv->f32) + 3, keep = *x; /* layer 0: a non-f16 layer with 1 bit or more */
+        *x = NAN;
+        e = (qf_error){0};
+        CHECK_EQ_INT(qf_context_bind_payload_in_place(c, QF_ARTIFACT_KV_RQ, &pl, &e), QF_ERR_ARTIFACT_CORRUPT);
+        printf("  %s not finite, in place: %s\n", name[t], e.msg);
+        CHECK(strstr(e.msg, why[t]) != NULL && !qf_context_bound(c, NULL));
+        *x = keep;
+    }
+    CHECK_EQ_INT(qf_decode(c, tok, 16, 0, b, 0, &e), QF_OK); /* the plain cache again */
+out2:
+    free(a), free(b), free(ones), free(bits[0]), free(bits[1]);
+    qf_payload_free(&pl);
+out:
+    qf_context_free(c);
+    qf_kv_rq_fit_free(&f);
+    for (int l = 0; l < L; l++) free(k[l]), free(v[l]);
+    free(k), free(v), free(nk);
+    qf_model_free(m);
+}
+
 int main(void) {
     RUN(klt_pack_unpack_bit_by_bit);
     RUN(klt_learner_widths_oracle_and_gain);
@@ -414,5 +497,6 @@ int main(void) {
     RUN(linear_fit_columns_independent);
     RUN(learn_gpu_without_one_is_a_clear_error);
     RUN(payload_update_matches_a_fresh_build);
+    RUN(bind_in_place_same_logits_and_checks);
     return test_summary();
 }

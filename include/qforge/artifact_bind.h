@@ -41,6 +41,14 @@ QF_API qf_status qf_context_bind_artifact(qf_context *c, const qf_artifact *a, q
 QF_API qf_status qf_context_bind_payload(qf_context *c, qf_artifact_kind kind, const qf_payload *p,
                                   qf_error *err);
 
+/* qf_context_bind_payload without copying a kv-rq payload's largest arrays (the V predictor,
+ * format 3's transforms: 168 MB at the Llama-3-8B shape): the CPU cache reads them from p, so
+ * p must stay alive and unchanged until the context is unbound (successfully), bound again or
+ * freed. They are checked all the same. The certifier's loops bind one fit dozens of times
+ * this way (certify.c); other kinds bind as qf_context_bind_payload does. */
+QF_API qf_status qf_context_bind_payload_in_place(qf_context *c, qf_artifact_kind kind, const qf_payload *p,
+                                                  qf_error *err);
+
 /* Back to the KV modes the context was created with (a no-op when nothing is bound). Fails
  * only when the cache cannot be reallocated (QF_ERR_NOMEM; the binding then stays). */
 QF_API qf_status qf_context_unbind(qf_context *c, qf_error *err);

@@ -86,7 +86,9 @@ QF_API void qf_certify_ref_free(qf_certify_ref *ref); /* removes the temporary f
  * every path), fill *r and judge the gate (resolved for the kind and the payload's rate,
  * qf_artifact_bits_per_element at the reference's chunk size; the free baseline at that rate
  * is measured, qf_certify_baseline, and recorded whether or not the gate uses it). A gate failure is QF_OK with r->passed false;
- * errors (binding, evaluation) are QF_ERR_CERTIFY_FAILED with the cause in the message. */
+ * errors (binding, evaluation) are QF_ERR_CERTIFY_FAILED with the cause in the message. The
+ * payload is bound in place (qf_context_bind_payload_in_place); should the unbind fail (the
+ * error says "restoring the context's KV mode"), it must outlive the context. */
 QF_API qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_artifact_kind kind,
                                const qf_payload *payload, const qf_gate *gate,
                                qf_certify_result *r, qf_error *err);

@@ -47,8 +47,9 @@ static qf_status rebuild(qf_context *c, const qf_kv_stream_spec spec[2], qf_erro
     return rebuild_exact(c, spec, 0, 0, err);
 }
 
-/* kv-rq (include/qforge/kv_rq.h has the payload): every shape checked against this model */
-static qf_status bind_rq(qf_context *c, const qf_payload *p, qf_error *err) {
+/* kv-rq (include/qforge/kv_rq.h has the payload): every shape checked against this model;
+ * in_place: the cache reads the predictor and format 3's matrices from p (they stay p's) */
+static qf_status bind_rq(qf_context *c, const qf_payload *p, bool in_place, qf_error *err) {
     const qf_hparams *hp = &c->model->hp;
     int64_t fmt = 0, S = -1, R = -1, L = hp->n_layer, H = hp->n_head_kv, D = hp->head_dim, prerope = 0;
     const char *rot = qf_payload_get_string(p, "rotation");
@@ -134,7 +135,8 @@ static qf_status bind_rq(qf_context *c, const qf_payload *p, qf_error *err) {
                                           .rq_mean = arr[s][1], .rq_cs = arr[s][2], .prerope = s == 0 && prerope,
                                           .rq_pred = s == 1 ? pred : NULL, .rq_klt_enc = klt[s][0],
                                           .rq_klt_dec = klt[s][1], .rq_klt_sigma = klt[s][2],
-                                          .rq_klt_levels = klt[s][3], .rq_klt_width = klt[s][4]};
+                                          .rq_klt_levels = klt[s][3], .rq_klt_width = klt[s][4],
+                                          .rq_in_place = in_place};
         st = rebuild_exact(c, spec, (int)S, (int)R, err);
         if (st == QF_ERR_ARG) err->code = st = QF_ERR_ARTIFACT_CORRUPT; /* bad bits, codebook or scale */
     }
@@ -270,7 +272,8 @@ done:
     return st;
 }
 
-qf_status qf_context_bind_payload(qf_context *c, qf_artifact_kind kind, const qf_payload *p, qf_error *err) {
+static qf_status bind_payload(qf_context *c, qf_artifact_kind kind, const qf_payload *p, bool in_place,
+                              qf_error *err) {
     qf_error local; /* err is optional: the helpers below re-label err->code */
     if (!err) err = &local;
     if (kind == QF_ARTIFACT_AWQ)
@@ -285,12 +288,20 @@ qf_status qf_context_bind_payload(qf_context *c, qf_artifact_kind kind, const qf
                        qf_artifact_kind_name(kind), qf_kv_rot_name(c->params.kv_rot));
     qf_kv_mode bk = c->bound ? c->base_kv_k : c->params.kv_k, bv = c->bound ? c->base_kv_v : c->params.kv_v;
     qf_status st = kind == QF_ARTIFACT_KV_INT8 ? bind_int8(c, p, err)
-                   : kind == QF_ARTIFACT_KV_RQ ? bind_rq(c, p, err)
+                   : kind == QF_ARTIFACT_KV_RQ ? bind_rq(c, p, in_place, err)
                                                : bind_dict(c, p, err);
     if (st) return qf_error_prefix(err, "binding %s: ", qf_artifact_kind_name(kind));
     c->base_kv_k = bk, c->base_kv_v = bv;
     c->bound = 1 + (int)kind;
     return QF_OK;
+}
+
+qf_status qf_context_bind_payload(qf_context *c, qf_artifact_kind kind, const qf_payload *p, qf_error *err) {
+    return bind_payload(c, kind, p, false, err);
+}
+
+qf_status qf_context_bind_payload_in_place(qf_context *c, qf_artifact_kind kind, const qf_payload *p, qf_error *err) {
+    return bind_payload(c, kind, p, true, err);
 }
 
 qf_status qf_context_bind_artifact(qf_context *c, const qf_artifact *a, qf_error *err) {

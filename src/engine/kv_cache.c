@@ -111,25 +111,31 @@ oom:
 static void rq_bind_free(struct qf_kv_rq_bind *r) {
     if (!r) return;
     free(r->bits), free(r->row_bytes), free(r->levels), free(r->mean), free(r->cs), free(r->inv_cs), free(r->scratch);
-    free(r->pred), free(r->pred_on), free(r->pred_buf);
-    free(r->klt_enc), free(r->klt_dec), free(r->klt_sigma), free(r->klt_levels), free(r->klt_width), free(r->klt_decT);
+    free(r->own_pred), free(r->pred_on), free(r->pred_buf);
+    free(r->own_enc), free(r->own_dec), free(r->klt_sigma), free(r->klt_levels), free(r->klt_width), free(r->klt_decT);
     free(r);
 }
 
-/* Format 3: copy and check the transform-coding parameters (kv_rq_klt.h) of every non-f16 layer. */
+/* Format 3: copy (or, sp->rq_in_place, take in place enc and dec) and check the transform-coding
+ * parameters (kv_rq_klt.h) of every non-f16 layer. */
 static qf_status rq_bind_klt(struct qf_kv_rq_bind *r, const qf_kv_stream_spec *sp, int L, int H, int hd,
                              const char *sname, qf_error *err) {
     if (!sp->rq_klt_enc || !sp->rq_klt_dec || !sp->rq_klt_sigma || !sp->rq_klt_levels || !sp->rq_klt_width)
         return qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): format 3 needs enc, dec, sigma, width and levels", sname);
     size_t lh = (size_t)L * H, nm = lh * hd * hd, nv = lh * hd, nl = nv * QF_KV_RQ_MAX_LEVELS;
-    if (!(r->klt_enc = malloc(nm * sizeof(float))) || !(r->klt_dec = malloc(nm * sizeof(float))) ||
+    bool copy = !sp->rq_in_place;
+    if ((copy && (!(r->own_enc = malloc(nm * sizeof(float))) || !(r->own_dec = malloc(nm * sizeof(float))))) ||
         !(r->klt_sigma = malloc(nv * sizeof(float))) || !(r->klt_levels = malloc(nl * sizeof(float))) ||
         !(r->klt_width = malloc(nv)) || !(r->klt_decT = malloc(nm * sizeof(float))))
         return qf_fail(err, QF_ERR_NOMEM, "rq KV cache (%s): out of memory for the transform", sname);
-    memcpy(r->klt_enc, sp->rq_klt_enc, nm * sizeof(float));
-    memcpy(r->klt_dec, sp->rq_klt_dec, nm * sizeof(float));
-    for (size_t o = 0; o < lh; o++) /* the decoder's columns, contiguous */
-        for (int i = 0; i < hd; i++)
+    if (copy) {
+        memcpy(r->own_enc, sp->rq_klt_enc, nm * sizeof(float));
+        memcpy(r->own_dec, sp->rq_klt_dec, nm * sizeof(float));
+    }
+    r->klt_enc = copy ? r->own_enc : sp->rq_klt_enc;
+    r->klt_dec = copy ? r->own_dec : sp->rq_klt_dec;
+    for (size_t o = 0; o < lh; o++) /* the decoder's columns, contiguous (read in non-f16 layers only) */
+        for (int i = 0; i < hd && r->bits[o / (size_t)H] != QF_KV_RQ_BITS_F16; i++)
             for (int j = 0; j < hd; j++)
                 r->klt_decT[o * hd * hd + (size_t)j * hd + i] = r->klt_dec[o * hd * hd + (size_t)i * hd + j];
     memcpy(r->klt_sigma, sp->rq_klt_sigma, nv * sizeof(float));
@@ -200,15 +206,20 @@ static qf_status rq_bind_new(const qf_kv_stream_spec *sp, const qf_hparams *hp, 
     }
     if (!st && sp->rq_pred) {
         size_t HD = (size_t)H * hd, np = (size_t)L * HD * HD;
-        if (!(r->pred = malloc(np * sizeof(float))) || !(r->pred_on = calloc((size_t)L, sizeof(bool))) ||
-            !(r->pred_buf = malloc(2 * HD * sizeof(float))))
+        if ((!sp->rq_in_place && !(r->own_pred = malloc(np * sizeof(float)))) ||
+            !(r->pred_on = calloc((size_t)L, sizeof(bool))) || !(r->pred_buf = malloc(2 * HD * sizeof(float))))
             st = qf_fail(err, QF_ERR_NOMEM, "rq KV cache (%s): out of memory for the V predictor", sname);
-        for (size_t i = 0; i < np && !st; i++) {
-            float v = sp->rq_pred[i];
-            if (!isfinite(v))
-                st = qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): V predictor coefficient %zu is not finite", sname, i);
-            r->pred[i] = v;
-            if (v != 0) r->pred_on[i / (HD * HD)] = true;
+        if (!st && r->own_pred) memcpy(r->own_pred, sp->rq_pred, np * sizeof(float));
+        r->pred = r->own_pred ? r->own_pred : sp->rq_pred;
+        for (int l = 0; l < L && !st; l++) { /* every coefficient finite; pred_on: any nonzero */
+            const float *P = r->pred + (size_t)l * HD * HD;
+            bool fin = true, on = false;
+            for (size_t i = 0; i < HD * HD; i++) fin &= isfinite(P[i]) != 0, on |= P[i] != 0;
+            for (size_t i = 0; i < HD * HD && !fin; i++)
+                if (!isfinite(P[i]))
+                    st = qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): V predictor coefficient %zu is not finite", sname,
+                                 (size_t)l * HD * HD + i), fin = true;
+            r->pred_on[l] = on;
         }
     }
     if (!st && (sp->rq_klt_enc || sp->rq_klt_dec || sp->rq_klt_sigma || sp->rq_klt_levels || sp->rq_klt_width))

@@ -150,8 +150,9 @@ qf_status qf_certify_candidate(qf_context *c, const qf_certify_ref *ref, qf_arti
     if (qf_context_bound(c, NULL))
         return qf_fail(err, QF_ERR_ARG, "certify: the context already has an artifact bound");
 
-    /* engage: the only thing certification changes on the context is its KV binding */
-    qf_status st = qf_context_bind_payload(c, kind, payload, err);
+    /* engage: the only thing certification changes on the context is its KV binding (the
+     * payload outlives it: it is unbound below on every path) */
+    qf_status st = qf_context_bind_payload_in_place(c, kind, payload, err);
     if (st) {
         qf_error_prefix(err, "certify: ");
         if (st != QF_ERR_NOMEM) err->code = st = QF_ERR_CERTIFY_FAILED;
