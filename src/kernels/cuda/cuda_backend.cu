@@ -396,13 +396,17 @@ static size_t rq_take(size_t *off, size_t n) {
 }
 
 /* kv-rq on the device from kv's codecs (both streams kv-rq); the rows themselves are allocated
- * by set_kv from (*out)->loff. Format-3 and predictor matrices are uploaded transposed, the
- * bit offsets of format-3 codes precomputed (the prefix sums of the widths). */
+ * by set_kv from (*out)->loff. Format-3 and predictor matrices are uploaded as they are, each
+ * array in one copy, and transposed on the device (launch_transpose_sq: the layouts of
+ * rq_transpose_heads; on the host the predictor's transposes alone took 0.27 s a bind at the
+ * 8B shape on a 2-core machine, and the certifier binds 64 times); the bit offsets of format-3 codes are
+ * precomputed (the prefix sums of the widths). */
 static qf_status rq_state_new(const qf_cuda_ctx *g, const qf_gpu_kv *kv, struct rq_state **out, qf_error *err) {
     qf_status st = QF_OK;
     const int L = g->n_layer, H = g->nkv, D = g->hd, HD = H * D, half = g->hp.n_rot / 2;
     const size_t nl = (size_t)L * H;
-    float *tmp = NULL;
+    uint16_t *bo = NULL; /* host: the format-3 bit offsets [nl][D] */
+    float *stage = NULL; /* device: a matrix array before its transpose */
     struct rq_state *r = (struct rq_state *)calloc(1, sizeof *r);
     *out = NULL;
     if (!r) return cu_fail(err, QF_ERR_NOMEM, "out of memory");
@@ -453,25 +457,32 @@ static qf_status rq_state_new(const qf_cuda_ctx *g, const qf_gpu_kv *kv, struct 
         CK(cudaMemcpy(m + o_mean, q->mean, nl * D * 4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(m + o_cs, q->cs, nl * D * 4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(m + o_inv, q->inv_cs, nl * D * 4, cudaMemcpyHostToDevice));
-        const size_t tmp_n = wmax(klt ? (size_t)D * D : 0, pred ? (size_t)HD * HD : 0) + (size_t)D;
-        free(tmp);
-        if (!(tmp = (float *)malloc(tmp_n * 4))) {
-            st = cu_fail(err, QF_ERR_NOMEM, "out of memory");
-            goto done;
+        const size_t stage_n = wmax(klt ? nl * D * D : 0, pred ? (size_t)L * HD * HD : 0);
+        if (stage) { /* the previous stream's (its transposes ran before, in order on stream 0) */
+            CK(cudaFree(stage));
+            stage = NULL;
         }
+        if (stage_n) CK(cudaMalloc((void **)&stage, stage_n * 4));
         if (klt) {
             CK(cudaMemcpy(m + o_sig, q->klt_sigma, nl * D * 4, cudaMemcpyHostToDevice));
             CK(cudaMemcpy(m + o_klv, q->klt_levels, nl * D * 64 * 4, cudaMemcpyHostToDevice));
             CK(cudaMemcpy(m + o_w, q->klt_width, nl * D, cudaMemcpyHostToDevice));
-            uint16_t *bo = (uint16_t *)(tmp + (size_t)D * D);
-            for (size_t lh = 0; lh < nl; lh++) {
-                for (int w = 0; w < 2; w++) { /* dec and enc, transposed */
-                    rq_transpose_heads((w ? q->klt_enc : q->klt_dec) + lh * D * D, 1, D, tmp);
-                    CK(cudaMemcpy(m + (w ? o_enc : o_dec) + lh * D * D * 4, tmp, (size_t)D * D * 4, cudaMemcpyHostToDevice));
-                }
-                rq_bit_offsets(q->klt_width + lh * D, 1, D, bo);
-                CK(cudaMemcpy(m + o_bo + lh * D * 2, bo, (size_t)D * 2, cudaMemcpyHostToDevice));
+            for (int w = 0; w < 2; w++) { /* dec and enc, transposed per head */
+                CK(cudaMemcpy(stage, w ? q->klt_enc : q->klt_dec, nl * D * D * 4, cudaMemcpyHostToDevice));
+                launch_transpose_sq(stage, nl, D, (float *)(m + (w ? o_enc : o_dec)), 0);
+                CK(cudaGetLastError());
             }
+            if (!bo && !(bo = (uint16_t *)malloc(nl * D * 2))) {
+                st = cu_fail(err, QF_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+            rq_bit_offsets(q->klt_width, nl, D, bo);
+            CK(cudaMemcpy(m + o_bo, bo, nl * D * 2, cudaMemcpyHostToDevice));
+        }
+        if (pred) { /* every layer's, transposed (predT below only where pred_on) */
+            CK(cudaMemcpy(stage, q->pred, (size_t)L * HD * HD * 4, cudaMemcpyHostToDevice));
+            launch_transpose_sq(stage, (size_t)L, HD, (float *)(m + o_pred), 0);
+            CK(cudaGetLastError());
         }
         for (int l = 0; l < L; l++) {
             rq_layer_dev *a = &r->lay[s][l];
@@ -498,14 +509,7 @@ static qf_status rq_state_new(const qf_cuda_ctx *g, const qf_gpu_kv *kv, struct 
                 st = cu_fail(err, QF_ERR_ARG, "CUDA backend: kv-rq layer %d has %d bits", l, a->bits);
                 goto done;
             }
-            if (pred && q->pred_on && q->pred_on[l]) {
-                const float *P = q->pred + (size_t)l * HD * HD;
-                for (int i = 0; i < HD; i++)
-                    for (int c = 0; c < HD; c++) tmp[(size_t)c * HD + i] = P[(size_t)i * HD + c];
-                float *dst = (float *)(m + o_pred) + (size_t)l * HD * HD;
-                CK(cudaMemcpy(dst, tmp, (size_t)HD * HD * 4, cudaMemcpyHostToDevice));
-                a->predT = dst;
-            }
+            if (pred && q->pred_on && q->pred_on[l]) a->predT = (const float *)(m + o_pred) + (size_t)l * HD * HD;
         }
     }
     {
@@ -552,8 +556,10 @@ static qf_status rq_state_new(const qf_cuda_ctx *g, const qf_gpu_kv *kv, struct 
             goto done;
         }
     }
+    CK(cudaStreamSynchronize(0)); /* the transposes done (and their errors seen) before the stage goes */
 done:
-    free(tmp);
+    free(bo);
+    if (stage) cudaFree(stage);
     if (st) rq_state_free(r);
     else *out = r;
     return st;

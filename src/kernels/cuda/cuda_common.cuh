@@ -648,6 +648,9 @@ static inline void rq_bit_offsets(const uint8_t *w, size_t nh, int D, uint16_t *
         for (int i = 0; i < D; i++) bo[h * D + i] = (uint16_t)b, b += w[h * D + i];
     }
 }
+/* rq_transpose_heads on the device: dst[b][j][i] = src[b][i][j] for nb n x n matrices (src and
+ * dst device memory, distinct) */
+void launch_transpose_sq(const float *src, size_t nb, int n, float *dst, cudaStream_t s);
 /* sc[c] = qf_kv_rq_scale(c) for every scale code c (the host's exp2f; sc[0] = 0) */
 static inline void rq_scale_table(float sc[256]) {
     sc[0] = 0.0f;

@@ -990,6 +990,20 @@ void launch_kv_rq_encode(const rq_enc_dev *a, const float *x, int64_t n_rows, in
     k_kv_rq_encode<<<(unsigned)n_rows, hd < 128 ? 64 : 128, 0, s>>>(*a, x, n_rows, nkv, hd);
 }
 
+/* one thread per element, src read in order; the one-time uploads of rq_state_new */
+__global__ void k_transpose_sq(const float *__restrict__ src, float *__restrict__ dst, int n, size_t total) {
+    const size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (t >= total) return;
+    const size_t nn = (size_t)n * n, b = t / nn, r = t % nn, i = r / (size_t)n, j = r % (size_t)n;
+    dst[b * nn + j * (size_t)n + i] = src[t];
+}
+
+void launch_transpose_sq(const float *src, size_t nb, int n, float *dst, cudaStream_t s) {
+    const size_t total = nb * (size_t)n * (size_t)n;
+    if (!total) return;
+    k_transpose_sq<<<nblk(total, 256), 256, 0, s>>>(src, dst, n, total);
+}
+
 void launch_kv_rq_vres(const float *v, const float *khat, const float *predT, int n, int HD, float *res, cudaStream_t s) {
     if (n <= 0) return;
     k_kv_rq_vres<<<nblk((size_t)n * HD, 256), 256, 0, s>>>(v, khat, predT, n, HD, res);
