@@ -281,6 +281,45 @@ TEST(rq_v_predictor_roundtrip_and_refusals) {
     }
     printf("  V rel. MSE with the predictor %.4f, without (2-bit rows) %.4f; vs oracle %.2e\n", err[0], err[1], worst);
     CHECK(err[0] < 0.5 * err[1] && worst < 1e-4);
+    /* bit for bit: each prediction is a float sum in order (the GPU's k_kv_rq_vres order), the
+     * write codes v minus it, the read adds each kv head's partial sum to the decoded residual */
+    {
+        const struct qf_kv_rq_bind *rv = kv.rq[1];
+        size_t rb = rv->row_bytes[0];
+        float kh[HD], res[HD], sc[128], r[64];
+        uint8_t row[64];
+        int bad_w = 0, bad_r = 0;
+        for (int p = 0; p < NP; p++) {
+            for (int h = 0; h < 2; h++) {
+                qf_kv_rq_codec ck = {.head_dim = 64, .bits = 3, .levels = dk.levels + h * 64, .mean = dk.mean, .cs = dk.cs};
+                qf_kv_rq_decode(&ck, kv.data[0][0] + ((size_t)p * 2 + h) * kv.rq[0]->row_bytes[0], kh + h * 64);
+            }
+            for (int o = 0; o < HD; o++) {
+                float a = 0;
+                for (int j = 0; j < HD; j++) a += P[o * HD + j] * kh[j];
+                res[o] = v[p * HD + o] - a;
+            }
+            for (int h = 0; h < 2; h++) {
+                qf_kv_rq_codec c = {.head_dim = 64, .bits = rv->bits[0], .levels = rv->levels + h * QF_KV_RQ_MAX_LEVELS,
+                                    .mean = rv->mean + h * 64, .cs = rv->cs + h * 64, .inv_cs = rv->inv_cs + h * 64};
+                qf_kv_rq_encode(&c, res + h * 64, sc, row);
+                bad_w += memcmp(row, kv.data[1][0] + ((size_t)p * 2 + h) * rb, rb) != 0;
+                qf_kv_rq_decode(&c, row, r);
+                qf_kv_cache_read_head(&kv, 1, 0, h, NP, out);
+                for (int i = 0; i < 64; i++) {
+                    float o = r[i];
+                    for (int g = 0; g < 2; g++) {
+                        float a = 0;
+                        for (int q = 0; q < 64; q++) a += P[(h * 64 + i) * HD + g * 64 + q] * kh[g * 64 + q];
+                        o += a;
+                    }
+                    bad_r += memcmp(&o, &out[p * 64 + i], sizeof o) != 0;
+                }
+            }
+        }
+        CHECK_EQ_INT(bad_w, 0);
+        CHECK_EQ_INT(bad_r, 0);
+    }
     /* the row route's V read with the K heads decoded once (forward.c's kv_gather_worker):
      * the same floats as qf_kv_cache_read_head, predicted layer or not */
     {
