@@ -9,6 +9,7 @@
 #include "kernels/vecmath.h"
 #include "qforge/quant.h"
 #include "test.h"
+#include "util/util.h"
 
 TEST(exp_avx2_matches_expf) {
     if (!qf_quant_has_avx2()) SKIP("CPU without AVX2/FMA: the scalar oracle is what runs");
@@ -136,10 +137,48 @@ TEST(hadamard_matches_matrix_and_is_involution) {
     }
 }
 
+/* qf_vec_rows_dot: the AVX2 kernel (eight outputs in the lanes, 8 x 8 transposes) gives the
+ * oracle's bits (in-order f32 sums, no FMA) for every shape: n and m around multiples of 8, a
+ * row stride wider than n, signed zeros, infinities and NaN in the inputs; forced scalar, the
+ * dispatcher runs the oracle */
+TEST(rows_dot_avx2_bit_identical) {
+    enum { MAXN = 70, MAXM = 35, LDA = 77 };
+    static float A[MAXM * LDA], x[MAXN], y0[MAXM], y1[MAXM];
+    uint64_t s = 3;
+    for (int i = 0; i < MAXM * LDA; i++) A[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 1e3f;
+    for (int i = 0; i < MAXN; i++) x[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 1e-2f;
+    int bad = 0, runs = 0;
+    static const int ns[] = {0, 1, 7, 8, 9, 15, 16, 17, 64, 70}, ms[] = {0, 1, 7, 8, 9, 16, 17, 35};
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof ms / sizeof *ms; b++) {
+            int n = ns[a], m = ms[b];
+            qf_vec_rows_dot_ref(A, LDA, n, x, m, y0);
+            if (qf_quant_has_avx2()) qf_vec_rows_dot_avx2(A, LDA, n, x, m, y1);
+            else qf_vec_rows_dot(A, LDA, n, x, m, y1);
+            bad += memcmp(y0, y1, sizeof(float) * (size_t)m) != 0, runs++;
+        }
+    x[1] = x[2] = x[5] = 1.0f, x[9] = 0.5f;
+    A[3] = -0.0f, x[3] = 0.0f;         /* row 0: a -0 product */
+    A[LDA + 5] = INFINITY;             /* row 1: inf */
+    A[2 * LDA + 9] = NAN;              /* row 2: NaN */
+    A[9 * LDA + 1] = -INFINITY, A[9 * LDA + 2] = INFINITY; /* row 9: inf - inf */
+    qf_vec_rows_dot_ref(A, LDA, 64, x, 16, y0);
+    qf_vec_rows_dot(A, LDA, 64, x, 16, y1);
+    bad += memcmp(y0, y1, sizeof(float) * 16) != 0, runs++;
+    CHECK(isinf(y1[1]) && isnan(y1[2]) && isnan(y1[9]));
+    qf_quant_force_scalar(true);
+    qf_vec_rows_dot(A, LDA, 64, x, 16, y1);
+    qf_quant_force_scalar(false);
+    bad += memcmp(y0, y1, sizeof(float) * 16) != 0, runs++;
+    printf("  %d shapes, %d differ from the oracle%s\n", runs, bad, qf_quant_has_avx2() ? "" : " (no AVX2 here: dispatcher only)");
+    CHECK_EQ_INT(bad, 0);
+}
+
 int main(void) {
     RUN(hadamard_matches_matrix_and_is_involution);
     RUN(exp_avx2_matches_expf);
     RUN(dispatch_follows_force_scalar);
+    RUN(rows_dot_avx2_bit_identical);
     RUN(softmax_and_sum_exp_match_oracles);
     RUN(silu_mul_and_rmsnorm_match);
     return test_summary();

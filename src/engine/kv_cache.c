@@ -22,6 +22,7 @@
 #include "engine/kv_codes.h"
 #include "engine/kv_rq.h"
 #include "kernels/hadamard.h"
+#include "kernels/vecmath.h"
 
 #define EC_GROUP_MAX 256 /* kv-int8 ec-rot: elements per entropy-coded group of kv heads (ec_group) */
 #define EC_ROW_MAX 1024  /* the codec's longest row: head_dim up to 1024 (then one head per group) */
@@ -235,31 +236,6 @@ static qf_status rq_bind_new(const qf_kv_stream_spec *sp, const qf_hparams *hp, 
 /* The decoded K rows (every kv head, as stored: before RoPE) of (layer, position p) into kh
  * [n_head_kv * head_dim] (kv->rq[0] must be bound). */
 static void rq_k_hat(const qf_kv_cache *kv, int layer, int p, float *kh);
-
-/* pred[o] = sum_{i < n_in} P[o][i] kh[i] for the n_out rows of P (row stride ld), each sum in
- * order over i (as the GPU's k_kv_rq_vres adds them: test_cuda e2e_kv_rq). Eight outputs
- * at a time: eight independent chains instead of one latency-bound chain, the same bits. */
-static void rq_predict(const float *P, size_t ld, int n_in, const float *kh, int n_out, float *pred) {
-    int o = 0;
-    for (; o + 8 <= n_out; o += 8) {
-        const float *p0 = P + (size_t)o * ld, *p1 = p0 + ld, *p2 = p1 + ld, *p3 = p2 + ld, *p4 = p3 + ld,
-                    *p5 = p4 + ld, *p6 = p5 + ld, *p7 = p6 + ld;
-        float a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0; /* registers, not an array */
-        for (int i = 0; i < n_in; i++) {
-            const float k = kh[i];
-            a0 += p0[i] * k, a1 += p1[i] * k, a2 += p2[i] * k, a3 += p3[i] * k;
-            a4 += p4[i] * k, a5 += p5[i] * k, a6 += p6[i] * k, a7 += p7[i] * k;
-        }
-        pred[o] = a0, pred[o + 1] = a1, pred[o + 2] = a2, pred[o + 3] = a3;
-        pred[o + 4] = a4, pred[o + 5] = a5, pred[o + 6] = a6, pred[o + 7] = a7;
-    }
-    for (; o < n_out; o++) {
-        const float *po = P + (size_t)o * ld;
-        float a = 0;
-        for (int i = 0; i < n_in; i++) a += po[i] * kh[i];
-        pred[o] = a;
-    }
-}
 
 static qf_kv_rq_codec rq_codec(const struct qf_kv_rq_bind *r, const qf_kv_cache *kv, int layer, int h);
 static size_t layer_row_bytes(const qf_kv_cache *kv, int s, int layer);
@@ -637,7 +613,8 @@ static void rq_rows(const qf_kv_cache *kv, int stream, int layer, uint8_t *dst, 
         if (pr) { /* code V minus its prediction from this token's stored K (written first) */
             float *kh = pred, *res = pred + HD;
             rq_k_hat(kv, layer, (int)(slot0 + (size_t)p), kh);
-            rq_predict(r->pred + (size_t)layer * HD * HD, (size_t)HD, HD, kh, HD, res);
+            /* each sum in order over K's values, as the GPU's k_kv_rq_vres adds them */
+            qf_vec_rows_dot(r->pred + (size_t)layer * HD * HD, (size_t)HD, HD, kh, HD, res);
             for (int i = 0; i < HD; i++) res[i] = x[i] - res[i];
             x = res;
         }
@@ -812,8 +789,8 @@ static void read_rows(const qf_kv_cache *kv, int stream, int layer, int h, int s
                         qf_kv_rq_codec ck = rq_codec(kv->rq[0], kv, layer, g);
                         qf_kv_rq_decode(&ck, kv->data[0][layer] + ((size_t)(slot + p) * nh + g) * rbk, kg);
                     }
-                    float a[QF_KV_RQ_MAX_HEAD_DIM]; /* o[i] += the group's sum in order over q (rq_predict's) */
-                    rq_predict(P + (size_t)g * hd, (size_t)HD, hd, k, hd, a);
+                    float a[QF_KV_RQ_MAX_HEAD_DIM]; /* o[i] += the group's sum, in order over its hd values */
+                    qf_vec_rows_dot(P + (size_t)g * hd, (size_t)HD, hd, k, hd, a);
                     for (int i = 0; i < hd; i++) o[i] += a[i];
                 }
             }

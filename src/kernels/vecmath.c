@@ -66,3 +66,17 @@ void qf_rmsnorm_row(float *out, const float *x, const float *g, int n, float eps
     if (qf_quant_has_avx2()) qf_rmsnorm_row_avx2(out, x, g, n, eps);
     else qf_canon_rmsnorm_row(out, x, g, n, eps);
 }
+
+void qf_vec_rows_dot_ref(const float *A, size_t lda, int n, const float *x, int m, float *y) {
+    for (int o = 0; o < m; o++) {
+        const float *a = A + (size_t)o * lda;
+        float acc = 0;
+        for (int i = 0; i < n; i++) acc += a[i] * x[i];
+        y[o] = acc;
+    }
+}
+
+void qf_vec_rows_dot(const float *A, size_t lda, int n, const float *x, int m, float *y) {
+    if (qf_quant_has_avx2()) qf_vec_rows_dot_avx2(A, lda, n, x, m, y);
+    else qf_vec_rows_dot_ref(A, lda, n, x, m, y);
+}

@@ -7,6 +7,7 @@
 #define QF_VECMATH_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 void qf_vec_exp(float *x, int n);     /* x[i] = exp(x[i]), fastest kernel this CPU runs */
 void qf_vec_exp_ref(float *x, int n); /* the oracle: expf */
@@ -35,7 +36,15 @@ void qf_vec_silu_mul(float *g, const float *u, int n);
  * order; the fast kernel in 8 double lanes (the only difference: the order of the double sum). */
 void qf_rmsnorm_row(float *out, const float *x, const float *g, int n, float eps);
 void qf_rmsnorm_row_ref(float *out, const float *x, const float *g, int n, float eps);
+/* y[o] = sum_{i < n} A[o * lda + i] * x[i] for o < m: for each output an f32 product and an f32
+ * sum in order over i, no fused multiply-add (kv-rq's V predictor, kv_cache.c; the GPU's
+ * k_kv_rq_vres adds in the same order). The oracle: one chain per output. The fast kernel: eight
+ * outputs in the eight AVX2 lanes (8 x 8 blocks of A transposed in registers), the tail of each
+ * row and the last m % 8 outputs as the oracle: the same bits. */
+void qf_vec_rows_dot(const float *A, size_t lda, int n, const float *x, int m, float *y);
+void qf_vec_rows_dot_ref(const float *A, size_t lda, int n, const float *x, int m, float *y);
 /* internal: the AVX2 kernels (vecmath_avx2.c) */
+void qf_vec_rows_dot_avx2(const float *A, size_t lda, int n, const float *x, int m, float *y);
 void qf_vec_silu_mul_avx2(float *g, const float *u, int n);
 void qf_rmsnorm_row_avx2(float *out, const float *x, const float *g, int n, float eps);
 float qf_vec_max_avx2(const float *x, int n);

@@ -117,3 +117,44 @@ void qf_rmsnorm_row_avx2(float *out, const float *x, const float *g, int n, floa
         _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), _mm256_loadu_ps(g + i)));
     for (; i < n; i++) out[i] = x[i] * scale * g[i];
 }
+
+/* qf_vec_rows_dot (vecmath.h): lane r of acc is output o + r; each 8 x 8 block of the eight rows
+ * is transposed so that c[j] holds column i + j, then acc += c[j] * x[i + j] for j in order (a
+ * multiply then an add: no FMA, as the oracle) */
+void qf_vec_rows_dot_avx2(const float *A, size_t lda, int n, const float *x, int m, float *y) {
+    int o = 0;
+    for (; o + 8 <= m; o += 8) {
+        const float *a = A + (size_t)o * lda;
+        __m256 acc = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 r0 = _mm256_loadu_ps(a + i), r1 = _mm256_loadu_ps(a + lda + i),
+                   r2 = _mm256_loadu_ps(a + 2 * lda + i), r3 = _mm256_loadu_ps(a + 3 * lda + i),
+                   r4 = _mm256_loadu_ps(a + 4 * lda + i), r5 = _mm256_loadu_ps(a + 5 * lda + i),
+                   r6 = _mm256_loadu_ps(a + 6 * lda + i), r7 = _mm256_loadu_ps(a + 7 * lda + i);
+            __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+                   t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+                   t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+            __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)), s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)),
+                   s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)), s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2)),
+                   s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0)), s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2)),
+                   s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0)), s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+#define ROWS_DOT_STEP(c, j) acc = _mm256_add_ps(acc, _mm256_mul_ps((c), _mm256_set1_ps(x[i + (j)])))
+            ROWS_DOT_STEP(_mm256_permute2f128_ps(s0, s4, 0x20), 0);
+            ROWS_DOT_STEP(_mm256_permute2f128_ps(s1, s5, 0x20), 1);
+            ROWS_DOT_STEP(_mm256_permute2f128_ps(s2, s6, 0x20), 2);
+            ROWS_DOT_STEP(_mm256_permute2f128_ps(s3, s7, 0x20), 3);
+            ROWS_DOT_STEP(_mm256_permute2f128_ps(s0, s4, 0x31), 4);
+            ROWS_DOT_STEP(_mm256_permute2f128_ps(s1, s5, 0x31), 5);
+            ROWS_DOT_STEP(_mm256_permute2f128_ps(s2, s6, 0x31), 6);
+            ROWS_DOT_STEP(_mm256_permute2f128_ps(s3, s7, 0x31), 7);
+#undef ROWS_DOT_STEP
+        }
+        float t[8];
+        _mm256_storeu_ps(t, acc);
+        for (; i < n; i++)
+            for (int r = 0; r < 8; r++) t[r] += a[(size_t)r * lda + i] * x[i];
+        for (int r = 0; r < 8; r++) y[o + r] = t[r];
+    }
+    if (o < m) qf_vec_rows_dot_ref(A + (size_t)o * lda, lda, n, x, m - o, y + o);
+}

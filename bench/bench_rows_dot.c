@@ -1,0 +1,59 @@
+/* bench_rows_dot.c: kv-rq's V predictor products (qf_vec_rows_dot, kernels/vecmath.h) at the
+ * Llama-3-8B shape, the oracle (one in-order f32 chain per output, what kv_cache.c ran before
+ * session 26) against the dispatched kernel (AVX2: eight outputs in the lanes) in the same run,
+ * on one thread; the outputs must be equal bit for bit.
+ *   write: one token's V prediction, P [1024][1024] times the token's decoded K [1024]
+ *   read:  one kv head's share, 128 rows of P (stride 1024) times one K head [128]
+ *
+ *   build/bench/bench_rows_dot [rounds]   (default 200) */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/vecmath.h"
+#include "util/util.h"
+
+enum { HD = 1024, D = 128 };
+
+typedef void (*rows_dot_fn)(const float *, size_t, int, const float *, int, float *);
+
+static double time_it(rows_dot_fn f, const float *P, int n, const float *x, int m, float *y, int rounds) {
+    double best = 1e30;
+    for (int r = 0; r < rounds; r++) {
+        double t0 = qf_now_sec();
+        for (int k = 0; k < 8; k++) f(P, HD, n, x, m, y);
+        double t = (qf_now_sec() - t0) / 8;
+        best = t < best ? t : best;
+    }
+    return best;
+}
+
+int main(int argc, char **argv) {
+    int rounds = argc > 1 ? atoi(argv[1]) : 200;
+    if (rounds < 1) {
+        fprintf(stderr, "usage: %s [rounds >= 1]\n", argv[0]);
+        return 2;
+    }
+    float *P = malloc(sizeof(float) * HD * HD), *x = malloc(sizeof(float) * HD), *y0 = malloc(sizeof(float) * HD),
+          *y1 = malloc(sizeof(float) * HD);
+    if (!P || !x || !y0 || !y1) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
+    uint64_t rs = 5;
+    for (size_t i = 0; i < (size_t)HD * HD; i++) P[i] = (float)(qf_rand_unit(&rs) - 0.5);
+    for (int i = 0; i < HD; i++) x[i] = (float)(qf_rand_unit(&rs) - 0.5);
+    static const struct { const char *name; int n, m; } cases[] = {{"write (1024 x 1024)", HD, HD}, {"read (128 x 128, stride 1024)", D, D}};
+    int bad = 0;
+    for (int c = 0; c < 2; c++) {
+        int n = cases[c].n, m = cases[c].m;
+        double tr = time_it(qf_vec_rows_dot_ref, P, n, x, m, y0, rounds);
+        double tf = time_it(qf_vec_rows_dot, P, n, x, m, y1, rounds);
+        bool eq = memcmp(y0, y1, sizeof(float) * (size_t)m) == 0;
+        bad += !eq;
+        printf("%-30s oracle %8.2f us, kernel %8.2f us: %.2fx; equal: %s\n", cases[c].name, tr * 1e6, tf * 1e6, tr / tf,
+               eq ? "yes" : "NO");
+    }
+    free(P), free(x), free(y0), free(y1);
+    return bad ? 1 : 0;
+}
