@@ -216,10 +216,11 @@ static qf_status rq_bind_new(const qf_kv_stream_spec *sp, const qf_hparams *hp, 
             const float *P = r->pred + (size_t)l * HD * HD;
             bool fin = true, on = false;
             for (size_t i = 0; i < HD * HD; i++) fin &= isfinite(P[i]) != 0, on |= P[i] != 0;
-            for (size_t i = 0; i < HD * HD && !fin; i++)
-                if (!isfinite(P[i]))
-                    st = qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): V predictor coefficient %zu is not finite", sname,
-                                 (size_t)l * HD * HD + i), fin = true;
+            size_t bad = 0;
+            while (!fin && isfinite(P[bad])) bad++; /* the first non-finite one, for the message */
+            if (!fin)
+                st = qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): V predictor coefficient %zu is not finite", sname,
+                             (size_t)l * HD * HD + bad);
             r->pred_on[l] = on;
         }
     }
