@@ -4,6 +4,7 @@
  * on one thread; the outputs must be equal bit for bit.
  *   write: one token's V prediction, P [1024][1024] times the token's decoded K [1024]
  *   read:  one kv head's share, 128 rows of P (stride 1024) times one K head [128]
+ * and qf_vec_rows_dot_f64 (format 3's transform, one 128 x 128 head, double sums).
  *
  *   build/bench/bench_rows_dot [rounds]   (default 200) */
 #include <stdio.h>
@@ -54,6 +55,21 @@ int main(int argc, char **argv) {
         printf("%-30s oracle %8.2f us, kernel %8.2f us: %.2fx; equal: %s\n", cases[c].name, tr * 1e6, tf * 1e6, tr / tf,
                eq ? "yes" : "NO");
     }
+    /* format 3's transform: one 128 x 128 head, double sums (qf_kv_rq_klt_matvec) */
+    double *z0 = malloc(sizeof(double) * D), *z1 = malloc(sizeof(double) * D), b0 = 1e30, b1 = 1e30;
+    for (int r = 0; r < rounds && z0 && z1; r++) {
+        double t0 = qf_now_sec();
+        for (int k = 0; k < 64; k++) qf_vec_rows_dot_f64_ref(P, D, D, x, D, z0);
+        double t1 = qf_now_sec();
+        for (int k = 0; k < 64; k++) qf_vec_rows_dot_f64(P, D, D, x, D, z1);
+        double t2 = qf_now_sec();
+        b0 = (t1 - t0) / 64 < b0 ? (t1 - t0) / 64 : b0, b1 = (t2 - t1) / 64 < b1 ? (t2 - t1) / 64 : b1;
+    }
+    bool eq = z0 && z1 && memcmp(z0, z1, sizeof(double) * D) == 0;
+    bad += !eq;
+    printf("%-30s oracle %8.2f us, kernel %8.2f us: %.2fx; equal: %s\n", "transform (128 x 128, double)", b0 * 1e6,
+           b1 * 1e6, b0 / b1, eq ? "yes" : "NO");
+    free(z0), free(z1);
     free(P), free(x), free(y0), free(y1);
     return bad ? 1 : 0;
 }

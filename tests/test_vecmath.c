@@ -137,8 +137,8 @@ TEST(hadamard_matches_matrix_and_is_involution) {
     }
 }
 
-/* qf_vec_rows_dot: the AVX2 kernel (eight outputs in the lanes, 8 x 8 transposes) gives the
- * oracle's bits (in-order f32 sums, no FMA) for every shape: n and m around multiples of 8, a
+/* qf_vec_rows_dot and its double-sum variant: the AVX2 kernels (outputs in the lanes, blocks
+ * transposed in registers) give the oracles' bits (in-order sums, no FMA) for every shape: n and m around multiples of 8, a
  * row stride wider than n, signed zeros, infinities and NaN in the inputs; forced scalar, the
  * dispatcher runs the oracle */
 TEST(rows_dot_avx2_bit_identical) {
@@ -170,8 +170,27 @@ TEST(rows_dot_avx2_bit_identical) {
     qf_vec_rows_dot(A, LDA, 64, x, 16, y1);
     qf_quant_force_scalar(false);
     bad += memcmp(y0, y1, sizeof(float) * 16) != 0, runs++;
-    printf("  %d shapes, %d differ from the oracle%s\n", runs, bad, qf_quant_has_avx2() ? "" : " (no AVX2 here: dispatcher only)");
+    /* the double-sum variant over the same shapes and specials */
+    static double d0[MAXM], d1[MAXM];
+    int bad64 = 0, runs64 = 0;
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof ms / sizeof *ms; b++) {
+            int n = ns[a], m = ms[b];
+            qf_vec_rows_dot_f64_ref(A, LDA, n, x, m, d0);
+            if (qf_quant_has_avx2()) qf_vec_rows_dot_f64_avx2(A, LDA, n, x, m, d1);
+            else qf_vec_rows_dot_f64(A, LDA, n, x, m, d1);
+            bad64 += memcmp(d0, d1, sizeof(double) * (size_t)m) != 0, runs64++;
+        }
+    qf_quant_force_scalar(true);
+    qf_vec_rows_dot_f64(A, LDA, 64, x, 16, d1);
+    qf_quant_force_scalar(false);
+    qf_vec_rows_dot_f64_ref(A, LDA, 64, x, 16, d0);
+    bad64 += memcmp(d0, d1, sizeof(double) * 16) != 0, runs64++;
+    CHECK(isinf(d0[1]) && isnan(d0[2]) && isnan(d0[9]));
+    printf("  %d shapes, %d differ from the oracle; double sums: %d shapes, %d differ%s\n", runs, bad, runs64, bad64,
+           qf_quant_has_avx2() ? "" : " (no AVX2 here: dispatcher only)");
     CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(bad64, 0);
 }
 
 int main(void) {

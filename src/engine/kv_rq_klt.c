@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/kv_rq.h"
+#include "kernels/vecmath.h"
 
 void qf_kv_rq_klt_pack(const uint8_t *codes, const uint8_t *width, int n, uint8_t *dst) {
     uint32_t b = 0;
@@ -54,22 +55,7 @@ static double code_at(const qf_kv_rq_klt *c, const float *z, float s, uint8_t *c
 }
 
 void qf_kv_rq_klt_matvec(const float *A, const float *x, int n, int D, double *y) {
-    int i = 0;
-    for (; i + 4 <= n; i += 4) {
-        const float *a0 = A + (size_t)i * D, *a1 = a0 + D, *a2 = a1 + D, *a3 = a2 + D;
-        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (int j = 0; j < D; j++) {
-            const double xj = x[j];
-            s0 += (double)a0[j] * xj, s1 += (double)a1[j] * xj, s2 += (double)a2[j] * xj, s3 += (double)a3[j] * xj;
-        }
-        y[i] = s0, y[i + 1] = s1, y[i + 2] = s2, y[i + 3] = s3;
-    }
-    for (; i < n; i++) {
-        const float *a = A + (size_t)i * D;
-        double s = 0;
-        for (int j = 0; j < D; j++) s += (double)a[j] * x[j];
-        y[i] = s;
-    }
+    qf_vec_rows_dot_f64(A, (size_t)D, D, x, n, y);
 }
 
 bool qf_kv_rq_klt_transform(const qf_kv_rq_klt *c, const float *x, float *scratch, float *z, double *ss) {

@@ -76,9 +76,9 @@ void qf_kv_rq_klt_encode(const qf_kv_rq_klt *c, const float *x, float *scratch, 
  * row from it. The forge measures one row at several widths of the same transform. */
 bool qf_kv_rq_klt_transform(const qf_kv_rq_klt *c, const float *x, float *scratch, float *z, double *ss);
 void qf_kv_rq_klt_encode_z(const qf_kv_rq_klt *c, const float *z, double ss, bool finite, uint8_t *row);
-/* y[i] = sum_j (double)A[i][j] * x[j] for the n rows of A [n][D], each sum in j order (one
- * rounding per product and per sum), four rows at a time: independent sums in flight together,
- * the same bits as one row at a time. */
+/* y[i] = sum_j (double)A[i][j] * x[j] for the n rows of A [n][D], each sum in j order (the
+ * products exact, one rounding per sum): qf_vec_rows_dot_f64 (kernels/vecmath.h), several rows
+ * at a time in the AVX2 lanes, the same bits as one row at a time. */
 void qf_kv_rq_klt_matvec(const float *A, const float *x, int n, int D, double *y);
 /* Decode one row into out[D]. */
 void qf_kv_rq_klt_decode(const qf_kv_rq_klt *c, const uint8_t *row, float *out);

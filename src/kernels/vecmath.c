@@ -80,3 +80,17 @@ void qf_vec_rows_dot(const float *A, size_t lda, int n, const float *x, int m, f
     if (qf_quant_has_avx2()) qf_vec_rows_dot_avx2(A, lda, n, x, m, y);
     else qf_vec_rows_dot_ref(A, lda, n, x, m, y);
 }
+
+void qf_vec_rows_dot_f64_ref(const float *A, size_t lda, int n, const float *x, int m, double *y) {
+    for (int o = 0; o < m; o++) {
+        const float *a = A + (size_t)o * lda;
+        double acc = 0;
+        for (int i = 0; i < n; i++) acc += (double)a[i] * (double)x[i];
+        y[o] = acc;
+    }
+}
+
+void qf_vec_rows_dot_f64(const float *A, size_t lda, int n, const float *x, int m, double *y) {
+    if (qf_quant_has_avx2()) qf_vec_rows_dot_f64_avx2(A, lda, n, x, m, y);
+    else qf_vec_rows_dot_f64_ref(A, lda, n, x, m, y);
+}

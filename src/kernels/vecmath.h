@@ -43,7 +43,15 @@ void qf_rmsnorm_row_ref(float *out, const float *x, const float *g, int n, float
  * row and the last m % 8 outputs as the oracle: the same bits. */
 void qf_vec_rows_dot(const float *A, size_t lda, int n, const float *x, int m, float *y);
 void qf_vec_rows_dot_ref(const float *A, size_t lda, int n, const float *x, int m, float *y);
+/* The same with double sums: y[o] = sum_{i < n} (double)A[o * lda + i] * (double)x[i], each
+ * product exact (two floats), each sum in double in order over i (kv-rq format 3's transform,
+ * kv_rq_klt.c; the GPU's k_klt_err and k_kv_rq_encode add in that order). The AVX2 kernel: four
+ * outputs in the four double lanes, eight a step in two accumulators, 4 x 4 blocks transposed in
+ * registers; the same bits as the oracle. */
+void qf_vec_rows_dot_f64(const float *A, size_t lda, int n, const float *x, int m, double *y);
+void qf_vec_rows_dot_f64_ref(const float *A, size_t lda, int n, const float *x, int m, double *y);
 /* internal: the AVX2 kernels (vecmath_avx2.c) */
+void qf_vec_rows_dot_f64_avx2(const float *A, size_t lda, int n, const float *x, int m, double *y);
 void qf_vec_rows_dot_avx2(const float *A, size_t lda, int n, const float *x, int m, float *y);
 void qf_vec_silu_mul_avx2(float *g, const float *u, int n);
 void qf_rmsnorm_row_avx2(float *out, const float *x, const float *g, int n, float eps);

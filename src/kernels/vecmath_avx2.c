@@ -158,3 +158,47 @@ void qf_vec_rows_dot_avx2(const float *A, size_t lda, int n, const float *x, int
     }
     if (o < m) qf_vec_rows_dot_ref(A + (size_t)o * lda, lda, n, x, m - o, y + o);
 }
+
+/* four rows' floats [i, i + 4) as doubles, transposed: c[j] lane r = (double)a[r * lda + i + j] */
+static inline void rows4_cols(const float *a, size_t lda, int i, __m256d c[4]) {
+    const __m256d r0 = _mm256_cvtps_pd(_mm_loadu_ps(a + i)), r1 = _mm256_cvtps_pd(_mm_loadu_ps(a + lda + i)),
+                  r2 = _mm256_cvtps_pd(_mm_loadu_ps(a + 2 * lda + i)), r3 = _mm256_cvtps_pd(_mm_loadu_ps(a + 3 * lda + i));
+    const __m256d t0 = _mm256_unpacklo_pd(r0, r1), t1 = _mm256_unpackhi_pd(r0, r1), t2 = _mm256_unpacklo_pd(r2, r3),
+                  t3 = _mm256_unpackhi_pd(r2, r3);
+    c[0] = _mm256_permute2f128_pd(t0, t2, 0x20), c[1] = _mm256_permute2f128_pd(t1, t3, 0x20);
+    c[2] = _mm256_permute2f128_pd(t0, t2, 0x31), c[3] = _mm256_permute2f128_pd(t1, t3, 0x31);
+}
+
+/* qf_vec_rows_dot_f64 (vecmath.h): lanes of lo / hi are outputs o .. o + 3 / o + 4 .. o + 7, each
+ * adding its column's products in i order (a multiply then an add: no FMA, as the oracle) */
+void qf_vec_rows_dot_f64_avx2(const float *A, size_t lda, int n, const float *x, int m, double *y) {
+    int o = 0;
+    for (; o + 8 <= m; o += 8) {
+        const float *a = A + (size_t)o * lda;
+        __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+        int i = 0;
+        for (; i + 4 <= n; i += 4) {
+            __m256d cl[4], ch[4];
+            rows4_cols(a, lda, i, cl);
+            rows4_cols(a + 4 * lda, lda, i, ch);
+#define ROWS_DOT_F64_STEP(j)                                         \
+    do {                                                             \
+        const __m256d xj = _mm256_set1_pd((double)x[i + (j)]);       \
+        lo = _mm256_add_pd(lo, _mm256_mul_pd(cl[j], xj));            \
+        hi = _mm256_add_pd(hi, _mm256_mul_pd(ch[j], xj));            \
+    } while (0)
+            ROWS_DOT_F64_STEP(0);
+            ROWS_DOT_F64_STEP(1);
+            ROWS_DOT_F64_STEP(2);
+            ROWS_DOT_F64_STEP(3);
+#undef ROWS_DOT_F64_STEP
+        }
+        double t[8];
+        _mm256_storeu_pd(t, lo);
+        _mm256_storeu_pd(t + 4, hi);
+        for (; i < n; i++)
+            for (int r = 0; r < 8; r++) t[r] += (double)a[(size_t)r * lda + i] * (double)x[i];
+        for (int r = 0; r < 8; r++) y[o + r] = t[r];
+    }
+    if (o < m) qf_vec_rows_dot_f64_ref(A + (size_t)o * lda, lda, n, x, m - o, y + o);
+}
