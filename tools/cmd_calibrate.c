@@ -54,7 +54,7 @@ static const char *USAGE =
     "  --v-pred on|off   kv-rq: V predicted from the same layer's K, rows code the residual (on with pre-RoPE keys)\n"
     "  --v-pred-noise X  kv-rq: the predictor's ridge, relative noise on the K it reads (0.2)\n"
     "  --rq-weights on|off --rq-v-alpha A   kv-rq: query/attn_output-weighted channel scales (off), V exponent (0.5)\n"
-    "  --rq-transform klt|hadamard   kv-rq: KLT + per-coordinate widths (payload format 3; default below 3 bits) or Hadamard\n"
+    "  --rq-transform klt|hadamard   kv-rq: KLT + per-coordinate widths (payload format 3; the default with --bits) or Hadamard\n"
     "  --rq-klt-rates whole|eighths     kv-rq klt: code rates per (layer, stream) in 1/8 bits (default) or whole bits\n"
     "  --rq-klt-metric attention|plain  kv-rq klt: PCA weighted by query energy / attn_output Gram (default) or plain\n"
     "  --rq-min-bits B   kv-rq with --bits: no (layer, stream) below B code bits (default 2)\n"
