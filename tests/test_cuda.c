@@ -1706,6 +1706,7 @@ static bool rq_calibrate_on(const char *model, const char *corpus, double bits, 
     j.n_threads = 8;
     j.rq_bits = bits;
     j.rq_prerope = prerope;
+    j.rq_transform = bits >= 3.0 ? 0 : -1; /* from 3 bits these runs cover the Hadamard rows (format 2) */
     j.capture_device = dev;
     j.out_path = out;
     qf_job_report rep;

@@ -178,7 +178,7 @@ typedef struct {
                                    at most the capture window n_ctx (QF_ERR_ARG otherwise) */
     int rq_transform;           /* 0: Hadamard rows (formats 1, 2); 1: KLT with per-coordinate widths
                                    (format 3, kv_rq.h), learned in the attention's metric; -1 (default):
-                                   1 below a 3-bit budget with keys before RoPE, else 0 */
+                                   1 with an rq_bits budget, else 0 (docs/kv-rq.md "Format 3 at 4 bits") */
     int rq_klt_plain;           /* with rq_transform 1: 1 = the plain (unweighted) KLT */
     int rq_klt_eighths;         /* format 3: 1 (default) = code rates in 1/8-bit steps per (layer, stream)
                                    from a floor of min_bits >= 1; 0 = whole bits (docs/kv-rq.md) */
