@@ -1691,8 +1691,9 @@ TEST(e2e_certificate_dict) {
  * CPU over the certified context (prefill: the warp kernel over both views), and one-token
  * decode steps (split-K with the exact rows written over the stored ones) against the CPU's
  * steps and against the GPU's own batched pass over the same tokens. */
-static bool rq_calibrate_on(const char *model, const char *corpus, double bits, int prerope, int n_ctx, const char *out,
-                            qf_device dev) {
+/* transform: qf_job.rq_transform (-1: the default, format 3 with a budget; 0: the Hadamard rows) */
+static bool rq_calibrate_on(const char *model, const char *corpus, double bits, int prerope, int transform, int n_ctx,
+                            const char *out, qf_device dev) {
     qf_job j;
     qf_job_default(&j);
     const char *paths[1] = {corpus};
@@ -1706,7 +1707,7 @@ static bool rq_calibrate_on(const char *model, const char *corpus, double bits, 
     j.n_threads = 8;
     j.rq_bits = bits;
     j.rq_prerope = prerope;
-    j.rq_transform = bits >= 3.0 ? 0 : -1; /* from 3 bits these runs cover the Hadamard rows (format 2) */
+    j.rq_transform = transform;
     j.capture_device = dev;
     j.out_path = out;
     qf_job_report rep;
@@ -1716,8 +1717,9 @@ static bool rq_calibrate_on(const char *model, const char *corpus, double bits, 
     qf_job_report_free(&rep);
     return st == QF_OK;
 }
-static bool rq_calibrate(const char *model, const char *corpus, double bits, int prerope, int n_ctx, const char *out) {
-    return rq_calibrate_on(model, corpus, bits, prerope, n_ctx, out, QF_DEVICE_CPU);
+static bool rq_calibrate(const char *model, const char *corpus, double bits, int prerope, int transform, int n_ctx,
+                         const char *out) {
+    return rq_calibrate_on(model, corpus, bits, prerope, transform, n_ctx, out, QF_DEVICE_CPU);
 }
 
 static bool rq_gemm_f32;  /* the GPU contexts' GEMMs in f32 (qf_cuda_params.gemm_f32) */
@@ -1821,11 +1823,12 @@ TEST(e2e_kv_rq) {
     struct {
         const char *model;
         double bits;
-        int prerope, n_ctx;
-    } runs[] = {{"models/qforge-demo-11m-f16.gguf", 2.5, -1, 256},        /* format 3: KLT, pre-RoPE K, V from K */
-                {"models/qforge-demo-11m-f16.gguf", 4.0, 0, 256},         /* format 2: Hadamard rows, K after RoPE */
-                {"models/qforge-demo-27m-hd128-f16.gguf", 2.5, -1, 256},  /* head_dim 128 */
-                {"models/qforge-demo-27m-hd128-q4_0.gguf", 2.5, -1, 256}}; /* its q4_0 copy (device runs) */
+        int prerope, transform, n_ctx;
+    } runs[] = {{"models/qforge-demo-11m-f16.gguf", 2.5, -1, -1, 256},        /* format 3: KLT, pre-RoPE K, V from K */
+                {"models/qforge-demo-11m-f16.gguf", 4.0, 0, 0, 256},          /* format 2: Hadamard rows, K after RoPE */
+                {"models/qforge-demo-11m-f16.gguf", 4.0, -1, -1, 256},        /* format 3 after RoPE (the 4-bit default) */
+                {"models/qforge-demo-27m-hd128-f16.gguf", 2.5, -1, -1, 256},  /* head_dim 128 */
+                {"models/qforge-demo-27m-hd128-q4_0.gguf", 2.5, -1, -1, 256}}; /* its q4_0 copy (device runs) */
     for (size_t ri = 0; text && ri < sizeof runs / sizeof runs[0]; ri++) {
         char model[4096], out[4096];
         const char *mp = model_path(runs[ri].model);
@@ -1836,7 +1839,7 @@ TEST(e2e_kv_rq) {
         snprintf(model, sizeof model, "%s", mp);
         snprintf(out, sizeof out, "%s/rq%zu.qfa", test_tmpdir(), ri);
         double t0 = qf_now_sec();
-        if (!rq_calibrate(model, corpus, runs[ri].bits, runs[ri].prerope, runs[ri].n_ctx, out)) continue;
+        if (!rq_calibrate(model, corpus, runs[ri].bits, runs[ri].prerope, runs[ri].transform, runs[ri].n_ctx, out)) continue;
         double t_cal = qf_now_sec() - t0;
         qf_error err = {0};
         qf_model *m = qf_model_load(model, &err);
@@ -1927,7 +1930,8 @@ TEST(e2e_kv_rq) {
         snprintf(outg, sizeof outg, "%s/rq%zu_gpu.qfa", test_tmpdir(), ri);
         t0 = qf_now_sec();
         qf_artifact ag = {0};
-        if (rq_calibrate_on(model, corpus, runs[ri].bits, runs[ri].prerope, runs[ri].n_ctx, outg, QF_DEVICE_CUDA) &&
+        if (rq_calibrate_on(model, corpus, runs[ri].bits, runs[ri].prerope, runs[ri].transform, runs[ri].n_ctx, outg,
+                            QF_DEVICE_CUDA) &&
             qf_artifact_load(outg, qf_model_sha256(m), NULL, &ag, &err) == QF_OK) {
             const double t_gpu = qf_now_sec() - t0;
             const qf_payload_entry *dv = qf_payload_get(&ag.cert.config, "certify_device");
@@ -1975,18 +1979,19 @@ TEST(e2e_canonical_kv_rq) {
     qf_model *m = qf_model_load(model, &err);
     CHECK_MSG(m, "%s", err.msg);
     if (!m) return;
-    const struct { double bits; int prerope; } runs[] = {{2.5, -1}, {4.0, -1}}; /* format 3, pre-RoPE K + V predicted; format 2 */
+    /* format 3, pre-RoPE K + V predicted; format 2 (the Hadamard rows); format 3 after RoPE */
+    const struct { double bits; int prerope, transform; } runs[] = {{2.5, -1, -1}, {4.0, -1, 0}, {4.0, -1, -1}};
     for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++) {
         char out[4096];
         snprintf(out, sizeof out, "%s/canon_rq%zu.qfa", test_tmpdir(), ri);
         qf_artifact art = {0};
-        if (!rq_calibrate(model, corpus, runs[ri].bits, runs[ri].prerope, 128, out) ||
+        if (!rq_calibrate(model, corpus, runs[ri].bits, runs[ri].prerope, runs[ri].transform, 128, out) ||
             qf_artifact_load(out, qf_model_sha256(m), NULL, &art, &err) != QF_OK) {
             CHECK_MSG(0, "kv-rq artifact %.1f bits: %s", runs[ri].bits, err.msg);
             continue;
         }
         char label[64];
-        snprintf(label, sizeof label, "kv-rq %.1f bits", runs[ri].bits);
+        snprintf(label, sizeof label, "kv-rq %.1f bits%s", runs[ri].bits, runs[ri].transform == 0 ? " hadamard" : "");
         canon_model(m, label, QF_KV_F16, QF_KV_ROT_NONE, &art, 128, 100, 6);
         qf_artifact_free(&art);
     }
