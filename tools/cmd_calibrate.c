@@ -50,7 +50,7 @@ static const char *USAGE =
     "                    f16 sinks and window); none = the fewest bits that pass the gate\n"
     "  --sinks S --window R   kv-rq: f16 sink and recent-window tokens (default: chosen by the learner)\n"
     "  --rq-alpha A --sens-chunks N   kv-rq: K channel smoothing exponent (0.5), sensitivity chunks (2; 4 with format 3)\n"
-    "  --k-prerope on|off --min-bits B  kv-rq: keys before RoPE, allocation floor 1|2 (default: on and 1 below 3 bits)\n"
+    "  --k-prerope on|off --min-bits B  kv-rq: keys before RoPE, allocation floor 1|2 (default: on and 1 up to 3 bits)\n"
     "  --v-pred on|off   kv-rq: V predicted from the same layer's K, rows code the residual (on with pre-RoPE keys)\n"
     "  --v-pred-noise X  kv-rq: the predictor's ridge, relative noise on the K it reads (0.2)\n"
     "  --rq-weights on|off --rq-v-alpha A   kv-rq: query/attn_output-weighted channel scales (off), V exponent (0.5)\n"

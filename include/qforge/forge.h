@@ -165,14 +165,14 @@ typedef struct {
     double rq_k_alpha;          /* K channel smoothing exponent (default 0.5) */
     int rq_sens_chunks;         /* calibration chunks per sensitivity run (0 = default: 2, 4 with format 3) */
     int rq_prerope;             /* 1: keys captured, learned and stored before RoPE, 0: after, -1
-                                   (default): before below a 3-bit budget */
+                                   (default): before with a budget of at most 3 bits */
     int rq_qaware;              /* 1 (default 0): channel scales weighted by query energy (K) and attn_output column norms (V) */
     double rq_v_alpha;          /* V channel smoothing exponent with rq_qaware (default 0.5) */
     int rq_vpred;               /* V predicted from the same layer's K: 1 / -1 (default) with pre-RoPE
                                    keys, 0 never */
     double rq_vpred_noise;      /* the V predictor's ridge: relative input noise (default 0.2) */
     int rq_min_bits;            /* with rq_bits: the fewest code bits any (layer, stream) gets, 1..6 (0 =
-                                   default: 1 below a 3-bit budget, else 2; 3 avoids 2-bit codebooks and
+                                   default: 1 with a budget of at most 3 bits, else 2; 3 avoids 2-bit codebooks and
                                    their heavy per-token tails) */
     int rq_sens_ctx;            /* tokens per sensitivity / window-split chunk (0 = min(n_ctx, 512));
                                    at most the capture window n_ctx (QF_ERR_ARG otherwise) */

@@ -177,10 +177,14 @@ static qf_status stage_model(const qf_job *j, shared *s, qf_error *err) {
     return QF_OK;
 }
 
-/* kv-rq keys before RoPE: asked for, or by default below a 3-bit budget (the 2.5-bit method of
- * docs/kv-rq.md; at 4 bits the documented post-RoPE artifacts stay as they were) */
+/* kv-rq's low-budget settings (keys before RoPE with V predicted from them, a 1-bit allocation
+ * floor) up to a 3-bit budget: docs/kv-rq.md "Format 3 at 4 bits" measured them better at 2.5
+ * and 3 bits on both demo models, worse at 4, mixed at 3.5 */
+#define RQ_LOW_BUDGET_BITS 3.0
+
+/* kv-rq keys before RoPE: asked for, or by default with a budget of at most RQ_LOW_BUDGET_BITS */
 static bool rq_use_prerope(const qf_job *j) {
-    return j->rq_prerope > 0 || (j->rq_prerope < 0 && j->rq_bits > 0 && j->rq_bits < 3.0);
+    return j->rq_prerope > 0 || (j->rq_prerope < 0 && j->rq_bits > 0 && j->rq_bits <= RQ_LOW_BUDGET_BITS);
 }
 
 /* kv-rq payload format 3 (KLT, per-coordinate widths): --rq-transform klt, or by default at any
@@ -1190,7 +1194,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     if (st) return as_stage(err, st, st == QF_ERR_NOMEM ? st : QF_ERR_CAPTURE_FAILED, "learn");
     fit.k_prerope = rq_use_prerope(j); /* stage_capture kept K before RoPE */
     /* the allocation's floor: 1-bit rows for the least sensitive units at low budgets */
-    int mb = j->rq_min_bits ? j->rq_min_bits : j->rq_bits > 0 && j->rq_bits < 3.0 ? 1 : QF_KV_RQ_SENS_BITS;
+    int mb = j->rq_min_bits ? j->rq_min_bits : j->rq_bits > 0 && j->rq_bits <= RQ_LOW_BUDGET_BITS ? 1 : QF_KV_RQ_SENS_BITS;
     double mse[QF_KV_RQ_N_WIDTHS] = {0};
     for (int sidx = 0; sidx < 2; sidx++)
         for (int l = 0; l < L; l++)
