@@ -66,10 +66,25 @@ cand=$(num cand_ppl)
 bpe=$(num bits_per_element)
 if [ -n "$bpe" ] && awk -v b="$bpe" 'BEGIN { exit !(b <= 3.5 && b >= 2.25) }'; then ok "within the budget ($bpe <= 3.5)"
 else bad "bits per element '$bpe' not within 3.5"; fi
+# where the tables pay off: the smallest context n with rate(n) + tables * 8 / (elements a token * n)
+# at most the baseline's bits; rate(n) = rate(64) - 16 * (1 + 2) / 64 + 16 * (1 + 2) / n (1 sink, 2 window)
+if python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); B = j["result"]["baseline"]["bits_per_element"]
+E = j["f16_kv_bytes_per_token"] / 2; T = j["table_bytes"]; b = j["bits_per_element"]; n = j["tables_pay_off_ctx"]
+w = lambda c: b - 48 / 64 + 48 / c + T * 8 / (E * c)
+sys.exit(not (T > 0 and n > 1 and w(n) <= B + 1e-9 and w(n - 1) > B - 1e-9))' "$d/out"; then
+    ok "calibrate --json: tables_pay_off_ctx is the first context where the tables pay off"
+else bad "calibrate --json: tables_pay_off_ctx wrong or missing"; fi
 expect "verify" 0 "$qf" verify "$d/rq.qfa" -m "$model" --json
 if python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(not (2 < j["bits_per_element"] <= 3.5 and j["certified_ctx"] == [64]))' "$d/out"; then
     ok "verify --json: bits_per_element and certified_ctx"
 else bad "verify --json: bits_per_element / certified_ctx missing"; fi
+# the fixed tables: every payload array (f32 4 bytes an element, u8 / i8 1), in verify's output and
+# in the certificate (docs/artifact-format.md "table_bytes")
+if python3 -c 'import json, sys; j = json.load(open(sys.argv[1]))
+t = sum(e["count"] * (4 if e["type"] == "f32" else 1) for e in j["payload"] if e["type"] in ("f32", "u8", "i8"))
+sys.exit(not (t > 0 and j["table_bytes"] == t and j["provenance"]["config"]["table_bytes"] == t))' "$d/out"; then
+    ok "verify --json: table_bytes = the payload's arrays, in the certificate too"
+else bad "verify --json: table_bytes missing or not the payload's arrays"; fi
 expect "ppl --artifact" 0 "$qf" ppl -m "$model" --artifact "$d/rq.qfa" -f "$d/eval.txt" -c 64 --chunks 2 -t 2 --json
 got=$(num ppl)
 reproduces "ppl --artifact reproduces the certificate" "$cand" "$got"

@@ -185,6 +185,8 @@ int qf_cmd_calibrate(int argc, char **argv) {
         json_object_set_new(o, "seconds", secs);
         if (j.kind == QF_ARTIFACT_KV_RQ && rep.n_tried > 0)
             json_object_set_new(o, "bits_per_element", json_real(rep.bits_per_element));
+        if (isfinite(rep.table_bytes)) json_object_set_new(o, "table_bytes", json_real(rep.table_bytes));
+        if (rep.tables_pay_off_ctx > 0) json_object_set_new(o, "tables_pay_off_ctx", json_integer(rep.tables_pay_off_ctx));
         if (j.kind == QF_ARTIFACT_AWQ && rep.n_tried > 1 && isfinite(rep.awq_gap_closed))
             json_object_set_new(o, "awq_share_of_rtn_gap_closed", json_real(rep.awq_gap_closed));
         if (st) json_object_set_new(o, "error", json_string(err.msg));
@@ -218,6 +220,18 @@ int qf_cmd_calibrate(int argc, char **argv) {
         if (j.kind == QF_ARTIFACT_KV_RQ)
             printf("bits       %.3f per element at -c %d (codes, row scales, f16 sinks and window)\n", rep.bits_per_element,
                    r->n_ctx);
+        if (isfinite(rep.table_bytes) && rep.table_bytes > 0 && isfinite(rep.bits_per_element)) {
+            /* the fixed tables amortized over one context (elements a token: the f16 cache's bytes / 2) */
+            int c0 = r->n_ctx; /* the rate's context: the largest certified one */
+            for (int i = 0; i < rep.n_certified_ctx; i++) c0 = rep.certified_ctx[i] > c0 ? rep.certified_ctx[i] : c0;
+            printf("tables     %.2f %s fixed per model, not in the rate: %.3f bits per element with them at -c %d",
+                   rep.table_bytes / (rep.table_bytes < 1e6 ? 1e3 : 1e6), rep.table_bytes < 1e6 ? "kB" : "MB",
+                   rep.bits_per_element + rep.table_bytes * 16 / rep.f16_kv_bytes_per_token / c0, c0);
+            if (rep.tables_pay_off_ctx > 0)
+                printf("; at or below the baseline's %.1f (tables included) from -c %d", r->baseline_bits,
+                       rep.tables_pay_off_ctx);
+            printf("\n");
+        }
         printf("eval       %d chunks x %d tokens from the evaluation split; calibration %lld tokens\n", r->n_chunks,
                r->n_ctx, (long long)rep.calib_tokens);
         if (j.kind == QF_ARTIFACT_AWQ && rep.n_tried > 1)

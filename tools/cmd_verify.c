@@ -115,6 +115,8 @@ static json_t *to_json(const char *path, const qf_artifact *a, qf_status st, con
         "verdict", "status", qf_status_name(st), "message", st == QF_OK ? "verified" : e->msg);
     /* issue 15's top-level keys: the rate (every overhead included) and the certified contexts */
     json_object_set_new(j, "bits_per_element", isfinite(bits) ? json_real(bits) : json_null());
+    double tb = qf_artifact_table_bytes(c->kind, &a->payload);
+    json_object_set_new(j, "table_bytes", isfinite(tb) ? json_real(tb) : json_null());
     int ctx[16];
     int n = qf_certificate_certified_ctx(c, ctx, 16);
     json_t *cc = json_array();
@@ -168,6 +170,8 @@ static void print_table(const char *path, const qf_artifact *a, double bits) {
     if (g.vs_baseline) printf(", kld_mean <= free baseline's %.6f", gn.baseline_kld_mean);
     printf(": %s\n", c->passed ? "PASSED" : "FAILED");
     if (isfinite(bits)) printf("bits/element    %.4f\n", bits);
+    double tb = qf_artifact_table_bytes(c->kind, &a->payload);
+    if (isfinite(tb)) printf("tables          %.0f bytes fixed per model (not in bits/element)\n", tb);
     int ctx[16];
     int n = qf_certificate_certified_ctx(c, ctx, 16);
     printf("certified ctx  ");

@@ -62,6 +62,14 @@ QF_API qf_status qf_context_unbind(qf_context *c, qf_error *err);
 QF_API double qf_artifact_bits_per_element(qf_artifact_kind kind, const qf_payload *p, const qf_hparams *hp,
                                     int n_ctx);
 
+/* Bytes of a KV artifact's fixed per-model tables: every array of its payload (f32 entries 4
+ * bytes an element, u8 / i8 entries 1), i.e. what qf_artifact_bits_per_element leaves out
+ * (kv-int8's static scales, kv-dict's atoms, kv-rq's codebooks, format 3's transforms and the V
+ * predictor). The cache holds them once per context, whatever its length, so against a free
+ * cache type of b bits they pay off from n_ctx >= table_bytes * 8 / (elements per token * (b -
+ * rate)). NaN for awq (a weight artifact) or a NULL payload. */
+QF_API double qf_artifact_table_bytes(qf_artifact_kind kind, const qf_payload *p);
+
 /* True for artifacts only the CPU route runs (kv-dict payload version 2): a caller creating
  * the context with QF_DEVICE_AUTO should pick QF_DEVICE_CPU for them. */
 QF_API bool qf_artifact_cpu_only(const qf_artifact *a);

@@ -219,6 +219,9 @@ typedef struct {
     int certified_ctx[QF_JOB_MAX_CTX]; /* the contexts whose gate passed (recorded in the certificate) */
     int n_certified_ctx;
     double bits_per_element;    /* the packaged payload's rate at its largest certified context (NaN: awq) */
+    double table_bytes;         /* its fixed per-model tables, not in that rate (qf_artifact_table_bytes; NaN: awq) */
+    int tables_pay_off_ctx;     /* the smallest context at which the rate with the tables amortized over it is at
+                                 * most the free baseline's bits (0: no baseline, or not below 2^24 tokens) */
     int64_t calib_tokens;
     double seconds_corpus, seconds_capture, seconds_learn, seconds_certify, seconds_package;
 } qf_job_report;

@@ -377,3 +377,14 @@ double qf_artifact_bits_per_element(qf_artifact_kind kind, const qf_payload *p, 
     default: return NAN; /* awq is a weight artifact; a new KV kind adds its case here */
     }
 }
+
+double qf_artifact_table_bytes(qf_artifact_kind kind, const qf_payload *p) {
+    if (!p || kind == QF_ARTIFACT_AWQ) return NAN;
+    double b = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        const qf_payload_entry *e = &p->entries[i];
+        if (e->type == QF_PAYLOAD_F32) b += 4.0 * (double)e->count;
+        else if (e->type == QF_PAYLOAD_U8 || e->type == QF_PAYLOAD_I8) b += (double)e->count;
+    }
+    return b;
+}

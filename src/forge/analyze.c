@@ -147,16 +147,6 @@ static qf_status parse_methods(const char *s, bool want[N_METHODS], qf_error *er
     return QF_OK;
 }
 
-static double payload_table_bytes(const qf_payload *pl) {
-    double b = 0;
-    for (size_t i = 0; i < pl->n; i++) {
-        const qf_payload_entry *e = &pl->entries[i];
-        if (e->type == QF_PAYLOAD_F32) b += 4.0 * (double)e->count;
-        else if (e->type == QF_PAYLOAD_U8 || e->type == QF_PAYLOAD_I8) b += (double)e->count;
-    }
-    return b;
-}
-
 static qf_status add_skip(qf_analyze_report *rep, int *cap, const char *m, const char *label, const char *why,
                           qf_error *err) {
     if (rep->n_skipped == *cap) {
@@ -383,7 +373,7 @@ static qf_status measure_method(const qf_analyze_params *p, state *s, int mi, qf
             st = m->via_job ? learn_via_job(p, s, &j, &pl, label, sizeof label, &e)
                             : qf_job_learn(&j, s->ctx, s->cap, variant, &pl, label, sizeof label, &e);
             if (!st) st = qf_certify_candidate(s->ctx, s->ref, m->kind, &pl, &gate, &r, &e);
-            table = payload_table_bytes(&pl);
+            table = qf_artifact_table_bytes(m->kind, &pl);
             qf_payload_free(&pl);
         }
         if (st == QF_ERR_NOMEM) {

@@ -523,6 +523,24 @@ static double f16_bytes_per_token(const qf_model *m) {
     return (double)hp->n_layer * hp->n_head_kv * hp->head_dim * 2.0 * 2.0;
 }
 
+/* The smallest context n at which the payload's rate at n plus its tables amortized over n is
+ * at most bits (the free baseline's); both terms fall with n, so a bisection finds it. 0 when
+ * no context up to 2^24 gets there. */
+static int tables_pay_off(qf_artifact_kind kind, const qf_payload *p, const qf_hparams *hp, double bits) {
+    double T = qf_artifact_table_bytes(kind, p), E = (double)hp->n_layer * hp->n_head_kv * hp->head_dim * 2;
+    if (!isfinite(T) || !(bits > 0) || !(E > 0)) return 0;
+#define WITH(n) (qf_artifact_bits_per_element(kind, p, hp, (n)) + T * 8 / (E * (n)))
+    int lo = 1, hi = 1 << 24;
+    if (!(WITH(hi) <= bits)) return 0;
+    while (lo < hi) { /* WITH(hi) <= bits throughout */
+        int mid = lo + (hi - lo) / 2;
+        if (WITH(mid) <= bits) hi = mid;
+        else lo = mid + 1;
+    }
+#undef WITH
+    return hi;
+}
+
 /* The keys issue 15 added to the certificate's config (docs/artifact-format.md "Gate and context
  * keys"): the gate's p99 / two-sided / baseline switches, the free baseline's numbers, the rate,
  * and the numbers at every context of the --ctx list with the list of those that passed. */
@@ -534,6 +552,7 @@ static qf_status add_gate_keys(qf_payload *cf, const qf_job_report *rep, qf_erro
     if (!st) st = qf_payload_add_int(cf, "gate.two_sided", g->two_sided, err);
     if (!st) st = qf_payload_add_int(cf, "gate.vs_baseline", g->vs_baseline, err);
     if (!st && isfinite(rep->bits_per_element)) st = qf_payload_add_float(cf, "bits_per_element", rep->bits_per_element, err);
+    if (!st && isfinite(rep->table_bytes)) st = qf_payload_add_float(cf, "table_bytes", rep->table_bytes, err);
     if (!st && r->has_baseline) {
         if (!st) st = qf_payload_add_string(cf, "baseline.kv", r->baseline, err);
         if (!st) st = qf_payload_add_float(cf, "baseline.bits_per_element", r->baseline_bits, err);
@@ -1382,6 +1401,9 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     for (int ci = 0; ci < rep->n_certified_ctx; ci++)
         if (rep->certified_ctx[ci] > max_ctx) max_ctx = rep->certified_ctx[ci];
     rep->bits_per_element = qf_artifact_bits_per_element(QF_ARTIFACT_KV_RQ, &best, hp, max_ctx);
+    rep->table_bytes = qf_artifact_table_bytes(QF_ARTIFACT_KV_RQ, &best);
+    if (rep->result.has_baseline)
+        rep->tables_pay_off_ctx = tables_pay_off(QF_ARTIFACT_KV_RQ, &best, hp, rep->result.baseline_bits);
     rep->seconds_certify = qf_now_sec() - t0;
     if ((st = fill_cert(j, s, rep, err))) goto done;
     qf_payload *cf = &rep->cert.config;
@@ -1498,6 +1520,7 @@ static qf_status certify_at_ctx(const qf_job *j, shared *s, int n, const qf_payl
 qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
     memset(rep, 0, sizeof *rep);
     rep->bits_per_element = NAN;
+    rep->table_bytes = NAN;
     qf_certificate_init(&rep->cert, j->kind);
     if (!j->model_path) return qf_fail(err, QF_ERR_ARG, "calibrate: no model given");
     if (!j->out_path) return qf_fail(err, QF_ERR_ARG, "calibrate: no output path given");
@@ -1615,6 +1638,9 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
     for (int ci = 0; ci < rep->n_certified_ctx; ci++)
         if (rep->certified_ctx[ci] > max_ctx) max_ctx = rep->certified_ctx[ci];
     rep->bits_per_element = qf_artifact_bits_per_element(j->kind, &best, qf_model_hparams(s.model), max_ctx);
+    rep->table_bytes = qf_artifact_table_bytes(j->kind, &best);
+    if (rep->result.has_baseline)
+        rep->tables_pay_off_ctx = tables_pay_off(j->kind, &best, qf_model_hparams(s.model), rep->result.baseline_bits);
     if ((st = fill_cert(j, &s, rep, err))) goto done;
     const qf_certify_result *r = &rep->result;
     if (!r->passed) {
