@@ -41,7 +41,8 @@ QF_API qf_run_params qf_run_default_params(void);
 typedef struct {
     qf_model *model;
     qf_context *ctx;      /* its params (qf_context_params_get) hold the resolved defaults */
-    qf_artifact artifact; /* loaded and verified when has_artifact */
+    qf_artifact artifact; /* loaded and verified when has_artifact; the context reads its payload in place
+                           * (qf_context_bind_payload_in_place): leave it unchanged while ctx lives */
     bool has_artifact;
     bool uncertified_ctx; /* forced above the artifact's certified context */
     int certified_ctx;    /* the artifact's largest certified context (0: none recorded) */

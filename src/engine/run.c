@@ -60,7 +60,12 @@ qf_status qf_run_open(const qf_run_params *p, qf_run *r, qf_error *err) {
         st = err ? err->code : QF_ERR_NOMEM;
         goto fail;
     }
-    if (r->has_artifact && (st = qf_context_bind_artifact(r->ctx, &r->artifact, err))) goto fail;
+    /* bound in place: r->artifact outlives r->ctx (qf_run_close frees the context first), so a
+     * kv-rq cache reads the V predictor and format 3's transforms from the payload instead of
+     * holding a second copy (168 MB at the Llama-3-8B shape) */
+    if (r->has_artifact && ((st = qf_artifact_check(&r->artifact, qf_model_sha256(r->model), err)) ||
+                            (st = qf_context_bind_payload_in_place(r->ctx, r->artifact.cert.kind, &r->artifact.payload, err))))
+        goto fail;
     return QF_OK;
 fail:
     qf_run_close(r);
