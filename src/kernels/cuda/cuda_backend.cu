@@ -397,8 +397,8 @@ static size_t rq_take(size_t *off, size_t n) {
 
 /* kv-rq on the device from kv's codecs (both streams kv-rq); the rows themselves are allocated
  * by set_kv from (*out)->loff. Format-3 and predictor matrices are uploaded as they are, each
- * array in one copy, and transposed on the device (launch_transpose_sq: the layouts of
- * rq_transpose_heads; on the host the predictor's transposes alone took 0.27 s a bind at the
+ * array in one copy, and transposed on the device (launch_transpose_sq: encT, decT, predT as
+ * rq_layer_dev names them; on the host the predictor's transposes alone took 0.27 s a bind at the
  * 8B shape on a 2-core machine, and the certifier binds 64 times); the bit offsets of format-3 codes are
  * precomputed (the prefix sums of the widths). */
 static qf_status rq_state_new(const qf_cuda_ctx *g, const qf_gpu_kv *kv, struct rq_state **out, qf_error *err) {

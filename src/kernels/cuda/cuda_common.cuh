@@ -634,22 +634,17 @@ struct rq_layer_dev {
     const float *predT;                /* V with a predictor: [HD (col)][HD (row)], else NULL */
     const float *khat;                 /* with predT: [n_pos][HD] the decoded pre-RoPE K rows */
 };
-/* the format-3 layouts above, built on the host: dst[h][j][i] = src[h][i][j] for nh D x D
- * matrices (encT, decT), and bo[h][i] = the bit offset of coordinate i's code in a row of
- * head h's widths w[h][D] (boff) */
-static inline void rq_transpose_heads(const float *src, size_t nh, int D, float *dst) {
-    for (size_t h = 0; h < nh; h++)
-        for (int i = 0; i < D; i++)
-            for (int j = 0; j < D; j++) dst[(h * D + j) * D + i] = src[(h * D + i) * D + j];
-}
+/* the format-3 layouts above: bo[h][i] = the bit offset of coordinate i's code in a row of
+ * head h's widths w[h][D] (boff), built on the host; encT and decT (dst[h][j][i] = src[h][i][j]
+ * for nh D x D matrices) by launch_transpose_sq on the device */
 static inline void rq_bit_offsets(const uint8_t *w, size_t nh, int D, uint16_t *bo) {
     for (size_t h = 0; h < nh; h++) {
         unsigned b = 0;
         for (int i = 0; i < D; i++) bo[h * D + i] = (uint16_t)b, b += w[h * D + i];
     }
 }
-/* rq_transpose_heads on the device: dst[b][j][i] = src[b][i][j] for nb n x n matrices (src and
- * dst device memory, distinct) */
+/* dst[b][j][i] = src[b][i][j] for nb n x n matrices (src and dst device memory, distinct): the
+ * format-3 encT / decT and the V predictor's predT */
 void launch_transpose_sq(const float *src, size_t nb, int n, float *dst, cudaStream_t s);
 /* sc[c] = qf_kv_rq_scale(c) for every scale code c (the host's exp2f; sc[0] = 0) */
 static inline void rq_scale_table(float sc[256]) {

@@ -252,18 +252,16 @@ qf_status learn_klt_measure(const qf_cuda_klt_measure *m, qf_error *err) {
     const size_t HDn = (size_t)H * D;
     qf_status st = QF_OK;
     dallocs b = {};
-    /* host-side: enc and dec transposed per head (the device codecs' layouts), 1 / cs, the bit
-     * offsets of each width's codes, the scale table */
-    float *encT = (float *)malloc(HDn * D * 4), *decT = (float *)malloc(HDn * D * 4), *inv = (float *)malloc(HDn * 4);
+    /* host-side: 1 / cs, the bit offsets of each width's codes, the scale table (enc and dec go
+     * up as they are and are transposed per head on the device, the codecs' layouts) */
+    float *inv = (float *)malloc(HDn * 4);
     uint16_t *bo = (uint16_t *)malloc((size_t)NW * HDn * 2);
     float sc[256];
     rq_scale_table(sc);
-    if (!encT || !decT || !inv || !bo) {
-        free(encT), free(decT), free(inv), free(bo);
+    if (!inv || !bo) {
+        free(inv), free(bo);
         return cu_fail(err, QF_ERR_NOMEM, "kv-rq klt measurement on the GPU: out of memory");
     }
-    rq_transpose_heads(m->enc, (size_t)H, D, encT);
-    rq_transpose_heads(m->dec, (size_t)H, D, decT);
     for (size_t i = 0; i < HDn; i++) inv[i] = 1.0f / m->cs[i]; /* klt_unit's ics */
     rq_bit_offsets(m->width, (size_t)NW * H, D, bo); /* each width's rows: NW x H heads */
     const size_t rbmax = 1 + ((size_t)D * NW + 7) / 8; /* QF_KV_RQ_SCALE_BYTES + the widest row's codes */
@@ -271,7 +269,8 @@ qf_status learn_klt_measure(const qf_cuda_klt_measure *m, qf_error *err) {
     float *dy = (float *)dalloc(&b, (size_t)R * D * 4);
     float *dmean = (float *)dup_to(&b, m->mean, HDn * 4), *dcs = (float *)dup_to(&b, m->cs, HDn * 4);
     float *dinv = (float *)dup_to(&b, inv, HDn * 4), *dsig = (float *)dup_to(&b, m->sigma, HDn * 4);
-    float *dencT = (float *)dup_to(&b, encT, HDn * D * 4), *ddecT = (float *)dup_to(&b, decT, HDn * D * 4);
+    float *denc = (float *)dup_to(&b, m->enc, HDn * D * 4), *ddec = (float *)dup_to(&b, m->dec, HDn * D * 4);
+    float *dencT = (float *)dalloc(&b, HDn * D * 4), *ddecT = (float *)dalloc(&b, HDn * D * 4);
     uint8_t *dw = (uint8_t *)dup_to(&b, m->width, (size_t)NW * HDn);
     uint16_t *dbo = (uint16_t *)dup_to(&b, bo, (size_t)NW * HDn * 2);
     float *dkl = (float *)dup_to(&b, m->klevels, (size_t)NW * HDn * 64 * 4);
@@ -279,10 +278,12 @@ qf_status learn_klt_measure(const qf_cuda_klt_measure *m, qf_error *err) {
     float *dsc = (float *)dup_to(&b, sc, sizeof sc);
     uint8_t *dcodes = (uint8_t *)dalloc(&b, (size_t)R * rbmax);
     double *de = (double *)dalloc(&b, (size_t)(1 + 2 * NW) * R * 8);
-    free(encT), free(decT), free(inv), free(bo);
-    if (!dx || !dxm || !dy || !dmean || !dcs || !dinv || !dsig || !dencT || !ddecT || !dw || !dbo || !dkl || !dhl ||
-        !dsc || !dcodes || !de)
+    free(inv), free(bo);
+    if (!dx || !dxm || !dy || !dmean || !dcs || !dinv || !dsig || !denc || !ddec || !dencT || !ddecT || !dw || !dbo ||
+        !dkl || !dhl || !dsc || !dcodes || !de)
         return no_device_memory(&b, err);
+    launch_transpose_sq(denc, (size_t)H, D, dencT, 0);
+    launch_transpose_sq(ddec, (size_t)H, D, ddecT, 0);
     {
         const int nt = D < 128 ? D : 128;
         const float hs = 1.0f / sqrtf((float)D); /* as qf_hadamard computes it */
