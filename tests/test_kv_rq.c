@@ -618,6 +618,28 @@ TEST(rq_payload_format_versions) {
     qf_model_free(m);
 }
 
+/* qf_artifact_table_bytes: every array of the payload (f32 4 bytes, u8 / i8 1), no scalar or
+ * string; NaN for awq and a NULL payload */
+TEST(table_bytes_counts_the_arrays) {
+    qf_payload p = {0};
+    qf_error e;
+    float f[6] = {0};
+    uint8_t u[5] = {0};
+    int8_t i8[3] = {0};
+    CHECK_EQ_INT(qf_payload_add_f32(&p, "a", f, 2, (int64_t[]){2, 3}, &e), QF_OK);
+    CHECK_EQ_INT(qf_payload_add_u8(&p, "b", u, 1, (int64_t[]){5}, &e), QF_OK);
+    CHECK_EQ_INT(qf_payload_add_i8(&p, "c", i8, 1, (int64_t[]){3}, &e), QF_OK);
+    CHECK_EQ_INT(qf_payload_add_int(&p, "n", 7, &e), QF_OK);
+    CHECK_EQ_INT(qf_payload_add_float(&p, "x", 0.5, &e), QF_OK);
+    CHECK_EQ_INT(qf_payload_add_string(&p, "s", "a long string that is not a table", &e), QF_OK);
+    CHECK(qf_artifact_table_bytes(QF_ARTIFACT_KV_RQ, &p) == 6 * 4 + 5 + 3);
+    CHECK(qf_artifact_table_bytes(QF_ARTIFACT_KV_INT8, &p) == 32);
+    CHECK(isnan(qf_artifact_table_bytes(QF_ARTIFACT_AWQ, &p)));
+    CHECK(isnan(qf_artifact_table_bytes(QF_ARTIFACT_KV_RQ, NULL)));
+    qf_payload_free(&p);
+    CHECK(qf_artifact_table_bytes(QF_ARTIFACT_KV_DICT, &p) == 0);
+}
+
 int main(void) {
     RUN(pack_unpack_bit_by_bit);
     RUN(row_sizes);
@@ -630,5 +652,6 @@ int main(void) {
     RUN(exact_window_all_exact_equals_f16_and_decode_equals_prefill);
     RUN(prerope_cache_sinks_are_post_rope);
     RUN(rq_payload_format_versions);
+    RUN(table_bytes_counts_the_arrays);
     return test_summary();
 }
