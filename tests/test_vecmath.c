@@ -155,6 +155,43 @@ static int rows_dot_differ(const float *A, const float *x, int n, int m) {
     return (memcmp(y0, y1, sizeof(float) * (size_t)m) != 0) + (memcmp(d0, d1, sizeof(double) * (size_t)m) != 0);
 }
 
+/* qf_vec_cols_axpy: the AVX2 kernel (elements in the lanes, 32 kept in registers across the
+ * columns) gives the oracle's bits (f32 product then add, column order, zero y skipped) for n
+ * around multiples of 8 and 32 up to 130, a row stride wider than n, y with zeros and a -0; and
+ * with infinities and NaN in B; forced scalar, the dispatcher runs the oracle */
+enum { CA_MAXN = 130, CA_MAXM = 64, CA_LDB = 133 };
+static int cols_axpy_differ(const float *B, const float *y, const float *acc0, int n, int m) {
+    float a0[CA_MAXN], a1[CA_MAXN];
+    memcpy(a0, acc0, sizeof(float) * (size_t)n), memcpy(a1, acc0, sizeof(float) * (size_t)n);
+    qf_vec_cols_axpy_ref(B, CA_LDB, m, y, n, a0);
+    if (qf_quant_has_avx2()) qf_vec_cols_axpy_avx2(B, CA_LDB, m, y, n, a1);
+    else qf_vec_cols_axpy(B, CA_LDB, m, y, n, a1);
+    return memcmp(a0, a1, sizeof(float) * (size_t)n) != 0;
+}
+TEST(cols_axpy_avx2_bit_identical) {
+    static float B[CA_MAXM * CA_LDB], y[CA_MAXM], acc0[CA_MAXN];
+    uint64_t s = 5;
+    for (int i = 0; i < CA_MAXM * CA_LDB; i++) B[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 3.0f;
+    for (int i = 0; i < CA_MAXM; i++) y[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 1e2f;
+    for (int i = 0; i < CA_MAXN; i++) acc0[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
+    y[2] = 0.0f, y[5] = -0.0f, y[11] = 0.0f; /* dropped coordinates */
+    int bad = 0, runs = 0;
+    static const int ns[] = {0, 1, 7, 8, 9, 31, 32, 33, 40, 64, 127, 128, 130}, ms[] = {0, 1, 3, 8, 17, 64};
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof ms / sizeof *ms; b++) bad += cols_axpy_differ(B, y, acc0, ns[a], ms[b]), runs++;
+    B[3] = INFINITY, B[CA_LDB + 40] = NAN, B[4 * CA_LDB + 3] = -INFINITY; /* element 3: inf - inf */
+    bad += cols_axpy_differ(B, y, acc0, 128, 64), runs++;
+    float a[128];
+    memcpy(a, acc0, sizeof a);
+    qf_vec_cols_axpy_ref(B, CA_LDB, 64, y, 128, a);
+    CHECK(isnan(a[3]) && isnan(a[40]) && isfinite(a[4]));
+    qf_quant_force_scalar(true);
+    bad += cols_axpy_differ(B, y, acc0, 128, 64), runs++;
+    qf_quant_force_scalar(false);
+    printf("  %d shapes, %d differ from the oracle%s\n", runs, bad, qf_quant_has_avx2() ? "" : " (no AVX2: the dispatcher)");
+    CHECK_EQ_INT(bad, 0);
+}
+
 /* qf_vec_rows_dot and its double-sum variant: the AVX2 kernels (outputs in the lanes, blocks
  * transposed in registers) give the oracles' bits (in-order sums, no FMA) for every shape: n
  * and m around multiples of 8, a row stride wider than n, then signed zeros, infinities and NaN
@@ -192,6 +229,7 @@ int main(void) {
     RUN(exp_avx2_matches_expf);
     RUN(dispatch_follows_force_scalar);
     RUN(rows_dot_avx2_bit_identical);
+    RUN(cols_axpy_avx2_bit_identical);
     RUN(softmax_and_sum_exp_match_oracles);
     RUN(silu_mul_and_rmsnorm_match);
     return test_summary();

@@ -125,16 +125,14 @@ void qf_kv_rq_klt_decode(const qf_kv_rq_klt *c, const uint8_t *row, float *out) 
         y[i] = c->width[i] ? s * c->sigma[i] * c->levels[(size_t)i * QF_KV_RQ_MAX_LEVELS + codes[i]] : 0.0f;
     float acc[QF_KV_RQ_MAX_HEAD_DIM]; /* a local sum: the column loop keeps no store to memory it might alias */
     for (int i = 0; i < D; i++) acc[i] = c->mean[i];
-    for (int j = 0; j < D; j++) { /* acc += dec[:, j] y_j, skipping dropped coordinates */
-        const float yj = y[j];
-        if (yj == 0) continue;
-        if (c->decT) {
-            const float *col = c->decT + (size_t)j * D;
-            for (int i = 0; i < D; i++) acc[i] += col[i] * yj;
-        } else {
+    /* acc += dec[:, j] y_j in j order, skipping dropped coordinates: decT's rows are dec's columns */
+    if (c->decT) qf_vec_cols_axpy(c->decT, (size_t)D, D, y, D, acc);
+    else
+        for (int j = 0; j < D; j++) {
+            const float yj = y[j];
+            if (yj == 0) continue;
             for (int i = 0; i < D; i++) acc[i] += c->dec[(size_t)i * D + j] * yj;
         }
-    }
     memcpy(out, acc, (size_t)D * sizeof(float));
 }
 

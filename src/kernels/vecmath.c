@@ -81,6 +81,20 @@ void qf_vec_rows_dot(const float *A, size_t lda, int n, const float *x, int m, f
     else qf_vec_rows_dot_ref(A, lda, n, x, m, y);
 }
 
+void qf_vec_cols_axpy_ref(const float *B, size_t ldb, int m, const float *y, int n, float *acc) {
+    for (int j = 0; j < m; j++) {
+        const float yj = y[j];
+        if (yj == 0) continue;
+        const float *b = B + (size_t)j * ldb;
+        for (int i = 0; i < n; i++) acc[i] += b[i] * yj;
+    }
+}
+
+void qf_vec_cols_axpy(const float *B, size_t ldb, int m, const float *y, int n, float *acc) {
+    if (qf_quant_has_avx2()) qf_vec_cols_axpy_avx2(B, ldb, m, y, n, acc);
+    else qf_vec_cols_axpy_ref(B, ldb, m, y, n, acc);
+}
+
 void qf_vec_rows_dot_f64_ref(const float *A, size_t lda, int n, const float *x, int m, double *y) {
     for (int o = 0; o < m; o++) {
         const float *a = A + (size_t)o * lda;

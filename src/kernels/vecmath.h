@@ -50,7 +50,15 @@ void qf_vec_rows_dot_ref(const float *A, size_t lda, int n, const float *x, int 
  * registers; the same bits as the oracle. */
 void qf_vec_rows_dot_f64(const float *A, size_t lda, int n, const float *x, int m, double *y);
 void qf_vec_rows_dot_f64_ref(const float *A, size_t lda, int n, const float *x, int m, double *y);
+/* acc[i] += B[j * ldb + i] * y[j] for i < n, over j < m in order, skipping every j with y[j] == 0:
+ * an f32 product then an f32 add, no fused multiply-add (kv-rq format 3's decoder, x = mean +
+ * dec y through dec's transpose, kv_rq_klt.c; the GPU's k_kv_rq_expand adds in the same order).
+ * The oracle: one element at a time. The fast kernel: eight elements in the eight AVX2 lanes, 32
+ * kept in registers across every j, the last n % 8 as the oracle: the same bits. */
+void qf_vec_cols_axpy(const float *B, size_t ldb, int m, const float *y, int n, float *acc);
+void qf_vec_cols_axpy_ref(const float *B, size_t ldb, int m, const float *y, int n, float *acc);
 /* internal: the AVX2 kernels (vecmath_avx2.c) */
+void qf_vec_cols_axpy_avx2(const float *B, size_t ldb, int m, const float *y, int n, float *acc);
 void qf_vec_rows_dot_f64_avx2(const float *A, size_t lda, int n, const float *x, int m, double *y);
 void qf_vec_rows_dot_avx2(const float *A, size_t lda, int n, const float *x, int m, float *y);
 void qf_vec_silu_mul_avx2(float *g, const float *u, int n);

@@ -202,3 +202,32 @@ void qf_vec_rows_dot_f64_avx2(const float *A, size_t lda, int n, const float *x,
     }
     if (o < m) qf_vec_rows_dot_f64_ref(A + (size_t)o * lda, lda, n, x, m - o, y + o);
 }
+
+/* qf_vec_cols_axpy (vecmath.h): lane r of a register is element i + r; 32 elements stay in four
+ * registers while j runs over every column in order (a multiply then an add, no FMA, zero y[j]
+ * skipped as the oracle skips them), then 8 at a time, the last n % 8 by the oracle */
+void qf_vec_cols_axpy_avx2(const float *B, size_t ldb, int m, const float *y, int n, float *acc) {
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_loadu_ps(acc + i + 8), a2 = _mm256_loadu_ps(acc + i + 16),
+               a3 = _mm256_loadu_ps(acc + i + 24);
+        for (int j = 0; j < m; j++) {
+            if (y[j] == 0) continue;
+            const __m256 yj = _mm256_set1_ps(y[j]);
+            const float *b = B + (size_t)j * ldb + i;
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(b), yj));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(b + 8), yj));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_loadu_ps(b + 16), yj));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_loadu_ps(b + 24), yj));
+        }
+        _mm256_storeu_ps(acc + i, a0), _mm256_storeu_ps(acc + i + 8, a1);
+        _mm256_storeu_ps(acc + i + 16, a2), _mm256_storeu_ps(acc + i + 24, a3);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 a0 = _mm256_loadu_ps(acc + i);
+        for (int j = 0; j < m; j++)
+            if (y[j] != 0) a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(B + (size_t)j * ldb + i), _mm256_set1_ps(y[j])));
+        _mm256_storeu_ps(acc + i, a0);
+    }
+    if (i < n) qf_vec_cols_axpy_ref(B + i, ldb, m, y, n - i, acc + i);
+}
