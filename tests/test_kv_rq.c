@@ -63,6 +63,25 @@ TEST(nearest_matches_brute_force) {
     }
 }
 
+/* the branch-free search against the binary search it replaced: every size 1..64, random
+ * ascending levels, v random, exactly on a midpoint, on a level, outside the range, +-inf and
+ * NaN: the same index */
+TEST(nearest_branch_free_matches_binary_search) {
+    uint64_t s = 11;
+    float lv[64];
+    int bad = 0, runs = 0;
+    for (int n = 1; n <= 64; n++)
+        for (int t = 0; t < 40; t++) {
+            float x = -3.0f;
+            for (int k = 0; k < n; k++) lv[k] = x += 0.01f + fabsf(gauss(&s));
+            float vs[8] = {4 * gauss(&s), lv[0] - 1, lv[n - 1] + 1, lv[(n - 1) / 2], INFINITY, -INFINITY, NAN,
+                           n > 1 ? 0.5f * (lv[n / 2 - 1] + lv[n / 2]) : lv[0]};
+            for (int q = 0; q < 8; q++, runs++) bad += qf_kv_rq_nearest(lv, n, vs[q]) != qf_kv_rq_nearest_ref(lv, n, vs[q]);
+        }
+    printf("  %d searches, %d differ\n", runs, bad);
+    CHECK_EQ_INT(bad, 0);
+}
+
 /* the oracle encoder: the same math with the explicit Hadamard matrix, brute-force nearest */
 static void oracle_decode(const qf_kv_rq_codec *c, const uint8_t *row, float *out) {
     int hd = c->head_dim;
@@ -644,6 +663,7 @@ int main(void) {
     RUN(pack_unpack_bit_by_bit);
     RUN(row_sizes);
     RUN(nearest_matches_brute_force);
+    RUN(nearest_branch_free_matches_binary_search);
     RUN(encode_decode_matches_oracle_and_fit);
     RUN(lloyd_rejects_bad_input);
     RUN(rq_cache_mode_roundtrip_and_refusals);

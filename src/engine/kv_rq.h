@@ -33,8 +33,11 @@ typedef struct {
 void qf_kv_rq_pack(const uint8_t *codes, int n, int bits, uint8_t *dst);
 void qf_kv_rq_unpack(const uint8_t *src, int n, int bits, uint8_t *codes);
 
-/* Index of the level nearest to v (ties to the lower level); levels ascending, n >= 1. */
+/* Index of the level nearest to v (ties to the lower level); levels ascending, n >= 1: the first
+ * level whose midpoint to the next, 0.5f * (l[k] + l[k + 1]), is >= v (n - 1 for NaN). The _ref
+ * version is the plain binary search, the oracle of the branch-free one. */
 int qf_kv_rq_nearest(const float *levels, int n, float v);
+int qf_kv_rq_nearest_ref(const float *levels, int n, float v);
 
 /* Encode x[head_dim] into one row of qf_kv_rq_row_bytes(head_dim, bits) bytes; scratch holds
  * 2 * head_dim floats. Non-finite inputs encode as a zero row (scale 0). */
