@@ -4,13 +4,17 @@
  * on one thread; the outputs must be equal bit for bit.
  *   write: one token's V prediction, P [1024][1024] times the token's decoded K [1024]
  *   read:  one kv head's share, 128 rows of P (stride 1024) times one K head [128]
- * and qf_vec_rows_dot_f64 (format 3's transform, one 128 x 128 head, double sums).
+ * and qf_vec_rows_dot_f64 (format 3's transform, one 128 x 128 head, double sums), then format
+ * 3's decoder step, qf_vec_cols_axpy (x += decT^T y over one 128 x 128 head, a quarter of y's
+ * coordinates dropped as low rates drop them), and the encoders' level search, qf_kv_rq_nearest
+ * (branch-free) against its binary-search oracle over 4-level codebooks, random values.
  *
  *   build/bench/bench_rows_dot [rounds]   (default 200) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/kv_rq.h"
 #include "kernels/vecmath.h"
 #include "util/util.h"
 
@@ -70,6 +74,41 @@ int main(int argc, char **argv) {
     printf("%-30s oracle %8.2f us, kernel %8.2f us: %.2fx; equal: %s\n", "transform (128 x 128, double)", b0 * 1e6,
            b1 * 1e6, b0 / b1, eq ? "yes" : "NO");
     free(z0), free(z1);
+    /* format 3's decoder step: acc = mean + sum_j decT[j] y_j, y_j = 0 for every fourth j */
+    {
+        float yy[D], a0[D], a1[D];
+        for (int j = 0; j < D; j++) yy[j] = j % 4 == 3 ? 0.0f : x[j];
+        double c0 = 1e30, c1 = 1e30;
+        for (int r = 0; r < rounds; r++) {
+            double t0 = qf_now_sec();
+            for (int k = 0; k < 64; k++) memcpy(a0, x, sizeof a0), qf_vec_cols_axpy_ref(P, D, D, yy, D, a0);
+            double t1 = qf_now_sec();
+            for (int k = 0; k < 64; k++) memcpy(a1, x, sizeof a1), qf_vec_cols_axpy(P, D, D, yy, D, a1);
+            double t2 = qf_now_sec();
+            c0 = (t1 - t0) / 64 < c0 ? (t1 - t0) / 64 : c0, c1 = (t2 - t1) / 64 < c1 ? (t2 - t1) / 64 : c1;
+        }
+        bool eqc = memcmp(a0, a1, sizeof a0) == 0;
+        bad += !eqc;
+        printf("%-30s oracle %8.2f us, kernel %8.2f us: %.2fx; equal: %s\n", "decode (128 x 128, 3/4 of y)", c0 * 1e6,
+               c1 * 1e6, c0 / c1, eqc ? "yes" : "NO");
+    }
+    /* the level search: 4 levels (2-bit codes), HD random values a round */
+    {
+        static const float lv[4] = {-1.5f, -0.45f, 0.45f, 1.5f};
+        double n0 = 1e30, n1 = 1e30;
+        long s0 = 0, s1 = 0;
+        for (int r = 0; r < rounds; r++) {
+            double t0 = qf_now_sec();
+            for (int i = 0; i < HD; i++) s0 += qf_kv_rq_nearest_ref(lv, 4, 3 * x[i]);
+            double t1 = qf_now_sec();
+            for (int i = 0; i < HD; i++) s1 += qf_kv_rq_nearest(lv, 4, 3 * x[i]);
+            double t2 = qf_now_sec();
+            n0 = (t1 - t0) < n0 ? (t1 - t0) : n0, n1 = (t2 - t1) < n1 ? (t2 - t1) : n1;
+        }
+        bad += s0 != s1;
+        printf("%-30s oracle %8.2f us, kernel %8.2f us: %.2fx; equal: %s\n", "nearest level (1024 values)", n0 * 1e6,
+               n1 * 1e6, n0 / n1, s0 == s1 ? "yes" : "NO");
+    }
     free(P), free(x), free(y0), free(y1);
     return bad ? 1 : 0;
 }
