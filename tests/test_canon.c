@@ -25,8 +25,11 @@ static void fill(float *x, size_t n, uint64_t *s, float amp) {
 
 TEST(kernels_match_their_oracles) {
     uint64_t s = 11;
-    const int hds[] = {64, 20, 128}, Ts[] = {37, 16, 5};
-    for (int c = 0; c < 3; c++) {
+    /* T around the AVX-512 scores' 32-key blocks, head_dim 64 / 128 (pv's four-query path), 80
+     * (its two-query path) and 20 (no AVX-512 pv) */
+    const int hds[] = {64, 20, 128, 128, 80}, Ts[] = {37, 16, 5, 70, 33};
+    const bool avx512 = qf_quant_has_avx2() && qf_gemm_isa_get() == QF_GEMM_ISA_AVX512;
+    for (int c = 0; c < 5; c++) {
         int hd = hds[c], T = Ts[c], nq = 7;
         float *Q = malloc(sizeof(float) * nq * hd), *K = malloc(sizeof(float) * T * hd), *V = malloc(sizeof(float) * (T + nq) * hd);
         float *S1 = calloc((size_t)nq * (T + nq), sizeof(float)), *S2 = calloc((size_t)nq * (T + nq), sizeof(float));
@@ -46,6 +49,20 @@ TEST(kernels_match_their_oracles) {
         qf_canon_pv(S1, T + nq, nq, T, V, EV, 2, 5, hd, O1, hd);
         qf_canon_pv_ref(S1, T + nq, nq, T, V, EV, 2, 5, hd, O2, hd);
         CHECK_MSG(memcmp(O1, O2, sizeof(float) * nq * hd) == 0, "pv with exact rows hd %d T %d", hd, T);
+        if (avx512) { /* the AVX-512 kernels themselves, whatever the dispatch picks */
+            float *S3 = calloc((size_t)nq * (T + nq), sizeof(float));
+            qf_canon_scores_avx512(Q, hd, nq, K, T, hd, 0.125f, S3, T + nq, scr);
+            qf_canon_scores_ref(Q, hd, nq, K, T, hd, 0.125f, S2, T + nq);
+            CHECK_MSG(memcmp(S3, S2, sizeof(float) * nq * (T + nq)) == 0, "avx512 scores hd %d T %d", hd, T);
+            free(S3);
+            for (int ex = 0; ex < 2; ex++) {
+                memset(O1, 0, sizeof(float) * nq * hd);
+                bool ran = qf_canon_pv_avx512(S1, T + nq, nq, T, V, ex ? EV : NULL, 2, 5, hd, O1, hd);
+                qf_canon_pv_ref(S1, T + nq, nq, T, V, ex ? EV : NULL, 2, 5, hd, O2, hd);
+                CHECK_MSG(ran == (hd % 16 == 0), "avx512 pv ran for hd %d", hd);
+                if (ran) CHECK_MSG(memcmp(O1, O2, sizeof(float) * nq * hd) == 0, "avx512 pv hd %d T %d exact %d", hd, T, ex);
+            }
+        }
         free(EV);
         free(Q), free(K), free(V), free(S1), free(S2), free(O1), free(O2), free(scr);
     }

@@ -2,6 +2,7 @@
 #include "kernels/canon.h"
 
 #include "kernels/canon_cpu.h"
+#include "kernels/gemm.h"
 #include "qforge/quant.h"
 
 void qf_canon_scores_ref(const float *Q, int64_t ldq, int nq, const float *K, int T, int hd, float scale, float *S,
@@ -12,6 +13,9 @@ void qf_canon_scores_ref(const float *Q, int64_t ldq, int nq, const float *K, in
 
 void qf_canon_scores(const float *Q, int64_t ldq, int nq, const float *K, int T, int hd, float scale, float *S,
                      int64_t lds, float *scratch) {
+    if (qf_quant_has_avx2() && qf_gemm_isa_get() == QF_GEMM_ISA_AVX512 &&
+        qf_canon_scores_avx512(Q, ldq, nq, K, T, hd, scale, S, lds, scratch))
+        return;
     if (qf_quant_has_avx2() && qf_canon_scores_avx2(Q, ldq, nq, K, T, hd, scale, S, lds, scratch)) return;
     qf_canon_scores_ref(Q, ldq, nq, K, T, hd, scale, S, lds);
 }
@@ -44,6 +48,9 @@ void qf_canon_pv_ref(const float *P, int64_t ldp, int nq, int cnt0, const float 
 
 void qf_canon_pv(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
                  int n_window, int hd, float *O, int64_t ldo) {
+    if (qf_quant_has_avx2() && qf_gemm_isa_get() == QF_GEMM_ISA_AVX512 &&
+        qf_canon_pv_avx512(P, ldp, nq, cnt0, V, EV, n_sink, n_window, hd, O, ldo))
+        return;
     if (qf_quant_has_avx2() && qf_canon_pv_avx2(P, ldp, nq, cnt0, V, EV, n_sink, n_window, hd, O, ldo)) return;
     qf_canon_pv_ref(P, ldp, nq, cnt0, V, EV, n_sink, n_window, hd, O, ldo);
 }

@@ -1,7 +1,8 @@
 /* canon_cpu.h: the CPU kernels of the canonical arithmetic (canon.h) that have no exact fast
  * version elsewhere: attention's scores and weighted sums, and the f32 GEMM chain for weights
  * without an integer kernel. Each has a scalar oracle (_ref, canon.h's loops) and an AVX2/FMA
- * version (canon_avx2.c) that vectorizes over independent outputs only, so each output is the
+ * version (canon_avx2.c; the attention kernels an AVX-512 one too, canon_avx512.c) that
+ * vectorizes over independent outputs only, so each output is the
  * same chain of fmaf: the dispatching function returns the oracle's bits on every CPU
  * (tests/test_canon.c checks it). */
 #ifndef QF_KERNELS_CANON_CPU_H
@@ -12,7 +13,7 @@
 
 /* S[i * lds + t] = qf_canon_dot(Q + i * ldq, K + t * hd, hd) * scale for i < nq, t < T (K rows of
  * hd floats). scratch: QF_CANON_SCRATCH(hd) floats (unused by the oracle). */
-#define QF_CANON_SCRATCH(k) (16 * (int64_t)(k) + 16)
+#define QF_CANON_SCRATCH(k) (32 * (int64_t)(k) + 32)
 void qf_canon_scores(const float *Q, int64_t ldq, int nq, const float *K, int T, int hd, float scale, float *S,
                      int64_t lds, float *scratch);
 void qf_canon_scores_ref(const float *Q, int64_t ldq, int nq, const float *K, int T, int hd, float scale, float *S,
@@ -38,6 +39,11 @@ bool qf_canon_scores_avx2(const float *Q, int64_t ldq, int nq, const float *K, i
                           int64_t lds, float *scratch);
 bool qf_canon_pv_avx2(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
                       int n_window, int hd, float *O, int64_t ldo);
+/* internal: the AVX-512 versions (canon_avx512.c; the AVX2 kernels take the scores' last keys) */
+bool qf_canon_scores_avx512(const float *Q, int64_t ldq, int nq, const float *K, int T, int hd, float scale, float *S,
+                            int64_t lds, float *scratch);
+bool qf_canon_pv_avx512(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
+                        int n_window, int hd, float *O, int64_t ldo);
 bool qf_canon_gemm_rows_avx2(const float *W, int64_t K, int64_t nrows, const float *x, int n, float *y, int64_t ldy,
                              float *scratch);
 
