@@ -25,11 +25,11 @@ static void fill(float *x, size_t n, uint64_t *s, float amp) {
 
 TEST(kernels_match_their_oracles) {
     uint64_t s = 11;
-    /* T around the AVX-512 scores' 32-key blocks, head_dim 64 / 128 (pv's four-query path), 80
-     * (its two-query path) and 20 (no AVX-512 pv) */
-    const int hds[] = {64, 20, 128, 128, 80}, Ts[] = {37, 16, 5, 70, 33};
+    /* T around the AVX-512 scores' 32-key blocks (a masked last block of 1, 5, 6, 16 or 25 keys),
+     * head_dim 64 / 128 (pv's four-query path), 80 (its two-query path) and 20 (no AVX-512 pv) */
+    const int hds[] = {64, 20, 128, 128, 80, 128}, Ts[] = {37, 16, 5, 70, 33, 57};
     const bool avx512 = qf_quant_has_avx2() && qf_gemm_isa_get() == QF_GEMM_ISA_AVX512;
-    for (int c = 0; c < 5; c++) {
+    for (int c = 0; c < 6; c++) {
         int hd = hds[c], T = Ts[c], nq = 7;
         float *Q = malloc(sizeof(float) * nq * hd), *K = malloc(sizeof(float) * T * hd), *V = malloc(sizeof(float) * (T + nq) * hd);
         float *S1 = calloc((size_t)nq * (T + nq), sizeof(float)), *S2 = calloc((size_t)nq * (T + nq), sizeof(float));
@@ -50,7 +50,10 @@ TEST(kernels_match_their_oracles) {
         qf_canon_pv_ref(S1, T + nq, nq, T, V, EV, 2, 5, hd, O2, hd);
         CHECK_MSG(memcmp(O1, O2, sizeof(float) * nq * hd) == 0, "pv with exact rows hd %d T %d", hd, T);
         if (avx512) { /* the AVX-512 kernels themselves, whatever the dispatch picks */
-            float *S3 = calloc((size_t)nq * (T + nq), sizeof(float));
+            /* the columns past T (the next queries' own keys) must stay untouched: both start
+             * from the same sentinel */
+            float *S3 = malloc(sizeof(float) * nq * (T + nq));
+            for (int q = 0; q < nq * (T + nq); q++) S3[q] = S2[q] = 7.0f;
             qf_canon_scores_avx512(Q, hd, nq, K, T, hd, 0.125f, S3, T + nq, scr);
             qf_canon_scores_ref(Q, hd, nq, K, T, hd, 0.125f, S2, T + nq);
             CHECK_MSG(memcmp(S3, S2, sizeof(float) * nq * (T + nq)) == 0, "avx512 scores hd %d T %d", hd, T);

@@ -8,17 +8,23 @@
 #include "kernels/canon.h"
 #include "kernels/canon_cpu.h"
 
-/* 4 queries x 32 keys a block (8 chains of 16 lanes in flight), the last T % 32 keys by the AVX2
- * kernel (its own 16-key blocks, then one chain a key) */
+/* 4 queries x 32 keys a block (8 chains of 16 lanes in flight). The last T % 32 keys run as one
+ * more block whose missing keys are zeros in the scratch and whose stores are masked to the real
+ * keys: a lane's chain depends only on its own key, so the real ones are the oracle's. */
 bool qf_canon_scores_avx512(const float *Q, int64_t ldq, int nq, const float *K, int T, int hd, float scale, float *S,
                             int64_t lds, float *scratch) {
     const __m512 vs = _mm512_set1_ps(scale);
-    int t = 0;
-    for (; t + 32 <= T; t += 32) {
-        /* the 32 keys transposed: scratch[d * 32 + j] = K[t + j][d] */
+    for (int t = 0; t < T; t += 32) {
+        const int nk = T - t < 32 ? T - t : 32;
+        const __mmask16 m0 = (__mmask16)(nk >= 16 ? 0xFFFF : (1u << nk) - 1),
+                        m1 = (__mmask16)(nk >= 32 ? 0xFFFF : nk > 16 ? (1u << (nk - 16)) - 1 : 0);
+        /* the keys transposed: scratch[d * 32 + j] = K[t + j][d], zeros past the last key */
         for (int j = 0; j < 32; j++) {
             const float *kr = K + (int64_t)(t + j) * hd;
-            for (int d = 0; d < hd; d++) scratch[d * 32 + j] = kr[d];
+            if (j < nk)
+                for (int d = 0; d < hd; d++) scratch[d * 32 + j] = kr[d];
+            else
+                for (int d = 0; d < hd; d++) scratch[d * 32 + j] = 0.0f;
         }
         int i = 0;
         for (; i + 4 <= nq; i += 4) {
@@ -34,8 +40,8 @@ bool qf_canon_scores_avx512(const float *Q, int64_t ldq, int nq, const float *K,
                 }
             }
             for (int r = 0; r < 4; r++) {
-                _mm512_storeu_ps(S + (i + r) * lds + t, _mm512_mul_ps(a[r][0], vs));
-                _mm512_storeu_ps(S + (i + r) * lds + t + 16, _mm512_mul_ps(a[r][1], vs));
+                _mm512_mask_storeu_ps(S + (i + r) * lds + t, m0, _mm512_mul_ps(a[r][0], vs));
+                _mm512_mask_storeu_ps(S + (i + r) * lds + t + 16, m1, _mm512_mul_ps(a[r][1], vs));
             }
         }
         for (; i < nq; i++) {
@@ -46,11 +52,10 @@ bool qf_canon_scores_avx512(const float *Q, int64_t ldq, int nq, const float *K,
                 a0 = _mm512_fmadd_ps(qb, _mm512_loadu_ps(scratch + d * 32), a0);
                 a1 = _mm512_fmadd_ps(qb, _mm512_loadu_ps(scratch + d * 32 + 16), a1);
             }
-            _mm512_storeu_ps(S + i * lds + t, _mm512_mul_ps(a0, vs));
-            _mm512_storeu_ps(S + i * lds + t + 16, _mm512_mul_ps(a1, vs));
+            _mm512_mask_storeu_ps(S + i * lds + t, m0, _mm512_mul_ps(a0, vs));
+            _mm512_mask_storeu_ps(S + i * lds + t + 16, m1, _mm512_mul_ps(a1, vs));
         }
     }
-    if (t < T) return qf_canon_scores_avx2(Q, ldq, nq, K + (int64_t)t * hd, T - t, hd, scale, S + t, lds, scratch);
     return true;
 }
 

@@ -39,7 +39,7 @@ bool qf_canon_scores_avx2(const float *Q, int64_t ldq, int nq, const float *K, i
                           int64_t lds, float *scratch);
 bool qf_canon_pv_avx2(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
                       int n_window, int hd, float *O, int64_t ldo);
-/* internal: the AVX-512 versions (canon_avx512.c; the AVX2 kernels take the scores' last keys) */
+/* internal: the AVX-512 versions (canon_avx512.c) */
 bool qf_canon_scores_avx512(const float *Q, int64_t ldq, int nq, const float *K, int T, int hd, float scale, float *S,
                             int64_t lds, float *scratch);
 bool qf_canon_pv_avx512(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
