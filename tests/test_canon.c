@@ -26,10 +26,11 @@ static void fill(float *x, size_t n, uint64_t *s, float amp) {
 TEST(kernels_match_their_oracles) {
     uint64_t s = 11;
     /* T around the AVX-512 scores' 32-key blocks (a masked last block of 1, 5, 6, 16 or 25 keys),
-     * head_dim 64 / 128 (pv's four-query path), 80 (its two-query path) and 20 (no AVX-512 pv) */
-    const int hds[] = {64, 20, 128, 128, 80, 128}, Ts[] = {37, 16, 5, 70, 33, 57};
+     * head_dim 64 / 128 (pv's four-query paths), 80 (AVX-512's two-query path), 20 (no AVX-512
+     * pv) and 40 (AVX2's two-query path) */
+    const int hds[] = {64, 20, 128, 128, 80, 128, 40}, Ts[] = {37, 16, 5, 70, 33, 57, 9};
     const bool avx512 = qf_quant_has_avx2() && qf_gemm_isa_get() == QF_GEMM_ISA_AVX512;
-    for (int c = 0; c < 6; c++) {
+    for (int c = 0; c < 7; c++) {
         int hd = hds[c], T = Ts[c], nq = 7;
         float *Q = malloc(sizeof(float) * nq * hd), *K = malloc(sizeof(float) * T * hd), *V = malloc(sizeof(float) * (T + nq) * hd);
         float *S1 = calloc((size_t)nq * (T + nq), sizeof(float)), *S2 = calloc((size_t)nq * (T + nq), sizeof(float));
@@ -49,6 +50,15 @@ TEST(kernels_match_their_oracles) {
         qf_canon_pv(S1, T + nq, nq, T, V, EV, 2, 5, hd, O1, hd);
         qf_canon_pv_ref(S1, T + nq, nq, T, V, EV, 2, 5, hd, O2, hd);
         CHECK_MSG(memcmp(O1, O2, sizeof(float) * nq * hd) == 0, "pv with exact rows hd %d T %d", hd, T);
+        if (qf_quant_has_avx2()) { /* the AVX2 P.V itself (four queries a pass at head_dim % 16 == 0) */
+            for (int ex = 0; ex < 2; ex++) {
+                memset(O1, 0, sizeof(float) * nq * hd);
+                bool ran = qf_canon_pv_avx2(S1, T + nq, nq, T, V, ex ? EV : NULL, 2, 5, hd, O1, hd);
+                qf_canon_pv_ref(S1, T + nq, nq, T, V, ex ? EV : NULL, 2, 5, hd, O2, hd);
+                CHECK_MSG(ran == (hd % 8 == 0), "avx2 pv ran for hd %d", hd);
+                if (ran) CHECK_MSG(memcmp(O1, O2, sizeof(float) * nq * hd) == 0, "avx2 pv hd %d T %d exact %d", hd, T, ex);
+            }
+        }
         if (avx512) { /* the AVX-512 kernels themselves, whatever the dispatch picks */
             /* the columns past T (the next queries' own keys) must stay untouched: both start
              * from the same sentinel */

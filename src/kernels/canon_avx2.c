@@ -85,11 +85,47 @@ bool qf_canon_gemm_rows_avx2(const float *W, int64_t K, int64_t nrows, const flo
     return true;
 }
 
-/* two queries at a time (8 chains in flight), each choosing its own row per key */
+/* four queries over 16 head dimensions (8 chains in flight): each key's 16 floats loaded once
+ * for every query that reads the same row, as canon_avx512.c's pv4_64 (a long V streams from L2
+ * once per four queries); each query's chain over its own keys in order */
+static void pv4_16(const float *P, int64_t ldp, int nb, int t0, const float *V, const float *EV, int n_sink,
+                   int n_window, int hd, int d0, float *O, int64_t ldo) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, e0 = a0, e1 = a0;
+    const int tmax = t0 + nb - 1;
+    for (int t = 0; t <= tmax; t++) {
+        const float *cur = NULL;
+        __m256 x0 = _mm256_setzero_ps(), x1 = x0;
+#define PV4_16_QUERY(r, u0, u1)                                                                             \
+    if ((r) < nb && t <= t0 + (r)) {                                                                        \
+        const float *vr = (qf_canon_exact(t, t0 + (r), n_sink, n_window) ? EV : V) + (int64_t)t * hd + d0; \
+        if (vr != cur) cur = vr, x0 = _mm256_loadu_ps(vr), x1 = _mm256_loadu_ps(vr + 8);                    \
+        const __m256 p = _mm256_set1_ps(P[(r) * ldp + t]);                                                  \
+        u0 = _mm256_fmadd_ps(p, x0, u0), u1 = _mm256_fmadd_ps(p, x1, u1);                                   \
+    }
+        PV4_16_QUERY(0, a0, a1)
+        PV4_16_QUERY(1, b0, b1)
+        PV4_16_QUERY(2, c0, c1)
+        PV4_16_QUERY(3, e0, e1)
+#undef PV4_16_QUERY
+    }
+    const __m256 acc[4][2] = {{a0, a1}, {b0, b1}, {c0, c1}, {e0, e1}};
+    for (int r = 0; r < nb; r++)
+        _mm256_storeu_ps(O + r * ldo + d0, acc[r][0]), _mm256_storeu_ps(O + r * ldo + d0 + 8, acc[r][1]);
+}
+
+/* two queries at a time (8 chains in flight), each choosing its own row per key; with head_dim
+ * a multiple of 16, four queries at a time (pv4_16) */
 bool qf_canon_pv_avx2(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
                       int n_window, int hd, float *O, int64_t ldo) {
     if (hd % 8) return false;
     if (!EV) EV = V, n_sink = n_window = 0; /* no exact rows: every key reads V */
+    if (hd % 16 == 0) {
+        for (int i = 0; i < nq; i += 4)
+            for (int d0 = 0; d0 < hd; d0 += 16)
+                pv4_16(P + i * ldp, ldp, nq - i < 4 ? nq - i : 4, cnt0 - 1 + i, V, EV, n_sink, n_window, hd, d0,
+                       O + i * ldo, ldo);
+        return true;
+    }
     for (int i = 0; i < nq; i += 2) {
         const bool two = i + 1 < nq;
         const int ta = cnt0 - 1 + i, tb = ta + 1; /* the queries' positions (b: when two) */
