@@ -26,8 +26,8 @@ static void fill(float *x, size_t n, uint64_t *s, float amp) {
 TEST(kernels_match_their_oracles) {
     uint64_t s = 11;
     /* T around the AVX-512 scores' 32-key blocks (a masked last block of 1, 5, 6, 16 or 25 keys),
-     * head_dim 64 / 128 (pv's four-query paths), 80 (AVX-512's two-query path), 20 (no AVX-512
-     * pv) and 40 (AVX2's two-query path) */
+     * head_dim 64 / 128 (the four-query paths), 80 (AVX2's four-query path, AVX-512 declines), 20
+     * (no SIMD pv) and 40 (AVX2's two-query path) */
     const int hds[] = {64, 20, 128, 128, 80, 128, 40}, Ts[] = {37, 16, 5, 70, 33, 57, 9};
     const bool avx512 = qf_quant_has_avx2() && qf_gemm_isa_get() == QF_GEMM_ISA_AVX512;
     for (int c = 0; c < 7; c++) {
@@ -50,15 +50,6 @@ TEST(kernels_match_their_oracles) {
         qf_canon_pv(S1, T + nq, nq, T, V, EV, 2, 5, hd, O1, hd);
         qf_canon_pv_ref(S1, T + nq, nq, T, V, EV, 2, 5, hd, O2, hd);
         CHECK_MSG(memcmp(O1, O2, sizeof(float) * nq * hd) == 0, "pv with exact rows hd %d T %d", hd, T);
-        if (qf_quant_has_avx2()) { /* the AVX2 P.V itself (four queries a pass at head_dim % 16 == 0) */
-            for (int ex = 0; ex < 2; ex++) {
-                memset(O1, 0, sizeof(float) * nq * hd);
-                bool ran = qf_canon_pv_avx2(S1, T + nq, nq, T, V, ex ? EV : NULL, 2, 5, hd, O1, hd);
-                qf_canon_pv_ref(S1, T + nq, nq, T, V, ex ? EV : NULL, 2, 5, hd, O2, hd);
-                CHECK_MSG(ran == (hd % 8 == 0), "avx2 pv ran for hd %d", hd);
-                if (ran) CHECK_MSG(memcmp(O1, O2, sizeof(float) * nq * hd) == 0, "avx2 pv hd %d T %d exact %d", hd, T, ex);
-            }
-        }
         if (avx512) { /* the AVX-512 kernels themselves, whatever the dispatch picks */
             /* the columns past T (the next queries' own keys) must stay untouched: both start
              * from the same sentinel */
@@ -68,14 +59,23 @@ TEST(kernels_match_their_oracles) {
             qf_canon_scores_ref(Q, hd, nq, K, T, hd, 0.125f, S2, T + nq);
             CHECK_MSG(memcmp(S3, S2, sizeof(float) * nq * (T + nq)) == 0, "avx512 scores hd %d T %d", hd, T);
             free(S3);
-            for (int ex = 0; ex < 2; ex++) {
-                memset(O1, 0, sizeof(float) * nq * hd);
-                bool ran = qf_canon_pv_avx512(S1, T + nq, nq, T, V, ex ? EV : NULL, 2, 5, hd, O1, hd);
-                qf_canon_pv_ref(S1, T + nq, nq, T, V, ex ? EV : NULL, 2, 5, hd, O2, hd);
-                CHECK_MSG(ran == (hd % 16 == 0), "avx512 pv ran for hd %d", hd);
-                if (ran) CHECK_MSG(memcmp(O1, O2, sizeof(float) * nq * hd) == 0, "avx512 pv hd %d T %d exact %d", hd, T, ex);
-            }
         }
+        /* each P.V kernel itself, whatever the dispatch picks: AVX2 (four queries a pass at head_dim
+         * % 16 == 0, else two), AVX-512 (head_dim % 64 == 0, else it declines) */
+        typedef bool (*pv_fn)(const float *, int64_t, int, int, const float *, const float *, int, int, int, float *,
+                              int64_t);
+        const struct { pv_fn f; bool on; int mult; const char *name; } pvs[] = {
+            {qf_canon_pv_avx2, qf_quant_has_avx2(), 8, "avx2"}, {qf_canon_pv_avx512, avx512, 64, "avx512"}};
+        for (int k = 0; k < 2; k++)
+            for (int ex = 0; pvs[k].on && ex < 2; ex++) {
+                memset(O1, 0, sizeof(float) * nq * hd);
+                bool ran = pvs[k].f(S1, T + nq, nq, T, V, ex ? EV : NULL, 2, 5, hd, O1, hd);
+                qf_canon_pv_ref(S1, T + nq, nq, T, V, ex ? EV : NULL, 2, 5, hd, O2, hd);
+                CHECK_MSG(ran == (hd % pvs[k].mult == 0), "%s pv ran for hd %d", pvs[k].name, hd);
+                if (ran)
+                    CHECK_MSG(memcmp(O1, O2, sizeof(float) * nq * hd) == 0, "%s pv hd %d T %d exact %d", pvs[k].name, hd, T,
+                              ex);
+            }
         free(EV);
         free(Q), free(K), free(V), free(S1), free(S2), free(O1), free(O2), free(scr);
     }

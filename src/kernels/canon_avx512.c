@@ -95,48 +95,15 @@ static void pv4_64(const float *P, int64_t ldp, int nb, int t0, const float *V, 
         for (int j = 0; j < 4; j++) _mm512_storeu_ps(O + r * ldo + d0 + 16 * j, a[r][j]);
 }
 
-/* two queries at a time, 64 head dimensions a pass (4 registers a query: 8 chains in flight),
- * each query choosing its own row per key as the oracle does; head_dim a multiple of 16. With
- * head_dim a multiple of 64, four queries at a time (pv4_64) */
+/* four queries at a time (pv4_64); head_dim a multiple of 64 (64, 128, 256), else false and the
+ * AVX2 kernel runs (its four-query pass takes 16 dimensions at a time) */
 bool qf_canon_pv_avx512(const float *P, int64_t ldp, int nq, int cnt0, const float *V, const float *EV, int n_sink,
                         int n_window, int hd, float *O, int64_t ldo) {
-    if (hd % 16) return false;
+    if (hd % 64) return false;
     if (!EV) EV = V, n_sink = n_window = 0; /* no exact rows: every key reads V */
-    if (hd % 64 == 0) {
-        for (int i = 0; i < nq; i += 4)
-            for (int d0 = 0; d0 < hd; d0 += 64)
-                pv4_64(P + i * ldp, ldp, nq - i < 4 ? nq - i : 4, cnt0 - 1 + i, V, EV, n_sink, n_window, hd, d0,
-                       O + i * ldo, ldo);
-        return true;
-    }
-    for (int i = 0; i < nq; i += 2) {
-        const bool two = i + 1 < nq;
-        const int ta = cnt0 - 1 + i, tb = ta + 1; /* the queries' positions (b: when two) */
-        const float *Pa = P + i * ldp, *Pb = two ? Pa + ldp : NULL;
-        for (int d0 = 0; d0 < hd; d0 += 64) {
-            const int w = hd - d0 >= 64 ? 4 : (hd - d0) / 16;
-            __m512 a[4], b[4];
-            for (int j = 0; j < w; j++) a[j] = b[j] = _mm512_setzero_ps();
-            for (int t = 0; t <= ta; t++) {
-                const float *va = (qf_canon_exact(t, ta, n_sink, n_window) ? EV : V) + (int64_t)t * hd + d0;
-                const __m512 pa = _mm512_set1_ps(Pa[t]);
-                for (int j = 0; j < w; j++) a[j] = _mm512_fmadd_ps(pa, _mm512_loadu_ps(va + 16 * j), a[j]);
-                if (two) {
-                    const float *vb = (qf_canon_exact(t, tb, n_sink, n_window) ? EV : V) + (int64_t)t * hd + d0;
-                    const __m512 pb = _mm512_set1_ps(Pb[t]);
-                    for (int j = 0; j < w; j++) b[j] = _mm512_fmadd_ps(pb, _mm512_loadu_ps(vb + 16 * j), b[j]);
-                }
-            }
-            if (two) { /* b's last key */
-                const float *vb = (qf_canon_exact(tb, tb, n_sink, n_window) ? EV : V) + (int64_t)tb * hd + d0;
-                const __m512 pb = _mm512_set1_ps(Pb[tb]);
-                for (int j = 0; j < w; j++) b[j] = _mm512_fmadd_ps(pb, _mm512_loadu_ps(vb + 16 * j), b[j]);
-            }
-            for (int j = 0; j < w; j++) {
-                _mm512_storeu_ps(O + i * ldo + d0 + 16 * j, a[j]);
-                if (two) _mm512_storeu_ps(O + (i + 1) * ldo + d0 + 16 * j, b[j]);
-            }
-        }
-    }
+    for (int i = 0; i < nq; i += 4)
+        for (int d0 = 0; d0 < hd; d0 += 64)
+            pv4_64(P + i * ldp, ldp, nq - i < 4 ? nq - i : 4, cnt0 - 1 + i, V, EV, n_sink, n_window, hd, d0, O + i * ldo,
+                   ldo);
     return true;
 }
