@@ -523,11 +523,11 @@ static double f16_bytes_per_token(const qf_model *m) {
     return (double)hp->n_layer * hp->n_head_kv * hp->head_dim * 2.0 * 2.0;
 }
 
-/* The smallest context n at which the payload's rate at n plus its tables amortized over n is
- * at most bits (the free baseline's); both terms fall with n, so a bisection finds it. 0 when
- * no context up to 2^24 gets there. */
-static int tables_pay_off(qf_artifact_kind kind, const qf_payload *p, const qf_hparams *hp, double bits) {
-    double T = qf_artifact_table_bytes(kind, p), E = (double)hp->n_layer * hp->n_head_kv * hp->head_dim * 2;
+/* The smallest context n at which the payload's rate at n plus its T bytes of tables amortized
+ * over n is at most bits (the free baseline's); both terms fall with n, so a bisection finds it.
+ * 0 when no context up to 2^24 gets there. */
+static int tables_pay_off(qf_artifact_kind kind, const qf_payload *p, const qf_hparams *hp, double T, double bits) {
+    double E = (double)hp->n_layer * hp->n_head_kv * hp->head_dim * 2;
     if (!isfinite(T) || !(bits > 0) || !(E > 0)) return 0;
 #define WITH(n) (qf_artifact_bits_per_element(kind, p, hp, (n)) + T * 8 / (E * (n)))
     int lo = 1, hi = 1 << 24;
@@ -539,6 +539,19 @@ static int tables_pay_off(qf_artifact_kind kind, const qf_payload *p, const qf_h
     }
 #undef WITH
     return hi;
+}
+
+/* The packaged payload's rate at its largest certified context (the capture window n_ctx when
+ * none is larger), its fixed tables, and where they pay off against the free baseline */
+static void report_rate(qf_job_report *rep, qf_artifact_kind kind, const qf_payload *best, const qf_hparams *hp,
+                        int n_ctx) {
+    int max_ctx = n_ctx;
+    for (int ci = 0; ci < rep->n_certified_ctx; ci++)
+        if (rep->certified_ctx[ci] > max_ctx) max_ctx = rep->certified_ctx[ci];
+    rep->bits_per_element = qf_artifact_bits_per_element(kind, best, hp, max_ctx);
+    rep->table_bytes = qf_artifact_table_bytes(kind, best);
+    if (rep->result.has_baseline)
+        rep->tables_pay_off_ctx = tables_pay_off(kind, best, hp, rep->table_bytes, rep->result.baseline_bits);
 }
 
 /* The keys issue 15 added to the certificate's config (docs/artifact-format.md "Gate and context
@@ -1397,13 +1410,7 @@ static qf_status run_rq(const qf_job *j, shared *s, qf_job_report *rep, qf_error
     }
     for (int ci = 0; ci < rep->n_ctx_results; ci++)
         if (rep->ctx_results[ci].result.passed) rep->certified_ctx[rep->n_certified_ctx++] = rep->ctx_results[ci].n_ctx;
-    int max_ctx = s->n_ctx;
-    for (int ci = 0; ci < rep->n_certified_ctx; ci++)
-        if (rep->certified_ctx[ci] > max_ctx) max_ctx = rep->certified_ctx[ci];
-    rep->bits_per_element = qf_artifact_bits_per_element(QF_ARTIFACT_KV_RQ, &best, hp, max_ctx);
-    rep->table_bytes = qf_artifact_table_bytes(QF_ARTIFACT_KV_RQ, &best);
-    if (rep->result.has_baseline)
-        rep->tables_pay_off_ctx = tables_pay_off(QF_ARTIFACT_KV_RQ, &best, hp, rep->result.baseline_bits);
+    report_rate(rep, QF_ARTIFACT_KV_RQ, &best, hp, s->n_ctx);
     rep->seconds_certify = qf_now_sec() - t0;
     if ((st = fill_cert(j, s, rep, err))) goto done;
     qf_payload *cf = &rep->cert.config;
@@ -1634,13 +1641,7 @@ qf_status qf_job_run(const qf_job *j, qf_job_report *rep, qf_error *err) {
         if (rep->ctx_results[ci].result.passed) rep->certified_ctx[rep->n_certified_ctx++] = rep->ctx_results[ci].n_ctx;
     rep->seconds_learn = t_learn;
     rep->seconds_certify = t_cert;
-    int max_ctx = s.n_ctx;
-    for (int ci = 0; ci < rep->n_certified_ctx; ci++)
-        if (rep->certified_ctx[ci] > max_ctx) max_ctx = rep->certified_ctx[ci];
-    rep->bits_per_element = qf_artifact_bits_per_element(j->kind, &best, qf_model_hparams(s.model), max_ctx);
-    rep->table_bytes = qf_artifact_table_bytes(j->kind, &best);
-    if (rep->result.has_baseline)
-        rep->tables_pay_off_ctx = tables_pay_off(j->kind, &best, qf_model_hparams(s.model), rep->result.baseline_bits);
+    report_rate(rep, j->kind, &best, qf_model_hparams(s.model), s.n_ctx);
     if ((st = fill_cert(j, &s, rep, err))) goto done;
     const qf_certify_result *r = &rep->result;
     if (!r->passed) {
