@@ -1,10 +1,12 @@
 /* test_kvlearn.c: the KV learners and the go/no-go on synthetic vectors: OMP exact
  * recovery, k-SVD monotonicity, determinism across seeds and thread counts, int8 round
  * trip bounds, the Hadamard transform, code packing, and the analysis + SVG end to end. */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/kv_codes.h"
 #include "kernels/hadamard.h"
 #include "qforge/kvlearn.h"
 #include "test.h"
@@ -229,6 +231,59 @@ TEST(measurement_uses_the_engine_encoder) {
     qf_kv_dict_free(&d);
     CHECK(qf_kv_dict_init(&d, D, QF_KV_MAX_ATOMS + 1, dim, &e) == QF_ERR_ARG);
     free(D), free(X), free(i1), free(c1), free(scratch);
+}
+
+/* qf_kv_omp_gd (the learner's encoder: Cholesky dots read from qf_kv_gram_d's table) gives
+ * qf_kv_omp_ex's codes bit for bit: fixed and error-bounded, correlations computed or passed,
+ * near-duplicate atoms (pivot stops), a zero vector and a NaN. */
+TEST(omp_with_gram_table_is_bit_identical) {
+    const int shapes[2][3] = {{96, 32, 6}, {256, 128, 16}};
+    for (int sh = 0; sh < 2; sh++) {
+        const int A = shapes[sh][0], dim = shapes[sh][1], s = shapes[sh][2];
+        const int64_t n = 400;
+        rng_state = 31 + (uint64_t)sh;
+        float *D = random_dict(A, dim);
+        for (int t = 0; t < dim; t++) D[5 * dim + t] = D[4 * dim + t] + 1e-4f * (float)nrand(); /* near twins */
+        float *X = sparse_data(D, A, dim, n, s / 2 + 1, 0.02);
+        memset(X, 0, sizeof(float) * (size_t)dim); /* vector 0: zero */
+        X[dim + 3] = NAN;                           /* vector 1: a NaN */
+        for (int t = 0; t < dim; t++) X[2 * dim + t] = D[4 * dim + t] - D[5 * dim + t] + D[7 * dim + t];
+        qf_kv_dict d;
+        qf_error e;
+        CHECK(qf_kv_dict_init(&d, D, A, dim, &e) == QF_OK);
+        double *gd = malloc(sizeof(double) * (size_t)A * A);
+        qf_kv_gram_d(&d, gd);
+        CHECK(gd[4 * A + 5] == gd[5 * A + 4]);
+        void *scratch = malloc(qf_kv_omp_scratch_bytes(A, s));
+        float *al0 = malloc(sizeof(float) * (size_t)A), c1[16], c2[16];
+        uint16_t i1[16], i2[16];
+        int same = 0, total = 0, cut = 0;
+        for (int tol = 0; tol < 2; tol++)
+            for (int pass = 0; pass < 2; pass++)
+                for (int64_t i = 0; i < n; i++) {
+                    const float *x = X + i * dim;
+                    const float *a0 = NULL;
+                    if (pass) { /* the training path: correlations from outside */
+                        for (int a = 0; a < A; a++) {
+                            float acc = 0;
+                            for (int t = 0; t < dim; t++) acc += D[a * dim + t] * x[t];
+                            al0[a] = acc;
+                        }
+                        a0 = al0;
+                    }
+                    int k1 = qf_kv_omp_ex(&d, x, a0, s, tol ? 0.15 : 0, scratch, i1, c1);
+                    int k2 = qf_kv_omp_gd(&d, gd, x, a0, s, tol ? 0.15 : 0, scratch, i2, c2);
+                    same += k1 == k2 && !memcmp(i1, i2, sizeof(uint16_t) * (size_t)s) &&
+                            !memcmp(c1, c2, sizeof(float) * (size_t)s);
+                    cut += k1 < s;
+                    total++;
+                }
+        printf("  %d atoms x %d, s %d: %d of %d codes identical (%d stopped early)\n", A, dim, s, same, total, cut);
+        CHECK_EQ_INT(same, total);
+        CHECK(cut > 4); /* the zero vector, the NaN and the error bound stop early */
+        qf_kv_dict_free(&d);
+        free(D), free(X), free(gd), free(scratch), free(al0);
+    }
 }
 
 /* Error-bounded OMP stops once ||r|| <= tol ||x|| (fewer atoms than the cap for easy vectors),
@@ -457,6 +512,7 @@ int main(void) {
     RUN(learning_is_deterministic_and_thread_independent);
     RUN(code_packing_matches_rounded_decode);
     RUN(measurement_uses_the_engine_encoder);
+    RUN(omp_with_gram_table_is_bit_identical);
     RUN(error_bounded_omp_and_packed_indices);
     RUN(int8_round_trip_bounds);
     RUN(hadamard_is_orthonormal);

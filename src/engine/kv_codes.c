@@ -9,6 +9,7 @@
 
 #include "engine/kv_codes.h"
 #include "kernels/blas.h"
+#include "kernels/vecmath.h"
 #include "util/util.h"
 
 /* ---- dictionary ---- */
@@ -87,8 +88,16 @@ static float dot8(const float *restrict a, const float *restrict x, int n) {
     return s;
 }
 
-int qf_kv_omp_ex(const qf_kv_dict *d, const float *x, const float *alpha0, int s, double tol,
-                 void *scratch, uint16_t *idx, float *coef) {
+void qf_kv_gram_d(const qf_kv_dict *d, double *gram_d) {
+    const int A = d->n_atoms, dim = d->head_dim;
+    for (int b = 0; b < A; b++) /* row b: dot_d(atom a, atom b) for every a */
+        qf_vec_rows_dot_f64(d->atoms, (size_t)dim, dim, d->atoms + (size_t)b * dim, A, gram_d + (size_t)b * A);
+}
+
+/* qf_kv_omp_ex, with the atoms' double dot products read from gram_d when it is not NULL
+ * (qf_kv_gram_d's table holds dot_d of every pair: the same values) */
+static int omp_core(const qf_kv_dict *d, const double *gram_d, const float *x, const float *alpha0, int s,
+                    double tol, void *scratch, uint16_t *idx, float *coef) {
     const int A = d->n_atoms, dim = d->head_dim;
     if (s > QF_KV_MAX_SPARSITY) s = QF_KV_MAX_SPARSITY;
     if (s > A) s = A;
@@ -136,9 +145,10 @@ int qf_kv_omp_ex(const qf_kv_dict *d, const float *x, const float *alpha0, int s
         /* Cholesky row from exact dot products: L[k][0..k) solves L w = D_I^T d_best */
         const float *db = d->atoms + (size_t)best * dim;
         double *Lk = L + (size_t)k * s;
-        double piv = dot_d(db, db, dim);
+        const double *gb = gram_d ? gram_d + (size_t)best * A : NULL;
+        double piv = gb ? gb[best] : dot_d(db, db, dim);
         for (int j = 0; j < k; j++) {
-            double g = dot_d(d->atoms + (size_t)sel[j] * dim, db, dim);
+            double g = gb ? gb[sel[j]] : dot_d(d->atoms + (size_t)sel[j] * dim, db, dim);
             for (int m = 0; m < j; m++) g -= L[(size_t)j * s + m] * Lk[m];
             Lk[j] = g / L[(size_t)j * s + j];
             piv -= Lk[j] * Lk[j];
@@ -161,13 +171,9 @@ int qf_kv_omp_ex(const qf_kv_dict *d, const float *x, const float *alpha0, int s
         if (rr <= bound || k == s) break;
         /* alpha = alpha0 - G[:, I] gamma */
         memcpy(al, alpha0, sizeof(float) * (size_t)A);
-        for (int j = 0; j < k; j++) {
-            const float *restrict g = d->gram + (size_t)sel[j] * A;
-            float gj = (float)gam[j];
-            int b = 0;
-            for (; b + 8 <= A; b += 8)
-                for (int u = 0; u < 8; u++) al[b + u] -= g[b + u] * gj;
-            for (; b < A; b++) al[b] -= g[b] * gj;
+        for (int j = 0; j < k; j++) { /* al[b] -= g[b] * gj is al[b] + g[b] * -gj, the same bits */
+            const float ngj = -(float)gam[j];
+            qf_vec_cols_axpy(d->gram + (size_t)sel[j] * A, 0, 1, &ngj, A, al);
         }
         for (int j = 0; j < k; j++) al[sel[j]] = 0; /* never reselect */
     }
@@ -176,6 +182,16 @@ int qf_kv_omp_ex(const qf_kv_dict *d, const float *x, const float *alpha0, int s
         coef[j] = isfinite(gam[j]) ? (float)gam[j] : 0;
     }
     return k;
+}
+
+int qf_kv_omp_ex(const qf_kv_dict *d, const float *x, const float *alpha0, int s, double tol,
+                 void *scratch, uint16_t *idx, float *coef) {
+    return omp_core(d, NULL, x, alpha0, s, tol, scratch, idx, coef);
+}
+
+int qf_kv_omp_gd(const qf_kv_dict *d, const double *gram_d, const float *x, const float *alpha0, int s,
+                 double tol, void *scratch, uint16_t *idx, float *coef) {
+    return omp_core(d, gram_d, x, alpha0, s, tol, scratch, idx, coef);
 }
 
 void qf_kv_omp_one(const qf_kv_dict *d, const float *x, int s, float *scratch, uint16_t *idx,

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/kv_codes.h"
 #include "kernels/blas.h"
 #include "qforge/kvlearn.h"
 #include "util/util.h"
@@ -39,7 +40,12 @@ void qf_kv_dict_params_default(qf_kv_dict_params *p) {
     p->n_threads = 1;
 }
 
-static void compute_gram(qf_kv_dict *d) { qf_kv_gram(d->atoms, d->n_atoms, d->head_dim, d->gram); }
+/* The Gram matrix the encoder's correlation updates read and, when gram_d is not NULL, the
+ * double table of its Cholesky dots (qf_kv_gram_d) */
+static void compute_gram(qf_kv_dict *d, double *gram_d) {
+    qf_kv_gram(d->atoms, d->n_atoms, d->head_dim, d->gram);
+    if (gram_d) qf_kv_gram_d(d, gram_d);
+}
 
 static double dot_d(const float *a, const float *b, int n) {
     double s = 0;
@@ -58,9 +64,9 @@ static bool normalize_row(float *a, int n) {
 
 /* ---- batch OMP: the engine's encoder over a chunk ----
  * Unused slots get idx -1 / coef 0 (the k-SVD bookkeeping skips them). */
-static int omp_one(const qf_kv_dict *d, const float *x, const float *alpha0, int s, double tol,
-                   void *scratch, uint16_t *i16, int32_t *idx, float *coef) {
-    int k = qf_kv_omp_ex(d, x, alpha0, s, tol, scratch, i16, coef);
+static int omp_one(const qf_kv_dict *d, const double *gram_d, const float *x, const float *alpha0, int s,
+                   double tol, void *scratch, uint16_t *i16, int32_t *idx, float *coef) {
+    int k = qf_kv_omp_gd(d, gram_d, x, alpha0, s, tol, scratch, i16, coef);
     for (int j = 0; j < s; j++) idx[j] = j < k ? (int32_t)i16[j] : -1;
     return k;
 }
@@ -78,6 +84,30 @@ static double code_err(const qf_kv_dict *d, const float *x, const int32_t *idx, 
     return dot_d(r, r, dim);
 }
 
+/* code_err of two codes of x, their two sums side by side (independent chains, each in the
+ * order code_err adds) */
+static void code_err2(const qf_kv_dict *d, const float *x, const int32_t *ia, const float *ca, const int32_t *ib,
+                      const float *cb, int s, float *ra, float *rb /* scratch [dim] each */, double *ea, double *eb) {
+    const int dim = d->head_dim;
+    for (int i = 0; i < dim; i++) ra[i] = x[i], rb[i] = x[i];
+    for (int j = 0; j < s; j++) {
+        if (ia[j] >= 0) {
+            const float *a = d->atoms + (size_t)ia[j] * dim;
+            for (int i = 0; i < dim; i++) ra[i] -= ca[j] * a[i];
+        }
+        if (ib[j] >= 0) {
+            const float *a = d->atoms + (size_t)ib[j] * dim;
+            for (int i = 0; i < dim; i++) rb[i] -= cb[j] * a[i];
+        }
+    }
+    double sa = 0, sb = 0;
+    for (int i = 0; i < dim; i++) {
+        sa += (double)ra[i] * (double)ra[i];
+        sb += (double)rb[i] * (double)rb[i];
+    }
+    *ea = sa, *eb = sb;
+}
+
 /* ---- a parallel OMP pass over n vectors ----
  * Vectors go in fixed chunks of CORR_ROWS (the same for any thread count, so each vector's
  * correlations come out of an identical sgemm call). OpenBLAS runs single-threaded during
@@ -91,6 +121,7 @@ static int corr_rows(int n_atoms, int dim) {
 
 typedef struct {
     const qf_kv_dict *d;
+    const double *gram_d; /* qf_kv_gram_d of d, or NULL */
     const float *x;
     int64_t n;
     int s;
@@ -115,9 +146,9 @@ static void omp_worker(void *arg, int ith, int nth) {
     int32_t *ni = malloc(sizeof(int32_t) * (size_t)s);
     uint16_t *n16 = malloc(sizeof(uint16_t) * (size_t)s);
     float *nc = malloc(sizeof(float) * (size_t)s);
-    float *r = malloc(sizeof(float) * (size_t)dim);
+    float *r = malloc(sizeof(float) * (size_t)dim), *r2 = malloc(sizeof(float) * (size_t)dim);
     float *corr = jb->exact ? NULL : malloc(sizeof(float) * (size_t)rows * A);
-    if (!w || !ni || !n16 || !nc || !r || (!jb->exact && !corr)) {
+    if (!w || !ni || !n16 || !nc || !r || !r2 || (!jb->exact && !corr)) {
         jb->oom = true; /* distinct threads only ever set it to true */
         goto done;
     }
@@ -130,11 +161,14 @@ static void omp_worker(void *arg, int ith, int nth) {
             const float *x = jb->x + (size_t)i * dim;
             int32_t *ci = jb->idx + (size_t)i * s;
             float *cc = jb->coef + (size_t)i * s;
-            int k = omp_one(d, x, jb->exact ? NULL : corr + (size_t)(i - lo) * A, s, jb->tol, w, n16, ni, nc);
+            int k = omp_one(d, jb->gram_d, x, jb->exact ? NULL : corr + (size_t)(i - lo) * A, s, jb->tol, w, n16, ni, nc);
             if (jb->used) jb->used[i] = (uint8_t)k;
-            double e_new = code_err(d, x, ni, nc, s, r);
+            double e_new, e_old = 0;
+            if (jb->keep_better)
+                code_err2(d, x, ni, nc, ci, cc, s, r, r2, &e_new, &e_old);
+            else
+                e_new = code_err(d, x, ni, nc, s, r);
             if (jb->keep_better) {
-                double e_old = code_err(d, x, ci, cc, s, r);
                 if (e_old < e_new) {
                     jb->err[i] = e_old;
                     continue;
@@ -151,14 +185,15 @@ done:
     free(ni);
     free(nc);
     free(r);
+    free(r2);
     free(corr);
 }
 
 /* Code all n vectors; err[i] gets each squared residual. */
-static qf_status omp_pass(const qf_kv_dict *d, const float *x, int64_t n, int s, double tol,
-                          bool exact, qf_pool *pool, int32_t *idx, float *coef, double *err,
+static qf_status omp_pass(const qf_kv_dict *d, const double *gram_d, const float *x, int64_t n, int s,
+                          double tol, bool exact, qf_pool *pool, int32_t *idx, float *coef, double *err,
                           uint8_t *used, bool keep_better, qf_error *e) {
-    omp_job jb = {.d = d, .x = x, .n = n, .s = s, .tol = tol, .exact = exact, .idx = idx,
+    omp_job jb = {.d = d, .gram_d = gram_d, .x = x, .n = n, .s = s, .tol = tol, .exact = exact, .idx = idx,
                   .coef = coef, .err = err, .used = used, .keep_better = keep_better};
     qf_pool_run(pool, omp_worker, &jb);
     if (jb.oom) return qf_fail(e, QF_ERR_NOMEM, "kv dict: OMP scratch: out of memory");
@@ -189,18 +224,24 @@ qf_status qf_kv_dict_encode_ex(const qf_kv_dict *d, const float *x, int64_t n, i
     int32_t *ci = malloc(sizeof(int32_t) * (size_t)n * (size_t)s);
     double *e = malloc(sizeof(double) * (size_t)n);
     qf_pool *pool = n_threads > 1 && n >= 64 ? qf_pool_create(n_threads) : NULL;
+    /* the Cholesky dots as a table when it pays (n vectors of ~s^2/2 dots against n_atoms^2 / 2
+     * once) and stays small; without it the encoder computes the same values itself */
+    double *gd = n >= d->n_atoms && d->n_atoms <= 1024
+                     ? malloc(sizeof(double) * (size_t)d->n_atoms * (size_t)d->n_atoms) : NULL;
+    if (gd) qf_kv_gram_d(d, gd);
     if (!ci || !e) {
         st = qf_fail(err, QF_ERR_NOMEM, "kv dict: encode %lld vectors: out of memory",
                      (long long)n);
         goto done;
     }
-    st = omp_pass(d, x, n, s, tol, true, pool, ci, coef, e, used, false, err);
+    st = omp_pass(d, gd, x, n, s, tol, true, pool, ci, coef, e, used, false, err);
     if (st) goto done;
     for (int64_t i = 0; i < n * s; i++) idx[i] = ci[i] < 0 ? 0 : (uint16_t)ci[i];
 done:
     qf_pool_free(pool);
     free(ci);
     free(e);
+    free(gd);
     return st;
 }
 
@@ -228,7 +269,9 @@ static int worst_cmp(const void *pa, const void *pb) {
 static int ksvd_update(qf_kv_dict *d, int64_t n, int s, int32_t *idx,
                        float *coef, float *R, int64_t *start, int64_t *users, int *dead) {
     const int A = d->n_atoms, dim = d->head_dim;
-    /* inverted index: users of atom a are users[start[a] .. start[a+1]) as i*s + slot */
+    /* inverted index: users of atom a are users[start[a] .. start[a+1]) as i*s + slot, and
+     * uvec[p] is that user's vector i (no division in the loops below) */
+    int64_t *uvec = users + n * s;
     memset(start, 0, sizeof(int64_t) * (size_t)(A + 1));
     for (int64_t t = 0; t < n * s; t++)
         if (idx[t] >= 0) start[idx[t] + 1]++;
@@ -238,7 +281,10 @@ static int ksvd_update(qf_kv_dict *d, int64_t n, int s, int32_t *idx,
         if (!fill) return -1;
         memcpy(fill, start, sizeof(int64_t) * (size_t)A);
         for (int64_t t = 0; t < n * s; t++)
-            if (idx[t] >= 0) users[fill[idx[t]]++] = t;
+            if (idx[t] >= 0) {
+                uvec[fill[idx[t]]] = t / s;
+                users[fill[idx[t]]++] = t;
+            }
         free(fill);
     }
     double *u = malloc(sizeof(double) * (size_t)dim);
@@ -258,7 +304,7 @@ static int ksvd_update(qf_kv_dict *d, int64_t n, int s, int32_t *idx,
         memcpy(old, da, sizeof(float) * (size_t)dim);
         for (int t = 0; t < dim; t++) u[t] = 0;
         for (int64_t p = start[a]; p < start[a + 1]; p++) {
-            int64_t t = users[p], i = t / s;
+            int64_t t = users[p], i = uvec[p];
             const float *r = R + (size_t)i * dim;
             double g = coef[t];
             for (int q = 0; q < dim; q++) u[q] += ((double)r[q] + (double)old[q] * g) * g;
@@ -268,15 +314,35 @@ static int ksvd_update(qf_kv_dict *d, int64_t n, int s, int32_t *idx,
         if (!(nu > 1e-30)) continue; /* all coefficients zero: keep the atom as it is */
         nu = 1.0 / sqrt(nu);
         for (int q = 0; q < dim; q++) da[q] = (float)(u[q] * nu);
-        for (int64_t p = start[a]; p < start[a + 1]; p++) {
-            int64_t t = users[p], i = t / s;
-            float *r = R + (size_t)i * dim;
-            float g = coef[t];
-            double gn = 0;
-            for (int q = 0; q < dim; q++) gn += ((double)r[q] + (double)old[q] * g) * da[q];
-            float gf = (float)gn;
-            for (int q = 0; q < dim; q++) r[q] = r[q] + old[q] * g - da[q] * gf;
-            coef[t] = gf;
+        for (int64_t p = start[a]; p < start[a + 1];) {
+            /* four users at a time when they are four distinct vectors (always: OMP never picks
+             * an atom twice): their sums are independent chains, each in its own order */
+            int64_t t4[4], i4[4];
+            int m = 0;
+            for (; m < 4 && p + m < start[a + 1]; m++) t4[m] = users[p + m], i4[m] = uvec[p + m];
+            bool distinct = m == 4;
+            for (int x = 0; x < m && distinct; x++)
+                for (int y = 0; y < x; y++) distinct &= i4[x] != i4[y];
+            if (!distinct) m = 1;
+            float *r4[4], g4[4];
+            double gn4[4] = {0, 0, 0, 0};
+            for (int x = 0; x < m; x++) r4[x] = R + (size_t)i4[x] * dim, g4[x] = coef[t4[x]];
+            if (m == 4)
+                for (int q = 0; q < dim; q++) {
+                    const double o = old[q], dq = da[q];
+                    gn4[0] += ((double)r4[0][q] + o * g4[0]) * dq;
+                    gn4[1] += ((double)r4[1][q] + o * g4[1]) * dq;
+                    gn4[2] += ((double)r4[2][q] + o * g4[2]) * dq;
+                    gn4[3] += ((double)r4[3][q] + o * g4[3]) * dq;
+                }
+            else
+                for (int q = 0; q < dim; q++) gn4[0] += ((double)r4[0][q] + (double)old[q] * g4[0]) * da[q];
+            for (int x = 0; x < m; x++) {
+                float *r = r4[x], g = g4[x], gf = (float)gn4[x];
+                for (int q = 0; q < dim; q++) r[q] = r[q] + old[q] * g - da[q] * gf;
+                coef[t4[x]] = gf;
+            }
+            p += m;
         }
     }
     free(u);
@@ -323,7 +389,7 @@ qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_
     float *coef = malloc(sizeof(float) * (size_t)nt * s);
     double *e = malloc(sizeof(double) * (size_t)nt);
     int64_t *start = malloc(sizeof(int64_t) * (size_t)(A + 1));
-    int64_t *users = malloc(sizeof(int64_t) * (size_t)nt * s);
+    int64_t *users = malloc(sizeof(int64_t) * (size_t)nt * s * 2);
     int *dead = malloc(sizeof(int) * (size_t)A);
     int64_t *perm = malloc(sizeof(int64_t) * (size_t)nt);
     worst_item *worst = malloc(sizeof(worst_item) * (size_t)nt);
@@ -332,6 +398,9 @@ qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_
     float *sv_atoms = malloc(sizeof(float) * (size_t)A * dim);
     int32_t *sv_idx = malloc(sizeof(int32_t) * (size_t)nt * s);
     float *sv_coef = malloc(sizeof(float) * (size_t)nt * s);
+    /* the encoder's Cholesky dots as a table (the same codes; NULL, as beyond 1024 atoms where
+     * it would take 8 MiB and more, only means they are computed per vector) */
+    double *gram_d = A <= 1024 ? malloc(sizeof(double) * (size_t)A * A) : NULL;
     qf_pool *pool = p->n_threads > 1 ? qf_pool_create(p->n_threads) : NULL;
     out->head_dim = dim;
     out->n_atoms = A;
@@ -372,9 +441,9 @@ qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_
             da[q] = (float)((double)(qf_splitmix64(&rng) >> 11) / 9007199254740992.0 - 0.5);
         if (normalize_row(da, dim)) got++;
     }
-    compute_gram(out);
+    compute_gram(out, gram_d);
 
-    st = omp_pass(out, X, nt, s, p->tol, false, pool, idx, coef, e, NULL, false, err);
+    st = omp_pass(out, gram_d, X, nt, s, p->tol, false, pool, idx, coef, e, NULL, false, err);
     if (st) goto done;
     double num = 0;
     for (int64_t i = 0; i < nt; i++) num += e[i];
@@ -404,7 +473,7 @@ qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_
          * shares one direction while some structure goes unrepresented. They are replaced
          * like dead atoms, but their codes lose a slot, so the step is kept only if the
          * recoded error is not above the current one; otherwise only the dead go. */
-        compute_gram(out);
+        compute_gram(out, gram_d);
         memset(mark, 0, (size_t)A);
         for (int k = 0; k < n_dead; k++) mark[dead[k]] = 1;
         int n_rep = n_dead;
@@ -435,11 +504,23 @@ qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_
             }
         }
         double before = 0;
-        for (int64_t i = 0; i < nt; i++) {
-            const float *r = R + (size_t)i * dim;
-            worst[i].e = dot_d(r, r, dim);
-            worst[i].i = i;
-            before += worst[i].e;
+        for (int64_t i = 0; i < nt; i += 4) { /* four independent sums at a time */
+            if (i + 4 <= nt) {
+                const float *r0 = R + (size_t)i * dim, *r1 = r0 + dim, *r2 = r1 + dim, *r3 = r2 + dim;
+                double e0 = 0, e1 = 0, e2 = 0, e3 = 0;
+                for (int q = 0; q < dim; q++) {
+                    e0 += (double)r0[q] * (double)r0[q];
+                    e1 += (double)r1[q] * (double)r1[q];
+                    e2 += (double)r2[q] * (double)r2[q];
+                    e3 += (double)r3[q] * (double)r3[q];
+                }
+                worst[i].e = e0, worst[i + 1].e = e1, worst[i + 2].e = e2, worst[i + 3].e = e3;
+            } else
+                for (int64_t k = i; k < nt; k++) worst[k].e = dot_d(R + (size_t)k * dim, R + (size_t)k * dim, dim);
+            for (int64_t k = i; k < nt && k < i + 4; k++) {
+                worst[k].i = k;
+                before += worst[k].e;
+            }
         }
         if (n_rep > 0) qsort(worst, (size_t)nt, sizeof *worst, worst_cmp);
         bool tried_dups = n_rep > n_dead;
@@ -450,8 +531,8 @@ qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_
             for (int64_t t = 0; t < nt * s; t++)
                 if (idx[t] >= 0 && mark[idx[t]] == 2) idx[t] = -1, coef[t] = 0;
             replace_atoms(out, X, worst, nt, dead, n_rep);
-            compute_gram(out);
-            st = omp_pass(out, X, nt, s, p->tol, false, pool, idx, coef, e, NULL, true, err);
+            compute_gram(out, gram_d);
+            st = omp_pass(out, gram_d, X, nt, s, p->tol, false, pool, idx, coef, e, NULL, true, err);
             if (st) goto done;
             num = 0;
             for (int64_t i = 0; i < nt; i++) num += e[i];
@@ -466,8 +547,8 @@ qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_
             /* Dead atoms: no code uses them, so the error is unchanged and recoding can
              * only gain. */
             replace_atoms(out, X, worst, nt, dead, n_dead);
-            compute_gram(out);
-            st = omp_pass(out, X, nt, s, p->tol, false, pool, idx, coef, e, NULL, true, err);
+            compute_gram(out, gram_d);
+            st = omp_pass(out, gram_d, X, nt, s, p->tol, false, pool, idx, coef, e, NULL, true, err);
             if (st) goto done;
             num = 0;
             for (int64_t i = 0; i < nt; i++) num += e[i];
@@ -494,6 +575,7 @@ done:
     free(sv_atoms);
     free(sv_idx);
     free(sv_coef);
+    free(gram_d);
     if (st) qf_kv_dict_free(out);
     return st;
 }
