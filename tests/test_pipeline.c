@@ -238,6 +238,44 @@ TEST(dict_certificate_arith_is_device) {
     qf_artifact_free(&a);
 }
 
+/* kv-dict's dictionaries are learned side by side (pipeline.c learn_dict): the payload is the
+ * same bytes with 1 thread (one after another), 2 (two at a time) and 3 (three at a time, on
+ * 10 dictionaries: uneven shares), error-bounded v2 included */
+TEST(dict_payload_independent_of_threads) {
+    const char *mp = MODEL(), *cp = CORPUS();
+    if (!mp || !cp) SKIP("demo model or kerneldoc corpus not in ../shared/data");
+    const char *paths[1] = {cp};
+    uint8_t sha[3][32];
+    for (int t = 0; t < 3; t++) {
+        char out[4096];
+        snprintf(out, sizeof out, "%s/dict_t%d.qfa", test_tmpdir(), t + 1);
+        qf_job j;
+        small_job(&j, mp, paths, QF_ARTIFACT_KV_DICT);
+        j.dict_version = 2, j.dict_tol_quantile = 0.5;
+        j.gate.max_delta_ppl = 1e6, j.gate.has_max_kld = true, j.gate.max_kld = 1e6;
+        j.gate.has_max_kld_p99 = true, j.gate.max_kld_p99 = 1e6;
+        j.eval_chunks = 1;
+        j.max_calib_tokens = 512;
+        j.n_threads = t + 1;
+        j.out_path = out;
+        qf_job_report rep;
+        qf_error e = {0};
+        CHECK_MSG(qf_job_run(&j, &rep, &e) == QF_OK, "%s", e.msg);
+        qf_job_report_free(&rep);
+        qf_artifact a;
+        if (qf_artifact_load(out, NULL, NULL, &a, &e) != QF_OK) {
+            CHECK_MSG(0, "%s", e.msg);
+            return;
+        }
+        memcpy(sha[t], a.cert.payload_sha256, 32);
+        size_t nk = 0;
+        CHECK(qf_payload_get_f32(&a.payload, "k_tol", &nk) && nk > 0);
+        qf_artifact_free(&a);
+    }
+    CHECK(!memcmp(sha[0], sha[1], 32));
+    CHECK(!memcmp(sha[0], sha[2], 32));
+}
+
 TEST(certify_restores_the_context) {
     const char *mp = MODEL(), *cpath = CORPUS();
     if (!mp || !cpath) SKIP("demo model or kerneldoc corpus not in ../shared/data");
@@ -504,5 +542,6 @@ int main(void) {
     RUN(certify_restores_the_context);
     RUN(failed_gate_writes_nothing);
     RUN(dict_certificate_arith_is_device);
+    RUN(dict_payload_independent_of_threads);
     return test_summary();
 }

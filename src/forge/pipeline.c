@@ -458,6 +458,41 @@ done:
     return st;
 }
 
+/* One (layer, stream) dictionary of learn_dict, with its error bound when asked. What it
+ * learns depends only on its vectors and the settings, not on the thread that runs it. */
+typedef struct {
+    const float *x;
+    int64_t n;
+    qf_kv_dict d;
+    float tol;
+    qf_status st;
+    qf_error err;
+} dict_unit;
+
+typedef struct {
+    dict_unit *u;
+    int n_units, head_dim, sparsity;
+    qf_kv_dict_params dp; /* n_threads: each dictionary's own */
+    double tol_quantile;  /* > 0: dict_tol too */
+    atomic_int next;
+} dict_jobs;
+
+/* Pool worker: takes the next unlearned dictionary until none is left. */
+static void dict_worker(void *arg, int ith, int nth) {
+    (void)ith, (void)nth;
+    dict_jobs *J = arg;
+    for (int q; (q = atomic_fetch_add(&J->next, 1)) < J->n_units;) {
+        dict_unit *u = &J->u[q];
+        u->st = qf_kv_dict_learn(u->x, u->n, J->head_dim, &J->dp, &u->d, &u->err);
+        if (!u->st && J->tol_quantile > 0)
+            u->st = dict_tol(&u->d, u->x, u->n, J->sparsity, J->tol_quantile, J->dp.n_threads, &u->tol, &u->err);
+    }
+}
+
+/* The kv-dict payload: one dictionary per (stream, layer), K layers first. They are learned
+ * side by side, min(threads, dictionaries) at a time, each with threads / that many threads of
+ * its own, so every core is busy even where one dictionary's k-SVD sweep is serial; the bits
+ * are those of learning them one after another. */
 static qf_status learn_dict(const qf_job *j, const shared *s, int n_atoms, int sparsity, qf_payload *pl,
                             qf_error *err) {
     qf_kv_capture_view v = qf_capture_kv_view(s->cap);
@@ -469,49 +504,66 @@ static qf_status learn_dict(const qf_job *j, const shared *s, int n_atoms, int s
     /* v2: version 2, pre-RoPE keys, bit-packed indices, per-layer error bounds (absent = v1) */
     if (v2 && ((st = qf_payload_add_int(pl, "version", 2, err)) || (st = qf_payload_add_int(pl, "k_prerope", 1, err))))
         return st;
-    qf_kv_dict_params dp;
-    qf_kv_dict_params_default(&dp);
-    dp.n_atoms = n_atoms;
-    dp.sparsity = sparsity;
-    dp.iters = j->dict_iters > 0 ? j->dict_iters : 10;
-    dp.seed = j->seed;
-    dp.n_threads = qf_context_params_get(s->ctx)->n_threads;
-    dp.max_train = j->dict_max_train;
-    bool tol = v2 && j->dict_tol_quantile > 0;
-    float *tols = tol ? calloc((size_t)v.n_layer * 2, sizeof(float)) : NULL;
-    if (tol && !tols) return qf_fail(err, QF_ERR_NOMEM, "learn: out of memory");
-    for (int sidx = 0; sidx < 2; sidx++)
-        for (int l = 0; l < v.n_layer; l++) {
-            const float *x = sidx ? v.v[l] : v.k[l];
-            int64_t n = sidx ? v.n_v[l] : v.n_k[l];
-            if (n < n_atoms) {
-                free(tols);
-                return qf_fail(err, QF_ERR_CAPTURE_FAILED,
-                               "learn: layer %d %c has %lld captured vectors, fewer than the %d atoms to learn "
-                               "(capture more tokens: --max-tok)",
-                               l, sidx ? 'V' : 'K', (long long)n, n_atoms);
-            }
-            qf_kv_dict d = {0};
-            if ((st = qf_kv_dict_learn(x, n, v.head_dim, &dp, &d, err))) {
-                free(tols);
-                return qf_error_prefix(err, "learn: layer %d %c: ", l, sidx ? 'V' : 'K');
-            }
-            if (tol) st = dict_tol(&d, x, n, sparsity, j->dict_tol_quantile, dp.n_threads, &tols[sidx * v.n_layer + l], err);
-            char name[32];
-            snprintf(name, sizeof name, "%c.%d", sidx ? 'v' : 'k', l);
-            int64_t shape[2] = {n_atoms, v.head_dim};
-            if (!st) st = qf_payload_add_f32(pl, name, d.atoms, 2, shape, err);
-            qf_kv_dict_free(&d);
-            if (st) {
-                free(tols);
-                return st;
-            }
-        }
-    if (tol) {
-        int64_t shape[1] = {v.n_layer};
-        st = qf_payload_add_f32(pl, "k_tol", tols, 1, shape, err);
-        if (!st) st = qf_payload_add_f32(pl, "v_tol", tols + v.n_layer, 1, shape, err);
+    const int L = v.n_layer, U = 2 * L;
+    for (int q = 0; q < U; q++) { /* refused before any learning, in the payload's order */
+        int sidx = q / L, l = q % L;
+        int64_t n = sidx ? v.n_v[l] : v.n_k[l];
+        if (n < n_atoms)
+            return qf_fail(err, QF_ERR_CAPTURE_FAILED,
+                           "learn: layer %d %c has %lld captured vectors, fewer than the %d atoms to learn "
+                           "(capture more tokens: --max-tok)",
+                           l, sidx ? 'V' : 'K', (long long)n, n_atoms);
     }
+    dict_jobs J = {.n_units = U, .head_dim = v.head_dim, .sparsity = sparsity,
+                   .tol_quantile = v2 && j->dict_tol_quantile > 0 ? j->dict_tol_quantile : 0};
+    qf_kv_dict_params_default(&J.dp);
+    J.dp.n_atoms = n_atoms;
+    J.dp.sparsity = sparsity;
+    J.dp.iters = j->dict_iters > 0 ? j->dict_iters : 10;
+    J.dp.seed = j->seed;
+    J.dp.max_train = j->dict_max_train;
+    const int T = qf_context_params_get(s->ctx)->n_threads > 1 ? qf_context_params_get(s->ctx)->n_threads : 1;
+    const int outer = T < U ? T : U;
+    J.dp.n_threads = T / outer;
+    J.u = calloc((size_t)U, sizeof *J.u);
+    float *tols = calloc((size_t)U, sizeof(float));
+    qf_pool *pool = outer > 1 ? qf_pool_create(outer) : NULL;
+    if (!J.u || !tols || (outer > 1 && !pool)) {
+        st = qf_fail(err, QF_ERR_NOMEM, "learn: out of memory");
+        goto done;
+    }
+    for (int q = 0; q < U; q++) {
+        int sidx = q / L, l = q % L;
+        J.u[q].x = sidx ? v.v[l] : v.k[l];
+        J.u[q].n = sidx ? v.n_v[l] : v.n_k[l];
+    }
+    atomic_init(&J.next, 0);
+    if (pool) qf_pool_run(pool, dict_worker, &J);
+    else dict_worker(&J, 0, 1);
+    for (int q = 0; q < U && !st; q++) { /* the first failure in the payload's order */
+        if (!(st = J.u[q].st)) continue;
+        if (err) {
+            *err = J.u[q].err;
+            qf_error_prefix(err, "learn: layer %d %c: ", q % L, q / L ? 'V' : 'K');
+        }
+    }
+    for (int q = 0; q < U && !st; q++) {
+        char name[32];
+        snprintf(name, sizeof name, "%c.%d", q / L ? 'v' : 'k', q % L);
+        int64_t shape[2] = {n_atoms, v.head_dim};
+        st = qf_payload_add_f32(pl, name, J.u[q].d.atoms, 2, shape, err);
+        tols[q] = J.u[q].tol;
+    }
+    if (!st && J.tol_quantile > 0) {
+        int64_t shape[1] = {L};
+        st = qf_payload_add_f32(pl, "k_tol", tols, 1, shape, err);
+        if (!st) st = qf_payload_add_f32(pl, "v_tol", tols + L, 1, shape, err);
+    }
+done:
+    qf_pool_free(pool);
+    if (J.u)
+        for (int q = 0; q < U; q++) qf_kv_dict_free(&J.u[q].d);
+    free(J.u);
     free(tols);
     return st;
 }
