@@ -134,24 +134,50 @@ __device__ static inline void store_tile(const float (&acc)[NI][NJ], float *y, i
             if (r0 + i < N && t0 + j < n) y[(size_t)(t0 + j) * N + r0 + i] = acc[i][j];
 }
 
+/* one block's integer dot products of a 16 x 8 tile: mma.sync m16n8k32 on int8, C = 0, so each
+ * of d[0..3] is the exact int32 sum of 32 products (|sum| <= 32 * 127 * 128: no overflow), the
+ * value __dp4a's chain computes */
+__device__ static inline void mma_s8_16832(int *d, const int *a, int b0, int b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%10,%10,%10,%10};\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+#else
+    (void)a, (void)b0, (void)b1;
+    d[0] = d[1] = d[2] = d[3] = 0;
+#endif
+}
+
 /* y[t][r] (t < n, r < N, row stride N) = sum over blocks of fmaf((float)isum, dw * dx, acc):
- * 256 threads, 64 rows x 64 tokens, thread (tr, tt) the rows 4 tr.. and tokens 4 tt..; CG_KB
- * blocks of K a shared-memory stage, each thread loading one (row, block) of the weights and
- * one (token, block) of the activation, then every output's steps in block order (the oracle's
- * order: a stage only changes when the data arrive). Against one block a stage (128 loading
- * threads, two barriers a block), H200, 8B q4_0 shape, `qforge ppl --arith canonical
+ * 256 threads, 64 rows x 64 tokens; CG_KB blocks of K a shared-memory stage, each thread loading
+ * one (row, block) of the weights and one (token, block) of the activation, then every output's
+ * steps in block order (the oracle's order: a stage only changes when the data arrive).
+ * sm_80 and later: warp w owns rows 16 (w % 4).. and tokens 32 (w / 4)..; a block's integer sums
+ * of its four 16 x 8 tiles come from mma.sync (int8 in, exact int32 out) instead of eight __dp4a
+ * a sum, and each output's float step is the same qf_canon_q8_step. Older GPUs: thread (tr, tt)
+ * the rows 4 tr.. and tokens 4 tt.., __dp4a. Shared rows are padded to 36 ints so that the
+ * fragment loads (8 rows x 4 words) hit 32 distinct banks. Against one block a stage (128
+ * loading threads, two barriers a block), H200, 8B q4_0 shape, `qforge ppl --arith canonical
  * --chunks 8` 4.1-4.4 s against 6.3-6.5 s end to end, the same PPL bits (docs/gpu.md
  * "Session 20"). */
 #define CG_KB 4
+#define CG_PAD (CG_KB * 8 + 4)
 template <int T>
 __global__ void __launch_bounds__(256) k_canon_gemm_q8(const uint8_t *__restrict__ W, size_t rb, int K, int N,
                                                        const int8_t *__restrict__ xq, const float *__restrict__ xd,
                                                        int n, float *__restrict__ y) {
     static_assert(CG_BM * CG_KB == 256 && CG_BN * CG_KB == 256, "a (row, block) and a (token, block) a thread");
-    __shared__ int sw[CG_BM][CG_KB * 8 + 1], sx[CG_BN][CG_KB * 8 + 1];
+    __shared__ __align__(16) int sw[CG_BM][CG_PAD];
+    __shared__ __align__(16) int sx[CG_BN][CG_PAD];
     __shared__ float sdw[CG_BM][CG_KB], sdx[CG_BN][CG_KB];
-    const int tid = threadIdx.x, tr = tid % 16, tt = tid / 16, lr = tid / CG_KB, lk = tid % CG_KB;
+    const int tid = threadIdx.x, lr = tid / CG_KB, lk = tid % CG_KB;
     const int r0 = blockIdx.x * CG_BM, t0 = blockIdx.y * CG_BN, nb = K / 32;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const int lane = tid % 32, g = lane / 4, q = lane % 4, wr = (tid / 32) % 4 * 16, wt = (tid / 32) / 4 * 32;
+#else
+    const int tr = tid % 16, tt = tid / 16;
+#endif
     float acc[4][4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -165,7 +191,7 @@ __global__ void __launch_bounds__(256) k_canon_gemm_q8(const uint8_t *__restrict
             float d = 0.0f;
             if (r < N && b < nb) d = blk_ints<T>(W + (size_t)r * rb, b, v);
             else
-                for (int q = 0; q < 32; q++) v[q] = 0;
+                for (int u = 0; u < 32; u++) v[u] = 0;
             memcpy(&sw[lr][lk * 8], v, 32);
             sdw[lr][lk] = d;
         }
@@ -176,7 +202,25 @@ __global__ void __launch_bounds__(256) k_canon_gemm_q8(const uint8_t *__restrict
         }
         __syncthreads();
         const int kn = nb - b0 < CG_KB ? nb - b0 : CG_KB;
-        for (int kb = 0; kb < kn; kb++)
+        for (int kb = 0; kb < kn; kb++) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+            /* acc[j][c]: tile j (tokens wt + 8 j..), c = 0/1 row wr + g, c = 2/3 row wr + g + 8,
+             * tokens wt + 8 j + 2 q + (c & 1) */
+            const int a[4] = {sw[wr + g][kb * 8 + q], sw[wr + g + 8][kb * 8 + q], sw[wr + g][kb * 8 + 4 + q],
+                              sw[wr + g + 8][kb * 8 + 4 + q]};
+            const float dw0 = sdw[wr + g][kb], dw1 = sdw[wr + g + 8][kb];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int tok = wt + 8 * j;
+                int d[4];
+                mma_s8_16832(d, a, sx[tok + g][kb * 8 + q], sx[tok + g][kb * 8 + 4 + q]);
+                const float dx0 = sdx[tok + 2 * q][kb], dx1 = sdx[tok + 2 * q + 1][kb];
+                acc[j][0] = qf_canon_q8_step(acc[j][0], d[0], dw0, dx0);
+                acc[j][1] = qf_canon_q8_step(acc[j][1], d[1], dw0, dx1);
+                acc[j][2] = qf_canon_q8_step(acc[j][2], d[2], dw1, dx0);
+                acc[j][3] = qf_canon_q8_step(acc[j][3], d[3], dw1, dx1);
+            }
+#else
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -187,9 +231,21 @@ __global__ void __launch_bounds__(256) k_canon_gemm_q8(const uint8_t *__restrict
                     for (int w = 0; w < 8; w++) isum = __dp4a(a[w], c[w], isum);
                     acc[i][j] = qf_canon_q8_step(acc[i][j], isum, sdw[4 * tr + i][kb], sdx[4 * tt + j][kb]);
                 }
+#endif
+        }
         __syncthreads();
     }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int r = r0 + wr + g + (c >> 1) * 8, t = t0 + wt + 8 * j + 2 * q + (c & 1);
+            if (r < N && t < n) y[(size_t)t * N + r] = acc[j][c];
+        }
+#else
     store_tile<4, 4>(acc, y, r0 + 4 * tr, t0 + 4 * tt, N, n);
+#endif
 }
 
 #define CK_BN 32 /* the K GEMM's tokens per block */
