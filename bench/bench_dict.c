@@ -1,9 +1,12 @@
-/* bench_dict.c: kv-dict throughput at head_dim 64: OMP encoding (vectors/s) against a
- * textbook OMP measured in the same run, and k-SVD learning, each at 1 and 2 threads.
+/* bench_dict.c: kv-dict throughput (head_dim 64, or --dim): OMP encoding (vectors/s) against a
+ * textbook OMP measured in the same run, k-SVD learning, each at 1 and 2 threads, and the
+ * learner's encoder with its Cholesky dots read from the dictionary's table (qf_kv_omp_gd)
+ * against recomputing them per vector (qf_kv_omp_ex), one thread, the codes compared.
  * `--analysis` also times the whole go/no-go + sweep on a demo-model-sized synthetic
  * capture (6 layers x K/V x 6144 vectors).
  *
- *   build/bench/bench_dict [--n 20000] [--atoms 256] [--s 8] [--iters 3] [--analysis]
+ *   build/bench/bench_dict [--n 20000] [--atoms 256] [--s 8] [--iters 3] [--dim 64] [--analysis]
+ *   (the 8B heads: --dim 128)
  *
  * The data are synthetic KV-like vectors: a few strong directions plus a decaying
  * Gaussian spectrum, so OMP does the same work it does on real captures. */
@@ -14,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/kv_codes.h"
 #include "qforge/kvlearn.h"
 #include "util/util.h"
 
@@ -110,15 +114,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--atoms") && i + 1 < argc) A = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--s") && i + 1 < argc) s = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--dim") && i + 1 < argc) dim = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--analysis")) analysis = 1;
         else {
-            fprintf(stderr, "usage: %s [--n N] [--atoms A] [--s S] [--iters I] [--analysis]\n",
+            fprintf(stderr, "usage: %s [--n N] [--atoms A] [--s S] [--iters I] [--dim D] [--analysis]\n",
                     argv[0]);
             return 1;
         }
     }
-    if (n < A || s < 1 || s > 64 || A < s || A > QF_KV_MAX_ATOMS) {
-        fprintf(stderr, "bench_dict: need atoms <= n, 1 <= s <= 64, s <= atoms <= %d\n",
+    if (n < A || s < 1 || s > 64 || A < s || A > QF_KV_MAX_ATOMS || dim < s || dim > 256) {
+        fprintf(stderr, "bench_dict: need atoms <= n, 1 <= s <= 64, s <= atoms <= %d, s <= dim <= 256\n",
                 QF_KV_MAX_ATOMS);
         return 1;
     }
@@ -167,6 +172,36 @@ int main(int argc, char **argv) {
                th, th > 1 ? "s" : " ", enc[th - 1], enc[th - 1] / base);
     }
     printf("  2 threads vs 1: x%.2f\n", enc[1] / enc[0]);
+    /* the learner's encoder: correlations passed in (as its sgemm passes them), the Cholesky dots
+     * recomputed per vector against read from qf_kv_gram_d's table */
+    {
+        double *gd = malloc(sizeof(double) * (size_t)A * A), t_gd[2] = {0, 0};
+        float *al = malloc(sizeof(float) * (size_t)A), c1[64], c2[64];
+        uint16_t i1[64], i2[64];
+        void *scratch = malloc(qf_kv_omp_scratch_bytes(A, s));
+        t0 = now();
+        qf_kv_gram_d(&d[0], gd);
+        double t_table = now() - t0;
+        int64_t ne = n < 8000 ? n : 8000, same = 0;
+        for (int64_t i = 0; i < ne; i++) {
+            const float *x = X + (size_t)i * dim;
+            for (int a = 0; a < A; a++) {
+                float acc = 0;
+                for (int t = 0; t < dim; t++) acc += d[0].atoms[(size_t)a * dim + t] * x[t];
+                al[a] = acc;
+            }
+            double ta = now();
+            int k1 = qf_kv_omp_ex(&d[0], x, al, s, 0, scratch, i1, c1);
+            double tb = now();
+            int k2 = qf_kv_omp_gd(&d[0], gd, x, al, s, 0, scratch, i2, c2);
+            t_gd[0] += tb - ta, t_gd[1] += now() - tb;
+            same += k1 == k2 && !memcmp(i1, i2, sizeof(uint16_t) * (size_t)s) && !memcmp(c1, c2, sizeof(float) * (size_t)s);
+        }
+        printf("learner's OMP (correlations given), 1 thread: dots recomputed %9.0f vectors/s, from the table %9.0f "
+               "vectors/s  x%.2f (table %.1f ms a dictionary); identical codes: %lld of %lld\n",
+               ne / t_gd[0], ne / t_gd[1], t_gd[0] / t_gd[1], t_table * 1e3, (long long)same, (long long)ne);
+        free(gd), free(al), free(scratch);
+    }
     float *rec = malloc(sizeof(float) * (size_t)n * dim);
     qf_kv_dict_decode(&d[0], idx, coef, s, n, rec);
     printf("  training relative MSE: %.4e (f32 coefficients)\n", qf_rel_mse(X, rec, n * dim));
