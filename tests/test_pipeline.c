@@ -522,6 +522,43 @@ TEST(engine_dict_cache_matches_forge_encoder) {
     double e1 = qf_rel_mse(x, y1, (int64_t)n * hd), e2 = qf_rel_mse(x, y2, (int64_t)n * hd);
     printf("  rel. MSE: forge encoder %.5f, engine cache %.5f\n", e1, e2);
     CHECK(e2 < 1 && e2 <= e1 * 1.05 + 1e-6);
+    /* the cache's rows (its encoder reads the Cholesky dots from each layer's qf_kv_gram_d table
+     * at this size) decode to those of qf_kv_omp_ex's codes, which compute them per row: two
+     * layers with different dictionaries, so a table of the wrong layer shows */
+    {
+        qf_kv_dict d2 = {0};
+        dp.seed = 7;
+        CHECK(qf_kv_dict_learn(x, n, hd, &dp, &d2, &e) == QF_OK);
+        qf_hparams hp2 = hp;
+        hp2.n_layer = 2;
+        const float *at2[2] = {d.atoms, d2.atoms};
+        qf_kv_stream_spec sp2[2] = {{.mode = QF_KV_DICT, .n_atoms = na, .sparsity = s, .coef = QF_KV_COEF_F16, .atoms = at2},
+                                    {.mode = QF_KV_F32}};
+        qf_kv_cache kv2;
+        CHECK(qf_kv_cache_init_spec(&kv2, &hp2, n, sp2, &e) == QF_OK);
+        CHECK(kv2.dict[0]->gram_d && kv2.dict[0]->gram_d[0] && kv2.dict[0]->gram_d[1]);
+        qf_kv_code_fmt fmt = {.n_atoms = na, .sparsity = s, .coef = QF_KV_COEF_F16};
+        void *scr = malloc(qf_kv_omp_scratch_bytes(na, s));
+        uint8_t code[64];
+        uint16_t ci[8];
+        float cc[8], *y3 = malloc((size_t)hd * sizeof(float));
+        for (int l = 0; l < 2; l++) {
+            const qf_kv_dict *dl = l ? &d2 : &d;
+            qf_kv_cache_write(&kv2, 0, l, 0, n, x);
+            qf_kv_cache_read_head(&kv2, 0, l, 0, n, y2);
+            int same = 0;
+            for (int i = 0; i < n; i++) {
+                qf_kv_omp_ex(dl, x + (size_t)i * hd, NULL, s, 0, scr, ci, cc);
+                qf_kv_fmt_pack(&fmt, ci, cc, code);
+                qf_kv_fmt_decode(&fmt, &kv2.dict[0]->layer[l], code, y3);
+                same += !memcmp(y3, y2 + (size_t)i * hd, (size_t)hd * sizeof(float));
+            }
+            CHECK_EQ_INT(same, n);
+        }
+        qf_kv_cache_free(&kv2);
+        qf_kv_dict_free(&d2);
+        free(scr), free(y3);
+    }
     /* refusals: int8/dict without data */
     qf_kv_cache bad;
     CHECK_EQ_INT(qf_kv_cache_init(&bad, &hp, 8, QF_KV_INT8, QF_KV_F32, &e), QF_ERR_ARTIFACT_NOT_CERTIFIED);

@@ -136,12 +136,17 @@ typedef enum {
  * sparsity atom indices + coefficients); writes OMP-encode, reads decode. */
 /* QF_KV_DICT storage of one stream: a row is one packed code (qf_kv_code_fmt layout:
  * sparsity atom-index slots + coefficients); writes OMP-encode, reads decode. */
+/* Dict caches keep the double Gram table up to this many atoms: 512 KiB a layer and stream, twice
+ * the float Gram they hold anyway; larger dictionaries compute the dots per row. */
+#define QF_KV_CACHE_GRAM_D_ATOMS 256
 struct qf_kv_dict_bind {
     int n_atoms, sparsity;
     qf_kv_coef coef;
     qf_kv_code_fmt fmt;    /* the row layout (fmt.packed: bit-packed indices, payload v2) */
     float *tol;            /* [n_layer] error bound per layer (qf_kv_omp_ex tol), or NULL */
     qf_kv_dict *layer;     /* [n_layer]: unit-norm atoms and their Gram matrix */
+    double **gram_d;       /* [n_layer] qf_kv_gram_d tables (the encoder's Cholesky dots, the same
+                            * codes), or NULL above QF_KV_CACHE_GRAM_D_ATOMS atoms */
     float *scratch;        /* encoder scratch (cache writes run on one thread) */
     uint16_t *idx;         /* [sparsity] */
     float *coef_buf;       /* [sparsity] */

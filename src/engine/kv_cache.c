@@ -56,6 +56,9 @@ static void dict_bind_free(struct qf_kv_dict_bind *d, int n_layer) {
     if (!d) return;
     if (d->layer)
         for (int l = 0; l < n_layer; l++) qf_kv_dict_free(&d->layer[l]);
+    if (d->gram_d)
+        for (int l = 0; l < n_layer; l++) free(d->gram_d[l]);
+    free(d->gram_d);
     free(d->layer);
     free(d->tol);
     free(d->scratch);
@@ -85,6 +88,7 @@ static qf_status dict_bind_new(const qf_kv_stream_spec *sp, const qf_hparams *hp
     d->n_atoms = sp->n_atoms, d->sparsity = sp->sparsity, d->coef = sp->coef;
     d->fmt = (qf_kv_code_fmt){.n_atoms = sp->n_atoms, .sparsity = sp->sparsity, .coef = sp->coef, .packed = sp->packed};
     d->layer = calloc((size_t)hp->n_layer, sizeof *d->layer);
+    if (sp->n_atoms <= QF_KV_CACHE_GRAM_D_ATOMS && !(d->gram_d = calloc((size_t)hp->n_layer, sizeof *d->gram_d))) goto oom;
     d->scratch = malloc(qf_kv_omp_scratch_floats(sp->n_atoms, sp->sparsity) * sizeof(float));
     d->idx = malloc((size_t)sp->sparsity * sizeof(uint16_t));
     d->coef_buf = malloc((size_t)sp->sparsity * sizeof(float));
@@ -100,6 +104,10 @@ static qf_status dict_bind_new(const qf_kv_stream_spec *sp, const qf_hparams *hp
         if (st) {
             dict_bind_free(d, hp->n_layer);
             return qf_error_prefix(err, "dict KV cache (%s): layer %d: ", sname, l);
+        }
+        if (d->gram_d) {
+            if (!(d->gram_d[l] = malloc(sizeof(double) * (size_t)sp->n_atoms * (size_t)sp->n_atoms))) goto oom;
+            qf_kv_gram_d(&d->layer[l], d->gram_d[l]);
         }
     }
     *out = d;
@@ -674,7 +682,8 @@ static void write_rows(qf_kv_cache *kv, int stream, int layer, uint8_t *dst, con
         const qf_kv_dict *L = &d->layer[layer];
         double tol = d->tol ? d->tol[layer] : 0;
         for (int r = 0; r < n_pos * nh; r++) {
-            qf_kv_omp_ex(L, src + (size_t)r * hd, NULL, d->sparsity, tol, d->scratch, d->idx, d->coef_buf);
+            qf_kv_omp_gd(L, d->gram_d ? d->gram_d[layer] : NULL, src + (size_t)r * hd, NULL, d->sparsity, tol, d->scratch,
+                         d->idx, d->coef_buf);
             qf_kv_fmt_pack(&d->fmt, d->idx, d->coef_buf, dst + (size_t)r * rb);
         }
         return;
