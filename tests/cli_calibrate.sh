@@ -43,6 +43,14 @@ expect "OllamaUnavailable" 10 "$qf" calibrate "${small[@]}" --artifact kv-int8 -
     --ollama http://127.0.0.1:9 --ollama-model none -o "$d/x.qfa"
 expect "CaptureFailed (fewer vectors than atoms)" 11 "$qf" calibrate "${small[@]}" --artifact kv-dict \
     --atoms 4096 --sparsity 4 -o "$d/x.qfa"
+if grep -q "error: CaptureFailed: learn: layer 0 K has [0-9]* captured vectors, fewer than the 4096 atoms" "$d/err"; then
+    ok "fewer vectors than atoms: the layer named once, after one 'learn:'"
+else bad "fewer vectors than atoms: message"; sed 's/^/    /' "$d/err" | tail -n 3; fi
+expect "CaptureFailed (--max-train below the atoms)" 11 "$qf" calibrate "${small[@]}" --artifact kv-dict \
+    --atoms 64 --sparsity 4 --max-train 10 -o "$d/x.qfa"
+if grep -q "error: CaptureFailed: learn: layer 0 K: kv dict learn: 10 training vectors: expected at least n_atoms = 64" "$d/err"; then
+    ok "--max-train below the atoms: the first dictionary in payload order named"
+else bad "--max-train below the atoms: message"; sed 's/^/    /' "$d/err" | tail -n 3; fi
 expect "CertifyFailed (gate 0)" 12 "$qf" calibrate "${small[@]}" --artifact kv-dict --atoms 16 --sparsity 2 \
     --iters 1 --gate 0 -o "$d/dict.qfa"
 if grep -q "did not pass its gate" "$d/err" && [ ! -e "$d/dict.qfa" ]; then ok "gate failure: numbers printed, no file"

@@ -510,7 +510,7 @@ static qf_status learn_dict(const qf_job *j, const shared *s, int n_atoms, int s
         int64_t n = sidx ? v.n_v[l] : v.n_k[l];
         if (n < n_atoms)
             return qf_fail(err, QF_ERR_CAPTURE_FAILED,
-                           "learn: layer %d %c has %lld captured vectors, fewer than the %d atoms to learn "
+                           "layer %d %c has %lld captured vectors, fewer than the %d atoms to learn "
                            "(capture more tokens: --max-tok)",
                            l, sidx ? 'V' : 'K', (long long)n, n_atoms);
     }
@@ -544,7 +544,7 @@ static qf_status learn_dict(const qf_job *j, const shared *s, int n_atoms, int s
         if (!(st = J.u[q].st)) continue;
         if (err) {
             *err = J.u[q].err;
-            qf_error_prefix(err, "learn: layer %d %c: ", q % L, q / L ? 'V' : 'K');
+            qf_error_prefix(err, "layer %d %c: ", q % L, q / L ? 'V' : 'K'); /* the stage adds "learn: " */
         }
     }
     for (int q = 0; q < U && !st; q++) {
