@@ -18,6 +18,9 @@ void qf_kv_omp_one(const qf_kv_dict *d, const float *x, int s, float *scratch, u
  * order over head_dim (qf_vec_rows_dot_f64): the encoder's Cholesky dots, which it recomputes
  * for every vector. gram_d is n_atoms^2 doubles. */
 void qf_kv_gram_d(const qf_kv_dict *d, double *gram_d);
+/* The largest dictionary the learner and qf_kv_dict_encode_ex build that table for (8 MiB); above
+ * it the encoder computes the dots per vector (the same codes). */
+#define QF_KV_GRAM_D_MAX_ATOMS 1024
 
 /* qf_kv_omp_ex reading those dots from gram_d (qf_kv_gram_d of d; NULL: computed as
  * qf_kv_omp_ex does): the same codes bit for bit, about 5x fewer sequential double sums a

@@ -226,7 +226,7 @@ qf_status qf_kv_dict_encode_ex(const qf_kv_dict *d, const float *x, int64_t n, i
     qf_pool *pool = n_threads > 1 && n >= 64 ? qf_pool_create(n_threads) : NULL;
     /* the Cholesky dots as a table when it pays (n vectors of ~s^2/2 dots against n_atoms^2 / 2
      * once) and stays small; without it the encoder computes the same values itself */
-    double *gd = n >= d->n_atoms && d->n_atoms <= 1024
+    double *gd = n >= d->n_atoms && d->n_atoms <= QF_KV_GRAM_D_MAX_ATOMS
                      ? malloc(sizeof(double) * (size_t)d->n_atoms * (size_t)d->n_atoms) : NULL;
     if (gd) qf_kv_gram_d(d, gd);
     if (!ci || !e) {
@@ -398,9 +398,9 @@ qf_status qf_kv_dict_learn(const float *x, int64_t n, int head_dim, const qf_kv_
     float *sv_atoms = malloc(sizeof(float) * (size_t)A * dim);
     int32_t *sv_idx = malloc(sizeof(int32_t) * (size_t)nt * s);
     float *sv_coef = malloc(sizeof(float) * (size_t)nt * s);
-    /* the encoder's Cholesky dots as a table (the same codes; NULL, as beyond 1024 atoms where
-     * it would take 8 MiB and more, only means they are computed per vector) */
-    double *gram_d = A <= 1024 ? malloc(sizeof(double) * (size_t)A * A) : NULL;
+    /* the encoder's Cholesky dots as a table (the same codes; NULL, above QF_KV_GRAM_D_MAX_ATOMS
+     * or when out of memory, only means they are computed per vector) */
+    double *gram_d = A <= QF_KV_GRAM_D_MAX_ATOMS ? malloc(sizeof(double) * (size_t)A * A) : NULL;
     qf_pool *pool = p->n_threads > 1 ? qf_pool_create(p->n_threads) : NULL;
     out->head_dim = dim;
     out->n_atoms = A;

@@ -522,7 +522,8 @@ static qf_status learn_dict(const qf_job *j, const shared *s, int n_atoms, int s
     J.dp.iters = j->dict_iters > 0 ? j->dict_iters : 10;
     J.dp.seed = j->seed;
     J.dp.max_train = j->dict_max_train;
-    const int T = qf_context_params_get(s->ctx)->n_threads > 1 ? qf_context_params_get(s->ctx)->n_threads : 1;
+    int T = qf_context_params_get(s->ctx)->n_threads;
+    if (T < 1) T = 1;
     const int outer = T < U ? T : U;
     J.dp.n_threads = T / outer;
     J.u = calloc((size_t)U, sizeof *J.u);
