@@ -33,8 +33,10 @@ typedef struct {
 } stream_data;
 
 /* one stream: layer `f16` kept as halves; format 3 when klt (layer 1 at 1.5 bits, others at 2:
- * random widths 0..4, so some coordinates are dropped), else format 2 at 3 bits */
-static void stream_fill(stream_data *d, bool klt, int f16, uint64_t *s) {
+ * random widths 0..4, so some coordinates are dropped, many below the last coded one; prefix:
+ * sorted, widest first, so the coded coordinates are 0..m-1, as they mostly are after a KLT),
+ * else format 2 at 3 bits */
+static void stream_fill(stream_data *d, bool klt, bool prefix, int f16, uint64_t *s) {
     for (int l = 0; l < L; l++) d->bits[l] = l == f16 ? QF_KV_RQ_BITS_F16 : klt ? (l == 1 ? 32 + 12 : 2) : 3;
     for (int i = 0; i < L * H * 64; i++) d->levels[i] = -2.0f + 0.5f * (float)(i % 64) + 0.01f * (float)(i % 3);
     for (int i = 0; i < L * H * D; i++) {
@@ -53,6 +55,11 @@ static void stream_fill(stream_data *d, bool klt, int f16, uint64_t *s) {
                 int j = (int)(qf_xorshift64s(s) % D);
                 if (w[j] < 4) w[j]++, left--;
             }
+            for (int i = 0; prefix && i < D; i++) /* insertion sort, descending */
+                for (int j = i; j > 0 && w[j] > w[j - 1]; j--) {
+                    uint8_t x = w[j];
+                    w[j] = w[j - 1], w[j - 1] = x;
+                }
         }
     }
 }
@@ -65,12 +72,12 @@ static qf_kv_stream_spec spec_of(const stream_data *d, bool klt) {
     return sp;
 }
 
-static double check_cache(bool klt, uint64_t seed) {
+static double check_cache(bool klt, bool prefix, uint64_t seed) {
     static stream_data dk, dv;
     static float P[L * HD * HD], k[NP * HD], v[NP * HD];
     uint64_t s = seed;
-    stream_fill(&dk, klt, 2, &s);
-    stream_fill(&dv, klt, 3, &s);
+    stream_fill(&dk, klt, prefix, 2, &s);
+    stream_fill(&dv, klt, prefix, 3, &s);
     for (int i = 0; i < L * HD * HD; i++) P[i] = (i / (HD * HD)) == 1 ? 0.0f : 0.05f * gauss(&s); /* layer 1: none */
     for (int i = 0; i < NP * HD; i++) k[i] = gauss(&s), v[i] = gauss(&s);
     qf_kv_stream_spec spec[2] = {spec_of(&dk, klt), spec_of(&dv, klt)};
@@ -83,7 +90,7 @@ static double check_cache(bool klt, uint64_t seed) {
     CHECK(qf_kv_rq_lin_build(&kv, &e) == QF_OK);
     if (!kv.rq_lin) return INFINITY;
     double worst = 0, scale = 0;
-    static float ref[NP * D], got[NP * D], yk[NP * HD], y[NP * D], w[NP];
+    static float ref[NP * D], got[NP * D], yk[NP * HD], y[NP * D], w[NP], scratch[NP * D + HD + D];
     for (int p = 0; p < NP; p++) w[p] = (float)(qf_xorshift64s(&s) % 1000) / 1000.0f;
     for (int l = 0; l < L; l++) {
         qf_kv_cache_write(&kv, 0, l, 0, NP, k);
@@ -105,7 +112,7 @@ static double check_cache(bool klt, uint64_t seed) {
                     qf_kv_rq_lin_coef(&kv, 1, l, h, 33, NP - 33, y + 33 * ld, ld);
                 }
                 qf_kv_rq_lin_decode(&kv, st, l, h, NP, yy, ld, got);
-                if (st) qf_kv_rq_lin_pred(&kv, l, h, NP, yk, (size_t)kd, got);
+                if (st) qf_kv_rq_lin_pred(&kv, l, h, NP, yk, (size_t)kd, got, scratch);
                 for (int i = 0; i < NP * D; i++) {
                     worst = fmax(worst, fabs((double)got[i] - ref[i]));
                     scale = fmax(scale, fabs((double)ref[i]));
@@ -120,7 +127,7 @@ static double check_cache(bool klt, uint64_t seed) {
                     for (int i = 0; i < kd; i++) yks[i] += w[p] * yk[p * kd + i];
                 }
                 qf_kv_rq_lin_apply(&kv, st, l, h, ysum, (float)W, out);
-                if (st) qf_kv_rq_lin_apply_pred(&kv, l, h, yks, (float)W, out);
+                if (st) qf_kv_rq_lin_apply_pred(&kv, l, h, yks, (float)W, out, scratch);
                 for (int i = 0; i < D; i++) worst = fmax(worst, fabs(out[i] - want[i]) / NP);
             }
     }
@@ -131,18 +138,20 @@ static double check_cache(bool klt, uint64_t seed) {
     CHECK(memcmp(one, ref + 41 * D, sizeof one) == 0);
     qf_kv_cache_free(&kv);
     CHECK(kv.rq_lin == NULL);
-    printf("  %s rows: worst |lin - row decoder| %.2e (values up to %.2f)\n", klt ? "format-3" : "format-2", worst, scale);
+    printf("  %s rows%s: worst |lin - row decoder| %.2e (values up to %.2f)\n", klt ? "format-3" : "format-2",
+           prefix ? " (coded coordinates a prefix)" : "", worst, scale);
     return worst / scale;
 }
 
-TEST(lin_matches_row_decoder_format3) { CHECK(check_cache(true, 7) < 2e-6); }
-TEST(lin_matches_row_decoder_format2) { CHECK(check_cache(false, 11) < 2e-6); }
+TEST(lin_matches_row_decoder_format3) { CHECK(check_cache(true, false, 7) < 2e-6); }
+TEST(lin_matches_row_decoder_format3_prefix) { CHECK(check_cache(true, true, 5) < 2e-6); }
+TEST(lin_matches_row_decoder_format2) { CHECK(check_cache(false, false, 11) < 2e-6); }
 
 /* only caches with both streams kv-rq get the tables */
 TEST(lin_needs_two_rq_streams) {
     static stream_data dk;
     uint64_t s = 3;
-    stream_fill(&dk, false, 2, &s);
+    stream_fill(&dk, false, false, 2, &s);
     qf_kv_stream_spec spec[2] = {spec_of(&dk, false), {.mode = QF_KV_F16}};
     qf_hparams hp = {0};
     hp.n_layer = L, hp.n_head_kv = H, hp.head_dim = D;
@@ -312,6 +321,7 @@ TEST(forward_routes_agree) {
 int main(void) {
     RUN(forward_routes_agree);
     RUN(lin_matches_row_decoder_format3);
+    RUN(lin_matches_row_decoder_format3_prefix);
     RUN(lin_matches_row_decoder_format2);
     RUN(lin_needs_two_rq_streams);
     return test_summary();

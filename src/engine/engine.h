@@ -245,15 +245,18 @@ bool qf_kv_cache_exact_row(const qf_kv_cache *kv, int stream, int layer, int h, 
 /* ---- kv-rq in the coefficient domain (kv_rq_lin.c; forward.c's fast route) ----
  * Every kv-rq row is linear in its coefficients y[m] (kv_rq.h, kv_rq_klt.h):
  *   x = mean + T y     formats 1/2: T = diag(cs) H, y_k = s levels[code_k], m = head_dim;
- *                      format 3:    T = dec's coded columns, y_k = s sigma_j levels_j[code_j] over
- *                                   the m coordinates j with a nonzero width;
+ *                      format 3:    T = dec's first m columns, y_k = s sigma_k levels_k[code_k] for
+ *                                   the k < m with a nonzero width, 0 for the others (m: one past
+ *                                   the last coordinate with a nonzero width);
  *                      f16 layers:  T = I, mean = 0, y = x, m = head_dim.
  * A predicted V row (the V stream's pred_on[l]) adds P_h k^ over the token's decoded K rows,
  * itself linear in K's coefficients yk (the K heads' y side by side, kdim = sum of their m):
- *   v = mean_v + T_v y_v + pbias_h + M_h yk     (M_h = P_h T_K, pbias_h = P_h mean_K).
- * So sum_p w_p v_p = W (mean_v + pbias_h) + T_v (sum_p w_p y_v,p) + M_h (sum_p w_p yk_p), W =
+ *   v = mean_v + T_v y_v + P_h (mean_K + T_K yk).
+ * So sum_p w_p v_p = W mean_v + T_v (sum_p w_p y_v,p) + P_h (W mean_K + T_K (sum_p w_p yk_p)), W =
  * sum_p w_p: attention over the coefficients needs one transform per query, not one decode per
- * position. The same sums in another order as the row decoder (kv_rq.h): equal to rounding. */
+ * position. The same sums in another order as the row decoder (kv_rq.h): equal to rounding.
+ * The tables hold no matrix of their own where the coded coordinates are a prefix (T_K, T_v are
+ * the cache's decT rows, P the payload's): nothing per model beyond the bind's. */
 typedef struct qf_kv_rq_lin qf_kv_rq_lin;
 /* Build kv->rq_lin when both streams are kv-rq (no-op otherwise or when built); QF_ERR_NOMEM. */
 qf_status qf_kv_rq_lin_build(qf_kv_cache *kv, qf_error *err);
@@ -271,16 +274,19 @@ void qf_kv_rq_lin_coef(const qf_kv_cache *kv, int stream, int layer, int h, int 
  * V's prediction (format 3: one GEMM). */
 void qf_kv_rq_lin_decode(const qf_kv_cache *kv, int stream, int layer, int h, int n, const float *y, size_t ld,
                          float *dst);
-/* dst [n][head_dim] += pbias_h + M_h yk for n K coefficient rows (stride ld), V head h; no-op
- * on a layer without prediction. */
-void qf_kv_rq_lin_pred(const qf_kv_cache *kv, int layer, int h, int n, const float *yk, size_t ld, float *dst);
+/* dst [n][head_dim] += P_h k^ for n K coefficient rows (stride ld), V head h: k^ = mean_K + T_K
+ * yk decoded one K head at a time into scratch (n head_dim floats); no-op on a layer without prediction. */
+void qf_kv_rq_lin_pred(const qf_kv_cache *kv, int layer, int h, int n, const float *yk, size_t ld, float *dst,
+                       float *scratch);
 /* out[head_dim] = wsum mean + T ysum: a weighted sum of rows from the weighted sum of their
  * coefficients (ysum[m]) and of the weights (wsum). */
 void qf_kv_rq_lin_apply(const qf_kv_cache *kv, int stream, int layer, int h, const float *ysum, float wsum,
                         float *out);
-/* out[head_dim] += wsum pbias_h + M_h yksum: the predicted part of that sum (V head h); no-op
- * on a layer without prediction. */
-void qf_kv_rq_lin_apply_pred(const qf_kv_cache *kv, int layer, int h, const float *yksum, float wsum, float *out);
+/* out[head_dim] += P_h (wsum mean_K + T_K yksum): the predicted part of that sum (V head h), the K
+ * rows' weighted sum made per K head by qf_kv_rq_lin_apply; scratch: (H + 1) head_dim floats.
+ * No-op on a layer without prediction. */
+void qf_kv_rq_lin_apply_pred(const qf_kv_cache *kv, int layer, int h, const float *yksum, float wsum, float *out,
+                             float *scratch);
 /* One stored row of (stream, layer, kv head h, position p) fully decoded (prediction included),
  * by the row decoder (kv_rq.h), into dst[head_dim]. */
 void qf_kv_cache_read_pos(const qf_kv_cache *kv, int stream, int layer, int h, int p, float *dst);

@@ -809,7 +809,8 @@ static void rq_gather2_worker(void *arg, int ith, int nth) {
     for (int idx = ith; idx < n_pred + n_ex; idx += nth) {
         if (idx < n_pred) {
             int h = idx / nr, p0 = idx % nr * R, np = T - p0 < R ? T - p0 : R;
-            qf_kv_rq_lin_pred(kv, l, h, np, ext(c)->ykbuf + (size_t)p0 * kd, kd, ext(c)->vbuf + ((size_t)h * nc + p0) * hd);
+            qf_kv_rq_lin_pred(kv, l, h, np, ext(c)->ykbuf + (size_t)p0 * kd, kd, ext(c)->vbuf + ((size_t)h * nc + p0) * hd,
+                              ext(c)->rq_thr + (size_t)ith * ext(c)->rq_thr_per); /* np <= RQ_RUN_MAX */
         } else {
             int e = idx - n_pred, stream = e / nh, h = e % nh;
             const float *stored = stream ? (j->vcoef ? NULL : ext(c)->vbuf) : ext(c)->kbuf;
@@ -887,6 +888,7 @@ static void rq_values_coef(qf_context *c, const att_job *j, int ith, int kvh, in
     bool pred = qf_kv_rq_lin_pred_on(kv, l), exact = kv->n_sink || kv->n_window;
     float *ex = ext(c)->rq_thr + (size_t)ith * ext(c)->rq_thr_per; /* [nb][hd] exact part */
     float *cv = ex + (size_t)ATT_QBLOCK * hd, *ck = cv + (size_t)ATT_QBLOCK * hd; /* [nb][mv], [nb][kd] */
+    float *pz = ck + (size_t)ATT_QBLOCK * hp->n_head_kv * hd;                   /* [(H + 1) hd] */
     float wsum[ATT_QBLOCK];
     for (int i = 0; i < nb; i++) {
         float *w = S + (size_t)i * Tb, *e = ex + (size_t)i * hd;
@@ -909,7 +911,7 @@ static void rq_values_coef(qf_context *c, const att_job *j, int ith, int kvh, in
     for (int i = 0; i < nb; i++) {
         float *o = Ob + (size_t)i * Dq;
         qf_kv_rq_lin_apply(kv, 1, l, kvh, cv + (size_t)i * mv, wsum[i], o);
-        if (pred) qf_kv_rq_lin_apply_pred(kv, l, kvh, ck + (size_t)i * kd, wsum[i], o);
+        if (pred) qf_kv_rq_lin_apply_pred(kv, l, kvh, ck + (size_t)i * kd, wsum[i], o, pz);
         for (int d = 0; d < hd; d++) o[d] += ex[(size_t)i * hd + d];
     }
 }
@@ -1209,8 +1211,8 @@ static qf_status rq_fast_init(qf_context *c, qf_error *err) {
     if (e->ykbuf) return QF_OK;
     const qf_hparams *hp = &c->model->hp;
     size_t hd = (size_t)hp->head_dim, HD = (size_t)hp->n_head_kv * hd;
-    size_t per = (size_t)ATT_QBLOCK * (2 * hd + HD);
-    if (per < (size_t)RQ_RUN_MAX * hd) per = (size_t)RQ_RUN_MAX * hd;
+    size_t per = (size_t)ATT_QBLOCK * (2 * hd + HD) + HD + hd; /* rq_values_coef */
+    if (per < (size_t)RQ_RUN_MAX * hd) per = (size_t)RQ_RUN_MAX * hd;   /* the gathers' runs */
     e->rq_thr_per = (per + 15) & ~(size_t)15;
     e->ykbuf = qf_malloc_aligned((size_t)c->params.n_ctx * HD * sizeof(float));
     e->rq_thr = qf_malloc_aligned((size_t)qf_pool_size(c->pool) * e->rq_thr_per * sizeof(float));

@@ -10,6 +10,7 @@
 #include "engine/kv_rq.h"
 #include "kernels/blas.h"
 #include "kernels/hadamard.h"
+#include "kernels/vecmath.h"
 #include "util/util.h"
 
 enum { LIN_F16 = 0, LIN_HAD = 2, LIN_KLT = 3 };
@@ -26,11 +27,12 @@ struct qf_kv_rq_lin {
     uint16_t *byte, *toff;
     uint8_t *sh, *mask;
     float *tab;     /* [2][L][H][hd * QF_KV_RQ_MAX_LEVELS] at most; each coefficient's 2^width values */
-    float *Tt;      /* [2][L][H][hd][hd], LIN_KLT: row k = column j_k of dec (m rows used) */
-    bool *pred_on;  /* [L] */
-    float *M;       /* [L][H][hd][H hd], predicted layers: V head h's predictor on K's
-                     * coefficients, P_h T_K (kdim columns used) */
-    float *pbias;   /* [L][H][hd]: P_h applied to K's means */
+    /* LIN_KLT heads: T[o] [m][hd], row k = column k of dec: the first m rows of the cache's own
+     * decT (engine.h, qf_kv_rq_bind), read in place. Coefficient k is coordinate k, m is one past
+     * the last coded coordinate (widths fall with the KLT's eigenvalues, so the few dropped
+     * coordinates below m, 0.1-0.4% of the coefficients on the demo models' artifacts, read 0). */
+    const float **T; /* [2][L][H] */
+    bool *pred_on;   /* [L] */
 };
 
 static size_t slh(const qf_kv_rq_lin *t, int s, int l, int h) { return ((size_t)s * t->L + l) * t->H + h; }
@@ -39,31 +41,15 @@ void qf_kv_rq_lin_free(qf_kv_cache *kv) {
     qf_kv_rq_lin *t = kv->rq_lin;
     if (!t) return;
     free(t->kind), free(t->m), free(t->kdim), free(t->koff), free(t->byte), free(t->toff), free(t->sh), free(t->mask);
-    free(t->tab), free(t->Tt);
-    free(t->pred_on), free(t->M), free(t->pbias);
+    free(t->tab), free(t->T);
+    free(t->pred_on);
     free(t);
     kv->rq_lin = NULL;
 }
 
-/* K head g's transform as a dense [hd][m] matrix T (k = mean + T y), column k into col */
-static void k_column(const qf_kv_cache *kv, const qf_kv_rq_lin *t, int l, int g, int k, float *col) {
-    int hd = t->hd;
-    const struct qf_kv_rq_bind *r = kv->rq[0];
-    if (t->kind[l] == LIN_F16) {
-        for (int i = 0; i < hd; i++) col[i] = i == k;
-    } else if (t->kind[l] == LIN_KLT) {
-        memcpy(col, t->Tt + (slh(t, 0, l, g) * hd + (size_t)k) * hd, (size_t)hd * sizeof(float));
-    } else { /* diag(cs) H e_k */
-        for (int i = 0; i < hd; i++) col[i] = i == k;
-        qf_hadamard(col, hd);
-        const float *cs = r->cs + ((size_t)l * t->H + g) * hd;
-        for (int i = 0; i < hd; i++) col[i] *= cs[i];
-    }
-}
-
 qf_status qf_kv_rq_lin_build(qf_kv_cache *kv, qf_error *err) {
     if (kv->rq_lin || !kv->rq[0] || !kv->rq[1]) return QF_OK;
-    int L = kv->n_layer, H = kv->n_head_kv, hd = kv->head_dim, HD = H * hd;
+    int L = kv->n_layer, H = kv->n_head_kv, hd = kv->head_dim;
     qf_kv_rq_lin *t = calloc(1, sizeof *t);
     size_t n2 = 2 * (size_t)L * H;
     if (!t) goto oom;
@@ -73,11 +59,9 @@ qf_status qf_kv_rq_lin_build(qf_kv_cache *kv, qf_error *err) {
         !(t->kdim = calloc((size_t)L, sizeof(int))) || !(t->koff = calloc((size_t)L * H, sizeof(int))) ||
         !(t->byte = calloc(n2 * hd, sizeof(uint16_t))) || !(t->toff = calloc(n2 * hd, sizeof(uint16_t))) ||
         !(t->sh = calloc(n2 * hd, 1)) || !(t->mask = calloc(n2 * hd, 1)) ||
-        !(t->tab = calloc(n2 * hd * QF_KV_RQ_MAX_LEVELS, sizeof(float))) ||
+        !(t->tab = calloc(n2 * hd * QF_KV_RQ_MAX_LEVELS, sizeof(float))) || !(t->T = calloc(n2, sizeof *t->T)) ||
         !(t->pred_on = calloc((size_t)L, sizeof(bool))))
         goto oom;
-    bool klt = kv->rq[0]->klt_enc || kv->rq[1]->klt_enc;
-    if (klt && !(t->Tt = qf_malloc_aligned(n2 * hd * hd * sizeof(float)))) goto oom;
     for (int s = 0; s < 2; s++) {
         const struct qf_kv_rq_bind *r = kv->rq[s];
         for (int l = 0; l < L; l++) {
@@ -101,14 +85,20 @@ qf_status qf_kv_rq_lin_build(qf_kv_cache *kv, qf_error *err) {
                 } else {
                     const uint8_t *w = r->klt_width + lh * hd;
                     const float *sg = r->klt_sigma + lh * hd, *lv = r->klt_levels + lh * hd * QF_KV_RQ_MAX_LEVELS;
-                    for (int j = 0; j < hd; j++) {
-                        if (!w[j]) continue;
-                        by[m] = (uint16_t)(bit >> 3), sh[m] = (uint8_t)(bit & 7), mk[m] = (uint8_t)((1u << w[j]) - 1);
-                        to[m] = (uint16_t)nt;
-                        for (int c = 0; c < (1 << w[j]); c++) tab[nt++] = sg[j] * lv[(size_t)j * QF_KV_RQ_MAX_LEVELS + c];
-                        memcpy(t->Tt + (o * hd + (size_t)m) * hd, r->klt_decT + (lh * hd + (size_t)j) * hd,
-                               (size_t)hd * sizeof(float));
-                        bit += w[j], m++;
+                    /* coefficients 0..m-1 = coordinates 0..m-1 (m: past the last coded one), so that
+                     * T is decT's first m rows in place; a dropped coordinate among them reads
+                     * mask 0 and the head table's last entry, which stays 0 (a head with a dropped
+                     * coordinate fills at most (hd - 1) * 64 entries): its coefficient is exactly 0 */
+                    const unsigned zero = (unsigned)hd * QF_KV_RQ_MAX_LEVELS - 1;
+                    t->T[o] = r->klt_decT + lh * hd * hd;
+                    for (int j = 0; j < hd; j++)
+                        if (w[j]) m = j + 1;
+                    for (int j = 0; j < m; j++) {
+                        by[j] = (uint16_t)(bit >> 3), sh[j] = (uint8_t)(bit & 7), mk[j] = (uint8_t)((1u << w[j]) - 1);
+                        to[j] = (uint16_t)(w[j] ? nt : zero);
+                        for (int c = 0; c < (1 << w[j]) && w[j]; c++)
+                            tab[nt++] = sg[j] * lv[(size_t)j * QF_KV_RQ_MAX_LEVELS + c];
+                        bit += w[j];
                     }
                 }
                 t->m[o] = m;
@@ -116,42 +106,8 @@ qf_status qf_kv_rq_lin_build(qf_kv_cache *kv, qf_error *err) {
             }
         }
     }
-    const struct qf_kv_rq_bind *rv = kv->rq[1];
-    if (rv->pred) {
-        if (!(t->M = qf_malloc_aligned((size_t)L * H * hd * HD * sizeof(float))) ||
-            !(t->pbias = calloc((size_t)L * H * hd, sizeof(float))))
-            goto oom;
-        /* T_g as a dense [hd][m_g] matrix, one column at a time; M's g block = P's g block T_g */
-        float *Tg = malloc((size_t)hd * hd * sizeof(float)), *col = malloc((size_t)hd * sizeof(float));
-        if (!Tg || !col) {
-            free(Tg), free(col);
-            goto oom;
-        }
-        for (int l = 0; l < L; l++) {
-            if (!(t->pred_on[l] = rv->pred_on[l])) continue;
-            const float *P = rv->pred + (size_t)l * HD * HD;
-            float *M = t->M + (size_t)l * H * hd * HD;
-            for (int g = 0; g < H; g++) {
-                int mg = t->m[slh(t, 0, l, g)], off = t->koff[(size_t)l * H + g];
-                for (int k = 0; k < mg; k++) {
-                    k_column(kv, t, l, g, k, col);
-                    for (int j = 0; j < hd; j++) Tg[(size_t)j * mg + k] = col[j];
-                }
-                if (mg > 0)
-                    qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, HD, mg, hd, 1.0f, P + (size_t)g * hd, HD, Tg, mg,
-                             0.0f, M + off, HD);
-                if (t->kind[l] == LIN_F16) continue; /* an f16 K row has no mean */
-                const float *mu = kv->rq[0]->mean + ((size_t)l * H + g) * hd;
-                for (int o = 0; o < HD; o++) {
-                    const float *po = P + (size_t)o * HD + (size_t)g * hd;
-                    double a = 0;
-                    for (int j = 0; j < hd; j++) a += (double)po[j] * mu[j];
-                    t->pbias[(size_t)l * HD + o] += (float)a;
-                }
-            }
-        }
-        free(Tg), free(col);
-    }
+    if (kv->rq[1]->pred)
+        for (int l = 0; l < L; l++) t->pred_on[l] = kv->rq[1]->pred_on[l];
     return QF_OK;
 oom:
     qf_kv_rq_lin_free(kv);
@@ -201,18 +157,22 @@ void qf_kv_rq_lin_decode(const qf_kv_cache *kv, int s, int l, int h, int n, cons
     const float *mu = kv->rq[s]->mean + ((size_t)l * t->H + h) * hd;
     for (int p = 0; p < n; p++) memcpy(dst + (size_t)p * hd, mu, (size_t)hd * sizeof(float));
     if (t->m[o] > 0)
-        qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, t->m[o], 1.0f, y, (int)ld, t->Tt + o * hd * hd, hd,
-                 1.0f, dst, hd);
+        qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, t->m[o], 1.0f, y, (int)ld, t->T[o], hd, 1.0f, dst,
+                 hd);
 }
 
-void qf_kv_rq_lin_pred(const qf_kv_cache *kv, int l, int h, int n, const float *yk, size_t ld, float *dst) {
+void qf_kv_rq_lin_pred(const qf_kv_cache *kv, int l, int h, int n, const float *yk, size_t ld, float *dst,
+                       float *scratch) {
     const qf_kv_rq_lin *t = kv->rq_lin;
     if (!t->pred_on[l]) return;
-    int hd = t->hd, HD = t->H * hd;
-    const float *M = t->M + ((size_t)l * HD + (size_t)h * hd) * HD, *pb = t->pbias + (size_t)l * HD + (size_t)h * hd;
-    for (int p = 0; p < n; p++)
-        for (int i = 0; i < hd; i++) dst[(size_t)p * hd + i] += pb[i];
-    qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, hd, t->kdim[l], 1.0f, yk, (int)ld, M, HD, 1.0f, dst, hd);
+    int hd = t->hd, H = t->H, HD = H * hd;
+    /* per K head g: its rows k^ = mean + T y ([n][hd] in scratch), then P_h's g block on them */
+    const float *P = kv->rq[1]->pred + ((size_t)l * HD + (size_t)h * hd) * HD;
+    for (int g = 0; g < H; g++) {
+        qf_kv_rq_lin_decode(kv, 0, l, g, n, yk + qf_kv_rq_lin_koff(kv, l, g), ld, scratch);
+        qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, hd, hd, 1.0f, scratch, hd, P + (size_t)g * hd, HD, 1.0f,
+                 dst, hd);
+    }
 }
 
 void qf_kv_rq_lin_apply(const qf_kv_cache *kv, int s, int l, int h, const float *ysum, float wsum, float *out) {
@@ -231,7 +191,7 @@ void qf_kv_rq_lin_apply(const qf_kv_cache *kv, int s, int l, int h, const float 
         for (int i = 0; i < hd; i++) out[i] = wsum * mu[i] + cs[i] * out[i];
     } else {
         for (int i = 0; i < hd; i++) out[i] = wsum * mu[i];
-        const float *T = t->Tt + o * hd * hd;
+        const float *T = t->T[o];
         for (int k = 0; k < t->m[o]; k++) {
             const float a = ysum[k], *row = T + (size_t)k * hd;
             for (int i = 0; i < hd; i++) out[i] += row[i] * a;
@@ -239,15 +199,16 @@ void qf_kv_rq_lin_apply(const qf_kv_cache *kv, int s, int l, int h, const float 
     }
 }
 
-void qf_kv_rq_lin_apply_pred(const qf_kv_cache *kv, int l, int h, const float *yksum, float wsum, float *out) {
+void qf_kv_rq_lin_apply_pred(const qf_kv_cache *kv, int l, int h, const float *yksum, float wsum, float *out,
+                             float *scratch) {
     const qf_kv_rq_lin *t = kv->rq_lin;
     if (!t->pred_on[l]) return;
-    int hd = t->hd, HD = t->H * hd, kd = t->kdim[l];
-    const float *M = t->M + ((size_t)l * HD + (size_t)h * hd) * HD, *pb = t->pbias + (size_t)l * HD + (size_t)h * hd;
-    for (int i = 0; i < hd; i++) {
-        const float *mi = M + (size_t)i * HD;
-        float a = 0;
-        for (int k = 0; k < kd; k++) a += mi[k] * yksum[k];
-        out[i] += wsum * pb[i] + a;
-    }
+    int hd = t->hd, H = t->H, HD = H * hd;
+    /* z = sum_p w_p k^_p over every K head (scratch [HD]), then out += P_h z */
+    for (int g = 0; g < H; g++)
+        qf_kv_rq_lin_apply(kv, 0, l, g, yksum + qf_kv_rq_lin_koff(kv, l, g), wsum, scratch + (size_t)g * hd);
+    const float *P = kv->rq[1]->pred + ((size_t)l * HD + (size_t)h * hd) * HD;
+    float *pz = scratch + HD;
+    qf_vec_rows_dot(P, (size_t)HD, HD, scratch, hd, pz);
+    for (int i = 0; i < hd; i++) out[i] += pz[i];
 }
