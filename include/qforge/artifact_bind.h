@@ -42,8 +42,8 @@ QF_API qf_status qf_context_bind_payload(qf_context *c, qf_artifact_kind kind, c
                                   qf_error *err);
 
 /* qf_context_bind_payload without copying a kv-rq payload's largest arrays (the V predictor,
- * format 3's transforms: 168 MB at the Llama-3-8B shape): the CPU cache reads them from p, so
- * p must stay alive and unchanged until the context is unbound (successfully), bound again or
+ * format 3's transforms and levels: 185 MB at the Llama-3-8B shape): the CPU cache reads them
+ * from p, so p must stay alive and unchanged until the context is unbound (successfully), bound again or
  * freed. They are checked all the same. The certifier's loops bind one fit dozens of times
  * this way (certify.c); other kinds bind as qf_context_bind_payload does. */
 QF_API qf_status qf_context_bind_payload_in_place(qf_context *c, qf_artifact_kind kind, const qf_payload *p,

@@ -106,13 +106,13 @@ struct qf_kv_rq_bind {
     float *pred_buf;    /* writer scratch [2][H*D] */
     /* format 3 (kv_rq_klt.h), or NULL: per (layer, head) enc/dec [D][D], sigma [D], width [D],
      * levels [D][QF_KV_RQ_MAX_LEVELS]; replaces levels/cs in every non-f16 layer */
-    const float *klt_enc, *klt_dec;
-    float *klt_sigma, *klt_levels;
+    const float *klt_enc, *klt_dec, *klt_levels;
+    float *klt_sigma;
     float *klt_decT; /* dec transposed per (layer, head): the decoder's contiguous columns */
     uint8_t *klt_width;
-    /* the cache's own copies of pred, klt_enc and klt_dec (freed with it), or NULL where it
-     * reads the spec's arrays in place (qf_kv_stream_spec.rq_in_place) */
-    float *own_pred, *own_enc, *own_dec;
+    /* the cache's own copies of pred, klt_enc, klt_dec and klt_levels (freed with it), or NULL
+     * where it reads the spec's arrays in place (qf_kv_stream_spec.rq_in_place) */
+    float *own_pred, *own_enc, *own_dec, *own_levels;
 };
 /* How an int8 stream stores a row (kv-int8 payload "k_layout"/"v_layout"):
  *   STATIC      x / scale[channel] (the static per-channel scales), the original kv-int8
@@ -174,7 +174,7 @@ typedef struct {
      * [QF_KV_RQ_MAX_LEVELS] */
     const float *rq_klt_enc, *rq_klt_dec, *rq_klt_sigma, *rq_klt_levels;
     const uint8_t *rq_klt_width;
-    /* RQ: read rq_pred, rq_klt_enc and rq_klt_dec in place instead of copying them (they are
+    /* RQ: read rq_pred, rq_klt_enc, rq_klt_dec and rq_klt_levels in place instead of copying them (they are
      * still checked): the caller keeps them alive and unchanged until the cache is freed */
     bool rq_in_place;
 } qf_kv_stream_spec;

@@ -121,11 +121,11 @@ static void rq_bind_free(struct qf_kv_rq_bind *r) {
     if (!r) return;
     free(r->bits), free(r->row_bytes), free(r->levels), free(r->mean), free(r->cs), free(r->inv_cs), free(r->scratch);
     free(r->own_pred), free(r->pred_on), free(r->pred_buf);
-    free(r->own_enc), free(r->own_dec), free(r->klt_sigma), free(r->klt_levels), free(r->klt_width), free(r->klt_decT);
+    free(r->own_enc), free(r->own_dec), free(r->own_levels), free(r->klt_sigma), free(r->klt_width), free(r->klt_decT);
     free(r);
 }
 
-/* Format 3: copy (or, sp->rq_in_place, take in place enc and dec) and check the transform-coding
+/* Format 3: copy (or, sp->rq_in_place, take in place enc, dec and levels) and check the transform-coding
  * parameters (kv_rq_klt.h) of every non-f16 layer. */
 static qf_status rq_bind_klt(struct qf_kv_rq_bind *r, const qf_kv_stream_spec *sp, int L, int H, int hd,
                              const char *sname, qf_error *err) {
@@ -133,22 +133,24 @@ static qf_status rq_bind_klt(struct qf_kv_rq_bind *r, const qf_kv_stream_spec *s
         return qf_fail(err, QF_ERR_ARG, "rq KV cache (%s): format 3 needs enc, dec, sigma, width and levels", sname);
     size_t lh = (size_t)L * H, nm = lh * hd * hd, nv = lh * hd, nl = nv * QF_KV_RQ_MAX_LEVELS;
     bool copy = !sp->rq_in_place;
-    if ((copy && (!(r->own_enc = malloc(nm * sizeof(float))) || !(r->own_dec = malloc(nm * sizeof(float))))) ||
-        !(r->klt_sigma = malloc(nv * sizeof(float))) || !(r->klt_levels = malloc(nl * sizeof(float))) ||
-        !(r->klt_width = malloc(nv)) || !(r->klt_decT = malloc(nm * sizeof(float))))
+    if ((copy && (!(r->own_enc = malloc(nm * sizeof(float))) || !(r->own_dec = malloc(nm * sizeof(float))) ||
+                  !(r->own_levels = malloc(nl * sizeof(float))))) ||
+        !(r->klt_sigma = malloc(nv * sizeof(float))) || !(r->klt_width = malloc(nv)) ||
+        !(r->klt_decT = malloc(nm * sizeof(float))))
         return qf_fail(err, QF_ERR_NOMEM, "rq KV cache (%s): out of memory for the transform", sname);
     if (copy) {
         memcpy(r->own_enc, sp->rq_klt_enc, nm * sizeof(float));
         memcpy(r->own_dec, sp->rq_klt_dec, nm * sizeof(float));
+        memcpy(r->own_levels, sp->rq_klt_levels, nl * sizeof(float));
     }
     r->klt_enc = copy ? r->own_enc : sp->rq_klt_enc;
     r->klt_dec = copy ? r->own_dec : sp->rq_klt_dec;
+    r->klt_levels = copy ? r->own_levels : sp->rq_klt_levels;
     for (size_t o = 0; o < lh; o++) /* the decoder's columns, contiguous (read in non-f16 layers only) */
         for (int i = 0; i < hd && r->bits[o / (size_t)H] != QF_KV_RQ_BITS_F16; i++)
             for (int j = 0; j < hd; j++)
                 r->klt_decT[o * hd * hd + (size_t)j * hd + i] = r->klt_dec[o * hd * hd + (size_t)i * hd + j];
     memcpy(r->klt_sigma, sp->rq_klt_sigma, nv * sizeof(float));
-    memcpy(r->klt_levels, sp->rq_klt_levels, nl * sizeof(float));
     memcpy(r->klt_width, sp->rq_klt_width, nv);
     for (int l = 0; l < L; l++) {
         if (r->bits[l] == QF_KV_RQ_BITS_F16) continue;
