@@ -1,5 +1,6 @@
 /* test_vecmath.c: the AVX2 exp against its scalar oracle (expf) over the range the softmax and
  * SiLU use, the flush to zero below -87.3 and saturation instead of overflow above 88. */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -224,12 +225,122 @@ TEST(rows_dot_avx2_bit_identical) {
     CHECK_EQ_INT(bad, 0);
 }
 
+/* qf_gemm_nn_f32: the AVX-512 kernel (6 rows x 64 columns of C in registers, the last vector
+ * masked) gives the oracle's bits (one fmaf chain per element from the bias, k in order) for
+ * rows, columns and k around its block sizes, strides wider than the widths, with and without a
+ * bias, and with zeros, infinities and NaN in A and B; forced scalar, the dispatcher runs the
+ * oracle. The memory past each row of C (its stride) is left untouched. */
+enum { GN_MAXN = 13, GN_MAXM = 150, GN_MAXW = 290, GN_LDA = 151, GN_LDB = 293, GN_LDC = 297 };
+static int gemm_nn_differ(const float *A, const float *B, const float *bias, int n, int m, int w) {
+    static float c0[GN_MAXN * GN_LDC], c1[GN_MAXN * GN_LDC];
+    for (int i = 0; i < GN_MAXN * GN_LDC; i++) c0[i] = c1[i] = -7.0f;
+    qf_gemm_nn_f32_ref(n, m, w, A, GN_LDA, B, GN_LDB, bias, c0, GN_LDC);
+    if (qf_gemm_nn_f32_fast()) qf_gemm_nn_f32_avx512(n, m, w, A, GN_LDA, B, GN_LDB, bias, c1, GN_LDC);
+    else qf_gemm_nn_f32(n, m, w, A, GN_LDA, B, GN_LDB, bias, c1, GN_LDC);
+    return memcmp(c0, c1, sizeof c0) != 0;
+}
+TEST(gemm_nn_f32_bit_identical) {
+    static float A[GN_MAXN * GN_LDA], B[GN_MAXM * GN_LDB], bias[GN_LDB];
+    uint64_t s = 9;
+    for (int i = 0; i < GN_MAXN * GN_LDA; i++) A[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 4.0f;
+    for (int i = 0; i < GN_MAXM * GN_LDB; i++) B[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 3.0f;
+    for (int i = 0; i < GN_LDB; i++) bias[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
+    A[3] = 0.0f, A[GN_LDA + 5] = -0.0f; /* dropped coefficients */
+    int bad = 0, runs = 0;
+    static const int ns[] = {0, 1, 2, 5, 6, 7, 12, 13}, ms[] = {0, 1, 17, 150}, ws[] = {1, 15, 16, 17, 63, 64, 65, 128, 130, 290};
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof ms / sizeof *ms; b++)
+            for (size_t c = 0; c < sizeof ws / sizeof *ws; c++)
+                for (int bi = 0; bi < 2; bi++) bad += gemm_nn_differ(A, B, bi ? bias : NULL, ns[a], ms[b], ws[c]), runs++;
+    B[7] = INFINITY, B[2 * GN_LDB + 40] = NAN, A[GN_LDA + 9] = -INFINITY;
+    bad += gemm_nn_differ(A, B, bias, 13, 150, 130), runs++;
+    qf_quant_force_scalar(true);
+    CHECK(!qf_gemm_nn_f32_fast());
+    bad += gemm_nn_differ(A, B, bias, 13, 150, 130), runs++;
+    qf_quant_force_scalar(false);
+    printf("  %d shapes, %d differ from the oracle%s\n", runs, bad,
+           qf_gemm_nn_f32_fast() ? "" : " (no AVX-512: the dispatcher)");
+    CHECK_EQ_INT(bad, 0);
+}
+
+/* qf_bits_lookup: the AVX-512 kernel gives the oracle's values for codes of widths 0..6 at every
+ * bit offset, m around multiples of 16, on a row whose codes fit 128 bytes (the byte permute)
+ * and on one of 150 bytes (the gather), each ending 3 bytes before its buffer does (the
+ * kernel's reads stay inside: ASan checks it) */
+static int bits_lookup_differ(int wide, const int *ms, int nm) {
+    enum { BM = 200, BTAB = BM * 64 };
+    static int32_t by[BM], sh[BM], mk[BM], to[BM];
+    static float tab[BTAB], y0[BM], y1[BM];
+    uint64_t s = 13 + (uint64_t)wide;
+    unsigned bit = 0, nt = 0;
+    for (int k = 0; k < BM; k++) {
+        int w = wide ? 6 : (int)(qf_xorshift64s(&s) % 7);
+        by[k] = (int32_t)(bit >> 3), sh[k] = (int32_t)(bit & 7), mk[k] = (1 << w) - 1;
+        to[k] = (int32_t)(w ? nt : BTAB - 1);
+        nt += w ? 1u << w : 0, bit += (unsigned)w;
+    }
+    for (int i = 0; i < BTAB; i++) tab[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
+    tab[BTAB - 1] = 0.0f;
+    const size_t nrow = (bit + 7) / 8 + 3;
+    uint8_t *row = malloc(nrow);
+    if (!row) return 1;
+    for (size_t i = 0; i < nrow; i++) row[i] = (uint8_t)qf_xorshift64s(&s);
+    int bad = 0;
+    for (int a = 0; a < nm; a++) {
+        qf_bits_lookup_ref(row, ms[a], by, sh, mk, to, tab, 0.75f, y0);
+        if (qf_bits_lookup_fast()) qf_bits_lookup_avx512(row, ms[a], by, sh, mk, to, tab, 0.75f, y1);
+        else qf_bits_lookup(row, ms[a], by, sh, mk, to, tab, 0.75f, y1);
+        bad += memcmp(y0, y1, sizeof(float) * (size_t)ms[a]) != 0;
+    }
+    free(row);
+    return bad;
+}
+TEST(bits_lookup_bit_identical) {
+    static const int ms[] = {0, 1, 15, 16, 17, 31, 33, 100, 150, 170, 200};
+    const int nm = (int)(sizeof ms / sizeof *ms);
+    int bad = bits_lookup_differ(0, ms, nm) + bits_lookup_differ(1, ms, nm);
+    printf("  %d lengths, %d differ from the oracle%s\n", 2 * nm, bad, qf_bits_lookup_fast() ? "" : " (no AVX-512 VBMI: the dispatcher)");
+    CHECK_EQ_INT(bad, 0);
+}
+
+/* qf_rope_pairs: the AVX-512 kernel gives the oracle's bits for half around multiples of 8,
+ * signed zeros among the inputs; forced scalar, the dispatcher runs the oracle */
+TEST(rope_pairs_bit_identical) {
+    enum { RH = 70 };
+    static float x0[2 * RH + 1], cs[RH], sn[RH], a[2 * RH + 1], b[2 * RH + 1];
+    uint64_t s = 17;
+    for (int i = 0; i < 2 * RH + 1; i++) x0[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 8.0f;
+    for (int i = 0; i < RH; i++) {
+        double t = (double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 * 6.283185307179586;
+        cs[i] = (float)cos(t), sn[i] = (float)sin(t);
+    }
+    x0[4] = 0.0f, x0[5] = -0.0f, sn[2] = 0.0f, cs[3] = -0.0f;
+    int bad = 0, runs = 0;
+    static const int hs[] = {0, 1, 7, 8, 9, 16, 32, 63, 64, 70};
+    for (int f = 0; f < 2; f++) {
+        qf_quant_force_scalar(f == 1);
+        for (size_t k = 0; k < sizeof hs / sizeof *hs; k++) {
+            memcpy(a, x0, sizeof a), memcpy(b, x0, sizeof b);
+            qf_rope_pairs_ref(a, cs, sn, hs[k]);
+            if (qf_gemm_nn_f32_fast()) qf_rope_pairs_avx512(b, cs, sn, hs[k]);
+            else qf_rope_pairs(b, cs, sn, hs[k]);
+            bad += memcmp(a, b, sizeof a) != 0, runs++; /* the element past the pairs untouched too */
+        }
+    }
+    qf_quant_force_scalar(false);
+    printf("  %d lengths, %d differ from the oracle\n", runs, bad);
+    CHECK_EQ_INT(bad, 0);
+}
+
 int main(void) {
     RUN(hadamard_matches_matrix_and_is_involution);
     RUN(exp_avx2_matches_expf);
     RUN(dispatch_follows_force_scalar);
     RUN(rows_dot_avx2_bit_identical);
     RUN(cols_axpy_avx2_bit_identical);
+    RUN(gemm_nn_f32_bit_identical);
+    RUN(bits_lookup_bit_identical);
+    RUN(rope_pairs_bit_identical);
     RUN(softmax_and_sum_exp_match_oracles);
     RUN(silu_mul_and_rmsnorm_match);
     return test_summary();

@@ -670,11 +670,7 @@ static void rope_rotate(const qf_hparams *hp, const float *cs, const float *sn, 
                 x[i + half] = x0 * sn[i] + x1 * cs[i];
             }
         } else {
-            for (int i = 0; i < half; i++) {
-                float x0 = x[2 * i], x1 = x[2 * i + 1];
-                x[2 * i] = x0 * cs[i] - x1 * sn[i];
-                x[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
-            }
+            qf_rope_pairs(x, cs, sn, half); /* the same operations, AVX-512 where it runs */
         }
     }
 }
@@ -905,9 +901,14 @@ static void rq_values_coef(qf_context *c, const att_job *j, int ith, int kvh, in
         for (int p = 0; p < Tb; p++) a += w[p];
         wsum[i] = (float)a;
     }
-    qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, mv, Tb, 1.0f, S, Tb, Yv, hd, 0.0f, cv, mv);
-    if (pred)
-        qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, kd, Tb, 1.0f, S, Tb, ext(c)->ykbuf, kd, 0.0f, ck, kd);
+    if (qf_gemm_nn_f32_fast()) { /* few queries: thin products, faster without OpenBLAS's packing */
+        qf_gemm_nn_f32(nb, Tb, mv, S, (size_t)Tb, Yv, (size_t)hd, NULL, cv, (size_t)mv);
+        if (pred) qf_gemm_nn_f32(nb, Tb, kd, S, (size_t)Tb, ext(c)->ykbuf, (size_t)kd, NULL, ck, (size_t)kd);
+    } else {
+        qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, mv, Tb, 1.0f, S, Tb, Yv, hd, 0.0f, cv, mv);
+        if (pred)
+            qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, kd, Tb, 1.0f, S, Tb, ext(c)->ykbuf, kd, 0.0f, ck, kd);
+    }
     for (int i = 0; i < nb; i++) {
         float *o = Ob + (size_t)i * Dq;
         qf_kv_rq_lin_apply(kv, 1, l, kvh, cv + (size_t)i * mv, wsum[i], o);
@@ -966,6 +967,12 @@ static void attention_worker(void *arg, int ith, int nth) {
                         for (int d = 0; d < hd; d++) s += (double)Qb[(size_t)i * Dq + d] * K[(size_t)t * hd + d];
                         S[(size_t)i * Tb + t] = (float)s * scale;
                     }
+            } else if (j->vcoef && nb <= 2) { /* kv-rq decode: K . q per query, not OpenBLAS's packing */
+                for (int i = 0; i < nb; i++) {
+                    float *row = S + (size_t)i * Tb;
+                    qf_vec_rows_dot(K, (size_t)hd, hd, Qb + (size_t)i * Dq, Tb, row);
+                    for (int t = 0; t < Tb; t++) row[t] *= scale;
+                }
             } else {
                 qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, Tb, hd, scale, Qb, Dq, K, hd, 0.0f, S, Tb);
             }

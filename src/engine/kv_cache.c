@@ -473,7 +473,7 @@ bool qf_kv_cache_exact_row(const qf_kv_cache *kv, int stream, int layer, int h, 
         src = kv->win[stream][layer] + (size_t)(p % kv->n_window) * row;
     if (!src) return false;
     src += (size_t)h * kv->head_dim;
-    for (int d = 0; d < kv->head_dim; d++) dst[d] = qf_f16_to_f32(src[d]);
+    qf_dequantize_row(QF_TYPE_F16, src, dst, kv->head_dim); /* the F16C row converter: qf_f16_to_f32's bits */
     return true;
 }
 

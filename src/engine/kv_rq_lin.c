@@ -22,10 +22,10 @@ struct qf_kv_rq_lin {
     int *kdim;      /* [L]: sum of m over the K heads (the K coefficient row of one position) */
     int *koff;      /* [L][H]: K head g's first column in that row */
     /* coefficient k of (stream, layer, head) o, at [o][k]: its code is bits [sh, sh + width) of
-     * the 16 bits at code byte `byte` (little endian; mask = 2^width - 1), its value in units of
-     * the row scale tab[toff + code] (format 3: sigma_j levels_j; formats 1/2: the head's levels) */
-    uint16_t *byte, *toff;
-    uint8_t *sh, *mask;
+     * the bytes from code byte `byte` (little endian; mask = 2^width - 1), its value in units of
+     * the row scale tab[toff + code] (format 3: sigma_j levels_j; formats 1/2: the head's levels);
+     * int32 for qf_bits_lookup's vector loads */
+    int32_t *byte, *toff, *sh, *mask;
     float *tab;     /* [2][L][H][hd * QF_KV_RQ_MAX_LEVELS] at most; each coefficient's 2^width values */
     /* LIN_KLT heads: T[o] [m][hd], row k = column k of dec: the first m rows of the cache's own
      * decT (engine.h, qf_kv_rq_bind), read in place. Coefficient k is coordinate k, m is one past
@@ -57,8 +57,8 @@ qf_status qf_kv_rq_lin_build(qf_kv_cache *kv, qf_error *err) {
     t->L = L, t->H = H, t->hd = hd;
     if (!(t->kind = calloc(2 * (size_t)L, 1)) || !(t->m = calloc(n2, sizeof(int))) ||
         !(t->kdim = calloc((size_t)L, sizeof(int))) || !(t->koff = calloc((size_t)L * H, sizeof(int))) ||
-        !(t->byte = calloc(n2 * hd, sizeof(uint16_t))) || !(t->toff = calloc(n2 * hd, sizeof(uint16_t))) ||
-        !(t->sh = calloc(n2 * hd, 1)) || !(t->mask = calloc(n2 * hd, 1)) ||
+        !(t->byte = calloc(n2 * hd, sizeof(int32_t))) || !(t->toff = calloc(n2 * hd, sizeof(int32_t))) ||
+        !(t->sh = calloc(n2 * hd, sizeof(int32_t))) || !(t->mask = calloc(n2 * hd, sizeof(int32_t))) ||
         !(t->tab = calloc(n2 * hd * QF_KV_RQ_MAX_LEVELS, sizeof(float))) || !(t->T = calloc(n2, sizeof *t->T)) ||
         !(t->pred_on = calloc((size_t)L, sizeof(bool))))
         goto oom;
@@ -70,8 +70,7 @@ qf_status qf_kv_rq_lin_build(qf_kv_cache *kv, qf_error *err) {
             t->kind[s * L + l] = kind;
             for (int h = 0; h < H; h++) {
                 size_t o = slh(t, s, l, h), lh = (size_t)l * H + h;
-                uint16_t *by = t->byte + o * hd, *to = t->toff + o * hd;
-                uint8_t *sh = t->sh + o * hd, *mk = t->mask + o * hd;
+                int32_t *by = t->byte + o * hd, *to = t->toff + o * hd, *sh = t->sh + o * hd, *mk = t->mask + o * hd;
                 float *tab = t->tab + o * hd * QF_KV_RQ_MAX_LEVELS;
                 int m = 0;
                 unsigned bit = 0, nt = 0;
@@ -80,7 +79,7 @@ qf_status qf_kv_rq_lin_build(qf_kv_cache *kv, qf_error *err) {
                 } else if (kind == LIN_HAD) { /* one codebook for the head */
                     memcpy(tab, r->levels + lh * QF_KV_RQ_MAX_LEVELS, sizeof(float) << b);
                     for (int k = 0; k < hd; k++, bit += (unsigned)b)
-                        by[k] = (uint16_t)(bit >> 3), sh[k] = (uint8_t)(bit & 7), mk[k] = (uint8_t)((1u << b) - 1), to[k] = 0;
+                        by[k] = (int32_t)(bit >> 3), sh[k] = (int32_t)(bit & 7), mk[k] = (1 << b) - 1, to[k] = 0;
                     m = hd;
                 } else {
                     const uint8_t *w = r->klt_width + lh * hd;
@@ -94,8 +93,8 @@ qf_status qf_kv_rq_lin_build(qf_kv_cache *kv, qf_error *err) {
                     for (int j = 0; j < hd; j++)
                         if (w[j]) m = j + 1;
                     for (int j = 0; j < m; j++) {
-                        by[j] = (uint16_t)(bit >> 3), sh[j] = (uint8_t)(bit & 7), mk[j] = (uint8_t)((1u << w[j]) - 1);
-                        to[j] = (uint16_t)(w[j] ? nt : zero);
+                        by[j] = (int32_t)(bit >> 3), sh[j] = (int32_t)(bit & 7), mk[j] = (1 << w[j]) - 1;
+                        to[j] = (int32_t)(w[j] ? nt : zero);
                         for (int c = 0; c < (1 << w[j]) && w[j]; c++)
                             tab[nt++] = sg[j] * lv[(size_t)j * QF_KV_RQ_MAX_LEVELS + c];
                         bit += w[j];
@@ -127,22 +126,18 @@ void qf_kv_rq_lin_coef(const qf_kv_cache *kv, int s, int l, int h, int p0, int n
     if (t->kind[s * t->L + l] == LIN_F16) {
         for (int p = 0; p < n; p++) {
             const uint16_t *x = (const uint16_t *)(base + (size_t)p * stride);
-            for (int i = 0; i < hd; i++) dst[(size_t)p * ld + i] = qf_f16_to_f32(x[i]);
+            qf_dequantize_row(QF_TYPE_F16, x, dst + (size_t)p * ld, hd); /* F16C: qf_f16_to_f32's bits */
         }
         return;
     }
     int m = t->m[o];
-    const uint16_t *by = t->byte + o * hd, *to = t->toff + o * hd;
-    const uint8_t *sh = t->sh + o * hd, *mk = t->mask + o * hd;
+    const int32_t *by = t->byte + o * hd, *to = t->toff + o * hd, *sh = t->sh + o * hd, *mk = t->mask + o * hd;
     const float *tab = t->tab + o * hd * QF_KV_RQ_MAX_LEVELS;
     for (int p = 0; p < n; p++) {
-        /* a code's 16 bits may reach one byte past the row: the next row's, or QF_KV_ROW_PAD */
-        const uint8_t *row = base + (size_t)p * stride, *code = row + QF_KV_RQ_SCALE_BYTES;
-        float sc = qf_kv_rq_scale(row[0]), *y = dst + (size_t)p * ld;
-        for (int k = 0; k < m; k++) {
-            unsigned x = (unsigned)code[by[k]] | (unsigned)code[by[k] + 1] << 8;
-            y[k] = sc * tab[to[k] + ((x >> sh[k]) & mk[k])];
-        }
+        /* a code's bits may reach 3 bytes past the row (the kernel reads 4 at a time): the next
+         * row's, or QF_KV_ROW_PAD */
+        const uint8_t *row = base + (size_t)p * stride;
+        qf_bits_lookup(row + QF_KV_RQ_SCALE_BYTES, m, by, sh, mk, to, tab, qf_kv_rq_scale(row[0]), dst + (size_t)p * ld);
     }
 }
 
@@ -155,6 +150,10 @@ void qf_kv_rq_lin_decode(const qf_kv_cache *kv, int s, int l, int h, int n, cons
         return;
     }
     const float *mu = kv->rq[s]->mean + ((size_t)l * t->H + h) * hd;
+    if (qf_gemm_nn_f32_fast()) { /* mean + y T without OpenBLAS's packing (vecmath.h) */
+        qf_gemm_nn_f32(n, t->m[o], hd, y, ld, t->T[o], (size_t)hd, mu, dst, (size_t)hd);
+        return;
+    }
     for (int p = 0; p < n; p++) memcpy(dst + (size_t)p * hd, mu, (size_t)hd * sizeof(float));
     if (t->m[o] > 0)
         qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, t->m[o], 1.0f, y, (int)ld, t->T[o], hd, 1.0f, dst,

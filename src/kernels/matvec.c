@@ -10,8 +10,7 @@
 #include "kernels/gemm.h"
 #include "util/util.h"
 
-/* AVX512_VBMI (cpuid leaf 7, ecx bit 1): vpermb / vpermt2b, for the Q4_0 kernel's byte gathers */
-static bool cpu_has_vbmi(void) {
+bool qf_cpu_has_vbmi(void) {
     static _Atomic int cached = -1;
     int v = cached;
     if (v < 0) {
@@ -25,7 +24,7 @@ static bool cpu_has_vbmi(void) {
 bool qf_matvec_supported(qf_type wt, int64_t K) {
     if (K <= 0 || K % 128 != 0) return false;
     switch (wt) {
-    case QF_TYPE_Q4_0: return qf_gemm_isa_get() == QF_GEMM_ISA_AVX512 && cpu_has_vbmi(); /* not capped or forced scalar */
+    case QF_TYPE_Q4_0: return qf_gemm_isa_get() == QF_GEMM_ISA_AVX512 && qf_cpu_has_vbmi(); /* not capped or forced scalar */
     case QF_TYPE_F16: return qf_gemm_f16_supported();
     case QF_TYPE_Q4_K:
     case QF_TYPE_Q5_K:

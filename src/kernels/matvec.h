@@ -45,6 +45,9 @@
  * F/BW/VL/VNNI + VBMI; F16, Q4_K, Q5_K, Q6_K: AVX-512 F/BW/VL/VNNI, the prefill GEMMs' requirement; K a
  * multiple of 128, 256 for the K formats) and qf_quant_force_scalar is off. */
 bool qf_matvec_supported(qf_type wt, int64_t K);
+/* AVX512_VBMI (cpuid leaf 7, ecx bit 1): vpermb / vpermt2b, for the Q4_0 kernel's and
+ * qf_bits_lookup's byte permutes. The CPU's answer only: callers also check qf_gemm_isa_get. */
+bool qf_cpu_has_vbmi(void);
 /* Bytes of one prepared activation row for (wt, K) (64-byte multiple); 0 for an unsupported type. */
 size_t qf_matvec_act_bytes(qf_type wt, int64_t K);
 /* Prepare x[K] into act (qf_matvec_act_bytes, 64-byte aligned). Only when qf_matvec_supported. */

@@ -2,6 +2,8 @@
 #include <math.h>
 
 #include "kernels/canon.h"
+#include "kernels/gemm.h"
+#include "kernels/matvec.h"
 #include "kernels/vecmath.h"
 #include "qforge/quant.h"
 
@@ -107,4 +109,51 @@ void qf_vec_rows_dot_f64_ref(const float *A, size_t lda, int n, const float *x, 
 void qf_vec_rows_dot_f64(const float *A, size_t lda, int n, const float *x, int m, double *y) {
     if (qf_quant_has_avx2()) qf_vec_rows_dot_f64_avx2(A, lda, n, x, m, y);
     else qf_vec_rows_dot_f64_ref(A, lda, n, x, m, y);
+}
+
+void qf_gemm_nn_f32_ref(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb,
+                        const float *bias, float *C, size_t ldc) {
+    for (int p = 0; p < n; p++)
+        for (int i = 0; i < w; i++) {
+            float acc = bias ? bias[i] : 0.0f;
+            for (int k = 0; k < m; k++) acc = fmaf(A[(size_t)p * lda + k], B[(size_t)k * ldb + i], acc);
+            C[(size_t)p * ldc + i] = acc;
+        }
+}
+
+bool qf_gemm_nn_f32_fast(void) { return qf_gemm_isa_get() == QF_GEMM_ISA_AVX512; }
+
+void qf_gemm_nn_f32(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb, const float *bias,
+                    float *C, size_t ldc) {
+    if (qf_gemm_nn_f32_fast()) qf_gemm_nn_f32_avx512(n, m, w, A, lda, B, ldb, bias, C, ldc);
+    else qf_gemm_nn_f32_ref(n, m, w, A, lda, B, ldb, bias, C, ldc);
+}
+
+bool qf_bits_lookup_fast(void) { return qf_gemm_nn_f32_fast() && qf_cpu_has_vbmi(); }
+
+void qf_bits_lookup_ref(const uint8_t *code, int m, const int32_t *by, const int32_t *sh, const int32_t *mk,
+                        const int32_t *to, const float *tab, float sc, float *y) {
+    for (int k = 0; k < m; k++) {
+        unsigned x = (unsigned)code[by[k]] | (unsigned)code[by[k] + 1] << 8;
+        y[k] = sc * tab[to[k] + (int32_t)((x >> sh[k]) & (unsigned)mk[k])];
+    }
+}
+
+void qf_bits_lookup(const uint8_t *code, int m, const int32_t *by, const int32_t *sh, const int32_t *mk,
+                    const int32_t *to, const float *tab, float sc, float *y) {
+    if (qf_bits_lookup_fast()) qf_bits_lookup_avx512(code, m, by, sh, mk, to, tab, sc, y);
+    else qf_bits_lookup_ref(code, m, by, sh, mk, to, tab, sc, y);
+}
+
+void qf_rope_pairs_ref(float *x, const float *cs, const float *sn, int half) {
+    for (int i = 0; i < half; i++) {
+        float x0 = x[2 * i], x1 = x[2 * i + 1];
+        x[2 * i] = x0 * cs[i] - x1 * sn[i];
+        x[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+    }
+}
+
+void qf_rope_pairs(float *x, const float *cs, const float *sn, int half) {
+    if (qf_gemm_nn_f32_fast()) qf_rope_pairs_avx512(x, cs, sn, half);
+    else qf_rope_pairs_ref(x, cs, sn, half);
 }

@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 void qf_vec_exp(float *x, int n);     /* x[i] = exp(x[i]), fastest kernel this CPU runs */
 void qf_vec_exp_ref(float *x, int n); /* the oracle: expf */
@@ -57,6 +58,43 @@ void qf_vec_rows_dot_f64_ref(const float *A, size_t lda, int n, const float *x, 
  * kept in registers across every j, the last n % 8 as the oracle: the same bits. */
 void qf_vec_cols_axpy(const float *B, size_t ldb, int m, const float *y, int n, float *acc);
 void qf_vec_cols_axpy_ref(const float *B, size_t ldb, int m, const float *y, int n, float *acc);
+/* C[p][i] = bias[i] + sum_{k < m} A[p lda + k] B[k ldb + i] for p < n, i < w (row-major C = bias +
+ * A B; bias NULL: 0): each element one chain, acc = fmaf(A, B, acc) over k in order from the bias.
+ * For kv-rq's fast route (kv_rq_lin.c, forward.c): decoding a run of rows from their coefficients
+ * (n rows, m coefficients, w = head_dim) and attention-weighted coefficient sums (n queries, m =
+ * positions): shapes too small or too thin for OpenBLAS to pay for its packing. The fast kernel
+ * (vecmath_avx512.c): two rows by up to 128 columns of C in registers, 16 lanes a vector: the
+ * same bits as the oracle. qf_gemm_nn_f32_fast says whether it runs (AVX-512 F, qf_gemm_isa_get);
+ * elsewhere qf_gemm_nn_f32 runs the oracle, so callers keep OpenBLAS for CPUs without it. */
+void qf_gemm_nn_f32(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb, const float *bias,
+                    float *C, size_t ldc);
+void qf_gemm_nn_f32_ref(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb,
+                        const float *bias, float *C, size_t ldc);
+bool qf_gemm_nn_f32_fast(void);
+/* y[k] = sc * tab[to[k] + ((bits of code from byte by[k], little endian) >> sh[k] & mk[k])] for k
+ * < m: variable-width codes read out of a bit-packed row through a table (kv-rq's coefficients,
+ * kv_rq_lin.c). by nondecreasing, sh[k] + the code's width <= 16. The fast kernel
+ * (vecmath_avx512.c, AVX-512 with VBMI: qf_bits_lookup_fast) takes 16 codes at a time, their
+ * bytes by a permute of the row (a gather past 128 bytes: it then reads 4 bytes from code +
+ * by[k], so 3 bytes past the last code byte must be readable) and their values by a gather.
+ * Exact: the same table values times sc, whichever kernel. */
+void qf_bits_lookup(const uint8_t *code, int m, const int32_t *by, const int32_t *sh, const int32_t *mk,
+                    const int32_t *to, const float *tab, float sc, float *y);
+void qf_bits_lookup_ref(const uint8_t *code, int m, const int32_t *by, const int32_t *sh, const int32_t *mk,
+                        const int32_t *to, const float *tab, float sc, float *y);
+bool qf_bits_lookup_fast(void);
+/* RoPE on interleaved pairs (llama's layout): x[2i] = x0 cs[i] - x1 sn[i], x[2i+1] = x0 sn[i] +
+ * x1 cs[i] for i < half, each product and the sum rounded in f32, no FMA (forward.c's
+ * rope_rotate). The fast kernel (vecmath_avx512.c): 8 pairs a vector, the tables spread to
+ * the pairs' lanes, the partner by an in-lane swap: the same bits. */
+void qf_rope_pairs(float *x, const float *cs, const float *sn, int half);
+void qf_rope_pairs_ref(float *x, const float *cs, const float *sn, int half);
+/* internal: the AVX-512 kernels (vecmath_avx512.c) */
+void qf_rope_pairs_avx512(float *x, const float *cs, const float *sn, int half);
+void qf_bits_lookup_avx512(const uint8_t *code, int m, const int32_t *by, const int32_t *sh, const int32_t *mk,
+                           const int32_t *to, const float *tab, float sc, float *y);
+void qf_gemm_nn_f32_avx512(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb,
+                           const float *bias, float *C, size_t ldc);
 /* internal: the AVX2 kernels (vecmath_avx2.c) */
 void qf_vec_cols_axpy_avx2(const float *B, size_t ldb, int m, const float *y, int n, float *acc);
 void qf_vec_rows_dot_f64_avx2(const float *A, size_t lda, int n, const float *x, int m, double *y);

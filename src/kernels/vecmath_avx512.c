@@ -1,0 +1,135 @@
+/* vecmath_avx512.c: the AVX-512 kernels of qf_gemm_nn_f32, qf_bits_lookup and qf_rope_pairs
+ * (vecmath.h has the contracts). Built with the *_avx512.c flags (Makefile) and run only where qf_gemm_nn_f32_fast
+ * says so.
+ *
+ * qf_gemm_nn_f32: C's rows six at a time and its columns 64 at a time (4 vectors of 16 lanes; the last vector
+ * masked), so up to 24 accumulators live in registers across the whole k loop: per k, one load
+ * of each B vector shared by the six rows, one broadcast of each row's A element and one fused
+ * multiply-add per accumulator, acc = A * B + acc, in k order from the bias: lane for lane the
+ * oracle's fmaf chain. */
+#include <immintrin.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/vecmath.h"
+
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+/* R rows (1..6) by NV vectors (1..4) of C from column j0; the last vector masked by `last` */
+static inline __attribute__((always_inline)) void block(const int R, const int NV, int m, const float *A, size_t lda,
+                                                        const float *B, size_t ldb, const float *bias, float *C,
+                                                        size_t ldc, __mmask16 last) {
+    __m512 acc[6][4];
+    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) {
+        __mmask16 mk = v == NV - 1 ? last : (__mmask16)0xFFFF;
+        __m512 b0 = bias ? _mm512_maskz_loadu_ps(mk, bias + 16 * v) : _mm512_setzero_ps();
+        _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) acc[r][v] = b0;
+    }
+    for (int k = 0; k < m; k++) {
+        const float *bk = B + (size_t)k * ldb;
+        __m512 b[4];
+        _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)
+            b[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(last, bk + 16 * v) : _mm512_loadu_ps(bk + 16 * v);
+        _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {
+            const __m512 a = _mm512_set1_ps(A[(size_t)r * lda + k]);
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(a, b[v], acc[r][v]);
+        }
+    }
+    _Pragma("GCC unroll 6") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)
+            _mm512_mask_storeu_ps(C + (size_t)r * ldc + 16 * v, v == NV - 1 ? last : (__mmask16)0xFFFF, acc[r][v]);
+}
+
+/* the row and vector counts as constants, so that each case unrolls fully */
+#define NVS(R)                                                                                                     \
+    switch (nv) {                                                                                                  \
+    case 1: block(R, 1, m, a, lda, b, ldb, bs, c, ldc, last); break;                                               \
+    case 2: block(R, 2, m, a, lda, b, ldb, bs, c, ldc, last); break;                                               \
+    case 3: block(R, 3, m, a, lda, b, ldb, bs, c, ldc, last); break;                                               \
+    default: block(R, 4, m, a, lda, b, ldb, bs, c, ldc, last); break;                                              \
+    }
+
+void qf_gemm_nn_f32_avx512(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb,
+                           const float *bias, float *C, size_t ldc) {
+    /* columns 64 at a time: that B panel (m x 64 floats, 36 KB at m = 144) stays in L1 while
+     * every row block of C passes over it */
+    for (int j0 = 0; j0 < w; j0 += 64) {
+        const int wj = w - j0 < 64 ? w - j0 : 64, nv = (wj + 15) / 16;
+        const __mmask16 last = wj % 16 ? (__mmask16)((1u << (wj % 16)) - 1) : (__mmask16)0xFFFF;
+        const float *b = B + j0, *bs = bias ? bias + j0 : NULL;
+        for (int p = 0; p < n;) {
+            const int R = n - p < 6 ? n - p : 6;
+            const float *a = A + (size_t)p * lda;
+            float *c = C + (size_t)p * ldc + j0;
+            switch (R) {
+            case 1: NVS(1) break;
+            case 2: NVS(2) break;
+            case 3: NVS(3) break;
+            case 4: NVS(4) break;
+            case 5: NVS(5) break;
+            default: NVS(6) break;
+            }
+            p += R;
+        }
+    }
+}
+
+/* 16 codes a step. Where the row's code bytes fit 128 (by[m-1] + 2 <= 128: every row up to 5
+ * bits of head_dim 128 or 2.5 of 256), they are loaded once (masked: nothing past them) and each
+ * code's 4-byte window is picked by one byte permute (VBMI); otherwise by a gather. Then the
+ * shift and mask per lane, and the table values by a gather. by is nondecreasing (bit offsets). */
+__attribute__((target("avx512vbmi"))) void qf_bits_lookup_avx512(const uint8_t *code, int m, const int32_t *by,
+                                                                const int32_t *sh, const int32_t *mk,
+                                                                const int32_t *to, const float *tab, float sc,
+                                                                float *y) {
+    if (m <= 0) return;
+    const __m512 s = _mm512_set1_ps(sc);
+    const int nb = by[m - 1] + 2; /* the oracle reads bytes [0, nb) */
+    const bool perm = nb <= 128;
+    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+    if (perm) {
+        const unsigned long long all = ~0ull;
+        lo = _mm512_maskz_loadu_epi8(nb >= 64 ? all : (1ull << nb) - 1, code);
+        if (nb > 64) hi = _mm512_maskz_loadu_epi8(nb >= 128 ? all : (1ull << (nb - 64)) - 1, code + 64);
+    }
+    /* each lane's low byte to its four bytes, plus 0, 1, 2, 3: the window's byte indices (those
+     * past 127 wrap, but bytes 2 and 3 only feed bits the mask drops: sh + width <= 16) */
+    const __m512i rep = _mm512_set_epi8(60, 60, 60, 60, 56, 56, 56, 56, 52, 52, 52, 52, 48, 48, 48, 48, 44, 44, 44, 44,
+                                        40, 40, 40, 40, 36, 36, 36, 36, 32, 32, 32, 32, 28, 28, 28, 28, 24, 24, 24,
+                                        24, 20, 20, 20, 20, 16, 16, 16, 16, 12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0,
+                                        0, 0, 0);
+    const __m512i inc = _mm512_set1_epi32(0x03020100);
+    for (int k = 0; k < m; k += 16) {
+        const __mmask16 lane = m - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (m - k)) - 1);
+        const __m512i b = _mm512_maskz_loadu_epi32(lane, by + k);
+        const __m512i w = perm ? _mm512_permutex2var_epi8(lo, _mm512_add_epi8(_mm512_permutexvar_epi8(rep, b), inc), hi)
+                               : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), lane, b, code, 1);
+        const __m512i c = _mm512_and_si512(_mm512_srlv_epi32(w, _mm512_maskz_loadu_epi32(lane, sh + k)),
+                                           _mm512_maskz_loadu_epi32(lane, mk + k));
+        const __m512i i = _mm512_add_epi32(c, _mm512_maskz_loadu_epi32(lane, to + k));
+        const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lane, i, tab, 4);
+        _mm512_mask_storeu_ps(y + k, lane, _mm512_mul_ps(v, s));
+    }
+}
+
+/* 8 pairs a step: cs, sn spread to both lanes of their pair (sn negated in the even lanes, an
+ * exact sign flip), the partner of each lane by an in-lane swap; x * cs + partner * sn is then
+ * x0 cs - x1 sn in the even lanes and x1 cs + x0 sn in the odd ones, the oracle's roundings */
+void qf_rope_pairs_avx512(float *x, const float *cs, const float *sn, int half) {
+    const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512 sign = _mm512_set_ps(1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1);
+    for (int i = 0; i < half; i += 8) {
+        const int np = half - i < 8 ? half - i : 8;
+        const __mmask8 m8 = (__mmask8)((1u << np) - 1);
+        const __mmask16 m16 = (__mmask16)((1u << (2 * np)) - 1);
+        const __m512 c = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(m8, cs + i)));
+        const __m512 s =
+            _mm512_mul_ps(_mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(m8, sn + i))), sign);
+        const __m512 v = _mm512_maskz_loadu_ps(m16, x + 2 * i);
+        const __m512 r = _mm512_add_ps(_mm512_mul_ps(v, c), _mm512_mul_ps(_mm512_permute_ps(v, 0xB1), s));
+        _mm512_mask_storeu_ps(x + 2 * i, m16, r);
+    }
+}
