@@ -332,6 +332,39 @@ TEST(rope_pairs_bit_identical) {
     CHECK_EQ_INT(bad, 0);
 }
 
+/* qf_vec_axpy_diff: the AVX2 kernel gives the oracle's bits for n around multiples of 8 and 32,
+ * a row stride wider than n, signed zeros, infinities and NaN; forced scalar, the dispatcher
+ * runs the oracle */
+TEST(axpy_diff_bit_identical) {
+    enum { AN = 130, AM = 40, ALD = 133 };
+    static float X[AM * ALD], Y[AM * ALD], w[AM], acc0[AN], a0[AN], a1[AN];
+    uint64_t s = 19;
+    for (int i = 0; i < AM * ALD; i++) {
+        X[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 3.0f;
+        Y[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 3.0f;
+    }
+    for (int i = 0; i < AM; i++) w[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0);
+    for (int i = 0; i < AN; i++) acc0[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
+    w[3] = 0.0f, w[4] = -0.0f, X[5] = Y[5];
+    int bad = 0, runs = 0;
+    static const int ns[] = {0, 1, 7, 8, 9, 31, 32, 33, 64, 127, 128, 130}, ms[] = {0, 1, 5, 40};
+    for (int f = 0; f < 3; f++) {
+        if (f == 1) X[7] = INFINITY, Y[ALD + 9] = NAN;
+        qf_quant_force_scalar(f == 2);
+        for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+            for (size_t b = 0; b < sizeof ms / sizeof *ms; b++) {
+                memcpy(a0, acc0, sizeof a0), memcpy(a1, acc0, sizeof a1);
+                qf_vec_axpy_diff_ref(X, Y, ALD, ms[b], w, ns[a], a0);
+                if (qf_quant_has_avx2()) qf_vec_axpy_diff_avx2(X, Y, ALD, ms[b], w, ns[a], a1);
+                else qf_vec_axpy_diff(X, Y, ALD, ms[b], w, ns[a], a1);
+                bad += memcmp(a0, a1, sizeof a0) != 0, runs++;
+            }
+    }
+    qf_quant_force_scalar(false);
+    printf("  %d shapes, %d differ from the oracle\n", runs, bad);
+    CHECK_EQ_INT(bad, 0);
+}
+
 int main(void) {
     RUN(hadamard_matches_matrix_and_is_involution);
     RUN(exp_avx2_matches_expf);
@@ -341,6 +374,7 @@ int main(void) {
     RUN(gemm_nn_f32_bit_identical);
     RUN(bits_lookup_bit_identical);
     RUN(rope_pairs_bit_identical);
+    RUN(axpy_diff_bit_identical);
     RUN(softmax_and_sum_exp_match_oracles);
     RUN(silu_mul_and_rmsnorm_match);
     return test_summary();

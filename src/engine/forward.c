@@ -850,10 +850,21 @@ static void exact_gather(qf_context *c, const void *jv, int stream, int h, const
     }
 }
 
-/* query at tq: the exact keys' scores (before the softmax) */
+/* query at tq: the exact keys' scores (before the softmax). The reference route sums each in
+ * double, in order; the others by qf_vec_rows_dot over the two contiguous spans (f32 sums in
+ * order, eight keys in the lanes), as the stored keys' f32 GEMM scores them. */
 static void exact_scores(const qf_context *c, int tq, const float *q, const float *EK, float *row, float scale) {
     int hd = c->model->hp.head_dim;
     exact_span sp;
+    if (!c->params.reference) {
+        int p = exact_first(&c->kv, tq - c->kv.n_window + 1, &sp);
+        int s1 = sp.s1 < tq + 1 ? sp.s1 : tq + 1;
+        if (p < s1) qf_vec_rows_dot(EK, (size_t)hd, hd, q, s1, row); /* the sinks [0, s1) */
+        if (sp.w0 <= tq)
+            qf_vec_rows_dot(EK + (size_t)sp.w0 * hd, (size_t)hd, hd, q, tq - sp.w0 + 1, row + sp.w0); /* the window */
+        for (p = exact_first(&c->kv, tq - c->kv.n_window + 1, &sp); p <= tq; p = exact_next(&sp, p)) row[p] *= scale;
+        return;
+    }
     for (int p = exact_first(&c->kv, tq - c->kv.n_window + 1, &sp); p <= tq; p = exact_next(&sp, p)) {
         double s = 0;
         for (int d = 0; d < hd; d++) s += (double)q[d] * EK[(size_t)p * hd + d];
@@ -861,14 +872,16 @@ static void exact_scores(const qf_context *c, int tq, const float *q, const floa
     }
 }
 
-/* query at tq with softmax weights w: o += w_p (Vexact_p - Vstored_p) over the exact keys */
+/* query at tq with softmax weights w: o += w_p (Vexact_p - Vstored_p) over the exact keys, in
+ * position order (the sinks' span, then the window's: qf_vec_axpy_diff's f32 steps, vectorized) */
 static void exact_values(const qf_context *c, int tq, const float *w, const float *EV, const float *V, float *o) {
     int hd = c->model->hp.head_dim;
     exact_span sp;
-    for (int p = exact_first(&c->kv, tq - c->kv.n_window + 1, &sp); p <= tq; p = exact_next(&sp, p)) {
-        float a = w[p];
-        for (int d = 0; d < hd; d++) o[d] += a * (EV[(size_t)p * hd + d] - V[(size_t)p * hd + d]);
-    }
+    int p = exact_first(&c->kv, tq - c->kv.n_window + 1, &sp);
+    int s1 = sp.s1 < tq + 1 ? sp.s1 : tq + 1;
+    if (p < s1) qf_vec_axpy_diff(EV, V, (size_t)hd, s1, w, hd, o);
+    if (sp.w0 <= tq)
+        qf_vec_axpy_diff(EV + (size_t)sp.w0 * hd, V + (size_t)sp.w0 * hd, (size_t)hd, tq - sp.w0 + 1, w + sp.w0, hd, o);
 }
 
 /* The output of a block of nb queries (rows i0.., their softmax weights S [nb][Tb]) over a kv-rq

@@ -157,3 +157,15 @@ void qf_rope_pairs(float *x, const float *cs, const float *sn, int half) {
     if (qf_gemm_nn_f32_fast()) qf_rope_pairs_avx512(x, cs, sn, half);
     else qf_rope_pairs_ref(x, cs, sn, half);
 }
+
+void qf_vec_axpy_diff_ref(const float *X, const float *Y, size_t ld, int m, const float *w, int n, float *acc) {
+    for (int j = 0; j < m; j++) {
+        const float a = w[j], *x = X + (size_t)j * ld, *y = Y + (size_t)j * ld;
+        for (int i = 0; i < n; i++) acc[i] += a * (x[i] - y[i]);
+    }
+}
+
+void qf_vec_axpy_diff(const float *X, const float *Y, size_t ld, int m, const float *w, int n, float *acc) {
+    if (qf_quant_has_avx2()) qf_vec_axpy_diff_avx2(X, Y, ld, m, w, n, acc);
+    else qf_vec_axpy_diff_ref(X, Y, ld, m, w, n, acc);
+}

@@ -95,7 +95,14 @@ void qf_bits_lookup_avx512(const uint8_t *code, int m, const int32_t *by, const 
                            const int32_t *to, const float *tab, float sc, float *y);
 void qf_gemm_nn_f32_avx512(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb,
                            const float *bias, float *C, size_t ldc);
+/* acc[i] += w[j] * (X[j * ld + i] - Y[j * ld + i]) for i < n, over j < m in order: an f32
+ * difference, product and add, no fused multiply-add (the attention's exact-key correction,
+ * forward.c). The fast kernel: eight elements in the AVX2 lanes, 32 in registers across every
+ * j, the tail as the oracle: the same bits. */
+void qf_vec_axpy_diff(const float *X, const float *Y, size_t ld, int m, const float *w, int n, float *acc);
+void qf_vec_axpy_diff_ref(const float *X, const float *Y, size_t ld, int m, const float *w, int n, float *acc);
 /* internal: the AVX2 kernels (vecmath_avx2.c) */
+void qf_vec_axpy_diff_avx2(const float *X, const float *Y, size_t ld, int m, const float *w, int n, float *acc);
 void qf_vec_cols_axpy_avx2(const float *B, size_t ldb, int m, const float *y, int n, float *acc);
 void qf_vec_rows_dot_f64_avx2(const float *A, size_t lda, int n, const float *x, int m, double *y);
 void qf_vec_rows_dot_avx2(const float *A, size_t lda, int n, const float *x, int m, float *y);

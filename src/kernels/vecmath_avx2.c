@@ -231,3 +231,30 @@ void qf_vec_cols_axpy_avx2(const float *B, size_t ldb, int m, const float *y, in
     }
     if (i < n) qf_vec_cols_axpy_ref(B + i, ldb, m, y, n - i, acc + i);
 }
+
+void qf_vec_axpy_diff_avx2(const float *X, const float *Y, size_t ld, int m, const float *w, int n, float *acc) {
+    int i = 0;
+#define AD(a, o) a = _mm256_add_ps(a, _mm256_mul_ps(wj, _mm256_sub_ps(_mm256_loadu_ps(x + (o)), _mm256_loadu_ps(y + (o)))))
+    for (; i + 32 <= n; i += 32) {
+        __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_loadu_ps(acc + i + 8), a2 = _mm256_loadu_ps(acc + i + 16),
+               a3 = _mm256_loadu_ps(acc + i + 24);
+        for (int j = 0; j < m; j++) {
+            const __m256 wj = _mm256_set1_ps(w[j]);
+            const float *x = X + (size_t)j * ld + i, *y = Y + (size_t)j * ld + i;
+            AD(a0, 0), AD(a1, 8), AD(a2, 16), AD(a3, 24);
+        }
+        _mm256_storeu_ps(acc + i, a0), _mm256_storeu_ps(acc + i + 8, a1);
+        _mm256_storeu_ps(acc + i + 16, a2), _mm256_storeu_ps(acc + i + 24, a3);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 a0 = _mm256_loadu_ps(acc + i);
+        for (int j = 0; j < m; j++) {
+            const __m256 wj = _mm256_set1_ps(w[j]);
+            const float *x = X + (size_t)j * ld + i, *y = Y + (size_t)j * ld + i;
+            AD(a0, 0);
+        }
+        _mm256_storeu_ps(acc + i, a0);
+    }
+#undef AD
+    if (i < n) qf_vec_axpy_diff_ref(X + i, Y + i, ld, m, w, n - i, acc + i);
+}
