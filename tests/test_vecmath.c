@@ -264,13 +264,13 @@ TEST(gemm_nn_f32_bit_identical) {
 }
 
 /* qf_bits_lookup: the AVX-512 kernel gives the oracle's values for codes of widths 0..6 at every
- * bit offset, m around multiples of 16, on a row whose codes fit 128 bytes (the byte permute)
- * and on one of 150 bytes (the gather), each ending 3 bytes before its buffer does (the
- * kernel's reads stay inside: ASan checks it) */
+ * bit offset, m around multiples of 16, on rows whose codes fit 128 bytes (the byte permute) and
+ * on rows of 150 (the gather): three rows back to back, each a scale byte then its codes, the
+ * last ending 3 bytes before the buffer does (the kernel's reads stay inside: ASan checks it) */
 static int bits_lookup_differ(int wide, const int *ms, int nm) {
-    enum { BM = 200, BTAB = BM * 64 };
+    enum { BM = 200, BTAB = BM * 64, NR = 3 };
     static int32_t by[BM], sh[BM], mk[BM], to[BM];
-    static float tab[BTAB], y0[BM], y1[BM];
+    static float tab[BTAB], sctab[256], y0[NR * BM], y1[NR * BM];
     uint64_t s = 13 + (uint64_t)wide;
     unsigned bit = 0, nt = 0;
     for (int k = 0; k < BM; k++) {
@@ -281,25 +281,28 @@ static int bits_lookup_differ(int wide, const int *ms, int nm) {
     }
     for (int i = 0; i < BTAB; i++) tab[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
     tab[BTAB - 1] = 0.0f;
-    const size_t nrow = (bit + 7) / 8 + 3;
-    uint8_t *row = malloc(nrow);
-    if (!row) return 1;
-    for (size_t i = 0; i < nrow; i++) row[i] = (uint8_t)qf_xorshift64s(&s);
+    for (int c = 0; c < 256; c++) sctab[c] = (float)c / 64.0f;
+    const size_t stride = 1 + (bit + 7) / 8, nbuf = NR * stride + 3;
+    uint8_t *rows = malloc(nbuf);
+    if (!rows) return 1;
+    for (size_t i = 0; i < nbuf; i++) rows[i] = (uint8_t)qf_xorshift64s(&s);
     int bad = 0;
     for (int a = 0; a < nm; a++) {
-        qf_bits_lookup_ref(row, ms[a], by, sh, mk, to, tab, 0.75f, y0);
-        if (qf_bits_lookup_fast()) qf_bits_lookup_avx512(row, ms[a], by, sh, mk, to, tab, 0.75f, y1);
-        else qf_bits_lookup(row, ms[a], by, sh, mk, to, tab, 0.75f, y1);
-        bad += memcmp(y0, y1, sizeof(float) * (size_t)ms[a]) != 0;
+        qf_bits_lookup_ref(rows, stride, NR, 1, sctab, ms[a], by, sh, mk, to, tab, y0, BM);
+        if (qf_bits_lookup_fast()) qf_bits_lookup_avx512(rows, stride, NR, 1, sctab, ms[a], by, sh, mk, to, tab, y1, BM);
+        else qf_bits_lookup(rows, stride, NR, 1, sctab, ms[a], by, sh, mk, to, tab, y1, BM);
+        for (int r = 0; r < NR; r++)
+            bad += memcmp(y0 + r * BM, y1 + r * BM, sizeof(float) * (size_t)ms[a]) != 0;
     }
-    free(row);
+    free(rows);
     return bad;
 }
 TEST(bits_lookup_bit_identical) {
     static const int ms[] = {0, 1, 15, 16, 17, 31, 33, 100, 150, 170, 200};
     const int nm = (int)(sizeof ms / sizeof *ms);
     int bad = bits_lookup_differ(0, ms, nm) + bits_lookup_differ(1, ms, nm);
-    printf("  %d lengths, %d differ from the oracle%s\n", 2 * nm, bad, qf_bits_lookup_fast() ? "" : " (no AVX-512 VBMI: the dispatcher)");
+    printf("  %d lengths x 3 rows, %d rows differ from the oracle%s\n", 2 * nm, bad,
+           qf_bits_lookup_fast() ? "" : " (no AVX-512 VBMI: the dispatcher)");
     CHECK_EQ_INT(bad, 0);
 }
 

@@ -27,6 +27,7 @@ struct qf_kv_rq_lin {
      * int32 for qf_bits_lookup's vector loads */
     int32_t *byte, *toff, *sh, *mask;
     float *tab;     /* [2][L][H][hd * QF_KV_RQ_MAX_LEVELS] at most; each coefficient's 2^width values */
+    float sctab[256]; /* qf_kv_rq_scale of every scale byte */
     /* LIN_KLT heads: T[o] [m][hd], row k = column k of dec: the first m rows of the cache's own
      * decT (engine.h, qf_kv_rq_bind), read in place. Coefficient k is coordinate k, m is one past
      * the last coded coordinate (widths fall with the KLT's eigenvalues, so the few dropped
@@ -55,6 +56,7 @@ qf_status qf_kv_rq_lin_build(qf_kv_cache *kv, qf_error *err) {
     if (!t) goto oom;
     kv->rq_lin = t;
     t->L = L, t->H = H, t->hd = hd;
+    for (int c = 0; c < 256; c++) t->sctab[c] = qf_kv_rq_scale((uint8_t)c);
     if (!(t->kind = calloc(2 * (size_t)L, 1)) || !(t->m = calloc(n2, sizeof(int))) ||
         !(t->kdim = calloc((size_t)L, sizeof(int))) || !(t->koff = calloc((size_t)L * H, sizeof(int))) ||
         !(t->byte = calloc(n2 * hd, sizeof(int32_t))) || !(t->toff = calloc(n2 * hd, sizeof(int32_t))) ||
@@ -133,12 +135,9 @@ void qf_kv_rq_lin_coef(const qf_kv_cache *kv, int s, int l, int h, int p0, int n
     int m = t->m[o];
     const int32_t *by = t->byte + o * hd, *to = t->toff + o * hd, *sh = t->sh + o * hd, *mk = t->mask + o * hd;
     const float *tab = t->tab + o * hd * QF_KV_RQ_MAX_LEVELS;
-    for (int p = 0; p < n; p++) {
-        /* a code's bits may reach 3 bytes past the row (the kernel reads 4 at a time): the next
-         * row's, or QF_KV_ROW_PAD */
-        const uint8_t *row = base + (size_t)p * stride;
-        qf_bits_lookup(row + QF_KV_RQ_SCALE_BYTES, m, by, sh, mk, to, tab, qf_kv_rq_scale(row[0]), dst + (size_t)p * ld);
-    }
+    /* a code's bits may reach 3 bytes past the row (the fast kernel's gather reads 4 at a time):
+     * the next row's, or QF_KV_ROW_PAD */
+    qf_bits_lookup(base, stride, n, QF_KV_RQ_SCALE_BYTES, t->sctab, m, by, sh, mk, to, tab, dst, ld);
 }
 
 void qf_kv_rq_lin_decode(const qf_kv_cache *kv, int s, int l, int h, int n, const float *y, size_t ld, float *dst) {

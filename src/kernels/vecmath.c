@@ -131,18 +131,24 @@ void qf_gemm_nn_f32(int n, int m, int w, const float *A, size_t lda, const float
 
 bool qf_bits_lookup_fast(void) { return qf_gemm_nn_f32_fast() && qf_cpu_has_vbmi(); }
 
-void qf_bits_lookup_ref(const uint8_t *code, int m, const int32_t *by, const int32_t *sh, const int32_t *mk,
-                        const int32_t *to, const float *tab, float sc, float *y) {
-    for (int k = 0; k < m; k++) {
-        unsigned x = (unsigned)code[by[k]] | (unsigned)code[by[k] + 1] << 8;
-        y[k] = sc * tab[to[k] + (int32_t)((x >> sh[k]) & (unsigned)mk[k])];
+void qf_bits_lookup_ref(const uint8_t *rows, size_t stride, int n, int off, const float *sctab, int m,
+                        const int32_t *by, const int32_t *sh, const int32_t *mk, const int32_t *to, const float *tab,
+                        float *y, size_t ldy) {
+    for (int r = 0; r < n; r++) {
+        const uint8_t *row = rows + (size_t)r * stride, *code = row + off;
+        const float sc = sctab[row[0]];
+        float *yr = y + (size_t)r * ldy;
+        for (int k = 0; k < m; k++) {
+            unsigned x = (unsigned)code[by[k]] | (unsigned)code[by[k] + 1] << 8;
+            yr[k] = sc * tab[to[k] + (int32_t)((x >> sh[k]) & (unsigned)mk[k])];
+        }
     }
 }
 
-void qf_bits_lookup(const uint8_t *code, int m, const int32_t *by, const int32_t *sh, const int32_t *mk,
-                    const int32_t *to, const float *tab, float sc, float *y) {
-    if (qf_bits_lookup_fast()) qf_bits_lookup_avx512(code, m, by, sh, mk, to, tab, sc, y);
-    else qf_bits_lookup_ref(code, m, by, sh, mk, to, tab, sc, y);
+void qf_bits_lookup(const uint8_t *rows, size_t stride, int n, int off, const float *sctab, int m, const int32_t *by,
+                    const int32_t *sh, const int32_t *mk, const int32_t *to, const float *tab, float *y, size_t ldy) {
+    if (qf_bits_lookup_fast()) qf_bits_lookup_avx512(rows, stride, n, off, sctab, m, by, sh, mk, to, tab, y, ldy);
+    else qf_bits_lookup_ref(rows, stride, n, off, sctab, m, by, sh, mk, to, tab, y, ldy);
 }
 
 void qf_rope_pairs_ref(float *x, const float *cs, const float *sn, int half) {

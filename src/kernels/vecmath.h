@@ -71,17 +71,19 @@ void qf_gemm_nn_f32(int n, int m, int w, const float *A, size_t lda, const float
 void qf_gemm_nn_f32_ref(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb,
                         const float *bias, float *C, size_t ldc);
 bool qf_gemm_nn_f32_fast(void);
-/* y[k] = sc * tab[to[k] + ((bits of code from byte by[k], little endian) >> sh[k] & mk[k])] for k
- * < m: variable-width codes read out of a bit-packed row through a table (kv-rq's coefficients,
- * kv_rq_lin.c). by nondecreasing, sh[k] + the code's width <= 16. The fast kernel
+/* n rows of variable-width codes read through a table (kv-rq's coefficients, kv_rq_lin.c): row r
+ * starts at rows + r stride, its scale is sctab[its first byte] and its codes start `off` bytes
+ * in; y[r ldy + k] = scale * tab[to[k] + ((the codes' bits from byte by[k], little endian) >>
+ * sh[k] & mk[k])] for k < m. by nondecreasing, sh[k] + the code's width <= 16. The fast kernel
  * (vecmath_avx512.c, AVX-512 with VBMI: qf_bits_lookup_fast) takes 16 codes at a time, their
  * bytes by a permute of the row (a gather past 128 bytes: it then reads 4 bytes from code +
- * by[k], so 3 bytes past the last code byte must be readable) and their values by a gather.
- * Exact: the same table values times sc, whichever kernel. */
-void qf_bits_lookup(const uint8_t *code, int m, const int32_t *by, const int32_t *sh, const int32_t *mk,
-                    const int32_t *to, const float *tab, float sc, float *y);
-void qf_bits_lookup_ref(const uint8_t *code, int m, const int32_t *by, const int32_t *sh, const int32_t *mk,
-                        const int32_t *to, const float *tab, float sc, float *y);
+ * by[k], so 3 bytes past the last row's last code byte must be readable) and their values by a
+ * gather. Exact: the same table values times the scale, whichever kernel. */
+void qf_bits_lookup(const uint8_t *rows, size_t stride, int n, int off, const float *sctab, int m, const int32_t *by,
+                    const int32_t *sh, const int32_t *mk, const int32_t *to, const float *tab, float *y, size_t ldy);
+void qf_bits_lookup_ref(const uint8_t *rows, size_t stride, int n, int off, const float *sctab, int m,
+                        const int32_t *by, const int32_t *sh, const int32_t *mk, const int32_t *to, const float *tab,
+                        float *y, size_t ldy);
 bool qf_bits_lookup_fast(void);
 /* RoPE on interleaved pairs (llama's layout): x[2i] = x0 cs[i] - x1 sn[i], x[2i+1] = x0 sn[i] +
  * x1 cs[i] for i < half, each product and the sum rounded in f32, no FMA (forward.c's
@@ -91,8 +93,9 @@ void qf_rope_pairs(float *x, const float *cs, const float *sn, int half);
 void qf_rope_pairs_ref(float *x, const float *cs, const float *sn, int half);
 /* internal: the AVX-512 kernels (vecmath_avx512.c) */
 void qf_rope_pairs_avx512(float *x, const float *cs, const float *sn, int half);
-void qf_bits_lookup_avx512(const uint8_t *code, int m, const int32_t *by, const int32_t *sh, const int32_t *mk,
-                           const int32_t *to, const float *tab, float sc, float *y);
+void qf_bits_lookup_avx512(const uint8_t *rows, size_t stride, int n, int off, const float *sctab, int m,
+                           const int32_t *by, const int32_t *sh, const int32_t *mk, const int32_t *to, const float *tab,
+                           float *y, size_t ldy);
 void qf_gemm_nn_f32_avx512(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb,
                            const float *bias, float *C, size_t ldc);
 /* acc[i] += w[j] * (X[j * ld + i] - Y[j * ld + i]) for i < n, over j < m in order: an f32

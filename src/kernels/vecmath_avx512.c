@@ -81,20 +81,16 @@ void qf_gemm_nn_f32_avx512(int n, int m, int w, const float *A, size_t lda, cons
  * bits of head_dim 128 or 2.5 of 256), they are loaded once (masked: nothing past them) and each
  * code's 4-byte window is picked by one byte permute (VBMI); otherwise by a gather. Then the
  * shift and mask per lane, and the table values by a gather. by is nondecreasing (bit offsets). */
-__attribute__((target("avx512vbmi"))) void qf_bits_lookup_avx512(const uint8_t *code, int m, const int32_t *by,
+__attribute__((target("avx512vbmi"))) void qf_bits_lookup_avx512(const uint8_t *rows, size_t stride, int n, int off,
+                                                                const float *sctab, int m, const int32_t *by,
                                                                 const int32_t *sh, const int32_t *mk,
-                                                                const int32_t *to, const float *tab, float sc,
-                                                                float *y) {
+                                                                const int32_t *to, const float *tab, float *y,
+                                                                size_t ldy) {
     if (m <= 0) return;
-    const __m512 s = _mm512_set1_ps(sc);
-    const int nb = by[m - 1] + 2; /* the oracle reads bytes [0, nb) */
+    const int nb = by[m - 1] + 2; /* the oracle reads bytes [0, nb) of a row's codes */
     const bool perm = nb <= 128;
-    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
-    if (perm) {
-        const unsigned long long all = ~0ull;
-        lo = _mm512_maskz_loadu_epi8(nb >= 64 ? all : (1ull << nb) - 1, code);
-        if (nb > 64) hi = _mm512_maskz_loadu_epi8(nb >= 128 ? all : (1ull << (nb - 64)) - 1, code + 64);
-    }
+    const unsigned long long all = ~0ull, mlo = nb >= 64 ? all : (1ull << nb) - 1,
+                             mhi = nb <= 64 ? 0 : nb >= 128 ? all : (1ull << (nb - 64)) - 1;
     /* each lane's low byte to its four bytes, plus 0, 1, 2, 3: the window's byte indices (those
      * past 127 wrap, but bytes 2 and 3 only feed bits the mask drops: sh + width <= 16) */
     const __m512i rep = _mm512_set_epi8(60, 60, 60, 60, 56, 56, 56, 56, 52, 52, 52, 52, 48, 48, 48, 48, 44, 44, 44, 44,
@@ -102,16 +98,26 @@ __attribute__((target("avx512vbmi"))) void qf_bits_lookup_avx512(const uint8_t *
                                         24, 20, 20, 20, 20, 16, 16, 16, 16, 12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0,
                                         0, 0, 0);
     const __m512i inc = _mm512_set1_epi32(0x03020100);
-    for (int k = 0; k < m; k += 16) {
-        const __mmask16 lane = m - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (m - k)) - 1);
-        const __m512i b = _mm512_maskz_loadu_epi32(lane, by + k);
-        const __m512i w = perm ? _mm512_permutex2var_epi8(lo, _mm512_add_epi8(_mm512_permutexvar_epi8(rep, b), inc), hi)
-                               : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), lane, b, code, 1);
-        const __m512i c = _mm512_and_si512(_mm512_srlv_epi32(w, _mm512_maskz_loadu_epi32(lane, sh + k)),
-                                           _mm512_maskz_loadu_epi32(lane, mk + k));
-        const __m512i i = _mm512_add_epi32(c, _mm512_maskz_loadu_epi32(lane, to + k));
-        const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lane, i, tab, 4);
-        _mm512_mask_storeu_ps(y + k, lane, _mm512_mul_ps(v, s));
+    for (int r = 0; r < n; r++) {
+        const uint8_t *row = rows + (size_t)r * stride, *code = row + off;
+        const __m512 s = _mm512_set1_ps(sctab[row[0]]);
+        float *yr = y + (size_t)r * ldy;
+        __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+        if (perm) {
+            lo = _mm512_maskz_loadu_epi8(mlo, code);
+            if (mhi) hi = _mm512_maskz_loadu_epi8(mhi, code + 64);
+        }
+        for (int k = 0; k < m; k += 16) {
+            const __mmask16 lane = m - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (m - k)) - 1);
+            const __m512i b = _mm512_maskz_loadu_epi32(lane, by + k);
+            const __m512i w = perm ? _mm512_permutex2var_epi8(lo, _mm512_add_epi8(_mm512_permutexvar_epi8(rep, b), inc), hi)
+                                   : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), lane, b, code, 1);
+            const __m512i c = _mm512_and_si512(_mm512_srlv_epi32(w, _mm512_maskz_loadu_epi32(lane, sh + k)),
+                                               _mm512_maskz_loadu_epi32(lane, mk + k));
+            const __m512i i = _mm512_add_epi32(c, _mm512_maskz_loadu_epi32(lane, to + k));
+            const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lane, i, tab, 4);
+            _mm512_mask_storeu_ps(yr + k, lane, _mm512_mul_ps(v, s));
+        }
     }
 }
 
