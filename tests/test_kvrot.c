@@ -5,6 +5,7 @@
  * route that cannot rotate, a bad name) is a clear error with its status. Also the kv-int8
  * per-token row codec (scale exponent carried in code parities), the entropy-coded row codec
  * (against a bit-by-bit oracle of its documented layout) and the int8 row layouts. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -549,11 +550,74 @@ TEST(int8_layout_payload) {
     qf_model_free(m);
 }
 
+/* The CPU's fast route attends a --kv-rot cache in its rotated basis (forward.c, att_job.rotq:
+ * H q against the stored H k, the output rotated back) instead of rotating every cached row back
+ * on each read. Against the rotate-on-read route (QF_NO_ROTQ, read at context creation) on the
+ * same tokens, a 40-token prompt then 8 decode steps, 1 and 3 threads. The prompt's logits of
+ * an f32 cache agree to f32 rounding (2e-6 of the largest). Elsewhere a rounding difference can
+ * cross a boundary and grow: in decode the matvecs round the activation to f16 (ggml's F16
+ * activation), and q4_0 / q8_0 quantize the next layer's K and V; so all rows agree to 5e-3 of
+ * the largest logit (measured: 3.5e-3 / 6.5e-3 / 2.0e-2 of 14.9 for f32 / q4_0 / q8_0). The
+ * canonical route ignores the switch (the same bits). */
+static float *rot_logits(qf_model *m, qf_kv_mode mode, bool norotq, bool canon, int threads, const int32_t *t, int np,
+                         int n) {
+    if (norotq) setenv("QF_NO_ROTQ", "1", 1);
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 64, cp.n_threads = threads, cp.kv_k = cp.kv_v = mode, cp.kv_rot = QF_KV_ROT_HADAMARD;
+    cp.device = QF_DEVICE_CPU, cp.canonical = canon;
+    qf_error e = {0};
+    qf_context *c = qf_context_new(m, &cp, &e);
+    unsetenv("QF_NO_ROTQ");
+    if (!c) return NULL;
+    int V = qf_model_hparams(m)->n_vocab;
+    float *lg = malloc((size_t)n * V * sizeof(float));
+    bool ok = lg && qf_decode(c, t, np, 0, lg, 0, &e) == QF_OK;
+    for (int i = np; ok && i < n; i++) ok = qf_decode(c, t + i, 1, i, lg + (size_t)i * V, 0, &e) == QF_OK;
+    qf_context_free(c);
+    if (!ok) {
+        fprintf(stderr, "  %s\n", e.msg);
+        free(lg);
+        return NULL;
+    }
+    return lg;
+}
+
+TEST(rot_attention_in_rotated_basis) {
+    qf_model *m = demo();
+    if (!m) SKIP("demo model not in ../shared/data");
+    const int np = 40, n = 48, V = qf_model_hparams(m)->n_vocab;
+    int32_t t[48];
+    for (int i = 0; i < n; i++) t[i] = (int32_t)((i * 7919 + 13) % V);
+    const qf_kv_mode modes[3] = {QF_KV_F32, QF_KV_Q4_0, QF_KV_Q8_0};
+    for (int mi = 0; mi < 3; mi++)
+        for (int th = 1; th <= 3; th += 2) {
+            float *a = rot_logits(m, modes[mi], false, false, th, t, np, n), *b = rot_logits(m, modes[mi], true, false, th, t, np, n);
+            CHECK(a && b);
+            if (a && b) {
+                double num = 0, den = 0, nump = 0; /* all rows; the prompt's */
+                for (size_t i = 0; i < (size_t)n * V; i++) {
+                    num = fmax(num, fabs((double)a[i] - b[i])), den = fmax(den, fabs((double)b[i]));
+                    if (i < (size_t)np * V) nump = fmax(nump, fabs((double)a[i] - b[i]));
+                }
+                printf("  %s, %d thread%s: max |rotated basis - rotate on read| %.2e (prompt %.2e) of %.2f\n",
+                       qf_kv_mode_name(modes[mi]), th, th > 1 ? "s" : "", num, nump, den);
+                if (mi == 0) CHECK(nump / den < 2e-6);
+                CHECK(num / den < 5e-3);
+            }
+            free(a), free(b);
+        }
+    float *a = rot_logits(m, QF_KV_Q4_0, false, true, 2, t, np, n), *b = rot_logits(m, QF_KV_Q4_0, true, true, 2, t, np, n);
+    CHECK(a && b && memcmp(a, b, sizeof(float) * (size_t)n * V) == 0);
+    free(a), free(b);
+    qf_model_free(m);
+}
+
 int main(void) {
     RUN(rot_names);
     RUN(rot_round_trip);
     RUN(rot_refusals_in_the_cache);
     RUN(rot_q4_0_beats_plain_q4_0);
+    RUN(rot_attention_in_rotated_basis);
     RUN(rot_refusals_in_the_context);
     RUN(delta_ppl_paired_se);
     RUN(kld_rows_thread_invariant);

@@ -208,6 +208,10 @@ void qf_kv_cache_write_sinks(qf_kv_cache *kv, int stream, int layer, int pos, in
  * layer's ring gives its last ring_rows positions; dst rows before them are zeroed. */
 void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos,
                            float *dst);
+/* qf_kv_cache_read_head, except that a --kv-rot cache's rows stay in the rotated basis (H x, no
+ * qf_hadamard on read): the attention then rotates its queries and its output instead, two
+ * rotations a query rather than one a cached row and step (forward.c). Other caches: the same. */
+void qf_kv_cache_read_head_rotated(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos, float *dst);
 /* Does layer's V stream add a prediction from the token's stored K (a kv-rq V predictor)? */
 bool qf_kv_cache_v_predicted(const qf_kv_cache *kv, int layer);
 /* qf_kv_cache_read_head of the V stream, the same floats, with the predictor's K rows taken from

@@ -31,6 +31,7 @@
 #include "kernels/gemm.h"
 #include "kernels/matvec.h"
 #include "engine/gpu.h"
+#include "kernels/hadamard.h"
 #include "kernels/vecmath.h"
 
 #ifndef TILE_ROWS
@@ -100,6 +101,7 @@ typedef struct qf_context_ext {
     uint8_t *mvact; /* decode matvec activations (kernels/matvec.h): MV_MAX_W x GEMM_MIN_TOKENS rows */
     size_t mvact_row; /* bytes of one of them (the widest input, any supported type) */
     bool no_skip; /* QF_NO_SKIP set at creation: the last layer computes every row (qf_decode) */
+    bool no_rotq; /* QF_NO_ROTQ set at creation: a --kv-rot cache's rows are rotated back on read */
     /* the canonical route's exact-key scores of one query block (attention_worker), per thread
      * canon_ex_per floats: [ATT_QBLOCK][n_sink + ATT_QBLOCK + n_window]; allocated at the first
      * decode with exact sinks or a window */
@@ -267,6 +269,7 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     if (!c->gpu) qf_model_prefault(m);
     if (!c->gpu && !c->params.reference && !getenv("QF_NO_REPACK")) qf_model_repack(m, c->pool);
     e->no_skip = getenv("QF_NO_SKIP") != NULL; /* read once, not on every decode */
+    e->no_rotq = getenv("QF_NO_ROTQ") != NULL;
     const char *route = getenv("QF_RQ_ROUTE");
     c->rq_route = !route ? QF_RQ_ROUTE_AUTO
                   : !strcmp(route, "rows") ? QF_RQ_ROUTE_ROWS
@@ -692,6 +695,9 @@ typedef struct {
     int rq_run; /* kv-rq fast route: positions per work item of the gather (rq_run_len) */
     int q0; /* attention_worker: queries before q0's ATT_QBLOCK block are not computed (their output is
              * not needed); 0 for all */
+    bool rotq; /* a --kv-rot cache attended in its rotated basis: kbuf / vbuf hold H k, H v as stored,
+                * attention_worker rotates each query head (H q) in c->q and its output back (H o);
+                * H is orthonormal and symmetric, so the scores and outputs are the same to rounding */
 } att_job;
 
 /* ---- exact sinks and recent window (kv_cache.c's qf_kv_cache_set_exact) ----
@@ -723,6 +729,7 @@ static void kv_gather_worker(void *arg, int ith, int nth) {
         if ((j->gphase == 1 && stream) || (j->gphase == 2 && !stream)) continue;
         float *dst = (stream ? ext(c)->vbuf : ext(c)->kbuf) + (size_t)h * hs;
         if (j->gphase == 2) qf_kv_cache_read_head_vpred(&c->kv, j->layer, h, T, ext(c)->kbuf, hs, dst);
+        else if (j->gphase < 3 && j->rotq) qf_kv_cache_read_head_rotated(&c->kv, stream, j->layer, h, T, dst);
         else if (j->gphase < 3) qf_kv_cache_read_head(&c->kv, stream, j->layer, h, T, dst);
         if (j->gphase == 1 || j->gphase == 2) continue;
         if (stream == 0 && c->kv.k_prerope) { /* RoPE on read, per position */
@@ -946,7 +953,10 @@ static void attention_worker(void *arg, int ith, int nth) {
         const float *V = ext(c)->vbuf + (size_t)kvh * c->params.n_ctx * hd;
         const float *Q = c->q + (size_t)h * hd;
         float *O = c->att + (size_t)h * hd;
-        for (int i0 = j->q0 / ATT_QBLOCK * ATT_QBLOCK; i0 < n; i0 += ATT_QBLOCK) { /* the same blocks for any q0 */
+        const int i_first = j->q0 / ATT_QBLOCK * ATT_QBLOCK; /* the first row computed */
+        if (j->rotq) /* this head's queries into the cache's rotated basis (c->q is not read again) */
+            for (int i = i_first; i < n; i++) qf_hadamard(c->q + (size_t)i * Dq + (size_t)h * hd, hd);
+        for (int i0 = i_first; i0 < n; i0 += ATT_QBLOCK) { /* the same blocks for any q0 */
             int nb = n - i0 < ATT_QBLOCK ? n - i0 : ATT_QBLOCK;
             int Tb = j->pos0 + i0 + nb; /* keys this block can see */
             const float *Qb = Q + (size_t)i0 * Dq;
@@ -1030,6 +1040,8 @@ static void attention_worker(void *arg, int ith, int nth) {
                 for (int i = 0; i < nb; i++)
                     exact_values(c, j->pos0 + i0 + i, S + (size_t)i * Tb, EV, V, Ob + (size_t)i * Dq);
         }
+        if (j->rotq) /* the output back from the rotated basis */
+            for (int i = i_first; i < n; i++) qf_hadamard(O + (size_t)i * Dq, hd);
     }
 }
 
@@ -1347,6 +1359,11 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         qf_kv_cache_write_pool(&c->kv, 1, il, pos0, n, c->v, c->pool);
 
         att_job aj = {.c = c, .layer = il, .n = n, .pos0 = pos0, .q0 = s0};
+        /* a --kv-rot cache: attention in its rotated basis, not one inverse rotation per cached
+         * row and step (not for the reference and canonical routes, whose arithmetic is fixed, nor
+         * where RoPE or the exact f16 rows need the rows unrotated) */
+        aj.rotq = c->kv.rot == QF_KV_ROT_HADAMARD && !c->kv.k_prerope && !c->kv.n_sink && !c->kv.n_window &&
+                  !c->canon && !c->params.reference && !rq_fast && !ext(c)->no_rotq;
         if (rq_fast) {
             aj.vcoef = c->rq_route == QF_RQ_ROUTE_AUTO ? rq_vcoef(c, nr, pos0 + n) : c->rq_route == QF_RQ_ROUTE_COEF;
             aj.rq_run = rq_run_len(c, pos0 + n);

@@ -777,7 +777,7 @@ void qf_kv_cache_write_pool(qf_kv_cache *kv, int stream, int layer, int pos, int
  * decoded here one at a time or, with kdec, read from kdec (the K heads' rows decoded as this
  * function decodes them: head g's position p at kdec + g * kstride + p * head_dim) */
 static void read_rows(const qf_kv_cache *kv, int stream, int layer, int h, int slot, int pos, int n_pos, float *dst,
-                      const float *kdec, size_t kstride) {
+                      const float *kdec, size_t kstride, bool rotated) {
     qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
     size_t rb = layer_row_bytes(kv, stream, layer);
     int hd = kv->head_dim, nh = kv->n_head_kv;
@@ -837,33 +837,37 @@ static void read_rows(const qf_kv_cache *kv, int stream, int layer, int h, int s
         qf_type t = mode_type(mode);
         for (int p = 0; p < n_pos; p++) qf_dequantize_row(t, base + p * stride, dst + (size_t)p * hd, hd);
     }
-    if (kv->rot == QF_KV_ROT_HADAMARD) qf_hadamard_rows(dst, hd, n_pos);
+    if (kv->rot == QF_KV_ROT_HADAMARD && !rotated) qf_hadamard_rows(dst, hd, n_pos);
 }
 
 void qf_kv_cache_read_pos(const qf_kv_cache *kv, int stream, int layer, int h, int p, float *dst) {
     int R = kv->ring_rows ? kv->ring_rows[layer] : 0;
-    read_rows(kv, stream, layer, h, R ? p % R : p, p, 1, dst, NULL, 0);
+    read_rows(kv, stream, layer, h, R ? p % R : p, p, 1, dst, NULL, 0, false);
 }
 
 static void read_head(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos, float *dst, const float *kdec,
-                      size_t kstride) {
+                      size_t kstride, bool rotated) {
     int R = kv->ring_rows ? kv->ring_rows[layer] : 0;
     if (!R) {
-        read_rows(kv, stream, layer, h, 0, 0, n_pos, dst, kdec, kstride);
+        read_rows(kv, stream, layer, h, 0, 0, n_pos, dst, kdec, kstride, rotated);
         return;
     }
     int hd = kv->head_dim, lo = n_pos > R ? n_pos - R : 0;
     memset(dst, 0, (size_t)lo * hd * sizeof(float)); /* outside the window: never weighted */
     for (int p = lo; p < n_pos;) {
         int slot = p % R, run = R - slot < n_pos - p ? R - slot : n_pos - p;
-        read_rows(kv, stream, layer, h, slot, p, run, dst + (size_t)p * hd, kdec, kstride);
+        read_rows(kv, stream, layer, h, slot, p, run, dst + (size_t)p * hd, kdec, kstride, rotated);
         p += run;
     }
 }
 
 void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos,
                            float *dst) {
-    read_head(kv, stream, layer, h, n_pos, dst, NULL, 0);
+    read_head(kv, stream, layer, h, n_pos, dst, NULL, 0, false);
+}
+
+void qf_kv_cache_read_head_rotated(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos, float *dst) {
+    read_head(kv, stream, layer, h, n_pos, dst, NULL, 0, true);
 }
 
 bool qf_kv_cache_v_predicted(const qf_kv_cache *kv, int layer) {
@@ -873,7 +877,7 @@ bool qf_kv_cache_v_predicted(const qf_kv_cache *kv, int layer) {
 
 void qf_kv_cache_read_head_vpred(const qf_kv_cache *kv, int layer, int h, int n_pos, const float *kdec, size_t kstride,
                                  float *dst) {
-    read_head(kv, 1, layer, h, n_pos, dst, kdec, kstride);
+    read_head(kv, 1, layer, h, n_pos, dst, kdec, kstride, false);
 }
 
 double qf_kv_cache_bytes_per_token(const qf_kv_cache *kv) {
