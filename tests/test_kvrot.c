@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "engine/kv_codes.h"
 #include "eval/kld.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "qforge/artifact_bind.h"
@@ -446,6 +447,64 @@ TEST(int8_ec_codec) {
     CHECK(y[63] == 0);
 }
 
+/* the decoder's 64-bit window gives the one-bit-at-a-time reference's values on encoded rows
+ * (Gaussian, uniform, heavy-tailed: long unary tails) and on random bytes (corrupt rows: tails
+ * that run past the row, rows that run out of bits), whole and as prefixes */
+TEST(int8_ec_decoder_matches_reference) {
+    uint64_t s = 23;
+    static uint8_t q[1024], q4[4][1024];
+    static float x[1024], y0[1024], y1[1024], z4[4][1024];
+    int bad = 0, rows = 0, bad4 = 0, rows4 = 0;
+    static const int ns[] = {16, 24, 64, 128, 256, 1024};
+    for (int trial = 0; trial < 600; trial++) {
+        int n = ns[trial % 6], kind = trial / 6 % 4;
+        if (kind < 3) {
+            for (int i = 0; i < n; i++) {
+                double g = gauss(&s);
+                x[i] = (float)(kind == 0 ? g : kind == 1 ? (double)(qf_xorshift64s(&s) >> 11) * 0x1.0p-53 - 0.5 : g * g * g * g * g);
+            }
+            qf_kv_int8_ec_quantize(x, q, n);
+        } else {
+            for (int i = 0; i < n; i++) q[i] = (uint8_t)qf_xorshift64s(&s);
+            if (trial % 12 == 3) memset(q + n / 2, 0xff, (size_t)n / 2); /* an endless tail */
+        }
+        int n_out = trial % 5 == 0 ? n / 2 + 1 : n;
+        for (int i = 0; i < n; i++) y0[i] = y1[i] = -1.0f;
+        qf_kv_int8_ec_dequantize_ref(q, n, y0, n_out);
+        qf_kv_int8_ec_dequantize(q, n, y1, n_out);
+        bad += memcmp(y0, y1, sizeof(float) * (size_t)n) != 0, rows++;
+    }
+    for (int trial = 0; trial < 240; trial++) { /* four rows side by side, of kinds mixed as above */
+        int n = ns[trial % 6], n_out = trial % 5 == 0 ? n / 2 + 1 : n;
+        for (int r = 0; r < 4; r++) {
+            int kind = (trial + r) % 4;
+            if (kind < 3) {
+                for (int i = 0; i < n; i++) {
+                    double g = gauss(&s);
+                    x[i] = (float)(kind == 0 ? g : kind == 1 ? (double)(qf_xorshift64s(&s) >> 11) * 0x1.0p-53 - 0.5 : g * g * g * g * g);
+                }
+                qf_kv_int8_ec_quantize(x, q4[r], n);
+            } else {
+                for (int i = 0; i < n; i++) q4[r][i] = (uint8_t)qf_xorshift64s(&s);
+                if (trial % 8 == 3) memset(q4[r] + n / 2, 0xff, (size_t)n / 2);
+            }
+            memset(z4[r], 0xff, sizeof z4[r]);
+        }
+        if (trial % 7 == 2) memset(q4[1], 0, 2); /* a zero row among them */
+        const uint8_t *rq[4] = {q4[0], q4[1], q4[2], q4[3]};
+        float *const ro[4] = {z4[0], z4[1], z4[2], z4[3]};
+        qf_kv_int8_ec_dequantize4(rq, n, ro, n_out);
+        for (int r = 0; r < 4; r++) {
+            for (int i = 0; i < n; i++) y0[i] = -1.0f;
+            qf_kv_int8_ec_dequantize_ref(q4[r], n, y0, n_out);
+            bad4 += memcmp(y0, z4[r], sizeof(float) * (size_t)n_out) != 0, rows4++;
+        }
+    }
+    printf("  %d rows, %d differ from the reference; four at a time: %d rows, %d differ\n", rows, bad, rows4, bad4);
+    CHECK_EQ_INT(bad4, 0);
+    CHECK_EQ_INT(bad, 0);
+}
+
 /* int8 row layouts in the cache: rotated static and per-token rows read back close to what was
  * written; a per-token layout needs head_dim a multiple of 8, a rotated one a power of two */
 TEST(int8_layouts_in_the_cache) {
@@ -550,9 +609,9 @@ TEST(int8_layout_payload) {
     qf_model_free(m);
 }
 
-/* The CPU's fast route attends a --kv-rot cache in its rotated basis (forward.c, att_job.rotq:
- * H q against the stored H k, the output rotated back) instead of rotating every cached row back
- * on each read. Against the rotate-on-read route (QF_NO_ROTQ, read at context creation) on the
+/* The CPU's fast route attends rows stored rotated (--kv-rot; kv-int8 static-rot, token-rot,
+ * ec-rot) in their basis (forward.c, att_job.rotk / rotv: H q against the stored H k, the output
+ * rotated back from the stored H v) instead of rotating every cached row back on each read. Against the rotate-on-read route (QF_NO_ROTQ, read at context creation) on the
  * same tokens, a 40-token prompt then 8 decode steps, 1 and 3 threads. The prompt's logits of
  * an f32 cache agree to f32 rounding (2e-6 of the largest). Elsewhere a rounding difference can
  * cross a boundary and grow: in decode the matvecs round the activation to f16 (ggml's F16
@@ -560,15 +619,33 @@ TEST(int8_layout_payload) {
  * the largest logit (measured: 3.5e-3 / 6.5e-3 / 2.0e-2 of 14.9 for f32 / q4_0 / q8_0). The
  * canonical route ignores the switch (the same bits). */
 static float *rot_logits(qf_model *m, qf_kv_mode mode, bool norotq, bool canon, int threads, const int32_t *t, int np,
-                         int n) {
+                         int n, const char *klay, const char *vlay) {
     if (norotq) setenv("QF_NO_ROTQ", "1", 1);
     qf_context_params cp = qf_context_default_params();
-    cp.n_ctx = 64, cp.n_threads = threads, cp.kv_k = cp.kv_v = mode, cp.kv_rot = QF_KV_ROT_HADAMARD;
+    cp.n_ctx = 64, cp.n_threads = threads, cp.kv_k = cp.kv_v = mode, cp.kv_rot = klay ? QF_KV_ROT_NONE : QF_KV_ROT_HADAMARD;
     cp.device = QF_DEVICE_CPU, cp.canonical = canon;
     qf_error e = {0};
     qf_context *c = qf_context_new(m, &cp, &e);
     unsetenv("QF_NO_ROTQ");
     if (!c) return NULL;
+    if (klay) { /* a kv-int8 payload with these row layouts (scales 1: the static layouts' step) */
+        const qf_hparams *hp = qf_model_hparams(m);
+        int64_t shape[2] = {hp->n_layer, hp->n_head_kv};
+        float one[64];
+        for (int i = 0; i < 64; i++) one[i] = 0.05f;
+        qf_payload pl = {0};
+        bool ok = hp->n_layer * hp->n_head_kv <= 64 && qf_payload_add_f32(&pl, "k_scale", one, 2, shape, &e) == QF_OK &&
+                  qf_payload_add_f32(&pl, "v_scale", one, 2, shape, &e) == QF_OK &&
+                  qf_payload_add_string(&pl, "k_layout", klay, &e) == QF_OK &&
+                  qf_payload_add_string(&pl, "v_layout", vlay, &e) == QF_OK &&
+                  qf_context_bind_payload(c, QF_ARTIFACT_KV_INT8, &pl, &e) == QF_OK;
+        qf_payload_free(&pl);
+        if (!ok) {
+            fprintf(stderr, "  %s\n", e.msg);
+            qf_context_free(c);
+            return NULL;
+        }
+    }
     int V = qf_model_hparams(m)->n_vocab;
     float *lg = malloc((size_t)n * V * sizeof(float));
     bool ok = lg && qf_decode(c, t, np, 0, lg, 0, &e) == QF_OK;
@@ -591,7 +668,8 @@ TEST(rot_attention_in_rotated_basis) {
     const qf_kv_mode modes[3] = {QF_KV_F32, QF_KV_Q4_0, QF_KV_Q8_0};
     for (int mi = 0; mi < 3; mi++)
         for (int th = 1; th <= 3; th += 2) {
-            float *a = rot_logits(m, modes[mi], false, false, th, t, np, n), *b = rot_logits(m, modes[mi], true, false, th, t, np, n);
+            float *a = rot_logits(m, modes[mi], false, false, th, t, np, n, NULL, NULL),
+                  *b = rot_logits(m, modes[mi], true, false, th, t, np, n, NULL, NULL);
             CHECK(a && b);
             if (a && b) {
                 double num = 0, den = 0, nump = 0; /* all rows; the prompt's */
@@ -606,7 +684,23 @@ TEST(rot_attention_in_rotated_basis) {
             }
             free(a), free(b);
         }
-    float *a = rot_logits(m, QF_KV_Q4_0, false, true, 2, t, np, n), *b = rot_logits(m, QF_KV_Q4_0, true, true, 2, t, np, n);
+    /* kv-int8 rows stored rotated: both streams, K only, V only */
+    static const char *lay[3][2] = {{"ec-rot", "ec-rot"}, {"ec-rot", "static"}, {"static", "token-rot"}};
+    for (int li = 0; li < 3; li++) {
+        float *a = rot_logits(m, QF_KV_F16, false, false, 2, t, np, n, lay[li][0], lay[li][1]),
+              *b = rot_logits(m, QF_KV_F16, true, false, 2, t, np, n, lay[li][0], lay[li][1]);
+        CHECK(a && b);
+        if (a && b) {
+            double num = 0, den = 0;
+            for (size_t i = 0; i < (size_t)n * V; i++)
+                num = fmax(num, fabs((double)a[i] - b[i])), den = fmax(den, fabs((double)b[i]));
+            printf("  kv-int8 %s / %s: max |rotated basis - rotate on read| %.2e of %.2f\n", lay[li][0], lay[li][1], num, den);
+            CHECK(num / den < 5e-3);
+        }
+        free(a), free(b);
+    }
+    float *a = rot_logits(m, QF_KV_Q4_0, false, true, 2, t, np, n, NULL, NULL),
+          *b = rot_logits(m, QF_KV_Q4_0, true, true, 2, t, np, n, NULL, NULL);
     CHECK(a && b && memcmp(a, b, sizeof(float) * (size_t)n * V) == 0);
     free(a), free(b);
     qf_model_free(m);
@@ -623,6 +717,7 @@ int main(void) {
     RUN(kld_rows_thread_invariant);
     RUN(int8_token_codec);
     RUN(int8_ec_codec);
+    RUN(int8_ec_decoder_matches_reference);
     RUN(int8_layouts_in_the_cache);
     RUN(int8_layout_payload);
     return test_summary();

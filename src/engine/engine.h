@@ -208,10 +208,20 @@ void qf_kv_cache_write_sinks(qf_kv_cache *kv, int stream, int layer, int pos, in
  * layer's ring gives its last ring_rows positions; dst rows before them are zeroed. */
 void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos,
                            float *dst);
-/* qf_kv_cache_read_head, except that a --kv-rot cache's rows stay in the rotated basis (H x, no
- * qf_hadamard on read): the attention then rotates its queries and its output instead, two
- * rotations a query rather than one a cached row and step (forward.c). Other caches: the same. */
+/* qf_kv_cache_read_head, except that rows stored rotated (qf_kv_cache_stream_rotated) stay in
+ * the rotated basis (H x, no qf_hadamard on read): the attention then rotates its queries and
+ * its output instead, two rotations a query rather than one a cached row and step (forward.c).
+ * Other rows: the same. */
 void qf_kv_cache_read_head_rotated(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos, float *dst);
+/* Kv heads stored together in one row (kv-int8 ec-rot: the group its entropy code spans), or 1. */
+int qf_kv_cache_head_group(const qf_kv_cache *kv, int stream);
+/* Read kv heads [h, h + qf_kv_cache_head_group) for positions [0, n_pos), head h + j into dst + j
+ * hstride, as qf_kv_cache_read_head (rotated: as qf_kv_cache_read_head_rotated) reads each, the
+ * same floats; a group's rows are decoded once for all its heads (h a multiple of the group). */
+void qf_kv_cache_read_heads(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos, float *dst, size_t hstride,
+                            bool rotated);
+/* Are the stream's rows stored rotated by qf_hadamard: --kv-rot, or a kv-int8 *_ROT layout? */
+bool qf_kv_cache_stream_rotated(const qf_kv_cache *kv, int stream);
 /* Does layer's V stream add a prediction from the token's stored K (a kv-rq V predictor)? */
 bool qf_kv_cache_v_predicted(const qf_kv_cache *kv, int layer);
 /* qf_kv_cache_read_head of the V stream, the same floats, with the predictor's K rows taken from

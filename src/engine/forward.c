@@ -101,7 +101,7 @@ typedef struct qf_context_ext {
     uint8_t *mvact; /* decode matvec activations (kernels/matvec.h): MV_MAX_W x GEMM_MIN_TOKENS rows */
     size_t mvact_row; /* bytes of one of them (the widest input, any supported type) */
     bool no_skip; /* QF_NO_SKIP set at creation: the last layer computes every row (qf_decode) */
-    bool no_rotq; /* QF_NO_ROTQ set at creation: a --kv-rot cache's rows are rotated back on read */
+    bool no_rotq; /* QF_NO_ROTQ set at creation: rows stored rotated are rotated back on read */
     /* the canonical route's exact-key scores of one query block (attention_worker), per thread
      * canon_ex_per floats: [ATT_QBLOCK][n_sink + ATT_QBLOCK + n_window]; allocated at the first
      * decode with exact sinks or a window */
@@ -695,9 +695,11 @@ typedef struct {
     int rq_run; /* kv-rq fast route: positions per work item of the gather (rq_run_len) */
     int q0; /* attention_worker: queries before q0's ATT_QBLOCK block are not computed (their output is
              * not needed); 0 for all */
-    bool rotq; /* a --kv-rot cache attended in its rotated basis: kbuf / vbuf hold H k, H v as stored,
-                * attention_worker rotates each query head (H q) in c->q and its output back (H o);
-                * H is orthonormal and symmetric, so the scores and outputs are the same to rounding */
+    /* rows stored rotated (--kv-rot, kv-int8 *_ROT layouts) attended in that basis: kbuf (rotk)
+     * holds H k as stored and attention_worker rotates each query head (H q) in c->q; vbuf (rotv)
+     * holds H v and the head's output is rotated back (H o). H is orthonormal and symmetric, so
+     * the scores and outputs are the same to rounding. */
+    bool rotk, rotv;
 } att_job;
 
 /* ---- exact sinks and recent window (kv_cache.c's qf_kv_cache_set_exact) ----
@@ -724,22 +726,31 @@ static void kv_gather_worker(void *arg, int ith, int nth) {
     const qf_hparams *hp = &c->model->hp;
     int T = j->pos0 + j->n, nh = hp->n_head_kv;
     const size_t hs = (size_t)c->params.n_ctx * hp->head_dim; /* floats a kv head of kbuf / vbuf */
-    for (int idx = ith; idx < 2 * nh; idx += nth) {
-        int stream = idx / nh, h = idx % nh;
+    /* work items: per stream, its kv heads, or the groups of heads stored in one row (kv-int8
+     * ec), read together (phase 0 only) */
+    const int G0 = j->gphase == 0 ? qf_kv_cache_head_group(&c->kv, 0) : 1,
+              G1 = j->gphase == 0 ? qf_kv_cache_head_group(&c->kv, 1) : 1, n0 = nh / G0;
+    for (int idx = ith; idx < n0 + nh / G1; idx += nth) {
+        const int stream = idx >= n0, G = stream ? G1 : G0, h = (stream ? idx - n0 : idx) * G;
         if ((j->gphase == 1 && stream) || (j->gphase == 2 && !stream)) continue;
         float *dst = (stream ? ext(c)->vbuf : ext(c)->kbuf) + (size_t)h * hs;
+        const bool rotated = stream ? j->rotv : j->rotk;
         if (j->gphase == 2) qf_kv_cache_read_head_vpred(&c->kv, j->layer, h, T, ext(c)->kbuf, hs, dst);
-        else if (j->gphase < 3 && j->rotq) qf_kv_cache_read_head_rotated(&c->kv, stream, j->layer, h, T, dst);
+        else if (j->gphase < 3 && G > 1) qf_kv_cache_read_heads(&c->kv, stream, j->layer, h, T, dst, hs, rotated);
+        else if (j->gphase < 3 && rotated) qf_kv_cache_read_head_rotated(&c->kv, stream, j->layer, h, T, dst);
         else if (j->gphase < 3) qf_kv_cache_read_head(&c->kv, stream, j->layer, h, T, dst);
         if (j->gphase == 1 || j->gphase == 2) continue;
-        if (stream == 0 && c->kv.k_prerope) { /* RoPE on read, per position */
-            int half = hp->n_rot / 2;
-            bool swa = ext(c)->kr_cos_swa && qf_hparams_layer_swa(hp, j->layer);
-            const float *kc = swa ? ext(c)->kr_cos_swa : ext(c)->kr_cos, *ks = swa ? ext(c)->kr_sin_swa : ext(c)->kr_sin;
-            for (int p = 0; p < T; p++)
-                rope_rotate(hp, kc + (size_t)p * half, ks + (size_t)p * half, dst + (size_t)p * hp->head_dim, 1);
+        for (int jh = h; jh < h + G; jh++) {
+            float *dj = (stream ? ext(c)->vbuf : ext(c)->kbuf) + (size_t)jh * hs;
+            if (stream == 0 && c->kv.k_prerope) { /* RoPE on read, per position */
+                int half = hp->n_rot / 2;
+                bool swa = ext(c)->kr_cos_swa && qf_hparams_layer_swa(hp, j->layer);
+                const float *kc = swa ? ext(c)->kr_cos_swa : ext(c)->kr_cos, *ks = swa ? ext(c)->kr_sin_swa : ext(c)->kr_sin;
+                for (int p = 0; p < T; p++)
+                    rope_rotate(hp, kc + (size_t)p * half, ks + (size_t)p * half, dj + (size_t)p * hp->head_dim, 1);
+            }
+            if (c->kv.n_sink || c->kv.n_window) exact_gather(c, j, stream, jh, dj);
         }
-        if (c->kv.n_sink || c->kv.n_window) exact_gather(c, j, stream, h, dst);
     }
 }
 
@@ -954,7 +965,7 @@ static void attention_worker(void *arg, int ith, int nth) {
         const float *Q = c->q + (size_t)h * hd;
         float *O = c->att + (size_t)h * hd;
         const int i_first = j->q0 / ATT_QBLOCK * ATT_QBLOCK; /* the first row computed */
-        if (j->rotq) /* this head's queries into the cache's rotated basis (c->q is not read again) */
+        if (j->rotk) /* this head's queries into the keys' rotated basis (c->q is not read again) */
             for (int i = i_first; i < n; i++) qf_hadamard(c->q + (size_t)i * Dq + (size_t)h * hd, hd);
         for (int i0 = i_first; i0 < n; i0 += ATT_QBLOCK) { /* the same blocks for any q0 */
             int nb = n - i0 < ATT_QBLOCK ? n - i0 : ATT_QBLOCK;
@@ -1040,7 +1051,7 @@ static void attention_worker(void *arg, int ith, int nth) {
                 for (int i = 0; i < nb; i++)
                     exact_values(c, j->pos0 + i0 + i, S + (size_t)i * Tb, EV, V, Ob + (size_t)i * Dq);
         }
-        if (j->rotq) /* the output back from the rotated basis */
+        if (j->rotv) /* the output back from the values' rotated basis */
             for (int i = i_first; i < n; i++) qf_hadamard(O + (size_t)i * Dq, hd);
     }
 }
@@ -1359,11 +1370,13 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         qf_kv_cache_write_pool(&c->kv, 1, il, pos0, n, c->v, c->pool);
 
         att_job aj = {.c = c, .layer = il, .n = n, .pos0 = pos0, .q0 = s0};
-        /* a --kv-rot cache: attention in its rotated basis, not one inverse rotation per cached
-         * row and step (not for the reference and canonical routes, whose arithmetic is fixed, nor
+        /* rows stored rotated: attention in their basis, not one inverse rotation per cached row
+         * and step (not for the reference and canonical routes, whose arithmetic is fixed, nor
          * where RoPE or the exact f16 rows need the rows unrotated) */
-        aj.rotq = c->kv.rot == QF_KV_ROT_HADAMARD && !c->kv.k_prerope && !c->kv.n_sink && !c->kv.n_window &&
-                  !c->canon && !c->params.reference && !rq_fast && !ext(c)->no_rotq;
+        const bool rot_ok = !c->kv.k_prerope && !c->kv.n_sink && !c->kv.n_window && !c->canon &&
+                            !c->params.reference && !rq_fast && !ext(c)->no_rotq && !qf_kv_cache_v_predicted(&c->kv, il);
+        aj.rotk = rot_ok && qf_kv_cache_stream_rotated(&c->kv, 0);
+        aj.rotv = rot_ok && qf_kv_cache_stream_rotated(&c->kv, 1);
         if (rq_fast) {
             aj.vcoef = c->rq_route == QF_RQ_ROUTE_AUTO ? rq_vcoef(c, nr, pos0 + n) : c->rq_route == QF_RQ_ROUTE_COEF;
             aj.rq_run = rq_run_len(c, pos0 + n);

@@ -815,10 +815,19 @@ static void read_rows(const qf_kv_cache *kv, int stream, int layer, int h, int s
         if (lay == QF_KV_INT8_EC_ROT) { /* decode head h's group up to the end of h */
             int g = ec_group(kv), k = h % g;
             const uint8_t *gb = base - (size_t)k * rb;
-            float tmp[EC_ROW_MAX];
-            for (int p = 0; p < n_pos; p++) {
-                qf_kv_int8_ec_dequantize(gb + p * stride, g * hd, tmp, (k + 1) * hd);
-                memcpy(dst + (size_t)p * hd, tmp + (size_t)k * hd, (size_t)hd * sizeof(float));
+            float tmp[4][EC_ROW_MAX];
+            int p = 0;
+            for (; p + 4 <= n_pos; p += 4) { /* four rows' decoding interleaved */
+                const uint8_t *rows[4] = {gb + p * stride, gb + (p + 1) * stride, gb + (p + 2) * stride,
+                                          gb + (p + 3) * stride};
+                float *const out[4] = {tmp[0], tmp[1], tmp[2], tmp[3]};
+                qf_kv_int8_ec_dequantize4(rows, g * hd, out, (k + 1) * hd);
+                for (int r = 0; r < 4; r++)
+                    memcpy(dst + (size_t)(p + r) * hd, tmp[r] + (size_t)k * hd, (size_t)hd * sizeof(float));
+            }
+            for (; p < n_pos; p++) {
+                qf_kv_int8_ec_dequantize(gb + p * stride, g * hd, tmp[0], (k + 1) * hd);
+                memcpy(dst + (size_t)p * hd, tmp[0] + (size_t)k * hd, (size_t)hd * sizeof(float));
             }
         }
         for (int p = 0; p < n_pos && lay != QF_KV_INT8_EC_ROT; p++) {
@@ -827,7 +836,7 @@ static void read_rows(const qf_kv_cache *kv, int stream, int layer, int h, int s
             if (lay == QF_KV_INT8_STATIC || lay == QF_KV_INT8_STATIC_ROT) qf_kv_int8_dequantize(q, sc, x, hd);
             else qf_kv_int8_token_dequantize(q, x, hd);
         }
-        if (lay == QF_KV_INT8_STATIC_ROT || lay == QF_KV_INT8_TOKEN_ROT || lay == QF_KV_INT8_EC_ROT)
+        if ((lay == QF_KV_INT8_STATIC_ROT || lay == QF_KV_INT8_TOKEN_ROT || lay == QF_KV_INT8_EC_ROT) && !rotated)
             qf_hadamard_rows(dst, hd, n_pos);
     } else if (mode == QF_KV_DICT) {
         const struct qf_kv_dict_bind *d = kv->dict[stream];
@@ -868,6 +877,49 @@ void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, 
 
 void qf_kv_cache_read_head_rotated(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos, float *dst) {
     read_head(kv, stream, layer, h, n_pos, dst, NULL, 0, true);
+}
+
+int qf_kv_cache_head_group(const qf_kv_cache *kv, int stream) {
+    qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
+    return mode == QF_KV_INT8 && kv->int8_layout[stream] == QF_KV_INT8_EC_ROT ? ec_group(kv) : 1;
+}
+
+void qf_kv_cache_read_heads(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos, float *dst, size_t hstride,
+                            bool rotated) {
+    const int g = qf_kv_cache_head_group(kv, stream), hd = kv->head_dim;
+    QF_ASSERT(h % g == 0 && h + g <= kv->n_head_kv);
+    if (g == 1 || (kv->ring_rows && kv->ring_rows[layer])) { /* head by head */
+        for (int j = 0; j < g; j++) read_head(kv, stream, layer, h + j, n_pos, dst + (size_t)j * hstride, NULL, 0, rotated);
+        return;
+    }
+    /* ec rows: each position's group row decoded once, four rows interleaved, its heads scattered */
+    size_t rb = layer_row_bytes(kv, stream, layer), stride = (size_t)kv->n_head_kv * rb;
+    const uint8_t *gb = kv->data[stream][layer] + (size_t)h * rb;
+    float tmp[4][EC_ROW_MAX];
+    int p = 0;
+    for (; p < n_pos; p += 4) {
+        const int nr = n_pos - p < 4 ? n_pos - p : 4;
+        if (nr == 4) {
+            const uint8_t *rows[4] = {gb + p * stride, gb + (p + 1) * stride, gb + (p + 2) * stride, gb + (p + 3) * stride};
+            float *const out[4] = {tmp[0], tmp[1], tmp[2], tmp[3]};
+            qf_kv_int8_ec_dequantize4(rows, g * hd, out, g * hd);
+        } else {
+            for (int r = 0; r < nr; r++) qf_kv_int8_ec_dequantize(gb + (p + r) * stride, g * hd, tmp[r], g * hd);
+        }
+        for (int r = 0; r < nr; r++)
+            for (int j = 0; j < g; j++)
+                memcpy(dst + (size_t)j * hstride + (size_t)(p + r) * hd, tmp[r] + (size_t)j * hd, (size_t)hd * sizeof(float));
+    }
+    if (!rotated)
+        for (int j = 0; j < g; j++) qf_hadamard_rows(dst + (size_t)j * hstride, hd, n_pos);
+}
+
+bool qf_kv_cache_stream_rotated(const qf_kv_cache *kv, int stream) {
+    if (kv->rot == QF_KV_ROT_HADAMARD) return true;
+    qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
+    int lay = kv->int8_layout[stream];
+    return mode == QF_KV_INT8 &&
+           (lay == QF_KV_INT8_STATIC_ROT || lay == QF_KV_INT8_TOKEN_ROT || lay == QF_KV_INT8_EC_ROT);
 }
 
 bool qf_kv_cache_v_predicted(const qf_kv_cache *kv, int layer) {

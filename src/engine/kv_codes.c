@@ -534,7 +534,8 @@ void qf_kv_int8_ec_quantize(const float *x, uint8_t *q, int n) {
     }
 }
 
-void qf_kv_int8_ec_dequantize(const uint8_t *q, int n, float *x, int n_out) {
+/* the decoder one bit at a time: the reference for qf_kv_int8_ec_dequantize */
+void qf_kv_int8_ec_dequantize_ref(const uint8_t *q, int n, float *x, int n_out) {
     const size_t total = (size_t)n * 8;
     size_t pos = 0; /* bits consumed */
     uint64_t buf = 0;
@@ -580,4 +581,132 @@ void qf_kv_int8_ec_dequantize(const uint8_t *q, int n, float *x, int n_out) {
     for (; i < n_out; i++) x[i] = 0;
 #undef EC_NEED
 #undef EC_TAKE
+}
+
+/* The decoder: qf_kv_int8_ec_dequantize_ref's bit stream and values. Each element is decoded
+ * from the 64-bit window at its first bit (ec_fast_one: its prefix, unary tail, low bits and
+ * sign by shifts, a count of trailing ones and no branch on the code); from the first element
+ * that does not end inside the window and the row on (a long tail, a corrupt row), the
+ * reference's steps finish the row (ec_continue). Every decode step of a kv-int8 ec cache reads
+ * every row, so this is its CPU decode's inner loop; qf_kv_int8_ec_dequantize4 runs four rows'
+ * chains side by side, which the serial dependency of one row's elements leaves room for. */
+
+/* one element at bit *pp of the row q[0, n) with step d into *out, when it ends inside the
+ * 8-byte window at its first byte and inside the row: true, *pp advanced; else false */
+static inline bool ec_fast_one(const uint8_t *q, size_t n, size_t *pp, float d, float *out) {
+    const size_t pos = *pp, at = pos >> 3;
+    if (at >= n) return false;
+    const size_t left = n - at;
+    uint64_t w = 0; /* little endian: bit k of the stream is bit k of w */
+    int lim = 57;   /* the element must end within the window's bits and the row's */
+    if (left >= 8) memcpy(&w, q + at, 8);
+    else memcpy(&w, q + at, left), lim = 8 * (int)left - (int)(pos & 7);
+    w >>= pos & 7;
+    /* the prefix by its first 3 bits (bit 0 read first), without branches (a branch on random
+     * codes costs more than the rest): bit 0 = 0: h = bit 1, 2 bits; else h = 2 + bits 1-2, 3
+     * bits; h = 5 ("111"): plus the unary tail's ones and its zero */
+    const unsigned p3 = (unsigned)w & 7, b0 = p3 & 1, hb = p3 >> 1;
+    const int ones = __builtin_ctzll(~(w >> 3)), tail = p3 == 7;
+    const uint32_t h = tail ? 5 + (uint32_t)ones : b0 ? 2 + hb : hb & 1;
+    const int len = tail ? 4 + ones : 2 + (int)b0;
+    if (len + 5 > lim) return false; /* past the window or the row */
+    const uint32_t lo = (uint32_t)(w >> len) & 15, sg = (uint32_t)(w >> (len + 4)) & 1;
+    *pp = pos + (size_t)len + 5;
+    float v = (float)(h << 4 | lo) * d;
+    uint32_t vb;
+    memcpy(&vb, &v, 4), vb ^= sg << 31, memcpy(out, &vb, 4); /* -v when sg, without a branch */
+    return true;
+}
+
+/* elements [i, n_out) of the row from bit pos (a nonzero step d): fast while they fit, then the
+ * reference's steps; the elements a corrupt row leaves undecoded are 0 */
+static void ec_continue(const uint8_t *q, int n, float *x, int n_out, int i, size_t pos, float d) {
+    for (; i < n_out && ec_fast_one(q, (size_t)n, &pos, d, x + i); i++) {
+    }
+    const size_t total = (size_t)n * 8;
+    size_t next = pos >> 3; /* the reference's buffer from pos on */
+    uint64_t buf = 0;
+    int have = 0;
+    if (pos & 7) {
+        buf = (uint64_t)(next < (size_t)n ? q[next] : 0) >> (pos & 7);
+        have = 8 - (int)(pos & 7), next++;
+    }
+#define EC_NEED(k)                                                                                 \
+    while (have < (k)) {                                                                           \
+        buf |= (uint64_t)(next < (size_t)n ? q[next] : 0) << have;                                 \
+        next++, have += 8;                                                                         \
+    }
+#define EC_TAKE(k, out)                                                                            \
+    do {                                                                                           \
+        EC_NEED(k);                                                                                \
+        out = (uint32_t)(buf & ((1u << (k)) - 1));                                                 \
+        buf >>= (k), have -= (k), pos += (k);                                                      \
+    } while (0)
+    for (; i < n_out; i++) {
+        uint32_t h, b;
+        EC_TAKE(1, b);
+        if (!b) EC_TAKE(1, h);
+        else {
+            EC_TAKE(2, h);
+            h += 2;
+            if (h == 5) /* the unary tail; a run past the row's end is a corrupt row */
+                for (;;) {
+                    EC_TAKE(1, b);
+                    if (!b || pos > total) break;
+                    h++;
+                }
+        }
+        uint32_t lo, sg;
+        EC_TAKE(4, lo);
+        EC_TAKE(1, sg);
+        if (pos > total) break; /* only a corrupt row runs out of bits */
+        float v = (float)(h << 4 | lo) * d;
+        x[i] = sg ? -v : v;
+    }
+#undef EC_NEED
+#undef EC_TAKE
+    for (; i < n_out; i++) x[i] = 0;
+}
+
+/* the row's 10-bit exponent (n >= 16 bytes by the layout's contract; 0 for a shorter row) */
+static uint32_t ec_header(const uint8_t *q, int n) {
+    return n >= 2 ? ((uint32_t)q[0] | (uint32_t)q[1] << 8) & ((1u << EC_HDR_BITS) - 1) : 0;
+}
+
+void qf_kv_int8_ec_dequantize(const uint8_t *q, int n, float *x, int n_out) {
+    if (n_out > n) n_out = n;
+    const uint32_t e = ec_header(q, n);
+    if (!e) { /* every element is 0 */
+        for (int i = 0; i < n_out; i++) x[i] = 0;
+        return;
+    }
+    ec_continue(q, n, x, n_out, 0, EC_HDR_BITS, ec_step((int)e));
+}
+
+void qf_kv_int8_ec_dequantize4(const uint8_t *const q[4], int n, float *const x[4], int n_out) {
+    if (n_out > n) n_out = n;
+    const uint32_t e0 = ec_header(q[0], n), e1 = ec_header(q[1], n), e2 = ec_header(q[2], n), e3 = ec_header(q[3], n);
+    if (!e0 || !e1 || !e2 || !e3) {
+        for (int r = 0; r < 4; r++) qf_kv_int8_ec_dequantize(q[r], n, x[r], n_out);
+        return;
+    }
+    const float d0 = ec_step((int)e0), d1 = ec_step((int)e1), d2 = ec_step((int)e2), d3 = ec_step((int)e3);
+    size_t p0 = EC_HDR_BITS, p1 = EC_HDR_BITS, p2 = EC_HDR_BITS, p3 = EC_HDR_BITS;
+    int i = 0, i0, i1, i2, i3;
+    for (;; i++) { /* four independent chains per step, until one row leaves the fast path */
+        if (i == n_out) {
+            i0 = i1 = i2 = i3 = i;
+            break;
+        }
+        const bool o0 = ec_fast_one(q[0], (size_t)n, &p0, d0, x[0] + i), o1 = ec_fast_one(q[1], (size_t)n, &p1, d1, x[1] + i),
+                   o2 = ec_fast_one(q[2], (size_t)n, &p2, d2, x[2] + i), o3 = ec_fast_one(q[3], (size_t)n, &p3, d3, x[3] + i);
+        if (!(o0 && o1 && o2 && o3)) {
+            i0 = i + o0, i1 = i + o1, i2 = i + o2, i3 = i + o3;
+            break;
+        }
+    }
+    ec_continue(q[0], n, x[0], n_out, i0, p0, d0);
+    ec_continue(q[1], n, x[1], n_out, i1, p1, d1);
+    ec_continue(q[2], n, x[2], n_out, i2, p2, d2);
+    ec_continue(q[3], n, x[3], n_out, i3, p3, d3);
 }

@@ -28,4 +28,11 @@ void qf_kv_gram_d(const qf_kv_dict *d, double *gram_d);
 int qf_kv_omp_gd(const qf_kv_dict *d, const double *gram_d, const float *x, const float *alpha0, int s,
                  double tol, void *scratch, uint16_t *idx, float *coef);
 
+/* qf_kv_int8_ec_dequantize of four rows of n bytes (q[r] into x[r]), their decoding interleaved:
+ * the same values as four calls */
+void qf_kv_int8_ec_dequantize4(const uint8_t *const q[4], int n, float *const x[4], int n_out);
+/* qf_kv_int8_ec_dequantize one bit at a time (its reference: the same values for every row,
+ * corrupt ones included; tests/test_kvrot.c) */
+void qf_kv_int8_ec_dequantize_ref(const uint8_t *q, int n, float *x, int n_out);
+
 #endif
