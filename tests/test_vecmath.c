@@ -368,6 +368,37 @@ TEST(axpy_diff_bit_identical) {
     CHECK_EQ_INT(bad, 0);
 }
 
+/* qf_vec_gather_axpy: the AVX2 kernel gives the oracle's bits for n around multiples of 8 and
+ * 32, rows picked out of order and repeated, signed zeros, infinities and NaN; forced scalar, the
+ * dispatcher runs the oracle */
+TEST(gather_axpy_bit_identical) {
+    enum { GN = 130, GR = 50, GLD = 131 };
+    static float B[GR * GLD], c[16], o0[GN], o1[GN];
+    static int32_t idx[16];
+    uint64_t s = 29;
+    for (int i = 0; i < GR * GLD; i++) B[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 5.0f;
+    for (int j = 0; j < 16; j++)
+        idx[j] = (int32_t)(qf_xorshift64s(&s) % GR), c[j] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
+    idx[3] = idx[1], c[4] = -0.0f;
+    int bad = 0, runs = 0;
+    static const int ns[] = {0, 1, 7, 8, 9, 31, 32, 33, 64, 127, 128, 130}, ms[] = {0, 1, 8, 16};
+    for (int f = 0; f < 3; f++) {
+        if (f == 1) B[(size_t)idx[2] * GLD + 5] = INFINITY, B[(size_t)idx[0] * GLD + 40] = NAN;
+        qf_quant_force_scalar(f == 2);
+        for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+            for (size_t b = 0; b < sizeof ms / sizeof *ms; b++) {
+                memset(o0, 0xff, sizeof o0), memset(o1, 0xff, sizeof o1);
+                qf_vec_gather_axpy_ref(B, GLD, idx, c, ms[b], ns[a], o0);
+                if (qf_quant_has_avx2()) qf_vec_gather_axpy_avx2(B, GLD, idx, c, ms[b], ns[a], o1);
+                else qf_vec_gather_axpy(B, GLD, idx, c, ms[b], ns[a], o1);
+                bad += memcmp(o0, o1, sizeof o0) != 0, runs++;
+            }
+    }
+    qf_quant_force_scalar(false);
+    printf("  %d shapes, %d differ from the oracle\n", runs, bad);
+    CHECK_EQ_INT(bad, 0);
+}
+
 int main(void) {
     RUN(hadamard_matches_matrix_and_is_involution);
     RUN(exp_avx2_matches_expf);
@@ -378,6 +409,7 @@ int main(void) {
     RUN(bits_lookup_bit_identical);
     RUN(rope_pairs_bit_identical);
     RUN(axpy_diff_bit_identical);
+    RUN(gather_axpy_bit_identical);
     RUN(softmax_and_sum_exp_match_oracles);
     RUN(silu_mul_and_rmsnorm_match);
     return test_summary();

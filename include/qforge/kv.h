@@ -84,7 +84,8 @@ QF_API int qf_kv_index_bits(int n_atoms);          /* ceil(log2 n_atoms), at lea
 QF_API size_t qf_kv_fmt_bytes(const qf_kv_code_fmt *f);
 QF_API void qf_kv_fmt_pack(const qf_kv_code_fmt *f, const uint16_t *idx, const float *coef,
                     uint8_t *out);
-/* Decode a packed code to head_dim floats; an index >= n_atoms decodes to nothing. */
+/* Decode a packed code to head_dim floats; an index >= n_atoms decodes to nothing. The format's
+ * sparsity is at most QF_KV_MAX_SPARSITY (asserted: the binds and learners refuse more). */
 QF_API void qf_kv_fmt_decode(const qf_kv_code_fmt *f, const qf_kv_dict *d, const uint8_t *code,
                       float *out);
 

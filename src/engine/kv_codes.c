@@ -306,9 +306,11 @@ void qf_kv_fmt_decode(const qf_kv_code_fmt *f, const qf_kv_dict *d, const uint8_
         sc = qf_f16_to_f32((uint16_t)(cc[0] | cc[1] << 8));
         cc += 2;
     }
-    for (int t = 0; t < dim; t++) out[t] = 0;
+    QF_ASSERT(s <= QF_KV_MAX_SPARSITY);
     uint32_t acc = 0;
-    int nb = 0;
+    int nb = 0, m = 0;
+    int32_t ia[QF_KV_MAX_SPARSITY];
+    float ca[QF_KV_MAX_SPARSITY];
     for (int j = 0; j < s; j++) {
         int a;
         if (f->packed) {
@@ -321,9 +323,10 @@ void qf_kv_fmt_decode(const qf_kv_code_fmt *f, const qf_kv_dict *d, const uint8_
         float c = f->coef == QF_KV_COEF_Q8 ? (float)(int8_t)cc[j] * sc
                                            : qf_f16_to_f32((uint16_t)(cc[2 * j] | cc[2 * j + 1] << 8));
         if (a >= d->n_atoms || c == 0) continue; /* unused slot, or a corrupt index */
-        const float *at = d->atoms + (size_t)a * dim;
-        for (int t = 0; t < dim; t++) out[t] += c * at[t];
+        ia[m] = a, ca[m] = c, m++;
     }
+    /* out = sum of c * atom in slot order, each element an f32 product then add from 0 */
+    qf_vec_gather_axpy(d->atoms, (size_t)dim, ia, ca, m, dim, out);
 }
 
 void qf_kv_code_decode(const qf_kv_dict *d, const uint8_t *code, int s, qf_kv_coef f,

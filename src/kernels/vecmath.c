@@ -175,3 +175,16 @@ void qf_vec_axpy_diff(const float *X, const float *Y, size_t ld, int m, const fl
     if (qf_quant_has_avx2()) qf_vec_axpy_diff_avx2(X, Y, ld, m, w, n, acc);
     else qf_vec_axpy_diff_ref(X, Y, ld, m, w, n, acc);
 }
+
+void qf_vec_gather_axpy_ref(const float *B, size_t ldb, const int32_t *idx, const float *c, int m, int n, float *out) {
+    for (int i = 0; i < n; i++) out[i] = 0;
+    for (int j = 0; j < m; j++) {
+        const float a = c[j], *b = B + (size_t)idx[j] * ldb;
+        for (int i = 0; i < n; i++) out[i] += a * b[i];
+    }
+}
+
+void qf_vec_gather_axpy(const float *B, size_t ldb, const int32_t *idx, const float *c, int m, int n, float *out) {
+    if (qf_quant_has_avx2()) qf_vec_gather_axpy_avx2(B, ldb, idx, c, m, n, out);
+    else qf_vec_gather_axpy_ref(B, ldb, idx, c, m, n, out);
+}

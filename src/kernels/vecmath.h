@@ -104,7 +104,14 @@ void qf_gemm_nn_f32_avx512(int n, int m, int w, const float *A, size_t lda, cons
  * j, the tail as the oracle: the same bits. */
 void qf_vec_axpy_diff(const float *X, const float *Y, size_t ld, int m, const float *w, int n, float *acc);
 void qf_vec_axpy_diff_ref(const float *X, const float *Y, size_t ld, int m, const float *w, int n, float *acc);
+/* out[i] = sum over j < m, in order, of c[j] * B[idx[j] * ldb + i] for i < n, from 0: an f32
+ * product then an f32 add (a kv-dict row from its atoms, kv_codes.c). The fast kernel: eight
+ * elements in the AVX2 lanes, 32 in registers across every j, the tail as the oracle: the same
+ * bits. */
+void qf_vec_gather_axpy(const float *B, size_t ldb, const int32_t *idx, const float *c, int m, int n, float *out);
+void qf_vec_gather_axpy_ref(const float *B, size_t ldb, const int32_t *idx, const float *c, int m, int n, float *out);
 /* internal: the AVX2 kernels (vecmath_avx2.c) */
+void qf_vec_gather_axpy_avx2(const float *B, size_t ldb, const int32_t *idx, const float *c, int m, int n, float *out);
 void qf_vec_axpy_diff_avx2(const float *X, const float *Y, size_t ld, int m, const float *w, int n, float *acc);
 void qf_vec_cols_axpy_avx2(const float *B, size_t ldb, int m, const float *y, int n, float *acc);
 void qf_vec_rows_dot_f64_avx2(const float *A, size_t lda, int n, const float *x, int m, double *y);

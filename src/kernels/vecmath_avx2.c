@@ -258,3 +258,35 @@ void qf_vec_axpy_diff_avx2(const float *X, const float *Y, size_t ld, int m, con
 #undef AD
     if (i < n) qf_vec_axpy_diff_ref(X + i, Y + i, ld, m, w, n - i, acc + i);
 }
+
+void qf_vec_gather_axpy_avx2(const float *B, size_t ldb, const int32_t *idx, const float *c, int m, int n, float *out) {
+    int i = 0;
+#define GA(a, o) a = _mm256_add_ps(a, _mm256_mul_ps(cj, _mm256_loadu_ps(b + (o))))
+    for (; i + 32 <= n; i += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        for (int j = 0; j < m; j++) {
+            const __m256 cj = _mm256_set1_ps(c[j]);
+            const float *b = B + (size_t)idx[j] * ldb + i;
+            GA(a0, 0), GA(a1, 8), GA(a2, 16), GA(a3, 24);
+        }
+        _mm256_storeu_ps(out + i, a0), _mm256_storeu_ps(out + i + 8, a1);
+        _mm256_storeu_ps(out + i + 16, a2), _mm256_storeu_ps(out + i + 24, a3);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 a0 = _mm256_setzero_ps();
+        for (int j = 0; j < m; j++) {
+            const __m256 cj = _mm256_set1_ps(c[j]);
+            const float *b = B + (size_t)idx[j] * ldb + i;
+            GA(a0, 0);
+        }
+        _mm256_storeu_ps(out + i, a0);
+    }
+#undef GA
+    if (i < n) {
+        for (int k = i; k < n; k++) out[k] = 0;
+        for (int j = 0; j < m; j++) {
+            const float a = c[j], *b = B + (size_t)idx[j] * ldb;
+            for (int k = i; k < n; k++) out[k] += a * b[k];
+        }
+    }
+}
