@@ -776,6 +776,28 @@ void qf_kv_cache_write_pool(qf_kv_cache *kv, int stream, int layer, int pos, int
  * dst. A predicted V stream adds each position's prediction from the K heads' stored rows,
  * decoded here one at a time or, with kdec, read from kdec (the K heads' rows decoded as this
  * function decodes them: head g's position p at kdec + g * kstride + p * head_dim) */
+/* kv-int8 ec rows of a group of heads (n bytes each, stride apart from gb): heads [k0, k1) of
+ * positions [0, n_pos) into dst + (k - k0) hstride + p hd; each row decoded up to head k1 - 1,
+ * four rows interleaved (qf_kv_int8_ec_dequantize4) */
+static void ec_read(const uint8_t *gb, size_t stride, int n, int hd, int n_pos, int k0, int k1, float *dst,
+                    size_t hstride) {
+    float tmp[4][EC_ROW_MAX];
+    for (int p = 0; p < n_pos; p += 4) {
+        const int nr = n_pos - p < 4 ? n_pos - p : 4;
+        if (nr == 4) {
+            const uint8_t *rows[4] = {gb + p * stride, gb + (p + 1) * stride, gb + (p + 2) * stride, gb + (p + 3) * stride};
+            float *const out[4] = {tmp[0], tmp[1], tmp[2], tmp[3]};
+            qf_kv_int8_ec_dequantize4(rows, n, out, k1 * hd);
+        } else {
+            for (int r = 0; r < nr; r++) qf_kv_int8_ec_dequantize(gb + (p + r) * stride, n, tmp[r], k1 * hd);
+        }
+        for (int r = 0; r < nr; r++)
+            for (int k = k0; k < k1; k++)
+                memcpy(dst + (size_t)(k - k0) * hstride + (size_t)(p + r) * hd, tmp[r] + (size_t)k * hd,
+                       (size_t)hd * sizeof(float));
+    }
+}
+
 static void read_rows(const qf_kv_cache *kv, int stream, int layer, int h, int slot, int pos, int n_pos, float *dst,
                       const float *kdec, size_t kstride, bool rotated) {
     qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
@@ -814,21 +836,7 @@ static void read_rows(const qf_kv_cache *kv, int stream, int layer, int h, int s
         int lay = kv->int8_layout[stream];
         if (lay == QF_KV_INT8_EC_ROT) { /* decode head h's group up to the end of h */
             int g = ec_group(kv), k = h % g;
-            const uint8_t *gb = base - (size_t)k * rb;
-            float tmp[4][EC_ROW_MAX];
-            int p = 0;
-            for (; p + 4 <= n_pos; p += 4) { /* four rows' decoding interleaved */
-                const uint8_t *rows[4] = {gb + p * stride, gb + (p + 1) * stride, gb + (p + 2) * stride,
-                                          gb + (p + 3) * stride};
-                float *const out[4] = {tmp[0], tmp[1], tmp[2], tmp[3]};
-                qf_kv_int8_ec_dequantize4(rows, g * hd, out, (k + 1) * hd);
-                for (int r = 0; r < 4; r++)
-                    memcpy(dst + (size_t)(p + r) * hd, tmp[r] + (size_t)k * hd, (size_t)hd * sizeof(float));
-            }
-            for (; p < n_pos; p++) {
-                qf_kv_int8_ec_dequantize(gb + p * stride, g * hd, tmp[0], (k + 1) * hd);
-                memcpy(dst + (size_t)p * hd, tmp[0] + (size_t)k * hd, (size_t)hd * sizeof(float));
-            }
+            ec_read(base - (size_t)k * rb, stride, g * hd, hd, n_pos, k, k + 1, dst, 0);
         }
         for (int p = 0; p < n_pos && lay != QF_KV_INT8_EC_ROT; p++) {
             const int8_t *q = (const int8_t *)(base + p * stride);
@@ -892,24 +900,9 @@ void qf_kv_cache_read_heads(const qf_kv_cache *kv, int stream, int layer, int h,
         for (int j = 0; j < g; j++) read_head(kv, stream, layer, h + j, n_pos, dst + (size_t)j * hstride, NULL, 0, rotated);
         return;
     }
-    /* ec rows: each position's group row decoded once, four rows interleaved, its heads scattered */
-    size_t rb = layer_row_bytes(kv, stream, layer), stride = (size_t)kv->n_head_kv * rb;
-    const uint8_t *gb = kv->data[stream][layer] + (size_t)h * rb;
-    float tmp[4][EC_ROW_MAX];
-    int p = 0;
-    for (; p < n_pos; p += 4) {
-        const int nr = n_pos - p < 4 ? n_pos - p : 4;
-        if (nr == 4) {
-            const uint8_t *rows[4] = {gb + p * stride, gb + (p + 1) * stride, gb + (p + 2) * stride, gb + (p + 3) * stride};
-            float *const out[4] = {tmp[0], tmp[1], tmp[2], tmp[3]};
-            qf_kv_int8_ec_dequantize4(rows, g * hd, out, g * hd);
-        } else {
-            for (int r = 0; r < nr; r++) qf_kv_int8_ec_dequantize(gb + (p + r) * stride, g * hd, tmp[r], g * hd);
-        }
-        for (int r = 0; r < nr; r++)
-            for (int j = 0; j < g; j++)
-                memcpy(dst + (size_t)j * hstride + (size_t)(p + r) * hd, tmp[r] + (size_t)j * hd, (size_t)hd * sizeof(float));
-    }
+    /* ec rows: each position's group row decoded once for all its heads */
+    size_t rb = layer_row_bytes(kv, stream, layer);
+    ec_read(kv->data[stream][layer] + (size_t)h * rb, (size_t)kv->n_head_kv * rb, g * hd, hd, n_pos, 0, g, dst, hstride);
     if (!rotated)
         for (int j = 0; j < g; j++) qf_hadamard_rows(dst + (size_t)j * hstride, hd, n_pos);
 }
