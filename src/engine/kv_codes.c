@@ -537,55 +537,6 @@ void qf_kv_int8_ec_quantize(const float *x, uint8_t *q, int n) {
     }
 }
 
-/* the decoder one bit at a time: the reference for qf_kv_int8_ec_dequantize */
-void qf_kv_int8_ec_dequantize_ref(const uint8_t *q, int n, float *x, int n_out) {
-    const size_t total = (size_t)n * 8;
-    size_t pos = 0; /* bits consumed */
-    uint64_t buf = 0;
-    int have = 0;
-    size_t next = 0; /* next byte to load */
-#define EC_NEED(k)                                                                                 \
-    while (have < (k)) {                                                                           \
-        buf |= (uint64_t)(next < (size_t)n ? q[next] : 0) << have;                                 \
-        next++, have += 8;                                                                         \
-    }
-#define EC_TAKE(k, out)                                                                            \
-    do {                                                                                           \
-        EC_NEED(k);                                                                                \
-        out = (uint32_t)(buf & ((1u << (k)) - 1));                                                 \
-        buf >>= (k), have -= (k), pos += (k);                                                      \
-    } while (0)
-    uint32_t e, b;
-    EC_TAKE(EC_HDR_BITS, e);
-    float d = e ? ec_step((int)e) : 0.0f;
-    int i = 0;
-    if (n_out > n) n_out = n;
-    for (; i < n_out && e; i++) {
-        uint32_t h;
-        EC_TAKE(1, b);
-        if (!b) EC_TAKE(1, h);
-        else {
-            EC_TAKE(2, h);
-            h += 2;
-            if (h == 5) /* the unary tail; a run past the row's end is a corrupt row */
-                for (;;) {
-                    EC_TAKE(1, b);
-                    if (!b || pos > total) break;
-                    h++;
-                }
-        }
-        uint32_t lo, sg;
-        EC_TAKE(4, lo);
-        EC_TAKE(1, sg);
-        if (pos > total) break; /* only a corrupt row runs out of bits */
-        float v = (float)(h << 4 | lo) * d;
-        x[i] = sg ? -v : v;
-    }
-    for (; i < n_out; i++) x[i] = 0;
-#undef EC_NEED
-#undef EC_TAKE
-}
-
 /* The decoder: qf_kv_int8_ec_dequantize_ref's bit stream and values. Each element is decoded
  * from the 64-bit window at its first bit (ec_fast_one: its prefix, unary tail, low bits and
  * sign by shifts, a count of trailing ones and no branch on the code); from the first element
@@ -621,13 +572,11 @@ static inline bool ec_fast_one(const uint8_t *q, size_t n, size_t *pp, float d, 
     return true;
 }
 
-/* elements [i, n_out) of the row from bit pos (a nonzero step d): fast while they fit, then the
+/* elements [i, n_out) of the row from bit pos (a nonzero step d), one bit at a time: the
  * reference's steps; the elements a corrupt row leaves undecoded are 0 */
-static void ec_continue(const uint8_t *q, int n, float *x, int n_out, int i, size_t pos, float d) {
-    for (; i < n_out && ec_fast_one(q, (size_t)n, &pos, d, x + i); i++) {
-    }
+static void ec_bits_from(const uint8_t *q, int n, float *x, int n_out, int i, size_t pos, float d) {
     const size_t total = (size_t)n * 8;
-    size_t next = pos >> 3; /* the reference's buffer from pos on */
+    size_t next = pos >> 3; /* the buffer from pos on */
     uint64_t buf = 0;
     int have = 0;
     if (pos & 7) {
@@ -671,9 +620,28 @@ static void ec_continue(const uint8_t *q, int n, float *x, int n_out, int i, siz
     for (; i < n_out; i++) x[i] = 0;
 }
 
+/* elements [i, n_out) of the row from bit pos (a nonzero step d): fast while they fit, then the
+ * reference's steps */
+static void ec_continue(const uint8_t *q, int n, float *x, int n_out, int i, size_t pos, float d) {
+    for (; i < n_out && ec_fast_one(q, (size_t)n, &pos, d, x + i); i++) {
+    }
+    ec_bits_from(q, n, x, n_out, i, pos, d);
+}
+
 /* the row's 10-bit exponent (n >= 16 bytes by the layout's contract; 0 for a shorter row) */
 static uint32_t ec_header(const uint8_t *q, int n) {
     return n >= 2 ? ((uint32_t)q[0] | (uint32_t)q[1] << 8) & ((1u << EC_HDR_BITS) - 1) : 0;
+}
+
+/* the decoder one bit at a time: the reference for qf_kv_int8_ec_dequantize */
+void qf_kv_int8_ec_dequantize_ref(const uint8_t *q, int n, float *x, int n_out) {
+    if (n_out > n) n_out = n;
+    const uint32_t e = ec_header(q, n);
+    if (!e) { /* every element is 0 */
+        for (int i = 0; i < n_out; i++) x[i] = 0;
+        return;
+    }
+    ec_bits_from(q, n, x, n_out, 0, EC_HDR_BITS, ec_step((int)e));
 }
 
 void qf_kv_int8_ec_dequantize(const uint8_t *q, int n, float *x, int n_out) {
