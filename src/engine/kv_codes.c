@@ -4,6 +4,7 @@
  * They live in the engine because the engine runs artifacts without the forge; the forge's
  * learners call these same functions, so what a learner measures is what the cache stores. */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -545,6 +546,31 @@ void qf_kv_int8_ec_quantize(const float *x, uint8_t *q, int n) {
  * every row, so this is its CPU decode's inner loop; qf_kv_int8_ec_dequantize4 runs four rows'
  * chains side by side, which the serial dependency of one row's elements leaves room for. */
 
+/* Every element code of at most EC_TAB_BITS bits (h <= 6: all but the rarest), by its first
+ * EC_TAB_BITS bits: c (bits 0-9), the sign (bit 10) and the code's length (bits 11-15); length
+ * 0 where the code is longer. Built once (pthread_once). */
+#define EC_TAB_BITS 11
+static uint16_t ec_tab[1 << EC_TAB_BITS];
+static pthread_once_t ec_tab_once = PTHREAD_ONCE_INIT;
+static void ec_tab_build(void) {
+    for (unsigned w = 0; w < (1u << EC_TAB_BITS); w++) {
+        unsigned h, len;
+        if (!(w & 1)) h = (w >> 1) & 1, len = 2;
+        else if ((w & 7) != 7) h = 2 + ((w >> 1) & 3), len = 3;
+        else {
+            unsigned ones = 0;
+            while (3 + ones < EC_TAB_BITS && (w >> (3 + ones)) & 1) ones++;
+            h = 5 + ones, len = 4 + ones; /* the tail's zero may lie past the table's bits: checked below */
+        }
+        if (len + 5 > EC_TAB_BITS || (h >= 5 && 3 + (h - 5) >= EC_TAB_BITS)) {
+            ec_tab[w] = 0;
+            continue;
+        }
+        const unsigned c = h << 4 | ((w >> len) & 15), sg = (w >> (len + 4)) & 1;
+        ec_tab[w] = (uint16_t)(c | sg << 10 | (len + 5) << 11);
+    }
+}
+
 /* one element at bit *pp of the row q[0, n) with step d into *out, when it ends inside the
  * 8-byte window at its first byte and inside the row: true, *pp advanced; else false */
 static inline bool ec_fast_one(const uint8_t *q, size_t n, size_t *pp, float d, float *out) {
@@ -556,6 +582,14 @@ static inline bool ec_fast_one(const uint8_t *q, size_t n, size_t *pp, float d, 
     if (left >= 8) memcpy(&w, q + at, 8);
     else memcpy(&w, q + at, left), lim = 8 * (int)left - (int)(pos & 7);
     w >>= pos & 7;
+    const unsigned t = ec_tab[w & ((1u << EC_TAB_BITS) - 1)], tl = t >> 11;
+    if (tl && (int)tl <= lim) { /* the common case: one table entry */
+        *pp = pos + tl;
+        float v = (float)(t & 1023) * d;
+        uint32_t vb;
+        memcpy(&vb, &v, 4), vb ^= (uint32_t)(t >> 10 & 1) << 31, memcpy(out, &vb, 4);
+        return true;
+    }
     /* the prefix by its first 3 bits (bit 0 read first), without branches (a branch on random
      * codes costs more than the rest): bit 0 = 0: h = bit 1, 2 bits; else h = 2 + bits 1-2, 3
      * bits; h = 5 ("111"): plus the unary tail's ones and its zero */
@@ -645,6 +679,7 @@ void qf_kv_int8_ec_dequantize_ref(const uint8_t *q, int n, float *x, int n_out) 
 }
 
 void qf_kv_int8_ec_dequantize(const uint8_t *q, int n, float *x, int n_out) {
+    pthread_once(&ec_tab_once, ec_tab_build);
     if (n_out > n) n_out = n;
     const uint32_t e = ec_header(q, n);
     if (!e) { /* every element is 0 */
@@ -655,6 +690,7 @@ void qf_kv_int8_ec_dequantize(const uint8_t *q, int n, float *x, int n_out) {
 }
 
 void qf_kv_int8_ec_dequantize4(const uint8_t *const q[4], int n, float *const x[4], int n_out) {
+    pthread_once(&ec_tab_once, ec_tab_build);
     if (n_out > n) n_out = n;
     const uint32_t e0 = ec_header(q[0], n), e1 = ec_header(q[1], n), e2 = ec_header(q[2], n), e3 = ec_header(q[3], n);
     if (!e0 || !e1 || !e2 || !e3) {
