@@ -54,6 +54,9 @@ QF_API qf_type qf_vec_dot_type(qf_type t);
 
 /* Dequantize n elements (n a multiple of the block size). */
 QF_API void qf_dequantize_row(qf_type t, const void *src, float *dst, int64_t n);
+/* qf_dequantize_row of n_rows rows, `stride` bytes apart from src, into dst [n_rows][n]: the same
+ * floats, one dispatch (the KV cache's reads: one head's rows, strided by the other heads) */
+QF_API void qf_dequantize_rows(qf_type t, const void *src, size_t stride, int64_t n_rows, float *dst, int64_t n);
 QF_API void qf_dequantize_row_ref(qf_type t, const void *src, float *dst, int64_t n);
 
 /* Quantize n floats to type t. Supported targets: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q8_K

@@ -1001,7 +1001,7 @@ static void attention_worker(void *arg, int ith, int nth) {
                         for (int d = 0; d < hd; d++) s += (double)Qb[(size_t)i * Dq + d] * K[(size_t)t * hd + d];
                         S[(size_t)i * Tb + t] = (float)s * scale;
                     }
-            } else if (j->vcoef && nb <= 2) { /* kv-rq decode: K . q per query, not OpenBLAS's packing */
+            } else if (nb <= 2) { /* decode: K . q per query, not OpenBLAS's packing of a thin product */
                 for (int i = 0; i < nb; i++) {
                     float *row = S + (size_t)i * Tb;
                     qf_vec_rows_dot(K, (size_t)hd, hd, Qb + (size_t)i * Dq, Tb, row);
@@ -1044,6 +1044,8 @@ static void attention_worker(void *arg, int ith, int nth) {
                         for (int t = 0; t < Tb; t++) s += (double)S[(size_t)i * Tb + t] * V[(size_t)t * hd + d];
                         Ob[(size_t)i * Dq + d] = (float)s;
                     }
+            } else if (nb <= 2 && qf_gemm_nn_f32_fast()) { /* decode: the weighted sum of V's rows, as above */
+                qf_gemm_nn_f32(nb, Tb, hd, S, (size_t)Tb, V, (size_t)hd, NULL, Ob, (size_t)Dq);
             } else {
                 qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, Tb, 1.0f, S, Tb, V, hd, 0.0f, Ob, Dq);
             }

@@ -852,7 +852,7 @@ static void read_rows(const qf_kv_cache *kv, int stream, int layer, int h, int s
         for (int p = 0; p < n_pos; p++) qf_kv_fmt_decode(&d->fmt, L, base + p * stride, dst + (size_t)p * hd);
     } else {
         qf_type t = mode_type(mode);
-        for (int p = 0; p < n_pos; p++) qf_dequantize_row(t, base + p * stride, dst + (size_t)p * hd, hd);
+        qf_dequantize_rows(t, base, stride, n_pos, dst, hd);
     }
     if (kv->rot == QF_KV_ROT_HADAMARD && !rotated) qf_hadamard_rows(dst, hd, n_pos);
 }

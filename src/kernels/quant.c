@@ -538,6 +538,13 @@ void qf_dequantize_row(qf_type t, const void *src, float *dst, int64_t n) {
     qf_dequantize_row_ref(t, src, dst, n);
 }
 
+void qf_dequantize_rows(qf_type t, const void *src, size_t stride, int64_t n_rows, float *dst, int64_t n) {
+    const uint8_t *s = src;
+    const bool fast = qf_quant_has_avx2();
+    for (int64_t r = 0; r < n_rows; r++, s += stride, dst += n)
+        if (!fast || !qf_dequantize_row_avx2(t, s, dst, n)) qf_dequantize_row_ref(t, s, dst, n);
+}
+
 bool qf_quantize_row(qf_type t, const float *src, void *dst, int64_t n) {
     if (qf_quant_has_avx2() && qf_quantize_row_avx2(t, src, dst, n)) return true;
     return qf_quantize_row_ref(t, src, dst, n);
