@@ -399,6 +399,48 @@ TEST(gather_axpy_bit_identical) {
     CHECK_EQ_INT(bad, 0);
 }
 
+/* qf_vec_rows_dot_f16 and qf_gemm_nn_f16b (an f16 KV cache read in place): the AVX-512 kernels
+ * give the oracles' bits for rows around multiples of 4, widths around multiples of 16 and 64,
+ * strides wider than the rows, f16 values of every magnitude; forced scalar, the oracles run */
+TEST(f16_rows_kernels_bit_identical) {
+    enum { FM = 37, FN = 144, FLD = 160 };
+    static uint16_t A[FM * FLD];
+    static float x[FN], y0[FM], y1[FM], S[3 * FM], c0[3 * FN], c1[3 * FN];
+    uint64_t s = 31;
+    for (int i = 0; i < FM * FLD; i++) {
+        float v = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 8.0f;
+        if (i % 97 == 5) v *= 1e-5f; /* subnormal halves */
+        A[i] = qf_f32_to_f16(v);
+    }
+    for (int i = 0; i < FN; i++) x[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
+    for (int i = 0; i < 3 * FM; i++) S[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0);
+    int bad = 0, runs = 0;
+    static const int ns[] = {16, 64, 128, 144}, ms[] = {0, 1, 3, 4, 5, 37};
+    for (int f = 0; f < 2; f++) {
+        qf_quant_force_scalar(f == 1);
+        for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+            for (size_t b = 0; b < sizeof ms / sizeof *ms; b++) {
+                memset(y0, 0xff, sizeof y0), memset(y1, 0xff, sizeof y1);
+                qf_vec_rows_dot_f16_ref(A, FLD, ns[a], x, ms[b], y0);
+                if (qf_gemm_nn_f32_fast()) qf_vec_rows_dot_f16_avx512(A, FLD, ns[a], x, ms[b], y1);
+                else qf_vec_rows_dot_f16(A, FLD, ns[a], x, ms[b], y1);
+                bad += memcmp(y0, y1, sizeof y0) != 0, runs++;
+            }
+        static const int ws[] = {1, 15, 16, 17, 64, 65, 128, 144};
+        for (int nq = 1; nq <= 3; nq++)
+            for (size_t a = 0; a < sizeof ws / sizeof *ws; a++) {
+                memset(c0, 0xff, sizeof c0), memset(c1, 0xff, sizeof c1);
+                qf_gemm_nn_f16b_ref(nq, FM, ws[a], S, FM, A, FLD, c0, FN);
+                if (qf_gemm_nn_f32_fast()) qf_gemm_nn_f16b_avx512(nq, FM, ws[a], S, FM, A, FLD, c1, FN);
+                else qf_gemm_nn_f16b(nq, FM, ws[a], S, FM, A, FLD, c1, FN);
+                bad += memcmp(c0, c1, sizeof c0) != 0, runs++;
+            }
+    }
+    qf_quant_force_scalar(false);
+    printf("  %d shapes, %d differ from the oracles\n", runs, bad);
+    CHECK_EQ_INT(bad, 0);
+}
+
 int main(void) {
     RUN(hadamard_matches_matrix_and_is_involution);
     RUN(exp_avx2_matches_expf);
@@ -410,6 +452,7 @@ int main(void) {
     RUN(rope_pairs_bit_identical);
     RUN(axpy_diff_bit_identical);
     RUN(gather_axpy_bit_identical);
+    RUN(f16_rows_kernels_bit_identical);
     RUN(softmax_and_sum_exp_match_oracles);
     RUN(silu_mul_and_rmsnorm_match);
     return test_summary();

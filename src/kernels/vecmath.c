@@ -6,6 +6,7 @@
 #include "kernels/matvec.h"
 #include "kernels/vecmath.h"
 #include "qforge/quant.h"
+#include "util/util.h"
 
 void qf_vec_exp_ref(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] = expf(x[i]);
@@ -187,4 +188,35 @@ void qf_vec_gather_axpy_ref(const float *B, size_t ldb, const int32_t *idx, cons
 void qf_vec_gather_axpy(const float *B, size_t ldb, const int32_t *idx, const float *c, int m, int n, float *out) {
     if (qf_quant_has_avx2()) qf_vec_gather_axpy_avx2(B, ldb, idx, c, m, n, out);
     else qf_vec_gather_axpy_ref(B, ldb, idx, c, m, n, out);
+}
+
+void qf_gemm_nn_f16b_ref(int n, int m, int w, const float *A, size_t lda, const uint16_t *B, size_t ldb, float *C,
+                         size_t ldc) {
+    for (int p = 0; p < n; p++)
+        for (int i = 0; i < w; i++) {
+            float acc = 0.0f;
+            for (int k = 0; k < m; k++) acc = fmaf(A[(size_t)p * lda + k], qf_f16_to_f32(B[(size_t)k * ldb + i]), acc);
+            C[(size_t)p * ldc + i] = acc;
+        }
+}
+
+void qf_gemm_nn_f16b(int n, int m, int w, const float *A, size_t lda, const uint16_t *B, size_t ldb, float *C,
+                     size_t ldc) {
+    if (qf_gemm_nn_f32_fast()) qf_gemm_nn_f16b_avx512(n, m, w, A, lda, B, ldb, C, ldc);
+    else qf_gemm_nn_f16b_ref(n, m, w, A, lda, B, ldb, C, ldc);
+}
+
+void qf_vec_rows_dot_f16_ref(const uint16_t *A, size_t lda, int n, const float *x, int m, float *y) {
+    for (int o = 0; o < m; o++) {
+        float l[16] = {0};
+        for (int i = 0; i < n; i++) l[i % 16] = fmaf(qf_f16_to_f32(A[(size_t)o * lda + i]), x[i], l[i % 16]);
+        for (int w = 8; w >= 1; w /= 2)
+            for (int k = 0; k < w; k++) l[k] += l[k + w];
+        y[o] = l[0];
+    }
+}
+
+void qf_vec_rows_dot_f16(const uint16_t *A, size_t lda, int n, const float *x, int m, float *y) {
+    if (qf_gemm_nn_f32_fast() && n % 16 == 0) qf_vec_rows_dot_f16_avx512(A, lda, n, x, m, y);
+    else qf_vec_rows_dot_f16_ref(A, lda, n, x, m, y);
 }

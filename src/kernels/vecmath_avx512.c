@@ -18,10 +18,15 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-/* R rows (1..6) by NV vectors (1..4) of C from column j0; the last vector masked by `last` */
-static inline __attribute__((always_inline)) void block(const int R, const int NV, int m, const float *A, size_t lda,
-                                                        const float *B, size_t ldb, const float *bias, float *C,
-                                                        size_t ldc, __mmask16 last) {
+/* R rows (1..6) by NV vectors (1..4) of C from column j0; the last vector masked by `last`; B
+ * f32, or f16 (H: converted on load, exactly) */
+static inline __attribute__((always_inline)) __m512 ld_b(const void *B, size_t off, const bool H, __mmask16 mk) {
+    if (H) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)B + off));
+    return _mm512_maskz_loadu_ps(mk, (const float *)B + off);
+}
+static inline __attribute__((always_inline)) void block(const int R, const int NV, const bool H, int m, const float *A,
+                                                        size_t lda, const void *B, size_t ldb, const float *bias,
+                                                        float *C, size_t ldc, __mmask16 last) {
     __m512 acc[6][4];
     _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) {
         __mmask16 mk = v == NV - 1 ? last : (__mmask16)0xFFFF;
@@ -29,10 +34,10 @@ static inline __attribute__((always_inline)) void block(const int R, const int N
         _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) acc[r][v] = b0;
     }
     for (int k = 0; k < m; k++) {
-        const float *bk = B + (size_t)k * ldb;
+        const size_t bk = (size_t)k * ldb;
         __m512 b[4];
         _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)
-            b[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(last, bk + 16 * v) : _mm512_loadu_ps(bk + 16 * v);
+            b[v] = ld_b(B, bk + 16 * (size_t)v, H, v == NV - 1 ? last : (__mmask16)0xFFFF);
         _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {
             const __m512 a = _mm512_set1_ps(A[(size_t)r * lda + k]);
             _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(a, b[v], acc[r][v]);
@@ -46,20 +51,22 @@ static inline __attribute__((always_inline)) void block(const int R, const int N
 /* the row and vector counts as constants, so that each case unrolls fully */
 #define NVS(R)                                                                                                     \
     switch (nv) {                                                                                                  \
-    case 1: block(R, 1, m, a, lda, b, ldb, bs, c, ldc, last); break;                                               \
-    case 2: block(R, 2, m, a, lda, b, ldb, bs, c, ldc, last); break;                                               \
-    case 3: block(R, 3, m, a, lda, b, ldb, bs, c, ldc, last); break;                                               \
-    default: block(R, 4, m, a, lda, b, ldb, bs, c, ldc, last); break;                                              \
+    case 1: block(R, 1, H, m, a, lda, b, ldb, bs, c, ldc, last); break;                                            \
+    case 2: block(R, 2, H, m, a, lda, b, ldb, bs, c, ldc, last); break;                                            \
+    case 3: block(R, 3, H, m, a, lda, b, ldb, bs, c, ldc, last); break;                                            \
+    default: block(R, 4, H, m, a, lda, b, ldb, bs, c, ldc, last); break;                                           \
     }
 
-void qf_gemm_nn_f32_avx512(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb,
-                           const float *bias, float *C, size_t ldc) {
+static inline __attribute__((always_inline)) void gemm_nn(const bool H, int n, int m, int w, const float *A,
+                                                          size_t lda, const void *B, size_t ldb, const float *bias,
+                                                          float *C, size_t ldc) {
     /* columns 64 at a time: that B panel (m x 64 floats, 36 KB at m = 144) stays in L1 while
      * every row block of C passes over it */
     for (int j0 = 0; j0 < w; j0 += 64) {
         const int wj = w - j0 < 64 ? w - j0 : 64, nv = (wj + 15) / 16;
         const __mmask16 last = wj % 16 ? (__mmask16)((1u << (wj % 16)) - 1) : (__mmask16)0xFFFF;
-        const float *b = B + j0, *bs = bias ? bias + j0 : NULL;
+        const void *b = H ? (const void *)((const uint16_t *)B + j0) : (const void *)((const float *)B + j0);
+        const float *bs = bias ? bias + j0 : NULL;
         for (int p = 0; p < n;) {
             const int R = n - p < 6 ? n - p : 6;
             const float *a = A + (size_t)p * lda;
@@ -74,6 +81,49 @@ void qf_gemm_nn_f32_avx512(int n, int m, int w, const float *A, size_t lda, cons
             }
             p += R;
         }
+    }
+}
+
+void qf_gemm_nn_f32_avx512(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb,
+                           const float *bias, float *C, size_t ldc) {
+    gemm_nn(false, n, m, w, A, lda, B, ldb, bias, C, ldc);
+}
+
+void qf_gemm_nn_f16b_avx512(int n, int m, int w, const float *A, size_t lda, const uint16_t *B, size_t ldb, float *C,
+                            size_t ldc) {
+    gemm_nn(true, n, m, w, A, lda, B, ldb, NULL, C, ldc);
+}
+
+/* m rows of f16 A against x: per row 16 lane sums (lane l: the i = l mod 16, fused, in order),
+ * then lanes k and k + 8, k + 4, k + 2, k + 1 added in turn; four rows a step for the FMA chains */
+static inline __attribute__((always_inline)) float red16(__m512 v) {
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)); /* (above: k, k + 8) k, k + 4 */
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));                                               /* k, k + 2 */
+    b = _mm_add_ss(b, _mm_shuffle_ps(b, b, 1));                                           /* k, k + 1 */
+    return _mm_cvtss_f32(b);
+}
+void qf_vec_rows_dot_f16_avx512(const uint16_t *A, size_t lda, int n, const float *x, int m, float *y) {
+    int o = 0;
+    for (; o + 4 <= m; o += 4) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const uint16_t *r0 = A + (size_t)o * lda, *r1 = r0 + lda, *r2 = r1 + lda, *r3 = r2 + lda;
+        for (int i = 0; i < n; i += 16) {
+            const __m512 xv = _mm512_loadu_ps(x + i);
+            a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(r0 + i))), xv, a0);
+            a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(r1 + i))), xv, a1);
+            a2 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(r2 + i))), xv, a2);
+            a3 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(r3 + i))), xv, a3);
+        }
+        y[o] = red16(a0), y[o + 1] = red16(a1), y[o + 2] = red16(a2), y[o + 3] = red16(a3);
+    }
+    for (; o < m; o++) {
+        __m512 a0 = _mm512_setzero_ps();
+        const uint16_t *r0 = A + (size_t)o * lda;
+        for (int i = 0; i < n; i += 16)
+            a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(r0 + i))),
+                                 _mm512_loadu_ps(x + i), a0);
+        y[o] = red16(a0);
     }
 }
 
