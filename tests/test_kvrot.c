@@ -706,45 +706,49 @@ TEST(rot_attention_in_rotated_basis) {
     qf_model_free(m);
 }
 
-/* A decode step over a plain f16 cache reads the cache's rows in place (forward.c att_job.f16kv:
- * qf_vec_rows_dot_f16 and qf_gemm_nn_f16b, no f32 gather). Against the gather (QF_NO_F16KV, read
- * at context creation), a 40-token prompt then 8 decode steps, 1 and 3 threads: the prompt's
- * logits are the same bits (prefill never reads in place); the decode rows agree to 5e-3 of
- * the largest logit (a rounding difference can cross the decode matvec's f16 rounding of the
- * activation and grow, as in rot_attention_in_rotated_basis) */
-TEST(f16_cache_read_in_place) {
+/* A decode step over a plain f16 / q8_0 / q4_0 cache reads the cache's rows in place
+ * (forward.c att_job.kv_direct: qf_vec_rows_dot_kv and qf_gemm_nn_kv, no f32 gather). Against
+ * the gather (QF_KV_GATHER, read at context creation), a 40-token prompt then 8 decode steps, 1
+ * and 3 threads: the prompt's logits are the same bits (prefill never reads in place); the
+ * decode rows agree to 5e-3 of the largest logit (a rounding difference can cross the decode
+ * matvec's f16 rounding of the activation or a quantization boundary and grow, as in
+ * rot_attention_in_rotated_basis) */
+TEST(kv_cache_read_in_place) {
     qf_model *m = demo();
     if (!m) SKIP("demo model not in ../shared/data");
     const int np = 40, n = 48, V = qf_model_hparams(m)->n_vocab;
     int32_t t[48];
     for (int i = 0; i < n; i++) t[i] = (int32_t)((i * 7919 + 13) % V);
-    for (int th = 1; th <= 3; th += 2) {
-        float *lg[2] = {NULL, NULL};
-        for (int r = 0; r < 2; r++) {
-            if (r) setenv("QF_NO_F16KV", "1", 1);
-            qf_context_params cp = qf_context_default_params();
-            cp.n_ctx = 64, cp.n_threads = th, cp.kv_k = cp.kv_v = QF_KV_F16, cp.device = QF_DEVICE_CPU;
-            qf_error e = {0};
-            qf_context *c = qf_context_new(m, &cp, &e);
-            unsetenv("QF_NO_F16KV");
-            CHECK_MSG(c != NULL, "%s", e.msg);
-            if (!c) break;
-            lg[r] = malloc((size_t)n * V * sizeof(float));
-            bool ok = lg[r] && qf_decode(c, t, np, 0, lg[r], 0, &e) == QF_OK;
-            for (int i = np; ok && i < n; i++) ok = qf_decode(c, t + i, 1, i, lg[r] + (size_t)i * V, 0, &e) == QF_OK;
-            CHECK_MSG(ok, "%s", e.msg);
-            qf_context_free(c);
+    const qf_kv_mode modes[3] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0};
+    for (int mi = 0; mi < 3; mi++)
+        for (int th = 1; th <= 3; th += 2) {
+            float *lg[2] = {NULL, NULL};
+            for (int r = 0; r < 2; r++) {
+                if (r) setenv("QF_KV_GATHER", "1", 1);
+                qf_context_params cp = qf_context_default_params();
+                cp.n_ctx = 64, cp.n_threads = th, cp.kv_k = cp.kv_v = modes[mi], cp.device = QF_DEVICE_CPU;
+                qf_error e = {0};
+                qf_context *c = qf_context_new(m, &cp, &e);
+                unsetenv("QF_KV_GATHER");
+                CHECK_MSG(c != NULL, "%s", e.msg);
+                if (!c) break;
+                lg[r] = malloc((size_t)n * V * sizeof(float));
+                bool ok = lg[r] && qf_decode(c, t, np, 0, lg[r], 0, &e) == QF_OK;
+                for (int i = np; ok && i < n; i++) ok = qf_decode(c, t + i, 1, i, lg[r] + (size_t)i * V, 0, &e) == QF_OK;
+                CHECK_MSG(ok, "%s", e.msg);
+                qf_context_free(c);
+            }
+            if (lg[0] && lg[1]) {
+                CHECK(memcmp(lg[0], lg[1], sizeof(float) * (size_t)np * V) == 0);
+                double num = 0, den = 0;
+                for (size_t i = (size_t)np * V; i < (size_t)n * V; i++)
+                    num = fmax(num, fabs((double)lg[0][i] - lg[1][i])), den = fmax(den, fabs((double)lg[1][i]));
+                printf("  %s, %d thread%s: decode rows, max |in place - gathered| %.2e of %.2f\n",
+                       qf_kv_mode_name(modes[mi]), th, th > 1 ? "s" : "", num, den);
+                CHECK(num / den < 5e-3);
+            }
+            free(lg[0]), free(lg[1]);
         }
-        if (lg[0] && lg[1]) {
-            CHECK(memcmp(lg[0], lg[1], sizeof(float) * (size_t)np * V) == 0);
-            double num = 0, den = 0;
-            for (size_t i = (size_t)np * V; i < (size_t)n * V; i++)
-                num = fmax(num, fabs((double)lg[0][i] - lg[1][i])), den = fmax(den, fabs((double)lg[1][i]));
-            printf("  %d thread%s: decode rows, max |in place - gathered| %.2e of %.2f\n", th, th > 1 ? "s" : "", num, den);
-            CHECK(num / den < 5e-3);
-        }
-        free(lg[0]), free(lg[1]);
-    }
     qf_model_free(m);
 }
 
@@ -754,7 +758,7 @@ int main(void) {
     RUN(rot_refusals_in_the_cache);
     RUN(rot_q4_0_beats_plain_q4_0);
     RUN(rot_attention_in_rotated_basis);
-    RUN(f16_cache_read_in_place);
+    RUN(kv_cache_read_in_place);
     RUN(rot_refusals_in_the_context);
     RUN(delta_ppl_paired_se);
     RUN(kld_rows_thread_invariant);

@@ -399,45 +399,51 @@ TEST(gather_axpy_bit_identical) {
     CHECK_EQ_INT(bad, 0);
 }
 
-/* qf_vec_rows_dot_f16 and qf_gemm_nn_f16b (an f16 KV cache read in place): the AVX-512 kernels
- * give the oracles' bits for rows around multiples of 4, widths around multiples of 16 and 64,
- * strides wider than the rows, f16 values of every magnitude; forced scalar, the oracles run */
-TEST(f16_rows_kernels_bit_identical) {
-    enum { FM = 37, FN = 144, FLD = 160 };
-    static uint16_t A[FM * FLD];
-    static float x[FN], y0[FM], y1[FM], S[3 * FM], c0[3 * FN], c1[3 * FN];
+/* qf_vec_rows_dot_kv and qf_gemm_nn_kv (a KV cache's f16 / q8_0 / q4_0 rows read in place): the
+ * AVX-512 kernels give the oracles' bits for rows around multiples of 4, widths of whole blocks
+ * up to 160, rows strided wider than they are, values of every magnitude (subnormal halves
+ * included); forced scalar, the oracles run */
+TEST(kv_rows_kernels_bit_identical) {
+    enum { FM = 37, FN = 160, FLDB = 400 }; /* FLDB: the rows' byte stride, past any type's 160 elements */
+    static uint8_t A[FM * FLDB];
+    static float x[FN], xr[FN], y0[FM], y1[FM], S[3 * FM], c0[3 * FN], c1[3 * FN];
     uint64_t s = 31;
-    for (int i = 0; i < FM * FLD; i++) {
-        float v = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 8.0f;
-        if (i % 97 == 5) v *= 1e-5f; /* subnormal halves */
-        A[i] = qf_f32_to_f16(v);
-    }
     for (int i = 0; i < FN; i++) x[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
     for (int i = 0; i < 3 * FM; i++) S[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0);
+    const qf_type ts[3] = {QF_TYPE_F16, QF_TYPE_Q8_0, QF_TYPE_Q4_0};
     int bad = 0, runs = 0;
-    static const int ns[] = {16, 64, 128, 144}, ms[] = {0, 1, 3, 4, 5, 37};
-    for (int f = 0; f < 2; f++) {
-        qf_quant_force_scalar(f == 1);
-        for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
-            for (size_t b = 0; b < sizeof ms / sizeof *ms; b++) {
-                memset(y0, 0xff, sizeof y0), memset(y1, 0xff, sizeof y1);
-                qf_vec_rows_dot_f16_ref(A, FLD, ns[a], x, ms[b], y0);
-                if (qf_gemm_nn_f32_fast()) qf_vec_rows_dot_f16_avx512(A, FLD, ns[a], x, ms[b], y1);
-                else qf_vec_rows_dot_f16(A, FLD, ns[a], x, ms[b], y1);
-                bad += memcmp(y0, y1, sizeof y0) != 0, runs++;
+    for (int ti = 0; ti < 3; ti++) {
+        for (int o = 0; o < FM; o++) { /* each row: FN random values quantized to the type */
+            for (int i = 0; i < FN; i++) {
+                xr[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 8.0f;
+                if (i % 97 == 5) xr[i] *= 1e-5f;
             }
-        static const int ws[] = {1, 15, 16, 17, 64, 65, 128, 144};
-        for (int nq = 1; nq <= 3; nq++)
-            for (size_t a = 0; a < sizeof ws / sizeof *ws; a++) {
-                memset(c0, 0xff, sizeof c0), memset(c1, 0xff, sizeof c1);
-                qf_gemm_nn_f16b_ref(nq, FM, ws[a], S, FM, A, FLD, c0, FN);
-                if (qf_gemm_nn_f32_fast()) qf_gemm_nn_f16b_avx512(nq, FM, ws[a], S, FM, A, FLD, c1, FN);
-                else qf_gemm_nn_f16b(nq, FM, ws[a], S, FM, A, FLD, c1, FN);
-                bad += memcmp(c0, c1, sizeof c0) != 0, runs++;
-            }
+            qf_quantize_row_ref(ts[ti], xr, A + (size_t)o * FLDB, FN);
+        }
+        static const int ns[] = {32, 64, 128, 160}, ms[] = {0, 1, 3, 4, 5, 37};
+        for (int f = 0; f < 2; f++) {
+            qf_quant_force_scalar(f == 1);
+            for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+                for (size_t b = 0; b < sizeof ms / sizeof *ms; b++) {
+                    memset(y0, 0xff, sizeof y0), memset(y1, 0xff, sizeof y1);
+                    qf_vec_rows_dot_kv_ref(ts[ti], A, FLDB, ns[a], x, ms[b], y0);
+                    if (qf_kv_rows_fast(ts[ti])) qf_vec_rows_dot_kv_avx512(ts[ti], A, FLDB, ns[a], x, ms[b], y1);
+                    else qf_vec_rows_dot_kv(ts[ti], A, FLDB, ns[a], x, ms[b], y1);
+                    bad += memcmp(y0, y1, sizeof y0) != 0, runs++;
+                }
+            static const int ws[] = {32, 64, 96, 128, 160};
+            for (int nq = 1; nq <= 3; nq++)
+                for (size_t a = 0; a < sizeof ws / sizeof *ws; a++) {
+                    memset(c0, 0xff, sizeof c0), memset(c1, 0xff, sizeof c1);
+                    qf_gemm_nn_kv_ref(ts[ti], nq, FM, ws[a], S, FM, A, FLDB, c0, FN);
+                    if (qf_kv_rows_fast(ts[ti])) qf_gemm_nn_kv_avx512(ts[ti], nq, FM, ws[a], S, FM, A, FLDB, c1, FN);
+                    else qf_gemm_nn_kv(ts[ti], nq, FM, ws[a], S, FM, A, FLDB, c1, FN);
+                    bad += memcmp(c0, c1, sizeof c0) != 0, runs++;
+                }
+        }
+        qf_quant_force_scalar(false);
     }
-    qf_quant_force_scalar(false);
-    printf("  %d shapes, %d differ from the oracles\n", runs, bad);
+    printf("  %d shapes (f16, q8_0, q4_0), %d differ from the oracles\n", runs, bad);
     CHECK_EQ_INT(bad, 0);
 }
 
@@ -452,7 +458,7 @@ int main(void) {
     RUN(rope_pairs_bit_identical);
     RUN(axpy_diff_bit_identical);
     RUN(gather_axpy_bit_identical);
-    RUN(f16_rows_kernels_bit_identical);
+    RUN(kv_rows_kernels_bit_identical);
     RUN(softmax_and_sum_exp_match_oracles);
     RUN(silu_mul_and_rmsnorm_match);
     return test_summary();

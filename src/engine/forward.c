@@ -102,7 +102,7 @@ typedef struct qf_context_ext {
     size_t mvact_row; /* bytes of one of them (the widest input, any supported type) */
     bool no_skip; /* QF_NO_SKIP set at creation: the last layer computes every row (qf_decode) */
     bool no_rotq; /* QF_NO_ROTQ set at creation: rows stored rotated are rotated back on read */
-    bool no_f16kv; /* QF_NO_F16KV set at creation: decode reads an f16 cache through its f32 view */
+    bool no_kv_direct; /* QF_KV_GATHER set at creation: decode reads a plain cache through its f32 view */
     /* the canonical route's exact-key scores of one query block (attention_worker), per thread
      * canon_ex_per floats: [ATT_QBLOCK][n_sink + ATT_QBLOCK + n_window]; allocated at the first
      * decode with exact sinks or a window */
@@ -271,7 +271,7 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     if (!c->gpu && !c->params.reference && !getenv("QF_NO_REPACK")) qf_model_repack(m, c->pool);
     e->no_skip = getenv("QF_NO_SKIP") != NULL; /* read once, not on every decode */
     e->no_rotq = getenv("QF_NO_ROTQ") != NULL;
-    e->no_f16kv = getenv("QF_NO_F16KV") != NULL;
+    e->no_kv_direct = getenv("QF_KV_GATHER") != NULL;
     const char *route = getenv("QF_RQ_ROUTE");
     c->rq_route = !route ? QF_RQ_ROUTE_AUTO
                   : !strcmp(route, "rows") ? QF_RQ_ROUTE_ROWS
@@ -702,9 +702,11 @@ typedef struct {
      * holds H v and the head's output is rotated back (H o). H is orthonormal and symmetric, so
      * the scores and outputs are the same to rounding. */
     bool rotk, rotv;
-    /* a decode step over an f16 cache: no gather, attention_worker reads the cache's f16 rows
-     * (qf_vec_rows_dot_f16 for the scores, qf_gemm_nn_f16b for the values) */
-    bool f16kv;
+    /* a decode step over a plain f16 / q8_0 / q4_0 cache: no gather, attention_worker reads the
+     * cache's rows (qf_vec_rows_dot_kv for the scores, qf_gemm_nn_kv for the values), of types
+     * kt and vt */
+    bool kv_direct;
+    qf_type kt, vt;
 } att_job;
 
 /* ---- exact sinks and recent window (kv_cache.c's qf_kv_cache_set_exact) ----
@@ -719,6 +721,11 @@ typedef struct {
  * (e.g. after a rewind) falls back to the stored row `stored`. So decode and batched prefill
  * read the same values. */
 static void exact_gather(qf_context *c, const void *jv, int stream, int h, const float *stored);
+
+/* the row type of a plain KV mode the decode reads in place, or QF_TYPE_COUNT */
+static qf_type kv_row_type(qf_kv_mode m) {
+    return m == QF_KV_F16 ? QF_TYPE_F16 : m == QF_KV_Q8_0 ? QF_TYPE_Q8_0 : m == QF_KV_Q4_0 ? QF_TYPE_Q4_0 : QF_TYPE_COUNT;
+}
 
 /* gather the cache's f32 view of every kv head for positions [0, pos0+n). Phases (att_job.gphase):
  * 0 every (stream, kv head) read and finished in one item; where V is predicted from the stored
@@ -1006,11 +1013,12 @@ static void attention_worker(void *arg, int ith, int nth) {
                         for (int d = 0; d < hd; d++) s += (double)Qb[(size_t)i * Dq + d] * K[(size_t)t * hd + d];
                         S[(size_t)i * Tb + t] = (float)s * scale;
                     }
-            } else if (j->f16kv) { /* decode over the f16 cache's rows, no f32 copy */
-                const uint16_t *K16 = (const uint16_t *)(const void *)c->kv.data[0][j->layer] + (size_t)kvh * hd;
+            } else if (j->kv_direct) { /* decode over the cache's own rows, no f32 copy */
+                const size_t rb = c->kv.row_bytes[0];
+                const uint8_t *Kr = c->kv.data[0][j->layer] + (size_t)kvh * rb;
                 for (int i = 0; i < nb; i++) {
                     float *row = S + (size_t)i * Tb;
-                    qf_vec_rows_dot_f16(K16, (size_t)hp->n_head_kv * hd, hd, Qb + (size_t)i * Dq, Tb, row);
+                    qf_vec_rows_dot_kv(j->kt, Kr, (size_t)hp->n_head_kv * rb, hd, Qb + (size_t)i * Dq, Tb, row);
                     for (int t = 0; t < Tb; t++) row[t] *= scale;
                 }
             } else if (nb <= 2) { /* decode: K . q per query, not OpenBLAS's packing of a thin product */
@@ -1056,9 +1064,10 @@ static void attention_worker(void *arg, int ith, int nth) {
                         for (int t = 0; t < Tb; t++) s += (double)S[(size_t)i * Tb + t] * V[(size_t)t * hd + d];
                         Ob[(size_t)i * Dq + d] = (float)s;
                     }
-            } else if (j->f16kv) {
-                const uint16_t *V16 = (const uint16_t *)(const void *)c->kv.data[1][j->layer] + (size_t)kvh * hd;
-                qf_gemm_nn_f16b(nb, Tb, hd, S, (size_t)Tb, V16, (size_t)hp->n_head_kv * hd, Ob, (size_t)Dq);
+            } else if (j->kv_direct) {
+                const size_t rb = c->kv.row_bytes[1];
+                const uint8_t *Vr = c->kv.data[1][j->layer] + (size_t)kvh * rb;
+                qf_gemm_nn_kv(j->vt, nb, Tb, hd, S, (size_t)Tb, Vr, (size_t)hp->n_head_kv * rb, Ob, (size_t)Dq);
             } else if (nb <= 2 && qf_gemm_nn_f32_fast()) { /* decode: the weighted sum of V's rows, as above */
                 qf_gemm_nn_f32(nb, Tb, hd, S, (size_t)Tb, V, (size_t)hd, NULL, Ob, (size_t)Dq);
             } else {
@@ -1394,19 +1403,21 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
                             !c->params.reference && !rq_fast && !ext(c)->no_rotq && !qf_kv_cache_v_predicted(&c->kv, il);
         aj.rotk = rot_ok && qf_kv_cache_stream_rotated(&c->kv, 0);
         aj.rotv = rot_ok && qf_kv_cache_stream_rotated(&c->kv, 1);
-        /* a decode step over a plain f16 cache reads its rows in place (every block has at most 2
-         * queries: the kernels above), unless something needs the f32 view */
-        aj.f16kv = n <= 2 && c->kv.mode_k == QF_KV_F16 && c->kv.mode_v == QF_KV_F16 && c->kv.rot == QF_KV_ROT_NONE &&
-                   !c->kv.k_prerope && !c->kv.n_sink && !c->kv.n_window && !(c->kv.ring_rows && c->kv.ring_rows[il]) &&
-                   !c->canon && !c->params.reference && !rq_fast && hd % 16 == 0 &&
-                   c->kv.row_bytes[0] == (size_t)hd * 2 && c->kv.row_bytes[1] == (size_t)hd * 2 &&
-                   qf_gemm_nn_f32_fast() && !ext(c)->no_f16kv;
+        /* a decode step over a plain f16 / q8_0 / q4_0 cache reads its rows in place (every block
+         * has at most 2 queries: the kernels above), unless something needs the f32 view */
+        aj.kt = kv_row_type(c->kv.mode_k), aj.vt = kv_row_type(c->kv.mode_v);
+        aj.kv_direct = n <= 2 && aj.kt != QF_TYPE_COUNT && aj.vt != QF_TYPE_COUNT && qf_kv_rows_fast(aj.kt) &&
+                       qf_kv_rows_fast(aj.vt) && c->kv.rot == QF_KV_ROT_NONE && !c->kv.k_prerope && !c->kv.n_sink &&
+                       !c->kv.n_window && !(c->kv.ring_rows && c->kv.ring_rows[il]) && !c->canon &&
+                       !c->params.reference && !rq_fast && hd % 32 == 0 &&
+                       c->kv.row_bytes[0] == qf_row_bytes(aj.kt, hd) && c->kv.row_bytes[1] == qf_row_bytes(aj.vt, hd) &&
+                       !ext(c)->no_kv_direct;
         if (rq_fast) {
             aj.vcoef = c->rq_route == QF_RQ_ROUTE_AUTO ? rq_vcoef(c, nr, pos0 + n) : c->rq_route == QF_RQ_ROUTE_COEF;
             aj.rq_run = rq_run_len(c, pos0 + n);
             qf_pool_run(c->pool, rq_gather_worker, &aj);
             qf_pool_run(c->pool, rq_gather2_worker, &aj);
-        } else if (aj.f16kv) { /* attention_worker reads the cache */
+        } else if (aj.kv_direct) { /* attention_worker reads the cache */
         } else if (qf_kv_cache_v_predicted(&c->kv, il)) {
             for (aj.gphase = 1; aj.gphase <= 3; aj.gphase++) qf_pool_run(c->pool, kv_gather_worker, &aj);
         } else {

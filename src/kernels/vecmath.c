@@ -1,5 +1,6 @@
 /* vecmath.c: dispatch of the elementwise kernels (see vecmath.h). */
 #include <math.h>
+#include <stdlib.h>
 
 #include "kernels/canon.h"
 #include "kernels/gemm.h"
@@ -190,33 +191,40 @@ void qf_vec_gather_axpy(const float *B, size_t ldb, const int32_t *idx, const fl
     else qf_vec_gather_axpy_ref(B, ldb, idx, c, m, n, out);
 }
 
-void qf_gemm_nn_f16b_ref(int n, int m, int w, const float *A, size_t lda, const uint16_t *B, size_t ldb, float *C,
-                         size_t ldc) {
-    for (int p = 0; p < n; p++)
-        for (int i = 0; i < w; i++) {
-            float acc = 0.0f;
-            for (int k = 0; k < m; k++) acc = fmaf(A[(size_t)p * lda + k], qf_f16_to_f32(B[(size_t)k * ldb + i]), acc);
-            C[(size_t)p * ldc + i] = acc;
-        }
+bool qf_kv_rows_fast(qf_type t) {
+    return (t == QF_TYPE_F16 || t == QF_TYPE_Q8_0 || t == QF_TYPE_Q4_0) && qf_gemm_nn_f32_fast();
 }
 
-void qf_gemm_nn_f16b(int n, int m, int w, const float *A, size_t lda, const uint16_t *B, size_t ldb, float *C,
-                     size_t ldc) {
-    if (qf_gemm_nn_f32_fast()) qf_gemm_nn_f16b_avx512(n, m, w, A, lda, B, ldb, C, ldc);
-    else qf_gemm_nn_f16b_ref(n, m, w, A, lda, B, ldb, C, ldc);
+void qf_gemm_nn_kv_ref(qf_type t, int n, int m, int w, const float *A, size_t lda, const void *B, size_t ld, float *C,
+                       size_t ldc) {
+    float *b = malloc(sizeof(float) * (size_t)(m > 0 ? m : 1) * (size_t)(w > 0 ? w : 1));
+    QF_ASSERT(b != NULL);
+    for (int k = 0; k < m; k++) qf_dequantize_row_ref(t, (const uint8_t *)B + (size_t)k * ld, b + (size_t)k * w, w);
+    qf_gemm_nn_f32_ref(n, m, w, A, lda, b, (size_t)w, NULL, C, ldc);
+    free(b);
 }
 
-void qf_vec_rows_dot_f16_ref(const uint16_t *A, size_t lda, int n, const float *x, int m, float *y) {
+void qf_gemm_nn_kv(qf_type t, int n, int m, int w, const float *A, size_t lda, const void *B, size_t ld, float *C,
+                   size_t ldc) {
+    if (qf_kv_rows_fast(t)) qf_gemm_nn_kv_avx512(t, n, m, w, A, lda, B, ld, C, ldc);
+    else qf_gemm_nn_kv_ref(t, n, m, w, A, lda, B, ld, C, ldc);
+}
+
+void qf_vec_rows_dot_kv_ref(qf_type t, const void *A, size_t ld, int n, const float *x, int m, float *y) {
+    float *r = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    QF_ASSERT(r != NULL);
     for (int o = 0; o < m; o++) {
+        qf_dequantize_row_ref(t, (const uint8_t *)A + (size_t)o * ld, r, n);
         float l[16] = {0};
-        for (int i = 0; i < n; i++) l[i % 16] = fmaf(qf_f16_to_f32(A[(size_t)o * lda + i]), x[i], l[i % 16]);
+        for (int i = 0; i < n; i++) l[i % 16] = fmaf(r[i], x[i], l[i % 16]);
         for (int w = 8; w >= 1; w /= 2)
             for (int k = 0; k < w; k++) l[k] += l[k + w];
         y[o] = l[0];
     }
+    free(r);
 }
 
-void qf_vec_rows_dot_f16(const uint16_t *A, size_t lda, int n, const float *x, int m, float *y) {
-    if (qf_gemm_nn_f32_fast() && n % 16 == 0) qf_vec_rows_dot_f16_avx512(A, lda, n, x, m, y);
-    else qf_vec_rows_dot_f16_ref(A, lda, n, x, m, y);
+void qf_vec_rows_dot_kv(qf_type t, const void *A, size_t ld, int n, const float *x, int m, float *y) {
+    if (qf_kv_rows_fast(t)) qf_vec_rows_dot_kv_avx512(t, A, ld, n, x, m, y);
+    else qf_vec_rows_dot_kv_ref(t, A, ld, n, x, m, y);
 }

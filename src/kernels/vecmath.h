@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "qforge/quant.h"
+
 void qf_vec_exp(float *x, int n);     /* x[i] = exp(x[i]), fastest kernel this CPU runs */
 void qf_vec_exp_ref(float *x, int n); /* the oracle: expf */
 bool qf_vec_exp_avx2(float *x, int n); /* false when not built for AVX2 */
@@ -71,18 +73,23 @@ void qf_gemm_nn_f32(int n, int m, int w, const float *A, size_t lda, const float
 void qf_gemm_nn_f32_ref(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb,
                         const float *bias, float *C, size_t ldc);
 bool qf_gemm_nn_f32_fast(void);
-/* qf_gemm_nn_f32 with B f16 (each element converted exactly, then the same fmaf chains) and no
- * bias: the attention's weighted sum read straight from an f16 KV cache (forward.c) */
-void qf_gemm_nn_f16b(int n, int m, int w, const float *A, size_t lda, const uint16_t *B, size_t ldb, float *C,
-                     size_t ldc);
-void qf_gemm_nn_f16b_ref(int n, int m, int w, const float *A, size_t lda, const uint16_t *B, size_t ldb, float *C,
-                         size_t ldc);
-/* y[o] = sum_{i < n} A[o lda + i] x[i] for o < m, A f16, n a multiple of 16: 16 lane sums (lane l
- * over the i = l mod 16, fmaf in order), then lanes k and k + 8, k + 4, k + 2, k + 1 added in that
- * order (the kernel's reduction). Scores straight from an f16 KV cache (forward.c). The fast
- * kernel (vecmath_avx512.c, qf_gemm_nn_f32_fast) gives the oracle's bits. */
-void qf_vec_rows_dot_f16(const uint16_t *A, size_t lda, int n, const float *x, int m, float *y);
-void qf_vec_rows_dot_f16_ref(const uint16_t *A, size_t lda, int n, const float *x, int m, float *y);
+/* The attention of a decode step read straight from a KV cache's rows (forward.c), their type t
+ * F16, Q8_0 or Q4_0 (qf_kv_rows_fast: the fast kernels run), rows `ld` bytes apart:
+ *   qf_vec_rows_dot_kv: y[o] = sum_{i < n} A_o[i] x[i] for rows o < m, n a multiple of 32: 16
+ *     lane sums (lane l over the i = l mod 16, fmaf in order), then lanes k and k + 8, k + 4,
+ *     k + 2, k + 1 added in that order (the kernel's reduction);
+ *   qf_gemm_nn_kv: C[p][i] = sum_{k < m} A[p lda + k] B_k[i], i < w (a multiple of 32), one fmaf
+ *     chain per element from 0 (qf_gemm_nn_f32's).
+ * A row's elements are those of qf_dequantize_row_ref (f16 exact; q8_0 q d, q4_0 (q - 8) d). The
+ * oracles dequantize each row that way first; the AVX-512 kernels (vecmath_avx512.c) in
+ * registers: the same bits. */
+bool qf_kv_rows_fast(qf_type t);
+void qf_vec_rows_dot_kv(qf_type t, const void *A, size_t ld, int n, const float *x, int m, float *y);
+void qf_vec_rows_dot_kv_ref(qf_type t, const void *A, size_t ld, int n, const float *x, int m, float *y);
+void qf_gemm_nn_kv(qf_type t, int n, int m, int w, const float *A, size_t lda, const void *B, size_t ld, float *C,
+                   size_t ldc);
+void qf_gemm_nn_kv_ref(qf_type t, int n, int m, int w, const float *A, size_t lda, const void *B, size_t ld, float *C,
+                       size_t ldc);
 /* n rows of variable-width codes read through a table (kv-rq's coefficients, kv_rq_lin.c): row r
  * starts at rows + r stride, its scale is sctab[its first byte] and its codes start `off` bytes
  * in; y[r ldy + k] = scale * tab[to[k] + ((the codes' bits from byte by[k], little endian) >>
@@ -110,9 +117,9 @@ void qf_bits_lookup_avx512(const uint8_t *rows, size_t stride, int n, int off, c
                            float *y, size_t ldy);
 void qf_gemm_nn_f32_avx512(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb,
                            const float *bias, float *C, size_t ldc);
-void qf_gemm_nn_f16b_avx512(int n, int m, int w, const float *A, size_t lda, const uint16_t *B, size_t ldb, float *C,
-                            size_t ldc);
-void qf_vec_rows_dot_f16_avx512(const uint16_t *A, size_t lda, int n, const float *x, int m, float *y);
+void qf_gemm_nn_kv_avx512(qf_type t, int n, int m, int w, const float *A, size_t lda, const void *B, size_t ldb,
+                          float *C, size_t ldc);
+void qf_vec_rows_dot_kv_avx512(qf_type t, const void *A, size_t lda, int n, const float *x, int m, float *y);
 /* acc[i] += w[j] * (X[j * ld + i] - Y[j * ld + i]) for i < n, over j < m in order: an f32
  * difference, product and add, no fused multiply-add (the attention's exact-key correction,
  * forward.c). The fast kernel: eight elements in the AVX2 lanes, 32 in registers across every

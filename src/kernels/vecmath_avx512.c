@@ -11,22 +11,41 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/vecmath.h"
+#include "qforge/quant.h"
 
 #ifdef __clang__
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-/* R rows (1..6) by NV vectors (1..4) of C from column j0; the last vector masked by `last`; B
- * f32, or f16 (H: converted on load, exactly) */
-static inline __attribute__((always_inline)) __m512 ld_b(const void *B, size_t off, const bool H, __mmask16 mk) {
-    if (H) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)B + off));
-    return _mm512_maskz_loadu_ps(mk, (const float *)B + off);
+/* Element types of B rows: f32 (the GEMM's), or a KV cache's f16 / q8_0 / q4_0 rows, whose 16
+ * elements from e (a multiple of 16; of 32 blocks for q8_0 / q4_0, so e never splits a half
+ * block) are dequantized in registers as qf_dequantize_row_ref computes them: f16 converted
+ * exactly, q8_0 q * d and q4_0 (q - 8) * d, each one f32 product. */
+enum { T_F32, T_F16, T_Q8, T_Q4 };
+static inline __attribute__((always_inline)) __m512 ld16(const uint8_t *row, int e, const int T, __mmask16 mk) {
+    if (T == T_F32) return _mm512_maskz_loadu_ps(mk, (const float *)(const void *)row + e);
+    if (T == T_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)(const void *)row + e));
+    const uint8_t *blk = row + (size_t)(e / 32) * (T == T_Q8 ? 34 : 18);
+    uint16_t dh;
+    memcpy(&dh, blk, 2);
+    const __m512 d = _mm512_set1_ps(_cvtsh_ss(dh));
+    const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2 + (T == T_Q8 ? e % 32 : 0)));
+    __m512i v;
+    if (T == T_Q8) v = _mm512_cvtepi8_epi32(q);
+    else
+        v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(e % 32 ? _mm_srli_epi16(q, 4) : q, _mm_set1_epi8(0x0F))),
+                             _mm512_set1_epi32(8));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(v), d);
 }
-static inline __attribute__((always_inline)) void block(const int R, const int NV, const bool H, int m, const float *A,
-                                                        size_t lda, const void *B, size_t ldb, const float *bias,
-                                                        float *C, size_t ldc, __mmask16 last) {
+
+/* R rows (1..6) by NV vectors (1..4) of C from column j0 (B's rows ldb bytes apart, of type T);
+ * the last vector masked by `last` (T_F32 / T_F16 only: the quantized widths are whole blocks) */
+static inline __attribute__((always_inline)) void block(const int R, const int NV, const int T, int m, const float *A,
+                                                        size_t lda, const uint8_t *B, size_t ldb, int j0,
+                                                        const float *bias, float *C, size_t ldc, __mmask16 last) {
     __m512 acc[6][4];
     _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) {
         __mmask16 mk = v == NV - 1 ? last : (__mmask16)0xFFFF;
@@ -34,10 +53,10 @@ static inline __attribute__((always_inline)) void block(const int R, const int N
         _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) acc[r][v] = b0;
     }
     for (int k = 0; k < m; k++) {
-        const size_t bk = (size_t)k * ldb;
+        const uint8_t *bk = B + (size_t)k * ldb;
         __m512 b[4];
         _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)
-            b[v] = ld_b(B, bk + 16 * (size_t)v, H, v == NV - 1 ? last : (__mmask16)0xFFFF);
+            b[v] = ld16(bk, j0 + 16 * v, T, v == NV - 1 ? last : (__mmask16)0xFFFF);
         _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {
             const __m512 a = _mm512_set1_ps(A[(size_t)r * lda + k]);
             _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(a, b[v], acc[r][v]);
@@ -51,21 +70,20 @@ static inline __attribute__((always_inline)) void block(const int R, const int N
 /* the row and vector counts as constants, so that each case unrolls fully */
 #define NVS(R)                                                                                                     \
     switch (nv) {                                                                                                  \
-    case 1: block(R, 1, H, m, a, lda, b, ldb, bs, c, ldc, last); break;                                            \
-    case 2: block(R, 2, H, m, a, lda, b, ldb, bs, c, ldc, last); break;                                            \
-    case 3: block(R, 3, H, m, a, lda, b, ldb, bs, c, ldc, last); break;                                            \
-    default: block(R, 4, H, m, a, lda, b, ldb, bs, c, ldc, last); break;                                           \
+    case 1: block(R, 1, T, m, a, lda, B, ldb, j0, bs, c, ldc, last); break;                                        \
+    case 2: block(R, 2, T, m, a, lda, B, ldb, j0, bs, c, ldc, last); break;                                        \
+    case 3: block(R, 3, T, m, a, lda, B, ldb, j0, bs, c, ldc, last); break;                                        \
+    default: block(R, 4, T, m, a, lda, B, ldb, j0, bs, c, ldc, last); break;                                       \
     }
 
-static inline __attribute__((always_inline)) void gemm_nn(const bool H, int n, int m, int w, const float *A,
-                                                          size_t lda, const void *B, size_t ldb, const float *bias,
+static inline __attribute__((always_inline)) void gemm_nn(const int T, int n, int m, int w, const float *A,
+                                                          size_t lda, const uint8_t *B, size_t ldb, const float *bias,
                                                           float *C, size_t ldc) {
     /* columns 64 at a time: that B panel (m x 64 floats, 36 KB at m = 144) stays in L1 while
      * every row block of C passes over it */
     for (int j0 = 0; j0 < w; j0 += 64) {
         const int wj = w - j0 < 64 ? w - j0 : 64, nv = (wj + 15) / 16;
         const __mmask16 last = wj % 16 ? (__mmask16)((1u << (wj % 16)) - 1) : (__mmask16)0xFFFF;
-        const void *b = H ? (const void *)((const uint16_t *)B + j0) : (const void *)((const float *)B + j0);
         const float *bs = bias ? bias + j0 : NULL;
         for (int p = 0; p < n;) {
             const int R = n - p < 6 ? n - p : 6;
@@ -86,45 +104,52 @@ static inline __attribute__((always_inline)) void gemm_nn(const bool H, int n, i
 
 void qf_gemm_nn_f32_avx512(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb,
                            const float *bias, float *C, size_t ldc) {
-    gemm_nn(false, n, m, w, A, lda, B, ldb, bias, C, ldc);
+    gemm_nn(T_F32, n, m, w, A, lda, (const uint8_t *)B, ldb * sizeof(float), bias, C, ldc);
 }
 
-void qf_gemm_nn_f16b_avx512(int n, int m, int w, const float *A, size_t lda, const uint16_t *B, size_t ldb, float *C,
-                            size_t ldc) {
-    gemm_nn(true, n, m, w, A, lda, B, ldb, NULL, C, ldc);
+void qf_gemm_nn_kv_avx512(qf_type t, int n, int m, int w, const float *A, size_t lda, const void *B, size_t ldb,
+                          float *C, size_t ldc) {
+    if (t == QF_TYPE_F16) gemm_nn(T_F16, n, m, w, A, lda, B, ldb, NULL, C, ldc);
+    else if (t == QF_TYPE_Q8_0) gemm_nn(T_Q8, n, m, w, A, lda, B, ldb, NULL, C, ldc);
+    else gemm_nn(T_Q4, n, m, w, A, lda, B, ldb, NULL, C, ldc);
 }
 
-/* m rows of f16 A against x: per row 16 lane sums (lane l: the i = l mod 16, fused, in order),
- * then lanes k and k + 8, k + 4, k + 2, k + 1 added in turn; four rows a step for the FMA chains */
+/* m rows against x: per row 16 lane sums (lane l: the i = l mod 16, fused, in order), then lanes
+ * k and k + 8, k + 4, k + 2, k + 1 added in turn; four rows a step for the FMA chains */
 static inline __attribute__((always_inline)) float red16(__m512 v) {
     __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)); /* (above: k, k + 8) k, k + 4 */
-    b = _mm_add_ps(b, _mm_movehl_ps(b, b));                                               /* k, k + 2 */
-    b = _mm_add_ss(b, _mm_shuffle_ps(b, b, 1));                                           /* k, k + 1 */
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));                                       /* k, k + 2 */
+    b = _mm_add_ss(b, _mm_shuffle_ps(b, b, 1));                                   /* k, k + 1 */
     return _mm_cvtss_f32(b);
 }
-void qf_vec_rows_dot_f16_avx512(const uint16_t *A, size_t lda, int n, const float *x, int m, float *y) {
+static inline __attribute__((always_inline)) void rows_dot(const int T, const uint8_t *A, size_t lda, int n,
+                                                           const float *x, int m, float *y) {
+    const __mmask16 all = 0xFFFF;
     int o = 0;
     for (; o + 4 <= m; o += 4) {
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        const uint16_t *r0 = A + (size_t)o * lda, *r1 = r0 + lda, *r2 = r1 + lda, *r3 = r2 + lda;
+        const uint8_t *r0 = A + (size_t)o * lda, *r1 = r0 + lda, *r2 = r1 + lda, *r3 = r2 + lda;
         for (int i = 0; i < n; i += 16) {
             const __m512 xv = _mm512_loadu_ps(x + i);
-            a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(r0 + i))), xv, a0);
-            a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(r1 + i))), xv, a1);
-            a2 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(r2 + i))), xv, a2);
-            a3 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(r3 + i))), xv, a3);
+            a0 = _mm512_fmadd_ps(ld16(r0, i, T, all), xv, a0);
+            a1 = _mm512_fmadd_ps(ld16(r1, i, T, all), xv, a1);
+            a2 = _mm512_fmadd_ps(ld16(r2, i, T, all), xv, a2);
+            a3 = _mm512_fmadd_ps(ld16(r3, i, T, all), xv, a3);
         }
         y[o] = red16(a0), y[o + 1] = red16(a1), y[o + 2] = red16(a2), y[o + 3] = red16(a3);
     }
     for (; o < m; o++) {
         __m512 a0 = _mm512_setzero_ps();
-        const uint16_t *r0 = A + (size_t)o * lda;
-        for (int i = 0; i < n; i += 16)
-            a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(r0 + i))),
-                                 _mm512_loadu_ps(x + i), a0);
+        const uint8_t *r0 = A + (size_t)o * lda;
+        for (int i = 0; i < n; i += 16) a0 = _mm512_fmadd_ps(ld16(r0, i, T, all), _mm512_loadu_ps(x + i), a0);
         y[o] = red16(a0);
     }
+}
+void qf_vec_rows_dot_kv_avx512(qf_type t, const void *A, size_t lda, int n, const float *x, int m, float *y) {
+    if (t == QF_TYPE_F16) rows_dot(T_F16, A, lda, n, x, m, y);
+    else if (t == QF_TYPE_Q8_0) rows_dot(T_Q8, A, lda, n, x, m, y);
+    else rows_dot(T_Q4, A, lda, n, x, m, y);
 }
 
 /* 16 codes a step. Where the row's code bytes fit 128 (by[m-1] + 2 <= 128: every row up to 5
