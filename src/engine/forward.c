@@ -1404,10 +1404,12 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         aj.rotk = rot_ok && qf_kv_cache_stream_rotated(&c->kv, 0);
         aj.rotv = rot_ok && qf_kv_cache_stream_rotated(&c->kv, 1);
         /* a decode step over a plain f16 / q8_0 / q4_0 cache reads its rows in place (every block
-         * has at most 2 queries: the kernels above), unless something needs the f32 view */
+         * has at most 2 queries: the kernels above; a --kv-rot cache's in its rotated basis, as
+         * rotk / rotv say), unless something needs the f32 view */
         aj.kt = kv_row_type(c->kv.mode_k), aj.vt = kv_row_type(c->kv.mode_v);
         aj.kv_direct = n <= 2 && aj.kt != QF_TYPE_COUNT && aj.vt != QF_TYPE_COUNT && qf_kv_rows_fast(aj.kt) &&
-                       qf_kv_rows_fast(aj.vt) && c->kv.rot == QF_KV_ROT_NONE && !c->kv.k_prerope && !c->kv.n_sink &&
+                       qf_kv_rows_fast(aj.vt) && (c->kv.rot == QF_KV_ROT_NONE || (aj.rotk && aj.rotv)) &&
+                       !c->kv.k_prerope && !c->kv.n_sink &&
                        !c->kv.n_window && !(c->kv.ring_rows && c->kv.ring_rows[il]) && !c->canon &&
                        !c->params.reference && !rq_fast && hd % 32 == 0 &&
                        c->kv.row_bytes[0] == qf_row_bytes(aj.kt, hd) && c->kv.row_bytes[1] == qf_row_bytes(aj.vt, hd) &&
