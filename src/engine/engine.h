@@ -213,6 +213,8 @@ void qf_kv_cache_read_head(const qf_kv_cache *kv, int stream, int layer, int h, 
  * its output instead, two rotations a query rather than one a cached row and step (forward.c).
  * Other rows: the same. */
 void qf_kv_cache_read_head_rotated(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos, float *dst);
+/* The block type of a plain mode's rows (F32, F16, Q8_0, Q4_0), or QF_TYPE_COUNT for the others */
+qf_type qf_kv_mode_row_type(qf_kv_mode m);
 /* Kv heads stored together in one row (kv-int8 ec-rot: the group its entropy code spans), or 1. */
 int qf_kv_cache_head_group(const qf_kv_cache *kv, int stream);
 /* Read kv heads [h, h + qf_kv_cache_head_group) for positions [0, n_pos), head h + j into dst + j

@@ -722,11 +722,6 @@ typedef struct {
  * read the same values. */
 static void exact_gather(qf_context *c, const void *jv, int stream, int h, const float *stored);
 
-/* the row type of a plain KV mode the decode reads in place, or QF_TYPE_COUNT */
-static qf_type kv_row_type(qf_kv_mode m) {
-    return m == QF_KV_F16 ? QF_TYPE_F16 : m == QF_KV_Q8_0 ? QF_TYPE_Q8_0 : m == QF_KV_Q4_0 ? QF_TYPE_Q4_0 : QF_TYPE_COUNT;
-}
-
 /* gather the cache's f32 view of every kv head for positions [0, pos0+n). Phases (att_job.gphase):
  * 0 every (stream, kv head) read and finished in one item; where V is predicted from the stored
  * K (a kv-rq V predictor), 1 reads the K heads as stored, 2 the V heads with their prediction
@@ -1406,9 +1401,9 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         /* a decode step over a plain f16 / q8_0 / q4_0 cache reads its rows in place (every block
          * has at most 2 queries: the kernels above; a --kv-rot cache's in its rotated basis, as
          * rotk / rotv say), unless something needs the f32 view */
-        aj.kt = kv_row_type(c->kv.mode_k), aj.vt = kv_row_type(c->kv.mode_v);
-        aj.kv_direct = n <= 2 && aj.kt != QF_TYPE_COUNT && aj.vt != QF_TYPE_COUNT && qf_kv_rows_fast(aj.kt) &&
-                       qf_kv_rows_fast(aj.vt) && (c->kv.rot == QF_KV_ROT_NONE || (aj.rotk && aj.rotv)) &&
+        aj.kt = qf_kv_mode_row_type(c->kv.mode_k), aj.vt = qf_kv_mode_row_type(c->kv.mode_v);
+        aj.kv_direct = n <= 2 && qf_kv_rows_fast(aj.kt) && qf_kv_rows_fast(aj.vt) && /* f16, q8_0, q4_0 rows */
+                       (c->kv.rot == QF_KV_ROT_NONE || (aj.rotk && aj.rotv)) &&
                        !c->kv.k_prerope && !c->kv.n_sink &&
                        !c->kv.n_window && !(c->kv.ring_rows && c->kv.ring_rows[il]) && !c->canon &&
                        !c->params.reference && !rq_fast && hd % 32 == 0 &&

@@ -42,7 +42,7 @@ bool qf_kv_mode_from_name(const char *name, qf_kv_mode *out) {
     return false;
 }
 
-static qf_type mode_type(qf_kv_mode m) {
+qf_type qf_kv_mode_row_type(qf_kv_mode m) {
     switch (m) {
     case QF_KV_F32: return QF_TYPE_F32;
     case QF_KV_F16: return QF_TYPE_F16;
@@ -50,6 +50,11 @@ static qf_type mode_type(qf_kv_mode m) {
     case QF_KV_Q4_0: return QF_TYPE_Q4_0;
     default: return QF_TYPE_COUNT;
     }
+}
+
+/* kv-int8 layouts whose rows are stored rotated by qf_hadamard */
+static bool int8_layout_rotated(int lay) {
+    return lay == QF_KV_INT8_STATIC_ROT || lay == QF_KV_INT8_TOKEN_ROT || lay == QF_KV_INT8_EC_ROT;
 }
 
 static void dict_bind_free(struct qf_kv_dict_bind *d, int n_layer) {
@@ -332,7 +337,7 @@ qf_status qf_kv_cache_init_spec(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx
                 return qf_fail(err, QF_ERR_ARG, "int8 KV cache (%s): unknown row layout %d", sname, sp->int8_layout);
             }
             bool ec = sp->int8_layout == QF_KV_INT8_EC_ROT;
-            bool rot = sp->int8_layout == QF_KV_INT8_STATIC_ROT || sp->int8_layout == QF_KV_INT8_TOKEN_ROT || ec;
+            bool rot = int8_layout_rotated(sp->int8_layout);
             bool tok = sp->int8_layout == QF_KV_INT8_TOKEN_ROT || sp->int8_layout == QF_KV_INT8_TOKEN;
             if ((rot && !qf_hadamard_size_ok(hp->head_dim)) ||
                 (tok && (hp->head_dim < 8 || hp->head_dim % 8 || hp->head_dim > 1024)) ||
@@ -363,7 +368,7 @@ qf_status qf_kv_cache_init_spec(qf_kv_cache *kv, const qf_hparams *hp, int n_ctx
             rb = 0;
             for (int l = 0; l < hp->n_layer; l++) rb = kv->rq[s]->row_bytes[l] > rb ? kv->rq[s]->row_bytes[l] : rb;
         } else {
-            rb = qf_row_bytes(mode_type(sp->mode), hp->head_dim);
+            rb = qf_row_bytes(qf_kv_mode_row_type(sp->mode), hp->head_dim);
             if (rb == 0) {
                 qf_kv_cache_free(kv);
                 return qf_fail(err, QF_ERR_UNSUPPORTED,
@@ -578,7 +583,7 @@ qf_status qf_kv_cache_set_rot(qf_kv_cache *kv, qf_kv_rot rot, qf_error *err) {
     if (rot != QF_KV_ROT_HADAMARD) return qf_fail(err, QF_ERR_ARG, "unknown KV rotation %d", (int)rot);
     for (int s = 0; s < 2; s++) {
         qf_kv_mode m = s ? kv->mode_v : kv->mode_k;
-        if (mode_type(m) == QF_TYPE_COUNT)
+        if (qf_kv_mode_row_type(m) == QF_TYPE_COUNT)
             return qf_fail(err, QF_ERR_ARG,
                            "--kv-rot %s applies to the plain KV cache types (f32, f16, q8_0, q4_0), not to %s "
                            "(a certified artifact defines its own storage)",
@@ -694,11 +699,12 @@ static void write_rows(qf_kv_cache *kv, int stream, int layer, uint8_t *dst, con
         for (int r = 0; r < n_pos * nh; r++) {
             memcpy(kv->rot_buf, src + (size_t)r * hd, (size_t)hd * sizeof(float));
             qf_hadamard(kv->rot_buf, hd);
-            qf_quantize_row(mode_type(mode), kv->rot_buf, dst + (size_t)r * rb, hd);
+            qf_quantize_row(qf_kv_mode_row_type(mode), kv->rot_buf, dst + (size_t)r * rb, hd);
         }
         return;
     }
-    for (int r = 0; r < n_pos * nh; r++) qf_quantize_row(mode_type(mode), src + (size_t)r * hd, dst + (size_t)r * rb, hd);
+    const qf_type t = qf_kv_mode_row_type(mode);
+    for (int r = 0; r < n_pos * nh; r++) qf_quantize_row(t, src + (size_t)r * hd, dst + (size_t)r * rb, hd);
 }
 
 void qf_kv_cache_write_sinks(qf_kv_cache *kv, int stream, int layer, int pos, int n_pos, const float *src) {
@@ -844,14 +850,14 @@ static void read_rows(const qf_kv_cache *kv, int stream, int layer, int h, int s
             if (lay == QF_KV_INT8_STATIC || lay == QF_KV_INT8_STATIC_ROT) qf_kv_int8_dequantize(q, sc, x, hd);
             else qf_kv_int8_token_dequantize(q, x, hd);
         }
-        if ((lay == QF_KV_INT8_STATIC_ROT || lay == QF_KV_INT8_TOKEN_ROT || lay == QF_KV_INT8_EC_ROT) && !rotated)
+        if (int8_layout_rotated(lay) && !rotated)
             qf_hadamard_rows(dst, hd, n_pos);
     } else if (mode == QF_KV_DICT) {
         const struct qf_kv_dict_bind *d = kv->dict[stream];
         const qf_kv_dict *L = &d->layer[layer];
         for (int p = 0; p < n_pos; p++) qf_kv_fmt_decode(&d->fmt, L, base + p * stride, dst + (size_t)p * hd);
     } else {
-        qf_type t = mode_type(mode);
+        qf_type t = qf_kv_mode_row_type(mode);
         qf_dequantize_rows(t, base, stride, n_pos, dst, hd);
     }
     if (kv->rot == QF_KV_ROT_HADAMARD && !rotated) qf_hadamard_rows(dst, hd, n_pos);
@@ -910,9 +916,7 @@ void qf_kv_cache_read_heads(const qf_kv_cache *kv, int stream, int layer, int h,
 bool qf_kv_cache_stream_rotated(const qf_kv_cache *kv, int stream) {
     if (kv->rot == QF_KV_ROT_HADAMARD) return true;
     qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
-    int lay = kv->int8_layout[stream];
-    return mode == QF_KV_INT8 &&
-           (lay == QF_KV_INT8_STATIC_ROT || lay == QF_KV_INT8_TOKEN_ROT || lay == QF_KV_INT8_EC_ROT);
+    return mode == QF_KV_INT8 && int8_layout_rotated(kv->int8_layout[stream]);
 }
 
 bool qf_kv_cache_v_predicted(const qf_kv_cache *kv, int layer) {
