@@ -667,26 +667,25 @@ static uint32_t ec_header(const uint8_t *q, int n) {
     return n >= 2 ? ((uint32_t)q[0] | (uint32_t)q[1] << 8) & ((1u << EC_HDR_BITS) - 1) : 0;
 }
 
-/* the decoder one bit at a time: the reference for qf_kv_int8_ec_dequantize */
-void qf_kv_int8_ec_dequantize_ref(const uint8_t *q, int n, float *x, int n_out) {
+/* one row: the header, then every element 0 (e = 0) or decoded from bit EC_HDR_BITS on, one bit
+ * at a time (the reference) or fast while the elements fit the window */
+static void ec_row(const uint8_t *q, int n, float *x, int n_out, bool fast) {
     if (n_out > n) n_out = n;
     const uint32_t e = ec_header(q, n);
     if (!e) { /* every element is 0 */
         for (int i = 0; i < n_out; i++) x[i] = 0;
         return;
     }
-    ec_bits_from(q, n, x, n_out, 0, EC_HDR_BITS, ec_step((int)e));
+    if (fast) ec_continue(q, n, x, n_out, 0, EC_HDR_BITS, ec_step((int)e));
+    else ec_bits_from(q, n, x, n_out, 0, EC_HDR_BITS, ec_step((int)e));
 }
+
+/* the decoder one bit at a time: the reference for qf_kv_int8_ec_dequantize */
+void qf_kv_int8_ec_dequantize_ref(const uint8_t *q, int n, float *x, int n_out) { ec_row(q, n, x, n_out, false); }
 
 void qf_kv_int8_ec_dequantize(const uint8_t *q, int n, float *x, int n_out) {
     pthread_once(&ec_tab_once, ec_tab_build);
-    if (n_out > n) n_out = n;
-    const uint32_t e = ec_header(q, n);
-    if (!e) { /* every element is 0 */
-        for (int i = 0; i < n_out; i++) x[i] = 0;
-        return;
-    }
-    ec_continue(q, n, x, n_out, 0, EC_HDR_BITS, ec_step((int)e));
+    ec_row(q, n, x, n_out, true);
 }
 
 void qf_kv_int8_ec_dequantize4(const uint8_t *const q[4], int n, float *const x[4], int n_out) {
