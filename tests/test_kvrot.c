@@ -618,16 +618,19 @@ TEST(int8_layout_payload) {
  * activation), and q4_0 / q8_0 quantize the next layer's K and V; so all rows agree to 5e-3 of
  * the largest logit (measured: 3.5e-3 / 6.5e-3 / 2.0e-2 of 14.9 for f32 / q4_0 / q8_0). The
  * canonical route ignores the switch (the same bits). */
-static float *rot_logits(qf_model *m, qf_kv_mode mode, bool norotq, bool canon, int threads, const int32_t *t, int np,
-                         int n, const char *klay, const char *vlay) {
-    if (norotq) setenv("QF_NO_ROTQ", "1", 1);
-    qf_context_params cp = qf_context_default_params();
-    cp.n_ctx = 64, cp.n_threads = threads, cp.kv_k = cp.kv_v = mode, cp.kv_rot = klay ? QF_KV_ROT_NONE : QF_KV_ROT_HADAMARD;
-    cp.device = QF_DEVICE_CPU, cp.canonical = canon;
+/* the logits of a np-token prompt then n - np decode steps in a context made with cp, the
+ * environment variable env (if any) set while it is made, and a kv-int8 payload of these layouts
+ * bound (klay non-NULL); NULL on any failure (said on stderr) */
+static float *route_logits(qf_model *m, const qf_context_params *cp, const char *env, const int32_t *t, int np, int n,
+                           const char *klay, const char *vlay) {
+    if (env) setenv(env, "1", 1);
     qf_error e = {0};
-    qf_context *c = qf_context_new(m, &cp, &e);
-    unsetenv("QF_NO_ROTQ");
-    if (!c) return NULL;
+    qf_context *c = qf_context_new(m, cp, &e);
+    if (env) unsetenv(env);
+    if (!c) {
+        fprintf(stderr, "  %s\n", e.msg);
+        return NULL;
+    }
     if (klay) { /* a kv-int8 payload with these row layouts (scales 1: the static layouts' step) */
         const qf_hparams *hp = qf_model_hparams(m);
         int64_t shape[2] = {hp->n_layer, hp->n_head_kv};
@@ -657,6 +660,14 @@ static float *rot_logits(qf_model *m, qf_kv_mode mode, bool norotq, bool canon, 
         return NULL;
     }
     return lg;
+}
+
+static float *rot_logits(qf_model *m, qf_kv_mode mode, bool norotq, bool canon, int threads, const int32_t *t, int np,
+                         int n, const char *klay, const char *vlay) {
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 64, cp.n_threads = threads, cp.kv_k = cp.kv_v = mode, cp.kv_rot = klay ? QF_KV_ROT_NONE : QF_KV_ROT_HADAMARD;
+    cp.device = QF_DEVICE_CPU, cp.canonical = canon;
+    return route_logits(m, &cp, norotq ? "QF_NO_ROTQ" : NULL, t, np, n, klay, vlay);
 }
 
 TEST(rot_attention_in_rotated_basis) {
@@ -722,22 +733,11 @@ TEST(kv_cache_read_in_place) {
     const qf_kv_mode modes[3] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0};
     for (int mi = 0; mi < 3; mi++)
         for (int th = 1; th <= 3; th += 2) {
-            float *lg[2] = {NULL, NULL};
-            for (int r = 0; r < 2; r++) {
-                if (r) setenv("QF_KV_GATHER", "1", 1);
-                qf_context_params cp = qf_context_default_params();
-                cp.n_ctx = 64, cp.n_threads = th, cp.kv_k = cp.kv_v = modes[mi], cp.device = QF_DEVICE_CPU;
-                qf_error e = {0};
-                qf_context *c = qf_context_new(m, &cp, &e);
-                unsetenv("QF_KV_GATHER");
-                CHECK_MSG(c != NULL, "%s", e.msg);
-                if (!c) break;
-                lg[r] = malloc((size_t)n * V * sizeof(float));
-                bool ok = lg[r] && qf_decode(c, t, np, 0, lg[r], 0, &e) == QF_OK;
-                for (int i = np; ok && i < n; i++) ok = qf_decode(c, t + i, 1, i, lg[r] + (size_t)i * V, 0, &e) == QF_OK;
-                CHECK_MSG(ok, "%s", e.msg);
-                qf_context_free(c);
-            }
+            qf_context_params cp = qf_context_default_params();
+            cp.n_ctx = 64, cp.n_threads = th, cp.kv_k = cp.kv_v = modes[mi], cp.device = QF_DEVICE_CPU;
+            float *lg[2] = {route_logits(m, &cp, NULL, t, np, n, NULL, NULL),
+                            route_logits(m, &cp, "QF_KV_GATHER", t, np, n, NULL, NULL)};
+            CHECK(lg[0] && lg[1]);
             if (lg[0] && lg[1]) {
                 CHECK(memcmp(lg[0], lg[1], sizeof(float) * (size_t)np * V) == 0);
                 double num = 0, den = 0;
