@@ -752,12 +752,184 @@ TEST(kv_cache_read_in_place) {
     qf_model_free(m);
 }
 
+/* qf_kv_fmt_slots (the parse the coefficient-domain attention runs over every cached code): every
+ * half as an f16 coefficient gives qf_f16_to_f32's bits (zeros dropped to index 0, +0); in each
+ * layout (byte, 16-bit and packed indices; f16 and q8 coefficients) the slots are the packed
+ * indices and the coefficients qf_kv_coef_round keeps, an index past the dictionary dropped, and
+ * a slot-major table (ld > 1) gets the same values, as does qf_kv_fmt_slots_rows (a call per table) */
+TEST(kv_dict_slots) {
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        qf_kv_code_fmt f = {.n_atoms = 4, .sparsity = 1, .coef = QF_KV_COEF_F16};
+        uint8_t code[3] = {3, (uint8_t)(h & 0xff), (uint8_t)(h >> 8)};
+        int32_t i = -1;
+        float c = -1, want = qf_f16_to_f32((uint16_t)h);
+        qf_kv_fmt_slots(&f, 4, code, &i, &c, 1);
+        union { float f; uint32_t u; } a = {.f = c}, b = {.f = want == 0 ? 0.0f : want};
+        bad += a.u != b.u || i != (want == 0 ? 0 : 3);
+    }
+    CHECK_EQ_INT(bad, 0);
+    uint64_t r = 5;
+    for (int li = 0; li < 6; li++) {
+        const int na = li % 3 == 0 ? 200 : li % 3 == 1 ? 1000 : 300, s = 7;
+        qf_kv_code_fmt f = {.n_atoms = na, .sparsity = s, .coef = li < 3 ? QF_KV_COEF_F16 : QF_KV_COEF_Q8,
+                            .packed = li % 3 == 2};
+        uint16_t idx[7];
+        float coef[7], want[7], got[2 * 7];
+        int32_t gi[2 * 7];
+        uint8_t code[64];
+        for (int j = 0; j < s; j++)
+            idx[j] = (uint16_t)(qf_xorshift64s(&r) % (uint64_t)na), coef[j] = (float)(qf_rand_unit(&r) - 0.5);
+        coef[2] = 0;
+        memcpy(want, coef, sizeof want);
+        qf_kv_coef_round(want, s, f.coef);
+        qf_kv_fmt_pack(&f, idx, coef, code);
+        qf_kv_fmt_slots(&f, na - 1, code, gi, got, 2); /* a dictionary one atom short: that index dropped */
+        for (int j = 0; j < s; j++) {
+            bool drop = want[j] == 0 || idx[j] >= na - 1;
+            bad += gi[2 * j] != (drop ? 0 : idx[j]) || got[2 * j] != (drop ? 0.0f : want[j]);
+        }
+        /* qf_kv_fmt_slots_rows: 5 codes 40 bytes apart, the same slots as one call each */
+        uint8_t codes[5 * 40];
+        int32_t ri[7 * 5], pi[7 * 5];
+        float rc[7 * 5], pc[7 * 5];
+        for (int k = 0; k < 5; k++) {
+            for (int j = 0; j < s; j++)
+                idx[j] = (uint16_t)(qf_xorshift64s(&r) % (uint64_t)na), coef[j] = (float)(qf_rand_unit(&r) - 0.5);
+            coef[k] = 0;
+            qf_kv_fmt_pack(&f, idx, coef, codes + 40 * k);
+            qf_kv_fmt_slots(&f, na - 1, codes + 40 * k, pi + k, pc + k, 5);
+        }
+        qf_kv_fmt_slots_rows(&f, na - 1, codes, 40, 5, ri, rc, 5);
+        bad += memcmp(ri, pi, sizeof ri) != 0 || memcmp(rc, pc, sizeof rc) != 0;
+    }
+    CHECK_EQ_INT(bad, 0);
+}
+
+/* A decode step over a kv-dict stream attends it in the coefficient domain (forward.c
+ * att_job.kdict / vdict: each query's dot products with the atoms, then s lookups a key; each
+ * atom's total weight, then one weighted sum of the atoms) instead of decoding every cached row.
+ * Against the expand-then-attend route (QF_KV_DICT_EXPAND=1; =0 takes the coefficient domain
+ * whatever the cost estimate says), read at context creation, on a 40-token prompt then decode
+ * batches of 1 and 2 tokens to 48, with dictionaries of random unit atoms: both streams dict
+ * (K after RoPE: both tricks), 2 and 1 threads; v2 codes (packed indices, q8 coefficients, more
+ * than 256 atoms) with K stored before RoPE (V only: a pre-RoPE key is rotated per position after
+ * decoding); K dict + V f16 and K q8_0 + V dict; both dict with exact sinks and a recent window.
+ * The prompt's logits are the same bits (prefill never takes the route); the decode rows agree to
+ * 1e-3 of the largest logit (a different summation order, then the decode matvec's f16 rounding
+ * of the activation; measured: printed). */
+typedef struct {
+    qf_kv_mode mk, mv;
+    int n_atoms, sparsity, threads, n_sink, n_window;
+    qf_kv_coef coef;
+    bool packed, prerope;
+} dict_case;
+
+/* the logits of t[0..np) as a prompt, then decode batches of 1 and 2 tokens up to n, in a context
+ * whose cache is rebuilt as dc says (dictionaries of random unit atoms from atoms), with
+ * QF_KV_DICT_EXPAND=expand while the context is made; NULL on any failure (said on stderr) */
+static float *dict_logits(qf_model *m, const dict_case *dc, const float *const *atoms, const char *expand,
+                          const int32_t *t, int np, int n) {
+    const qf_hparams *hp = qf_model_hparams(m);
+    qf_context_params cp = qf_context_default_params();
+    cp.n_ctx = 64, cp.n_threads = dc->threads, cp.device = QF_DEVICE_CPU;
+    setenv("QF_KV_DICT_EXPAND", expand, 1);
+    qf_error e = {0};
+    qf_context *c = qf_context_new(m, &cp, &e);
+    unsetenv("QF_KV_DICT_EXPAND");
+    if (!c) {
+        fprintf(stderr, "  %s\n", e.msg);
+        return NULL;
+    }
+    qf_kv_stream_spec spec[2];
+    for (int s = 0; s < 2; s++)
+        spec[s] = (qf_kv_stream_spec){.mode = s ? dc->mv : dc->mk, .n_atoms = dc->n_atoms, .sparsity = dc->sparsity,
+                                      .coef = dc->coef, .atoms = atoms, .packed = dc->packed,
+                                      .prerope = s == 0 && dc->prerope};
+    qf_kv_cache fresh;
+    bool ok = qf_kv_cache_init_spec(&fresh, hp, cp.n_ctx, spec, &e) == QF_OK;
+    if (ok && (dc->n_sink || dc->n_window) && qf_kv_cache_set_exact(&fresh, dc->n_sink, dc->n_window, &e)) {
+        qf_kv_cache_free(&fresh);
+        ok = false;
+    }
+    if (ok) {
+        qf_kv_cache_free(&c->kv);
+        c->kv = fresh;
+        c->params.kv_k = spec[0].mode, c->params.kv_v = spec[1].mode;
+    }
+    int V = hp->n_vocab;
+    float *lg = ok ? malloc((size_t)n * V * sizeof(float)) : NULL;
+    ok = lg && qf_decode(c, t, np, 0, lg, 0, &e) == QF_OK;
+    for (int i = np, b = 1; ok && i < n; i += b, b = 3 - b) { /* batches of 1, 2, 1, 2, ... */
+        if (i + b > n) b = n - i;
+        ok = qf_decode(c, t + i, b, i, lg + (size_t)i * V, 0, &e) == QF_OK;
+    }
+    qf_context_free(c);
+    if (!ok) {
+        fprintf(stderr, "  %s\n", e.msg);
+        free(lg);
+        return NULL;
+    }
+    return lg;
+}
+
+TEST(kv_dict_coefficient_domain) {
+    qf_model *m = demo();
+    if (!m) SKIP("demo model not in ../shared/data");
+    const qf_hparams *hp = qf_model_hparams(m);
+    const int np = 40, n = 48, V = hp->n_vocab, hd = hp->head_dim, A = 300;
+    int32_t t[48];
+    for (int i = 0; i < n; i++) t[i] = (int32_t)((i * 7919 + 13) % V);
+    /* per layer: A random unit-norm atoms (qf_kv_dict_init normalizes them) */
+    float *store = malloc(sizeof(float) * (size_t)hp->n_layer * A * hd);
+    const float **atoms = calloc((size_t)hp->n_layer, sizeof *atoms);
+    CHECK(store && atoms);
+    if (!store || !atoms) {
+        free(store), free(atoms), qf_model_free(m);
+        return;
+    }
+    uint64_t r = 77;
+    for (size_t i = 0; i < (size_t)hp->n_layer * A * hd; i++) store[i] = (float)(qf_rand_unit(&r) - 0.5);
+    for (int l = 0; l < hp->n_layer; l++) atoms[l] = store + (size_t)l * A * hd;
+    const dict_case cases[] = {
+        {QF_KV_DICT, QF_KV_DICT, 96, 8, 2, 0, 0, QF_KV_COEF_F16, false, false},
+        {QF_KV_DICT, QF_KV_DICT, 96, 8, 1, 0, 0, QF_KV_COEF_F16, false, false},
+        {QF_KV_DICT, QF_KV_DICT, 300, 6, 2, 0, 0, QF_KV_COEF_Q8, true, true},
+        {QF_KV_DICT, QF_KV_F16, 128, 8, 2, 0, 0, QF_KV_COEF_F16, false, false},
+        {QF_KV_Q8_0, QF_KV_DICT, 128, 8, 2, 0, 0, QF_KV_COEF_Q8, true, false},
+        {QF_KV_DICT, QF_KV_DICT, 96, 8, 2, 3, 5, QF_KV_COEF_F16, false, false},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const dict_case *dc = &cases[ci];
+        float *a = dict_logits(m, dc, atoms, "0", t, np, n), *b = dict_logits(m, dc, atoms, "1", t, np, n);
+        CHECK(a && b);
+        if (a && b) {
+            CHECK(memcmp(a, b, sizeof(float) * (size_t)np * V) == 0);
+            double num = 0, den = 0;
+            for (size_t i = (size_t)np * V; i < (size_t)n * V; i++)
+                num = fmax(num, fabs((double)a[i] - b[i])), den = fmax(den, fabs((double)b[i]));
+            printf("  K %s, V %s (%d x %d %s%s%s), sinks %d, window %d, %d thread%s: decode rows, max |coefficient "
+                   "domain - expanded| %.2e of %.2f (%.1e)\n",
+                   qf_kv_mode_name(dc->mk), qf_kv_mode_name(dc->mv), dc->n_atoms, dc->sparsity,
+                   qf_kv_coef_name(dc->coef), dc->packed ? ", packed" : "", dc->prerope ? ", K pre-RoPE" : "",
+                   dc->n_sink, dc->n_window, dc->threads, dc->threads > 1 ? "s" : "", num, den, num / den);
+            CHECK(num / den < 1e-3);
+            CHECK(num > 0); /* the routes differ in rounding: the coefficient domain ran */
+        }
+        free(a), free(b);
+    }
+    free(store), free(atoms);
+    qf_model_free(m);
+}
+
 int main(void) {
     RUN(rot_names);
     RUN(rot_round_trip);
     RUN(rot_refusals_in_the_cache);
     RUN(rot_q4_0_beats_plain_q4_0);
     RUN(rot_attention_in_rotated_basis);
+    RUN(kv_dict_slots);
+    RUN(kv_dict_coefficient_domain);
     RUN(kv_cache_read_in_place);
     RUN(rot_refusals_in_the_context);
     RUN(delta_ppl_paired_se);

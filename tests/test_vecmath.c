@@ -399,6 +399,49 @@ TEST(gather_axpy_bit_identical) {
     CHECK_EQ_INT(bad, 0);
 }
 
+/* qf_vec_dict_scores (kv-dict keys in the coefficient domain): the AVX2 kernel gives the oracle's
+ * bits for row counts around multiples of 8, slot-major tables wider than the rows, sparsities 0
+ * to 9, unused slots (index 0, coefficient 0), repeated indices, signed zeros, infinities and NaN
+ * in P; forced scalar, the dispatcher runs the oracle. qf_vec_dict_weights (scalar only) against
+ * a plain scatter loop in its documented order. */
+TEST(dict_scores_bit_identical) {
+    enum { DA = 40, DM = 70, DLD = 75, DS = 9 };
+    static float P[DA], coef[DS * DLD], y0[DM], y1[DM], w[DM], W0[DA], W1[DA];
+    static int32_t idx[DS * DLD];
+    uint64_t s = 41;
+    for (int a = 0; a < DA; a++) P[a] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 7.0f;
+    for (int i = 0; i < DS * DLD; i++) {
+        idx[i] = (int32_t)(qf_xorshift64s(&s) % DA);
+        coef[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
+        if (i % 11 == 3) idx[i] = 0, coef[i] = 0; /* unused slots */
+    }
+    coef[5] = -0.0f, idx[DLD + 9] = idx[9];
+    for (int t = 0; t < DM; t++) w[t] = t % 7 == 2 ? 0.0f : (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0);
+    int bad = 0, runs = 0;
+    static const int ms[] = {0, 1, 7, 8, 9, 15, 16, 17, 64, 70}, ss[] = {0, 1, 4, 8, 9};
+    for (int f = 0; f < 3; f++) {
+        if (f == 1) P[idx[2 * DLD + 4]] = INFINITY, P[idx[3]] = NAN;
+        qf_quant_force_scalar(f == 2);
+        for (size_t a = 0; a < sizeof ms / sizeof *ms; a++)
+            for (size_t b = 0; b < sizeof ss / sizeof *ss; b++) {
+                memset(y0, 0xff, sizeof y0), memset(y1, 0xff, sizeof y1);
+                qf_vec_dict_scores_ref(P, idx, coef, DLD, ss[b], ms[a], y0);
+                if (qf_quant_has_avx2()) qf_vec_dict_scores_avx2(P, idx, coef, DLD, ss[b], ms[a], y1);
+                else qf_vec_dict_scores(P, idx, coef, DLD, ss[b], ms[a], y1);
+                bad += memcmp(y0, y1, sizeof y0) != 0, runs++;
+            }
+    }
+    qf_quant_force_scalar(false);
+    printf("  %d shapes, %d differ from the oracle\n", runs, bad);
+    CHECK_EQ_INT(bad, 0);
+    memset(W0, 0, sizeof W0), memset(W1, 0, sizeof W1);
+    qf_vec_dict_weights(w, idx, coef, DLD, DS, DM, W0);
+    for (int j = 0; j < DS; j++)
+        for (int t = 0; t < DM; t++)
+            if (w[t] != 0) W1[idx[j * DLD + t]] += w[t] * coef[j * DLD + t];
+    CHECK(memcmp(W0, W1, sizeof W0) == 0);
+}
+
 /* qf_vec_rows_dot_kv and qf_gemm_nn_kv (a KV cache's f16 / q8_0 / q4_0 rows read in place): the
  * AVX-512 kernels give the oracles' bits for rows around multiples of 4, widths of whole blocks
  * up to 160, rows strided wider than they are, values of every magnitude (subnormal halves
@@ -458,6 +501,7 @@ int main(void) {
     RUN(rope_pairs_bit_identical);
     RUN(axpy_diff_bit_identical);
     RUN(gather_axpy_bit_identical);
+    RUN(dict_scores_bit_identical);
     RUN(kv_rows_kernels_bit_identical);
     RUN(softmax_and_sum_exp_match_oracles);
     RUN(silu_mul_and_rmsnorm_match);

@@ -222,6 +222,16 @@ int qf_kv_cache_head_group(const qf_kv_cache *kv, int stream);
  * same floats; a group's rows are decoded once for all its heads (h a multiple of the group). */
 void qf_kv_cache_read_heads(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos, float *dst, size_t hstride,
                             bool rotated);
+/* A dict stream's dictionary of `layer` (its sparsity cap into *sparsity when not NULL), or NULL
+ * for a stream of another mode. */
+const qf_kv_dict *qf_kv_cache_dict(const qf_kv_cache *kv, int stream, int layer, int *sparsity);
+/* A dict stream's codes of kv head h, positions [0, n_pos), parsed (qf_kv_fmt_slots) into a
+ * slot-major table: slot j of position p at idx[j * ld + p], coef[j * ld + p] (ld >= n_pos); an
+ * unused slot or a corrupt index reads as index 0, coefficient 0. The stored row of p is then
+ * sum_j coef * atom[idx], what qf_kv_cache_read_head returns. Not for a sliding-window ring layer
+ * (asserted). */
+void qf_kv_cache_dict_slots(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos, int32_t *idx, float *coef,
+                            size_t ld);
 /* Are the stream's rows stored rotated by qf_hadamard: --kv-rot, or a kv-int8 *_ROT layout? */
 bool qf_kv_cache_stream_rotated(const qf_kv_cache *kv, int stream);
 /* Does layer's V stream add a prediction from the token's stored K (a kv-rq V predictor)? */

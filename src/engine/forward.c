@@ -108,7 +108,18 @@ typedef struct qf_context_ext {
      * decode with exact sinks or a window */
     float *canon_ex;
     size_t canon_ex_per;
+    /* kv-dict attention in the coefficient domain (att_job.kdict / vdict): a dict stream's codes
+     * of one layer parsed slot-major (qf_kv_cache_dict_slots), [n_head_kv][sparsity][n_ctx]
+     * indices and coefficients (dict_n[stream] elements allocated), and per-thread scratch
+     * (dict_thr_per floats: P or W [n_atoms], the exact keys' values [head_dim]); allocated at
+     * the first decode step that takes the route, grown when a bind needs more */
+    int32_t *dict_idx[2];
+    float *dict_coef[2], *dict_thr;
+    size_t dict_n[2], dict_thr_per;
+    int dict_route; /* QF_KV_DICT_EXPAND at creation: DICT_ROUTE_AUTO, _EXPAND (set, not "0"), _COEF ("0") */
 } ctx_ext;
+
+enum { DICT_ROUTE_AUTO, DICT_ROUTE_EXPAND, DICT_ROUTE_COEF };
 
 static ctx_ext *ext(qf_context *c) { return (ctx_ext *)c; }
 
@@ -132,6 +143,7 @@ void qf_context_free(qf_context *c) {
     free(e->moe_ids), free(e->moe_rows);
     free(e->kbuf), free(e->vbuf), free(e->ekbuf), free(e->evbuf), free(e->gact), free(e->mvact);
     free(e->ykbuf), free(e->rq_thr), free(e->canon_ex);
+    free(e->dict_idx[0]), free(e->dict_idx[1]), free(e->dict_coef[0]), free(e->dict_coef[1]), free(e->dict_thr);
     qf_kv_cache_free(&c->kv);
     free(c->x), free(c->xn), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
         free(c->hb2), free(c->xq), free(c->rope_cos), free(c->rope_sin);
@@ -272,6 +284,11 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     e->no_skip = getenv("QF_NO_SKIP") != NULL; /* read once, not on every decode */
     e->no_rotq = getenv("QF_NO_ROTQ") != NULL;
     e->no_kv_direct = getenv("QF_KV_GATHER") != NULL;
+    /* QF_KV_DICT_EXPAND=1: a kv-dict cache is always decoded to f32 rows and attended as rows (the
+     * route before the coefficient domain, for A/B runs); =0: the coefficient domain wherever it
+     * applies, without dict_coef_pays's estimate (tests) */
+    const char *dx = getenv("QF_KV_DICT_EXPAND");
+    e->dict_route = !dx ? DICT_ROUTE_AUTO : !strcmp(dx, "0") ? DICT_ROUTE_COEF : DICT_ROUTE_EXPAND;
     const char *route = getenv("QF_RQ_ROUTE");
     c->rq_route = !route ? QF_RQ_ROUTE_AUTO
                   : !strcmp(route, "rows") ? QF_RQ_ROUTE_ROWS
@@ -707,6 +724,12 @@ typedef struct {
      * kt and vt */
     bool kv_direct;
     qf_type kt, vt;
+    /* a decode step over a kv-dict stream, in the coefficient domain (engine.h qf_kv_cache_dict_slots;
+     * docs/kv-learners.md): kv_gather_worker parses the stream's codes into dict_idx / dict_coef
+     * instead of decoding rows; K (stored after RoPE only): each query's dot products with the
+     * atoms, P = A q, then a key's score is sum_j c_j P[i_j]; V: each atom's total softmax weight,
+     * then one weighted sum of the atoms */
+    bool kdict, vdict;
 } att_job;
 
 /* ---- exact sinks and recent window (kv_cache.c's qf_kv_cache_set_exact) ----
@@ -740,6 +763,15 @@ static void kv_gather_worker(void *arg, int ith, int nth) {
     for (int idx = ith; idx < n0 + nh / G1; idx += nth) {
         const int stream = idx >= n0, G = stream ? G1 : G0, h = (stream ? idx - n0 : idx) * G;
         if ((j->gphase == 1 && stream) || (j->gphase == 2 && !stream)) continue;
+        if (stream ? j->vdict : j->kdict) { /* kv-dict in the coefficient domain: the codes parsed, no rows */
+            int sp;
+            qf_kv_cache_dict(&c->kv, stream, j->layer, &sp);
+            const size_t nc = (size_t)c->params.n_ctx, o = (size_t)h * sp * nc;
+            qf_kv_cache_dict_slots(&c->kv, stream, j->layer, h, T, ext(c)->dict_idx[stream] + o,
+                                   ext(c)->dict_coef[stream] + o, nc);
+            if (c->kv.n_sink || c->kv.n_window) exact_gather(c, j, stream, h, NULL); /* G == 1 */
+            continue;
+        }
         float *dst = (stream ? ext(c)->vbuf : ext(c)->kbuf) + (size_t)h * hs;
         const bool rotated = stream ? j->rotv : j->rotk;
         if (j->gphase == 2) qf_kv_cache_read_head_vpred(&c->kv, j->layer, h, T, ext(c)->kbuf, hs, dst);
@@ -955,6 +987,43 @@ static void rq_values_coef(qf_context *c, const att_job *j, int ith, int kvh, in
     }
 }
 
+/* The output of a block of nb queries (the last at position Tb - 1, softmax weights S [nb][Tb],
+ * outputs at Ob with stride n_head * head_dim) over a kv-dict V in
+ * the coefficient domain (att_job.vdict; the codes of kv head kvh parsed in dict_idx[1] /
+ * dict_coef[1]): the exact keys' values are added as they are and their weights zeroed (as
+ * rq_values_coef does), then each atom's total weight over the stored keys W[a] = sum_t w_t
+ * sum_j c_tj [i_tj == a] (qf_vec_dict_weights, T s adds) and the output sum_a W[a] atom_a
+ * (qf_vec_cols_axpy, atoms of weight 0 skipped): n_atoms x head_dim, not T x s x head_dim. */
+static void dict_values(qf_context *c, const att_job *j, int ith, int kvh, int nb, int Tb, float *S, const float *EV,
+                        float *Ob) {
+    const qf_hparams *hp = &c->model->hp;
+    const qf_kv_cache *kv = &c->kv;
+    const int hd = hp->head_dim, Dq = hp->n_head * hd;
+    int sp;
+    const qf_kv_dict *D = qf_kv_cache_dict(kv, 1, j->layer, &sp);
+    const size_t nc = (size_t)c->params.n_ctx, off = (size_t)kvh * sp * nc;
+    float *W = ext(c)->dict_thr + (size_t)ith * ext(c)->dict_thr_per, *ex = W + D->n_atoms;
+    const bool exact = kv->n_sink || kv->n_window;
+    for (int i = 0; i < nb; i++) {
+        float *w = S + (size_t)i * Tb, *o = Ob + (size_t)i * Dq;
+        if (exact) {
+            memset(ex, 0, (size_t)hd * sizeof(float));
+            const int tq = Tb - nb + i; /* query i's position (Tb = pos0 + i0 + nb) */
+            exact_span sp2;
+            for (int p = exact_first(kv, tq - kv->n_window + 1, &sp2); p <= tq; p = exact_next(&sp2, p)) {
+                for (int d = 0; d < hd; d++) ex[d] += w[p] * EV[(size_t)p * hd + d];
+                w[p] = 0;
+            }
+        }
+        memset(W, 0, (size_t)D->n_atoms * sizeof(float));
+        qf_vec_dict_weights(w, ext(c)->dict_idx[1] + off, ext(c)->dict_coef[1] + off, nc, sp, Tb, W);
+        memset(o, 0, (size_t)hd * sizeof(float));
+        qf_vec_cols_axpy(D->atoms, (size_t)hd, D->n_atoms, W, hd, o);
+        if (exact)
+            for (int d = 0; d < hd; d++) o[d] += ex[d];
+    }
+}
+
 static void attention_worker(void *arg, int ith, int nth) {
     att_job *j = arg;
     qf_context *c = j->c;
@@ -1008,6 +1077,17 @@ static void attention_worker(void *arg, int ith, int nth) {
                         for (int d = 0; d < hd; d++) s += (double)Qb[(size_t)i * Dq + d] * K[(size_t)t * hd + d];
                         S[(size_t)i * Tb + t] = (float)s * scale;
                     }
+            } else if (j->kdict) { /* kv-dict keys in the coefficient domain: P = A q, then s lookups a key */
+                int sp;
+                const qf_kv_dict *D = qf_kv_cache_dict(&c->kv, 0, j->layer, &sp);
+                const size_t nc = (size_t)c->params.n_ctx, o = (size_t)kvh * sp * nc;
+                float *P = ext(c)->dict_thr + (size_t)ith * ext(c)->dict_thr_per;
+                for (int i = 0; i < nb; i++) {
+                    float *row = S + (size_t)i * Tb;
+                    qf_vec_rows_dot(D->atoms, (size_t)hd, hd, Qb + (size_t)i * Dq, D->n_atoms, P);
+                    qf_vec_dict_scores(P, ext(c)->dict_idx[0] + o, ext(c)->dict_coef[0] + o, nc, sp, Tb, row);
+                    for (int t = 0; t < Tb; t++) row[t] *= scale;
+                }
             } else if (j->kv_direct) { /* decode over the cache's own rows, no f32 copy */
                 const size_t rb = c->kv.row_bytes[0];
                 const uint8_t *Kr = c->kv.data[0][j->layer] + (size_t)kvh * rb;
@@ -1047,6 +1127,10 @@ static void attention_worker(void *arg, int ith, int nth) {
             float *Ob = O + (size_t)i0 * Dq;
             if (j->vcoef) {
                 rq_values_coef(c, j, ith, kvh, i0, nb, Tb, S, V, EV, Ob);
+                continue;
+            }
+            if (j->vdict) {
+                dict_values(c, j, ith, kvh, nb, Tb, S, EV, Ob);
                 continue;
             }
             if (canon) { /* the exact keys' rows chosen inside the chains: no exact_values below */
@@ -1288,6 +1372,49 @@ static qf_status rq_fast_init(qf_context *c, qf_error *err) {
     return QF_OK;
 }
 
+/* kv-dict in the coefficient domain (att_job.kdict / vdict): the parsed codes of each dict stream
+ * (n_head_kv x sparsity x n_ctx) and the per-thread scratch, (re)allocated when the bound cache
+ * needs more than is there */
+static qf_status dict_coef_init(qf_context *c, qf_error *err) {
+    ctx_ext *e = ext(c);
+    const qf_hparams *hp = &c->model->hp;
+    size_t A = 0;
+    for (int s = 0; s < 2; s++) {
+        int sp;
+        const qf_kv_dict *d = qf_kv_cache_dict(&c->kv, s, 0, &sp);
+        if (!d) continue;
+        if ((size_t)d->n_atoms > A) A = (size_t)d->n_atoms;
+        size_t need = (size_t)hp->n_head_kv * (size_t)sp * (size_t)c->params.n_ctx;
+        if (e->dict_n[s] >= need) continue;
+        free(e->dict_idx[s]), free(e->dict_coef[s]);
+        e->dict_idx[s] = qf_malloc_aligned(need * sizeof(int32_t));
+        e->dict_coef[s] = qf_malloc_aligned(need * sizeof(float));
+        e->dict_n[s] = e->dict_idx[s] && e->dict_coef[s] ? need : 0;
+        if (!e->dict_n[s]) return qf_fail(err, QF_ERR_NOMEM, "decode: out of memory for the kv-dict codes");
+    }
+    size_t per = (A + (size_t)hp->head_dim + 15) & ~(size_t)15;
+    if (e->dict_thr_per < per) {
+        free(e->dict_thr);
+        e->dict_thr = qf_malloc_aligned((size_t)qf_pool_size(c->pool) * per * sizeof(float));
+        e->dict_thr_per = e->dict_thr ? per : 0;
+        if (!e->dict_thr) return qf_fail(err, QF_ERR_NOMEM, "decode: out of memory for the kv-dict scratch");
+    }
+    return QF_OK;
+}
+
+/* Does the coefficient domain pay for a dict stream at a decode step of n queries over T keys? Per
+ * kv head, decoding the rows costs T s head_dim and attending them gq n T head_dim; the
+ * coefficient domain parses the codes (about 4 T s) and, per query, n_atoms head_dim (P = A q, or
+ * the atoms' weighted sum) plus T s. Short contexts with large dictionaries decode rows. */
+static bool dict_coef_pays(const qf_context *c, int stream, int n, int T) {
+    if (((const ctx_ext *)c)->dict_route == DICT_ROUTE_COEF) return true;
+    const qf_hparams *hp = &c->model->hp;
+    int sp;
+    const qf_kv_dict *d = qf_kv_cache_dict(&c->kv, stream, 0, &sp);
+    const double q = (double)hp->n_head / hp->n_head_kv * n, hd = hp->head_dim;
+    return q * ((double)d->n_atoms * hd + (double)T * sp) + 4.0 * T * sp < (double)T * hd * (sp + q);
+}
+
 qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float *logits,
                     int logits_from, qf_error *err) {
     qf_model *m = c->model;
@@ -1335,6 +1462,15 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         qf_status st = rq_fast_init(c, err);
         if (st) return st;
         rq_fast = true;
+    }
+
+    /* a decode step (as att_job.kv_direct: at most 2 queries) over a kv-dict stream may attend it
+     * in the coefficient domain (not the reference or canonical routes, whose arithmetic is fixed) */
+    const bool dict_any = n <= 2 && (c->kv.mode_k == QF_KV_DICT || c->kv.mode_v == QF_KV_DICT) && !ref && !c->canon &&
+                          !rq_fast && ext(c)->dict_route != DICT_ROUTE_EXPAND;
+    if (dict_any) {
+        qf_status st = dict_coef_init(c, err);
+        if (st) return st;
     }
 
     if (c->canon && (c->kv.n_sink || c->kv.n_window)) { /* attention_worker's exact-key scores */
@@ -1409,6 +1545,12 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
                        !c->params.reference && !rq_fast && hd % 32 == 0 &&
                        c->kv.row_bytes[0] == qf_row_bytes(aj.kt, hd) && c->kv.row_bytes[1] == qf_row_bytes(aj.vt, hd) &&
                        !ext(c)->no_kv_direct;
+        /* kv-dict in the coefficient domain: K only when stored after RoPE (a pre-RoPE key is rotated
+         * by its position's RoPE after decoding: q . R_p k is not a fixed function of the atoms'
+         * dot products with q), not in a sliding-window ring, and where it pays */
+        const bool dict_ok = dict_any && !(c->kv.ring_rows && c->kv.ring_rows[il]);
+        aj.kdict = dict_ok && c->kv.mode_k == QF_KV_DICT && !c->kv.k_prerope && dict_coef_pays(c, 0, n, pos0 + n);
+        aj.vdict = dict_ok && c->kv.mode_v == QF_KV_DICT && dict_coef_pays(c, 1, n, pos0 + n);
         if (rq_fast) {
             aj.vcoef = c->rq_route == QF_RQ_ROUTE_AUTO ? rq_vcoef(c, nr, pos0 + n) : c->rq_route == QF_RQ_ROUTE_COEF;
             aj.rq_run = rq_run_len(c, pos0 + n);

@@ -913,6 +913,23 @@ void qf_kv_cache_read_heads(const qf_kv_cache *kv, int stream, int layer, int h,
         for (int j = 0; j < g; j++) qf_hadamard_rows(dst + (size_t)j * hstride, hd, n_pos);
 }
 
+const qf_kv_dict *qf_kv_cache_dict(const qf_kv_cache *kv, int stream, int layer, int *sparsity) {
+    qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
+    if (mode != QF_KV_DICT || !kv->dict[stream]) return NULL;
+    if (sparsity) *sparsity = kv->dict[stream]->sparsity;
+    return &kv->dict[stream]->layer[layer];
+}
+
+void qf_kv_cache_dict_slots(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos, int32_t *idx, float *coef,
+                            size_t ld) {
+    const struct qf_kv_dict_bind *d = kv->dict[stream];
+    QF_ASSERT((stream ? kv->mode_v : kv->mode_k) == QF_KV_DICT && d && !(kv->ring_rows && kv->ring_rows[layer]));
+    size_t rb = layer_row_bytes(kv, stream, layer), stride = (size_t)kv->n_head_kv * rb;
+    const uint8_t *base = kv->data[stream][layer] + (size_t)h * rb;
+    const int na = d->layer[layer].n_atoms;
+    qf_kv_fmt_slots_rows(&d->fmt, na, base, stride, n_pos, idx, coef, ld);
+}
+
 bool qf_kv_cache_stream_rotated(const qf_kv_cache *kv, int stream) {
     if (kv->rot == QF_KV_ROT_HADAMARD) return true;
     qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;

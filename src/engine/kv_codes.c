@@ -297,37 +297,88 @@ void qf_kv_code_pack(const uint16_t *idx, const float *coef, int s, int n_atoms,
     qf_kv_fmt_pack(&fm, idx, coef, out);
 }
 
-void qf_kv_fmt_decode(const qf_kv_code_fmt *f, const qf_kv_dict *d, const uint8_t *code,
-                      float *out) {
-    const int dim = d->head_dim, s = f->sparsity, ib = qf_kv_index_bits(f->n_atoms);
+/* qf_f16_to_f32's value (the same bits for every half, subnormals, infinities and NaN payloads
+ * included) without a call or branches: the parse of every cached code at every decode step */
+static inline float f16_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu;
+    union { uint32_t u; float f; } n = {.u = (em << 13) + (112u << 23)}, x = {.u = (em << 13) | 0x7f800000u}, v;
+    v.f = em < 0x0400 ? (float)em * 5.9604644775390625e-08f : em < 0x7c00 ? n.f : x.f; /* zero/subnormal, normal, inf/NaN */
+    v.u |= sign;
+    return v.f;
+}
+
+void qf_kv_fmt_slots(const qf_kv_code_fmt *f, int n_atoms, const uint8_t *code, int32_t *idx, float *coef,
+                     size_t ld) {
+    const int s = f->sparsity;
+    QF_ASSERT(s <= QF_KV_MAX_SPARSITY);
     const uint8_t *ci = code;
     const uint8_t *cc = code + index_bytes(f);
-    float sc = 0;
-    if (f->coef == QF_KV_COEF_Q8) {
-        sc = qf_f16_to_f32((uint16_t)(cc[0] | cc[1] << 8));
-        cc += 2;
-    }
-    QF_ASSERT(s <= QF_KV_MAX_SPARSITY);
-    uint32_t acc = 0;
-    int nb = 0, m = 0;
     int32_t ia[QF_KV_MAX_SPARSITY];
     float ca[QF_KV_MAX_SPARSITY];
-    for (int j = 0; j < s; j++) {
-        int a;
-        if (f->packed) {
+    /* one loop per layout (each vectorizes or at least runs without per-slot branches) */
+    if (f->packed) {
+        const int ib = qf_kv_index_bits(f->n_atoms);
+        uint32_t acc = 0;
+        int nb = 0;
+        for (int j = 0; j < s; j++) {
             while (nb < ib) acc |= (uint32_t)*ci++ << nb, nb += 8;
-            a = (int)(acc & ((1u << ib) - 1));
+            ia[j] = (int32_t)(acc & ((1u << ib) - 1));
             acc >>= ib, nb -= ib;
-        } else {
-            a = f->n_atoms <= 256 ? ci[j] : (ci[2 * j] | ci[2 * j + 1] << 8);
         }
-        float c = f->coef == QF_KV_COEF_Q8 ? (float)(int8_t)cc[j] * sc
-                                           : qf_f16_to_f32((uint16_t)(cc[2 * j] | cc[2 * j + 1] << 8));
-        if (a >= d->n_atoms || c == 0) continue; /* unused slot, or a corrupt index */
-        ia[m] = a, ca[m] = c, m++;
+    } else if (f->n_atoms <= 256) {
+        for (int j = 0; j < s; j++) ia[j] = ci[j];
+    } else {
+        for (int j = 0; j < s; j++) ia[j] = ci[2 * j] | ci[2 * j + 1] << 8;
     }
+    if (f->coef == QF_KV_COEF_Q8) {
+        const float sc = qf_f16_to_f32((uint16_t)(cc[0] | cc[1] << 8));
+        for (int j = 0; j < s; j++) ca[j] = (float)(int8_t)cc[2 + j] * sc;
+    } else {
+        for (int j = 0; j < s; j++) ca[j] = f16_f32((uint16_t)(cc[2 * j] | cc[2 * j + 1] << 8));
+    }
+    for (int j = 0; j < s; j++) { /* an unused slot, or a corrupt index: index 0, coefficient +0 */
+        const bool drop = ia[j] >= n_atoms || ca[j] == 0;
+        idx[(size_t)j * ld] = drop ? 0 : ia[j];
+        coef[(size_t)j * ld] = drop ? 0.0f : ca[j];
+    }
+}
+
+void qf_kv_fmt_slots_rows(const qf_kv_code_fmt *f, int n_atoms, const uint8_t *code, size_t stride, int n,
+                          int32_t *idx, float *coef, size_t ld) {
+    const int s = f->sparsity;
+    if (f->packed || f->n_atoms > 256 || f->coef != QF_KV_COEF_F16) {
+        for (int r = 0; r < n; r++) qf_kv_fmt_slots(f, n_atoms, code + (size_t)r * stride, idx + r, coef + r, ld);
+        return;
+    }
+    /* V1 byte indices and f16 coefficients (what calibrate writes by default): slot by slot, so each
+     * slot's row of the table is written in order, no per-row call */
+    for (int j = 0; j < s; j++) {
+        int32_t *ij = idx + (size_t)j * ld;
+        float *cj = coef + (size_t)j * ld;
+        const uint8_t *pi = code + j, *pc = code + s + 2 * j;
+        for (int r = 0; r < n; r++) {
+            const size_t o = (size_t)r * stride;
+            const int32_t a = pi[o];
+            const float c = f16_f32((uint16_t)(pc[o] | pc[o + 1] << 8));
+            const bool drop = a >= n_atoms || c == 0;
+            ij[r] = drop ? 0 : a;
+            cj[r] = drop ? 0.0f : c;
+        }
+    }
+}
+
+void qf_kv_fmt_decode(const qf_kv_code_fmt *f, const qf_kv_dict *d, const uint8_t *code,
+                      float *out) {
+    const int s = f->sparsity;
+    QF_ASSERT(s <= QF_KV_MAX_SPARSITY);
+    int32_t ia[QF_KV_MAX_SPARSITY];
+    float ca[QF_KV_MAX_SPARSITY];
+    qf_kv_fmt_slots(f, d->n_atoms, code, ia, ca, 1);
+    int m = 0;
+    for (int j = 0; j < s; j++) /* the kept slots, in slot order */
+        if (ca[j] != 0) ia[m] = ia[j], ca[m] = ca[j], m++;
     /* out = sum of c * atom in slot order, each element an f32 product then add from 0 */
-    qf_vec_gather_axpy(d->atoms, (size_t)dim, ia, ca, m, dim, out);
+    qf_vec_gather_axpy(d->atoms, (size_t)d->head_dim, ia, ca, m, d->head_dim, out);
 }
 
 void qf_kv_code_decode(const qf_kv_dict *d, const uint8_t *code, int s, qf_kv_coef f,

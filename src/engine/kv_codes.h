@@ -28,6 +28,19 @@ void qf_kv_gram_d(const qf_kv_dict *d, double *gram_d);
 int qf_kv_omp_gd(const qf_kv_dict *d, const double *gram_d, const float *x, const float *alpha0, int s,
                  double tol, void *scratch, uint16_t *idx, float *coef);
 
+/* The s = f->sparsity slots of one packed code (qf_kv_fmt_pack's layout), parsed: slot j's atom
+ * index at idx[j * ld] and its coefficient at coef[j * ld] (ld 1: contiguous; the row length of a
+ * slot-major table). A slot that qf_kv_fmt_decode skips (coefficient 0, or an index >= n_atoms,
+ * the dictionary's size) gets index 0 and coefficient +0. qf_kv_fmt_decode is these slots' sum. */
+void qf_kv_fmt_slots(const qf_kv_code_fmt *f, int n_atoms, const uint8_t *code, int32_t *idx, float *coef,
+                     size_t ld);
+
+/* qf_kv_fmt_slots of n codes, code r at code + r * stride, into column r of the table (slot j at
+ * idx[j * ld + r], coef[j * ld + r]): the same values, the common layout (byte indices, f16
+ * coefficients) parsed slot by slot without a call per code. */
+void qf_kv_fmt_slots_rows(const qf_kv_code_fmt *f, int n_atoms, const uint8_t *code, size_t stride, int n,
+                          int32_t *idx, float *coef, size_t ld);
+
 /* qf_kv_int8_ec_dequantize of four rows of n bytes (q[r] into x[r]), their decoding interleaved:
  * the same values as four calls */
 void qf_kv_int8_ec_dequantize4(const uint8_t *const q[4], int n, float *const x[4], int n_out);

@@ -191,6 +191,28 @@ void qf_vec_gather_axpy(const float *B, size_t ldb, const int32_t *idx, const fl
     else qf_vec_gather_axpy_ref(B, ldb, idx, c, m, n, out);
 }
 
+void qf_vec_dict_scores_ref(const float *P, const int32_t *idx, const float *coef, size_t ld, int s, int m, float *y) {
+    for (int t = 0; t < m; t++) {
+        float acc = 0;
+        for (int j = 0; j < s; j++) acc += coef[(size_t)j * ld + t] * P[idx[(size_t)j * ld + t]];
+        y[t] = acc;
+    }
+}
+
+void qf_vec_dict_scores(const float *P, const int32_t *idx, const float *coef, size_t ld, int s, int m, float *y) {
+    if (qf_quant_has_avx2()) qf_vec_dict_scores_avx2(P, idx, coef, ld, s, m, y);
+    else qf_vec_dict_scores_ref(P, idx, coef, ld, s, m, y);
+}
+
+void qf_vec_dict_weights(const float *w, const int32_t *idx, const float *coef, size_t ld, int s, int m, float *W) {
+    for (int j = 0; j < s; j++) {
+        const int32_t *ij = idx + (size_t)j * ld;
+        const float *cj = coef + (size_t)j * ld;
+        for (int t = 0; t < m; t++)
+            if (w[t] != 0) W[ij[t]] += w[t] * cj[t];
+    }
+}
+
 bool qf_kv_rows_fast(qf_type t) {
     return (t == QF_TYPE_F16 || t == QF_TYPE_Q8_0 || t == QF_TYPE_Q4_0) && qf_gemm_nn_f32_fast();
 }

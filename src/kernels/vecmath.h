@@ -132,7 +132,20 @@ void qf_vec_axpy_diff_ref(const float *X, const float *Y, size_t ld, int m, cons
  * bits. */
 void qf_vec_gather_axpy(const float *B, size_t ldb, const int32_t *idx, const float *c, int m, int n, float *out);
 void qf_vec_gather_axpy_ref(const float *B, size_t ldb, const int32_t *idx, const float *c, int m, int n, float *out);
+/* kv-dict attention in the coefficient domain (forward.c): a key row is sum_j c_j atom[i_j], so
+ * q . k = sum_j c_j P[i_j] with P = the query's dot products with the atoms. Codes are stored
+ * slot-major: slot j of row t at idx[j * ld + t], coef[j * ld + t] (an unused slot: index 0,
+ * coefficient 0). y[t] = sum over j < s, in order, of coef * P[idx] for t < m, from 0: an f32
+ * product then an f32 add. The fast kernel: eight rows in the AVX2 lanes (P gathered), the last
+ * m % 8 rows as the oracle: the same bits. */
+void qf_vec_dict_scores(const float *P, const int32_t *idx, const float *coef, size_t ld, int s, int m, float *y);
+void qf_vec_dict_scores_ref(const float *P, const int32_t *idx, const float *coef, size_t ld, int s, int m, float *y);
+/* The values' side: W[idx[j * ld + t]] += w[t] * coef[j * ld + t] over j < s (outer) then t < m
+ * (inner), in order, skipping every t with w[t] == 0: an f32 product then an f32 add (each
+ * atom's total weight; the output is then sum_a W[a] atom[a]). Scalar only (a scatter). */
+void qf_vec_dict_weights(const float *w, const int32_t *idx, const float *coef, size_t ld, int s, int m, float *W);
 /* internal: the AVX2 kernels (vecmath_avx2.c) */
+void qf_vec_dict_scores_avx2(const float *P, const int32_t *idx, const float *coef, size_t ld, int s, int m, float *y);
 void qf_vec_gather_axpy_avx2(const float *B, size_t ldb, const int32_t *idx, const float *c, int m, int n, float *out);
 void qf_vec_axpy_diff_avx2(const float *X, const float *Y, size_t ld, int m, const float *w, int n, float *acc);
 void qf_vec_cols_axpy_avx2(const float *B, size_t ldb, int m, const float *y, int n, float *acc);

@@ -259,6 +259,23 @@ void qf_vec_axpy_diff_avx2(const float *X, const float *Y, size_t ld, int m, con
     if (i < n) qf_vec_axpy_diff_ref(X + i, Y + i, ld, m, w, n - i, acc + i);
 }
 
+/* qf_vec_dict_scores (vecmath.h): lane r is row t + r; per slot, its eight indices and
+ * coefficients are contiguous (slot-major codes) and the eight P values gathered */
+void qf_vec_dict_scores_avx2(const float *P, const int32_t *idx, const float *coef, size_t ld, int s, int m, float *y) {
+    int t = 0;
+    for (; t + 8 <= m; t += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int j = 0; j < s; j++) {
+            const size_t o = (size_t)j * ld + (size_t)t;
+            const __m256i ix = _mm256_loadu_si256((const __m256i *)(idx + o));
+            const __m256 p = _mm256_i32gather_ps(P, ix, 4);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(coef + o), p));
+        }
+        _mm256_storeu_ps(y + t, acc);
+    }
+    if (t < m) qf_vec_dict_scores_ref(P, idx + t, coef + t, ld, s, m - t, y + t);
+}
+
 void qf_vec_gather_axpy_avx2(const float *B, size_t ldb, const int32_t *idx, const float *c, int m, int n, float *out) {
     int i = 0;
 #define GA(a, o) a = _mm256_add_ps(a, _mm256_mul_ps(cj, _mm256_loadu_ps(b + (o))))
