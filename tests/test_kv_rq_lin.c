@@ -281,6 +281,25 @@ TEST(forward_routes_agree) {
         printf("  %-8s vs rows: layer 0 attention %.2e, logits %.2e\n", name[r], a, g);
         CHECK(a < 1e-5 && g < 1e-2);
     }
+    /* the coefficient route's one-query steps score the keys inside the gather (att_job.kfused,
+     * each run decoded into scratch, RoPE and all): the same bits as QF_RQ_NOFUSE's decode into
+     * kbuf and qf_vec_rows_dot once per query head, the sink and window rows included */
+    if (ok) {
+        float *an = calloc((size_t)n * dq, sizeof(float)), *ln = NULL;
+        setenv("QF_RQ_NOFUSE", "1", 1);
+        if (an) ln = route_logits(m, &dk, &dv, P, QF_RQ_ROUTE_COEF, t, np, n, an);
+        unsetenv("QF_RQ_NOFUSE");
+        CHECK(ln != NULL);
+        if (ln) {
+            size_t dl = 0, da = 0;
+            for (size_t i = 0; i < (size_t)n * V; i++) dl += memcmp(ln + i, lg[2] + i, 4) != 0;
+            for (size_t i = 0; i < (size_t)n * dq; i++) da += memcmp(an + i, att[2] + i, 4) != 0;
+            printf("  coef, keys scored in the gather vs QF_RQ_NOFUSE: %zu of %zu logits, %zu of %zu attention "
+                   "outputs differ\n", dl, (size_t)n * V, da, (size_t)n * dq);
+            CHECK(dl == 0 && da == 0);
+        }
+        free(an), free(ln);
+    }
     for (int r = 0; r < NR; r++) free(lg[r]), free(att[r]);
 #undef dk
 #undef dv

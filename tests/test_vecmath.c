@@ -265,16 +265,22 @@ TEST(gemm_nn_f32_bit_identical) {
 
 /* qf_bits_lookup: the AVX-512 kernel gives the oracle's values for codes of widths 0..6 at every
  * bit offset, m around multiples of 16, on rows whose codes fit 128 bytes (the byte permute) and
- * on rows of 150 (the gather): three rows back to back, each a scale byte then its codes, the
- * last ending 3 bytes before the buffer does (the kernel's reads stay inside: ASan checks it) */
-static int bits_lookup_differ(int wide, const int *ms, int nm) {
-    enum { BM = 200, BTAB = BM * 64, NR = 3 };
+ * on rows of 150 (the gather): rows back to back, each a scale byte then its codes, the last
+ * ending 3 bytes before the buffer does (the kernel's reads stay inside: ASan checks it). Width
+ * patterns (mode): 0 random 0..6 (groups spanning more than 128 table entries: the value gather),
+ * 1 all 6 (the code gather), 2 falling as a KLT's (6 down to 0: groups of every span, the
+ * permutes of 1 to 4 chunks and the gather), 3 random 0..2 (narrow spans, constant lanes); NR rows
+ * (>= 4: the kernel's permute plan) or 3 (the gather alone) */
+static int bits_lookup_differ(int mode, int NR, const int *ms, int nm) {
+    enum { BM = 200, BTAB = BM * 64, NRMAX = 6 };
     static int32_t by[BM], sh[BM], mk[BM], to[BM];
-    static float tab[BTAB], sctab[256], y0[NR * BM], y1[NR * BM];
-    uint64_t s = 13 + (uint64_t)wide;
+    static float tab[BTAB], sctab[256], y0[NRMAX * BM], y1[NRMAX * BM];
+    uint64_t s = 13 + (uint64_t)mode;
     unsigned bit = 0, nt = 0;
     for (int k = 0; k < BM; k++) {
-        int w = wide ? 6 : (int)(qf_xorshift64s(&s) % 7);
+        int w = mode == 1 ? 6 : mode == 2 ? (k < 168 ? 6 - k / 24 : 0) : mode == 3 ? (int)(qf_xorshift64s(&s) % 3)
+                                                                              : (int)(qf_xorshift64s(&s) % 7);
+        if (mode == 2 && k % 37 == 36) w = 0; /* a dropped coordinate among the coded ones */
         by[k] = (int32_t)(bit >> 3), sh[k] = (int32_t)(bit & 7), mk[k] = (1 << w) - 1;
         to[k] = (int32_t)(w ? nt : BTAB - 1);
         nt += w ? 1u << w : 0, bit += (unsigned)w;
@@ -282,7 +288,7 @@ static int bits_lookup_differ(int wide, const int *ms, int nm) {
     for (int i = 0; i < BTAB; i++) tab[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
     tab[BTAB - 1] = 0.0f;
     for (int c = 0; c < 256; c++) sctab[c] = (float)c / 64.0f;
-    const size_t stride = 1 + (bit + 7) / 8, nbuf = NR * stride + 3;
+    const size_t stride = 1 + (bit + 7) / 8, nbuf = (size_t)NR * stride + 3;
     uint8_t *rows = malloc(nbuf);
     if (!rows) return 1;
     for (size_t i = 0; i < nbuf; i++) rows[i] = (uint8_t)qf_xorshift64s(&s);
@@ -300,8 +306,10 @@ static int bits_lookup_differ(int wide, const int *ms, int nm) {
 TEST(bits_lookup_bit_identical) {
     static const int ms[] = {0, 1, 15, 16, 17, 31, 33, 100, 150, 170, 200};
     const int nm = (int)(sizeof ms / sizeof *ms);
-    int bad = bits_lookup_differ(0, ms, nm) + bits_lookup_differ(1, ms, nm);
-    printf("  %d lengths x 3 rows, %d rows differ from the oracle%s\n", 2 * nm, bad,
+    int bad = 0, rows = 0;
+    for (int mode = 0; mode < 4; mode++)
+        for (int NR = 3; NR <= 6; NR += 3) bad += bits_lookup_differ(mode, NR, ms, nm), rows += nm * NR;
+    printf("  %d rows (4 width patterns, 11 lengths, 3 and 6 rows a call), %d differ from the oracle%s\n", rows, bad,
            qf_bits_lookup_fast() ? "" : " (no AVX-512 VBMI: the dispatcher)");
     CHECK_EQ_INT(bad, 0);
 }

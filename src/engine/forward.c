@@ -88,6 +88,10 @@ typedef struct qf_context_ext {
      * and per-thread scratch (rq_thr_per floats each); allocated at the first such decode */
     float *ykbuf, *rq_thr;
     size_t rq_thr_per;
+    /* kv-rq fast route, one query (att_job.kfused): the stored keys' scores q . k (unscaled) of
+     * every query head [n_head][n_ctx], made by the gather from each run's decoded keys */
+    float *rq_sc;
+    bool rq_nofuse; /* QF_RQ_NOFUSE: never att_job.kfused */
     float *kr_cos, *kr_sin; /* pre-RoPE K cache: [n_ctx][n_rot/2] tables for every position, or NULL */
     float *kr_cos_swa, *kr_sin_swa; /* the same for sliding-window layers with their own base (gemma3) */
     /* sliding-window layers with their own RoPE base (gemma3): [n_batch][n_rot/2], or NULL */
@@ -142,7 +146,7 @@ void qf_context_free(qf_context *c) {
     free(e->moe_logits), free(e->moe_w), free(e->moe_x), free(e->moe_y), free(e->moe_acc), free(e->moe_rw);
     free(e->moe_ids), free(e->moe_rows);
     free(e->kbuf), free(e->vbuf), free(e->ekbuf), free(e->evbuf), free(e->gact), free(e->mvact);
-    free(e->ykbuf), free(e->rq_thr), free(e->canon_ex);
+    free(e->ykbuf), free(e->rq_thr), free(e->rq_sc), free(e->canon_ex);
     free(e->dict_idx[0]), free(e->dict_idx[1]), free(e->dict_coef[0]), free(e->dict_coef[1]), free(e->dict_thr);
     qf_kv_cache_free(&c->kv);
     free(c->x), free(c->xn), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
@@ -284,6 +288,7 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     e->no_skip = getenv("QF_NO_SKIP") != NULL; /* read once, not on every decode */
     e->no_rotq = getenv("QF_NO_ROTQ") != NULL;
     e->no_kv_direct = getenv("QF_KV_GATHER") != NULL;
+    e->rq_nofuse = getenv("QF_RQ_NOFUSE") != NULL; /* kv-rq: session 29's unfused key scores (A/B) */
     /* QF_KV_DICT_EXPAND=1: a kv-dict cache is always decoded to f32 rows and attended as rows (the
      * route before the coefficient domain, for A/B runs); =0: the coefficient domain wherever it
      * applies, without dict_coef_pays's estimate (tests) */
@@ -712,6 +717,10 @@ typedef struct {
     bool vcoef; /* kv-rq fast route: vbuf holds V's coefficients, attention sums them (rq_vcoef) */
     int gphase; /* kv_gather_worker's phase: 0 all at once, or 1, 2, 3 (V predicted from K) */
     int rq_run; /* kv-rq fast route: positions per work item of the gather (rq_run_len) */
+    /* kv-rq fast route, a one-query step (rq_kfused): the gather decodes each run of keys into
+     * per-thread scratch, RoPE and all, and scores it against the group's queries there (rq_sc):
+     * kbuf is not written, nor read back once per query head */
+    bool kfused;
     int q0; /* attention_worker: queries before q0's ATT_QBLOCK block are not computed (their output is
              * not needed); 0 for all */
     /* rows stored rotated (--kv-rot, kv-int8 *_ROT layouts) attended in that basis: kbuf (rotk)
@@ -818,6 +827,48 @@ static bool rq_vcoef(const qf_context *c, int n, int T) {
     return gq * n * ((double)T + hp->head_dim) < (double)T * hp->head_dim;
 }
 
+/* A one-query step's keys scored in the gather pays where they are many: the decoded rows of a
+ * run stay in cache (RQ_SUB of them at a time) instead of going to kbuf and back once per query
+ * head. Needs the GEMM kernel whose rows do not depend on the run's split (qf_gemm_nn_f32). */
+#define RQ_SUB 64
+#define RQ_ROW_MAX 512 /* rq_key_row's stack row */
+static bool rq_kfused(qf_context *c, int n) {
+    return n == 1 && qf_gemm_nn_f32_fast() && c->model->hp.head_dim <= RQ_ROW_MAX && !ext(c)->rq_nofuse;
+}
+
+/* keys [p0, p0 + np) of kv head h (coefficients yk, stride kd) decoded RQ_SUB rows at a time into
+ * scr, rotated (a pre-RoPE cache) and scored against each query head of the group: rq_sc's
+ * entries, the bits attention_worker's qf_vec_rows_dot over kbuf gives (the decode's GEMM
+ * elements do not depend on the rows around them, nor rows_dot's outputs) */
+static void rq_key_scores(qf_context *c, int l, int h, int p0, int np, const float *yk, size_t kd, float *scr) {
+    const qf_hparams *hp = &c->model->hp;
+    const int hd = hp->head_dim, gq = hp->n_head / hp->n_head_kv, half = hp->n_rot / 2;
+    const size_t nc = (size_t)c->params.n_ctx;
+    for (int s0 = 0; s0 < np; s0 += RQ_SUB) {
+        const int ns = np - s0 < RQ_SUB ? np - s0 : RQ_SUB;
+        qf_kv_rq_lin_decode(&c->kv, 0, l, h, ns, yk + (size_t)s0 * kd, kd, scr);
+        if (c->kv.k_prerope)
+            for (int p = 0; p < ns; p++)
+                rope_rotate(hp, ext(c)->kr_cos + (size_t)(p0 + s0 + p) * half,
+                            ext(c)->kr_sin + (size_t)(p0 + s0 + p) * half, scr + (size_t)p * hd, 1);
+        for (int qh = h * gq; qh < (h + 1) * gq; qh++)
+            qf_vec_rows_dot(scr, (size_t)hd, hd, c->q + (size_t)qh * hd, ns, ext(c)->rq_sc + qh * nc + p0 + s0);
+    }
+}
+
+/* one stored key row (position p, kv head h) as the fused route decodes it, for exact_gather
+ * (a sink / window position neither store holds): its coefficients, the GEMM, RoPE */
+static void rq_key_row(qf_context *c, int l, int h, int p, float *dst) {
+    const qf_hparams *hp = &c->model->hp;
+    float y[RQ_ROW_MAX];
+    qf_kv_rq_lin_coef(&c->kv, 0, l, h, p, 1, y, (size_t)hp->head_dim);
+    qf_kv_rq_lin_decode(&c->kv, 0, l, h, 1, y, (size_t)hp->head_dim, dst);
+    if (c->kv.k_prerope) {
+        int half = hp->n_rot / 2;
+        rope_rotate(hp, ext(c)->kr_cos + (size_t)p * half, ext(c)->kr_sin + (size_t)p * half, dst, 1);
+    }
+}
+
 static void rq_gather_worker(void *arg, int ith, int nth) {
     att_job *j = arg;
     qf_context *c = j->c;
@@ -832,6 +883,10 @@ static void rq_gather_worker(void *arg, int ith, int nth) {
             float *yk = ext(c)->ykbuf + (size_t)p0 * kd + qf_kv_rq_lin_koff(kv, l, h);
             float *dst = ext(c)->kbuf + ((size_t)h * nc + p0) * hd;
             qf_kv_rq_lin_coef(kv, 0, l, h, p0, np, yk, kd);
+            if (j->kfused) {
+                rq_key_scores(c, l, h, p0, np, yk, kd, y);
+                continue;
+            }
             qf_kv_rq_lin_decode(kv, 0, l, h, np, yk, kd, dst);
             if (kv->k_prerope) {
                 int half = hp->n_rot / 2;
@@ -866,7 +921,7 @@ static void rq_gather2_worker(void *arg, int ith, int nth) {
                               ext(c)->rq_thr + (size_t)ith * ext(c)->rq_thr_per); /* np <= RQ_RUN_MAX */
         } else {
             int e = idx - n_pred, stream = e / nh, h = e % nh;
-            const float *stored = stream ? (j->vcoef ? NULL : ext(c)->vbuf) : ext(c)->kbuf;
+            const float *stored = stream ? (j->vcoef ? NULL : ext(c)->vbuf) : j->kfused ? NULL : ext(c)->kbuf;
             exact_gather(c, j, stream, h, stored ? stored + (size_t)h * nc * hd : NULL);
         }
     }
@@ -902,6 +957,7 @@ static void exact_gather(qf_context *c, const void *jv, int stream, int h, const
             for (int i = 0; i < hd; i++) d[i] = qf_f16_to_f32(qf_f32_to_f16(f[i]));
         } else if (!qf_kv_cache_exact_row(&c->kv, stream, j->layer, h, p, d)) {
             if (stored) memcpy(d, stored + (size_t)p * hd, (size_t)hd * sizeof(float));
+            else if (stream == 0 && j->kfused) rq_key_row(c, j->layer, h, p, d); /* kbuf not written */
             else qf_kv_cache_read_pos(&c->kv, stream, j->layer, h, p, d); /* vbuf holds coefficients */
         }
     }
@@ -1096,6 +1152,9 @@ static void attention_worker(void *arg, int ith, int nth) {
                     qf_vec_rows_dot_kv(j->kt, Kr, (size_t)hp->n_head_kv * rb, hd, Qb + (size_t)i * Dq, Tb, row);
                     for (int t = 0; t < Tb; t++) row[t] *= scale;
                 }
+            } else if (j->kfused) { /* the gather scored the stored keys (rq_key_scores) */
+                memcpy(S, ext(c)->rq_sc + (size_t)h * c->params.n_ctx, (size_t)Tb * sizeof(float));
+                for (int t = 0; t < Tb; t++) S[t] *= scale;
             } else if (nb <= 2) { /* decode: K . q per query, not OpenBLAS's packing of a thin product */
                 for (int i = 0; i < nb; i++) {
                     float *row = S + (size_t)i * Tb;
@@ -1364,9 +1423,10 @@ static qf_status rq_fast_init(qf_context *c, qf_error *err) {
     e->rq_thr_per = (per + 15) & ~(size_t)15;
     e->ykbuf = qf_malloc_aligned((size_t)c->params.n_ctx * HD * sizeof(float));
     e->rq_thr = qf_malloc_aligned((size_t)qf_pool_size(c->pool) * e->rq_thr_per * sizeof(float));
-    if (!e->ykbuf || !e->rq_thr) {
-        free(e->ykbuf), free(e->rq_thr);
-        e->ykbuf = e->rq_thr = NULL;
+    e->rq_sc = qf_malloc_aligned((size_t)hp->n_head * c->params.n_ctx * sizeof(float));
+    if (!e->ykbuf || !e->rq_thr || !e->rq_sc) {
+        free(e->ykbuf), free(e->rq_thr), free(e->rq_sc);
+        e->ykbuf = e->rq_thr = e->rq_sc = NULL;
         return qf_fail(err, QF_ERR_NOMEM, "decode: out of memory for the kv-rq buffers");
     }
     return QF_OK;
@@ -1554,6 +1614,7 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         if (rq_fast) {
             aj.vcoef = c->rq_route == QF_RQ_ROUTE_AUTO ? rq_vcoef(c, nr, pos0 + n) : c->rq_route == QF_RQ_ROUTE_COEF;
             aj.rq_run = rq_run_len(c, pos0 + n);
+            aj.kfused = aj.vcoef && rq_kfused(c, n);
             qf_pool_run(c->pool, rq_gather_worker, &aj);
             qf_pool_run(c->pool, rq_gather2_worker, &aj);
         } else if (aj.kv_direct) { /* attention_worker reads the cache */

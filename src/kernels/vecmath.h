@@ -96,8 +96,9 @@ void qf_gemm_nn_kv_ref(qf_type t, int n, int m, int w, const float *A, size_t ld
  * sh[k] & mk[k])] for k < m. by nondecreasing, sh[k] + the code's width <= 16. The fast kernel
  * (vecmath_avx512.c, AVX-512 with VBMI: qf_bits_lookup_fast) takes 16 codes at a time, their
  * bytes by a permute of the row (a gather past 128 bytes: it then reads 4 bytes from code +
- * by[k], so 3 bytes past the last row's last code byte must be readable) and their values by a
- * gather. Exact: the same table values times the scale, whichever kernel. */
+ * by[k], so 3 bytes past the last row's last code byte must be readable) and their values by
+ * permutes of the table entries a group of 16 codes spans (<= 128 floats, n >= 4) or a gather.
+ * Exact: the same table values times the scale, whichever kernel. */
 void qf_bits_lookup(const uint8_t *rows, size_t stride, int n, int off, const float *sctab, int m, const int32_t *by,
                     const int32_t *sh, const int32_t *mk, const int32_t *to, const float *tab, float *y, size_t ldy);
 void qf_bits_lookup_ref(const uint8_t *rows, size_t stride, int n, int off, const float *sctab, int m,

@@ -152,10 +152,54 @@ void qf_vec_rows_dot_kv_avx512(qf_type t, const void *A, size_t lda, int n, cons
     else rows_dot(T_Q4, A, lda, n, x, m, y);
 }
 
+/* A group of 16 codes whose table entries lie within LK_CHUNKS * 32 floats reads them by permutes:
+ * its span of the table copied once a call (lk_plan), then per row one two-source permute per
+ * 32 entries, each lane keeping the one its index falls in (Zen 4: a 16-lane gather costs about
+ * 20 cycles, a permute 1). Lanes of width 0 (mask 0) read the one entry tab[to[k]]: a constant. */
+enum { LK_GROUPS = 16, LK_CHUNKS = 4 };
+typedef struct {
+    int nch[LK_GROUPS];                  /* 32-entry chunks of the group's span; 0: the gather */
+    __mmask16 cst[LK_GROUPS];            /* lanes of width 0 */
+    _Alignas(64) int32_t rel[LK_GROUPS][16]; /* to[k] - the span's start (0 in constant lanes) */
+    _Alignas(64) float cval[LK_GROUPS][16];  /* tab[to[k]] in constant lanes */
+    _Alignas(64) float span[LK_GROUPS][LK_CHUNKS * 32]; /* the span's entries (0 past its end) */
+} lk_plan;
+
+/* the plan of the groups of m codes (groups past LK_GROUPS, or spanning more than LK_CHUNKS * 32
+ * entries, read by the gather: nch 0) */
+static void lk_plan_make(lk_plan *P, int m, const int32_t *mk, const int32_t *to, const float *tab) {
+    for (int g = 0; g < LK_GROUPS; g++) {
+        P->nch[g] = 0;
+        if (16 * g >= m) continue;
+        const int k0 = 16 * g, nk = m - k0 < 16 ? m - k0 : 16;
+        int32_t lo = INT32_MAX, hi = -1;
+        __mmask16 cst = 0;
+        for (int i = 0; i < nk; i++) {
+            if (!mk[k0 + i]) {
+                cst |= (__mmask16)(1u << i);
+                continue;
+            }
+            lo = to[k0 + i] < lo ? to[k0 + i] : lo;
+            hi = to[k0 + i] + mk[k0 + i] > hi ? to[k0 + i] + mk[k0 + i] : hi;
+        }
+        if (hi < 0) lo = hi = 0; /* every lane constant */
+        const int nch = (hi - lo) / 32 + 1;
+        if (nch > LK_CHUNKS) continue;
+        P->nch[g] = nch, P->cst[g] = cst;
+        for (int i = 0; i < 16; i++) {
+            const bool c = i >= nk || (cst >> i & 1);
+            P->rel[g][i] = c ? 0 : to[k0 + i] - lo;
+            P->cval[g][i] = i < nk && c ? tab[to[k0 + i]] : 0.0f;
+        }
+        for (int e = 0; e < nch * 32; e++) P->span[g][e] = lo + e <= hi ? tab[lo + e] : 0.0f;
+    }
+}
+
 /* 16 codes a step. Where the row's code bytes fit 128 (by[m-1] + 2 <= 128: every row up to 5
  * bits of head_dim 128 or 2.5 of 256), they are loaded once (masked: nothing past them) and each
  * code's 4-byte window is picked by one byte permute (VBMI); otherwise by a gather. Then the
- * shift and mask per lane, and the table values by a gather. by is nondecreasing (bit offsets). */
+ * shift and mask per lane, and the table values by permutes of the group's span (lk_plan) or a
+ * gather. by is nondecreasing (bit offsets). */
 __attribute__((target("avx512vbmi"))) void qf_bits_lookup_avx512(const uint8_t *rows, size_t stride, int n, int off,
                                                                 const float *sctab, int m, const int32_t *by,
                                                                 const int32_t *sh, const int32_t *mk,
@@ -173,6 +217,9 @@ __attribute__((target("avx512vbmi"))) void qf_bits_lookup_avx512(const uint8_t *
                                         24, 20, 20, 20, 20, 16, 16, 16, 16, 12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0,
                                         0, 0, 0);
     const __m512i inc = _mm512_set1_epi32(0x03020100);
+    lk_plan P;
+    const bool plan = n >= 4; /* a few rows do not pay for the plan */
+    if (plan) lk_plan_make(&P, m, mk, to, tab);
     for (int r = 0; r < n; r++) {
         const uint8_t *row = rows + (size_t)r * stride, *code = row + off;
         const __m512 s = _mm512_set1_ps(sctab[row[0]]);
@@ -189,8 +236,21 @@ __attribute__((target("avx512vbmi"))) void qf_bits_lookup_avx512(const uint8_t *
                                    : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), lane, b, code, 1);
             const __m512i c = _mm512_and_si512(_mm512_srlv_epi32(w, _mm512_maskz_loadu_epi32(lane, sh + k)),
                                                _mm512_maskz_loadu_epi32(lane, mk + k));
-            const __m512i i = _mm512_add_epi32(c, _mm512_maskz_loadu_epi32(lane, to + k));
-            const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lane, i, tab, 4);
+            const int g = k / 16, nch = plan && g < LK_GROUPS ? P.nch[g] : 0;
+            __m512 v;
+            if (nch) { /* the span's chunks by permutes: each lane keeps its index's chunk */
+                const __m512i i = _mm512_add_epi32(c, _mm512_load_si512(P.rel[g]));
+                const float *sp = P.span[g];
+                v = _mm512_permutex2var_ps(_mm512_load_ps(sp), i, _mm512_load_ps(sp + 16));
+                for (int ch = 1; ch < nch; ch++)
+                    v = _mm512_mask_blend_ps(_mm512_cmpge_epi32_mask(i, _mm512_set1_epi32(32 * ch)), v,
+                                             _mm512_permutex2var_ps(_mm512_load_ps(sp + 32 * ch), i,
+                                                                    _mm512_load_ps(sp + 32 * ch + 16)));
+                v = _mm512_mask_mov_ps(v, P.cst[g], _mm512_load_ps(P.cval[g]));
+            } else {
+                const __m512i i = _mm512_add_epi32(c, _mm512_maskz_loadu_epi32(lane, to + k));
+                v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lane, i, tab, 4);
+            }
             _mm512_mask_storeu_ps(yr + k, lane, _mm512_mul_ps(v, s));
         }
     }
