@@ -618,6 +618,26 @@ TEST(int8_layout_payload) {
  * activation), and q4_0 / q8_0 quantize the next layer's K and V; so all rows agree to 5e-3 of
  * the largest logit (measured: 3.5e-3 / 6.5e-3 / 2.0e-2 of 14.9 for f32 / q4_0 / q8_0). The
  * canonical route ignores the switch (the same bits). */
+/* The logits of positions 0..n-1 in context c (freed here): a np-token prompt, then the rest
+ * one at a time (alt false) or in batches of 1, 2, 1, 2, ... (alt); ok false: c is only freed.
+ * NULL on any failure (said on stderr, with *e's message). */
+static float *prompt_then_steps(qf_context *c, bool ok, const int32_t *t, int np, int n, bool alt, qf_error *e) {
+    const int V = qf_model_hparams(qf_context_model(c))->n_vocab;
+    float *lg = ok ? malloc((size_t)n * V * sizeof(float)) : NULL;
+    ok = lg && qf_decode(c, t, np, 0, lg, 0, e) == QF_OK;
+    for (int i = np, b = 1; ok && i < n; i += b, b = alt ? 3 - b : 1) {
+        if (i + b > n) b = n - i;
+        ok = qf_decode(c, t + i, b, i, lg + (size_t)i * V, 0, e) == QF_OK;
+    }
+    qf_context_free(c);
+    if (!ok) {
+        fprintf(stderr, "  %s\n", e->msg);
+        free(lg);
+        return NULL;
+    }
+    return lg;
+}
+
 /* the logits of a np-token prompt then n - np decode steps in a context made with cp, the
  * environment variable env (if any) set while it is made, and a kv-int8 payload of these layouts
  * bound (klay non-NULL); NULL on any failure (said on stderr) */
@@ -649,17 +669,7 @@ static float *route_logits(qf_model *m, const qf_context_params *cp, const char 
             return NULL;
         }
     }
-    int V = qf_model_hparams(m)->n_vocab;
-    float *lg = malloc((size_t)n * V * sizeof(float));
-    bool ok = lg && qf_decode(c, t, np, 0, lg, 0, &e) == QF_OK;
-    for (int i = np; ok && i < n; i++) ok = qf_decode(c, t + i, 1, i, lg + (size_t)i * V, 0, &e) == QF_OK;
-    qf_context_free(c);
-    if (!ok) {
-        fprintf(stderr, "  %s\n", e.msg);
-        free(lg);
-        return NULL;
-    }
-    return lg;
+    return prompt_then_steps(c, true, t, np, n, false, &e);
 }
 
 static float *rot_logits(qf_model *m, qf_kv_mode mode, bool norotq, bool canon, int threads, const int32_t *t, int np,
@@ -857,20 +867,7 @@ static float *dict_logits(qf_model *m, const dict_case *dc, const float *const *
         c->kv = fresh;
         c->params.kv_k = spec[0].mode, c->params.kv_v = spec[1].mode;
     }
-    int V = hp->n_vocab;
-    float *lg = ok ? malloc((size_t)n * V * sizeof(float)) : NULL;
-    ok = lg && qf_decode(c, t, np, 0, lg, 0, &e) == QF_OK;
-    for (int i = np, b = 1; ok && i < n; i += b, b = 3 - b) { /* batches of 1, 2, 1, 2, ... */
-        if (i + b > n) b = n - i;
-        ok = qf_decode(c, t + i, b, i, lg + (size_t)i * V, 0, &e) == QF_OK;
-    }
-    qf_context_free(c);
-    if (!ok) {
-        fprintf(stderr, "  %s\n", e.msg);
-        free(lg);
-        return NULL;
-    }
-    return lg;
+    return prompt_then_steps(c, ok, t, np, n, true, &e); /* batches of 1, 2, 1, 2, ... */
 }
 
 TEST(kv_dict_coefficient_domain) {
