@@ -300,6 +300,28 @@ TEST(forward_routes_agree) {
         }
         free(an), free(ln);
     }
+    /* and its V coefficient sums take a kv head's query heads in one product (att_job.vgroup: the
+     * one-query steps, and a 16-token prompt whose gq x 16 rows fit one block; a 40-token prompt
+     * does not): the same bits as QF_RQ_NOBATCH's product per query head */
+    for (int v = 0; v < 2 && ok; v++) {
+        const int npv = v ? 16 : np;
+        float *ab[2] = {calloc((size_t)n * dq, sizeof(float)), calloc((size_t)n * dq, sizeof(float))}, *lb[2] = {0};
+        for (int b = 0; b < 2; b++) {
+            if (b) setenv("QF_RQ_NOBATCH", "1", 1);
+            if (ab[b]) lb[b] = route_logits(m, &dk, &dv, P, QF_RQ_ROUTE_COEF, t, npv, n, ab[b]);
+            unsetenv("QF_RQ_NOBATCH");
+        }
+        CHECK(lb[0] != NULL && lb[1] != NULL);
+        if (lb[0] && lb[1]) {
+            size_t dl = 0, da = 0;
+            for (size_t i = 0; i < (size_t)n * V; i++) dl += memcmp(lb[0] + i, lb[1] + i, 4) != 0;
+            for (size_t i = 0; i < (size_t)n * dq; i++) da += memcmp(ab[0] + i, ab[1] + i, 4) != 0;
+            printf("  coef, prompt %d, a kv head's query heads in one V sum vs QF_RQ_NOBATCH: %zu of %zu logits, "
+                   "%zu of %zu attention outputs differ\n", npv, dl, (size_t)n * V, da, (size_t)n * dq);
+            CHECK(dl == 0 && da == 0);
+        }
+        for (int b = 0; b < 2; b++) free(ab[b]), free(lb[b]);
+    }
     for (int r = 0; r < NR; r++) free(lg[r]), free(att[r]);
 #undef dk
 #undef dv

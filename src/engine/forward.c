@@ -92,6 +92,7 @@ typedef struct qf_context_ext {
      * every query head [n_head][n_ctx], made by the gather from each run's decoded keys */
     float *rq_sc;
     bool rq_nofuse; /* QF_RQ_NOFUSE: never att_job.kfused */
+    bool rq_nobatch; /* QF_RQ_NOBATCH: never att_job.vgroup (one V coefficient sum per query head) */
     float *kr_cos, *kr_sin; /* pre-RoPE K cache: [n_ctx][n_rot/2] tables for every position, or NULL */
     float *kr_cos_swa, *kr_sin_swa; /* the same for sliding-window layers with their own base (gemma3) */
     /* sliding-window layers with their own RoPE base (gemma3): [n_batch][n_rot/2], or NULL */
@@ -289,6 +290,7 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     e->no_rotq = getenv("QF_NO_ROTQ") != NULL;
     e->no_kv_direct = getenv("QF_KV_GATHER") != NULL;
     e->rq_nofuse = getenv("QF_RQ_NOFUSE") != NULL; /* kv-rq: session 29's unfused key scores (A/B) */
+    e->rq_nobatch = getenv("QF_RQ_NOBATCH") != NULL; /* kv-rq: one V coefficient sum per query head (A/B) */
     /* QF_KV_DICT_EXPAND=1: a kv-dict cache is always decoded to f32 rows and attended as rows (the
      * route before the coefficient domain, for A/B runs); =0: the coefficient domain wherever it
      * applies, without dict_coef_pays's estimate (tests) */
@@ -721,6 +723,10 @@ typedef struct {
      * per-thread scratch, RoPE and all, and scores it against the group's queries there (rq_sc):
      * kbuf is not written, nor read back once per query head */
     bool kfused;
+    /* kv-rq fast route, vcoef with few queries (rq_vgroup): attention_worker takes a kv head's
+     * query heads together, their V coefficient sums one product of gq x n rows (vbuf's and
+     * ykbuf's rows read once per kv head, not once per query head) */
+    bool vgroup;
     int q0; /* attention_worker: queries before q0's ATT_QBLOCK block are not computed (their output is
              * not needed); 0 for all */
     /* rows stored rotated (--kv-rot, kv-int8 *_ROT layouts) attended in that basis: kbuf (rotk)
@@ -834,6 +840,19 @@ static bool rq_vcoef(const qf_context *c, int n, int T) {
 #define RQ_ROW_MAX 512 /* rq_key_row's stack row */
 static bool rq_kfused(qf_context *c, int n) {
     return n == 1 && qf_gemm_nn_f32_fast() && c->model->hp.head_dim <= RQ_ROW_MAX && !ext(c)->rq_nofuse;
+}
+
+/* The query heads of a kv head (GQA) share its V coefficients, so rq_values_coef can sum them
+ * for all gq x n of their queries in one product: where the queries fit one block of rq_values_coef's
+ * scratch (ATT_QBLOCK rows; S's gq n rows fit thr_buf's n_batch rows), every thread still gets a
+ * kv head, and the product is qf_gemm_nn_f32, each of whose elements is one chain independent of
+ * the other rows (so the bits are those of one product per query head; OpenBLAS's sgemm promises
+ * no such thing). QF_RQ_NOBATCH=1: never (the product per query head, for A/B runs and tests). */
+static bool rq_vgroup(qf_context *c, int n) {
+    const qf_hparams *hp = &c->model->hp;
+    const int gq = hp->n_head / hp->n_head_kv;
+    return gq * n <= ATT_QBLOCK && gq * n <= c->n_batch && hp->n_head_kv >= qf_pool_size(c->pool) &&
+           qf_gemm_nn_f32_fast() && !ext(c)->rq_nobatch;
 }
 
 /* keys [p0, p0 + np) of kv head h (coefficients yk, stride kd) decoded RQ_SUB rows at a time into
@@ -997,26 +1016,29 @@ static void exact_values(const qf_context *c, int tq, const float *w, const floa
         qf_vec_axpy_diff(EV + (size_t)sp.w0 * hd, V + (size_t)sp.w0 * hd, (size_t)hd, tq - sp.w0 + 1, w + sp.w0, hd, o);
 }
 
-/* The output of a block of nb queries (rows i0.., their softmax weights S [nb][Tb]) over a kv-rq
- * V in the coefficient domain (vbuf: V's coefficients of kv head kvh; ykbuf: K's): the exact
- * keys' values are added as they are and their weights zeroed, then the stored keys' weighted
- * coefficient sums go through the head's linear maps once per query (engine.h). */
-static void rq_values_coef(qf_context *c, const att_job *j, int ith, int kvh, int i0, int nb, int Tb, float *S,
+/* The output of a block of nb queries (rows i0..) of ng query heads of kv head kvh (the first
+ * at Ob, the next hd floats on; row i of head g at Ob + g hd + i Dq), their softmax weights S
+ * [ng][nb][Tb] (head-major), ng nb <= ATT_QBLOCK, over a kv-rq V in the coefficient domain (vbuf:
+ * V's coefficients of kv head kvh; ykbuf: K's): the exact keys' values are added as they are and
+ * their weights zeroed, then the stored keys' weighted coefficient sums (one product of ng nb
+ * rows: qf_gemm_nn_f32's elements do not depend on the other rows, so any ng gives each row's
+ * bits) go through the head's linear maps once per query (engine.h). */
+static void rq_values_coef(qf_context *c, const att_job *j, int ith, int kvh, int i0, int nb, int ng, int Tb, float *S,
                            const float *Yv, const float *EV, float *Ob) {
     const qf_hparams *hp = &c->model->hp;
     const qf_kv_cache *kv = &c->kv;
     int hd = hp->head_dim, Dq = hp->n_head * hd, l = j->layer, mv = qf_kv_rq_lin_dim(kv, 1, l, kvh);
-    int kd = qf_kv_rq_lin_kdim(kv, l);
+    int kd = qf_kv_rq_lin_kdim(kv, l), nr = ng * nb;
     bool pred = qf_kv_rq_lin_pred_on(kv, l), exact = kv->n_sink || kv->n_window;
-    float *ex = ext(c)->rq_thr + (size_t)ith * ext(c)->rq_thr_per; /* [nb][hd] exact part */
-    float *cv = ex + (size_t)ATT_QBLOCK * hd, *ck = cv + (size_t)ATT_QBLOCK * hd; /* [nb][mv], [nb][kd] */
+    float *ex = ext(c)->rq_thr + (size_t)ith * ext(c)->rq_thr_per; /* [nr][hd] exact part */
+    float *cv = ex + (size_t)ATT_QBLOCK * hd, *ck = cv + (size_t)ATT_QBLOCK * hd; /* [nr][mv], [nr][kd] */
     float *pz = ck + (size_t)ATT_QBLOCK * hp->n_head_kv * hd;                   /* [(H + 1) hd] */
     float wsum[ATT_QBLOCK];
-    for (int i = 0; i < nb; i++) {
-        float *w = S + (size_t)i * Tb, *e = ex + (size_t)i * hd;
+    for (int r = 0; r < nr; r++) {
+        float *w = S + (size_t)r * Tb, *e = ex + (size_t)r * hd;
         memset(e, 0, (size_t)hd * sizeof(float));
         if (exact) {
-            int tq = j->pos0 + i0 + i;
+            int tq = j->pos0 + i0 + r % nb;
             exact_span sp;
             for (int p = exact_first(kv, tq - kv->n_window + 1, &sp); p <= tq; p = exact_next(&sp, p)) {
                 for (int d = 0; d < hd; d++) e[d] += w[p] * EV[(size_t)p * hd + d];
@@ -1025,21 +1047,21 @@ static void rq_values_coef(qf_context *c, const att_job *j, int ith, int kvh, in
         }
         double a = 0;
         for (int p = 0; p < Tb; p++) a += w[p];
-        wsum[i] = (float)a;
+        wsum[r] = (float)a;
     }
     if (qf_gemm_nn_f32_fast()) { /* few queries: thin products, faster without OpenBLAS's packing */
-        qf_gemm_nn_f32(nb, Tb, mv, S, (size_t)Tb, Yv, (size_t)hd, NULL, cv, (size_t)mv);
-        if (pred) qf_gemm_nn_f32(nb, Tb, kd, S, (size_t)Tb, ext(c)->ykbuf, (size_t)kd, NULL, ck, (size_t)kd);
+        qf_gemm_nn_f32(nr, Tb, mv, S, (size_t)Tb, Yv, (size_t)hd, NULL, cv, (size_t)mv);
+        if (pred) qf_gemm_nn_f32(nr, Tb, kd, S, (size_t)Tb, ext(c)->ykbuf, (size_t)kd, NULL, ck, (size_t)kd);
     } else {
-        qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, mv, Tb, 1.0f, S, Tb, Yv, hd, 0.0f, cv, mv);
+        qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, mv, Tb, 1.0f, S, Tb, Yv, hd, 0.0f, cv, mv);
         if (pred)
-            qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, kd, Tb, 1.0f, S, Tb, ext(c)->ykbuf, kd, 0.0f, ck, kd);
+            qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, kd, Tb, 1.0f, S, Tb, ext(c)->ykbuf, kd, 0.0f, ck, kd);
     }
-    for (int i = 0; i < nb; i++) {
-        float *o = Ob + (size_t)i * Dq;
-        qf_kv_rq_lin_apply(kv, 1, l, kvh, cv + (size_t)i * mv, wsum[i], o);
-        if (pred) qf_kv_rq_lin_apply_pred(kv, l, kvh, ck + (size_t)i * kd, wsum[i], o, pz);
-        for (int d = 0; d < hd; d++) o[d] += ex[(size_t)i * hd + d];
+    for (int r = 0; r < nr; r++) {
+        float *o = Ob + (size_t)(r / nb) * hd + (size_t)(r % nb) * Dq;
+        qf_kv_rq_lin_apply(kv, 1, l, kvh, cv + (size_t)r * mv, wsum[r], o);
+        if (pred) qf_kv_rq_lin_apply_pred(kv, l, kvh, ck + (size_t)r * kd, wsum[r], o, pz);
+        for (int d = 0; d < hd; d++) o[d] += ex[(size_t)r * hd + d];
     }
 }
 
@@ -1080,21 +1102,125 @@ static void dict_values(qf_context *c, const att_job *j, int ith, int kvh, int n
     }
 }
 
+/* The softmax weights of query head h's block of nb queries from row i0 (the last at position
+ * pos0 + i0 + nb - 1) over the Tb = pos0 + i0 + nb keys the block can see, into S [nb][Tb]: the
+ * job's route's scores (the exact keys' included), soft-capping, then each query's softmax over
+ * its causal (and sliding) window, 0 outside it. c->q's rows of head h as the keys' basis wants
+ * them (attention_worker rotates them first for rotk). */
+static void head_weights(qf_context *c, const att_job *j, int ith, int h, int i0, int nb, float *S) {
+    const qf_hparams *hp = &c->model->hp;
+    int hd = hp->head_dim, gq = hp->n_head / hp->n_head_kv, kvh = h / gq;
+    int Dq = hp->n_head * hd;
+    float scale = hp->attn_scale, cap = hp->attn_softcap;
+    /* a sliding-window layer: the query at t sees keys t - n_swa < p <= t */
+    int swa = qf_hparams_layer_swa(hp, j->layer) ? hp->n_swa : 0;
+    const float *K = ext(c)->kbuf + (size_t)kvh * c->params.n_ctx * hd;
+    int Tb = j->pos0 + i0 + nb; /* keys this block can see */
+    const float *Qb = c->q + (size_t)h * hd + (size_t)i0 * Dq;
+    bool exact = c->kv.n_sink || c->kv.n_window;
+    /* the canonical route's attention (kernels/canon.h): fmaf chains over d, then over t;
+     * the exact keys (kv-rq) scored and summed from their exact rows in the same chains */
+    const bool canon = c->canon && !j->vcoef;
+    const float *EK = ext(c)->ekbuf + (size_t)kvh * c->params.n_ctx * hd;
+    /* exact keys: their scores from EK by the same kernel, for the sinks and the span of
+     * window keys any query of the block reads, [0, ns) and [xlo, hi) -> Sx [nb][ns + hi - xlo] */
+    int ns = 0, xlo = 0, hi = 0;
+    float *Sx = NULL;
+    if (canon) {
+        qf_canon_scores(Qb, Dq, nb, K, Tb, hd, scale, S, Tb, c->thr_buf[ith] + c->canon_scr);
+        if (exact) {
+            ns = c->kv.n_sink < Tb ? c->kv.n_sink : Tb;
+            xlo = j->pos0 + i0 - c->kv.n_window + 1;
+            xlo = xlo > ns ? xlo : ns;
+            hi = Tb;
+            const int W = ns + hi - xlo;
+            Sx = ext(c)->canon_ex + (size_t)ith * ext(c)->canon_ex_per;
+            if (ns) qf_canon_scores(Qb, Dq, nb, EK, ns, hd, scale, Sx, W, c->thr_buf[ith] + c->canon_scr);
+            if (hi > xlo)
+                qf_canon_scores(Qb, Dq, nb, EK + (size_t)xlo * hd, hi - xlo, hd, scale, Sx + ns, W,
+                                c->thr_buf[ith] + c->canon_scr);
+        }
+    } else if (c->params.reference) {
+        for (int i = 0; i < nb; i++)
+            for (int t = 0; t < Tb; t++) {
+                double s = 0;
+                for (int d = 0; d < hd; d++) s += (double)Qb[(size_t)i * Dq + d] * K[(size_t)t * hd + d];
+                S[(size_t)i * Tb + t] = (float)s * scale;
+            }
+    } else if (j->kdict) { /* kv-dict keys in the coefficient domain: P = A q, then s lookups a key */
+        int sp;
+        const qf_kv_dict *D = qf_kv_cache_dict(&c->kv, 0, j->layer, &sp);
+        const size_t nc = (size_t)c->params.n_ctx, o = (size_t)kvh * sp * nc;
+        float *P = ext(c)->dict_thr + (size_t)ith * ext(c)->dict_thr_per;
+        for (int i = 0; i < nb; i++) {
+            float *row = S + (size_t)i * Tb;
+            qf_vec_rows_dot(D->atoms, (size_t)hd, hd, Qb + (size_t)i * Dq, D->n_atoms, P);
+            qf_vec_dict_scores(P, ext(c)->dict_idx[0] + o, ext(c)->dict_coef[0] + o, nc, sp, Tb, row);
+            for (int t = 0; t < Tb; t++) row[t] *= scale;
+        }
+    } else if (j->kv_direct) { /* decode over the cache's own rows, no f32 copy */
+        const size_t rb = c->kv.row_bytes[0];
+        const uint8_t *Kr = c->kv.data[0][j->layer] + (size_t)kvh * rb;
+        for (int i = 0; i < nb; i++) {
+            float *row = S + (size_t)i * Tb;
+            qf_vec_rows_dot_kv(j->kt, Kr, (size_t)hp->n_head_kv * rb, hd, Qb + (size_t)i * Dq, Tb, row);
+            for (int t = 0; t < Tb; t++) row[t] *= scale;
+        }
+    } else if (j->kfused) { /* the gather scored the stored keys (rq_key_scores) */
+        memcpy(S, ext(c)->rq_sc + (size_t)h * c->params.n_ctx, (size_t)Tb * sizeof(float));
+        for (int t = 0; t < Tb; t++) S[t] *= scale;
+    } else if (nb <= 2) { /* decode: K . q per query, not OpenBLAS's packing of a thin product */
+        for (int i = 0; i < nb; i++) {
+            float *row = S + (size_t)i * Tb;
+            qf_vec_rows_dot(K, (size_t)hd, hd, Qb + (size_t)i * Dq, Tb, row);
+            for (int t = 0; t < Tb; t++) row[t] *= scale;
+        }
+    } else {
+        qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, Tb, hd, scale, Qb, Dq, K, hd, 0.0f, S, Tb);
+    }
+    for (int i = 0; i < nb; i++) {
+        float *row = S + (size_t)i * Tb;
+        int last = j->pos0 + i0 + i; /* causal: query sees positions <= its own */
+        if (exact && canon) {
+            const float *sx = Sx + (size_t)i * (ns + hi - xlo);
+            exact_span sp;
+            for (int p = exact_first(&c->kv, last - c->kv.n_window + 1, &sp); p <= last; p = exact_next(&sp, p))
+                row[p] = p < ns ? sx[p] : sx[ns + p - xlo];
+        } else if (exact)
+            exact_scores(c, last, Qb + (size_t)i * Dq, EK, row, scale);
+        int lo = swa && last - swa + 1 > 0 ? last - swa + 1 : 0;
+        if (cap > 0) /* soft-capping (gemma2): c * tanh(s / c) */
+            for (int t = lo; t <= last; t++) row[t] = cap * tanhf(row[t] / cap);
+        if (c->params.reference) qf_softmax_ref(row + lo, last + 1 - lo);
+        else qf_softmax(row + lo, last + 1 - lo);
+        memset(row, 0, (size_t)lo * sizeof(float));
+        memset(row + last + 1, 0, (size_t)(Tb - last - 1) * sizeof(float));
+    }
+}
+
+/* The attention output of the job's queries (rows from q0's block on) into c->att: per query
+ * head, its blocks' weights (head_weights), then their values' sum by the job's route; with
+ * j->vgroup per kv head, its query heads' weights side by side and one rq_values_coef. */
 static void attention_worker(void *arg, int ith, int nth) {
     att_job *j = arg;
     qf_context *c = j->c;
     const qf_hparams *hp = &c->model->hp;
     int hd = hp->head_dim, n = j->n, gq = hp->n_head / hp->n_head_kv;
     int Dq = hp->n_head * hd;
-    float scale = hp->attn_scale, cap = hp->attn_softcap;
-    /* a sliding-window layer: the query at t sees keys t - n_swa < p <= t */
-    int swa = qf_hparams_layer_swa(hp, j->layer) ? hp->n_swa : 0;
+    const size_t hs = (size_t)c->params.n_ctx * hd; /* floats a kv head of vbuf / evbuf */
     float *S = c->thr_buf[ith];
+    if (j->vgroup) { /* a kv head's query heads together (rq_vgroup: one block of n <= ATT_QBLOCK / gq rows) */
+        const int T = j->pos0 + n;
+        for (int kvh = ith; kvh < hp->n_head_kv; kvh += nth) {
+            for (int g = 0; g < gq; g++) head_weights(c, j, ith, kvh * gq + g, 0, n, S + (size_t)g * n * T);
+            rq_values_coef(c, j, ith, kvh, 0, n, gq, T, S, ext(c)->vbuf + kvh * hs, ext(c)->evbuf + kvh * hs,
+                           c->att + (size_t)kvh * gq * hd);
+        }
+        return;
+    }
     for (int h = ith; h < hp->n_head; h += nth) {
         int kvh = h / gq;
-        const float *K = ext(c)->kbuf + (size_t)kvh * c->params.n_ctx * hd;
-        const float *V = ext(c)->vbuf + (size_t)kvh * c->params.n_ctx * hd;
-        const float *Q = c->q + (size_t)h * hd;
+        const float *V = ext(c)->vbuf + kvh * hs, *EV = ext(c)->evbuf + kvh * hs;
         float *O = c->att + (size_t)h * hd;
         const int i_first = j->q0 / ATT_QBLOCK * ATT_QBLOCK; /* the first row computed */
         if (j->rotk) /* this head's queries into the keys' rotated basis (c->q is not read again) */
@@ -1102,97 +1228,18 @@ static void attention_worker(void *arg, int ith, int nth) {
         for (int i0 = i_first; i0 < n; i0 += ATT_QBLOCK) { /* the same blocks for any q0 */
             int nb = n - i0 < ATT_QBLOCK ? n - i0 : ATT_QBLOCK;
             int Tb = j->pos0 + i0 + nb; /* keys this block can see */
-            const float *Qb = Q + (size_t)i0 * Dq;
             bool exact = c->kv.n_sink || c->kv.n_window;
-            /* the canonical route's attention (kernels/canon.h): fmaf chains over d, then over t;
-             * the exact keys (kv-rq) scored and summed from their exact rows in the same chains */
-            const bool canon = c->canon && !j->vcoef;
-            const float *EK = ext(c)->ekbuf + (size_t)kvh * c->params.n_ctx * hd;
-            /* exact keys: their scores from EK by the same kernel, for the sinks and the span of
-             * window keys any query of the block reads, [0, ns) and [xlo, hi) -> Sx [nb][ns + hi - xlo] */
-            int ns = 0, xlo = 0, hi = 0;
-            float *Sx = NULL;
-            if (canon) {
-                qf_canon_scores(Qb, Dq, nb, K, Tb, hd, scale, S, Tb, c->thr_buf[ith] + c->canon_scr);
-                if (exact) {
-                    ns = c->kv.n_sink < Tb ? c->kv.n_sink : Tb;
-                    xlo = j->pos0 + i0 - c->kv.n_window + 1;
-                    xlo = xlo > ns ? xlo : ns;
-                    hi = Tb;
-                    const int W = ns + hi - xlo;
-                    Sx = ext(c)->canon_ex + (size_t)ith * ext(c)->canon_ex_per;
-                    if (ns) qf_canon_scores(Qb, Dq, nb, EK, ns, hd, scale, Sx, W, c->thr_buf[ith] + c->canon_scr);
-                    if (hi > xlo)
-                        qf_canon_scores(Qb, Dq, nb, EK + (size_t)xlo * hd, hi - xlo, hd, scale, Sx + ns, W,
-                                        c->thr_buf[ith] + c->canon_scr);
-                }
-            } else if (c->params.reference) {
-                for (int i = 0; i < nb; i++)
-                    for (int t = 0; t < Tb; t++) {
-                        double s = 0;
-                        for (int d = 0; d < hd; d++) s += (double)Qb[(size_t)i * Dq + d] * K[(size_t)t * hd + d];
-                        S[(size_t)i * Tb + t] = (float)s * scale;
-                    }
-            } else if (j->kdict) { /* kv-dict keys in the coefficient domain: P = A q, then s lookups a key */
-                int sp;
-                const qf_kv_dict *D = qf_kv_cache_dict(&c->kv, 0, j->layer, &sp);
-                const size_t nc = (size_t)c->params.n_ctx, o = (size_t)kvh * sp * nc;
-                float *P = ext(c)->dict_thr + (size_t)ith * ext(c)->dict_thr_per;
-                for (int i = 0; i < nb; i++) {
-                    float *row = S + (size_t)i * Tb;
-                    qf_vec_rows_dot(D->atoms, (size_t)hd, hd, Qb + (size_t)i * Dq, D->n_atoms, P);
-                    qf_vec_dict_scores(P, ext(c)->dict_idx[0] + o, ext(c)->dict_coef[0] + o, nc, sp, Tb, row);
-                    for (int t = 0; t < Tb; t++) row[t] *= scale;
-                }
-            } else if (j->kv_direct) { /* decode over the cache's own rows, no f32 copy */
-                const size_t rb = c->kv.row_bytes[0];
-                const uint8_t *Kr = c->kv.data[0][j->layer] + (size_t)kvh * rb;
-                for (int i = 0; i < nb; i++) {
-                    float *row = S + (size_t)i * Tb;
-                    qf_vec_rows_dot_kv(j->kt, Kr, (size_t)hp->n_head_kv * rb, hd, Qb + (size_t)i * Dq, Tb, row);
-                    for (int t = 0; t < Tb; t++) row[t] *= scale;
-                }
-            } else if (j->kfused) { /* the gather scored the stored keys (rq_key_scores) */
-                memcpy(S, ext(c)->rq_sc + (size_t)h * c->params.n_ctx, (size_t)Tb * sizeof(float));
-                for (int t = 0; t < Tb; t++) S[t] *= scale;
-            } else if (nb <= 2) { /* decode: K . q per query, not OpenBLAS's packing of a thin product */
-                for (int i = 0; i < nb; i++) {
-                    float *row = S + (size_t)i * Tb;
-                    qf_vec_rows_dot(K, (size_t)hd, hd, Qb + (size_t)i * Dq, Tb, row);
-                    for (int t = 0; t < Tb; t++) row[t] *= scale;
-                }
-            } else {
-                qf_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, Tb, hd, scale, Qb, Dq, K, hd, 0.0f, S, Tb);
-            }
-            const float *EV = ext(c)->evbuf + (size_t)kvh * c->params.n_ctx * hd;
-            for (int i = 0; i < nb; i++) {
-                float *row = S + (size_t)i * Tb;
-                int last = j->pos0 + i0 + i; /* causal: query sees positions <= its own */
-                if (exact && canon) {
-                    const float *sx = Sx + (size_t)i * (ns + hi - xlo);
-                    exact_span sp;
-                    for (int p = exact_first(&c->kv, last - c->kv.n_window + 1, &sp); p <= last; p = exact_next(&sp, p))
-                        row[p] = p < ns ? sx[p] : sx[ns + p - xlo];
-                } else if (exact)
-                    exact_scores(c, last, Qb + (size_t)i * Dq, EK, row, scale);
-                int lo = swa && last - swa + 1 > 0 ? last - swa + 1 : 0;
-                if (cap > 0) /* soft-capping (gemma2): c * tanh(s / c) */
-                    for (int t = lo; t <= last; t++) row[t] = cap * tanhf(row[t] / cap);
-                if (c->params.reference) qf_softmax_ref(row + lo, last + 1 - lo);
-                else qf_softmax(row + lo, last + 1 - lo);
-                memset(row, 0, (size_t)lo * sizeof(float));
-                memset(row + last + 1, 0, (size_t)(Tb - last - 1) * sizeof(float));
-            }
+            head_weights(c, j, ith, h, i0, nb, S);
             float *Ob = O + (size_t)i0 * Dq;
             if (j->vcoef) {
-                rq_values_coef(c, j, ith, kvh, i0, nb, Tb, S, V, EV, Ob);
+                rq_values_coef(c, j, ith, kvh, i0, nb, 1, Tb, S, V, EV, Ob);
                 continue;
             }
             if (j->vdict) {
                 dict_values(c, j, ith, kvh, nb, Tb, S, EV, Ob);
                 continue;
             }
-            if (canon) { /* the exact keys' rows chosen inside the chains: no exact_values below */
+            if (c->canon) { /* the exact keys' rows chosen inside the chains: no exact_values below */
                 qf_canon_pv(S, Tb, nb, j->pos0 + i0 + 1, V, exact ? EV : NULL, c->kv.n_sink, c->kv.n_window, hd, Ob, Dq);
                 continue;
             } else if (c->params.reference) {
@@ -1615,6 +1662,7 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
             aj.vcoef = c->rq_route == QF_RQ_ROUTE_AUTO ? rq_vcoef(c, nr, pos0 + n) : c->rq_route == QF_RQ_ROUTE_COEF;
             aj.rq_run = rq_run_len(c, pos0 + n);
             aj.kfused = aj.vcoef && rq_kfused(c, n);
+            aj.vgroup = aj.vcoef && rq_vgroup(c, n);
             qf_pool_run(c->pool, rq_gather_worker, &aj);
             qf_pool_run(c->pool, rq_gather2_worker, &aj);
         } else if (aj.kv_direct) { /* attention_worker reads the cache */
