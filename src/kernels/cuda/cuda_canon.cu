@@ -149,6 +149,18 @@ __device__ static inline void mma_s8_16832(int *d, const int *a, int b0, int b1)
 #endif
 }
 
+/* the same for 16 products: mma.sync m16n8k16 on int8 (Q6_K's sub-blocks) */
+__device__ static inline void mma_s8_16816(int *d, const int *a, int b0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(b0), "r"(0));
+#else
+    (void)a, (void)b0;
+    d[0] = d[1] = d[2] = d[3] = 0;
+#endif
+}
+
 /* y[t][r] (t < n, r < N, row stride N) = sum over blocks of fmaf((float)isum, dw * dx, acc):
  * 256 threads, 64 rows x 64 tokens; CG_KB blocks of K a shared-memory stage, each thread loading
  * one (row, block) of the weights and one (token, block) of the activation, then every output's
@@ -250,38 +262,52 @@ __global__ void __launch_bounds__(256) k_canon_gemm_q8(const uint8_t *__restrict
 
 #define CK_BN 32 /* the K GEMM's tokens per block */
 
-/* the K GEMM: 64 rows x 32 tokens, thread (tr, tt) the rows 4 tr.. and tokens 2 tt.., one
- * super-block a stage, every thread loading: thread (row tid / 4, quarter tid % 4) unpacks 64
- * quants of the weights (the quarter-0 thread the row's scales too), thread (token tid / 8,
- * part tid % 8) 32 bytes of the activation and their sub-block sums (Q8_K's bsums, once a stage
- * instead of once an output). Each output's integer sums and its two fmaf are those of gemm.c's
- * qf_gemm_k_rows_ref, in the same order. Against one thread unpacking a row's whole super-block
- * (192 threads idle while it did, the bsums summed again for every output), H200, 8B q4_k_m
- * shape, `qforge ppl --arith canonical --chunks 8` 14.2-14.3 s against 23.7-23.8 s end to end,
- * the same PPL bits (docs/gpu.md "Session 21"). */
+/* the K GEMM: 64 rows x 32 tokens, one super-block a stage, every thread loading: thread (row
+ * tid / 4, quarter tid % 4) unpacks 64 quants of the weights (the quarter-0 thread the row's
+ * scales too), thread (token tid / 8, part tid % 8) 32 bytes of the activation and their
+ * sub-block sums (Q8_K's bsums, once a stage instead of once an output). Each output's integer
+ * sums and its two fmaf are those of gemm.c's qf_gemm_k_rows_ref, in the same order (the integer
+ * sums are exact, so only the two fmaf have an order). sm_80 and later: warp w owns rows
+ * 16 (w % 4).. and tokens 16 (w / 4)..; each sub-block's 16 x 8 tiles of integer sums come from
+ * mma.sync (m16n8k32 for Q4_K's 32-element sub-blocks, m16n8k16 for Q6_K's 16) instead of __dp4a.
+ * Older GPUs: thread (tr, tt) the rows 4 tr.. and tokens 2 tt.., __dp4a. Shared rows padded to 68
+ * words (conflict-free fragments). Against one thread unpacking a row's whole super-block, H200,
+ * 8B q4_k_m shape, `qforge ppl --arith canonical --chunks 8` 14.2-14.3 s against 23.7-23.8 s end
+ * to end, the same PPL bits (docs/gpu.md "Session 21"). */
+#define CK_PAD 68
 template <int Q6>
 __global__ void __launch_bounds__(256) k_canon_gemm_k(const uint8_t *__restrict__ W, size_t rb, int K, int N,
                                                       const int8_t *__restrict__ xq, const float *__restrict__ xd,
                                                       int n, float *__restrict__ y) {
     constexpr int NS = Q6 ? 16 : 8, SUB = 256 / NS;
     static_assert(CG_BM * 4 == 256 && CK_BN * 8 == 256, "a row quarter and a token part a thread");
-    __shared__ __align__(16) int sw[CG_BM][64];
-    __shared__ __align__(16) int sx[CK_BN][64];
+    __shared__ __align__(16) int sw[CG_BM][CK_PAD];
+    __shared__ __align__(16) int sx[CK_BN][CK_PAD];
     __shared__ int ssc[CG_BM][NS], smn[CG_BM][8], sxs[CK_BN][NS];
     __shared__ float sd[CG_BM], sdm[CG_BM], sdx[CK_BN];
-    const int tid = threadIdx.x, tr = tid % 16, tt = tid / 16, lr = tid / 4, lq = tid % 4, lt = tid / 8, l8 = tid % 8;
+    const int tid = threadIdx.x, lr = tid / 4, lq = tid % 4, lt = tid / 8, l8 = tid % 8;
     const int r0 = blockIdx.x * CG_BM, t0 = blockIdx.y * CK_BN, nb = K / 256;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    /* acc[j][c]: tile j (tokens wt + 8 j..), c = 0/1 row wr + g, c = 2/3 row wr + g + 8,
+     * tokens wt + 8 j + 2 q + (c & 1) */
+    const int lane = tid % 32, g = lane / 4, q = lane % 4, wr = (tid / 32) % 4 * 16, wt = (tid / 32) / 4 * 16;
+    float acc[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#else
+    const int tr = tid % 16, tt = tid / 16;
     float acc[4][2];
 #pragma unroll
     for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = 0.0f;
+#endif
     for (int b = 0; b < nb; b++) {
         {
             const int r = r0 + lr;
-            __align__(16) uint8_t q[64];
-            if (r < N) qf_k_unpack_quarter(Q6, W + (size_t)r * rb, b, lq, q);
+            __align__(16) uint8_t qv[64];
+            if (r < N) qf_k_unpack_quarter(Q6, W + (size_t)r * rb, b, lq, qv);
             else
-                for (int j = 0; j < 64; j++) q[j] = 0;
-            memcpy(&sw[lr][16 * lq], q, 64);
+                for (int j = 0; j < 64; j++) qv[j] = 0;
+            memcpy(&sw[lr][16 * lq], qv, 64);
             if (lq == 0) {
                 int32_t sc[16] = {0}, mn[8] = {0};
                 uint16_t dh = 0, mh = 0;
@@ -309,6 +335,47 @@ __global__ void __launch_bounds__(256) k_canon_gemm_k(const uint8_t *__restrict_
             if (l8 == 0) sdx[lt] = t < n ? xd[(size_t)t * (K / 32) + b] : 0.0f;
         }
         __syncthreads();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        int iacc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}}, im[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+        for (int sb = 0; sb < NS; sb++) {
+            constexpr int WS = SUB / 4; /* words a sub-block */
+            const int sc0 = ssc[wr + g][sb], sc1 = ssc[wr + g + 8][sb];
+            const int mn0 = Q6 ? 0 : smn[wr + g][sb], mn1 = Q6 ? 0 : smn[wr + g + 8][sb];
+            int a[4];
+            if (Q6) {
+                a[0] = sw[wr + g][sb * WS + q], a[1] = sw[wr + g + 8][sb * WS + q];
+            } else {
+                a[0] = sw[wr + g][sb * WS + q], a[1] = sw[wr + g + 8][sb * WS + q];
+                a[2] = sw[wr + g][sb * WS + 4 + q], a[3] = sw[wr + g + 8][sb * WS + 4 + q];
+            }
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int tok = wt + 8 * j;
+                int d[4];
+                if (Q6) mma_s8_16816(d, a, sx[tok + g][sb * WS + q]);
+                else mma_s8_16832(d, a, sx[tok + g][sb * WS + q], sx[tok + g][sb * WS + 4 + q]);
+                const int xs0 = sxs[tok + 2 * q][sb], xs1 = sxs[tok + 2 * q + 1][sb];
+                const int xs[4] = {xs0, xs1, xs0, xs1}, sc[4] = {sc0, sc0, sc1, sc1}, mn[4] = {mn0, mn0, mn1, mn1};
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    int is = d[c];
+                    if (Q6) is -= 32 * xs[c];
+                    else im[j][c] += mn[c] * xs[c];
+                    iacc[j][c] += is * sc[c];
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int rr = wr + g + (c >> 1) * 8, tk = wt + 8 * j + 2 * q + (c & 1);
+                float v = __fmaf_rn((float)iacc[j][c], __fmul_rn(sd[rr], sdx[tk]), acc[j][c]);
+                if (!Q6) v = __fmaf_rn(-(float)im[j][c], __fmul_rn(sdm[rr], sdx[tk]), v);
+                acc[j][c] = v;
+            }
+#else
 #pragma unroll
         for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -317,22 +384,33 @@ __global__ void __launch_bounds__(256) k_canon_gemm_k(const uint8_t *__restrict_
                 const int *a = sw[rr], *c = sx[tk];
                 int iacc = 0, im = 0;
 #pragma unroll
-                for (int s = 0; s < NS; s++) {
+                for (int sb = 0; sb < NS; sb++) {
                     int is = 0;
 #pragma unroll
-                    for (int w = s * SUB / 4; w < (s + 1) * SUB / 4; w++) is = __dp4a(a[w], c[w], is);
-                    const int xs = sxs[tk][s];
+                    for (int w = sb * SUB / 4; w < (sb + 1) * SUB / 4; w++) is = __dp4a(a[w], c[w], is);
+                    const int xs = sxs[tk][sb];
                     if (Q6) is -= 32 * xs;
-                    else im += smn[rr][s] * xs;
-                    iacc += is * ssc[rr][s];
+                    else im += smn[rr][sb] * xs;
+                    iacc += is * ssc[rr][sb];
                 }
                 float v = __fmaf_rn((float)iacc, __fmul_rn(sd[rr], sdx[tk]), acc[i][j]);
                 if (!Q6) v = __fmaf_rn(-(float)im, __fmul_rn(sdm[rr], sdx[tk]), v);
                 acc[i][j] = v;
             }
+#endif
         __syncthreads();
     }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int r = r0 + wr + g + (c >> 1) * 8, t = t0 + wt + 8 * j + 2 * q + (c & 1);
+            if (r < N && t < n) y[(size_t)t * N + r] = acc[j][c];
+        }
+#else
     store_tile<4, 2>(acc, y, r0 + 4 * tr, t0 + 2 * tt, N, n);
+#endif
 }
 
 /* the f32 chain over dequantized rows: 64 rows x 64 tokens, K in stages of CC_KB 32-blocks;
