@@ -855,21 +855,29 @@ static bool rq_vgroup(qf_context *c, int n) {
            qf_gemm_nn_f32_fast() && !ext(c)->rq_nobatch;
 }
 
+/* n decoded K rows of positions p0.. (rows of head_dim) rotated to their positions where the
+ * kv-rq cache stores K before RoPE (the kr_cos / kr_sin tables); else left as they are */
+static void rq_rope_keys(qf_context *c, int p0, int n, float *rows) {
+    if (!c->kv.k_prerope) return;
+    const qf_hparams *hp = &c->model->hp;
+    const int half = hp->n_rot / 2;
+    for (int p = 0; p < n; p++)
+        rope_rotate(hp, ext(c)->kr_cos + (size_t)(p0 + p) * half, ext(c)->kr_sin + (size_t)(p0 + p) * half,
+                    rows + (size_t)p * hp->head_dim, 1);
+}
+
 /* keys [p0, p0 + np) of kv head h (coefficients yk, stride kd) decoded RQ_SUB rows at a time into
  * scr, rotated (a pre-RoPE cache) and scored against each query head of the group: rq_sc's
  * entries, the bits attention_worker's qf_vec_rows_dot over kbuf gives (the decode's GEMM
  * elements do not depend on the rows around them, nor rows_dot's outputs) */
 static void rq_key_scores(qf_context *c, int l, int h, int p0, int np, const float *yk, size_t kd, float *scr) {
     const qf_hparams *hp = &c->model->hp;
-    const int hd = hp->head_dim, gq = hp->n_head / hp->n_head_kv, half = hp->n_rot / 2;
+    const int hd = hp->head_dim, gq = hp->n_head / hp->n_head_kv;
     const size_t nc = (size_t)c->params.n_ctx;
     for (int s0 = 0; s0 < np; s0 += RQ_SUB) {
         const int ns = np - s0 < RQ_SUB ? np - s0 : RQ_SUB;
         qf_kv_rq_lin_decode(&c->kv, 0, l, h, ns, yk + (size_t)s0 * kd, kd, scr);
-        if (c->kv.k_prerope)
-            for (int p = 0; p < ns; p++)
-                rope_rotate(hp, ext(c)->kr_cos + (size_t)(p0 + s0 + p) * half,
-                            ext(c)->kr_sin + (size_t)(p0 + s0 + p) * half, scr + (size_t)p * hd, 1);
+        rq_rope_keys(c, p0 + s0, ns, scr);
         for (int qh = h * gq; qh < (h + 1) * gq; qh++)
             qf_vec_rows_dot(scr, (size_t)hd, hd, c->q + (size_t)qh * hd, ns, ext(c)->rq_sc + qh * nc + p0 + s0);
     }
@@ -882,10 +890,7 @@ static void rq_key_row(qf_context *c, int l, int h, int p, float *dst) {
     float y[RQ_ROW_MAX];
     qf_kv_rq_lin_coef(&c->kv, 0, l, h, p, 1, y, (size_t)hp->head_dim);
     qf_kv_rq_lin_decode(&c->kv, 0, l, h, 1, y, (size_t)hp->head_dim, dst);
-    if (c->kv.k_prerope) {
-        int half = hp->n_rot / 2;
-        rope_rotate(hp, ext(c)->kr_cos + (size_t)p * half, ext(c)->kr_sin + (size_t)p * half, dst, 1);
-    }
+    rq_rope_keys(c, p, 1, dst);
 }
 
 static void rq_gather_worker(void *arg, int ith, int nth) {
@@ -907,12 +912,7 @@ static void rq_gather_worker(void *arg, int ith, int nth) {
                 continue;
             }
             qf_kv_rq_lin_decode(kv, 0, l, h, np, yk, kd, dst);
-            if (kv->k_prerope) {
-                int half = hp->n_rot / 2;
-                for (int p = 0; p < np; p++)
-                    rope_rotate(hp, ext(c)->kr_cos + (size_t)(p0 + p) * half, ext(c)->kr_sin + (size_t)(p0 + p) * half,
-                                dst + (size_t)p * hd, 1);
-            }
+            rq_rope_keys(c, p0, np, dst);
         } else {
             float *dst = ext(c)->vbuf + ((size_t)h * nc + p0) * hd;
             if (j->vcoef) {
@@ -1016,6 +1016,17 @@ static void exact_values(const qf_context *c, int tq, const float *w, const floa
         qf_vec_axpy_diff(EV + (size_t)sp.w0 * hd, V + (size_t)sp.w0 * hd, (size_t)hd, tq - sp.w0 + 1, w + sp.w0, hd, o);
 }
 
+/* query at tq with softmax weights w: e += w_p Vexact_p over the exact keys (position order), and
+ * their w_p zeroed, so a sum over the stored rows leaves them out (the coefficient-domain V sums:
+ * rq_values_coef, dict_values) */
+static void exact_take(const qf_kv_cache *kv, int tq, int hd, float *w, const float *EV, float *e) {
+    exact_span sp;
+    for (int p = exact_first(kv, tq - kv->n_window + 1, &sp); p <= tq; p = exact_next(&sp, p)) {
+        for (int d = 0; d < hd; d++) e[d] += w[p] * EV[(size_t)p * hd + d];
+        w[p] = 0;
+    }
+}
+
 /* The output of a block of nb queries (rows i0..) of ng query heads of kv head kvh (the first
  * at Ob, the next hd floats on; row i of head g at Ob + g hd + i Dq), their softmax weights S
  * [ng][nb][Tb] (head-major), ng nb <= ATT_QBLOCK, over a kv-rq V in the coefficient domain (vbuf:
@@ -1037,14 +1048,7 @@ static void rq_values_coef(qf_context *c, const att_job *j, int ith, int kvh, in
     for (int r = 0; r < nr; r++) {
         float *w = S + (size_t)r * Tb, *e = ex + (size_t)r * hd;
         memset(e, 0, (size_t)hd * sizeof(float));
-        if (exact) {
-            int tq = j->pos0 + i0 + r % nb;
-            exact_span sp;
-            for (int p = exact_first(kv, tq - kv->n_window + 1, &sp); p <= tq; p = exact_next(&sp, p)) {
-                for (int d = 0; d < hd; d++) e[d] += w[p] * EV[(size_t)p * hd + d];
-                w[p] = 0;
-            }
-        }
+        if (exact) exact_take(kv, j->pos0 + i0 + r % nb, hd, w, EV, e);
         double a = 0;
         for (int p = 0; p < Tb; p++) a += w[p];
         wsum[r] = (float)a;
@@ -1086,12 +1090,7 @@ static void dict_values(qf_context *c, const att_job *j, int ith, int kvh, int n
         float *w = S + (size_t)i * Tb, *o = Ob + (size_t)i * Dq;
         if (exact) {
             memset(ex, 0, (size_t)hd * sizeof(float));
-            const int tq = Tb - nb + i; /* query i's position (Tb = pos0 + i0 + nb) */
-            exact_span sp2;
-            for (int p = exact_first(kv, tq - kv->n_window + 1, &sp2); p <= tq; p = exact_next(&sp2, p)) {
-                for (int d = 0; d < hd; d++) ex[d] += w[p] * EV[(size_t)p * hd + d];
-                w[p] = 0;
-            }
+            exact_take(kv, Tb - nb + i, hd, w, EV, ex); /* query i's position (Tb = pos0 + i0 + nb) */
         }
         memset(W, 0, (size_t)D->n_atoms * sizeof(float));
         qf_vec_dict_weights(w, ext(c)->dict_idx[1] + off, ext(c)->dict_coef[1] + off, nc, sp, Tb, W);
