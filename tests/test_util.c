@@ -30,6 +30,28 @@ TEST(f16_roundtrip_all_finite) {
     CHECK_NEAR(qf_bf16_to_f32(0x3f80), 1.0, 0);
 }
 
+/* qf_f16_to_f32 (inline, branch-free) against the format's definition for every half: (-1)^s
+ * m 2^-24 for exponent 0 (signed zeros included), (1024 + m) 2^(e - 25) for normals, infinities,
+ * and NaNs keeping their payload bits */
+TEST(f16_to_f32_every_half) {
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        const uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff, sign = (h & 0x8000u) << 16;
+        const float f = qf_f16_to_f32((uint16_t)h);
+        uint32_t got, want;
+        memcpy(&got, &f, 4);
+        if (e == 31) {
+            want = sign | 0x7f800000u | (m << 13);
+        } else {
+            float r = e ? ldexpf((float)(1024 + m), (int)e - 25) : ldexpf((float)m, -24);
+            memcpy(&want, &r, 4);
+            want |= sign;
+        }
+        bad += got != want;
+    }
+    CHECK_EQ_INT(bad, 0);
+}
+
 TEST(sha256_known_vector) {
     uint8_t d[32];
     char hex[65];
@@ -381,6 +403,7 @@ int main(void) {
     RUN(utf8_strict_validator);
     RUN(qf_assert_aborts_with_file_line);
     RUN(f16_roundtrip_all_finite);
+    RUN(f16_to_f32_every_half);
     RUN(sha256_known_vector);
     RUN(atomic_write_and_abort);
     RUN(atomic_write_disk_full);

@@ -297,16 +297,6 @@ void qf_kv_code_pack(const uint16_t *idx, const float *coef, int s, int n_atoms,
     qf_kv_fmt_pack(&fm, idx, coef, out);
 }
 
-/* qf_f16_to_f32's value (the same bits for every half, subnormals, infinities and NaN payloads
- * included) without a call or branches: the parse of every cached code at every decode step */
-static inline float f16_f32(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu;
-    union { uint32_t u; float f; } n = {.u = (em << 13) + (112u << 23)}, x = {.u = (em << 13) | 0x7f800000u}, v;
-    v.f = em < 0x0400 ? (float)em * 5.9604644775390625e-08f : em < 0x7c00 ? n.f : x.f; /* zero/subnormal, normal, inf/NaN */
-    v.u |= sign;
-    return v.f;
-}
-
 void qf_kv_fmt_slots(const qf_kv_code_fmt *f, int n_atoms, const uint8_t *code, int32_t *idx, float *coef,
                      size_t ld) {
     const int s = f->sparsity;
@@ -334,7 +324,7 @@ void qf_kv_fmt_slots(const qf_kv_code_fmt *f, int n_atoms, const uint8_t *code, 
         const float sc = qf_f16_to_f32((uint16_t)(cc[0] | cc[1] << 8));
         for (int j = 0; j < s; j++) ca[j] = (float)(int8_t)cc[2 + j] * sc;
     } else {
-        for (int j = 0; j < s; j++) ca[j] = f16_f32((uint16_t)(cc[2 * j] | cc[2 * j + 1] << 8));
+        for (int j = 0; j < s; j++) ca[j] = qf_f16_to_f32((uint16_t)(cc[2 * j] | cc[2 * j + 1] << 8));
     }
     for (int j = 0; j < s; j++) { /* an unused slot, or a corrupt index: index 0, coefficient +0 */
         const bool drop = ia[j] >= n_atoms || ca[j] == 0;
@@ -359,7 +349,7 @@ void qf_kv_fmt_slots_rows(const qf_kv_code_fmt *f, int n_atoms, const uint8_t *c
         for (int r = 0; r < n; r++) {
             const size_t o = (size_t)r * stride;
             const int32_t a = pi[o];
-            const float c = f16_f32((uint16_t)(pc[o] | pc[o + 1] << 8));
+            const float c = qf_f16_to_f32((uint16_t)(pc[o] | pc[o + 1] << 8));
             const bool drop = a >= n_atoms || c == 0;
             ij[r] = drop ? 0 : a;
             cj[r] = drop ? 0.0f : c;

@@ -18,20 +18,6 @@ static inline float bits_f32(uint32_t u) {
     return f;
 }
 
-float qf_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1f;
-    uint32_t man = h & 0x3ff;
-    if (exp == 0) {
-        if (man == 0) return bits_f32(sign);
-        /* subnormal: value = man * 2^-24 */
-        float v = (float)man * 5.9604644775390625e-08f;
-        return sign ? -v : v;
-    }
-    if (exp == 31) return bits_f32(sign | 0x7f800000u | (man << 13));
-    return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
-}
-
 uint16_t qf_f32_to_f16(float f) {
     uint32_t x = f32_bits(f);
     uint16_t sign = (uint16_t)((x >> 16) & 0x8000);

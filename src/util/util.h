@@ -87,7 +87,15 @@ static inline void qf_split_range(int64_t n, int ith, int nth, int64_t *lo, int6
 }
 
 /* ---- half precision (IEEE binary16 and bfloat16), exact round-to-nearest-even ---- */
-float qf_f16_to_f32(uint16_t h);
+/* h's value: zero and subnormals (m 2^-24, signed), normals, infinities and NaN payloads (the
+ * mantissa shifted in); branch-free and inline, as every parse of f16 codes calls it per value */
+static inline float qf_f16_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu;
+    union { uint32_t u; float f; } n = {.u = (em << 13) + (112u << 23)}, x = {.u = (em << 13) | 0x7f800000u}, v;
+    v.f = em < 0x0400 ? (float)em * 5.9604644775390625e-08f : em < 0x7c00 ? n.f : x.f; /* zero/subnormal, normal, inf/NaN */
+    v.u |= sign;
+    return v.f;
+}
 uint16_t qf_f32_to_f16(float f);
 static inline float qf_bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 };
