@@ -8,10 +8,12 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "engine/engine.h"
 #include "engine/kv_codes.h"
 #include "eval/kld.h"
+#include "kernels/gemm.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "qforge/artifact_bind.h"
 #include "qforge/kvlearn.h"
@@ -505,6 +507,110 @@ TEST(int8_ec_decoder_matches_reference) {
     CHECK_EQ_INT(bad, 0);
 }
 
+/* append the nb low bits of v to the LSB-first stream q at bit *pos (q zeroed) */
+static void ec_test_put(uint8_t *q, size_t *pos, uint32_t v, int nb) {
+    for (int k = 0; k < nb; k++, (*pos)++)
+        if ((v >> k) & 1) q[*pos >> 3] |= (uint8_t)(1u << (*pos & 7));
+}
+
+/* one ec row of n bytes of kind k: 0 Gaussian, 1 uniform, 2 heavy-tailed (g^5), 3 Gaussian
+ * with a few outliers 40x, all through the encoder; 4 random bytes (a corrupt row), 5 random
+ * bytes then 0xff from n/2 (an endless unary tail), 6 all 0xff, 7 a zero row (e = 0, the rest
+ * random), 8 a well-formed stream written here with many long codes (h up to 63: codes of up
+ * to 67 bits, past any 32- or 64-bit window) among short ones, zero padding after */
+static void ec_test_row(int kind, uint8_t *q, int n, uint64_t *s) {
+    static float x[1024];
+    if (kind < 4) {
+        for (int i = 0; i < n; i++) {
+            double g = gauss(s);
+            x[i] = (float)(kind == 0   ? g
+                           : kind == 1 ? (double)(qf_xorshift64s(s) >> 11) * 0x1.0p-53 - 0.5
+                           : kind == 2 ? g * g * g * g * g
+                                       : (qf_xorshift64s(s) % 29 == 0 ? 40 * g : g));
+        }
+        qf_kv_int8_ec_quantize(x, q, n);
+    } else if (kind < 8) {
+        for (int i = 0; i < n; i++) q[i] = kind == 6 ? 0xff : (uint8_t)qf_xorshift64s(s);
+        if (kind == 5) memset(q + n / 2, 0xff, (size_t)n / 2);
+        if (kind == 7) q[0] = 0, q[1] &= 0xfc;
+    } else {
+        memset(q, 0, (size_t)n);
+        size_t pos = 0, total = (size_t)n * 8;
+        ec_test_put(q, &pos, 1 + (uint32_t)(qf_xorshift64s(s) % 1023), 10);
+        for (;;) {
+            uint64_t u = qf_xorshift64s(s);
+            uint32_t h = u % 3 ? (uint32_t)(u >> 8) % 7 : 7 + (uint32_t)(u >> 8) % 57, lo = (uint32_t)(u >> 20) & 15;
+            int len = h < 2 ? 2 : h < 5 ? 3 : (int)h - 1;
+            if (pos + (size_t)len + 5 > total) break;
+            if (h < 2) ec_test_put(q, &pos, h << 1, 2);
+            else if (h < 5) ec_test_put(q, &pos, 1u | ((h - 2) & 1) << 1 | ((h - 2) >> 1) << 2, 3);
+            else {
+                ec_test_put(q, &pos, 7u, 3);
+                for (uint32_t k = 5; k < h; k++) ec_test_put(q, &pos, 1u, 1);
+                ec_test_put(q, &pos, 0u, 1);
+            }
+            ec_test_put(q, &pos, lo, 4);
+            ec_test_put(q, &pos, (uint32_t)(u >> 30) & 1, 1);
+        }
+    }
+}
+
+/* qf_kv_int8_ec_dequantize16 (16 or 32 rows side by side: the AVX-512 lanes where the CPU has
+ * them, else four-row calls; both run here) gives the reference's floats bit for bit on every
+ * lane, for rows of every kind ec_test_row makes, one kind for all rows or mixed (one bad lane
+ * must not spoil the others), at several lengths and row strides, for prefixes n_out < n, and
+ * writes nothing at or past n_out. The rows are one mapping whose last row ends where an
+ * unreadable page begins, so a read past it faults. */
+TEST(int8_ec_decoder16_matches_reference) {
+    uint64_t s = 77;
+    static const int ns[] = {16, 24, 64, 128, 136, 256, 520, 1024};
+    static float y[32][1024 + 8], ref[1024 + 8];
+    const bool simd = qf_kv_int8_ec16_fast();
+    if (simd) printf("  16-row AVX-512 kernel: on (the four-row fallback checked too)\n");
+    else printf("  16-row AVX-512 kernel: SKIPPED, off here (no AVX-512 F/BW/VL/VNNI, or QF_GEMM_ISA caps it; the four-row fallback checked)\n");
+    int rows = 0, bad = 0, spill = 0;
+    for (int pass = 0; pass < 2; pass++) { /* pass 0: the kernel (if any); pass 1: the fallback */
+        if (pass == 1) qf_gemm_cap_isa(QF_GEMM_ISA_AVX2);
+        CHECK(pass == 0 || !qf_kv_int8_ec16_fast());
+        for (int trial = 0; trial < 480; trial++) {
+            const int n = ns[trial % 8], extra = 8 * (trial / 8 % 3);
+            const size_t stride = (size_t)n + (size_t)extra;
+            const int nos[] = {n, n, n / 2 + 1, 1, 17, n - 1, n + 5, 0};
+            const int n_out = nos[trial / 24 % 8], n_cmp = n_out < n ? n_out : n;
+            const int nr = trial % 2 ? 32 : 16;
+            /* the last row ends at a page that may not be read (a gather past it faults: ASan
+             * does not see the kernel's gathers) */
+            const size_t len = (size_t)(nr - 1) * stride + (size_t)n, pg = 4096, span = (len + pg - 1) / pg * pg;
+            uint8_t *map = mmap(NULL, span + pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (map == MAP_FAILED || mprotect(map + span, pg, PROT_NONE)) {
+                CHECK(!"mmap");
+                return;
+            }
+            uint8_t *buf = map + span - len;
+            for (size_t i = 0; i < len; i++) buf[i] = (uint8_t)qf_xorshift64s(&s);
+            const int same = trial % 3 == 0 ? (int)(qf_xorshift64s(&s) % 9) : -1;
+            for (int r = 0; r < nr; r++)
+                ec_test_row(same >= 0 ? same : (int)(qf_xorshift64s(&s) % 9), buf + r * stride, n, &s);
+            float *out[32];
+            for (int r = 0; r < nr; r++) {
+                out[r] = y[r];
+                for (int i = 0; i < 1024 + 8; i++) y[r][i] = -7.0f;
+            }
+            qf_kv_int8_ec_dequantize16(buf, stride, n, nr, out, n_out);
+            for (int r = 0; r < nr; r++) {
+                qf_kv_int8_ec_dequantize_ref(buf + r * stride, n, ref, n_out);
+                bad += memcmp(ref, y[r], sizeof(float) * (size_t)(n_cmp > 0 ? n_cmp : 0)) != 0, rows++;
+                for (int i = n_cmp > 0 ? n_cmp : 0; i < 1024 + 8; i++) spill += y[r][i] != -7.0f;
+            }
+            munmap(map, span + pg);
+        }
+        qf_gemm_cap_isa(QF_GEMM_ISA_AVX512);
+    }
+    printf("  %d rows 16 or 32 at a time, %d differ from the reference, %d values written past n_out\n", rows, bad, spill);
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(spill, 0);
+}
+
 /* int8 row layouts in the cache: rotated static and per-token rows read back close to what was
  * written; a per-token layout needs head_dim a multiple of 8, a rotated one a power of two */
 TEST(int8_layouts_in_the_cache) {
@@ -934,6 +1040,7 @@ int main(void) {
     RUN(int8_token_codec);
     RUN(int8_ec_codec);
     RUN(int8_ec_decoder_matches_reference);
+    RUN(int8_ec_decoder16_matches_reference);
     RUN(int8_layouts_in_the_cache);
     RUN(int8_layout_payload);
     return test_summary();

@@ -783,24 +783,30 @@ void qf_kv_cache_write_pool(qf_kv_cache *kv, int stream, int layer, int pos, int
  * decoded here one at a time or, with kdec, read from kdec (the K heads' rows decoded as this
  * function decodes them: head g's position p at kdec + g * kstride + p * head_dim) */
 /* kv-int8 ec rows of a group of heads (n bytes each, stride apart from gb): heads [k0, k1) of
- * positions [0, n_pos) into dst + (k - k0) hstride + p hd; each row decoded up to head k1 - 1,
- * four rows interleaved (qf_kv_int8_ec_dequantize4) */
+ * positions [0, n_pos) into dst + (k - k0) hstride + p hd; each row decoded up to head k1 - 1:
+ * 32 or 16 rows at a time (qf_kv_int8_ec_dequantize16: AVX-512 lanes) while that many are
+ * left and the CPU has the kernel and k1 hd <= EC_GROUP_MAX (every grouped row), the rest four
+ * rows interleaved (qf_kv_int8_ec_dequantize4), then one at a time */
 static void ec_read(const uint8_t *gb, size_t stride, int n, int hd, int n_pos, int k0, int k1, float *dst,
                     size_t hstride) {
-    float tmp[4][EC_ROW_MAX];
-    for (int p = 0; p < n_pos; p += 4) {
-        const int nr = n_pos - p < 4 ? n_pos - p : 4;
-        if (nr == 4) {
+    _Static_assert(32 * EC_GROUP_MAX >= 4 * EC_ROW_MAX, "ec_read's scratch holds 4 rows of EC_ROW_MAX");
+    float buf[32 * EC_GROUP_MAX]; /* decoded rows, n_out floats apart */
+    float *out[32];
+    const int n_out = k1 * hd;
+    const bool wide = n_out <= EC_GROUP_MAX && qf_kv_int8_ec16_fast();
+    for (int p = 0; p < n_pos;) {
+        const int left = n_pos - p, nr = wide && left >= 32 ? 32 : wide && left >= 16 ? 16 : left >= 4 ? 4 : 1;
+        for (int r = 0; r < nr; r++) out[r] = buf + (size_t)r * n_out;
+        if (nr >= 16) qf_kv_int8_ec_dequantize16(gb + p * stride, stride, n, nr, out, n_out);
+        else if (nr == 4) {
             const uint8_t *rows[4] = {gb + p * stride, gb + (p + 1) * stride, gb + (p + 2) * stride, gb + (p + 3) * stride};
-            float *const out[4] = {tmp[0], tmp[1], tmp[2], tmp[3]};
-            qf_kv_int8_ec_dequantize4(rows, n, out, k1 * hd);
-        } else {
-            for (int r = 0; r < nr; r++) qf_kv_int8_ec_dequantize(gb + (p + r) * stride, n, tmp[r], k1 * hd);
-        }
+            qf_kv_int8_ec_dequantize4(rows, n, out, n_out);
+        } else qf_kv_int8_ec_dequantize(gb + p * stride, n, out[0], n_out);
         for (int r = 0; r < nr; r++)
             for (int k = k0; k < k1; k++)
-                memcpy(dst + (size_t)(k - k0) * hstride + (size_t)(p + r) * hd, tmp[r] + (size_t)k * hd,
+                memcpy(dst + (size_t)(k - k0) * hstride + (size_t)(p + r) * hd, out[r] + (size_t)k * hd,
                        (size_t)hd * sizeof(float));
+        p += nr;
     }
 }
 

@@ -10,6 +10,7 @@
 
 #include "engine/kv_codes.h"
 #include "kernels/blas.h"
+#include "kernels/gemm.h"
 #include "kernels/vecmath.h"
 #include "util/util.h"
 
@@ -585,7 +586,10 @@ void qf_kv_int8_ec_quantize(const float *x, uint8_t *q, int n) {
  * that does not end inside the window and the row on (a long tail, a corrupt row), the
  * reference's steps finish the row (ec_continue). Every decode step of a kv-int8 ec cache reads
  * every row, so this is its CPU decode's inner loop; qf_kv_int8_ec_dequantize4 runs four rows'
- * chains side by side, which the serial dependency of one row's elements leaves room for. */
+ * chains side by side, which the serial dependency of one row's elements leaves room for, and
+ * qf_kv_int8_ec_dequantize16 16 or 32 in AVX-512 lanes (kv_codes_avx512.c), each lane's rare
+ * long code or row end by ec_fast_one (qf_kv_int8_ec_one) and what it cannot take by
+ * ec_continue. */
 
 /* Every element code of at most EC_TAB_BITS bits (h <= 6: all but the rarest), by its first
  * EC_TAB_BITS bits: c (bits 0-9), the sign (bit 10) and the code's length (bits 11-15); length
@@ -727,6 +731,45 @@ void qf_kv_int8_ec_dequantize_ref(const uint8_t *q, int n, float *x, int n_out) 
 void qf_kv_int8_ec_dequantize(const uint8_t *q, int n, float *x, int n_out) {
     pthread_once(&ec_tab_once, ec_tab_build);
     ec_row(q, n, x, n_out, true);
+}
+
+bool qf_kv_int8_ec_one(const uint8_t *q, int n, uint32_t *pos, float d, float *out) {
+    size_t p = *pos;
+    const bool ok = ec_fast_one(q, (size_t)n, &p, d, out);
+    *pos = (uint32_t)p;
+    return ok;
+}
+
+bool qf_kv_int8_ec16_fast(void) { return qf_gemm_isa_get() == QF_GEMM_ISA_AVX512; }
+
+void qf_kv_int8_ec_dequantize16(const uint8_t *q, size_t stride, int n, int nr, float *const *x, int n_out) {
+    pthread_once(&ec_tab_once, ec_tab_build);
+    if (n_out > n) n_out = n;
+    QF_ASSERT(nr == 16 || nr == 32);
+    if (!qf_kv_int8_ec16_fast() || n < 16 || stride > (size_t)(INT32_MAX - n) / (size_t)(nr - 1)) { /* four at a time */
+        for (int r = 0; r < nr; r += 4) {
+            const uint8_t *rq[4] = {q + r * stride, q + (r + 1) * stride, q + (r + 2) * stride, q + (r + 3) * stride};
+            float *const ro[4] = {x[r], x[r + 1], x[r + 2], x[r + 3]};
+            qf_kv_int8_ec_dequantize4(rq, n, ro, n_out);
+        }
+        return;
+    }
+    float d[32];
+    uint32_t live = 0;
+    for (int r = 0; r < nr; r++) {
+        const uint32_t e = ec_header(q + r * stride, n);
+        d[r] = e ? ec_step((int)e) : 0.0f;
+        live |= (uint32_t)(e != 0) << r;
+    }
+    int at[32];
+    uint32_t pos[32];
+    if (nr == 32) qf_kv_int8_ec_run32_avx512(q, stride, n, d, live, EC_HDR_BITS, n_out, x, at, pos);
+    else qf_kv_int8_ec_run16_avx512(q, stride, n, d, live, EC_HDR_BITS, n_out, x, at, pos);
+    for (int r = 0; r < nr; r++) {
+        if (!(live >> r & 1)) /* e = 0: every element is 0 */
+            for (int i = 0; i < n_out; i++) x[r][i] = 0;
+        else if (at[r] < n_out) ec_continue(q + r * stride, n, x[r], n_out, at[r], pos[r], d[r]);
+    }
 }
 
 void qf_kv_int8_ec_dequantize4(const uint8_t *const q[4], int n, float *const x[4], int n_out) {

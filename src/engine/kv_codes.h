@@ -44,6 +44,41 @@ void qf_kv_fmt_slots_rows(const qf_kv_code_fmt *f, int n_atoms, const uint8_t *c
 /* qf_kv_int8_ec_dequantize of four rows of n bytes (q[r] into x[r]), their decoding interleaved:
  * the same values as four calls */
 void qf_kv_int8_ec_dequantize4(const uint8_t *const q[4], int n, float *const x[4], int n_out);
+/* qf_kv_int8_ec_dequantize of nr rows (16 or 32) of n bytes, row r at q + r * stride, into
+ * x[r] (n_out floats each, n_out clamped to n): the same values as nr calls; writes nothing
+ * else. Reads only the rows' n bytes. With AVX-512 (qf_kv_int8_ec16_fast) 16 rows decode side
+ * by side, one SIMD lane each, 32 as two such groups whose chains interleave
+ * (qf_kv_int8_ec_run16_avx512 / run32, then the scalar steps for what a lane left); otherwise,
+ * or when (nr - 1) * stride + n exceeds INT32_MAX (the kernel's 32-bit gather offsets) or
+ * n < 16, nr / 4 calls of qf_kv_int8_ec_dequantize4. */
+void qf_kv_int8_ec_dequantize16(const uint8_t *q, size_t stride, int n, int nr, float *const *x, int n_out);
+/* whether qf_kv_int8_ec_dequantize16 runs the AVX-512 kernel: AVX-512 F/BW/VL/VNNI, the
+ * kernels' level (qf_gemm_isa_get() == QF_GEMM_ISA_AVX512, so QF_GEMM_ISA / qf_gemm_cap_isa
+ * and qf_quant_force_scalar turn it off too) */
+bool qf_kv_int8_ec16_fast(void);
+/* internal: one element of an ec row (q, n bytes; step d != 0) from bit *pos into *out, when
+ * its code ends inside the row and inside the 64-bit window at its first byte: true and *pos
+ * advanced past it; else false, nothing written. Exactly the decoder's fast step (the values of
+ * qf_kv_int8_ec_dequantize_ref); reads only q[0, n). The ec lookup table must have been built
+ * (qf_kv_int8_ec_dequantize16 builds it before it calls the kernel). */
+bool qf_kv_int8_ec_one(const uint8_t *q, int n, uint32_t *pos, float d, float *out);
+/* internal: the AVX-512 kernel of qf_kv_int8_ec_dequantize16 (kv_codes_avx512.c). Rows r in
+ * [0, 16) at q + r * stride, n bytes each (n >= 4, 15 * stride + n <= INT32_MAX). Each lane r
+ * whose bit is set in `live` decodes its row's elements 0, 1, ... from bit pos0 at step d[r]
+ * (nonzero), all lanes at the same element per step, into x[r][i] for i < n_out (n_out <= n):
+ * an element whose code ends inside the row and its 32-bit window in SIMD, one that ends
+ * inside the row but past that window by qf_kv_int8_ec_one; the first element that fits
+ * neither stops the lane: at[r] = its index, pos[r] = its first bit, and the caller finishes
+ * the row from there (the reference's steps). A lane that decodes all n_out: at[r] = n_out.
+ * Lanes not live get at[r] = n_out too. Writes every x[r][0, n_out); the values at and past
+ * at[r], and every value of a lane not live, are unspecified (the caller writes them). Reads
+ * only the rows' n bytes (the gather address is clamped to the row's last 4 bytes). */
+void qf_kv_int8_ec_run16_avx512(const uint8_t *q, size_t stride, int n, const float d[16], unsigned live, uint32_t pos0,
+                                int n_out, float *const x[16], int at[16], uint32_t pos[16]);
+/* the same for 32 rows (q + r * stride, r < 32; 31 * stride + n <= INT32_MAX; live a 32-bit
+ * mask): two groups of 16 lanes, one step of each per element, their chains interleaved */
+void qf_kv_int8_ec_run32_avx512(const uint8_t *q, size_t stride, int n, const float d[32], uint32_t live, uint32_t pos0,
+                                int n_out, float *const x[32], int at[32], uint32_t pos[32]);
 /* qf_kv_int8_ec_dequantize one bit at a time (its reference: the same values for every row,
  * corrupt ones included; tests/test_kvrot.c) */
 void qf_kv_int8_ec_dequantize_ref(const uint8_t *q, int n, float *x, int n_out);
