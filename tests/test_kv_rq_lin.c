@@ -322,6 +322,31 @@ TEST(forward_routes_agree) {
         }
         for (int b = 0; b < 2; b++) free(ab[b]), free(lb[b]);
     }
+    /* and with both (att_job.cfused) V's coefficients are not stored: its codes are read a few rows
+     * at a time for the weighted sums, K's from ykbuf once a layer (QF_RQ_KCODES: K's codes read
+     * again too, ykbuf not written); qf_gemm_nn_f32_acc's pieces (QF_RQ_CSUB=5 makes several of
+     * this short context): the same bits as QF_RQ_NOCFUSE's sums over ykbuf / vbuf */
+    for (int v = 0; v < 3 && ok; v++) {
+        float *ab[2] = {calloc((size_t)n * dq, sizeof(float)), calloc((size_t)n * dq, sizeof(float))}, *lb[2] = {0};
+        if (v) setenv("QF_RQ_CSUB", "5", 1);
+        if (v == 2) setenv("QF_RQ_KCODES", "1", 1);
+        for (int b = 0; b < 2; b++) {
+            if (b) setenv("QF_RQ_NOCFUSE", "1", 1);
+            if (ab[b]) lb[b] = route_logits(m, &dk, &dv, P, QF_RQ_ROUTE_COEF, t, np, n, ab[b]);
+            unsetenv("QF_RQ_NOCFUSE");
+        }
+        unsetenv("QF_RQ_CSUB"), unsetenv("QF_RQ_KCODES");
+        CHECK(lb[0] != NULL && lb[1] != NULL);
+        if (lb[0] && lb[1]) {
+            size_t dl = 0, da = 0;
+            for (size_t i = 0; i < (size_t)n * V; i++) dl += memcmp(lb[0] + i, lb[1] + i, 4) != 0;
+            for (size_t i = 0; i < (size_t)n * dq; i++) da += memcmp(ab[0] + i, ab[1] + i, 4) != 0;
+            printf("  coef, %s, sums from the codes vs QF_RQ_NOCFUSE: %zu of %zu logits, %zu of %zu attention "
+                   "outputs differ\n", v == 2 ? "pieces of 5, K codes again" : v ? "pieces of 5 rows" : "one piece", dl, (size_t)n * V, da, (size_t)n * dq);
+            CHECK(dl == 0 && da == 0);
+        }
+        for (int b = 0; b < 2; b++) free(ab[b]), free(lb[b]);
+    }
     for (int r = 0; r < NR; r++) free(lg[r]), free(att[r]);
 #undef dk
 #undef dv

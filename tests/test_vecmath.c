@@ -263,6 +263,55 @@ TEST(gemm_nn_f32_bit_identical) {
     CHECK_EQ_INT(bad, 0);
 }
 
+/* qf_gemm_nn_f32_acc: the AVX-512 kernel gives the oracle's bits from any C (random values, with
+ * zeros of both signs, an infinity and a NaN among them), for the shapes above; and a product split
+ * over k into consecutive pieces (1, 7, 64, the rest), C zeroed first, gives qf_gemm_nn_f32's bits
+ * with no bias (forward.c's fused kv-rq sums rely on it). The memory past each row of C is left
+ * untouched. */
+static int gemm_acc_differ(const float *A, const float *B, const float *C0, int n, int m, int w) {
+    static float c0[GN_MAXN * GN_LDC], c1[GN_MAXN * GN_LDC], c2[GN_MAXN * GN_LDC], c3[GN_MAXN * GN_LDC];
+    memcpy(c0, C0, sizeof c0), memcpy(c1, C0, sizeof c1);
+    qf_gemm_nn_f32_acc_ref(n, m, w, A, GN_LDA, B, GN_LDB, c0, GN_LDC);
+    if (qf_gemm_nn_f32_fast()) qf_gemm_nn_f32_acc_avx512(n, m, w, A, GN_LDA, B, GN_LDB, c1, GN_LDC);
+    else qf_gemm_nn_f32_acc(n, m, w, A, GN_LDA, B, GN_LDB, c1, GN_LDC);
+    int bad = memcmp(c0, c1, sizeof c0) != 0;
+    /* pieces of k from zero against the whole product */
+    for (int i = 0; i < GN_MAXN * GN_LDC; i++) c2[i] = -7.0f, c3[i] = -7.0f;
+    for (int p = 0; p < n; p++) memset(c3 + (size_t)p * GN_LDC, 0, (size_t)w * sizeof(float));
+    qf_gemm_nn_f32_ref(n, m, w, A, GN_LDA, B, GN_LDB, NULL, c2, GN_LDC);
+    static const int piece[] = {1, 7, 64};
+    int k0 = 0;
+    for (int q = 0; k0 < m; q++) {
+        const int len = q < 3 && piece[q] < m - k0 ? piece[q] : m - k0;
+        qf_gemm_nn_f32_acc(n, len, w, A + k0, GN_LDA, B + (size_t)k0 * GN_LDB, GN_LDB, c3, GN_LDC);
+        k0 += len;
+    }
+    return bad + (memcmp(c2, c3, sizeof c2) != 0);
+}
+TEST(gemm_nn_f32_acc_bit_identical) {
+    static float A[GN_MAXN * GN_LDA], B[GN_MAXM * GN_LDB], C0[GN_MAXN * GN_LDC];
+    uint64_t s = 21;
+    for (int i = 0; i < GN_MAXN * GN_LDA; i++) A[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 4.0f;
+    for (int i = 0; i < GN_MAXM * GN_LDB; i++) B[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 3.0f;
+    for (int i = 0; i < GN_MAXN * GN_LDC; i++) C0[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 2.0f;
+    A[3] = 0.0f, A[GN_LDA + 5] = -0.0f, C0[1] = -0.0f, C0[2] = 0.0f;
+    int bad = 0, runs = 0;
+    static const int ns[] = {0, 1, 2, 4, 5, 6, 7, 13}, ms[] = {0, 1, 17, 64, 150}, ws[] = {1, 15, 16, 17, 64, 65, 128, 290};
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof ms / sizeof *ms; b++)
+            for (size_t c = 0; c < sizeof ws / sizeof *ws; c++) bad += gemm_acc_differ(A, B, C0, ns[a], ms[b], ws[c]), runs++;
+    B[7] = INFINITY, B[2 * GN_LDB + 40] = NAN, C0[GN_LDC + 3] = -INFINITY, C0[4] = NAN;
+    bad += gemm_acc_differ(A, B, C0, 13, 150, 130), runs++;
+    qf_quant_force_scalar(true);
+    CHECK(!qf_gemm_nn_f32_fast());
+    bad += gemm_acc_differ(A, B, C0, 13, 150, 130), runs++;
+    qf_quant_force_scalar(false);
+    printf("  %d shapes, %d differ from the oracle or from the unsplit product%s\n", runs, bad,
+           qf_gemm_nn_f32_fast() ? "" : " (no AVX-512: the dispatcher)");
+    CHECK_EQ_INT(bad, 0);
+}
+
+
 /* qf_bits_lookup: the AVX-512 kernel gives the oracle's values for codes of widths 0..6 at every
  * bit offset, m around multiples of 16, on rows whose codes fit 128 bytes (the byte permute) and
  * on rows of 150 (the gather): rows back to back, each a scale byte then its codes, the last
@@ -505,6 +554,7 @@ int main(void) {
     RUN(rows_dot_avx2_bit_identical);
     RUN(cols_axpy_avx2_bit_identical);
     RUN(gemm_nn_f32_bit_identical);
+    RUN(gemm_nn_f32_acc_bit_identical);
     RUN(bits_lookup_bit_identical);
     RUN(rope_pairs_bit_identical);
     RUN(axpy_diff_bit_identical);

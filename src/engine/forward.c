@@ -40,6 +40,9 @@
 #ifndef ATT_QBLOCK
 #define ATT_QBLOCK 64   /* query rows per attention block: each block only reads its causal prefix */
 #endif
+/* kv-rq, att_job.cfused: rows a piece of the weighted coefficient sums (rq_csum_worker): 64 KB of
+ * scratch at most, in L2 */
+#define RQ_CSUB 128
 #define GEMM_MIN_TOKENS 4 /* below this, the vec_dot route wins */
 #define MV_MAX_W 3        /* weights one decode matvec job runs together (q, k, v) */
 /* bytes of weights a thread takes at a time in the decode matvec (at most; see matvec_multi). Measured on
@@ -91,7 +94,14 @@ typedef struct qf_context_ext {
     /* kv-rq fast route, one query (att_job.kfused): the stored keys' scores q . k (unscaled) of
      * every query head [n_head][n_ctx], made by the gather from each run's decoded keys */
     float *rq_sc;
+    /* kv-rq fast route, att_job.cfused: every query head's softmax weights [n_head][n_ctx] (the
+     * exact keys' zeroed), their sums [n_head], the exact keys' values [n_head][head_dim], and the
+     * weighted coefficient sums of V [n_head][head_dim] and of K (V's predictor) [n_head][kdim] */
+    float *rq_w, *rq_wsum, *rq_ex, *rq_cv, *rq_ck;
     bool rq_nofuse; /* QF_RQ_NOFUSE: never att_job.kfused */
+    bool rq_nocfuse; /* QF_RQ_NOCFUSE: never att_job.cfused (the coefficients through ykbuf / vbuf) */
+    bool rq_kcodes;  /* QF_RQ_KCODES: att_job.cfused reads K's codes again for the sums, ykbuf not written */
+    int rq_csub;     /* rq_csum_worker's rows a piece: RQ_CSUB, or QF_RQ_CSUB=N (1..RQ_CSUB; tests) */
     bool rq_nobatch; /* QF_RQ_NOBATCH: never att_job.vgroup (one V coefficient sum per query head) */
     float *kr_cos, *kr_sin; /* pre-RoPE K cache: [n_ctx][n_rot/2] tables for every position, or NULL */
     float *kr_cos_swa, *kr_sin_swa; /* the same for sliding-window layers with their own base (gemma3) */
@@ -147,7 +157,7 @@ void qf_context_free(qf_context *c) {
     free(e->moe_logits), free(e->moe_w), free(e->moe_x), free(e->moe_y), free(e->moe_acc), free(e->moe_rw);
     free(e->moe_ids), free(e->moe_rows);
     free(e->kbuf), free(e->vbuf), free(e->ekbuf), free(e->evbuf), free(e->gact), free(e->mvact);
-    free(e->ykbuf), free(e->rq_thr), free(e->rq_sc), free(e->canon_ex);
+    free(e->ykbuf), free(e->rq_thr), free(e->rq_sc), free(e->rq_w), free(e->canon_ex);
     free(e->dict_idx[0]), free(e->dict_idx[1]), free(e->dict_coef[0]), free(e->dict_coef[1]), free(e->dict_thr);
     qf_kv_cache_free(&c->kv);
     free(c->x), free(c->xn), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
@@ -291,6 +301,10 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     e->no_kv_direct = getenv("QF_KV_GATHER") != NULL;
     e->rq_nofuse = getenv("QF_RQ_NOFUSE") != NULL; /* kv-rq: session 29's unfused key scores (A/B) */
     e->rq_nobatch = getenv("QF_RQ_NOBATCH") != NULL; /* kv-rq: one V coefficient sum per query head (A/B) */
+    e->rq_nocfuse = getenv("QF_RQ_NOCFUSE") != NULL; /* kv-rq: coefficients through ykbuf / vbuf (A/B) */
+    e->rq_kcodes = getenv("QF_RQ_KCODES") != NULL; /* kv-rq: no ykbuf at all, K codes read twice (A/B) */
+    e->rq_csub = getenv("QF_RQ_CSUB") ? atoi(getenv("QF_RQ_CSUB")) : RQ_CSUB; /* kv-rq: short pieces (tests) */
+    e->rq_csub = e->rq_csub < 1 || e->rq_csub > RQ_CSUB ? RQ_CSUB : e->rq_csub;
     /* QF_KV_DICT_EXPAND=1: a kv-dict cache is always decoded to f32 rows and attended as rows (the
      * route before the coefficient domain, for A/B runs); =0: the coefficient domain wherever it
      * applies, without dict_coef_pays's estimate (tests) */
@@ -727,6 +741,14 @@ typedef struct {
      * query heads together, their V coefficient sums one product of gq x n rows (vbuf's and
      * ykbuf's rows read once per kv head, not once per query head) */
     bool vgroup;
+    /* kv-rq fast route, kfused and vgroup (rq_cfused): V's coefficients do not go to vbuf. The
+     * gather does K only (ykbuf and the scores, as kfused); attention_worker makes every query
+     * head's weights (rq_w); rq_csum_worker per kv head g reads V's codes of head g, RQ_CSUB rows at
+     * a time into scratch, and adds them to the weighted sums of g's query heads, and adds K head g's
+     * ykbuf columns to every query head's K sums (ykbuf read once a layer, not once per kv head);
+     * rq_apply_worker maps the sums to the outputs. QF_RQ_KCODES=1: K's codes are looked up a few
+     * rows at a time in the gather and again in rq_csum_worker, ykbuf not written at all */
+    bool cfused;
     int q0; /* attention_worker: queries before q0's ATT_QBLOCK block are not computed (their output is
              * not needed); 0 for all */
     /* rows stored rotated (--kv-rot, kv-int8 *_ROT layouts) attended in that basis: kbuf (rotk)
@@ -855,6 +877,15 @@ static bool rq_vgroup(qf_context *c, int n) {
            qf_gemm_nn_f32_fast() && !ext(c)->rq_nobatch;
 }
 
+/* A one-query step's V coefficients never stored (att_job.cfused): V's codes are looked up a few
+ * rows at a time into per-thread scratch right where the weighted sums take them, instead of going
+ * to vbuf (out of L2: ~0.9 MB a layer on the 27m at -c 2048) and back, and ykbuf's K
+ * coefficients are read once a layer (a column split over the K heads, every query head's rows)
+ * instead of once per kv head. The sums are qf_gemm_nn_f32_acc's pieces of rq_values_coef's
+ * products: the same bits. QF_RQ_NOCFUSE=1: never. */
+_Static_assert(RQ_CSUB <= RQ_RUN_MAX && 2 * RQ_SUB <= RQ_RUN_MAX, "kv-rq: the per-thread scratch holds RQ_RUN_MAX rows");
+static bool rq_cfused(qf_context *c, int n) { return rq_kfused(c, n) && rq_vgroup(c, n) && !ext(c)->rq_nocfuse; }
+
 /* n decoded K rows of positions p0.. (rows of head_dim) rotated to their positions where the
  * kv-rq cache stores K before RoPE (the kr_cos / kr_sin tables); else left as they are */
 static void rq_rope_keys(qf_context *c, int p0, int n, float *rows) {
@@ -869,14 +900,23 @@ static void rq_rope_keys(qf_context *c, int p0, int n, float *rows) {
 /* keys [p0, p0 + np) of kv head h (coefficients yk, stride kd) decoded RQ_SUB rows at a time into
  * scr, rotated (a pre-RoPE cache) and scored against each query head of the group: rq_sc's
  * entries, the bits attention_worker's qf_vec_rows_dot over kbuf gives (the decode's GEMM
- * elements do not depend on the rows around them, nor rows_dot's outputs) */
+ * elements do not depend on the rows around them, nor rows_dot's outputs). yk NULL
+ * (att_job.cfused): each RQ_SUB rows' coefficients looked up into scr's second half first (scr:
+ * 2 RQ_SUB head_dim floats) */
 static void rq_key_scores(qf_context *c, int l, int h, int p0, int np, const float *yk, size_t kd, float *scr) {
     const qf_hparams *hp = &c->model->hp;
     const int hd = hp->head_dim, gq = hp->n_head / hp->n_head_kv;
     const size_t nc = (size_t)c->params.n_ctx;
+    const size_t m = (size_t)qf_kv_rq_lin_dim(&c->kv, 0, l, h); /* <= hd */
+    float *yc = scr + (size_t)RQ_SUB * hd;
     for (int s0 = 0; s0 < np; s0 += RQ_SUB) {
         const int ns = np - s0 < RQ_SUB ? np - s0 : RQ_SUB;
-        qf_kv_rq_lin_decode(&c->kv, 0, l, h, ns, yk + (size_t)s0 * kd, kd, scr);
+        if (yk) {
+            qf_kv_rq_lin_decode(&c->kv, 0, l, h, ns, yk + (size_t)s0 * kd, kd, scr);
+        } else {
+            qf_kv_rq_lin_coef(&c->kv, 0, l, h, p0 + s0, ns, yc, m);
+            qf_kv_rq_lin_decode(&c->kv, 0, l, h, ns, yc, m, scr);
+        }
         rq_rope_keys(c, p0 + s0, ns, scr);
         for (int qh = h * gq; qh < (h + 1) * gq; qh++)
             qf_vec_rows_dot(scr, (size_t)hd, hd, c->q + (size_t)qh * hd, ns, ext(c)->rq_sc + qh * nc + p0 + s0);
@@ -901,9 +941,11 @@ static void rq_gather_worker(void *arg, int ith, int nth) {
     int T = j->pos0 + j->n, nh = hp->n_head_kv, hd = hp->head_dim, l = j->layer, R = j->rq_run, nr = (T + R - 1) / R;
     size_t kd = (size_t)qf_kv_rq_lin_kdim(kv, l), nc = (size_t)c->params.n_ctx;
     float *y = ext(c)->rq_thr + (size_t)ith * ext(c)->rq_thr_per;
-    for (int idx = ith; idx < 2 * nh * nr; idx += nth) {
+    for (int idx = ith; idx < (j->cfused ? 1 : 2) * nh * nr; idx += nth) { /* cfused: K only */
         int stream = idx / (nh * nr), h = idx / nr % nh, p0 = idx % nr * R, np = T - p0 < R ? T - p0 : R;
-        if (stream == 0) {
+        if (stream == 0 && j->cfused && ext(c)->rq_kcodes) { /* ykbuf not written */
+            rq_key_scores(c, l, h, p0, np, NULL, 0, y);
+        } else if (stream == 0) {
             float *yk = ext(c)->ykbuf + (size_t)p0 * kd + qf_kv_rq_lin_koff(kv, l, h);
             float *dst = ext(c)->kbuf + ((size_t)h * nc + p0) * hd;
             qf_kv_rq_lin_coef(kv, 0, l, h, p0, np, yk, kd);
@@ -1069,6 +1111,66 @@ static void rq_values_coef(qf_context *c, const att_job *j, int ith, int kvh, in
     }
 }
 
+/* att_job.cfused, after attention_worker made every query head's weights (rq_w, the exact keys'
+ * zeroed): per kv head g (an item per thread, rq_vgroup), its V codes looked up RQ_CSUB rows at a
+ * time into per-thread scratch and added to rq_cv's rows of g's query heads, and K head g's
+ * coefficients (ykbuf's columns; QF_RQ_KCODES: its codes looked up again the same way) added to
+ * every query head's rq_ck columns of g (V's predictor): the elements of rq_values_coef's two
+ * products, each one chain over the positions in order (the pieces by qf_gemm_nn_f32_acc from
+ * zero), so the same bits */
+static void rq_csum_worker(void *arg, int ith, int nth) {
+    att_job *j = arg;
+    qf_context *c = j->c;
+    const qf_hparams *hp = &c->model->hp;
+    const qf_kv_cache *kv = &c->kv;
+    const int hd = hp->head_dim, nq = hp->n_head, gq = nq / hp->n_head_kv, l = j->layer, T = j->pos0 + j->n;
+    const size_t nc = (size_t)c->params.n_ctx, kd = (size_t)qf_kv_rq_lin_kdim(kv, l);
+    const bool pred = qf_kv_rq_lin_pred_on(kv, l);
+    float *yc = ext(c)->rq_thr + (size_t)ith * ext(c)->rq_thr_per; /* [RQ_CSUB][<= hd] */
+    for (int g = ith; g < hp->n_head_kv; g += nth) {
+        const int mv = qf_kv_rq_lin_dim(kv, 1, l, g), mk = qf_kv_rq_lin_dim(kv, 0, l, g);
+        const size_t ko = (size_t)qf_kv_rq_lin_koff(kv, l, g);
+        const float *Wg = ext(c)->rq_w + (size_t)g * gq * nc;
+        float *cv = ext(c)->rq_cv + (size_t)g * gq * hd, *ck = ext(c)->rq_ck + ko;
+        for (int r = 0; r < gq; r++) memset(cv + (size_t)r * hd, 0, (size_t)mv * sizeof(float));
+        if (pred)
+            for (int r = 0; r < nq; r++) memset(ck + (size_t)r * kd, 0, (size_t)mk * sizeof(float));
+        for (int s0 = 0, cs = ext(c)->rq_csub; s0 < T; s0 += cs) {
+            const int ns = T - s0 < cs ? T - s0 : cs;
+            qf_kv_rq_lin_coef(kv, 1, l, g, s0, ns, yc, (size_t)mv);
+            qf_gemm_nn_f32_acc(gq, ns, mv, Wg + s0, nc, yc, (size_t)mv, cv, (size_t)hd);
+            if (!pred) continue;
+            if (!ext(c)->rq_kcodes) { /* K's coefficients from ykbuf (the gather's), columns of head g */
+                qf_gemm_nn_f32_acc(nq, ns, mk, ext(c)->rq_w + s0, nc, ext(c)->ykbuf + (size_t)s0 * kd + ko, kd, ck, kd);
+                continue;
+            }
+            qf_kv_rq_lin_coef(kv, 0, l, g, s0, ns, yc, (size_t)mk);
+            qf_gemm_nn_f32_acc(nq, ns, mk, ext(c)->rq_w + s0, nc, yc, (size_t)mk, ck, kd);
+        }
+    }
+}
+
+/* att_job.cfused, last: each query head's output from its sums (rq_csum_worker) through its kv
+ * head's maps, then the exact keys' values: rq_values_coef's steps in its order */
+static void rq_apply_worker(void *arg, int ith, int nth) {
+    att_job *j = arg;
+    qf_context *c = j->c;
+    const qf_hparams *hp = &c->model->hp;
+    const qf_kv_cache *kv = &c->kv;
+    const int hd = hp->head_dim, gq = hp->n_head / hp->n_head_kv, l = j->layer;
+    const size_t kd = (size_t)qf_kv_rq_lin_kdim(kv, l);
+    const bool pred = qf_kv_rq_lin_pred_on(kv, l);
+    float *pz = ext(c)->rq_thr + (size_t)ith * ext(c)->rq_thr_per; /* [(H + 1) hd] */
+    for (int h = ith; h < hp->n_head; h += nth) {
+        const int kvh = h / gq;
+        float *o = c->att + (size_t)h * hd;
+        const float ws = ext(c)->rq_wsum[h], *ex = ext(c)->rq_ex + (size_t)h * hd;
+        qf_kv_rq_lin_apply(kv, 1, l, kvh, ext(c)->rq_cv + (size_t)h * hd, ws, o);
+        if (pred) qf_kv_rq_lin_apply_pred(kv, l, kvh, ext(c)->rq_ck + (size_t)h * kd, ws, o, pz);
+        for (int d = 0; d < hd; d++) o[d] += ex[d];
+    }
+}
+
 /* The output of a block of nb queries (the last at position Tb - 1, softmax weights S [nb][Tb],
  * outputs at Ob with stride n_head * head_dim) over a kv-dict V in
  * the coefficient domain (att_job.vdict; the codes of kv head kvh parsed in dict_idx[1] /
@@ -1208,6 +1310,21 @@ static void attention_worker(void *arg, int ith, int nth) {
     int Dq = hp->n_head * hd;
     const size_t hs = (size_t)c->params.n_ctx * hd; /* floats a kv head of vbuf / evbuf */
     float *S = c->thr_buf[ith];
+    if (j->cfused) { /* one query: every head's weights for rq_csum_worker (rq_values_coef's first steps) */
+        const int T = j->pos0 + n;
+        const size_t nc = (size_t)c->params.n_ctx;
+        for (int kvh = ith; kvh < hp->n_head_kv; kvh += nth)
+            for (int h = kvh * gq; h < (kvh + 1) * gq; h++) {
+                float *w = ext(c)->rq_w + (size_t)h * nc, *e = ext(c)->rq_ex + (size_t)h * hd;
+                head_weights(c, j, ith, h, 0, 1, w);
+                memset(e, 0, (size_t)hd * sizeof(float));
+                if (c->kv.n_sink || c->kv.n_window) exact_take(&c->kv, j->pos0, hd, w, ext(c)->evbuf + kvh * hs, e);
+                double a = 0;
+                for (int p = 0; p < T; p++) a += w[p];
+                ext(c)->rq_wsum[h] = (float)a;
+            }
+        return;
+    }
     if (j->vgroup) { /* a kv head's query heads together (rq_vgroup: one block of n <= ATT_QBLOCK / gq rows) */
         const int T = j->pos0 + n;
         for (int kvh = ith; kvh < hp->n_head_kv; kvh += nth) {
@@ -1470,11 +1587,15 @@ static qf_status rq_fast_init(qf_context *c, qf_error *err) {
     e->ykbuf = qf_malloc_aligned((size_t)c->params.n_ctx * HD * sizeof(float));
     e->rq_thr = qf_malloc_aligned((size_t)qf_pool_size(c->pool) * e->rq_thr_per * sizeof(float));
     e->rq_sc = qf_malloc_aligned((size_t)hp->n_head * c->params.n_ctx * sizeof(float));
-    if (!e->ykbuf || !e->rq_thr || !e->rq_sc) {
-        free(e->ykbuf), free(e->rq_thr), free(e->rq_sc);
-        e->ykbuf = e->rq_thr = e->rq_sc = NULL;
+    /* att_job.cfused's rq_w, rq_wsum, rq_ex, rq_cv, rq_ck in one block (each a multiple of 16 floats) */
+    const size_t nq = (size_t)hp->n_head, nw = nq * c->params.n_ctx, ns = (nq + 15) & ~(size_t)15;
+    e->rq_w = qf_malloc_aligned((nw + ns + 2 * nq * hd + nq * HD) * sizeof(float));
+    if (!e->ykbuf || !e->rq_thr || !e->rq_sc || !e->rq_w) {
+        free(e->ykbuf), free(e->rq_thr), free(e->rq_sc), free(e->rq_w);
+        e->ykbuf = e->rq_thr = e->rq_sc = e->rq_w = NULL;
         return qf_fail(err, QF_ERR_NOMEM, "decode: out of memory for the kv-rq buffers");
     }
+    e->rq_wsum = e->rq_w + nw, e->rq_ex = e->rq_wsum + ns, e->rq_cv = e->rq_ex + nq * hd, e->rq_ck = e->rq_cv + nq * hd;
     return QF_OK;
 }
 
@@ -1662,6 +1783,7 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
             aj.rq_run = rq_run_len(c, pos0 + n);
             aj.kfused = aj.vcoef && rq_kfused(c, n);
             aj.vgroup = aj.vcoef && rq_vgroup(c, n);
+            aj.cfused = aj.vcoef && rq_cfused(c, n);
             qf_pool_run(c->pool, rq_gather_worker, &aj);
             qf_pool_run(c->pool, rq_gather2_worker, &aj);
         } else if (aj.kv_direct) { /* attention_worker reads the cache */
@@ -1671,6 +1793,10 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
             qf_pool_run(c->pool, kv_gather_worker, &aj);
         }
         if (nr > 0) qf_pool_run(c->pool, attention_worker, &aj);
+        if (nr > 0 && aj.cfused) { /* the weighted sums, then the outputs (att_job.cfused) */
+            qf_pool_run(c->pool, rq_csum_worker, &aj);
+            qf_pool_run(c->pool, rq_apply_worker, &aj);
+        }
         qf_kv_cache_push_window(&c->kv, il, pos0, n, c->k, c->v); /* exact window: keep this batch's f16 */
         if (nr == 0) continue;
         if (tap && tap->on_act) tap->on_act(tap->user, il, QF_ACT_ATTN_OUT, n, Dq, c->att);

@@ -131,6 +131,22 @@ void qf_gemm_nn_f32(int n, int m, int w, const float *A, size_t lda, const float
     else qf_gemm_nn_f32_ref(n, m, w, A, lda, B, ldb, bias, C, ldc);
 }
 
+void qf_gemm_nn_f32_acc_ref(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb, float *C,
+                            size_t ldc) {
+    for (int p = 0; p < n; p++)
+        for (int i = 0; i < w; i++) {
+            float acc = C[(size_t)p * ldc + i];
+            for (int k = 0; k < m; k++) acc = fmaf(A[(size_t)p * lda + k], B[(size_t)k * ldb + i], acc);
+            C[(size_t)p * ldc + i] = acc;
+        }
+}
+
+void qf_gemm_nn_f32_acc(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb, float *C,
+                        size_t ldc) {
+    if (qf_gemm_nn_f32_fast()) qf_gemm_nn_f32_acc_avx512(n, m, w, A, lda, B, ldb, C, ldc);
+    else qf_gemm_nn_f32_acc_ref(n, m, w, A, lda, B, ldb, C, ldc);
+}
+
 bool qf_bits_lookup_fast(void) { return qf_gemm_nn_f32_fast() && qf_cpu_has_vbmi(); }
 
 void qf_bits_lookup_ref(const uint8_t *rows, size_t stride, int n, int off, const float *sctab, int m,

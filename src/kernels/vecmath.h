@@ -73,6 +73,16 @@ void qf_gemm_nn_f32(int n, int m, int w, const float *A, size_t lda, const float
 void qf_gemm_nn_f32_ref(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb,
                         const float *bias, float *C, size_t ldc);
 bool qf_gemm_nn_f32_fast(void);
+/* C[p][i] = C[p][i] + sum_{k < m} A[p lda + k] B[k ldb + i] for p < n, i < w: qf_gemm_nn_f32's chain
+ * continued from C's element (acc = C; acc = fmaf(A, B, acc) over k in order), so a product over
+ * k split into consecutive pieces, C zeroed before the first, gives qf_gemm_nn_f32's bits with no
+ * bias (forward.c's fused kv-rq coefficient sums: B looked up a few rows at a time, in cache).
+ * The fast kernel: qf_gemm_nn_f32's blocks with their accumulators loaded from C; the same bits
+ * as the oracle. */
+void qf_gemm_nn_f32_acc(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb, float *C,
+                        size_t ldc);
+void qf_gemm_nn_f32_acc_ref(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb, float *C,
+                            size_t ldc);
 /* The attention of a decode step read straight from a KV cache's rows (forward.c), their type t
  * F16, Q8_0 or Q4_0 (qf_kv_rows_fast: the fast kernels run), rows `ld` bytes apart:
  *   qf_vec_rows_dot_kv: y[o] = sum_{i < n} A_o[i] x[i] for rows o < m, n a multiple of 32: 16
@@ -118,6 +128,8 @@ void qf_bits_lookup_avx512(const uint8_t *rows, size_t stride, int n, int off, c
                            float *y, size_t ldy);
 void qf_gemm_nn_f32_avx512(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb,
                            const float *bias, float *C, size_t ldc);
+void qf_gemm_nn_f32_acc_avx512(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb, float *C,
+                               size_t ldc);
 void qf_gemm_nn_kv_avx512(qf_type t, int n, int m, int w, const float *A, size_t lda, const void *B, size_t ldb,
                           float *C, size_t ldc);
 void qf_vec_rows_dot_kv_avx512(qf_type t, const void *A, size_t lda, int n, const float *x, int m, float *y);

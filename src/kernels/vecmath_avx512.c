@@ -42,13 +42,20 @@ static inline __attribute__((always_inline)) __m512 ld16(const uint8_t *row, int
 }
 
 /* R rows (1..6) by NV vectors (1..4) of C from column j0 (B's rows ldb bytes apart, of type T);
- * the last vector masked by `last` (T_F32 / T_F16 only: the quantized widths are whole blocks) */
-static inline __attribute__((always_inline)) void block(const int R, const int NV, const int T, int m, const float *A,
-                                                        size_t lda, const uint8_t *B, size_t ldb, int j0,
-                                                        const float *bias, float *C, size_t ldc, __mmask16 last) {
+ * the last vector masked by `last` (T_F32 / T_F16 only: the quantized widths are whole blocks).
+ * ACC: each accumulator starts from C's own element (qf_gemm_nn_f32_acc), not from the bias. */
+static inline __attribute__((always_inline)) void block(const int R, const int NV, const int T, const int ACC, int m,
+                                                        const float *A, size_t lda, const uint8_t *B, size_t ldb,
+                                                        int j0, const float *bias, float *C, size_t ldc,
+                                                        __mmask16 last) {
     __m512 acc[6][4];
     _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) {
         __mmask16 mk = v == NV - 1 ? last : (__mmask16)0xFFFF;
+        if (ACC) {
+            _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) acc[r][v] =
+                _mm512_maskz_loadu_ps(mk, C + (size_t)r * ldc + 16 * v);
+            continue;
+        }
         __m512 b0 = bias ? _mm512_maskz_loadu_ps(mk, bias + 16 * v) : _mm512_setzero_ps();
         _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) acc[r][v] = b0;
     }
@@ -70,15 +77,15 @@ static inline __attribute__((always_inline)) void block(const int R, const int N
 /* the row and vector counts as constants, so that each case unrolls fully */
 #define NVS(R)                                                                                                     \
     switch (nv) {                                                                                                  \
-    case 1: block(R, 1, T, m, a, lda, B, ldb, j0, bs, c, ldc, last); break;                                        \
-    case 2: block(R, 2, T, m, a, lda, B, ldb, j0, bs, c, ldc, last); break;                                        \
-    case 3: block(R, 3, T, m, a, lda, B, ldb, j0, bs, c, ldc, last); break;                                        \
-    default: block(R, 4, T, m, a, lda, B, ldb, j0, bs, c, ldc, last); break;                                       \
+    case 1: block(R, 1, T, ACC, m, a, lda, B, ldb, j0, bs, c, ldc, last); break;                                   \
+    case 2: block(R, 2, T, ACC, m, a, lda, B, ldb, j0, bs, c, ldc, last); break;                                   \
+    case 3: block(R, 3, T, ACC, m, a, lda, B, ldb, j0, bs, c, ldc, last); break;                                   \
+    default: block(R, 4, T, ACC, m, a, lda, B, ldb, j0, bs, c, ldc, last); break;                                  \
     }
 
-static inline __attribute__((always_inline)) void gemm_nn(const int T, int n, int m, int w, const float *A,
-                                                          size_t lda, const uint8_t *B, size_t ldb, const float *bias,
-                                                          float *C, size_t ldc) {
+static inline __attribute__((always_inline)) void gemm_nn(const int T, const int ACC, int n, int m, int w,
+                                                          const float *A, size_t lda, const uint8_t *B, size_t ldb,
+                                                          const float *bias, float *C, size_t ldc) {
     /* columns 64 at a time: that B panel (m x 64 floats, 36 KB at m = 144) stays in L1 while
      * every row block of C passes over it */
     for (int j0 = 0; j0 < w; j0 += 64) {
@@ -104,14 +111,19 @@ static inline __attribute__((always_inline)) void gemm_nn(const int T, int n, in
 
 void qf_gemm_nn_f32_avx512(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb,
                            const float *bias, float *C, size_t ldc) {
-    gemm_nn(T_F32, n, m, w, A, lda, (const uint8_t *)B, ldb * sizeof(float), bias, C, ldc);
+    gemm_nn(T_F32, 0, n, m, w, A, lda, (const uint8_t *)B, ldb * sizeof(float), bias, C, ldc);
+}
+
+void qf_gemm_nn_f32_acc_avx512(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb, float *C,
+                               size_t ldc) {
+    gemm_nn(T_F32, 1, n, m, w, A, lda, (const uint8_t *)B, ldb * sizeof(float), NULL, C, ldc);
 }
 
 void qf_gemm_nn_kv_avx512(qf_type t, int n, int m, int w, const float *A, size_t lda, const void *B, size_t ldb,
                           float *C, size_t ldc) {
-    if (t == QF_TYPE_F16) gemm_nn(T_F16, n, m, w, A, lda, B, ldb, NULL, C, ldc);
-    else if (t == QF_TYPE_Q8_0) gemm_nn(T_Q8, n, m, w, A, lda, B, ldb, NULL, C, ldc);
-    else gemm_nn(T_Q4, n, m, w, A, lda, B, ldb, NULL, C, ldc);
+    if (t == QF_TYPE_F16) gemm_nn(T_F16, 0, n, m, w, A, lda, B, ldb, NULL, C, ldc);
+    else if (t == QF_TYPE_Q8_0) gemm_nn(T_Q8, 0, n, m, w, A, lda, B, ldb, NULL, C, ldc);
+    else gemm_nn(T_Q4, 0, n, m, w, A, lda, B, ldb, NULL, C, ldc);
 }
 
 /* m rows against x: per row 16 lane sums (lane l: the i = l mod 16, fused, in order), then lanes
