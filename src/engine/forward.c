@@ -1069,6 +1069,28 @@ static void exact_take(const qf_kv_cache *kv, int tq, int hd, float *w, const fl
     }
 }
 
+/* a query's softmax weights w over the Tb keys (the query at position tq) made ready for the kv-rq
+ * coefficient sums: e = the exact keys' values (exact_take; 0 without exact keys), their weights
+ * zeroed; returns the sum of all Tb weights (a double chain, in order), the maps' weight
+ * (rq_values_coef and att_job.cfused's attention_worker) */
+static float rq_weights_take(const qf_kv_cache *kv, int tq, int hd, int Tb, float *w, const float *EV, float *e) {
+    memset(e, 0, (size_t)hd * sizeof(float));
+    if (kv->n_sink || kv->n_window) exact_take(kv, tq, hd, w, EV, e);
+    double a = 0;
+    for (int p = 0; p < Tb; p++) a += w[p];
+    return (float)a;
+}
+
+/* one query's output o (hd floats) from its weighted coefficient sums of kv head kvh, cv (V's) and,
+ * with V's predictor on, ck (K's), weight sum ws: the head's maps, then the exact keys' values e
+ * (pz: qf_kv_rq_lin_apply_pred's scratch; rq_values_coef and rq_apply_worker) */
+static void rq_out_row(const qf_kv_cache *kv, int l, int kvh, bool pred, const float *cv, const float *ck, float ws,
+                       const float *e, int hd, float *o, float *pz) {
+    qf_kv_rq_lin_apply(kv, 1, l, kvh, cv, ws, o);
+    if (pred) qf_kv_rq_lin_apply_pred(kv, l, kvh, ck, ws, o, pz);
+    for (int d = 0; d < hd; d++) o[d] += e[d];
+}
+
 /* The output of a block of nb queries (rows i0..) of ng query heads of kv head kvh (the first
  * at Ob, the next hd floats on; row i of head g at Ob + g hd + i Dq), their softmax weights S
  * [ng][nb][Tb] (head-major), ng nb <= ATT_QBLOCK, over a kv-rq V in the coefficient domain (vbuf:
@@ -1082,19 +1104,13 @@ static void rq_values_coef(qf_context *c, const att_job *j, int ith, int kvh, in
     const qf_kv_cache *kv = &c->kv;
     int hd = hp->head_dim, Dq = hp->n_head * hd, l = j->layer, mv = qf_kv_rq_lin_dim(kv, 1, l, kvh);
     int kd = qf_kv_rq_lin_kdim(kv, l), nr = ng * nb;
-    bool pred = qf_kv_rq_lin_pred_on(kv, l), exact = kv->n_sink || kv->n_window;
+    bool pred = qf_kv_rq_lin_pred_on(kv, l);
     float *ex = ext(c)->rq_thr + (size_t)ith * ext(c)->rq_thr_per; /* [nr][hd] exact part */
     float *cv = ex + (size_t)ATT_QBLOCK * hd, *ck = cv + (size_t)ATT_QBLOCK * hd; /* [nr][mv], [nr][kd] */
     float *pz = ck + (size_t)ATT_QBLOCK * hp->n_head_kv * hd;                   /* [(H + 1) hd] */
     float wsum[ATT_QBLOCK];
-    for (int r = 0; r < nr; r++) {
-        float *w = S + (size_t)r * Tb, *e = ex + (size_t)r * hd;
-        memset(e, 0, (size_t)hd * sizeof(float));
-        if (exact) exact_take(kv, j->pos0 + i0 + r % nb, hd, w, EV, e);
-        double a = 0;
-        for (int p = 0; p < Tb; p++) a += w[p];
-        wsum[r] = (float)a;
-    }
+    for (int r = 0; r < nr; r++)
+        wsum[r] = rq_weights_take(kv, j->pos0 + i0 + r % nb, hd, Tb, S + (size_t)r * Tb, EV, ex + (size_t)r * hd);
     if (qf_gemm_nn_f32_fast()) { /* few queries: thin products, faster without OpenBLAS's packing */
         qf_gemm_nn_f32(nr, Tb, mv, S, (size_t)Tb, Yv, (size_t)hd, NULL, cv, (size_t)mv);
         if (pred) qf_gemm_nn_f32(nr, Tb, kd, S, (size_t)Tb, ext(c)->ykbuf, (size_t)kd, NULL, ck, (size_t)kd);
@@ -1103,12 +1119,9 @@ static void rq_values_coef(qf_context *c, const att_job *j, int ith, int kvh, in
         if (pred)
             qf_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, kd, Tb, 1.0f, S, Tb, ext(c)->ykbuf, kd, 0.0f, ck, kd);
     }
-    for (int r = 0; r < nr; r++) {
-        float *o = Ob + (size_t)(r / nb) * hd + (size_t)(r % nb) * Dq;
-        qf_kv_rq_lin_apply(kv, 1, l, kvh, cv + (size_t)r * mv, wsum[r], o);
-        if (pred) qf_kv_rq_lin_apply_pred(kv, l, kvh, ck + (size_t)r * kd, wsum[r], o, pz);
-        for (int d = 0; d < hd; d++) o[d] += ex[(size_t)r * hd + d];
-    }
+    for (int r = 0; r < nr; r++)
+        rq_out_row(kv, l, kvh, pred, cv + (size_t)r * mv, ck + (size_t)r * kd, wsum[r], ex + (size_t)r * hd, hd,
+                   Ob + (size_t)(r / nb) * hd + (size_t)(r % nb) * Dq, pz);
 }
 
 /* att_job.cfused, after attention_worker made every query head's weights (rq_w, the exact keys'
@@ -1161,14 +1174,9 @@ static void rq_apply_worker(void *arg, int ith, int nth) {
     const size_t kd = (size_t)qf_kv_rq_lin_kdim(kv, l);
     const bool pred = qf_kv_rq_lin_pred_on(kv, l);
     float *pz = ext(c)->rq_thr + (size_t)ith * ext(c)->rq_thr_per; /* [(H + 1) hd] */
-    for (int h = ith; h < hp->n_head; h += nth) {
-        const int kvh = h / gq;
-        float *o = c->att + (size_t)h * hd;
-        const float ws = ext(c)->rq_wsum[h], *ex = ext(c)->rq_ex + (size_t)h * hd;
-        qf_kv_rq_lin_apply(kv, 1, l, kvh, ext(c)->rq_cv + (size_t)h * hd, ws, o);
-        if (pred) qf_kv_rq_lin_apply_pred(kv, l, kvh, ext(c)->rq_ck + (size_t)h * kd, ws, o, pz);
-        for (int d = 0; d < hd; d++) o[d] += ex[d];
-    }
+    for (int h = ith; h < hp->n_head; h += nth)
+        rq_out_row(kv, l, h / gq, pred, ext(c)->rq_cv + (size_t)h * hd, ext(c)->rq_ck + (size_t)h * kd,
+                   ext(c)->rq_wsum[h], ext(c)->rq_ex + (size_t)h * hd, hd, c->att + (size_t)h * hd, pz);
 }
 
 /* The output of a block of nb queries (the last at position Tb - 1, softmax weights S [nb][Tb],
@@ -1311,17 +1319,13 @@ static void attention_worker(void *arg, int ith, int nth) {
     const size_t hs = (size_t)c->params.n_ctx * hd; /* floats a kv head of vbuf / evbuf */
     float *S = c->thr_buf[ith];
     if (j->cfused) { /* one query: every head's weights for rq_csum_worker (rq_values_coef's first steps) */
-        const int T = j->pos0 + n;
         const size_t nc = (size_t)c->params.n_ctx;
         for (int kvh = ith; kvh < hp->n_head_kv; kvh += nth)
             for (int h = kvh * gq; h < (kvh + 1) * gq; h++) {
-                float *w = ext(c)->rq_w + (size_t)h * nc, *e = ext(c)->rq_ex + (size_t)h * hd;
+                float *w = ext(c)->rq_w + (size_t)h * nc;
                 head_weights(c, j, ith, h, 0, 1, w);
-                memset(e, 0, (size_t)hd * sizeof(float));
-                if (c->kv.n_sink || c->kv.n_window) exact_take(&c->kv, j->pos0, hd, w, ext(c)->evbuf + kvh * hs, e);
-                double a = 0;
-                for (int p = 0; p < T; p++) a += w[p];
-                ext(c)->rq_wsum[h] = (float)a;
+                ext(c)->rq_wsum[h] = rq_weights_take(&c->kv, j->pos0, hd, j->pos0 + n, w, ext(c)->evbuf + kvh * hs,
+                                                     ext(c)->rq_ex + (size_t)h * hd);
             }
         return;
     }
