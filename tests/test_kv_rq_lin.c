@@ -182,6 +182,13 @@ static void on_act(void *user, int layer, qf_act_site site, int n_tok, int dim, 
     memcpy(a->att0 + (size_t)a->pos * a->dq, x, (size_t)n_tok * dim * sizeof(float));
 }
 
+/* how many of the n floats of a and b differ in their bits (routes that must agree bit for bit) */
+static size_t bits_differ(const float *a, const float *b, size_t n) {
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++) d += memcmp(a + i, b + i, 4) != 0;
+    return d;
+}
+
 static bool g_canon;   /* route_logits: the canonical arithmetic */
 static int g_threads = 2;
 static float *route_logits(qf_model *m, const stream_data *dk, const stream_data *dv, const float *P, int route,
@@ -291,9 +298,8 @@ TEST(forward_routes_agree) {
         unsetenv("QF_RQ_NOFUSE");
         CHECK(ln != NULL);
         if (ln) {
-            size_t dl = 0, da = 0;
-            for (size_t i = 0; i < (size_t)n * V; i++) dl += memcmp(ln + i, lg[2] + i, 4) != 0;
-            for (size_t i = 0; i < (size_t)n * dq; i++) da += memcmp(an + i, att[2] + i, 4) != 0;
+            const size_t dl = bits_differ(ln, lg[2], (size_t)n * V);
+            const size_t da = bits_differ(an, att[2], (size_t)n * dq);
             printf("  coef, keys scored in the gather vs QF_RQ_NOFUSE: %zu of %zu logits, %zu of %zu attention "
                    "outputs differ\n", dl, (size_t)n * V, da, (size_t)n * dq);
             CHECK(dl == 0 && da == 0);
@@ -313,9 +319,8 @@ TEST(forward_routes_agree) {
         }
         CHECK(lb[0] != NULL && lb[1] != NULL);
         if (lb[0] && lb[1]) {
-            size_t dl = 0, da = 0;
-            for (size_t i = 0; i < (size_t)n * V; i++) dl += memcmp(lb[0] + i, lb[1] + i, 4) != 0;
-            for (size_t i = 0; i < (size_t)n * dq; i++) da += memcmp(ab[0] + i, ab[1] + i, 4) != 0;
+            const size_t dl = bits_differ(lb[0], lb[1], (size_t)n * V);
+            const size_t da = bits_differ(ab[0], ab[1], (size_t)n * dq);
             printf("  coef, prompt %d, a kv head's query heads in one V sum vs QF_RQ_NOBATCH: %zu of %zu logits, "
                    "%zu of %zu attention outputs differ\n", npv, dl, (size_t)n * V, da, (size_t)n * dq);
             CHECK(dl == 0 && da == 0);
@@ -338,9 +343,8 @@ TEST(forward_routes_agree) {
         unsetenv("QF_RQ_CSUB"), unsetenv("QF_RQ_KCODES");
         CHECK(lb[0] != NULL && lb[1] != NULL);
         if (lb[0] && lb[1]) {
-            size_t dl = 0, da = 0;
-            for (size_t i = 0; i < (size_t)n * V; i++) dl += memcmp(lb[0] + i, lb[1] + i, 4) != 0;
-            for (size_t i = 0; i < (size_t)n * dq; i++) da += memcmp(ab[0] + i, ab[1] + i, 4) != 0;
+            const size_t dl = bits_differ(lb[0], lb[1], (size_t)n * V);
+            const size_t da = bits_differ(ab[0], ab[1], (size_t)n * dq);
             printf("  coef, %s, sums from the codes vs QF_RQ_NOCFUSE: %zu of %zu logits, %zu of %zu attention "
                    "outputs differ\n", v == 2 ? "pieces of 5, K codes again" : v ? "pieces of 5 rows" : "one piece", dl, (size_t)n * V, da, (size_t)n * dq);
             CHECK(dl == 0 && da == 0);
