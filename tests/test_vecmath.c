@@ -225,6 +225,60 @@ TEST(rows_dot_avx2_bit_identical) {
     CHECK_EQ_INT(bad, 0);
 }
 
+/* The AVX-512 kernels of qf_vec_rows_dot (16 outputs in the lanes, 16 x 16 blocks transposed,
+ * two blocks side by side, the AVX2 kernel for the last m % 16) and qf_vec_cols_axpy_dense (128
+ * elements in registers, every coefficient taken, none skipped) give their oracles' bits on
+ * random inputs: n and m around 16, 32 and 128 (tails of the lanes and of the transposed blocks),
+ * strides wider than n, then zero coefficients (signed zeros in acc), infinities and NaN; the
+ * memory past n (and past m outputs) is left untouched; forced scalar, the dispatchers run the
+ * oracles. */
+enum { R5_MAXM = 70, R5_MAXN = 260, R5_LDA = 263 };
+static int rows_dot512_differ(const float *A, const float *x, int n, int m) {
+    float y0[R5_MAXM + 1], y1[R5_MAXM + 1];
+    for (int i = 0; i <= R5_MAXM; i++) y0[i] = y1[i] = -3.0f;
+    qf_vec_rows_dot_ref(A, R5_LDA, n, x, m, y0);
+    if (qf_gemm_nn_f32_fast()) qf_vec_rows_dot_avx512(A, R5_LDA, n, x, m, y1);
+    else qf_vec_rows_dot(A, R5_LDA, n, x, m, y1);
+    return memcmp(y0, y1, sizeof y0) != 0;
+}
+static int cols_dense_differ(const float *B, const float *y, const float *acc0, int n, int m) {
+    float a0[R5_MAXN + 1], a1[R5_MAXN + 1];
+    memcpy(a0, acc0, sizeof a0), memcpy(a1, acc0, sizeof a1);
+    qf_vec_cols_axpy_dense_ref(B, R5_LDA, m, y, n, a0);
+    if (qf_gemm_nn_f32_fast()) qf_vec_cols_axpy_dense_avx512(B, R5_LDA, m, y, n, a1);
+    else qf_vec_cols_axpy_dense(B, R5_LDA, m, y, n, a1);
+    return memcmp(a0, a1, sizeof a0) != 0;
+}
+TEST(rows_dot_cols_dense_avx512_bit_identical) {
+    static float A[R5_MAXN * R5_LDA], x[R5_MAXN], acc0[R5_MAXN + 1];
+    uint64_t s = 17;
+    for (int i = 0; i < R5_MAXN * R5_LDA; i++) A[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 1e3f;
+    for (int i = 0; i < R5_MAXN; i++) x[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 1e-2f;
+    for (int i = 0; i <= R5_MAXN; i++) acc0[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
+    int bad = 0, runs = 0;
+    static const int ns[] = {0, 1, 15, 16, 17, 31, 32, 33, 100, 127, 128, 129, 160, 256, 260},
+                     ms[] = {0, 1, 15, 16, 17, 31, 32, 33, 47, 48, 64, 70};
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof ms / sizeof *ms; b++)
+            bad += rows_dot512_differ(A, x, ns[a], ms[b]) + cols_dense_differ(A, x, acc0, ns[a], ms[b]), runs++;
+    x[4] = 0.0f, x[6] = -0.0f, acc0[7] = -0.0f, acc0[8] = 0.0f;                /* zero coefficients, signed zeros */
+    A[3] = INFINITY, A[R5_LDA + 40] = NAN, A[4 * R5_LDA + 3] = -INFINITY;       /* inf - inf, NaN */
+    A[20 * R5_LDA + 17] = -INFINITY, A[33 * R5_LDA + 130] = NAN;
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) bad += rows_dot512_differ(A, x, ns[a], 70), runs++;
+    for (size_t b = 0; b < sizeof ms / sizeof *ms; b++) bad += cols_dense_differ(A, x, acc0, 260, ms[b]), runs++;
+    float a0[R5_MAXN + 1];
+    memcpy(a0, acc0, sizeof a0);
+    qf_vec_cols_axpy_dense_ref(A, R5_LDA, 70, x, 260, a0);
+    CHECK(isnan(a0[3]) && isnan(a0[40]) && isfinite(a0[5]) && a0[260] == acc0[260]);
+    qf_quant_force_scalar(true);
+    CHECK(!qf_gemm_nn_f32_fast());
+    bad += rows_dot512_differ(A, x, 128, 70) + cols_dense_differ(A, x, acc0, 260, 70), runs++;
+    qf_quant_force_scalar(false);
+    printf("  %d shapes x 2 kernels, %d differ from the oracles%s\n", runs, bad,
+           qf_gemm_nn_f32_fast() ? "" : " (no AVX-512: the dispatchers)");
+    CHECK_EQ_INT(bad, 0);
+}
+
 /* qf_gemm_nn_f32: the AVX-512 kernel (6 rows x 64 columns of C in registers, the last vector
  * masked) gives the oracle's bits (one fmaf chain per element from the bias, k in order) for
  * rows, columns and k around its block sizes, strides wider than the widths, with and without a
@@ -316,18 +370,21 @@ TEST(gemm_nn_f32_acc_bit_identical) {
  * bit offset, m around multiples of 16, on rows whose codes fit 128 bytes (the byte permute) and
  * on rows of 150 (the gather): rows back to back, each a scale byte then its codes, the last
  * ending 3 bytes before the buffer does (the kernel's reads stay inside: ASan checks it). Width
- * patterns (mode): 0 random 0..6 (groups spanning more than 128 table entries: the value gather),
- * 1 all 6 (the code gather), 2 falling as a KLT's (6 down to 0: groups of every span, the
- * permutes of 1 to 4 chunks and the gather), 3 random 0..2 (narrow spans, constant lanes); NR rows
- * (>= 4: the kernel's permute plan) or 3 (the gather alone) */
+ * patterns (mode): 0 random 0..6 (groups spanning more than 512 table entries: the value
+ * gathers), 1 all 6 (the code gather, 1024-entry spans), 2 falling as a KLT's (6 down to 0:
+ * groups of every span, the permutes of 1 to 16 chunks and the gathers), 3 random 0..2 (narrow
+ * spans, constant lanes), 4 all 4 and 5 all 5 (8 and 16 chunks, the widest permutes); NR rows
+ * (>= 4: the kernel's permute plan; 65 and 130: more than one pass of 64 rows) or 3 (the gathers
+ * alone) */
 static int bits_lookup_differ(int mode, int NR, const int *ms, int nm) {
-    enum { BM = 200, BTAB = BM * 64, NRMAX = 6 };
+    enum { BM = 200, BTAB = BM * 64, NRMAX = 130 };
     static int32_t by[BM], sh[BM], mk[BM], to[BM];
     static float tab[BTAB], sctab[256], y0[NRMAX * BM], y1[NRMAX * BM];
     uint64_t s = 13 + (uint64_t)mode;
     unsigned bit = 0, nt = 0;
     for (int k = 0; k < BM; k++) {
         int w = mode == 1 ? 6 : mode == 2 ? (k < 168 ? 6 - k / 24 : 0) : mode == 3 ? (int)(qf_xorshift64s(&s) % 3)
+                                                                              : mode >= 4 ? mode
                                                                               : (int)(qf_xorshift64s(&s) % 7);
         if (mode == 2 && k % 37 == 36) w = 0; /* a dropped coordinate among the coded ones */
         by[k] = (int32_t)(bit >> 3), sh[k] = (int32_t)(bit & 7), mk[k] = (1 << w) - 1;
@@ -356,9 +413,10 @@ TEST(bits_lookup_bit_identical) {
     static const int ms[] = {0, 1, 15, 16, 17, 31, 33, 100, 150, 170, 200};
     const int nm = (int)(sizeof ms / sizeof *ms);
     int bad = 0, rows = 0;
-    for (int mode = 0; mode < 4; mode++)
-        for (int NR = 3; NR <= 6; NR += 3) bad += bits_lookup_differ(mode, NR, ms, nm), rows += nm * NR;
-    printf("  %d rows (4 width patterns, 11 lengths, 3 and 6 rows a call), %d differ from the oracle%s\n", rows, bad,
+    static const int nrs[] = {3, 6, 65, 130};
+    for (int mode = 0; mode < 6; mode++)
+        for (int q = 0; q < 4; q++) bad += bits_lookup_differ(mode, nrs[q], ms, nm), rows += nm * nrs[q];
+    printf("  %d rows (6 width patterns, 11 lengths, 3, 6, 65 and 130 rows a call), %d differ from the oracle%s\n", rows, bad,
            qf_bits_lookup_fast() ? "" : " (no AVX-512 VBMI: the dispatcher)");
     CHECK_EQ_INT(bad, 0);
 }
@@ -553,6 +611,7 @@ int main(void) {
     RUN(dispatch_follows_force_scalar);
     RUN(rows_dot_avx2_bit_identical);
     RUN(cols_axpy_avx2_bit_identical);
+    RUN(rows_dot_cols_dense_avx512_bit_identical);
     RUN(gemm_nn_f32_bit_identical);
     RUN(gemm_nn_f32_acc_bit_identical);
     RUN(bits_lookup_bit_identical);

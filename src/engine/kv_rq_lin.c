@@ -189,11 +189,7 @@ void qf_kv_rq_lin_apply(const qf_kv_cache *kv, int s, int l, int h, const float 
         for (int i = 0; i < hd; i++) out[i] = wsum * mu[i] + cs[i] * out[i];
     } else {
         for (int i = 0; i < hd; i++) out[i] = wsum * mu[i];
-        const float *T = t->T[o];
-        for (int k = 0; k < t->m[o]; k++) {
-            const float a = ysum[k], *row = T + (size_t)k * hd;
-            for (int i = 0; i < hd; i++) out[i] += row[i] * a;
-        }
+        qf_vec_cols_axpy_dense(t->T[o], (size_t)hd, t->m[o], ysum, hd, out); /* out[i] += T[k][i] ysum[k], k in order */
     }
 }
 

@@ -81,7 +81,8 @@ void qf_vec_rows_dot_ref(const float *A, size_t lda, int n, const float *x, int 
 }
 
 void qf_vec_rows_dot(const float *A, size_t lda, int n, const float *x, int m, float *y) {
-    if (qf_quant_has_avx2()) qf_vec_rows_dot_avx2(A, lda, n, x, m, y);
+    if (qf_gemm_nn_f32_fast()) qf_vec_rows_dot_avx512(A, lda, n, x, m, y);
+    else if (qf_quant_has_avx2()) qf_vec_rows_dot_avx2(A, lda, n, x, m, y);
     else qf_vec_rows_dot_ref(A, lda, n, x, m, y);
 }
 
@@ -97,6 +98,18 @@ void qf_vec_cols_axpy_ref(const float *B, size_t ldb, int m, const float *y, int
 void qf_vec_cols_axpy(const float *B, size_t ldb, int m, const float *y, int n, float *acc) {
     if (qf_quant_has_avx2()) qf_vec_cols_axpy_avx2(B, ldb, m, y, n, acc);
     else qf_vec_cols_axpy_ref(B, ldb, m, y, n, acc);
+}
+
+void qf_vec_cols_axpy_dense_ref(const float *B, size_t ldb, int m, const float *y, int n, float *acc) {
+    for (int j = 0; j < m; j++) {
+        const float yj = y[j], *b = B + (size_t)j * ldb;
+        for (int i = 0; i < n; i++) acc[i] += b[i] * yj;
+    }
+}
+
+void qf_vec_cols_axpy_dense(const float *B, size_t ldb, int m, const float *y, int n, float *acc) {
+    if (qf_gemm_nn_f32_fast()) qf_vec_cols_axpy_dense_avx512(B, ldb, m, y, n, acc);
+    else qf_vec_cols_axpy_dense_ref(B, ldb, m, y, n, acc);
 }
 
 void qf_vec_rows_dot_f64_ref(const float *A, size_t lda, int n, const float *x, int m, double *y) {

@@ -46,6 +46,11 @@ void qf_rmsnorm_row_ref(float *out, const float *x, const float *g, int n, float
  * row and the last m % 8 outputs as the oracle: the same bits. */
 void qf_vec_rows_dot(const float *A, size_t lda, int n, const float *x, int m, float *y);
 void qf_vec_rows_dot_ref(const float *A, size_t lda, int n, const float *x, int m, float *y);
+/* The AVX-512 kernel of qf_vec_rows_dot (dispatched where qf_gemm_nn_f32_fast): 16 outputs in the
+ * 16 lanes, 16 x 16 blocks of A transposed in registers, two blocks of outputs side by side; the
+ * tail of each row in order after its vector part, the last m % 16 outputs by the AVX2 kernel:
+ * the same bits as the oracle. */
+void qf_vec_rows_dot_avx512(const float *A, size_t lda, int n, const float *x, int m, float *y);
 /* The same with double sums: y[o] = sum_{i < n} (double)A[o * lda + i] * (double)x[i], each
  * product exact (two floats), each sum in double in order over i (kv-rq format 3's transform,
  * kv_rq_klt.c; the GPU's k_klt_err and k_kv_rq_encode add in that order). The AVX2 kernel: four
@@ -60,6 +65,13 @@ void qf_vec_rows_dot_f64_ref(const float *A, size_t lda, int n, const float *x, 
  * kept in registers across every j, the last n % 8 as the oracle: the same bits. */
 void qf_vec_cols_axpy(const float *B, size_t ldb, int m, const float *y, int n, float *acc);
 void qf_vec_cols_axpy_ref(const float *B, size_t ldb, int m, const float *y, int n, float *acc);
+/* acc[i] = acc[i] + B[j * ldb + i] * y[j] for i < n, over every j < m in order (none skipped): an
+ * f32 product then an f32 add, no fused multiply-add (kv-rq's linear maps on weighted coefficient
+ * sums, kv_rq_lin.c qf_kv_rq_lin_apply: out += T^T ysum). The oracle: one element at a time. The
+ * fast kernel (vecmath_avx512.c, where qf_gemm_nn_f32_fast): 16 elements a lane vector, 128 of acc
+ * kept in registers across every j: the same bits. */
+void qf_vec_cols_axpy_dense(const float *B, size_t ldb, int m, const float *y, int n, float *acc);
+void qf_vec_cols_axpy_dense_ref(const float *B, size_t ldb, int m, const float *y, int n, float *acc);
 /* C[p][i] = bias[i] + sum_{k < m} A[p lda + k] B[k ldb + i] for p < n, i < w (row-major C = bias +
  * A B; bias NULL: 0): each element one chain, acc = fmaf(A, B, acc) over k in order from the bias.
  * For kv-rq's fast route (kv_rq_lin.c, forward.c): decoding a run of rows from their coefficients
@@ -126,6 +138,7 @@ void qf_rope_pairs_avx512(float *x, const float *cs, const float *sn, int half);
 void qf_bits_lookup_avx512(const uint8_t *rows, size_t stride, int n, int off, const float *sctab, int m,
                            const int32_t *by, const int32_t *sh, const int32_t *mk, const int32_t *to, const float *tab,
                            float *y, size_t ldy);
+void qf_vec_cols_axpy_dense_avx512(const float *B, size_t ldb, int m, const float *y, int n, float *acc);
 void qf_gemm_nn_f32_avx512(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb,
                            const float *bias, float *C, size_t ldc);
 void qf_gemm_nn_f32_acc_avx512(int n, int m, int w, const float *A, size_t lda, const float *B, size_t ldb, float *C,

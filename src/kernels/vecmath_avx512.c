@@ -1,4 +1,5 @@
-/* vecmath_avx512.c: the AVX-512 kernels of qf_gemm_nn_f32, qf_bits_lookup and qf_rope_pairs
+/* vecmath_avx512.c: the AVX-512 kernels of qf_gemm_nn_f32, qf_bits_lookup, qf_vec_rows_dot,
+ * qf_vec_cols_axpy_dense and qf_rope_pairs
  * (vecmath.h has the contracts). Built with the *_avx512.c flags (Makefile) and run only where qf_gemm_nn_f32_fast
  * says so.
  *
@@ -166,11 +167,14 @@ void qf_vec_rows_dot_kv_avx512(qf_type t, const void *A, size_t lda, int n, cons
 
 /* A group of 16 codes whose table entries lie within LK_CHUNKS * 32 floats reads them by permutes:
  * its span of the table copied once a call (lk_plan), then per row one two-source permute per
- * 32 entries, each lane keeping the one its index falls in (Zen 4: a 16-lane gather costs about
- * 20 cycles, a permute 1). Lanes of width 0 (mask 0) read the one entry tab[to[k]]: a constant. */
-enum { LK_GROUPS = 16, LK_CHUNKS = 4 };
+ * 32 entries and a tree of blends by the index's bits 5, 6, 7, 8 (chunk c's lanes win where the
+ * index is in [32 c, 32 c + 32)); lanes of width 0 (mask 0) read the one entry tab[to[k]]: a
+ * constant. A wider group reads its entries by two 8-lane gathers. Zen 5, one core (bench_kvrq_fast
+ * codes, docs/kv-rq.md "Session 32"): a 16-lane gather ~6.4 ns, two 8-lane ones ~4.9, a permute
+ * with its blend ~0.4 ns, so up to 16 chunks (512 entries) the permutes win. */
+enum { LK_GROUPS = 16, LK_CHUNKS = 16 };
 typedef struct {
-    int nch[LK_GROUPS];                  /* 32-entry chunks of the group's span; 0: the gather */
+    int nch[LK_GROUPS];                  /* 32-entry chunks of the group's span; 0: the gathers */
     __mmask16 cst[LK_GROUPS];            /* lanes of width 0 */
     _Alignas(64) int32_t rel[LK_GROUPS][16]; /* to[k] - the span's start (0 in constant lanes) */
     _Alignas(64) float cval[LK_GROUPS][16];  /* tab[to[k]] in constant lanes */
@@ -178,7 +182,7 @@ typedef struct {
 } lk_plan;
 
 /* the plan of the groups of m codes (groups past LK_GROUPS, or spanning more than LK_CHUNKS * 32
- * entries, read by the gather: nch 0) */
+ * entries, read by the gathers: nch 0) */
 static void lk_plan_make(lk_plan *P, int m, const int32_t *mk, const int32_t *to, const float *tab) {
     for (int g = 0; g < LK_GROUPS; g++) {
         P->nch[g] = 0;
@@ -203,15 +207,77 @@ static void lk_plan_make(lk_plan *P, int m, const int32_t *mk, const int32_t *to
             P->rel[g][i] = c ? 0 : to[k0 + i] - lo;
             P->cval[g][i] = i < nk && c ? tab[to[k0 + i]] : 0.0f;
         }
-        for (int e = 0; e < nch * 32; e++) P->span[g][e] = lo + e <= hi ? tab[lo + e] : 0.0f;
+        memcpy(P->span[g], tab + lo, (size_t)(hi - lo + 1) * sizeof(float));
+        memset(P->span[g] + (hi - lo + 1), 0, (size_t)(nch * 32 - (hi - lo + 1)) * sizeof(float));
     }
 }
 
-/* 16 codes a step. Where the row's code bytes fit 128 (by[m-1] + 2 <= 128: every row up to 5
- * bits of head_dim 128 or 2.5 of 256), they are loaded once (masked: nothing past them) and each
- * code's 4-byte window is picked by one byte permute (VBMI); otherwise by a gather. Then the
- * shift and mask per lane, and the table values by permutes of the group's span (lk_plan) or a
- * gather. by is nondecreasing (bit offsets). */
+/* the 16 codes of one group in each of n rows: their 4-byte windows by a byte permute of the
+ * row's first 128 code bytes (PERM) or a gather, shifted and masked, then their table values by
+ * NCH chunks' permutes (1..LK_CHUNKS) or, NCH 0, two 8-lane gathers; times the row's scale */
+static inline __attribute__((always_inline, target("avx512vbmi"))) void
+lk_group(const int NCH, const bool PERM, const uint8_t *code0, size_t stride, int n, const float *sc, __mmask16 lane,
+         const int32_t *by, const int32_t *sh, const int32_t *mk, const int32_t *to, const float *tab,
+         const lk_plan *P, int g, unsigned long long mlo, unsigned long long mhi, float *y, size_t ldy) {
+    /* each lane's low byte to its four bytes, plus 0, 1, 2, 3: the window's byte indices (those
+     * past 127 wrap, but bytes 2 and 3 only feed bits the mask drops: sh + width <= 16) */
+    const __m512i rep = _mm512_set_epi8(60, 60, 60, 60, 56, 56, 56, 56, 52, 52, 52, 52, 48, 48, 48, 48, 44, 44, 44, 44,
+                                        40, 40, 40, 40, 36, 36, 36, 36, 32, 32, 32, 32, 28, 28, 28, 28, 24, 24, 24,
+                                        24, 20, 20, 20, 20, 16, 16, 16, 16, 12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0,
+                                        0, 0, 0);
+    const __m512i b = _mm512_maskz_loadu_epi32(lane, by);
+    const __m512i widx = _mm512_add_epi8(_mm512_permutexvar_epi8(rep, b), _mm512_set1_epi32(0x03020100));
+    const __m512i shv = _mm512_maskz_loadu_epi32(lane, sh), mkv = _mm512_maskz_loadu_epi32(lane, mk);
+    const __m512i off = NCH ? _mm512_load_si512(P->rel[g]) : _mm512_maskz_loadu_epi32(lane, to);
+    __m512 spv[2 * LK_CHUNKS];
+    _Pragma("GCC unroll 16") for (int ch = 0; ch < NCH; ch++) {
+        spv[2 * ch] = _mm512_load_ps(P->span[g] + 32 * ch);
+        spv[2 * ch + 1] = _mm512_load_ps(P->span[g] + 32 * ch + 16);
+    }
+    const __m512 cval = NCH ? _mm512_load_ps(P->cval[g]) : _mm512_setzero_ps();
+    const __mmask16 cst = NCH ? P->cst[g] : 0;
+    for (int r = 0; r < n; r++) {
+        const uint8_t *code = code0 + (size_t)r * stride;
+        __m512i w;
+        if (PERM) {
+            const __m512i lo = _mm512_maskz_loadu_epi8(mlo, code);
+            const __m512i hi = mhi ? _mm512_maskz_loadu_epi8(mhi, code + 64) : _mm512_setzero_si512();
+            w = _mm512_permutex2var_epi8(lo, widx, hi);
+        } else {
+            w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), lane, b, code, 1);
+        }
+        const __m512i i = _mm512_add_epi32(_mm512_and_si512(_mm512_srlv_epi32(w, shv), mkv), off);
+        __m512 v;
+        if (NCH) {
+            __m512 t[LK_CHUNKS];
+            _Pragma("GCC unroll 16") for (int ch = 0; ch < NCH; ch++) t[ch] =
+                _mm512_permutex2var_ps(spv[2 * ch], i, spv[2 * ch + 1]);
+            _Pragma("GCC unroll 4") for (int bit = 1; bit < NCH; bit *= 2) {
+                const __mmask16 up = _mm512_test_epi32_mask(i, _mm512_set1_epi32(32 * bit));
+                _Pragma("GCC unroll 16") for (int ch = 0; ch + bit < NCH; ch += 2 * bit) t[ch] =
+                    _mm512_mask_blend_ps(up, t[ch], t[ch + bit]);
+            }
+            v = _mm512_mask_mov_ps(t[0], cst, cval);
+        } else {
+            const __m256 z = _mm256_setzero_ps();
+            const __m256 v0 = _mm256_mmask_i32gather_ps(z, (__mmask8)lane, _mm512_castsi512_si256(i), tab, 4);
+            const __m256 v1 = _mm256_mmask_i32gather_ps(z, (__mmask8)(lane >> 8), _mm512_extracti64x4_epi64(i, 1), tab, 4);
+            v = _mm512_castpd_ps(
+                _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(v0)), _mm256_castps_pd(v1), 1));
+        }
+        _mm512_mask_storeu_ps(y + (size_t)r * ldy, lane, _mm512_mul_ps(v, _mm512_set1_ps(sc[r])));
+    }
+}
+
+#define LK_NCH(NCH)                                                                                                \
+    lk_group((NCH) <= LK_CHUNKS ? (NCH) : 0, perm, code0, stride, nr, sc, lane, by + k, sh + k, mk + k, to + k, tab, \
+             &P, g, mlo, mhi, yk, ldy)
+
+/* A group at a time over every row (its code windows' byte indices, shifts, masks and table
+ * chunks loaded once), 64 rows a pass so that the rows' bytes stay in L1. Where the row's code
+ * bytes fit 128 (by[m-1] + 2 <= 128: every row up to 5 bits of head_dim 128 or 2.5 of 256), they
+ * are loaded masked (nothing past them) and each code's 4-byte window is picked by one byte
+ * permute (VBMI); otherwise by a gather. by is nondecreasing (bit offsets). */
 __attribute__((target("avx512vbmi"))) void qf_bits_lookup_avx512(const uint8_t *rows, size_t stride, int n, int off,
                                                                 const float *sctab, int m, const int32_t *by,
                                                                 const int32_t *sh, const int32_t *mk,
@@ -222,49 +288,118 @@ __attribute__((target("avx512vbmi"))) void qf_bits_lookup_avx512(const uint8_t *
     const bool perm = nb <= 128;
     const unsigned long long all = ~0ull, mlo = nb >= 64 ? all : (1ull << nb) - 1,
                              mhi = nb <= 64 ? 0 : nb >= 128 ? all : (1ull << (nb - 64)) - 1;
-    /* each lane's low byte to its four bytes, plus 0, 1, 2, 3: the window's byte indices (those
-     * past 127 wrap, but bytes 2 and 3 only feed bits the mask drops: sh + width <= 16) */
-    const __m512i rep = _mm512_set_epi8(60, 60, 60, 60, 56, 56, 56, 56, 52, 52, 52, 52, 48, 48, 48, 48, 44, 44, 44, 44,
-                                        40, 40, 40, 40, 36, 36, 36, 36, 32, 32, 32, 32, 28, 28, 28, 28, 24, 24, 24,
-                                        24, 20, 20, 20, 20, 16, 16, 16, 16, 12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0,
-                                        0, 0, 0);
-    const __m512i inc = _mm512_set1_epi32(0x03020100);
     lk_plan P;
     const bool plan = n >= 4; /* a few rows do not pay for the plan */
     if (plan) lk_plan_make(&P, m, mk, to, tab);
-    for (int r = 0; r < n; r++) {
-        const uint8_t *row = rows + (size_t)r * stride, *code = row + off;
-        const __m512 s = _mm512_set1_ps(sctab[row[0]]);
-        float *yr = y + (size_t)r * ldy;
-        __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
-        if (perm) {
-            lo = _mm512_maskz_loadu_epi8(mlo, code);
-            if (mhi) hi = _mm512_maskz_loadu_epi8(mhi, code + 64);
-        }
+    enum { PASS = 64 };
+    float sc[PASS];
+    for (int r0 = 0; r0 < n; r0 += PASS) {
+        const int nr = n - r0 < PASS ? n - r0 : PASS;
+        for (int r = 0; r < nr; r++) sc[r] = sctab[rows[(size_t)(r0 + r) * stride]];
+        const uint8_t *code0 = rows + (size_t)r0 * stride + off;
         for (int k = 0; k < m; k += 16) {
             const __mmask16 lane = m - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (m - k)) - 1);
-            const __m512i b = _mm512_maskz_loadu_epi32(lane, by + k);
-            const __m512i w = perm ? _mm512_permutex2var_epi8(lo, _mm512_add_epi8(_mm512_permutexvar_epi8(rep, b), inc), hi)
-                                   : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), lane, b, code, 1);
-            const __m512i c = _mm512_and_si512(_mm512_srlv_epi32(w, _mm512_maskz_loadu_epi32(lane, sh + k)),
-                                               _mm512_maskz_loadu_epi32(lane, mk + k));
             const int g = k / 16, nch = plan && g < LK_GROUPS ? P.nch[g] : 0;
-            __m512 v;
-            if (nch) { /* the span's chunks by permutes: each lane keeps its index's chunk */
-                const __m512i i = _mm512_add_epi32(c, _mm512_load_si512(P.rel[g]));
-                const float *sp = P.span[g];
-                v = _mm512_permutex2var_ps(_mm512_load_ps(sp), i, _mm512_load_ps(sp + 16));
-                for (int ch = 1; ch < nch; ch++)
-                    v = _mm512_mask_blend_ps(_mm512_cmpge_epi32_mask(i, _mm512_set1_epi32(32 * ch)), v,
-                                             _mm512_permutex2var_ps(_mm512_load_ps(sp + 32 * ch), i,
-                                                                    _mm512_load_ps(sp + 32 * ch + 16)));
-                v = _mm512_mask_mov_ps(v, P.cst[g], _mm512_load_ps(P.cval[g]));
-            } else {
-                const __m512i i = _mm512_add_epi32(c, _mm512_maskz_loadu_epi32(lane, to + k));
-                v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lane, i, tab, 4);
+            float *yk = y + (size_t)r0 * ldy + k;
+            switch (nch) {
+            case 0: LK_NCH(0); break;
+            case 1: LK_NCH(1); break;
+            case 2: LK_NCH(2); break;
+            case 3: LK_NCH(3); break;
+            case 4: LK_NCH(4); break;
+            case 5: LK_NCH(5); break;
+            case 6: LK_NCH(6); break;
+            case 7: LK_NCH(7); break;
+            case 8: LK_NCH(8); break;
+            case 9: LK_NCH(9); break;
+            case 10: LK_NCH(10); break;
+            case 11: LK_NCH(11); break;
+            case 12: LK_NCH(12); break;
+            case 13: LK_NCH(13); break;
+            case 14: LK_NCH(14); break;
+            case 15: LK_NCH(15); break;
+            default: LK_NCH(16); break;
             }
-            _mm512_mask_storeu_ps(yr + k, lane, _mm512_mul_ps(v, s));
         }
+    }
+}
+
+/* qf_vec_rows_dot (vecmath.h): 16 outputs in the 16 lanes, two such blocks side by side for the
+ * add chains' latency; 16 x 16 blocks of A transposed in registers (four rounds of shuffles), so
+ * lane r of column i holds A[o + r][i]; acc = acc + column * x[i] (a multiply then an add, no FMA)
+ * in i order, the last n % 16 elements of each row after them, in order, as the oracle does; the
+ * last m % 16 outputs by the AVX2 kernel (the same bits). */
+static inline __attribute__((always_inline)) void tr16(const float *a, size_t lda, int i, __m512 c[16]) {
+    __m512 t[16], u[16];
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+        const __m512 r0 = _mm512_loadu_ps(a + (size_t)(2 * k) * lda + i);
+        const __m512 r1 = _mm512_loadu_ps(a + (size_t)(2 * k + 1) * lda + i);
+        t[2 * k] = _mm512_unpacklo_ps(r0, r1), t[2 * k + 1] = _mm512_unpackhi_ps(r0, r1);
+    }
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+        const __m512d a0 = _mm512_castps_pd(t[4 * k]), a1 = _mm512_castps_pd(t[4 * k + 1]),
+                      a2 = _mm512_castps_pd(t[4 * k + 2]), a3 = _mm512_castps_pd(t[4 * k + 3]);
+        u[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+        u[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+        u[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+        u[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+    }
+    /* u[4 k + e], 128-bit lane l: rows 4k..4k+3 of element 4 l + e */
+    _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) {
+        const __m512 w0 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0x88), w1 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0xDD);
+        const __m512 w2 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0x88);
+        const __m512 w3 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0xDD);
+        c[e] = _mm512_shuffle_f32x4(w0, w2, 0x88), c[8 + e] = _mm512_shuffle_f32x4(w0, w2, 0xDD);
+        c[4 + e] = _mm512_shuffle_f32x4(w1, w3, 0x88), c[12 + e] = _mm512_shuffle_f32x4(w1, w3, 0xDD);
+    }
+}
+/* NB blocks of 16 rows from a: their outputs into y */
+static inline __attribute__((always_inline)) void rows_dot16(const int NB, const float *a, size_t lda, int n,
+                                                             const float *x, float *y) {
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        _Pragma("GCC unroll 2") for (int b = 0; b < NB; b++) {
+            __m512 c[16];
+            tr16(a + (size_t)(16 * b) * lda, lda, i, c);
+            _Pragma("GCC unroll 16") for (int e = 0; e < 16; e++) acc[b] =
+                _mm512_add_ps(acc[b], _mm512_mul_ps(c[e], _mm512_set1_ps(x[i + e])));
+        }
+    }
+    _Pragma("GCC unroll 2") for (int b = 0; b < NB; b++) {
+        float t[16];
+        _mm512_storeu_ps(t, acc[b]);
+        for (int k = i; k < n; k++)
+            for (int r = 0; r < 16; r++) t[r] += a[(size_t)(16 * b + r) * lda + k] * x[k];
+        memcpy(y + 16 * b, t, sizeof t);
+    }
+}
+void qf_vec_rows_dot_avx512(const float *A, size_t lda, int n, const float *x, int m, float *y) {
+    int o = 0;
+    for (; o + 32 <= m; o += 32) rows_dot16(2, A + (size_t)o * lda, lda, n, x, y + o);
+    for (; o + 16 <= m; o += 16) rows_dot16(1, A + (size_t)o * lda, lda, n, x, y + o);
+    if (o < m) qf_vec_rows_dot_avx2(A + (size_t)o * lda, lda, n, x, m - o, y + o);
+}
+
+/* qf_vec_cols_axpy_dense (vecmath.h): 128 elements of acc in eight registers across every j
+ * (vectors past n masked off), acc = acc + B row * y[j] (a multiply then an add) */
+void qf_vec_cols_axpy_dense_avx512(const float *B, size_t ldb, int m, const float *y, int n, float *acc) {
+    for (int i0 = 0; i0 < n; i0 += 128) {
+        const int wi = n - i0 < 128 ? n - i0 : 128;
+        __mmask16 mk[8];
+        for (int v = 0; v < 8; v++) {
+            const int left = wi - 16 * v;
+            mk[v] = left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+        }
+        __m512 a[8];
+        _Pragma("GCC unroll 8") for (int v = 0; v < 8; v++) a[v] = _mm512_maskz_loadu_ps(mk[v], acc + i0 + 16 * v);
+        for (int j = 0; j < m; j++) {
+            const float *b = B + (size_t)j * ldb + i0;
+            const __m512 yj = _mm512_set1_ps(y[j]);
+            _Pragma("GCC unroll 8") for (int v = 0; v < 8; v++) a[v] =
+                _mm512_add_ps(a[v], _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[v], b + 16 * v), yj));
+        }
+        _Pragma("GCC unroll 8") for (int v = 0; v < 8; v++) _mm512_mask_storeu_ps(acc + i0 + 16 * v, mk[v], a[v]);
     }
 }
 
