@@ -732,7 +732,7 @@ typedef struct {
     int layer, n, pos0;
     bool vcoef; /* kv-rq fast route: vbuf holds V's coefficients, attention sums them (rq_vcoef) */
     int gphase; /* kv_gather_worker's phase: 0 all at once, or 1, 2, 3 (V predicted from K) */
-    int rq_run; /* kv-rq fast route: positions per work item of the gather (rq_run_len) */
+    int rq_run; /* kv-rq fast route: positions per work item of the gather (rq_run_len, rq_run_even) */
     /* kv-rq fast route, a one-query step (rq_kfused): the gather decodes each run of keys into
      * per-thread scratch, RoPE and all, and scores it against the group's queries there (rq_sc):
      * kbuf is not written, nor read back once per query head */
@@ -844,6 +844,19 @@ static int rq_run_len(const qf_context *c, int T) {
     int nth = qf_pool_size(c->pool), per = (4 * nth + 2 * c->model->hp.n_head_kv - 1) / (2 * c->model->hp.n_head_kv);
     int run = (T + per - 1) / per;
     return run < RQ_RUN_MIN ? RQ_RUN_MIN : run > RQ_RUN_MAX ? RQ_RUN_MAX : run;
+}
+
+/* A one-query step's runs (att_job.kfused: rows decoded by qf_gemm_nn_f32, whose rows do not
+ * depend on the split, so any run length gives the same bits): rq_run_len's count per kv head,
+ * raised until the kv heads' runs share out evenly over the threads (the gather hands its items
+ * out round-robin), the T positions split into runs that differ by at most one row. With
+ * rq_run_len's runs, whose last is short, one thread took two full runs where the other took a
+ * full one and a short one (27m model, 2 threads, T = 1683: 2048 rows against 1318). */
+static int rq_run_even(const qf_context *c, int T) {
+    const int nth = qf_pool_size(c->pool), nh = c->model->hp.n_head_kv, R0 = rq_run_len(c, T);
+    int nr = (T + R0 - 1) / R0;
+    while ((nh * nr) % nth && (T + nr) / (nr + 1) >= RQ_RUN_MIN) nr++;
+    return (T + nr - 1) / nr;
 }
 
 /* V attention in the coefficient domain pays when the queries per kv head are few: it sums
@@ -1784,8 +1797,8 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         aj.vdict = dict_ok && c->kv.mode_v == QF_KV_DICT && dict_coef_pays(c, 1, n, pos0 + n);
         if (rq_fast) {
             aj.vcoef = c->rq_route == QF_RQ_ROUTE_AUTO ? rq_vcoef(c, nr, pos0 + n) : c->rq_route == QF_RQ_ROUTE_COEF;
-            aj.rq_run = rq_run_len(c, pos0 + n);
             aj.kfused = aj.vcoef && rq_kfused(c, n);
+            aj.rq_run = aj.kfused ? rq_run_even(c, pos0 + n) : rq_run_len(c, pos0 + n);
             aj.vgroup = aj.vcoef && rq_vgroup(c, n);
             aj.cfused = aj.vcoef && rq_cfused(c, n);
             qf_pool_run(c->pool, rq_gather_worker, &aj);
