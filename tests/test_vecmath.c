@@ -12,6 +12,9 @@
 #include "test.h"
 #include "util/util.h"
 
+/* a uniform double in [0, 1) from the xorshift state s: 53 random bits */
+static double u01(uint64_t *s) { return (double)(qf_xorshift64s(s) >> 11) / 9007199254740992.0; }
+
 TEST(exp_avx2_matches_expf) {
     if (!qf_quant_has_avx2()) SKIP("CPU without AVX2/FMA: the scalar oracle is what runs");
     int n = 1 << 20;
@@ -172,9 +175,9 @@ static int cols_axpy_differ(const float *B, const float *y, const float *acc0, i
 TEST(cols_axpy_avx2_bit_identical) {
     static float B[CA_MAXM * CA_LDB], y[CA_MAXM], acc0[CA_MAXN];
     uint64_t s = 5;
-    for (int i = 0; i < CA_MAXM * CA_LDB; i++) B[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 3.0f;
-    for (int i = 0; i < CA_MAXM; i++) y[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 1e2f;
-    for (int i = 0; i < CA_MAXN; i++) acc0[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
+    for (int i = 0; i < CA_MAXM * CA_LDB; i++) B[i] = (float)(u01(&s) - 0.5) * 3.0f;
+    for (int i = 0; i < CA_MAXM; i++) y[i] = (float)(u01(&s) - 0.5) * 1e2f;
+    for (int i = 0; i < CA_MAXN; i++) acc0[i] = (float)(u01(&s) - 0.5);
     y[2] = 0.0f, y[5] = -0.0f, y[11] = 0.0f; /* dropped coordinates */
     int bad = 0, runs = 0;
     static const int ns[] = {0, 1, 7, 8, 9, 31, 32, 33, 40, 64, 127, 128, 130}, ms[] = {0, 1, 3, 8, 17, 64};
@@ -200,8 +203,8 @@ TEST(cols_axpy_avx2_bit_identical) {
 TEST(rows_dot_avx2_bit_identical) {
     static float A[RD_MAXM * RD_LDA], x[RD_MAXN];
     uint64_t s = 3;
-    for (int i = 0; i < RD_MAXM * RD_LDA; i++) A[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 1e3f;
-    for (int i = 0; i < RD_MAXN; i++) x[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 1e-2f;
+    for (int i = 0; i < RD_MAXM * RD_LDA; i++) A[i] = (float)(u01(&s) - 0.5) * 1e3f;
+    for (int i = 0; i < RD_MAXN; i++) x[i] = (float)(u01(&s) - 0.5) * 1e-2f;
     int bad = 0, runs = 0;
     static const int ns[] = {0, 1, 7, 8, 9, 15, 16, 17, 64, 70}, ms[] = {0, 1, 7, 8, 9, 16, 17, 35};
     for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
@@ -252,9 +255,9 @@ static int cols_dense_differ(const float *B, const float *y, const float *acc0, 
 TEST(rows_dot_cols_dense_avx512_bit_identical) {
     static float A[R5_MAXN * R5_LDA], x[R5_MAXN], acc0[R5_MAXN + 1];
     uint64_t s = 17;
-    for (int i = 0; i < R5_MAXN * R5_LDA; i++) A[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 1e3f;
-    for (int i = 0; i < R5_MAXN; i++) x[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 1e-2f;
-    for (int i = 0; i <= R5_MAXN; i++) acc0[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
+    for (int i = 0; i < R5_MAXN * R5_LDA; i++) A[i] = (float)(u01(&s) - 0.5) * 1e3f;
+    for (int i = 0; i < R5_MAXN; i++) x[i] = (float)(u01(&s) - 0.5) * 1e-2f;
+    for (int i = 0; i <= R5_MAXN; i++) acc0[i] = (float)(u01(&s) - 0.5);
     int bad = 0, runs = 0;
     static const int ns[] = {0, 1, 15, 16, 17, 31, 32, 33, 100, 127, 128, 129, 160, 256, 260},
                      ms[] = {0, 1, 15, 16, 17, 31, 32, 33, 47, 48, 64, 70};
@@ -296,9 +299,9 @@ static int gemm_nn_differ(const float *A, const float *B, const float *bias, int
 TEST(gemm_nn_f32_bit_identical) {
     static float A[GN_MAXN * GN_LDA], B[GN_MAXM * GN_LDB], bias[GN_LDB];
     uint64_t s = 9;
-    for (int i = 0; i < GN_MAXN * GN_LDA; i++) A[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 4.0f;
-    for (int i = 0; i < GN_MAXM * GN_LDB; i++) B[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 3.0f;
-    for (int i = 0; i < GN_LDB; i++) bias[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
+    for (int i = 0; i < GN_MAXN * GN_LDA; i++) A[i] = (float)(u01(&s) - 0.5) * 4.0f;
+    for (int i = 0; i < GN_MAXM * GN_LDB; i++) B[i] = (float)(u01(&s) - 0.5) * 3.0f;
+    for (int i = 0; i < GN_LDB; i++) bias[i] = (float)(u01(&s) - 0.5);
     A[3] = 0.0f, A[GN_LDA + 5] = -0.0f; /* dropped coefficients */
     int bad = 0, runs = 0;
     static const int ns[] = {0, 1, 2, 5, 6, 7, 12, 13}, ms[] = {0, 1, 17, 150}, ws[] = {1, 15, 16, 17, 63, 64, 65, 128, 130, 290};
@@ -345,9 +348,9 @@ static int gemm_acc_differ(const float *A, const float *B, const float *C0, int 
 TEST(gemm_nn_f32_acc_bit_identical) {
     static float A[GN_MAXN * GN_LDA], B[GN_MAXM * GN_LDB], C0[GN_MAXN * GN_LDC];
     uint64_t s = 21;
-    for (int i = 0; i < GN_MAXN * GN_LDA; i++) A[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 4.0f;
-    for (int i = 0; i < GN_MAXM * GN_LDB; i++) B[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 3.0f;
-    for (int i = 0; i < GN_MAXN * GN_LDC; i++) C0[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 2.0f;
+    for (int i = 0; i < GN_MAXN * GN_LDA; i++) A[i] = (float)(u01(&s) - 0.5) * 4.0f;
+    for (int i = 0; i < GN_MAXM * GN_LDB; i++) B[i] = (float)(u01(&s) - 0.5) * 3.0f;
+    for (int i = 0; i < GN_MAXN * GN_LDC; i++) C0[i] = (float)(u01(&s) - 0.5) * 2.0f;
     A[3] = 0.0f, A[GN_LDA + 5] = -0.0f, C0[1] = -0.0f, C0[2] = 0.0f;
     int bad = 0, runs = 0;
     static const int ns[] = {0, 1, 2, 4, 5, 6, 7, 13}, ms[] = {0, 1, 17, 64, 150}, ws[] = {1, 15, 16, 17, 64, 65, 128, 290};
@@ -391,7 +394,7 @@ static int bits_lookup_differ(int mode, int NR, const int *ms, int nm) {
         to[k] = (int32_t)(w ? nt : BTAB - 1);
         nt += w ? 1u << w : 0, bit += (unsigned)w;
     }
-    for (int i = 0; i < BTAB; i++) tab[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
+    for (int i = 0; i < BTAB; i++) tab[i] = (float)(u01(&s) - 0.5);
     tab[BTAB - 1] = 0.0f;
     for (int c = 0; c < 256; c++) sctab[c] = (float)c / 64.0f;
     const size_t stride = 1 + (bit + 7) / 8, nbuf = (size_t)NR * stride + 3;
@@ -427,9 +430,9 @@ TEST(rope_pairs_bit_identical) {
     enum { RH = 70 };
     static float x0[2 * RH + 1], cs[RH], sn[RH], a[2 * RH + 1], b[2 * RH + 1];
     uint64_t s = 17;
-    for (int i = 0; i < 2 * RH + 1; i++) x0[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 8.0f;
+    for (int i = 0; i < 2 * RH + 1; i++) x0[i] = (float)(u01(&s) - 0.5) * 8.0f;
     for (int i = 0; i < RH; i++) {
-        double t = (double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 * 6.283185307179586;
+        double t = u01(&s) * 6.283185307179586;
         cs[i] = (float)cos(t), sn[i] = (float)sin(t);
     }
     x0[4] = 0.0f, x0[5] = -0.0f, sn[2] = 0.0f, cs[3] = -0.0f;
@@ -458,11 +461,11 @@ TEST(axpy_diff_bit_identical) {
     static float X[AM * ALD], Y[AM * ALD], w[AM], acc0[AN], a0[AN], a1[AN];
     uint64_t s = 19;
     for (int i = 0; i < AM * ALD; i++) {
-        X[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 3.0f;
-        Y[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 3.0f;
+        X[i] = (float)(u01(&s) - 0.5) * 3.0f;
+        Y[i] = (float)(u01(&s) - 0.5) * 3.0f;
     }
-    for (int i = 0; i < AM; i++) w[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0);
-    for (int i = 0; i < AN; i++) acc0[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
+    for (int i = 0; i < AM; i++) w[i] = (float)(u01(&s));
+    for (int i = 0; i < AN; i++) acc0[i] = (float)(u01(&s) - 0.5);
     w[3] = 0.0f, w[4] = -0.0f, X[5] = Y[5];
     int bad = 0, runs = 0;
     static const int ns[] = {0, 1, 7, 8, 9, 31, 32, 33, 64, 127, 128, 130}, ms[] = {0, 1, 5, 40};
@@ -491,9 +494,9 @@ TEST(gather_axpy_bit_identical) {
     static float B[GR * GLD], c[16], o0[GN], o1[GN];
     static int32_t idx[16];
     uint64_t s = 29;
-    for (int i = 0; i < GR * GLD; i++) B[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 5.0f;
+    for (int i = 0; i < GR * GLD; i++) B[i] = (float)(u01(&s) - 0.5) * 5.0f;
     for (int j = 0; j < 16; j++)
-        idx[j] = (int32_t)(qf_xorshift64s(&s) % GR), c[j] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
+        idx[j] = (int32_t)(qf_xorshift64s(&s) % GR), c[j] = (float)(u01(&s) - 0.5);
     idx[3] = idx[1], c[4] = -0.0f;
     int bad = 0, runs = 0;
     static const int ns[] = {0, 1, 7, 8, 9, 31, 32, 33, 64, 127, 128, 130}, ms[] = {0, 1, 8, 16};
@@ -524,14 +527,14 @@ TEST(dict_scores_bit_identical) {
     static float P[DA], coef[DS * DLD], y0[DM], y1[DM], w[DM], W0[DA], W1[DA];
     static int32_t idx[DS * DLD];
     uint64_t s = 41;
-    for (int a = 0; a < DA; a++) P[a] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 7.0f;
+    for (int a = 0; a < DA; a++) P[a] = (float)(u01(&s) - 0.5) * 7.0f;
     for (int i = 0; i < DS * DLD; i++) {
         idx[i] = (int32_t)(qf_xorshift64s(&s) % DA);
-        coef[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
+        coef[i] = (float)(u01(&s) - 0.5);
         if (i % 11 == 3) idx[i] = 0, coef[i] = 0; /* unused slots */
     }
     coef[5] = -0.0f, idx[DLD + 9] = idx[9];
-    for (int t = 0; t < DM; t++) w[t] = t % 7 == 2 ? 0.0f : (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0);
+    for (int t = 0; t < DM; t++) w[t] = t % 7 == 2 ? 0.0f : (float)(u01(&s));
     int bad = 0, runs = 0;
     static const int ms[] = {0, 1, 7, 8, 9, 15, 16, 17, 64, 70}, ss[] = {0, 1, 4, 8, 9};
     for (int f = 0; f < 3; f++) {
@@ -566,14 +569,14 @@ TEST(kv_rows_kernels_bit_identical) {
     static uint8_t A[FM * FLDB];
     static float x[FN], xr[FN], y0[FM], y1[FM], S[3 * FM], c0[3 * FN], c1[3 * FN];
     uint64_t s = 31;
-    for (int i = 0; i < FN; i++) x[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5);
-    for (int i = 0; i < 3 * FM; i++) S[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0);
+    for (int i = 0; i < FN; i++) x[i] = (float)(u01(&s) - 0.5);
+    for (int i = 0; i < 3 * FM; i++) S[i] = (float)(u01(&s));
     const qf_type ts[3] = {QF_TYPE_F16, QF_TYPE_Q8_0, QF_TYPE_Q4_0};
     int bad = 0, runs = 0;
     for (int ti = 0; ti < 3; ti++) {
         for (int o = 0; o < FM; o++) { /* each row: FN random values quantized to the type */
             for (int i = 0; i < FN; i++) {
-                xr[i] = (float)((double)(qf_xorshift64s(&s) >> 11) / 9007199254740992.0 - 0.5) * 8.0f;
+                xr[i] = (float)(u01(&s) - 0.5) * 8.0f;
                 if (i % 97 == 5) xr[i] *= 1e-5f;
             }
             qf_quantize_row_ref(ts[ti], xr, A + (size_t)o * FLDB, FN);
