@@ -611,6 +611,116 @@ TEST(int8_ec_decoder16_matches_reference) {
     CHECK_EQ_INT(spill, 0);
 }
 
+/* a buffer of nr rows (stride apart, n bytes each) of random ec kinds (ec_test_row), the last
+ * row ending at a page that may not be read (a gather past it faults); *map_out / *span_out for
+ * munmap. NULL on failure. */
+static uint8_t *ec_test_rows(int nr, size_t stride, int n, uint64_t *s, uint8_t **map_out, size_t *span_out) {
+    const size_t len = (size_t)(nr - 1) * stride + (size_t)n, pg = 4096, span = (len + pg - 1) / pg * pg;
+    uint8_t *map = mmap(NULL, span + pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED) return NULL;
+    if (mprotect(map + span, pg, PROT_NONE)) {
+        munmap(map, span + pg);
+        return NULL;
+    }
+    uint8_t *buf = map + span - len;
+    for (size_t i = 0; i < len; i++) buf[i] = (uint8_t)qf_xorshift64s(s);
+    const int same = qf_xorshift64s(s) % 3 == 0 ? (int)(qf_xorshift64s(s) % 9) : -1;
+    for (int r = 0; r < nr; r++) ec_test_row(same >= 0 ? same : (int)(qf_xorshift64s(s) % 9), buf + r * stride, n, s);
+    *map_out = map, *span_out = span + pg;
+    return buf;
+}
+
+/* qf_kv_int8_ec_dequantize16_seg (the rows' elements from skip on stored in segments: a group
+ * row's heads straight into their f32 views) against the reference: every element in its place,
+ * nothing else written (elements before skip included), with the kernel and the four-row
+ * fallback; seg multiples of 16 (the kernel) and not (scratch), one segment and several */
+TEST(int8_ec_decoder16_seg_matches_reference) {
+    uint64_t s = 91;
+    static const int hds[] = {16, 32, 64, 128, 256, 24, 40};
+    static float ref[1024], dst[4][32 * 264 + 64];
+    int rows = 0, bad = 0, spill = 0;
+    for (int pass = 0; pass < 2; pass++) { /* pass 0: the kernel (if any); pass 1: the fallback */
+        if (pass == 1) qf_gemm_cap_isa(QF_GEMM_ISA_AVX2);
+        for (int trial = 0; trial < 280; trial++) {
+            const int hd = hds[trial % 7], g = 1 + trial / 7 % 4, nr = trial % 2 ? 32 : 16;
+            if (g * hd > 1024) continue;
+            const int n = g * hd, k0 = (int)(qf_xorshift64s(&s) % (uint64_t)g), k1 = k0 + 1 + (int)(qf_xorshift64s(&s) % (uint64_t)(g - k0));
+            const size_t stride = (size_t)n + (size_t)(8 * (trial / 3 % 3));
+            uint8_t *map;
+            size_t span;
+            const uint8_t *buf = ec_test_rows(nr, stride, n, &s, &map, &span);
+            if (!buf) {
+                CHECK(!"mmap");
+                return;
+            }
+            /* head k of row r at dst[k][r * (hd + 8)]: the row stride is not hd, so misplaced values show */
+            const size_t rs = (size_t)hd + 8;
+            for (int k = 0; k < 4; k++)
+                for (size_t i = 0; i < sizeof dst[0] / sizeof(float); i++) dst[k][i] = -7.0f;
+            float *out[32];
+            for (int r = 0; r < nr; r++) out[r] = dst[0] + (size_t)r * rs;
+            qf_kv_int8_ec_dequantize16_seg(buf, stride, n, nr, out, k1 * hd, k0 * hd, hd, (size_t)(dst[1] - dst[0]));
+            for (int r = 0; r < nr; r++) {
+                qf_kv_int8_ec_dequantize_ref(buf + r * stride, n, ref, k1 * hd);
+                for (int k = k0; k < k1; k++)
+                    bad += memcmp(ref + (size_t)k * hd, dst[k - k0] + (size_t)r * rs, sizeof(float) * (size_t)hd) != 0;
+                rows++;
+            }
+            for (int k = 0; k < 4; k++)
+                for (size_t i = 0; i < sizeof dst[0] / sizeof(float); i++) {
+                    const bool mine = k < k1 - k0 && i < (size_t)nr * rs && i % rs < (size_t)hd;
+                    spill += !mine && dst[k][i] != -7.0f;
+                }
+            munmap(map, span);
+        }
+        qf_gemm_cap_isa(QF_GEMM_ISA_AVX512);
+    }
+    printf("  %d rows in segments, %d differ from the reference, %d values written elsewhere\n", rows, bad, spill);
+    CHECK(rows > 0);
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(spill, 0);
+}
+
+/* qf_kv_int8_ec_dot16 (rows decoded and scored against queries without being stored) against
+ * qf_kv_int8_ec_dot_ref bit for bit: 16 and 32 rows, 1-4 segments of 16-256 elements (and of
+ * 24 / 40: not the kernel's), 1-8 queries a segment, every ec row kind (long tails, corrupt and
+ * zero rows among them), the kernel and the fallback; nothing written outside y's entries */
+TEST(int8_ec_dot16_matches_reference) {
+    uint64_t s = 123;
+    static const int segs[] = {16, 32, 64, 128, 256, 24, 40};
+    static float qv[8 * 8 * 256], y[64 * 40], yr[64 * 40];
+    for (size_t i = 0; i < sizeof qv / sizeof(float); i++) qv[i] = (float)gauss(&s);
+    int rows = 0, bad = 0, spill = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) qf_gemm_cap_isa(QF_GEMM_ISA_AVX2);
+        for (int trial = 0; trial < 336; trial++) {
+            const int seg = segs[trial % 7], nseg = 1 + trial / 7 % 4, nq = 1 + trial / 28 % 8, nr = trial % 2 ? 32 : 16;
+            if (nseg * seg > 1024) continue;
+            const int n = nseg * seg + (trial / 5 % 2) * 16; /* the rows may hold more than is read */
+            const size_t stride = (size_t)n + (size_t)(8 * (trial / 3 % 3)), qs = (size_t)seg + 4, ys = 40;
+            uint8_t *map;
+            size_t span;
+            const uint8_t *buf = ec_test_rows(nr, stride, n, &s, &map, &span);
+            if (!buf) {
+                CHECK(!"mmap");
+                return;
+            }
+            for (int i = 0; i < 64 * 40; i++) y[i] = yr[i] = -7.0f;
+            qf_kv_int8_ec_dot16(buf, stride, n, nr, nseg, seg, qv, nq, qs, y, ys);
+            qf_kv_int8_ec_dot_ref(buf, stride, n, nr, nseg, seg, qv, nq, qs, yr, ys);
+            for (int o = 0; o < nseg * nq; o++) bad += memcmp(y + (size_t)o * ys, yr + (size_t)o * ys, sizeof(float) * (size_t)nr) != 0;
+            for (int i = 0; i < 64 * 40; i++) spill += ((size_t)i / ys >= (size_t)(nseg * nq) || (size_t)i % ys >= (size_t)nr) && y[i] != -7.0f;
+            rows += nr;
+            munmap(map, span);
+        }
+        qf_gemm_cap_isa(QF_GEMM_ISA_AVX512);
+    }
+    printf("  %d rows scored, %d (segment, query) columns differ from the reference, %d values written elsewhere\n", rows, bad, spill);
+    CHECK(rows > 0);
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(spill, 0);
+}
+
 /* int8 row layouts in the cache: rotated static and per-token rows read back close to what was
  * written; a per-token layout needs head_dim a multiple of 8, a rotated one a power of two */
 TEST(int8_layouts_in_the_cache) {
@@ -1041,6 +1151,8 @@ int main(void) {
     RUN(int8_ec_codec);
     RUN(int8_ec_decoder_matches_reference);
     RUN(int8_ec_decoder16_matches_reference);
+    RUN(int8_ec_decoder16_seg_matches_reference);
+    RUN(int8_ec_dot16_matches_reference);
     RUN(int8_layouts_in_the_cache);
     RUN(int8_layout_payload);
     return test_summary();

@@ -742,15 +742,35 @@ bool qf_kv_int8_ec_one(const uint8_t *q, int n, uint32_t *pos, float d, float *o
 
 bool qf_kv_int8_ec16_fast(void) { return qf_gemm_isa_get() == QF_GEMM_ISA_AVX512; }
 
-void qf_kv_int8_ec_dequantize16(const uint8_t *q, size_t stride, int n, int nr, float *const *x, int n_out) {
+/* row values src[from, to) (src NULL: zeros) to their places in a segmented row x (see
+ * qf_kv_int8_ec_dequantize16_seg), those before skip dropped */
+static void ec_seg_put(float *x, const float *src, int from, int to, int skip, int seg, size_t sstride) {
+    for (int i = from > skip ? from : skip; i < to; i++)
+        x[(size_t)((i - skip) / seg) * sstride + (size_t)((i - skip) % seg)] = src ? src[i] : 0.0f;
+}
+
+void qf_kv_int8_ec_dequantize16_seg(const uint8_t *q, size_t stride, int n, int nr, float *const *x, int n_out, int skip,
+                                    int seg, size_t sstride) {
     pthread_once(&ec_tab_once, ec_tab_build);
     if (n_out > n) n_out = n;
     QF_ASSERT(nr == 16 || nr == 32);
-    if (!qf_kv_int8_ec16_fast() || n < 16 || stride > (size_t)(INT32_MAX - n) / (size_t)(nr - 1)) { /* four at a time */
-        for (int r = 0; r < nr; r += 4) {
+    QF_ASSERT(skip >= 0 && seg >= 1);
+    /* one segment from element 0: x[r][i], the rows written in place */
+    const bool flat = skip == 0 && n_out <= seg;
+    QF_ASSERT(flat || n_out <= QF_KV_EC_SEG_MAX);
+    float tmp[4][QF_KV_EC_SEG_MAX]; /* scratch rows where x is not flat */
+    const bool kernel_ok = skip % 16 == 0 && (seg % 16 == 0 || n_out - skip <= seg);
+    if (!qf_kv_int8_ec16_fast() || n < 16 || stride > (size_t)(INT32_MAX - n) / (size_t)(nr - 1) || !kernel_ok) {
+        for (int r = 0; r < nr; r += 4) { /* four at a time */
             const uint8_t *rq[4] = {q + r * stride, q + (r + 1) * stride, q + (r + 2) * stride, q + (r + 3) * stride};
-            float *const ro[4] = {x[r], x[r + 1], x[r + 2], x[r + 3]};
-            qf_kv_int8_ec_dequantize4(rq, n, ro, n_out);
+            if (flat) {
+                float *const ro[4] = {x[r], x[r + 1], x[r + 2], x[r + 3]};
+                qf_kv_int8_ec_dequantize4(rq, n, ro, n_out);
+            } else {
+                float *const ro[4] = {tmp[0], tmp[1], tmp[2], tmp[3]};
+                qf_kv_int8_ec_dequantize4(rq, n, ro, n_out);
+                for (int k = 0; k < 4; k++) ec_seg_put(x[r + k], tmp[k], 0, n_out, skip, seg, sstride);
+            }
         }
         return;
     }
@@ -763,13 +783,84 @@ void qf_kv_int8_ec_dequantize16(const uint8_t *q, size_t stride, int n, int nr, 
     }
     int at[32];
     uint32_t pos[32];
-    if (nr == 32) qf_kv_int8_ec_run32_avx512(q, stride, n, d, live, EC_HDR_BITS, n_out, x, at, pos);
-    else qf_kv_int8_ec_run16_avx512(q, stride, n, d, live, EC_HDR_BITS, n_out, x, at, pos);
+    const int kseg = flat ? INT32_MAX : seg;
+    if (nr == 32) qf_kv_int8_ec_run32_avx512(q, stride, n, d, live, EC_HDR_BITS, n_out, x, skip, kseg, sstride, at, pos);
+    else qf_kv_int8_ec_run16_avx512(q, stride, n, d, live, EC_HDR_BITS, n_out, x, skip, kseg, sstride, at, pos);
     for (int r = 0; r < nr; r++) {
-        if (!(live >> r & 1)) /* e = 0: every element is 0 */
-            for (int i = 0; i < n_out; i++) x[r][i] = 0;
-        else if (at[r] < n_out) ec_continue(q + r * stride, n, x[r], n_out, at[r], pos[r], d[r]);
+        if (!(live >> r & 1)) { /* e = 0: every element is 0 */
+            if (flat)
+                for (int i = 0; i < n_out; i++) x[r][i] = 0;
+            else ec_seg_put(x[r], NULL, 0, n_out, skip, seg, sstride);
+        } else if (at[r] < n_out) {
+            if (flat) ec_continue(q + r * stride, n, x[r], n_out, at[r], pos[r], d[r]);
+            else {
+                ec_continue(q + r * stride, n, tmp[0], n_out, at[r], pos[r], d[r]);
+                ec_seg_put(x[r], tmp[0], at[r], n_out, skip, seg, sstride);
+            }
+        }
     }
+}
+
+/* row r's dot products (one decoded row of nseg seg floats): see qf_kv_int8_ec_dot16. Compiled
+ * without contraction (C11): a product, then a sum, in order from 0. */
+static void ec_dot_row(const float *row, int r, int nseg, int seg, const float *qv, int nq, size_t qstride, float *y,
+                       size_t ystride) {
+    for (int k = 0; k < nseg; k++)
+        for (int i = 0; i < nq; i++) {
+            const float *a = row + (size_t)k * seg, *b = qv + (size_t)(k * nq + i) * qstride;
+            float acc = 0;
+            for (int e = 0; e < seg; e++) acc += a[e] * b[e];
+            y[(size_t)(k * nq + i) * ystride + (size_t)r] = acc;
+        }
+}
+
+void qf_kv_int8_ec_dot_ref(const uint8_t *q, size_t stride, int n, int nr, int nseg, int seg, const float *qv, int nq,
+                           size_t qstride, float *y, size_t ystride) {
+    const int n_out = nseg * seg;
+    QF_ASSERT(nseg >= 1 && seg >= 1 && n_out <= n && n_out <= QF_KV_EC_SEG_MAX);
+    float row[QF_KV_EC_SEG_MAX];
+    for (int r = 0; r < nr; r++) {
+        qf_kv_int8_ec_dequantize_ref(q + (size_t)r * stride, n, row, n_out);
+        ec_dot_row(row, r, nseg, seg, qv, nq, qstride, y, ystride);
+    }
+}
+
+void qf_kv_int8_ec_dot16(const uint8_t *q, size_t stride, int n, int nr, int nseg, int seg, const float *qv, int nq,
+                         size_t qstride, float *y, size_t ystride) {
+    pthread_once(&ec_tab_once, ec_tab_build);
+    const int n_out = nseg * seg;
+    QF_ASSERT(nr == 16 || nr == 32);
+    QF_ASSERT(nseg >= 1 && seg >= 1 && n_out <= n && n_out <= QF_KV_EC_SEG_MAX && nq >= 1 && nq <= QF_KV_EC_DOT_MAXQ);
+    float tmp[4][QF_KV_EC_SEG_MAX];
+    if (!qf_kv_int8_ec16_fast() || n < 16 || seg % 16 || stride > (size_t)(INT32_MAX - n) / (size_t)(nr - 1)) {
+        for (int r = 0; r < nr; r += 4) { /* four rows at a time, then their chains */
+            const uint8_t *rq[4] = {q + r * stride, q + (r + 1) * stride, q + (r + 2) * stride, q + (r + 3) * stride};
+            float *const ro[4] = {tmp[0], tmp[1], tmp[2], tmp[3]};
+            qf_kv_int8_ec_dequantize4(rq, n, ro, n_out);
+            for (int k = 0; k < 4; k++) ec_dot_row(tmp[k], r + k, nseg, seg, qv, nq, qstride, y, ystride);
+        }
+        return;
+    }
+    float d[32];
+    uint32_t live = 0;
+    for (int r = 0; r < nr; r++) {
+        const uint32_t e = ec_header(q + r * stride, n);
+        d[r] = e ? ec_step((int)e) : 0.0f;
+        live |= (uint32_t)(e != 0) << r;
+    }
+    int at[32];
+    uint32_t pos[32];
+    if (nr == 32) qf_kv_int8_ec_dot32_avx512(q, stride, n, d, live, EC_HDR_BITS, n_out, seg, qv, nq, qstride, y, ystride, at, pos);
+    else qf_kv_int8_ec_dot16_avx512(q, stride, n, d, live, EC_HDR_BITS, n_out, seg, qv, nq, qstride, y, ystride, at, pos);
+    for (int r = 0; r < nr; r++)
+        if (!(live >> r & 1) || at[r] < n_out) { /* a zero row, or one the lanes left: decoded whole */
+            qf_kv_int8_ec_dequantize(q + r * stride, n, tmp[0], n_out);
+            ec_dot_row(tmp[0], r, nseg, seg, qv, nq, qstride, y, ystride);
+        }
+}
+
+void qf_kv_int8_ec_dequantize16(const uint8_t *q, size_t stride, int n, int nr, float *const *x, int n_out) {
+    qf_kv_int8_ec_dequantize16_seg(q, stride, n, nr, x, n_out, 0, INT32_MAX, 0);
 }
 
 void qf_kv_int8_ec_dequantize4(const uint8_t *const q[4], int n, float *const x[4], int n_out) {

@@ -52,6 +52,35 @@ void qf_kv_int8_ec_dequantize4(const uint8_t *const q[4], int n, float *const x[
  * or when (nr - 1) * stride + n exceeds INT32_MAX (the kernel's 32-bit gather offsets) or
  * n < 16, nr / 4 calls of qf_kv_int8_ec_dequantize4. */
 void qf_kv_int8_ec_dequantize16(const uint8_t *q, size_t stride, int n, int nr, float *const *x, int n_out);
+/* qf_kv_int8_ec_dequantize16 with the decoded elements stored in segments: element i of row r,
+ * for skip <= i < n_out (n_out clamped to n), at x[r][(i - skip) / seg * sstride + (i - skip) % seg];
+ * the elements before skip are decoded (a row's codes form one chain) but not stored. The same
+ * values as qf_kv_int8_ec_dequantize_ref's elements; writes nothing else. Needs 0 <= skip,
+ * seg >= 1, and n_out <= QF_KV_EC_SEG_MAX unless skip == 0 and n_out <= seg (x[r][i]). The
+ * AVX-512 kernel stores straight into the segments where skip and seg are multiples of 16 (or
+ * one segment, skip a multiple of 16); otherwise the rows go through scratch. The kv-int8 cache's
+ * group rows (several kv heads in one row) go to their heads' f32 views this way, with no copy
+ * (kv_cache.c ec_read: seg = head_dim, sstride = the views' head stride). */
+#define QF_KV_EC_SEG_MAX 1024
+void qf_kv_int8_ec_dequantize16_seg(const uint8_t *q, size_t stride, int n, int nr, float *const *x, int n_out, int skip,
+                                    int seg, size_t sstride);
+/* The rows' dot products with queries, without storing the rows (a one-query decode step's key
+ * scores, kv_cache.c qf_kv_cache_int8_scores): nr rows (16 or 32) of n bytes at q + r * stride,
+ * each cut into nseg segments of seg elements (nseg seg <= n, nseg seg <= QF_KV_EC_SEG_MAX);
+ * segment k of row r against each of its nq queries (1 <= nq <= QF_KV_EC_DOT_MAXQ; query i of
+ * segment k at qv + (k nq + i) qstride, seg floats): y[(k nq + i) ystride + r] = sum over e < seg
+ * of row[k seg + e] * query[e], an f32 product then an f32 sum in order from 0 (the bits of
+ * qf_vec_rows_dot over the decoded rows). Writes nothing else. The AVX-512 kernel
+ * (qf_kv_int8_ec_dot16_avx512 / dot32) where qf_kv_int8_ec16_fast, seg % 16 == 0, n >= 16 and the
+ * offsets fit 32 bits; rows it leaves (long tails, corrupt rows) and every row otherwise decoded
+ * by the scalar decoder and summed by one chain. Oracle: qf_kv_int8_ec_dot_ref. */
+#define QF_KV_EC_DOT_MAXQ 8
+void qf_kv_int8_ec_dot16(const uint8_t *q, size_t stride, int n, int nr, int nseg, int seg, const float *qv, int nq,
+                         size_t qstride, float *y, size_t ystride);
+/* qf_kv_int8_ec_dot16's oracle for nr >= 1 rows: each row by qf_kv_int8_ec_dequantize_ref, then
+ * one chain per (segment, query) */
+void qf_kv_int8_ec_dot_ref(const uint8_t *q, size_t stride, int n, int nr, int nseg, int seg, const float *qv, int nq,
+                           size_t qstride, float *y, size_t ystride);
 /* whether qf_kv_int8_ec_dequantize16 runs the AVX-512 kernel: AVX-512 F/BW/VL/VNNI, the
  * kernels' level (qf_gemm_isa_get() == QF_GEMM_ISA_AVX512, so QF_GEMM_ISA / qf_gemm_cap_isa
  * and qf_quant_force_scalar turn it off too) */
@@ -70,15 +99,31 @@ bool qf_kv_int8_ec_one(const uint8_t *q, int n, uint32_t *pos, float d, float *o
  * inside the row but past that window by qf_kv_int8_ec_one; the first element that fits
  * neither stops the lane: at[r] = its index, pos[r] = its first bit, and the caller finishes
  * the row from there (the reference's steps). A lane that decodes all n_out: at[r] = n_out.
- * Lanes not live get at[r] = n_out too. Writes every x[r][0, n_out); the values at and past
- * at[r], and every value of a lane not live, are unspecified (the caller writes them). Reads
- * only the rows' n bytes (the gather address is clamped to the row's last 4 bytes). */
+ * Lanes not live get at[r] = n_out too. Element i >= skip goes to x[r][(i - skip) / seg *
+ * sstride + (i - skip) % seg] (skip % 16 == 0, and seg % 16 == 0 or n_out - skip <= seg: a block
+ * of 16 elements stays in one segment; skip 0, seg INT_MAX: x[r][i]); elements before skip are
+ * not stored. Writes every such place of [skip, n_out); the values at and past at[r], and every
+ * value of a lane not live, are unspecified (the caller writes them). Reads only the rows' n
+ * bytes (the gather address is clamped to the row's last 4 bytes). */
 void qf_kv_int8_ec_run16_avx512(const uint8_t *q, size_t stride, int n, const float d[16], unsigned live, uint32_t pos0,
-                                int n_out, float *const x[16], int at[16], uint32_t pos[16]);
+                                int n_out, float *const x[16], int skip, int seg, size_t sstride, int at[16],
+                                uint32_t pos[16]);
 /* the same for 32 rows (q + r * stride, r < 32; 31 * stride + n <= INT32_MAX; live a 32-bit
  * mask): two groups of 16 lanes, one step of each per element, their chains interleaved */
 void qf_kv_int8_ec_run32_avx512(const uint8_t *q, size_t stride, int n, const float d[32], uint32_t live, uint32_t pos0,
-                                int n_out, float *const x[32], int at[32], uint32_t pos[32]);
+                                int n_out, float *const x[32], int skip, int seg, size_t sstride, int at[32],
+                                uint32_t pos[32]);
+/* internal: the dot kernels of qf_kv_int8_ec_dot16: as qf_kv_int8_ec_run16_avx512 / run32 (the
+ * same lanes, at[] and pos[]), but no row is stored: for a lane that decodes all n_out elements
+ * (n_out a multiple of seg, seg of 16), y[(k nq + i) ystride + r] = the dot product of segment k
+ * (elements [k seg, (k + 1) seg)) with query i of it, qv + (k nq + i) qstride, for i < nq <=
+ * QF_KV_EC_DOT_MAXQ; other lanes' y unspecified. */
+void qf_kv_int8_ec_dot16_avx512(const uint8_t *q, size_t stride, int n, const float d[16], unsigned live, uint32_t pos0,
+                                int n_out, int seg, const float *qv, int nq, size_t qstride, float *y, size_t ystride,
+                                int at[16], uint32_t pos[16]);
+void qf_kv_int8_ec_dot32_avx512(const uint8_t *q, size_t stride, int n, const float d[32], uint32_t live, uint32_t pos0,
+                                int n_out, int seg, const float *qv, int nq, size_t qstride, float *y, size_t ystride,
+                                int at[32], uint32_t pos[32]);
 /* qf_kv_int8_ec_dequantize one bit at a time (its reference: the same values for every row,
  * corrupt ones included; tests/test_kvrot.c) */
 void qf_kv_int8_ec_dequantize_ref(const uint8_t *q, int n, float *x, int n_out);

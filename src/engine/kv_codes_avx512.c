@@ -73,13 +73,19 @@ static inline __attribute__((always_inline)) __m512i ec_elem(__m512i w, __m512 v
 }
 
 /* the kernel for G groups of 16 lanes (rows r = 16 g + lane), their chains interleaved: see
- * qf_kv_int8_ec_run16_avx512 (kv_codes.h), here for 16 G rows, live a mask of 16 G bits. One
+ * qf_kv_int8_ec_run16_avx512 (kv_codes.h), here for 16 G rows, live a mask of 16 G bits. D (the
+ * dot kernels, qf_kv_int8_ec_dot16_avx512): no x; each block of 16 elements, still one element a
+ * register across the rows, goes into the rows' dot products with the block's segment's nq
+ * queries (a product then a sum, in order: qf_vec_rows_dot's chain), stored to y at each
+ * segment's end. One
  * gather serves two elements per lane (two codes average ~16 bits, the window has at least 25
  * valid bits): when every live lane's two fit and the block has room, both are taken; else only
  * the first (a lane whose first does not fit: qf_kv_int8_ec_one, or the lane stops). */
 static inline __attribute__((always_inline)) void ec_run(const uint8_t *q, size_t stride, int n, const float *d,
                                                           uint32_t live, uint32_t pos0, int n_out, float *const *x,
-                                                          int *at, uint32_t *pos, const int G) {
+                                                          int skip, int seg, size_t sstride, const float *qv, int nq,
+                                                          size_t qstride, float *y, size_t ystride, int *at,
+                                                          uint32_t *pos, const int G, const bool D) {
     for (int r = 0; r < 16 * G; r++) at[r] = n_out, pos[r] = pos0;
     uint32_t act = G == 2 ? live : live & 0xffffu; /* the lanes still decoding in SIMD */
     if (n_out <= 0 || !act) return;
@@ -98,6 +104,7 @@ static inline __attribute__((always_inline)) void ec_run(const uint8_t *q, size_
     }
     alignas(64) float blk[2][17][16]; /* blk[g][j][lane]: element i0 + j of row 16 g + lane; row 16 spare */
     memset(blk, 0, sizeof blk);       /* a short block's transpose reads rows it did not write */
+    __m512 acc[2][QF_KV_EC_DOT_MAXQ]; /* D: the dot products of the current segment, [g][query] */
     for (int i0 = 0; i0 < n_out && act; i0 += 16) {
         const int m = n_out - i0 < 16 ? n_out - i0 : 16;
         int j = 0;
@@ -143,23 +150,56 @@ static inline __attribute__((always_inline)) void ec_run(const uint8_t *q, size_
             for (int g = 0; g < G; g++) p[g] = np1[g];
             j++;
         }
-        /* elements [i0, i0 + j) of each row (lanes stopped or not live: unspecified values) */
+        if (D) { /* each row's dot products with its segment's queries, in order over the elements */
+            const int k = i0 / seg, e0 = i0 % seg;
+            if (e0 == 0)
+                for (int g = 0; g < G; g++)
+                    for (int i = 0; i < nq; i++) acc[g][i] = _mm512_setzero_ps();
+            for (int i = 0; i < nq; i++) {
+                const float *qq = qv + (size_t)(k * nq + i) * qstride + e0;
+                for (int g = 0; g < G; g++)
+                    for (int e = 0; e < j; e++)
+                        acc[g][i] = _mm512_add_ps(acc[g][i], _mm512_mul_ps(_mm512_load_ps(blk[g][e]), _mm512_set1_ps(qq[e])));
+            }
+            if (e0 + 16 >= seg)
+                for (int i = 0; i < nq; i++)
+                    for (int g = 0; g < G; g++) _mm512_storeu_ps(y + (size_t)(k * nq + i) * ystride + 16 * g, acc[g][i]);
+            continue;
+        }
+        /* elements [i0, i0 + j) of each row (lanes stopped or not live: unspecified values), at
+         * their segment's place; a block before skip is not stored (skip % 16 == 0) */
+        if (i0 < skip) continue;
         const __mmask16 mk = (__mmask16)((1u << j) - 1);
+        const size_t off = (size_t)((i0 - skip) / seg) * sstride + (size_t)((i0 - skip) % seg);
         for (int g = 0; g < G; g++) {
             __m512 t[16];
             for (int k = 0; k < 16; k++) t[k] = _mm512_load_ps(blk[g][k]);
             transpose16(t);
-            for (int l = 0; l < 16; l++) _mm512_mask_storeu_ps(x[16 * g + l] + i0, mk, t[l]);
+            for (int l = 0; l < 16; l++) _mm512_mask_storeu_ps(x[16 * g + l] + off, mk, t[l]);
         }
     }
 }
 
 void qf_kv_int8_ec_run16_avx512(const uint8_t *q, size_t stride, int n, const float d[16], unsigned live, uint32_t pos0,
-                                int n_out, float *const x[16], int at[16], uint32_t pos[16]) {
-    ec_run(q, stride, n, d, live, pos0, n_out, x, at, pos, 1);
+                                int n_out, float *const x[16], int skip, int seg, size_t sstride, int at[16],
+                                uint32_t pos[16]) {
+    ec_run(q, stride, n, d, live, pos0, n_out, x, skip, seg, sstride, NULL, 0, 0, NULL, 0, at, pos, 1, false);
 }
 
 void qf_kv_int8_ec_run32_avx512(const uint8_t *q, size_t stride, int n, const float d[32], uint32_t live, uint32_t pos0,
-                                int n_out, float *const x[32], int at[32], uint32_t pos[32]) {
-    ec_run(q, stride, n, d, live, pos0, n_out, x, at, pos, 2);
+                                int n_out, float *const x[32], int skip, int seg, size_t sstride, int at[32],
+                                uint32_t pos[32]) {
+    ec_run(q, stride, n, d, live, pos0, n_out, x, skip, seg, sstride, NULL, 0, 0, NULL, 0, at, pos, 2, false);
+}
+
+void qf_kv_int8_ec_dot32_avx512(const uint8_t *q, size_t stride, int n, const float d[32], uint32_t live, uint32_t pos0,
+                                int n_out, int seg, const float *qv, int nq, size_t qstride, float *y, size_t ystride,
+                                int at[32], uint32_t pos[32]) {
+    ec_run(q, stride, n, d, live, pos0, n_out, NULL, 0, seg, 0, qv, nq, qstride, y, ystride, at, pos, 2, true);
+}
+
+void qf_kv_int8_ec_dot16_avx512(const uint8_t *q, size_t stride, int n, const float d[16], unsigned live, uint32_t pos0,
+                                int n_out, int seg, const float *qv, int nq, size_t qstride, float *y, size_t ystride,
+                                int at[16], uint32_t pos[16]) {
+    ec_run(q, stride, n, d, live, pos0, n_out, NULL, 0, seg, 0, qv, nq, qstride, y, ystride, at, pos, 1, true);
 }
