@@ -222,6 +222,22 @@ int qf_kv_cache_head_group(const qf_kv_cache *kv, int stream);
  * same floats; a group's rows are decoded once for all its heads (h a multiple of the group). */
 void qf_kv_cache_read_heads(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos, float *dst, size_t hstride,
                             bool rotated);
+/* Whether stream `stream` of `layer` is kv-int8 ec-rot rows in plain slots (no sliding-window
+ * ring): what qf_kv_cache_read_heads_span and qf_kv_cache_int8_scores read. */
+bool qf_kv_cache_int8_ec_plain(const qf_kv_cache *kv, int stream, int layer);
+/* qf_kv_cache_read_heads for positions [p0, p1) only: head h + j's row at position p into
+ * dst + j hstride + p hd, the same floats (so spans that cover [0, n_pos) give that call's
+ * output). Only where qf_kv_cache_int8_ec_plain. */
+void qf_kv_cache_read_heads_span(const qf_kv_cache *kv, int stream, int layer, int h, int p0, int p1, float *dst,
+                                 size_t hstride, bool rotated);
+/* A one-query step's key scores straight from a kv-int8 ec-rot K stream (qf_kv_cache_int8_ec_plain),
+ * the rows never stored: for kv heads h + k of h's group (k < qf_kv_cache_head_group, h a
+ * multiple of it), query heads i < gq (1 <= gq <= QF_KV_EC_DOT_MAXQ) and positions p in [p0, p1),
+ * y[((h + k) gq + i) ystride + p] = qf_vec_rows_dot's product of the row as
+ * qf_kv_cache_read_heads(rotated = true) reads it with the query q + ((h + k) gq + i) head_dim:
+ * the same bits (qf_kv_int8_ec_dot16 32 or 16 rows at a time, the rest decoded and dotted). */
+void qf_kv_cache_int8_scores(const qf_kv_cache *kv, int layer, int h, int p0, int p1, const float *q, int gq, float *y,
+                             size_t ystride);
 /* A dict stream's dictionary of `layer` (its sparsity cap into *sparsity when not NULL), or NULL
  * for a stream of another mode. */
 const qf_kv_dict *qf_kv_cache_dict(const qf_kv_cache *kv, int stream, int layer, int *sparsity);

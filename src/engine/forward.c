@@ -31,6 +31,7 @@
 #include "kernels/gemm.h"
 #include "kernels/matvec.h"
 #include "engine/gpu.h"
+#include "engine/kv_codes.h"
 #include "kernels/hadamard.h"
 #include "kernels/vecmath.h"
 
@@ -99,6 +100,10 @@ typedef struct qf_context_ext {
      * weighted coefficient sums of V [n_head][head_dim] and of K (V's predictor) [n_head][kdim] */
     float *rq_w, *rq_wsum, *rq_ex, *rq_cv, *rq_ck;
     bool rq_nofuse; /* QF_RQ_NOFUSE: never att_job.kfused */
+    bool i8_nofuse; /* QF_I8_NOFUSE: never att_job.i8kfused */
+    /* kv-int8 ec-rot, one query (att_job.i8kfused): the stored keys' scores q . k (unscaled) of
+     * every query head [n_head][n_ctx], made by i8_gather_worker; allocated at the first such step */
+    float *i8_sc;
     bool rq_nocfuse; /* QF_RQ_NOCFUSE: never att_job.cfused (the coefficients through ykbuf / vbuf) */
     bool rq_kcodes;  /* QF_RQ_KCODES: att_job.cfused reads K's codes again for the sums, ykbuf not written */
     int rq_csub;     /* rq_csum_worker's rows a piece: RQ_CSUB, or QF_RQ_CSUB=N (1..RQ_CSUB; tests) */
@@ -157,7 +162,7 @@ void qf_context_free(qf_context *c) {
     free(e->moe_logits), free(e->moe_w), free(e->moe_x), free(e->moe_y), free(e->moe_acc), free(e->moe_rw);
     free(e->moe_ids), free(e->moe_rows);
     free(e->kbuf), free(e->vbuf), free(e->ekbuf), free(e->evbuf), free(e->gact), free(e->mvact);
-    free(e->ykbuf), free(e->rq_thr), free(e->rq_sc), free(e->rq_w), free(e->canon_ex);
+    free(e->ykbuf), free(e->rq_thr), free(e->rq_sc), free(e->rq_w), free(e->canon_ex), free(e->i8_sc);
     free(e->dict_idx[0]), free(e->dict_idx[1]), free(e->dict_coef[0]), free(e->dict_coef[1]), free(e->dict_thr);
     qf_kv_cache_free(&c->kv);
     free(c->x), free(c->xn), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
@@ -300,6 +305,7 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     e->no_rotq = getenv("QF_NO_ROTQ") != NULL;
     e->no_kv_direct = getenv("QF_KV_GATHER") != NULL;
     e->rq_nofuse = getenv("QF_RQ_NOFUSE") != NULL; /* kv-rq: session 29's unfused key scores (A/B) */
+    e->i8_nofuse = getenv("QF_I8_NOFUSE") != NULL; /* kv-int8: session 31's gather (A/B) */
     e->rq_nobatch = getenv("QF_RQ_NOBATCH") != NULL; /* kv-rq: one V coefficient sum per query head (A/B) */
     e->rq_nocfuse = getenv("QF_RQ_NOCFUSE") != NULL; /* kv-rq: coefficients through ykbuf / vbuf (A/B) */
     e->rq_kcodes = getenv("QF_RQ_KCODES") != NULL; /* kv-rq: no ykbuf at all, K codes read twice (A/B) */
@@ -767,6 +773,11 @@ typedef struct {
      * atoms, P = A q, then a key's score is sum_j c_j P[i_j]; V: each atom's total softmax weight,
      * then one weighted sum of the atoms */
     bool kdict, vdict;
+    /* a one-query step over kv-int8 ec-rot streams (i8_kfused): i8_gather_worker scores the keys
+     * as it decodes them (qf_kv_cache_int8_scores into i8_sc; kbuf not written, c->q rotated
+     * before the gather) and decodes V into vbuf, both in runs of i8_run positions */
+    bool i8kfused;
+    int i8_run;
 } att_job;
 
 /* ---- exact sinks and recent window (kv_cache.c's qf_kv_cache_set_exact) ----
@@ -827,6 +838,51 @@ static void kv_gather_worker(void *arg, int ith, int nth) {
             }
             if (c->kv.n_sink || c->kv.n_window) exact_gather(c, j, stream, jh, dj);
         }
+    }
+}
+
+/* att_job.i8kfused: a one-query step (n == 1) over kv-int8 ec-rot rows in plain slots, attended
+ * in their rotated basis (rotk, rotv: no RoPE on read, no exact keys, not the canonical or
+ * reference routes), G * head_dim within the dot kernel's row, gq within its queries, and
+ * i8_sc allocated. The keys' rows then never go to kbuf and back: each is scored right after it
+ * is decoded (qf_kv_cache_int8_scores: qf_vec_rows_dot's bits over the rows as read), and both
+ * streams' rows are split into runs so that every thread decodes about as many rows of each.
+ * QF_I8_NOFUSE=1: never. */
+static bool i8_kfused(qf_context *c, const att_job *j, int n) {
+    const qf_hparams *hp = &c->model->hp;
+    const int gq = hp->n_head / hp->n_head_kv, l = j->layer;
+    if (n != 1 || !j->rotk || !j->rotv || j->kv_direct || j->kdict || j->vdict || ext(c)->i8_nofuse) return false;
+    if (!qf_kv_cache_int8_ec_plain(&c->kv, 0, l) || !qf_kv_cache_int8_ec_plain(&c->kv, 1, l) ||
+        qf_kv_cache_v_predicted(&c->kv, l) || gq > QF_KV_EC_DOT_MAXQ ||
+        qf_kv_cache_head_group(&c->kv, 0) * hp->head_dim > QF_KV_EC_SEG_MAX)
+        return false;
+    if (!ext(c)->i8_sc) ext(c)->i8_sc = qf_malloc_aligned((size_t)hp->n_head * c->params.n_ctx * sizeof(float));
+    return ext(c)->i8_sc != NULL;
+}
+
+/* att_job.i8kfused's runs: the T positions in one run per thread, a multiple of 32 rows (the
+ * kernels' width) but the last */
+static int i8_run_len(const qf_context *c, int T) {
+    const int nth = qf_pool_size(c->pool), r = (T + nth - 1) / nth;
+    return (r + 31) / 32 * 32;
+}
+
+/* att_job.i8kfused's gather: items (K group, run) then (V group, run), handed out round-robin;
+ * a K item scores its rows against the group's query heads (c->q, already rotated) into i8_sc, a
+ * V item decodes its rows into vbuf as kv_gather_worker would */
+static void i8_gather_worker(void *arg, int ith, int nth) {
+    att_job *j = arg;
+    qf_context *c = j->c;
+    const qf_hparams *hp = &c->model->hp;
+    const int T = j->pos0 + j->n, nh = hp->n_head_kv, gq = hp->n_head / nh, R = j->i8_run, nr = (T + R - 1) / R;
+    const int G0 = qf_kv_cache_head_group(&c->kv, 0), G1 = qf_kv_cache_head_group(&c->kv, 1);
+    const int nK = nh / G0 * nr, nV = nh / G1 * nr;
+    const size_t hs = (size_t)c->params.n_ctx * hp->head_dim, nc = (size_t)c->params.n_ctx;
+    for (int idx = ith; idx < nK + nV; idx += nth) {
+        const int stream = idx >= nK, e = stream ? idx - nK : idx, h = e / nr * (stream ? G1 : G0), p0 = e % nr * R;
+        const int p1 = T - p0 < R ? T : p0 + R;
+        if (!stream) qf_kv_cache_int8_scores(&c->kv, j->layer, h, p0, p1, c->q, gq, ext(c)->i8_sc, nc);
+        else qf_kv_cache_read_heads_span(&c->kv, 1, j->layer, h, p0, p1, ext(c)->vbuf + (size_t)h * hs, hs, true);
     }
 }
 
@@ -1288,6 +1344,9 @@ static void head_weights(qf_context *c, const att_job *j, int ith, int h, int i0
             qf_vec_rows_dot_kv(j->kt, Kr, (size_t)hp->n_head_kv * rb, hd, Qb + (size_t)i * Dq, Tb, row);
             for (int t = 0; t < Tb; t++) row[t] *= scale;
         }
+    } else if (j->i8kfused) { /* the gather scored the stored keys (i8_gather_worker) */
+        memcpy(S, ext(c)->i8_sc + (size_t)h * c->params.n_ctx, (size_t)Tb * sizeof(float));
+        for (int t = 0; t < Tb; t++) S[t] *= scale;
     } else if (j->kfused) { /* the gather scored the stored keys (rq_key_scores) */
         memcpy(S, ext(c)->rq_sc + (size_t)h * c->params.n_ctx, (size_t)Tb * sizeof(float));
         for (int t = 0; t < Tb; t++) S[t] *= scale;
@@ -1356,7 +1415,8 @@ static void attention_worker(void *arg, int ith, int nth) {
         const float *V = ext(c)->vbuf + kvh * hs, *EV = ext(c)->evbuf + kvh * hs;
         float *O = c->att + (size_t)h * hd;
         const int i_first = j->q0 / ATT_QBLOCK * ATT_QBLOCK; /* the first row computed */
-        if (j->rotk) /* this head's queries into the keys' rotated basis (c->q is not read again) */
+        if (j->rotk && !j->i8kfused) /* this head's queries into the keys' rotated basis (c->q is not read again;
+                                       * i8kfused: rotated before the gather) */
             for (int i = i_first; i < n; i++) qf_hadamard(c->q + (size_t)i * Dq + (size_t)h * hd, hd);
         for (int i0 = i_first; i0 < n; i0 += ATT_QBLOCK) { /* the same blocks for any q0 */
             int nb = n - i0 < ATT_QBLOCK ? n - i0 : ATT_QBLOCK;
@@ -1804,6 +1864,10 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
             qf_pool_run(c->pool, rq_gather_worker, &aj);
             qf_pool_run(c->pool, rq_gather2_worker, &aj);
         } else if (aj.kv_direct) { /* attention_worker reads the cache */
+        } else if ((aj.i8kfused = i8_kfused(c, &aj, n))) {
+            for (int h = 0; h < hp->n_head; h++) qf_hadamard(c->q + (size_t)h * hd, hd); /* the keys' basis (n == 1) */
+            aj.i8_run = i8_run_len(c, pos0 + n);
+            qf_pool_run(c->pool, i8_gather_worker, &aj);
         } else if (qf_kv_cache_v_predicted(&c->kv, il)) {
             for (aj.gphase = 1; aj.gphase <= 3; aj.gphase++) qf_pool_run(c->pool, kv_gather_worker, &aj);
         } else {

@@ -786,7 +786,9 @@ void qf_kv_cache_write_pool(qf_kv_cache *kv, int stream, int layer, int pos, int
  * positions [0, n_pos) into dst + (k - k0) hstride + p hd; each row decoded up to head k1 - 1:
  * 32 or 16 rows at a time (qf_kv_int8_ec_dequantize16: AVX-512 lanes) while that many are
  * left and the CPU has the kernel and k1 hd <= EC_GROUP_MAX (every grouped row), the rest four
- * rows interleaved (qf_kv_int8_ec_dequantize4), then one at a time */
+ * rows interleaved (qf_kv_int8_ec_dequantize4), then one at a time. The 16 / 32-row decodes
+ * store each head's part straight into dst where hd % 16 == 0 (qf_kv_int8_ec_dequantize16_seg);
+ * otherwise, and for the rest, the rows go through buf and are copied. */
 static void ec_read(const uint8_t *gb, size_t stride, int n, int hd, int n_pos, int k0, int k1, float *dst,
                     size_t hstride) {
     _Static_assert(32 * EC_GROUP_MAX >= 4 * EC_ROW_MAX, "ec_read's scratch holds 4 rows of EC_ROW_MAX");
@@ -796,6 +798,12 @@ static void ec_read(const uint8_t *gb, size_t stride, int n, int hd, int n_pos, 
     const bool wide = n_out <= EC_GROUP_MAX && qf_kv_int8_ec16_fast();
     for (int p = 0; p < n_pos;) {
         const int left = n_pos - p, nr = wide && left >= 32 ? 32 : wide && left >= 16 ? 16 : left >= 4 ? 4 : 1;
+        if (nr >= 16 && hd % 16 == 0) { /* straight into dst: the kernel's 16-element blocks stay in one head */
+            for (int r = 0; r < nr; r++) out[r] = dst + (size_t)(p + r) * hd;
+            qf_kv_int8_ec_dequantize16_seg(gb + p * stride, stride, n, nr, out, n_out, k0 * hd, hd, hstride);
+            p += nr;
+            continue;
+        }
         for (int r = 0; r < nr; r++) out[r] = buf + (size_t)r * n_out;
         if (nr >= 16) qf_kv_int8_ec_dequantize16(gb + p * stride, stride, n, nr, out, n_out);
         else if (nr == 4) {
@@ -917,6 +925,52 @@ void qf_kv_cache_read_heads(const qf_kv_cache *kv, int stream, int layer, int h,
     ec_read(kv->data[stream][layer] + (size_t)h * rb, (size_t)kv->n_head_kv * rb, g * hd, hd, n_pos, 0, g, dst, hstride);
     if (!rotated)
         for (int j = 0; j < g; j++) qf_hadamard_rows(dst + (size_t)j * hstride, hd, n_pos);
+}
+
+bool qf_kv_cache_int8_ec_plain(const qf_kv_cache *kv, int stream, int layer) {
+    qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
+    return mode == QF_KV_INT8 && kv->int8_layout[stream] == QF_KV_INT8_EC_ROT && !(kv->ring_rows && kv->ring_rows[layer]);
+}
+
+void qf_kv_cache_read_heads_span(const qf_kv_cache *kv, int stream, int layer, int h, int p0, int p1, float *dst,
+                                 size_t hstride, bool rotated) {
+    const int g = qf_kv_cache_head_group(kv, stream), hd = kv->head_dim;
+    QF_ASSERT(qf_kv_cache_int8_ec_plain(kv, stream, layer) && h % g == 0 && h + g <= kv->n_head_kv && 0 <= p0 && p0 <= p1);
+    const size_t rb = layer_row_bytes(kv, stream, layer), stride = (size_t)kv->n_head_kv * rb;
+    ec_read(kv->data[stream][layer] + (size_t)h * rb + (size_t)p0 * stride, stride, g * hd, hd, p1 - p0, 0, g,
+            dst + (size_t)p0 * hd, hstride);
+    if (!rotated)
+        for (int j = 0; j < g; j++) qf_hadamard_rows(dst + (size_t)j * hstride + (size_t)p0 * hd, hd, p1 - p0);
+}
+
+void qf_kv_cache_int8_scores(const qf_kv_cache *kv, int layer, int h, int p0, int p1, const float *q, int gq, float *y,
+                             size_t ystride) {
+    const int g = qf_kv_cache_head_group(kv, 0), hd = kv->head_dim, n = g * hd;
+    QF_ASSERT(qf_kv_cache_int8_ec_plain(kv, 0, layer) && h % g == 0 && h + g <= kv->n_head_kv && 0 <= p0 && p0 <= p1);
+    QF_ASSERT(gq >= 1 && gq <= QF_KV_EC_DOT_MAXQ && n <= QF_KV_EC_SEG_MAX);
+    const size_t rb = layer_row_bytes(kv, 0, layer), stride = (size_t)kv->n_head_kv * rb;
+    const uint8_t *gb = kv->data[0][layer] + (size_t)h * rb;
+    const float *qv = q + (size_t)h * gq * hd;
+    float *yb = y + (size_t)h * gq * ystride;
+    float buf[4 * QF_KV_EC_SEG_MAX]; /* the last rows (fewer than 16), decoded */
+    const bool wide = qf_kv_int8_ec16_fast();
+    for (int p = p0; p < p1;) {
+        const int left = p1 - p, nr = wide && left >= 32 ? 32 : wide && left >= 16 ? 16 : left >= 4 ? 4 : 1;
+        if (nr >= 16) {
+            qf_kv_int8_ec_dot16(gb + p * stride, stride, n, nr, g, hd, qv, gq, (size_t)hd, yb + p, ystride);
+        } else {
+            float *out[4] = {buf, buf + n, buf + 2 * n, buf + 3 * n};
+            if (nr == 4) {
+                const uint8_t *rows[4] = {gb + p * stride, gb + (p + 1) * stride, gb + (p + 2) * stride, gb + (p + 3) * stride};
+                qf_kv_int8_ec_dequantize4(rows, n, out, n);
+            } else qf_kv_int8_ec_dequantize(gb + p * stride, n, out[0], n);
+            for (int k = 0; k < g; k++)
+                for (int i = 0; i < gq; i++)
+                    qf_vec_rows_dot(buf + (size_t)k * hd, (size_t)n, hd, qv + (size_t)(k * gq + i) * hd, nr,
+                                    yb + (size_t)(k * gq + i) * ystride + p);
+        }
+        p += nr;
+    }
 }
 
 const qf_kv_dict *qf_kv_cache_dict(const qf_kv_cache *kv, int stream, int layer, int *sparsity) {
