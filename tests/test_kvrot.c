@@ -896,6 +896,32 @@ static float *rot_logits(qf_model *m, qf_kv_mode mode, bool norotq, bool canon, 
     return route_logits(m, &cp, norotq ? "QF_NO_ROTQ" : NULL, t, np, n, klay, vlay);
 }
 
+/* kv-int8 ec-rot one-token steps score the keys as they are decoded (forward.c att_job.i8kfused:
+ * qf_kv_int8_ec_dot16, K rows never stored, each stream split into one run per thread): the same
+ * bits as QF_I8_NOFUSE's decode into kbuf and qf_vec_rows_dot, logits of a 13-token prompt then
+ * 35 steps (T 14..48: runs of 16 and 32 rows and tails of 1-15), 1, 2 and 3 threads */
+TEST(int8_ec_keys_scored_in_gather) {
+    qf_model *m = demo();
+    if (!m) SKIP("demo model not in ../shared/data");
+    const int np = 13, n = 48, V = qf_model_hparams(m)->n_vocab;
+    int32_t t[48];
+    for (int i = 0; i < n; i++) t[i] = (int32_t)((i * 7919 + 13) % V);
+    for (int th = 1; th <= 3; th++) {
+        qf_context_params cp = qf_context_default_params();
+        cp.n_ctx = 64, cp.n_threads = th, cp.device = QF_DEVICE_CPU;
+        float *a = route_logits(m, &cp, NULL, t, np, n, "ec-rot", "ec-rot"),
+              *b = route_logits(m, &cp, "QF_I8_NOFUSE", t, np, n, "ec-rot", "ec-rot");
+        CHECK(a && b);
+        if (a && b) {
+            size_t d = 0;
+            for (size_t i = 0; i < (size_t)n * V; i++) d += memcmp(a + i, b + i, sizeof(float)) != 0;
+            printf("  %d thread%s: %zu of %zu logits differ from QF_I8_NOFUSE's\n", th, th > 1 ? "s" : "", d, (size_t)n * V);
+            CHECK(d == 0);
+        }
+        free(a), free(b);
+    }
+}
+
 TEST(rot_attention_in_rotated_basis) {
     qf_model *m = demo();
     if (!m) SKIP("demo model not in ../shared/data");
@@ -1153,6 +1179,7 @@ int main(void) {
     RUN(int8_ec_decoder16_matches_reference);
     RUN(int8_ec_decoder16_seg_matches_reference);
     RUN(int8_ec_dot16_matches_reference);
+    RUN(int8_ec_keys_scored_in_gather);
     RUN(int8_layouts_in_the_cache);
     RUN(int8_layout_payload);
     return test_summary();
