@@ -742,6 +742,18 @@ bool qf_kv_int8_ec_one(const uint8_t *q, int n, uint32_t *pos, float d, float *o
 
 bool qf_kv_int8_ec16_fast(void) { return qf_gemm_isa_get() == QF_GEMM_ISA_AVX512; }
 
+/* the nr (<= 32) rows' headers at q, stride bytes apart: each row's step into d[r]; bit r of the
+ * result set where row r is not all zeros (its exponent is not 0) */
+static uint32_t ec_headers(const uint8_t *q, size_t stride, int n, int nr, float *d) {
+    uint32_t live = 0;
+    for (int r = 0; r < nr; r++) {
+        const uint32_t e = ec_header(q + r * stride, n);
+        d[r] = e ? ec_step((int)e) : 0.0f;
+        live |= (uint32_t)(e != 0) << r;
+    }
+    return live;
+}
+
 /* row values src[from, to) (src NULL: zeros) to their places in a segmented row x (see
  * qf_kv_int8_ec_dequantize16_seg), those before skip dropped */
 static void ec_seg_put(float *x, const float *src, int from, int to, int skip, int seg, size_t sstride) {
@@ -775,12 +787,7 @@ void qf_kv_int8_ec_dequantize16_seg(const uint8_t *q, size_t stride, int n, int 
         return;
     }
     float d[32];
-    uint32_t live = 0;
-    for (int r = 0; r < nr; r++) {
-        const uint32_t e = ec_header(q + r * stride, n);
-        d[r] = e ? ec_step((int)e) : 0.0f;
-        live |= (uint32_t)(e != 0) << r;
-    }
+    const uint32_t live = ec_headers(q, stride, n, nr, d);
     int at[32];
     uint32_t pos[32];
     const int kseg = flat ? INT32_MAX : seg;
@@ -842,12 +849,7 @@ void qf_kv_int8_ec_dot16(const uint8_t *q, size_t stride, int n, int nr, int nse
         return;
     }
     float d[32];
-    uint32_t live = 0;
-    for (int r = 0; r < nr; r++) {
-        const uint32_t e = ec_header(q + r * stride, n);
-        d[r] = e ? ec_step((int)e) : 0.0f;
-        live |= (uint32_t)(e != 0) << r;
-    }
+    const uint32_t live = ec_headers(q, stride, n, nr, d);
     int at[32];
     uint32_t pos[32];
     if (nr == 32) qf_kv_int8_ec_dot32_avx512(q, stride, n, d, live, EC_HDR_BITS, n_out, seg, qv, nq, qstride, y, ystride, at, pos);
