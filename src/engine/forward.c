@@ -1344,12 +1344,9 @@ static void head_weights(qf_context *c, const att_job *j, int ith, int h, int i0
             qf_vec_rows_dot_kv(j->kt, Kr, (size_t)hp->n_head_kv * rb, hd, Qb + (size_t)i * Dq, Tb, row);
             for (int t = 0; t < Tb; t++) row[t] *= scale;
         }
-    } else if (j->i8kfused) { /* the gather scored the stored keys (i8_gather_worker) */
-        memcpy(S, ext(c)->i8_sc + (size_t)h * c->params.n_ctx, (size_t)Tb * sizeof(float));
-        for (int t = 0; t < Tb; t++) S[t] *= scale;
-    } else if (j->kfused) { /* the gather scored the stored keys (rq_key_scores) */
-        memcpy(S, ext(c)->rq_sc + (size_t)h * c->params.n_ctx, (size_t)Tb * sizeof(float));
-        for (int t = 0; t < Tb; t++) S[t] *= scale;
+    } else if (j->kfused || j->i8kfused) { /* the gather scored the stored keys (rq_key_scores, i8_gather_worker) */
+        const float *sc = (j->i8kfused ? ext(c)->i8_sc : ext(c)->rq_sc) + (size_t)h * c->params.n_ctx;
+        for (int t = 0; t < Tb; t++) S[t] = sc[t] * scale;
     } else if (nb <= 2) { /* decode: K . q per query, not OpenBLAS's packing of a thin product */
         for (int i = 0; i < nb; i++) {
             float *row = S + (size_t)i * Tb;

@@ -782,6 +782,19 @@ void qf_kv_cache_write_pool(qf_kv_cache *kv, int stream, int layer, int pos, int
  * dst. A predicted V stream adds each position's prediction from the K heads' stored rows,
  * decoded here one at a time or, with kdec, read from kdec (the K heads' rows decoded as this
  * function decodes them: head g's position p at kdec + g * kstride + p * head_dim) */
+/* how many of `left` ec rows the decoders take next: 32 or 16 where the AVX-512 kernels run
+ * (wide), else 4, then 1 */
+static int ec_batch(int left, bool wide) { return wide && left >= 32 ? 32 : wide && left >= 16 ? 16 : left >= 4 ? 4 : 1; }
+
+/* nr (4 or 1) ec rows of n bytes at gb, stride apart, into out[r] (n_out floats each): four
+ * interleaved (qf_kv_int8_ec_dequantize4) or one */
+static void ec_decode_few(const uint8_t *gb, size_t stride, int n, int nr, float *const *out, int n_out) {
+    if (nr == 4) {
+        const uint8_t *rows[4] = {gb, gb + stride, gb + 2 * stride, gb + 3 * stride};
+        qf_kv_int8_ec_dequantize4(rows, n, out, n_out);
+    } else qf_kv_int8_ec_dequantize(gb, n, out[0], n_out);
+}
+
 /* kv-int8 ec rows of a group of heads (n bytes each, stride apart from gb): heads [k0, k1) of
  * positions [0, n_pos) into dst + (k - k0) hstride + p hd; each row decoded up to head k1 - 1:
  * 32 or 16 rows at a time (qf_kv_int8_ec_dequantize16: AVX-512 lanes) while that many are
@@ -797,7 +810,7 @@ static void ec_read(const uint8_t *gb, size_t stride, int n, int hd, int n_pos, 
     const int n_out = k1 * hd;
     const bool wide = n_out <= EC_GROUP_MAX && qf_kv_int8_ec16_fast();
     for (int p = 0; p < n_pos;) {
-        const int left = n_pos - p, nr = wide && left >= 32 ? 32 : wide && left >= 16 ? 16 : left >= 4 ? 4 : 1;
+        const int nr = ec_batch(n_pos - p, wide);
         if (nr >= 16 && hd % 16 == 0) { /* straight into dst: the kernel's 16-element blocks stay in one head */
             for (int r = 0; r < nr; r++) out[r] = dst + (size_t)(p + r) * hd;
             qf_kv_int8_ec_dequantize16_seg(gb + p * stride, stride, n, nr, out, n_out, k0 * hd, hd, hstride);
@@ -806,10 +819,7 @@ static void ec_read(const uint8_t *gb, size_t stride, int n, int hd, int n_pos, 
         }
         for (int r = 0; r < nr; r++) out[r] = buf + (size_t)r * n_out;
         if (nr >= 16) qf_kv_int8_ec_dequantize16(gb + p * stride, stride, n, nr, out, n_out);
-        else if (nr == 4) {
-            const uint8_t *rows[4] = {gb + p * stride, gb + (p + 1) * stride, gb + (p + 2) * stride, gb + (p + 3) * stride};
-            qf_kv_int8_ec_dequantize4(rows, n, out, n_out);
-        } else qf_kv_int8_ec_dequantize(gb + p * stride, n, out[0], n_out);
+        else ec_decode_few(gb + p * stride, stride, n, nr, out, n_out);
         for (int r = 0; r < nr; r++)
             for (int k = k0; k < k1; k++)
                 memcpy(dst + (size_t)(k - k0) * hstride + (size_t)(p + r) * hd, out[r] + (size_t)k * hd,
@@ -914,17 +924,14 @@ int qf_kv_cache_head_group(const qf_kv_cache *kv, int stream) {
 
 void qf_kv_cache_read_heads(const qf_kv_cache *kv, int stream, int layer, int h, int n_pos, float *dst, size_t hstride,
                             bool rotated) {
-    const int g = qf_kv_cache_head_group(kv, stream), hd = kv->head_dim;
+    const int g = qf_kv_cache_head_group(kv, stream);
     QF_ASSERT(h % g == 0 && h + g <= kv->n_head_kv);
     if (g == 1 || (kv->ring_rows && kv->ring_rows[layer])) { /* head by head */
         for (int j = 0; j < g; j++) read_head(kv, stream, layer, h + j, n_pos, dst + (size_t)j * hstride, NULL, 0, rotated);
         return;
     }
     /* ec rows: each position's group row decoded once for all its heads */
-    size_t rb = layer_row_bytes(kv, stream, layer);
-    ec_read(kv->data[stream][layer] + (size_t)h * rb, (size_t)kv->n_head_kv * rb, g * hd, hd, n_pos, 0, g, dst, hstride);
-    if (!rotated)
-        for (int j = 0; j < g; j++) qf_hadamard_rows(dst + (size_t)j * hstride, hd, n_pos);
+    qf_kv_cache_read_heads_span(kv, stream, layer, h, 0, n_pos, dst, hstride, rotated);
 }
 
 bool qf_kv_cache_int8_ec_plain(const qf_kv_cache *kv, int stream, int layer) {
@@ -955,15 +962,12 @@ void qf_kv_cache_int8_scores(const qf_kv_cache *kv, int layer, int h, int p0, in
     float buf[4 * QF_KV_EC_SEG_MAX]; /* the last rows (fewer than 16), decoded */
     const bool wide = qf_kv_int8_ec16_fast();
     for (int p = p0; p < p1;) {
-        const int left = p1 - p, nr = wide && left >= 32 ? 32 : wide && left >= 16 ? 16 : left >= 4 ? 4 : 1;
+        const int nr = ec_batch(p1 - p, wide);
         if (nr >= 16) {
             qf_kv_int8_ec_dot16(gb + p * stride, stride, n, nr, g, hd, qv, gq, (size_t)hd, yb + p, ystride);
         } else {
-            float *out[4] = {buf, buf + n, buf + 2 * n, buf + 3 * n};
-            if (nr == 4) {
-                const uint8_t *rows[4] = {gb + p * stride, gb + (p + 1) * stride, gb + (p + 2) * stride, gb + (p + 3) * stride};
-                qf_kv_int8_ec_dequantize4(rows, n, out, n);
-            } else qf_kv_int8_ec_dequantize(gb + p * stride, n, out[0], n);
+            float *const out[4] = {buf, buf + n, buf + 2 * n, buf + 3 * n};
+            ec_decode_few(gb + p * stride, stride, n, nr, out, n);
             for (int k = 0; k < g; k++)
                 for (int i = 0; i < gq; i++)
                     qf_vec_rows_dot(buf + (size_t)k * hd, (size_t)n, hd, qv + (size_t)(k * gq + i) * hd, nr,
