@@ -5,7 +5,7 @@
  *                           every QF_CUDA_* knob of the CLI is read here too, see tools/cli.h)
  *       [--decode-steps N] [--decode-pos P] (decode: N single-token steps after a P-token prefill)
  *       [--int8 LAYOUT]    (bind a synthetic kv-int8 payload, every scale 0.05, LAYOUT static |
- *                           static-rot | token-rot | token: the speed of an int8 KV cache; the
+ *                           static-rot | token-rot | token | ec-rot: the speed of an int8 KV cache; the
  *                           numbers it gives are not a model's)
  *       [--gemm]           (cuBLAS f16 GEMM rate for the model's shapes at M = -c: f32 and f16 output,
  *                           f32 accumulating into C, and f32 with W not in L2)
@@ -275,8 +275,12 @@ int main(int argc, char **argv) {
             return 1;
         }
     double dt = now() - a;
-    printf("decode (1 token/step):  %8.1f tok/s at positions %d..%d; bandwidth bound %.0f tok/s -> %.1f%% of roofline\n",
+    qf_cuda_info gi = {0};
+    const bool on_gpu = qf_context_gpu_info(c, &gi);
+    printf("decode (1 token/step):  %8.1f tok/s at positions %d..%d; bandwidth bound %.0f tok/s -> %.1f%% of roofline",
            steps / dt, half, half + steps - 1, PEAK_BW / bytes, 100 * (steps / dt) / (PEAK_BW / bytes));
+    if (on_gpu) printf("; %ld of the %d one-token steps replayed the CUDA graph", gi.graph_steps, steps + 1);
+    printf("\n");
 
     if (text) {
         qf_ppl_params pp = qf_ppl_default_params();

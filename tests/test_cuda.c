@@ -1073,8 +1073,14 @@ TEST(e2e_perplexity) {
  * position read on the device). The logits must be the same bits as the plain launches
  * (knob no_graph) at every position, across the split-K attention's range changes, for plain
  * cache modes and --kv-rot; and within the e2e bound of the CPU reference. */
-static bool decode_steps(qf_model *m, qf_device dev, bool reference, bool no_graph, qf_kv_mode kv, qf_kv_rot rot,
-                         const int32_t *toks, int n0, int n1, float *logits) {
+/* graph_steps of the last CUDA context decode_steps_lay ran (qf_cuda_info) */
+static long last_graph_steps;
+
+/* n0 prompt tokens then n1 one-token steps; logits [n1][n_vocab] of the steps. klay / vlay
+ * (non-NULL): a kv-int8 payload of these row layouts is bound first (per-head scales 0.05: the
+ * static layouts' step; the token layouts carry their own) */
+static bool decode_steps_lay(qf_model *m, qf_device dev, bool reference, bool no_graph, qf_kv_mode kv, qf_kv_rot rot,
+                             const char *klay, const char *vlay, const int32_t *toks, int n0, int n1, float *logits) {
     qf_context_params p = qf_context_default_params();
     p.n_ctx = 256;
     p.kv_k = p.kv_v = kv;
@@ -1086,13 +1092,34 @@ static bool decode_steps(qf_model *m, qf_device dev, bool reference, bool no_gra
     qf_context *c = qf_context_new(m, &p, &err);
     CHECK_MSG(c, "%s", err.msg);
     if (!c) return false;
+    bool ok = true;
+    if (klay) {
+        const qf_hparams *hp = qf_model_hparams(m);
+        int64_t shape[2] = {hp->n_layer, hp->n_head_kv};
+        float *sc = malloc(sizeof(float) * (size_t)hp->n_layer * hp->n_head_kv);
+        for (int i = 0; sc && i < hp->n_layer * hp->n_head_kv; i++) sc[i] = 0.05f;
+        qf_payload pl = {0};
+        ok = sc && qf_payload_add_f32(&pl, "k_scale", sc, 2, shape, &err) == QF_OK &&
+             qf_payload_add_f32(&pl, "v_scale", sc, 2, shape, &err) == QF_OK &&
+             qf_payload_add_string(&pl, "k_layout", klay, &err) == QF_OK &&
+             qf_payload_add_string(&pl, "v_layout", vlay, &err) == QF_OK &&
+             qf_context_bind_payload(c, QF_ARTIFACT_KV_INT8, &pl, &err) == QF_OK;
+        qf_payload_free(&pl);
+        free(sc);
+    }
     const int nv = qf_model_hparams(m)->n_vocab;
-    bool ok = qf_decode(c, toks, n0, 0, NULL, n0, &err) == QF_OK;
+    ok = ok && qf_decode(c, toks, n0, 0, NULL, n0, &err) == QF_OK;
     for (int i = 0; ok && i < n1; i++)
         ok = qf_decode(c, toks + n0 + i, 1, n0 + i, logits + (size_t)i * nv, 0, &err) == QF_OK;
     CHECK_MSG(ok, "%s", err.msg);
+    qf_cuda_info ci = {0};
+    last_graph_steps = dev == QF_DEVICE_CUDA && qf_context_gpu_info(c, &ci) ? ci.graph_steps : 0;
     qf_context_free(c);
     return ok;
+}
+static bool decode_steps(qf_model *m, qf_device dev, bool reference, bool no_graph, qf_kv_mode kv, qf_kv_rot rot,
+                         const int32_t *toks, int n0, int n1, float *logits) {
+    return decode_steps_lay(m, dev, reference, no_graph, kv, rot, NULL, NULL, toks, n0, n1, logits);
 }
 
 TEST(e2e_decode_graph) {
@@ -1157,6 +1184,63 @@ TEST(e2e_decode_graph) {
              * 4 rms of the row's difference of its own top-1 (top1_near) */
             CHECK_MSG(near >= n1 - (kvs[k] == QF_KV_Q4_0 ? 4 : 2), "%s kv %s: top-1 %d/%d, %d/%d with near-ties",
                       models[mi], qf_kv_mode_name(kvs[k]), agree, n1, near, n1);
+        }
+        free(lg), free(lp), free(lc), free(lf);
+        qf_model_free(m);
+    }
+}
+
+/* kv-int8 caches (every row layout, K and V each its own) in one-token steps: the step runs
+ * under the decode graph (graph_steps), the graph's logits are the plain launches' bits, and
+ * both are within the q8_0 cache's bound of the CPU reference with the same payload. The
+ * rotated layouts are attended in their stored basis (H q, the output rotated back), not
+ * rotated back row by row: O(1) a step, not O(positions). */
+TEST(e2e_decode_graph_int8) {
+    NEED_GPU();
+    const char *models[] = {"models/qforge-demo-11m-f16.gguf", "models/qforge-demo-11m-q4_0.gguf"};
+    const char *lays[][2] = {{"ec-rot", "ec-rot"}, {"token-rot", "token"}, {"static", "static-rot"}};
+    for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+        const char *path = model_path(models[mi]);
+        if (!path) {
+            printf("  decode graph int8: %s not found, skipped\n", models[mi]);
+            continue;
+        }
+        qf_error err = {0};
+        qf_model *m = qf_model_load(path, &err);
+        CHECK_MSG(m, "%s", err.msg);
+        if (!m) continue;
+        const qf_hparams *hp = qf_model_hparams(m);
+        const int n0 = 9, n1 = 40, nv = hp->n_vocab;
+        int32_t toks[49];
+        for (int i = 0; i < n0 + n1; i++) toks[i] = (int32_t)((frand() * 0.5f + 0.5f) * (nv - 1));
+        const size_t nl = (size_t)n1 * nv;
+        float *lg = malloc(nl * 4), *lp = malloc(nl * 4), *lc = malloc(nl * 4), *lf = malloc(nl * 4);
+        for (size_t k = 0; lg && lp && lc && lf && k < sizeof lays / sizeof lays[0]; k++) {
+            const char *kl = lays[k][0], *vl = lays[k][1];
+            bool ok = decode_steps_lay(m, QF_DEVICE_CUDA, false, false, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lg);
+            const long gs = last_graph_steps;
+            ok = ok && decode_steps_lay(m, QF_DEVICE_CUDA, false, true, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lp) &&
+                 decode_steps_lay(m, QF_DEVICE_CPU, true, true, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lc) &&
+                 decode_steps_lay(m, QF_DEVICE_CPU, false, true, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lf);
+            if (!ok) break;
+            size_t diff = 0;
+            for (size_t i = 0; i < nl; i++) diff += memcmp(lg + i, lp + i, 4) != 0;
+            const double e = nmse(lg, lc, nl), fe = nmse(lf, lc, nl);
+            int agree = 0, near = 0;
+            for (int t = 0; t < n1; t++) {
+                agree += argmax(lg + (size_t)t * nv, nv) == argmax(lc + (size_t)t * nv, nv);
+                near += top1_near(lg + (size_t)t * nv, lc + (size_t)t * nv, nv);
+            }
+            printf("  decode graph %-24s int8 K %-9s V %-10s: %ld of %d steps replayed the graph; %zu of %zu logits differ "
+                   "from plain launches; nmse %.3g against the CPU reference (the CPU's fast route: %.3g), top-1 %d/%d "
+                   "(%d/%d with near-ties)\n",
+                   models[mi] + 7, kl, vl, gs, n1, diff, nl, e, fe, agree, n1, near, n1);
+            CHECK_MSG(gs == n1, "%s int8 %s/%s: %ld of %d steps ran the graph", models[mi], kl, vl, gs, n1);
+            CHECK_MSG(diff == 0, "%s int8 %s/%s: graph replay differs from plain launches", models[mi], kl, vl);
+            const double lb = fmax(1e-4, 2 * fe);
+            CHECK_MSG(e <= lb, "%s int8 %s/%s: logits nmse %g (bound %g)", models[mi], kl, vl, e, lb);
+            CHECK_MSG(near >= n1 - 2, "%s int8 %s/%s: top-1 %d/%d, %d/%d with near-ties", models[mi], kl, vl, agree, n1,
+                      near, n1);
         }
         free(lg), free(lp), free(lc), free(lf);
         qf_model_free(m);
@@ -2275,6 +2359,7 @@ int main(void) {
     RUN(e2e_logits_and_taps);
     RUN(e2e_families);
     RUN(e2e_decode_graph);
+    RUN(e2e_decode_graph_int8);
     RUN(e2e_perplexity);
     RUN(e2e_kv_rot);
     RUN(e2e_artifacts);

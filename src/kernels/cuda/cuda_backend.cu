@@ -72,6 +72,7 @@ struct qf_cuda_ctx {
     qf_gpu_dict_omp kv_omp;                /* dict: the encoder's stopping rules (the engine's) */
     int kv_na[2], kv_s[2], kv_q8[2];
     float *kv_f32[2];               /* int8 / dict: the layer's cache expanded to f32, [n_ctx][n_head_kv][head_dim] */
+    uint16_t *kv_ecix[2];           /* int8 ec-rot: the rows' index, [n_layer][n_ctx][kv_ec_index_per_pos] (or NULL) */
     uint8_t *h_codes;               /* dict: host staging of the codes of one batch */
     void (*encode)(void *user, int s, int il, const float *rows, int64_t n, uint8_t *codes); /* dict: the host's */
     void *encode_user;
@@ -133,6 +134,7 @@ struct qf_cuda_ctx {
     cudaStream_t stream;   /* the graph's stream (blocking: ordered with the default stream) */
     cudaGraphExec_t gexec; /* instantiated at the first eligible step; dropped when the KV cache changes */
     bool graph_off;        /* knob no_graph (QF_CUDA_GRAPH=0), or capture failed once */
+    long graph_steps;      /* steps replayed from the graph (qf_cuda_info) */
     float *dstep, *h_step; /* [cos half | sin half | token | pos]: device, and pinned host staging */
     double prof_ms[PROF_NCAT], prof_first[PROF_NCAT]; /* all calls; the first call alone */
     /* uploads keyed by host pointer (tied output shares the embedding) */
@@ -374,8 +376,8 @@ static void ctx_free(qf_cuda_ctx *g) {
         cudaEventDestroy(g->pin_ev[0]), cudaEventDestroy(g->pin_ev[1]);
     }
     for (int s = 0; s < 2; s++) {
-        void *ps[] = {g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s]};
-        for (int i = 0; i < 4; i++)
+        void *ps[] = {g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s], g->kv_gram[s], g->kv_ecix[s]};
+        for (int i = 0; i < 6; i++)
             if (ps[i]) cudaFree(ps[i]);
     }
     rq_state_free(g->rq);
@@ -576,6 +578,7 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
     qf_kv_mode mode[2] = {kv->mode[0], kv->mode[1]};
     size_t rb[2] = {0, 0}, lb[2] = {0, 0}, codes = 0;
     uint8_t *d[2] = {NULL, NULL}, *hc = NULL;
+    uint16_t *ix[2] = {NULL, NULL};
     float *sc[2] = {NULL, NULL}, *inv[2] = {NULL, NULL}, *at[2] = {NULL, NULL}, *f32[2] = {NULL, NULL};
     float *gr[2] = {NULL, NULL};
     int na[2] = {0, 0}, sp[2] = {0, 0}, q8[2] = {0, 0};
@@ -596,7 +599,7 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
                 return cu_fail(err, QF_ERR_ARG, "CUDA backend: int8 KV cache without scales");
             const int lay = kv->int8_layout[s];
             if (lay < 0 || lay > 4 || hd > HD_MAX || ((lay == 1 || lay == 2 || lay == 4) && (hd & (hd - 1))) ||
-                (lay == 4 && kv_ec_group(nkv, hd) * hd < 16))
+                (lay == 4 && (kv_ec_group(nkv, hd) * hd < 16 || hd % 4)))
                 return cu_fail(err, QF_ERR_DEVICE, "CUDA backend: int8 KV row layout %d with head_dim %d is not supported",
                                kv->int8_layout[s], hd);
             rb[s] = (size_t)hd;
@@ -625,6 +628,8 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
             for (int l = 0; l < L; l++) rq->lay[s][l].codes = rq->enc[s][l].dst = d[s] + rq->loff[s][l];
         } else
             CK(cudaMalloc((void **)&d[s], lb[s] * L));
+        if (mode[s] == QF_KV_INT8 && kv->int8_layout[s] == 4 && kv_ec_index_per_pos(nkv, hd))
+            CK(cudaMalloc((void **)&ix[s], (size_t)L * g->n_ctx * kv_ec_index_per_pos(nkv, hd) * 2));
         if (mode[s] == QF_KV_INT8) {
             CK(cudaMalloc((void **)&sc[s], (size_t)L * dkv * 4));
             CK(cudaMalloc((void **)&inv[s], (size_t)L * dkv * 4));
@@ -652,8 +657,8 @@ static qf_status set_kv(qf_cuda_ctx *g, const qf_gpu_kv *kv, qf_error *err) {
 done:
     if (st) {
         for (int s = 0; s < 2; s++) {
-            void *ps[] = {d[s], sc[s], inv[s], at[s], f32[s], gr[s]};
-            for (int i = 0; i < 6; i++)
+            void *ps[] = {d[s], sc[s], inv[s], at[s], f32[s], gr[s], ix[s]};
+            for (int i = 0; i < 7; i++)
                 if (ps[i]) cudaFree(ps[i]);
         }
         free(hc);
@@ -662,15 +667,16 @@ done:
     }
     g->kv_bytes = 0;
     for (int s = 0; s < 2; s++) {
-        void *ps[] = {g->kv[s], g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s], g->kv_gram[s]};
-        for (int i = 0; i < 6; i++)
+        void *ps[] = {g->kv[s], g->kv_scale[s], g->kv_inv[s], g->kv_atoms[s], g->kv_f32[s], g->kv_gram[s], g->kv_ecix[s]};
+        for (int i = 0; i < 7; i++)
             if (ps[i]) cudaFree(ps[i]);
         g->kv_mode[s] = mode[s], g->kv_rb[s] = rb[s], g->kv_layer_bytes[s] = lb[s], g->kv[s] = d[s];
         g->kv_scale[s] = sc[s], g->kv_inv[s] = inv[s], g->kv_atoms[s] = at[s], g->kv_f32[s] = f32[s];
-        g->kv_gram[s] = gr[s];
+        g->kv_gram[s] = gr[s], g->kv_ecix[s] = ix[s];
         g->kv_na[s] = na[s], g->kv_s[s] = sp[s], g->kv_q8[s] = q8[s];
         g->kv_layout[s] = mode[s] == QF_KV_INT8 ? kv->int8_layout[s] : 0;
         g->kv_bytes += mode[s] == QF_KV_RQ ? rq->loff[s][L] : lb[s] * L;
+        if (ix[s]) g->kv_bytes += (size_t)L * g->n_ctx * kv_ec_index_per_pos(nkv, hd) * 2; /* ec-rot's index */
     }
     rq_state_free(g->rq);
     g->rq = rq;
@@ -955,6 +961,7 @@ static void ctx_info(const qf_cuda_ctx *g, qf_cuda_info *out) {
     out->kv_bytes = g->kv_bytes;
     out->scratch_bytes = g->scratch_bytes;
     out->f16_cache_bytes = g->f16_cache_bytes;
+    out->graph_steps = g->graph_steps;
 }
 
 /* which activation w's decode matvec reads (launch_matvec's xq): ACT_Q8_0 (Q4_0, Q8_0: the
@@ -981,9 +988,12 @@ static bool gemm_h_ok(const qf_cuda_ctx *g, const dweight *w) {
  * dict rows are OMP-encoded on the device (launch_kv_dict_encode: the host encoder's bytes for
  * the same vectors), or where its scratch does not fit by the host cache's own encoder
  * (g->encode, codes uploaded); then decoded on the device. With --kv-rot the rows are rotated
- * first (src is scratch: rotated in place). */
+ * first (src is scratch: rotated in place). in_basis (int8): the rotated layouts' expansion
+ * stays as stored (H k, H v; the caller rotates q and the output, int8_in_basis), and dpos
+ * (graph replay, one token) is honoured: the row goes to *dpos and [0, *dpos + 1) is expanded.
+ * Without it (prefill, the canonical route) rows are rotated back and dpos must be NULL for int8. */
 static qf_status kv_store(qf_cuda_ctx *g, int s, int il, float *src, int n, int pos0, const int *dpos, cudaStream_t S,
-                          const uint8_t **view, qf_kv_mode *vmode, size_t *vrb, qf_error *err) {
+                          bool in_basis, const uint8_t **view, qf_kv_mode *vmode, size_t *vrb, qf_error *err) {
     qf_status st = QF_OK;
     const int hd = g->hd, nkv = g->nkv, dkv = nkv * hd;
     const qf_kv_mode mode = g->kv_mode[s];
@@ -992,10 +1002,13 @@ static qf_status kv_store(qf_cuda_ctx *g, int s, int il, float *src, int n, int 
     const int64_t rows = (int64_t)n * nkv, all = (int64_t)(pos0 + n) * nkv;
     *view = C, *vmode = mode, *vrb = rb;
     if (mode == QF_KV_INT8) {
+        const size_t tok = (size_t)nkv * rb, ipp = kv_ec_index_per_pos(nkv, hd); /* bytes, index entries a position */
+        uint16_t *ix = g->kv_ecix[s] ? g->kv_ecix[s] + (size_t)il * g->n_ctx * ipp : NULL; /* the layer's, position 0 */
         launch_kv_int8_write(g->kv_layout[s], src, n, nkv, hd, g->kv_inv[s] + (size_t)il * dkv, g->tok_step,
-                             (int8_t *)(C + (size_t)pos0 * nkv * rb), 0);
-        launch_kv_int8_expand(g->kv_layout[s], (const int8_t *)C, pos0 + n, nkv, hd, g->kv_scale[s] + (size_t)il * dkv,
-                              g->tok_step, g->kv_f32[s], 0);
+                             (int8_t *)(dpos ? C : C + (size_t)pos0 * tok), ix && !dpos ? ix + (size_t)pos0 * ipp : ix, S,
+                             dpos, tok);
+        launch_kv_int8_expand(g->kv_layout[s], (const int8_t *)C, ix, dpos ? g->n_ctx : pos0 + n, nkv, hd,
+                              g->kv_scale[s] + (size_t)il * dkv, g->tok_step, g->kv_f32[s], S, dpos, !in_basis);
     } else if (mode == QF_KV_DICT) {
         const int na = g->kv_na[s];
         if (!g->kv_gram[s] || !launch_kv_dict_encode(src, rows, hd, g->kv_atoms[s] + (size_t)il * na * hd,
@@ -1443,6 +1456,12 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             size_t krb[2];
             bool plain = !kv16 && !dkv16;
             for (int s = 0; s < 2; s++) plain = plain && g->kv_mode[s] != QF_KV_INT8 && g->kv_mode[s] != QF_KV_DICT;
+            /* decode (split-K) over an int8 cache: the expansion covers [0, *dpos + 1) under graph
+             * replay, and a rotated layout's rows stay as stored (H k, H v): attention runs on H q
+             * and its output is rotated back, as with --kv-rot (i8k, i8v) */
+            const bool i8b = dec && g->part && !fam;
+            const bool i8k = i8b && g->kv_mode[0] == QF_KV_INT8 && kv_int8_rotated(g->kv_layout[0]);
+            const bool i8v = i8b && g->kv_mode[1] == QF_KV_INT8 && kv_int8_rotated(g->kv_layout[1]);
             if (plain) { /* K and V rows in one launch */
                 uint8_t *dst[2];
                 const float *src[2] = {g->k, g->v};
@@ -1459,7 +1478,8 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                 for (int s = 0; s < 2; s++)
                     if (kv16 || dkv16) /* already written by the split */
                         kvp[s] = g->kv[s] + g->kv_layer_bytes[s] * il, km[s] = QF_KV_F16, krb[s] = g->kv_rb[s];
-                    else if ((st = kv_store(g, s, il, s ? g->v : g->k, n, pos0, dpos, S, &kvp[s], &km[s], &krb[s], err)))
+                    else if ((st = kv_store(g, s, il, s ? g->v : g->k, n, pos0, dpos, S, i8b, &kvp[s], &km[s], &krb[s],
+                                            err)))
                         goto done;
             /* prefill: the tensor-core flash kernel reads f16, q8_0 and q4_0 caches and the f32
              * expansion of int8 / dict layers itself (tiles dequantized to f16 in shared memory); a
@@ -1470,21 +1490,22 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             att16 = fl && pre16 && !want_act && !g->kv_rot && gemm_h_ok(g, &L->wo);
             /* --kv-rot: the cache holds H k and H v, so attention runs on H q and its output,
              * H (sum p v), is rotated back */
-            if (g->kv_rot) launch_hadamard(g->q, (int64_t)n * hp->n_head, hd, S);
+            if (g->kv_rot || i8k) launch_hadamard(g->q, (int64_t)n * hp->n_head, hd, S);
             if (dec && g->part && !fam) { /* decode: split-K over the cache */
                 attn_fuse fx = {};
                 if (fold_split)
                     fx.qkv = g->qkv, fx.cs = rc, fx.sn = rs, fx.bq = L->bq, fx.bk = L->bk, fx.bv = L->bv, fx.half = half,
                     fx.neox = hp->rope_type == QF_ROPE_NEOX;
                 /* the merge writes the o matvec's q8_0 activation (it then skips its quantization) */
-                if (!g->kv_rot && !L->post_attn_norm && q8_act(&L->wo)) fx.xq = g->xh;
+                if (!g->kv_rot && !i8v && !L->post_attn_norm && q8_act(&L->wo)) fx.xq = g->xh;
                 oq = launch_attention_split(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv,
-                                            hd, g->att, g->part, S, dpos, g->n_ctx, !expanded, &fx);
+                                            hd, g->att, g->part, S, dpos, g->n_ctx,
+                                            !expanded && g->kv_mode[1] != QF_KV_INT8 && g->kv_mode[1] != QF_KV_DICT, &fx);
             } else
                 launch_attention(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv, hd, g->att,
                                  fl, att16 ? g->xh : NULL, q16, S, fam ? hp->attn_scale : 0.0f, hp->attn_softcap,
                                  L->window);
-            if (g->kv_rot) launch_hadamard(g->att, (int64_t)n * hp->n_head, hd, S);
+            if (g->kv_rot || i8v) launch_hadamard(g->att, (int64_t)n * hp->n_head, hd, S);
         }
         prof_mark(g, 2);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_OUT, n, Dq, g->att, err))) goto done;
@@ -1616,7 +1637,7 @@ static qf_status forward_canon(qf_cuda_ctx *g, const qf_tap *tap, int n, int pos
                 const uint8_t *view;
                 qf_kv_mode vm;
                 size_t vrb;
-                if ((st = kv_store(g, s, il, s ? g->v : g->k, n, pos0, NULL, S, &view, &vm, &vrb, err))) goto done;
+                if ((st = kv_store(g, s, il, s ? g->v : g->k, n, pos0, NULL, S, false, &view, &vm, &vrb, err))) goto done;
                 if (g->kv_mode[s] == QF_KV_INT8) { /* expanded to f32 by kv_store */
                     kv32[s] = g->kv_f32[s];
                     continue;
@@ -1739,6 +1760,7 @@ static qf_status forward_graph(qf_cuda_ctx *g, int32_t token, int pos0, float *l
         }
     }
     CK(cudaGraphLaunch(g->gexec, g->stream));
+    g->graph_steps++;
     if (g->h_lg) { /* through pinned memory in LG_CHUNKS pieces (the row fits: each slot used once) */
         const size_t V = (size_t)hp->n_vocab, ch = (V + LG_CHUNKS - 1) / LG_CHUNKS;
         CK(copy_staged(logits, g->logits, V * 4, (uint8_t *)g->h_lg, ch * 4, g->lg_ev, LG_CHUNKS, g->stream));
@@ -1760,11 +1782,11 @@ static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *
     if (n > g->n_batch || pos0 + n > g->n_ctx)
         return cu_fail(err, QF_ERR_ARG, "decode: batch exceeds the GPU context's sizes");
     {
-        /* one token, logits of it, no tap, no profile, a plain cache: replay the step's graph */
+        /* one token, logits of it, no tap, no profile, a plain or int8 cache: replay the step's graph */
         bool plain = true;
         for (int s = 0; s < 2; s++)
             plain = plain && (g->kv_mode[s] == QF_KV_F32 || g->kv_mode[s] == QF_KV_F16 || g->kv_mode[s] == QF_KV_Q8_0 ||
-                              g->kv_mode[s] == QF_KV_Q4_0);
+                              g->kv_mode[s] == QF_KV_Q4_0 || g->kv_mode[s] == QF_KV_INT8);
         if (!g->graph_off && n == 1 && !tap && !g->ev && !nll && !targets && logits && logits_from <= 0 && g->part &&
             route == MM_AUTO && plain && g->stream && !canon_on(g)) {
             bool fallback = false;

@@ -31,8 +31,8 @@ extern "C" {
  * device), the table gains op_kv_dict_encode. 10: op_attention's route 3 (the decode step's fused
  * split-K attention against the separate launches). 11: op_rmsnorm returns the norm's fused
  * q8_0 activation next to the separate quantization's. 12: kv-rq's learning steps (learn_*_f64).
- * 13: learn_klt_measure (the KLT fit's codec-error measurement). */
-#define QF_CUDA_ABI 13
+ * 13: learn_klt_measure (the KLT fit's codec-error measurement). 14: qf_cuda_info.graph_steps. */
+#define QF_CUDA_ABI 14
 
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 typedef struct qf_cuda_awq qf_cuda_awq; /* one AWQ group's search state on the device */
@@ -135,9 +135,11 @@ typedef struct {
     bool canonical;
 } qf_gpu_params;
 
-/* Sizes the context holds on the GPU (bench). */
+/* Sizes the context holds on the GPU (bench), and how many one-token steps replayed the decode
+ * graph (tests: that a cache kind runs under the graph, not on the plain launches' fallback). */
 typedef struct {
     size_t weight_bytes, kv_bytes, scratch_bytes, f16_cache_bytes;
+    long graph_steps;
 } qf_cuda_info;
 
 /* The plugin's function table (libqforge-cuda.so exports qf_cuda_plugin_api). Every pointer

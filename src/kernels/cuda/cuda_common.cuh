@@ -594,7 +594,6 @@ void launch_kv_write(qf_kv_mode mode, const float *src, int64_t rows, int hd, si
 void launch_kv_write2(const qf_kv_mode mode[2], const float *const src[2], int64_t rows, int hd, const size_t rb[2],
                       uint8_t *const dst[2], cudaStream_t s, const int *dpos, const size_t pos_stride[2]);
 void launch_kv_read(qf_kv_mode mode, const uint8_t *src, int64_t rows, int hd, size_t rb, float *out, cudaStream_t s);
-void launch_kv_write_int8(const float *src, int64_t n, int dkv, const float *inv, int8_t *dst, cudaStream_t s);
 /* kv-int8 in any row layout (0 STATIC, 1 STATIC_ROT, 2 TOKEN_ROT, 3 TOKEN, 4 EC_ROT: engine.h):
  * n_tok rows of nkv heads x hd; inv / scale: the layer's static [nkv * hd] (static layouts);
  * step: kv_tok_steps' KV_STEPS_N steps on the device. The write rotates src in place (rot
@@ -605,11 +604,32 @@ void kv_tok_steps(float *t);
 #define KV_STEPS_N (KV_EC_STEP_OFF + 1024)
 /* ec-rot: kv heads coded together per token (kv_cache.c's ec_group) */
 int kv_ec_group(int nkv, int hd);
+/* ec-rot's row index (the GPU's own, beside the host's bytes): a coded row of n bytes (n
+ * elements) is decoded in chunks of KV_EC_CHUNK elements by a thread each, chunk c > 0 starting
+ * at the bit the encoder recorded, index[row][c - 1] (uint16). kv_ec_index: the entries a row
+ * (0: rows under 2 chunks are decoded whole). */
+#define KV_EC_CHUNK 32
+__host__ __device__ static inline int kv_ec_index(int n) { return n >= 2 * KV_EC_CHUNK ? (n + KV_EC_CHUNK - 1) / KV_EC_CHUNK - 1 : 0; }
+/* the index entries of one position of one stream (ec-rot) */
+static inline size_t kv_ec_index_per_pos(int nkv, int hd) {
+    const int n = kv_ec_group(nkv, hd) * hd;
+    return (size_t)(nkv * hd / n) * kv_ec_index(n);
+}
+/* dpos (graph replay, one token): dst is the layer's row 0 and the token goes to row *dpos, read
+ * on the device (pos_stride bytes a token); NULL: dst is the token's own row. ix (ec-rot): the
+ * index of dst's position, at the same position as dst */
 void launch_kv_int8_write(int layout, float *src, int64_t n_tok, int nkv, int hd, const float *inv, const float *step,
-                          int8_t *dst, cudaStream_t s);
-void launch_kv_int8_expand(int layout, const int8_t *src, int64_t n_tok, int nkv, int hd, const float *scale,
-                           const float *step, float *out, cudaStream_t s);
-void launch_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *scale, float *out, cudaStream_t s);
+                          int8_t *dst, uint16_t *ix, cudaStream_t s, const int *dpos, size_t pos_stride);
+/* positions [0, n_tok) to f32; with dpos (graph replay, one token) only [0, *dpos + 1) of them,
+ * read on the device (n_tok is then the grid's size: n_ctx). rot_back: the rotated layouts'
+ * rows are rotated back (H x); without it they stay as stored (H k, H v), and attention runs
+ * on H q and rotates its output back (--kv-rot's way: O(1) a step instead of O(positions)).
+ * ix (ec-rot): the layer's index, position 0 */
+void launch_kv_int8_expand(int layout, const int8_t *src, const uint16_t *ix, int64_t n_tok, int nkv, int hd,
+                           const float *scale, const float *step, float *out, cudaStream_t s, const int *dpos,
+                           bool rot_back);
+/* layouts stored Hadamard-rotated (static-rot, token-rot, ec-rot) */
+static inline bool kv_int8_rotated(int layout) { return layout == 1 || layout == 2 || layout == 4; }
 /* kv-dict rows on the device: n rows x[n][hd] OMP-encoded against unit-norm atoms [A][hd] with
  * their Gram matrix [A][A] (the host's, uploaded) at sparsity s, packed into codes (rb bytes a
  * row, v1 layout: byte or 2-byte indices, f16 or q8 coefficients): the host encoder's bytes

@@ -34,17 +34,25 @@ __global__ void k_kv_write(int mode, const float *src, int64_t n_rows, int hd, s
 /* kv-int8: one signed byte per element with the static per-channel scales of a kv-int8
  * artifact, as qf_kv_int8_quantize: clamp(x * inv_scale, -127, 127), rounded half away from
  * zero by truncating v +- 0.5. src is [n_tok][dkv], inv [dkv] (this layer's). */
-__global__ void k_kv_write_int8(const float *src, int64_t n, int dkv, const float *inv, int8_t *dst) {
+__global__ void k_kv_write_int8(const float *src, int64_t n, int dkv, const float *inv, int8_t *dst, const int *dpos,
+                                size_t pos_stride) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
+    if (dpos) dst += (size_t)*dpos * pos_stride;
     const float v = fminf(fmaxf(KV_MUL(src[i], inv[i % dkv]), -127.0f), 127.0f);
     dst[i] = (int8_t)(int)KV_ADD(v, v >= 0 ? 0.5f : -0.5f);
 }
 
-/* Expand rows [0, n_rows) of a layer's int8 cache to f32: q * scale (qf_kv_int8_dequantize). */
-__global__ void k_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *scale, float *out) {
+/* the units (elements, rows, groups) of [0, n) a graph-replayed expansion covers: those of
+ * positions [0, *dpos + 1), `per` a position (all n without dpos) */
+__device__ static inline int64_t kv_expand_lim(int64_t n, const int *dpos, int64_t per) {
+    return dpos ? min(n, ((int64_t)*dpos + 1) * per) : n;
+}
+
+/* Expand elements [0, n) of a layer's int8 cache to f32: q * scale (qf_kv_int8_dequantize). */
+__global__ void k_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *scale, float *out, const int *dpos) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = KV_MUL((float)src[i], scale[i % dkv]);
+    if (i < kv_expand_lim(n, dpos, dkv)) out[i] = KV_MUL((float)src[i], scale[i % dkv]);
 }
 
 /* Expand packed kv-dict codes (qf_kv_code_pack layout) to f32 rows, as qf_kv_code_decode:
@@ -288,14 +296,6 @@ void launch_kv_read(qf_kv_mode mode, const uint8_t *src, int64_t rows, int hd, s
     }
 }
 
-void launch_kv_write_int8(const float *src, int64_t n, int dkv, const float *inv, int8_t *dst, cudaStream_t s) {
-    k_kv_write_int8<<<nblk((size_t)n, 256), 256, 0, s>>>(src, n, dkv, inv, dst);
-}
-
-void launch_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *scale, float *out, cudaStream_t s) {
-    k_kv_expand_int8<<<nblk((size_t)n, 256), 256, 0, s>>>(src, n, dkv, scale, out);
-}
-
 void launch_kv_expand_dict(const uint8_t *codes, int64_t n_rows, int hd, size_t rb, const float *atoms, int na,
                            int sparsity, int q8, float *out, cudaStream_t s) {
     k_kv_expand_dict<<<nblk((size_t)n_rows * hd, 256), 256, 0, s>>>(codes, n_rows, hd, rb, atoms, na, sparsity, q8, out);
@@ -378,10 +378,12 @@ __device__ static double tok_encode_warp(const float *xr, int hd, int e, const f
     return err;
 }
 
-__global__ void k_kv_write_int8_tok(const float *src, int64_t rows, int hd, const float *step, int8_t *dst) {
+__global__ void k_kv_write_int8_tok(const float *src, int64_t rows, int hd, const float *step, int8_t *dst,
+                                    const int *dpos, size_t pos_stride) {
     const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (r >= rows) return;
+    if (dpos) dst += (size_t)*dpos * pos_stride;
     const float *xr = src + r * hd;
     float amax = 0.0f;
     for (int i = lane; i < hd; i += 32) amax = fmaxf(amax, fabsf(xr[i]));
@@ -401,10 +403,11 @@ __global__ void k_kv_write_int8_tok(const float *src, int64_t rows, int hd, cons
         if (lane + 32 * j < hd) dst[r * hd + lane + 32 * j] = q[j];
 }
 
-__global__ void k_kv_expand_int8_tok(const int8_t *src, int64_t rows, int hd, const float *step, float *out) {
+__global__ void k_kv_expand_int8_tok(const int8_t *src, int64_t rows, int hd, const float *step, float *out,
+                                     const int *dpos, int nkv) {
     const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    if (r >= rows) return;
+    if (r >= kv_expand_lim(rows, dpos, nkv)) return;
     int par = 0;
     for (int i = lane; i < hd; i += 32) par ^= ((uint8_t)src[r * hd + i] & 1);
     par ^= __shfl_xor_sync(0xffffffffu, par, 8);
@@ -442,118 +445,220 @@ __device__ static inline int ec_code_bits_d(int c) {
     const int h = c >> 4;
     return 5 + (h < 2 ? 2 : h < 5 ? 3 : h - 1);
 }
-__device__ static long ec_row_bits_d(const float *x, int n, int e, int cmax, const float *st) {
-    const float inv = __fdiv_rn(1.0f, st[e]);
-    long b = 10;
-    for (int i = 0; i < n; i++) b += ec_code_bits_d(ec_code_of_d(x[i], inv, cmax));
+/* ec-rot's encoder, one warp a group row (EC_WARPS rows a block). Lane l holds elements
+ * [l k, l k + k), k = ceil(n / 32). The step exponent is the host's: the smallest e whose codes
+ * fit in 8 n bits (the code length never grows with e, so the walk from the RMS guess ends on
+ * the same e whatever the guess; the lanes' partial sums of squares only move the guess). The
+ * codes are then laid out by an exclusive scan of the lanes' bit counts and OR-ed into a
+ * zeroed shared-memory copy of the row, which the warp stores: the host encoder's bytes. */
+#define EC_WARPS 4
+__device__ static inline int ec_lane_bits(const float *x, int i0, int i1, float inv, int cmax) {
+    int b = 0;
+    for (int i = i0; i < i1; i++) b += ec_code_bits_d(ec_code_of_d(x[i], inv, cmax));
     return b;
 }
-__device__ static inline void ec_put_d(uint8_t *p, long &pos, uint32_t v, int nb) {
-    for (int k = 0; k < nb; k++, pos++)
-        if ((v >> k) & 1) p[pos >> 3] |= (uint8_t)(1u << (pos & 7));
+__device__ static inline long ec_row_bits_w(const float *x, int i0, int i1, int e, int cmax, const float *st) {
+    const float inv = __fdiv_rn(1.0f, st[e]);
+    int b = ec_lane_bits(x, i0, i1, inv, cmax);
+    for (int o = 16; o > 0; o >>= 1) b += __shfl_xor_sync(0xffffffffu, b, o);
+    return 10 + (long)b;
+}
+/* nb <= 32 bits of v (nothing above them) at bit pos of the shared row w */
+__device__ static inline void ec_or_bits(uint32_t *w, int pos, uint32_t v, int nb) {
+    const int k = pos >> 5, sh = pos & 31;
+    atomicOr(w + k, v << sh);
+    if (sh && sh + nb > 32) atomicOr(w + k + 1, v >> (32 - sh));
 }
 
-__global__ void k_kv_write_int8_ec(const float *src, int64_t n_rows, int n, const float *steps, uint8_t *dst) {
-    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= n_rows) return;
+__global__ void __launch_bounds__(EC_WARPS * 32)
+    k_kv_write_int8_ec(const float *src, int64_t n_rows, int n, const float *steps, uint8_t *dst, uint16_t *ix,
+                       const int *dpos, size_t pos_stride, size_t ix_stride) {
+    __shared__ uint32_t rw[EC_WARPS][HD_MAX / 4 + 1]; /* a row of n <= HD_MAX bytes (kv_ec_group), zeroed past it */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t r = (int64_t)blockIdx.x * EC_WARPS + warp;
+    if (r >= n_rows) return; /* the whole warp */
+    if (dpos) dst += (size_t)*dpos * pos_stride;
+    if (dpos && ix) ix += (size_t)*dpos * ix_stride;
     const float *x = src + r * n;
     uint8_t *q = dst + r * n;
+    uint32_t *w = rw[warp];
+    const int nix = kv_ec_index(n); /* index entries a row: the bit where element KV_EC_CHUNK c starts */
     const float *st = steps + KV_EC_STEP_OFF;
-    for (int i = 0; i < n; i++) q[i] = 0;
+    const int kk = (n + 31) / 32, i0 = min(n, lane * kk), i1 = min(n, i0 + kk), nw = (n + 3) / 4;
+    for (int j = lane; j <= nw; j += 32) w[j] = 0;
     double ss = 0;
-    for (int i = 0; i < n; i++)
+    for (int i = i0; i < i1; i++)
         if (isfinite(x[i])) ss = __dadd_rn(ss, __dmul_rn((double)x[i], (double)x[i]));
-    if (!(ss > 0) || !isfinite(ss)) return; /* e = 0: the zero row */
-    const long budget = 8L * n;
-    int cmax = 1023;
-    const double e0 = 704 + ceil(32.0 * log2(sqrt(ss / n) / 57.0));
-    int e = e0 < 1 ? 1 : e0 > 1023 ? 1023 : (int)e0;
-    if (ec_row_bits_d(x, n, e, cmax, st) <= budget) {
-        while (e > 1 && ec_row_bits_d(x, n, e - 1, cmax, st) <= budget) e--;
-    } else {
-        while (e < 1023 && ec_row_bits_d(x, n, e, cmax, st) > budget) e++;
-        while (cmax > 15 && ec_row_bits_d(x, n, e, cmax, st) > budget) cmax = cmax > 30 ? cmax / 2 : 15;
-    }
-    const float inv = __fdiv_rn(1.0f, st[e]);
-    long pos = 0;
-    ec_put_d(q, pos, (uint32_t)e, 10);
-    for (int i = 0; i < n; i++) {
-        const int c = ec_code_of_d(x[i], inv, cmax), h = c >> 4;
-        if (h < 2) ec_put_d(q, pos, (uint32_t)(h << 1), 2);
-        else if (h < 5) ec_put_d(q, pos, 1u | (uint32_t)((h - 2) & 1) << 1 | (uint32_t)((h - 2) >> 1) << 2, 3);
-        else {
-            ec_put_d(q, pos, 7u, 3);
-            for (int k = 5; k < h; k++) ec_put_d(q, pos, 1u, 1);
-            ec_put_d(q, pos, 0u, 1);
+    for (int o = 16; o > 0; o >>= 1) ss = __dadd_rn(ss, __shfl_xor_sync(0xffffffffu, ss, o));
+    __syncwarp();
+    if (ss > 0 && isfinite(ss)) { /* else e = 0: the zero row */
+        const long budget = 8L * n;
+        int cmax = 1023;
+        const double e0 = 704 + ceil(32.0 * log2(sqrt(ss / n) / 57.0));
+        int e = e0 < 1 ? 1 : e0 > 1023 ? 1023 : (int)e0;
+        if (ec_row_bits_w(x, i0, i1, e, cmax, st) <= budget) {
+            while (e > 1 && ec_row_bits_w(x, i0, i1, e - 1, cmax, st) <= budget) e--;
+        } else {
+            while (e < 1023 && ec_row_bits_w(x, i0, i1, e, cmax, st) > budget) e++;
+            while (cmax > 15 && ec_row_bits_w(x, i0, i1, e, cmax, st) > budget) cmax = cmax > 30 ? cmax / 2 : 15;
         }
-        ec_put_d(q, pos, (uint32_t)(c & 15), 4);
-        ec_put_d(q, pos, x[i] < 0 && c ? 1u : 0u, 1);
+        const float inv = __fdiv_rn(1.0f, st[e]);
+        const int mine = ec_lane_bits(x, i0, i1, inv, cmax);
+        int incl = mine; /* inclusive scan of the lanes' bit counts */
+        for (int o = 1; o < 32; o <<= 1) {
+            const int t = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += t;
+        }
+        int pos = 10 + incl - mine;
+        if (lane == 0) ec_or_bits(w, 0, (uint32_t)e, 10);
+        for (int i = i0; i < i1; i++) {
+            const int c = ec_code_of_d(x[i], inv, cmax), h = c >> 4;
+            if (nix && i && i % KV_EC_CHUNK == 0) ix[r * nix + i / KV_EC_CHUNK - 1] = (uint16_t)pos;
+            if (h < 2) ec_or_bits(w, pos, (uint32_t)(h << 1), 2), pos += 2;
+            else if (h < 5) ec_or_bits(w, pos, 1u | (uint32_t)((h - 2) & 1) << 1 | (uint32_t)((h - 2) >> 1) << 2, 3), pos += 3;
+            else {
+                ec_or_bits(w, pos, 7u, 3), pos += 3;
+                for (int m = h - 5; m > 0;) { /* h - 5 ones, then the terminating zero */
+                    const int t = m < 31 ? m : 31;
+                    ec_or_bits(w, pos, (1u << t) - 1, t), pos += t, m -= t;
+                }
+                pos++;
+            }
+            ec_or_bits(w, pos, (uint32_t)(c & 15) | (x[i] < 0 && c ? 16u : 0u), 5), pos += 5;
+        }
     }
+    __syncwarp();
+    const uint8_t *wb = (const uint8_t *)w;
+    for (int b = lane; b < n; b += 32) q[b] = wb[b];
 }
 
-__global__ void k_kv_expand_int8_ec(const uint8_t *src, int64_t n_rows, int n, const float *steps, float *out) {
-    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= n_rows) return;
-    const uint8_t *q = src + r * n;
-    float *x = out + r * n;
-    const size_t total = (size_t)n * 8;
-    size_t pos = 0, next = 0;
-    uint64_t buf = 0;
-    int have = 0;
-    auto take = [&](int k) -> uint32_t {
-        while (have < k) {
-            buf |= (uint64_t)(next < (size_t)n ? q[next] : 0) << have;
-            next++, have += 8;
-        }
-        const uint32_t v = (uint32_t)(buf & ((1u << k) - 1));
-        buf >>= k, have -= k, pos += k;
-        return v;
-    };
-    const uint32_t e = take(10);
-    const float d = e ? steps[KV_EC_STEP_OFF + e] : 0.0f;
-    int i = 0;
-    for (; i < n && e; i++) {
-        uint32_t h;
-        if (!take(1)) h = take(1);
-        else {
-            h = take(2) + 2;
-            if (h == 5)
-                for (;;) {
-                    const uint32_t b = take(1);
-                    if (!b || pos > total) break;
-                    h++;
+/* ec-rot's decoder: kv_codes.c's qf_kv_int8_ec_dequantize, bit for bit, on the rows the encoder
+ * above wrote. A block of EC_DEC_T threads takes R = EC_DEC_T / nch rows: their bytes are
+ * loaded into shared memory whole (coalesced), thread (row, chunk) decodes KV_EC_CHUNK elements
+ * (the whole row below two chunks) from the bit the row's index holds, into a shared copy of the
+ * rows (row stride S, element j at j + j / 32: the threads of a warp write distinct banks), and
+ * the block stores the R rows coalesced. A code is read from a 64-bit window refilled 32 bits at
+ * a time (zeros past the row): h from its first bits (0h: h < 2; 1tt: h = 2 + tt for tt < 3;
+ * 111 then ones up to a zero: h = 5 + ones), then 4 low bits and the sign, all from the window
+ * but for a code longer than it holds (25 ones or more: read field by field). An element that would end past the row, and the rest of its
+ * chunk, is 0 (rows the encoder wrote never do). */
+#define EC_DEC_T 128
+#define EC_DEC_IN 2048  /* words: the most R (n / 4 + 1) of any n = 16 .. HD_MAX, n % 4 == 0 (n = 60: 128 x 16) */
+#define EC_DEC_OUT 8064 /* floats: the most R S (n = 60: 128 x 63) */
+__host__ __device__ static inline int ec_dec_stride(int n, int nch) {
+    const int s = n + (n + 31) / 32;
+    return nch > 1 ? s : (s | 1);
+}
+__global__ void __launch_bounds__(EC_DEC_T)
+    k_kv_expand_int8_ec(const uint8_t *src, const uint16_t *ix, int64_t n_rows, int n, const float *steps, float *out,
+                        const int *dpos, int per) {
+    __shared__ uint32_t qin[EC_DEC_IN];
+    __shared__ float xs[EC_DEC_OUT];
+    const int nix = kv_ec_index(n), nch = nix + 1, R = EC_DEC_T / nch, nw = n / 4, WS = nw + 1, S = ec_dec_stride(n, nch);
+    const int64_t lim = kv_expand_lim(n_rows, dpos, per), r0 = (int64_t)blockIdx.x * R;
+    if (r0 >= lim) return; /* the whole block */
+    const int nr = (int)min((int64_t)R, lim - r0), tid = threadIdx.x;
+    const uint32_t *g = (const uint32_t *)(src + r0 * n); /* n % 4 == 0, rows 4-byte aligned (set_kv) */
+    for (int w = tid; w < nr * nw; w += EC_DEC_T) qin[(w / nw) * WS + w % nw] = __ldg(g + w);
+    __syncthreads();
+    const int r = tid / nch, ch = tid % nch;
+    if (r < nr) {
+        const uint32_t *q = qin + r * WS;
+        float *x = xs + r * S;
+        const int i0 = ch * KV_EC_CHUNK, i1 = nch == 1 ? n : min(n, i0 + KV_EC_CHUNK);
+        const uint32_t e = q[0] & 1023u;
+        int i = i0;
+        if (e) {
+            const float d = steps[KV_EC_STEP_OFF + e];
+            const long total = (long)n * 8;
+            long pos = ch ? __ldg(ix + (r0 + r) * nix + ch - 1) : 10;
+            int nx = (int)(pos >> 5), have = 0;
+            uint64_t buf = 0;
+            auto refill = [&]() { /* at least 33 bits in buf */
+                while (have <= 32) {
+                    buf |= (uint64_t)(nx < nw ? q[nx] : 0u) << have;
+                    nx++, have += 32;
                 }
+            };
+            refill();
+            buf >>= pos & 31, have -= (int)(pos & 31);
+            for (; i < i1; i++) {
+                refill();
+                const uint32_t w = (uint32_t)buf, t = (w >> 1) & 3u;
+                const int ones = __ffsll((long long)~(buf >> 3)) - 1; /* ones after 111 (bits past `have` are 0) */
+                uint32_t h;
+                int plen;
+                if (!(w & 1)) h = t & 1u, plen = 2;
+                else if (t < 3) h = t + 2, plen = 3;
+                else if (ones <= have - 9) h = 5 + (uint32_t)ones, plen = 4 + ones; /* the code whole in the window */
+                else { /* a run of ones past the window: bit by bit */
+                    h = 5, buf >>= 3, have -= 3, pos += 3;
+                    for (;;) {
+                        refill();
+                        const uint32_t lo32 = (uint32_t)buf;
+                        if (lo32 == 0xffffffffu) {
+                            h += 32, buf >>= 32, have -= 32, pos += 32;
+                            continue;
+                        }
+                        const int o = __ffs(~lo32) - 1;
+                        h += (uint32_t)o, buf >>= o + 1, have -= o + 1, pos += o + 1;
+                        break;
+                    }
+                    refill();
+                    plen = 0;
+                }
+                const uint32_t c = h << 4 | ((uint32_t)(buf >> plen) & 15u), sg = (uint32_t)(buf >> (plen + 4)) & 1u;
+                buf >>= plen + 5, have -= plen + 5, pos += plen + 5;
+                if (pos > total) break;
+                const float v = __fmul_rn((float)c, d);
+                x[i + (i >> 5)] = sg ? -v : v;
+            }
         }
-        const uint32_t lo = take(4), sg = take(1);
-        if (pos > total) break;
-        const float v = __fmul_rn((float)(h << 4 | lo), d);
-        x[i] = sg ? -v : v;
+        for (; i < i1; i++) x[i + (i >> 5)] = 0;
     }
-    for (; i < n; i++) x[i] = 0;
+    __syncthreads();
+    float *o = out + r0 * n;
+    for (int k = tid; k < nr * n; k += EC_DEC_T) {
+        const int rr = k / n, j = k % n;
+        o[k] = xs[rr * S + j + (j >> 5)];
+    }
 }
 
 void launch_kv_int8_write(int layout, float *src, int64_t n_tok, int nkv, int hd, const float *inv, const float *step,
-                          int8_t *dst, cudaStream_t s) {
+                          int8_t *dst, uint16_t *ix, cudaStream_t s, const int *dpos, size_t pos_stride) {
     const int64_t rows = n_tok * nkv;
-    if (layout == 1 || layout == 2 || layout == 4) launch_hadamard(src, rows, hd, s); /* STATIC_ROT, TOKEN_ROT, EC_ROT */
-    if (layout == 0 || layout == 1) launch_kv_write_int8(src, rows * hd, nkv * hd, inv, dst, s);
-    else if (layout == 4) {
+    if (kv_int8_rotated(layout)) launch_hadamard(src, rows, hd, s);
+    if (layout == 0 || layout == 1) {
+        const int64_t n = rows * hd;
+        k_kv_write_int8<<<nblk((size_t)n, 256), 256, 0, s>>>(src, n, nkv * hd, inv, dst, dpos, pos_stride);
+    } else if (layout == 4) {
         const int n = kv_ec_group(nkv, hd) * hd;
         const int64_t groups = rows * hd / n;
-        k_kv_write_int8_ec<<<nblk((size_t)groups, 64), 64, 0, s>>>(src, groups, n, step, (uint8_t *)dst);
-    } else k_kv_write_int8_tok<<<nblk((size_t)rows, 4), 128, 0, s>>>(src, rows, hd, step, dst);
+        k_kv_write_int8_ec<<<nblk((size_t)groups, EC_WARPS), EC_WARPS * 32, 0, s>>>(
+            src, groups, n, step, (uint8_t *)dst, ix, dpos, pos_stride, kv_ec_index_per_pos(nkv, hd));
+    } else k_kv_write_int8_tok<<<nblk((size_t)rows, 4), 128, 0, s>>>(src, rows, hd, step, dst, dpos, pos_stride);
 }
 
-void launch_kv_int8_expand(int layout, const int8_t *src, int64_t n_tok, int nkv, int hd, const float *scale,
-                           const float *step, float *out, cudaStream_t s) {
+void launch_kv_int8_expand(int layout, const int8_t *src, const uint16_t *ix, int64_t n_tok, int nkv, int hd,
+                           const float *scale, const float *step, float *out, cudaStream_t s, const int *dpos,
+                           bool rot_back) {
     const int64_t rows = n_tok * nkv;
-    if (layout == 0 || layout == 1) launch_kv_expand_int8(src, rows * hd, nkv * hd, scale, out, s);
-    else if (layout == 4) {
+    if (layout == 0 || layout == 1) {
+        const int64_t n = rows * hd;
+        k_kv_expand_int8<<<nblk((size_t)n, 256), 256, 0, s>>>(src, n, nkv * hd, scale, out, dpos);
+    } else if (layout == 4) {
         const int n = kv_ec_group(nkv, hd) * hd;
         const int64_t groups = rows * hd / n;
-        k_kv_expand_int8_ec<<<nblk((size_t)groups, 64), 64, 0, s>>>((const uint8_t *)src, groups, n, step, out);
-    } else k_kv_expand_int8_tok<<<nblk((size_t)rows, 4), 128, 0, s>>>(src, rows, hd, step, out);
-    if (layout == 1 || layout == 2 || layout == 4) launch_hadamard(out, rows, hd, s);
+        const int nch = kv_ec_index(n) + 1, R = EC_DEC_T / nch;
+        /* the shared copies fit every n set_kv admits (16 .. HD_MAX, a multiple of 4): an invariant */
+        if (R * (n / 4 + 1) > EC_DEC_IN || R * ec_dec_stride(n, nch) > EC_DEC_OUT) {
+            fprintf(stderr, "qforge: ec-rot rows of %d bytes exceed the decoder's shared memory\n", n);
+            abort();
+        }
+        k_kv_expand_int8_ec<<<nblk((size_t)groups, R), EC_DEC_T, 0, s>>>((const uint8_t *)src, ix, groups, n, step, out,
+                                                                         dpos, nkv * hd / n);
+    } else k_kv_expand_int8_tok<<<nblk((size_t)rows, 4), 128, 0, s>>>(src, rows, hd, step, out, dpos, nkv);
+    if (rot_back && kv_int8_rotated(layout)) launch_hadamard(out, rows, hd, s); /* all n_tok rows, even with dpos */
 }
 
 /* ---- kv-rq rows (format/kv_rq_row.h), decoded as kv_rq.c / kv_rq_klt.c / kv_cache.c do ----

@@ -280,7 +280,7 @@ qf_status op_kv_roundtrip(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_
 qf_status op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, int hd, int layout, const float *scale,
                                const float *inv, int8_t *bytes, float *out, qf_error *err) {
     if (layout < 0 || layout > 4 || hd <= 0 || hd > HD_MAX || dkv % hd || (layout && (hd & (hd - 1)) && layout != 3) ||
-        (layout == 4 && kv_ec_group(dkv / hd, hd) * hd < 16))
+        (layout == 4 && (kv_ec_group(dkv / hd, hd) * hd < 16 || hd % 4)))
         return cu_fail(err, QF_ERR_DEVICE, "CUDA op: int8 layout %d with head_dim %d not supported", layout, hd);
     dallocs a = {};
     const size_t n = (size_t)rows * dkv;
@@ -290,9 +290,11 @@ qf_status op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, int hd, in
           *di = (float *)dup_to(&a, inv, (size_t)dkv * 4), *dout = (float *)dalloc(&a, n * 4),
           *dst = (float *)dup_to(&a, steps, sizeof steps);
     int8_t *c = (int8_t *)dalloc(&a, n);
-    OP_NEED(dx && ds && di && dout && c && dst);
-    launch_kv_int8_write(layout, dx, rows, dkv / hd, hd, di, dst, c, 0);
-    launch_kv_int8_expand(layout, c, rows, dkv / hd, hd, ds, dst, dout, 0);
+    const size_t ipp = layout == 4 ? kv_ec_index_per_pos(dkv / hd, hd) : 0; /* ec-rot's index entries a row */
+    uint16_t *ix = ipp ? (uint16_t *)dalloc(&a, (size_t)rows * ipp * 2) : NULL;
+    OP_NEED(dx && ds && di && dout && c && dst && (ix || !ipp));
+    launch_kv_int8_write(layout, dx, rows, dkv / hd, hd, di, dst, c, ix, 0, NULL, 0);
+    launch_kv_int8_expand(layout, c, ix, rows, dkv / hd, hd, ds, dst, dout, 0, NULL, true);
     if (cudaMemcpy(bytes, c, n, cudaMemcpyDeviceToHost) != cudaSuccess) {
         dfree(&a);
         return cu_fail(err, QF_ERR_DEVICE, "CUDA op: copy failed");
