@@ -988,9 +988,10 @@ static bool gemm_h_ok(const qf_cuda_ctx *g, const dweight *w) {
  * dict rows are OMP-encoded on the device (launch_kv_dict_encode: the host encoder's bytes for
  * the same vectors), or where its scratch does not fit by the host cache's own encoder
  * (g->encode, codes uploaded); then decoded on the device. With --kv-rot the rows are rotated
- * first (src is scratch: rotated in place). in_basis (int8): the rotated layouts' expansion
- * stays as stored (H k, H v; the caller rotates q and the output, int8_in_basis), and dpos
- * (graph replay, one token) is honoured: the row goes to *dpos and [0, *dpos + 1) is expanded.
+ * first (src is scratch: rotated in place). in_basis (int8, decode): the expansion is f16 rows
+ * (*vmode F16), the rotated layouts' as stored (H k, H v; the caller rotates q and the output),
+ * and dpos (graph replay, one token) is honoured: the row goes to *dpos and [0, *dpos + 1) is
+ * expanded.
  * Without it (prefill, the canonical route) rows are rotated back and dpos must be NULL for int8. */
 static qf_status kv_store(qf_cuda_ctx *g, int s, int il, float *src, int n, int pos0, const int *dpos, cudaStream_t S,
                           bool in_basis, const uint8_t **view, qf_kv_mode *vmode, size_t *vrb, qf_error *err) {
@@ -1008,7 +1009,11 @@ static qf_status kv_store(qf_cuda_ctx *g, int s, int il, float *src, int n, int 
                              (int8_t *)(dpos ? C : C + (size_t)pos0 * tok), ix && !dpos ? ix + (size_t)pos0 * ipp : ix, S,
                              dpos, tok);
         launch_kv_int8_expand(g->kv_layout[s], (const int8_t *)C, ix, dpos ? g->n_ctx : pos0 + n, nkv, hd,
-                              g->kv_scale[s] + (size_t)il * dkv, g->tok_step, g->kv_f32[s], S, dpos, !in_basis);
+                              g->kv_scale[s] + (size_t)il * dkv, g->tok_step, g->kv_f32[s], S, dpos, !in_basis, in_basis);
+        if (in_basis) { /* decode: f16 rows in kv_f32's memory, for the vectorized split-K kernel */
+            *view = (const uint8_t *)g->kv_f32[s], *vmode = QF_KV_F16, *vrb = (size_t)hd * 2;
+            return QF_OK;
+        }
     } else if (mode == QF_KV_DICT) {
         const int na = g->kv_na[s];
         if (!g->kv_gram[s] || !launch_kv_dict_encode(src, rows, hd, g->kv_atoms[s] + (size_t)il * na * hd,

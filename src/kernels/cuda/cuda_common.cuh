@@ -624,10 +624,11 @@ void launch_kv_int8_write(int layout, float *src, int64_t n_tok, int nkv, int hd
  * read on the device (n_tok is then the grid's size: n_ctx). rot_back: the rotated layouts'
  * rows are rotated back (H x); without it they stay as stored (H k, H v), and attention runs
  * on H q and rotates its output back (--kv-rot's way: O(1) a step instead of O(positions)).
- * ix (ec-rot): the layer's index, position 0 */
+ * ix (ec-rot): the layer's index, position 0. h16: out holds f16 rows (the __float2half_rn of
+ * each value; not with rot_back), which the vectorized split-K kernel reads */
 void launch_kv_int8_expand(int layout, const int8_t *src, const uint16_t *ix, int64_t n_tok, int nkv, int hd,
                            const float *scale, const float *step, float *out, cudaStream_t s, const int *dpos,
-                           bool rot_back);
+                           bool rot_back, bool h16);
 /* layouts stored Hadamard-rotated (static-rot, token-rot, ec-rot) */
 static inline bool kv_int8_rotated(int layout) { return layout == 1 || layout == 2 || layout == 4; }
 /* kv-dict rows on the device: n rows x[n][hd] OMP-encoded against unit-norm atoms [A][hd] with

@@ -49,10 +49,17 @@ __device__ static inline int64_t kv_expand_lim(int64_t n, const int *dpos, int64
     return dpos ? min(n, ((int64_t)*dpos + 1) * per) : n;
 }
 
-/* Expand elements [0, n) of a layer's int8 cache to f32: q * scale (qf_kv_int8_dequantize). */
-__global__ void k_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *scale, float *out, const int *dpos) {
+/* element i of an expansion: f32, or (h16) its __float2half_rn in out's memory */
+__device__ static inline void kv_put(float *out, int64_t i, float v, bool h16) {
+    if (h16) ((__half *)out)[i] = __float2half_rn(v);
+    else out[i] = v;
+}
+
+/* Expand elements [0, n) of a layer's int8 cache: q * scale (qf_kv_int8_dequantize). */
+__global__ void k_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *scale, float *out, const int *dpos,
+                                 bool h16) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < kv_expand_lim(n, dpos, dkv)) out[i] = KV_MUL((float)src[i], scale[i % dkv]);
+    if (i < kv_expand_lim(n, dpos, dkv)) kv_put(out, i, KV_MUL((float)src[i], scale[i % dkv]), h16);
 }
 
 /* Expand packed kv-dict codes (qf_kv_code_pack layout) to f32 rows, as qf_kv_code_decode:
@@ -404,7 +411,7 @@ __global__ void k_kv_write_int8_tok(const float *src, int64_t rows, int hd, cons
 }
 
 __global__ void k_kv_expand_int8_tok(const int8_t *src, int64_t rows, int hd, const float *step, float *out,
-                                     const int *dpos, int nkv) {
+                                     const int *dpos, int nkv, bool h16) {
     const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (r >= kv_expand_lim(rows, dpos, nkv)) return;
@@ -416,7 +423,7 @@ __global__ void k_kv_expand_int8_tok(const int8_t *src, int64_t rows, int hd, co
     int e = 0;
     for (int g = 0; g < 8; g++) e |= __shfl_sync(0xffffffffu, par, g) << g;
     const float s = step[e];
-    for (int i = lane; i < hd; i += 32) out[r * hd + i] = __fmul_rn((float)src[r * hd + i], s);
+    for (int i = lane; i < hd; i += 32) kv_put(out, r * hd + i, __fmul_rn((float)src[r * hd + i], s), h16);
 }
 
 /* ---- kv-int8 EC_ROT: kv_codes.c's qf_kv_int8_ec_quantize / _dequantize on the device ----
@@ -551,7 +558,7 @@ __host__ __device__ static inline int ec_dec_stride(int n, int nch) {
 }
 __global__ void __launch_bounds__(EC_DEC_T)
     k_kv_expand_int8_ec(const uint8_t *src, const uint16_t *ix, int64_t n_rows, int n, const float *steps, float *out,
-                        const int *dpos, int per) {
+                        const int *dpos, int per, bool h16) {
     __shared__ uint32_t qin[EC_DEC_IN];
     __shared__ float xs[EC_DEC_OUT];
     const int nix = kv_ec_index(n), nch = nix + 1, R = EC_DEC_T / nch, nw = n / 4, WS = nw + 1, S = ec_dec_stride(n, nch);
@@ -617,10 +624,9 @@ __global__ void __launch_bounds__(EC_DEC_T)
         for (; i < i1; i++) x[i + (i >> 5)] = 0;
     }
     __syncthreads();
-    float *o = out + r0 * n;
     for (int k = tid; k < nr * n; k += EC_DEC_T) {
         const int rr = k / n, j = k % n;
-        o[k] = xs[rr * S + j + (j >> 5)];
+        kv_put(out, r0 * n + k, xs[rr * S + j + (j >> 5)], h16);
     }
 }
 
@@ -641,11 +647,11 @@ void launch_kv_int8_write(int layout, float *src, int64_t n_tok, int nkv, int hd
 
 void launch_kv_int8_expand(int layout, const int8_t *src, const uint16_t *ix, int64_t n_tok, int nkv, int hd,
                            const float *scale, const float *step, float *out, cudaStream_t s, const int *dpos,
-                           bool rot_back) {
+                           bool rot_back, bool h16) {
     const int64_t rows = n_tok * nkv;
     if (layout == 0 || layout == 1) {
         const int64_t n = rows * hd;
-        k_kv_expand_int8<<<nblk((size_t)n, 256), 256, 0, s>>>(src, n, nkv * hd, scale, out, dpos);
+        k_kv_expand_int8<<<nblk((size_t)n, 256), 256, 0, s>>>(src, n, nkv * hd, scale, out, dpos, h16);
     } else if (layout == 4) {
         const int n = kv_ec_group(nkv, hd) * hd;
         const int64_t groups = rows * hd / n;
@@ -656,9 +662,9 @@ void launch_kv_int8_expand(int layout, const int8_t *src, const uint16_t *ix, in
             abort();
         }
         k_kv_expand_int8_ec<<<nblk((size_t)groups, R), EC_DEC_T, 0, s>>>((const uint8_t *)src, ix, groups, n, step, out,
-                                                                         dpos, nkv * hd / n);
-    } else k_kv_expand_int8_tok<<<nblk((size_t)rows, 4), 128, 0, s>>>(src, rows, hd, step, out, dpos, nkv);
-    if (rot_back && kv_int8_rotated(layout)) launch_hadamard(out, rows, hd, s); /* all n_tok rows, even with dpos */
+                                                                         dpos, nkv * hd / n, h16);
+    } else k_kv_expand_int8_tok<<<nblk((size_t)rows, 4), 128, 0, s>>>(src, rows, hd, step, out, dpos, nkv, h16);
+    if (rot_back && !h16 && kv_int8_rotated(layout)) launch_hadamard(out, rows, hd, s); /* all n_tok rows, even with dpos */
 }
 
 /* ---- kv-rq rows (format/kv_rq_row.h), decoded as kv_rq.c / kv_rq_klt.c / kv_cache.c do ----
