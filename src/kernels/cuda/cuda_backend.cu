@@ -982,6 +982,40 @@ static bool gemm_h_ok(const qf_cuda_ctx *g, const dweight *w) {
            (w->h16 || w->type == QF_TYPE_F16 || (size_t)w->ne0 * w->ne1 * 2 <= g->wdeq_bytes);
 }
 
+/* stream s's int8 buffers for a write of n tokens from src at pos0 (at *dpos under graph replay:
+ * then dst and ix are the layer's position 0) and the expansion of layer il into kv_f32[s] */
+static kv8_io int8_io(const qf_cuda_ctx *g, int s, int il, const float *src, int pos0, const int *dpos) {
+    const int hd = g->hd, nkv = g->nkv, dkv = nkv * hd;
+    const size_t tok = (size_t)nkv * g->kv_rb[s], ipp = kv_ec_index_per_pos(nkv, hd); /* bytes, index entries a position */
+    uint8_t *C = g->kv[s] + g->kv_layer_bytes[s] * il;
+    uint16_t *ix = g->kv_ecix[s] ? g->kv_ecix[s] + (size_t)il * g->n_ctx * ipp : NULL; /* the layer's, position 0 */
+    kv8_io io = {};
+    io.src = src, io.dst = (int8_t *)(dpos ? C : C + (size_t)pos0 * tok), io.codes = (const int8_t *)C;
+    io.ix = ix && !dpos ? ix + (size_t)pos0 * ipp : ix, io.eix = ix;
+    io.inv = g->kv_inv[s] + (size_t)il * dkv, io.scale = g->kv_scale[s] + (size_t)il * dkv, io.out = g->kv_f32[s];
+    return io;
+}
+
+/* Decode over int8 K and V in one row layout (int8_pair): both streams' writes in one launch and
+ * both expansions (f16 rows, in their stored basis) in another, the rotated layouts' q, K and V
+ * rows rotated first in one more; kv_store's views. */
+static bool int8_pair(const qf_cuda_ctx *g) {
+    return g->kv_mode[0] == QF_KV_INT8 && g->kv_mode[1] == QF_KV_INT8 && g->kv_layout[0] == g->kv_layout[1];
+}
+static void int8_store_pair(qf_cuda_ctx *g, int il, int n, int pos0, const int *dpos, cudaStream_t S,
+                            const uint8_t *view[2], qf_kv_mode vmode[2], size_t vrb[2]) {
+    const int hd = g->hd, nkv = g->nkv, lay = g->kv_layout[0];
+    kv8_io io[2] = {int8_io(g, 0, il, g->k, pos0, dpos), int8_io(g, 1, il, g->v, pos0, dpos)};
+    if (kv_int8_rotated(lay)) {
+        float *x[3] = {g->q, g->k, g->v};
+        const int64_t rows[3] = {(int64_t)n * g->hp.n_head, (int64_t)n * nkv, (int64_t)n * nkv};
+        launch_hadamard_n(x, rows, 3, hd, S);
+    }
+    launch_kv_int8_write(lay, io, 2, n, nkv, hd, g->tok_step, S, dpos, (size_t)nkv * g->kv_rb[0], false);
+    launch_kv_int8_expand(lay, io, 2, dpos ? g->n_ctx : pos0 + n, nkv, hd, g->tok_step, S, dpos, false, true);
+    for (int s = 0; s < 2; s++) view[s] = (const uint8_t *)g->kv_f32[s], vmode[s] = QF_KV_F16, vrb[s] = (size_t)hd * 2;
+}
+
 /* Store n tokens of stream s (src [n][n_head_kv][head_dim] f32 on the device) at pos0 in
  * layer il's cache, and say how attention reads the layer: the cache itself (f32, f16, q8_0,
  * q4_0), or, for int8 and dict, positions [0, pos0 + n) expanded to f32 in g->kv_f32[s].
@@ -996,20 +1030,17 @@ static bool gemm_h_ok(const qf_cuda_ctx *g, const dweight *w) {
 static qf_status kv_store(qf_cuda_ctx *g, int s, int il, float *src, int n, int pos0, const int *dpos, cudaStream_t S,
                           bool in_basis, const uint8_t **view, qf_kv_mode *vmode, size_t *vrb, qf_error *err) {
     qf_status st = QF_OK;
-    const int hd = g->hd, nkv = g->nkv, dkv = nkv * hd;
+    const int hd = g->hd, nkv = g->nkv;
     const qf_kv_mode mode = g->kv_mode[s];
     const size_t rb = g->kv_rb[s];
     uint8_t *C = g->kv[s] + g->kv_layer_bytes[s] * il;
     const int64_t rows = (int64_t)n * nkv, all = (int64_t)(pos0 + n) * nkv;
     *view = C, *vmode = mode, *vrb = rb;
     if (mode == QF_KV_INT8) {
-        const size_t tok = (size_t)nkv * rb, ipp = kv_ec_index_per_pos(nkv, hd); /* bytes, index entries a position */
-        uint16_t *ix = g->kv_ecix[s] ? g->kv_ecix[s] + (size_t)il * g->n_ctx * ipp : NULL; /* the layer's, position 0 */
-        launch_kv_int8_write(g->kv_layout[s], src, n, nkv, hd, g->kv_inv[s] + (size_t)il * dkv, g->tok_step,
-                             (int8_t *)(dpos ? C : C + (size_t)pos0 * tok), ix && !dpos ? ix + (size_t)pos0 * ipp : ix, S,
-                             dpos, tok);
-        launch_kv_int8_expand(g->kv_layout[s], (const int8_t *)C, ix, dpos ? g->n_ctx : pos0 + n, nkv, hd,
-                              g->kv_scale[s] + (size_t)il * dkv, g->tok_step, g->kv_f32[s], S, dpos, !in_basis, in_basis);
+        const kv8_io io = int8_io(g, s, il, src, pos0, dpos);
+        launch_kv_int8_write(g->kv_layout[s], &io, 1, n, nkv, hd, g->tok_step, S, dpos, (size_t)nkv * rb, true);
+        launch_kv_int8_expand(g->kv_layout[s], &io, 1, dpos ? g->n_ctx : pos0 + n, nkv, hd, g->tok_step, S, dpos,
+                              !in_basis, in_basis);
         if (in_basis) { /* decode: f16 rows in kv_f32's memory, for the vectorized split-K kernel */
             *view = (const uint8_t *)g->kv_f32[s], *vmode = QF_KV_F16, *vrb = (size_t)hd * 2;
             return QF_OK;
@@ -1467,6 +1498,7 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             const bool i8b = dec && g->part && !fam;
             const bool i8k = i8b && g->kv_mode[0] == QF_KV_INT8 && kv_int8_rotated(g->kv_layout[0]);
             const bool i8v = i8b && g->kv_mode[1] == QF_KV_INT8 && kv_int8_rotated(g->kv_layout[1]);
+            bool qrot = false; /* q already rotated (int8_store_pair) */
             if (plain) { /* K and V rows in one launch */
                 uint8_t *dst[2];
                 const float *src[2] = {g->k, g->v};
@@ -1479,6 +1511,9 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                 }
                 if (g->kv_rot) launch_hadamard(g->k, (int64_t)n * nkv, hd, S), launch_hadamard(g->v, (int64_t)n * nkv, hd, S);
                 launch_kv_write2(km, src, (int64_t)n * nkv, hd, krb, dst, S, dpos, stride);
+            } else if (i8b && int8_pair(g)) {
+                int8_store_pair(g, il, n, pos0, dpos, S, kvp, km, krb);
+                qrot = i8k; /* q rotated with K and V */
             } else
                 for (int s = 0; s < 2; s++)
                     if (kv16 || dkv16) /* already written by the split */
@@ -1495,7 +1530,7 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             att16 = fl && pre16 && !want_act && !g->kv_rot && gemm_h_ok(g, &L->wo);
             /* --kv-rot: the cache holds H k and H v, so attention runs on H q and its output,
              * H (sum p v), is rotated back */
-            if (g->kv_rot || i8k) launch_hadamard(g->q, (int64_t)n * hp->n_head, hd, S);
+            if (g->kv_rot || (i8k && !qrot)) launch_hadamard(g->q, (int64_t)n * hp->n_head, hd, S);
             if (dec && g->part && !fam) { /* decode: split-K over the cache */
                 attn_fuse fx = {};
                 if (fold_split)

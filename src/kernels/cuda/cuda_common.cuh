@@ -585,6 +585,8 @@ void launch_scatter_add(float *acc, const float *y, const int *rows, const float
 void launch_sigmoid_gate_add(float *acc, const float *y, const float *gl, int n, int d, cudaStream_t s);
 /* x[rows][n] <- H_n x / sqrt(n) per row, in place (the butterfly of hadamard.c, bit-exact) */
 void launch_hadamard(float *x, int64_t rows, int n, cudaStream_t s);
+/* the same for cnt <= 3 arrays x[i] of rows[i] rows each, in one launch */
+void launch_hadamard_n(float *const *x, const int64_t *rows, int cnt, int n, cudaStream_t s);
 
 /* ---- cuda_kv.cu: KV cache writes and reads ---- */
 /* dpos set (CUDA graph replay): dst += *dpos * pos_stride bytes, read on the device */
@@ -615,20 +617,43 @@ static inline size_t kv_ec_index_per_pos(int nkv, int hd) {
     const int n = kv_ec_group(nkv, hd) * hd;
     return (size_t)(nkv * hd / n) * kv_ec_index(n);
 }
+/* One stream's buffers of an int8 write or expansion; the launchers below take ns = 1 or 2 of
+ * them (K and V) in one launch each (blockIdx.y picks the stream; the same layout for both). */
+typedef struct {
+    const float *src;   /* write: [n_tok][nkv][hd] f32 (rotated in place first for the rot layouts) */
+    int8_t *dst;        /* write: the token's row (with dpos: the layer's row 0, see below) */
+    uint16_t *ix;       /* write: ec-rot's index at dst's position */
+    const float *inv;   /* static layouts: the layer's [nkv * hd] reciprocal scales (write) */
+    const float *scale; /* static layouts: the layer's [nkv * hd] scales (expansion) */
+    const int8_t *codes; /* expansion: the layer's rows, position 0 */
+    const uint16_t *eix; /* expansion: ec-rot's index of the layer, position 0 */
+    float *out;         /* expansion: [n_tok][nkv][hd] f32, or f16 rows in its memory (h16) */
+} kv8_io;
+typedef struct {
+    kv8_io s[2];
+} kv8_pair;
+/* the stream blockIdx.y picks, field by field (an indexed parameter would go through a stack copy) */
+__device__ static inline kv8_io kv8_pick(const kv8_pair &p) {
+    const bool b = blockIdx.y != 0;
+    kv8_io a;
+    a.src = b ? p.s[1].src : p.s[0].src, a.dst = b ? p.s[1].dst : p.s[0].dst, a.ix = b ? p.s[1].ix : p.s[0].ix;
+    a.inv = b ? p.s[1].inv : p.s[0].inv, a.scale = b ? p.s[1].scale : p.s[0].scale;
+    a.codes = b ? p.s[1].codes : p.s[0].codes, a.eix = b ? p.s[1].eix : p.s[0].eix, a.out = b ? p.s[1].out : p.s[0].out;
+    return a;
+}
 /* dpos (graph replay, one token): dst is the layer's row 0 and the token goes to row *dpos, read
- * on the device (pos_stride bytes a token); NULL: dst is the token's own row. ix (ec-rot): the
- * index of dst's position, at the same position as dst */
-void launch_kv_int8_write(int layout, float *src, int64_t n_tok, int nkv, int hd, const float *inv, const float *step,
-                          int8_t *dst, uint16_t *ix, cudaStream_t s, const int *dpos, size_t pos_stride);
-/* positions [0, n_tok) to f32; with dpos (graph replay, one token) only [0, *dpos + 1) of them,
+ * on the device (pos_stride bytes a token; ix moves with it); NULL: dst is the token's own row.
+ * rotate: the rot layouts' src rows are Hadamard-rotated in place first (false: the caller did) */
+void launch_kv_int8_write(int layout, const kv8_io *io, int ns, int64_t n_tok, int nkv, int hd, const float *step,
+                          cudaStream_t s, const int *dpos, size_t pos_stride, bool rotate);
+/* positions [0, n_tok) expanded; with dpos (graph replay, one token) only [0, *dpos + 1) of them,
  * read on the device (n_tok is then the grid's size: n_ctx). rot_back: the rotated layouts'
  * rows are rotated back (H x); without it they stay as stored (H k, H v), and attention runs
  * on H q and rotates its output back (--kv-rot's way: O(1) a step instead of O(positions)).
- * ix (ec-rot): the layer's index, position 0. h16: out holds f16 rows (the __float2half_rn of
- * each value; not with rot_back), which the vectorized split-K kernel reads */
-void launch_kv_int8_expand(int layout, const int8_t *src, const uint16_t *ix, int64_t n_tok, int nkv, int hd,
-                           const float *scale, const float *step, float *out, cudaStream_t s, const int *dpos,
-                           bool rot_back, bool h16);
+ * h16: out holds f16 rows (the __float2half_rn of each value; not with rot_back), which the
+ * vectorized split-K kernel reads */
+void launch_kv_int8_expand(int layout, const kv8_io *io, int ns, int64_t n_tok, int nkv, int hd, const float *step,
+                           cudaStream_t s, const int *dpos, bool rot_back, bool h16);
 /* layouts stored Hadamard-rotated (static-rot, token-rot, ec-rot) */
 static inline bool kv_int8_rotated(int layout) { return layout == 1 || layout == 2 || layout == 4; }
 /* kv-dict rows on the device: n rows x[n][hd] OMP-encoded against unit-norm atoms [A][hd] with

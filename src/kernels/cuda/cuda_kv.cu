@@ -34,10 +34,12 @@ __global__ void k_kv_write(int mode, const float *src, int64_t n_rows, int hd, s
 /* kv-int8: one signed byte per element with the static per-channel scales of a kv-int8
  * artifact, as qf_kv_int8_quantize: clamp(x * inv_scale, -127, 127), rounded half away from
  * zero by truncating v +- 0.5. src is [n_tok][dkv], inv [dkv] (this layer's). */
-__global__ void k_kv_write_int8(const float *src, int64_t n, int dkv, const float *inv, int8_t *dst, const int *dpos,
-                                size_t pos_stride) {
+__global__ void k_kv_write_int8(kv8_pair p, int64_t n, int dkv, const int *dpos, size_t pos_stride) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
+    const kv8_io a = kv8_pick(p);
+    const float *src = a.src, *inv = a.inv;
+    int8_t *dst = a.dst;
     if (dpos) dst += (size_t)*dpos * pos_stride;
     const float v = fminf(fmaxf(KV_MUL(src[i], inv[i % dkv]), -127.0f), 127.0f);
     dst[i] = (int8_t)(int)KV_ADD(v, v >= 0 ? 0.5f : -0.5f);
@@ -56,9 +58,12 @@ __device__ static inline void kv_put(float *out, int64_t i, float v, bool h16) {
 }
 
 /* Expand elements [0, n) of a layer's int8 cache: q * scale (qf_kv_int8_dequantize). */
-__global__ void k_kv_expand_int8(const int8_t *src, int64_t n, int dkv, const float *scale, float *out, const int *dpos,
-                                 bool h16) {
+__global__ void k_kv_expand_int8(kv8_pair p, int64_t n, int dkv, const int *dpos, bool h16) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const kv8_io a = kv8_pick(p);
+    const int8_t *src = a.codes;
+    const float *scale = a.scale;
+    float *out = a.out;
     if (i < kv_expand_lim(n, dpos, dkv)) kv_put(out, i, KV_MUL((float)src[i], scale[i % dkv]), h16);
 }
 
@@ -385,11 +390,14 @@ __device__ static double tok_encode_warp(const float *xr, int hd, int e, const f
     return err;
 }
 
-__global__ void k_kv_write_int8_tok(const float *src, int64_t rows, int hd, const float *step, int8_t *dst,
-                                    const int *dpos, size_t pos_stride) {
+__global__ void k_kv_write_int8_tok(kv8_pair p, int64_t rows, int hd, const float *step, const int *dpos,
+                                    size_t pos_stride) {
     const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (r >= rows) return;
+    const kv8_io a = kv8_pick(p);
+    const float *src = a.src;
+    int8_t *dst = a.dst;
     if (dpos) dst += (size_t)*dpos * pos_stride;
     const float *xr = src + r * hd;
     float amax = 0.0f;
@@ -410,11 +418,14 @@ __global__ void k_kv_write_int8_tok(const float *src, int64_t rows, int hd, cons
         if (lane + 32 * j < hd) dst[r * hd + lane + 32 * j] = q[j];
 }
 
-__global__ void k_kv_expand_int8_tok(const int8_t *src, int64_t rows, int hd, const float *step, float *out,
-                                     const int *dpos, int nkv, bool h16) {
+__global__ void k_kv_expand_int8_tok(kv8_pair p, int64_t rows, int hd, const float *step, const int *dpos, int nkv,
+                                     bool h16) {
     const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (r >= kv_expand_lim(rows, dpos, nkv)) return;
+    const kv8_io a = kv8_pick(p);
+    const int8_t *src = a.codes;
+    float *out = a.out;
     int par = 0;
     for (int i = lane; i < hd; i += 32) par ^= ((uint8_t)src[r * hd + i] & 1);
     par ^= __shfl_xor_sync(0xffffffffu, par, 8);
@@ -478,12 +489,16 @@ __device__ static inline void ec_or_bits(uint32_t *w, int pos, uint32_t v, int n
 }
 
 __global__ void __launch_bounds__(EC_WARPS * 32)
-    k_kv_write_int8_ec(const float *src, int64_t n_rows, int n, const float *steps, uint8_t *dst, uint16_t *ix,
-                       const int *dpos, size_t pos_stride, size_t ix_stride) {
+    k_kv_write_int8_ec(kv8_pair p, int64_t n_rows, int n, const float *steps, const int *dpos, size_t pos_stride,
+                       size_t ix_stride) {
     __shared__ uint32_t rw[EC_WARPS][HD_MAX / 4 + 1]; /* a row of n <= HD_MAX bytes (kv_ec_group), zeroed past it */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t r = (int64_t)blockIdx.x * EC_WARPS + warp;
     if (r >= n_rows) return; /* the whole warp */
+    const kv8_io a = kv8_pick(p);
+    const float *src = a.src;
+    uint8_t *dst = (uint8_t *)a.dst;
+    uint16_t *ix = a.ix;
     if (dpos) dst += (size_t)*dpos * pos_stride;
     if (dpos && ix) ix += (size_t)*dpos * ix_stride;
     const float *x = src + r * n;
@@ -557,13 +572,16 @@ __host__ __device__ static inline int ec_dec_stride(int n, int nch) {
     return nch > 1 ? s : (s | 1);
 }
 __global__ void __launch_bounds__(EC_DEC_T)
-    k_kv_expand_int8_ec(const uint8_t *src, const uint16_t *ix, int64_t n_rows, int n, const float *steps, float *out,
-                        const int *dpos, int per, bool h16) {
+    k_kv_expand_int8_ec(kv8_pair p, int64_t n_rows, int n, const float *steps, const int *dpos, int per, bool h16) {
     __shared__ uint32_t qin[EC_DEC_IN];
     __shared__ float xs[EC_DEC_OUT];
     const int nix = kv_ec_index(n), nch = nix + 1, R = EC_DEC_T / nch, nw = n / 4, WS = nw + 1, S = ec_dec_stride(n, nch);
     const int64_t lim = kv_expand_lim(n_rows, dpos, per), r0 = (int64_t)blockIdx.x * R;
     if (r0 >= lim) return; /* the whole block */
+    const kv8_io a = kv8_pick(p);
+    const uint8_t *src = (const uint8_t *)a.codes;
+    const uint16_t *ix = a.eix;
+    float *out = a.out;
     const int nr = (int)min((int64_t)R, lim - r0), tid = threadIdx.x;
     const uint32_t *g = (const uint32_t *)(src + r0 * n); /* n % 4 == 0, rows 4-byte aligned (set_kv) */
     for (int w = tid; w < nr * nw; w += EC_DEC_T) qin[(w / nw) * WS + w % nw] = __ldg(g + w);
@@ -630,28 +648,34 @@ __global__ void __launch_bounds__(EC_DEC_T)
     }
 }
 
-void launch_kv_int8_write(int layout, float *src, int64_t n_tok, int nkv, int hd, const float *inv, const float *step,
-                          int8_t *dst, uint16_t *ix, cudaStream_t s, const int *dpos, size_t pos_stride) {
+void launch_kv_int8_write(int layout, const kv8_io *io, int ns, int64_t n_tok, int nkv, int hd, const float *step,
+                          cudaStream_t s, const int *dpos, size_t pos_stride, bool rotate) {
     const int64_t rows = n_tok * nkv;
-    if (kv_int8_rotated(layout)) launch_hadamard(src, rows, hd, s);
+    kv8_pair p = {};
+    float *rx[2];
+    int64_t rr[2];
+    for (int k = 0; k < ns; k++) p.s[k] = io[k], rx[k] = const_cast<float *>(io[k].src), rr[k] = rows;
+    if (rotate && kv_int8_rotated(layout)) launch_hadamard_n(rx, rr, ns, hd, s);
     if (layout == 0 || layout == 1) {
         const int64_t n = rows * hd;
-        k_kv_write_int8<<<nblk((size_t)n, 256), 256, 0, s>>>(src, n, nkv * hd, inv, dst, dpos, pos_stride);
+        k_kv_write_int8<<<dim3(nblk((size_t)n, 256), ns), 256, 0, s>>>(p, n, nkv * hd, dpos, pos_stride);
     } else if (layout == 4) {
         const int n = kv_ec_group(nkv, hd) * hd;
         const int64_t groups = rows * hd / n;
-        k_kv_write_int8_ec<<<nblk((size_t)groups, EC_WARPS), EC_WARPS * 32, 0, s>>>(
-            src, groups, n, step, (uint8_t *)dst, ix, dpos, pos_stride, kv_ec_index_per_pos(nkv, hd));
-    } else k_kv_write_int8_tok<<<nblk((size_t)rows, 4), 128, 0, s>>>(src, rows, hd, step, dst, dpos, pos_stride);
+        k_kv_write_int8_ec<<<dim3(nblk((size_t)groups, EC_WARPS), ns), EC_WARPS * 32, 0, s>>>(
+            p, groups, n, step, dpos, pos_stride, kv_ec_index_per_pos(nkv, hd));
+    } else
+        k_kv_write_int8_tok<<<dim3(nblk((size_t)rows, 4), ns), 128, 0, s>>>(p, rows, hd, step, dpos, pos_stride);
 }
 
-void launch_kv_int8_expand(int layout, const int8_t *src, const uint16_t *ix, int64_t n_tok, int nkv, int hd,
-                           const float *scale, const float *step, float *out, cudaStream_t s, const int *dpos,
-                           bool rot_back, bool h16) {
+void launch_kv_int8_expand(int layout, const kv8_io *io, int ns, int64_t n_tok, int nkv, int hd, const float *step,
+                           cudaStream_t s, const int *dpos, bool rot_back, bool h16) {
     const int64_t rows = n_tok * nkv;
+    kv8_pair p = {};
+    for (int k = 0; k < ns; k++) p.s[k] = io[k];
     if (layout == 0 || layout == 1) {
         const int64_t n = rows * hd;
-        k_kv_expand_int8<<<nblk((size_t)n, 256), 256, 0, s>>>(src, n, nkv * hd, scale, out, dpos, h16);
+        k_kv_expand_int8<<<dim3(nblk((size_t)n, 256), ns), 256, 0, s>>>(p, n, nkv * hd, dpos, h16);
     } else if (layout == 4) {
         const int n = kv_ec_group(nkv, hd) * hd;
         const int64_t groups = rows * hd / n;
@@ -661,10 +685,16 @@ void launch_kv_int8_expand(int layout, const int8_t *src, const uint16_t *ix, in
             fprintf(stderr, "qforge: ec-rot rows of %d bytes exceed the decoder's shared memory\n", n);
             abort();
         }
-        k_kv_expand_int8_ec<<<nblk((size_t)groups, R), EC_DEC_T, 0, s>>>((const uint8_t *)src, ix, groups, n, step, out,
-                                                                         dpos, nkv * hd / n, h16);
-    } else k_kv_expand_int8_tok<<<nblk((size_t)rows, 4), 128, 0, s>>>(src, rows, hd, step, out, dpos, nkv, h16);
-    if (rot_back && !h16 && kv_int8_rotated(layout)) launch_hadamard(out, rows, hd, s); /* all n_tok rows, even with dpos */
+        k_kv_expand_int8_ec<<<dim3(nblk((size_t)groups, R), ns), EC_DEC_T, 0, s>>>(p, groups, n, step, dpos, nkv * hd / n,
+                                                                                  h16);
+    } else
+        k_kv_expand_int8_tok<<<dim3(nblk((size_t)rows, 4), ns), 128, 0, s>>>(p, rows, hd, step, dpos, nkv, h16);
+    if (rot_back && !h16 && kv_int8_rotated(layout)) { /* all n_tok rows, even with dpos */
+        float *rx[2];
+        int64_t rr[2];
+        for (int k = 0; k < ns; k++) rx[k] = io[k].out, rr[k] = rows;
+        launch_hadamard_n(rx, rr, ns, hd, s);
+    }
 }
 
 /* ---- kv-rq rows (format/kv_rq_row.h), decoded as kv_rq.c / kv_rq_klt.c / kv_cache.c do ----

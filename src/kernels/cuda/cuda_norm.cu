@@ -247,14 +247,20 @@ void launch_qkv_split(const float *qkv, int kind, int n, int nh, int nkv, int hd
  * a - b), then x *= scale, the host's 1 / sqrtf(n). Each element sees the same f32 operations
  * as on the CPU (no product to contract into an FMA), so the result is bit-identical. */
 #define HAD_WARPS 4
-__global__ void __launch_bounds__(HAD_WARPS * 32) k_hadamard(float *x, int64_t rows, int n, float scale) {
+/* up to 3 arrays in one launch (blockIdx.y picks one) */
+typedef struct {
+    float *x[3];
+    int64_t rows[3];
+} had_set;
+__global__ void __launch_bounds__(HAD_WARPS * 32) k_hadamard(had_set hs, int n, float scale) {
     pdl_trigger();
     pdl_wait();
     __shared__ float sm[HAD_WARPS][HD_MAX];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t r = (int64_t)blockIdx.x * HAD_WARPS + warp;
-    if (r >= rows) return;
-    float *v = sm[warp], *g = x + r * n;
+    const int y = blockIdx.y; /* picked by selects: an indexed parameter would go through a stack copy */
+    if (r >= (y == 0 ? hs.rows[0] : y == 1 ? hs.rows[1] : hs.rows[2])) return;
+    float *v = sm[warp], *g = (y == 0 ? hs.x[0] : y == 1 ? hs.x[1] : hs.x[2]) + r * n;
     for (int i = lane; i < n; i += 32) v[i] = g[i];
     __syncwarp();
     for (int len = 1; len < n; len <<= 1) {
@@ -269,11 +275,17 @@ __global__ void __launch_bounds__(HAD_WARPS * 32) k_hadamard(float *x, int64_t r
     for (int i = lane; i < n; i += 32) g[i] = v[i] * scale;
 }
 
-void launch_hadamard(float *x, int64_t rows, int n, cudaStream_t s) {
-    if (rows <= 0) return;
+void launch_hadamard_n(float *const *x, const int64_t *rows, int cnt, int n, cudaStream_t s) {
+    had_set hs = {};
+    int64_t most = 0;
+    int k = 0;
+    for (int i = 0; i < cnt; i++)
+        if (rows[i] > 0) hs.x[k] = x[i], hs.rows[k] = rows[i], most = rows[i] > most ? rows[i] : most, k++;
+    if (!k) return;
     const float scale = 1.0f / sqrtf((float)n); /* on the host, as hadamard.c computes it */
-    cu_launch(k_hadamard, dim3(nblk((size_t)rows, HAD_WARPS)), dim3(HAD_WARPS * 32), 0, s, x, rows, n, scale);
+    cu_launch(k_hadamard, dim3(nblk((size_t)most, HAD_WARPS), (unsigned)k), dim3(HAD_WARPS * 32), 0, s, hs, n, scale);
 }
+void launch_hadamard(float *x, int64_t rows, int n, cudaStream_t s) { launch_hadamard_n(&x, &rows, 1, n, s); }
 
 /* ---- the family features (docs/families.md): the elementwise formulas of forward.c ---- */
 

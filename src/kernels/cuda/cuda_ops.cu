@@ -293,8 +293,10 @@ qf_status op_kv_int8_roundtrip(const float *x, int64_t rows, int dkv, int hd, in
     const size_t ipp = layout == 4 ? kv_ec_index_per_pos(dkv / hd, hd) : 0; /* ec-rot's index entries a row */
     uint16_t *ix = ipp ? (uint16_t *)dalloc(&a, (size_t)rows * ipp * 2) : NULL;
     OP_NEED(dx && ds && di && dout && c && dst && (ix || !ipp));
-    launch_kv_int8_write(layout, dx, rows, dkv / hd, hd, di, dst, c, ix, 0, NULL, 0);
-    launch_kv_int8_expand(layout, c, ix, rows, dkv / hd, hd, ds, dst, dout, 0, NULL, true, false);
+    kv8_io io = {};
+    io.src = dx, io.dst = c, io.ix = ix, io.eix = ix, io.inv = di, io.scale = ds, io.codes = c, io.out = dout;
+    launch_kv_int8_write(layout, &io, 1, rows, dkv / hd, hd, dst, 0, NULL, 0, true);
+    launch_kv_int8_expand(layout, &io, 1, rows, dkv / hd, hd, dst, 0, NULL, true, false);
     if (cudaMemcpy(bytes, c, n, cudaMemcpyDeviceToHost) != cudaSuccess) {
         dfree(&a);
         return cu_fail(err, QF_ERR_DEVICE, "CUDA op: copy failed");
