@@ -565,17 +565,22 @@ __global__ void __launch_bounds__(EC_WARPS * 32)
  * but for a code longer than it holds (25 ones or more: read field by field). An element that would end past the row, and the rest of its
  * chunk, is 0 (rows the encoder wrote never do). */
 #define EC_DEC_T 128
-#define EC_DEC_IN 2048  /* words: the most R (n / 4 + 1) of any n = 16 .. HD_MAX, n % 4 == 0 (n = 60: 128 x 16) */
-#define EC_DEC_OUT 8064 /* floats: the most R S (n = 60: 128 x 63) */
+/* dynamic shared memory: the R rows' words (stride n / 4 + 1), then their floats (stride S);
+ * at most 40.3 KB (n = 60: 128 rows), 21 KB for 256-element rows */
+__host__ __device__ static inline int ec_dec_stride(int n, int nch);
+static size_t ec_dec_smem(int n) {
+    const int nch = kv_ec_index(n) + 1, R = EC_DEC_T / nch;
+    return (size_t)R * (n / 4 + 1) * 4 + (size_t)R * ec_dec_stride(n, nch) * 4;
+}
 __host__ __device__ static inline int ec_dec_stride(int n, int nch) {
     const int s = n + (n + 31) / 32;
     return nch > 1 ? s : (s | 1);
 }
 __global__ void __launch_bounds__(EC_DEC_T)
     k_kv_expand_int8_ec(kv8_pair p, int64_t n_rows, int n, const float *steps, const int *dpos, int per, bool h16) {
-    __shared__ uint32_t qin[EC_DEC_IN];
-    __shared__ float xs[EC_DEC_OUT];
+    extern __shared__ uint32_t qin[]; /* R rows of WS words, then xs */
     const int nix = kv_ec_index(n), nch = nix + 1, R = EC_DEC_T / nch, nw = n / 4, WS = nw + 1, S = ec_dec_stride(n, nch);
+    float *xs = (float *)(qin + R * WS); /* R rows of S floats */
     const int64_t lim = kv_expand_lim(n_rows, dpos, per), r0 = (int64_t)blockIdx.x * R;
     if (r0 >= lim) return; /* the whole block */
     const kv8_io a = kv8_pick(p);
@@ -680,13 +685,14 @@ void launch_kv_int8_expand(int layout, const kv8_io *io, int ns, int64_t n_tok, 
         const int n = kv_ec_group(nkv, hd) * hd;
         const int64_t groups = rows * hd / n;
         const int nch = kv_ec_index(n) + 1, R = EC_DEC_T / nch;
-        /* the shared copies fit every n set_kv admits (16 .. HD_MAX, a multiple of 4): an invariant */
-        if (R * (n / 4 + 1) > EC_DEC_IN || R * ec_dec_stride(n, nch) > EC_DEC_OUT) {
+        /* every n set_kv admits (16 .. HD_MAX, a multiple of 4) fits the default 48 KB: an invariant */
+        const size_t smem = ec_dec_smem(n);
+        if (smem > 48 * 1024) {
             fprintf(stderr, "qforge: ec-rot rows of %d bytes exceed the decoder's shared memory\n", n);
             abort();
         }
-        k_kv_expand_int8_ec<<<dim3(nblk((size_t)groups, R), ns), EC_DEC_T, 0, s>>>(p, groups, n, step, dpos, nkv * hd / n,
-                                                                                  h16);
+        k_kv_expand_int8_ec<<<dim3(nblk((size_t)groups, R), ns), EC_DEC_T, smem, s>>>(p, groups, n, step, dpos,
+                                                                                     nkv * hd / n, h16);
     } else
         k_kv_expand_int8_tok<<<dim3(nblk((size_t)rows, 4), ns), 128, 0, s>>>(p, rows, hd, step, dpos, nkv, h16);
     if (rot_back && !h16 && kv_int8_rotated(layout)) { /* all n_tok rows, even with dpos */
