@@ -1122,6 +1122,42 @@ static bool decode_steps(qf_model *m, qf_device dev, bool reference, bool no_gra
     return decode_steps_lay(m, dev, reference, no_graph, kv, rot, NULL, NULL, toks, n0, n1, logits);
 }
 
+/* a decode-graph test's model (NULL, said, when its file is missing or does not load) and its
+ * tokens: toks[0, n) drawn from the upper half of the vocabulary */
+static qf_model *graph_model(const char *rel, int32_t *toks, int n) {
+    const char *path = model_path(rel);
+    if (!path) {
+        printf("  decode graph: %s not found, skipped\n", rel);
+        return NULL;
+    }
+    qf_error err = {0};
+    qf_model *m = qf_model_load(path, &err);
+    CHECK_MSG(m, "%s", err.msg);
+    const int nv = m ? qf_model_hparams(m)->n_vocab : 0;
+    for (int i = 0; m && i < n; i++) toks[i] = (int32_t)((frand() * 0.5f + 0.5f) * (nv - 1));
+    return m;
+}
+
+/* one decode-graph case: the graph's logits lg against the plain launches' lp (diff: how many
+ * differ), lg and the CPU's fast route lf against the CPU reference lc (nmse e, fe), and lg's
+ * top-1 against lc's (near: counting near-ties, top1_near); n1 rows of nv */
+typedef struct {
+    size_t diff;
+    double e, fe;
+    int agree, near;
+} graph_cmp;
+static graph_cmp graph_compare(const float *lg, const float *lp, const float *lc, const float *lf, int n1, int nv) {
+    const size_t nl = (size_t)n1 * nv;
+    graph_cmp r = {0};
+    for (size_t i = 0; i < nl; i++) r.diff += memcmp(lg + i, lp + i, 4) != 0;
+    r.e = nmse(lg, lc, nl), r.fe = nmse(lf, lc, nl);
+    for (int t = 0; t < n1; t++) {
+        r.agree += argmax(lg + (size_t)t * nv, nv) == argmax(lc + (size_t)t * nv, nv);
+        r.near += top1_near(lg + (size_t)t * nv, lc + (size_t)t * nv, nv);
+    }
+    return r;
+}
+
 TEST(e2e_decode_graph) {
     NEED_GPU();
     /* the q4_0 copy (qforge quantize; gpu_device_bundle.sh makes it): its ffn_down rows (1024
@@ -1135,19 +1171,12 @@ TEST(e2e_decode_graph) {
                             "models/qforge-demo-11m-q4_0.gguf", "models/test-d2048-q4_0.gguf",
                             "models/test-d2048-q8_0.gguf", "models/test-d2048-q6_k.gguf"};
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
-        const char *path = model_path(models[mi]);
-        if (!path) {
-            printf("  decode graph: %s not found, skipped\n", models[mi]);
-            continue;
-        }
-        qf_error err = {0};
-        qf_model *m = qf_model_load(path, &err);
-        CHECK_MSG(m, "%s", err.msg);
+        const int n0 = 9, n1 = 40; /* positions 9..48: split-K ranges of 16 keys, 1 to 4 */
+        int32_t toks[49];
+        qf_model *m = graph_model(models[mi], toks, n0 + n1);
         if (!m) continue;
         const qf_hparams *hp = qf_model_hparams(m);
-        const int n0 = 9, n1 = 40, nv = hp->n_vocab; /* positions 9..48: split-K ranges of 16 keys, 1 to 4 */
-        int32_t toks[49];
-        for (int i = 0; i < n0 + n1; i++) toks[i] = (int32_t)((frand() * 0.5f + 0.5f) * (nv - 1));
+        const int nv = hp->n_vocab;
         float *lg = malloc((size_t)n1 * nv * 4), *lp = malloc((size_t)n1 * nv * 4), *lc = malloc((size_t)n1 * nv * 4),
               *lf = malloc((size_t)n1 * nv * 4);
         const qf_kv_mode kvs[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_F32};
@@ -1163,14 +1192,10 @@ TEST(e2e_decode_graph) {
                       decode_steps(m, QF_DEVICE_CPU, false, true, kvs[k], rot, toks, n0, n1, lf);
             if (!ok) break;
             const size_t nl = (size_t)n1 * nv;
-            size_t diff = 0;
-            for (size_t i = 0; i < nl; i++) diff += memcmp(lg + i, lp + i, 4) != 0;
-            double e = nmse(lg, lc, nl), fe = nmse(lf, lc, nl); /* fe: the CPU's fast route, as in e2e_model */
-            int agree = 0, near = 0;
-            for (int t = 0; t < n1; t++) {
-                agree += argmax(lg + (size_t)t * nv, nv) == argmax(lc + (size_t)t * nv, nv);
-                near += top1_near(lg + (size_t)t * nv, lc + (size_t)t * nv, nv);
-            }
+            const graph_cmp r = graph_compare(lg, lp, lc, lf, n1, nv); /* fe: the CPU's fast route, as in e2e_model */
+            const size_t diff = r.diff;
+            const double e = r.e, fe = r.fe;
+            const int agree = r.agree, near = r.near;
             printf("  decode graph %-30s kv %-4s%s: %zu of %zu logits differ from plain launches; nmse %.3g against the "
                    "CPU reference (the CPU's fast route: %.3g), top-1 %d/%d (%d/%d with near-ties)\n",
                    models[mi] + 7, qf_kv_mode_name(kvs[k]), rot ? " +rot" : "", diff, nl, e, fe, agree, n1, near, n1);
@@ -1200,19 +1225,11 @@ TEST(e2e_decode_graph_int8) {
     const char *models[] = {"models/qforge-demo-11m-f16.gguf", "models/qforge-demo-11m-q4_0.gguf"};
     const char *lays[][2] = {{"ec-rot", "ec-rot"}, {"token-rot", "token"}, {"static", "static-rot"}};
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
-        const char *path = model_path(models[mi]);
-        if (!path) {
-            printf("  decode graph int8: %s not found, skipped\n", models[mi]);
-            continue;
-        }
-        qf_error err = {0};
-        qf_model *m = qf_model_load(path, &err);
-        CHECK_MSG(m, "%s", err.msg);
-        if (!m) continue;
-        const qf_hparams *hp = qf_model_hparams(m);
-        const int n0 = 9, n1 = 40, nv = hp->n_vocab;
+        const int n0 = 9, n1 = 40;
         int32_t toks[49];
-        for (int i = 0; i < n0 + n1; i++) toks[i] = (int32_t)((frand() * 0.5f + 0.5f) * (nv - 1));
+        qf_model *m = graph_model(models[mi], toks, n0 + n1);
+        if (!m) continue;
+        const int nv = qf_model_hparams(m)->n_vocab;
         const size_t nl = (size_t)n1 * nv;
         float *lg = malloc(nl * 4), *lp = malloc(nl * 4), *lc = malloc(nl * 4), *lf = malloc(nl * 4);
         for (size_t k = 0; lg && lp && lc && lf && k < sizeof lays / sizeof lays[0]; k++) {
@@ -1223,14 +1240,10 @@ TEST(e2e_decode_graph_int8) {
                  decode_steps_lay(m, QF_DEVICE_CPU, true, true, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lc) &&
                  decode_steps_lay(m, QF_DEVICE_CPU, false, true, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lf);
             if (!ok) break;
-            size_t diff = 0;
-            for (size_t i = 0; i < nl; i++) diff += memcmp(lg + i, lp + i, 4) != 0;
-            const double e = nmse(lg, lc, nl), fe = nmse(lf, lc, nl);
-            int agree = 0, near = 0;
-            for (int t = 0; t < n1; t++) {
-                agree += argmax(lg + (size_t)t * nv, nv) == argmax(lc + (size_t)t * nv, nv);
-                near += top1_near(lg + (size_t)t * nv, lc + (size_t)t * nv, nv);
-            }
+            const graph_cmp r = graph_compare(lg, lp, lc, lf, n1, nv);
+            const size_t diff = r.diff;
+            const double e = r.e, fe = r.fe;
+            const int agree = r.agree, near = r.near;
             printf("  decode graph %-24s int8 K %-9s V %-10s: %ld of %d steps replayed the graph; %zu of %zu logits differ "
                    "from plain launches; nmse %.3g against the CPU reference (the CPU's fast route: %.3g), top-1 %d/%d "
                    "(%d/%d with near-ties)\n",
