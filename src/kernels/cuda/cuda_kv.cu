@@ -444,8 +444,8 @@ __global__ void k_kv_expand_int8_tok(kv8_pair p, int64_t rows, int hd, const flo
  * element the prefix code of h = c >> 4, the 4 low bits of c and a sign bit, LSB first. The
  * encoder takes the finest step whose codes fit in 8 n bits: the code length only grows as the
  * step shrinks, so the walk from the host's start guess ends on the same e from any start. Every
- * f32 / f64 operation is rounded on its own (no contraction), as on the host. One thread per
- * group row. */
+ * f32 / f64 operation is rounded on its own (no contraction), as on the host. The encoder runs a
+ * warp per group row, the decoder a thread per 32-element chunk of one (both below). */
 int kv_ec_group(int nkv, int hd) {
     int g = 1;
     for (int d = 1; d <= nkv; d++)
