@@ -722,6 +722,76 @@ TEST(int8_ec_dot16_matches_reference) {
     CHECK_EQ_INT(spill, 0);
 }
 
+/* qf_kv_int8_ec_wsum16 (the rows weighted and summed as they are decoded: a one-token step's V)
+ * against its oracle qf_kv_int8_ec_wsum_ref, with the kernel (lane sums, then
+ * qf_kv_int8_ec_wsum_fold) and the four-row fallback, for rows of every kind ec_test_row makes
+ * (rows the lanes leave finished by the scalar steps), 16 and 32 rows, several segment widths and
+ * queries: each sum within 1e-5 of the sum of its terms' magnitudes (a reordered f32 sum of at
+ * most 32 terms; measured: printed), the lane sums zero after the fold, nothing else written */
+TEST(int8_ec_wsum16_matches_reference) {
+    uint64_t s = 321;
+    static const int segs[] = {16, 32, 64, 128, 256};
+    static float w[8 * 4 * 40], y[32 * 264], yr[32 * 264], mag[32 * 264], row[1024];
+    const size_t acc_n = (size_t)8 * 1024 * 16;
+    float *acc = qf_malloc_aligned(acc_n * sizeof(float));
+    CHECK(acc != NULL);
+    if (!acc) return;
+    memset(acc, 0, acc_n * sizeof(float));
+    for (size_t i = 0; i < sizeof w / sizeof(float); i++) w[i] = (float)(qf_rand_unit(&s) * (qf_rand_unit(&s) < 0.1 ? 0 : 1));
+    int rows = 0, bad = 0, spill = 0, accbad = 0;
+    double worst = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) qf_gemm_cap_isa(QF_GEMM_ISA_AVX2);
+        for (int trial = 0; trial < 240; trial++) {
+            const int seg = segs[trial % 5], nseg = 1 + trial / 5 % 4, nq = 1 + trial / 20 % 8, nr = trial % 2 ? 32 : 16;
+            if (nseg * seg > 1024 || nseg * nq > 32) continue;
+            const int n = nseg * seg + (nseg * seg <= 1024 - 16 ? trial / 3 % 2 * 16 : 0);
+            const size_t stride = (size_t)n + (size_t)(8 * (trial / 7 % 3)), ws = 40, ys = (size_t)seg + 8;
+            uint8_t *map;
+            size_t span;
+            const uint8_t *buf = ec_test_rows(nr, stride, n, &s, &map, &span);
+            if (!buf) {
+                CHECK(!"mmap");
+                break;
+            }
+            for (int i = 0; i < 32 * 264; i++) y[i] = yr[i] = 0.25f, mag[i] = 0.25f;
+            qf_kv_int8_ec_wsum16(buf, stride, n, nr, nseg, seg, w, nq, ws, acc, y, ys);
+            qf_kv_int8_ec_wsum_fold(acc, nseg, seg, nq, y, ys);
+            qf_kv_int8_ec_wsum_ref(buf, stride, n, nr, nseg, seg, w, nq, ws, yr, ys);
+            for (int r = 0; r < nr; r++) { /* each sum's terms' magnitudes */
+                qf_kv_int8_ec_dequantize_ref(buf + (size_t)r * stride, n, row, nseg * seg);
+                for (int o = 0; o < nseg * nq; o++)
+                    for (int e = 0; e < seg; e++)
+                        mag[(size_t)o * ys + e] += fabsf(w[(size_t)o * ws + r] * row[(o / nq) * seg + e]);
+            }
+            for (int o = 0; o < nseg * nq; o++)
+                for (int e = 0; e < seg; e++) {
+                    const size_t i = (size_t)o * ys + e;
+                    if (!isfinite(mag[i])) { /* a corrupt row's huge values: both not finite, or equal */
+                        bad += isfinite(y[i]) != isfinite(yr[i]);
+                        continue;
+                    }
+                    const double rel = fabs((double)y[i] - yr[i]) / mag[i];
+                    worst = fmax(worst, rel);
+                    bad += !(rel <= 1e-5);
+                }
+            for (int i = 0; i < 32 * 264; i++) spill += ((size_t)i / ys >= (size_t)(nseg * nq) || (size_t)i % ys >= (size_t)seg) && y[i] != 0.25f;
+            for (size_t i = 0; i < acc_n; i++) accbad += acc[i] != 0;
+            rows += nr;
+            munmap(map, span);
+        }
+        qf_gemm_cap_isa(QF_GEMM_ISA_AVX512);
+    }
+    printf("  %d rows summed, max |sum - reference| %.2e of the terms' magnitudes, %d sums out of 1e-5, %d values written "
+           "elsewhere, %d lane sums left nonzero\n",
+           rows, worst, bad, spill, accbad);
+    free(acc);
+    CHECK(rows > 0);
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(spill, 0);
+    CHECK_EQ_INT(accbad, 0);
+}
+
 /* int8 row layouts in the cache: rotated static and per-token rows read back close to what was
  * written; a per-token layout needs head_dim a multiple of 8, a rotated one a power of two */
 TEST(int8_layouts_in_the_cache) {
@@ -858,6 +928,8 @@ static float *prompt_then_steps(qf_context *c, bool ok, const int32_t *t, int np
 /* the logits of a np-token prompt then n - np decode steps in a context made with cp, the
  * environment variable env (if any) set while it is made, and a kv-int8 payload of these layouts
  * bound (klay non-NULL); NULL on any failure (said on stderr) */
+static const qf_tap *route_tap; /* route_logits installs it (NULL: none) */
+
 static float *route_logits(qf_model *m, const qf_context_params *cp, const char *env, const int32_t *t, int np, int n,
                            const char *klay, const char *vlay) {
     if (env) setenv(env, "1", 1);
@@ -886,6 +958,7 @@ static float *route_logits(qf_model *m, const qf_context_params *cp, const char 
             return NULL;
         }
     }
+    if (route_tap) qf_context_set_tap(c, route_tap);
     return prompt_then_steps(c, true, t, np, n, false, &e);
 }
 
@@ -910,8 +983,10 @@ TEST(int8_ec_keys_scored_in_gather) {
     for (int th = 1; th <= 3; th++) {
         qf_context_params cp = qf_context_default_params();
         cp.n_ctx = 64, cp.n_threads = th, cp.device = QF_DEVICE_CPU;
+        setenv("QF_I8_NOVFUSE", "1", 1); /* V through vbuf on both sides (int8_ec_values_summed_in_gather) */
         float *a = route_logits(m, &cp, NULL, t, np, n, "ec-rot", "ec-rot"),
               *b = route_logits(m, &cp, "QF_I8_NOFUSE", t, np, n, "ec-rot", "ec-rot");
+        unsetenv("QF_I8_NOVFUSE");
         CHECK(a && b);
         if (a && b) {
             size_t d = 0;
@@ -921,6 +996,95 @@ TEST(int8_ec_keys_scored_in_gather) {
         }
         free(a), free(b);
     }
+    qf_model_free(m);
+}
+
+/* kv-int8 ec-rot one-token steps sum V as it is decoded (forward.c att_job.i8vfused:
+ * qf_kv_cache_int8_vsum, V rows never stored; chunks of I8_VCHUNK positions summed in order)
+ * against QF_I8_NOVFUSE's decode into vbuf and qf_gemm_nn_f32: a different order of the f32 sums,
+ * so close, not the same bits. A 13-token prompt then 137 steps (T 14..150: several chunks, runs
+ * of 32 and 16 rows and tails of 1-15), 1, 2 and 3 threads: layer 0's attention output (its
+ * cached rows the same on both routes) within 1e-5 of each row's largest value (measured
+ * ~4e-7); the logits within 5e-3 of the largest (measured ~2e-3: from layer 1 on, a rounding
+ * difference can move the step's own K / V row across an int8 step of the cache, which the
+ * step then reads, as in kv_cache_read_in_place); the prompt's logits the same bits; and the
+ * route's own logits the same bits for 1, 2 and 3 threads (the chunks do not depend on the
+ * thread count) */
+/* layer 0's attention output of each one-token step (its K and V rows the same on both routes,
+ * so the outputs differ only by the order of the sums): rows[step][dim] */
+typedef struct {
+    float *rows;
+    int n, dim;
+} att0_cap;
+
+static void att0_act(void *user, int layer, qf_act_site site, int n_tok, int dim, const float *x) {
+    att0_cap *a = user;
+    if (layer == 0 && site == QF_ACT_ATTN_OUT && n_tok == 1 && a->n < 150 && dim <= a->dim)
+        memcpy(a->rows + (size_t)a->n++ * a->dim, x, sizeof(float) * (size_t)dim);
+}
+
+TEST(int8_ec_values_summed_in_gather) {
+    qf_model *m = demo();
+    if (!m) SKIP("demo model not in ../shared/data");
+    const int np = 13, n = 150, V = qf_model_hparams(m)->n_vocab;
+    int32_t t[150];
+    for (int i = 0; i < n; i++) t[i] = (int32_t)((i * 7919 + 13) % V);
+    float *first = NULL;
+    for (int th = 1; th <= 3; th++) {
+        qf_context_params cp = qf_context_default_params();
+        cp.n_ctx = 160, cp.n_threads = th, cp.device = QF_DEVICE_CPU;
+        const int Dq = qf_model_hparams(m)->n_head * qf_model_hparams(m)->head_dim;
+        att0_cap ca = {calloc((size_t)150 * Dq, sizeof(float)), 0, Dq}, cb = {calloc((size_t)150 * Dq, sizeof(float)), 0, Dq};
+        qf_tap ta = {.user = &ca, .on_act = att0_act}, tb = {.user = &cb, .on_act = att0_act};
+        route_tap = &ta;
+        float *a = ca.rows ? route_logits(m, &cp, NULL, t, np, n, "ec-rot", "ec-rot") : NULL;
+        route_tap = &tb;
+        float *b = cb.rows ? route_logits(m, &cp, "QF_I8_NOVFUSE", t, np, n, "ec-rot", "ec-rot") : NULL;
+        route_tap = NULL;
+        CHECK(a && b && ca.n == n - np && cb.n == n - np);
+        if (a && b && ca.n == cb.n) { /* layer 0: a reordered f32 sum of at most T terms */
+            double worst = 0;
+            for (int r = 0; r < ca.n; r++) {
+                double mx = 0, dd = 0;
+                for (int i = 0; i < Dq; i++)
+                    mx = fmax(mx, fabs(cb.rows[(size_t)r * Dq + i])),
+                    dd = fmax(dd, fabs((double)ca.rows[(size_t)r * Dq + i] - cb.rows[(size_t)r * Dq + i]));
+                worst = fmax(worst, mx > 0 ? dd / mx : dd);
+            }
+            printf("  %d thread%s: layer 0's attention output, max |V summed as decoded - QF_I8_NOVFUSE| %.2e of the "
+                   "row's largest\n", th, th > 1 ? "s" : "", worst);
+            CHECK(worst < 1e-5);
+        }
+        free(ca.rows), free(cb.rows);
+        if (a && b) {
+            double num = 0, den = 0;
+            size_t d = 0;
+            for (size_t i = 0; i < (size_t)n * V; i++) {
+                num = fmax(num, fabs((double)a[i] - b[i])), den = fmax(den, fabs((double)b[i]));
+                d += a[i] != b[i];
+            }
+            printf("  %d thread%s: max |V summed as decoded - QF_I8_NOVFUSE| %.2e of %.2f (%.1e), %zu of %zu logits differ\n",
+                   th, th > 1 ? "s" : "", num, den, num / den, d, (size_t)n * V);
+            /* the first step that differs: one layer stack's rounding, before the cache feeds it back */
+            int r0 = np;
+            while (r0 < n && !memcmp(a + (size_t)r0 * V, b + (size_t)r0 * V, sizeof(float) * (size_t)V)) r0++;
+            double first_row = 0;
+            for (size_t i = (size_t)r0 * V; r0 < n && i < (size_t)(r0 + 1) * V; i++)
+                first_row = fmax(first_row, fabs((double)a[i] - b[i]));
+            printf("  %d thread%s: steps before T %d the same bits; the first that differs: max %.2e\n", th,
+                   th > 1 ? "s" : "", r0 + 1, first_row);
+            CHECK(num / den < 5e-3);
+            CHECK(memcmp(a, b, sizeof(float) * (size_t)np * V) == 0); /* the prompt: not the route */
+            if (first) {
+                const int same = memcmp(first, a, sizeof(float) * (size_t)n * V) == 0;
+                printf("  %d threads: the same bits as 1 thread's: %s\n", th, same ? "yes" : "no");
+                CHECK(same);
+            }
+        }
+        if (!first && a) first = a, a = NULL;
+        free(a), free(b);
+    }
+    free(first);
     qf_model_free(m);
 }
 
@@ -1182,6 +1346,8 @@ int main(void) {
     RUN(int8_ec_decoder16_seg_matches_reference);
     RUN(int8_ec_dot16_matches_reference);
     RUN(int8_ec_keys_scored_in_gather);
+    RUN(int8_ec_wsum16_matches_reference);
+    RUN(int8_ec_values_summed_in_gather);
     RUN(int8_layouts_in_the_cache);
     RUN(int8_layout_payload);
     return test_summary();

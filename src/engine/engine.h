@@ -238,6 +238,15 @@ void qf_kv_cache_read_heads_span(const qf_kv_cache *kv, int stream, int layer, i
  * the same bits (qf_kv_int8_ec_dot16 32 or 16 rows at a time, the rest decoded and dotted). */
 void qf_kv_cache_int8_scores(const qf_kv_cache *kv, int layer, int h, int p0, int p1, const float *q, int gq, float *y,
                              size_t ystride);
+/* kv-int8 ec-rot V rows of the group of kv heads from h, positions [p0, p1), weighted and summed
+ * as they are decoded (a one-query step's values, forward.c att_job.i8vfused): for head h + k of
+ * the group and its query heads i < gq (1 <= gq <= QF_KV_EC_DOT_MAXQ),
+ * y[((h + k) gq + i) ystride + e] += sum over p of w[((h + k) gq + i) wstride + p] * row_p[k hd + e],
+ * in a fixed order that depends only on p0, p1 and the rows (qf_kv_int8_ec_wsum16's lane sums, 32
+ * or 16 rows at a time, folded in at the end; the last rows one at a time). acc: 64-byte aligned
+ * scratch of g gq head_dim 16 floats, zero on entry and on return. */
+void qf_kv_cache_int8_vsum(const qf_kv_cache *kv, int layer, int h, int p0, int p1, const float *w, int gq, size_t wstride,
+                           float *acc, float *y, size_t ystride);
 /* A dict stream's dictionary of `layer` (its sparsity cap into *sparsity when not NULL), or NULL
  * for a stream of another mode. */
 const qf_kv_dict *qf_kv_cache_dict(const qf_kv_cache *kv, int stream, int layer, int *sparsity);

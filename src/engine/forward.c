@@ -104,6 +104,14 @@ typedef struct qf_context_ext {
     /* kv-int8 ec-rot, one query (att_job.i8kfused): the stored keys' scores q . k (unscaled) of
      * every query head [n_head][n_ctx], made by i8_gather_worker; allocated at the first such step */
     float *i8_sc;
+    /* kv-int8 ec-rot, one query, V summed as decoded (att_job.i8vfused): every query head's softmax
+     * weights [n_head][n_ctx]; the partial outputs of each chunk of I8_VCHUNK positions
+     * [n_ctx / I8_VCHUNK][n_head][head_dim]; per thread, the kernel's lane sums (i8_vacc_per
+     * floats each); allocated at the first such step */
+    float *i8_w, *i8_vpart, *i8_vacc;
+    size_t i8_vacc_per;
+    int i8_vacc_nth; /* the threads i8_vacc has room for */
+    bool i8_novfuse; /* QF_I8_NOVFUSE: never att_job.i8vfused (V decoded into vbuf) */
     bool rq_nocfuse; /* QF_RQ_NOCFUSE: never att_job.cfused (the coefficients through ykbuf / vbuf) */
     bool rq_kcodes;  /* QF_RQ_KCODES: att_job.cfused reads K's codes again for the sums, ykbuf not written */
     int rq_csub;     /* rq_csum_worker's rows a piece: RQ_CSUB, or QF_RQ_CSUB=N (1..RQ_CSUB; tests) */
@@ -163,6 +171,7 @@ void qf_context_free(qf_context *c) {
     free(e->moe_ids), free(e->moe_rows);
     free(e->kbuf), free(e->vbuf), free(e->ekbuf), free(e->evbuf), free(e->gact), free(e->mvact);
     free(e->ykbuf), free(e->rq_thr), free(e->rq_sc), free(e->rq_w), free(e->canon_ex), free(e->i8_sc);
+    free(e->i8_w), free(e->i8_vpart), free(e->i8_vacc);
     free(e->dict_idx[0]), free(e->dict_idx[1]), free(e->dict_coef[0]), free(e->dict_coef[1]), free(e->dict_thr);
     qf_kv_cache_free(&c->kv);
     free(c->x), free(c->xn), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
@@ -306,6 +315,7 @@ qf_context *qf_context_new(qf_model *m, const qf_context_params *p, qf_error *er
     e->no_kv_direct = getenv("QF_KV_GATHER") != NULL;
     e->rq_nofuse = getenv("QF_RQ_NOFUSE") != NULL; /* kv-rq: session 29's unfused key scores (A/B) */
     e->i8_nofuse = getenv("QF_I8_NOFUSE") != NULL; /* kv-int8: session 31's gather (A/B) */
+    e->i8_novfuse = getenv("QF_I8_NOVFUSE") != NULL; /* kv-int8: V decoded into vbuf, then summed (A/B) */
     e->rq_nobatch = getenv("QF_RQ_NOBATCH") != NULL; /* kv-rq: one V coefficient sum per query head (A/B) */
     e->rq_nocfuse = getenv("QF_RQ_NOCFUSE") != NULL; /* kv-rq: coefficients through ykbuf / vbuf (A/B) */
     e->rq_kcodes = getenv("QF_RQ_KCODES") != NULL; /* kv-rq: no ykbuf at all, K codes read twice (A/B) */
@@ -778,6 +788,12 @@ typedef struct {
      * before the gather) and decodes V into vbuf, both in runs of i8_run positions */
     bool i8kfused;
     int i8_run;
+    /* i8kfused, and V summed as it is decoded (i8_vfused): the gather does K only; i8_weights_worker
+     * makes every query head's weights (i8_w), i8_vsum_worker per (V group, chunk of I8_VCHUNK
+     * positions) decodes the rows and adds them, weighted, into the chunk's partial outputs
+     * (qf_kv_cache_int8_vsum: no vbuf), i8_vreduce_worker sums the chunks in order (the same bits
+     * for any thread count) and rotates each head's output back */
+    bool i8vfused;
 } att_job;
 
 /* ---- exact sinks and recent window (kv_cache.c's qf_kv_cache_set_exact) ----
@@ -860,6 +876,30 @@ static bool i8_kfused(qf_context *c, const att_job *j, int n) {
     return ext(c)->i8_sc != NULL;
 }
 
+#define I8_VCHUNK 64 /* positions a V item of att_job.i8vfused sums (a multiple of 32: the kernels' rows) */
+
+/* att_job.i8vfused: i8kfused, V's group rows within the kernels' segments (head_dim % 16 == 0),
+ * and the buffers allocated. QF_I8_NOVFUSE=1: never. */
+static bool i8_vfused(qf_context *c, const att_job *j) {
+    const qf_hparams *hp = &c->model->hp;
+    if (!j->i8kfused || ext(c)->i8_novfuse || hp->head_dim % 16 ||
+        qf_kv_cache_head_group(&c->kv, 1) * hp->head_dim > QF_KV_EC_SEG_MAX)
+        return false;
+    ctx_ext *e = ext(c);
+    const size_t nc = (size_t)c->params.n_ctx, nch = (nc + I8_VCHUNK - 1) / I8_VCHUNK;
+    const int gq = hp->n_head / hp->n_head_kv;
+    if (!e->i8_w) e->i8_w = qf_malloc_aligned((size_t)hp->n_head * nc * sizeof(float));
+    if (!e->i8_vpart) e->i8_vpart = qf_malloc_aligned(nch * (size_t)hp->n_head * hp->head_dim * sizeof(float));
+    if (e->i8_vacc && e->i8_vacc_nth < qf_pool_size(c->pool)) free(e->i8_vacc), e->i8_vacc = NULL;
+    if (!e->i8_vacc) {
+        e->i8_vacc_nth = qf_pool_size(c->pool);
+        e->i8_vacc_per = ((size_t)qf_kv_cache_head_group(&c->kv, 1) * gq * hp->head_dim * 16 + 15) / 16 * 16;
+        e->i8_vacc = qf_malloc_aligned(e->i8_vacc_per * (size_t)qf_pool_size(c->pool) * sizeof(float));
+        if (e->i8_vacc) memset(e->i8_vacc, 0, e->i8_vacc_per * (size_t)qf_pool_size(c->pool) * sizeof(float));
+    }
+    return e->i8_w && e->i8_vpart && e->i8_vacc;
+}
+
 /* att_job.i8kfused's runs: the T positions in one run per thread, a multiple of 32 rows (the
  * kernels' width) but the last */
 static int i8_run_len(const qf_context *c, int T) {
@@ -869,20 +909,63 @@ static int i8_run_len(const qf_context *c, int T) {
 
 /* att_job.i8kfused's gather: items (K group, run) then (V group, run), handed out round-robin;
  * a K item scores its rows against the group's query heads (c->q, already rotated) into i8_sc, a
- * V item decodes its rows into vbuf as kv_gather_worker would */
+ * V item decodes its rows into vbuf as kv_gather_worker would (no V items with j->i8vfused) */
 static void i8_gather_worker(void *arg, int ith, int nth) {
     att_job *j = arg;
     qf_context *c = j->c;
     const qf_hparams *hp = &c->model->hp;
     const int T = j->pos0 + j->n, nh = hp->n_head_kv, gq = hp->n_head / nh, R = j->i8_run, nr = (T + R - 1) / R;
     const int G0 = qf_kv_cache_head_group(&c->kv, 0), G1 = qf_kv_cache_head_group(&c->kv, 1);
-    const int nK = nh / G0 * nr, nV = nh / G1 * nr;
+    const int nK = nh / G0 * nr, nV = j->i8vfused ? 0 : nh / G1 * nr;
     const size_t hs = (size_t)c->params.n_ctx * hp->head_dim, nc = (size_t)c->params.n_ctx;
     for (int idx = ith; idx < nK + nV; idx += nth) {
         const int stream = idx >= nK, e = stream ? idx - nK : idx, h = e / nr * (stream ? G1 : G0), p0 = e % nr * R;
         const int p1 = T - p0 < R ? T : p0 + R;
         if (!stream) qf_kv_cache_int8_scores(&c->kv, j->layer, h, p0, p1, c->q, gq, ext(c)->i8_sc, nc);
         else qf_kv_cache_read_heads_span(&c->kv, 1, j->layer, h, p0, p1, ext(c)->vbuf + (size_t)h * hs, hs, true);
+    }
+}
+
+/* att_job.i8vfused, after the gather: every query head's softmax weights into i8_w */
+static void head_weights(qf_context *c, const att_job *j, int ith, int h, int i0, int nb, float *S);
+static void i8_weights_worker(void *arg, int ith, int nth) {
+    att_job *j = arg;
+    qf_context *c = j->c;
+    for (int h = ith; h < c->model->hp.n_head; h += nth)
+        head_weights(c, j, ith, h, 0, 1, ext(c)->i8_w + (size_t)h * c->params.n_ctx);
+}
+
+/* att_job.i8vfused: items (V group, chunk), each chunk's partial outputs of the group's query heads */
+static void i8_vsum_worker(void *arg, int ith, int nth) {
+    att_job *j = arg;
+    qf_context *c = j->c;
+    const qf_hparams *hp = &c->model->hp;
+    const int T = j->pos0 + j->n, nh = hp->n_head_kv, gq = hp->n_head / nh, hd = hp->head_dim;
+    const int G = qf_kv_cache_head_group(&c->kv, 1), nch = (T + I8_VCHUNK - 1) / I8_VCHUNK;
+    const size_t nc = (size_t)c->params.n_ctx, per = (size_t)hp->n_head * hd;
+    float *acc = ext(c)->i8_vacc + (size_t)ith * ext(c)->i8_vacc_per;
+    for (int idx = ith; idx < nh / G * nch; idx += nth) {
+        const int h = idx / nch * G, ch = idx % nch, p0 = ch * I8_VCHUNK, p1 = T - p0 < I8_VCHUNK ? T : p0 + I8_VCHUNK;
+        float *y = ext(c)->i8_vpart + (size_t)ch * per;
+        memset(y + (size_t)h * gq * hd, 0, (size_t)G * gq * hd * sizeof(float));
+        qf_kv_cache_int8_vsum(&c->kv, j->layer, h, p0, p1, ext(c)->i8_w, gq, nc, acc, y, (size_t)hd);
+    }
+}
+
+/* att_job.i8vfused: each query head's output, the chunks summed in order, then out of V's rotated basis */
+static void i8_vreduce_worker(void *arg, int ith, int nth) {
+    att_job *j = arg;
+    qf_context *c = j->c;
+    const qf_hparams *hp = &c->model->hp;
+    const int T = j->pos0 + j->n, hd = hp->head_dim, nch = (T + I8_VCHUNK - 1) / I8_VCHUNK;
+    const size_t per = (size_t)hp->n_head * hd;
+    for (int h = ith; h < hp->n_head; h += nth) {
+        float *O = c->att + (size_t)h * hd;
+        const float *P = ext(c)->i8_vpart + (size_t)h * hd;
+        memcpy(O, P, (size_t)hd * sizeof(float));
+        for (int ch = 1; ch < nch; ch++)
+            for (int e = 0; e < hd; e++) O[e] += P[(size_t)ch * per + e];
+        if (j->rotv) qf_hadamard(O, hd);
     }
 }
 
@@ -1864,13 +1947,19 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         } else if ((aj.i8kfused = i8_kfused(c, &aj, n))) {
             for (int h = 0; h < hp->n_head; h++) qf_hadamard(c->q + (size_t)h * hd, hd); /* the keys' basis (n == 1) */
             aj.i8_run = i8_run_len(c, pos0 + n);
+            aj.i8vfused = nr > 0 && i8_vfused(c, &aj);
             qf_pool_run(c->pool, i8_gather_worker, &aj);
+            if (aj.i8vfused) {
+                qf_pool_run(c->pool, i8_weights_worker, &aj);
+                qf_pool_run(c->pool, i8_vsum_worker, &aj);
+                qf_pool_run(c->pool, i8_vreduce_worker, &aj);
+            }
         } else if (qf_kv_cache_v_predicted(&c->kv, il)) {
             for (aj.gphase = 1; aj.gphase <= 3; aj.gphase++) qf_pool_run(c->pool, kv_gather_worker, &aj);
         } else {
             qf_pool_run(c->pool, kv_gather_worker, &aj);
         }
-        if (nr > 0) qf_pool_run(c->pool, attention_worker, &aj);
+        if (nr > 0 && !aj.i8vfused) qf_pool_run(c->pool, attention_worker, &aj);
         if (nr > 0 && aj.cfused) { /* the weighted sums, then the outputs (att_job.cfused) */
             qf_pool_run(c->pool, rq_csum_worker, &aj);
             qf_pool_run(c->pool, rq_apply_worker, &aj);

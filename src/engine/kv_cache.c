@@ -977,6 +977,37 @@ void qf_kv_cache_int8_scores(const qf_kv_cache *kv, int layer, int h, int p0, in
     }
 }
 
+void qf_kv_cache_int8_vsum(const qf_kv_cache *kv, int layer, int h, int p0, int p1, const float *w, int gq, size_t wstride,
+                           float *acc, float *y, size_t ystride) {
+    const int g = qf_kv_cache_head_group(kv, 1), hd = kv->head_dim, n = g * hd;
+    QF_ASSERT(qf_kv_cache_int8_ec_plain(kv, 1, layer) && h % g == 0 && h + g <= kv->n_head_kv && 0 <= p0 && p0 <= p1);
+    QF_ASSERT(gq >= 1 && gq <= QF_KV_EC_DOT_MAXQ && n <= QF_KV_EC_SEG_MAX);
+    const size_t rb = layer_row_bytes(kv, 1, layer), stride = (size_t)kv->n_head_kv * rb;
+    const uint8_t *gb = kv->data[1][layer] + (size_t)h * rb;
+    const float *wb = w + (size_t)h * gq * wstride;
+    float *yb = y + (size_t)h * gq * ystride;
+    float buf[4 * QF_KV_EC_SEG_MAX]; /* the last rows (fewer than 16), decoded */
+    const bool wide = qf_kv_int8_ec16_fast();
+    for (int p = p0; p < p1;) {
+        const int nr = ec_batch(p1 - p, wide);
+        if (nr >= 16) {
+            qf_kv_int8_ec_wsum16(gb + p * stride, stride, n, nr, g, hd, wb + p, gq, wstride, acc, yb, ystride);
+        } else {
+            float *const out[4] = {buf, buf + n, buf + 2 * n, buf + 3 * n};
+            ec_decode_few(gb + p * stride, stride, n, nr, out, n);
+            for (int r = 0; r < nr; r++)
+                for (int k = 0; k < g; k++)
+                    for (int i = 0; i < gq; i++) {
+                        const float wi = wb[(size_t)(k * gq + i) * wstride + (size_t)(p + r)];
+                        float *yo = yb + (size_t)(k * gq + i) * ystride;
+                        for (int e = 0; e < hd; e++) yo[e] += wi * out[r][(size_t)k * hd + e];
+                    }
+        }
+        p += nr;
+    }
+    qf_kv_int8_ec_wsum_fold(acc, g, hd, gq, yb, ystride);
+}
+
 const qf_kv_dict *qf_kv_cache_dict(const qf_kv_cache *kv, int stream, int layer, int *sparsity) {
     qf_kv_mode mode = stream ? kv->mode_v : kv->mode_k;
     if (mode != QF_KV_DICT || !kv->dict[stream]) return NULL;

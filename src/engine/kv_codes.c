@@ -861,6 +861,67 @@ void qf_kv_int8_ec_dot16(const uint8_t *q, size_t stride, int n, int nr, int nse
         }
 }
 
+/* row r's weighted elements (one decoded row, elements [from, nseg seg)) into y: see
+ * qf_kv_int8_ec_wsum16 */
+static void ec_wsum_row(const float *row, int r, int from, int nseg, int seg, const float *w, int nq, size_t wstride,
+                        float *y, size_t ystride) {
+    for (int k = 0; k < nseg; k++)
+        for (int i = 0; i < nq; i++) {
+            const float wi = w[(size_t)(k * nq + i) * wstride + (size_t)r];
+            float *yo = y + (size_t)(k * nq + i) * ystride;
+            for (int e = from > k * seg ? from - k * seg : 0; e < seg; e++) yo[e] += wi * row[(size_t)k * seg + e];
+        }
+}
+
+void qf_kv_int8_ec_wsum_ref(const uint8_t *q, size_t stride, int n, int nr, int nseg, int seg, const float *w, int nq,
+                            size_t wstride, float *y, size_t ystride) {
+    const int n_out = nseg * seg;
+    QF_ASSERT(nseg >= 1 && seg >= 1 && n_out <= n && n_out <= QF_KV_EC_SEG_MAX);
+    float row[QF_KV_EC_SEG_MAX];
+    for (int r = 0; r < nr; r++) {
+        qf_kv_int8_ec_dequantize_ref(q + (size_t)r * stride, n, row, n_out);
+        ec_wsum_row(row, r, 0, nseg, seg, w, nq, wstride, y, ystride);
+    }
+}
+
+void qf_kv_int8_ec_wsum_fold(float *acc, int nseg, int seg, int nq, float *y, size_t ystride) {
+    for (int o = 0; o < nseg * nq; o++)
+        for (int e = 0; e < seg; e++) {
+            float *a = acc + ((size_t)o * seg + (size_t)e) * 16, s = 0;
+            for (int l = 0; l < 16; l++) s += a[l], a[l] = 0;
+            y[(size_t)o * ystride + (size_t)e] += s;
+        }
+}
+
+void qf_kv_int8_ec_wsum16(const uint8_t *q, size_t stride, int n, int nr, int nseg, int seg, const float *w, int nq,
+                          size_t wstride, float *acc, float *y, size_t ystride) {
+    pthread_once(&ec_tab_once, ec_tab_build);
+    const int n_out = nseg * seg;
+    QF_ASSERT(nr == 16 || nr == 32);
+    QF_ASSERT(nseg >= 1 && seg >= 1 && n_out <= n && n_out <= QF_KV_EC_SEG_MAX && nq >= 1 && nq <= QF_KV_EC_DOT_MAXQ);
+    float tmp[4][QF_KV_EC_SEG_MAX];
+    if (!qf_kv_int8_ec16_fast() || n < 16 || seg % 16 || stride > (size_t)(INT32_MAX - n) / (size_t)(nr - 1)) {
+        for (int r = 0; r < nr; r += 4) { /* four rows at a time, then their sums */
+            const uint8_t *rq[4] = {q + r * stride, q + (r + 1) * stride, q + (r + 2) * stride, q + (r + 3) * stride};
+            float *const ro[4] = {tmp[0], tmp[1], tmp[2], tmp[3]};
+            qf_kv_int8_ec_dequantize4(rq, n, ro, n_out);
+            for (int k = 0; k < 4; k++) ec_wsum_row(tmp[k], r + k, 0, nseg, seg, w, nq, wstride, y, ystride);
+        }
+        return;
+    }
+    float d[32];
+    const uint32_t live = ec_headers(q, stride, n, nr, d);
+    int at[32];
+    uint32_t pos[32];
+    if (nr == 32) qf_kv_int8_ec_wsum32_avx512(q, stride, n, d, live, EC_HDR_BITS, n_out, seg, w, nq, wstride, acc, at, pos);
+    else qf_kv_int8_ec_wsum16_avx512(q, stride, n, d, live, EC_HDR_BITS, n_out, seg, w, nq, wstride, acc, at, pos);
+    for (int r = 0; r < nr; r++)
+        if (live >> r & 1 && at[r] < n_out) { /* a row the lanes left: the rest of it (a zero row adds nothing) */
+            ec_continue(q + r * stride, n, tmp[0], n_out, at[r], pos[r], d[r]);
+            ec_wsum_row(tmp[0], r, at[r], nseg, seg, w, nq, wstride, y, ystride);
+        }
+}
+
 void qf_kv_int8_ec_dequantize16(const uint8_t *q, size_t stride, int n, int nr, float *const *x, int n_out) {
     qf_kv_int8_ec_dequantize16_seg(q, stride, n, nr, x, n_out, 0, INT32_MAX, 0);
 }

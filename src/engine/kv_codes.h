@@ -124,6 +124,32 @@ void qf_kv_int8_ec_dot16_avx512(const uint8_t *q, size_t stride, int n, const fl
 void qf_kv_int8_ec_dot32_avx512(const uint8_t *q, size_t stride, int n, const float d[32], uint32_t live, uint32_t pos0,
                                 int n_out, int seg, const float *qv, int nq, size_t qstride, float *y, size_t ystride,
                                 int at[32], uint32_t pos[32]);
+/* The rows' weighted sums, without storing the rows (a one-query decode step's V, kv_cache.c
+ * qf_kv_cache_int8_vsum): nr rows (16 or 32) of n bytes at q + r * stride, each cut into nseg
+ * segments of seg elements (nseg seg <= n, nseg seg <= QF_KV_EC_SEG_MAX); segment k of row r
+ * weighted by each of its nq weights (1 <= nq <= QF_KV_EC_DOT_MAXQ; weight i of segment k of row
+ * r at w[(k nq + i) wstride + r]) and added to the sums of (k, i): with the AVX-512 kernel
+ * (qf_kv_int8_ec16_fast, seg % 16 == 0, n >= 16, offsets within 32 bits) into the lane sums
+ * acc[((k nq + i) seg + e) 16 + lane] (64-byte aligned; row r in lane r % 16, an f32 fused
+ * multiply-add per row in row order), the rows the kernel leaves and every row otherwise into
+ * y[(k nq + i) ystride + e] directly (a product then a sum, rows in order). Fold acc into y with
+ * qf_kv_int8_ec_wsum_fold. Oracle: qf_kv_int8_ec_wsum_ref (the same sums up to the order). */
+void qf_kv_int8_ec_wsum16(const uint8_t *q, size_t stride, int n, int nr, int nseg, int seg, const float *w, int nq,
+                          size_t wstride, float *acc, float *y, size_t ystride);
+/* y[(k nq + i) ystride + e] += the 16 lane sums of acc (lanes in order), and acc zeroed */
+void qf_kv_int8_ec_wsum_fold(float *acc, int nseg, int seg, int nq, float *y, size_t ystride);
+/* qf_kv_int8_ec_wsum16's oracle for nr >= 1 rows: each row by qf_kv_int8_ec_dequantize_ref, then
+ * y[(k nq + i) ystride + e] += weight * element, rows in order (no lane sums) */
+void qf_kv_int8_ec_wsum_ref(const uint8_t *q, size_t stride, int n, int nr, int nseg, int seg, const float *w, int nq,
+                            size_t wstride, float *y, size_t ystride);
+/* internal: the weighted-sum kernels of qf_kv_int8_ec_wsum16 (the lanes of run16 / run32; the
+ * lanes' sums to acc for the elements before at[r]) */
+void qf_kv_int8_ec_wsum16_avx512(const uint8_t *q, size_t stride, int n, const float d[16], unsigned live, uint32_t pos0,
+                                 int n_out, int seg, const float *w, int nq, size_t wstride, float *acc, int at[16],
+                                 uint32_t pos[16]);
+void qf_kv_int8_ec_wsum32_avx512(const uint8_t *q, size_t stride, int n, const float d[32], uint32_t live, uint32_t pos0,
+                                 int n_out, int seg, const float *w, int nq, size_t wstride, float *acc, int at[32],
+                                 uint32_t pos[32]);
 /* qf_kv_int8_ec_dequantize one bit at a time (its reference: the same values for every row,
  * corrupt ones included; tests/test_kvrot.c) */
 void qf_kv_int8_ec_dequantize_ref(const uint8_t *q, int n, float *x, int n_out);

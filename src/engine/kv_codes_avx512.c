@@ -85,7 +85,7 @@ static inline __attribute__((always_inline)) void ec_run(const uint8_t *q, size_
                                                           uint32_t live, uint32_t pos0, int n_out, float *const *x,
                                                           int skip, int seg, size_t sstride, const float *qv, int nq,
                                                           size_t qstride, float *y, size_t ystride, int *at,
-                                                          uint32_t *pos, const int G, const bool D) {
+                                                          uint32_t *pos, const int G, const bool D, const bool W) {
     for (int r = 0; r < 16 * G; r++) at[r] = n_out, pos[r] = pos0;
     uint32_t act = G == 2 ? live : live & 0xffffu; /* the lanes still decoding in SIMD */
     if (n_out <= 0 || !act) return;
@@ -107,6 +107,7 @@ static inline __attribute__((always_inline)) void ec_run(const uint8_t *q, size_
     __m512 acc[2][QF_KV_EC_DOT_MAXQ]; /* D: the dot products of the current segment, [g][query] */
     for (int i0 = 0; i0 < n_out && act; i0 += 16) {
         const int m = n_out - i0 < 16 ? n_out - i0 : 16;
+        const uint32_t act0 = act; /* W: the lanes that take part in this block */
         int j = 0;
         while (j < m && act) {
             uint32_t bad1 = 0, bad2 = 0;
@@ -150,6 +151,25 @@ static inline __attribute__((always_inline)) void ec_run(const uint8_t *q, size_
             for (int g = 0; g < G; g++) p[g] = np1[g];
             j++;
         }
+        if (W) { /* each live row's elements, weighted by its row's weight, into its lane's sums */
+            for (uint32_t b = act0 & ~act; b; b &= b - 1) { /* lanes stopped in this block: from at[r] on, 0 */
+                const int r = __builtin_ctz(b), g = r >> 4, l = r & 15;
+                for (int e = at[r] - i0; e < j; e++) blk[g][e][l] = 0.0f;
+            }
+            const int k = i0 / seg, e0 = i0 % seg;
+            for (int i = 0; i < nq; i++) {
+                const float *wq = qv + (size_t)(k * nq + i) * qstride;
+                __m512 wg[2];
+                for (int g = 0; g < G; g++) wg[g] = _mm512_maskz_loadu_ps((__mmask16)(act0 >> 16 * g), wq + 16 * g);
+                float *a = y + ((size_t)(k * nq + i) * (size_t)seg + (size_t)e0) * 16;
+                for (int e = 0; e < j; e++) {
+                    __m512 v = _mm512_load_ps(a + 16 * e);
+                    for (int g = 0; g < G; g++) v = _mm512_fmadd_ps(_mm512_load_ps(blk[g][e]), wg[g], v);
+                    _mm512_store_ps(a + 16 * e, v);
+                }
+            }
+            continue;
+        }
         if (D) { /* each row's dot products with its segment's queries, in order over the elements */
             const int k = i0 / seg, e0 = i0 % seg;
             if (e0 == 0)
@@ -183,23 +203,35 @@ static inline __attribute__((always_inline)) void ec_run(const uint8_t *q, size_
 void qf_kv_int8_ec_run16_avx512(const uint8_t *q, size_t stride, int n, const float d[16], unsigned live, uint32_t pos0,
                                 int n_out, float *const x[16], int skip, int seg, size_t sstride, int at[16],
                                 uint32_t pos[16]) {
-    ec_run(q, stride, n, d, live, pos0, n_out, x, skip, seg, sstride, NULL, 0, 0, NULL, 0, at, pos, 1, false);
+    ec_run(q, stride, n, d, live, pos0, n_out, x, skip, seg, sstride, NULL, 0, 0, NULL, 0, at, pos, 1, false, false);
 }
 
 void qf_kv_int8_ec_run32_avx512(const uint8_t *q, size_t stride, int n, const float d[32], uint32_t live, uint32_t pos0,
                                 int n_out, float *const x[32], int skip, int seg, size_t sstride, int at[32],
                                 uint32_t pos[32]) {
-    ec_run(q, stride, n, d, live, pos0, n_out, x, skip, seg, sstride, NULL, 0, 0, NULL, 0, at, pos, 2, false);
+    ec_run(q, stride, n, d, live, pos0, n_out, x, skip, seg, sstride, NULL, 0, 0, NULL, 0, at, pos, 2, false, false);
 }
 
 void qf_kv_int8_ec_dot32_avx512(const uint8_t *q, size_t stride, int n, const float d[32], uint32_t live, uint32_t pos0,
                                 int n_out, int seg, const float *qv, int nq, size_t qstride, float *y, size_t ystride,
                                 int at[32], uint32_t pos[32]) {
-    ec_run(q, stride, n, d, live, pos0, n_out, NULL, 0, seg, 0, qv, nq, qstride, y, ystride, at, pos, 2, true);
+    ec_run(q, stride, n, d, live, pos0, n_out, NULL, 0, seg, 0, qv, nq, qstride, y, ystride, at, pos, 2, true, false);
 }
 
 void qf_kv_int8_ec_dot16_avx512(const uint8_t *q, size_t stride, int n, const float d[16], unsigned live, uint32_t pos0,
                                 int n_out, int seg, const float *qv, int nq, size_t qstride, float *y, size_t ystride,
                                 int at[16], uint32_t pos[16]) {
-    ec_run(q, stride, n, d, live, pos0, n_out, NULL, 0, seg, 0, qv, nq, qstride, y, ystride, at, pos, 1, true);
+    ec_run(q, stride, n, d, live, pos0, n_out, NULL, 0, seg, 0, qv, nq, qstride, y, ystride, at, pos, 1, true, false);
+}
+
+void qf_kv_int8_ec_wsum16_avx512(const uint8_t *q, size_t stride, int n, const float d[16], unsigned live, uint32_t pos0,
+                                 int n_out, int seg, const float *w, int nq, size_t wstride, float *acc, int at[16],
+                                 uint32_t pos[16]) {
+    ec_run(q, stride, n, d, live, pos0, n_out, NULL, 0, seg, 0, w, nq, wstride, acc, 0, at, pos, 1, false, true);
+}
+
+void qf_kv_int8_ec_wsum32_avx512(const uint8_t *q, size_t stride, int n, const float d[32], uint32_t live, uint32_t pos0,
+                                 int n_out, int seg, const float *w, int nq, size_t wstride, float *acc, int at[32],
+                                 uint32_t pos[32]) {
+    ec_run(q, stride, n, d, live, pos0, n_out, NULL, 0, seg, 0, w, nq, wstride, acc, 0, at, pos, 2, false, true);
 }
