@@ -761,6 +761,17 @@ static void ec_seg_put(float *x, const float *src, int from, int to, int skip, i
         x[(size_t)((i - skip) / seg) * sstride + (size_t)((i - skip) % seg)] = src ? src[i] : 0.0f;
 }
 
+/* the 16 / 32-row AVX-512 kernels apply to nr rows of n bytes, stride bytes apart: the CPU has
+ * them, rows of 16 elements or more, row offsets within int32 (else the four-row route) */
+static bool ec16_ok(int n, int nr, size_t stride) {
+    return qf_kv_int8_ec16_fast() && n >= 16 && stride <= (size_t)(INT32_MAX - n) / (size_t)(nr - 1);
+}
+/* rows r .. r + 3 at q (stride bytes apart) decoded into ro (qf_kv_int8_ec_dequantize4) */
+static void ec_decode4_at(const uint8_t *q, size_t stride, int r, int n, float *const ro[4], int n_out) {
+    const uint8_t *rq[4] = {q + r * stride, q + (r + 1) * stride, q + (r + 2) * stride, q + (r + 3) * stride};
+    qf_kv_int8_ec_dequantize4(rq, n, ro, n_out);
+}
+
 void qf_kv_int8_ec_dequantize16_seg(const uint8_t *q, size_t stride, int n, int nr, float *const *x, int n_out, int skip,
                                     int seg, size_t sstride) {
     pthread_once(&ec_tab_once, ec_tab_build);
@@ -772,15 +783,14 @@ void qf_kv_int8_ec_dequantize16_seg(const uint8_t *q, size_t stride, int n, int 
     QF_ASSERT(flat || n_out <= QF_KV_EC_SEG_MAX);
     float tmp[4][QF_KV_EC_SEG_MAX]; /* scratch rows where x is not flat */
     const bool kernel_ok = skip % 16 == 0 && (seg % 16 == 0 || n_out - skip <= seg);
-    if (!qf_kv_int8_ec16_fast() || n < 16 || stride > (size_t)(INT32_MAX - n) / (size_t)(nr - 1) || !kernel_ok) {
+    if (!ec16_ok(n, nr, stride) || !kernel_ok) {
         for (int r = 0; r < nr; r += 4) { /* four at a time */
-            const uint8_t *rq[4] = {q + r * stride, q + (r + 1) * stride, q + (r + 2) * stride, q + (r + 3) * stride};
             if (flat) {
                 float *const ro[4] = {x[r], x[r + 1], x[r + 2], x[r + 3]};
-                qf_kv_int8_ec_dequantize4(rq, n, ro, n_out);
+                ec_decode4_at(q, stride, r, n, ro, n_out);
             } else {
                 float *const ro[4] = {tmp[0], tmp[1], tmp[2], tmp[3]};
-                qf_kv_int8_ec_dequantize4(rq, n, ro, n_out);
+                ec_decode4_at(q, stride, r, n, ro, n_out);
                 for (int k = 0; k < 4; k++) ec_seg_put(x[r + k], tmp[k], 0, n_out, skip, seg, sstride);
             }
         }
@@ -839,11 +849,10 @@ void qf_kv_int8_ec_dot16(const uint8_t *q, size_t stride, int n, int nr, int nse
     QF_ASSERT(nr == 16 || nr == 32);
     QF_ASSERT(nseg >= 1 && seg >= 1 && n_out <= n && n_out <= QF_KV_EC_SEG_MAX && nq >= 1 && nq <= QF_KV_EC_DOT_MAXQ);
     float tmp[4][QF_KV_EC_SEG_MAX];
-    if (!qf_kv_int8_ec16_fast() || n < 16 || seg % 16 || stride > (size_t)(INT32_MAX - n) / (size_t)(nr - 1)) {
+    if (!ec16_ok(n, nr, stride) || seg % 16) {
+        float *const ro[4] = {tmp[0], tmp[1], tmp[2], tmp[3]};
         for (int r = 0; r < nr; r += 4) { /* four rows at a time, then their chains */
-            const uint8_t *rq[4] = {q + r * stride, q + (r + 1) * stride, q + (r + 2) * stride, q + (r + 3) * stride};
-            float *const ro[4] = {tmp[0], tmp[1], tmp[2], tmp[3]};
-            qf_kv_int8_ec_dequantize4(rq, n, ro, n_out);
+            ec_decode4_at(q, stride, r, n, ro, n_out);
             for (int k = 0; k < 4; k++) ec_dot_row(tmp[k], r + k, nseg, seg, qv, nq, qstride, y, ystride);
         }
         return;
@@ -900,11 +909,10 @@ void qf_kv_int8_ec_wsum16(const uint8_t *q, size_t stride, int n, int nr, int ns
     QF_ASSERT(nr == 16 || nr == 32);
     QF_ASSERT(nseg >= 1 && seg >= 1 && n_out <= n && n_out <= QF_KV_EC_SEG_MAX && nq >= 1 && nq <= QF_KV_EC_DOT_MAXQ);
     float tmp[4][QF_KV_EC_SEG_MAX];
-    if (!qf_kv_int8_ec16_fast() || n < 16 || seg % 16 || stride > (size_t)(INT32_MAX - n) / (size_t)(nr - 1)) {
+    if (!ec16_ok(n, nr, stride) || seg % 16) {
+        float *const ro[4] = {tmp[0], tmp[1], tmp[2], tmp[3]};
         for (int r = 0; r < nr; r += 4) { /* four rows at a time, then their sums */
-            const uint8_t *rq[4] = {q + r * stride, q + (r + 1) * stride, q + (r + 2) * stride, q + (r + 3) * stride};
-            float *const ro[4] = {tmp[0], tmp[1], tmp[2], tmp[3]};
-            qf_kv_int8_ec_dequantize4(rq, n, ro, n_out);
+            ec_decode4_at(q, stride, r, n, ro, n_out);
             for (int k = 0; k < 4; k++) ec_wsum_row(tmp[k], r + k, 0, nseg, seg, w, nq, wstride, y, ystride);
         }
         return;
