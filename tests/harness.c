@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include "test.h"
+#include "qforge/artifact.h"
+#include "qforge/artifact_bind.h"
 
 int qf_test_failed_checks;
 int qf_test_checks;
@@ -98,4 +100,26 @@ bool test_read_logits(const char *path, test_logits *r) {
 void test_free_logits(test_logits *r) {
     free(r->tokens);
     free(r->logits);
+}
+
+qf_status test_bind_int8(qf_context *c, const char *klay, const char *vlay, qf_error *e) {
+    const qf_hparams *hp = qf_model_hparams(qf_context_model(c));
+    const int n = hp->n_layer * hp->n_head_kv;
+    int64_t shape[2] = {hp->n_layer, hp->n_head_kv};
+    float *sc = malloc(sizeof(float) * (size_t)n);
+    if (!sc) {
+        e->code = QF_ERR_NOMEM;
+        snprintf(e->msg, sizeof e->msg, "out of memory");
+        return QF_ERR_NOMEM;
+    }
+    for (int i = 0; i < n; i++) sc[i] = 0.05f;
+    qf_payload pl = {0};
+    qf_status st = qf_payload_add_f32(&pl, "k_scale", sc, 2, shape, e);
+    if (!st) st = qf_payload_add_f32(&pl, "v_scale", sc, 2, shape, e);
+    if (!st) st = qf_payload_add_string(&pl, "k_layout", klay, e);
+    if (!st) st = qf_payload_add_string(&pl, "v_layout", vlay, e);
+    if (!st) st = qf_context_bind_payload(c, QF_ARTIFACT_KV_INT8, &pl, e);
+    qf_payload_free(&pl);
+    free(sc);
+    return st;
 }

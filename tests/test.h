@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "qforge/model.h"
+
 extern int qf_test_failed_checks; /* checks failed in the current case */
 extern int qf_test_checks;        /* checks run in the current case (a case that runs none and
                                    * does not SKIP fails: it tested nothing) */
@@ -43,6 +45,11 @@ const char *test_data(const char *rel);
 const char *test_tmpdir(void);
 /* Path of the built CLI binary (for end-to-end tests). */
 const char *test_cli(void);
+/* Bind a synthetic kv-int8 payload to c: K and V row layouts klay / vlay (the payload's names:
+ * "static", "static-rot", "token", "token-rot", "ec-rot") and per-(layer, kv head) scales of
+ * 0.05, the static layouts' step (the token and ec layouts carry their own). QF_OK, or the
+ * failing call's status, said in *e. */
+qf_status test_bind_int8(qf_context *c, const char *klay, const char *vlay, qf_error *e);
 
 #define TEST(name) static void name(void)
 #define RUN(name) qf_test_run(#name, name)

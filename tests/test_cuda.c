@@ -1092,21 +1092,7 @@ static bool decode_steps_lay(qf_model *m, qf_device dev, bool reference, bool no
     qf_context *c = qf_context_new(m, &p, &err);
     CHECK_MSG(c, "%s", err.msg);
     if (!c) return false;
-    bool ok = true;
-    if (klay) {
-        const qf_hparams *hp = qf_model_hparams(m);
-        int64_t shape[2] = {hp->n_layer, hp->n_head_kv};
-        float *sc = malloc(sizeof(float) * (size_t)hp->n_layer * hp->n_head_kv);
-        for (int i = 0; sc && i < hp->n_layer * hp->n_head_kv; i++) sc[i] = 0.05f;
-        qf_payload pl = {0};
-        ok = sc && qf_payload_add_f32(&pl, "k_scale", sc, 2, shape, &err) == QF_OK &&
-             qf_payload_add_f32(&pl, "v_scale", sc, 2, shape, &err) == QF_OK &&
-             qf_payload_add_string(&pl, "k_layout", klay, &err) == QF_OK &&
-             qf_payload_add_string(&pl, "v_layout", vlay, &err) == QF_OK &&
-             qf_context_bind_payload(c, QF_ARTIFACT_KV_INT8, &pl, &err) == QF_OK;
-        qf_payload_free(&pl);
-        free(sc);
-    }
+    bool ok = !klay || test_bind_int8(c, klay, vlay, &err) == QF_OK;
     const int nv = qf_model_hparams(m)->n_vocab;
     ok = ok && qf_decode(c, toks, n0, 0, NULL, n0, &err) == QF_OK;
     for (int i = 0; ok && i < n1; i++)

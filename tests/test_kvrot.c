@@ -940,23 +940,10 @@ static float *route_logits(qf_model *m, const qf_context_params *cp, const char 
         fprintf(stderr, "  %s\n", e.msg);
         return NULL;
     }
-    if (klay) { /* a kv-int8 payload with these row layouts (scales 1: the static layouts' step) */
-        const qf_hparams *hp = qf_model_hparams(m);
-        int64_t shape[2] = {hp->n_layer, hp->n_head_kv};
-        float one[64];
-        for (int i = 0; i < 64; i++) one[i] = 0.05f;
-        qf_payload pl = {0};
-        bool ok = hp->n_layer * hp->n_head_kv <= 64 && qf_payload_add_f32(&pl, "k_scale", one, 2, shape, &e) == QF_OK &&
-                  qf_payload_add_f32(&pl, "v_scale", one, 2, shape, &e) == QF_OK &&
-                  qf_payload_add_string(&pl, "k_layout", klay, &e) == QF_OK &&
-                  qf_payload_add_string(&pl, "v_layout", vlay, &e) == QF_OK &&
-                  qf_context_bind_payload(c, QF_ARTIFACT_KV_INT8, &pl, &e) == QF_OK;
-        qf_payload_free(&pl);
-        if (!ok) {
-            fprintf(stderr, "  %s\n", e.msg);
-            qf_context_free(c);
-            return NULL;
-        }
+    if (klay && test_bind_int8(c, klay, vlay, &e)) { /* a kv-int8 payload with these row layouts */
+        fprintf(stderr, "  %s\n", e.msg);
+        qf_context_free(c);
+        return NULL;
     }
     if (route_tap) qf_context_set_tap(c, route_tap);
     return prompt_then_steps(c, true, t, np, n, false, &e);
