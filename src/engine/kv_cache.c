@@ -939,13 +939,23 @@ bool qf_kv_cache_int8_ec_plain(const qf_kv_cache *kv, int stream, int layer) {
     return mode == QF_KV_INT8 && kv->int8_layout[stream] == QF_KV_INT8_EC_ROT && !(kv->ring_rows && kv->ring_rows[layer]);
 }
 
+/* the ec group rows of kv heads [h, h + g) of a plain ec-rot layer (g: the stream's group), at
+ * position 0, and the bytes from one position's to the next; checks the span [p0, p1) */
+static const uint8_t *ec_group_rows(const qf_kv_cache *kv, int stream, int layer, int h, int p0, int p1,
+                                    size_t *stride) {
+    const int g = qf_kv_cache_head_group(kv, stream);
+    QF_ASSERT(qf_kv_cache_int8_ec_plain(kv, stream, layer) && h % g == 0 && h + g <= kv->n_head_kv && 0 <= p0 && p0 <= p1);
+    const size_t rb = layer_row_bytes(kv, stream, layer);
+    *stride = (size_t)kv->n_head_kv * rb;
+    return kv->data[stream][layer] + (size_t)h * rb;
+}
+
 void qf_kv_cache_read_heads_span(const qf_kv_cache *kv, int stream, int layer, int h, int p0, int p1, float *dst,
                                  size_t hstride, bool rotated) {
     const int g = qf_kv_cache_head_group(kv, stream), hd = kv->head_dim;
-    QF_ASSERT(qf_kv_cache_int8_ec_plain(kv, stream, layer) && h % g == 0 && h + g <= kv->n_head_kv && 0 <= p0 && p0 <= p1);
-    const size_t rb = layer_row_bytes(kv, stream, layer), stride = (size_t)kv->n_head_kv * rb;
-    ec_read(kv->data[stream][layer] + (size_t)h * rb + (size_t)p0 * stride, stride, g * hd, hd, p1 - p0, 0, g,
-            dst + (size_t)p0 * hd, hstride);
+    size_t stride;
+    const uint8_t *gb = ec_group_rows(kv, stream, layer, h, p0, p1, &stride);
+    ec_read(gb + (size_t)p0 * stride, stride, g * hd, hd, p1 - p0, 0, g, dst + (size_t)p0 * hd, hstride);
     if (!rotated)
         for (int j = 0; j < g; j++) qf_hadamard_rows(dst + (size_t)j * hstride + (size_t)p0 * hd, hd, p1 - p0);
 }
@@ -953,10 +963,9 @@ void qf_kv_cache_read_heads_span(const qf_kv_cache *kv, int stream, int layer, i
 void qf_kv_cache_int8_scores(const qf_kv_cache *kv, int layer, int h, int p0, int p1, const float *q, int gq, float *y,
                              size_t ystride) {
     const int g = qf_kv_cache_head_group(kv, 0), hd = kv->head_dim, n = g * hd;
-    QF_ASSERT(qf_kv_cache_int8_ec_plain(kv, 0, layer) && h % g == 0 && h + g <= kv->n_head_kv && 0 <= p0 && p0 <= p1);
     QF_ASSERT(gq >= 1 && gq <= QF_KV_EC_DOT_MAXQ && n <= QF_KV_EC_SEG_MAX);
-    const size_t rb = layer_row_bytes(kv, 0, layer), stride = (size_t)kv->n_head_kv * rb;
-    const uint8_t *gb = kv->data[0][layer] + (size_t)h * rb;
+    size_t stride;
+    const uint8_t *gb = ec_group_rows(kv, 0, layer, h, p0, p1, &stride);
     const float *qv = q + (size_t)h * gq * hd;
     float *yb = y + (size_t)h * gq * ystride;
     float buf[4 * QF_KV_EC_SEG_MAX]; /* the last rows (fewer than 16), decoded */
@@ -980,10 +989,9 @@ void qf_kv_cache_int8_scores(const qf_kv_cache *kv, int layer, int h, int p0, in
 void qf_kv_cache_int8_vsum(const qf_kv_cache *kv, int layer, int h, int p0, int p1, const float *w, int gq, size_t wstride,
                            float *acc, float *y, size_t ystride) {
     const int g = qf_kv_cache_head_group(kv, 1), hd = kv->head_dim, n = g * hd;
-    QF_ASSERT(qf_kv_cache_int8_ec_plain(kv, 1, layer) && h % g == 0 && h + g <= kv->n_head_kv && 0 <= p0 && p0 <= p1);
     QF_ASSERT(gq >= 1 && gq <= QF_KV_EC_DOT_MAXQ && n <= QF_KV_EC_SEG_MAX);
-    const size_t rb = layer_row_bytes(kv, 1, layer), stride = (size_t)kv->n_head_kv * rb;
-    const uint8_t *gb = kv->data[1][layer] + (size_t)h * rb;
+    size_t stride;
+    const uint8_t *gb = ec_group_rows(kv, 1, layer, h, p0, p1, &stride);
     const float *wb = w + (size_t)h * gq * wstride;
     float *yb = y + (size_t)h * gq * ystride;
     float buf[4 * QF_KV_EC_SEG_MAX]; /* the last rows (fewer than 16), decoded */

@@ -984,7 +984,7 @@ static bool gemm_h_ok(const qf_cuda_ctx *g, const dweight *w) {
 
 /* stream s's int8 buffers for a write of n tokens from src at pos0 (at *dpos under graph replay:
  * then dst and ix are the layer's position 0) and the expansion of layer il into kv_f32[s] */
-static kv8_io int8_io(const qf_cuda_ctx *g, int s, int il, const float *src, int pos0, const int *dpos) {
+static kv8_io int8_io(const qf_cuda_ctx *g, int s, int il, float *src, int pos0, const int *dpos) {
     const int hd = g->hd, nkv = g->nkv, dkv = nkv * hd;
     const size_t tok = (size_t)nkv * g->kv_rb[s], ipp = kv_ec_index_per_pos(nkv, hd); /* bytes, index entries a position */
     uint8_t *C = g->kv[s] + g->kv_layer_bytes[s] * il;

@@ -620,7 +620,7 @@ static inline size_t kv_ec_index_per_pos(int nkv, int hd) {
 /* One stream's buffers of an int8 write or expansion; the launchers below take ns = 1 or 2 of
  * them (K and V) in one launch each (blockIdx.y picks the stream; the same layout for both). */
 typedef struct {
-    const float *src;   /* write: [n_tok][nkv][hd] f32 (rotated in place first for the rot layouts) */
+    float *src;         /* write: [n_tok][nkv][hd] f32 (rotated in place first for the rot layouts) */
     int8_t *dst;        /* write: the token's row (with dpos: the layer's row 0, see below) */
     uint16_t *ix;       /* write: ec-rot's index at dst's position */
     const float *inv;   /* static layouts: the layer's [nkv * hd] reciprocal scales (write) */

@@ -659,7 +659,7 @@ void launch_kv_int8_write(int layout, const kv8_io *io, int ns, int64_t n_tok, i
     kv8_pair p = {};
     float *rx[2];
     int64_t rr[2];
-    for (int k = 0; k < ns; k++) p.s[k] = io[k], rx[k] = const_cast<float *>(io[k].src), rr[k] = rows;
+    for (int k = 0; k < ns; k++) p.s[k] = io[k], rx[k] = io[k].src, rr[k] = rows;
     if (rotate && kv_int8_rotated(layout)) launch_hadamard_n(rx, rr, ns, hd, s);
     if (layout == 0 || layout == 1) {
         const int64_t n = rows * hd;
