@@ -1075,6 +1075,10 @@ TEST(e2e_perplexity) {
  * cache modes and --kv-rot; and within the e2e bound of the CPU reference. */
 /* graph_steps of the last CUDA context decode_steps_lay ran (qf_cuda_info) */
 static long last_graph_steps;
+/* decode_steps_lay's context size, and its knob i8_expand (int8 decode through the per-step
+ * expansion instead of in place) */
+static int dsl_n_ctx = 256;
+static bool dsl_i8_expand;
 
 /* n0 prompt tokens then n1 one-token steps; logits [n1][n_vocab] of the steps. klay / vlay
  * (non-NULL): a kv-int8 payload of these row layouts is bound first (per-head scales 0.05: the
@@ -1082,12 +1086,13 @@ static long last_graph_steps;
 static bool decode_steps_lay(qf_model *m, qf_device dev, bool reference, bool no_graph, qf_kv_mode kv, qf_kv_rot rot,
                              const char *klay, const char *vlay, const int32_t *toks, int n0, int n1, float *logits) {
     qf_context_params p = qf_context_default_params();
-    p.n_ctx = 256;
+    p.n_ctx = dsl_n_ctx;
     p.kv_k = p.kv_v = kv;
     p.kv_rot = rot;
     p.device = dev;
     p.reference = reference;
     p.cuda.no_graph = no_graph;
+    p.cuda.i8_expand = dsl_i8_expand;
     qf_error err = {0};
     qf_context *c = qf_context_new(m, &p, &err);
     CHECK_MSG(c, "%s", err.msg);
@@ -1205,10 +1210,13 @@ TEST(e2e_decode_graph) {
  * under the decode graph (graph_steps), the graph's logits are the plain launches' bits, and
  * both are within the q8_0 cache's bound of the CPU reference with the same payload. The
  * rotated layouts are attended in their stored basis (H q, the output rotated back), not
- * rotated back row by row: O(1) a step, not O(positions). */
+ * rotated back row by row: O(1) a step, not O(positions). Split-K reads the int8 rows in place
+ * (attn_i8: the 11m models' GQA group of 3 at head_dim 64, test-d2048's 4 at 128); the
+ * per-step expansion (knob i8_expand) is printed beside it. */
 TEST(e2e_decode_graph_int8) {
     NEED_GPU();
-    const char *models[] = {"models/qforge-demo-11m-f16.gguf", "models/qforge-demo-11m-q4_0.gguf"};
+    const char *models[] = {"models/qforge-demo-11m-f16.gguf", "models/qforge-demo-11m-q4_0.gguf",
+                            "models/test-d2048-q4_0.gguf"};
     const char *lays[][2] = {{"ec-rot", "ec-rot"}, {"token-rot", "token"}, {"static", "static-rot"}};
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
         const int n0 = 9, n1 = 40;
@@ -1217,23 +1225,27 @@ TEST(e2e_decode_graph_int8) {
         if (!m) continue;
         const int nv = qf_model_hparams(m)->n_vocab;
         const size_t nl = (size_t)n1 * nv;
-        float *lg = malloc(nl * 4), *lp = malloc(nl * 4), *lc = malloc(nl * 4), *lf = malloc(nl * 4);
-        for (size_t k = 0; lg && lp && lc && lf && k < sizeof lays / sizeof lays[0]; k++) {
+        float *lg = malloc(nl * 4), *lp = malloc(nl * 4), *lc = malloc(nl * 4), *lf = malloc(nl * 4),
+              *le = malloc(nl * 4);
+        for (size_t k = 0; lg && lp && lc && lf && le && k < sizeof lays / sizeof lays[0]; k++) {
             const char *kl = lays[k][0], *vl = lays[k][1];
             bool ok = decode_steps_lay(m, QF_DEVICE_CUDA, false, false, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lg);
             const long gs = last_graph_steps;
+            dsl_i8_expand = true;
+            ok = ok && decode_steps_lay(m, QF_DEVICE_CUDA, false, false, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, le);
+            dsl_i8_expand = false;
             ok = ok && decode_steps_lay(m, QF_DEVICE_CUDA, false, true, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lp) &&
                  decode_steps_lay(m, QF_DEVICE_CPU, true, true, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lc) &&
                  decode_steps_lay(m, QF_DEVICE_CPU, false, true, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lf);
             if (!ok) break;
             const graph_cmp r = graph_compare(lg, lp, lc, lf, n1, nv);
             const size_t diff = r.diff;
-            const double e = r.e, fe = r.fe;
+            const double e = r.e, fe = r.fe, ee = nmse(le, lc, nl);
             const int agree = r.agree, near = r.near;
             printf("  decode graph %-24s int8 K %-9s V %-10s: %ld of %d steps replayed the graph; %zu of %zu logits differ "
-                   "from plain launches; nmse %.3g against the CPU reference (the CPU's fast route: %.3g), top-1 %d/%d "
-                   "(%d/%d with near-ties)\n",
-                   models[mi] + 7, kl, vl, gs, n1, diff, nl, e, fe, agree, n1, near, n1);
+                   "from plain launches; nmse %.3g against the CPU reference (the CPU's fast route: %.3g, the per-step "
+                   "expansion: %.3g), top-1 %d/%d (%d/%d with near-ties)\n",
+                   models[mi] + 7, kl, vl, gs, n1, diff, nl, e, fe, ee, agree, n1, near, n1);
             CHECK_MSG(gs == n1, "%s int8 %s/%s: %ld of %d steps ran the graph", models[mi], kl, vl, gs, n1);
             CHECK_MSG(diff == 0, "%s int8 %s/%s: graph replay differs from plain launches", models[mi], kl, vl);
             const double lb = fmax(1e-4, 2 * fe);
@@ -1241,9 +1253,58 @@ TEST(e2e_decode_graph_int8) {
             CHECK_MSG(near >= n1 - 2, "%s int8 %s/%s: top-1 %d/%d, %d/%d with near-ties", models[mi], kl, vl, agree, n1,
                       near, n1);
         }
-        free(lg), free(lp), free(lc), free(lf);
+        free(lg), free(lp), free(lc), free(lf), free(le);
         qf_model_free(m);
     }
+}
+
+/* The same at positions 2100..2105 of test-d2048 (q4_0, head_dim 128, GQA group 4): split-K
+ * ranges of 33 keys, so the in-place kernel stages each range in two tiles, and the first
+ * tile's older rows before its wait. Its CPU reference would take minutes, so the bound is the
+ * per-step expansion's (knob i8_expand, certified above) distance to the CPU's fast route. */
+TEST(e2e_decode_int8_long) {
+    NEED_GPU();
+    const char *rel = "models/test-d2048-q4_0.gguf";
+    const char *lays[][2] = {{"ec-rot", "ec-rot"}, {"token", "token-rot"}, {"static-rot", "static"}};
+    enum { n0 = 2100, n1 = 6 };
+    static int32_t toks[n0 + n1];
+    qf_model *m = graph_model(rel, toks, n0 + n1);
+    if (!m) return;
+    const int nv = qf_model_hparams(m)->n_vocab;
+    const size_t nl = (size_t)n1 * nv;
+    float *lg = malloc(nl * 4), *lp = malloc(nl * 4), *le = malloc(nl * 4), *lf = malloc(nl * 4);
+    dsl_n_ctx = 2304;
+    for (size_t k = 0; lg && lp && le && lf && k < sizeof lays / sizeof lays[0]; k++) {
+        const char *kl = lays[k][0], *vl = lays[k][1];
+        bool ok = decode_steps_lay(m, QF_DEVICE_CUDA, false, false, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lg);
+        const long gs = last_graph_steps;
+        dsl_i8_expand = true;
+        ok = ok && decode_steps_lay(m, QF_DEVICE_CUDA, false, false, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, le);
+        dsl_i8_expand = false;
+        ok = ok && decode_steps_lay(m, QF_DEVICE_CUDA, false, true, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lp) &&
+             decode_steps_lay(m, QF_DEVICE_CPU, false, true, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lf);
+        if (!ok) break;
+        size_t diff = 0;
+        for (size_t i = 0; i < nl; i++) diff += memcmp(lg + i, lp + i, 4) != 0;
+        const double e = nmse(lg, lf, nl), ee = nmse(le, lf, nl);
+        int agree = 0, near = 0;
+        for (int t = 0; t < n1; t++) {
+            agree += argmax(lg + (size_t)t * nv, nv) == argmax(lf + (size_t)t * nv, nv);
+            near += top1_near(lg + (size_t)t * nv, lf + (size_t)t * nv, nv);
+        }
+        printf("  decode %s at %d..%d, int8 K %-10s V %-9s: %ld of %d steps replayed the graph; %zu of %zu logits differ "
+               "from plain launches; nmse %.3g against the CPU's fast route (the per-step expansion: %.3g), top-1 %d/%d "
+               "(%d/%d with near-ties)\n",
+               rel + 7, n0, n0 + n1 - 1, kl, vl, gs, n1, diff, nl, e, ee, agree, n1, near, n1);
+        CHECK_MSG(gs == n1, "int8 %s/%s: %ld of %d steps ran the graph", kl, vl, gs, n1);
+        CHECK_MSG(diff == 0, "int8 %s/%s: graph replay differs from plain launches", kl, vl);
+        const double lb = fmax(1e-4, 2 * ee);
+        CHECK_MSG(e <= lb, "int8 %s/%s: logits nmse %g (bound %g)", kl, vl, e, lb);
+        CHECK_MSG(near >= n1 - 1, "int8 %s/%s: top-1 %d/%d, %d/%d with near-ties", kl, vl, agree, n1, near, n1);
+    }
+    dsl_n_ctx = 256;
+    free(lg), free(lp), free(le), free(lf);
+    qf_model_free(m);
 }
 
 /* --kv-rot hadamard, q8_0 / q4_0 caches: GPU PPL within 0.1% of the CPU with the same rotation,
@@ -2359,6 +2420,7 @@ int main(void) {
     RUN(e2e_families);
     RUN(e2e_decode_graph);
     RUN(e2e_decode_graph_int8);
+    RUN(e2e_decode_int8_long);
     RUN(e2e_perplexity);
     RUN(e2e_kv_rot);
     RUN(e2e_artifacts);

@@ -181,8 +181,8 @@ QF_API bool qf_cuda_available(void);
 
 /* CUDA backend knobs; all false = the default (certified) routes. The library never reads the
  * environment: the CLI and the benches set these from QF_CUDA_GEMM=f32, QF_CUDA_ATTN=warp,
- * QF_CUDA_GU16=1, QF_CUDA_F16_CACHE=0, QF_CUDA_PROFILE=1, QF_CUDA_GRAPH=0, QF_CUDA_PDL=0 and
- * QF_CUDA_Q4G=0. */
+ * QF_CUDA_GU16=1, QF_CUDA_F16_CACHE=0, QF_CUDA_PROFILE=1, QF_CUDA_GRAPH=0, QF_CUDA_PDL=0,
+ * QF_CUDA_Q4G=0 and QF_CUDA_I8_EXPAND=1. */
 typedef struct {
     bool gemm_f32;     /* dequantize to f32 and use sgemm for every matmul */
     bool attn_warp;    /* the one-warp-per-(query, head) attention kernel for prefill too */
@@ -192,6 +192,8 @@ typedef struct {
     bool no_graph;     /* one-token decode steps launch kernel by kernel instead of replaying a CUDA graph */
     bool no_pdl;       /* the decode graph without programmatic dependent launch (QF_CUDA_PDL=0) */
     bool no_q4_regroup; /* q4_0 and Q6_K weights stay in the GGUF block layouts on the device (QF_CUDA_Q4G=0) */
+    bool i8_expand;     /* int8 decode expands the layer's cache to f16 rows every step instead of reading it in
+                           place (QF_CUDA_I8_EXPAND=1; the route before session 34, for comparisons) */
 } qf_cuda_params;
 
 typedef struct {

@@ -877,6 +877,211 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     }
 }
 
+/* ---- split-K over int8 caches read in place (attn_i8): the grouped kernels' ranges, phases and
+ * partials; a range's K rows, then (after the softmax) its V rows, are staged 32 keys at a time:
+ * the coded bytes copied into shared memory (16-byte loads; rows before pos0 of the first K
+ * tile before pdl_wait), dequantized there into f32 rows X[key][HD] as the expansion kernels do,
+ * and read by phase 1 (HD / 16 lanes a key, as k_attn_split_h) or phase 3 (thread (key group,
+ * 8-dim chunk)). Static rows: code * scale[e]; token rows: code * the step whose exponent the
+ * parities of the 8 element groups (e % 8) spell, from the HD / 16 lanes of a row; ec-rot: a
+ * thread per 32-element chunk of the head's share of the coded row (ec_decode_run, from the
+ * row's index). The reduction buffer shares the tiles' memory. */
+#define I8_TK 32 /* keys a tile */
+enum { I8_STATIC, I8_TOKEN, I8_EC };
+__host__ __device__ static inline int i8_class(int lay) { return lay == 4 ? I8_EC : (lay == 2 || lay == 3) ? I8_TOKEN : I8_STATIC; }
+/* shared floats before the tiles (S, ml; 16-byte aligned), and in all */
+__host__ __device__ static inline int spliti8_head(int G, int L) { return (G * L + 2 * G + 3) & ~3; }
+static size_t spliti8_smem(int G, int hd, int L, int ec_n) {
+    const int rw = (ec_n > hd ? ec_n : hd) / 4 + 4; /* staged words a key */
+    size_t u = (size_t)I8_TK * (hd + 4) + (size_t)I8_TK * rw;
+    const size_t red = (size_t)SPLIT_WARPS * G * hd;
+    if (red > u) u = red;
+    return ((size_t)spliti8_head(G, L) + u) * sizeof(float);
+}
+
+template <int G, int HD>
+__global__ void __launch_bounds__(SPLIT_WARPS * 32)
+    k_attn_split_i8(const float *q, const uint8_t *K, const uint8_t *V, int pos0, int n_head, int n_head_kv, float scale,
+                    int n, const int *dpos, float *part, attn_i8 a) {
+    constexpr int NT = SPLIT_WARPS * 32, LPK = HD / 16, KPW = 32 / LPK, KPB = KPW * SPLIT_WARPS;
+    constexpr int NC8 = HD / 8, NKG = NT / NC8, XS = HD + 4, CPK = HD / KV_EC_CHUNK;
+    extern __shared__ __align__(16) float smi[];
+    pdl_trigger();
+    const int c = blockIdx.x, kh = blockIdx.y, i = blockIdx.z;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
+    if (dpos) pos0 = *dpos; /* written before the graph launch */
+    int L, nsplit;
+    split_ranges_g(pos0 + n, &L, &nsplit);
+    if (c >= nsplit) return;
+    const int T = pos0 + i + 1, j0 = c * L, len = min(T, j0 + L) - j0; /* len <= 0: no keys */
+    const int tp = max(0, pos0 - j0); /* range rows before it were written by earlier steps */
+    float *S = smi, *ml = S + G * L, *X = smi + spliti8_head(G, L), *red = X;
+    uint32_t *raw = (uint32_t *)(X + I8_TK * XS);
+    const int ec_n = a.ec_n, gh = max(1, ec_n / HD), ngrp = n_head_kv / gh, nix = kv_ec_index(ec_n);
+    /* stream s's class, bytes a staged row and row address (field by field, no indexed parameter) */
+    auto cls_of = [&](int s) { return i8_class(s ? a.lay[1] : a.lay[0]); };
+    auto row_words = [&](int s) { return (cls_of(s) == I8_EC ? ec_n : HD) / 4; };
+    auto row_at = [&](int s, int p) -> const uint8_t * {
+        const uint8_t *base = s ? V : K;
+        return cls_of(s) == I8_EC ? base + ((size_t)p * ngrp + kh / gh) * ec_n : base + ((size_t)p * n_head_kv + kh) * HD;
+    };
+    /* keys [k0, k1) of the tile at tb: their coded rows into raw (stride RW + 4 words) */
+    auto stage = [&](int s, int tb, int k0, int k1) {
+        const int RW = row_words(s), n4 = RW / 4;
+        for (int w = tid; w < (k1 - k0) * n4; w += NT) {
+            const int k = k0 + w / n4, v = w % n4;
+            *(uint4 *)(raw + k * (RW + 4) + 4 * v) = __ldg((const uint4 *)row_at(s, j0 + tb + k) + v);
+        }
+    };
+    /* the tile's nk staged rows of stream s to f32 in X */
+    auto decode = [&](int s, int tb, int nk) {
+        const int cl = cls_of(s), RW = row_words(s);
+        if (cl == I8_EC) {
+            const int k = tid / CPK, cc = tid % CPK, ch0 = (kh % gh) * CPK, ch = ch0 + cc, e0 = ch * KV_EC_CHUNK;
+            if (k < nk) {
+                const uint32_t *qw = raw + k * (RW + 4);
+                float *x = X + k * XS + cc * KV_EC_CHUNK - e0; /* x[e0 + j]: the head's element cc * 32 + j */
+                const uint32_t e = qw[0] & 1023u;
+                int ii = e0;
+                if (e) {
+                    const uint16_t *ix = s ? a.ix[1] : a.ix[0];
+                    const int pos = ch ? __ldg(ix + ((size_t)(j0 + tb + k) * ngrp + kh / gh) * nix + ch - 1) : 10;
+                    ii = ec_decode_run(qw, RW, pos, ec_n * 8, e0, e0 + KV_EC_CHUNK, a.steps[KV_EC_STEP_OFF + e],
+                                       [&](int j, float v) { x[j] = v; });
+                }
+                for (; ii < e0 + KV_EC_CHUNK; ii++) x[ii] = 0.0f;
+            }
+            return;
+        }
+        const float *sc = cl == I8_STATIC ? (s ? a.scale[1] : a.scale[0]) + (size_t)kh * HD : NULL;
+#pragma unroll
+        for (int r = 0; r < I8_TK * LPK / NT; r++) {
+            const int task = tid + NT * r, k = task / LPK, c16 = task % LPK; /* a row's LPK lanes are adjacent */
+            const uint4 w = k < nk ? *(const uint4 *)(raw + k * (RW + 4) + 4 * c16) : make_uint4(0, 0, 0, 0);
+            float st = 0.0f;
+            if (cl == I8_TOKEN) { /* element 16 c16 + 4 m + b lies in group (4 m + b) % 8 */
+                const uint32_t x = w.x ^ w.z, y = w.y ^ w.w;
+                uint32_t m = (x & 1u) | (x >> 7 & 2u) | (x >> 14 & 4u) | (x >> 21 & 8u);
+                m |= ((y & 1u) | (y >> 7 & 2u) | (y >> 14 & 4u) | (y >> 21 & 8u)) << 4;
+#pragma unroll
+                for (int o = LPK / 2; o > 0; o >>= 1) m ^= __shfl_xor_sync(0xffffffffu, m, o);
+                st = a.steps[m];
+            }
+            if (k >= nk) continue;
+            const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
+            float f[16];
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const float cv = (float)(int8_t)(wv[j / 4] >> (8 * (j % 4)));
+                f[j] = KV_MUL(cv, cl == I8_TOKEN ? st : __ldg(sc + 16 * c16 + j));
+            }
+            float4 *xo = (float4 *)(X + k * XS + 16 * c16);
+#pragma unroll
+            for (int j = 0; j < 4; j++) xo[j] = make_float4(f[4 * j], f[4 * j + 1], f[4 * j + 2], f[4 * j + 3]);
+        }
+    };
+    const int nk0 = min(len, I8_TK);
+    if (len > 0) stage(0, 0, 0, min(nk0, tp)); /* rows older than pos0, in the predecessor's shadow */
+    pdl_wait();
+    const int t1 = warp * KPW + lane / LPK, sub = lane % LPK; /* phase 1: this lane's key in a pass, slice */
+    float qv[G][16];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        const float4 *qp = (const float4 *)(q + (size_t)i * n_head * HD + ((size_t)kh * G + g) * HD + 16 * sub);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float4 v = qp[k];
+            qv[g][4 * k] = v.x, qv[g][4 * k + 1] = v.y, qv[g][4 * k + 2] = v.z, qv[g][4 * k + 3] = v.w;
+        }
+    }
+    /* phase 1: S[g][t] = q_g . k_t * scale, a tile at a time */
+    for (int tb = 0; tb < len; tb += I8_TK) {
+        const int nk = min(len - tb, I8_TK);
+        if (tb) __syncthreads(); /* the last tile's X read */
+        stage(0, tb, tb ? 0 : min(nk, tp), nk);
+        __syncthreads();
+        decode(0, tb, nk);
+        __syncthreads();
+        for (int kb = 0; kb < nk; kb += KPB) {
+            const int t = kb + t1;
+            float kf[16];
+            const float4 *xr = (const float4 *)(X + (t < nk ? t : 0) * XS + 16 * sub);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float4 v = xr[k];
+                kf[4 * k] = v.x, kf[4 * k + 1] = v.y, kf[4 * k + 2] = v.z, kf[4 * k + 3] = v.w;
+            }
+            float d[G];
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                d[g] = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 16; k++) d[g] += qv[g][k] * kf[k];
+            }
+#pragma unroll
+            for (int g = 0; g < G; g++)
+#pragma unroll
+                for (int o = LPK / 2; o > 0; o >>= 1) d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
+            if (sub == 0 && t < nk)
+#pragma unroll
+                for (int g = 0; g < G; g++) S[g * L + tb + t] = d[g] * scale;
+        }
+    }
+    __syncthreads();
+    split_softmax(S, L, len, G, ml, warp, lane);
+    /* phase 3: acc[g][0..8) = sum over this key group's keys of p[g][t] v[t][8 d8 ..] */
+    const int d8 = tid % NC8, kg = tid / NC8;
+    float acc[G][8];
+#pragma unroll
+    for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int k = 0; k < 8; k++) acc[g][k] = 0.0f;
+    for (int tb = 0; tb < len; tb += I8_TK) {
+        const int nk = min(len - tb, I8_TK);
+        __syncthreads(); /* the softmax's S, the last tile's X read */
+        stage(1, tb, 0, nk);
+        __syncthreads();
+        decode(1, tb, nk);
+        __syncthreads();
+        for (int t = kg; t < nk; t += NKG) {
+            const float4 *xr = (const float4 *)(X + t * XS + 8 * d8);
+            const float4 u0 = xr[0], u1 = xr[1];
+            const float vf[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                const float p = S[g * L + tb + t];
+#pragma unroll
+                for (int k = 0; k < 8; k++) acc[g][k] += p * vf[k];
+            }
+        }
+    }
+    /* the key groups of a warp (lanes d8 + NC8 j), then the warps' in a fixed order */
+#pragma unroll
+    for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+#pragma unroll
+            for (int o = NC8; o < 32; o <<= 1) acc[g][k] += __shfl_xor_sync(0xffffffffu, acc[g][k], o);
+    __syncthreads(); /* red is the tiles' memory */
+    if (lane < NC8)
+#pragma unroll
+        for (int g = 0; g < G; g++)
+#pragma unroll
+            for (int k = 0; k < 8; k++) red[(warp * G + g) * HD + 8 * d8 + k] = acc[g][k];
+    __syncthreads();
+    for (int x = tid; x < G * HD; x += NT) {
+        const int g = x / HD, e = x % HD;
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < SPLIT_WARPS; w++) o += red[(w * G + g) * HD + e];
+        part[(((size_t)i * n_head + kh * G + g) * nsplit + c) * (HD + 2) + 2 + e] = o;
+    }
+    if (tid < G) {
+        float *pp = part + (((size_t)i * n_head + kh * G + tid) * nsplit + c) * (HD + 2);
+        pp[0] = ml[2 * tid], pp[1] = ml[2 * tid + 1];
+    }
+}
+
 /* One block per (head, query), a thread per element e of the head: after the wait every thread
  * loads the ranges' (m_c, l_c) (thread c) and its own o_c[e] of the first MERGE_R ranges in one
  * round trip, warp 0 finds M = max m_c over the non-empty ranges, the weights w_c = e^(m_c - M)
@@ -930,16 +1135,34 @@ __global__ void k_attn_merge(const float *part, int pos0, int n_head, int hd, in
 
 size_t attention_split_floats(int n, int n_head, int hd) { return (size_t)n * n_head * SPLIT_MAX * (hd + 2); }
 
+bool attention_split_i8_ok(int n_head, int n_head_kv, int hd, int n_ctx, const attn_i8 *i8) {
+    const int G = n_head / n_head_kv;
+    if (!i8 || n_head % n_head_kv || !(hd == 64 || hd == 128) || !(G == 1 || G == 2 || G == 3 || G == 4 || G == 8))
+        return false;
+    for (int s = 0; s < 2; s++) {
+        const int cl = i8_class(i8->lay[s]);
+        if (cl == I8_EC && (!i8->ix[s] || i8->ec_n % hd || i8->ec_n > HD_MAX || n_head_kv % (i8->ec_n / hd) ||
+                            kv_ec_index(i8->ec_n) == 0))
+            return false;
+        if (cl == I8_STATIC && !i8->scale[s]) return false;
+    }
+    int L, nsplit;
+    split_ranges_g(n_ctx, &L, &nsplit);
+    return i8->steps && spliti8_smem(G, hd, L, i8->ec_n) <= 48 * 1024;
+}
+
 bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
                             size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
-                            float *part, cudaStream_t s, const int *dpos, int n_ctx, bool early, const attn_fuse *fx) {
+                            float *part, cudaStream_t s, const int *dpos, int n_ctx, bool early, const attn_fuse *fx,
+                            const attn_i8 *i8) {
     const int G = n_head / n_head_kv;
     int L, nsplit;
     /* the grouped kernel where the group and its shared memory fit, sized for the longest
      * range any position up to n_ctx has (so graph replay and plain launches agree) */
     split_ranges_g(n_ctx > 0 ? n_ctx : pos0 + n, &L, &nsplit); /* the same choice at every position of a context */
     const size_t gsm = splitg_smem(G, hd, L);
-    const bool grouped = G <= SPLITG_GMAX && gsm <= 48 * 1024;
+    const bool grouped = i8 || (G <= SPLITG_GMAX && gsm <= 48 * 1024);
+    const size_t ism = i8 ? spliti8_smem(G, hd, L, i8->ec_n) : 0; /* L: n_ctx's, as hsm's */
     /* the vectorized kernel (k_attn_split_h, the same ranges and partials) for f16 rows of
      * head_dim 64 or 128, 16-byte aligned, groups of 1, 2, 4 or 8: on the H200, 8B shape, -c 512,
      * 5.8 us per layer against 12.7 for k_attn_split_g (Nsight Compute) */
@@ -971,7 +1194,24 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
                              fx->bv, (void *)q, (void *)(K + (dpos ? 0 : (size_t)pos0 * n_head_kv * rbk)),
                              (void *)(V + (dpos ? 0 : (size_t)pos0 * n_head_kv * rbv)), s, dpos);
     }
-    if (vh) {
+    if (i8) { /* int8 in place (the caller checked attention_split_i8_ok) */
+#define QF_SPI(GG, HH) cu_launch(k_attn_split_i8<GG, HH>, grid, dim3(SPLIT_WARPS * 32), ism, s, q, K, V, pos0, n_head, \
+                                 n_head_kv, scale, n, dpos, part, *i8)
+        if (hd == 128) {
+            if (G == 1) QF_SPI(1, 128);
+            else if (G == 2) QF_SPI(2, 128);
+            else if (G == 3) QF_SPI(3, 128);
+            else if (G == 4) QF_SPI(4, 128);
+            else QF_SPI(8, 128);
+        } else {
+            if (G == 1) QF_SPI(1, 64);
+            else if (G == 2) QF_SPI(2, 64);
+            else if (G == 3) QF_SPI(3, 64);
+            else if (G == 4) QF_SPI(4, 64);
+            else QF_SPI(8, 64);
+        }
+#undef QF_SPI
+    } else if (vh) {
 #define QF_SPH(GG, HH) cu_launch(k_attn_split_h<GG, HH>, grid, dim3(SPLIT_WARPS * 32), hsm, s, q, K, V, rbk, rbv, pos0, \
                                  n_head, n_head_kv, scale, n, dpos, part, (int)early, f)
         if (hd == 128) {

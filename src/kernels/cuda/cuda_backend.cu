@@ -99,6 +99,7 @@ struct qf_cuda_ctx {
     bool f16_cache;        /* quantized weights keep an f16 copy for prefill GEMMs (knob no_f16_cache: off) */
     bool q4g;              /* q4_0 / q8_0 / Q6_K weights of whole groups take the G8 layouts (knob no_q4_regroup: off) */
     bool pdl;              /* the decode graph uses programmatic dependent launch (knob no_pdl: off) */
+    bool i8_expand;        /* knob i8_expand: int8 decode expands the layer every step (not in place) */
     float *h_lg;           /* pinned staging for one row of logits (forward_graph's copy), or NULL */
 #define LG_CHUNKS 4
     cudaEvent_t lg_ev[LG_CHUNKS];
@@ -724,6 +725,7 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
     g->graph_off = p->knobs.no_graph;
     g->q4g = !p->knobs.no_q4_regroup;
     g->pdl = !p->knobs.no_pdl;
+    g->i8_expand = p->knobs.i8_expand;
     g->kv_rot = p->kv_rot == QF_KV_ROT_HADAMARD;
     g->fam = hp->qk_norm || hp->post_norms || hp->attn_softcap > 0 || hp->final_softcap > 0 || hp->swa != QF_SWA_NONE ||
              hp->ffn_act != QF_FFN_SILU || hp->embd_scale != 1.0f || hp->n_expert > 0 ||
@@ -1003,7 +1005,7 @@ static bool int8_pair(const qf_cuda_ctx *g) {
     return g->kv_mode[0] == QF_KV_INT8 && g->kv_mode[1] == QF_KV_INT8 && g->kv_layout[0] == g->kv_layout[1];
 }
 static void int8_store_pair(qf_cuda_ctx *g, int il, int n, int pos0, const int *dpos, cudaStream_t S,
-                            const uint8_t *view[2], qf_kv_mode vmode[2], size_t vrb[2]) {
+                            const uint8_t *view[2], qf_kv_mode vmode[2], size_t vrb[2], bool inplace) {
     const int hd = g->hd, nkv = g->nkv, lay = g->kv_layout[0];
     kv8_io io[2] = {int8_io(g, 0, il, g->k, pos0, dpos), int8_io(g, 1, il, g->v, pos0, dpos)};
     if (kv_int8_rotated(lay)) {
@@ -1012,8 +1014,30 @@ static void int8_store_pair(qf_cuda_ctx *g, int il, int n, int pos0, const int *
         launch_hadamard_n(x, rows, 3, hd, S);
     }
     launch_kv_int8_write(lay, io, 2, n, nkv, hd, g->tok_step, S, dpos, (size_t)nkv * g->kv_rb[0], false);
+    if (inplace) { /* split-K reads the cache itself (attn_i8) */
+        for (int s = 0; s < 2; s++)
+            view[s] = g->kv[s] + g->kv_layer_bytes[s] * il, vmode[s] = QF_KV_INT8, vrb[s] = g->kv_rb[s];
+        return;
+    }
     launch_kv_int8_expand(lay, io, 2, dpos ? g->n_ctx : pos0 + n, nkv, hd, g->tok_step, S, dpos, false, true);
     for (int s = 0; s < 2; s++) view[s] = (const uint8_t *)g->kv_f32[s], vmode[s] = QF_KV_F16, vrb[s] = (size_t)hd * 2;
+}
+
+/* Decode over int8 K and V read in place by split-K (attention_split_i8_ok): layer il's view
+ * of both streams in *a; false where the shape or the knob (i8_expand) keeps the expansion */
+static bool int8_inplace(const qf_cuda_ctx *g, int il, attn_i8 *a) {
+    if (g->i8_expand || g->kv_mode[0] != QF_KV_INT8 || g->kv_mode[1] != QF_KV_INT8) return false;
+    const int hd = g->hd, nkv = g->nkv;
+    const size_t dkv = (size_t)nkv * hd, ipp = kv_ec_index_per_pos(nkv, hd);
+    *a = attn_i8{};
+    a->steps = g->tok_step, a->ec_n = kv_ec_group(nkv, hd) * hd;
+    for (int s = 0; s < 2; s++) {
+        a->lay[s] = g->kv_layout[s];
+        a->scale[s] = g->kv_scale[s] ? g->kv_scale[s] + il * dkv : NULL;
+        a->ix[s] = g->kv_ecix[s] ? g->kv_ecix[s] + (size_t)il * g->n_ctx * ipp : NULL;
+        if (g->kv_rb[s] != (size_t)hd || (size_t)g->kv_layer_bytes[s] % 16) return false;
+    }
+    return attention_split_i8_ok(g->hp.n_head, nkv, hd, g->n_ctx, a);
 }
 
 /* Store n tokens of stream s (src [n][n_head_kv][head_dim] f32 on the device) at pos0 in
@@ -1026,9 +1050,11 @@ static void int8_store_pair(qf_cuda_ctx *g, int il, int n, int pos0, const int *
  * (*vmode F16), the rotated layouts' as stored (H k, H v; the caller rotates q and the output),
  * and dpos (graph replay, one token) is honoured: the row goes to *dpos and [0, *dpos + 1) is
  * expanded.
- * Without it (prefill, the canonical route) rows are rotated back and dpos must be NULL for int8. */
+ * Without it (prefill, the canonical route) rows are rotated back and dpos must be NULL for int8.
+ * inplace (int8, with in_basis: int8_inplace): the row is only written; *view is the cache. */
 static qf_status kv_store(qf_cuda_ctx *g, int s, int il, float *src, int n, int pos0, const int *dpos, cudaStream_t S,
-                          bool in_basis, const uint8_t **view, qf_kv_mode *vmode, size_t *vrb, qf_error *err) {
+                          bool in_basis, bool inplace, const uint8_t **view, qf_kv_mode *vmode, size_t *vrb,
+                          qf_error *err) {
     qf_status st = QF_OK;
     const int hd = g->hd, nkv = g->nkv;
     const qf_kv_mode mode = g->kv_mode[s];
@@ -1039,6 +1065,7 @@ static qf_status kv_store(qf_cuda_ctx *g, int s, int il, float *src, int n, int 
     if (mode == QF_KV_INT8) {
         const kv8_io io = int8_io(g, s, il, src, pos0, dpos);
         launch_kv_int8_write(g->kv_layout[s], &io, 1, n, nkv, hd, g->tok_step, S, dpos, (size_t)nkv * rb, true);
+        if (inplace) return QF_OK; /* split-K reads the cache itself (attn_i8): *view is C */
         launch_kv_int8_expand(g->kv_layout[s], &io, 1, dpos ? g->n_ctx : pos0 + n, nkv, hd, g->tok_step, S, dpos,
                               !in_basis, in_basis);
         if (in_basis) { /* decode: f16 rows in kv_f32's memory, for the vectorized split-K kernel */
@@ -1499,6 +1526,8 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             const bool i8k = i8b && g->kv_mode[0] == QF_KV_INT8 && kv_int8_rotated(g->kv_layout[0]);
             const bool i8v = i8b && g->kv_mode[1] == QF_KV_INT8 && kv_int8_rotated(g->kv_layout[1]);
             bool qrot = false; /* q already rotated (int8_store_pair) */
+            attn_i8 i8a;
+            const bool i8in = i8b && int8_inplace(g, il, &i8a); /* int8 read in place by split-K */
             if (plain) { /* K and V rows in one launch */
                 uint8_t *dst[2];
                 const float *src[2] = {g->k, g->v};
@@ -1512,14 +1541,14 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                 if (g->kv_rot) launch_hadamard(g->k, (int64_t)n * nkv, hd, S), launch_hadamard(g->v, (int64_t)n * nkv, hd, S);
                 launch_kv_write2(km, src, (int64_t)n * nkv, hd, krb, dst, S, dpos, stride);
             } else if (i8b && int8_pair(g)) {
-                int8_store_pair(g, il, n, pos0, dpos, S, kvp, km, krb);
+                int8_store_pair(g, il, n, pos0, dpos, S, kvp, km, krb, i8in);
                 qrot = i8k; /* q rotated with K and V */
             } else
                 for (int s = 0; s < 2; s++)
                     if (kv16 || dkv16) /* already written by the split */
                         kvp[s] = g->kv[s] + g->kv_layer_bytes[s] * il, km[s] = QF_KV_F16, krb[s] = g->kv_rb[s];
-                    else if ((st = kv_store(g, s, il, s ? g->v : g->k, n, pos0, dpos, S, i8b, &kvp[s], &km[s], &krb[s],
-                                            err)))
+                    else if ((st = kv_store(g, s, il, s ? g->v : g->k, n, pos0, dpos, S, i8b, i8in, &kvp[s], &km[s],
+                                            &krb[s], err)))
                         goto done;
             /* prefill: the tensor-core flash kernel reads f16, q8_0 and q4_0 caches and the f32
              * expansion of int8 / dict layers itself (tiles dequantized to f16 in shared memory); a
@@ -1540,7 +1569,8 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                 if (!g->kv_rot && !i8v && !L->post_attn_norm && q8_act(&L->wo)) fx.xq = g->xh;
                 oq = launch_attention_split(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv,
                                             hd, g->att, g->part, S, dpos, g->n_ctx,
-                                            !expanded && g->kv_mode[1] != QF_KV_INT8 && g->kv_mode[1] != QF_KV_DICT, &fx);
+                                            i8in || (!expanded && g->kv_mode[1] != QF_KV_INT8 && g->kv_mode[1] != QF_KV_DICT),
+                                            &fx, i8in ? &i8a : NULL);
             } else
                 launch_attention(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv, hd, g->att,
                                  fl, att16 ? g->xh : NULL, q16, S, fam ? hp->attn_scale : 0.0f, hp->attn_softcap,
@@ -1677,7 +1707,7 @@ static qf_status forward_canon(qf_cuda_ctx *g, const qf_tap *tap, int n, int pos
                 const uint8_t *view;
                 qf_kv_mode vm;
                 size_t vrb;
-                if ((st = kv_store(g, s, il, s ? g->v : g->k, n, pos0, NULL, S, false, &view, &vm, &vrb, err))) goto done;
+                if ((st = kv_store(g, s, il, s ? g->v : g->k, n, pos0, NULL, S, false, false, &view, &vm, &vrb, err))) goto done;
                 if (g->kv_mode[s] == QF_KV_INT8) { /* expanded to f32 by kv_store */
                     kv32[s] = g->kv_f32[s];
                     continue;

@@ -31,8 +31,9 @@ extern "C" {
  * device), the table gains op_kv_dict_encode. 10: op_attention's route 3 (the decode step's fused
  * split-K attention against the separate launches). 11: op_rmsnorm returns the norm's fused
  * q8_0 activation next to the separate quantization's. 12: kv-rq's learning steps (learn_*_f64).
- * 13: learn_klt_measure (the KLT fit's codec-error measurement). 14: qf_cuda_info.graph_steps. */
-#define QF_CUDA_ABI 14
+ * 13: learn_klt_measure (the KLT fit's codec-error measurement). 14: qf_cuda_info.graph_steps.
+ * 15: qf_cuda_params gains i8_expand (int8 decode reads the cache in place by default). */
+#define QF_CUDA_ABI 15
 
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 typedef struct qf_cuda_awq qf_cuda_awq; /* one AWQ group's search state on the device */

@@ -612,6 +612,68 @@ int kv_ec_group(int nkv, int hd);
  * (0: rows under 2 chunks are decoded whole). */
 #define KV_EC_CHUNK 32
 __host__ __device__ static inline int kv_ec_index(int n) { return n >= 2 * KV_EC_CHUNK ? (n + KV_EC_CHUNK - 1) / KV_EC_CHUNK - 1 : 0; }
+/* ec-rot's chunk decoder, bit for bit kv_codes.c's qf_kv_int8_ec_dequantize: elements [i, i1)
+ * of a coded row held as 32-bit words q[0, nw) (shared memory; zeros read past nw), the first
+ * code at bit pos (10 for chunk 0, else the row's index entry), step d; put(i, v) stores element
+ * i. A code is read from a 64-bit window holding at least 32 bits (one predicated refill a
+ * code): h from its first bits (0h: h < 2; 1tt: h = 2 + tt for tt < 3; 111 then ones up to a
+ * zero: h = 5 + ones), then 4 low bits and the sign. h and the prefix length are selected, not
+ * branched on, so the lanes of a warp (each decoding its own chunk) do not diverge; only a code
+ * that does not end inside the window's low word (24 ones or more: h >= 29, |c| >= 464) is read
+ * field by field. Returns where it stopped:
+ * i1, or the element whose code would end past the row's total bits (rows the encoder wrote
+ * never do; the caller zeroes the rest). One definition for the expansion (cuda_kv.cu) and
+ * split-K attention (cuda_attention.cu). */
+template <class Put>
+__device__ static inline int ec_decode_run(const uint32_t *q, int nw, int pos, int total, int i, int i1, float d,
+                                           Put put) {
+    int nx = pos >> 5, have = 0;
+    uint64_t buf = 0;
+    auto refill = [&]() { /* at least 33 bits in buf */
+        while (have <= 32) {
+            buf |= (uint64_t)(nx < nw ? q[nx] : 0u) << have;
+            nx++, have += 32;
+        }
+    };
+    refill();
+    buf >>= pos & 31, have -= pos & 31;
+    for (; i < i1; i++) {
+        { /* at least 32 bits: every code but the long ones */
+            const bool need = have <= 32;
+            const uint32_t wd = nx < nw ? q[nx < nw ? nx : 0] : 0u;
+            buf |= need ? (uint64_t)wd << have : 0ull;
+            nx += need, have += need ? 32 : 0;
+        }
+        const uint32_t w = (uint32_t)buf, b0 = w & 1u, t = (w >> 1) & 3u;
+        const int ones = __ffs(~(w >> 3)) - 1; /* ones after 111 in the low word: at most 29 */
+        uint32_t h = !b0 ? (t & 1u) : t < 3 ? t + 2 : 5u + (uint32_t)ones;
+        int plen = !b0 ? 2 : t < 3 ? 3 : 4 + ones;
+        if (b0 && t == 3 && ones > 23) { /* a code past the low word (have >= 32): bit by bit */
+            h = 5, buf >>= 3, have -= 3, pos += 3;
+            for (;;) {
+                refill();
+                const uint32_t lo32 = (uint32_t)buf;
+                if (lo32 == 0xffffffffu) {
+                    h += 32, buf >>= 32, have -= 32, pos += 32;
+                    continue;
+                }
+                const int o = __ffs(~lo32) - 1;
+                h += (uint32_t)o, buf >>= o + 1, have -= o + 1, pos += o + 1;
+                break;
+            }
+            refill();
+            plen = 0;
+        }
+        /* the low bits and the sign: bits plen .. plen + 4 (plen <= 27, or 0 after the long path) */
+        const uint32_t tail = __funnelshift_r((uint32_t)buf, (uint32_t)(buf >> 32), (uint32_t)plen);
+        const uint32_t c = h << 4 | (tail & 15u), sg = (tail >> 4) & 1u;
+        buf >>= plen + 5, have -= plen + 5, pos += plen + 5;
+        if (pos > total) break;
+        const float v = __fmul_rn((float)c, d);
+        put(i, sg ? -v : v);
+    }
+    return i;
+}
 /* the index entries of one position of one stream (ec-rot) */
 static inline size_t kv_ec_index_per_pos(int nkv, int hd) {
     const int n = kv_ec_group(nkv, hd) * hd;
@@ -783,11 +845,27 @@ typedef struct {
     int half, neox;
     void *xq;
 } attn_fuse;
+/* int8 K and V read in place by split-K decode (launch_attention_split's i8; mk = mv =
+ * QF_KV_INT8, K and V the layer's cache at position 0, rows in their stored basis: a rotated
+ * layout's caller rotates q and the output). Each range's rows are staged in shared memory 32
+ * keys at a time and dequantized there as the expansion does (static: code * scale; token:
+ * code * the step its parities name; ec-rot: ec_decode_run from the row's index), so no
+ * per-step expansion of the layer is written or read. */
+typedef struct {
+    int lay[2];            /* qf_kv_int8_layout of K and V */
+    const float *scale[2]; /* static layouts: the layer's [nkv * hd] scales */
+    const uint16_t *ix[2]; /* ec-rot: the layer's row index at position 0 (kv_ec_index entries a row) */
+    const float *steps;    /* kv_tok_steps' table on the device (KV_STEPS_N) */
+    int ec_n;              /* ec-rot: elements (and bytes) of a coded row, kv_ec_group * hd */
+} attn_i8;
+/* whether launch_attention_split reads int8 in place for this shape (head_dim 64 or 128, GQA
+ * group 1, 2, 3, 4 or 8, its shared memory within 48 KB at n_ctx, 16-byte aligned rows) */
+bool attention_split_i8_ok(int n_head, int n_head_kv, int hd, int n_ctx, const attn_i8 *i8);
 /* returns whether fx->xq was written */
 bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
                             size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
                             float *part, cudaStream_t s, const int *dpos = NULL, int n_ctx = 0, bool early = false,
-                            const attn_fuse *fx = NULL);
+                            const attn_fuse *fx = NULL, const attn_i8 *i8 = NULL);
 size_t attention_split_floats(int n, int n_head, int hd);
 
 /* ---- cuda_canon.cu: the canonical arithmetic (kernels/canon.h), the CPU's bits ---- */

@@ -559,11 +559,9 @@ __global__ void __launch_bounds__(EC_WARPS * 32)
  * loaded into shared memory whole (coalesced), thread (row, chunk) decodes KV_EC_CHUNK elements
  * (the whole row below two chunks) from the bit the row's index holds, into a shared copy of the
  * rows (row stride S, element j at j + j / 32: the threads of a warp write distinct banks), and
- * the block stores the R rows coalesced. A code is read from a 64-bit window refilled 32 bits at
- * a time (zeros past the row): h from its first bits (0h: h < 2; 1tt: h = 2 + tt for tt < 3;
- * 111 then ones up to a zero: h = 5 + ones), then 4 low bits and the sign, all from the window
- * but for a code longer than it holds (25 ones or more: read field by field). An element that would end past the row, and the rest of its
- * chunk, is 0 (rows the encoder wrote never do). */
+ * the block stores the R rows coalesced. The codes are read by ec_decode_run (cuda_common.cuh);
+ * an element that would end past the row, and the rest of its chunk, is 0 (rows the encoder
+ * wrote never do). */
 #define EC_DEC_T 128
 /* dynamic shared memory: the R rows' words (stride n / 4 + 1), then their floats (stride S);
  * at most 40.3 KB (n = 60: 128 rows), 21 KB for 256-element rows */
@@ -599,50 +597,9 @@ __global__ void __launch_bounds__(EC_DEC_T)
         const uint32_t e = q[0] & 1023u;
         int i = i0;
         if (e) {
-            const float d = steps[KV_EC_STEP_OFF + e];
-            const long total = (long)n * 8;
-            long pos = ch ? __ldg(ix + (r0 + r) * nix + ch - 1) : 10;
-            int nx = (int)(pos >> 5), have = 0;
-            uint64_t buf = 0;
-            auto refill = [&]() { /* at least 33 bits in buf */
-                while (have <= 32) {
-                    buf |= (uint64_t)(nx < nw ? q[nx] : 0u) << have;
-                    nx++, have += 32;
-                }
-            };
-            refill();
-            buf >>= pos & 31, have -= (int)(pos & 31);
-            for (; i < i1; i++) {
-                refill();
-                const uint32_t w = (uint32_t)buf, t = (w >> 1) & 3u;
-                const int ones = __ffsll((long long)~(buf >> 3)) - 1; /* ones after 111 (bits past `have` are 0) */
-                uint32_t h;
-                int plen;
-                if (!(w & 1)) h = t & 1u, plen = 2;
-                else if (t < 3) h = t + 2, plen = 3;
-                else if (ones <= have - 9) h = 5 + (uint32_t)ones, plen = 4 + ones; /* the code whole in the window */
-                else { /* a run of ones past the window: bit by bit */
-                    h = 5, buf >>= 3, have -= 3, pos += 3;
-                    for (;;) {
-                        refill();
-                        const uint32_t lo32 = (uint32_t)buf;
-                        if (lo32 == 0xffffffffu) {
-                            h += 32, buf >>= 32, have -= 32, pos += 32;
-                            continue;
-                        }
-                        const int o = __ffs(~lo32) - 1;
-                        h += (uint32_t)o, buf >>= o + 1, have -= o + 1, pos += o + 1;
-                        break;
-                    }
-                    refill();
-                    plen = 0;
-                }
-                const uint32_t c = h << 4 | ((uint32_t)(buf >> plen) & 15u), sg = (uint32_t)(buf >> (plen + 4)) & 1u;
-                buf >>= plen + 5, have -= plen + 5, pos += plen + 5;
-                if (pos > total) break;
-                const float v = __fmul_rn((float)c, d);
-                x[i + (i >> 5)] = sg ? -v : v;
-            }
+            const int pos = ch ? __ldg(ix + (r0 + r) * nix + ch - 1) : 10;
+            i = ec_decode_run(q, nw, pos, n * 8, i0, i1, steps[KV_EC_STEP_OFF + e],
+                              [&](int k, float v) { x[k + (k >> 5)] = v; });
         }
         for (; i < i1; i++) x[i + (i >> 5)] = 0;
     }
