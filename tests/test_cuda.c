@@ -1206,6 +1206,19 @@ TEST(e2e_decode_graph) {
     }
 }
 
+/* a kv-int8 payload's GPU runs of one case: the graph reading the cache in place (lg; *gs: its
+ * graph steps), the graph through the per-step expansion (le, knob i8_expand) and plain launches
+ * in place (lp) */
+static bool int8_gpu_runs(qf_model *m, const char *kl, const char *vl, const int32_t *toks, int n0, int n1, float *lg,
+                          long *gs, float *le, float *lp) {
+    bool ok = decode_steps_lay(m, QF_DEVICE_CUDA, false, false, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lg);
+    *gs = last_graph_steps;
+    dsl_i8_expand = true;
+    ok = ok && decode_steps_lay(m, QF_DEVICE_CUDA, false, false, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, le);
+    dsl_i8_expand = false;
+    return ok && decode_steps_lay(m, QF_DEVICE_CUDA, false, true, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lp);
+}
+
 /* kv-int8 caches (every row layout, K and V each its own) in one-token steps: the step runs
  * under the decode graph (graph_steps), the graph's logits are the plain launches' bits, and
  * both are within the q8_0 cache's bound of the CPU reference with the same payload. The
@@ -1229,12 +1242,8 @@ TEST(e2e_decode_graph_int8) {
               *le = malloc(nl * 4);
         for (size_t k = 0; lg && lp && lc && lf && le && k < sizeof lays / sizeof lays[0]; k++) {
             const char *kl = lays[k][0], *vl = lays[k][1];
-            bool ok = decode_steps_lay(m, QF_DEVICE_CUDA, false, false, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lg);
-            const long gs = last_graph_steps;
-            dsl_i8_expand = true;
-            ok = ok && decode_steps_lay(m, QF_DEVICE_CUDA, false, false, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, le);
-            dsl_i8_expand = false;
-            ok = ok && decode_steps_lay(m, QF_DEVICE_CUDA, false, true, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lp) &&
+            long gs = 0;
+            const bool ok = int8_gpu_runs(m, kl, vl, toks, n0, n1, lg, &gs, le, lp) &&
                  decode_steps_lay(m, QF_DEVICE_CPU, true, true, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lc) &&
                  decode_steps_lay(m, QF_DEVICE_CPU, false, true, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lf);
             if (!ok) break;
@@ -1276,13 +1285,9 @@ TEST(e2e_decode_int8_long) {
     dsl_n_ctx = 2304;
     for (size_t k = 0; lg && lp && le && lf && k < sizeof lays / sizeof lays[0]; k++) {
         const char *kl = lays[k][0], *vl = lays[k][1];
-        bool ok = decode_steps_lay(m, QF_DEVICE_CUDA, false, false, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lg);
-        const long gs = last_graph_steps;
-        dsl_i8_expand = true;
-        ok = ok && decode_steps_lay(m, QF_DEVICE_CUDA, false, false, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, le);
-        dsl_i8_expand = false;
-        ok = ok && decode_steps_lay(m, QF_DEVICE_CUDA, false, true, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lp) &&
-             decode_steps_lay(m, QF_DEVICE_CPU, false, true, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lf);
+        long gs = 0;
+        const bool ok = int8_gpu_runs(m, kl, vl, toks, n0, n1, lg, &gs, le, lp) &&
+                        decode_steps_lay(m, QF_DEVICE_CPU, false, true, QF_KV_F16, QF_KV_ROT_NONE, kl, vl, toks, n0, n1, lf);
         if (!ok) break;
         size_t diff = 0;
         for (size_t i = 0; i < nl; i++) diff += memcmp(lg + i, lp + i, 4) != 0;
