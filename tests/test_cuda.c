@@ -1232,8 +1232,10 @@ TEST(e2e_decode_graph_int8) {
                             "models/test-d2048-q4_0.gguf"};
     const char *lays[][2] = {{"ec-rot", "ec-rot"}, {"token-rot", "token"}, {"static", "static-rot"}};
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
-        const int n0 = 9, n1 = 40;
-        int32_t toks[49];
+        /* an 8-token prompt: MATVEC_MAX, so it runs the decode route too (split-K over 8 queries
+         * of a batch); then positions 8..47 a token at a time */
+        const int n0 = 8, n1 = 40;
+        int32_t toks[48];
         qf_model *m = graph_model(models[mi], toks, n0 + n1);
         if (!m) continue;
         const int nv = qf_model_hparams(m)->n_vocab;
