@@ -475,8 +475,7 @@ __device__ static inline int ec_lane_bits(const float *x, int i0, int i1, float 
     for (int i = i0; i < i1; i++) b += ec_code_bits_d(ec_code_of_d(x[i], inv, cmax));
     return b;
 }
-__device__ static inline long ec_row_bits_w(const float *x, int i0, int i1, int e, int cmax, const float *st) {
-    const float inv = __fdiv_rn(1.0f, st[e]);
+__device__ static inline long ec_row_bits_w(const float *x, int i0, int i1, float inv, int cmax) {
     int b = ec_lane_bits(x, i0, i1, inv, cmax);
     for (int o = 16; o > 0; o >>= 1) b += __shfl_xor_sync(0xffffffffu, b, o);
     return 10 + (long)b;
@@ -518,13 +517,21 @@ __global__ void __launch_bounds__(EC_WARPS * 32)
         int cmax = 1023;
         const double e0 = 704 + ceil(32.0 * log2(sqrt(ss / n) / 57.0));
         int e = e0 < 1 ? 1 : e0 > 1023 ? 1023 : (int)e0;
-        if (ec_row_bits_w(x, i0, i1, e, cmax, st) <= budget) {
-            while (e > 1 && ec_row_bits_w(x, i0, i1, e - 1, cmax, st) <= budget) e--;
+        /* the steps of the 32 exponents around the guess, one a lane, loaded together: a walk's
+         * step reads its step by a shuffle instead of a dependent load (e is the warp's) */
+        const int eb = min(max(e - 15, 1), 1023 - 31);
+        const float sw = st[eb + lane];
+        auto inv_of = [&](int ee) {
+            const float sv = ee >= eb && ee < eb + 32 ? __shfl_sync(0xffffffffu, sw, ee - eb) : st[ee];
+            return __fdiv_rn(1.0f, sv);
+        };
+        if (ec_row_bits_w(x, i0, i1, inv_of(e), cmax) <= budget) {
+            while (e > 1 && ec_row_bits_w(x, i0, i1, inv_of(e - 1), cmax) <= budget) e--;
         } else {
-            while (e < 1023 && ec_row_bits_w(x, i0, i1, e, cmax, st) > budget) e++;
-            while (cmax > 15 && ec_row_bits_w(x, i0, i1, e, cmax, st) > budget) cmax = cmax > 30 ? cmax / 2 : 15;
+            while (e < 1023 && ec_row_bits_w(x, i0, i1, inv_of(e), cmax) > budget) e++;
+            while (cmax > 15 && ec_row_bits_w(x, i0, i1, inv_of(e), cmax) > budget) cmax = cmax > 30 ? cmax / 2 : 15;
         }
-        const float inv = __fdiv_rn(1.0f, st[e]);
+        const float inv = inv_of(e);
         const int mine = ec_lane_bits(x, i0, i1, inv, cmax);
         int incl = mine; /* inclusive scan of the lanes' bit counts */
         for (int o = 1; o < 32; o <<= 1) {
