@@ -1230,7 +1230,9 @@ TEST(e2e_decode_graph_int8) {
     NEED_GPU();
     const char *models[] = {"models/qforge-demo-11m-f16.gguf", "models/qforge-demo-11m-q4_0.gguf",
                             "models/test-d2048-q4_0.gguf"};
-    const char *lays[][2] = {{"ec-rot", "ec-rot"}, {"token-rot", "token"}, {"static", "static-rot"}};
+    /* ec-rot is staged in shared memory (k_attn_split_i8), the other classes are read straight
+     * from global memory (k_attn_split_h's int8 form) unless the other stream is ec-rot */
+    const char *lays[][2] = {{"ec-rot", "ec-rot"}, {"token-rot", "token"}, {"static", "static-rot"}, {"static-rot", "ec-rot"}};
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
         /* an 8-token prompt: MATVEC_MAX, so it runs the decode route too (split-K over 8 queries
          * of a batch); then positions 8..47 a token at a time */
@@ -1276,7 +1278,8 @@ TEST(e2e_decode_graph_int8) {
 TEST(e2e_decode_int8_long) {
     NEED_GPU();
     const char *rel = "models/test-d2048-q4_0.gguf";
-    const char *lays[][2] = {{"ec-rot", "ec-rot"}, {"token", "token-rot"}, {"static-rot", "static"}};
+    const char *lays[][2] = {{"ec-rot", "ec-rot"}, {"token", "token-rot"}, {"static-rot", "static"}, {"token-rot", "static"},
+                             {"ec-rot", "token"}};
     enum { n0 = 2100, n1 = 6 };
     static int32_t toks[n0 + n1];
     qf_model *m = graph_model(rel, toks, n0 + n1);
