@@ -2,6 +2,8 @@
  * mode, and flash attention on tensor cores for f16 caches (prefill). */
 #include "kernels/cuda/cuda_common.cuh"
 
+#include <type_traits>
+
 /* one warp per (query i, head h): online softmax over positions [0, pos0 + i] */
 template <int MK, int MV, bool EX = false>
 __global__ void k_attention(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int n,
@@ -721,21 +723,109 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     }
 }
 
+/* ---- the vectorized split-K kernels' shared steps (k_attn_split_h, k_attn_split_i8) ----
+ * phase 1 for one key: the dots of the G heads' q slices qv (16 dimensions a lane) with the
+ * key's slice kf, summed across the key's LPK lanes; the key's first lane writes them, times
+ * scale, to S[g][t] where `write` */
+template <int G, int LPK>
+__device__ static inline void split_score(const float (&qv)[G][16], const float (&kf)[16], bool write, float *S, int L,
+                                          int t, float scale) {
+    float a[G];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        a[g] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 16; k++) a[g] += qv[g][k] * kf[k];
+    }
+#pragma unroll
+    for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int o = LPK / 2; o > 0; o >>= 1) a[g] += __shfl_xor_sync(0xffffffffu, a[g], o);
+    if (write)
+#pragma unroll
+        for (int g = 0; g < G; g++) S[g * L + t] = a[g] * scale;
+}
+/* the end of phase 3: acc (thread (key group, 8-dim chunk d8) of NC8 chunks) summed over the key
+ * groups of a warp (lanes d8 + NC8 j), then the warps' in a fixed order through red (ALIAS: red
+ * is memory the block read before, so synced first), and the range's partial (m, l, o[HD]) of
+ * each head to part in k_attn_split's layout */
+template <int G, int HD, int NC8, bool ALIAS>
+__device__ static inline void split_finish(float (&acc)[G][8], float *red, const float *ml, float *part, int i,
+                                           int n_head, int kh, int nsplit, int c) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, d8 = threadIdx.x % NC8;
+#pragma unroll
+    for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+#pragma unroll
+            for (int o = NC8; o < 32; o <<= 1) acc[g][k] += __shfl_xor_sync(0xffffffffu, acc[g][k], o);
+    if (ALIAS) __syncthreads();
+    if (lane < NC8)
+#pragma unroll
+        for (int g = 0; g < G; g++)
+#pragma unroll
+            for (int k = 0; k < 8; k++) red[(warp * G + g) * HD + 8 * d8 + k] = acc[g][k];
+    __syncthreads();
+    for (int x = threadIdx.x; x < G * HD; x += blockDim.x) {
+        const int g = x / HD, e = x % HD;
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < SPLIT_WARPS; w++) o += red[(w * G + g) * HD + e];
+        part[(((size_t)i * n_head + kh * G + g) * nsplit + c) * (HD + 2) + 2 + e] = o;
+    }
+    if (threadIdx.x < G) {
+        float *pp = part + (((size_t)i * n_head + kh * G + threadIdx.x) * nsplit + c) * (HD + 2);
+        pp[0] = ml[2 * threadIdx.x], pp[1] = ml[2 * threadIdx.x + 1];
+    }
+}
+
+/* ---- int8 rows of the fixed-length layouts (static, token) read straight from global memory
+ * by k_attn_split_h<G, HD, true>: the values the staged decoder (k_attn_split_i8's decode)
+ * writes, KV_MUL(code, scale[e]) or KV_MUL(code, step) ---- */
+enum { I8_STATIC, I8_TOKEN, I8_EC };
+__host__ __device__ static inline int i8_class(int lay) { return lay == 4 ? I8_EC : (lay == 2 || lay == 3) ? I8_TOKEN : I8_STATIC; }
+/* the parities of the low bits of 8 codes, elements e .. e + 7 with e % 8 == 0 (bytes of lo, then
+ * hi): bit j is element group (e + j) % 8's, as kv_codes.c's token code spells its exponent */
+__device__ static inline uint32_t i8_tok_par8(uint32_t lo, uint32_t hi) {
+    const uint32_t m = (lo & 1u) | (lo >> 7 & 2u) | (lo >> 14 & 4u) | (lo >> 21 & 8u);
+    return m | ((hi & 1u) | (hi >> 7 & 2u) | (hi >> 14 & 4u) | (hi >> 21 & 8u)) << 4;
+}
+/* 16 codes (elements 16 c .. 16 c + 15): groups 0-3 in words x and z, 4-7 in y and w */
+__device__ static inline uint32_t i8_tok_par16(uint4 w) { return i8_tok_par8(w.x ^ w.z, w.y ^ w.w); }
+/* the row's token step from lane parities m, the row's NL lanes adjacent (a power of two); every
+ * lane of the warp calls it */
+template <int NL> __device__ static inline float i8_tok_step(uint32_t m, const float *steps) {
+#pragma unroll
+    for (int o = NL / 2; o > 0; o >>= 1) m ^= __shfl_xor_sync(0xffffffffu, m, o);
+    return __ldg(steps + m);
+}
+/* N codes of words w as KV_MUL(code, sc[j]) (static: sc the elements' scales) or KV_MUL(code,
+ * st) (token) */
+template <int N> __device__ static inline void i8_codes(const uint32_t *w, bool tok, const float *sc, float st, float *f) {
+#pragma unroll
+    for (int j = 0; j < N; j++) f[j] = KV_MUL((float)(int8_t)(w[j / 4] >> (8 * (j % 4))), tok ? st : sc[j]);
+}
+
 /* ---- the split-K kernel for an f16 cache with head_dim HD (64 or 128) and GQA group G (1, 2,
  * 4, 8): the grouped kernel's ranges, partials and phases, vectorized. Phase 1: HD / 16 lanes a
  * key (16 dimensions each, two 16-byte loads), 4 keys a warp for HD 128, the G heads' q slices in
  * registers, the dot reduced across the key's lanes. Phase 2: as k_attn_split_g. Phase 3: thread
  * (key group kg, 8-dim chunk d8) sums p v over keys kg, kg + NKG, ... for the G heads, then the
  * key groups are summed (shuffles in the warp, shared memory across the 4 warps). early: the
- * first pass of K and V rows older than pos0 is loaded before pdl_wait, as k_attn_split_g. */
+ * first pass of K and V rows older than pos0 is loaded before pdl_wait, as k_attn_split_g.
+ * I8 (groups 1, 2, 3, 4, 8): int8 rows of attn_i8 a's static or token classes (no ec-rot), HD
+ * bytes each, read the same way (one 16-byte load a lane in phase 1, 8 bytes in phase 3) and
+ * turned into the staged kernel's values in registers: the same scores and sums, bit for bit, as
+ * k_attn_split_i8 (its phase 3 takes a thread's keys in the same order), without the staging. */
 static size_t splith_smem(int G, int hd, int L) { return (size_t)(G * L + SPLIT_WARPS * G * hd + 2 * G) * sizeof(float); }
 
-template <int G, int HD>
+template <int G, int HD, bool I8>
 __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     k_attn_split_h(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
-                   int n_head_kv, float scale, int n, const int *dpos, float *part, int early, attn_fuse fx) {
+                   int n_head_kv, float scale, int n, const int *dpos, float *part, int early, attn_fuse fx, attn_i8 a) {
     constexpr int LPK = HD / 16, KPW = 32 / LPK, KPB = KPW * SPLIT_WARPS; /* phase 1: lanes a key, keys a pass */
     constexpr int NC8 = HD / 8, NKG = SPLIT_WARPS * 32 / NC8;            /* phase 3: 8-dim chunks, key groups */
+    constexpr int KW = I8 ? 1 : 2;                                        /* 16-byte words of a lane's key slice */
     extern __shared__ float smh[];
     pdl_trigger();
     const int c = blockIdx.x, kh = blockIdx.y, i = blockIdx.z;
@@ -750,18 +840,49 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     const int t1 = warp * KPW + lane / LPK, sub = lane % LPK; /* phase 1: this lane's key in a pass, slice */
     const int d8 = threadIdx.x % NC8, kg = threadIdx.x / NC8;  /* phase 3 */
     const uint4 z4 = make_uint4(0, 0, 0, 0);
-    uint4 k0[2] = {z4, z4}, v0[2] = {z4, z4};
-    if (t1 < len && t1 < tp) {
-        const uint4 *kr = (const uint4 *)(K + ((size_t)(j0 + t1) * n_head_kv + kh) * rbk) + 2 * sub;
-        k0[0] = kr[0], k0[1] = kr[1];
-    }
+    /* a lane's K slice (KW words) and a thread's V chunk (f16: a word, int8: its x and y) */
+    auto kslice = [&](int t, uint4 *w) {
+        const uint4 *kr = (const uint4 *)(K + ((size_t)(j0 + t) * n_head_kv + kh) * rbk) + KW * sub;
 #pragma unroll
-    for (int u = 0; u < 2; u++)
-        if (kg + u * NKG < len && kg + u * NKG < tp)
-            v0[u] = ((const uint4 *)(V + ((size_t)(j0 + kg + u * NKG) * n_head_kv + kh) * rbv))[d8];
+        for (int u = 0; u < KW; u++) w[u] = kr[u];
+    };
+    using VT = typename std::conditional<I8, uint2, uint4>::type;
+    auto vchunk = [&](int t) -> VT { return ((const VT *)(V + ((size_t)(j0 + t) * n_head_kv + kh) * rbv))[d8]; };
+    /* rings of passes in flight (the loops below are latency-bound otherwise: one pass's loads,
+     * then its use): phase 1's next P1 passes of KPB keys, phase 3's next P3 passes of NKG keys;
+     * rows older than pos0 (tp) of the first passes are loaded before pdl_wait, the rest after */
+    constexpr int P1 = I8 ? 4 : 2, P3 = I8 ? 8 : 4;
+    uint4 kr[P1][KW];
+    VT vr[P3];
+    auto kload = [&](int tb, uint4 *w, int lo) { /* the pass at tb, its rows in [lo, len) */
+        const int t = tb + t1;
+        if (t >= lo && t < len) kslice(t, w);
+    };
+    auto vload = [&](int tb, VT &w, int lo) {
+        const int t = tb + kg;
+        if (t >= lo && t < len) w = vchunk(t);
+    };
+#pragma unroll
+    for (int p = 0; p < P1; p++) {
+#pragma unroll
+        for (int u = 0; u < KW; u++) kr[p][u] = z4;
+        if (p * KPB + t1 < tp) kload(p * KPB, kr[p], 0);
+    }
+    /* f16: the V ring's old rows too (I8 loads them after the softmax: registers for 4 blocks an SM) */
+#pragma unroll
+    for (int p = 0; p < P3; p++) {
+        vr[p] = VT{};
+        if (!I8 && p * NKG + kg < tp) vload(p * NKG, vr[p], 0);
+    }
+    /* I8: each stream's class and, static, phase 1's scales (elements 16 sub ..) */
+    const bool ktok = I8 && i8_class(a.lay[0]) == I8_TOKEN, vtok = I8 && i8_class(a.lay[1]) == I8_TOKEN;
+    float ksc[I8 ? 16 : 1], vsc[I8 ? 8 : 1];
+    if (I8)
+#pragma unroll
+        for (int k = 0; k < 16; k++) ksc[k] = ktok ? 0.0f : __ldg(a.scale[0] + (size_t)kh * HD + 16 * sub + k);
     pdl_wait();
     float qv[G][16];
-    if (fx.qkv) { /* the split folded in (one token): red holds the G rotated q rows until phase 3 */
+    if (!I8 && fx.qkv) { /* the split folded in (one token): red holds the G rotated q rows until phase 3 */
         for (int x = threadIdx.x; x < G * HD / 2; x += blockDim.x) {
             const int g = x / (HD / 2), j = x % (HD / 2), h = kh * G + g;
             qkv_pair(fx.qkv + (size_t)h * HD, j, fx.half, fx.neox, fx.cs, fx.sn, fx.bq ? fx.bq + (size_t)h * HD : NULL,
@@ -789,36 +910,31 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
             const float4 *qp = (const float4 *)(q + (size_t)i * n_head * HD + ((size_t)kh * G + g) * HD + 16 * sub);
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const float4 a = qp[k];
-                qv[g][4 * k] = a.x, qv[g][4 * k + 1] = a.y, qv[g][4 * k + 2] = a.z, qv[g][4 * k + 3] = a.w;
+                const float4 v = qp[k];
+                qv[g][4 * k] = v.x, qv[g][4 * k + 1] = v.y, qv[g][4 * k + 2] = v.z, qv[g][4 * k + 3] = v.w;
             }
         }
     /* phase 1: S[g][t] = q_g . k_t * scale */
-    for (int tb = 0; tb < len; tb += KPB) {
-        const int t = tb + t1;
-        uint4 ka = z4, kb = z4;
-        if (tb == 0 && t < tp) ka = k0[0], kb = k0[1];
-        else if (t < len) {
-            const uint4 *kr = (const uint4 *)(K + ((size_t)(j0 + t) * n_head_kv + kh) * rbk) + 2 * sub;
-            ka = kr[0], kb = kr[1];
+#pragma unroll
+    for (int p = 0; p < P1; p++) kload(p * KPB, kr[p], max(tp, 0)); /* the rows not loaded before the wait */
+    for (int tb = 0; tb < len; tb += P1 * KPB)
+#pragma unroll
+        for (int p = 0; p < P1; p++) {
+            const int tq = tb + p * KPB, t = tq + t1;
+            if (tq >= len) break; /* the block's: every lane leaves together */
+            uint4 kw[KW];
+#pragma unroll
+            for (int u = 0; u < KW; u++) kw[u] = kr[p][u], kr[p][u] = z4;
+            kload(tq + P1 * KPB, kr[p], 0); /* the pass P1 on */
+            float kf[16];
+            if constexpr (I8) { /* the step from the row's LPK lanes: every lane takes part */
+                const float st = ktok ? i8_tok_step<LPK>(i8_tok_par16(kw[0]), a.steps) : 0.0f;
+                const uint32_t w4[4] = {kw[0].x, kw[0].y, kw[0].z, kw[0].w};
+                i8_codes<16>(w4, ktok, ksc, st, kf);
+            } else
+                h8_to_f(kw[0], kf, false), h8_to_f(kw[1], kf + 8, false);
+            split_score<G, LPK>(qv, kf, sub == 0 && t < len, S, L, t, scale);
         }
-        float kf[16];
-        h8_to_f(ka, kf, false), h8_to_f(kb, kf + 8, false);
-        float a[G];
-#pragma unroll
-        for (int g = 0; g < G; g++) {
-            a[g] = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 16; k++) a[g] += qv[g][k] * kf[k];
-        }
-#pragma unroll
-        for (int g = 0; g < G; g++)
-#pragma unroll
-            for (int o = LPK / 2; o > 0; o >>= 1) a[g] += __shfl_xor_sync(0xffffffffu, a[g], o);
-        if (sub == 0 && t < len)
-#pragma unroll
-            for (int g = 0; g < G; g++) S[g * L + t] = a[g] * scale;
-    }
     __syncthreads();
     split_softmax(S, L, len, G, ml, warp, lane);
     __syncthreads();
@@ -828,53 +944,35 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     for (int g = 0; g < G; g++)
 #pragma unroll
         for (int k = 0; k < 8; k++) acc[g][k] = 0.0f;
-    for (int tb = 0; tb < len; tb += 2 * NKG) {
-        uint4 vv[2];
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const int t = tb + kg + u * NKG;
-            vv[u] = tb == 0 && t < tp ? v0[u]
-                    : t < len         ? ((const uint4 *)(V + ((size_t)(j0 + t) * n_head_kv + kh) * rbv))[d8]
-                                      : z4;
-        }
+    for (int p = 0; p < P3; p++) vload(p * NKG, vr[p], I8 ? 0 : max(tp, 0)); /* the rows not loaded before the wait */
+    if (I8) /* static: phase 3's scales (elements 8 d8 ..) */
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const int t = tb + kg + u * NKG;
-            if (t >= len) break;
+        for (int k = 0; k < 8; k++) vsc[k] = vtok ? 0.0f : __ldg(a.scale[1] + (size_t)kh * HD + 8 * d8 + k);
+    for (int tb = 0; tb < len; tb += P3 * NKG)
+#pragma unroll
+        for (int p = 0; p < P3; p++) {
+            const int tq = tb + p * NKG, t = tq + kg;
+            if (tq >= len) break; /* the block's: every thread leaves together */
+            const VT vw = vr[p];
+            vr[p] = VT{};
+            vload(tq + P3 * NKG, vr[p], 0);
             float vf[8];
-            h8_to_f(vv[u], vf, false);
+            if constexpr (I8) { /* the step from the row's NC8 threads: every thread takes part */
+                const float st = vtok ? i8_tok_step<NC8>(i8_tok_par8(vw.x, vw.y), a.steps) : 0.0f;
+                const uint32_t w2[2] = {vw.x, vw.y};
+                i8_codes<8>(w2, vtok, vsc, st, vf);
+            } else
+                h8_to_f(vw, vf, false);
+            if (t < len)
 #pragma unroll
-            for (int g = 0; g < G; g++) {
-                const float p = S[g * L + t];
+                for (int g = 0; g < G; g++) {
+                    const float pg = S[g * L + t];
 #pragma unroll
-                for (int k = 0; k < 8; k++) acc[g][k] += p * vf[k];
-            }
+                    for (int k = 0; k < 8; k++) acc[g][k] += pg * vf[k];
+                }
         }
-    }
-    /* the key groups of a warp (lanes d8 + NC8 j), then the warps' in a fixed order */
-#pragma unroll
-    for (int g = 0; g < G; g++)
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-#pragma unroll
-            for (int o = NC8; o < 32; o <<= 1) acc[g][k] += __shfl_xor_sync(0xffffffffu, acc[g][k], o);
-    if (lane < NC8)
-#pragma unroll
-        for (int g = 0; g < G; g++)
-#pragma unroll
-            for (int k = 0; k < 8; k++) red[(warp * G + g) * HD + 8 * d8 + k] = acc[g][k];
-    __syncthreads();
-    for (int x = threadIdx.x; x < G * HD; x += blockDim.x) {
-        const int g = x / HD, e = x % HD;
-        float o = 0.0f;
-#pragma unroll
-        for (int w = 0; w < SPLIT_WARPS; w++) o += red[(w * G + g) * HD + e];
-        part[(((size_t)i * n_head + kh * G + g) * nsplit + c) * (HD + 2) + 2 + e] = o;
-    }
-    if (threadIdx.x < G) {
-        float *pp = part + (((size_t)i * n_head + kh * G + threadIdx.x) * nsplit + c) * (HD + 2);
-        pp[0] = ml[2 * threadIdx.x], pp[1] = ml[2 * threadIdx.x + 1];
-    }
+    split_finish<G, HD, NC8, false>(acc, red, ml, part, i, n_head, kh, nsplit, c);
 }
 
 /* ---- split-K over int8 caches read in place (attn_i8): the grouped kernels' ranges, phases and
@@ -887,8 +985,6 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
  * thread per 32-element chunk of the head's share of the coded row (ec_decode_run, from the
  * row's index). The reduction buffer shares the tiles' memory. */
 #define I8_TK 32 /* keys a tile */
-enum { I8_STATIC, I8_TOKEN, I8_EC };
-__host__ __device__ static inline int i8_class(int lay) { return lay == 4 ? I8_EC : (lay == 2 || lay == 3) ? I8_TOKEN : I8_STATIC; }
 /* shared floats before the tiles (S, ml; 16-byte aligned), and in all */
 __host__ __device__ static inline int spliti8_head(int G, int L) { return (G * L + 2 * G + 3) & ~3; }
 static size_t spliti8_smem(int G, int hd, int L, int ec_n) {
@@ -958,23 +1054,14 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
         for (int r = 0; r < I8_TK * LPK / NT; r++) {
             const int task = tid + NT * r, k = task / LPK, c16 = task % LPK; /* a row's LPK lanes are adjacent */
             const uint4 w = k < nk ? *(const uint4 *)(raw + k * (RW + 4) + 4 * c16) : make_uint4(0, 0, 0, 0);
-            float st = 0.0f;
-            if (cl == I8_TOKEN) { /* element 16 c16 + 4 m + b lies in group (4 m + b) % 8 */
-                const uint32_t x = w.x ^ w.z, y = w.y ^ w.w;
-                uint32_t m = (x & 1u) | (x >> 7 & 2u) | (x >> 14 & 4u) | (x >> 21 & 8u);
-                m |= ((y & 1u) | (y >> 7 & 2u) | (y >> 14 & 4u) | (y >> 21 & 8u)) << 4;
-#pragma unroll
-                for (int o = LPK / 2; o > 0; o >>= 1) m ^= __shfl_xor_sync(0xffffffffu, m, o);
-                st = a.steps[m];
-            }
+            const bool tok = cl == I8_TOKEN;
+            const float st = tok ? i8_tok_step<LPK>(i8_tok_par16(w), a.steps) : 0.0f;
             if (k >= nk) continue;
             const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
-            float f[16];
+            float scv[16], f[16];
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                const float cv = (float)(int8_t)(wv[j / 4] >> (8 * (j % 4)));
-                f[j] = KV_MUL(cv, cl == I8_TOKEN ? st : __ldg(sc + 16 * c16 + j));
-            }
+            for (int j = 0; j < 16; j++) scv[j] = tok ? 0.0f : __ldg(sc + 16 * c16 + j);
+            i8_codes<16>(wv, tok, scv, st, f);
             float4 *xo = (float4 *)(X + k * XS + 16 * c16);
 #pragma unroll
             for (int j = 0; j < 4; j++) xo[j] = make_float4(f[4 * j], f[4 * j + 1], f[4 * j + 2], f[4 * j + 3]);
@@ -1011,20 +1098,7 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
                 const float4 v = xr[k];
                 kf[4 * k] = v.x, kf[4 * k + 1] = v.y, kf[4 * k + 2] = v.z, kf[4 * k + 3] = v.w;
             }
-            float d[G];
-#pragma unroll
-            for (int g = 0; g < G; g++) {
-                d[g] = 0.0f;
-#pragma unroll
-                for (int k = 0; k < 16; k++) d[g] += qv[g][k] * kf[k];
-            }
-#pragma unroll
-            for (int g = 0; g < G; g++)
-#pragma unroll
-                for (int o = LPK / 2; o > 0; o >>= 1) d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
-            if (sub == 0 && t < nk)
-#pragma unroll
-                for (int g = 0; g < G; g++) S[g * L + tb + t] = d[g] * scale;
+            split_score<G, LPK>(qv, kf, sub == 0 && t < nk, S, L, tb + t, scale);
         }
     }
     __syncthreads();
@@ -1055,31 +1129,7 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
             }
         }
     }
-    /* the key groups of a warp (lanes d8 + NC8 j), then the warps' in a fixed order */
-#pragma unroll
-    for (int g = 0; g < G; g++)
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-#pragma unroll
-            for (int o = NC8; o < 32; o <<= 1) acc[g][k] += __shfl_xor_sync(0xffffffffu, acc[g][k], o);
-    __syncthreads(); /* red is the tiles' memory */
-    if (lane < NC8)
-#pragma unroll
-        for (int g = 0; g < G; g++)
-#pragma unroll
-            for (int k = 0; k < 8; k++) red[(warp * G + g) * HD + 8 * d8 + k] = acc[g][k];
-    __syncthreads();
-    for (int x = tid; x < G * HD; x += NT) {
-        const int g = x / HD, e = x % HD;
-        float o = 0.0f;
-#pragma unroll
-        for (int w = 0; w < SPLIT_WARPS; w++) o += red[(w * G + g) * HD + e];
-        part[(((size_t)i * n_head + kh * G + g) * nsplit + c) * (HD + 2) + 2 + e] = o;
-    }
-    if (tid < G) {
-        float *pp = part + (((size_t)i * n_head + kh * G + tid) * nsplit + c) * (HD + 2);
-        pp[0] = ml[2 * tid], pp[1] = ml[2 * tid + 1];
-    }
+    split_finish<G, HD, NC8, true>(acc, red, ml, part, i, n_head, kh, nsplit, c); /* red is the tiles' memory */
 }
 
 /* One block per (head, query), a thread per element e of the head: after the wait every thread
@@ -1134,6 +1184,9 @@ __global__ void k_attn_merge(const float *part, int pos0, int n_head, int hd, in
 }
 
 size_t attention_split_floats(int n, int n_head, int hd) { return (size_t)n * n_head * SPLIT_MAX * (hd + 2); }
+
+/* whether neither stream is ec-rot: k_attn_split_h reads both in place, no staging */
+static bool i8_direct(const attn_i8 *i8) { return i8_class(i8->lay[0]) != I8_EC && i8_class(i8->lay[1]) != I8_EC; }
 
 bool attention_split_i8_ok(int n_head, int n_head_kv, int hd, int n_ctx, const attn_i8 *i8) {
     const int G = n_head / n_head_kv;
@@ -1194,39 +1247,40 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
                              fx->bv, (void *)q, (void *)(K + (dpos ? 0 : (size_t)pos0 * n_head_kv * rbk)),
                              (void *)(V + (dpos ? 0 : (size_t)pos0 * n_head_kv * rbv)), s, dpos);
     }
-    if (i8) { /* int8 in place (the caller checked attention_split_i8_ok) */
-#define QF_SPI(GG, HH) cu_launch(k_attn_split_i8<GG, HH>, grid, dim3(SPLIT_WARPS * 32), ism, s, q, K, V, pos0, n_head, \
-                                 n_head_kv, scale, n, dpos, part, *i8)
-        if (hd == 128) {
-            if (G == 1) QF_SPI(1, 128);
-            else if (G == 2) QF_SPI(2, 128);
-            else if (G == 3) QF_SPI(3, 128);
-            else if (G == 4) QF_SPI(4, 128);
-            else QF_SPI(8, 128);
-        } else {
-            if (G == 1) QF_SPI(1, 64);
-            else if (G == 2) QF_SPI(2, 64);
-            else if (G == 3) QF_SPI(3, 64);
-            else if (G == 4) QF_SPI(4, 64);
-            else QF_SPI(8, 64);
-        }
-#undef QF_SPI
-    } else if (vh) {
-#define QF_SPH(GG, HH) cu_launch(k_attn_split_h<GG, HH>, grid, dim3(SPLIT_WARPS * 32), hsm, s, q, K, V, rbk, rbv, pos0, \
-                                 n_head, n_head_kv, scale, n, dpos, part, (int)early, f)
-        if (hd == 128) {
-            if (G == 1) QF_SPH(1, 128);
-            else if (G == 2) QF_SPH(2, 128);
-            else if (G == 4) QF_SPH(4, 128);
-            else QF_SPH(8, 128);
-        } else {
-            if (G == 1) QF_SPH(1, 64);
-            else if (G == 2) QF_SPH(2, 64);
-            else if (G == 4) QF_SPH(4, 64);
-            else QF_SPH(8, 64);
-        }
-#undef QF_SPH
-    } else {
+    /* int8 in place (the caller checked attention_split_i8_ok): static and token rows straight
+     * from global memory by k_attn_split_h<G, HD, true>, ec-rot (either stream) staged */
+    const bool i8d = i8 && i8_direct(i8) && ((uintptr_t)q % 16) == 0 && hsm <= 48 * 1024;
+    /* the vectorized kernels by group (1, 2, 3, 4, 8) and head_dim (64, 128) */
+    auto by_shape = [&](auto launch) {
+        const bool w128 = hd == 128;
+        if (G == 1) w128 ? launch(std::integral_constant<int, 1>{}, std::integral_constant<int, 128>{})
+                         : launch(std::integral_constant<int, 1>{}, std::integral_constant<int, 64>{});
+        else if (G == 2) w128 ? launch(std::integral_constant<int, 2>{}, std::integral_constant<int, 128>{})
+                              : launch(std::integral_constant<int, 2>{}, std::integral_constant<int, 64>{});
+        else if (G == 3) w128 ? launch(std::integral_constant<int, 3>{}, std::integral_constant<int, 128>{})
+                                       : launch(std::integral_constant<int, 3>{}, std::integral_constant<int, 64>{});
+        else if (G == 4) w128 ? launch(std::integral_constant<int, 4>{}, std::integral_constant<int, 128>{})
+                              : launch(std::integral_constant<int, 4>{}, std::integral_constant<int, 64>{});
+        else if (G == 8) w128 ? launch(std::integral_constant<int, 8>{}, std::integral_constant<int, 128>{})
+                  : launch(std::integral_constant<int, 8>{}, std::integral_constant<int, 64>{});
+    };
+    if (i8d)
+        by_shape([&](auto GG, auto HH) {
+            cu_launch(k_attn_split_h<GG.value, HH.value, true>, grid, dim3(SPLIT_WARPS * 32), hsm, s, q, K, V, (size_t)hd,
+                      (size_t)hd, pos0, n_head, n_head_kv, scale, n, dpos, part, (int)early, f, *i8);
+        });
+    else if (i8)
+        by_shape([&](auto GG, auto HH) {
+            cu_launch(k_attn_split_i8<GG.value, HH.value>, grid, dim3(SPLIT_WARPS * 32), ism, s, q, K, V, pos0, n_head,
+                      n_head_kv, scale, n, dpos, part, *i8);
+        });
+    else if (vh)
+        by_shape([&](auto GG, auto HH) {
+            if constexpr (GG.value != 3) /* vh: no f16 kernel for the group of 3 */
+                cu_launch(k_attn_split_h<GG.value, HH.value, false>, grid, dim3(SPLIT_WARPS * 32), hsm, s, q, K, V, rbk,
+                          rbv, pos0, n_head, n_head_kv, scale, n, dpos, part, (int)early, f, attn_i8{});
+        });
+    else {
 #define QF_SPL(MK, MV)                                                                                                    \
     do {                                                                                                                  \
         if (grouped)                                                                                                      \
