@@ -4,6 +4,28 @@
 
 #include <type_traits>
 
+/* f(MK, MV) with MK, MV the plain cache modes of K and V (f32, f16, q8_0, q4_0) as
+ * std::integral_constant<int, mode>, for launching a kernel templated on them; other modes call
+ * nothing */
+template <class F> static void by_modes(qf_kv_mode mk, qf_kv_mode mv, F f) {
+    auto with_v = [&](auto MK) {
+        switch (mv) {
+        case QF_KV_F32: f(MK, std::integral_constant<int, QF_KV_F32>{}); break;
+        case QF_KV_F16: f(MK, std::integral_constant<int, QF_KV_F16>{}); break;
+        case QF_KV_Q8_0: f(MK, std::integral_constant<int, QF_KV_Q8_0>{}); break;
+        case QF_KV_Q4_0: f(MK, std::integral_constant<int, QF_KV_Q4_0>{}); break;
+        default: break;
+        }
+    };
+    switch (mk) {
+    case QF_KV_F32: with_v(std::integral_constant<int, QF_KV_F32>{}); break;
+    case QF_KV_F16: with_v(std::integral_constant<int, QF_KV_F16>{}); break;
+    case QF_KV_Q8_0: with_v(std::integral_constant<int, QF_KV_Q8_0>{}); break;
+    case QF_KV_Q4_0: with_v(std::integral_constant<int, QF_KV_Q4_0>{}); break;
+    default: break;
+    }
+}
+
 /* one warp per (query i, head h): online softmax over positions [0, pos0 + i] */
 template <int MK, int MV, bool EX = false>
 __global__ void k_attention(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int n,
@@ -394,24 +416,10 @@ void launch_attention(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_
         }
     }
     const size_t warps = (size_t)n * n_head;
-#define QF_ATT(MK, MV) k_attention<MK, MV><<<nblk(warps, 4), 128, 0, s>>>(q, K, V, rbk, rbv, n, pos0, n_head, n_head_kv, hd, scale, cap, window, out)
-#define QF_ATT_V(MK)                                   \
-    switch (mv) {                                      \
-    case QF_KV_F32: QF_ATT(MK, QF_KV_F32); break;      \
-    case QF_KV_F16: QF_ATT(MK, QF_KV_F16); break;      \
-    case QF_KV_Q8_0: QF_ATT(MK, QF_KV_Q8_0); break;    \
-    case QF_KV_Q4_0: QF_ATT(MK, QF_KV_Q4_0); break;    \
-    default: break;                                    \
-    }
-    switch (mk) {
-    case QF_KV_F32: QF_ATT_V(QF_KV_F32); break;
-    case QF_KV_F16: QF_ATT_V(QF_KV_F16); break;
-    case QF_KV_Q8_0: QF_ATT_V(QF_KV_Q8_0); break;
-    case QF_KV_Q4_0: QF_ATT_V(QF_KV_Q4_0); break;
-    default: break;
-    }
-#undef QF_ATT_V
-#undef QF_ATT
+    by_modes(mk, mv, [&](auto MK, auto MV) {
+        k_attention<MK.value, MV.value><<<nblk(warps, 4), 128, 0, s>>>(q, K, V, rbk, rbv, n, pos0, n_head, n_head_kv,
+                                                                       hd, scale, cap, window, out);
+    });
 }
 
 void launch_attention_exact(const float *q, const float *K, const float *V, const float *EK, const float *EV, int n,
@@ -1280,34 +1288,15 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
                 cu_launch(k_attn_split_h<GG.value, HH.value, false>, grid, dim3(SPLIT_WARPS * 32), hsm, s, q, K, V, rbk,
                           rbv, pos0, n_head, n_head_kv, scale, n, dpos, part, (int)early, f, attn_i8{});
         });
-    else {
-#define QF_SPL(MK, MV)                                                                                                    \
-    do {                                                                                                                  \
-        if (grouped)                                                                                                      \
-            cu_launch(k_attn_split_g<MK, MV>, grid, dim3(SPLIT_WARPS * 32), gsm, s, q, K, V, rbk, rbv, pos0, n_head,    \
-                      n_head_kv, hd, scale, n, dpos, part, (int)early);                                                   \
-        else                                                                                                              \
-            cu_launch(k_attn_split<MK, MV>, grid, dim3(SPLIT_WARPS * 32), 0, s, q, K, V, rbk, rbv, pos0, n_head, n_head_kv, \
-                      hd, scale, n, dpos, part);                                                                          \
-    } while (0)
-#define QF_SPL_V(MK)                                   \
-    switch (mv) {                                      \
-    case QF_KV_F32: QF_SPL(MK, QF_KV_F32); break;      \
-    case QF_KV_F16: QF_SPL(MK, QF_KV_F16); break;      \
-    case QF_KV_Q8_0: QF_SPL(MK, QF_KV_Q8_0); break;    \
-    case QF_KV_Q4_0: QF_SPL(MK, QF_KV_Q4_0); break;    \
-    default: break;                                    \
-    }
-    switch (mk) {
-    case QF_KV_F32: QF_SPL_V(QF_KV_F32); break;
-    case QF_KV_F16: QF_SPL_V(QF_KV_F16); break;
-    case QF_KV_Q8_0: QF_SPL_V(QF_KV_Q8_0); break;
-    case QF_KV_Q4_0: QF_SPL_V(QF_KV_Q4_0); break;
-    default: break;
-    }
-    }
-#undef QF_SPL_V
-#undef QF_SPL
+    else
+        by_modes(mk, mv, [&](auto MK, auto MV) {
+            if (grouped)
+                cu_launch(k_attn_split_g<MK.value, MV.value>, grid, dim3(SPLIT_WARPS * 32), gsm, s, q, K, V, rbk, rbv,
+                          pos0, n_head, n_head_kv, hd, scale, n, dpos, part, (int)early);
+            else
+                cu_launch(k_attn_split<MK.value, MV.value>, grid, dim3(SPLIT_WARPS * 32), 0, s, q, K, V, rbk, rbv, pos0,
+                          n_head, n_head_kv, hd, scale, n, dpos, part);
+        });
     act_q aq = {};
     const bool wq = fx && fx->xq && hd % 32 == 0;
     if (wq) aq = act_q_view(fx->xq, n, n_head * hd);
