@@ -856,32 +856,14 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     };
     using VT = typename std::conditional<I8, uint2, uint4>::type;
     auto vchunk = [&](int t) -> VT { return ((const VT *)(V + ((size_t)(j0 + t) * n_head_kv + kh) * rbv))[d8]; };
-    /* rings of passes in flight (the loops below are latency-bound otherwise: one pass's loads,
-     * then its use): phase 1's next P1 passes of KPB keys, phase 3's next P3 passes of NKG keys;
-     * rows older than pos0 (tp) of the first passes are loaded before pdl_wait, the rest after */
-    constexpr int P1 = I8 ? 4 : 2, P3 = I8 ? 8 : 4;
-    uint4 kr[P1][KW];
-    VT vr[P3];
-    auto kload = [&](int tb, uint4 *w, int lo) { /* the pass at tb, its rows in [lo, len) */
-        const int t = tb + t1;
-        if (t >= lo && t < len) kslice(t, w);
-    };
-    auto vload = [&](int tb, VT &w, int lo) {
-        const int t = tb + kg;
-        if (t >= lo && t < len) w = vchunk(t);
-    };
+    uint4 k0[KW];
+    VT v0[2] = {VT{}, VT{}};
 #pragma unroll
-    for (int p = 0; p < P1; p++) {
+    for (int u = 0; u < KW; u++) k0[u] = z4;
+    if (t1 < len && t1 < tp) kslice(t1, k0);
 #pragma unroll
-        for (int u = 0; u < KW; u++) kr[p][u] = z4;
-        if (p * KPB + t1 < tp) kload(p * KPB, kr[p], 0);
-    }
-    /* f16: the V ring's old rows too (I8 loads them after the softmax: registers for 4 blocks an SM) */
-#pragma unroll
-    for (int p = 0; p < P3; p++) {
-        vr[p] = VT{};
-        if (!I8 && p * NKG + kg < tp) vload(p * NKG, vr[p], 0);
-    }
+    for (int u = 0; u < 2; u++)
+        if (kg + u * NKG < len && kg + u * NKG < tp) v0[u] = vchunk(kg + u * NKG);
     /* I8: each stream's class and, static, phase 1's scales (elements 16 sub ..) */
     const bool ktok = I8 && i8_class(a.lay[0]) == I8_TOKEN, vtok = I8 && i8_class(a.lay[1]) == I8_TOKEN;
     float ksc[I8 ? 16 : 1], vsc[I8 ? 8 : 1];
@@ -923,26 +905,24 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
             }
         }
     /* phase 1: S[g][t] = q_g . k_t * scale */
+    for (int tb = 0; tb < len; tb += KPB) {
+        const int t = tb + t1;
+        uint4 kw[KW];
 #pragma unroll
-    for (int p = 0; p < P1; p++) kload(p * KPB, kr[p], max(tp, 0)); /* the rows not loaded before the wait */
-    for (int tb = 0; tb < len; tb += P1 * KPB)
+        for (int u = 0; u < KW; u++) kw[u] = z4;
+        if (tb == 0 && t < tp)
 #pragma unroll
-        for (int p = 0; p < P1; p++) {
-            const int tq = tb + p * KPB, t = tq + t1;
-            if (tq >= len) break; /* the block's: every lane leaves together */
-            uint4 kw[KW];
-#pragma unroll
-            for (int u = 0; u < KW; u++) kw[u] = kr[p][u], kr[p][u] = z4;
-            kload(tq + P1 * KPB, kr[p], 0); /* the pass P1 on */
-            float kf[16];
-            if constexpr (I8) { /* the step from the row's LPK lanes: every lane takes part */
-                const float st = ktok ? i8_tok_step<LPK>(i8_tok_par16(kw[0]), a.steps) : 0.0f;
-                const uint32_t w4[4] = {kw[0].x, kw[0].y, kw[0].z, kw[0].w};
-                i8_codes<16>(w4, ktok, ksc, st, kf);
-            } else
-                h8_to_f(kw[0], kf, false), h8_to_f(kw[1], kf + 8, false);
-            split_score<G, LPK>(qv, kf, sub == 0 && t < len, S, L, t, scale);
-        }
+            for (int u = 0; u < KW; u++) kw[u] = k0[u];
+        else if (t < len) kslice(t, kw);
+        float kf[16];
+        if constexpr (I8) { /* the step from the row's LPK lanes: every lane takes part */
+            const float st = ktok ? i8_tok_step<LPK>(i8_tok_par16(kw[0]), a.steps) : 0.0f;
+            const uint32_t w4[4] = {kw[0].x, kw[0].y, kw[0].z, kw[0].w};
+            i8_codes<16>(w4, ktok, ksc, st, kf);
+        } else
+            h8_to_f(kw[0], kf, false), h8_to_f(kw[1], kf + 8, false);
+        split_score<G, LPK>(qv, kf, sub == 0 && t < len, S, L, t, scale);
+    }
     __syncthreads();
     split_softmax(S, L, len, G, ml, warp, lane);
     __syncthreads();
@@ -952,34 +932,37 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     for (int g = 0; g < G; g++)
 #pragma unroll
         for (int k = 0; k < 8; k++) acc[g][k] = 0.0f;
-#pragma unroll
-    for (int p = 0; p < P3; p++) vload(p * NKG, vr[p], I8 ? 0 : max(tp, 0)); /* the rows not loaded before the wait */
     if (I8) /* static: phase 3's scales (elements 8 d8 ..) */
 #pragma unroll
         for (int k = 0; k < 8; k++) vsc[k] = vtok ? 0.0f : __ldg(a.scale[1] + (size_t)kh * HD + 8 * d8 + k);
-    for (int tb = 0; tb < len; tb += P3 * NKG)
+    for (int tb = 0; tb < len; tb += 2 * NKG) {
+        VT vv[2];
+        float vst[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int p = 0; p < P3; p++) {
-            const int tq = tb + p * NKG, t = tq + kg;
-            if (tq >= len) break; /* the block's: every thread leaves together */
-            const VT vw = vr[p];
-            vr[p] = VT{};
-            vload(tq + P3 * NKG, vr[p], 0);
-            float vf[8];
-            if constexpr (I8) { /* the step from the row's NC8 threads: every thread takes part */
-                const float st = vtok ? i8_tok_step<NC8>(i8_tok_par8(vw.x, vw.y), a.steps) : 0.0f;
-                const uint32_t w2[2] = {vw.x, vw.y};
-                i8_codes<8>(w2, vtok, vsc, st, vf);
-            } else
-                h8_to_f(vw, vf, false);
-            if (t < len)
-#pragma unroll
-                for (int g = 0; g < G; g++) {
-                    const float pg = S[g * L + t];
-#pragma unroll
-                    for (int k = 0; k < 8; k++) acc[g][k] += pg * vf[k];
-                }
+        for (int u = 0; u < 2; u++) {
+            const int t = tb + kg + u * NKG;
+            vv[u] = tb == 0 && t < tp ? v0[u] : t < len ? vchunk(t) : VT{};
+            if constexpr (I8)
+                if (vtok) vst[u] = i8_tok_step<NC8>(i8_tok_par8(vv[u].x, vv[u].y), a.steps); /* the row's NC8 threads */
         }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int t = tb + kg + u * NKG;
+            if (t >= len) break;
+            float vf[8];
+            if constexpr (I8) {
+                const uint32_t w2[2] = {vv[u].x, vv[u].y};
+                i8_codes<8>(w2, vtok, vsc, vst[u], vf);
+            } else
+                h8_to_f(vv[u], vf, false);
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                const float p = S[g * L + t];
+#pragma unroll
+                for (int k = 0; k < 8; k++) acc[g][k] += p * vf[k];
+            }
+        }
+    }
     split_finish<G, HD, NC8, false>(acc, red, ml, part, i, n_head, kh, nsplit, c);
 }
 
