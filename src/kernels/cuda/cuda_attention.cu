@@ -823,8 +823,8 @@ template <int N> __device__ static inline void i8_codes(const uint32_t *w, bool 
  * first pass of K and V rows older than pos0 is loaded before pdl_wait, as k_attn_split_g.
  * I8 (groups 1, 2, 3, 4, 8): int8 rows of attn_i8 a's static or token classes (no ec-rot), HD
  * bytes each, read the same way (one 16-byte load a lane in phase 1, 8 bytes in phase 3) and
- * turned into the staged kernel's values in registers: the same scores and sums, bit for bit, as
- * k_attn_split_i8 (its phase 3 takes a thread's keys in the same order), without the staging. */
+ * turned into the staged kernel's values in registers: by construction the same scores and sums
+ * as k_attn_split_i8 (its phase 3 takes a thread's keys in the same order), without the staging. */
 static size_t splith_smem(int G, int hd, int L) { return (size_t)(G * L + SPLIT_WARPS * G * hd + 2 * G) * sizeof(float); }
 
 template <int G, int HD, bool I8>
@@ -848,7 +848,7 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     const int t1 = warp * KPW + lane / LPK, sub = lane % LPK; /* phase 1: this lane's key in a pass, slice */
     const int d8 = threadIdx.x % NC8, kg = threadIdx.x / NC8;  /* phase 3 */
     const uint4 z4 = make_uint4(0, 0, 0, 0);
-    /* a lane's K slice (KW words) and a thread's V chunk (f16: a word, int8: its x and y) */
+    /* a lane's K slice (KW 16-byte words) and a thread's V chunk (VT: 16 bytes of f16, 8 of int8) */
     auto kslice = [&](int t, uint4 *w) {
         const uint4 *kr = (const uint4 *)(K + ((size_t)(j0 + t) * n_head_kv + kh) * rbk) + KW * sub;
 #pragma unroll
