@@ -1241,19 +1241,21 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
     /* int8 in place (the caller checked attention_split_i8_ok): static and token rows straight
      * from global memory by k_attn_split_h<G, HD, true>, ec-rot (either stream) staged */
     const bool i8d = i8 && i8_direct(i8) && ((uintptr_t)q % 16) == 0 && hsm <= 48 * 1024;
-    /* the vectorized kernels by group (1, 2, 3, 4, 8) and head_dim (64, 128) */
+    /* the vectorized kernels by group (1, 2, 3, 4, 8) and head_dim (64, 128), as
+     * std::integral_constant<int, value>; other shapes call nothing */
     auto by_shape = [&](auto launch) {
-        const bool w128 = hd == 128;
-        if (G == 1) w128 ? launch(std::integral_constant<int, 1>{}, std::integral_constant<int, 128>{})
-                         : launch(std::integral_constant<int, 1>{}, std::integral_constant<int, 64>{});
-        else if (G == 2) w128 ? launch(std::integral_constant<int, 2>{}, std::integral_constant<int, 128>{})
-                              : launch(std::integral_constant<int, 2>{}, std::integral_constant<int, 64>{});
-        else if (G == 3) w128 ? launch(std::integral_constant<int, 3>{}, std::integral_constant<int, 128>{})
-                                       : launch(std::integral_constant<int, 3>{}, std::integral_constant<int, 64>{});
-        else if (G == 4) w128 ? launch(std::integral_constant<int, 4>{}, std::integral_constant<int, 128>{})
-                              : launch(std::integral_constant<int, 4>{}, std::integral_constant<int, 64>{});
-        else if (G == 8) w128 ? launch(std::integral_constant<int, 8>{}, std::integral_constant<int, 128>{})
-                  : launch(std::integral_constant<int, 8>{}, std::integral_constant<int, 64>{});
+        auto with_g = [&](auto GG) {
+            if (hd == 128) launch(GG, std::integral_constant<int, 128>{});
+            else launch(GG, std::integral_constant<int, 64>{});
+        };
+        switch (G) {
+        case 1: with_g(std::integral_constant<int, 1>{}); break;
+        case 2: with_g(std::integral_constant<int, 2>{}); break;
+        case 3: with_g(std::integral_constant<int, 3>{}); break;
+        case 4: with_g(std::integral_constant<int, 4>{}); break;
+        case 8: with_g(std::integral_constant<int, 8>{}); break;
+        default: break;
+        }
     };
     if (i8d)
         by_shape([&](auto GG, auto HH) {

@@ -847,10 +847,11 @@ typedef struct {
 } attn_fuse;
 /* int8 K and V read in place by split-K decode (launch_attention_split's i8; mk = mv =
  * QF_KV_INT8, K and V the layer's cache at position 0, rows in their stored basis: a rotated
- * layout's caller rotates q and the output). Each range's rows are staged in shared memory 32
- * keys at a time and dequantized there as the expansion does (static: code * scale; token:
- * code * the step its parities name; ec-rot: ec_decode_run from the row's index), so no
- * per-step expansion of the layer is written or read. */
+ * layout's caller rotates q and the output), dequantized as the expansion does (static: code *
+ * scale; token: code * the step its parities name; ec-rot: ec_decode_run from the row's index),
+ * so no per-step expansion of the layer is written or read. Static and token rows are read
+ * straight from global memory (k_attn_split_h's int8 form); with ec-rot in either stream each
+ * range's rows are staged in shared memory 32 keys at a time (k_attn_split_i8). */
 typedef struct {
     int lay[2];            /* qf_kv_int8_layout of K and V */
     const float *scale[2]; /* static layouts: the layer's [nkv * hd] scales */
