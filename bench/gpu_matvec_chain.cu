@@ -7,7 +7,7 @@
  * prints each shape's time against a pure read of the same bytes, and the whole chain's time as
  * a share of the 4.8 TB/s bound (bench_gpu's). docs/gpu.md "Session 18" has the H200 numbers.
  *   make build/bench/gpu_matvec_chain        (needs nvcc; not part of `all`)
- *   build/bench/gpu_matvec_chain [TINY] [f16|q4] [nopf]  (TINY: 1-block kernels per layer, default 0)
+ *   build/bench/gpu_matvec_chain [TINY] [f16|q4] [nopf|bulk|l2pf|cpa]  (TINY: 1-block kernels per layer, default 0)
  * Then (q4_0) the same step as ONE persistent kernel: the matvecs (and the TINY one-block
  * phases, run by block 0) as phases separated by a grid barrier (an arrival counter and a
  * generation flag), 2 to 16 blocks per SM, with and without an L2 prefetch of the next
@@ -20,6 +20,10 @@
  * cp.async.bulk (its outputs checked against the shipped kernel's first), and the step as the
  * decode graph lays it out now (4 one-block kernels a layer: "graph4") with flags in global
  * memory between the kernels instead of griddepcontrol.wait ("flags").
+ * With "l2pf" (q4_0; docs/gpu.md "Session 36", not kept): the graph4 step against the same step
+ * with a paced L2 prefetcher forked beside it on a second stream of the graph. With "cpa"
+ * (q4_0; the same session, not kept): the shipped kernels against k_q4c, whose blocks copy their
+ * whole weight slice into shared memory by cp.async before the PDL wait; outputs checked first.
  * A standalone program: it links nothing of qforge (its kernels are the experiment's copies;
  * the shipped ones are cuda_gemm.cu's k_mv1_q4g / k_mv1_h). */
 #include <cuda_runtime.h>
@@ -430,6 +434,133 @@ __global__ void k_tiny_pf(float *y, int n, const uint8_t *pf, size_t bytes) {
         for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = y[i] * 0.5f + 1.f;
 }
 
+
+// ---- cpa: the whole weight slice of a block asked for before the PDL wait, into shared memory ----
+// As mv_rows (R rows a warp group, W groups x P warps, lane's blocks b0 + S u), but every one of
+// the lane's NBL blocks of each row is copied by cp.async (16 bytes) into the block's shared
+// memory before griddepcontrol.wait: no registers hold them, so more blocks are resident and
+// more bytes are in flight while the predecessor drains. Scales by __ldg. docs/gpu.md "Session
+// 36": slower than the shipped register loads in every shape (graph4 0.87x on an H100).
+__device__ __forceinline__ void cpa16(void *dst, const void *src) {
+    /* no L2 hint: "cp.async.cg.shared.global.L2::cache_hint [d], [s], 16{, 16}, policy" builds
+     * (nvcc 13.0) but faults with an illegal instruction on the H100 (session 36) */
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}
+template <int R, int NBL, int W, int P>
+__global__ void __launch_bounds__(W * P * 32) k_q4c(const uint8_t *__restrict__ Wt, size_t rb, int K, int N,
+                                                   const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                                                   const int *__restrict__ xs, float *y) {
+    extern __shared__ __align__(16) uint4 cq[]; // [R][NBL][threads]
+    trig();
+    constexpr int NT = W * P * 32, S = 32 * P;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = warp / P, part = warp % P;
+    const int r0 = (blockIdx.x * W + grp) * R, nb = K / QK, b0 = lane + 32 * part;
+    unsigned short dv[R][NBL];
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        const uint8_t *row = Wt + (size_t)min(r0 + j, N - 1) * rb;
+#pragma unroll
+        for (int u = 0; u < NBL; u++) {
+            const int b = b0 + S * u;
+            if (b < nb) {
+                const uint8_t *gp = row + (size_t)(b >> 3) * GRP;
+                cpa16(&cq[(j * NBL + u) * NT + threadIdx.x], gp + 16 + 16 * (b & 7));
+                dv[j][u] = __ldg((const unsigned short *)gp + (b & 7));
+            }
+        }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    gwait();
+    float acc[R];
+#pragma unroll
+    for (int j = 0; j < R; j++) acc[j] = 0.f;
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+#pragma unroll
+    for (int u = 0; u < NBL; u++) {
+        const int b = b0 + S * u;
+        if (b >= nb) break;
+        const int4 *xa = (const int4 *)(xq + (size_t)b * QK);
+        const int4 a0 = __ldg(xa), a1 = __ldg(xa + 1);
+        const int sx = __ldg(xs + b);
+        const float dx = __ldg(xd + b);
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            const uint4 q = cq[(j * NBL + u) * NT + threadIdx.x];
+            int s = __dp4a((int)q.x & 0x0F0F0F0F, a0.x, 0);
+            s = __dp4a((int)q.y & 0x0F0F0F0F, a0.y, s);
+            s = __dp4a((int)q.z & 0x0F0F0F0F, a0.z, s);
+            s = __dp4a((int)q.w & 0x0F0F0F0F, a0.w, s);
+            s = __dp4a(((int)q.x >> 4) & 0x0F0F0F0F, a1.x, s);
+            s = __dp4a(((int)q.y >> 4) & 0x0F0F0F0F, a1.y, s);
+            s = __dp4a(((int)q.z >> 4) & 0x0F0F0F0F, a1.z, s);
+            s = __dp4a(((int)q.w >> 4) & 0x0F0F0F0F, a1.w, s);
+            acc[j] += (float)(s - 8 * sx) * h2f(dv[j][u]) * dx;
+        }
+    }
+    group_store<R, W, P>(acc, warp, lane, part, r0, N, y);
+}
+
+// ---- l2pf: a paced L2 prefetcher beside the chain (not on its critical path) ----
+// The matvecs of the step, in the order the chain reads them, are segments of one byte stream.
+// Each matvec's block 0 stores its segment index into *prog once past the PDL wait; the
+// prefetcher (a kernel on a forked stream of the same graph, joined only at the step's end)
+// asks L2 for the stream's chunks of CH bytes, chunk k by block k % gridDim.x, each no further
+// than W bytes past the start of the consumer's segment. So HBM keeps streaming while the chain
+// waits on its one-block kernels and kernel boundaries, and the matvecs find their first bytes in L2.
+struct pseg { const uint8_t *p; unsigned long long bytes, off; };
+__device__ __forceinline__ unsigned ld_relaxed(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+template <int R, int U, int W, int P, int MODE>
+__global__ void __launch_bounds__(W * P * 32) k_q4s(const uint8_t *__restrict__ Wt, size_t rb, int K, int N,
+                                                   const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                                                   const int *__restrict__ xs, float *y, unsigned *prog, unsigned idx,
+                                                   int early) {
+    trig();
+    if (early && blockIdx.x == 0 && threadIdx.x == 0) asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(prog), "r"(idx) : "memory");
+    if (!early) { /* the signal after the wait: the chain has reached this matvec */
+        gwait();
+        if (blockIdx.x == 0 && threadIdx.x == 0) asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(prog), "r"(idx) : "memory");
+    }
+    mv_rows<R, U, W, P, MODE, 1>(Wt, rb, K, N, xq, xd, xs, y, blockIdx.x);
+}
+// mode 0: per-line prefetch.global.L2 from the warp's lanes; 1: cp.async.bulk.prefetch.L2 pieces
+__global__ void __launch_bounds__(32) k_l2pf(const pseg *sg, int ns, const unsigned *prog, unsigned long long W,
+                                             unsigned CH, int mode) {
+    const int lane = threadIdx.x;
+    unsigned long long k = 0;
+    unsigned cur = 0;
+    for (int m = 0; m < ns; m++) {
+        const pseg g = sg[m];
+        for (unsigned long long o = 0; o < g.bytes; o += CH, k++) {
+            if (k % gridDim.x != blockIdx.x) continue;
+            const unsigned long long len = g.bytes - o < CH ? g.bytes - o : CH;
+            if (g.off + o + len > sg[ns - 1].off + W) return; /* past what the last segment's start allows */
+            if (lane == 0) /* wait until the chunk's end is within W of the consumer's segment start */
+                while (g.off + o + len > sg[cur].off + W) {
+                    __nanosleep(256);
+                    unsigned c = ld_relaxed(prog);
+                    cur = c < (unsigned)ns ? c : ns - 1;
+                }
+            __syncwarp();
+            const uint8_t *a = g.p + o;
+            if (mode == 0) {
+                for (unsigned long long i = (unsigned long long)lane * 128; i < len; i += 32 * 128)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(a + i));
+            } else {
+                const unsigned long long piece = (len / 32 + 15) / 16 * 16;
+                const unsigned long long b = (unsigned long long)lane * piece;
+                if (b < len) {
+                    const unsigned sz = (unsigned)(len - b < piece ? len - b : piece);
+                    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a + b), "r"(sz) : "memory");
+                }
+            }
+        }
+    }
+}
+
 __global__ void k_fill(uint32_t *p, size_t n, uint32_t seed) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint32_t h = (uint32_t)i * 2654435761u ^ seed;
@@ -573,6 +704,163 @@ int main(int argc, char **argv) {
         cudaGraphExecDestroy(ge); cudaGraphDestroy(g);
         return ms / reps;
     };
+
+    // cpa (third argument): the graph4 step, shipped kernels (registers) against k_q4c (shared
+    // memory by cp.async, the block's whole slice before the wait); outputs compared first
+    if (!F16 && argc > 3 && !strcmp(argv[3], "cpa")) {
+        g_pdl = true;
+        auto cpa_launch = [&](const mat &m, int R4, cudaStream_t st) {
+            const uint8_t *w = m.w; size_t rb = m.rb; int K = m.K, N = m.N;
+            void *b[] = {(void *)&w, &rb, &K, &N, (void *)&xq, (void *)&xd, (void *)&xs, &y};
+            if (K >= 8192) { // NBL 7 (K 14336)
+                const size_t sm = (size_t)2 * 7 * 128 * 16;
+                cudaLaunchConfig_t cfg = {}; cfg.gridDim = dim3((N + 3) / 4); cfg.blockDim = dim3(128); cfg.stream = st; cfg.dynamicSmemBytes = sm;
+                cudaLaunchAttribute at[1]; at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization; at[0].val.programmaticStreamSerializationAllowed = 1;
+                cfg.attrs = at; cfg.numAttrs = 1;
+                CKE(cudaLaunchKernelExC(&cfg, (const void *)k_q4c<2, 7, 2, 2>, b));
+            } else {
+                const int R = R4;
+                const size_t sm = (size_t)R * 2 * 128 * 16;
+                cudaLaunchConfig_t cfg = {}; cfg.gridDim = dim3((N + 2 * R - 1) / (2 * R)); cfg.blockDim = dim3(128); cfg.stream = st; cfg.dynamicSmemBytes = sm;
+                cudaLaunchAttribute at[1]; at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization; at[0].val.programmaticStreamSerializationAllowed = 1;
+                cfg.attrs = at; cfg.numAttrs = 1;
+                CKE(cudaLaunchKernelExC(&cfg, R == 4 ? (const void *)k_q4c<4, 2, 2, 2> : R == 2 ? (const void *)k_q4c<2, 2, 2, 2> : (const void *)k_q4c<8, 2, 2, 2>, b));
+            }
+        };
+        auto ship_launch = [&](const mat &m, cudaStream_t st) {
+            const uint8_t *w = m.w; size_t rb = m.rb; int K = m.K, N = m.N;
+            void *b[] = {(void *)&w, &rb, &K, &N, (void *)&xq, (void *)&xd, (void *)&xs, &y};
+            if (K >= 8192) launch((const void *)k_q4x<2, 2, 2, 2, 2>, (N + 3) / 4, 128, b, st);
+            else launch((const void *)k_q4x<4, 2, 2, 2, 2>, (N + 7) / 8, 128, b, st);
+        };
+        { // the outputs of both, each shape
+            std::vector<float> a(V), b(V);
+            const mat *ms[5] = {&qkv[0], &wo[0], &gu[0], &dn[0], &lm};
+            for (int i = 0; i < 5; i++)
+                for (int R : {2, 4, 8}) {
+                    ship_launch(*ms[i], s);
+                    CKE(cudaMemcpyAsync(a.data(), y, ms[i]->N * 4, cudaMemcpyDeviceToHost, s));
+                    CKE(cudaMemsetAsync(y, 0, ms[i]->N * 4, s));
+                    cpa_launch(*ms[i], R, s);
+                    CKE(cudaMemcpyAsync(b.data(), y, ms[i]->N * 4, cudaMemcpyDeviceToHost, s));
+                    CKE(cudaStreamSynchronize(s));
+                    double num = 0, den = 0;
+                    for (int r = 0; r < ms[i]->N; r++) num += (double)(a[r] - b[r]) * (a[r] - b[r]), den += (double)a[r] * a[r];
+                    if (!(num <= 1e-10 * den)) printf("MISMATCH cpa R%d shape %d: nmse %g\n", R, i, num / den);
+                }
+            printf("cpa check done\n");
+        }
+        for (int i = 0; i < 5; i++) { // each shape alone, 32 matrices chained
+            const char *nm[5] = {"qkv", "wo", "gu", "down", "lm"};
+            for (int k = 0; k < 3; k++) {
+                float ms = time_graph([&] {
+                    for (int l = 0; l < L; l++) {
+                        const mat &m = i == 0 ? qkv[l] : i == 1 ? wo[l] : i == 2 ? gu[l] : i == 3 ? dn[l] : lm;
+                        if (k == 0) ship_launch(m, s); else cpa_launch(m, k == 1 ? 4 : 2, s);
+                    } }, 10);
+                const mat &m = i == 0 ? qkv[0] : i == 1 ? wo[0] : i == 2 ? gu[0] : i == 3 ? dn[0] : lm;
+                printf("shape %-5s %-10s %8.2f us  %5.2f TB/s\n", nm[i], k == 0 ? "shipped" : k == 1 ? "cpa R4" : "cpa R2", ms * 1000 / L,
+                       m.rb * m.N / (ms / L * 1e-3) / 1e12);
+            }
+        }
+        for (int rep = 0; rep < 3; rep++)
+            for (int k = 0; k < 4; k++) { // 0 shipped, 1 cpa R4 (down R2 NBL7), 2 cpa R2, 3 cpa only down / gu
+                float ms = time_graph([&] {
+                    void *ta[] = {&yt, (void *)&D};
+                    auto mv = [&](const mat &m, bool big) {
+                        if (k == 0 || (k == 3 && !big)) ship_launch(m, s);
+                        else cpa_launch(m, k == 2 ? 2 : 4, s);
+                    };
+                    for (int l = 0; l < L; l++) {
+                        launch((const void *)k_tiny, 1, 256, ta, s);
+                        mv(qkv[l], false);
+                        launch((const void *)k_tiny, 1, 256, ta, s);
+                        launch((const void *)k_tiny, 1, 256, ta, s);
+                        mv(wo[l], false);
+                        launch((const void *)k_tiny, 1, 256, ta, s);
+                        mv(gu[l], true);
+                        mv(dn[l], true);
+                    }
+                    mv(lm, false); }, 20);
+                CKE(cudaGetLastError());
+                const char *nm[4] = {"shipped", "cpa R4", "cpa R2", "cpa gu+down"};
+                printf("graph4 %-12s %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", nm[k], ms, 1000 / ms, bytes / (ms * 1e-3) / 4.8e12 * 100);
+            }
+        return 0;
+    }
+
+    // l2pf (third argument): the graph4 step against the same step with the paced L2 prefetcher
+    // forked beside it (W MB ahead, B blocks of one warp, chunks of CH KB; line or bulk prefetches)
+    if (!F16 && argc > 3 && !strcmp(argv[3], "l2pf")) {
+        g_pdl = true;
+        std::vector<pseg> segs;
+        unsigned long long off = 0;
+        auto addseg = [&](const mat &m) { segs.push_back({m.w, (unsigned long long)m.rb * m.N, off}); off += (unsigned long long)m.rb * m.N; };
+        for (int l = 0; l < L; l++) addseg(qkv[l]), addseg(wo[l]), addseg(gu[l]), addseg(dn[l]);
+        addseg(lm);
+        pseg *dsg; unsigned *prog;
+        CKE(cudaMalloc(&dsg, segs.size() * sizeof(pseg)));
+        CKE(cudaMemcpy(dsg, segs.data(), segs.size() * sizeof(pseg), cudaMemcpyHostToDevice));
+        CKE(cudaMalloc(&prog, 4)); CKE(cudaMemset(prog, 0, 4));
+        const int nseg = (int)segs.size();
+        cudaStream_t s2; CKE(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+        cudaEvent_t ef, ej; CKE(cudaEventCreateWithFlags(&ef, cudaEventDisableTiming)); CKE(cudaEventCreateWithFlags(&ej, cudaEventDisableTiming));
+        struct lcase { int wmb, nb, chkb, mode, early, sig; };
+        // wmb < 0: no prefetcher (sig: the matvecs still store their index)
+        const lcase cs[] = {{-1, 0, 0, 0, 0, 0}, {-1, 0, 0, 0, 0, 1}, {8, 16, 256, 0, 0, 1}, {16, 16, 256, 0, 0, 1},
+                            {24, 16, 256, 0, 0, 1}, {32, 16, 256, 0, 0, 1}, {16, 64, 128, 0, 0, 1}, {24, 64, 128, 0, 0, 1},
+                            {16, 16, 256, 1, 0, 1}, {24, 16, 256, 1, 0, 1}, {24, 132, 64, 1, 0, 1}, {24, 16, 256, 0, 1, 1},
+                            {40, 16, 256, 0, 0, 1}, {-1, 0, 0, 0, 0, 0}};
+        for (int rep = 0; rep < 2; rep++)
+            for (const lcase &c : cs) {
+                float ms = time_graph([&] {
+                    void *ta[] = {&yt, (void *)&D};
+                    if (c.wmb >= 0) {
+                        CKE(cudaMemsetAsync(prog, 0, 4, s));
+                        CKE(cudaEventRecord(ef, s));
+                        CKE(cudaStreamWaitEvent(s2, ef, 0));
+                        unsigned long long Wb = (unsigned long long)c.wmb << 20;
+                        unsigned CH = (unsigned)c.chkb << 10;
+                        int md = c.mode;
+                        void *pa[] = {(void *)&dsg, (void *)&nseg, (void *)&prog, &Wb, &CH, &md};
+                        CKE(cudaLaunchKernel((const void *)k_l2pf, dim3(c.nb), dim3(32), pa, 0, s2));
+                    }
+                    unsigned idx = 0;
+                    auto mv = [&](const mat &m) {
+                        const uint8_t *w = m.w; size_t rb = m.rb; int K = m.K, N = m.N;
+                        int early = c.early;
+                        void *a[] = {(void *)&w, &rb, &K, &N, (void *)&xq, (void *)&xd, (void *)&xs, &y, (void *)&prog, &idx, &early};
+                        if (!c.sig) {
+                            void *b[] = {(void *)&w, &rb, &K, &N, (void *)&xq, (void *)&xd, (void *)&xs, &y};
+                            if (K >= 8192) launch((const void *)k_q4x<2, 2, 2, 2, 2>, (N + 3) / 4, 128, b, s);
+                            else launch((const void *)k_q4x<4, 2, 2, 2, 2>, (N + 7) / 8, 128, b, s);
+                        } else if (K >= 8192) launch((const void *)k_q4s<2, 2, 2, 2, 2>, (N + 3) / 4, 128, a, s);
+                        else launch((const void *)k_q4s<4, 2, 2, 2, 2>, (N + 7) / 8, 128, a, s);
+                        idx++;
+                    };
+                    for (int l = 0; l < L; l++) {
+                        launch((const void *)k_tiny, 1, 256, ta, s);
+                        mv(qkv[l]);
+                        launch((const void *)k_tiny, 1, 256, ta, s);
+                        launch((const void *)k_tiny, 1, 256, ta, s);
+                        mv(wo[l]);
+                        launch((const void *)k_tiny, 1, 256, ta, s);
+                        mv(gu[l]);
+                        mv(dn[l]);
+                    }
+                    mv(lm);
+                    if (c.wmb >= 0) {
+                        CKE(cudaEventRecord(ej, s2));
+                        CKE(cudaStreamWaitEvent(s, ej, 0));
+                    } }, 20);
+                CKE(cudaGetLastError());
+                if (c.wmb < 0) printf("l2pf none%s                                   %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n",
+                                      c.sig ? " (signals)" : "          ", ms, 1000 / ms, bytes / (ms * 1e-3) / 4.8e12 * 100);
+                else printf("l2pf W %2d MB blocks %3d chunk %3d KB %s %s %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", c.wmb, c.nb, c.chkb,
+                            c.mode ? "bulk" : "line", c.early ? "early" : "after", ms, 1000 / ms, bytes / (ms * 1e-3) / 4.8e12 * 100);
+            }
+        return 0;
+    }
     printf("per-shape: us per matvec (32 distinct matrices in a chain) and TB/s\n%-20s", "variant");
     for (int i = 0; i < 5; i++) printf(" %22s", shn[i]);
     printf("\n%-20s", "read ceiling");
