@@ -55,6 +55,33 @@ __device__ __forceinline__ uint4 ldw(const void *p, int mode) {
     return r;
 }
 
+// the integer dot of one q4_0 block's 16 quant bytes q with the q8 activation block a0 | a1
+__device__ __forceinline__ int q4dot(const uint4 &q, const int4 &a0, const int4 &a1) {
+    int s = __dp4a((int)q.x & 0x0F0F0F0F, a0.x, 0);
+    s = __dp4a((int)q.y & 0x0F0F0F0F, a0.y, s);
+    s = __dp4a((int)q.z & 0x0F0F0F0F, a0.z, s);
+    s = __dp4a((int)q.w & 0x0F0F0F0F, a0.w, s);
+    s = __dp4a(((int)q.x >> 4) & 0x0F0F0F0F, a1.x, s);
+    s = __dp4a(((int)q.y >> 4) & 0x0F0F0F0F, a1.y, s);
+    s = __dp4a(((int)q.z >> 4) & 0x0F0F0F0F, a1.z, s);
+    return __dp4a(((int)q.w >> 4) & 0x0F0F0F0F, a1.w, s);
+}
+// acc[j] += block b's dot for R rows, row j's quants and scale from qd(j, q, d)
+template <int R, class QD>
+__device__ __forceinline__ void q4_rows_block(float *acc, int b, const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                                              const int *__restrict__ xs, QD qd) {
+    const int4 *xa = (const int4 *)(xq + (size_t)b * QK);
+    const int4 a0 = __ldg(xa), a1 = __ldg(xa + 1);
+    const int sx = __ldg(xs + b);
+    const float dx = __ldg(xd + b);
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        uint4 q;
+        unsigned short d;
+        qd(j, q, d);
+        acc[j] += (float)(q4dot(q, a0, a1) - 8 * sx) * h2f(d) * dx;
+    }
+}
 // the end of both kernels: each warp's R sums reduced, the P parts of a group added in order
 template <int R, int W, int P>
 __device__ __forceinline__ void group_store(const float *acc, int warp, int lane, int part, int r0, int N, float *y) {
@@ -132,23 +159,7 @@ __device__ __forceinline__ void mv_rows(const uint8_t *__restrict__ Wt, size_t r
         for (int u = 0; u < U; u++) {
             const int b = b0 + S * u;
             if (b >= nb) break;
-            const int4 *xa = (const int4 *)(xq + (size_t)b * QK);
-            const int4 a0 = __ldg(xa), a1 = __ldg(xa + 1);
-            const int sx = __ldg(xs + b);
-            const float dx = __ldg(xd + b);
-#pragma unroll
-            for (int j = 0; j < R; j++) {
-                const uint4 q = qv[j][u];
-                int s = __dp4a((int)q.x & 0x0F0F0F0F, a0.x, 0);
-                s = __dp4a((int)q.y & 0x0F0F0F0F, a0.y, s);
-                s = __dp4a((int)q.z & 0x0F0F0F0F, a0.z, s);
-                s = __dp4a((int)q.w & 0x0F0F0F0F, a0.w, s);
-                s = __dp4a(((int)q.x >> 4) & 0x0F0F0F0F, a1.x, s);
-                s = __dp4a(((int)q.y >> 4) & 0x0F0F0F0F, a1.y, s);
-                s = __dp4a(((int)q.z >> 4) & 0x0F0F0F0F, a1.z, s);
-                s = __dp4a(((int)q.w >> 4) & 0x0F0F0F0F, a1.w, s);
-                acc[j] += (float)(s - 8 * sx) * h2f(dv[j][u]) * dx;
-            }
+            q4_rows_block<R>(acc, b, xq, xd, xs, [&](int j, uint4 &q, unsigned short &d) { q = qv[j][u], d = dv[j][u]; });
         }
         b0 += S * U;
         if (b0 >= nb) break;
@@ -227,15 +238,7 @@ __global__ void __launch_bounds__(NT) k_q4b(const uint8_t *__restrict__ Wt, size
                 const uint4 q = *(const uint4 *)(gp + 16 + 16 * (b & 7));
                 const unsigned short d = ((const unsigned short *)gp)[b & 7];
                 const int4 a0 = ((const int4 *)(aq + b * QK))[0], a1 = ((const int4 *)(aq + b * QK))[1];
-                int t = __dp4a((int)q.x & 0x0F0F0F0F, a0.x, 0);
-                t = __dp4a((int)q.y & 0x0F0F0F0F, a0.y, t);
-                t = __dp4a((int)q.z & 0x0F0F0F0F, a0.z, t);
-                t = __dp4a((int)q.w & 0x0F0F0F0F, a0.w, t);
-                t = __dp4a(((int)q.x >> 4) & 0x0F0F0F0F, a1.x, t);
-                t = __dp4a(((int)q.y >> 4) & 0x0F0F0F0F, a1.y, t);
-                t = __dp4a(((int)q.z >> 4) & 0x0F0F0F0F, a1.z, t);
-                t = __dp4a(((int)q.w >> 4) & 0x0F0F0F0F, a1.w, t);
-                acc += (float)(t - 8 * as[b]) * h2f(d) * ad[b];
+                acc += (float)(q4dot(q, a0, a1) - 8 * as[b]) * h2f(d) * ad[b];
             }
         }
         acc = wsum(acc);
@@ -479,23 +482,7 @@ __global__ void __launch_bounds__(W * P * 32) k_q4c(const uint8_t *__restrict__ 
     for (int u = 0; u < NBL; u++) {
         const int b = b0 + S * u;
         if (b >= nb) break;
-        const int4 *xa = (const int4 *)(xq + (size_t)b * QK);
-        const int4 a0 = __ldg(xa), a1 = __ldg(xa + 1);
-        const int sx = __ldg(xs + b);
-        const float dx = __ldg(xd + b);
-#pragma unroll
-        for (int j = 0; j < R; j++) {
-            const uint4 q = cq[(j * NBL + u) * NT + threadIdx.x];
-            int s = __dp4a((int)q.x & 0x0F0F0F0F, a0.x, 0);
-            s = __dp4a((int)q.y & 0x0F0F0F0F, a0.y, s);
-            s = __dp4a((int)q.z & 0x0F0F0F0F, a0.z, s);
-            s = __dp4a((int)q.w & 0x0F0F0F0F, a0.w, s);
-            s = __dp4a(((int)q.x >> 4) & 0x0F0F0F0F, a1.x, s);
-            s = __dp4a(((int)q.y >> 4) & 0x0F0F0F0F, a1.y, s);
-            s = __dp4a(((int)q.z >> 4) & 0x0F0F0F0F, a1.z, s);
-            s = __dp4a(((int)q.w >> 4) & 0x0F0F0F0F, a1.w, s);
-            acc[j] += (float)(s - 8 * sx) * h2f(dv[j][u]) * dx;
-        }
+        q4_rows_block<R>(acc, b, xq, xd, xs, [&](int j, uint4 &q, unsigned short &d) { q = cq[(j * NBL + u) * NT + threadIdx.x], d = dv[j][u]; });
     }
     group_store<R, W, P>(acc, warp, lane, part, r0, N, y);
 }
