@@ -7,7 +7,7 @@
  * prints each shape's time against a pure read of the same bytes, and the whole chain's time as
  * a share of the 4.8 TB/s bound (bench_gpu's). docs/gpu.md "Session 18" has the H200 numbers.
  *   make build/bench/gpu_matvec_chain        (needs nvcc; not part of `all`)
- *   build/bench/gpu_matvec_chain [TINY] [f16|q4] [nopf|bulk|l2pf|cpa]  (TINY: 1-block kernels per layer, default 0)
+ *   build/bench/gpu_matvec_chain [TINY] [f16|q4] [nopf|bulk|l2pf|cpa|occ]  (TINY: 1-block kernels per layer, default 0)
  * Then (q4_0) the same step as ONE persistent kernel: the matvecs (and the TINY one-block
  * phases, run by block 0) as phases separated by a grid barrier (an arrival counter and a
  * generation flag), 2 to 16 blocks per SM, with and without an L2 prefetch of the next
@@ -24,6 +24,8 @@
  * with a paced L2 prefetcher forked beside it on a second stream of the graph. With "cpa"
  * (q4_0; the same session, not kept): the shipped kernels against k_q4c, whose blocks copy their
  * whole weight slice into shared memory by cp.async before the PDL wait; outputs checked first.
+ * With "occ" (q4_0; written in session 36, not run yet): the graph4 step with the kernels held
+ * to 7 / 8 / 10 / 12 resident blocks an SM by __launch_bounds__ (k_q4m).
  * A standalone program: it links nothing of qforge (its kernels are the experiment's copies;
  * the shipped ones are cuda_gemm.cu's k_mv1_q4g / k_mv1_h). */
 #include <cuda_runtime.h>
@@ -55,6 +57,12 @@ __device__ __forceinline__ uint4 ldw(const void *p, int mode) {
     return r;
 }
 
+// the q8 activation's block b: its 32 quants, their sum and its scale
+struct q8blk { int4 a0, a1; int sx; float dx; };
+__device__ __forceinline__ q8blk q8_at(const int8_t *__restrict__ xq, const float *__restrict__ xd, const int *__restrict__ xs, int b) {
+    const int4 *xa = (const int4 *)(xq + (size_t)b * QK);
+    return {__ldg(xa), __ldg(xa + 1), __ldg(xs + b), __ldg(xd + b)};
+}
 // the integer dot of one q4_0 block's 16 quant bytes q with the q8 activation block a0 | a1
 __device__ __forceinline__ int q4dot(const uint4 &q, const int4 &a0, const int4 &a1) {
     int s = __dp4a((int)q.x & 0x0F0F0F0F, a0.x, 0);
@@ -65,22 +73,6 @@ __device__ __forceinline__ int q4dot(const uint4 &q, const int4 &a0, const int4 
     s = __dp4a(((int)q.y >> 4) & 0x0F0F0F0F, a1.y, s);
     s = __dp4a(((int)q.z >> 4) & 0x0F0F0F0F, a1.z, s);
     return __dp4a(((int)q.w >> 4) & 0x0F0F0F0F, a1.w, s);
-}
-// acc[j] += block b's dot for R rows, row j's quants and scale from qd(j, q, d)
-template <int R, class QD>
-__device__ __forceinline__ void q4_rows_block(float *acc, int b, const int8_t *__restrict__ xq, const float *__restrict__ xd,
-                                              const int *__restrict__ xs, QD qd) {
-    const int4 *xa = (const int4 *)(xq + (size_t)b * QK);
-    const int4 a0 = __ldg(xa), a1 = __ldg(xa + 1);
-    const int sx = __ldg(xs + b);
-    const float dx = __ldg(xd + b);
-#pragma unroll
-    for (int j = 0; j < R; j++) {
-        uint4 q;
-        unsigned short d;
-        qd(j, q, d);
-        acc[j] += (float)(q4dot(q, a0, a1) - 8 * sx) * h2f(d) * dx;
-    }
 }
 // the end of both kernels: each warp's R sums reduced, the P parts of a group added in order
 template <int R, int W, int P>
@@ -159,7 +151,9 @@ __device__ __forceinline__ void mv_rows(const uint8_t *__restrict__ Wt, size_t r
         for (int u = 0; u < U; u++) {
             const int b = b0 + S * u;
             if (b >= nb) break;
-            q4_rows_block<R>(acc, b, xq, xd, xs, [&](int j, uint4 &q, unsigned short &d) { q = qv[j][u], d = dv[j][u]; });
+            const q8blk a = q8_at(xq, xd, xs, b);
+#pragma unroll
+            for (int j = 0; j < R; j++) acc[j] += (float)(q4dot(qv[j][u], a.a0, a.a1) - 8 * a.sx) * h2f(dv[j][u]) * a.dx;
         }
         b0 += S * U;
         if (b0 >= nb) break;
@@ -174,6 +168,14 @@ __global__ void __launch_bounds__(W * P * 32) k_q4x(const uint8_t *__restrict__ 
                                                    const int *__restrict__ xs, float *y) {
     trig();
     mv_rows<R, U, W, P, MODE, 1>(Wt, rb, K, N, xq, xd, xs, y, blockIdx.x);
+}
+// k_q4x held to MINB resident blocks an SM (__launch_bounds__' second argument)
+template <int R, int U, int W, int P, int MINB>
+__global__ void __launch_bounds__(W * P * 32, MINB) k_q4m(const uint8_t *__restrict__ Wt, size_t rb, int K, int N,
+                                                         const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                                                         const int *__restrict__ xs, float *y) {
+    trig();
+    mv_rows<R, U, W, P, 2, 1>(Wt, rb, K, N, xq, xd, xs, y, blockIdx.x);
 }
 
 // ---- bulk: the weights streamed into a shared-memory ring by the copy engine (cp.async.bulk) ----
@@ -482,7 +484,10 @@ __global__ void __launch_bounds__(W * P * 32) k_q4c(const uint8_t *__restrict__ 
     for (int u = 0; u < NBL; u++) {
         const int b = b0 + S * u;
         if (b >= nb) break;
-        q4_rows_block<R>(acc, b, xq, xd, xs, [&](int j, uint4 &q, unsigned short &d) { q = cq[(j * NBL + u) * NT + threadIdx.x], d = dv[j][u]; });
+        const q8blk a = q8_at(xq, xd, xs, b);
+#pragma unroll
+        for (int j = 0; j < R; j++)
+            acc[j] += (float)(q4dot(cq[(j * NBL + u) * NT + threadIdx.x], a.a0, a.a1) - 8 * a.sx) * h2f(dv[j][u]) * a.dx;
     }
     group_store<R, W, P>(acc, warp, lane, part, r0, N, y);
 }
@@ -692,6 +697,50 @@ int main(int argc, char **argv) {
         return ms / reps;
     };
 
+    // one step as the decode graph lays it out (graph4: norm, q|k|v, split / attention / merge
+    // standing as two one-block kernels, o, norm, gate|up, down; then the output head); mv(m)
+    // launches one matvec
+    auto graph4 = [&](auto mv) {
+        void *ta[] = {&yt, (void *)&D};
+        for (int l = 0; l < L; l++) {
+            launch((const void *)k_tiny, 1, 256, ta, s);
+            mv(qkv[l]);
+            launch((const void *)k_tiny, 1, 256, ta, s);
+            launch((const void *)k_tiny, 1, 256, ta, s);
+            mv(wo[l]);
+            launch((const void *)k_tiny, 1, 256, ta, s);
+            mv(gu[l]);
+            mv(dn[l]);
+        }
+        mv(lm);
+    };
+    // occ (third argument): the graph4 step with the shipped kernels held to MINB resident blocks
+    // an SM (__launch_bounds__ min blocks: fewer registers, more weight bytes in flight before the wait)
+    if (!F16 && argc > 3 && !strcmp(argv[3], "occ")) {
+        g_pdl = true;
+        struct ocase { const char *name; const void *k4, *k2; };
+        const ocase cs[] = {{"min 1 (shipped)", (const void *)k_q4x<4, 2, 2, 2, 2>, (const void *)k_q4x<2, 2, 2, 2, 2>},
+                            {"min 7", (const void *)k_q4m<4, 2, 2, 2, 7>, (const void *)k_q4m<2, 2, 2, 2, 7>},
+                            {"min 8", (const void *)k_q4m<4, 2, 2, 2, 8>, (const void *)k_q4m<2, 2, 2, 2, 8>},
+                            {"min 10", (const void *)k_q4m<4, 2, 2, 2, 10>, (const void *)k_q4m<2, 2, 2, 2, 10>},
+                            {"min 12", (const void *)k_q4m<4, 2, 2, 2, 12>, (const void *)k_q4m<2, 2, 2, 2, 12>},
+                            {"R4 down, min 8", (const void *)k_q4m<4, 2, 2, 2, 8>, (const void *)k_q4m<4, 2, 2, 2, 8>}};
+        for (int rep = 0; rep < 3; rep++)
+            for (const ocase &c : cs) {
+                float ms = time_graph([&] {
+                    auto mv = [&](const mat &m) {
+                        const uint8_t *w = m.w; size_t rb = m.rb; int K = m.K, N = m.N;
+                        void *b[] = {(void *)&w, &rb, &K, &N, (void *)&xq, (void *)&xd, (void *)&xs, &y};
+                        const bool r2 = K >= 8192 && c.k2 != c.k4;
+                        launch(r2 ? c.k2 : c.k4, r2 ? (N + 3) / 4 : (N + 7) / 8, 128, b, s);
+                    };
+                    graph4(mv); }, 20);
+                CKE(cudaGetLastError());
+                printf("graph4 %-18s %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", c.name, ms, 1000 / ms, bytes / (ms * 1e-3) / 4.8e12 * 100);
+            }
+        return 0;
+    }
+
     // cpa (third argument): the graph4 step, shipped kernels (registers) against k_q4c (shared
     // memory by cp.async, the block's whole slice before the wait); outputs compared first
     if (!F16 && argc > 3 && !strcmp(argv[3], "cpa")) {
@@ -753,22 +802,11 @@ int main(int argc, char **argv) {
         for (int rep = 0; rep < 3; rep++)
             for (int k = 0; k < 4; k++) { // 0 shipped, 1 cpa R4 (down R2 NBL7), 2 cpa R2, 3 cpa only down / gu
                 float ms = time_graph([&] {
-                    void *ta[] = {&yt, (void *)&D};
                     auto mv = [&](const mat &m, bool big) {
                         if (k == 0 || (k == 3 && !big)) ship_launch(m, s);
                         else cpa_launch(m, k == 2 ? 2 : 4, s);
                     };
-                    for (int l = 0; l < L; l++) {
-                        launch((const void *)k_tiny, 1, 256, ta, s);
-                        mv(qkv[l], false);
-                        launch((const void *)k_tiny, 1, 256, ta, s);
-                        launch((const void *)k_tiny, 1, 256, ta, s);
-                        mv(wo[l], false);
-                        launch((const void *)k_tiny, 1, 256, ta, s);
-                        mv(gu[l], true);
-                        mv(dn[l], true);
-                    }
-                    mv(lm, false); }, 20);
+                    graph4([&](const mat &m) { mv(m, m.N == 2 * F || m.K == F); }); }, 20); // big: gate|up, down
                 CKE(cudaGetLastError());
                 const char *nm[4] = {"shipped", "cpa R4", "cpa R2", "cpa gu+down"};
                 printf("graph4 %-12s %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", nm[k], ms, 1000 / ms, bytes / (ms * 1e-3) / 4.8e12 * 100);
@@ -801,7 +839,6 @@ int main(int argc, char **argv) {
         for (int rep = 0; rep < 2; rep++)
             for (const lcase &c : cs) {
                 float ms = time_graph([&] {
-                    void *ta[] = {&yt, (void *)&D};
                     if (c.wmb >= 0) {
                         CKE(cudaMemsetAsync(prog, 0, 4, s));
                         CKE(cudaEventRecord(ef, s));
@@ -825,17 +862,7 @@ int main(int argc, char **argv) {
                         else launch((const void *)k_q4s<4, 2, 2, 2, 2>, (N + 7) / 8, 128, a, s);
                         idx++;
                     };
-                    for (int l = 0; l < L; l++) {
-                        launch((const void *)k_tiny, 1, 256, ta, s);
-                        mv(qkv[l]);
-                        launch((const void *)k_tiny, 1, 256, ta, s);
-                        launch((const void *)k_tiny, 1, 256, ta, s);
-                        mv(wo[l]);
-                        launch((const void *)k_tiny, 1, 256, ta, s);
-                        mv(gu[l]);
-                        mv(dn[l]);
-                    }
-                    mv(lm);
+                    graph4(mv);
                     if (c.wmb >= 0) {
                         CKE(cudaEventRecord(ej, s2));
                         CKE(cudaStreamWaitEvent(s, ej, 0));
