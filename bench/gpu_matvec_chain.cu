@@ -736,7 +736,11 @@ int main(int argc, char **argv) {
                     };
                     graph4(mv); }, 20);
                 CKE(cudaGetLastError());
-                printf("graph4 %-18s %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", c.name, ms, 1000 / ms, bytes / (ms * 1e-3) / 4.8e12 * 100);
+                int o4 = 0, o2 = 0; /* resident blocks an SM: the R4 and the down kernel */
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o4, c.k4, 128, 0);
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o2, c.k2, 128, 0);
+                printf("graph4 %-18s (%2d / %2d blocks an SM) %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", c.name, o4, o2, ms,
+                       1000 / ms, bytes / (ms * 1e-3) / 4.8e12 * 100);
             }
         return 0;
     }
