@@ -567,9 +567,10 @@ typedef void (*kfn)(const uint8_t *, size_t, int, int, const int8_t *, const flo
 struct variant { const char *name; kfn f; int rows_per_block; int threads; int bps = 0, ring_kb = 0, chunk_kb = 16; bool fence = false; };
 
 static bool g_pdl = true;
-static void launch(const void *f, unsigned grid, unsigned threads, void **args, cudaStream_t s) {
+// f<<<grid, threads, smem, s>>>(args), with programmatic dependent launch while g_pdl is set
+static void launch(const void *f, unsigned grid, unsigned threads, void **args, cudaStream_t s, size_t smem = 0) {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid); cfg.blockDim = dim3(threads); cfg.stream = s;
+    cfg.gridDim = dim3(grid); cfg.blockDim = dim3(threads); cfg.stream = s; cfg.dynamicSmemBytes = smem;
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = g_pdl ? 1 : 0;
@@ -590,13 +591,7 @@ static void run_mv(const variant &v, const mat &m, const int8_t *xq, const float
         if (nst < 2) nst = 2;
         const size_t smem = nst * rc * rb + K + K / 32 * 8;
         void *args[] = {(void *)&w, &rb, &K, &N, (void *)&xq, (void *)&xd, (void *)&xs, &y, &rc, &nst};
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(g_nsm * v.bps); cfg.blockDim = dim3(256); cfg.stream = s; cfg.dynamicSmemBytes = smem;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = g_pdl ? 1 : 0;
-        cfg.attrs = at; cfg.numAttrs = 1;
-        CKE(cudaLaunchKernelExC(&cfg, v.fence ? (const void *)k_q4b<256, true> : (const void *)k_q4b<256, false>, args));
+        launch(v.fence ? (const void *)k_q4b<256, true> : (const void *)k_q4b<256, false>, g_nsm * v.bps, 256, args, s, smem);
         return;
     }
     void *args[] = {(void *)&w, &rb, &K, &N, (void *)&xq, (void *)&xd, (void *)&xs, &y};
@@ -697,6 +692,13 @@ int main(int argc, char **argv) {
         return ms / reps;
     };
 
+    // one matvec by the kernels as shipped (k_mv1_q4g's shapes: 4 rows a group, 2 where K >= 8192)
+    auto ship_launch = [&](const mat &m, cudaStream_t st) {
+        const uint8_t *w = m.w; size_t rb = m.rb; int K = m.K, N = m.N;
+        void *b[] = {(void *)&w, &rb, &K, &N, (void *)&xq, (void *)&xd, (void *)&xs, &y};
+        if (K >= 8192) launch((const void *)k_q4x<2, 2, 2, 2, 2>, (N + 3) / 4, 128, b, st);
+        else launch((const void *)k_q4x<4, 2, 2, 2, 2>, (N + 7) / 8, 128, b, st);
+    };
     // one step as the decode graph lays it out (graph4: norm, q|k|v, split / attention / merge
     // standing as two one-block kernels, o, norm, gate|up, down; then the output head); mv(m)
     // launches one matvec
@@ -752,26 +754,11 @@ int main(int argc, char **argv) {
         auto cpa_launch = [&](const mat &m, int R4, cudaStream_t st) {
             const uint8_t *w = m.w; size_t rb = m.rb; int K = m.K, N = m.N;
             void *b[] = {(void *)&w, &rb, &K, &N, (void *)&xq, (void *)&xd, (void *)&xs, &y};
-            if (K >= 8192) { // NBL 7 (K 14336)
-                const size_t sm = (size_t)2 * 7 * 128 * 16;
-                cudaLaunchConfig_t cfg = {}; cfg.gridDim = dim3((N + 3) / 4); cfg.blockDim = dim3(128); cfg.stream = st; cfg.dynamicSmemBytes = sm;
-                cudaLaunchAttribute at[1]; at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization; at[0].val.programmaticStreamSerializationAllowed = 1;
-                cfg.attrs = at; cfg.numAttrs = 1;
-                CKE(cudaLaunchKernelExC(&cfg, (const void *)k_q4c<2, 7, 2, 2>, b));
-            } else {
-                const int R = R4;
-                const size_t sm = (size_t)R * 2 * 128 * 16;
-                cudaLaunchConfig_t cfg = {}; cfg.gridDim = dim3((N + 2 * R - 1) / (2 * R)); cfg.blockDim = dim3(128); cfg.stream = st; cfg.dynamicSmemBytes = sm;
-                cudaLaunchAttribute at[1]; at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization; at[0].val.programmaticStreamSerializationAllowed = 1;
-                cfg.attrs = at; cfg.numAttrs = 1;
-                CKE(cudaLaunchKernelExC(&cfg, R == 4 ? (const void *)k_q4c<4, 2, 2, 2> : R == 2 ? (const void *)k_q4c<2, 2, 2, 2> : (const void *)k_q4c<8, 2, 2, 2>, b));
-            }
-        };
-        auto ship_launch = [&](const mat &m, cudaStream_t st) {
-            const uint8_t *w = m.w; size_t rb = m.rb; int K = m.K, N = m.N;
-            void *b[] = {(void *)&w, &rb, &K, &N, (void *)&xq, (void *)&xd, (void *)&xs, &y};
-            if (K >= 8192) launch((const void *)k_q4x<2, 2, 2, 2, 2>, (N + 3) / 4, 128, b, st);
-            else launch((const void *)k_q4x<4, 2, 2, 2, 2>, (N + 7) / 8, 128, b, st);
+            if (K >= 8192) // NBL 7 (K 14336): 2 rows a group
+                launch((const void *)k_q4c<2, 7, 2, 2>, (N + 3) / 4, 128, b, st, (size_t)2 * 7 * 128 * 16);
+            else
+                launch(R4 == 4 ? (const void *)k_q4c<4, 2, 2, 2> : R4 == 2 ? (const void *)k_q4c<2, 2, 2, 2> : (const void *)k_q4c<8, 2, 2, 2>,
+                       (N + 2 * R4 - 1) / (2 * R4), 128, b, st, (size_t)R4 * 2 * 128 * 16);
         };
         { // the outputs of both, each shape
             std::vector<float> a(V), b(V);
@@ -858,11 +845,8 @@ int main(int argc, char **argv) {
                         const uint8_t *w = m.w; size_t rb = m.rb; int K = m.K, N = m.N;
                         int early = c.early;
                         void *a[] = {(void *)&w, &rb, &K, &N, (void *)&xq, (void *)&xd, (void *)&xs, &y, (void *)&prog, &idx, &early};
-                        if (!c.sig) {
-                            void *b[] = {(void *)&w, &rb, &K, &N, (void *)&xq, (void *)&xd, (void *)&xs, &y};
-                            if (K >= 8192) launch((const void *)k_q4x<2, 2, 2, 2, 2>, (N + 3) / 4, 128, b, s);
-                            else launch((const void *)k_q4x<4, 2, 2, 2, 2>, (N + 7) / 8, 128, b, s);
-                        } else if (K >= 8192) launch((const void *)k_q4s<2, 2, 2, 2, 2>, (N + 3) / 4, 128, a, s);
+                        if (!c.sig) ship_launch(m, s);
+                        else if (K >= 8192) launch((const void *)k_q4s<2, 2, 2, 2, 2>, (N + 3) / 4, 128, a, s);
                         else launch((const void *)k_q4s<4, 2, 2, 2, 2>, (N + 7) / 8, 128, a, s);
                         idx++;
                     };
