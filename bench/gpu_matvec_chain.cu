@@ -24,7 +24,7 @@
  * with a paced L2 prefetcher forked beside it on a second stream of the graph. With "cpa"
  * (q4_0; the same session, not kept): the shipped kernels against k_q4c, whose blocks copy their
  * whole weight slice into shared memory by cp.async before the PDL wait; outputs checked first.
- * With "occ" (q4_0; written in session 36, not run yet): the graph4 step with the kernels held
+ * With "occ" (q4_0; docs/gpu.md "Session 37", no gain): the graph4 step with the kernels held
  * to 7 / 8 / 10 / 12 resident blocks an SM by __launch_bounds__ (k_q4m).
  * A standalone program: it links nothing of qforge (its kernels are the experiment's copies;
  * the shipped ones are cuda_gemm.cu's k_mv1_q4g / k_mv1_h). */
