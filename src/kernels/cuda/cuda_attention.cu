@@ -1012,7 +1012,8 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
         const uint8_t *base = s ? V : K;
         return cls_of(s) == I8_EC ? base + ((size_t)p * ngrp + kh / gh) * ec_n : base + ((size_t)p * n_head_kv + kh) * HD;
     };
-    /* keys [k0, k1) of the tile at tb: their coded rows into raw (stride RW + 4 words) */
+    /* keys [k0, k1) of the tile at tb: their coded rows into raw (stride RW + 4 words: ec_decode_run
+     * reads up to two words past a row) */
     auto stage = [&](int s, int tb, int k0, int k1) {
         const int RW = row_words(s), n4 = RW / 4;
         for (int w = tid; w < (k1 - k0) * n4; w += NT) {

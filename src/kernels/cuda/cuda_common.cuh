@@ -613,64 +613,92 @@ int kv_ec_group(int nkv, int hd);
 #define KV_EC_CHUNK 32
 __host__ __device__ static inline int kv_ec_index(int n) { return n >= 2 * KV_EC_CHUNK ? (n + KV_EC_CHUNK - 1) / KV_EC_CHUNK - 1 : 0; }
 /* ec-rot's chunk decoder, bit for bit kv_codes.c's qf_kv_int8_ec_dequantize: elements [i, i1)
- * of a coded row held as 32-bit words q[0, nw) (shared memory; zeros read past nw), the first
- * code at bit pos (10 for chunk 0, else the row's index entry), step d; put(i, v) stores element
- * i. A code is read from a 64-bit window holding at least 32 bits (one predicated refill a
- * code): h from its first bits (0h: h < 2; 1tt: h = 2 + tt for tt < 3; 111 then ones up to a
- * zero: h = 5 + ones), then 4 low bits and the sign. h and the prefix length are selected, not
- * branched on, so the lanes of a warp (each decoding its own chunk) do not diverge; only a code
- * that does not end inside the window's low word (24 ones or more: h >= 29, |c| >= 464) is read
- * field by field. Returns where it stopped:
- * i1, or the element whose code would end past the row's total bits (rows the encoder wrote
- * never do; the caller zeroes the rest). One definition for the expansion (cuda_kv.cu) and
- * split-K attention (cuda_attention.cu). */
+ * of a coded row held as 32-bit words q[0, nw) (shared memory), the first code at bit pos (10
+ * for chunk 0, else the row's index entry), step d; put(i, v) stores element i. The caller
+ * keeps q readable up to word nw + 2; what lies past nw does not matter, since bits past the
+ * row's total only ever belong to a code that is dropped. A code: h from its first bits (0h:
+ * h < 2; 1tt: h = 2 + tt for tt < 3; 111 then ones up to a zero: h = 5 + ones), then 4 low bits
+ * and the sign. A round reads the 64 bits at pos (three words, two funnel shifts; no window to
+ * refill) and decodes two codes from them: the first from its low 32 bits, the second from the
+ * 32 bits after the first code. h and the prefix length are selected, not branched on, so the
+ * lanes of a warp (each decoding its own chunk) do not diverge; only a code that does not fit
+ * 32 bits (24 ones or more: h >= 29, |c| >= 464) is read field by field, alone in its round
+ * (words past nw read as zeros there). Returns where it stopped: i1, or the element whose code
+ * would end past the row's total bits (rows the encoder wrote never do; the caller zeroes the
+ * rest). One definition for the expansion (cuda_kv.cu) and split-K attention
+ * (cuda_attention.cu). H100, 8B q4_0, ec-rot K and V: 1.06x decode at position 4000 and 1.14x
+ * at 16000 against the 64-bit refill window it replaced (docs/gpu.md "Session 37"). */
+__device__ static inline uint32_t ec_bits32(const uint32_t *q, int pos) { /* bits [pos, pos + 32) */
+    const int wi = pos >> 5;
+    return __funnelshift_r(q[wi], q[wi + 1], (uint32_t)pos);
+}
+/* h and the prefix length plen of the code at w's first bit; true: a long code */
+__device__ static inline bool ec_head(uint32_t w, uint32_t &h, int &plen) {
+    const uint32_t b0 = w & 1u, t = (w >> 1) & 3u;
+    const int ones = __ffs(~(w >> 3)) - 1; /* ones after 111: at most 29 */
+    h = !b0 ? (t & 1u) : t < 3 ? t + 2 : 5u + (uint32_t)ones;
+    plen = !b0 ? 2 : t < 3 ? 3 : 4 + ones;
+    return b0 && t == 3 && ones > 23;
+}
+/* a long code's h: its ones word by word from bit pos + 3 (words past nw read as zeros); pos
+ * is left at its low bits */
+__device__ static inline uint32_t ec_long(const uint32_t *q, int nw, int &pos) {
+    int p = pos + 3;
+    uint32_t h = 5;
+    for (;;) {
+        const int wi = p >> 5;
+        const uint32_t x = __funnelshift_r(wi < nw ? q[wi] : 0u, wi + 1 < nw ? q[wi + 1] : 0u, (uint32_t)p);
+        if (x == 0xffffffffu) {
+            h += 32, p += 32;
+            continue;
+        }
+        const int o = __ffs(~x) - 1;
+        h += (uint32_t)o, p += o + 1;
+        break;
+    }
+    pos = p;
+    return h;
+}
+/* the element of the code whose h is h and whose low bits and sign start at bit plen of w */
+__device__ static inline float ec_value(uint32_t w, uint32_t h, int plen, float d) {
+    const uint32_t tail = w >> plen;
+    const uint32_t c = h << 4 | (tail & 15u), sg = (tail >> 4) & 1u;
+    const float v = __fmul_rn((float)c, d);
+    return sg ? -v : v;
+}
 template <class Put>
 __device__ static inline int ec_decode_run(const uint32_t *q, int nw, int pos, int total, int i, int i1, float d,
                                            Put put) {
-    int nx = pos >> 5, have = 0;
-    uint64_t buf = 0;
-    auto refill = [&]() { /* at least 33 bits in buf */
-        while (have <= 32) {
-            buf |= (uint64_t)(nx < nw ? q[nx] : 0u) << have;
-            nx++, have += 32;
+    if (pos > total) return i; /* so every main-path read below is of words <= nw + 2 */
+    while (i < i1) {
+        const int wi = pos >> 5;
+        const uint32_t q0 = q[wi], q1 = q[wi + 1], q2 = q[wi + 2];
+        const uint32_t lo = __funnelshift_r(q0, q1, (uint32_t)pos), hi = __funnelshift_r(q1, q2, (uint32_t)pos);
+        uint32_t h;
+        int plen;
+        if (ec_head(lo, h, plen)) { /* a long code: alone this round */
+            h = ec_long(q, nw, pos);
+            const uint32_t w = ec_bits32(q, pos); /* pos <= nw * 32 + 1: words <= nw + 1 */
+            pos += 5;
+            if (pos > total) break;
+            put(i++, ec_value(w, h, 0, d));
+            continue;
         }
-    };
-    refill();
-    buf >>= pos & 31, have -= pos & 31;
-    for (; i < i1; i++) {
-        { /* at least 32 bits: every code but the long ones */
-            const bool need = have <= 32;
-            const uint32_t wd = nx < nw ? q[nx < nw ? nx : 0] : 0u;
-            buf |= need ? (uint64_t)wd << have : 0ull;
-            nx += need, have += need ? 32 : 0;
-        }
-        const uint32_t w = (uint32_t)buf, b0 = w & 1u, t = (w >> 1) & 3u;
-        const int ones = __ffs(~(w >> 3)) - 1; /* ones after 111 in the low word: at most 29 */
-        uint32_t h = !b0 ? (t & 1u) : t < 3 ? t + 2 : 5u + (uint32_t)ones;
-        int plen = !b0 ? 2 : t < 3 ? 3 : 4 + ones;
-        if (b0 && t == 3 && ones > 23) { /* a code past the low word (have >= 32): bit by bit */
-            h = 5, buf >>= 3, have -= 3, pos += 3;
-            for (;;) {
-                refill();
-                const uint32_t lo32 = (uint32_t)buf;
-                if (lo32 == 0xffffffffu) {
-                    h += 32, buf >>= 32, have -= 32, pos += 32;
-                    continue;
-                }
-                const int o = __ffs(~lo32) - 1;
-                h += (uint32_t)o, buf >>= o + 1, have -= o + 1, pos += o + 1;
-                break;
-            }
-            refill();
-            plen = 0;
-        }
-        /* the low bits and the sign: bits plen .. plen + 4 (plen <= 27, or 0 after the long path) */
-        const uint32_t tail = __funnelshift_r((uint32_t)buf, (uint32_t)(buf >> 32), (uint32_t)plen);
-        const uint32_t c = h << 4 | (tail & 15u), sg = (tail >> 4) & 1u;
-        buf >>= plen + 5, have -= plen + 5, pos += plen + 5;
+        const int len = plen + 5; /* <= 32 */
+        const float v1 = ec_value(lo, h, plen, d);
+        /* the second code from the 32 bits after the first (lo:hi is 64 bits from pos) */
+        const uint32_t w2 = len == 32 ? hi : __funnelshift_r(lo, hi, (uint32_t)len);
+        uint32_t h2;
+        int plen2;
+        const bool long2 = ec_head(w2, h2, plen2);
+        pos += len;
         if (pos > total) break;
-        const float v = __fmul_rn((float)c, d);
-        put(i, sg ? -v : v);
+        put(i++, v1);
+        if (long2 || i >= i1) continue; /* a long second code: the next round's first */
+        const float v2 = ec_value(w2, h2, plen2, d);
+        pos += plen2 + 5;
+        if (pos > total) break;
+        put(i++, v2);
     }
     return i;
 }

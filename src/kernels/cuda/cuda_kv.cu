@@ -570,12 +570,14 @@ __global__ void __launch_bounds__(EC_WARPS * 32)
  * an element that would end past the row, and the rest of its chunk, is 0 (rows the encoder
  * wrote never do). */
 #define EC_DEC_T 128
-/* dynamic shared memory: the R rows' words (stride n / 4 + 1), then their floats (stride S);
- * at most 40.3 KB (n = 60: 128 rows), 21 KB for 256-element rows */
+/* dynamic shared memory: the R rows' words (stride ec_dec_ws: the n / 4 words and at least the
+ * three after them, which ec_decode_run may read; odd, so rows start in different banks), then
+ * their floats (stride S); at most 41 KiB (n = 60: 128 rows), 21 KB for 256-element rows */
 __host__ __device__ static inline int ec_dec_stride(int n, int nch);
+__host__ __device__ static inline int ec_dec_ws(int n) { return (n / 4 + 3) | 1; }
 static size_t ec_dec_smem(int n) {
     const int nch = kv_ec_index(n) + 1, R = EC_DEC_T / nch;
-    return (size_t)R * (n / 4 + 1) * 4 + (size_t)R * ec_dec_stride(n, nch) * 4;
+    return (size_t)R * ec_dec_ws(n) * 4 + (size_t)R * ec_dec_stride(n, nch) * 4;
 }
 __host__ __device__ static inline int ec_dec_stride(int n, int nch) {
     const int s = n + (n + 31) / 32;
@@ -584,7 +586,7 @@ __host__ __device__ static inline int ec_dec_stride(int n, int nch) {
 __global__ void __launch_bounds__(EC_DEC_T)
     k_kv_expand_int8_ec(kv8_pair p, int64_t n_rows, int n, const float *steps, const int *dpos, int per, bool h16) {
     extern __shared__ uint32_t qin[]; /* R rows of WS words, then xs */
-    const int nix = kv_ec_index(n), nch = nix + 1, R = EC_DEC_T / nch, nw = n / 4, WS = nw + 1, S = ec_dec_stride(n, nch);
+    const int nix = kv_ec_index(n), nch = nix + 1, R = EC_DEC_T / nch, nw = n / 4, WS = ec_dec_ws(n), S = ec_dec_stride(n, nch);
     float *xs = (float *)(qin + R * WS); /* R rows of S floats */
     const int64_t lim = kv_expand_lim(n_rows, dpos, per), r0 = (int64_t)blockIdx.x * R;
     if (r0 >= lim) return; /* the whole block */
