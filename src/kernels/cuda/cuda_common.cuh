@@ -626,7 +626,7 @@ __host__ __device__ static inline int kv_ec_index(int n) { return n >= 2 * KV_EC
  * (words past nw read as zeros there). Returns where it stopped: i1, or the element whose code
  * would end past the row's total bits (rows the encoder wrote never do; the caller zeroes the
  * rest). One definition for the expansion (cuda_kv.cu) and split-K attention
- * (cuda_attention.cu). H100, 8B q4_0, ec-rot K and V: 1.06x decode at position 4000 and 1.14x
+ * (cuda_attention.cu). H100, 8B q4_0, ec-rot K and V: 1.05x decode at position 4000 and 1.14x
  * at 16000 against the 64-bit refill window it replaced (docs/gpu.md "Session 37"). */
 __device__ static inline uint32_t ec_bits32(const uint32_t *q, int pos) { /* bits [pos, pos + 32) */
     const int wi = pos >> 5;
