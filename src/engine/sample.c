@@ -1,11 +1,19 @@
 /* sample.c: next-token sampling. Greedy at temp <= 0; otherwise softmax(logits / temp), keep the
  * top-k most likely tokens, then the smallest prefix whose mass reaches top-p, and draw from
- * what is left with a seeded xorshift64* generator. */
+ * what is left with a seeded xorshift64* generator.
+ *
+ * The order of the candidates is (probability descending, token id ascending), a total order,
+ * so the first k of it are the same whether the whole vocabulary is sorted (qf_sample_ref, the
+ * oracle) or only its k best are selected (qf_sample: a heap over the candidate array, then a
+ * sort of those k). At a 128k vocabulary the full sort took 32 ms a token, 20x the 8B model's
+ * GPU decode step (docs/gpu.md, "Sampling"). */
 #include <math.h>
 #include <stdlib.h>
 
-#include "qforge/sample.h"
+#include "engine/sample.h"
 #include "util/util.h"
+
+typedef struct qf_prob_idx cand_t;
 
 int qf_sampler_init(qf_sampler *s, const qf_sampler_params *p, int n_vocab) {
     s->p = *p;
@@ -25,43 +33,146 @@ static double next_uniform(qf_sampler *s) {
 }
 
 static int by_prob_desc(const void *a, const void *b) {
-    const struct qf_prob_idx *x = a, *y = b;
+    const cand_t *x = a, *y = b;
     if (x->p != y->p) return x->p < y->p ? 1 : -1;
     return x->id - y->id;
 }
 
-int32_t qf_sample(qf_sampler *s, const float *logits) {
+/* the first index of the largest logit (the oracle's loop: a NaN never compares larger) */
+static int32_t argmax(const float *logits, int n) {
+    int32_t best = 0;
+    float bv = logits[0];
+    for (int i = 1; i < n; i++)
+        if (logits[i] > bv) bv = logits[i], best = i;
+    return best;
+}
+
+/* a ranks before b in by_prob_desc's order */
+static inline int before(const cand_t *a, const cand_t *b) { return a->p > b->p || (a->p == b->p && a->id < b->id); }
+
+/* h[0..m) as a heap whose root is the last of them in by_prob_desc's order: sift h[i] down */
+static void sift_down(cand_t *h, int m, int i) {
+    for (;;) {
+        int w = i, l = 2 * i + 1, r = l + 1;
+        if (l < m && before(&h[w], &h[l])) w = l;
+        if (r < m && before(&h[w], &h[r])) w = r;
+        if (w == i) return;
+        cand_t t = h[i];
+        h[i] = h[w], h[w] = t, i = w;
+    }
+}
+
+/* The first m of c[0..n) in by_prob_desc's order, moved to c[0..m) and sorted; the others stay
+ * in c[m..n) in some order. O(n log m). */
+static void select_sorted(cand_t *c, int n, int m) {
+    if (m >= n) {
+        qsort(c, (size_t)n, sizeof *c, by_prob_desc);
+        return;
+    }
+    for (int i = m / 2 - 1; i >= 0; i--) sift_down(c, m, i);
+    for (int i = m; i < n; i++)
+        if (before(&c[i], &c[0])) {
+            cand_t t = c[0];
+            c[0] = c[i], c[i] = t;
+            sift_down(c, m, 0);
+        }
+    qsort(c, (size_t)m, sizeof *c, by_prob_desc);
+}
+
+/* the candidates kept by top-p among the first keep of the sorted c: keep itself when their
+ * mass stays below top_p, else the shortest prefix that reaches it; *reached says which */
+static int top_p_cut(const cand_t *c, int keep, float top_p, int *reached) {
+    double cum = 0;
+    *reached = 0;
+    for (int i = 0; i < keep; i++) {
+        cum += c[i].p;
+        if (cum >= top_p) {
+            *reached = 1;
+            return i + 1;
+        }
+    }
+    return keep;
+}
+
+/* the draw among the first keep of the sorted c (the generator advances once) */
+static int32_t draw(qf_sampler *s, const cand_t *c, int keep) {
+    double mass = 0;
+    for (int i = 0; i < keep; i++) mass += c[i].p;
+    double r = next_uniform(s) * mass, acc = 0;
+    for (int i = 0; i < keep; i++) {
+        acc += c[i].p;
+        if (r < acc) return c[i].id;
+    }
+    return c[keep - 1].id;
+}
+
+/* each candidate's probability, as the oracle computes it: expf of the logit's distance to the
+ * largest over temp, normalized by their double sum (summed in token order) */
+static void probabilities(qf_sampler *s, const float *logits, float lmax) {
+    const int n = s->n_vocab;
+    cand_t *c = s->cand;
+    const float t = s->p.temp;
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        float pr = expf((logits[i] - lmax) / t);
+        c[i].p = pr;
+        c[i].id = i;
+        sum += pr;
+    }
+    for (int i = 0; i < n; i++) c[i].p = (float)(c[i].p / sum);
+}
+
+int32_t qf_sample_candidates(qf_sampler *s, const int32_t *id, const float *logit, int n, float lmax, double sum) {
+    if (n <= 0) return 0;
+    cand_t *c = s->cand;
+    if (n > s->n_vocab) n = s->n_vocab;
+    for (int i = 0; i < n; i++) {
+        const float pr = expf((logit[i] - lmax) / s->p.temp);
+        c[i].p = (float)(pr / sum);
+        c[i].id = id[i];
+    }
+    qsort(c, (size_t)n, sizeof *c, by_prob_desc);
+    int keep = n;
+    if (s->p.top_p < 1.0f) {
+        int reached;
+        keep = top_p_cut(c, keep, s->p.top_p, &reached);
+    }
+    return draw(s, c, keep);
+}
+
+int32_t qf_sample_ref(qf_sampler *s, const float *logits) {
     int n = s->n_vocab;
     int32_t best = 0;
     for (int i = 1; i < n; i++)
         if (logits[i] > logits[best]) best = i;
     if (s->p.temp <= 0) return best;
-    double sum = 0;
-    for (int i = 0; i < n; i++) {
-        float pr = expf((logits[i] - logits[best]) / s->p.temp);
-        s->cand[i].p = pr;
-        s->cand[i].id = i;
-        sum += pr;
-    }
-    for (int i = 0; i < n; i++) s->cand[i].p = (float)(s->cand[i].p / sum);
+    probabilities(s, logits, logits[best]);
     qsort(s->cand, (size_t)n, sizeof *s->cand, by_prob_desc);
+    int keep = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n, reached;
+    if (s->p.top_p < 1.0f) keep = top_p_cut(s->cand, keep, s->p.top_p, &reached);
+    return draw(s, s->cand, keep);
+}
+
+int32_t qf_sample(qf_sampler *s, const float *logits) {
+    const int n = s->n_vocab;
+    const int32_t best = argmax(logits, n);
+    if (s->p.temp <= 0) return best;
+    probabilities(s, logits, logits[best]);
     int keep = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n;
-    if (s->p.top_p < 1.0f) {
-        double cum = 0;
-        for (int i = 0; i < keep; i++) {
-            cum += s->cand[i].p;
-            if (cum >= s->p.top_p) {
-                keep = i + 1;
-                break;
-            }
+    if (s->p.top_p < 1.0f && keep == n) {
+        /* no top-k: sort prefixes 1024, 4096, ... long until one reaches top_p (each is the
+         * same prefix the full sort gives), the whole vocabulary at worst */
+        for (int m = 1024;; m = m > n / 4 ? n : 4 * m) {
+            select_sorted(s->cand, n, m < n ? m : n);
+            int reached;
+            const int k = top_p_cut(s->cand, m < n ? m : n, s->p.top_p, &reached);
+            if (reached || m >= n) return draw(s, s->cand, k);
         }
     }
-    double mass = 0;
-    for (int i = 0; i < keep; i++) mass += s->cand[i].p;
-    double r = next_uniform(s) * mass, acc = 0;
-    for (int i = 0; i < keep; i++) {
-        acc += s->cand[i].p;
-        if (r < acc) return s->cand[i].id;
+    select_sorted(s->cand, n, keep);
+    if (s->p.top_p < 1.0f) {
+        int reached;
+        keep = top_p_cut(s->cand, keep, s->p.top_p, &reached);
     }
-    return s->cand[keep - 1].id;
+    return draw(s, s->cand, keep);
 }
