@@ -14,7 +14,10 @@
  *   prefill  qf_decode of the whole chunk, logits of the last token only;
  *   ppl      qf_decode of the whole chunk with every token's logits copied back (what
  *            qf_perplexity asks for), and the full qf_perplexity pass (tokenize, decode, score);
- *   decode   single-token steps after a half-chunk prefill (tokens/s);
+ *   decode   single-token steps after a half-chunk prefill (tokens/s); on the GPU also the
+ *            step qforge generate takes (the row copied and drawn by the full sort, as before
+ *            session 38, or by qf_sample, against the row reduced on the device: decode_topk),
+ *            greedy and with the CLI's default sampling;
  *   gpu ppl  the same PPL pass with the log-softmax on the GPU (qf_decode_nll: no logits
  *            leave the device), its PPL compared with qf_perplexity's.
  * Roofline per chunk: FLOPs = 2 * (matmul params) * tokens + 2 * D * n_vocab * logit rows
@@ -33,6 +36,7 @@
 #include "qforge/ppl.h"
 #include "qforge/tokenizer.h"
 #include "engine/gpu.h"
+#include "engine/sample.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "util/util.h"
 
@@ -282,6 +286,41 @@ int main(int argc, char **argv) {
            steps / dt, half, half + steps - 1, PEAK_BW / bytes, 100 * (steps / dt) / (PEAK_BW / bytes));
     if (on_gpu) printf("; %ld of the %d one-token steps replayed the CUDA graph", gi.graph_steps, steps + 1);
     printf("\n");
+    if (on_gpu) {
+        /* the step qf_generate takes, the same tokens fed (the drawn one is not): the row copied
+         * and drawn from on the host by the full sort (qf_sample_ref, the sampler before session
+         * 38) and by qf_sample, against the logits reduced on the device (qf_gpu_decode_topk,
+         * qf_generate's route since) */
+        const qf_sampler_params sps[2] = {{.temp = 0.0f}, {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 42}};
+        for (int si = 0; si < 2; si++) {
+            qf_sampler smp;
+            if (qf_sampler_init(&smp, &sps[si], hp->n_vocab)) return 1;
+            double r3[3];
+            long sink = 0;
+            for (int how = 0; how < 3; how++) {
+                const int ns = how == 0 && si ? (steps < 16 ? steps : 16) : steps; /* the full sort: 30 ms a token */
+                const double ts = now();
+                for (int i = 0; i < ns; i++) {
+                    const int32_t tk = toks[half + i];
+                    if (how < 2) {
+                        if (qf_decode(c, &tk, 1, half + i, logits, 0, &err)) return fprintf(stderr, "bench_gpu: %s\n", err.msg), 1;
+                        sink += how == 0 ? qf_sample_ref(&smp, logits) : qf_sample(&smp, logits);
+                    } else {
+                        qf_gpu_topk tr;
+                        if (qf_gpu_decode_topk(c, tk, half + i, sps[si].temp, sps[si].top_k, &tr, &err))
+                            return fprintf(stderr, "bench_gpu: %s\n", err.msg), 1;
+                        sink += sps[si].temp <= 0 ? tr.argmax
+                                                  : qf_sample_candidates(&smp, tr.id, tr.logit, tr.n, tr.lmax, tr.sum);
+                    }
+                }
+                r3[how] = ns / (now() - ts);
+            }
+            printf("generate step (%s): %8.1f tok/s row copied + full sort (before), %8.1f row copied + qf_sample, "
+                   "%8.1f reduced on the device (qf_generate), %.3fx the decode step [%ld]\n",
+                   si ? "temp 0.8 top-k 40 top-p 0.95" : "greedy", r3[0], r3[1], r3[2], r3[2] / (steps / dt), sink % 7);
+            qf_sampler_free(&smp);
+        }
+    }
 
     if (text) {
         qf_ppl_params pp = qf_ppl_default_params();

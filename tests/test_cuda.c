@@ -27,6 +27,8 @@
 #include "forge/awq_impl.h"
 #include "qforge/awq.h"
 #include "qforge/tokenizer.h"
+#include "qforge/run.h"
+#include "engine/sample.h"
 #include "kernels/hadamard.h"
 #include "kernels/canon_cpu.h"
 #include "kernels/gemm.h"
@@ -1203,6 +1205,216 @@ TEST(e2e_decode_graph) {
         }
         free(lg), free(lp), free(lc), free(lf);
         qf_model_free(m);
+    }
+}
+
+/* ---- the sampler's reduction on the device (decode_topk, op_topk) ---- */
+
+/* the host's reduction of a row: max / first argmax / non-finite count over l, the sum of
+ * expf((l - max) / temp) in token order, and the k largest as (logit desc, id asc) in ids/vals */
+typedef struct {
+    float lmax;
+    int argmax, nonfinite, n;
+    double sum;
+} topk_ref;
+static const float *topk_row; /* by_row_desc's row */
+static int by_row_desc(const void *a, const void *b) {
+    const int x = *(const int *)a, y = *(const int *)b;
+    const float u = topk_row[x], v = topk_row[y];
+    if (u != v) return u < v ? 1 : -1;
+    return x - y;
+}
+static topk_ref host_topk(const float *l, int V, float temp, int k, int *ids) {
+    topk_ref r = {-INFINITY, 0, 0, 0, 0.0};
+    int nfin = 0;
+    for (int i = 0; i < V; i++) {
+        if (!isfinite(l[i])) {
+            r.nonfinite++;
+            continue;
+        }
+        if (l[i] > r.lmax || nfin == 0) r.lmax = l[i], r.argmax = i;
+        ids[nfin++] = i;
+    }
+    if (temp > 0)
+        for (int i = 0; i < V; i++)
+            if (isfinite(l[i])) r.sum += expf((l[i] - r.lmax) / temp);
+    topk_row = l;
+    qsort(ids, (size_t)nfin, sizeof *ids, by_row_desc);
+    r.n = temp > 0 ? (k < nfin ? k : nfin) : 0;
+    return r;
+}
+/* the device's reduction against the host's: "" when they agree, else what differs */
+static const char *topk_check(const float *l, int V, float temp, int k, const qf_gpu_topk *d, int *ids) {
+    const topk_ref r = host_topk(l, V, temp, k, ids);
+    if (d->n_nonfinite != r.nonfinite) return "non-finite count";
+    if (r.nonfinite < V && (d->argmax != r.argmax || memcmp(&d->lmax, &r.lmax, 4))) return "max / argmax";
+    if (d->n != r.n) return "entry count";
+    if (temp > 0 && !(fabs(d->sum - r.sum) <= 1e-6 * r.sum)) return "sum";
+    int *dev = malloc(((size_t)d->n + 1) * sizeof *dev);
+    for (int i = 0; i < d->n; i++) dev[i] = d->id[i];
+    topk_row = l;
+    qsort(dev, (size_t)d->n, sizeof *dev, by_row_desc);
+    const char *why = "";
+    for (int i = 0; i < d->n && !*why; i++)
+        if (dev[i] != ids[i]) why = "top-k ids";
+    for (int i = 0; i < d->n && !*why; i++)
+        if (memcmp(&d->logit[i], &l[d->id[i]], 4)) why = "top-k values";
+    free(dev);
+    return why;
+}
+
+TEST(op_topk) {
+    NEED_GPU();
+    const int sizes[] = {1, 5, 1000, 1023, 1024, 1025, 4097, 50000, 128256, 300000}; /* 300000: k 256 takes one block */
+    const int ks[] = {0, 1, 2, 40, 256};
+    int cases = 0, bad = 0;
+    uint64_t st = 31;
+    for (size_t a = 0; a < sizeof sizes / sizeof *sizes; a++) {
+        const int V = sizes[a];
+        float *l = malloc((size_t)V * 4);
+        int *ids = malloc((size_t)V * sizeof *ids);
+        /* kinds: 0 spread, 1 eight levels (ties across the k-th), 2 all equal, 3 negative with
+         * a NaN, an Inf and signed zeros, 4 one far above the rest */
+        for (int kind = 0; kind < 5; kind++) {
+            for (int i = 0; i < V; i++) {
+                const double u = (double)(qf_xorshift64s(&st) >> 11) / 9007199254740992.0;
+                l[i] = kind == 0   ? (float)(30.0 * u - 10.0)
+                       : kind == 1 ? (float)(int)(u * 8.0)
+                       : kind == 2 ? 1.5f
+                       : kind == 3 ? (u < 0.01 ? (u < 0.005 ? 0.0f : -0.0f) : (float)(-5.0 * u))
+                                   : (float)(u * 1e-3);
+            }
+            if (kind == 3 && V > 3) l[V / 2] = NAN, l[V / 3] = INFINITY;
+            if (kind == 4) l[V - 1] = 20.0f;
+            for (size_t b = 0; b < sizeof ks / sizeof *ks; b++)
+                for (int ti = 0; ti < 4; ti++) {
+                    const float temp = ti % 2 ? 0.8f : 0.0f;
+                    qf_gpu_topk d;
+                    memset(&d, 0, sizeof d);
+                    qf_error err = {0};
+                    CHECK_MSG(qf_cuda_op_topk(l, V, temp, ks[b], ti / 2, &d, &err) == QF_OK, "%s", err.msg);
+                    const char *why = topk_check(l, V, temp, ks[b], &d, ids);
+                    if (*why) {
+                        bad++;
+                        printf("  V %d kind %d k %d temp %.1f%s: %s differs\n", V, kind, ks[b], temp,
+                               ti / 2 ? " (one block)" : "", why);
+                    }
+                    cases++;
+                }
+        }
+        free(ids);
+        free(l);
+    }
+    printf("  %d of %d rows reduced as the host does\n", cases - bad, cases);
+    CHECK_EQ_INT(bad, 0);
+}
+
+/* one token at a time on the GPU: decode_topk's reduction of the step's logits against the
+ * host's reduction of the same step's logits copied back by qf_decode (the same context,
+ * the same token and position twice), on the decode graph and on plain launches */
+TEST(e2e_decode_topk) {
+    NEED_GPU();
+    const char *models[] = {"models/qforge-demo-11m-f16.gguf", "models/test-d2048-q4_0.gguf"};
+    int checked = 0, bad = 0;
+    for (size_t mi = 0; mi < sizeof models / sizeof *models; mi++) {
+        const int n0 = 9, n1 = 12;
+        int32_t toks[21];
+        qf_model *m = graph_model(models[mi], toks, n0 + n1);
+        if (!m) continue;
+        const int nv = qf_model_hparams(m)->n_vocab;
+        float *lg = malloc((size_t)nv * 4);
+        int *ids = malloc((size_t)nv * sizeof *ids);
+        for (int ng = 0; ng < 2; ng++) {
+            qf_context_params p = qf_context_default_params();
+            p.n_ctx = 64;
+            p.device = QF_DEVICE_CUDA;
+            p.cuda.no_graph = ng;
+            qf_error err = {0};
+            qf_context *c = qf_context_new(m, &p, &err);
+            CHECK_MSG(c, "%s", err.msg);
+            if (!c) continue;
+            bool ok = qf_decode(c, toks, n0, 0, NULL, n0, &err) == QF_OK;
+            for (int i = 0; ok && i < n1; i++) {
+                const int pos = n0 + i, k = (int[]){1, 40, 256}[i % 3];
+                const float temp = i % 4 == 3 ? 0.0f : 0.7f;
+                qf_gpu_topk d;
+                ok = qf_decode(c, toks + pos, 1, pos, lg, 0, &err) == QF_OK &&
+                     qf_gpu_decode_topk(c, toks[pos], pos, temp, k, &d, &err) == QF_OK;
+                if (!ok) break;
+                const char *why = topk_check(lg, nv, temp, k, &d, ids);
+                if (*why) bad++, printf("  %s%s step %d: %s differs\n", models[mi] + 7, ng ? " (launches)" : "", i, why);
+                checked++;
+            }
+            CHECK_MSG(ok, "%s", err.msg);
+            qf_context_free(c);
+        }
+        free(ids);
+        free(lg);
+        qf_model_free(m);
+    }
+    printf("  %d steps: %d reduced on the device as the host reduces the copied logits\n", checked, checked - bad);
+    CHECK_EQ_INT(bad, 0);
+}
+
+static void gen_text(void *user, const char *text, size_t len) {
+    char *b = user;
+    const size_t n = strlen(b);
+    if (n + len < 4096) memcpy(b + n, text, len), b[n + len] = 0;
+}
+
+/* qf_generate on the GPU (the sampler reads decode_topk's reduction) against the loop it
+ * replaced on the same device (every step's logits copied back, qf_sample on the host): the
+ * same text, greedy and with the CLI's sampling defaults */
+TEST(e2e_generate_device_sampler) {
+    NEED_GPU();
+    const char *path = model_path("models/qforge-demo-11m-f16.gguf");
+    if (!path) SKIP("demo model not found");
+    const char *prompt = "The kernel scheduler";
+    for (int mode = 0; mode < 2; mode++) {
+        const qf_sampler_params sp = mode ? (qf_sampler_params){.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 42}
+                                          : (qf_sampler_params){.temp = 0.0f};
+        qf_run_params rp = qf_run_default_params();
+        rp.model_path = path;
+        rp.cp.n_ctx = 128;
+        rp.cp.device = QF_DEVICE_CUDA;
+        qf_run r;
+        qf_error err = {0};
+        CHECK_MSG(qf_run_open(&rp, &r, &err) == QF_OK, "%s", err.msg);
+        if (err.code) return;
+        static char a[4096], b[4096];
+        a[0] = b[0] = 0;
+        qf_generate_params gp = {.n_predict = 40, .sampler = sp, .on_text = gen_text, .user = a};
+        qf_generate_stats gs;
+        CHECK_MSG(qf_generate(r.ctx, prompt, strlen(prompt), &gp, &gs, &err) == QF_OK, "%s", err.msg);
+        /* the loop before: qf_decode copies every row, qf_sample draws on the host */
+        const qf_tokenizer *tk = qf_model_tokenizer(r.model);
+        const int nv = qf_model_hparams(r.model)->n_vocab;
+        int32_t *ids = NULL;
+        size_t np = 0;
+        float *lg = malloc((size_t)nv * 4);
+        qf_sampler smp;
+        CHECK(qf_sampler_init(&smp, &sp, nv) == 0);
+        CHECK(qf_tokenize(tk, prompt, strlen(prompt), qf_tokenizer_add_bos(tk), false, &ids, &np, &err) == QF_OK);
+        gen_text(b, prompt, strlen(prompt));
+        bool ok = qf_decode(r.ctx, ids, (int)np, 0, lg, (int)np - 1, &err) == QF_OK;
+        int pos = (int)np, ng = 0;
+        for (; ok && ng < 40; ng++) {
+            int32_t next = qf_sample(&smp, lg);
+            if (next == qf_tokenizer_eos(tk)) break;
+            char piece[256];
+            const int n = qf_token_to_piece(tk, next, false, piece, sizeof piece);
+            if (n > 0) gen_text(b, piece, (size_t)n);
+            ok = qf_decode(r.ctx, &next, 1, pos++, lg, 0, &err) == QF_OK;
+        }
+        CHECK_MSG(ok, "%s", err.msg);
+        printf("  %s: %d tokens, %s\n    %s\n", mode ? "temp 0.8 top-k 40 top-p 0.95" : "greedy", gs.n_generated,
+               strcmp(a, b) ? "DIFFERENT from the host sampler's" : "the host sampler's text", a);
+        CHECK_EQ_INT(gs.n_generated, ng);
+        CHECK(strcmp(a, b) == 0);
+        qf_sampler_free(&smp);
+        free(lg);
+        free(ids);
+        qf_run_close(&r);
     }
 }
 
@@ -2429,6 +2641,9 @@ int main(void) {
     RUN(e2e_logits_and_taps);
     RUN(e2e_families);
     RUN(e2e_decode_graph);
+    RUN(op_topk);
+    RUN(e2e_decode_topk);
+    RUN(e2e_generate_device_sampler);
     RUN(e2e_decode_graph_int8);
     RUN(e2e_decode_int8_long);
     RUN(e2e_perplexity);

@@ -122,6 +122,19 @@ qf_status qf_gpu_decode(qf_context *c, const int32_t *tokens, int n, int pos0, f
     return qf_cuda_api_get(NULL)->decode(c->gpu, c->tap, tokens, n, pos0, logits, logits_from, NULL, NULL, err);
 }
 
+bool qf_gpu_topk_ok(const qf_context *c, const qf_sampler_params *sp) {
+    return c->gpu && !c->tap && (sp->temp <= 0 || (sp->top_k >= 1 && sp->top_k <= QF_GPU_TOPK_MAX));
+}
+
+qf_status qf_gpu_decode_topk(qf_context *c, int32_t token, int pos, float temp, int k, qf_gpu_topk *out, qf_error *err) {
+    const int nv = c->model->hp.n_vocab;
+    if (!c->gpu) return qf_fail(err, QF_ERR_DEVICE, "decode_topk: the context does not run on the GPU");
+    if (pos < 0 || pos >= c->params.n_ctx)
+        return qf_fail(err, QF_ERR_ARG, "decode: positions %d..%d exceed the context size %d", pos, pos, c->params.n_ctx);
+    if (token < 0 || token >= nv) return qf_fail(err, QF_ERR_ARG, "decode: token id %d out of range [0, %d)", token, nv);
+    return qf_cuda_api_get(NULL)->decode_topk(c->gpu, token, pos, temp, temp > 0 ? k : 0, out, err);
+}
+
 qf_status qf_gpu_set_kv(qf_context *c, const qf_kv_cache *kv, qf_error *err) {
     if (!c->gpu) return QF_OK;
     qf_gpu_kv v;

@@ -5,6 +5,7 @@
 
 #include "engine/engine.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "qforge/sample.h"
 
 /* The one place that decides the device of a context (from c->params.device and
  * c->params.reference) and, for the GPU, builds the backend context (weights uploaded, KV
@@ -16,6 +17,13 @@ void qf_gpu_detach(qf_context *c);
 /* qf_decode on the GPU (c->gpu must be set; arguments already validated by qf_decode). */
 qf_status qf_gpu_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float *logits, int logits_from,
                         qf_error *err);
+/* qf_generate's sampler on the device: true when c runs on the GPU with no tap and sp reduces
+ * there (greedy, or temp > 0 with 1 <= top_k <= QF_GPU_TOPK_MAX) */
+bool qf_gpu_topk_ok(const qf_context *c, const qf_sampler_params *sp);
+/* Decode one token at pos on the GPU with its logits reduced on the device instead of copied
+ * (cuda_backend.h decode_topk: max, argmax, non-finite count; temp > 0 the sum of expf((l -
+ * max) / temp) and the k largest). Checks what qf_decode checks (token id, position). */
+qf_status qf_gpu_decode_topk(qf_context *c, int32_t token, int pos, float temp, int k, qf_gpu_topk *out, qf_error *err);
 /* Rebuild the GPU cache in the modes of kv (c->kv, or a fresh cache about to replace it: dict
  * rows are then encoded through c->kv once it is swapped in). No-op on the CPU. */
 qf_status qf_gpu_set_kv(qf_context *c, const qf_kv_cache *kv, qf_error *err);

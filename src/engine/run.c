@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/gpu.h"
+#include "engine/sample.h"
 #include "qforge/artifact_bind.h"
 #include "util/util.h"
 
@@ -74,11 +76,13 @@ fail:
 
 /* Logits with a NaN/Inf come from damaged weights (or a tensor type that does not match its
  * data); sampling them would print garbage as if it were text. */
+static qf_status nonfinite_fail(qf_error *err) {
+    return qf_fail(err, QF_ERR_FORMAT, "the model produced non-finite logits (NaN/Inf): its weights are "
+                                       "damaged or a tensor's type does not match its data");
+}
 static qf_status logits_finite(const float *logits, int n, qf_error *err) {
     for (int i = 0; i < n; i++)
-        if (!isfinite(logits[i]))
-            return qf_fail(err, QF_ERR_FORMAT, "the model produced non-finite logits (NaN/Inf): its weights are "
-                                               "damaged or a tensor's type does not match its data");
+        if (!isfinite(logits[i])) return nonfinite_fail(err);
     return QF_OK;
 }
 
@@ -124,12 +128,28 @@ qf_status qf_generate(qf_context *c, const char *prompt, size_t len, const qf_ge
     double t1 = qf_now_sec();
     s.prompt_seconds = t1 - t0;
     char piece[256];
+    /* on the GPU the step's logits are reduced there for the sampler (max, sum, top-k: 2 KB
+     * instead of the whole row) and qf_sample_candidates finishes the draw: the same tokens as
+     * qf_sample on the copied row, up to the last bits of the device's sum */
+    const bool dev = qf_gpu_topk_ok(c, &p->sampler);
+    bool have_r = false;
+    qf_gpu_topk r;
     for (; s.n_generated < p->n_predict && pos < n_ctx; s.n_generated++) {
-        int32_t next = qf_sample(&smp, logits);
+        int32_t next = !have_r ? qf_sample(&smp, logits)
+                       : p->sampler.temp <= 0 ? r.argmax
+                                              : qf_sample_candidates(&smp, r.id, r.logit, r.n, r.lmax, r.sum);
         if (next == qf_tokenizer_eos(tok)) break;
         int n = qf_token_to_piece(tok, next, false, piece, sizeof piece);
         if (n > 0 && p->on_text) p->on_text(p->user, piece, (size_t)(n < (int)sizeof piece ? n : (int)sizeof piece));
-        if ((st = qf_decode(c, &next, 1, pos, logits, 0, err)) || (st = logits_finite(logits, n_vocab, err))) goto done;
+        if (dev) {
+            if ((st = qf_gpu_decode_topk(c, next, pos, p->sampler.temp, p->sampler.top_k, &r, err))) goto done;
+            if (r.n_nonfinite) {
+                st = nonfinite_fail(err);
+                goto done;
+            }
+            have_r = true;
+        } else if ((st = qf_decode(c, &next, 1, pos, logits, 0, err)) || (st = logits_finite(logits, n_vocab, err)))
+            goto done;
         pos++;
     }
     s.gen_seconds = qf_now_sec() - t1;

@@ -137,6 +137,8 @@ struct qf_cuda_ctx {
     bool graph_off;        /* knob no_graph (QF_CUDA_GRAPH=0), or capture failed once */
     long graph_steps;      /* steps replayed from the graph (qf_cuda_info) */
     float *dstep, *h_step; /* [cos half | sin half | token | pos]: device, and pinned host staging */
+    qf_gpu_topk *dtopk, *h_topk; /* decode_topk's reduction: device, and pinned host (at its first call) */
+    void *topk_scr;              /* and launch_topk's scratch */
     double prof_ms[PROF_NCAT], prof_first[PROF_NCAT]; /* all calls; the first call alone */
     /* uploads keyed by host pointer (tied output shares the embedding) */
 };
@@ -367,6 +369,9 @@ static void ctx_free(qf_cuda_ctx *g) {
     if (g->dstep) cudaFree(g->dstep);
     if (g->tok_step) cudaFree(g->tok_step);
     if (g->h_step) cudaFreeHost(g->h_step);
+    if (g->dtopk) cudaFree(g->dtopk);
+    if (g->topk_scr) cudaFree(g->topk_scr);
+    if (g->h_topk) cudaFreeHost(g->h_topk);
     if (g->h_lg) {
         cudaFreeHost(g->h_lg);
         for (int c = 0; c < LG_CHUNKS; c++)
@@ -1796,7 +1801,8 @@ static void rope_host(const qf_cuda_ctx *g, int n, int pos0, float *cs, float *s
  * same as the plain path's with the same arguments, except that the KV row written and the
  * split-K ranges come from the device's copy of the position, so the logits are the same
  * bits. On a capture failure the context turns graphs off and the caller runs the plain path
- * (*fallback). */
+ * (*fallback). logits NULL: they stay in g->logits and the call returns without waiting for
+ * g->stream. */
 static qf_status forward_graph(qf_cuda_ctx *g, int32_t token, int pos0, float *logits, bool *fallback, qf_error *err) {
     const qf_hparams *hp = &g->hp;
     const int half = hp->n_rot / 2;
@@ -1831,6 +1837,7 @@ static qf_status forward_graph(qf_cuda_ctx *g, int32_t token, int pos0, float *l
     }
     CK(cudaGraphLaunch(g->gexec, g->stream));
     g->graph_steps++;
+    if (!logits) return QF_OK; /* decode_topk: the logits stay in g->logits, g->stream not waited for */
     if (g->h_lg) { /* through pinned memory in LG_CHUNKS pieces (the row fits: each slot used once) */
         const size_t V = (size_t)hp->n_vocab, ch = (V + LG_CHUNKS - 1) / LG_CHUNKS;
         CK(copy_staged(logits, g->logits, V * 4, (uint8_t *)g->h_lg, ch * 4, g->lg_ev, LG_CHUNKS, g->stream));
@@ -1841,9 +1848,12 @@ done:
     return st;
 }
 
-/* the table's decode: see cuda_backend.h */
-static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *tokens, int n, int pos0, float *logits,
-                              int logits_from, const int32_t *targets, double *nll, qf_error *err) {
+/* the table's decode (see cuda_backend.h); dev: the logits of rows [logits_from, n) are computed
+ * into g->logits and not copied (logits NULL), and the call returns without waiting for the
+ * stream it ran on, which *S_out names (decode_topk) */
+static qf_status forward_impl(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *tokens, int n, int pos0, float *logits,
+                              int logits_from, const int32_t *targets, double *nll, bool dev, cudaStream_t *S_out,
+                              qf_error *err) {
     const qf_hparams *hp = &g->hp;
     const int half = hp->n_rot / 2;
     qf_status st = QF_OK;
@@ -1857,13 +1867,15 @@ static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *
         for (int s = 0; s < 2; s++)
             plain = plain && (g->kv_mode[s] == QF_KV_F32 || g->kv_mode[s] == QF_KV_F16 || g->kv_mode[s] == QF_KV_Q8_0 ||
                               g->kv_mode[s] == QF_KV_Q4_0 || g->kv_mode[s] == QF_KV_INT8);
-        if (!g->graph_off && n == 1 && !tap && !g->ev && !nll && !targets && logits && logits_from <= 0 && g->part &&
-            route == MM_AUTO && plain && g->stream && !canon_on(g)) {
+        if (!g->graph_off && n == 1 && !tap && !g->ev && !nll && !targets && (logits || dev) && logits_from <= 0 &&
+            g->part && route == MM_AUTO && plain && g->stream && !canon_on(g)) {
             bool fallback = false;
-            st = forward_graph(g, tokens[0], pos0, logits, &fallback, err);
+            if (S_out) *S_out = g->stream;
+            st = forward_graph(g, tokens[0], pos0, dev ? NULL : logits, &fallback, err);
             if (st || !fallback) return st;
         }
     }
+    if (S_out) *S_out = 0;
     rope_host(g, n, pos0, g->h_cos, g->h_sin);
     CK(cudaMemcpy(g->rcos, g->h_cos, (size_t)n * half * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(g->rsin, g->h_sin, (size_t)n * half * 4, cudaMemcpyHostToDevice));
@@ -1883,7 +1895,7 @@ static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *
         st = cuda_fail(err, le, "forward kernels");
         goto done;
     }
-    if ((logits || nll) && logits_from < n) {
+    if ((logits || nll || dev) && logits_from < n) {
         int first = logits_from < 0 ? 0 : logits_from, n_out = n - first;
         if (!canon_on(g) && (st = forward_logits(g, n, first, 0, err))) goto done;
         if (nll) {
@@ -1892,13 +1904,40 @@ static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *
             CK(cudaGetLastError());
             CK(cudaMemcpy(nll, g->nll, (size_t)n_out * 8, cudaMemcpyDeviceToHost));
         }
-        if (logits) CK(copy_logits(g, logits, g->logits, (size_t)n_out * hp->n_vocab * 4));
+        if (logits && !dev) CK(copy_logits(g, logits, g->logits, (size_t)n_out * hp->n_vocab * 4));
         prof_mark(g, 3);
     } else {
         CK(cudaDeviceSynchronize());
     }
 done:
     prof_collect(g);
+    return st;
+}
+
+static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *tokens, int n, int pos0, float *logits,
+                              int logits_from, const int32_t *targets, double *nll, qf_error *err) {
+    return forward_impl(g, tap, tokens, n, pos0, logits, logits_from, targets, nll, false, NULL, err);
+}
+
+/* the table's decode_topk: see cuda_backend.h */
+static qf_status cuda_decode_topk(qf_cuda_ctx *g, int32_t token, int pos0, float temp, int k, qf_gpu_topk *out,
+                                  qf_error *err) {
+    qf_status st = QF_OK;
+    cudaStream_t S = 0;
+    if (k < 0 || k > QF_GPU_TOPK_MAX || !(temp == temp))
+        return cu_fail(err, QF_ERR_ARG, "decode_topk: k %d outside [0, %d] or a NaN temperature", k, QF_GPU_TOPK_MAX);
+    if (!g->dtopk) {
+        CK(cudaMalloc((void **)&g->dtopk, sizeof *out));
+        CK(cudaMallocHost((void **)&g->h_topk, sizeof *out));
+        CK(cudaMalloc(&g->topk_scr, topk_scratch_bytes(g->hp.n_vocab)));
+    }
+    if ((st = forward_impl(g, NULL, &token, 1, pos0, NULL, 0, NULL, NULL, true, &S, err))) goto done;
+    launch_topk(g->logits, g->hp.n_vocab, temp, k, g->dtopk, g->topk_scr, S);
+    CK(cudaGetLastError());
+    CK(cudaMemcpyAsync(g->h_topk, g->dtopk, sizeof *out, cudaMemcpyDeviceToHost, S));
+    CK(cudaStreamSynchronize(S));
+    memcpy(out, g->h_topk, sizeof *out);
+done:
     return st;
 }
 
@@ -2054,6 +2093,7 @@ static const qf_cuda_api the_api = {
     op_kv_dict_decode, bench_gemm,      op_matvec_gu, op_kv_rq_decode, op_kv_rq_encode,
     awq_group_new,    awq_group_mse,   awq_group_free, awq_quantize, op_kv_dict_encode,
     learn_gram_f64,   learn_chol_sub_f64, learn_rows_minus_f64, learn_resid_f64, learn_klt_measure,
+    cuda_decode_topk, op_topk,
 };
 
 extern "C" __attribute__((visibility("default"))) const qf_cuda_api *qf_cuda_plugin_api(int abi) {

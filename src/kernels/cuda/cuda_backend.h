@@ -32,8 +32,9 @@ extern "C" {
  * split-K attention against the separate launches). 11: op_rmsnorm returns the norm's fused
  * q8_0 activation next to the separate quantization's. 12: kv-rq's learning steps (learn_*_f64).
  * 13: learn_klt_measure (the KLT fit's codec-error measurement). 14: qf_cuda_info.graph_steps.
- * 15: qf_cuda_params gains i8_expand (int8 decode reads the cache in place by default). */
-#define QF_CUDA_ABI 15
+ * 15: qf_cuda_params gains i8_expand (int8 decode reads the cache in place by default).
+ * 16: decode_topk and op_topk (qf_generate's sampler reads the logits' top-k, reduced on the device). */
+#define QF_CUDA_ABI 16
 
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 typedef struct qf_cuda_awq qf_cuda_awq; /* one AWQ group's search state on the device */
@@ -136,6 +137,19 @@ typedef struct {
     bool canonical;
 } qf_gpu_params;
 
+/* One token's logits reduced on the device for the sampler (decode_topk), instead of the whole
+ * row copied to the host (513 KB at a 128k vocabulary, 50-70 us of a 1.7 ms 8B step). */
+#define QF_GPU_TOPK_MAX 256
+typedef struct {
+    float lmax;          /* the largest finite logit (-inf when none is finite) */
+    int32_t argmax;      /* the first index of lmax */
+    int32_t n_nonfinite; /* logits that are NaN or infinite (qf_generate refuses the step) */
+    int32_t n;           /* entries in id / logit: min(k, finite logits) */
+    double sum;          /* temp > 0: the sum over finite logits of expf((l - lmax) / temp), in double */
+    int32_t id[QF_GPU_TOPK_MAX];  /* the n largest logits' ids (equal logits: the lower ids), in no order */
+    float logit[QF_GPU_TOPK_MAX]; /* and their values */
+} qf_gpu_topk;
+
 /* Sizes the context holds on the GPU (bench), and how many one-token steps replayed the decode
  * graph (tests: that a cache kind runs under the graph, not on the plain launches' fallback). */
 typedef struct {
@@ -212,6 +226,14 @@ typedef struct qf_cuda_api {
     qf_status (*learn_resid_f64)(const float *y, const float *xn, int64_t n, int dx, int dy, const double *my,
                                  const double *WT, double *d, qf_error *err);
     qf_status (*learn_klt_measure)(const qf_cuda_klt_measure *m, qf_error *err);
+    /* decode's contract for one token at pos0 (no tap), but the logits stay on the device and
+     * come back reduced into *out: max, argmax and the count of non-finite values always; with
+     * temp > 0 the sum of expf((l - max) / temp) and the k largest (1 <= k <= QF_GPU_TOPK_MAX) */
+    qf_status (*decode_topk)(qf_cuda_ctx *g, int32_t token, int pos0, float temp, int k, qf_gpu_topk *out,
+                             qf_error *err);
+    /* decode_topk's reduction of one row of V logits (tests; cuda_ops.h); one_block: the route
+     * without scratch (one block over the row) */
+    qf_status (*op_topk)(const float *logits, int V, float temp, int k, int one_block, qf_gpu_topk *out, qf_error *err);
 } qf_cuda_api;
 
 /* Exported by libqforge-cuda.so: the table when abi == QF_CUDA_ABI, else NULL. */

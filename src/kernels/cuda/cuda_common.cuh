@@ -918,6 +918,14 @@ void launch_canon_attention(const float *q, const float *K, const float *V, cons
 /* ---- cuda_score.cu ---- */
 /* nll[r] = -log softmax(logits[r])[tgt[r]], r < n_rows */
 void launch_nll(const float *logits, int n_rows, int V, const int32_t *tgt, double *nll, cudaStream_t s);
+/* *out (device memory) = one row of V logits reduced for the sampler (decode_topk's contract in
+ * cuda_backend.h): max, argmax, non-finite count; temp > 0 the sum of expf((l - max) / temp) and
+ * the k largest (1 <= k <= QF_GPU_TOPK_MAX), equal values taken from the lower ids. */
+void launch_topk(const float *logits, int V, float temp, int k, qf_gpu_topk *out, void *scratch, cudaStream_t s);
+/* launch_topk's scratch (device memory) for a row of V logits; without it (NULL) it runs one
+ * block of 1024 threads over the row (radix select), which is also its route where the blocks'
+ * candidates would not fit the combining block (V above 262144 at k 256) */
+size_t topk_scratch_bytes(int V);
 
 /* ---- cuda_ops.cu: the single operations of the function table (cuda_backend.h) ---- */
 qf_status op_dequant(qf_type t, const void *src, size_t rb, int64_t rows, int64_t k, float *dst, qf_error *err);
@@ -928,6 +936,7 @@ qf_status op_rmsnorm(const float *x, const float *g, int n, int d, float eps, fl
 qf_status op_rope(float *v, int n, int n_heads, int head_dim, int n_rot, qf_rope_type type, const float *cs,
                   const float *sn, qf_error *err);
 qf_status op_silu_mul(const float *g, const float *u, size_t n, float *out, qf_error *err);
+qf_status op_topk(const float *logits, int V, float temp, int k, int one_block, qf_gpu_topk *out, qf_error *err);
 qf_status op_attention(const float *q, const float *k, const float *v, int n, int pos0, int n_head, int n_head_kv,
                        int hd, qf_kv_mode mode, int route, float *out, qf_error *err);
 qf_status op_kv_roundtrip(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_t rows, int hd, void *bytes,
