@@ -4,6 +4,7 @@
  *       [--prefill-only]   (with QF_CUDA_PROFILE=1 the backend prints GPU time per stage at exit;
  *                           every QF_CUDA_* knob of the CLI is read here too, see tools/cli.h)
  *       [--decode-steps N] [--decode-pos P] (decode: N single-token steps after a P-token prefill)
+ *       [--sampler]        (decode: also the step qforge generate takes, the sampler three ways)
  *       [--int8 LAYOUT]    (bind a synthetic kv-int8 payload, every scale 0.05, LAYOUT static |
  *                           static-rot | token-rot | token | ec-rot: the speed of an int8 KV cache; the
  *                           numbers it gives are not a model's)
@@ -14,8 +15,8 @@
  *   prefill  qf_decode of the whole chunk, logits of the last token only;
  *   ppl      qf_decode of the whole chunk with every token's logits copied back (what
  *            qf_perplexity asks for), and the full qf_perplexity pass (tokenize, decode, score);
- *   decode   single-token steps after a half-chunk prefill (tokens/s); on the GPU also the
- *            step qforge generate takes (the row copied and drawn by the full sort, as before
+ *   decode   single-token steps after a half-chunk prefill (tokens/s); on the GPU with --sampler
+ *            also the step qforge generate takes (the row copied and drawn by the full sort, as before
  *            session 38, or by qf_sample, against the row reduced on the device: decode_topk),
  *            greedy and with the CLI's default sampling;
  *   gpu ppl  the same PPL pass with the log-softmax on the GPU (qf_decode_nll: no logits
@@ -65,7 +66,7 @@ static double wparams(const qf_weight *w) { return w->data ? (double)w->ne0 * w-
 
 int main(int argc, char **argv) {
     const char *model = NULL, *corpus = NULL, *kvs = "f16", *devs = "cuda", *int8_layout = NULL;
-    int n_ctx = 512, chunks = 4, prefill_only = 0, gemm = 0, dsteps = 64, dpos = -1, decode_only = 0;
+    int n_ctx = 512, chunks = 4, prefill_only = 0, gemm = 0, dsteps = 64, dpos = -1, decode_only = 0, sampler = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--corpus") && i + 1 < argc) corpus = argv[++i];
         else if (!strcmp(argv[i], "--chunks") && i + 1 < argc) chunks = atoi(argv[++i]);
@@ -75,6 +76,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) devs = argv[++i];
         else if (!strcmp(argv[i], "--prefill-only")) prefill_only = 1; /* e.g. with QF_CUDA_PROFILE=1 */
         else if (!strcmp(argv[i], "--gemm")) gemm = 1;
+        else if (!strcmp(argv[i], "--sampler")) sampler = 1; /* decode: also the generate step three ways */
         else if (!strcmp(argv[i], "--decode-only")) decode_only = 1; /* with QF_CUDA_PROFILE=1: decode stages alone */
         else if (!strcmp(argv[i], "--decode-steps") && i + 1 < argc) dsteps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--decode-pos") && i + 1 < argc) dpos = atoi(argv[++i]);
@@ -286,7 +288,7 @@ int main(int argc, char **argv) {
            steps / dt, half, half + steps - 1, PEAK_BW / bytes, 100 * (steps / dt) / (PEAK_BW / bytes));
     if (on_gpu) printf("; %ld of the %d one-token steps replayed the CUDA graph", gi.graph_steps, steps + 1);
     printf("\n");
-    if (on_gpu) {
+    if (on_gpu && sampler) {
         /* the step qf_generate takes, the same tokens fed (the drawn one is not): the row copied
          * and drawn from on the host by the full sort (qf_sample_ref, the sampler before session
          * 38) and by qf_sample, against the logits reduced on the device (qf_gpu_decode_topk,

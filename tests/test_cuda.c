@@ -1314,7 +1314,8 @@ TEST(op_topk) {
  * the same token and position twice), on the decode graph and on plain launches */
 TEST(e2e_decode_topk) {
     NEED_GPU();
-    const char *models[] = {"models/qforge-demo-11m-f16.gguf", "models/test-d2048-q4_0.gguf"};
+    const char *models[] = {"models/qforge-demo-11m-f16.gguf", "models/test-d2048-q4_0.gguf",
+                            "models/qforge-demo-qwen2-5m-q4_k_m.gguf"};
     int checked = 0, bad = 0;
     for (size_t mi = 0; mi < sizeof models / sizeof *models; mi++) {
         const int n0 = 9, n1 = 12;

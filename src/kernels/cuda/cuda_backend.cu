@@ -1886,7 +1886,7 @@ static qf_status forward_impl(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *
     }
     CK(cudaMemcpy(g->tok, tokens, (size_t)n * 4, cudaMemcpyHostToDevice));
     if (canon_on(g)) {
-        const int first = (logits || nll) && logits_from < n ? (logits_from < 0 ? 0 : logits_from) : n;
+        const int first = (logits || nll || dev) && logits_from < n ? (logits_from < 0 ? 0 : logits_from) : n;
         if ((st = forward_canon(g, tap, n, pos0, first, g->rcos, g->rsin, g->tok, err))) goto done;
     } else if ((st = forward_layers(g, tap, n, pos0, NULL, g->rcos, g->rsin, g->tok, 0, err)))
         goto done;
