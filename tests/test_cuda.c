@@ -1311,7 +1311,8 @@ TEST(op_topk) {
 
 /* one token at a time on the GPU: decode_topk's reduction of the step's logits against the
  * host's reduction of the same step's logits copied back by qf_decode (the same context,
- * the same token and position twice), on the decode graph and on plain launches */
+ * the same token and position twice), on the decode graph, on plain launches and in the
+ * canonical arithmetic */
 TEST(e2e_decode_topk) {
     NEED_GPU();
     const char *models[] = {"models/qforge-demo-11m-f16.gguf", "models/test-d2048-q4_0.gguf",
@@ -1325,11 +1326,12 @@ TEST(e2e_decode_topk) {
         const int nv = qf_model_hparams(m)->n_vocab;
         float *lg = malloc((size_t)nv * 4);
         int *ids = malloc((size_t)nv * sizeof *ids);
-        for (int ng = 0; ng < 2; ng++) {
+        for (int ng = 0; ng < 3; ng++) { /* the graph, plain launches, the canonical arithmetic */
             qf_context_params p = qf_context_default_params();
             p.n_ctx = 64;
             p.device = QF_DEVICE_CUDA;
-            p.cuda.no_graph = ng;
+            p.cuda.no_graph = ng == 1;
+            p.canonical = ng == 2;
             qf_error err = {0};
             qf_context *c = qf_context_new(m, &p, &err);
             CHECK_MSG(c, "%s", err.msg);
@@ -1343,7 +1345,9 @@ TEST(e2e_decode_topk) {
                      qf_gpu_decode_topk(c, toks[pos], pos, temp, k, &d, &err) == QF_OK;
                 if (!ok) break;
                 const char *why = topk_check(lg, nv, temp, k, &d, ids);
-                if (*why) bad++, printf("  %s%s step %d: %s differs\n", models[mi] + 7, ng ? " (launches)" : "", i, why);
+                if (*why)
+                    bad++, printf("  %s%s step %d: %s differs\n", models[mi] + 7,
+                                  ng == 1 ? " (launches)" : ng == 2 ? " (canonical)" : "", i, why);
                 checked++;
             }
             CHECK_MSG(ok, "%s", err.msg);

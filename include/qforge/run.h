@@ -81,7 +81,10 @@ typedef struct {
 
 /* Tokenize `prompt` (BOS first when the vocabulary adds it), evaluate it from position 0 in
  * batches of the context's n_batch, then sample and decode up to n_predict tokens. The cache
- * positions used are overwritten. stats (may be NULL) is filled as far as it got.
+ * positions used are overwritten. stats (may be NULL) is filled as far as it got. On a GPU
+ * context with greedy sampling or a top-k of 1..256 the logits are reduced on the device and
+ * only their top-k come back (the same tokens as sampling the whole row, up to the last bits of
+ * the softmax's sum).
  * Errors: QF_ERR_ARG when the prompt tokenizes to nothing or does not fit the context (it must
  * leave at least one position), QF_ERR_FORMAT when the model produces non-finite logits (damaged
  * weights: nothing garbled is sampled), the tokenizer's and the decoder's errors, QF_ERR_NOMEM. */

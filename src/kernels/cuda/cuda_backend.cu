@@ -1926,11 +1926,10 @@ static qf_status cuda_decode_topk(qf_cuda_ctx *g, int32_t token, int pos0, float
     cudaStream_t S = 0;
     if (k < 0 || k > QF_GPU_TOPK_MAX || !(temp == temp))
         return cu_fail(err, QF_ERR_ARG, "decode_topk: k %d outside [0, %d] or a NaN temperature", k, QF_GPU_TOPK_MAX);
-    if (!g->dtopk) {
-        CK(cudaMalloc((void **)&g->dtopk, sizeof *out));
-        CK(cudaMallocHost((void **)&g->h_topk, sizeof *out));
-        CK(cudaMalloc(&g->topk_scr, topk_scratch_bytes(g->hp.n_vocab)));
-    }
+    /* each at the first call that finds it missing (a failed allocation is retried next time) */
+    if (!g->dtopk) CK(cudaMalloc((void **)&g->dtopk, sizeof *out));
+    if (!g->h_topk) CK(cudaMallocHost((void **)&g->h_topk, sizeof *out));
+    if (!g->topk_scr) CK(cudaMalloc(&g->topk_scr, topk_scratch_bytes(g->hp.n_vocab)));
     if ((st = forward_impl(g, NULL, &token, 1, pos0, NULL, 0, NULL, NULL, true, &S, err))) goto done;
     launch_topk(g->logits, g->hp.n_vocab, temp, k, g->dtopk, g->topk_scr, S);
     CK(cudaGetLastError());
