@@ -337,15 +337,12 @@ void launch_topk(const float *logits, int V, float temp, int k, qf_gpu_topk *out
         k_topk<<<1, TK_T, 0, s>>>(logits, V, temp, k, out);
         return;
     }
-    static bool attr = false;
-    if (!attr) {
-        cudaFuncSetAttribute(k_topk_final, cudaFuncAttributeMaxDynamicSharedMemorySize, TK_FINAL_MAX * 8);
-        attr = true;
-    }
     tk_part *part = (tk_part *)scratch;
     unsigned long long *cand = (unsigned long long *)(part + nb);
     int n2 = 1;
     while (n2 < nb * P) n2 <<= 1;
+    if (P && n2 * 8 > 48 * 1024) /* above the default: asked for on this call's device (k 128 and up at 128k logits) */
+        cudaFuncSetAttribute(k_topk_final, cudaFuncAttributeMaxDynamicSharedMemorySize, n2 * 8);
     k_topk_blocks<<<nb, 1024, 0, s>>>(logits, V, temp, P, part, cand);
     k_topk_final<<<1, 1024, P ? (size_t)n2 * 8 : 0, s>>>(logits, V, nb, temp, P, k, part, cand, out);
 }
