@@ -132,12 +132,11 @@ qf_status qf_generate(qf_context *c, const char *prompt, size_t len, const qf_ge
      * instead of the whole row) and qf_sample_candidates finishes the draw: the same tokens as
      * qf_sample on the copied row, up to the last bits of the device's sum */
     const bool dev = qf_gpu_topk_ok(c, &p->sampler);
-    bool have_r = false;
-    qf_gpu_topk r;
+    qf_gpu_topk r; /* dev: the last step's reduction (the first token is drawn from the prompt's row) */
     for (; s.n_generated < p->n_predict && pos < n_ctx; s.n_generated++) {
-        int32_t next = !have_r ? qf_sample(&smp, logits)
-                       : p->sampler.temp <= 0 ? r.argmax
-                                              : qf_sample_candidates(&smp, r.id, r.logit, r.n, r.lmax, r.sum);
+        int32_t next = !dev || s.n_generated == 0 ? qf_sample(&smp, logits)
+                       : p->sampler.temp <= 0     ? r.argmax
+                                                  : qf_sample_candidates(&smp, r.id, r.logit, r.n, r.lmax, r.sum);
         if (next == qf_tokenizer_eos(tok)) break;
         int n = qf_token_to_piece(tok, next, false, piece, sizeof piece);
         if (n > 0 && p->on_text) p->on_text(p->user, piece, (size_t)(n < (int)sizeof piece ? n : (int)sizeof piece));
@@ -147,7 +146,6 @@ qf_status qf_generate(qf_context *c, const char *prompt, size_t len, const qf_ge
                 st = nonfinite_fail(err);
                 goto done;
             }
-            have_r = true;
         } else if ((st = qf_decode(c, &next, 1, pos, logits, 0, err)) || (st = logits_finite(logits, n_vocab, err)))
             goto done;
         pos++;

@@ -80,17 +80,18 @@ static void select_sorted(cand_t *c, int n, int m) {
 }
 
 /* the candidates kept by top-p among the first keep of the sorted c: keep itself when their
- * mass stays below top_p, else the shortest prefix that reaches it; *reached says which */
+ * mass stays below top_p, else the shortest prefix that reaches it; *reached (if given) says
+ * which */
 static int top_p_cut(const cand_t *c, int keep, float top_p, int *reached) {
     double cum = 0;
-    *reached = 0;
     for (int i = 0; i < keep; i++) {
         cum += c[i].p;
         if (cum >= top_p) {
-            *reached = 1;
+            if (reached) *reached = 1;
             return i + 1;
         }
     }
+    if (reached) *reached = 0;
     return keep;
 }
 
@@ -106,15 +107,24 @@ static int32_t draw(qf_sampler *s, const cand_t *c, int keep) {
     return c[keep - 1].id;
 }
 
-/* each candidate's probability, as the oracle computes it: expf of the logit's distance to the
- * largest over temp, normalized by their double sum (summed in token order) */
+/* the top-p cut of the first keep of the sorted c, then the draw among what it keeps */
+static int32_t cut_and_draw(qf_sampler *s, const cand_t *c, int keep) {
+    if (s->p.top_p < 1.0f) keep = top_p_cut(c, keep, s->p.top_p, NULL);
+    return draw(s, c, keep);
+}
+
+/* a logit's weight before normalization: expf of its distance to the largest over temp (every
+ * route's probabilities are these over their double sum) */
+static inline float weight(float l, float lmax, float temp) { return expf((l - lmax) / temp); }
+
+/* each candidate's probability, as the oracle computes it: its weight over the weights' double
+ * sum (summed in token order) */
 static void probabilities(qf_sampler *s, const float *logits, float lmax) {
     const int n = s->n_vocab;
     cand_t *c = s->cand;
-    const float t = s->p.temp;
     double sum = 0;
     for (int i = 0; i < n; i++) {
-        float pr = expf((logits[i] - lmax) / t);
+        const float pr = weight(logits[i], lmax, s->p.temp);
         c[i].p = pr;
         c[i].id = i;
         sum += pr;
@@ -127,17 +137,11 @@ int32_t qf_sample_candidates(qf_sampler *s, const int32_t *id, const float *logi
     cand_t *c = s->cand;
     if (n > s->n_vocab) n = s->n_vocab;
     for (int i = 0; i < n; i++) {
-        const float pr = expf((logit[i] - lmax) / s->p.temp);
-        c[i].p = (float)(pr / sum);
+        c[i].p = (float)(weight(logit[i], lmax, s->p.temp) / sum);
         c[i].id = id[i];
     }
     qsort(c, (size_t)n, sizeof *c, by_prob_desc);
-    int keep = n;
-    if (s->p.top_p < 1.0f) {
-        int reached;
-        keep = top_p_cut(c, keep, s->p.top_p, &reached);
-    }
-    return draw(s, c, keep);
+    return cut_and_draw(s, c, n);
 }
 
 int32_t qf_sample_ref(qf_sampler *s, const float *logits) {
@@ -148,9 +152,7 @@ int32_t qf_sample_ref(qf_sampler *s, const float *logits) {
     if (s->p.temp <= 0) return best;
     probabilities(s, logits, logits[best]);
     qsort(s->cand, (size_t)n, sizeof *s->cand, by_prob_desc);
-    int keep = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n, reached;
-    if (s->p.top_p < 1.0f) keep = top_p_cut(s->cand, keep, s->p.top_p, &reached);
-    return draw(s, s->cand, keep);
+    return cut_and_draw(s, s->cand, s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n);
 }
 
 int32_t qf_sample(qf_sampler *s, const float *logits) {
@@ -158,21 +160,17 @@ int32_t qf_sample(qf_sampler *s, const float *logits) {
     const int32_t best = argmax(logits, n);
     if (s->p.temp <= 0) return best;
     probabilities(s, logits, logits[best]);
-    int keep = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n;
+    const int keep = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n;
     if (s->p.top_p < 1.0f && keep == n) {
         /* no top-k: sort prefixes 1024, 4096, ... long until one reaches top_p (each is the
          * same prefix the full sort gives), the whole vocabulary at worst */
-        for (int m = 1024;; m = m > n / 4 ? n : 4 * m) {
-            select_sorted(s->cand, n, m < n ? m : n);
+        for (int m = n < 1024 ? n : 1024;; m = m > n / 4 ? n : 4 * m) {
+            select_sorted(s->cand, n, m);
             int reached;
-            const int k = top_p_cut(s->cand, m < n ? m : n, s->p.top_p, &reached);
-            if (reached || m >= n) return draw(s, s->cand, k);
+            const int k = top_p_cut(s->cand, m, s->p.top_p, &reached);
+            if (reached || m == n) return draw(s, s->cand, k);
         }
     }
     select_sorted(s->cand, n, keep);
-    if (s->p.top_p < 1.0f) {
-        int reached;
-        keep = top_p_cut(s->cand, keep, s->p.top_p, &reached);
-    }
-    return draw(s, s->cand, keep);
+    return cut_and_draw(s, s->cand, keep);
 }
