@@ -737,15 +737,15 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
  * phase 1 for one key: the dots of the G heads' q slices qv (16 dimensions a lane) with the
  * key's slice kf, summed across the key's LPK lanes; the key's first lane writes them, times
  * scale, to S[g][t] where `write` */
-template <int G, int LPK, int D = 16>
-__device__ static inline void split_score(const float (&qv)[G][D], const float (&kf)[D], bool write, float *S, int L,
+template <int G, int LPK>
+__device__ static inline void split_score(const float (&qv)[G][16], const float (&kf)[16], bool write, float *S, int L,
                                           int t, float scale) {
     float a[G];
 #pragma unroll
     for (int g = 0; g < G; g++) {
         a[g] = 0.0f;
 #pragma unroll
-        for (int k = 0; k < D; k++) a[g] += qv[g][k] * kf[k];
+        for (int k = 0; k < 16; k++) a[g] += qv[g][k] * kf[k];
     }
 #pragma unroll
     for (int g = 0; g < G; g++)
@@ -992,7 +992,7 @@ template <int G, int HD>
 __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     k_attn_split_i8(const float *q, const uint8_t *K, const uint8_t *V, int pos0, int n_head, int n_head_kv, float scale,
                     int n, const int *dpos, float *part, attn_i8 a) {
-    constexpr int NT = SPLIT_WARPS * 32, LPK = HD / 16;
+    constexpr int NT = SPLIT_WARPS * 32, LPK = HD / 16, KPW = 32 / LPK, KPB = KPW * SPLIT_WARPS;
     constexpr int NC8 = HD / 8, NKG = NT / NC8, XS = HD + 4, CPK = HD / KV_EC_CHUNK;
     extern __shared__ __align__(16) float smi[];
     pdl_trigger();
@@ -1064,17 +1064,13 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     const int nk0 = min(len, I8_TK);
     if (len > 0) stage(0, 0, 0, min(nk0, tp)); /* rows older than pos0, in the predecessor's shadow */
     pdl_wait();
-#ifndef I8_P1D
-#define I8_P1D 16
-#endif
-    constexpr int P1D = I8_P1D, P1L = HD / P1D, P1W = 32 / P1L, P1B = P1W * SPLIT_WARPS; /* phase 1: dims a lane, lanes a key, keys a warp / block pass */
-    const int t1 = warp * P1W + lane / P1L, sub = lane % P1L; /* phase 1: this lane's key in a pass, slice */
-    float qv[G][P1D];
+    const int t1 = warp * KPW + lane / LPK, sub = lane % LPK; /* phase 1: this lane's key in a pass, slice */
+    float qv[G][16];
 #pragma unroll
     for (int g = 0; g < G; g++) {
-        const float4 *qp = (const float4 *)(q + (size_t)i * n_head * HD + ((size_t)kh * G + g) * HD + P1D * sub);
+        const float4 *qp = (const float4 *)(q + (size_t)i * n_head * HD + ((size_t)kh * G + g) * HD + 16 * sub);
 #pragma unroll
-        for (int k = 0; k < P1D / 4; k++) {
+        for (int k = 0; k < 4; k++) {
             const float4 v = qp[k];
             qv[g][4 * k] = v.x, qv[g][4 * k + 1] = v.y, qv[g][4 * k + 2] = v.z, qv[g][4 * k + 3] = v.w;
         }
@@ -1087,16 +1083,16 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
         __syncthreads();
         decode(0, tb, nk);
         __syncthreads();
-        for (int kb = 0; kb < nk; kb += P1B) {
+        for (int kb = 0; kb < nk; kb += KPB) {
             const int t = kb + t1;
-            float kf[P1D];
-            const float4 *xr = (const float4 *)(X + (t < nk ? t : 0) * XS + P1D * sub);
+            float kf[16];
+            const float4 *xr = (const float4 *)(X + (t < nk ? t : 0) * XS + 16 * sub);
 #pragma unroll
-            for (int k = 0; k < P1D / 4; k++) {
+            for (int k = 0; k < 4; k++) {
                 const float4 v = xr[k];
                 kf[4 * k] = v.x, kf[4 * k + 1] = v.y, kf[4 * k + 2] = v.z, kf[4 * k + 3] = v.w;
             }
-            split_score<G, P1L, P1D>(qv, kf, sub == 0 && t < nk, S, L, tb + t, scale);
+            split_score<G, LPK>(qv, kf, sub == 0 && t < nk, S, L, tb + t, scale);
         }
     }
     __syncthreads();

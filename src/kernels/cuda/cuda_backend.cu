@@ -1924,7 +1924,7 @@ static qf_status cuda_decode_topk(qf_cuda_ctx *g, int32_t token, int pos0, float
                                   qf_error *err) {
     qf_status st = QF_OK;
     cudaStream_t S = 0;
-    if (k < 0 || k > QF_GPU_TOPK_MAX || !(temp == temp))
+    if (k < 0 || k > QF_GPU_TOPK_MAX || isnan(temp))
         return cu_fail(err, QF_ERR_ARG, "decode_topk: k %d outside [0, %d] or a NaN temperature", k, QF_GPU_TOPK_MAX);
     /* each at the first call that finds it missing (a failed allocation is retried next time) */
     if (!g->dtopk) CK(cudaMalloc((void **)&g->dtopk, sizeof *out));
