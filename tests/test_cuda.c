@@ -1263,9 +1263,39 @@ static const char *topk_check(const float *l, int V, float temp, int k, const qf
     return why;
 }
 
+/* row kind: 0 spread, 1 eight levels (ties across the k-th), 2 all equal, 3 negative with a NaN,
+ * an Inf and signed zeros, 4 one far above the rest */
+static void topk_fill(float *l, int V, int kind, uint64_t *st) {
+    for (int i = 0; i < V; i++) {
+        const double u = (double)(qf_xorshift64s(st) >> 11) / 9007199254740992.0;
+        l[i] = kind == 0   ? (float)(30.0 * u - 10.0)
+               : kind == 1 ? (float)(int)(u * 8.0)
+               : kind == 2 ? 1.5f
+               : kind == 3 ? (u < 0.01 ? (u < 0.005 ? 0.0f : -0.0f) : (float)(-5.0 * u))
+                           : (float)(u * 1e-3);
+    }
+    if (kind == 3 && V > 3) l[V / 2] = NAN, l[V / 3] = INFINITY;
+    if (kind == 4) l[V - 1] = 20.0f;
+}
+/* one row through op_topk against the host: 1 when they differ (printed) */
+static int topk_case(const float *l, int V, int kind, float temp, int k, int *ids, int *cases) {
+    qf_gpu_topk d;
+    memset(&d, 0, sizeof d);
+    qf_error err = {0};
+    (*cases)++;
+    if (qf_cuda_op_topk(l, V, temp, k, &d, &err) != QF_OK) {
+        printf("  V %d kind %d k %d: %s\n", V, kind, k, err.msg);
+        return 1;
+    }
+    const char *why = topk_check(l, V, temp, k, &d, ids);
+    if (*why) printf("  V %d kind %d k %d temp %.1f: %s differs\n", V, kind, k, temp, why);
+    return *why != 0;
+}
+
+/* 300000 at k 256: one merge level; 4500000 (k 256): two */
 TEST(op_topk) {
     NEED_GPU();
-    const int sizes[] = {1, 5, 1000, 1023, 1024, 1025, 4097, 50000, 128256, 300000}; /* 300000: k 256 takes one block */
+    const int sizes[] = {1, 5, 1000, 1023, 1024, 1025, 4097, 50000, 128256, 300000};
     const int ks[] = {0, 1, 2, 40, 256};
     int cases = 0, bad = 0;
     uint64_t st = 31;
@@ -1273,38 +1303,24 @@ TEST(op_topk) {
         const int V = sizes[a];
         float *l = malloc((size_t)V * 4);
         int *ids = malloc((size_t)V * sizeof *ids);
-        /* kinds: 0 spread, 1 eight levels (ties across the k-th), 2 all equal, 3 negative with
-         * a NaN, an Inf and signed zeros, 4 one far above the rest */
         for (int kind = 0; kind < 5; kind++) {
-            for (int i = 0; i < V; i++) {
-                const double u = (double)(qf_xorshift64s(&st) >> 11) / 9007199254740992.0;
-                l[i] = kind == 0   ? (float)(30.0 * u - 10.0)
-                       : kind == 1 ? (float)(int)(u * 8.0)
-                       : kind == 2 ? 1.5f
-                       : kind == 3 ? (u < 0.01 ? (u < 0.005 ? 0.0f : -0.0f) : (float)(-5.0 * u))
-                                   : (float)(u * 1e-3);
-            }
-            if (kind == 3 && V > 3) l[V / 2] = NAN, l[V / 3] = INFINITY;
-            if (kind == 4) l[V - 1] = 20.0f;
+            topk_fill(l, V, kind, &st);
             for (size_t b = 0; b < sizeof ks / sizeof *ks; b++)
-                for (int ti = 0; ti < 4; ti++) {
-                    const float temp = ti % 2 ? 0.8f : 0.0f;
-                    qf_gpu_topk d;
-                    memset(&d, 0, sizeof d);
-                    qf_error err = {0};
-                    CHECK_MSG(qf_cuda_op_topk(l, V, temp, ks[b], ti / 2, &d, &err) == QF_OK, "%s", err.msg);
-                    const char *why = topk_check(l, V, temp, ks[b], &d, ids);
-                    if (*why) {
-                        bad++;
-                        printf("  V %d kind %d k %d temp %.1f%s: %s differs\n", V, kind, ks[b], temp,
-                               ti / 2 ? " (one block)" : "", why);
-                    }
-                    cases++;
-                }
+                for (int ti = 0; ti < 2; ti++) bad += topk_case(l, V, kind, ti ? 0.8f : 0.0f, ks[b], ids, &cases);
         }
         free(ids);
         free(l);
     }
+    const int VB = 4500000;
+    float *l = malloc((size_t)VB * 4);
+    int *ids = malloc((size_t)VB * sizeof *ids);
+    for (int kind = 0; kind < 2; kind++) {
+        topk_fill(l, VB, kind, &st);
+        bad += topk_case(l, VB, kind, 0.8f, 256, ids, &cases);
+        bad += topk_case(l, VB, kind, 0.8f, 40, ids, &cases);
+    }
+    free(ids);
+    free(l);
     printf("  %d of %d rows reduced as the host does\n", cases - bad, cases);
     CHECK_EQ_INT(bad, 0);
 }

@@ -33,8 +33,9 @@ extern "C" {
  * q8_0 activation next to the separate quantization's. 12: kv-rq's learning steps (learn_*_f64).
  * 13: learn_klt_measure (the KLT fit's codec-error measurement). 14: qf_cuda_info.graph_steps.
  * 15: qf_cuda_params gains i8_expand (int8 decode reads the cache in place by default).
- * 16: decode_topk and op_topk (qf_generate's sampler reads the logits' top-k, reduced on the device). */
-#define QF_CUDA_ABI 16
+ * 16: decode_topk and op_topk (qf_generate's sampler reads the logits' top-k, reduced on the device).
+ * 17: op_topk loses one_block (one route for every row length: merge levels, no radix select). */
+#define QF_CUDA_ABI 17
 
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 typedef struct qf_cuda_awq qf_cuda_awq; /* one AWQ group's search state on the device */
@@ -231,9 +232,8 @@ typedef struct qf_cuda_api {
      * temp > 0 the sum of expf((l - max) / temp) and the k largest (1 <= k <= QF_GPU_TOPK_MAX) */
     qf_status (*decode_topk)(qf_cuda_ctx *g, int32_t token, int pos0, float temp, int k, qf_gpu_topk *out,
                              qf_error *err);
-    /* decode_topk's reduction of one row of V logits (tests; cuda_ops.h); one_block: the route
-     * without scratch (one block over the row) */
-    qf_status (*op_topk)(const float *logits, int V, float temp, int k, int one_block, qf_gpu_topk *out, qf_error *err);
+    /* decode_topk's reduction of one row of V logits (tests; cuda_ops.h) */
+    qf_status (*op_topk)(const float *logits, int V, float temp, int k, qf_gpu_topk *out, qf_error *err);
 } qf_cuda_api;
 
 /* Exported by libqforge-cuda.so: the table when abi == QF_CUDA_ABI, else NULL. */

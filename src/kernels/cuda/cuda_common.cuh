@@ -922,9 +922,7 @@ void launch_nll(const float *logits, int n_rows, int V, const int32_t *tgt, doub
  * cuda_backend.h): max, argmax, non-finite count; temp > 0 the sum of expf((l - max) / temp) and
  * the k largest (1 <= k <= QF_GPU_TOPK_MAX), equal values taken from the lower ids. */
 void launch_topk(const float *logits, int V, float temp, int k, qf_gpu_topk *out, void *scratch, cudaStream_t s);
-/* launch_topk's scratch (device memory) for a row of V logits; without it (NULL) it runs one
- * block of 1024 threads over the row (radix select), which is also its route where the blocks'
- * candidates would not fit the combining block (V above 262144 at k 256) */
+/* launch_topk's scratch (device memory, required) for a row of V logits */
 size_t topk_scratch_bytes(int V);
 
 /* ---- cuda_ops.cu: the single operations of the function table (cuda_backend.h) ---- */
@@ -936,7 +934,7 @@ qf_status op_rmsnorm(const float *x, const float *g, int n, int d, float eps, fl
 qf_status op_rope(float *v, int n, int n_heads, int head_dim, int n_rot, qf_rope_type type, const float *cs,
                   const float *sn, qf_error *err);
 qf_status op_silu_mul(const float *g, const float *u, size_t n, float *out, qf_error *err);
-qf_status op_topk(const float *logits, int V, float temp, int k, int one_block, qf_gpu_topk *out, qf_error *err);
+qf_status op_topk(const float *logits, int V, float temp, int k, qf_gpu_topk *out, qf_error *err);
 qf_status op_attention(const float *q, const float *k, const float *v, int n, int pos0, int n_head, int n_head_kv,
                        int hd, qf_kv_mode mode, int route, float *out, qf_error *err);
 qf_status op_kv_roundtrip(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_t rows, int hd, void *bytes,

@@ -142,10 +142,9 @@ qf_status qf_cuda_op_silu_mul(const float *g, const float *u, size_t n, float *o
     NEED_API();
     return a->op_silu_mul(g, u, n, out, err);
 }
-qf_status qf_cuda_op_topk(const float *logits, int V, float temp, int k, int one_block, qf_gpu_topk *out,
-                          qf_error *err) {
+qf_status qf_cuda_op_topk(const float *logits, int V, float temp, int k, qf_gpu_topk *out, qf_error *err) {
     NEED_API();
-    return a->op_topk(logits, V, temp, k, one_block, out, err);
+    return a->op_topk(logits, V, temp, k, out, err);
 }
 qf_status qf_cuda_op_attention(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
                                int n_head_kv, int hd, qf_kv_mode mode, float *out, qf_error *err) {

@@ -117,14 +117,14 @@ qf_status op_silu_mul(const float *gt, const float *u, size_t n, float *out, qf_
     return op_finish(&a, out, dg, n * 4, err);
 }
 
-qf_status op_topk(const float *logits, int V, float temp, int k, int one_block, qf_gpu_topk *out, qf_error *err) {
+qf_status op_topk(const float *logits, int V, float temp, int k, qf_gpu_topk *out, qf_error *err) {
     if (V <= 0 || k < 0 || k > QF_GPU_TOPK_MAX) return cu_fail(err, QF_ERR_ARG, "op_topk: V %d, k %d", V, k);
     dallocs a = {};
     float *dl = (float *)dup_to(&a, logits, (size_t)V * 4);
     qf_gpu_topk *dout = (qf_gpu_topk *)dalloc(&a, sizeof *out);
     void *scr = dalloc(&a, topk_scratch_bytes(V));
     OP_NEED(dl && dout && scr);
-    launch_topk(dl, V, temp, k, dout, one_block ? NULL : scr, 0);
+    launch_topk(dl, V, temp, k, dout, scr, 0);
     return op_finish(&a, out, dout, sizeof *out, err);
 }
 

@@ -38,10 +38,8 @@ qf_status qf_cuda_op_rope(float *v, int n, int n_heads, int head_dim, int n_rot,
                           const float *cs, const float *sn, qf_error *err);
 qf_status qf_cuda_op_silu_mul(const float *g, const float *u, size_t n, float *out, qf_error *err);
 /* decode_topk's reduction (cuda_backend.h qf_gpu_topk) of one row of V logits: max, argmax,
- * non-finite count; temp > 0 the sum of expf((l - max) / temp) and the k largest. one_block: the
- * one-block route (no scratch; taken by rows too long for the many-block one), else decode's */
-qf_status qf_cuda_op_topk(const float *logits, int V, float temp, int k, int one_block, qf_gpu_topk *out,
-                          qf_error *err);
+ * non-finite count; temp > 0 the sum of expf((l - max) / temp) and the k largest (launch_topk) */
+qf_status qf_cuda_op_topk(const float *logits, int V, float temp, int k, qf_gpu_topk *out, qf_error *err);
 /* Causal GQA attention of n queries at positions [pos0, pos0+n) against a cache holding
  * positions [0, pos0+n): q[n][n_head][hd], k/v [pos0+n][n_head_kv][hd] (f32; stored in the
  * cache in `mode`: f32, f16, q8_0, q4_0), out[n][n_head][hd]. */
