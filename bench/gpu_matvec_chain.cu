@@ -7,7 +7,7 @@
  * prints each shape's time against a pure read of the same bytes, and the whole chain's time as
  * a share of the 4.8 TB/s bound (bench_gpu's). docs/gpu.md "Session 18" has the H200 numbers.
  *   make build/bench/gpu_matvec_chain        (needs nvcc; not part of `all`)
- *   build/bench/gpu_matvec_chain [TINY] [f16|q4] [nopf|bulk|l2pf|cpa|occ]  (TINY: 1-block kernels per layer, default 0)
+ *   build/bench/gpu_matvec_chain [TINY] [f16|q4] [nopf|bulk|l2pf|cpa|occ|hyb]  (TINY: 1-block kernels per layer, default 0)
  * Then (q4_0) the same step as ONE persistent kernel: the matvecs (and the TINY one-block
  * phases, run by block 0) as phases separated by a grid barrier (an arrival counter and a
  * generation flag), 2 to 16 blocks per SM, with and without an L2 prefetch of the next
@@ -26,6 +26,9 @@
  * whole weight slice into shared memory by cp.async before the PDL wait; outputs checked first.
  * With "occ" (q4_0; docs/gpu.md "Session 37", no gain): the graph4 step with the kernels held
  * to 7 / 8 / 10 / 12 resident blocks an SM by __launch_bounds__ (k_q4m).
+ * With "hyb" (q4_0; docs/gpu.md "Session 39"): the graph4 step against the same step in which
+ * each kernel that follows a one-block kernel polls a flag that block stores (release) instead
+ * of griddepcontrol.wait; kernels after a matvec still wait by PDL (k_tiny_h, k_q4h).
  * A standalone program: it links nothing of qforge (its kernels are the experiment's copies;
  * the shipped ones are cuda_gemm.cu's k_mv1_q4g / k_mv1_h). */
 #include <cuda_runtime.h>
@@ -406,6 +409,63 @@ __global__ void k_tiny(float *y, int n) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = y[i] * 0.5f + 1.f;
 }
 
+// ---- hyb: griddepcontrol.wait where the predecessor is a matvec (its hundreds of blocks'
+// completion is the hardware's to detect), a flag where it is a one-block kernel: that block
+// stores 1 with release semantics once its writes are done, and its successor's blocks poll the
+// flag (acquire) instead of waiting for the one-block grid's completion and memory flush ----
+__global__ void k_tiny_h(float *y, int n, const unsigned *wc, unsigned *sc, int ns) {
+    trig();
+    if (wc) fwait(wc, 1, ns);
+    else gwait();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = y[i] * 0.5f + 1.f;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(sc), "r"(1u) : "memory");
+    }
+}
+// the same place in the chain with no work: what a kernel boundary costs by itself
+__global__ void k_tiny_e(float *y, int n) {
+    trig();
+    gwait();
+    if (n < 0) y[0] = 0.f;
+}
+// a norm's shape: NV float4 of x a thread loaded at once, the block's sum of squares, the
+// scaled row written back (one L2 round trip each way)
+template <int NV>
+__global__ void k_tiny_n(float *y, int n) {
+    trig();
+    gwait();
+    __shared__ float red[32];
+    float4 v[NV];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        v[k] = ((const float4 *)y)[threadIdx.x + k * blockDim.x];
+        ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    }
+    ss = wsum(ss);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float r = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.f;
+        r = wsum(r);
+        if (threadIdx.x == 0) red[0] = r;
+    }
+    __syncthreads();
+    const float sc = rsqrtf(red[0] / n + 1e-5f) * 0.999f;
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+        ((float4 *)y)[threadIdx.x + k * blockDim.x] = make_float4(v[k].x * sc, v[k].y * sc, v[k].z * sc, v[k].w * sc);
+}
+template <int R, int U, int W, int P>
+__global__ void __launch_bounds__(W * P * 32) k_q4h(const uint8_t *__restrict__ Wt, size_t rb, int K, int N,
+                                                   const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                                                   const int *__restrict__ xs, float *y, const unsigned *wc, int ns) {
+    trig();
+    mv_rows<R, U, W, P, 2, 2>(Wt, rb, K, N, xq, xd, xs, y, blockIdx.x, wc, 1u, ns);
+}
+
 // a small kernel that, once its predecessor is done, asks L2 for `bytes` of another matrix
 // (cp.async.bulk.prefetch.L2 in 64 KB pieces spread over its threads; EL: evict-last hint),
 // standing for a split / norm launch that warms the next big matvec's weights
@@ -744,6 +804,80 @@ int main(int argc, char **argv) {
                 printf("graph4 %-18s (%2d / %2d blocks an SM) %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", c.name, o4, o2, ms,
                        1000 / ms, bytes / (ms * 1e-3) / 4.8e12 * 100);
             }
+        return 0;
+    }
+
+    // hyb (third argument): the graph4 step as shipped (every kernel waits by griddepcontrol.wait)
+    // against the same step whose kernels after a one-block kernel poll that kernel's flag
+    if (!F16 && argc > 3 && !strcmp(argv[3], "hyb")) {
+        g_pdl = true;
+        unsigned *ctr;
+        const int nk = L * 4 + 1;
+        CKE(cudaMalloc(&ctr, nk * 4));
+        auto ship = [&](const mat &m) { ship_launch(m, s); };
+        for (int rep = 0; rep < 3; rep++) {
+            float ms = time_graph([&] { graph4(ship); }, 20);
+            CKE(cudaGetLastError());
+            printf("graph4 shipped (PDL waits)   %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", ms, 1000 / ms,
+                   bytes / (ms * 1e-3) / 4.8e12 * 100);
+            for (int e = 0; e < 2; e++) { /* a norm's shape: 256 threads x 4 float4, 1024 x 1 */
+                float me = time_graph([&] {
+                    void *ta[] = {&yt, (void *)&D};
+                    auto t = [&]() {
+                        if (!e) launch((const void *)k_tiny_n<4>, 1, 256, ta, s);
+                        else launch((const void *)k_tiny_n<1>, 1, 1024, ta, s);
+                    };
+                    for (int l = 0; l < L; l++) {
+                        t(); ship(qkv[l]); t(); t(); ship(wo[l]); t(); ship(gu[l]); ship(dn[l]);
+                    }
+                    ship(lm); }, 20);
+                CKE(cudaGetLastError());
+                printf("graph4 one-block kernels as a norm %s %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n",
+                       e ? "1024 x 1" : "256 x 4 ", me, 1000 / me, bytes / (me * 1e-3) / 4.8e12 * 100);
+            }
+            for (int e = 0; e < 2; e++) { /* the one-block kernels empty (e 0), or left out (e 1) */
+                float me = time_graph([&] {
+                    void *ta[] = {&yt, (void *)&D};
+                    auto t = [&]() { if (!e) launch((const void *)k_tiny_e, 1, 256, ta, s); };
+                    for (int l = 0; l < L; l++) {
+                        t(); ship(qkv[l]); t(); t(); ship(wo[l]); t(); ship(gu[l]); ship(dn[l]);
+                    }
+                    ship(lm); }, 20);
+                CKE(cudaGetLastError());
+                printf("graph4 one-block kernels %s %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", e ? "left out" : "empty   ",
+                       me, 1000 / me, bytes / (me * 1e-3) / 4.8e12 * 100);
+            }
+            for (int tt = 0; tt < 2; tt++)
+                for (int ns : {0, 20, 64, 200}) {
+                    float mh = time_graph([&] {
+                        CKE(cudaMemsetAsync(ctr, 0, nk * 4, s));
+                        int k = 0;
+                        const unsigned *prev = nullptr; /* the flag of the kernel just launched, if one-block */
+                        auto tiny = [&]() {
+                            const unsigned *wc = tt ? prev : nullptr; /* tt 0: tiny after tiny waits by PDL */
+                            unsigned *sc = ctr + k++;
+                            void *a[] = {&yt, (void *)&D, (void *)&wc, (void *)&sc, &ns};
+                            launch((const void *)k_tiny_h, 1, 256, a, s);
+                            prev = sc;
+                        };
+                        auto mv = [&](const mat &m) {
+                            if (!prev) { ship_launch(m, s); return; }
+                            const uint8_t *w = m.w; size_t rb = m.rb; int K = m.K, N = m.N;
+                            const unsigned *wc = prev;
+                            void *a[] = {(void *)&w, &rb, &K, &N, (void *)&xq, (void *)&xd, (void *)&xs, &y, (void *)&wc, &ns};
+                            if (K >= 8192) launch((const void *)k_q4h<2, 2, 2, 2>, (N + 3) / 4, 128, a, s);
+                            else launch((const void *)k_q4h<4, 2, 2, 2>, (N + 7) / 8, 128, a, s);
+                            prev = nullptr;
+                        };
+                        for (int l = 0; l < L; l++) {
+                            tiny(); mv(qkv[l]); tiny(); tiny(); mv(wo[l]); tiny(); mv(gu[l]); mv(dn[l]);
+                        }
+                        mv(lm); }, 20);
+                    CKE(cudaGetLastError());
+                    printf("graph4 flags after 1-block%s ns %3d  %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n",
+                           tt ? " (+tiny)" : "        ", ns, mh, 1000 / mh, bytes / (mh * 1e-3) / 4.8e12 * 100);
+                }
+        }
         return 0;
     }
 
