@@ -66,36 +66,56 @@ __global__ void k_rmsnorm4(const float *x, const float *g, int d, float eps, flo
     }
     __syncthreads();
     const float scale = 1.0f / sqrtf(red[0] / d + eps);
+    /* the NV chunks side by side, step by step (every lane takes part in the shuffles: a 32-block
+     * is 8 lanes of one chunk, all in the row or all past it, as d4 % 8 == 0 and blockDim % 8 == 0) */
+    float4 r[NV];
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const float4 gg = gw[k];
+        r[k] = make_float4(v[k].x * scale * gg.x, v[k].y * scale * gg.y, v[k].z * scale * gg.z, v[k].w * scale * gg.w);
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i >= d4) continue;
+        if (out) ((float4 *)(out + (size_t)blockIdx.x * d))[i] = r[k];
+        if (out16) {
+            __half2 *h = (__half2 *)(out16 + (size_t)blockIdx.x * d) + 2 * i;
+            h[0] = __halves2half2(__float2half_rn(r[k].x), __float2half_rn(r[k].y));
+            h[1] = __halves2half2(__float2half_rn(r[k].z), __float2half_rn(r[k].w));
+        }
+    }
+    if (!xq) return;
+    /* the q8_0 activation, k_quant_act's bytes: each 32-block's amax and quant sum over its 8 lanes */
+    float amax[NV];
+#pragma unroll
+    for (int k = 0; k < NV; k++) amax[k] = fmaxf(fmaxf(fabsf(r[k].x), fabsf(r[k].y)), fmaxf(fabsf(r[k].z), fabsf(r[k].w)));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1)
+#pragma unroll
+        for (int k = 0; k < NV; k++) amax[k] = fmaxf(amax[k], __shfl_xor_sync(0xffffffffu, amax[k], o));
+    int sum[NV];
+    const act_q a = act_q_view(xq, (int)gridDim.x, d);
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const float dq = __fdiv_rn(amax[k], 127.0f);
+        const float id = dq != 0.0f ? __fdiv_rn(1.0f, dq) : 0.0f;
+        const int q0 = (int)roundf(__fmul_rn(r[k].x, id)), q1 = (int)roundf(__fmul_rn(r[k].y, id)),
+                  q2 = (int)roundf(__fmul_rn(r[k].z, id)), q3 = (int)roundf(__fmul_rn(r[k].w, id));
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < d4)
+            ((char4 *)(a.qs + (size_t)blockIdx.x * d))[i] = make_char4((signed char)q0, (signed char)q1, (signed char)q2,
+                                                                    (signed char)q3);
+        sum[k] = q0 + q1 + q2 + q3;
+        amax[k] = dq; /* the step, kept for the store below */
+    }
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1)
+#pragma unroll
+        for (int k = 0; k < NV; k++) sum[k] += __shfl_xor_sync(0xffffffffu, sum[k], o);
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         const int i = threadIdx.x + k * blockDim.x;
-        if (i >= d4) break;
-        const float4 gg = gw[k];
-        const float4 r = make_float4(v[k].x * scale * gg.x, v[k].y * scale * gg.y, v[k].z * scale * gg.z,
-                                     v[k].w * scale * gg.w);
-        if (out) ((float4 *)(out + (size_t)blockIdx.x * d))[i] = r;
-        if (out16) {
-            __half2 *h = (__half2 *)(out16 + (size_t)blockIdx.x * d) + 2 * i;
-            h[0] = __halves2half2(__float2half_rn(r.x), __float2half_rn(r.y));
-            h[1] = __halves2half2(__float2half_rn(r.z), __float2half_rn(r.w));
-        }
-        if (xq) { /* d4 % 8 == 0 and blockDim % 8 == 0: a 32-block is 8 consecutive lanes, all live */
-            const unsigned mk = __activemask();
-            float amax = fmaxf(fmaxf(fabsf(r.x), fabsf(r.y)), fmaxf(fabsf(r.z), fabsf(r.w)));
-#pragma unroll
-            for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(mk, amax, o));
-            const float dq = __fdiv_rn(amax, 127.0f);
-            const float id = dq != 0.0f ? __fdiv_rn(1.0f, dq) : 0.0f;
-            const int q0 = (int)roundf(__fmul_rn(r.x, id)), q1 = (int)roundf(__fmul_rn(r.y, id)),
-                      q2 = (int)roundf(__fmul_rn(r.z, id)), q3 = (int)roundf(__fmul_rn(r.w, id));
+        if (i < d4 && (i & 7) == 0) {
             const size_t b = (size_t)blockIdx.x * (d / 32) + i / 8;
-            const act_q a = act_q_view(xq, (int)gridDim.x, d);
-            ((char4 *)(a.qs + (size_t)blockIdx.x * d))[i] = make_char4((signed char)q0, (signed char)q1, (signed char)q2,
-                                                                    (signed char)q3);
-            int sum = q0 + q1 + q2 + q3;
-#pragma unroll
-            for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(mk, sum, o);
-            if ((i & 7) == 0) a.xd[b] = __half2float(__float2half_rn(dq)), a.xs[b] = sum;
+            a.xd[b] = __half2float(__float2half_rn(amax[k])), a.xs[b] = sum[k];
         }
     }
 }
