@@ -98,9 +98,9 @@ $(BUILD)/obj/%.o: %.cu $(CUDA_HDR)
 
 # the decode matvec chain experiment (bench/gpu_matvec_chain.cu, docs/gpu.md "Session 18"): a
 # standalone CUDA program, built on request only (needs nvcc; not part of `all` or `bench`)
-$(BUILD)/bench/gpu_matvec_chain: bench/gpu_matvec_chain.cu
+$(BUILD)/bench/gpu_matvec_chain: bench/gpu_matvec_chain.cu src/kernels/cuda/cuda_norm.cu $(CUDA_HDR)
 	@mkdir -p $(dir $@)
-	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH_FLAGS) -Werror all-warnings -o $@ $<
+	$(NVCC) -O3 -std=c++17 -Iinclude -Isrc $(CUDA_ARCH_FLAGS) -Werror all-warnings -o $@ $<
 
 $(CUDA_PLUGIN): $(CUDA_OBJ)
 	$(NVCC) -shared $(CUDA_ARCH_FLAGS) -o $@ $^ -L$(CUDA_HOME)/lib64 -lcublas -lcudart -Xlinker -rpath,$(CUDA_HOME)/lib64

@@ -29,8 +29,8 @@
  * With "hyb" (q4_0; docs/gpu.md "Session 39"): the graph4 step against the same step in which
  * each kernel that follows a one-block kernel polls a flag that block stores (release) instead
  * of griddepcontrol.wait; kernels after a matvec still wait by PDL (k_tiny_h, k_q4h).
- * A standalone program: it links nothing of qforge (its kernels are the experiment's copies;
- * the shipped ones are cuda_gemm.cu's k_mv1_q4g / k_mv1_h). */
+ * A standalone program: it links nothing of qforge; its matvecs are the experiment's copies (the
+ * shipped ones are cuda_gemm.cu's k_mv1_q4g / k_mv1_h), its norm is cuda_norm.cu's, included. */
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <stdio.h>
@@ -38,6 +38,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <vector>
+
+/* qforge's RMSNorm (k_rmsnorm4, the decode step's norm with its q8_0 activation), the tree's own
+ * kernel: the bench times it in graph4's one-block places ("hyb"). cuda_norm.cu's launchers
+ * name cu_pdl, which the plugin defines; here it is on, as while the decode graph is captured. */
+#include "kernels/cuda/cuda_norm.cu"
+bool cu_pdl(void) { return true; }
 
 #define CKE(x) do { cudaError_t e = (x); if (e) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
 #define QK 32
@@ -458,186 +464,6 @@ __global__ void k_tiny_n(float *y, int n) {
     for (int k = 0; k < NV; k++)
         ((float4 *)y)[threadIdx.x + k * blockDim.x] = make_float4(v[k].x * sc, v[k].y * sc, v[k].z * sc, v[k].w * sc);
 }
-// qforge's k_rmsnorm4 (cuda_norm.cu, session 39), copied: the decode step's norm with its q8_0
-// activation, to time the real kernel in the chain's place of a one-block kernel
-template <int NV>
-__global__ void k_norm_real(const float *x, const float *g, int d, float eps, float *out, __half *out16, void *xq) {
-    trig();
-    const int d4 = d / 4;
-    /* the norm's weights before pdl_wait (a weight: no kernel writes it) */
-    float4 gw[NV];
-#pragma unroll
-    for (int k = 0; k < NV; k++) {
-        const int i = threadIdx.x + k * blockDim.x;
-        gw[k] = i < d4 ? ((const float4 *)g)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    gwait();
-    const float4 *xr = (const float4 *)(x + (size_t)blockIdx.x * d);
-    float4 v[NV];
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < NV; k++) {
-        const int i = threadIdx.x + k * blockDim.x;
-        v[k] = i < d4 ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
-    }
-    __shared__ float red[32];
-    ss = wsum(ss);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float r = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
-        r = wsum(r);
-        if (threadIdx.x == 0) red[0] = r;
-    }
-    __syncthreads();
-    const float scale = 1.0f / sqrtf(red[0] / d + eps);
-    /* the NV chunks side by side, step by step (every lane takes part in the shuffles: a 32-block
-     * is 8 lanes of one chunk, all in the row or all past it, as d4 % 8 == 0 and blockDim % 8 == 0) */
-    float4 r[NV];
-#pragma unroll
-    for (int k = 0; k < NV; k++) {
-        const float4 gg = gw[k];
-        r[k] = make_float4(v[k].x * scale * gg.x, v[k].y * scale * gg.y, v[k].z * scale * gg.z, v[k].w * scale * gg.w);
-        const int i = threadIdx.x + k * blockDim.x;
-        if (i >= d4) continue;
-        if (out) ((float4 *)(out + (size_t)blockIdx.x * d))[i] = r[k];
-        if (out16) {
-            __half2 *h = (__half2 *)(out16 + (size_t)blockIdx.x * d) + 2 * i;
-            h[0] = __halves2half2(__float2half_rn(r[k].x), __float2half_rn(r[k].y));
-            h[1] = __halves2half2(__float2half_rn(r[k].z), __float2half_rn(r[k].w));
-        }
-    }
-    if (!xq) return;
-    /* the q8_0 activation, k_quant_act's bytes: each 32-block's amax and quant sum over its 8 lanes */
-    float amax[NV];
-#pragma unroll
-    for (int k = 0; k < NV; k++) amax[k] = fmaxf(fmaxf(fabsf(r[k].x), fabsf(r[k].y)), fmaxf(fabsf(r[k].z), fabsf(r[k].w)));
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1)
-#pragma unroll
-        for (int k = 0; k < NV; k++) amax[k] = fmaxf(amax[k], __shfl_xor_sync(0xffffffffu, amax[k], o));
-    int sum[NV];
-    int8_t *aqs = (int8_t *)xq;
-    float *axd = (float *)((uint8_t *)xq + (size_t)gridDim.x * d);
-    int *axs = (int *)(axd + (size_t)gridDim.x * (d / 32));
-#pragma unroll
-    for (int k = 0; k < NV; k++) {
-        const float dq = __fdiv_rn(amax[k], 127.0f);
-        const float id = dq != 0.0f ? __fdiv_rn(1.0f, dq) : 0.0f;
-        const int q0 = (int)roundf(__fmul_rn(r[k].x, id)), q1 = (int)roundf(__fmul_rn(r[k].y, id)),
-                  q2 = (int)roundf(__fmul_rn(r[k].z, id)), q3 = (int)roundf(__fmul_rn(r[k].w, id));
-        const int i = threadIdx.x + k * blockDim.x;
-        if (i < d4)
-            ((char4 *)(aqs + (size_t)blockIdx.x * d))[i] = make_char4((signed char)q0, (signed char)q1, (signed char)q2,
-                                                                    (signed char)q3);
-        sum[k] = q0 + q1 + q2 + q3;
-        amax[k] = dq; /* the step, kept for the store below */
-    }
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1)
-#pragma unroll
-        for (int k = 0; k < NV; k++) sum[k] += __shfl_xor_sync(0xffffffffu, sum[k], o);
-#pragma unroll
-    for (int k = 0; k < NV; k++) {
-        const int i = threadIdx.x + k * blockDim.x;
-        if (i < d4 && (i & 7) == 0) {
-            const size_t b = (size_t)blockIdx.x * (d / 32) + i / 8;
-            axd[b] = __half2float(__float2half_rn(amax[k])), axs[b] = sum[k];
-        }
-    }
-}
-
-// k_norm_real with parts of its q8_0 activation changed (FL 1: the divisions by a multiply and
-// __fdividef, 2: no quant sums, 4: no quant stores; wrong bytes, for the time only)
-template <int NV, int FL>
-__global__ void k_norm_q(const float *x, const float *g, int d, float eps, float *out, __half *out16, void *xq) {
-    trig();
-    const int d4 = d / 4;
-    /* the norm's weights before pdl_wait (a weight: no kernel writes it) */
-    float4 gw[NV];
-#pragma unroll
-    for (int k = 0; k < NV; k++) {
-        const int i = threadIdx.x + k * blockDim.x;
-        gw[k] = i < d4 ? ((const float4 *)g)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    gwait();
-    const float4 *xr = (const float4 *)(x + (size_t)blockIdx.x * d);
-    float4 v[NV];
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < NV; k++) {
-        const int i = threadIdx.x + k * blockDim.x;
-        v[k] = i < d4 ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
-    }
-    __shared__ float red[32];
-    ss = wsum(ss);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float r = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
-        r = wsum(r);
-        if (threadIdx.x == 0) red[0] = r;
-    }
-    __syncthreads();
-    const float scale = 1.0f / sqrtf(red[0] / d + eps);
-    /* the NV chunks side by side, step by step (every lane takes part in the shuffles: a 32-block
-     * is 8 lanes of one chunk, all in the row or all past it, as d4 % 8 == 0 and blockDim % 8 == 0) */
-    float4 r[NV];
-#pragma unroll
-    for (int k = 0; k < NV; k++) {
-        const float4 gg = gw[k];
-        r[k] = make_float4(v[k].x * scale * gg.x, v[k].y * scale * gg.y, v[k].z * scale * gg.z, v[k].w * scale * gg.w);
-        const int i = threadIdx.x + k * blockDim.x;
-        if (i >= d4) continue;
-        if (out) ((float4 *)(out + (size_t)blockIdx.x * d))[i] = r[k];
-        if (out16) {
-            __half2 *h = (__half2 *)(out16 + (size_t)blockIdx.x * d) + 2 * i;
-            h[0] = __halves2half2(__float2half_rn(r[k].x), __float2half_rn(r[k].y));
-            h[1] = __halves2half2(__float2half_rn(r[k].z), __float2half_rn(r[k].w));
-        }
-    }
-    if (!xq) return;
-    /* the q8_0 activation, k_quant_act's bytes: each 32-block's amax and quant sum over its 8 lanes */
-    float amax[NV];
-#pragma unroll
-    for (int k = 0; k < NV; k++) amax[k] = fmaxf(fmaxf(fabsf(r[k].x), fabsf(r[k].y)), fmaxf(fabsf(r[k].z), fabsf(r[k].w)));
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1)
-#pragma unroll
-        for (int k = 0; k < NV; k++) amax[k] = fmaxf(amax[k], __shfl_xor_sync(0xffffffffu, amax[k], o));
-    int sum[NV];
-    int8_t *aqs = (int8_t *)xq;
-    float *axd = (float *)((uint8_t *)xq + (size_t)gridDim.x * d);
-    int *axs = (int *)(axd + (size_t)gridDim.x * (d / 32));
-#pragma unroll
-    for (int k = 0; k < NV; k++) {
-        const float dq = (FL & 1 ? amax[k] * (1.0f / 127.0f) : __fdiv_rn(amax[k], 127.0f));
-        const float id = dq != 0.0f ? (FL & 1 ? __fdividef(1.0f, dq) : __fdiv_rn(1.0f, dq)) : 0.0f;
-        const int q0 = (int)roundf(__fmul_rn(r[k].x, id)), q1 = (int)roundf(__fmul_rn(r[k].y, id)),
-                  q2 = (int)roundf(__fmul_rn(r[k].z, id)), q3 = (int)roundf(__fmul_rn(r[k].w, id));
-        const int i = threadIdx.x + k * blockDim.x;
-        if (!(FL & 4) && i < d4)
-            ((char4 *)(aqs + (size_t)blockIdx.x * d))[i] = make_char4((signed char)q0, (signed char)q1, (signed char)q2,
-                                                                    (signed char)q3);
-        sum[k] = q0 + q1 + q2 + q3;
-        amax[k] = dq; /* the step, kept for the store below */
-    }
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1)
-#pragma unroll
-        for (int k = 0; k < NV; k++) if (!(FL & 2)) sum[k] += __shfl_xor_sync(0xffffffffu, sum[k], o);
-#pragma unroll
-    for (int k = 0; k < NV; k++) {
-        const int i = threadIdx.x + k * blockDim.x;
-        if (i < d4 && (i & 7) == 0) {
-            const size_t b = (size_t)blockIdx.x * (d / 32) + i / 8;
-            axd[b] = __half2float(__float2half_rn(amax[k])), axs[b] = sum[k];
-        }
-    }
-}
-
 template <int R, int U, int W, int P>
 __global__ void __launch_bounds__(W * P * 32) k_q4h(const uint8_t *__restrict__ Wt, size_t rb, int K, int N,
                                                    const int8_t *__restrict__ xq, const float *__restrict__ xd,
@@ -1015,7 +841,7 @@ int main(int argc, char **argv) {
                     int8_t *qb_ = fresh == 2 || fresh == 4 ? nullptr : qb;
                     float me = time_graph([&] {
                         void *ta[] = {&xs_, (void *)&gb, (void *)&D, &eps, (void *)&ob_, (void *)&o16, (void *)&qb_};
-                        auto t = [&]() { launch((const void *)k_norm_real<4>, 1, 256, ta, s); };
+                        auto t = [&]() { launch((const void *)k_rmsnorm4<4>, 1, 256, ta, s); };
                         for (int l = 0; l < L; l++) {
                             t(); ship(qkv[l]); t(); t(); ship(wo[l]); t(); ship(gu[l]); ship(dn[l]);
                         }
@@ -1025,20 +851,6 @@ int main(int argc, char **argv) {
                                          " without either"};
                     printf("graph4 one-block kernels qforge's norm%s %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n",
                            nm[fresh], me, 1000 / me, bytes / (me * 1e-3) / 4.8e12 * 100);
-                }
-                for (int fl : {1, 2, 4, 7}) {
-                    const void *kf = fl == 1 ? (const void *)k_norm_q<4, 1> : fl == 2 ? (const void *)k_norm_q<4, 2>
-                                   : fl == 4 ? (const void *)k_norm_q<4, 4> : (const void *)k_norm_q<4, 7>;
-                    float me = time_graph([&] {
-                        void *ta[] = {&yt, (void *)&gb, (void *)&D, &eps, (void *)&ob, (void *)&o16, (void *)&qb};
-                        auto t = [&]() { launch(kf, 1, 256, ta, s); };
-                        for (int l = 0; l < L; l++) {
-                            t(); ship(qkv[l]); t(); t(); ship(wo[l]); t(); ship(gu[l]); ship(dn[l]);
-                        }
-                        ship(lm); }, 20);
-                    CKE(cudaGetLastError());
-                    printf("graph4 one-block kernels qforge's norm, q8_0 activation%s%s%s %.3f ms\n", fl & 1 ? " without IEEE divisions" : "",
-                           fl & 2 ? " without quant sums" : "", fl & 4 ? " without quant stores" : "", me);
                 }
                 cudaFree(gb), cudaFree(ob), cudaFree(qb);
             }
