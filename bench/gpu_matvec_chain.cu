@@ -450,16 +450,7 @@ __global__ void k_tiny_n(float *y, int n) {
         v[k] = ((const float4 *)y)[threadIdx.x + k * blockDim.x];
         ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
     }
-    ss = wsum(ss);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float r = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.f;
-        r = wsum(r);
-        if (threadIdx.x == 0) red[0] = r;
-    }
-    __syncthreads();
-    const float sc = rsqrtf(red[0] / n + 1e-5f) * 0.999f;
+    const float sc = rsqrtf(block_sum(ss, red) / n + 1e-5f) * 0.999f;
 #pragma unroll
     for (int k = 0; k < NV; k++)
         ((float4 *)y)[threadIdx.x + k * blockDim.x] = make_float4(v[k].x * sc, v[k].y * sc, v[k].z * sc, v[k].w * sc);

@@ -402,6 +402,21 @@ __device__ static inline float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+/* the sum of v over the block (blockDim.x a multiple of 32, at most 1024) in a fixed order: each
+ * warp's warp_sum, then warp 0's warp_sum of those, for every thread; red: 32 floats of shared
+ * memory. Every thread of the block calls it. */
+__device__ static inline float block_sum(float v, float *red) {
+    v = warp_sum(v);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float r = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+        r = warp_sum(r);
+        if (threadIdx.x == 0) red[0] = r;
+    }
+    __syncthreads();
+    return red[0];
+}
 
 /* One 32-block of a q8_0 activation, a warp's 32 lanes holding its values in order (v: this
  * lane's): quant.c's quant_q8_0 (d = amax / 127, id = d ? 1 / d : 0, q = roundf(x * id), each

@@ -11,16 +11,7 @@ __global__ void k_rmsnorm(const float *x, const float *g, int d, float eps, floa
     float ss = 0.0f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
     __shared__ float red[32];
-    ss = warp_sum(ss);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
-        v = warp_sum(v);
-        if (threadIdx.x == 0) red[0] = v;
-    }
-    __syncthreads();
-    const float scale = 1.0f / sqrtf(red[0] / d + eps);
+    const float scale = 1.0f / sqrtf(block_sum(ss, red) / d + eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         const float v = xr[i] * scale * g[i];
         if (o) o[i] = v;
@@ -56,16 +47,7 @@ __global__ void k_rmsnorm4(const float *x, const float *g, int d, float eps, flo
         ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
     }
     __shared__ float red[32];
-    ss = warp_sum(ss);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float r = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
-        r = warp_sum(r);
-        if (threadIdx.x == 0) red[0] = r;
-    }
-    __syncthreads();
-    const float scale = 1.0f / sqrtf(red[0] / d + eps);
+    const float scale = 1.0f / sqrtf(block_sum(ss, red) / d + eps);
     /* the NV chunks side by side, step by step (every lane takes part in the shuffles: a 32-block
      * is 8 lanes of one chunk, all in the row or all past it, as d4 % 8 == 0 and blockDim % 8 == 0) */
     float4 r[NV];
