@@ -379,6 +379,11 @@ struct qf_context {
     size_t canon_scr;
 };
 
+/* qf_decode's argument checks (forward.c): a batch of 1..n_batch tokens, positions pos0 ..
+ * pos0 + n - 1 inside the context, every token id in the vocabulary. QF_ERR_ARG naming what is
+ * wrong, else QF_OK. Every decode entry calls it (qf_decode, the GPU's qf_gpu_decode_topk). */
+qf_status qf_decode_check(const qf_context *c, const int32_t *tokens, int n, int pos0, qf_error *err);
+
 enum {
     QF_RQ_ROUTE_AUTO = 0,
     QF_RQ_ROUTE_ROWS,     /* the row decoder per position (qf_kv_cache_read_head), as the reference route */

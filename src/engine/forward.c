@@ -1799,10 +1799,8 @@ static bool dict_coef_pays(const qf_context *c, int stream, int n, int T) {
     return q * ((double)d->n_atoms * hd + (double)T * sp) + 4.0 * T * sp < (double)T * hd * (sp + q);
 }
 
-qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float *logits,
-                    int logits_from, qf_error *err) {
-    qf_model *m = c->model;
-    const qf_hparams *hp = &m->hp;
+qf_status qf_decode_check(const qf_context *c, const int32_t *tokens, int n, int pos0, qf_error *err) {
+    const int nv = c->model->hp.n_vocab;
     if (n <= 0) return qf_fail(err, QF_ERR_ARG, "decode: empty batch");
     if (n > c->n_batch)
         return qf_fail(err, QF_ERR_ARG, "decode: batch of %d tokens exceeds n_batch %d", n, c->n_batch);
@@ -1810,8 +1808,17 @@ qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float
         return qf_fail(err, QF_ERR_ARG, "decode: positions %d..%d exceed the context size %d", pos0,
                        pos0 + n - 1, c->params.n_ctx);
     for (int t = 0; t < n; t++)
-        if (tokens[t] < 0 || tokens[t] >= hp->n_vocab)
-            return qf_fail(err, QF_ERR_ARG, "decode: token id %d out of range [0, %d)", tokens[t], hp->n_vocab);
+        if (tokens[t] < 0 || tokens[t] >= nv)
+            return qf_fail(err, QF_ERR_ARG, "decode: token id %d out of range [0, %d)", tokens[t], nv);
+    return QF_OK;
+}
+
+qf_status qf_decode(qf_context *c, const int32_t *tokens, int n, int pos0, float *logits,
+                    int logits_from, qf_error *err) {
+    qf_model *m = c->model;
+    const qf_hparams *hp = &m->hp;
+    const qf_status bad = qf_decode_check(c, tokens, n, pos0, err);
+    if (bad) return bad;
 
     if (c->gpu) return qf_gpu_decode(c, tokens, n, pos0, logits, logits_from, err);
     int miss_layer, miss_pos; /* a rewind past what the sliding-window rings still hold */

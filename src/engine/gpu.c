@@ -127,11 +127,9 @@ bool qf_gpu_topk_ok(const qf_context *c, const qf_sampler_params *sp) {
 }
 
 qf_status qf_gpu_decode_topk(qf_context *c, int32_t token, int pos, float temp, int k, qf_gpu_topk *out, qf_error *err) {
-    const int nv = c->model->hp.n_vocab;
     if (!c->gpu) return qf_fail(err, QF_ERR_DEVICE, "decode_topk: the context does not run on the GPU");
-    if (pos < 0 || pos >= c->params.n_ctx)
-        return qf_fail(err, QF_ERR_ARG, "decode: positions %d..%d exceed the context size %d", pos, pos, c->params.n_ctx);
-    if (token < 0 || token >= nv) return qf_fail(err, QF_ERR_ARG, "decode: token id %d out of range [0, %d)", token, nv);
+    qf_status st = qf_decode_check(c, &token, 1, pos, err);
+    if (st) return st;
     return qf_cuda_api_get(NULL)->decode_topk(c->gpu, token, pos, temp, temp > 0 ? k : 0, out, err);
 }
 

@@ -22,7 +22,7 @@ qf_status qf_gpu_decode(qf_context *c, const int32_t *tokens, int n, int pos0, f
 bool qf_gpu_topk_ok(const qf_context *c, const qf_sampler_params *sp);
 /* Decode one token at pos on the GPU with its logits reduced on the device instead of copied
  * (cuda_backend.h decode_topk: max, argmax, non-finite count; temp > 0 the sum of expf((l -
- * max) / temp) and the k largest). Checks what qf_decode checks (token id, position). */
+ * max) / temp) and the k largest). Checks what qf_decode checks (qf_decode_check). */
 qf_status qf_gpu_decode_topk(qf_context *c, int32_t token, int pos, float temp, int k, qf_gpu_topk *out, qf_error *err);
 /* Rebuild the GPU cache in the modes of kv (c->kv, or a fresh cache about to replace it: dict
  * rows are then encoded through c->kv once it is swapped in). No-op on the CPU. */
