@@ -1848,13 +1848,13 @@ done:
     return st;
 }
 
-/* the table's decode (see cuda_backend.h); dev: the logits of rows [logits_from, n) are computed
- * into g->logits and not copied (logits NULL), and the call returns without waiting for the
- * stream it ran on, which *S_out names (decode_topk) */
+/* the table's decode (see cuda_backend.h); S_out set (decode_topk, logits NULL): the logits of
+ * rows [logits_from, n) are computed into g->logits and not copied, and the call returns without
+ * waiting for the stream it ran on, which *S_out names */
 static qf_status forward_impl(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *tokens, int n, int pos0, float *logits,
-                              int logits_from, const int32_t *targets, double *nll, bool dev, cudaStream_t *S_out,
-                              qf_error *err) {
+                              int logits_from, const int32_t *targets, double *nll, cudaStream_t *S_out, qf_error *err) {
     const qf_hparams *hp = &g->hp;
+    const bool dev = S_out != NULL; /* the logits stay on the device */
     const int half = hp->n_rot / 2;
     qf_status st = QF_OK;
     const int route = g->gemm_f32 ? MM_GEMM_F32 : MM_AUTO;
@@ -1871,7 +1871,7 @@ static qf_status forward_impl(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *
             g->part && route == MM_AUTO && plain && g->stream && !canon_on(g)) {
             bool fallback = false;
             if (S_out) *S_out = g->stream;
-            st = forward_graph(g, tokens[0], pos0, dev ? NULL : logits, &fallback, err);
+            st = forward_graph(g, tokens[0], pos0, logits, &fallback, err);
             if (st || !fallback) return st;
         }
     }
@@ -1904,7 +1904,7 @@ static qf_status forward_impl(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *
             CK(cudaGetLastError());
             CK(cudaMemcpy(nll, g->nll, (size_t)n_out * 8, cudaMemcpyDeviceToHost));
         }
-        if (logits && !dev) CK(copy_logits(g, logits, g->logits, (size_t)n_out * hp->n_vocab * 4));
+        if (logits) CK(copy_logits(g, logits, g->logits, (size_t)n_out * hp->n_vocab * 4));
         prof_mark(g, 3);
     } else {
         CK(cudaDeviceSynchronize());
@@ -1916,7 +1916,7 @@ done:
 
 static qf_status cuda_forward(qf_cuda_ctx *g, const qf_tap *tap, const int32_t *tokens, int n, int pos0, float *logits,
                               int logits_from, const int32_t *targets, double *nll, qf_error *err) {
-    return forward_impl(g, tap, tokens, n, pos0, logits, logits_from, targets, nll, false, NULL, err);
+    return forward_impl(g, tap, tokens, n, pos0, logits, logits_from, targets, nll, NULL, err);
 }
 
 /* the table's decode_topk: see cuda_backend.h */
@@ -1930,7 +1930,7 @@ static qf_status cuda_decode_topk(qf_cuda_ctx *g, int32_t token, int pos0, float
     if (!g->dtopk) CK(cudaMalloc((void **)&g->dtopk, sizeof *out));
     if (!g->h_topk) CK(cudaMallocHost((void **)&g->h_topk, sizeof *out));
     if (!g->topk_scr) CK(cudaMalloc(&g->topk_scr, topk_scratch_bytes(g->hp.n_vocab)));
-    if ((st = forward_impl(g, NULL, &token, 1, pos0, NULL, 0, NULL, NULL, true, &S, err))) goto done;
+    if ((st = forward_impl(g, NULL, &token, 1, pos0, NULL, 0, NULL, NULL, &S, err))) goto done;
     launch_topk(g->logits, g->hp.n_vocab, temp, k, g->dtopk, g->topk_scr, S);
     CK(cudaGetLastError());
     CK(cudaMemcpyAsync(g->h_topk, g->dtopk, sizeof *out, cudaMemcpyDeviceToHost, S));
