@@ -759,19 +759,15 @@ int main(int argc, char **argv) {
     // one step as the decode graph lays it out (graph4: norm, q|k|v, split / attention / merge
     // standing as two one-block kernels, o, norm, gate|up, down; then the output head); mv(m)
     // launches one matvec
-    auto graph4 = [&](auto mv) {
-        void *ta[] = {&yt, (void *)&D};
+    auto graph4w = [&](auto mv, auto tiny) { /* tiny() launches one one-block kernel */
         for (int l = 0; l < L; l++) {
-            launch((const void *)k_tiny, 1, 256, ta, s);
-            mv(qkv[l]);
-            launch((const void *)k_tiny, 1, 256, ta, s);
-            launch((const void *)k_tiny, 1, 256, ta, s);
-            mv(wo[l]);
-            launch((const void *)k_tiny, 1, 256, ta, s);
-            mv(gu[l]);
-            mv(dn[l]);
+            tiny(); mv(qkv[l]); tiny(); tiny(); mv(wo[l]); tiny(); mv(gu[l]); mv(dn[l]);
         }
         mv(lm);
+    };
+    auto graph4 = [&](auto mv) { /* with k_tiny, the stand-in */
+        void *ta[] = {&yt, (void *)&D};
+        graph4w(mv, [&] { launch((const void *)k_tiny, 1, 256, ta, s); });
     };
     // occ (third argument): the graph4 step with the shipped kernels held to MINB resident blocks
     // an SM (__launch_bounds__ min blocks: fewer registers, more weight bytes in flight before the wait)
@@ -833,10 +829,7 @@ int main(int argc, char **argv) {
                     float me = time_graph([&] {
                         void *ta[] = {&xs_, (void *)&gb, (void *)&D, &eps, (void *)&ob_, (void *)&o16, (void *)&qb_};
                         auto t = [&]() { launch((const void *)k_rmsnorm4<4>, 1, 256, ta, s); };
-                        for (int l = 0; l < L; l++) {
-                            t(); ship(qkv[l]); t(); t(); ship(wo[l]); t(); ship(gu[l]); ship(dn[l]);
-                        }
-                        ship(lm); }, 20);
+                        graph4w(ship, t); }, 20);
                     CKE(cudaGetLastError());
                     const char *nm[5] = {"", " (x: the matvec's output)", " without the q8_0 activation", " without the f32 row",
                                          " without either"};
@@ -852,10 +845,7 @@ int main(int argc, char **argv) {
                         if (!e) launch((const void *)k_tiny_n<4>, 1, 256, ta, s);
                         else launch((const void *)k_tiny_n<1>, 1, 1024, ta, s);
                     };
-                    for (int l = 0; l < L; l++) {
-                        t(); ship(qkv[l]); t(); t(); ship(wo[l]); t(); ship(gu[l]); ship(dn[l]);
-                    }
-                    ship(lm); }, 20);
+                    graph4w(ship, t); }, 20);
                 CKE(cudaGetLastError());
                 printf("graph4 one-block kernels as a norm %s %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n",
                        e ? "1024 x 1" : "256 x 4 ", me, 1000 / me, bytes / (me * 1e-3) / 4.8e12 * 100);
@@ -864,10 +854,7 @@ int main(int argc, char **argv) {
                 float me = time_graph([&] {
                     void *ta[] = {&yt, (void *)&D};
                     auto t = [&]() { if (!e) launch((const void *)k_tiny_e, 1, 256, ta, s); };
-                    for (int l = 0; l < L; l++) {
-                        t(); ship(qkv[l]); t(); t(); ship(wo[l]); t(); ship(gu[l]); ship(dn[l]);
-                    }
-                    ship(lm); }, 20);
+                    graph4w(ship, t); }, 20);
                 CKE(cudaGetLastError());
                 printf("graph4 one-block kernels %s %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", e ? "left out" : "empty   ",
                        me, 1000 / me, bytes / (me * 1e-3) / 4.8e12 * 100);
@@ -894,10 +881,7 @@ int main(int argc, char **argv) {
                             else launch((const void *)k_q4h<4, 2, 2, 2>, (N + 7) / 8, 128, a, s);
                             prev = nullptr;
                         };
-                        for (int l = 0; l < L; l++) {
-                            tiny(); mv(qkv[l]); tiny(); tiny(); mv(wo[l]); tiny(); mv(gu[l]); mv(dn[l]);
-                        }
-                        mv(lm); }, 20);
+                        graph4w(mv, tiny); }, 20);
                     CKE(cudaGetLastError());
                     printf("graph4 flags after 1-block%s ns %3d  %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n",
                            tt ? " (+tiny)" : "        ", ns, mh, 1000 / mh, bytes / (mh * 1e-3) / 4.8e12 * 100);
@@ -1075,19 +1059,7 @@ int main(int argc, char **argv) {
         g_pdl = true;
         for (int rep = 0; rep < 2; rep++)
             for (auto &v : vs) {
-                float ms = time_graph([&] {
-                    for (int l = 0; l < L; l++) {
-                        void *a[] = {&yt, (void *)&D};
-                        launch((const void *)k_tiny, 1, 256, a, s);
-                        run_mv(v, qkv[l], xq, xd, xs, y, s);
-                        launch((const void *)k_tiny, 1, 256, a, s);
-                        launch((const void *)k_tiny, 1, 256, a, s);
-                        run_mv(v, wo[l], xq, xd, xs, y, s);
-                        launch((const void *)k_tiny, 1, 256, a, s);
-                        run_mv(v, gu[l], xq, xd, xs, y, s);
-                        run_mv(v, dn[l], xq, xd, xs, y, s);
-                    }
-                    run_mv(v, lm, xq, xd, xs, y, s); }, 20);
+                float ms = time_graph([&] { graph4([&](const mat &m) { run_mv(v, m, xq, xd, xs, y, s); }); }, 20);
                 CKE(cudaGetLastError());
                 printf("graph4 %-20s %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", v.name, ms, 1000 / ms,
                        bytes / (ms * 1e-3) / 4.8e12 * 100);
@@ -1124,10 +1096,7 @@ int main(int argc, char **argv) {
                             else nb = (N + 7) / 8, launch((const void *)k_q4f<4, 2, 2, 2>, nb, 128, a, s);
                             prevb = nb, k++;
                         };
-                        for (int l = 0; l < L; l++) {
-                            tiny(); mv(qkv[l]); tiny(); tiny(); mv(wo[l]); tiny(); mv(gu[l]); mv(dn[l]);
-                        }
-                        mv(lm); }, 20);
+                        graph4w(mv, tiny); }, 20);
                     CKE(cudaGetLastError());
                     printf("flags ns %3d %s %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", ns, kind ? "shipped  " : "R4 all   ", ms,
                            1000 / ms, bytes / (ms * 1e-3) / 4.8e12 * 100);
