@@ -968,6 +968,174 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     split_finish<G, HD, NC8, false>(acc, red, ml, part, i, n_head, kh, nsplit, c);
 }
 
+/* ---- one block per query head for short caches (one token, f16 rows, head_dim 64 or 128) ----
+ * Split-K cuts even a cache of 20 keys into ranges and merges them in a second kernel, whose
+ * rounds (load the partials, combine, store) cost more than the attention itself at short
+ * positions. Here block h attends over all T <= ATTN_ONE_T keys of its kv head alone: every row
+ * older than pos0 is copied into shared memory (cp.async) before pdl_wait when `early`, the
+ * token's q (and, folded, its K and V rows: qkv_pair, the same bits as k_qkv_split) come after
+ * it, and the block writes the final output (and the o matvec's q8_0 activation) itself, so
+ * neither the split kernel nor the merge has work. Phase 1: HD / 16 lanes a key, each two
+ * 16-byte words of the row (words sub and sub + HD / 16: conflict-free), the dot reduced across
+ * the key's lanes. Phase 2: the max and sum p = exp(s - M) over the block. Phase 3: thread (key
+ * group kg, 8-dim chunk d8) sums p v over keys kg, kg + NKG, ..., the key groups summed in order
+ * through shared memory; out = o * (1 / l) as k_attn_merge. Blocks of a GQA group each rotate
+ * the group's K row themselves; the group's first block writes K and V to the cache. Shared
+ * memory holds tmax rows (a graph's longest position). On the H100, 8B q4_0 decode at positions
+ * 1..256: 1.06x the step of split-K and merge (docs/gpu.md "Session 40"). */
+#ifndef ATTN_ONE_T
+#define ATTN_ONE_T 256
+#endif
+#define ONE_THREADS 256
+template <int HD> static size_t one_smem(int tmax) {
+    constexpr int NKG = ONE_THREADS / (HD / 8);
+    return (size_t)2 * tmax * HD * 2 + (size_t)(tmax + HD + NKG * HD + 32) * sizeof(float);
+}
+__device__ static inline void cp_async_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+template <int HD>
+__global__ void __launch_bounds__(ONE_THREADS)
+    k_attn_one(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
+               int n_head_kv, float scale, const int *dpos, int tmax, int early, float *out, attn_fuse fx, act_q aq) {
+    constexpr int W = HD / 8;                      /* 16-byte words a row */
+    constexpr int LPK = HD / 16, KPB = ONE_THREADS / LPK; /* phase 1: lanes a key, keys a pass */
+    constexpr int NC8 = HD / 8, NKG = ONE_THREADS / NC8;  /* phase 3: 8-dim chunks, key groups */
+    extern __shared__ __align__(16) float smo[];
+    pdl_trigger();
+    const int h = blockIdx.x, G = n_head / n_head_kv, kh = h / G, tid = threadIdx.x, lane = tid % 32;
+    if (dpos) pos0 = *dpos; /* written before the graph launch */
+    const int T = pos0 + 1;
+    if (T > tmax) { /* not launched so (launch_attention_split); keep the chain, compute nothing */
+        if (h == 0) pdl_wait();
+        return;
+    }
+    uint4 *Ks = (uint4 *)smo, *Vs = Ks + (size_t)tmax * W;
+    float *S = (float *)(Vs + (size_t)tmax * W), *qs = S + tmax, *red = qs + HD, *sc = red + NKG * HD;
+    auto stage = [&](int t0, int t1) { /* rows [t0, t1) of K and V into Ks, Vs */
+        for (int x = t0 * W + tid; x < t1 * W; x += ONE_THREADS) {
+            const int t = x / W, w = x % W;
+            cp_async16(Ks + x, K + ((size_t)t * n_head_kv + kh) * rbk + 16 * w, 16);
+            cp_async16(Vs + x, V + ((size_t)t * n_head_kv + kh) * rbv + 16 * w, 16);
+        }
+        cp_async_commit();
+    };
+    const int tp = early ? pos0 : 0; /* rows before pos0 were written by earlier steps */
+    stage(0, tp);
+    pdl_wait();
+    stage(tp, fx.qkv ? pos0 : T);
+    if (fx.qkv) { /* the split folded in: q rotated into qs, the token's K and V rows into Ks / Vs */
+        __half *kd = (__half *)(Ks + (size_t)pos0 * W), *vd = (__half *)(Vs + (size_t)pos0 * W);
+        for (int j = tid; j < HD / 2; j += ONE_THREADS) {
+            qkv_pair(fx.qkv + (size_t)h * HD, j, fx.half, fx.neox, fx.cs, fx.sn, fx.bq ? fx.bq + (size_t)h * HD : NULL,
+                     true, 0, qs);
+            qkv_pair(fx.qkv + (size_t)(n_head + kh) * HD, j, fx.half, fx.neox, fx.cs, fx.sn,
+                     fx.bk ? fx.bk + (size_t)kh * HD : NULL, true, 0, kd);
+            qkv_pair(fx.qkv + (size_t)(n_head + n_head_kv + kh) * HD, j, fx.half, fx.neox, fx.cs, fx.sn,
+                     fx.bv ? fx.bv + (size_t)kh * HD : NULL, false, 0, vd);
+        }
+    } else
+        for (int e = tid; e < HD; e += ONE_THREADS) qs[e] = q[(size_t)h * HD + e];
+    cp_async_wait0();
+    __syncthreads();
+    if (fx.qkv && h % G == 0) /* the group's first block: the token's rows into the cache */
+        for (int w = tid; w < W; w += ONE_THREADS) {
+            ((uint4 *)const_cast<uint8_t *>(K + ((size_t)pos0 * n_head_kv + kh) * rbk))[w] = Ks[(size_t)pos0 * W + w];
+            ((uint4 *)const_cast<uint8_t *>(V + ((size_t)pos0 * n_head_kv + kh) * rbv))[w] = Vs[(size_t)pos0 * W + w];
+        }
+    /* phase 1: S[t] = q . k_t * scale */
+    const int sub = tid % LPK, t1 = tid / LPK;
+    float qv[16];
+#pragma unroll
+    for (int u = 0; u < 2; u++)
+#pragma unroll
+        for (int k = 0; k < 8; k++) qv[8 * u + k] = qs[8 * (u * LPK + sub) + k];
+    for (int tb = 0; tb < T; tb += KPB) { /* every lane to the end: the shuffles take the whole warp */
+        const int t = tb + t1;
+        float a = 0.0f;
+        if (t < T) {
+            float kf[16];
+            h8_to_f(Ks[(size_t)t * W + sub], kf, false), h8_to_f(Ks[(size_t)t * W + LPK + sub], kf + 8, false);
+#pragma unroll
+            for (int k = 0; k < 16; k++) a += qv[k] * kf[k];
+        }
+#pragma unroll
+        for (int o = LPK / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        if (sub == 0 && t < T) S[t] = a * scale;
+    }
+    __syncthreads();
+    /* phase 2: M = max s, p = exp(s - M) in place, l = sum p */
+    float m = -INFINITY;
+    for (int t = tid; t < T; t += ONE_THREADS) m = fmaxf(m, S[t]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) sc[tid / 32] = m;
+    __syncthreads();
+    m = sc[0];
+#pragma unroll
+    for (int w = 1; w < ONE_THREADS / 32; w++) m = fmaxf(m, sc[w]);
+    float l = 0.0f;
+    for (int t = tid; t < T; t += ONE_THREADS) {
+        const float p = expf(S[t] - m);
+        S[t] = p;
+        l += p;
+    }
+    __syncthreads(); /* sc read by all before block_sum reuses it; S's p for phase 3 */
+    l = block_sum(l, sc);
+    /* phase 3: acc[0..8) = sum over this key group's keys of p_t v_t[8 d8 ..] */
+    const int d8 = tid % NC8, kg = tid / NC8;
+    float acc[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) acc[k] = 0.0f;
+    for (int t = kg; t < T; t += NKG) {
+        float vf[8];
+        h8_to_f(Vs[(size_t)t * W + d8], vf, false);
+        const float p = S[t];
+#pragma unroll
+        for (int k = 0; k < 8; k++) acc[k] += p * vf[k];
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) red[kg * HD + 8 * d8 + k] = acc[k];
+    __syncthreads();
+    if (tid >= HD) return;
+    float o = 0.0f;
+#pragma unroll 4
+    for (int g = 0; g < NKG; g++) o += red[g * HD + tid];
+    const float inv_l = 1.0f / l;
+    const size_t at = (size_t)h * HD + tid;
+    out[at] = o * inv_l;
+    /* aq set (HD % 32 == 0: every warp one whole 32-block): the o matvec's q8_0 activation */
+    if (aq.qs) quant_q8_warp(o * inv_l, tid % 32, aq.qs + at, aq.xd + at / 32, aq.xs + at / 32);
+}
+#define ONE_SMEM_MAX (227 * 1024) /* sm_90: 227 KiB of shared memory a block */
+/* The shared memory a k_attn_one block takes, whatever tmax needs: 138 KiB. Measured on the
+ * H100 (8B q4_0 decode at positions 1..128, docs/gpu.md "Session 40"): the 73 KiB that 128 keys
+ * need ran the step at 0.87x of 138 KiB, 164 KiB at 0.99x, 207 KiB (or 138 with the carveout
+ * preference at 100%) at 0.91x. Below half an SM's 228 KiB two blocks can share an SM; above
+ * 196 the SM takes its largest carveout; which of the two costs the time is not established. */
+#define ONE_SMEM_MIN (138 * 1024)
+template <int HD> static size_t one_smem_launch(int tmax) {
+    const size_t b = one_smem<HD>(tmax);
+    return b > ONE_SMEM_MIN ? b : ONE_SMEM_MIN;
+}
+int attention_one_keys(qf_kv_mode mk, qf_kv_mode mv, int hd) {
+    if (mk != QF_KV_F16 || mv != QF_KV_F16 || !(hd == 64 || hd == 128)) return 0;
+    return (hd == 64 ? one_smem_launch<64>(ATTN_ONE_T) : one_smem_launch<128>(ATTN_ONE_T)) <= ONE_SMEM_MAX ? ATTN_ONE_T : 0;
+}
+/* k_attn_one<HD> over at most tmax <= ATTN_ONE_T keys; its shared memory (over 48 KiB) allowed
+ * once */
+template <int HD>
+static void launch_one(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
+                       int n_head_kv, float scale, const int *dpos, int tmax, bool early, float *out, attn_fuse f,
+                       act_q aq, cudaStream_t s) {
+    static bool attr_set = false;
+    if (!attr_set) {
+        cudaFuncSetAttribute(k_attn_one<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)one_smem_launch<HD>(ATTN_ONE_T));
+        attr_set = true;
+    }
+    cu_launch(k_attn_one<HD>, dim3((unsigned)n_head), dim3(ONE_THREADS), one_smem_launch<HD>(tmax), s, q, K, V, rbk, rbv, pos0,
+              n_head, n_head_kv, scale, dpos, tmax, (int)early, out, f, aq);
+}
+
 /* ---- split-K over int8 caches read in place (attn_i8): the grouped kernels' ranges, phases and
  * partials; a range's K rows, then (after the softmax) its V rows, are staged 32 keys at a time:
  * the coded bytes copied into shared memory (16-byte loads; rows before pos0 of the first K
@@ -1233,13 +1401,29 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
     }
     const float scale = 1.0f / sqrtf((float)hd);
     const dim3 grid((unsigned)nsplit, (unsigned)(grouped ? n_head_kv : n_head), (unsigned)n);
+    act_q aq = {};
+    const bool wq = fx && fx->xq && hd % 32 == 0;
+    if (wq) aq = act_q_view(fx->xq, n, n_head * hd);
+    /* one token over at most attention_one_keys keys: k_attn_one alone, for plain launches by
+     * the position, for a graph when every position it serves (t_min .. n_ctx keys) is short */
+    const int tone = n == 1 && ((uintptr_t)K % 16) == 0 && ((uintptr_t)V % 16) == 0 && rbk % 16 == 0 && rbv % 16 == 0
+                         ? attention_one_keys(mk, mv, hd)
+                         : 0;
+    const bool one = tone && (dpos ? n_ctx > 0 && n_ctx <= tone : pos0 + 1 <= tone);
     attn_fuse f = {};
     if (fx && fx->qkv) {
-        if (vh && n == 1) f = *fx, f.xq = NULL; /* folded into k_attn_split_h */
+        if (n == 1 && (vh || one)) f = *fx, f.xq = NULL; /* folded into k_attn_split_h / k_attn_one */
         else /* the split first: q to q, K and V to the cache rows */
             launch_qkv_split(fx->qkv, 2, n, n_head, n_head_kv, hd, fx->half, fx->neox != 0, fx->cs, fx->sn, fx->bq, fx->bk,
                              fx->bv, (void *)q, (void *)(K + (dpos ? 0 : (size_t)pos0 * n_head_kv * rbk)),
                              (void *)(V + (dpos ? 0 : (size_t)pos0 * n_head_kv * rbv)), s, dpos);
+    }
+    if (one) {
+        if (hd == 128) launch_one<128>(q, K, V, rbk, rbv, pos0, n_head, n_head_kv, scale, dpos, dpos ? n_ctx : pos0 + 1,
+                                       early, out, f, aq, s);
+        else launch_one<64>(q, K, V, rbk, rbv, pos0, n_head, n_head_kv, scale, dpos, dpos ? n_ctx : pos0 + 1, early, out,
+                            f, aq, s);
+        return wq;
     }
     /* int8 in place (the caller checked attention_split_i8_ok): static and token rows straight
      * from global memory by k_attn_split_h<G, HD, true>, ec-rot (either stream) staged */
@@ -1285,9 +1469,6 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
                 cu_launch(k_attn_split<MK.value, MV.value>, grid, dim3(SPLIT_WARPS * 32), 0, s, q, K, V, rbk, rbv, pos0,
                           n_head, n_head_kv, hd, scale, n, dpos, part);
         });
-    act_q aq = {};
-    const bool wq = fx && fx->xq && hd % 32 == 0;
-    if (wq) aq = act_q_view(fx->xq, n, n_head * hd);
     cu_launch(k_attn_merge, dim3((unsigned)n_head, (unsigned)n), dim3((unsigned)((hd + 31) / 32 * 32)), 0, s,
               (const float *)part, pos0, n_head, hd, n, dpos, (int)grouped, out, aq);
     return wq;

@@ -133,7 +133,11 @@ struct qf_cuda_ctx {
     int *ev_cat, n_ev, prof_calls;
     /* decode steps of one token replay a CUDA graph of the whole step (see forward_graph) */
     cudaStream_t stream;   /* the graph's stream (blocking: ordered with the default stream) */
-    cudaGraphExec_t gexec; /* instantiated at the first eligible step; dropped when the KV cache changes */
+    /* instantiated at the first eligible step of its band; dropped when the KV cache changes.
+     * [0]: positions whose attention runs k_attn_one (attention_one_keys; the whole context when
+     * that is 0 or covers it), [1]: the longer ones, split-K */
+    cudaGraphExec_t gexec[2];
+    int graph_nctx;        /* while [0] is captured for a longer context: the keys it serves, else 0 */
     bool graph_off;        /* knob no_graph (QF_CUDA_GRAPH=0), or capture failed once */
     long graph_steps;      /* steps replayed from the graph (qf_cuda_info) */
     float *dstep, *h_step; /* [cos half | sin half | token | pos]: device, and pinned host staging */
@@ -364,7 +368,8 @@ static void ctx_free(qf_cuda_ctx *g) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     if (g->blas) cublasDestroy(g->blas);
-    if (g->gexec) cudaGraphExecDestroy(g->gexec);
+    for (int b = 0; b < 2; b++)
+        if (g->gexec[b]) cudaGraphExecDestroy(g->gexec[b]);
     if (g->stream) cudaStreamDestroy(g->stream);
     if (g->dstep) cudaFree(g->dstep);
     if (g->tok_step) cudaFree(g->tok_step);
@@ -688,10 +693,11 @@ done:
     g->rq = rq;
     free(g->h_codes);
     g->h_codes = hc;
-    if (g->gexec) { /* the graph holds the old cache's addresses */
-        cudaGraphExecDestroy(g->gexec);
-        g->gexec = NULL;
-    }
+    for (int b = 0; b < 2; b++)
+        if (g->gexec[b]) { /* the graphs hold the old cache's addresses */
+            cudaGraphExecDestroy(g->gexec[b]);
+            g->gexec[b] = NULL;
+        }
     g->encode = kv->encode, g->encode_user = kv->encode_user;
     g->kv_omp = kv->omp;
     return QF_OK;
@@ -1573,7 +1579,7 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                 /* the merge writes the o matvec's q8_0 activation (it then skips its quantization) */
                 if (!g->kv_rot && !i8v && !L->post_attn_norm && q8_act(&L->wo)) fx.xq = g->xh;
                 oq = launch_attention_split(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv,
-                                            hd, g->att, g->part, S, dpos, g->n_ctx,
+                                            hd, g->att, g->part, S, dpos, g->graph_nctx ? g->graph_nctx : g->n_ctx,
                                             i8in || (!expanded && g->kv_mode[1] != QF_KV_INT8 && g->kv_mode[1] != QF_KV_DICT),
                                             &fx, i8in ? &i8a : NULL);
             } else
@@ -1810,32 +1816,39 @@ static qf_status forward_graph(qf_cuda_ctx *g, int32_t token, int pos0, float *l
     float *rc = g->dstep, *rs = g->dstep + half;
     int32_t *tok = (int32_t *)(g->dstep + 2 * half);
     const int *dpos = (const int *)(g->dstep + 2 * half + 1);
+    /* the band: short positions' attention is k_attn_one, which a graph runs only when every
+     * position it serves is short (attention_one_keys) */
+    const int ok = attention_one_keys(g->kv_mode[0], g->kv_mode[1], hp->head_dim);
+    const bool banded = ok > 0 && ok < g->n_ctx;
+    const int b = banded && pos0 + 1 > ok ? 1 : 0;
     qf_status st = QF_OK;
     *fallback = false;
     rope_host(g, 1, pos0, h, h + half);
     memcpy(h + 2 * half, &token, 4);
     memcpy(h + 2 * half + 1, &pos0, 4);
     CK(cudaMemcpyAsync(g->dstep, h, (size_t)(2 * half + 2) * 4, cudaMemcpyHostToDevice, g->stream));
-    if (!g->gexec) {
+    if (!g->gexec[b]) {
         cudaGraph_t gr = NULL;
         CK(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal));
         cu_pdl_set(g->pdl); /* the step's kernels may overlap their predecessors' tails */
+        g->graph_nctx = banded && b == 0 ? ok : 0;
         st = forward_layers(g, NULL, 1, pos0, dpos, rc, rs, tok, g->stream, err);
+        g->graph_nctx = 0;
         if (!st) st = forward_logits(g, 1, 0, g->stream, err);
         cu_pdl_set(false);
         cudaError_t e = cudaStreamEndCapture(g->stream, &gr);
-        if (!st && e == cudaSuccess) e = cudaGraphInstantiate(&g->gexec, gr, 0);
+        if (!st && e == cudaSuccess) e = cudaGraphInstantiate(&g->gexec[b], gr, 0);
         if (gr) cudaGraphDestroy(gr);
         if (st || e != cudaSuccess) {
             cudaGetLastError(); /* clear */
-            g->gexec = NULL;
+            g->gexec[b] = NULL;
             g->graph_off = true;
             *fallback = true;
             CK(cudaStreamSynchronize(g->stream));
             return QF_OK;
         }
     }
-    CK(cudaGraphLaunch(g->gexec, g->stream));
+    CK(cudaGraphLaunch(g->gexec[b], g->stream));
     g->graph_steps++;
     if (!logits) return QF_OK; /* decode_topk: the logits stay in g->logits, g->stream not waited for */
     if (g->h_lg) { /* through pinned memory in LG_CHUNKS pieces (the row fits: each slot used once) */

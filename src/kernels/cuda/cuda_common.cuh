@@ -905,6 +905,13 @@ typedef struct {
 /* whether launch_attention_split reads int8 in place for this shape (head_dim 64 or 128, GQA
  * group 1, 2, 3, 4 or 8, its shared memory within 48 KB at n_ctx, 16-byte aligned rows) */
 bool attention_split_i8_ok(int n_head, int n_head_kv, int hd, int n_ctx, const attn_i8 *i8);
+/* One token over at most this many keys (0: never) of an mk / mv cache with head_dim hd runs
+ * one block a query head (k_attn_one: no ranges, no merge) instead of split-K; 256 for f16 K
+ * and V of head_dim 64 or 128. launch_attention_split takes it for plain launches by the
+ * position, and under graph capture (dpos) when n_ctx is at most this: a caller that replays
+ * graphs at longer contexts captures one for the short positions (n_ctx this) and one for the
+ * rest, so each gives the plain launches' bits. */
+int attention_one_keys(qf_kv_mode mk, qf_kv_mode mv, int hd);
 /* returns whether fx->xq was written */
 bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const uint8_t *K, const uint8_t *V,
                             size_t rbk, size_t rbv, int n, int pos0, int n_head, int n_head_kv, int hd, float *out,
