@@ -269,8 +269,11 @@ int main(int argc, char **argv) {
     }
     /* decode: prefill half a chunk (or --decode-pos), then single tokens */
     int half = dpos >= 1 && dpos < n_ctx ? dpos : n_ctx / 2, steps = n_ctx - half < dsteps ? n_ctx - half : dsteps;
-    /* one untimed step first (it captures the step's CUDA graph); the timed steps rewrite it */
-    if (qf_decode(c, toks, half, 0, NULL, half, &err) || qf_decode(c, toks + half, 1, half, logits, 0, &err)) {
+    /* one untimed step at each end of the range first: each captures the CUDA graph of its
+     * band of positions (short caches' attention runs another kernel, so a context longer than
+     * that has two graphs); the timed steps rewrite both rows */
+    if (qf_decode(c, toks, half, 0, NULL, half, &err) || qf_decode(c, toks + half, 1, half, logits, 0, &err) ||
+        (steps > 1 && qf_decode(c, toks + half + steps - 1, 1, half + steps - 1, logits, 0, &err))) {
         fprintf(stderr, "bench_gpu: decode: %s\n", err.msg);
         return 1;
     }
@@ -286,7 +289,7 @@ int main(int argc, char **argv) {
     const bool on_gpu = qf_context_gpu_info(c, &gi);
     printf("decode (1 token/step):  %8.1f tok/s at positions %d..%d; bandwidth bound %.0f tok/s -> %.1f%% of roofline",
            steps / dt, half, half + steps - 1, PEAK_BW / bytes, 100 * (steps / dt) / (PEAK_BW / bytes));
-    if (on_gpu) printf("; %ld of the %d one-token steps replayed the CUDA graph", gi.graph_steps, steps + 1);
+    if (on_gpu) printf("; %ld of the %d one-token steps replayed a CUDA graph", gi.graph_steps, steps + 1 + (steps > 1));
     printf("\n");
     if (on_gpu && sampler) {
         /* the step qf_generate takes, the same tokens fed (the drawn one is not): the row copied
