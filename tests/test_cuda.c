@@ -660,8 +660,9 @@ TEST(op_attention) {
                  {1, 700, 16, 1, 64}, {3, 40, 12, 1, 128},
                  /* the vectorized f16 split kernel's groups of 8 and 2 */
                  {2, 100, 16, 2, 128}, {1, 33, 4, 2, 64},
-                 /* one token over at most 256 keys: k_attn_one (the 8B shape's heads, and a group of 3) */
-                 {1, 200, 32, 8, 128}, {1, 255, 6, 2, 64}};
+                 /* one token over at most 256 (head_dim 128) or 512 (64) keys: k_attn_one (the 8B
+                  * shape's heads, and a group of 3) */
+                 {1, 200, 32, 8, 128}, {1, 480, 6, 2, 64}};
     qf_kv_mode modes[] = {QF_KV_F32, QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (int mi = 0; mi < 4; mi++) {
@@ -1216,23 +1217,25 @@ TEST(e2e_decode_graph) {
     }
 }
 
-/* Short caches: one token over at most 256 keys (attention_one_keys) runs k_attn_one (a block
- * per query head, no split, no merge), longer ones split-K. A context of 512 keys replays two
- * graphs, one for each; positions 244..267 cross from one to the other. test-d2048 (head_dim
- * 128, GQA group 4) and the demo model (head_dim 64, group 3). The graphs must give the plain
- * launches' bits and stay within e2e_decode_graph's bound of the CPU reference. */
+/* Short caches: one token over at most attention_one_keys keys (256 at head_dim 128, 512 at
+ * 64) runs k_attn_one (a block per query head, no split, no merge), longer ones split-K. A
+ * context twice that replays two graphs, one for each; 24 positions around the limit cross from
+ * one to the other. test-d2048 (head_dim 128, GQA group 4) and the demo model (head_dim 64,
+ * group 3). The graphs must give the plain launches' bits and stay within e2e_decode_graph's
+ * bound of the CPU reference. */
 TEST(e2e_decode_graph_one) {
     NEED_GPU();
     const char *models[] = {"models/test-d2048-q4_0.gguf", "models/qforge-demo-11m-f16.gguf"};
-    enum { n0 = 244, n1 = 24 };
+    enum { n1 = 24 };
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
-        static int32_t toks[n0 + n1];
-        qf_model *m = graph_model(models[mi], toks, n0 + n1);
+        static int32_t toks[512 + n1];
+        qf_model *m = graph_model(models[mi], toks, 512 + n1);
         if (!m) continue;
-        const int nv = qf_model_hparams(m)->n_vocab;
+        const int nv = qf_model_hparams(m)->n_vocab, lim = qf_model_hparams(m)->head_dim == 64 ? 512 : 256;
+        const int n0 = lim - 12; /* positions lim - 12 .. lim + 11: T = lim is the last short one */
         const size_t nl = (size_t)n1 * nv;
         float *lg = malloc(nl * 4), *lp = malloc(nl * 4), *lc = malloc(nl * 4), *lf = malloc(nl * 4);
-        dsl_n_ctx = 512;
+        dsl_n_ctx = 2 * lim;
         const double t0 = qf_now_sec();
         const bool ok = lg && lp && lc && lf &&
                         decode_steps(m, QF_DEVICE_CUDA, false, false, QF_KV_F16, QF_KV_ROT_NONE, toks, n0, n1, lg) &&
@@ -1242,10 +1245,11 @@ TEST(e2e_decode_graph_one) {
         dsl_n_ctx = 256;
         if (ok) {
             const graph_cmp r = graph_compare(lg, lp, lc, lf, n1, nv);
-            printf("  decode graph %-30s kv f16 at %d..%d of 512: %zu of %zu logits differ from plain launches; nmse "
+            printf("  decode graph %-30s kv f16 at %d..%d of %d: %zu of %zu logits differ from plain launches; nmse "
                    "%.3g against the CPU reference (the CPU's fast route: %.3g), top-1 %d/%d (%d/%d with near-ties); "
                    "%.1f s\n",
-                   models[mi] + 7, n0, n0 + n1 - 1, r.diff, nl, r.e, r.fe, r.agree, n1, r.near, n1, qf_now_sec() - t0);
+                   models[mi] + 7, n0, n0 + n1 - 1, 2 * lim, r.diff, nl, r.e, r.fe, r.agree, n1, r.near, n1,
+                   qf_now_sec() - t0);
             CHECK_MSG(r.diff == 0, "%s: graph replay differs from plain launches", models[mi]);
             const double lb = fmax(1e-4, 2 * r.fe);
             CHECK_MSG(r.e <= lb, "%s: logits nmse %g (bound %g)", models[mi], r.e, lb);

@@ -971,7 +971,7 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
 /* ---- one block per query head for short caches (one token, f16 rows, head_dim 64 or 128) ----
  * Split-K cuts even a cache of 20 keys into ranges and merges them in a second kernel, whose
  * rounds (load the partials, combine, store) cost more than the attention itself at short
- * positions. Here block h attends over all T <= ATTN_ONE_T keys of its kv head alone: every row
+ * positions. Here block h attends over all T <= one_keys<HD>() keys of its kv head alone: every row
  * older than pos0 is copied into shared memory (cp.async) before pdl_wait when `early`, the
  * token's q (and, folded, its K and V rows: qkv_pair, the same bits as k_qkv_split) come after
  * it, and the block writes the final output (and the o matvec's q8_0 activation) itself, so
@@ -983,10 +983,9 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
  * the group's K row themselves; the group's first block writes K and V to the cache. Shared
  * memory holds tmax rows (a graph's longest position). On the H100, 8B q4_0 decode at positions
  * 1..256: 1.06x the step of split-K and merge (docs/gpu.md "Session 40"). */
-#ifndef ATTN_ONE_T
-#define ATTN_ONE_T 256
-#endif
 #define ONE_THREADS 256
+/* the most keys k_attn_one takes: what fits about 138 KiB of shared memory (one_smem) */
+template <int HD> constexpr int one_keys() { return HD == 64 ? 512 : 256; }
 template <int HD> static size_t one_smem(int tmax) {
     constexpr int NKG = ONE_THREADS / (HD / 8);
     return (size_t)2 * tmax * HD * 2 + (size_t)(tmax + HD + NKG * HD + 32) * sizeof(float);
@@ -1118,9 +1117,10 @@ template <int HD> static size_t one_smem_launch(int tmax) {
 }
 int attention_one_keys(qf_kv_mode mk, qf_kv_mode mv, int hd) {
     if (mk != QF_KV_F16 || mv != QF_KV_F16 || !(hd == 64 || hd == 128)) return 0;
-    return (hd == 64 ? one_smem_launch<64>(ATTN_ONE_T) : one_smem_launch<128>(ATTN_ONE_T)) <= ONE_SMEM_MAX ? ATTN_ONE_T : 0;
+    if (hd == 64) return one_smem_launch<64>(one_keys<64>()) <= ONE_SMEM_MAX ? one_keys<64>() : 0;
+    return one_smem_launch<128>(one_keys<128>()) <= ONE_SMEM_MAX ? one_keys<128>() : 0;
 }
-/* k_attn_one<HD> over at most tmax <= ATTN_ONE_T keys; its shared memory (over 48 KiB) allowed
+/* k_attn_one<HD> over at most tmax <= one_keys<HD>() keys; its shared memory (over 48 KiB) allowed
  * once */
 template <int HD>
 static void launch_one(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
@@ -1129,7 +1129,7 @@ static void launch_one(const float *q, const uint8_t *K, const uint8_t *V, size_
     static bool attr_set = false;
     if (!attr_set) {
         cudaFuncSetAttribute(k_attn_one<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)one_smem_launch<HD>(ATTN_ONE_T));
+                             (int)one_smem_launch<HD>(one_keys<HD>()));
         attr_set = true;
     }
     cu_launch(k_attn_one<HD>, dim3((unsigned)n_head), dim3(ONE_THREADS), one_smem_launch<HD>(tmax), s, q, K, V, rbk, rbv, pos0,

@@ -906,8 +906,8 @@ typedef struct {
  * group 1, 2, 3, 4 or 8, its shared memory within 48 KB at n_ctx, 16-byte aligned rows) */
 bool attention_split_i8_ok(int n_head, int n_head_kv, int hd, int n_ctx, const attn_i8 *i8);
 /* One token over at most this many keys (0: never) of an mk / mv cache with head_dim hd runs
- * one block a query head (k_attn_one: no ranges, no merge) instead of split-K; 256 for f16 K
- * and V of head_dim 64 or 128. launch_attention_split takes it for plain launches by the
+ * one block a query head (k_attn_one: no ranges, no merge) instead of split-K; for f16 K and V,
+ * 512 at head_dim 64 and 256 at 128. launch_attention_split takes it for plain launches by the
  * position, and under graph capture (dpos) when n_ctx is at most this: a caller that replays
  * graphs at longer contexts captures one for the short positions (n_ctx this) and one for the
  * rest, so each gives the plain launches' bits. */
