@@ -1117,8 +1117,16 @@ template <int HD> static size_t one_smem_launch(int tmax) {
 }
 int attention_one_keys(qf_kv_mode mk, qf_kv_mode mv, int hd) {
     if (mk != QF_KV_F16 || mv != QF_KV_F16 || !(hd == 64 || hd == 128)) return 0;
-    if (hd == 64) return one_smem_launch<64>(one_keys<64>()) <= ONE_SMEM_MAX ? one_keys<64>() : 0;
-    return one_smem_launch<128>(one_keys<128>()) <= ONE_SMEM_MAX ? one_keys<128>() : 0;
+    /* the current device's opt-in limit a block (sm_86 / sm_89: 99 KiB; then split-K) */
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+        cudaGetLastError(); /* clear */
+        return 0;
+    }
+    const size_t lim = (size_t)optin < ONE_SMEM_MAX ? (size_t)optin : ONE_SMEM_MAX;
+    if (hd == 64) return one_smem_launch<64>(one_keys<64>()) <= lim ? one_keys<64>() : 0;
+    return one_smem_launch<128>(one_keys<128>()) <= lim ? one_keys<128>() : 0;
 }
 /* k_attn_one<HD> over at most tmax <= one_keys<HD>() keys; its shared memory (over 48 KiB) allowed
  * once */
