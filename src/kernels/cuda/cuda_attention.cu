@@ -816,6 +816,22 @@ template <int N> __device__ static inline void i8_codes(const uint32_t *w, bool 
     for (int j = 0; j < N; j++) f[j] = KV_MUL((float)(int8_t)(w[j / 4] >> (8 * (j % 4))), tok ? st : sc[j]);
 }
 
+/* The decode step's folded q|k|v split (attn_fuse fx, one token), pair j < hd / 2 of a row, as
+ * k_qkv_split computes it (qkv_pair): query head h's rotated q row into q (f32), and kv head
+ * kh's rotated K row and its V row into kd / vd (their f16 roundings, the cache's bits). The one
+ * definition k_attn_split_h and k_attn_one share. */
+__device__ static inline void fold_q_pair(const attn_fuse &fx, int hd, int h, int j, float *q) {
+    qkv_pair(fx.qkv + (size_t)h * hd, j, fx.half, fx.neox, fx.cs, fx.sn, fx.bq ? fx.bq + (size_t)h * hd : NULL, true, 0,
+             q);
+}
+__device__ static inline void fold_kv_pair(const attn_fuse &fx, int hd, int n_head, int n_head_kv, int kh, int j,
+                                           __half *kd, __half *vd) {
+    qkv_pair(fx.qkv + (size_t)(n_head + kh) * hd, j, fx.half, fx.neox, fx.cs, fx.sn,
+             fx.bk ? fx.bk + (size_t)kh * hd : NULL, true, 0, kd);
+    qkv_pair(fx.qkv + (size_t)(n_head + n_head_kv + kh) * hd, j, fx.half, fx.neox, fx.cs, fx.sn,
+             fx.bv ? fx.bv + (size_t)kh * hd : NULL, false, 0, vd);
+}
+
 /* ---- the split-K kernel for an f16 cache with head_dim HD (64 or 128) and GQA group G (1, 2,
  * 4, 8): the grouped kernel's ranges, partials and phases, vectorized. Phase 1: HD / 16 lanes a
  * key (16 dimensions each, two 16-byte loads), 4 keys a warp for HD 128, the G heads' q slices in
@@ -876,19 +892,13 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     float qv[G][16];
     if (!I8 && fx.qkv) { /* the split folded in (one token): red holds the G rotated q rows until phase 3 */
         for (int x = threadIdx.x; x < G * HD / 2; x += blockDim.x) {
-            const int g = x / (HD / 2), j = x % (HD / 2), h = kh * G + g;
-            qkv_pair(fx.qkv + (size_t)h * HD, j, fx.half, fx.neox, fx.cs, fx.sn, fx.bq ? fx.bq + (size_t)h * HD : NULL,
-                     true, 0, red + g * HD);
+            const int g = x / (HD / 2), j = x % (HD / 2);
+            fold_q_pair(fx, HD, kh * G + g, j, red + g * HD);
         }
         if (c == nsplit - 1) { /* the range that holds position pos0: the token's K and V rows */
             __half *kd = (__half *)const_cast<uint8_t *>(K + ((size_t)pos0 * n_head_kv + kh) * rbk);
             __half *vd = (__half *)const_cast<uint8_t *>(V + ((size_t)pos0 * n_head_kv + kh) * rbv);
-            for (int j = threadIdx.x; j < HD / 2; j += blockDim.x) {
-                qkv_pair(fx.qkv + (size_t)(n_head + kh) * HD, j, fx.half, fx.neox, fx.cs, fx.sn,
-                         fx.bk ? fx.bk + (size_t)kh * HD : NULL, true, 0, kd);
-                qkv_pair(fx.qkv + (size_t)(n_head + n_head_kv + kh) * HD, j, fx.half, fx.neox, fx.cs, fx.sn,
-                         fx.bv ? fx.bv + (size_t)kh * HD : NULL, false, 0, vd);
-            }
+            for (int j = threadIdx.x; j < HD / 2; j += blockDim.x) fold_kv_pair(fx, HD, n_head, n_head_kv, kh, j, kd, vd);
         }
         __syncthreads(); /* the q rows, and the K / V rows phase 1 and 3 read back */
 #pragma unroll
@@ -1025,12 +1035,8 @@ __global__ void __launch_bounds__(ONE_THREADS)
     if (fx.qkv) { /* the split folded in: q rotated into qs, the token's K and V rows into Ks / Vs */
         __half *kd = (__half *)(Ks + (size_t)pos0 * W), *vd = (__half *)(Vs + (size_t)pos0 * W);
         for (int j = tid; j < HD / 2; j += ONE_THREADS) {
-            qkv_pair(fx.qkv + (size_t)h * HD, j, fx.half, fx.neox, fx.cs, fx.sn, fx.bq ? fx.bq + (size_t)h * HD : NULL,
-                     true, 0, qs);
-            qkv_pair(fx.qkv + (size_t)(n_head + kh) * HD, j, fx.half, fx.neox, fx.cs, fx.sn,
-                     fx.bk ? fx.bk + (size_t)kh * HD : NULL, true, 0, kd);
-            qkv_pair(fx.qkv + (size_t)(n_head + n_head_kv + kh) * HD, j, fx.half, fx.neox, fx.cs, fx.sn,
-                     fx.bv ? fx.bv + (size_t)kh * HD : NULL, false, 0, vd);
+            fold_q_pair(fx, HD, h, j, qs);
+            fold_kv_pair(fx, HD, n_head, n_head_kv, kh, j, kd, vd);
         }
     } else
         for (int e = tid; e < HD; e += ONE_THREADS) qs[e] = q[(size_t)h * HD + e];
@@ -1413,7 +1419,7 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
     const bool wq = fx && fx->xq && hd % 32 == 0;
     if (wq) aq = act_q_view(fx->xq, n, n_head * hd);
     /* one token over at most attention_one_keys keys: k_attn_one alone, for plain launches by
-     * the position, for a graph when every position it serves (t_min .. n_ctx keys) is short */
+     * the position, for a graph when every position it serves (up to n_ctx keys) is short */
     const int tone = n == 1 && ((uintptr_t)K % 16) == 0 && ((uintptr_t)V % 16) == 0 && rbk % 16 == 0 && rbv % 16 == 0
                          ? attention_one_keys(mk, mv, hd)
                          : 0;
@@ -1427,10 +1433,9 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
                              (void *)(V + (dpos ? 0 : (size_t)pos0 * n_head_kv * rbv)), s, dpos);
     }
     if (one) {
-        if (hd == 128) launch_one<128>(q, K, V, rbk, rbv, pos0, n_head, n_head_kv, scale, dpos, dpos ? n_ctx : pos0 + 1,
-                                       early, out, f, aq, s);
-        else launch_one<64>(q, K, V, rbk, rbv, pos0, n_head, n_head_kv, scale, dpos, dpos ? n_ctx : pos0 + 1, early, out,
-                            f, aq, s);
+        const int tmax = dpos ? n_ctx : pos0 + 1;
+        (hd == 128 ? launch_one<128> : launch_one<64>)(q, K, V, rbk, rbv, pos0, n_head, n_head_kv, scale, dpos, tmax, early,
+                                                       out, f, aq, s);
         return wq;
     }
     /* int8 in place (the caller checked attention_split_i8_ok): static and token rows straight
