@@ -1148,6 +1148,15 @@ typedef struct {
     double e, fe;
     int agree, near;
 } graph_cmp;
+/* a decode-graph case's four runs of toks (n0 prompt tokens, then n1 one-token steps): the
+ * graph lg, the plain launches lp, the CPU reference lc and the CPU's fast route lf */
+static bool graph_runs(qf_model *m, qf_kv_mode kv, qf_kv_rot rot, const int32_t *toks, int n0, int n1, float *lg,
+                       float *lp, float *lc, float *lf) {
+    return decode_steps(m, QF_DEVICE_CUDA, false, false, kv, rot, toks, n0, n1, lg) &&
+           decode_steps(m, QF_DEVICE_CUDA, false, true, kv, rot, toks, n0, n1, lp) &&
+           decode_steps(m, QF_DEVICE_CPU, true, true, kv, rot, toks, n0, n1, lc) &&
+           decode_steps(m, QF_DEVICE_CPU, false, true, kv, rot, toks, n0, n1, lf);
+}
 static graph_cmp graph_compare(const float *lg, const float *lp, const float *lc, const float *lf, int n1, int nv) {
     const size_t nl = (size_t)n1 * nv;
     graph_cmp r = {0};
@@ -1188,11 +1197,7 @@ TEST(e2e_decode_graph) {
             if (kvs[k] == QF_KV_Q8_0 || kvs[k] == QF_KV_Q4_0) {
                 if (hp->head_dim % 32) continue;
             }
-            bool ok = decode_steps(m, QF_DEVICE_CUDA, false, false, kvs[k], rot, toks, n0, n1, lg) &&
-                      decode_steps(m, QF_DEVICE_CUDA, false, true, kvs[k], rot, toks, n0, n1, lp) &&
-                      decode_steps(m, QF_DEVICE_CPU, true, true, kvs[k], rot, toks, n0, n1, lc) &&
-                      decode_steps(m, QF_DEVICE_CPU, false, true, kvs[k], rot, toks, n0, n1, lf);
-            if (!ok) break;
+            if (!graph_runs(m, kvs[k], rot, toks, n0, n1, lg, lp, lc, lf)) break;
             const size_t nl = (size_t)n1 * nv;
             const graph_cmp r = graph_compare(lg, lp, lc, lf, n1, nv); /* fe: the CPU's fast route, as in e2e_model */
             const size_t diff = r.diff;
@@ -1237,11 +1242,7 @@ TEST(e2e_decode_graph_one) {
         float *lg = malloc(nl * 4), *lp = malloc(nl * 4), *lc = malloc(nl * 4), *lf = malloc(nl * 4);
         dsl_n_ctx = 2 * lim;
         const double t0 = qf_now_sec();
-        const bool ok = lg && lp && lc && lf &&
-                        decode_steps(m, QF_DEVICE_CUDA, false, false, QF_KV_F16, QF_KV_ROT_NONE, toks, n0, n1, lg) &&
-                        decode_steps(m, QF_DEVICE_CUDA, false, true, QF_KV_F16, QF_KV_ROT_NONE, toks, n0, n1, lp) &&
-                        decode_steps(m, QF_DEVICE_CPU, true, true, QF_KV_F16, QF_KV_ROT_NONE, toks, n0, n1, lc) &&
-                        decode_steps(m, QF_DEVICE_CPU, false, true, QF_KV_F16, QF_KV_ROT_NONE, toks, n0, n1, lf);
+        const bool ok = lg && lp && lc && lf && graph_runs(m, QF_KV_F16, QF_KV_ROT_NONE, toks, n0, n1, lg, lp, lc, lf);
         dsl_n_ctx = 256;
         if (ok) {
             const graph_cmp r = graph_compare(lg, lp, lc, lf, n1, nv);
