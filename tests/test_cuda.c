@@ -661,7 +661,7 @@ TEST(op_attention) {
                  /* the vectorized f16 split kernel's groups of 8 and 2 */
                  {2, 100, 16, 2, 128}, {1, 33, 4, 2, 64},
                  /* one token over at most 256 (head_dim 128) or 512 (64) keys: k_attn_one (the 8B
-                  * shape's heads, and a group of 3) */
+                  * shape's heads, and a group of 3; f16, q8_0 and q4_0 rows) */
                  {1, 200, 32, 8, 128}, {1, 480, 6, 2, 64}};
     qf_kv_mode modes[] = {QF_KV_F32, QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
@@ -713,11 +713,17 @@ TEST(op_attention) {
                 e = nmse(got, ref, (size_t)n * Dq);
                 printf("  attention split-K (decode)                nmse %.3g\n", e);
                 CHECK_MSG(e <= 1e-10, "split-K attention kv %s nmse %g", qf_kv_mode_name(mode), e);
-                if (n == 1 && mode == QF_KV_F16 && hd % 32 == 0) {
-                    /* the decode step's form: the q|k|v split and the o activation folded in,
-                     * the same bytes as the separate launches (the op compares them) */
-                    CHECK_MSG(qf_cuda_op_attention_fused(q, k, v, pos0, nh, nkv, hd, got, &err) == QF_OK, "%s", err.msg);
-                    printf("  attention split-K, split and o quantization folded in: the same bytes\n");
+                /* k_attn_one's limit (cuda_common.cuh attention_one_keys): a q8_0 / q4_0 cache
+                 * folds the split only there */
+                const int one = hd == 64 ? 512 : hd == 128 ? 256 : 0;
+                if (n == 1 && hd % 32 == 0 && (mode == QF_KV_F16 || (mode != QF_KV_F32 && T <= one))) {
+                    /* the decode step's form: the q|k|v split (and a quantized cache's K|V write)
+                     * and the o activation folded in, the same bytes as the separate launches
+                     * (the op compares them) */
+                    CHECK_MSG(qf_cuda_op_attention_fused(q, k, v, pos0, nh, nkv, hd, mode, got, &err) == QF_OK, "%s",
+                              err.msg);
+                    printf("  attention %s, split%s and o quantization folded in: the same bytes\n",
+                           T <= one ? "k_attn_one" : "split-K", mode == QF_KV_F16 ? "" : ", K|V write");
                 }
             }
             if (hd <= 256) {
@@ -1231,6 +1237,9 @@ TEST(e2e_decode_graph) {
 TEST(e2e_decode_graph_one) {
     NEED_GPU();
     const char *models[] = {"models/test-d2048-q4_0.gguf", "models/qforge-demo-11m-f16.gguf"};
+    /* f16, q8_0 and q4_0 caches (k_attn_one folds a quantized cache's K|V write too); the
+     * 2048-wide model's slow CPU reference: f16 and q8_0 */
+    const qf_kv_mode kvs[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0};
     enum { n1 = 24 };
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
         static int32_t toks[512 + n1];
@@ -1240,21 +1249,24 @@ TEST(e2e_decode_graph_one) {
         const int n0 = lim - 12; /* positions lim - 12 .. lim + 11: T = lim is the last short one */
         const size_t nl = (size_t)n1 * nv;
         float *lg = malloc(nl * 4), *lp = malloc(nl * 4), *lc = malloc(nl * 4), *lf = malloc(nl * 4);
-        dsl_n_ctx = 2 * lim;
-        const double t0 = qf_now_sec();
-        const bool ok = lg && lp && lc && lf && graph_runs(m, QF_KV_F16, QF_KV_ROT_NONE, toks, n0, n1, lg, lp, lc, lf);
-        dsl_n_ctx = 256;
-        if (ok) {
+        for (int k = 0; k < (qf_model_hparams(m)->n_embd >= 2048 ? 2 : 3); k++) {
+            dsl_n_ctx = 2 * lim;
+            const double t0 = qf_now_sec();
+            const bool ok = lg && lp && lc && lf && graph_runs(m, kvs[k], QF_KV_ROT_NONE, toks, n0, n1, lg, lp, lc, lf);
+            dsl_n_ctx = 256;
+            if (!ok) break;
             const graph_cmp r = graph_compare(lg, lp, lc, lf, n1, nv);
-            printf("  decode graph %-30s kv f16 at %d..%d of %d: %zu of %zu logits differ from plain launches; nmse "
+            printf("  decode graph %-30s kv %-4s at %d..%d of %d: %zu of %zu logits differ from plain launches; nmse "
                    "%.3g against the CPU reference (the CPU's fast route: %.3g), top-1 %d/%d (%d/%d with near-ties); "
                    "%.1f s\n",
-                   models[mi] + 7, n0, n0 + n1 - 1, 2 * lim, r.diff, nl, r.e, r.fe, r.agree, n1, r.near, n1,
-                   qf_now_sec() - t0);
-            CHECK_MSG(r.diff == 0, "%s: graph replay differs from plain launches", models[mi]);
-            const double lb = fmax(1e-4, 2 * r.fe);
-            CHECK_MSG(r.e <= lb, "%s: logits nmse %g (bound %g)", models[mi], r.e, lb);
-            CHECK_MSG(r.near >= n1 - 2, "%s: top-1 %d/%d, %d/%d with near-ties", models[mi], r.agree, n1, r.near, n1);
+                   models[mi] + 7, qf_kv_mode_name(kvs[k]), n0, n0 + n1 - 1, 2 * lim, r.diff, nl, r.e, r.fe, r.agree, n1,
+                   r.near, n1, qf_now_sec() - t0);
+            CHECK_MSG(r.diff == 0, "%s kv %s: graph replay differs from plain launches", models[mi], qf_kv_mode_name(kvs[k]));
+            const bool q4 = kvs[k] == QF_KV_Q4_0; /* as e2e_decode_graph */
+            const double lb = fmax(q4 ? 1e-3 : 1e-4, 2 * r.fe);
+            CHECK_MSG(r.e <= lb, "%s kv %s: logits nmse %g (bound %g)", models[mi], qf_kv_mode_name(kvs[k]), r.e, lb);
+            CHECK_MSG(r.near >= n1 - (q4 ? 4 : 2), "%s kv %s: top-1 %d/%d, %d/%d with near-ties", models[mi],
+                      qf_kv_mode_name(kvs[k]), r.agree, n1, r.near, n1);
         }
         free(lg), free(lp), free(lc), free(lf);
         qf_model_free(m);

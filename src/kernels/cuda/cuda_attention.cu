@@ -818,14 +818,16 @@ template <int N> __device__ static inline void i8_codes(const uint32_t *w, bool 
 
 /* The decode step's folded q|k|v split (attn_fuse fx, one token), pair j < hd / 2 of a row, as
  * k_qkv_split computes it (qkv_pair): query head h's rotated q row into q (f32), and kv head
- * kh's rotated K row and its V row into kd / vd (their f16 roundings, the cache's bits). The one
- * definition k_attn_split_h and k_attn_one share. */
+ * kh's rotated K row and its V row into kd / vd (f16: their roundings, the cache's bits; f32: the
+ * rows k_qkv_split writes for the K|V write to quantize). The one definition k_attn_split_h and
+ * k_attn_one share. */
 __device__ static inline void fold_q_pair(const attn_fuse &fx, int hd, int h, int j, float *q) {
     qkv_pair(fx.qkv + (size_t)h * hd, j, fx.half, fx.neox, fx.cs, fx.sn, fx.bq ? fx.bq + (size_t)h * hd : NULL, true, 0,
              q);
 }
-__device__ static inline void fold_kv_pair(const attn_fuse &fx, int hd, int n_head, int n_head_kv, int kh, int j,
-                                           __half *kd, __half *vd) {
+template <typename OT>
+__device__ static inline void fold_kv_pair(const attn_fuse &fx, int hd, int n_head, int n_head_kv, int kh, int j, OT *kd,
+                                           OT *vd) {
     qkv_pair(fx.qkv + (size_t)(n_head + kh) * hd, j, fx.half, fx.neox, fx.cs, fx.sn,
              fx.bk ? fx.bk + (size_t)kh * hd : NULL, true, 0, kd);
     qkv_pair(fx.qkv + (size_t)(n_head + n_head_kv + kh) * hd, j, fx.half, fx.neox, fx.cs, fx.sn,
@@ -978,7 +980,7 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     split_finish<G, HD, NC8, false>(acc, red, ml, part, i, n_head, kh, nsplit, c);
 }
 
-/* ---- one block per query head for short caches (one token, f16 rows, head_dim 64 or 128) ----
+/* ---- one block per query head for short caches (one token, head_dim 64 or 128) ----
  * Split-K cuts even a cache of 20 keys into ranges and merges them in a second kernel, whose
  * rounds (load the partials, combine, store) cost more than the attention itself at short
  * positions. Here block h attends over all T <= one_keys<HD>() keys of its kv head alone: every row
@@ -986,27 +988,98 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
  * token's q (and, folded, its K and V rows: qkv_pair, the same bits as k_qkv_split) come after
  * it, and the block writes the final output (and the o matvec's q8_0 activation) itself, so
  * neither the split kernel nor the merge has work. Phase 1: HD / 16 lanes a key, each two
- * 16-byte words of the row (words sub and sub + HD / 16: conflict-free), the dot reduced across
- * the key's lanes. Phase 2: the max and sum p = exp(s - M) over the block. Phase 3: thread (key
- * group kg, 8-dim chunk d8) sums p v over keys kg, kg + NKG, ..., the key groups summed in order
- * through shared memory; out = o * (1 / l) as k_attn_merge. Blocks of a GQA group each rotate
- * the group's K row themselves; the group's first block writes K and V to the cache. Shared
- * memory holds tmax rows (a graph's longest position). On the H100, 8B q4_0 decode at positions
- * 1..256: 1.06x the step of split-K and merge (docs/gpu.md "Session 40"). */
+ * 8-element chunks of the row (chunks sub and sub + HD / 16: for f16 two 16-byte words,
+ * conflict-free), the dot reduced across the key's lanes. Phase 2: the max and sum p = exp(s - M)
+ * over the block. Phase 3: thread (key group kg, 8-dim chunk d8) sums p v over keys kg, kg + NKG,
+ * ..., the key groups summed in order through shared memory; out = o * (1 / l) as k_attn_merge.
+ * Blocks of a GQA group each rotate the group's K row themselves; the group's first block writes
+ * K and V to the cache. Shared memory holds tmax rows (a graph's longest position). On the H100,
+ * 8B q4_0 decode at positions 1..256: 1.06x the step of split-K and merge (docs/gpu.md "Session
+ * 40").
+ * M, the mode of K and V: f16, q8_0 or q4_0. A quantized row (one_rb bytes) is staged raw, in the
+ * widest pieces its size allows (16, 8 or 4 bytes), and dequantized where phases 1 and 3 read it
+ * (one_load8: kv_elem's values). Folded, the token's K and V rows are formed in f32 (the rows
+ * k_qkv_split writes) and each 32-block quantized by a warp as kv_quant_block does it (one_quant:
+ * the K|V write's bytes). */
 #define ONE_THREADS 256
-/* the most keys k_attn_one takes: what fits about 138 KiB of shared memory (one_smem) */
+/* the most keys k_attn_one takes: what fits about 138 KiB of shared memory (one_smem) with f16
+ * rows; q8_0 and q4_0 take as many */
 template <int HD> constexpr int one_keys() { return HD == 64 ? 512 : 256; }
-template <int HD> static size_t one_smem(int tmax) {
+/* bytes of one (token, kv head) row in mode M, and its stride in shared memory (16-byte aligned) */
+template <int HD, int M> __host__ __device__ constexpr int one_rb() {
+    return M == QF_KV_Q8_0 ? HD / QK * (int)sizeof(block_q8_0) : M == QF_KV_Q4_0 ? HD / QK * (int)sizeof(block_q4_0) : HD * 2;
+}
+template <int HD, int M> __host__ __device__ constexpr int one_rbs() { return (one_rb<HD, M>() + 15) / 16 * 16; }
+template <int HD, int M> static size_t one_smem(int tmax) {
     constexpr int NKG = ONE_THREADS / (HD / 8);
-    return (size_t)2 * tmax * HD * 2 + (size_t)(tmax + HD + NKG * HD + 32) * sizeof(float);
+    return (size_t)2 * tmax * one_rbs<HD, M>() + (size_t)(tmax + HD + NKG * HD + 32) * sizeof(float);
 }
 __device__ static inline void cp_async_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
-template <int HD>
+/* elements [8c, 8c + 8) of a row staged in mode M, as kv_elem<M> gives them */
+template <int M> __device__ static inline void one_load8(const uint8_t *row, int c, float *f) {
+    if constexpr (M == QF_KV_F16) {
+        h8_to_f(((const uint4 *)row)[c], f, false);
+    } else if constexpr (M == QF_KV_Q8_0) {
+        const block_q8_0 *b = (const block_q8_0 *)row + c / 4;
+        const float d = h2f_bits(b->d);
+        const uint16_t *p = (const uint16_t *)(b->qs + 8 * (c % 4)); /* 2-byte aligned */
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const unsigned u = p[k];
+            f[2 * k] = (float)(int8_t)(u & 0xFFu) * d, f[2 * k + 1] = (float)(int8_t)(u >> 8) * d;
+        }
+    } else { /* q4_0: chunks 0, 1 the low nibbles of bytes 0..15, chunks 2, 3 the high ones */
+        const block_q4_0 *b = (const block_q4_0 *)row + c / 4;
+        const float d = h2f_bits(b->d);
+        const uint16_t *p = (const uint16_t *)(b->qs + 8 * (c % 2));
+        const int sh = c % 4 >= 2 ? 4 : 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const unsigned u = p[k];
+            f[2 * k] = (float)((int)((u >> sh) & 0xFu) - 8) * d, f[2 * k + 1] = (float)((int)((u >> (8 + sh)) & 0xFu) - 8) * d;
+        }
+    }
+}
+/* one warp quantizes a 32-block (x: its lane's element) into out in mode M (q8_0 / q4_0):
+ * kv_quant_block's bytes. Its amax is a max of non-NaN magnitudes from 0 either way, and q4_0's
+ * signed extreme the first element of that magnitude (the loop's strict >), 0 when it is 0. */
+template <int M> __device__ static inline void one_quant(float x, int lane, uint8_t *out) {
+    float amax = fmaxf(0.0f, fabsf(x));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if constexpr (M == QF_KV_Q8_0) {
+        block_q8_0 *b = (block_q8_0 *)out;
+        const float d = KV_DIV(amax, 127.0f);
+        const float id = d ? KV_DIV(1.0f, d) : 0.0f;
+        b->qs[lane] = (int8_t)roundf(KV_MUL(x, id));
+        if (lane == 0) b->d = f32_to_f16_bits(d);
+    } else {
+        block_q4_0 *b = (block_q4_0 *)out;
+        const unsigned hit = __ballot_sync(0xffffffffu, amax > 0.0f && fabsf(x) == amax);
+        const float xm = __shfl_sync(0xffffffffu, x, hit ? __ffs(hit) - 1 : 0);
+        const float mx = hit ? xm : 0.0f;
+        const float d = KV_DIV(mx, -8.0f);
+        const float id = d ? KV_DIV(1.0f, d) : 0.0f;
+        const int q = (int)KV_ADD(KV_MUL(x, id), 8.5f);
+        const int qh = __shfl_down_sync(0xffffffffu, q, 16);
+        if (lane < QK / 2) b->qs[lane] = (uint8_t)((q < 15 ? q : 15) | ((qh < 15 ? qh : 15) << 4));
+        if (lane == 0) b->d = f32_to_f16_bits(d);
+    }
+}
+/* CW bytes from src to dst (both CW-aligned): one load and store */
+template <int CW> __device__ static inline void one_copy(void *dst, const void *src) {
+    if constexpr (CW == 16) *(uint4 *)dst = *(const uint4 *)src;
+    else if constexpr (CW == 8) *(uint2 *)dst = *(const uint2 *)src;
+    else *(uint32_t *)dst = *(const uint32_t *)src;
+}
+
+template <int HD, int M>
 __global__ void __launch_bounds__(ONE_THREADS)
     k_attn_one(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
                int n_head_kv, float scale, const int *dpos, int tmax, int early, float *out, attn_fuse fx, act_q aq) {
-    constexpr int W = HD / 8;                      /* 16-byte words a row */
+    constexpr int RB = one_rb<HD, M>(), RBS = one_rbs<HD, M>(); /* rbk = rbv = RB (launch_attention_split) */
+    constexpr int CW = RB % 16 == 0 ? 16 : RB % 8 == 0 ? 8 : 4, PER = RB / CW; /* staged pieces a row */
     constexpr int LPK = HD / 16, KPB = ONE_THREADS / LPK; /* phase 1: lanes a key, keys a pass */
     constexpr int NC8 = HD / 8, NKG = ONE_THREADS / NC8;  /* phase 3: 8-dim chunks, key groups */
     extern __shared__ __align__(16) float smo[];
@@ -1018,13 +1091,16 @@ __global__ void __launch_bounds__(ONE_THREADS)
         if (h == 0) pdl_wait();
         return;
     }
-    uint4 *Ks = (uint4 *)smo, *Vs = Ks + (size_t)tmax * W;
-    float *S = (float *)(Vs + (size_t)tmax * W), *qs = S + tmax, *red = qs + HD, *sc = red + NKG * HD;
+    uint8_t *Ks = (uint8_t *)smo, *Vs = Ks + (size_t)tmax * RBS;
+    float *S = (float *)(Vs + (size_t)tmax * RBS), *qs = S + tmax, *red = qs + HD, *sc = red + NKG * HD;
     auto stage = [&](int t0, int t1) { /* rows [t0, t1) of K and V into Ks, Vs */
-        for (int x = t0 * W + tid; x < t1 * W; x += ONE_THREADS) {
-            const int t = x / W, w = x % W;
-            cp_async16(Ks + x, K + ((size_t)t * n_head_kv + kh) * rbk + 16 * w, 16);
-            cp_async16(Vs + x, V + ((size_t)t * n_head_kv + kh) * rbv + 16 * w, 16);
+        for (int x = t0 * PER + tid; x < t1 * PER; x += ONE_THREADS) {
+            const int t = x / PER, c = x % PER * CW;
+            uint8_t *dk = Ks + (size_t)t * RBS + c, *dv = Vs + (size_t)t * RBS + c;
+            const uint8_t *sk = K + ((size_t)t * n_head_kv + kh) * rbk + c, *sv = V + ((size_t)t * n_head_kv + kh) * rbv + c;
+            if constexpr (CW == 16) cp_async16(dk, sk, 16), cp_async16(dv, sv, 16);
+            else if constexpr (CW == 8) cp_async8(dk, sk, 8), cp_async8(dv, sv, 8);
+            else cp_async4(dk, sk, 4), cp_async4(dv, sv, 4);
         }
         cp_async_commit();
     };
@@ -1033,19 +1109,32 @@ __global__ void __launch_bounds__(ONE_THREADS)
     pdl_wait();
     stage(tp, fx.qkv ? pos0 : T);
     if (fx.qkv) { /* the split folded in: q rotated into qs, the token's K and V rows into Ks / Vs */
-        __half *kd = (__half *)(Ks + (size_t)pos0 * W), *vd = (__half *)(Vs + (size_t)pos0 * W);
-        for (int j = tid; j < HD / 2; j += ONE_THREADS) {
-            fold_q_pair(fx, HD, h, j, qs);
-            fold_kv_pair(fx, HD, n_head, n_head_kv, kh, j, kd, vd);
+        uint8_t *kd = Ks + (size_t)pos0 * RBS, *vd = Vs + (size_t)pos0 * RBS;
+        if constexpr (M == QF_KV_F16) {
+            for (int j = tid; j < HD / 2; j += ONE_THREADS) {
+                fold_q_pair(fx, HD, h, j, qs);
+                fold_kv_pair(fx, HD, n_head, n_head_kv, kh, j, (__half *)kd, (__half *)vd);
+            }
+        } else { /* f32 rows in red (free until phase 3), then a warp a 32-block (8 warps: 2 HD / 32 <= 8) */
+            for (int j = tid; j < HD / 2; j += ONE_THREADS) {
+                fold_q_pair(fx, HD, h, j, qs);
+                fold_kv_pair(fx, HD, n_head, n_head_kv, kh, j, red, red + HD);
+            }
+            __syncthreads();
+            constexpr int NB = HD / QK, BB = RB / NB; /* blocks a row, bytes a block */
+            const int w = tid / 32;
+            if (w < 2 * NB) one_quant<M>(red[(w / NB) * HD + (w % NB) * QK + lane], lane, (w / NB ? vd : kd) + (w % NB) * BB);
         }
     } else
         for (int e = tid; e < HD; e += ONE_THREADS) qs[e] = q[(size_t)h * HD + e];
     cp_async_wait0();
     __syncthreads();
     if (fx.qkv && h % G == 0) /* the group's first block: the token's rows into the cache */
-        for (int w = tid; w < W; w += ONE_THREADS) {
-            ((uint4 *)const_cast<uint8_t *>(K + ((size_t)pos0 * n_head_kv + kh) * rbk))[w] = Ks[(size_t)pos0 * W + w];
-            ((uint4 *)const_cast<uint8_t *>(V + ((size_t)pos0 * n_head_kv + kh) * rbv))[w] = Vs[(size_t)pos0 * W + w];
+        for (int x = tid; x < PER; x += ONE_THREADS) {
+            one_copy<CW>(const_cast<uint8_t *>(K) + ((size_t)pos0 * n_head_kv + kh) * rbk + x * CW,
+                         Ks + (size_t)pos0 * RBS + x * CW);
+            one_copy<CW>(const_cast<uint8_t *>(V) + ((size_t)pos0 * n_head_kv + kh) * rbv + x * CW,
+                         Vs + (size_t)pos0 * RBS + x * CW);
         }
     /* phase 1: S[t] = q . k_t * scale */
     const int sub = tid % LPK, t1 = tid / LPK;
@@ -1059,7 +1148,7 @@ __global__ void __launch_bounds__(ONE_THREADS)
         float a = 0.0f;
         if (t < T) {
             float kf[16];
-            h8_to_f(Ks[(size_t)t * W + sub], kf, false), h8_to_f(Ks[(size_t)t * W + LPK + sub], kf + 8, false);
+            one_load8<M>(Ks + (size_t)t * RBS, sub, kf), one_load8<M>(Ks + (size_t)t * RBS, LPK + sub, kf + 8);
 #pragma unroll
             for (int k = 0; k < 16; k++) a += qv[k] * kf[k];
         }
@@ -1092,7 +1181,7 @@ __global__ void __launch_bounds__(ONE_THREADS)
     for (int k = 0; k < 8; k++) acc[k] = 0.0f;
     for (int t = kg; t < T; t += NKG) {
         float vf[8];
-        h8_to_f(Vs[(size_t)t * W + d8], vf, false);
+        one_load8<M>(Vs + (size_t)t * RBS, d8, vf);
         const float p = S[t];
 #pragma unroll
         for (int k = 0; k < 8; k++) acc[k] += p * vf[k];
@@ -1117,12 +1206,23 @@ __global__ void __launch_bounds__(ONE_THREADS)
  * preference at 100%) at 0.91x. Below half an SM's 228 KiB two blocks can share an SM; above
  * 196 the SM takes its largest carveout; which of the two costs the time is not established. */
 #define ONE_SMEM_MIN (138 * 1024)
-template <int HD> static size_t one_smem_launch(int tmax) {
-    const size_t b = one_smem<HD>(tmax);
+template <int HD, int M> static size_t one_smem_launch(int tmax) {
+    const size_t b = one_smem<HD, M>(tmax);
     return b > ONE_SMEM_MIN ? b : ONE_SMEM_MIN;
 }
+/* f16, q8_0 or q4_0 (K and V alike), head_dim 64 or 128, as std::integral_constant values;
+ * other shapes call nothing */
+template <typename F> static void one_by_shape(qf_kv_mode m, int hd, F f) {
+    auto with_m = [&](auto HH) {
+        if (m == QF_KV_F16) f(HH, std::integral_constant<int, QF_KV_F16>{});
+        else if (m == QF_KV_Q8_0) f(HH, std::integral_constant<int, QF_KV_Q8_0>{});
+        else if (m == QF_KV_Q4_0) f(HH, std::integral_constant<int, QF_KV_Q4_0>{});
+    };
+    if (hd == 128) with_m(std::integral_constant<int, 128>{});
+    else if (hd == 64) with_m(std::integral_constant<int, 64>{});
+}
 int attention_one_keys(qf_kv_mode mk, qf_kv_mode mv, int hd) {
-    if (mk != QF_KV_F16 || mv != QF_KV_F16 || !(hd == 64 || hd == 128)) return 0;
+    if (mk != mv || !(mk == QF_KV_F16 || mk == QF_KV_Q8_0 || mk == QF_KV_Q4_0) || !(hd == 64 || hd == 128)) return 0;
     /* the current device's opt-in limit a block (sm_86 / sm_89: 99 KiB; then split-K) */
     int dev = 0, optin = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -1131,23 +1231,33 @@ int attention_one_keys(qf_kv_mode mk, qf_kv_mode mv, int hd) {
         return 0;
     }
     const size_t lim = (size_t)optin < ONE_SMEM_MAX ? (size_t)optin : ONE_SMEM_MAX;
-    if (hd == 64) return one_smem_launch<64>(one_keys<64>()) <= lim ? one_keys<64>() : 0;
-    return one_smem_launch<128>(one_keys<128>()) <= lim ? one_keys<128>() : 0;
+    int keys = 0;
+    one_by_shape(mk, hd, [&](auto HH, auto MM) {
+        constexpr int H = HH.value;
+        keys = one_smem_launch<H, MM.value>(one_keys<H>()) <= lim ? one_keys<H>() : 0;
+    });
+    return keys;
 }
-/* k_attn_one<HD> over at most tmax <= one_keys<HD>() keys; its shared memory (over 48 KiB) allowed
- * once */
-template <int HD>
+bool attention_one_runs(qf_kv_mode mk, qf_kv_mode mv, const void *K, const void *V, size_t rbk, size_t rbv, int n,
+                        int hd, int pos0, const int *dpos, int n_ctx) {
+    if (n != 1 || ((uintptr_t)K % 16) || ((uintptr_t)V % 16) || rbk != kv_row_bytes(mk, hd) || rbv != rbk) return false;
+    const int tone = attention_one_keys(mk, mv, hd);
+    return tone && (dpos ? n_ctx > 0 && n_ctx <= tone : pos0 + 1 <= tone);
+}
+/* k_attn_one<HD, M> over at most tmax <= one_keys<HD>() keys; its shared memory (over 48 KiB)
+ * allowed once */
+template <int HD, int M>
 static void launch_one(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
                        int n_head_kv, float scale, const int *dpos, int tmax, bool early, float *out, attn_fuse f,
                        act_q aq, cudaStream_t s) {
     static bool attr_set = false;
     if (!attr_set) {
-        cudaFuncSetAttribute(k_attn_one<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)one_smem_launch<HD>(one_keys<HD>()));
+        cudaFuncSetAttribute(k_attn_one<HD, M>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)one_smem_launch<HD, M>(one_keys<HD>()));
         attr_set = true;
     }
-    cu_launch(k_attn_one<HD>, dim3((unsigned)n_head), dim3(ONE_THREADS), one_smem_launch<HD>(tmax), s, q, K, V, rbk, rbv, pos0,
-              n_head, n_head_kv, scale, dpos, tmax, (int)early, out, f, aq);
+    cu_launch(k_attn_one<HD, M>, dim3((unsigned)n_head), dim3(ONE_THREADS), one_smem_launch<HD, M>(tmax), s, q, K, V, rbk,
+              rbv, pos0, n_head, n_head_kv, scale, dpos, tmax, (int)early, out, f, aq);
 }
 
 /* ---- split-K over int8 caches read in place (attn_i8): the grouped kernels' ranges, phases and
@@ -1420,13 +1530,14 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
     if (wq) aq = act_q_view(fx->xq, n, n_head * hd);
     /* one token over at most attention_one_keys keys: k_attn_one alone, for plain launches by
      * the position, for a graph when every position it serves (up to n_ctx keys) is short */
-    const int tone = n == 1 && ((uintptr_t)K % 16) == 0 && ((uintptr_t)V % 16) == 0 && rbk % 16 == 0 && rbv % 16 == 0
-                         ? attention_one_keys(mk, mv, hd)
-                         : 0;
-    const bool one = tone && (dpos ? n_ctx > 0 && n_ctx <= tone : pos0 + 1 <= tone);
+    const bool one = attention_one_runs(mk, mv, K, V, rbk, rbv, n, hd, pos0, dpos, n_ctx);
     attn_fuse f = {};
     if (fx && fx->qkv) {
         if (n == 1 && (vh || one)) f = *fx, f.xq = NULL; /* folded into k_attn_split_h / k_attn_one */
+        else if (mk != QF_KV_F16 || mv != QF_KV_F16) { /* only k_attn_one folds a quantized cache's rows: an invariant */
+            fprintf(stderr, "qforge: a quantized cache's K|V write folded into split-K attention\n");
+            abort();
+        }
         else /* the split first: q to q, K and V to the cache rows */
             launch_qkv_split(fx->qkv, 2, n, n_head, n_head_kv, hd, fx->half, fx->neox != 0, fx->cs, fx->sn, fx->bq, fx->bk,
                              fx->bv, (void *)q, (void *)(K + (dpos ? 0 : (size_t)pos0 * n_head_kv * rbk)),
@@ -1434,8 +1545,10 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
     }
     if (one) {
         const int tmax = dpos ? n_ctx : pos0 + 1;
-        (hd == 128 ? launch_one<128> : launch_one<64>)(q, K, V, rbk, rbv, pos0, n_head, n_head_kv, scale, dpos, tmax, early,
-                                                       out, f, aq, s);
+        one_by_shape(mk, hd, [&](auto HH, auto MM) {
+            launch_one<HH.value, MM.value>(q, K, V, rbk, rbv, pos0, n_head, n_head_kv, scale, dpos, tmax, early, out, f, aq,
+                                           s);
+        });
         return wq;
     }
     /* int8 in place (the caller checked attention_split_i8_ok): static and token rows straight

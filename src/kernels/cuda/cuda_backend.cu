@@ -1436,6 +1436,14 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
         /* one token with an f16 cache: the q|k|v split runs inside the split-K attention (one
          * launch fewer a layer) */
         const bool fold_split = dkv16 && n == 1 && g->part;
+        /* one token with a q8_0 or q4_0 cache (K and V alike, no rotation, no K/V tap) whose
+         * attention is k_attn_one: the split and the K|V write run inside it (two launches fewer) */
+        const int actx = g->graph_nctx ? g->graph_nctx : g->n_ctx; /* launch_attention_split's n_ctx */
+        const bool fold_q = dqkv && n == 1 && g->part && !g->kv_rot && g->kv_mode[0] == g->kv_mode[1] &&
+                            (g->kv_mode[0] == QF_KV_Q8_0 || g->kv_mode[0] == QF_KV_Q4_0) && !(tap && tap->on_kv) &&
+                            attention_one_runs(g->kv_mode[0], g->kv_mode[1], g->kv[0] + g->kv_layer_bytes[0] * il,
+                                               g->kv[1] + g->kv_layer_bytes[1] * il, g->kv_rb[0], g->kv_rb[1], 1, hd,
+                                               pos0, dpos, actx);
         /* decode: the norm also writes the q8_0 activation of the int8 matvecs (into xh, their
          * scratch), which then skip their own quantization launch */
         const bool q8a = dqkv && !fqkv && q8_act(&L->wqkv);
@@ -1471,9 +1479,9 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             if ((st = dev_matmul(g->blas, &L->wqkv, g->xn, n, g->qkv, false, MM_MATVEC, g->wdeq, g->xh, S, err, xq1)))
                 goto done;
             prof_mark(g, 1);
-            if (dkv16 && fold_split) {
-                /* one token: the split-K attention kernel rotates q and writes the K and V rows
-                 * itself (launch_attention_split's fx, below) */
+            if ((dkv16 && fold_split) || fold_q) {
+                /* one token: the attention kernel rotates q and writes the K and V rows itself
+                 * (launch_attention_split's fx, below) */
             } else if (dkv16) { /* f16 cache: K and V rows straight into it (at *dpos under graph capture) */
                 const size_t at = dpos ? 0 : (size_t)pos0 * nkv * hd;
                 launch_qkv_split(g->qkv, 2, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc, rs, L->bq,
@@ -1550,7 +1558,7 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                     dst[s] = dpos ? C : C + (size_t)pos0 * stride[s];
                 }
                 if (g->kv_rot) launch_hadamard(g->k, (int64_t)n * nkv, hd, S), launch_hadamard(g->v, (int64_t)n * nkv, hd, S);
-                launch_kv_write2(km, src, (int64_t)n * nkv, hd, krb, dst, S, dpos, stride);
+                if (!fold_q) launch_kv_write2(km, src, (int64_t)n * nkv, hd, krb, dst, S, dpos, stride);
             } else if (i8b && int8_pair(g)) {
                 int8_store_pair(g, il, n, pos0, dpos, S, kvp, km, krb, i8in);
                 qrot = i8k; /* q rotated with K and V */
@@ -1573,13 +1581,13 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             if (g->kv_rot || (i8k && !qrot)) launch_hadamard(g->q, (int64_t)n * hp->n_head, hd, S);
             if (dec && g->part && !fam) { /* decode: split-K over the cache */
                 attn_fuse fx = {};
-                if (fold_split)
+                if (fold_split || fold_q)
                     fx.qkv = g->qkv, fx.cs = rc, fx.sn = rs, fx.bq = L->bq, fx.bk = L->bk, fx.bv = L->bv, fx.half = half,
                     fx.neox = hp->rope_type == QF_ROPE_NEOX;
                 /* the merge writes the o matvec's q8_0 activation (it then skips its quantization) */
                 if (!g->kv_rot && !i8v && !L->post_attn_norm && q8_act(&L->wo)) fx.xq = g->xh;
                 oq = launch_attention_split(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv,
-                                            hd, g->att, g->part, S, dpos, g->graph_nctx ? g->graph_nctx : g->n_ctx,
+                                            hd, g->att, g->part, S, dpos, actx,
                                             i8in || (!expanded && g->kv_mode[1] != QF_KV_INT8 && g->kv_mode[1] != QF_KV_DICT),
                                             &fx, i8in ? &i8a : NULL);
             } else

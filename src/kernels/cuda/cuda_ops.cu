@@ -128,19 +128,23 @@ qf_status op_topk(const float *logits, int V, float temp, int k, qf_gpu_topk *ou
     return op_finish(&a, out, dout, sizeof *out, err);
 }
 
-/* route 3 of op_attention: one token's decode attention over an f16 cache in the decode step's
- * fused form (attn_fuse: the q|k|v split and the o activation's quantization folded into split-K
- * attention) against the separate launches (k_qkv_split kind 2, split-K attention, k_quant_act),
+/* route 3 of op_attention: one token's decode attention over an f16, q8_0 or q4_0 cache in the
+ * decode step's fused form (attn_fuse: the q|k|v split and the o activation's quantization folded
+ * into the attention) against the separate launches (k_qkv_split kind 2, or for q8_0 / q4_0 kind
+ * 0 and the K|V write; the attention; k_quant_act),
  * on the same q|k|v row: [q | k row pos0 | v row pos0], with biases where pos0 % 3 == 0, NEOX
  * pairs where pos0 is odd and a RoPE row of cos / sin(0.37 (j + 1)). The cache rows, the output
  * and the q8_0 activation must be the same bytes (else QF_ERR_DEVICE saying which); out gets the
  * fused output (rotated q and K row pos0: not plain attention of q, k, v). */
 static qf_status op_attention_fused(const float *q, const float *k, const float *v, int pos0, int n_head, int n_head_kv,
-                                    int hd, float *out, qf_error *err) {
-    const size_t rb = (size_t)hd * 2, rows = (size_t)(pos0 + 1) * n_head_kv, Dq = (size_t)n_head * hd,
+                                    int hd, qf_kv_mode mode, float *out, qf_error *err) {
+    const size_t rb = kv_row_bytes(mode, hd), rows = (size_t)(pos0 + 1) * n_head_kv, Dq = (size_t)n_head * hd,
                  Dkv = (size_t)n_head_kv * hd, H = Dq + 2 * Dkv, xqb = ACT_Q_BYTES(1, (int)Dq);
     const int half = hd / 2, neox = pos0 % 2;
     if (hd % 32 || hd > HD_MAX) return cu_fail(err, QF_ERR_DEVICE, "CUDA op: fused split-K attention needs hd %% 32 == 0");
+    if (mode != QF_KV_F16 && !(attention_one_keys(mode, mode, hd) >= pos0 + 1)) /* (mode q8_0 / q4_0: rb != 0) */
+        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: a fused %s cache needs k_attn_one (%d keys are too many)",
+                       cu_kv_mode_name(mode), pos0 + 1);
     float *hq = (float *)malloc(H * 4), *tab = (float *)malloc((size_t)hd * 4), *bias = (float *)malloc(H * 4);
     uint8_t *hb[3] = {(uint8_t *)malloc(rows * rb), (uint8_t *)malloc(rows * rb), (uint8_t *)malloc(xqb)};
     uint8_t *hf[3] = {(uint8_t *)malloc(rows * rb), (uint8_t *)malloc(rows * rb), (uint8_t *)malloc(xqb)};
@@ -174,20 +178,31 @@ static qf_status op_attention_fused(const float *q, const float *k, const float 
         }
         for (int r = 0; r < 2; r++) { /* rows 0 .. pos0 - 1 from k, v; row pos0 left zero for the split */
             cudaMemset(c[r][0], 0, rows * rb), cudaMemset(c[r][1], 0, rows * rb);
-            launch_kv_write(QF_KV_F16, dk, (int64_t)pos0 * n_head_kv, hd, rb, c[r][0], 0);
-            launch_kv_write(QF_KV_F16, dv, (int64_t)pos0 * n_head_kv, hd, rb, c[r][1], 0);
+            launch_kv_write(mode, dk, (int64_t)pos0 * n_head_kv, hd, rb, c[r][0], 0);
+            launch_kv_write(mode, dv, (int64_t)pos0 * n_head_kv, hd, rb, c[r][1], 0);
         }
         attn_fuse fx = {dqkv, dtab, dtab + half, db, db ? db + Dq : NULL, db ? db + Dq + Dkv : NULL, half, neox, NULL};
-        /* separate: the split, the attention, the quantization */
-        launch_qkv_split(dqkv, 2, 1, n_head, n_head_kv, hd, half, neox != 0, fx.cs, fx.sn, fx.bq, fx.bk, fx.bv, dq,
-                         c[0][0] + (size_t)pos0 * n_head_kv * rb, c[0][1] + (size_t)pos0 * n_head_kv * rb, 0);
-        launch_attention_split(QF_KV_F16, QF_KV_F16, dq, c[0][0], c[0][1], rb, rb, 1, pos0, n_head, n_head_kv, hd, o[0],
-                               part, 0, NULL, 0, true);
+        /* separate: the split (and for a quantized cache the K|V write of its f32 rows, which
+         * the fused kernel's rows replace in k and v's device copies: rows 0 .. pos0 - 1 are
+         * written already), the attention, the quantization */
+        uint8_t *k0 = c[0][0] + (size_t)pos0 * n_head_kv * rb, *v0 = c[0][1] + (size_t)pos0 * n_head_kv * rb;
+        if (mode == QF_KV_F16)
+            launch_qkv_split(dqkv, 2, 1, n_head, n_head_kv, hd, half, neox != 0, fx.cs, fx.sn, fx.bq, fx.bk, fx.bv, dq, k0,
+                             v0, 0);
+        else {
+            float *kr = dk + (size_t)pos0 * Dkv, *vr = dv + (size_t)pos0 * Dkv;
+            launch_qkv_split(dqkv, 0, 1, n_head, n_head_kv, hd, half, neox != 0, fx.cs, fx.sn, fx.bq, fx.bk, fx.bv, dq, kr,
+                             vr, 0);
+            launch_kv_write(mode, kr, n_head_kv, hd, rb, k0, 0);
+            launch_kv_write(mode, vr, n_head_kv, hd, rb, v0, 0);
+        }
+        launch_attention_split(mode, mode, dq, c[0][0], c[0][1], rb, rb, 1, pos0, n_head, n_head_kv, hd, o[0], part, 0,
+                               NULL, 0, true);
         launch_quant_act(o[0], 1, (int)Dq, xq[0], 0);
         /* fused */
         fx.xq = xq[1];
-        if (!launch_attention_split(QF_KV_F16, QF_KV_F16, dq, c[1][0], c[1][1], rb, rb, 1, pos0, n_head, n_head_kv, hd, o[1],
-                                    part, 0, NULL, 0, true, &fx)) {
+        if (!launch_attention_split(mode, mode, dq, c[1][0], c[1][1], rb, rb, 1, pos0, n_head, n_head_kv, hd, o[1], part, 0,
+                                    NULL, 0, true, &fx)) {
             dfree(&a);
             st = cu_fail(err, QF_ERR_DEVICE, "CUDA op: the merge did not write the q8_0 activation");
             goto out;
@@ -212,7 +227,9 @@ static qf_status op_attention_fused(const float *q, const float *k, const float 
                            : memcmp(o1, out, Dq * 4)         ? "attention output"
                            : memcmp(hb[2], hf[2], xqb)       ? "q8_0 activation"
                                                              : NULL;
-        if (what) st = cu_fail(err, QF_ERR_DEVICE, "CUDA op: fused split-K attention: the %s differ from the separate launches'", what);
+        if (what)
+            st = cu_fail(err, QF_ERR_DEVICE, "CUDA op: fused %s attention: the %s differ from the separate launches'",
+                         cu_kv_mode_name(mode), what);
     }
 out:
     free(hq), free(tab), free(bias), free(o1);
@@ -223,8 +240,9 @@ out:
 qf_status op_attention(const float *q, const float *k, const float *v, int n, int pos0, int n_head, int n_head_kv,
                        int hd, qf_kv_mode mode, int route, float *out, qf_error *err) {
     if (route == 3) {
-        if (n != 1 || mode != QF_KV_F16) return cu_fail(err, QF_ERR_DEVICE, "CUDA op: the fused route is one token, f16 cache");
-        return op_attention_fused(q, k, v, pos0, n_head, n_head_kv, hd, out, err);
+        if (n != 1 || !(mode == QF_KV_F16 || mode == QF_KV_Q8_0 || mode == QF_KV_Q4_0))
+            return cu_fail(err, QF_ERR_DEVICE, "CUDA op: the fused route is one token, f16, q8_0 or q4_0 cache");
+        return op_attention_fused(q, k, v, pos0, n_head, n_head_kv, hd, mode, out, err);
     }
     const bool flash = route == 1, split = route == 2;
     size_t rb = kv_row_bytes(mode, hd);

@@ -54,13 +54,15 @@ qf_status qf_cuda_op_attention_route(const float *q, const float *k, const float
  * in parallel and merged by their softmax maxima and sums (f32 caches of any plain mode). */
 qf_status qf_cuda_op_attention_split(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
                                      int n_head_kv, int hd, qf_kv_mode mode, float *out, qf_error *err);
-/* One token's split-K attention over an f16 cache as the decode step runs it, with the q|k|v
- * split (bias, RoPE, the K / V row write) and the o matvec's q8_0 activation folded into the
- * attention kernels, checked against the separate launches on the same row [q | k[pos0] | v[pos0]]
- * (biases, RoPE tables and pair order made up from pos0; hd % 32 == 0): QF_ERR_DEVICE names what
- * differs by a single bit (cache rows, output, activation). out: the fused output. */
+/* One token's decode attention as the decode step runs it, with the q|k|v split (bias, RoPE,
+ * the K / V row write) and the o matvec's q8_0 activation folded into the attention kernels,
+ * checked against the separate launches on the same row [q | k[pos0] | v[pos0]] (biases, RoPE
+ * tables and pair order made up from pos0; hd % 32 == 0): QF_ERR_DEVICE names what differs by a
+ * single bit (cache rows, output, activation). mode: f16 (split-K, or k_attn_one over short
+ * caches), or q8_0 / q4_0 (k_attn_one only: at most 512 keys at head_dim 64, 256 at 128; the
+ * separate launches are the f32 split and the K|V write). out: the fused output. */
 qf_status qf_cuda_op_attention_fused(const float *q, const float *k, const float *v, int pos0, int n_head, int n_head_kv,
-                                     int hd, float *out, qf_error *err);
+                                     int hd, qf_kv_mode mode, float *out, qf_error *err);
 
 /* Write rows x hd floats into a GPU cache of `mode` and read them back: the stored bytes
  * (rows x row bytes, ggml layout) and their f32 values as the attention kernel sees them. */
