@@ -834,6 +834,24 @@ __device__ static inline void fold_kv_pair(const attn_fuse &fx, int hd, int n_he
              fx.bv ? fx.bv + (size_t)kh * hd : NULL, false, 0, vd);
 }
 
+/* ---- q8_0 / q4_0 rows read straight from global memory by k_attn_split_h<G, HD, false, QZ> ----
+ * A lane's bytes of a block (2-byte aligned: blocks are 34 or 18 bytes) as NW words, and its codes
+ * as kv_elem gives them: q8_0 the signed bytes, q4_0 the low (hi false) or high nibbles less 8,
+ * times the block's step d. */
+template <int NW> __device__ static inline void qz_words(const uint8_t *p, uint32_t *w) {
+    const uint16_t *h = (const uint16_t *)p;
+#pragma unroll
+    for (int k = 0; k < NW; k++) w[k] = (uint32_t)h[2 * k] | ((uint32_t)h[2 * k + 1] << 16);
+}
+template <int QZ, int N> __device__ static inline void qz_codes(const uint32_t *w, float d, bool hi, float *f) {
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        const unsigned b = (w[j / 4] >> (8 * (j % 4))) & 0xFFu;
+        if constexpr (QZ == QF_KV_Q8_0) f[j] = (float)(int8_t)b * d;
+        else f[j] = (float)((int)(hi ? b >> 4 : b & 0xFu) - 8) * d;
+    }
+}
+
 /* ---- the split-K kernel for an f16 cache with head_dim HD (64 or 128) and GQA group G (1, 2,
  * 4, 8): the grouped kernel's ranges, partials and phases, vectorized. Phase 1: HD / 16 lanes a
  * key (16 dimensions each, two 16-byte loads), 4 keys a warp for HD 128, the G heads' q slices in
@@ -844,16 +862,22 @@ __device__ static inline void fold_kv_pair(const attn_fuse &fx, int hd, int n_he
  * I8 (groups 1, 2, 3, 4, 8): int8 rows of attn_i8 a's static or token classes (no ec-rot), HD
  * bytes each, read the same way (one 16-byte load a lane in phase 1, 8 bytes in phase 3) and
  * turned into the staged kernel's values in registers: by construction the same scores and sums
- * as k_attn_split_i8 (its phase 3 takes a thread's keys in the same order), without the staging. */
+ * as k_attn_split_i8 (its phase 3 takes a thread's keys in the same order), without the staging.
+ * QZ (q8_0 / q4_0, K and V alike; groups 1, 2, 3, 4, 8): a lane's 16 elements are half a block,
+ * its 16 code bytes (q4_0: the whole block's, one nibble of each) and the block's step, phase 3's
+ * 8 elements a quarter (8 bytes); kv_elem's values (qz_codes). */
 static size_t splith_smem(int G, int hd, int L) { return (size_t)(G * L + SPLIT_WARPS * G * hd + 2 * G) * sizeof(float); }
 
-template <int G, int HD, bool I8>
+template <int G, int HD, bool I8, int QZ = 0>
 __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     k_attn_split_h(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
                    int n_head_kv, float scale, int n, const int *dpos, float *part, int early, attn_fuse fx, attn_i8 a) {
     constexpr int LPK = HD / 16, KPW = 32 / LPK, KPB = KPW * SPLIT_WARPS; /* phase 1: lanes a key, keys a pass */
     constexpr int NC8 = HD / 8, NKG = SPLIT_WARPS * 32 / NC8;            /* phase 3: 8-dim chunks, key groups */
-    constexpr int KW = I8 ? 1 : 2;                                        /* 16-byte words of a lane's key slice */
+    constexpr int KW = I8 || QZ ? 1 : 2;                                  /* 16-byte words of a lane's key slice */
+    /* QZ: bytes a block; a lane's key slice in block sub / 2 (q8_0: its half sub % 2), a thread's
+     * V chunk in block d8 / 4 (q8_0: its quarter d8 % 4; q4_0: bytes 8 (d8 % 2), nibbles d8 % 4 / 2) */
+    constexpr int QB = QZ == QF_KV_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
     extern __shared__ float smh[];
     pdl_trigger();
     const int c = blockIdx.x, kh = blockIdx.y, i = blockIdx.z;
@@ -868,22 +892,42 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     const int t1 = warp * KPW + lane / LPK, sub = lane % LPK; /* phase 1: this lane's key in a pass, slice */
     const int d8 = threadIdx.x % NC8, kg = threadIdx.x / NC8;  /* phase 3 */
     const uint4 z4 = make_uint4(0, 0, 0, 0);
-    /* a lane's K slice (KW 16-byte words) and a thread's V chunk (VT: 16 bytes of f16, 8 of int8) */
-    auto kslice = [&](int t, uint4 *w) {
-        const uint4 *kr = (const uint4 *)(K + ((size_t)(j0 + t) * n_head_kv + kh) * rbk) + KW * sub;
+    /* a lane's K slice (KW 16-byte words) and a thread's V chunk (VT: 16 bytes of f16, 8 of int8,
+     * q8_0 or q4_0); QZ: d the block's step */
+    auto kslice = [&](int t, uint4 *w, float &d) {
+        const uint8_t *row = K + ((size_t)(j0 + t) * n_head_kv + kh) * rbk;
+        if constexpr (QZ) {
+            const uint8_t *b = row + sub / 2 * QB;
+            uint32_t x[4];
+            qz_words<4>(b + 2 + (QZ == QF_KV_Q8_0 ? 16 * (sub % 2) : 0), x);
+            w[0] = make_uint4(x[0], x[1], x[2], x[3]), d = h2f_bits(*(const uint16_t *)b);
+        } else {
+            const uint4 *kr = (const uint4 *)row + KW * sub;
 #pragma unroll
-        for (int u = 0; u < KW; u++) w[u] = kr[u];
+            for (int u = 0; u < KW; u++) w[u] = kr[u];
+        }
     };
-    using VT = typename std::conditional<I8, uint2, uint4>::type;
-    auto vchunk = [&](int t) -> VT { return ((const VT *)(V + ((size_t)(j0 + t) * n_head_kv + kh) * rbv))[d8]; };
+    using VT = typename std::conditional<I8 || QZ, uint2, uint4>::type;
+    auto vchunk = [&](int t, float &d) -> VT {
+        const uint8_t *row = V + ((size_t)(j0 + t) * n_head_kv + kh) * rbv;
+        if constexpr (QZ) {
+            const uint8_t *b = row + d8 / 4 * QB;
+            uint32_t x[2];
+            qz_words<2>(b + 2 + 8 * (QZ == QF_KV_Q8_0 ? d8 % 4 : d8 % 2), x);
+            d = h2f_bits(*(const uint16_t *)b);
+            return make_uint2(x[0], x[1]);
+        } else
+            return ((const VT *)row)[d8];
+    };
     uint4 k0[KW];
     VT v0[2] = {VT{}, VT{}};
+    float kd0 = 0.0f, vd0[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int u = 0; u < KW; u++) k0[u] = z4;
-    if (t1 < len && t1 < tp) kslice(t1, k0);
+    if (t1 < len && t1 < tp) kslice(t1, k0, kd0);
 #pragma unroll
     for (int u = 0; u < 2; u++)
-        if (kg + u * NKG < len && kg + u * NKG < tp) v0[u] = vchunk(kg + u * NKG);
+        if (kg + u * NKG < len && kg + u * NKG < tp) v0[u] = vchunk(kg + u * NKG, vd0[u]);
     /* I8: each stream's class and, static, phase 1's scales (elements 16 sub ..) */
     const bool ktok = I8 && i8_class(a.lay[0]) == I8_TOKEN, vtok = I8 && i8_class(a.lay[1]) == I8_TOKEN;
     float ksc[I8 ? 16 : 1], vsc[I8 ? 8 : 1];
@@ -892,7 +936,7 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
         for (int k = 0; k < 16; k++) ksc[k] = ktok ? 0.0f : __ldg(a.scale[0] + (size_t)kh * HD + 16 * sub + k);
     pdl_wait();
     float qv[G][16];
-    if (!I8 && fx.qkv) { /* the split folded in (one token): red holds the G rotated q rows until phase 3 */
+    if (!I8 && !QZ && fx.qkv) { /* the split folded in (one token): red holds the G rotated q rows until phase 3 */
         for (int x = threadIdx.x; x < G * HD / 2; x += blockDim.x) {
             const int g = x / (HD / 2), j = x % (HD / 2);
             fold_q_pair(fx, HD, kh * G + g, j, red + g * HD);
@@ -922,14 +966,20 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     for (int tb = 0; tb < len; tb += KPB) {
         const int t = tb + t1;
         uint4 kw[KW];
+        float kd = 0.0f;
 #pragma unroll
         for (int u = 0; u < KW; u++) kw[u] = z4;
-        if (tb == 0 && t < tp)
+        if (tb == 0 && t < tp) {
 #pragma unroll
             for (int u = 0; u < KW; u++) kw[u] = k0[u];
-        else if (t < len) kslice(t, kw);
+            kd = kd0;
+        } else if (t < len)
+            kslice(t, kw, kd);
         float kf[16];
-        if constexpr (I8) { /* the step from the row's LPK lanes: every lane takes part */
+        if constexpr (QZ) {
+            const uint32_t w4[4] = {kw[0].x, kw[0].y, kw[0].z, kw[0].w};
+            qz_codes<QZ, 16>(w4, kd, sub % 2, kf);
+        } else if constexpr (I8) { /* the step from the row's LPK lanes: every lane takes part */
             const float st = ktok ? i8_tok_step<LPK>(i8_tok_par16(kw[0]), a.steps) : 0.0f;
             const uint32_t w4[4] = {kw[0].x, kw[0].y, kw[0].z, kw[0].w};
             i8_codes<16>(w4, ktok, ksc, st, kf);
@@ -951,11 +1001,12 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
         for (int k = 0; k < 8; k++) vsc[k] = vtok ? 0.0f : __ldg(a.scale[1] + (size_t)kh * HD + 8 * d8 + k);
     for (int tb = 0; tb < len; tb += 2 * NKG) {
         VT vv[2];
-        float vst[2] = {0.0f, 0.0f};
+        float vst[2] = {0.0f, 0.0f}, vd[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             const int t = tb + kg + u * NKG;
-            vv[u] = tb == 0 && t < tp ? v0[u] : t < len ? vchunk(t) : VT{};
+            if (tb == 0 && t < tp) vv[u] = v0[u], vd[u] = vd0[u];
+            else vv[u] = t < len ? vchunk(t, vd[u]) : VT{};
             if constexpr (I8)
                 if (vtok) vst[u] = i8_tok_step<NC8>(i8_tok_par8(vv[u].x, vv[u].y), a.steps); /* the row's NC8 threads */
         }
@@ -964,7 +1015,10 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
             const int t = tb + kg + u * NKG;
             if (t >= len) break;
             float vf[8];
-            if constexpr (I8) {
+            if constexpr (QZ) {
+                const uint32_t w2[2] = {vv[u].x, vv[u].y};
+                qz_codes<QZ, 8>(w2, vd[u], d8 % 4 >= 2, vf);
+            } else if constexpr (I8) {
                 const uint32_t w2[2] = {vv[u].x, vv[u].y};
                 i8_codes<8>(w2, vtok, vsc, vst[u], vf);
             } else
@@ -1510,6 +1564,12 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
                     (G == 1 || G == 2 || G == 4 || G == 8) && hsm <= 48 * 1024 &&
                     ((uintptr_t)K % 16) == 0 && ((uintptr_t)V % 16) == 0 && rbk % 16 == 0 && rbv % 16 == 0 &&
                     ((uintptr_t)q % 16) == 0;
+    /* its q8_0 / q4_0 form (K and V alike, rows of kv_row_bytes; groups 1, 2, 3, 4, 8) instead
+     * of k_attn_split_g's kv_elem an element: on the H100, 8B q4_0 decode with a q8_0 cache at
+     * positions 4000.. 245.0 -> 394.9 tok/s, at 16000.. 99.2 -> 293.1 (docs/gpu.md "Session 41") */
+    const bool vq = grouped && mk == mv && (mk == QF_KV_Q8_0 || mk == QF_KV_Q4_0) && (hd == 64 || hd == 128) &&
+                    (G == 1 || G == 2 || G == 3 || G == 4 || G == 8) && hsm <= 48 * 1024 && ((uintptr_t)K % 16) == 0 &&
+                    ((uintptr_t)V % 16) == 0 && rbk == kv_row_bytes(mk, hd) && rbv == rbk && ((uintptr_t)q % 16) == 0;
     if (grouped) {
         split_ranges_g(pos0 + n, &L, &nsplit);
         if (dpos) { /* the most ranges any Tmax <= n_ctx has: ceil(T / 16) up to T = 1024, then SPLITG_MAX */
@@ -1579,6 +1639,15 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
         by_shape([&](auto GG, auto HH) {
             cu_launch(k_attn_split_i8<GG.value, HH.value>, grid, dim3(SPLIT_WARPS * 32), ism, s, q, K, V, pos0, n_head,
                       n_head_kv, scale, n, dpos, part, *i8);
+        });
+    else if (vq)
+        by_shape([&](auto GG, auto HH) {
+            auto go = [&](auto QQ) {
+                cu_launch(k_attn_split_h<GG.value, HH.value, false, QQ.value>, grid, dim3(SPLIT_WARPS * 32), hsm, s, q, K,
+                          V, rbk, rbv, pos0, n_head, n_head_kv, scale, n, dpos, part, (int)early, f, attn_i8{});
+            };
+            if (mk == QF_KV_Q8_0) go(std::integral_constant<int, QF_KV_Q8_0>{});
+            else go(std::integral_constant<int, QF_KV_Q4_0>{});
         });
     else if (vh)
         by_shape([&](auto GG, auto HH) {
