@@ -142,7 +142,7 @@ static qf_status op_attention_fused(const float *q, const float *k, const float 
                  Dkv = (size_t)n_head_kv * hd, H = Dq + 2 * Dkv, xqb = ACT_Q_BYTES(1, (int)Dq);
     const int half = hd / 2, neox = pos0 % 2;
     if (hd % 32 || hd > HD_MAX) return cu_fail(err, QF_ERR_DEVICE, "CUDA op: fused split-K attention needs hd %% 32 == 0");
-    if (mode != QF_KV_F16 && !(attention_one_keys(mode, mode, hd) >= pos0 + 1)) /* (mode q8_0 / q4_0: rb != 0) */
+    if (mode != QF_KV_F16 && attention_one_keys(mode, mode, hd) < pos0 + 1) /* only k_attn_one folds q8_0 / q4_0 */
         return cu_fail(err, QF_ERR_DEVICE, "CUDA op: a fused %s cache needs k_attn_one (%d keys are too many)",
                        cu_kv_mode_name(mode), pos0 + 1);
     float *hq = (float *)malloc(H * 4), *tab = (float *)malloc((size_t)hd * 4), *bias = (float *)malloc(H * 4);
@@ -182,9 +182,9 @@ static qf_status op_attention_fused(const float *q, const float *k, const float 
             launch_kv_write(mode, dv, (int64_t)pos0 * n_head_kv, hd, rb, c[r][1], 0);
         }
         attn_fuse fx = {dqkv, dtab, dtab + half, db, db ? db + Dq : NULL, db ? db + Dq + Dkv : NULL, half, neox, NULL};
-        /* separate: the split (and for a quantized cache the K|V write of its f32 rows, which
-         * the fused kernel's rows replace in k and v's device copies: rows 0 .. pos0 - 1 are
-         * written already), the attention, the quantization */
+        /* separate: the split (a quantized cache's: in f32 into row pos0 of dk / dv, whose rows
+         * before it are in the cache already, then the K|V write), the attention, the
+         * quantization */
         uint8_t *k0 = c[0][0] + (size_t)pos0 * n_head_kv * rb, *v0 = c[0][1] + (size_t)pos0 * n_head_kv * rb;
         if (mode == QF_KV_F16)
             launch_qkv_split(dqkv, 2, 1, n_head, n_head_kv, hd, half, neox != 0, fx.cs, fx.sn, fx.bq, fx.bk, fx.bv, dq, k0,
