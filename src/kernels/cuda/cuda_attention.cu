@@ -1070,29 +1070,17 @@ template <int HD, int M> static size_t one_smem(int tmax) {
 }
 __device__ static inline void cp_async_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
-/* elements [8c, 8c + 8) of a row staged in mode M, as kv_elem<M> gives them */
+/* elements [8c, 8c + 8) of a row staged in mode M, as kv_elem<M> gives them (q8_0 / q4_0:
+ * qz_words and qz_codes, split-K's reading of a V chunk) */
 template <int M> __device__ static inline void one_load8(const uint8_t *row, int c, float *f) {
     if constexpr (M == QF_KV_F16) {
         h8_to_f(((const uint4 *)row)[c], f, false);
-    } else if constexpr (M == QF_KV_Q8_0) {
-        const block_q8_0 *b = (const block_q8_0 *)row + c / 4;
-        const float d = h2f_bits(b->d);
-        const uint16_t *p = (const uint16_t *)(b->qs + 8 * (c % 4)); /* 2-byte aligned */
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const unsigned u = p[k];
-            f[2 * k] = (float)(int8_t)(u & 0xFFu) * d, f[2 * k + 1] = (float)(int8_t)(u >> 8) * d;
-        }
-    } else { /* q4_0: chunks 0, 1 the low nibbles of bytes 0..15, chunks 2, 3 the high ones */
-        const block_q4_0 *b = (const block_q4_0 *)row + c / 4;
-        const float d = h2f_bits(b->d);
-        const uint16_t *p = (const uint16_t *)(b->qs + 8 * (c % 2));
-        const int sh = c % 4 >= 2 ? 4 : 0;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const unsigned u = p[k];
-            f[2 * k] = (float)((int)((u >> sh) & 0xFu) - 8) * d, f[2 * k + 1] = (float)((int)((u >> (8 + sh)) & 0xFu) - 8) * d;
-        }
+    } else {
+        constexpr int QB = M == QF_KV_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
+        const uint8_t *b = row + c / 4 * QB;
+        uint32_t w[2];
+        qz_words<2>(b + 2 + 8 * (M == QF_KV_Q8_0 ? c % 4 : c % 2), w);
+        qz_codes<M, 8>(w, h2f_bits(*(const uint16_t *)b), c % 4 >= 2, f);
     }
 }
 /* one warp quantizes a 32-block (x: its lane's element) into out in mode M (q8_0 / q4_0):
