@@ -369,17 +369,13 @@ __global__ void __launch_bounds__(128) k_flash_f16(const QT *q, const uint8_t *K
     }
 }
 
-/* one instantiation of k_flash_f16; its dynamic shared memory (over 48 KiB) is allowed once */
+/* one instantiation of k_flash_f16; its dynamic shared memory (over 48 KiB) is allowed once a device */
 template <int HDP, int BC, typename QT, int M>
 static void launch_flash_t(dim3 grid, const QT *q, const uint8_t *K, const uint8_t *V, size_t rb, int n, int pos0,
                            int n_head, int n_head_kv, int hd, float scale_log2, float *out, __half *out16,
                            cudaStream_t s, float *lse2 = NULL) {
-    static bool attr_set = false;
-    if (!attr_set) {
-        cudaFuncSetAttribute(k_flash_f16<HDP, BC, QT, M>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)flash_smem<HDP, BC, M>());
-        attr_set = true;
-    }
+    static std::atomic<unsigned long long> allowed{0};
+    cu_allow_smem(k_flash_f16<HDP, BC, QT, M>, flash_smem<HDP, BC, M>(), allowed);
     k_flash_f16<HDP, BC, QT, M><<<grid, 128, flash_smem<HDP, BC, M>(), s>>>(q, K, V, rb, n, pos0, n_head, n_head_kv, hd,
                                                                         scale_log2, out, out16, lse2);
 }
@@ -1266,12 +1262,8 @@ template <typename F> static void one_by_shape(qf_kv_mode m, int hd, F f) {
 int attention_one_keys(qf_kv_mode mk, qf_kv_mode mv, int hd) {
     if (mk != mv || !(mk == QF_KV_F16 || mk == QF_KV_Q8_0 || mk == QF_KV_Q4_0) || !(hd == 64 || hd == 128)) return 0;
     /* the current device's opt-in limit a block (sm_86 / sm_89: 99 KiB; then split-K) */
-    int dev = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-        cudaGetLastError(); /* clear */
-        return 0;
-    }
+    const int optin = cu_smem_optin();
+    if (optin <= 0) return 0;
     const size_t lim = (size_t)optin < ONE_SMEM_MAX ? (size_t)optin : ONE_SMEM_MAX;
     int keys = 0;
     one_by_shape(mk, hd, [&](auto HH, auto MM) {
@@ -1287,17 +1279,13 @@ bool attention_one_runs(qf_kv_mode mk, qf_kv_mode mv, const void *K, const void 
     return tone && (dpos ? n_ctx > 0 && n_ctx <= tone : pos0 + 1 <= tone);
 }
 /* k_attn_one<HD, M> over at most tmax <= one_keys<HD>() keys; its shared memory (over 48 KiB)
- * allowed once */
+ * allowed once a device */
 template <int HD, int M>
 static void launch_one(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
                        int n_head_kv, float scale, const int *dpos, int tmax, bool early, float *out, attn_fuse f,
                        act_q aq, cudaStream_t s) {
-    static bool attr_set = false;
-    if (!attr_set) {
-        cudaFuncSetAttribute(k_attn_one<HD, M>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)one_smem_launch<HD, M>(one_keys<HD>()));
-        attr_set = true;
-    }
+    static std::atomic<unsigned long long> allowed{0};
+    cu_allow_smem(k_attn_one<HD, M>, one_smem_launch<HD, M>(one_keys<HD>()), allowed);
     cu_launch(k_attn_one<HD, M>, dim3((unsigned)n_head), dim3(ONE_THREADS), one_smem_launch<HD, M>(tmax), s, q, K, V, rbk,
               rbv, pos0, n_head, n_head_kv, scale, dpos, tmax, (int)early, out, f, aq);
 }

@@ -192,6 +192,26 @@ static bool available(void) {
     return cached == 1;
 }
 
+/* the contract: cuda_common.cuh (value + 1 a device; 0: not asked yet) */
+int cu_smem_optin(void) {
+    static std::atomic<int> known[64];
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError(); /* clear */
+        return 0;
+    }
+    if (dev < 64) {
+        const int k = known[dev].load(std::memory_order_acquire);
+        if (k) return k - 1;
+    }
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+        cudaGetLastError(); /* clear; asked again next time */
+        return 0;
+    }
+    if (dev < 64) known[dev].store(optin + 1, std::memory_order_release);
+    return optin;
+}
+
 /* ---- programmatic dependent launch: on while this thread captures a decode graph ---- */
 static thread_local bool tls_pdl;
 bool cu_pdl(void) { return tls_pdl; }

@@ -12,6 +12,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <atomic>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +116,28 @@ static inline void cu_launch(void (*kern)(KP...), dim3 grid, dim3 block, size_t 
     cudaLaunchKernelEx(&cfg, kern, args...);
 }
 static inline size_t wmax(size_t a, size_t b) { return a > b ? a : b; }
+
+/* the current device's opt-in shared memory a block (cudaDevAttrMaxSharedMemoryPerBlockOptin:
+ * 227 KiB on sm_90, 99 on sm_86 / sm_89), asked once a device and kept; 0 when the runtime does
+ * not answer (its error cleared). Thread-safe. */
+int cu_smem_optin(void);
+/* lets kern take up to `bytes` of dynamic shared memory on the current device: one
+ * cudaFuncSetAttribute a device (the attribute belongs to the device's context, not to the
+ * process), `done` being that kernel's own flags (bit d: device d; devices from 64 on ask every
+ * call). Thread-safe (a race sets the same value twice). */
+template <typename... KP>
+static inline void cu_allow_smem(void (*kern)(KP...), size_t bytes, std::atomic<unsigned long long> &done) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError(); /* clear: the launch reports the device's state */
+        return;
+    }
+    const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
+    if (bit && (done.load(std::memory_order_acquire) & bit)) return;
+    if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) == cudaSuccess)
+        done.fetch_or(bit, std::memory_order_acq_rel);
+    else cudaGetLastError(); /* clear: the launch then fails and reports it */
+}
 
 /* ---- block formats (layouts: format/quant_blocks.h) ---- */
 
