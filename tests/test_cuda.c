@@ -720,10 +720,21 @@ TEST(op_attention) {
                     /* the decode step's form: the q|k|v split (and a quantized cache's K|V write)
                      * and the o activation folded in, the same bytes as the separate launches
                      * (the op compares them) */
-                    CHECK_MSG(qf_cuda_op_attention_fused(q, k, v, pos0, nh, nkv, hd, mode, got, &err) == QF_OK, "%s",
-                              err.msg);
+                    CHECK_MSG(qf_cuda_op_attention_fused(q, k, v, pos0, nh, nkv, hd, mode, QF_KV_ROT_NONE, got, &err) ==
+                                  QF_OK,
+                              "%s", err.msg);
                     printf("  attention %s, split%s and o quantization folded in: the same bytes\n",
                            T <= one ? "k_attn_one" : "split-K", mode == QF_KV_F16 ? "" : ", K|V write");
+                }
+                if (n == 1 && mode != QF_KV_F32 && hd % 32 == 0 && (hd & (hd - 1)) == 0) {
+                    /* --kv-rot hadamard folded into k_attn_one too (q, K and V rotated before the
+                     * K|V write, the output rotated back), past its keys the output's rotation
+                     * into split-K's merge: the same bytes as the separate rotation launches */
+                    CHECK_MSG(qf_cuda_op_attention_fused(q, k, v, pos0, nh, nkv, hd, mode, QF_KV_ROT_HADAMARD, got, &err) ==
+                                  QF_OK,
+                              "%s", err.msg);
+                    printf("  attention %s with --kv-rot, %s and o quantization folded in: the same bytes\n",
+                           T <= one ? "k_attn_one" : "split-K", T <= one ? "split, rotations, K|V write" : "output rotation");
                 }
             }
             if (hd <= 256) {
@@ -1196,10 +1207,13 @@ TEST(e2e_decode_graph) {
         const int nv = hp->n_vocab;
         float *lg = malloc((size_t)n1 * nv * 4), *lp = malloc((size_t)n1 * nv * 4), *lc = malloc((size_t)n1 * nv * 4),
               *lf = malloc((size_t)n1 * nv * 4);
-        const qf_kv_mode kvs[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_F32};
+        /* the q4_0 cache and the last f16 one under --kv-rot hadamard (power-of-two head_dim) */
+        const qf_kv_mode kvs[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_F32, QF_KV_F16};
         const bool wide = hp->n_embd >= 2048; /* its slow CPU reference: two cache modes */
-        for (int k = 0; k < (wide ? 2 : 4); k++) {
-            const qf_kv_rot rot = k == 2 && (hp->head_dim & (hp->head_dim - 1)) == 0 ? QF_KV_ROT_HADAMARD : QF_KV_ROT_NONE;
+        for (int k = 0; k < (wide ? 2 : 5); k++) {
+            const qf_kv_rot rot =
+                (k == 2 || k == 4) && (hp->head_dim & (hp->head_dim - 1)) == 0 ? QF_KV_ROT_HADAMARD : QF_KV_ROT_NONE;
+            if (k == 4 && !rot) continue;
             if (kvs[k] == QF_KV_Q8_0 || kvs[k] == QF_KV_Q4_0) {
                 if (hp->head_dim % 32) continue;
             }
@@ -1239,7 +1253,7 @@ TEST(e2e_decode_graph_one) {
     const char *models[] = {"models/test-d2048-q4_0.gguf", "models/qforge-demo-11m-f16.gguf"};
     /* f16, q8_0 and q4_0 caches (k_attn_one folds a quantized cache's K|V write too); the
      * 2048-wide model's slow CPU reference: f16 and q8_0 */
-    const qf_kv_mode kvs[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0};
+    const qf_kv_mode kvs[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_Q8_0};
     enum { n1 = 24 };
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
         static int32_t toks[512 + n1];
@@ -1249,18 +1263,21 @@ TEST(e2e_decode_graph_one) {
         const int n0 = lim - 12; /* positions lim - 12 .. lim + 11: T = lim is the last short one */
         const size_t nl = (size_t)n1 * nv;
         float *lg = malloc(nl * 4), *lp = malloc(nl * 4), *lc = malloc(nl * 4), *lf = malloc(nl * 4);
-        for (int k = 0; k < (qf_model_hparams(m)->n_embd >= 2048 ? 2 : 3); k++) {
+        /* the demo model's last case: q8_0 under --kv-rot hadamard (folded into k_attn_one, the
+         * separate rotations past it) */
+        for (int k = 0; k < (qf_model_hparams(m)->n_embd >= 2048 ? 2 : 4); k++) {
+            const qf_kv_rot rot = k == 3 ? QF_KV_ROT_HADAMARD : QF_KV_ROT_NONE;
             dsl_n_ctx = 2 * lim;
             const double t0 = qf_now_sec();
-            const bool ok = lg && lp && lc && lf && graph_runs(m, kvs[k], QF_KV_ROT_NONE, toks, n0, n1, lg, lp, lc, lf);
+            const bool ok = lg && lp && lc && lf && graph_runs(m, kvs[k], rot, toks, n0, n1, lg, lp, lc, lf);
             dsl_n_ctx = 256;
             if (!ok) break;
             const graph_cmp r = graph_compare(lg, lp, lc, lf, n1, nv);
-            printf("  decode graph %-30s kv %-4s at %d..%d of %d: %zu of %zu logits differ from plain launches; nmse "
+            printf("  decode graph %-30s kv %-4s%s at %d..%d of %d: %zu of %zu logits differ from plain launches; nmse "
                    "%.3g against the CPU reference (the CPU's fast route: %.3g), top-1 %d/%d (%d/%d with near-ties); "
                    "%.1f s\n",
-                   models[mi] + 7, qf_kv_mode_name(kvs[k]), n0, n0 + n1 - 1, 2 * lim, r.diff, nl, r.e, r.fe, r.agree, n1,
-                   r.near, n1, qf_now_sec() - t0);
+                   models[mi] + 7, qf_kv_mode_name(kvs[k]), rot ? " +rot" : "", n0, n0 + n1 - 1, 2 * lim, r.diff, nl, r.e,
+                   r.fe, r.agree, n1, r.near, n1, qf_now_sec() - t0);
             CHECK_MSG(r.diff == 0, "%s kv %s: graph replay differs from plain launches", models[mi], qf_kv_mode_name(kvs[k]));
             const bool q4 = kvs[k] == QF_KV_Q4_0; /* as e2e_decode_graph */
             const double lb = fmax(q4 ? 1e-3 : 1e-4, 2 * r.fe);

@@ -1050,7 +1050,10 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
  * widest pieces its size allows (16, 8 or 4 bytes), and dequantized where phases 1 and 3 read it
  * (one_load8: kv_elem's values). Folded, the token's K and V rows are formed in f32 (the rows
  * k_qkv_split writes) and each 32-block quantized by a warp as kv_quant_block does it (one_quant:
- * the K|V write's bytes). */
+ * the K|V write's bytes). Under --kv-rot (fx.rot) the output is rotated back before it is written
+ * and quantized, and, folded, the token's q, K and V rows are rotated in f32 (hadamard_warp:
+ * k_hadamard's values) before K and V are stored, in any of the three modes: on the H100, 8B
+ * q4_0 at positions 1..256, 1.16x (f16) to 1.21x (q4_0) the step of the separate launches. */
 #define ONE_THREADS 256
 /* the most keys k_attn_one takes: what fits about 138 KiB of shared memory (one_smem) with f16
  * rows; q8_0 and q4_0 take as many */
@@ -1148,20 +1151,30 @@ __global__ void __launch_bounds__(ONE_THREADS)
     stage(tp, fx.qkv ? pos0 : T);
     if (fx.qkv) { /* the split folded in: q rotated into qs, the token's K and V rows into Ks / Vs */
         uint8_t *kd = Ks + (size_t)pos0 * RBS, *vd = Vs + (size_t)pos0 * RBS;
-        if constexpr (M == QF_KV_F16) {
+        if (M == QF_KV_F16 && fx.rot == 0.0f) {
             for (int j = tid; j < HD / 2; j += ONE_THREADS) {
                 fold_q_pair(fx, HD, h, j, qs);
                 fold_kv_pair(fx, HD, n_head, n_head_kv, kh, j, (__half *)kd, (__half *)vd);
             }
-        } else { /* f32 rows in red (free until phase 3), then a warp a 32-block (8 warps: 2 HD / 32 <= 8) */
+        } else { /* f32 rows in red (free until phase 3), rotated (--kv-rot), then stored */
             for (int j = tid; j < HD / 2; j += ONE_THREADS) {
                 fold_q_pair(fx, HD, h, j, qs);
                 fold_kv_pair(fx, HD, n_head, n_head_kv, kh, j, red, red + HD);
             }
             __syncthreads();
-            constexpr int NB = HD / QK, BB = RB / NB; /* blocks a row, bytes a block */
             const int w = tid / 32;
-            if (w < 2 * NB) one_quant<M>(red[(w / NB) * HD + (w % NB) * QK + lane], lane, (w / NB ? vd : kd) + (w % NB) * BB);
+            if (fx.rot != 0.0f) { /* q, K, V: a warp each (k_hadamard's values) */
+                if (w < 3) hadamard_warp(w ? red + (w - 1) * HD : qs, HD, lane, fx.rot);
+                __syncthreads();
+            }
+            if constexpr (M == QF_KV_F16) { /* the K|V write's roundings */
+                for (int e = tid; e < 2 * HD; e += ONE_THREADS)
+                    ((__half *)(e < HD ? kd : vd))[e % HD] = __float2half_rn(red[e]);
+            } else { /* a warp a 32-block (8 warps: 2 HD / 32 <= 8), kv_quant_block's bytes */
+                constexpr int NB = HD / QK, BB = RB / NB; /* blocks a row, bytes a block */
+                if (w < 2 * NB)
+                    one_quant<M>(red[(w / NB) * HD + (w % NB) * QK + lane], lane, (w / NB ? vd : kd) + (w % NB) * BB);
+            }
         }
     } else
         for (int e = tid; e < HD; e += ONE_THREADS) qs[e] = q[(size_t)h * HD + e];
@@ -1227,15 +1240,24 @@ __global__ void __launch_bounds__(ONE_THREADS)
 #pragma unroll
     for (int k = 0; k < 8; k++) red[kg * HD + 8 * d8 + k] = acc[k];
     __syncthreads();
-    if (tid >= HD) return;
     float o = 0.0f;
+    if (tid < HD) {
 #pragma unroll 4
-    for (int g = 0; g < NKG; g++) o += red[g * HD + tid];
-    const float inv_l = 1.0f / l;
+        for (int g = 0; g < NKG; g++) o += red[g * HD + tid];
+        o = o * (1.0f / l);
+    }
+    if (fx.rot != 0.0f) { /* the cache's rows rotated: the output rotated back (qs is free since phase 1) */
+        if (tid < HD) qs[tid] = o;
+        __syncthreads();
+        if (tid < 32) hadamard_warp(qs, HD, lane, fx.rot);
+        __syncthreads();
+        if (tid < HD) o = qs[tid];
+    }
+    if (tid >= HD) return;
     const size_t at = (size_t)h * HD + tid;
-    out[at] = o * inv_l;
+    out[at] = o;
     /* aq set (HD % 32 == 0: every warp one whole 32-block): the o matvec's q8_0 activation */
-    if (aq.qs) quant_q8_warp(o * inv_l, tid % 32, aq.qs + at, aq.xd + at / 32, aq.xs + at / 32);
+    if (aq.qs) quant_q8_warp(o, tid % 32, aq.qs + at, aq.xd + at / 32, aq.xs + at / 32);
 }
 #define ONE_SMEM_MAX (227 * 1024) /* sm_90: 227 KiB of shared memory a block */
 /* The shared memory a k_attn_one block takes, whatever tmax needs: 138 KiB. Measured on the
@@ -1455,10 +1477,11 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
  * ranges in order). dpos is read before the wait (the host writes it before the graph launch). */
 #define MERGE_R 32
 __global__ void k_attn_merge(const float *part, int pos0, int n_head, int hd, int n, const int *dpos, int grouped,
-                             float *out, act_q aq) {
+                             float *out, act_q aq, float rot) {
     pdl_trigger();
     __shared__ float wc[SPLIT_MAX], lc[SPLIT_MAX];
     __shared__ float inv_ls;
+    __shared__ float orow[HD_MAX]; /* rot: the output row, rotated back */
     const int h = blockIdx.x, i = blockIdx.y, e = threadIdx.x;
     if (dpos) pos0 = *dpos; /* written before the graph launch */
     int L, nsplit;
@@ -1487,16 +1510,26 @@ __global__ void k_attn_merge(const float *part, int pos0, int n_head, int hd, in
         if (threadIdx.x == 0) inv_ls = 1.0f / ls;
     }
     __syncthreads();
-    if (e >= hd) return;
     float o = 0.0f;
+    if (e < hd) {
 #pragma unroll
-    for (int u = 0; u < MERGE_R; u++)
-        if (u < ns) o += pv[u] * wc[u];
-    for (int c = MERGE_R; c < ns; c++) o += pp[(size_t)c * (hd + 2) + 2 + e] * wc[c];
+        for (int u = 0; u < MERGE_R; u++)
+            if (u < ns) o += pv[u] * wc[u];
+        for (int c = MERGE_R; c < ns; c++) o += pp[(size_t)c * (hd + 2) + 2 + e] * wc[c];
+        o = o * inv_ls;
+    }
+    if (rot != 0.0f) { /* the cache's rows rotated (--kv-rot, int8 rotated V): H o, rotated back */
+        if (e < hd) orow[e] = o;
+        __syncthreads();
+        if (threadIdx.x < 32) hadamard_warp(orow, hd, threadIdx.x, rot);
+        __syncthreads();
+        if (e < hd) o = orow[e];
+    }
+    if (e >= hd) return;
     const size_t at = (size_t)i * n_head * hd + (size_t)h * hd + e;
-    out[at] = o * inv_ls;
+    out[at] = o;
     /* aq set (hd % 32 == 0: every warp one whole 32-block): the o matvec's q8_0 activation */
-    if (aq.qs) quant_q8_warp(o * inv_ls, e % 32, aq.qs + at, aq.xd + at / 32, aq.xs + at / 32);
+    if (aq.qs) quant_q8_warp(o, e % 32, aq.qs + at, aq.xd + at / 32, aq.xs + at / 32);
 }
 
 size_t attention_split_floats(int n, int n_head, int hd) { return (size_t)n * n_head * SPLIT_MAX * (hd + 2); }
@@ -1569,9 +1602,10 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
     const bool one = attention_one_runs(mk, mv, K, V, rbk, rbv, n, hd, pos0, dpos, n_ctx);
     attn_fuse f = {};
     if (fx && fx->qkv) {
-        if (n == 1 && (vh || one)) f = *fx, f.xq = NULL; /* folded into k_attn_split_h / k_attn_one */
-        else if (mk != QF_KV_F16 || mv != QF_KV_F16) { /* only k_attn_one folds a quantized cache's rows: an invariant */
-            fprintf(stderr, "qforge: a quantized cache's K|V write folded into split-K attention\n");
+        if (n == 1 && (one || (vh && fx->rot == 0.0f))) f = *fx, f.xq = NULL; /* folded into k_attn_one / k_attn_split_h */
+        else if (mk != QF_KV_F16 || mv != QF_KV_F16 || fx->rot != 0.0f) {
+            /* only k_attn_one folds a quantized cache's rows or the rotation: an invariant */
+            fprintf(stderr, "qforge: a quantized cache's K|V write or --kv-rot folded into split-K attention\n");
             abort();
         }
         else /* the split first: q to q, K and V to the cache rows */
@@ -1579,6 +1613,7 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
                              fx->bv, (void *)q, (void *)(K + (dpos ? 0 : (size_t)pos0 * n_head_kv * rbk)),
                              (void *)(V + (dpos ? 0 : (size_t)pos0 * n_head_kv * rbv)), s, dpos);
     }
+    if (fx) f.rot = fx->rot; /* the output rotated back by whichever kernel writes it */
     if (one) {
         const int tmax = dpos ? n_ctx : pos0 + 1;
         one_by_shape(mk, hd, [&](auto HH, auto MM) {
@@ -1641,6 +1676,6 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
                           n_head, n_head_kv, hd, scale, n, dpos, part);
         });
     cu_launch(k_attn_merge, dim3((unsigned)n_head, (unsigned)n), dim3((unsigned)((hd + 31) / 32 * 32)), 0, s,
-              (const float *)part, pos0, n_head, hd, n, dpos, (int)grouped, out, aq);
+              (const float *)part, pos0, n_head, hd, n, dpos, (int)grouped, out, aq, f.rot);
     return wq;
 }

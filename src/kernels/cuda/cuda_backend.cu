@@ -1456,11 +1456,14 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
         /* one token with an f16 cache: the q|k|v split runs inside the split-K attention (one
          * launch fewer a layer) */
         const bool fold_split = dkv16 && n == 1 && g->part;
-        /* one token with a q8_0 or q4_0 cache (K and V alike, no rotation, no K/V tap) whose
-         * attention is k_attn_one: the split and the K|V write run inside it (two launches fewer) */
+        /* one token with a q8_0 or q4_0 cache, or any of f16, q8_0, q4_0 under --kv-rot (K and V
+         * alike, no K/V tap) whose attention is k_attn_one: the split, the rotations and the K|V
+         * write run inside it (two launches fewer, seven with the rotation) */
         const int actx = g->graph_nctx ? g->graph_nctx : g->n_ctx; /* launch_attention_split's n_ctx */
-        const bool fold_q = dqkv && n == 1 && g->part && !g->kv_rot && g->kv_mode[0] == g->kv_mode[1] &&
-                            (g->kv_mode[0] == QF_KV_Q8_0 || g->kv_mode[0] == QF_KV_Q4_0) && !(tap && tap->on_kv) &&
+        const bool fold_q = dqkv && n == 1 && g->part && g->kv_mode[0] == g->kv_mode[1] &&
+                            (g->kv_mode[0] == QF_KV_Q8_0 || g->kv_mode[0] == QF_KV_Q4_0 ||
+                             (g->kv_rot && g->kv_mode[0] == QF_KV_F16)) &&
+                            !(tap && tap->on_kv) &&
                             attention_one_runs(g->kv_mode[0], g->kv_mode[1], g->kv[0] + g->kv_layer_bytes[0] * il,
                                                g->kv[1] + g->kv_layer_bytes[1] * il, g->kv_rb[0], g->kv_rb[1], 1, hd,
                                                pos0, dpos, actx);
@@ -1577,7 +1580,11 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                     stride[s] = (size_t)nkv * g->kv_rb[s];
                     dst[s] = dpos ? C : C + (size_t)pos0 * stride[s];
                 }
-                if (g->kv_rot) launch_hadamard(g->k, (int64_t)n * nkv, hd, S), launch_hadamard(g->v, (int64_t)n * nkv, hd, S);
+                if (g->kv_rot && !fold_q) { /* K, V and q in one launch */
+                    float *rx[3] = {g->k, g->v, g->q};
+                    const int64_t rr[3] = {(int64_t)n * nkv, (int64_t)n * nkv, (int64_t)n * hp->n_head};
+                    launch_hadamard_n(rx, rr, 3, hd, S);
+                }
                 if (!fold_q) launch_kv_write2(km, src, (int64_t)n * nkv, hd, krb, dst, S, dpos, stride);
             } else if (i8b && int8_pair(g)) {
                 int8_store_pair(g, il, n, pos0, dpos, S, kvp, km, krb, i8in);
@@ -1598,23 +1605,28 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             att16 = fl && pre16 && !want_act && !g->kv_rot && gemm_h_ok(g, &L->wo);
             /* --kv-rot: the cache holds H k and H v, so attention runs on H q and its output,
              * H (sum p v), is rotated back */
-            if (g->kv_rot || (i8k && !qrot)) launch_hadamard(g->q, (int64_t)n * hp->n_head, hd, S);
+            /* (with the plain modes q was rotated with K and V above, or is in k_attn_one) */
+            if (i8k && !qrot) launch_hadamard(g->q, (int64_t)n * hp->n_head, hd, S);
             if (dec && g->part && !fam) { /* decode: split-K over the cache */
                 attn_fuse fx = {};
                 if (fold_split || fold_q)
                     fx.qkv = g->qkv, fx.cs = rc, fx.sn = rs, fx.bq = L->bq, fx.bk = L->bk, fx.bv = L->bv, fx.half = half,
                     fx.neox = hp->rope_type == QF_ROPE_NEOX;
-                /* the merge writes the o matvec's q8_0 activation (it then skips its quantization) */
-                if (!g->kv_rot && !i8v && !L->post_attn_norm && q8_act(&L->wo)) fx.xq = g->xh;
+                /* rotated rows: the output is rotated back where it is written */
+                if (g->kv_rot || i8v) fx.rot = 1.0f / sqrtf((float)hd); /* as qf_hadamard computes it */
+                /* the merge (or k_attn_one) writes the o matvec's q8_0 activation (it then skips
+                 * its quantization) */
+                if (!L->post_attn_norm && q8_act(&L->wo)) fx.xq = g->xh;
                 oq = launch_attention_split(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv,
                                             hd, g->att, g->part, S, dpos, actx,
                                             i8in || (!expanded && g->kv_mode[1] != QF_KV_INT8 && g->kv_mode[1] != QF_KV_DICT),
                                             &fx, i8in ? &i8a : NULL);
-            } else
+            } else {
                 launch_attention(km[0], km[1], g->q, kvp[0], kvp[1], krb[0], krb[1], n, pos0, hp->n_head, nkv, hd, g->att,
                                  fl, att16 ? g->xh : NULL, q16, S, fam ? hp->attn_scale : 0.0f, hp->attn_softcap,
                                  L->window);
-            if (g->kv_rot || i8v) launch_hadamard(g->att, (int64_t)n * hp->n_head, hd, S);
+                if (g->kv_rot) launch_hadamard(g->att, (int64_t)n * hp->n_head, hd, S); /* H (sum p v), rotated back */
+            }
         }
         prof_mark(g, 2);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_OUT, n, Dq, g->att, err))) goto done;

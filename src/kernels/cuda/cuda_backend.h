@@ -34,8 +34,9 @@ extern "C" {
  * 13: learn_klt_measure (the KLT fit's codec-error measurement). 14: qf_cuda_info.graph_steps.
  * 15: qf_cuda_params gains i8_expand (int8 decode reads the cache in place by default).
  * 16: decode_topk and op_topk (qf_generate's sampler reads the logits' top-k, reduced on the device).
- * 17: op_topk loses one_block (one route for every row length: merge levels, no radix select). */
-#define QF_CUDA_ABI 17
+ * 17: op_topk loses one_block (one route for every row length: merge levels, no radix select).
+ * 18: op_attention's route 4 (route 3 with --kv-rot hadamard folded into k_attn_one). */
+#define QF_CUDA_ABI 18
 
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 typedef struct qf_cuda_awq qf_cuda_awq; /* one AWQ group's search state on the device */
@@ -186,7 +187,8 @@ typedef struct qf_cuda_api {
     qf_status (*op_rope)(float *v, int n, int n_heads, int head_dim, int n_rot, qf_rope_type type, const float *cs,
                          const float *sn, qf_error *err);
     qf_status (*op_silu_mul)(const float *g, const float *u, size_t n, float *out, qf_error *err);
-    /* route: 0 the warp kernel, 1 flash, 2 split-K, 3 split-K fused as the decode step runs it */
+    /* route: 0 the warp kernel, 1 flash, 2 split-K, 3 split-K fused as the decode step runs it,
+     * 4 the same under --kv-rot hadamard */
     qf_status (*op_attention)(const float *q, const float *k, const float *v, int n, int pos0, int n_head,
                               int n_head_kv, int hd, qf_kv_mode mode, int route, float *out, qf_error *err);
     qf_status (*op_kv_roundtrip)(qf_kv_mode mode, qf_kv_rot rot, const float *x, int64_t rows, int hd, void *bytes,

@@ -441,6 +441,26 @@ __device__ static inline float block_sum(float v, float *red) {
     return red[0];
 }
 
+/* The normalized Walsh-Hadamard transform (--kv-rot hadamard) of the n floats at v (shared
+ * memory, n a power of two <= HD_MAX) by one warp, all of its lanes calling: hadamard.c's
+ * qf_hadamard in the same order (len = 1, 2, 4, ...: x[j], x[j + len] <- a + b, a - b), then
+ * x *= scale (the host's 1 / sqrtf(n)). Each element sees the same f32 operations as on the CPU
+ * (no product to contract into an FMA), so the result is bit-identical. The one definition
+ * k_hadamard and k_attn_one's folded rotation share. */
+__device__ static inline void hadamard_warp(float *v, int n, int lane, float scale) {
+    for (int len = 1; len < n; len <<= 1) {
+        for (int p = lane; p < n / 2; p += 32) {
+            const int i = (p / len) * 2 * len + p % len;
+            const float a = v[i], b = v[i + len];
+            v[i] = __fadd_rn(a, b);
+            v[i + len] = __fsub_rn(a, b);
+        }
+        __syncwarp();
+    }
+    for (int i = lane; i < n; i += 32) v[i] = __fmul_rn(v[i], scale);
+    __syncwarp();
+}
+
 /* One 32-block of a q8_0 activation, a warp's 32 lanes holding its values in order (v: this
  * lane's): quant.c's quant_q8_0 (d = amax / 127, id = d ? 1 / d : 0, q = roundf(x * id), each
  * operation rounded on its own), the quant to *qs, and from lane 0 the f32 of d's f16 rounding to
@@ -911,6 +931,12 @@ typedef struct {
     const float *qkv, *cs, *sn, *bq, *bk, *bv;
     int half, neox;
     void *xq;
+    /* the cache's rows rotated (--kv-rot hadamard, or an int8 layout's rotated V): the output is
+     * rotated back (hadamard_warp, this scale: 1 / sqrtf(hd) as the host computes it) by the
+     * kernel that writes it (k_attn_one or k_attn_merge), before the o activation; with qkv
+     * (k_attn_one only) the token's q, K and V rows are rotated before K and V are stored.
+     * 0: no rotation. Without qkv the caller has rotated q. */
+    float rot;
 } attn_fuse;
 /* int8 K and V read in place by split-K decode (launch_attention_split's i8; mk = mv =
  * QF_KV_INT8, K and V the layer's cache at position 0, rows in their stored basis: a rotated

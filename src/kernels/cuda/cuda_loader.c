@@ -162,9 +162,9 @@ qf_status qf_cuda_op_attention_split(const float *q, const float *k, const float
     return a->op_attention(q, k, v, n, pos0, n_head, n_head_kv, hd, mode, 2, out, err);
 }
 qf_status qf_cuda_op_attention_fused(const float *q, const float *k, const float *v, int pos0, int n_head, int n_head_kv,
-                                     int hd, qf_kv_mode mode, float *out, qf_error *err) {
+                                     int hd, qf_kv_mode mode, qf_kv_rot rot, float *out, qf_error *err) {
     NEED_API();
-    return a->op_attention(q, k, v, 1, pos0, n_head, n_head_kv, hd, mode, 3, out, err);
+    return a->op_attention(q, k, v, 1, pos0, n_head, n_head_kv, hd, mode, rot == QF_KV_ROT_HADAMARD ? 4 : 3, out, err);
 }
 qf_status qf_cuda_op_kv_roundtrip(qf_kv_mode mode, const float *x, int64_t rows, int hd, void *bytes, float *out,
                                   qf_error *err) {

@@ -244,10 +244,8 @@ void launch_qkv_split(const float *qkv, int kind, int n, int nh, int nkv, int hd
 }
 
 /* ---- the normalized Walsh-Hadamard transform (--kv-rot hadamard) ----
- * One warp per row of n <= HD_MAX floats, in shared memory: the butterfly stages of
- * hadamard.c's qf_hadamard in the same order (len = 1, 2, 4, ...: x[j], x[j + len] <- a + b,
- * a - b), then x *= scale, the host's 1 / sqrtf(n). Each element sees the same f32 operations
- * as on the CPU (no product to contract into an FMA), so the result is bit-identical. */
+ * One warp per row of n <= HD_MAX floats, copied into shared memory and transformed there by
+ * hadamard_warp (cuda_common.cuh: bit-identical to hadamard.c's qf_hadamard). */
 #define HAD_WARPS 4
 /* up to 3 arrays in one launch (blockIdx.y picks one) */
 typedef struct {
@@ -265,16 +263,8 @@ __global__ void __launch_bounds__(HAD_WARPS * 32) k_hadamard(had_set hs, int n, 
     float *v = sm[warp], *g = (y == 0 ? hs.x[0] : y == 1 ? hs.x[1] : hs.x[2]) + r * n;
     for (int i = lane; i < n; i += 32) v[i] = g[i];
     __syncwarp();
-    for (int len = 1; len < n; len <<= 1) {
-        for (int p = lane; p < n / 2; p += 32) {
-            const int i = (p / len) * 2 * len + p % len;
-            const float a = v[i], b = v[i + len];
-            v[i] = a + b;
-            v[i + len] = a - b;
-        }
-        __syncwarp();
-    }
-    for (int i = lane; i < n; i += 32) g[i] = v[i] * scale;
+    hadamard_warp(v, n, lane, scale);
+    for (int i = lane; i < n; i += 32) g[i] = v[i];
 }
 
 void launch_hadamard_n(float *const *x, const int64_t *rows, int cnt, int n, cudaStream_t s) {

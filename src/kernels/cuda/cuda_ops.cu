@@ -135,14 +135,23 @@ qf_status op_topk(const float *logits, int V, float temp, int k, qf_gpu_topk *ou
  * on the same q|k|v row: [q | k row pos0 | v row pos0], with biases where pos0 % 3 == 0, NEOX
  * pairs where pos0 is odd and a RoPE row of cos / sin(0.37 (j + 1)). The cache rows, the output
  * and the q8_0 activation must be the same bytes (else QF_ERR_DEVICE saying which); out gets the
- * fused output (rotated q and K row pos0: not plain attention of q, k, v). */
+ * fused output (rotated q and K row pos0: not plain attention of q, k, v). rot (route 4): with
+ * --kv-rot hadamard folded into k_attn_one, against the f32 split, one k_hadamard launch over K,
+ * V and q, the K|V write, the attention, k_hadamard over its output and k_quant_act (the decode
+ * step's separate launches under --kv-rot); past k_attn_one's keys only the output's rotation
+ * and quantization are folded (into split-K's merge), as in the step. The rows before pos0 are
+ * stored unrotated (any rows will do: both sides read the same). */
 static qf_status op_attention_fused(const float *q, const float *k, const float *v, int pos0, int n_head, int n_head_kv,
-                                    int hd, qf_kv_mode mode, float *out, qf_error *err) {
+                                    int hd, qf_kv_mode mode, bool rot, float *out, qf_error *err) {
     const size_t rb = kv_row_bytes(mode, hd), rows = (size_t)(pos0 + 1) * n_head_kv, Dq = (size_t)n_head * hd,
                  Dkv = (size_t)n_head_kv * hd, H = Dq + 2 * Dkv, xqb = ACT_Q_BYTES(1, (int)Dq);
     const int half = hd / 2, neox = pos0 % 2;
     if (hd % 32 || hd > HD_MAX) return cu_fail(err, QF_ERR_DEVICE, "CUDA op: fused split-K attention needs hd %% 32 == 0");
-    if (mode != QF_KV_F16 && attention_one_keys(mode, mode, hd) < pos0 + 1) /* only k_attn_one folds q8_0 / q4_0 */
+    if (rot && (hd & (hd - 1))) return cu_fail(err, QF_ERR_DEVICE, "CUDA op: --kv-rot needs a power-of-two head_dim");
+    /* only k_attn_one folds q8_0 / q4_0 or the rotation's split; past it, under rot, split-K's
+     * merge rotates the output back (the split and the K|V write stay separate, as in the step) */
+    const bool one = attention_one_keys(mode, mode, hd) >= pos0 + 1;
+    if (mode != QF_KV_F16 && !rot && !one)
         return cu_fail(err, QF_ERR_DEVICE, "CUDA op: a fused %s cache needs k_attn_one (%d keys are too many)",
                        cu_kv_mode_name(mode), pos0 + 1);
     float *hq = (float *)malloc(H * 4), *tab = (float *)malloc((size_t)hd * 4), *bias = (float *)malloc(H * 4);
@@ -186,21 +195,33 @@ static qf_status op_attention_fused(const float *q, const float *k, const float 
          * before it are in the cache already, then the K|V write), the attention, the
          * quantization */
         uint8_t *k0 = c[0][0] + (size_t)pos0 * n_head_kv * rb, *v0 = c[0][1] + (size_t)pos0 * n_head_kv * rb;
-        if (mode == QF_KV_F16)
+        if (rot) fx.rot = 1.0f / sqrtf((float)hd); /* as qf_hadamard computes it */
+        if (mode == QF_KV_F16 && !rot)
             launch_qkv_split(dqkv, 2, 1, n_head, n_head_kv, hd, half, neox != 0, fx.cs, fx.sn, fx.bq, fx.bk, fx.bv, dq, k0,
                              v0, 0);
         else {
             float *kr = dk + (size_t)pos0 * Dkv, *vr = dv + (size_t)pos0 * Dkv;
             launch_qkv_split(dqkv, 0, 1, n_head, n_head_kv, hd, half, neox != 0, fx.cs, fx.sn, fx.bq, fx.bk, fx.bv, dq, kr,
                              vr, 0);
+            if (rot) {
+                float *rx[3] = {kr, vr, dq};
+                const int64_t rr[3] = {n_head_kv, n_head_kv, n_head};
+                launch_hadamard_n(rx, rr, 3, hd, 0);
+            }
             launch_kv_write(mode, kr, n_head_kv, hd, rb, k0, 0);
             launch_kv_write(mode, vr, n_head_kv, hd, rb, v0, 0);
         }
         launch_attention_split(mode, mode, dq, c[0][0], c[0][1], rb, rb, 1, pos0, n_head, n_head_kv, hd, o[0], part, 0,
                                NULL, 0, true);
+        if (rot) launch_hadamard(o[0], n_head, hd, 0);
         launch_quant_act(o[0], 1, (int)Dq, xq[0], 0);
         /* fused */
         fx.xq = xq[1];
+        if (rot && !one) { /* split-K: row pos0 as the separate launches rotated it, the merge rotating back */
+            launch_kv_write(mode, dk + (size_t)pos0 * Dkv, n_head_kv, hd, rb, c[1][0] + (size_t)pos0 * n_head_kv * rb, 0);
+            launch_kv_write(mode, dv + (size_t)pos0 * Dkv, n_head_kv, hd, rb, c[1][1] + (size_t)pos0 * n_head_kv * rb, 0);
+            fx.qkv = NULL;
+        }
         if (!launch_attention_split(mode, mode, dq, c[1][0], c[1][1], rb, rb, 1, pos0, n_head, n_head_kv, hd, o[1], part, 0,
                                     NULL, 0, true, &fx)) {
             dfree(&a);
@@ -228,8 +249,8 @@ static qf_status op_attention_fused(const float *q, const float *k, const float 
                            : memcmp(hb[2], hf[2], xqb)       ? "q8_0 activation"
                                                              : NULL;
         if (what)
-            st = cu_fail(err, QF_ERR_DEVICE, "CUDA op: fused %s attention: the %s differ from the separate launches'",
-                         cu_kv_mode_name(mode), what);
+            st = cu_fail(err, QF_ERR_DEVICE, "CUDA op: fused %s attention%s: the %s differ from the separate launches'",
+                         cu_kv_mode_name(mode), rot ? " with --kv-rot" : "", what);
     }
 out:
     free(hq), free(tab), free(bias), free(o1);
@@ -239,10 +260,10 @@ out:
 
 qf_status op_attention(const float *q, const float *k, const float *v, int n, int pos0, int n_head, int n_head_kv,
                        int hd, qf_kv_mode mode, int route, float *out, qf_error *err) {
-    if (route == 3) {
+    if (route == 3 || route == 4) {
         if (n != 1 || !(mode == QF_KV_F16 || mode == QF_KV_Q8_0 || mode == QF_KV_Q4_0))
             return cu_fail(err, QF_ERR_DEVICE, "CUDA op: the fused route is one token, f16, q8_0 or q4_0 cache");
-        return op_attention_fused(q, k, v, pos0, n_head, n_head_kv, hd, mode, out, err);
+        return op_attention_fused(q, k, v, pos0, n_head, n_head_kv, hd, mode, route == 4, out, err);
     }
     const bool flash = route == 1, split = route == 2;
     size_t rb = kv_row_bytes(mode, hd);
