@@ -1,6 +1,7 @@
 /* bench_gpu.c: prefill throughput of the CUDA backend next to the H200 roofline.
  *
- *   build/bench/bench_gpu MODEL.gguf [--corpus TEXT] [--chunks 4] [-c 512] [--kv f16] [--device cuda|cpu]
+ *   build/bench/bench_gpu MODEL.gguf [--corpus TEXT] [--chunks 4] [-c 512] [--kv f16] [--kv-v MODE]
+ *       [--device cuda|cpu] (--kv: the cache mode of K and V, --kv-v: V's if it differs)
  *       [--prefill-only]   (with QF_CUDA_PROFILE=1 the backend prints GPU time per stage at exit;
  *                           every QF_CUDA_* knob of the CLI is read here too, see tools/cli.h)
  *       [--decode-steps N] [--decode-pos P] (decode: N single-token steps after a P-token prefill)
@@ -65,13 +66,14 @@ static size_t wbytes(const qf_weight *w) { return w->data ? w->row_bytes * (size
 static double wparams(const qf_weight *w) { return w->data ? (double)w->ne0 * w->ne1 : 0; }
 
 int main(int argc, char **argv) {
-    const char *model = NULL, *corpus = NULL, *kvs = "f16", *devs = "cuda", *int8_layout = NULL;
+    const char *model = NULL, *corpus = NULL, *kvs = "f16", *kvvs = NULL, *devs = "cuda", *int8_layout = NULL;
     int n_ctx = 512, chunks = 4, prefill_only = 0, gemm = 0, dsteps = 64, dpos = -1, decode_only = 0, sampler = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--corpus") && i + 1 < argc) corpus = argv[++i];
         else if (!strcmp(argv[i], "--chunks") && i + 1 < argc) chunks = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-c") && i + 1 < argc) n_ctx = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc) kvs = argv[++i];
+        else if (!strcmp(argv[i], "--kv-v") && i + 1 < argc) kvvs = argv[++i]; /* V's mode (default: --kv's) */
         else if (!strcmp(argv[i], "--int8") && i + 1 < argc) int8_layout = argv[++i];
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) devs = argv[++i];
         else if (!strcmp(argv[i], "--prefill-only")) prefill_only = 1; /* e.g. with QF_CUDA_PROFILE=1 */
@@ -82,7 +84,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--decode-pos") && i + 1 < argc) dpos = atoi(argv[++i]);
         else if (argv[i][0] != '-' && !model) model = argv[i];
         else {
-            fprintf(stderr, "usage: %s MODEL.gguf [--corpus TEXT] [--chunks N] [-c N] [--kv f16] [--device cuda|cpu]\n", argv[0]);
+            fprintf(stderr, "usage: %s MODEL.gguf [--corpus TEXT] [--chunks N] [-c N] [--kv f16] [--kv-v MODE] [--device cuda|cpu]\n", argv[0]);
             return 2;
         }
     }
@@ -113,11 +115,11 @@ int main(int argc, char **argv) {
         if ((v = getenv("QF_CUDA_I8_EXPAND")) && !strcmp(v, "1")) p.cuda.i8_expand = true;
         if ((v = getenv("QF_KV_ROT")) && !strcmp(v, "hadamard")) p.kv_rot = QF_KV_ROT_HADAMARD;
     }
-    if (!qf_kv_mode_from_name(kvs, &p.kv_k) || !qf_device_from_name(devs, &p.device)) {
-        fprintf(stderr, "bench_gpu: bad --kv or --device\n");
+    if (!qf_kv_mode_from_name(kvs, &p.kv_k) || !qf_kv_mode_from_name(kvvs ? kvvs : kvs, &p.kv_v) ||
+        !qf_device_from_name(devs, &p.device)) {
+        fprintf(stderr, "bench_gpu: bad --kv, --kv-v or --device\n");
         return 2;
     }
-    p.kv_v = p.kv_k;
     qf_context *c = qf_context_new(m, &p, &err);
     if (!c) {
         fprintf(stderr, "bench_gpu: %s\n", err.msg);
@@ -193,7 +195,8 @@ int main(int argc, char **argv) {
     printf("model %s (%s): %d layers, n_embd %d, heads %d/%d x %d, n_ff %d, vocab %d; %.3f G matmul params, %.2f GB weights streamed per chunk\n",
            hp->name, model, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff, hp->n_vocab,
            (mm_params + out_params) / 1e9, bytes / 1e9);
-    printf("device %s, kv %s, -c %d, %d chunks; load+upload %.1f s\n", qf_device_name(qf_context_device(c)), kvs, n_ctx,
+    printf("device %s, kv %s%s%s, -c %d, %d chunks; load+upload %.1f s\n", qf_device_name(qf_context_device(c)), kvs,
+           kvvs ? " / v " : "", kvvs ? kvvs : "", n_ctx,
            chunks, t_load);
     /* warm-up (cuBLAS heuristics, first-touch) */
     if (!decode_only && qf_decode(c, toks, n_ctx, 0, logits, n_ctx - 1, &err)) {

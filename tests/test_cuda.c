@@ -1107,6 +1107,7 @@ static long last_graph_steps;
  * expansion instead of in place) */
 static int dsl_n_ctx = 256;
 static bool dsl_i8_expand;
+static int dsl_kv_v = -1; /* >= 0: V's cache mode (K and V in different modes), else V's is K's */
 
 /* n0 prompt tokens then n1 one-token steps; logits [n1][n_vocab] of the steps. klay / vlay
  * (non-NULL): a kv-int8 payload of these row layouts is bound first (per-head scales 0.05: the
@@ -1115,7 +1116,8 @@ static bool decode_steps_lay(qf_model *m, qf_device dev, bool reference, bool no
                              const char *klay, const char *vlay, const int32_t *toks, int n0, int n1, float *logits) {
     qf_context_params p = qf_context_default_params();
     p.n_ctx = dsl_n_ctx;
-    p.kv_k = p.kv_v = kv;
+    p.kv_k = kv;
+    p.kv_v = dsl_kv_v >= 0 ? (qf_kv_mode)dsl_kv_v : kv;
     p.kv_rot = rot;
     p.device = dev;
     p.reference = reference;
@@ -1207,34 +1209,45 @@ TEST(e2e_decode_graph) {
         const int nv = hp->n_vocab;
         float *lg = malloc((size_t)n1 * nv * 4), *lp = malloc((size_t)n1 * nv * 4), *lc = malloc((size_t)n1 * nv * 4),
               *lf = malloc((size_t)n1 * nv * 4);
-        /* the q4_0 cache and the last f16 one under --kv-rot hadamard (power-of-two head_dim) */
-        const qf_kv_mode kvs[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_F32, QF_KV_F16};
+        /* the q4_0 cache and the last f16 one under --kv-rot hadamard (power-of-two head_dim); the
+         * last two K in q8_0 with V in q4_0, and K in q4_0 with V in q8_0 */
+        const qf_kv_mode kvs[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_F32, QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0};
+        const qf_kv_mode kvv[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_F32, QF_KV_F16, QF_KV_Q4_0, QF_KV_Q8_0};
         const bool wide = hp->n_embd >= 2048; /* its slow CPU reference: two cache modes */
-        for (int k = 0; k < (wide ? 2 : 5); k++) {
+        for (int k = 0; k < (wide ? 2 : 7); k++) {
             const qf_kv_rot rot =
                 (k == 2 || k == 4) && (hp->head_dim & (hp->head_dim - 1)) == 0 ? QF_KV_ROT_HADAMARD : QF_KV_ROT_NONE;
             if (k == 4 && !rot) continue;
+            if (kvv[k] == QF_KV_Q8_0 || kvv[k] == QF_KV_Q4_0) {
+                if (hp->head_dim % 32) continue;
+            }
             if (kvs[k] == QF_KV_Q8_0 || kvs[k] == QF_KV_Q4_0) {
                 if (hp->head_dim % 32) continue;
             }
-            if (!graph_runs(m, kvs[k], rot, toks, n0, n1, lg, lp, lc, lf)) break;
+            dsl_kv_v = kvv[k] != kvs[k] ? (int)kvv[k] : -1;
+            const bool ran = graph_runs(m, kvs[k], rot, toks, n0, n1, lg, lp, lc, lf);
+            dsl_kv_v = -1;
+            if (!ran) break;
             const size_t nl = (size_t)n1 * nv;
             const graph_cmp r = graph_compare(lg, lp, lc, lf, n1, nv); /* fe: the CPU's fast route, as in e2e_model */
             const size_t diff = r.diff;
             const double e = r.e, fe = r.fe;
             const int agree = r.agree, near = r.near;
-            printf("  decode graph %-30s kv %-4s%s: %zu of %zu logits differ from plain launches; nmse %.3g against the "
-                   "CPU reference (the CPU's fast route: %.3g), top-1 %d/%d (%d/%d with near-ties)\n",
-                   models[mi] + 7, qf_kv_mode_name(kvs[k]), rot ? " +rot" : "", diff, nl, e, fe, agree, n1, near, n1);
+            printf("  decode graph %-30s kv %-4s%s%s%s: %zu of %zu logits differ from plain launches; nmse %.3g against "
+                   "the CPU reference (the CPU's fast route: %.3g), top-1 %d/%d (%d/%d with near-ties)\n",
+                   models[mi] + 7, qf_kv_mode_name(kvs[k]), kvv[k] != kvs[k] ? " / v " : "",
+                   kvv[k] != kvs[k] ? qf_kv_mode_name(kvv[k]) : "", rot ? " +rot" : "", diff, nl, e, fe, agree, n1, near,
+                   n1);
             CHECK_MSG(diff == 0, "%s kv %s: graph replay differs from plain launches", models[mi], qf_kv_mode_name(kvs[k]));
-            const double lb = fmax(kvs[k] == QF_KV_Q4_0 ? 1e-3 : 1e-4, 2 * fe);
+            const bool q4 = kvs[k] == QF_KV_Q4_0 || kvv[k] == QF_KV_Q4_0;
+            const double lb = fmax(q4 ? 1e-3 : 1e-4, 2 * fe);
             CHECK_MSG(e <= lb, "%s kv %s: logits nmse %g (bound %g)", models[mi], qf_kv_mode_name(kvs[k]), e, lb);
             /* random tokens on a small model leave near-ties, which a quantized cache's rounding
              * flips either way (the tokens depend on the tests run before: a QF_TEST_ONLY subset
              * drew some where the q8_0 model with a q8_0 cache agreed 37/40 while the CPU's fast
              * route agreed 40/40): a miss counts unless the reference puts the GPU's pick within
              * 4 rms of the row's difference of its own top-1 (top1_near) */
-            CHECK_MSG(near >= n1 - (kvs[k] == QF_KV_Q4_0 ? 4 : 2), "%s kv %s: top-1 %d/%d, %d/%d with near-ties",
+            CHECK_MSG(near >= n1 - (q4 ? 4 : 2), "%s kv %s: top-1 %d/%d, %d/%d with near-ties",
                       models[mi], qf_kv_mode_name(kvs[k]), agree, n1, near, n1);
         }
         free(lg), free(lp), free(lc), free(lf);
@@ -1253,7 +1266,7 @@ TEST(e2e_decode_graph_one) {
     const char *models[] = {"models/test-d2048-q4_0.gguf", "models/qforge-demo-11m-f16.gguf"};
     /* f16, q8_0 and q4_0 caches (k_attn_one folds a quantized cache's K|V write too); the
      * 2048-wide model's slow CPU reference: f16 and q8_0 */
-    const qf_kv_mode kvs[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_Q8_0};
+    const qf_kv_mode kvs[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_Q8_0, QF_KV_Q8_0};
     enum { n1 = 24 };
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
         static int32_t toks[512 + n1];
@@ -1263,23 +1276,26 @@ TEST(e2e_decode_graph_one) {
         const int n0 = lim - 12; /* positions lim - 12 .. lim + 11: T = lim is the last short one */
         const size_t nl = (size_t)n1 * nv;
         float *lg = malloc(nl * 4), *lp = malloc(nl * 4), *lc = malloc(nl * 4), *lf = malloc(nl * 4);
-        /* the demo model's last case: q8_0 under --kv-rot hadamard (folded into k_attn_one, the
-         * separate rotations past it) */
-        for (int k = 0; k < (qf_model_hparams(m)->n_embd >= 2048 ? 2 : 4); k++) {
+        /* the demo model's last cases: q8_0 under --kv-rot hadamard (folded into k_attn_one, the
+         * separate rotations past it), and K in q8_0 with V in q4_0 */
+        for (int k = 0; k < (qf_model_hparams(m)->n_embd >= 2048 ? 2 : 5); k++) {
             const qf_kv_rot rot = k == 3 ? QF_KV_ROT_HADAMARD : QF_KV_ROT_NONE;
             dsl_n_ctx = 2 * lim;
+            dsl_kv_v = k == 4 ? QF_KV_Q4_0 : -1;
             const double t0 = qf_now_sec();
             const bool ok = lg && lp && lc && lf && graph_runs(m, kvs[k], rot, toks, n0, n1, lg, lp, lc, lf);
             dsl_n_ctx = 256;
+            dsl_kv_v = -1;
             if (!ok) break;
             const graph_cmp r = graph_compare(lg, lp, lc, lf, n1, nv);
-            printf("  decode graph %-30s kv %-4s%s at %d..%d of %d: %zu of %zu logits differ from plain launches; nmse "
+            printf("  decode graph %-30s kv %-4s%s%s at %d..%d of %d: %zu of %zu logits differ from plain launches; nmse "
                    "%.3g against the CPU reference (the CPU's fast route: %.3g), top-1 %d/%d (%d/%d with near-ties); "
                    "%.1f s\n",
-                   models[mi] + 7, qf_kv_mode_name(kvs[k]), rot ? " +rot" : "", n0, n0 + n1 - 1, 2 * lim, r.diff, nl, r.e,
+                   models[mi] + 7, qf_kv_mode_name(kvs[k]), k == 4 ? " / v q4_0" : "", rot ? " +rot" : "", n0, n0 + n1 - 1,
+                   2 * lim, r.diff, nl, r.e,
                    r.fe, r.agree, n1, r.near, n1, qf_now_sec() - t0);
             CHECK_MSG(r.diff == 0, "%s kv %s: graph replay differs from plain launches", models[mi], qf_kv_mode_name(kvs[k]));
-            const bool q4 = kvs[k] == QF_KV_Q4_0; /* as e2e_decode_graph */
+            const bool q4 = kvs[k] == QF_KV_Q4_0 || k == 4; /* as e2e_decode_graph */
             const double lb = fmax(q4 ? 1e-3 : 1e-4, 2 * r.fe);
             CHECK_MSG(r.e <= lb, "%s kv %s: logits nmse %g (bound %g)", models[mi], qf_kv_mode_name(kvs[k]), r.e, lb);
             CHECK_MSG(r.near >= n1 - (q4 ? 4 : 2), "%s kv %s: top-1 %d/%d, %d/%d with near-ties", models[mi],

@@ -830,7 +830,22 @@ __device__ static inline void fold_kv_pair(const attn_fuse &fx, int hd, int n_he
              fx.bv ? fx.bv + (size_t)kh * hd : NULL, false, 0, vd);
 }
 
-/* ---- q8_0 / q4_0 rows read straight from global memory by k_attn_split_h<G, HD, false, QZ> ----
+/* q8_0 or q4_0: the modes whose rows k_attn_split_h and k_attn_one read as codes and a step */
+__host__ __device__ static inline bool kv_qz(qf_kv_mode m) { return m == QF_KV_Q8_0 || m == QF_KV_Q4_0; }
+/* f(QK, QV) with K's and V's modes (each q8_0 or q4_0) as std::integral_constant values */
+template <typename F> static void qz_modes(qf_kv_mode mk, qf_kv_mode mv, F f) {
+    using Q8 = std::integral_constant<int, QF_KV_Q8_0>;
+    using Q4 = std::integral_constant<int, QF_KV_Q4_0>;
+    if (mk == QF_KV_Q8_0) {
+        if (mv == QF_KV_Q8_0) f(Q8{}, Q8{});
+        else f(Q8{}, Q4{});
+    } else {
+        if (mv == QF_KV_Q8_0) f(Q4{}, Q8{});
+        else f(Q4{}, Q4{});
+    }
+}
+
+/* ---- q8_0 / q4_0 rows read straight from global memory by k_attn_split_h<G, HD, false, QZ, QV> ----
  * A lane's bytes of a block (2-byte aligned: blocks are 34 or 18 bytes) as NW words, and its codes
  * as kv_elem gives them: q8_0 the signed bytes, q4_0 the low (hi false) or high nibbles less 8,
  * times the block's step d. */
@@ -859,12 +874,12 @@ template <int QZ, int N> __device__ static inline void qz_codes(const uint32_t *
  * bytes each, read the same way (one 16-byte load a lane in phase 1, 8 bytes in phase 3) and
  * turned into the staged kernel's values in registers: by construction the same scores and sums
  * as k_attn_split_i8 (its phase 3 takes a thread's keys in the same order), without the staging.
- * QZ (q8_0 / q4_0, K and V alike; groups 1, 2, 3, 4, 8): a lane's 16 elements are half a block,
- * its 16 code bytes (q4_0: the whole block's, one nibble of each) and the block's step, phase 3's
- * 8 elements a quarter (8 bytes); kv_elem's values (qz_codes). */
+ * QZ / QV (K's / V's mode, q8_0 or q4_0 each; groups 1, 2, 3, 4, 8): a lane's 16 elements are
+ * half a block, its 16 code bytes (q4_0: the whole block's, one nibble of each) and the block's
+ * step, phase 3's 8 elements a quarter (8 bytes); kv_elem's values (qz_codes). */
 static size_t splith_smem(int G, int hd, int L) { return (size_t)(G * L + SPLIT_WARPS * G * hd + 2 * G) * sizeof(float); }
 
-template <int G, int HD, bool I8, int QZ = 0>
+template <int G, int HD, bool I8, int QZ = 0, int QV = QZ>
 __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     k_attn_split_h(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
                    int n_head_kv, float scale, int n, const int *dpos, float *part, int early, attn_fuse fx, attn_i8 a) {
@@ -874,6 +889,7 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
     /* QZ: bytes a block; a lane's key slice in block sub / 2 (q8_0: its half sub % 2), a thread's
      * V chunk in block d8 / 4 (q8_0: its quarter d8 % 4; q4_0: bytes 8 (d8 % 2), nibbles d8 % 4 / 2) */
     constexpr int QB = QZ == QF_KV_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
+    constexpr int QBV = QV == QF_KV_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
     extern __shared__ float smh[];
     pdl_trigger();
     const int c = blockIdx.x, kh = blockIdx.y, i = blockIdx.z;
@@ -903,13 +919,13 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
             for (int u = 0; u < KW; u++) w[u] = kr[u];
         }
     };
-    using VT = typename std::conditional<I8 || QZ, uint2, uint4>::type;
+    using VT = typename std::conditional<I8 || QV, uint2, uint4>::type;
     auto vchunk = [&](int t, float &d) -> VT {
         const uint8_t *row = V + ((size_t)(j0 + t) * n_head_kv + kh) * rbv;
-        if constexpr (QZ) {
-            const uint8_t *b = row + d8 / 4 * QB;
+        if constexpr (QV) {
+            const uint8_t *b = row + d8 / 4 * QBV;
             uint32_t x[2];
-            qz_words<2>(b + 2 + 8 * (QZ == QF_KV_Q8_0 ? d8 % 4 : d8 % 2), x);
+            qz_words<2>(b + 2 + 8 * (QV == QF_KV_Q8_0 ? d8 % 4 : d8 % 2), x);
             d = h2f_bits(*(const uint16_t *)b);
             return make_uint2(x[0], x[1]);
         } else
@@ -932,7 +948,7 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
         for (int k = 0; k < 16; k++) ksc[k] = ktok ? 0.0f : __ldg(a.scale[0] + (size_t)kh * HD + 16 * sub + k);
     pdl_wait();
     float qv[G][16];
-    if (!I8 && !QZ && fx.qkv) { /* the split folded in (one token): red holds the G rotated q rows until phase 3 */
+    if (!I8 && !QZ && !QV && fx.qkv) { /* the split folded in (one token): red holds the G rotated q rows until phase 3 */
         for (int x = threadIdx.x; x < G * HD / 2; x += blockDim.x) {
             const int g = x / (HD / 2), j = x % (HD / 2);
             fold_q_pair(fx, HD, kh * G + g, j, red + g * HD);
@@ -1011,9 +1027,9 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
             const int t = tb + kg + u * NKG;
             if (t >= len) break;
             float vf[8];
-            if constexpr (QZ) {
+            if constexpr (QV) {
                 const uint32_t w2[2] = {vv[u].x, vv[u].y};
-                qz_codes<QZ, 8>(w2, vd[u], d8 % 4 >= 2, vf);
+                qz_codes<QV, 8>(w2, vd[u], d8 % 4 >= 2, vf);
             } else if constexpr (I8) {
                 const uint32_t w2[2] = {vv[u].x, vv[u].y};
                 i8_codes<8>(w2, vtok, vsc, vst[u], vf);
@@ -1046,7 +1062,8 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
  * K and V to the cache. Shared memory holds tmax rows (a graph's longest position). On the H100,
  * 8B q4_0 decode at positions 1..256: 1.06x the step of split-K and merge (docs/gpu.md "Session
  * 40").
- * M, the mode of K and V: f16, q8_0 or q4_0. A quantized row (one_rb bytes) is staged raw, in the
+ * MK, MV, the modes of K and V: both f16, or each q8_0 or q4_0. A quantized row (one_rb bytes) is
+ * staged raw, in the
  * widest pieces its size allows (16, 8 or 4 bytes), and dequantized where phases 1 and 3 read it
  * (one_load8: kv_elem's values). Folded, the token's K and V rows are formed in f32 (the rows
  * k_qkv_split writes) and each 32-block quantized by a warp as kv_quant_block does it (one_quant:
@@ -1063,9 +1080,9 @@ template <int HD, int M> __host__ __device__ constexpr int one_rb() {
     return M == QF_KV_Q8_0 ? HD / QK * (int)sizeof(block_q8_0) : M == QF_KV_Q4_0 ? HD / QK * (int)sizeof(block_q4_0) : HD * 2;
 }
 template <int HD, int M> __host__ __device__ constexpr int one_rbs() { return (one_rb<HD, M>() + 15) / 16 * 16; }
-template <int HD, int M> static size_t one_smem(int tmax) {
+template <int HD, int MK, int MV> static size_t one_smem(int tmax) {
     constexpr int NKG = ONE_THREADS / (HD / 8);
-    return (size_t)2 * tmax * one_rbs<HD, M>() + (size_t)(tmax + HD + NKG * HD + 32) * sizeof(float);
+    return (size_t)tmax * (one_rbs<HD, MK>() + one_rbs<HD, MV>()) + (size_t)(tmax + HD + NKG * HD + 32) * sizeof(float);
 }
 __device__ static inline void cp_async_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
@@ -1109,18 +1126,35 @@ template <int M> __device__ static inline void one_quant(float x, int lane, uint
     }
 }
 /* CW bytes from src to dst (both CW-aligned): one load and store */
+template <int CW> __device__ static inline void one_copy(void *dst, const void *src);
+/* rows [t0, t1) of kv head kh of a cache (rows of rb bytes, n_head_kv a position) into dst (rows
+ * RBS apart), PER pieces of CW bytes a row, cp.async by the block's ONE_THREADS threads (tid) */
+template <int CW, int PER, int RBS>
+__device__ static inline void one_stage(uint8_t *dst, const uint8_t *src, size_t rb, int t0, int t1, int n_head_kv,
+                                        int kh, int tid) {
+    for (int x = t0 * PER + tid; x < t1 * PER; x += ONE_THREADS) {
+        const int t = x / PER, c = x % PER * CW;
+        uint8_t *d = dst + (size_t)t * RBS + c;
+        const uint8_t *g = src + ((size_t)t * n_head_kv + kh) * rb + c;
+        if constexpr (CW == 16) cp_async16(d, g, 16);
+        else if constexpr (CW == 8) cp_async8(d, g, 8);
+        else cp_async4(d, g, 4);
+    }
+}
 template <int CW> __device__ static inline void one_copy(void *dst, const void *src) {
     if constexpr (CW == 16) *(uint4 *)dst = *(const uint4 *)src;
     else if constexpr (CW == 8) *(uint2 *)dst = *(const uint2 *)src;
     else *(uint32_t *)dst = *(const uint32_t *)src;
 }
 
-template <int HD, int M>
+template <int HD, int MK, int MV>
 __global__ void __launch_bounds__(ONE_THREADS)
     k_attn_one(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
                int n_head_kv, float scale, const int *dpos, int tmax, int early, float *out, attn_fuse fx, act_q aq) {
-    constexpr int RB = one_rb<HD, M>(), RBS = one_rbs<HD, M>(); /* rbk = rbv = RB (launch_attention_split) */
-    constexpr int CW = RB % 16 == 0 ? 16 : RB % 8 == 0 ? 8 : 4, PER = RB / CW; /* staged pieces a row */
+    /* rbk = RBK, rbv = RBV (launch_attention_split); staged in pieces of CWK / CWV bytes */
+    constexpr int RBK = one_rb<HD, MK>(), RBSK = one_rbs<HD, MK>(), RBV = one_rb<HD, MV>(), RBSV = one_rbs<HD, MV>();
+    constexpr int CWK = RBK % 16 == 0 ? 16 : RBK % 8 == 0 ? 8 : 4, PERK = RBK / CWK;
+    constexpr int CWV = RBV % 16 == 0 ? 16 : RBV % 8 == 0 ? 8 : 4, PERV = RBV / CWV;
     constexpr int LPK = HD / 16, KPB = ONE_THREADS / LPK; /* phase 1: lanes a key, keys a pass */
     constexpr int NC8 = HD / 8, NKG = ONE_THREADS / NC8;  /* phase 3: 8-dim chunks, key groups */
     extern __shared__ __align__(16) float smo[];
@@ -1132,17 +1166,11 @@ __global__ void __launch_bounds__(ONE_THREADS)
         if (h == 0) pdl_wait();
         return;
     }
-    uint8_t *Ks = (uint8_t *)smo, *Vs = Ks + (size_t)tmax * RBS;
-    float *S = (float *)(Vs + (size_t)tmax * RBS), *qs = S + tmax, *red = qs + HD, *sc = red + NKG * HD;
+    uint8_t *Ks = (uint8_t *)smo, *Vs = Ks + (size_t)tmax * RBSK;
+    float *S = (float *)(Vs + (size_t)tmax * RBSV), *qs = S + tmax, *red = qs + HD, *sc = red + NKG * HD;
     auto stage = [&](int t0, int t1) { /* rows [t0, t1) of K and V into Ks, Vs */
-        for (int x = t0 * PER + tid; x < t1 * PER; x += ONE_THREADS) {
-            const int t = x / PER, c = x % PER * CW;
-            uint8_t *dk = Ks + (size_t)t * RBS + c, *dv = Vs + (size_t)t * RBS + c;
-            const uint8_t *sk = K + ((size_t)t * n_head_kv + kh) * rbk + c, *sv = V + ((size_t)t * n_head_kv + kh) * rbv + c;
-            if constexpr (CW == 16) cp_async16(dk, sk, 16), cp_async16(dv, sv, 16);
-            else if constexpr (CW == 8) cp_async8(dk, sk, 8), cp_async8(dv, sv, 8);
-            else cp_async4(dk, sk, 4), cp_async4(dv, sv, 4);
-        }
+        one_stage<CWK, PERK, RBSK>(Ks, K, rbk, t0, t1, n_head_kv, kh, tid);
+        one_stage<CWV, PERV, RBSV>(Vs, V, rbv, t0, t1, n_head_kv, kh, tid);
         cp_async_commit();
     };
     const int tp = early ? pos0 : 0; /* rows before pos0 were written by earlier steps */
@@ -1150,8 +1178,8 @@ __global__ void __launch_bounds__(ONE_THREADS)
     pdl_wait();
     stage(tp, fx.qkv ? pos0 : T);
     if (fx.qkv) { /* the split folded in: q rotated into qs, the token's K and V rows into Ks / Vs */
-        uint8_t *kd = Ks + (size_t)pos0 * RBS, *vd = Vs + (size_t)pos0 * RBS;
-        if (M == QF_KV_F16 && fx.rot == 0.0f) {
+        uint8_t *kd = Ks + (size_t)pos0 * RBSK, *vd = Vs + (size_t)pos0 * RBSV;
+        if (MK == QF_KV_F16 && fx.rot == 0.0f) {
             for (int j = tid; j < HD / 2; j += ONE_THREADS) {
                 fold_q_pair(fx, HD, h, j, qs);
                 fold_kv_pair(fx, HD, n_head, n_head_kv, kh, j, (__half *)kd, (__half *)vd);
@@ -1167,13 +1195,13 @@ __global__ void __launch_bounds__(ONE_THREADS)
                 if (w < 3) hadamard_warp(w ? red + (w - 1) * HD : qs, HD, lane, fx.rot);
                 __syncthreads();
             }
-            if constexpr (M == QF_KV_F16) { /* the K|V write's roundings */
+            if constexpr (MK == QF_KV_F16) { /* the K|V write's roundings (MV f16 too) */
                 for (int e = tid; e < 2 * HD; e += ONE_THREADS)
                     ((__half *)(e < HD ? kd : vd))[e % HD] = __float2half_rn(red[e]);
             } else { /* a warp a 32-block (8 warps: 2 HD / 32 <= 8), kv_quant_block's bytes */
-                constexpr int NB = HD / QK, BB = RB / NB; /* blocks a row, bytes a block */
-                if (w < 2 * NB)
-                    one_quant<M>(red[(w / NB) * HD + (w % NB) * QK + lane], lane, (w / NB ? vd : kd) + (w % NB) * BB);
+                constexpr int NB = HD / QK; /* blocks a row; their bytes RBK / NB, RBV / NB */
+                if (w < NB) one_quant<MK>(red[w * QK + lane], lane, kd + w * (RBK / NB));
+                else if (w < 2 * NB) one_quant<MV>(red[HD + (w - NB) * QK + lane], lane, vd + (w - NB) * (RBV / NB));
             }
         }
     } else
@@ -1181,11 +1209,13 @@ __global__ void __launch_bounds__(ONE_THREADS)
     cp_async_wait0();
     __syncthreads();
     if (fx.qkv && h % G == 0) /* the group's first block: the token's rows into the cache */
-        for (int x = tid; x < PER; x += ONE_THREADS) {
-            one_copy<CW>(const_cast<uint8_t *>(K) + ((size_t)pos0 * n_head_kv + kh) * rbk + x * CW,
-                         Ks + (size_t)pos0 * RBS + x * CW);
-            one_copy<CW>(const_cast<uint8_t *>(V) + ((size_t)pos0 * n_head_kv + kh) * rbv + x * CW,
-                         Vs + (size_t)pos0 * RBS + x * CW);
+        for (int x = tid; x < PERK + PERV; x += ONE_THREADS) {
+            if (x < PERK)
+                one_copy<CWK>(const_cast<uint8_t *>(K) + ((size_t)pos0 * n_head_kv + kh) * rbk + x * CWK,
+                              Ks + (size_t)pos0 * RBSK + x * CWK);
+            else
+                one_copy<CWV>(const_cast<uint8_t *>(V) + ((size_t)pos0 * n_head_kv + kh) * rbv + (x - PERK) * CWV,
+                              Vs + (size_t)pos0 * RBSV + (x - PERK) * CWV);
         }
     /* phase 1: S[t] = q . k_t * scale */
     const int sub = tid % LPK, t1 = tid / LPK;
@@ -1199,7 +1229,7 @@ __global__ void __launch_bounds__(ONE_THREADS)
         float a = 0.0f;
         if (t < T) {
             float kf[16];
-            one_load8<M>(Ks + (size_t)t * RBS, sub, kf), one_load8<M>(Ks + (size_t)t * RBS, LPK + sub, kf + 8);
+            one_load8<MK>(Ks + (size_t)t * RBSK, sub, kf), one_load8<MK>(Ks + (size_t)t * RBSK, LPK + sub, kf + 8);
 #pragma unroll
             for (int k = 0; k < 16; k++) a += qv[k] * kf[k];
         }
@@ -1232,7 +1262,7 @@ __global__ void __launch_bounds__(ONE_THREADS)
     for (int k = 0; k < 8; k++) acc[k] = 0.0f;
     for (int t = kg; t < T; t += NKG) {
         float vf[8];
-        one_load8<M>(Vs + (size_t)t * RBS, d8, vf);
+        one_load8<MV>(Vs + (size_t)t * RBSV, d8, vf);
         const float p = S[t];
 #pragma unroll
         for (int k = 0; k < 8; k++) acc[k] += p * vf[k];
@@ -1266,50 +1296,51 @@ __global__ void __launch_bounds__(ONE_THREADS)
  * preference at 100%) at 0.91x. Below half an SM's 228 KiB two blocks can share an SM; above
  * 196 the SM takes its largest carveout; which of the two costs the time is not established. */
 #define ONE_SMEM_MIN (138 * 1024)
-template <int HD, int M> static size_t one_smem_launch(int tmax) {
-    const size_t b = one_smem<HD, M>(tmax);
+template <int HD, int MK, int MV> static size_t one_smem_launch(int tmax) {
+    const size_t b = one_smem<HD, MK, MV>(tmax);
     return b > ONE_SMEM_MIN ? b : ONE_SMEM_MIN;
 }
-/* f16, q8_0 or q4_0 (K and V alike), head_dim 64 or 128, as std::integral_constant values;
- * other shapes call nothing */
-template <typename F> static void one_by_shape(qf_kv_mode m, int hd, F f) {
+/* f(HD, MK, MV) as std::integral_constant values for K and V both f16, or each q8_0 or q4_0,
+ * head_dim 64 or 128; other shapes call nothing */
+template <typename F> static void one_by_shape(qf_kv_mode mk, qf_kv_mode mv, int hd, F f) {
     auto with_m = [&](auto HH) {
-        if (m == QF_KV_F16) f(HH, std::integral_constant<int, QF_KV_F16>{});
-        else if (m == QF_KV_Q8_0) f(HH, std::integral_constant<int, QF_KV_Q8_0>{});
-        else if (m == QF_KV_Q4_0) f(HH, std::integral_constant<int, QF_KV_Q4_0>{});
+        if (mk == QF_KV_F16 && mv == QF_KV_F16)
+            f(HH, std::integral_constant<int, QF_KV_F16>{}, std::integral_constant<int, QF_KV_F16>{});
+        else if (kv_qz(mk) && kv_qz(mv)) qz_modes(mk, mv, [&](auto ZK, auto ZV) { f(HH, ZK, ZV); });
     };
     if (hd == 128) with_m(std::integral_constant<int, 128>{});
     else if (hd == 64) with_m(std::integral_constant<int, 64>{});
 }
 int attention_one_keys(qf_kv_mode mk, qf_kv_mode mv, int hd) {
-    if (mk != mv || !(mk == QF_KV_F16 || mk == QF_KV_Q8_0 || mk == QF_KV_Q4_0) || !(hd == 64 || hd == 128)) return 0;
+    if (!((mk == QF_KV_F16 && mv == QF_KV_F16) || (kv_qz(mk) && kv_qz(mv))) || !(hd == 64 || hd == 128)) return 0;
     /* the current device's opt-in limit a block (sm_86 / sm_89: 99 KiB; then split-K) */
     const int optin = cu_smem_optin();
     if (optin <= 0) return 0;
     const size_t lim = (size_t)optin < ONE_SMEM_MAX ? (size_t)optin : ONE_SMEM_MAX;
     int keys = 0;
-    one_by_shape(mk, hd, [&](auto HH, auto MM) {
+    one_by_shape(mk, mv, hd, [&](auto HH, auto MK, auto MV) {
         constexpr int H = HH.value;
-        keys = one_smem_launch<H, MM.value>(one_keys<H>()) <= lim ? one_keys<H>() : 0;
+        keys = one_smem_launch<H, MK.value, MV.value>(one_keys<H>()) <= lim ? one_keys<H>() : 0;
     });
     return keys;
 }
 bool attention_one_runs(qf_kv_mode mk, qf_kv_mode mv, const void *K, const void *V, size_t rbk, size_t rbv, int n,
                         int hd, int pos0, const int *dpos, int n_ctx) {
-    if (n != 1 || ((uintptr_t)K % 16) || ((uintptr_t)V % 16) || rbk != kv_row_bytes(mk, hd) || rbv != rbk) return false;
+    if (n != 1 || ((uintptr_t)K % 16) || ((uintptr_t)V % 16) || rbk != kv_row_bytes(mk, hd) || rbv != kv_row_bytes(mv, hd))
+        return false;
     const int tone = attention_one_keys(mk, mv, hd);
     return tone && (dpos ? n_ctx > 0 && n_ctx <= tone : pos0 + 1 <= tone);
 }
-/* k_attn_one<HD, M> over at most tmax <= one_keys<HD>() keys; its shared memory (over 48 KiB)
- * allowed once a device */
-template <int HD, int M>
+/* k_attn_one<HD, MK, MV> over at most tmax <= one_keys<HD>() keys; its shared memory (over 48
+ * KiB) allowed once a device */
+template <int HD, int MK, int MV>
 static void launch_one(const float *q, const uint8_t *K, const uint8_t *V, size_t rbk, size_t rbv, int pos0, int n_head,
                        int n_head_kv, float scale, const int *dpos, int tmax, bool early, float *out, attn_fuse f,
                        act_q aq, cudaStream_t s) {
     static std::atomic<unsigned long long> allowed{0};
-    cu_allow_smem(k_attn_one<HD, M>, one_smem_launch<HD, M>(one_keys<HD>()), allowed);
-    cu_launch(k_attn_one<HD, M>, dim3((unsigned)n_head), dim3(ONE_THREADS), one_smem_launch<HD, M>(tmax), s, q, K, V, rbk,
-              rbv, pos0, n_head, n_head_kv, scale, dpos, tmax, (int)early, out, f, aq);
+    cu_allow_smem(k_attn_one<HD, MK, MV>, one_smem_launch<HD, MK, MV>(one_keys<HD>()), allowed);
+    cu_launch(k_attn_one<HD, MK, MV>, dim3((unsigned)n_head), dim3(ONE_THREADS), one_smem_launch<HD, MK, MV>(tmax), s, q, K,
+              V, rbk, rbv, pos0, n_head, n_head_kv, scale, dpos, tmax, (int)early, out, f, aq);
 }
 
 /* ---- split-K over int8 caches read in place (attn_i8): the grouped kernels' ranges, phases and
@@ -1573,12 +1604,14 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
                     (G == 1 || G == 2 || G == 4 || G == 8) && hsm <= 48 * 1024 &&
                     ((uintptr_t)K % 16) == 0 && ((uintptr_t)V % 16) == 0 && rbk % 16 == 0 && rbv % 16 == 0 &&
                     ((uintptr_t)q % 16) == 0;
-    /* its q8_0 / q4_0 form (K and V alike, rows of kv_row_bytes; groups 1, 2, 3, 4, 8) instead
-     * of k_attn_split_g's kv_elem an element: on the H100, 8B q4_0 decode with a q8_0 cache at
-     * positions 4000.. 245.0 -> 394.9 tok/s, at 16000.. 99.2 -> 293.1 (docs/gpu.md "Session 41") */
-    const bool vq = grouped && mk == mv && (mk == QF_KV_Q8_0 || mk == QF_KV_Q4_0) && (hd == 64 || hd == 128) &&
+    /* its q8_0 / q4_0 form (K and V each either, rows of kv_row_bytes; groups 1, 2, 3, 4, 8)
+     * instead of k_attn_split_g's kv_elem an element: on the H100, 8B q4_0 decode with a q8_0
+     * cache at positions 4000.. 245.0 -> 394.9 tok/s, at 16000.. 99.2 -> 293.1 (docs/gpu.md
+     * "Session 41") */
+    const bool vq = grouped && kv_qz(mk) && kv_qz(mv) && (hd == 64 || hd == 128) &&
                     (G == 1 || G == 2 || G == 3 || G == 4 || G == 8) && hsm <= 48 * 1024 && ((uintptr_t)K % 16) == 0 &&
-                    ((uintptr_t)V % 16) == 0 && rbk == kv_row_bytes(mk, hd) && rbv == rbk && ((uintptr_t)q % 16) == 0;
+                    ((uintptr_t)V % 16) == 0 && rbk == kv_row_bytes(mk, hd) && rbv == kv_row_bytes(mv, hd) &&
+                    ((uintptr_t)q % 16) == 0;
     if (grouped) {
         split_ranges_g(pos0 + n, &L, &nsplit);
         if (dpos) { /* the most ranges any Tmax <= n_ctx has: ceil(T / 16) up to T = 1024, then SPLITG_MAX */
@@ -1616,8 +1649,8 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
     if (fx) f.rot = fx->rot; /* the output rotated back by whichever kernel writes it */
     if (one) {
         const int tmax = dpos ? n_ctx : pos0 + 1;
-        one_by_shape(mk, hd, [&](auto HH, auto MM) {
-            launch_one<HH.value, MM.value>(q, K, V, rbk, rbv, pos0, n_head, n_head_kv, scale, dpos, tmax, early, out, f, aq,
+        one_by_shape(mk, mv, hd, [&](auto HH, auto MK, auto MV) {
+            launch_one<HH.value, MK.value, MV.value>(q, K, V, rbk, rbv, pos0, n_head, n_head_kv, scale, dpos, tmax, early, out, f, aq,
                                            s);
         });
         return wq;
@@ -1653,12 +1686,10 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
         });
     else if (vq)
         by_shape([&](auto GG, auto HH) {
-            auto go = [&](auto QQ) {
-                cu_launch(k_attn_split_h<GG.value, HH.value, false, QQ.value>, grid, dim3(SPLIT_WARPS * 32), hsm, s, q, K,
-                          V, rbk, rbv, pos0, n_head, n_head_kv, scale, n, dpos, part, (int)early, f, attn_i8{});
-            };
-            if (mk == QF_KV_Q8_0) go(std::integral_constant<int, QF_KV_Q8_0>{});
-            else go(std::integral_constant<int, QF_KV_Q4_0>{});
+            qz_modes(mk, mv, [&](auto ZK, auto ZV) {
+                cu_launch(k_attn_split_h<GG.value, HH.value, false, ZK.value, ZV.value>, grid, dim3(SPLIT_WARPS * 32), hsm,
+                          s, q, K, V, rbk, rbv, pos0, n_head, n_head_kv, scale, n, dpos, part, (int)early, f, attn_i8{});
+            });
         });
     else if (vh)
         by_shape([&](auto GG, auto HH) {

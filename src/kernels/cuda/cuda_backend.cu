@@ -1456,13 +1456,14 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
         /* one token with an f16 cache: the q|k|v split runs inside the split-K attention (one
          * launch fewer a layer) */
         const bool fold_split = dkv16 && n == 1 && g->part;
-        /* one token with a q8_0 or q4_0 cache, or any of f16, q8_0, q4_0 under --kv-rot (K and V
-         * alike, no K/V tap) whose attention is k_attn_one: the split, the rotations and the K|V
-         * write run inside it (two launches fewer, seven with the rotation) */
+        /* one token with K and V each in q8_0 or q4_0, or both f16 under --kv-rot (no K/V tap),
+         * whose attention is k_attn_one: the split, the rotations and the K|V write run inside
+         * it (two launches fewer, seven with the rotation) */
         const int actx = g->graph_nctx ? g->graph_nctx : g->n_ctx; /* launch_attention_split's n_ctx */
-        const bool fold_q = dqkv && n == 1 && g->part && g->kv_mode[0] == g->kv_mode[1] &&
-                            (g->kv_mode[0] == QF_KV_Q8_0 || g->kv_mode[0] == QF_KV_Q4_0 ||
-                             (g->kv_rot && g->kv_mode[0] == QF_KV_F16)) &&
+        bool qz = true;
+        for (int s = 0; s < 2; s++) qz = qz && (g->kv_mode[s] == QF_KV_Q8_0 || g->kv_mode[s] == QF_KV_Q4_0);
+        const bool fold_q = dqkv && n == 1 && g->part &&
+                            (qz || (g->kv_rot && g->kv_mode[0] == QF_KV_F16 && g->kv_mode[1] == QF_KV_F16)) &&
                             !(tap && tap->on_kv) &&
                             attention_one_runs(g->kv_mode[0], g->kv_mode[1], g->kv[0] + g->kv_layer_bytes[0] * il,
                                                g->kv[1] + g->kv_layer_bytes[1] * il, g->kv_rb[0], g->kv_rb[1], 1, hd,
