@@ -716,15 +716,16 @@ TEST(op_attention) {
                 /* k_attn_one's limit (cuda_common.cuh attention_one_keys): a q8_0 / q4_0 cache
                  * folds the split only there */
                 const int one = hd == 64 ? 512 : hd == 128 ? 256 : 0;
-                if (n == 1 && hd % 32 == 0 && (mode == QF_KV_F16 || (mode != QF_KV_F32 && T <= one))) {
+                if (n == 1 && hd % 32 == 0 && mode != QF_KV_F32) {
                     /* the decode step's form: the q|k|v split (and a quantized cache's K|V write)
-                     * and the o activation folded in, the same bytes as the separate launches
-                     * (the op compares them) */
+                     * and the o activation folded in (past k_attn_one a q8_0 / q4_0 cache's split
+                     * stores the rows itself), the same bytes as the separate launches (the op
+                     * compares them) */
                     CHECK_MSG(qf_cuda_op_attention_fused(q, k, v, pos0, nh, nkv, hd, mode, QF_KV_ROT_NONE, got, &err) ==
                                   QF_OK,
                               "%s", err.msg);
                     printf("  attention %s, split%s and o quantization folded in: the same bytes\n",
-                           T <= one ? "k_attn_one" : "split-K", mode == QF_KV_F16 ? "" : ", K|V write");
+                           T <= one ? "k_attn_one" : "split-K", mode == QF_KV_F16 ? "" : T <= one ? ", K|V write" : " storing the rows");
                 }
                 if (n == 1 && mode != QF_KV_F32 && hd % 32 == 0 && (hd & (hd - 1)) == 0) {
                     /* --kv-rot hadamard folded into k_attn_one too (q, K and V rotated before the
@@ -734,7 +735,8 @@ TEST(op_attention) {
                                   QF_OK,
                               "%s", err.msg);
                     printf("  attention %s with --kv-rot, %s and o quantization folded in: the same bytes\n",
-                           T <= one ? "k_attn_one" : "split-K", T <= one ? "split, rotations, K|V write" : "output rotation");
+                           T <= one ? "k_attn_one" : "split-K",
+                           T <= one ? "split, rotations, K|V write" : "the split's rotations and K|V write, the output's rotation");
                 }
             }
             if (hd <= 256) {
@@ -1201,7 +1203,9 @@ TEST(e2e_decode_graph) {
                             "models/qforge-demo-11m-q4_0.gguf", "models/test-d2048-q4_0.gguf",
                             "models/test-d2048-q8_0.gguf", "models/test-d2048-q6_k.gguf"};
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
-        const int n0 = 9, n1 = 40; /* positions 9..48: split-K ranges of 16 keys, 1 to 4 */
+        /* an 8-token prompt (MATVEC_MAX: the decode route over 8 queries, whose split stores a
+         * quantized cache's rows itself), then positions 8..47 a token at a time */
+        const int n0 = 8, n1 = 40;
         int32_t toks[49];
         qf_model *m = graph_model(models[mi], toks, n0 + n1);
         if (!m) continue;

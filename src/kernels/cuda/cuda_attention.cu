@@ -1066,7 +1066,7 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
  * staged raw, in the
  * widest pieces its size allows (16, 8 or 4 bytes), and dequantized where phases 1 and 3 read it
  * (one_load8: kv_elem's values). Folded, the token's K and V rows are formed in f32 (the rows
- * k_qkv_split writes) and each 32-block quantized by a warp as kv_quant_block does it (one_quant:
+ * k_qkv_split writes) and each 32-block quantized by a warp as kv_quant_block does it (kv_quant_warp:
  * the K|V write's bytes). Under --kv-rot (fx.rot) the output is rotated back before it is written
  * and quantized, and, folded, the token's q, K and V rows are rotated in f32 (hadamard_warp:
  * k_hadamard's values) before K and V are stored, in any of the three modes: on the H100, 8B
@@ -1097,32 +1097,6 @@ template <int M> __device__ static inline void one_load8(const uint8_t *row, int
         uint32_t w[2];
         qz_words<2>(b + 2 + 8 * (M == QF_KV_Q8_0 ? c % 4 : c % 2), w);
         qz_codes<M, 8>(w, h2f_bits(*(const uint16_t *)b), c % 4 >= 2, f);
-    }
-}
-/* one warp quantizes a 32-block (x: its lane's element) into out in mode M (q8_0 / q4_0):
- * kv_quant_block's bytes. Its amax is a max of non-NaN magnitudes from 0 either way, and q4_0's
- * signed extreme the first element of that magnitude (the loop's strict >), 0 when it is 0. */
-template <int M> __device__ static inline void one_quant(float x, int lane, uint8_t *out) {
-    float amax = fmaxf(0.0f, fabsf(x));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if constexpr (M == QF_KV_Q8_0) {
-        block_q8_0 *b = (block_q8_0 *)out;
-        const float d = KV_DIV(amax, 127.0f);
-        const float id = d ? KV_DIV(1.0f, d) : 0.0f;
-        b->qs[lane] = (int8_t)roundf(KV_MUL(x, id));
-        if (lane == 0) b->d = f32_to_f16_bits(d);
-    } else {
-        block_q4_0 *b = (block_q4_0 *)out;
-        const unsigned hit = __ballot_sync(0xffffffffu, amax > 0.0f && fabsf(x) == amax);
-        const float xm = __shfl_sync(0xffffffffu, x, hit ? __ffs(hit) - 1 : 0);
-        const float mx = hit ? xm : 0.0f;
-        const float d = KV_DIV(mx, -8.0f);
-        const float id = d ? KV_DIV(1.0f, d) : 0.0f;
-        const int q = (int)KV_ADD(KV_MUL(x, id), 8.5f);
-        const int qh = __shfl_down_sync(0xffffffffu, q, 16);
-        if (lane < QK / 2) b->qs[lane] = (uint8_t)((q < 15 ? q : 15) | ((qh < 15 ? qh : 15) << 4));
-        if (lane == 0) b->d = f32_to_f16_bits(d);
     }
 }
 /* CW bytes from src to dst (both CW-aligned): one load and store */
@@ -1200,8 +1174,8 @@ __global__ void __launch_bounds__(ONE_THREADS)
                     ((__half *)(e < HD ? kd : vd))[e % HD] = __float2half_rn(red[e]);
             } else { /* a warp a 32-block (8 warps: 2 HD / 32 <= 8), kv_quant_block's bytes */
                 constexpr int NB = HD / QK; /* blocks a row; their bytes RBK / NB, RBV / NB */
-                if (w < NB) one_quant<MK>(red[w * QK + lane], lane, kd + w * (RBK / NB));
-                else if (w < 2 * NB) one_quant<MV>(red[HD + (w - NB) * QK + lane], lane, vd + (w - NB) * (RBV / NB));
+                if (w < NB) kv_quant_warp<MK>(red[w * QK + lane], lane, kd + w * (RBK / NB));
+                else if (w < 2 * NB) kv_quant_warp<MV>(red[HD + (w - NB) * QK + lane], lane, vd + (w - NB) * (RBV / NB));
             }
         }
     } else

@@ -1468,6 +1468,15 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                             attention_one_runs(g->kv_mode[0], g->kv_mode[1], g->kv[0] + g->kv_layer_bytes[0] * il,
                                                g->kv[1] + g->kv_layer_bytes[1] * il, g->kv_rb[0], g->kv_rb[1], 1, hd,
                                                pos0, dpos, actx);
+        /* decode not folded into k_attn_one (past its keys, or f32 caches) over plain caches but
+         * the f16 one without rotation (whose split writes it already), no K/V tap: the split
+         * rotates (--kv-rot) and stores the K and V rows itself (launch_qkv_split_store), one
+         * launch where the split, the rotation and the K|V write were three */
+        bool plain_kv = true;
+        for (int s = 0; s < 2; s++)
+            plain_kv = plain_kv && (g->kv_mode[s] == QF_KV_F32 || g->kv_mode[s] == QF_KV_F16 || g->kv_mode[s] == QF_KV_Q8_0 ||
+                                    g->kv_mode[s] == QF_KV_Q4_0);
+        const bool sq = dqkv && !fold_q && !dkv16 && plain_kv && hd % 32 == 0 && hd <= HD_MAX && !(tap && tap->on_kv);
         /* decode: the norm also writes the q8_0 activation of the int8 matvecs (into xh, their
          * scratch), which then skip their own quantization launch */
         const bool q8a = dqkv && !fqkv && q8_act(&L->wqkv);
@@ -1511,6 +1520,12 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                 launch_qkv_split(g->qkv, 2, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc, rs, L->bq,
                                  L->bk, L->bv, g->q, (__half *)(g->kv[0] + g->kv_layer_bytes[0] * il) + at,
                                  (__half *)(g->kv[1] + g->kv_layer_bytes[1] * il) + at, S, dpos);
+            } else if (sq) {
+                kv_rows kr = {};
+                for (int s = 0; s < 2; s++)
+                    kr.c[s] = g->kv[s] + g->kv_layer_bytes[s] * il, kr.mode[s] = g->kv_mode[s], kr.rb[s] = g->kv_rb[s];
+                launch_qkv_split_store(g->qkv, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc, rs, L->bq,
+                                       L->bk, L->bv, g->q, kr, g->kv_rot ? 1.0f / sqrtf((float)hd) : 0.0f, pos0, S, dpos);
             } else
                 launch_qkv_split(g->qkv, 0, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc, rs,
                                  L->bq, L->bk, L->bv, g->q, g->k, g->v, S);
@@ -1581,12 +1596,12 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                     stride[s] = (size_t)nkv * g->kv_rb[s];
                     dst[s] = dpos ? C : C + (size_t)pos0 * stride[s];
                 }
-                if (g->kv_rot && !fold_q) { /* K, V and q in one launch */
+                if (g->kv_rot && !fold_q && !sq) { /* K, V and q in one launch */
                     float *rx[3] = {g->k, g->v, g->q};
                     const int64_t rr[3] = {(int64_t)n * nkv, (int64_t)n * nkv, (int64_t)n * hp->n_head};
                     launch_hadamard_n(rx, rr, 3, hd, S);
                 }
-                if (!fold_q) launch_kv_write2(km, src, (int64_t)n * nkv, hd, krb, dst, S, dpos, stride);
+                if (!fold_q && !sq) launch_kv_write2(km, src, (int64_t)n * nkv, hd, krb, dst, S, dpos, stride);
             } else if (i8b && int8_pair(g)) {
                 int8_store_pair(g, il, n, pos0, dpos, S, kvp, km, krb, i8in);
                 qrot = i8k; /* q rotated with K and V */

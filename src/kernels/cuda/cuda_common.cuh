@@ -222,6 +222,32 @@ __host__ __device__ static inline void kv_quant_block(int mode, const float *x, 
     }
 }
 
+/* one warp quantizes a 32-block (x: its lane's element) into out in mode M (q8_0 / q4_0):
+ * kv_quant_block's bytes. Its amax is a max of non-NaN magnitudes from 0 either way, and q4_0's
+ * signed extreme the first element of that magnitude (the loop's strict >), 0 when it is 0. */
+template <int M> __device__ static inline void kv_quant_warp(float x, int lane, uint8_t *out) {
+    float amax = fmaxf(0.0f, fabsf(x));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if constexpr (M == QF_KV_Q8_0) {
+        block_q8_0 *b = (block_q8_0 *)out;
+        const float d = KV_DIV(amax, 127.0f);
+        const float id = d ? KV_DIV(1.0f, d) : 0.0f;
+        b->qs[lane] = (int8_t)roundf(KV_MUL(x, id));
+        if (lane == 0) b->d = f32_to_f16_bits(d);
+    } else {
+        block_q4_0 *b = (block_q4_0 *)out;
+        const unsigned hit = __ballot_sync(0xffffffffu, amax > 0.0f && fabsf(x) == amax);
+        const float xm = __shfl_sync(0xffffffffu, x, hit ? __ffs(hit) - 1 : 0);
+        const float mx = hit ? xm : 0.0f;
+        const float d = KV_DIV(mx, -8.0f);
+        const float id = d ? KV_DIV(1.0f, d) : 0.0f;
+        const int q = (int)KV_ADD(KV_MUL(x, id), 8.5f);
+        const int qh = __shfl_down_sync(0xffffffffu, q, 16);
+        if (lane < QK / 2) b->qs[lane] = (uint8_t)((q < 15 ? q : 15) | ((qh < 15 ? qh : 15) << 4));
+        if (lane == 0) b->d = f32_to_f16_bits(d);
+    }
+}
 /* an f16 stored at an address that may be only byte-aligned (packed dict codes) */
 __host__ __device__ static inline float h2f(const uint8_t *p) { return h2f_bits((uint16_t)(p[0] | (p[1] << 8))); }
 
@@ -625,6 +651,22 @@ void launch_f16_lo(const float *x, const __half *hi, __half *lo, size_t n, cudaS
 void launch_qkv_split(const float *qkv, int kind, int n, int nh, int nkv, int hd, int half, bool neox,
                       const float *cs, const float *sn, const float *bq, const float *bk, const float *bv, void *q,
                       void *k, void *v, cudaStream_t s, const int *dpos = NULL);
+/* a layer's K and V caches at position 0 (plain modes: f32, f16, q8_0, q4_0), rows of rb bytes */
+typedef struct {
+    uint8_t *c[2];
+    int mode[2]; /* qf_kv_mode */
+    size_t rb[2];
+} kv_rows;
+/* The decode split (launch_qkv_split kind 0's q) with the cache write folded in: n <= 8 tokens'
+ * q rows in f32 into q, their K and V rows (bias, RoPE as kind 0) stored into kv at positions
+ * pos0 .. pos0 + n - 1 (dpos set, graph replay: from *dpos) as launch_kv_write2 stores them;
+ * rot != 0 (--kv-rot hadamard, rot = 1 / sqrtf(hd) as the host computes it; hd a power of two):
+ * q, K and V rotated first, as launch_hadamard_n would. The same bits as the split, the
+ * rotation and the K|V write launched apart (op_attention's fused route compares them); one
+ * launch where they are two or three. hd <= HD_MAX, a multiple of 32 for q8_0 / q4_0. */
+void launch_qkv_split_store(const float *qkv, int n, int nh, int nkv, int hd, int half, bool neox, const float *cs,
+                            const float *sn, const float *bq, const float *bk, const float *bv, float *q, kv_rows kv,
+                            float rot, int pos0, cudaStream_t s, const int *dpos = NULL);
 /* ---- the family features (docs/families.md), forward.c's formulas ---- */
 /* x[i] *= c, i < n (gemma's embedding scale) */
 void launch_scale(float *x, size_t n, float c, cudaStream_t s);

@@ -243,6 +243,53 @@ void launch_qkv_split(const float *qkv, int kind, int n, int nh, int nkv, int hd
                   (float *)q, (float *)k, (float *)v, dpos);
 }
 
+/* The decode split with the K|V write folded in (the contract: cuda_common.cuh
+ * launch_qkv_split_store). One warp a (token t, head row r) of the q|k|v rows, r < nh + 2 nkv:
+ * the row's pairs (qkv_pair: k_qkv_split's values) into shared memory, rotated when rot
+ * (hadamard_warp: k_hadamard's values), then a q row written in f32 and a K or V row stored as
+ * launch_kv_write2 stores it (f32; f16 __float2half_rn; q8_0 / q4_0 a 32-block at a time by
+ * kv_quant_warp: kv_quant_block's bytes) at position pos0 + t (dpos: *dpos + t). */
+#define SQ_WARPS 4
+__global__ void __launch_bounds__(SQ_WARPS * 32)
+    k_qkv_split_store(const float *qkv, int nh, int nkv, int hd, int half, int neox, const float *cs, const float *sn,
+                      const float *bq, const float *bk, const float *bv, float *q, kv_rows kv, float rot, int pos0,
+                      const int *dpos) {
+    pdl_trigger();
+    pdl_wait();
+    __shared__ float sm[SQ_WARPS][HD_MAX];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, H = nh + 2 * nkv;
+    const int r = blockIdx.x * SQ_WARPS + warp, t = blockIdx.y;
+    if (r >= H) return; /* the warp's row: nothing below synchronizes beyond the warp */
+    float *x = sm[warp];
+    const int s = r < nh ? -1 : r < nh + nkv ? 0 : 1, kh = s < 0 ? r : s == 0 ? r - nh : r - nh - nkv; /* s: K 0, V 1 */
+    const float *b = s < 0 ? bq : s == 0 ? bk : bv;
+    const float *src = qkv + ((int64_t)t * H + r) * hd;
+    for (int j = lane; j < hd / 2; j += 32) qkv_pair(src, j, half, neox, cs, sn, b ? b + (size_t)kh * hd : NULL, s <= 0, t, x);
+    __syncwarp();
+    if (rot != 0.0f) hadamard_warp(x, hd, lane, rot);
+    if (s < 0) {
+        for (int i = lane; i < hd; i += 32) q[((int64_t)t * nh + kh) * hd + i] = x[i];
+        return;
+    }
+    const int pos = (dpos ? *dpos : pos0) + t, m = s ? kv.mode[1] : kv.mode[0];
+    uint8_t *dst = (s ? kv.c[1] : kv.c[0]) + ((size_t)pos * nkv + kh) * (s ? kv.rb[1] : kv.rb[0]);
+    if (m == QF_KV_F32)
+        for (int i = lane; i < hd; i += 32) ((float *)dst)[i] = x[i];
+    else if (m == QF_KV_F16)
+        for (int i = lane; i < hd; i += 32) ((__half *)dst)[i] = __float2half_rn(x[i]);
+    else if (m == QF_KV_Q8_0)
+        for (int c = 0; c < hd / QK; c++) kv_quant_warp<QF_KV_Q8_0>(x[c * QK + lane], lane, dst + c * sizeof(block_q8_0));
+    else
+        for (int c = 0; c < hd / QK; c++) kv_quant_warp<QF_KV_Q4_0>(x[c * QK + lane], lane, dst + c * sizeof(block_q4_0));
+}
+void launch_qkv_split_store(const float *qkv, int n, int nh, int nkv, int hd, int half, bool neox, const float *cs,
+                            const float *sn, const float *bq, const float *bk, const float *bv, float *q, kv_rows kv,
+                            float rot, int pos0, cudaStream_t s, const int *dpos) {
+    const dim3 grid((unsigned)((nh + 2 * nkv + SQ_WARPS - 1) / SQ_WARPS), (unsigned)n);
+    cu_launch(k_qkv_split_store, grid, dim3(SQ_WARPS * 32), 0, s, qkv, nh, nkv, hd, half, (int)neox, cs, sn, bq, bk, bv, q,
+              kv, rot, pos0, dpos);
+}
+
 /* ---- the normalized Walsh-Hadamard transform (--kv-rot hadamard) ----
  * One warp per row of n <= HD_MAX floats, copied into shared memory and transformed there by
  * hadamard_warp (cuda_common.cuh: bit-identical to hadamard.c's qf_hadamard). */

@@ -138,8 +138,9 @@ qf_status op_topk(const float *logits, int V, float temp, int k, qf_gpu_topk *ou
  * fused output (rotated q and K row pos0: not plain attention of q, k, v). rot (route 4): with
  * --kv-rot hadamard folded into k_attn_one, against the f32 split, one k_hadamard launch over K,
  * V and q, the K|V write, the attention, k_hadamard over its output and k_quant_act (the decode
- * step's separate launches under --kv-rot); past k_attn_one's keys only the output's rotation
- * and quantization are folded (into split-K's merge), as in the step. The rows before pos0 are
+ * step's separate launches under --kv-rot). Past k_attn_one's keys, for q8_0 / q4_0 or under
+ * rot, the split stores (and rotates) the rows itself (launch_qkv_split_store) and split-K's
+ * merge rotates the output back and quantizes it, as in the step. The rows before pos0 are
  * stored unrotated (any rows will do: both sides read the same). */
 static qf_status op_attention_fused(const float *q, const float *k, const float *v, int pos0, int n_head, int n_head_kv,
                                     int hd, qf_kv_mode mode, bool rot, float *out, qf_error *err) {
@@ -148,12 +149,10 @@ static qf_status op_attention_fused(const float *q, const float *k, const float 
     const int half = hd / 2, neox = pos0 % 2;
     if (hd % 32 || hd > HD_MAX) return cu_fail(err, QF_ERR_DEVICE, "CUDA op: fused split-K attention needs hd %% 32 == 0");
     if (rot && (hd & (hd - 1))) return cu_fail(err, QF_ERR_DEVICE, "CUDA op: --kv-rot needs a power-of-two head_dim");
-    /* only k_attn_one folds q8_0 / q4_0 or the rotation's split; past it, under rot, split-K's
-     * merge rotates the output back (the split and the K|V write stay separate, as in the step) */
-    const bool one = attention_one_keys(mode, mode, hd) >= pos0 + 1;
-    if (mode != QF_KV_F16 && !rot && !one)
-        return cu_fail(err, QF_ERR_DEVICE, "CUDA op: a fused %s cache needs k_attn_one (%d keys are too many)",
-                       cu_kv_mode_name(mode), pos0 + 1);
+    /* only k_attn_one folds q8_0 / q4_0 or the rotation's split; past it the split stores the
+     * rows itself (launch_qkv_split_store) and split-K's merge rotates the output back, as in
+     * the step */
+    const bool one = attention_one_keys(mode, mode, hd) >= pos0 + 1, store = !one && (mode != QF_KV_F16 || rot);
     float *hq = (float *)malloc(H * 4), *tab = (float *)malloc((size_t)hd * 4), *bias = (float *)malloc(H * 4);
     uint8_t *hb[3] = {(uint8_t *)malloc(rows * rb), (uint8_t *)malloc(rows * rb), (uint8_t *)malloc(xqb)};
     uint8_t *hf[3] = {(uint8_t *)malloc(rows * rb), (uint8_t *)malloc(rows * rb), (uint8_t *)malloc(xqb)};
@@ -172,9 +171,9 @@ static qf_status op_attention_fused(const float *q, const float *k, const float 
         float *dqkv = (float *)dup_to(&a, hq, H * 4), *dtab = (float *)dup_to(&a, tab, (size_t)hd * 4);
         float *db = pos0 % 3 == 0 ? (float *)dup_to(&a, bias, H * 4) : NULL;
         uint8_t *c[2][2], *xq[2];
-        float *o[2], *dq = (float *)dalloc(&a, Dq * 4);
+        float *o[2], *dq = (float *)dalloc(&a, Dq * 4), *dq2 = (float *)dalloc(&a, Dq * 4);
         float *part = (float *)dalloc(&a, attention_split_floats(1, n_head, hd) * 4);
-        bool ok = dk && dv && dqkv && dtab && (db || pos0 % 3) && dq && part;
+        bool ok = dk && dv && dqkv && dtab && (db || pos0 % 3) && dq && dq2 && part;
         for (int r = 0; r < 2; r++) {
             c[r][0] = (uint8_t *)dalloc(&a, rows * rb), c[r][1] = (uint8_t *)dalloc(&a, rows * rb);
             xq[r] = (uint8_t *)dalloc(&a, xqb), o[r] = (float *)dalloc(&a, Dq * 4);
@@ -217,13 +216,14 @@ static qf_status op_attention_fused(const float *q, const float *k, const float 
         launch_quant_act(o[0], 1, (int)Dq, xq[0], 0);
         /* fused */
         fx.xq = xq[1];
-        if (rot && !one) { /* split-K: row pos0 as the separate launches rotated it, the merge rotating back */
-            launch_kv_write(mode, dk + (size_t)pos0 * Dkv, n_head_kv, hd, rb, c[1][0] + (size_t)pos0 * n_head_kv * rb, 0);
-            launch_kv_write(mode, dv + (size_t)pos0 * Dkv, n_head_kv, hd, rb, c[1][1] + (size_t)pos0 * n_head_kv * rb, 0);
+        if (store) { /* split-K: the split storing row pos0 (and rotating), the merge rotating back */
+            const kv_rows kr = {{c[1][0], c[1][1]}, {(int)mode, (int)mode}, {rb, rb}};
+            launch_qkv_split_store(dqkv, 1, n_head, n_head_kv, hd, half, neox != 0, fx.cs, fx.sn, fx.bq, fx.bk, fx.bv, dq2,
+                                   kr, fx.rot, pos0, 0);
             fx.qkv = NULL;
         }
-        if (!launch_attention_split(mode, mode, dq, c[1][0], c[1][1], rb, rb, 1, pos0, n_head, n_head_kv, hd, o[1], part, 0,
-                                    NULL, 0, true, &fx)) {
+        if (!launch_attention_split(mode, mode, store ? dq2 : dq, c[1][0], c[1][1], rb, rb, 1, pos0, n_head, n_head_kv, hd,
+                                    o[1], part, 0, NULL, 0, true, &fx)) {
             dfree(&a);
             st = cu_fail(err, QF_ERR_DEVICE, "CUDA op: the merge did not write the q8_0 activation");
             goto out;
