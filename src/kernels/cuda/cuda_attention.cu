@@ -1062,12 +1062,11 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
  * K and V to the cache. Shared memory holds tmax rows (a graph's longest position). On the H100,
  * 8B q4_0 decode at positions 1..256: 1.06x the step of split-K and merge (docs/gpu.md "Session
  * 40").
- * MK, MV, the modes of K and V: both f16, or each q8_0 or q4_0. A quantized row (one_rb bytes) is
- * staged raw, in the
- * widest pieces its size allows (16, 8 or 4 bytes), and dequantized where phases 1 and 3 read it
- * (one_load8: kv_elem's values). Folded, the token's K and V rows are formed in f32 (the rows
- * k_qkv_split writes) and each 32-block quantized by a warp as kv_quant_block does it (kv_quant_warp:
- * the K|V write's bytes). Under --kv-rot (fx.rot) the output is rotated back before it is written
+ * MK, MV, the modes of K and V: both f16, or each q8_0 or q4_0. A quantized row (one_rb bytes)
+ * is staged raw, in the widest pieces its size allows (16, 8 or 4 bytes), and dequantized where
+ * phases 1 and 3 read it (one_load8: kv_elem's values). Folded, the token's K and V rows are
+ * formed in f32 (the rows k_qkv_split writes) and each 32-block quantized by a warp as
+ * kv_quant_block does it (kv_quant_warp: the K|V write's bytes). Under --kv-rot (fx.rot) the output is rotated back before it is written
  * and quantized, and, folded, the token's q, K and V rows are rotated in f32 (hadamard_warp:
  * k_hadamard's values) before K and V are stored, in any of the three modes: on the H100, 8B
  * q4_0 at positions 1..256, 1.16x (f16) to 1.21x (q4_0) the step of the separate launches. */
@@ -1099,8 +1098,6 @@ template <int M> __device__ static inline void one_load8(const uint8_t *row, int
         qz_codes<M, 8>(w, h2f_bits(*(const uint16_t *)b), c % 4 >= 2, f);
     }
 }
-/* CW bytes from src to dst (both CW-aligned): one load and store */
-template <int CW> __device__ static inline void one_copy(void *dst, const void *src);
 /* rows [t0, t1) of kv head kh of a cache (rows of rb bytes, n_head_kv a position) into dst (rows
  * RBS apart), PER pieces of CW bytes a row, cp.async by the block's ONE_THREADS threads (tid) */
 template <int CW, int PER, int RBS>
@@ -1115,6 +1112,7 @@ __device__ static inline void one_stage(uint8_t *dst, const uint8_t *src, size_t
         else cp_async4(d, g, 4);
     }
 }
+/* CW bytes from src to dst (both CW-aligned): one load and store */
 template <int CW> __device__ static inline void one_copy(void *dst, const void *src) {
     if constexpr (CW == 16) *(uint4 *)dst = *(const uint4 *)src;
     else if constexpr (CW == 8) *(uint2 *)dst = *(const uint2 *)src;

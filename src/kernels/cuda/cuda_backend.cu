@@ -1621,7 +1621,8 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             att16 = fl && pre16 && !want_act && !g->kv_rot && gemm_h_ok(g, &L->wo);
             /* --kv-rot: the cache holds H k and H v, so attention runs on H q and its output,
              * H (sum p v), is rotated back */
-            /* (with the plain modes q was rotated with K and V above, or is in k_attn_one) */
+            /* (with the plain modes q was rotated with K and V above, or by the split that stores
+             * the rows, or in k_attn_one) */
             if (i8k && !qrot) launch_hadamard(g->q, (int64_t)n * hp->n_head, hd, S);
             if (dec && g->part && !fam) { /* decode: split-K over the cache */
                 attn_fuse fx = {};
