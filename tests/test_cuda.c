@@ -713,8 +713,7 @@ TEST(op_attention) {
                 e = nmse(got, ref, (size_t)n * Dq);
                 printf("  attention split-K (decode)                nmse %.3g\n", e);
                 CHECK_MSG(e <= 1e-10, "split-K attention kv %s nmse %g", qf_kv_mode_name(mode), e);
-                /* k_attn_one's limit (cuda_common.cuh attention_one_keys): a q8_0 / q4_0 cache
-                 * folds the split only there */
+                /* k_attn_one's limit (cuda_common.cuh attention_one_keys), for the labels */
                 const int one = hd == 64 ? 512 : hd == 128 ? 256 : 0;
                 if (n == 1 && hd % 32 == 0 && mode != QF_KV_F32) {
                     /* the decode step's form: the q|k|v split (and a quantized cache's K|V write)
@@ -1222,12 +1221,8 @@ TEST(e2e_decode_graph) {
             const qf_kv_rot rot =
                 (k == 2 || k == 4) && (hp->head_dim & (hp->head_dim - 1)) == 0 ? QF_KV_ROT_HADAMARD : QF_KV_ROT_NONE;
             if (k == 4 && !rot) continue;
-            if (kvv[k] == QF_KV_Q8_0 || kvv[k] == QF_KV_Q4_0) {
-                if (hp->head_dim % 32) continue;
-            }
-            if (kvs[k] == QF_KV_Q8_0 || kvs[k] == QF_KV_Q4_0) {
-                if (hp->head_dim % 32) continue;
-            }
+            const bool blocks = kvs[k] == QF_KV_Q8_0 || kvs[k] == QF_KV_Q4_0 || kvv[k] == QF_KV_Q8_0 || kvv[k] == QF_KV_Q4_0;
+            if (blocks && hp->head_dim % 32) continue;
             dsl_kv_v = kvv[k] != kvs[k] ? (int)kvv[k] : -1;
             const bool ran = graph_runs(m, kvs[k], rot, toks, n0, n1, lg, lp, lc, lf);
             dsl_kv_v = -1;
@@ -1269,8 +1264,12 @@ TEST(e2e_decode_graph_one) {
     NEED_GPU();
     const char *models[] = {"models/test-d2048-q4_0.gguf", "models/qforge-demo-11m-f16.gguf"};
     /* f16, q8_0 and q4_0 caches (k_attn_one folds a quantized cache's K|V write too); the
-     * 2048-wide model's slow CPU reference: f16 and q8_0 */
+     * 2048-wide model's slow CPU reference: f16 and q8_0. The demo model's last cases: q8_0 under
+     * --kv-rot hadamard (folded into k_attn_one, into the split and the merge past it), and K in
+     * q8_0 with V in q4_0 */
     const qf_kv_mode kvs[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_Q8_0, QF_KV_Q8_0};
+    const qf_kv_mode kvv[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_Q8_0, QF_KV_Q4_0};
+    const qf_kv_rot rots[] = {QF_KV_ROT_NONE, QF_KV_ROT_NONE, QF_KV_ROT_NONE, QF_KV_ROT_HADAMARD, QF_KV_ROT_NONE};
     enum { n1 = 24 };
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
         static int32_t toks[512 + n1];
@@ -1280,26 +1279,24 @@ TEST(e2e_decode_graph_one) {
         const int n0 = lim - 12; /* positions lim - 12 .. lim + 11: T = lim is the last short one */
         const size_t nl = (size_t)n1 * nv;
         float *lg = malloc(nl * 4), *lp = malloc(nl * 4), *lc = malloc(nl * 4), *lf = malloc(nl * 4);
-        /* the demo model's last cases: q8_0 under --kv-rot hadamard (folded into k_attn_one, the
-         * separate rotations past it), and K in q8_0 with V in q4_0 */
         for (int k = 0; k < (qf_model_hparams(m)->n_embd >= 2048 ? 2 : 5); k++) {
-            const qf_kv_rot rot = k == 3 ? QF_KV_ROT_HADAMARD : QF_KV_ROT_NONE;
+            const qf_kv_rot rot = rots[k];
             dsl_n_ctx = 2 * lim;
-            dsl_kv_v = k == 4 ? QF_KV_Q4_0 : -1;
+            dsl_kv_v = kvv[k] != kvs[k] ? (int)kvv[k] : -1;
             const double t0 = qf_now_sec();
             const bool ok = lg && lp && lc && lf && graph_runs(m, kvs[k], rot, toks, n0, n1, lg, lp, lc, lf);
             dsl_n_ctx = 256;
             dsl_kv_v = -1;
             if (!ok) break;
             const graph_cmp r = graph_compare(lg, lp, lc, lf, n1, nv);
-            printf("  decode graph %-30s kv %-4s%s%s at %d..%d of %d: %zu of %zu logits differ from plain launches; nmse "
+            printf("  decode graph %-30s kv %-4s%s%s%s at %d..%d of %d: %zu of %zu logits differ from plain launches; nmse "
                    "%.3g against the CPU reference (the CPU's fast route: %.3g), top-1 %d/%d (%d/%d with near-ties); "
                    "%.1f s\n",
-                   models[mi] + 7, qf_kv_mode_name(kvs[k]), k == 4 ? " / v q4_0" : "", rot ? " +rot" : "", n0, n0 + n1 - 1,
-                   2 * lim, r.diff, nl, r.e,
-                   r.fe, r.agree, n1, r.near, n1, qf_now_sec() - t0);
+                   models[mi] + 7, qf_kv_mode_name(kvs[k]), kvv[k] != kvs[k] ? " / v " : "",
+                   kvv[k] != kvs[k] ? qf_kv_mode_name(kvv[k]) : "", rot ? " +rot" : "", n0,
+                   n0 + n1 - 1, 2 * lim, r.diff, nl, r.e, r.fe, r.agree, n1, r.near, n1, qf_now_sec() - t0);
             CHECK_MSG(r.diff == 0, "%s kv %s: graph replay differs from plain launches", models[mi], qf_kv_mode_name(kvs[k]));
-            const bool q4 = kvs[k] == QF_KV_Q4_0 || k == 4; /* as e2e_decode_graph */
+            const bool q4 = kvs[k] == QF_KV_Q4_0 || kvv[k] == QF_KV_Q4_0; /* as e2e_decode_graph */
             const double lb = fmax(q4 ? 1e-3 : 1e-4, 2 * r.fe);
             CHECK_MSG(r.e <= lb, "%s kv %s: logits nmse %g (bound %g)", models[mi], qf_kv_mode_name(kvs[k]), r.e, lb);
             CHECK_MSG(r.near >= n1 - (q4 ? 4 : 2), "%s kv %s: top-1 %d/%d, %d/%d with near-ties", models[mi],

@@ -830,8 +830,6 @@ __device__ static inline void fold_kv_pair(const attn_fuse &fx, int hd, int n_he
              fx.bv ? fx.bv + (size_t)kh * hd : NULL, false, 0, vd);
 }
 
-/* q8_0 or q4_0: the modes whose rows k_attn_split_h and k_attn_one read as codes and a step */
-__host__ __device__ static inline bool kv_qz(qf_kv_mode m) { return m == QF_KV_Q8_0 || m == QF_KV_Q4_0; }
 /* f(QK, QV) with K's and V's modes (each q8_0 or q4_0) as std::integral_constant values */
 template <typename F> static void qz_modes(qf_kv_mode mk, qf_kv_mode mv, F f) {
     using Q8 = std::integral_constant<int, QF_KV_Q8_0>;
@@ -1066,10 +1064,11 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
  * is staged raw, in the widest pieces its size allows (16, 8 or 4 bytes), and dequantized where
  * phases 1 and 3 read it (one_load8: kv_elem's values). Folded, the token's K and V rows are
  * formed in f32 (the rows k_qkv_split writes) and each 32-block quantized by a warp as
- * kv_quant_block does it (kv_quant_warp: the K|V write's bytes). Under --kv-rot (fx.rot) the output is rotated back before it is written
- * and quantized, and, folded, the token's q, K and V rows are rotated in f32 (hadamard_warp:
- * k_hadamard's values) before K and V are stored, in any of the three modes: on the H100, 8B
- * q4_0 at positions 1..256, 1.16x (f16) to 1.21x (q4_0) the step of the separate launches. */
+ * kv_quant_block does it (kv_quant_warp: the K|V write's bytes). Under --kv-rot (fx.rot) the
+ * output is rotated back before it is written and quantized, and, folded, the token's q, K and V
+ * rows are rotated in f32 (hadamard_warp: k_hadamard's values) before K and V are stored, in any
+ * of the three modes: on the H100, 8B q4_0 at positions 1..256, 1.16x (f16) to 1.21x (q4_0) the
+ * step of the separate launches. */
 #define ONE_THREADS 256
 /* the most keys k_attn_one takes: what fits about 138 KiB of shared memory (one_smem) with f16
  * rows; q8_0 and q4_0 take as many */

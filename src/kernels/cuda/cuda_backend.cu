@@ -1460,10 +1460,9 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
          * whose attention is k_attn_one: the split, the rotations and the K|V write run inside
          * it (two launches fewer, seven with the rotation) */
         const int actx = g->graph_nctx ? g->graph_nctx : g->n_ctx; /* launch_attention_split's n_ctx */
-        bool qz = true;
-        for (int s = 0; s < 2; s++) qz = qz && (g->kv_mode[s] == QF_KV_Q8_0 || g->kv_mode[s] == QF_KV_Q4_0);
         const bool fold_q = dqkv && n == 1 && g->part &&
-                            (qz || (g->kv_rot && g->kv_mode[0] == QF_KV_F16 && g->kv_mode[1] == QF_KV_F16)) &&
+                            ((kv_qz(g->kv_mode[0]) && kv_qz(g->kv_mode[1])) ||
+                             (g->kv_rot && g->kv_mode[0] == QF_KV_F16 && g->kv_mode[1] == QF_KV_F16)) &&
                             !(tap && tap->on_kv) &&
                             attention_one_runs(g->kv_mode[0], g->kv_mode[1], g->kv[0] + g->kv_layer_bytes[0] * il,
                                                g->kv[1] + g->kv_layer_bytes[1] * il, g->kv_rb[0], g->kv_rb[1], 1, hd,
@@ -1474,8 +1473,8 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
          * launch where the split, the rotation and the K|V write were three */
         bool plain_kv = true;
         for (int s = 0; s < 2; s++)
-            plain_kv = plain_kv && (g->kv_mode[s] == QF_KV_F32 || g->kv_mode[s] == QF_KV_F16 || g->kv_mode[s] == QF_KV_Q8_0 ||
-                                    g->kv_mode[s] == QF_KV_Q4_0);
+            plain_kv = plain_kv && (g->kv_mode[s] == QF_KV_F32 || g->kv_mode[s] == QF_KV_F16 || kv_qz(g->kv_mode[s]));
+        const float hs = 1.0f / sqrtf((float)hd); /* --kv-rot's scale, as qf_hadamard computes it */
         const bool sq = dqkv && !fold_q && !dkv16 && plain_kv && hd % 32 == 0 && hd <= HD_MAX && !(tap && tap->on_kv);
         /* decode: the norm also writes the q8_0 activation of the int8 matvecs (into xh, their
          * scratch), which then skip their own quantization launch */
@@ -1525,7 +1524,7 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                 for (int s = 0; s < 2; s++)
                     kr.c[s] = g->kv[s] + g->kv_layer_bytes[s] * il, kr.mode[s] = g->kv_mode[s], kr.rb[s] = g->kv_rb[s];
                 launch_qkv_split_store(g->qkv, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc, rs, L->bq,
-                                       L->bk, L->bv, g->q, kr, g->kv_rot ? 1.0f / sqrtf((float)hd) : 0.0f, pos0, S, dpos);
+                                       L->bk, L->bv, g->q, kr, g->kv_rot ? hs : 0.0f, pos0, S, dpos);
             } else
                 launch_qkv_split(g->qkv, 0, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc, rs,
                                  L->bq, L->bk, L->bv, g->q, g->k, g->v, S);
@@ -1630,7 +1629,7 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                     fx.qkv = g->qkv, fx.cs = rc, fx.sn = rs, fx.bq = L->bq, fx.bk = L->bk, fx.bv = L->bv, fx.half = half,
                     fx.neox = hp->rope_type == QF_ROPE_NEOX;
                 /* rotated rows: the output is rotated back where it is written */
-                if (g->kv_rot || i8v) fx.rot = 1.0f / sqrtf((float)hd); /* as qf_hadamard computes it */
+                if (g->kv_rot || i8v) fx.rot = hs;
                 /* the merge (or k_attn_one) writes the o matvec's q8_0 activation (it then skips
                  * its quantization) */
                 if (!L->post_attn_norm && q8_act(&L->wo)) fx.xq = g->xh;

@@ -190,6 +190,9 @@ __host__ __device__ static inline uint16_t f32_to_f16_bits(float f) {
 #define KV_DSUB(a, b) ((a) - (b))
 #endif
 
+/* q8_0 or q4_0: the cache modes stored as 32-blocks of codes and a step (kv_quant_block), which
+ * k_attn_one and split-K's vectorized form read in either stream */
+__host__ __device__ static inline bool kv_qz(qf_kv_mode m) { return m == QF_KV_Q8_0 || m == QF_KV_Q4_0; }
 /* one 32-element block of a q8_0 / q4_0 cache row, as ggml's reference quantizers */
 __host__ __device__ static inline void kv_quant_block(int mode, const float *x, uint8_t *out) {
     if (mode == QF_KV_Q8_0) {
@@ -959,8 +962,9 @@ size_t attention_exact_flash_floats(int n, int n_head, int hd);
  * before the kernel waits for its predecessor (see pdl_wait). */
 /* What the decode step folds into split-K attention (launch_attention_split's fx), so the step
  * launches fewer kernels:
- * - qkv set (f16 cache with rows of hd * 2 bytes; q8_0 or q4_0 where attention_one_runs): the
- *   q|k|v split (k_qkv_split kind 2; for q8_0 / q4_0 kind 0 and the K|V write). qkv is
+ * - qkv set (f16 cache with rows of hd * 2 bytes; K and V each q8_0 or q4_0, or f16 under rot,
+ *   where attention_one_runs): the q|k|v split (k_qkv_split kind 2; otherwise kind 0 and the K|V
+ *   write). qkv is
  *   the fused projection's output [n][n_head + 2 n_head_kv][hd]; bq / bk / bv the biases (or
  *   NULL), cs / sn the call's RoPE tables, half and neox qkv_pair's operands. For one token with
  *   the vectorized kernel, each block rotates its heads' q itself and the block whose range holds
@@ -999,14 +1003,15 @@ typedef struct {
 bool attention_split_i8_ok(int n_head, int n_head_kv, int hd, int n_ctx, const attn_i8 *i8);
 /* One token over at most this many keys (0: never) of an mk / mv cache with head_dim hd runs
  * one block a query head (k_attn_one: no ranges, no merge) instead of split-K; for K and V both
- * f16, both q8_0 or both q4_0, 512 at head_dim 64 and 256 at 128. launch_attention_split takes it
+ * f16, or each q8_0 or q4_0, 512 at head_dim 64 and 256 at 128. launch_attention_split takes it
  * for plain launches by the position, and under graph capture (dpos) when n_ctx is at most this:
  * a caller that replays graphs at longer contexts captures one for the short positions (n_ctx
  * this) and one for the rest, so each gives the plain launches' bits. */
 int attention_one_keys(qf_kv_mode mk, qf_kv_mode mv, int hd);
 /* whether launch_attention_split with these arguments runs k_attn_one (one token, 16-byte
  * aligned caches of kv_row_bytes rows, the keys within attention_one_keys). Only then may a
- * q8_0 / q4_0 cache's caller fold the q|k|v split and the K|V write into it (fx->qkv). */
+ * q8_0 / q4_0 (or rotated) cache's caller fold the q|k|v split and the K|V write into it
+ * (fx->qkv). */
 bool attention_one_runs(qf_kv_mode mk, qf_kv_mode mv, const void *K, const void *V, size_t rbk, size_t rbv, int n,
                         int hd, int pos0, const int *dpos, int n_ctx);
 /* returns whether fx->xq was written */

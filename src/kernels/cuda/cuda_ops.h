@@ -58,12 +58,13 @@ qf_status qf_cuda_op_attention_split(const float *q, const float *k, const float
  * the K / V row write) and the o matvec's q8_0 activation folded into the attention kernels,
  * checked against the separate launches on the same row [q | k[pos0] | v[pos0]] (biases, RoPE
  * tables and pair order made up from pos0; hd % 32 == 0): QF_ERR_DEVICE names what differs by a
- * single bit (cache rows, output, activation). mode: f16 (split-K, or k_attn_one over short
- * caches), or q8_0 / q4_0 (k_attn_one only: at most 512 keys at head_dim 64, 256 at 128; the
- * separate launches are the f32 split and the K|V write). rot QF_KV_ROT_HADAMARD: --kv-rot
- * folded into k_attn_one too (any of the three modes, within k_attn_one's keys, head_dim a power
- * of two), against the split, one rotation launch over K, V and q, the K|V write, the attention
- * and the output's rotation. out: the fused output. */
+ * single bit (cache rows, output, activation). mode: f16, q8_0 or q4_0: k_attn_one over short
+ * caches (at most 512 keys at head_dim 64, 256 at 128), split-K past them, where a q8_0 / q4_0
+ * cache's split stores the rows itself (launch_qkv_split_store); the separate launches are the
+ * f32 split and the K|V write. rot QF_KV_ROT_HADAMARD (head_dim a power of two): --kv-rot folded
+ * in too (into k_attn_one, or into the split and split-K's merge), against the split, one
+ * rotation launch over K, V and q, the K|V write, the attention and the output's rotation. out:
+ * the fused output. */
 qf_status qf_cuda_op_attention_fused(const float *q, const float *k, const float *v, int pos0, int n_head, int n_head_kv,
                                      int hd, qf_kv_mode mode, qf_kv_rot rot, float *out, qf_error *err);
 
