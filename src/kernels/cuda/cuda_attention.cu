@@ -98,26 +98,6 @@ __device__ static inline void mma16816(float *c, const uint32_t *a, uint32_t b0,
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* 16-byte asynchronous copy global -> shared; src_bytes 0 writes zeros (src must still be a
- * valid address) */
-__device__ static inline void cp_async16(void *smem, const void *gmem, int src_bytes) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ static inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ static inline void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-
-/* dynamic shared memory of k_flash_f16: two stages of K and V tiles */
-/* 4- and 8-byte asynchronous copies (cp.async.ca), zero-filled like cp_async16 */
-__device__ static inline void cp_async8(void *smem, const void *gmem, int src_bytes) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ static inline void cp_async4(void *smem, const void *gmem, int src_bytes) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes) : "memory");
-}
-
 /* q8_0 / q4_0 caches: their raw rows are staged in shared memory (cp.async, two stages) and
  * dequantized from there into the f16 tile; the bytes of one staged row (padded to 16) */
 template <int HDP, int M> __host__ __device__ constexpr int flash_raw_row() {
@@ -1082,7 +1062,6 @@ template <int HD, int MK, int MV> static size_t one_smem(int tmax) {
     constexpr int NKG = ONE_THREADS / (HD / 8);
     return (size_t)tmax * (one_rbs<HD, MK>() + one_rbs<HD, MV>()) + (size_t)(tmax + HD + NKG * HD + 32) * sizeof(float);
 }
-__device__ static inline void cp_async_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 /* elements [8c, 8c + 8) of a row staged in mode M, as kv_elem<M> gives them (q8_0 / q4_0:
  * qz_words and qz_codes, split-K's reading of a V chunk) */
@@ -1247,13 +1226,8 @@ __global__ void __launch_bounds__(ONE_THREADS)
         for (int g = 0; g < NKG; g++) o += red[g * HD + tid];
         o = o * (1.0f / l);
     }
-    if (fx.rot != 0.0f) { /* the cache's rows rotated: the output rotated back (qs is free since phase 1) */
-        if (tid < HD) qs[tid] = o;
-        __syncthreads();
-        if (tid < 32) hadamard_warp(qs, HD, lane, fx.rot);
-        __syncthreads();
-        if (tid < HD) o = qs[tid];
-    }
+    /* the cache's rows rotated: the output rotated back (qs is free since phase 1) */
+    if (fx.rot != 0.0f) o = rotate_back(o, tid, HD, qs, fx.rot);
     if (tid >= HD) return;
     const size_t at = (size_t)h * HD + tid;
     out[at] = o;
@@ -1520,13 +1494,8 @@ __global__ void k_attn_merge(const float *part, int pos0, int n_head, int hd, in
         for (int c = MERGE_R; c < ns; c++) o += pp[(size_t)c * (hd + 2) + 2 + e] * wc[c];
         o = o * inv_ls;
     }
-    if (rot != 0.0f) { /* the cache's rows rotated (--kv-rot, int8 rotated V): H o, rotated back */
-        if (e < hd) orow[e] = o;
-        __syncthreads();
-        if (threadIdx.x < 32) hadamard_warp(orow, hd, threadIdx.x, rot);
-        __syncthreads();
-        if (e < hd) o = orow[e];
-    }
+    /* the cache's rows rotated (--kv-rot, int8 rotated V): H o, rotated back */
+    if (rot != 0.0f) o = rotate_back(o, e, hd, orow, rot);
     if (e >= hd) return;
     const size_t at = (size_t)i * n_head * hd + (size_t)h * hd + e;
     out[at] = o;

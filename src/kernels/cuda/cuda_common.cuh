@@ -470,6 +470,26 @@ __device__ static inline float block_sum(float v, float *red) {
     return red[0];
 }
 
+/* 16-byte asynchronous copy global -> shared; src_bytes 0 writes zeros (src must still be a
+ * valid address) */
+__device__ static inline void cp_async16(void *smem, const void *gmem, int src_bytes) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ static inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ static inline void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+/* 4- and 8-byte asynchronous copies (cp.async.ca), zero-filled like cp_async16 */
+__device__ static inline void cp_async8(void *smem, const void *gmem, int src_bytes) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ static inline void cp_async4(void *smem, const void *gmem, int src_bytes) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ static inline void cp_async_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
 /* The normalized Walsh-Hadamard transform (--kv-rot hadamard) of the n floats at v (shared
  * memory, n a power of two <= HD_MAX) by one warp, all of its lanes calling: hadamard.c's
  * qf_hadamard in the same order (len = 1, 2, 4, ...: x[j], x[j + len] <- a + b, a - b), then
@@ -488,6 +508,18 @@ __device__ static inline void hadamard_warp(float *v, int n, int lane, float sca
     }
     for (int i = lane; i < n; i += 32) v[i] = __fmul_rn(v[i], scale);
     __syncwarp();
+}
+
+/* A row of hd floats held one a thread (thread e < hd holds o = element e) rotated back under
+ * --kv-rot: through buf (hd floats of shared memory), the block's first warp running
+ * hadamard_warp; returns thread e's element of the rotated row (o itself past hd). Every thread
+ * of the block calls it (two __syncthreads). k_attn_one's and k_attn_merge's output rows. */
+__device__ static inline float rotate_back(float o, int e, int hd, float *buf, float scale) {
+    if (e < hd) buf[e] = o;
+    __syncthreads();
+    if (threadIdx.x < 32) hadamard_warp(buf, hd, threadIdx.x, scale);
+    __syncthreads();
+    return e < hd ? buf[e] : o;
 }
 
 /* One 32-block of a q8_0 activation, a warp's 32 lanes holding its values in order (v: this
