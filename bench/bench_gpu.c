@@ -113,6 +113,7 @@ int main(int argc, char **argv) {
         if ((v = getenv("QF_CUDA_PDL")) && !strcmp(v, "0")) p.cuda.no_pdl = true;
         if ((v = getenv("QF_CUDA_Q4G")) && !strcmp(v, "0")) p.cuda.no_q4_regroup = true;
         if ((v = getenv("QF_CUDA_I8_EXPAND")) && !strcmp(v, "1")) p.cuda.i8_expand = true;
+        if ((v = getenv("QF_CUDA_NORM_FOLD")) && !strcmp(v, "0")) p.cuda.no_norm_fold = true;
         if ((v = getenv("QF_KV_ROT")) && !strcmp(v, "hadamard")) p.kv_rot = QF_KV_ROT_HADAMARD;
     }
     if (!qf_kv_mode_from_name(kvs, &p.kv_k) || !qf_kv_mode_from_name(kvvs ? kvvs : kvs, &p.kv_v) ||

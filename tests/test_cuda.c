@@ -1109,6 +1109,7 @@ static long last_graph_steps;
 static int dsl_n_ctx = 256;
 static bool dsl_i8_expand;
 static int dsl_kv_v = -1; /* >= 0: V's cache mode (K and V in different modes), else V's is K's */
+static bool dsl_no_norm_fold; /* knob no_norm_fold: each RMSNorm a kernel of its own */
 
 /* n0 prompt tokens then n1 one-token steps; logits [n1][n_vocab] of the steps. klay / vlay
  * (non-NULL): a kv-int8 payload of these row layouts is bound first (per-head scales 0.05: the
@@ -1124,6 +1125,7 @@ static bool decode_steps_lay(qf_model *m, qf_device dev, bool reference, bool no
     p.reference = reference;
     p.cuda.no_graph = no_graph;
     p.cuda.i8_expand = dsl_i8_expand;
+    p.cuda.no_norm_fold = dsl_no_norm_fold;
     qf_error err = {0};
     qf_context *c = qf_context_new(m, &p, &err);
     CHECK_MSG(c, "%s", err.msg);
@@ -1303,6 +1305,53 @@ TEST(e2e_decode_graph_one) {
                       qf_kv_mode_name(kvs[k]), r.agree, n1, r.near, n1);
         }
         free(lg), free(lp), free(lc), free(lf);
+        qf_model_free(m);
+    }
+}
+
+/* One-token decode folds each RMSNorm into the q4_0 / q8_0 matvecs around it (norm_fold,
+ * cuda_common.cuh: o and down write the next norm's q8_0 activation of x g and their rows' sums
+ * of squares, q|k|v and gate|up scale their sums by rs). test-d2048 (2048 rows: the one-token
+ * kernels; two layers, so down folds the second layer's attention norm and o each FFN norm) in
+ * q4_0 and q8_0, f16 and q8_0 caches. The fold must have run (its logits differ from the norm
+ * kernels' where only roundings differ) and stay within e2e_decode_graph's bound of the CPU
+ * reference, as the norm kernels do (this random model's logits move by ~3.7e-4 nmse between
+ * the CPU's own two routes, so the bound is relative to that). Graph against plain launches
+ * with the fold: e2e_decode_graph. */
+TEST(e2e_decode_norm_fold) {
+    NEED_GPU();
+    const char *models[] = {"models/test-d2048-q4_0.gguf", "models/test-d2048-q8_0.gguf"};
+    const qf_kv_mode kvs[] = {QF_KV_F16, QF_KV_Q8_0};
+    enum { n0 = 8, n1 = 40 };
+    for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+        int32_t toks[n0 + n1];
+        qf_model *m = graph_model(models[mi], toks, n0 + n1);
+        if (!m) continue;
+        const int nv = qf_model_hparams(m)->n_vocab;
+        const size_t nl = (size_t)n1 * nv;
+        float *lf = malloc(nl * 4), *ln = malloc(nl * 4), *lc = malloc(nl * 4), *lx = malloc(nl * 4);
+        for (int k = 0; k < 2 && lf && ln && lc && lx; k++) {
+            const qf_kv_rot r0 = QF_KV_ROT_NONE;
+            bool ok = decode_steps(m, QF_DEVICE_CUDA, false, false, kvs[k], r0, toks, n0, n1, lf);
+            dsl_no_norm_fold = true;
+            ok = ok && decode_steps(m, QF_DEVICE_CUDA, false, false, kvs[k], r0, toks, n0, n1, ln);
+            dsl_no_norm_fold = false;
+            ok = ok && decode_steps(m, QF_DEVICE_CPU, true, true, kvs[k], r0, toks, n0, n1, lc) &&
+                 decode_steps(m, QF_DEVICE_CPU, false, true, kvs[k], r0, toks, n0, n1, lx);
+            if (!ok) break;
+            const graph_cmp r = graph_compare(lf, ln, lc, lx, n1, nv); /* diff: the fold against the norm kernels */
+            const double en = nmse(ln, lc, nl), lb = fmax(1e-4, 2 * r.fe);
+            printf("  norm fold %-26s kv %-4s: %zu of %zu logits differ from the norm kernels' (nmse %.3g); nmse "
+                   "against the CPU reference %.3g (norm kernels %.3g, the CPU's fast route %.3g), top-1 %d/%d "
+                   "(%d/%d with near-ties)\n",
+                   models[mi] + 7, qf_kv_mode_name(kvs[k]), r.diff, nl, nmse(lf, ln, nl), r.e, en, r.fe, r.agree, n1,
+                   r.near, n1);
+            CHECK_MSG(r.diff > 0, "%s: the fold did not run (the norm kernels' bits)", models[mi]);
+            CHECK_MSG(r.e <= lb, "%s kv %s: logits nmse %g (bound %g)", models[mi], qf_kv_mode_name(kvs[k]), r.e, lb);
+            CHECK_MSG(r.near >= n1 - 2, "%s kv %s: top-1 %d/%d, %d/%d with near-ties", models[mi],
+                      qf_kv_mode_name(kvs[k]), r.agree, n1, r.near, n1);
+        }
+        free(lf), free(ln), free(lc), free(lx);
         qf_model_free(m);
     }
 }
@@ -2762,6 +2811,7 @@ int main(void) {
     RUN(e2e_families);
     RUN(e2e_decode_graph);
     RUN(e2e_decode_graph_one);
+    RUN(e2e_decode_norm_fold);
     RUN(op_topk);
     RUN(e2e_decode_topk);
     RUN(e2e_generate_device_sampler);

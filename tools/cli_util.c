@@ -203,4 +203,5 @@ void cli_cuda_env(qf_cuda_params *k) {
     if ((v = getenv("QF_CUDA_PDL")) && strcmp(v, "0") == 0) k->no_pdl = true;
     if ((v = getenv("QF_CUDA_Q4G")) && strcmp(v, "0") == 0) k->no_q4_regroup = true;
     if ((v = getenv("QF_CUDA_I8_EXPAND")) && strcmp(v, "1") == 0) k->i8_expand = true;
+    if ((v = getenv("QF_CUDA_NORM_FOLD")) && strcmp(v, "0") == 0) k->no_norm_fold = true;
 }

@@ -182,7 +182,7 @@ QF_API bool qf_cuda_available(void);
 /* CUDA backend knobs; all false = the default (certified) routes. The library never reads the
  * environment: the CLI and the benches set these from QF_CUDA_GEMM=f32, QF_CUDA_ATTN=warp,
  * QF_CUDA_GU16=1, QF_CUDA_F16_CACHE=0, QF_CUDA_PROFILE=1, QF_CUDA_GRAPH=0, QF_CUDA_PDL=0,
- * QF_CUDA_Q4G=0 and QF_CUDA_I8_EXPAND=1. */
+ * QF_CUDA_Q4G=0, QF_CUDA_I8_EXPAND=1 and QF_CUDA_NORM_FOLD=0. */
 typedef struct {
     bool gemm_f32;     /* dequantize to f32 and use sgemm for every matmul */
     bool attn_warp;    /* the one-warp-per-(query, head) attention kernel for prefill too */
@@ -194,6 +194,8 @@ typedef struct {
     bool no_q4_regroup; /* q4_0 and Q6_K weights stay in the GGUF block layouts on the device (QF_CUDA_Q4G=0) */
     bool i8_expand;     /* int8 decode expands the layer's cache to f16 rows every step instead of reading it in
                            place (QF_CUDA_I8_EXPAND=1; the route before session 34, for comparisons) */
+    bool no_norm_fold;  /* one-token decode runs each RMSNorm as a kernel of its own instead of folding it into
+                           the q4_0 / q8_0 matvecs around it (QF_CUDA_NORM_FOLD=0; the route before session 43) */
 } qf_cuda_params;
 
 typedef struct {

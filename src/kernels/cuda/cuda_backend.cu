@@ -100,6 +100,7 @@ struct qf_cuda_ctx {
     bool q4g;              /* q4_0 / q8_0 / Q6_K weights of whole groups take the G8 layouts (knob no_q4_regroup: off) */
     bool pdl;              /* the decode graph uses programmatic dependent launch (knob no_pdl: off) */
     bool i8_expand;        /* knob i8_expand: int8 decode expands the layer every step (not in place) */
+    bool norm_fold;        /* decode's RMSNorms folded into the matvecs around them (knob no_norm_fold: off) */
     float *h_lg;           /* pinned staging for one row of logits (forward_graph's copy), or NULL */
 #define LG_CHUNKS 4
     cudaEvent_t lg_ev[LG_CHUNKS];
@@ -118,6 +119,8 @@ struct qf_cuda_ctx {
     size_t wdeq_bytes;
     __half *xh;            /* f16 activations for the f16 gemm */
     __half *xl;            /* [B][n_embd] their f16 residual (launch_f16_lo): q|k|v with a quantized cache */
+    void *xq2;             /* norm_fold's activation, ACT_Q_BYTES(1, n_embd) */
+    float *nss;            /* norm_fold's sums of squares [n_embd / 32] */
     int32_t *tok, *tgt;
     double *nll;           /* [n_batch] per-row NLL of the PPL scoring kernel */
     float *h_pin;          /* pinned staging for the logits copy (2 halves), or NULL */
@@ -384,7 +387,7 @@ static void ctx_free(qf_cuda_ctx *g) {
     void *bufs[] = {g->output_norm, g->kv[0], g->kv[1], g->x, g->xn, g->q, g->k, g->v, g->att, g->hb,
                     g->hb2, g->logits, g->rcos, g->rsin, g->wdeq, g->xh, g->xl, g->tok, g->tgt, g->nll,
                     g->qkv, g->gu, g->part, g->rcos_swa, g->rsin_swa, g->moe_logits, g->moe_x, g->moe_y,
-                    g->moe_acc, g->moe_rw, g->moe_rows, g->ck, g->cv, g->cs};
+                    g->moe_acc, g->moe_rw, g->moe_rows, g->ck, g->cv, g->cs, g->xq2, g->nss};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     if (g->blas) cublasDestroy(g->blas);
@@ -757,6 +760,7 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
     g->q4g = !p->knobs.no_q4_regroup;
     g->pdl = !p->knobs.no_pdl;
     g->i8_expand = p->knobs.i8_expand;
+    g->norm_fold = !p->knobs.no_norm_fold;
     g->kv_rot = p->kv_rot == QF_KV_ROT_HADAMARD;
     g->fam = hp->qk_norm || hp->post_norms || hp->attn_softcap > 0 || hp->final_softcap > 0 || hp->swa != QF_SWA_NONE ||
              hp->ffn_act != QF_FFN_SILU || hp->embd_scale != 1.0f || hp->n_expert > 0 ||
@@ -889,6 +893,8 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
         CK(cudaMalloc((void **)&g->rsin, (size_t)B * half * 4 + 4));
         CK(cudaMalloc((void **)&g->xh, (size_t)B * maxK * 2)); sc += (size_t)B * maxK * 2;
         CK(cudaMalloc((void **)&g->xl, (size_t)B * D * 2)); sc += (size_t)B * D * 2;
+        CK(cudaMalloc(&g->xq2, ACT_Q_BYTES(1, D))); sc += ACT_Q_BYTES(1, D);
+        CK(cudaMalloc((void **)&g->nss, (size_t)(D / 32 + 1) * 4)); sc += (size_t)(D / 32 + 1) * 4;
         CK(cudaMalloc((void **)&g->tok, (size_t)B * 4));
         if (cudaMallocHost((void **)&g->h_lg, (size_t)V * 4) != cudaSuccess) {
             cudaGetLastError();
@@ -1400,6 +1406,16 @@ done:
     return st;
 }
 
+/* norm_fold (cuda_common.cuh) between the one-token matvec wp (o, down) and wc (q|k|v, or gate|up
+ * when gu) over the norm of weight nw: decode of one token, no tap, no family features, the
+ * knob on, and both matvecs of the forms it has kernels for */
+static bool fold_norm(const qf_cuda_ctx *g, const qf_tap *tap, int n, const dweight *wp, const dweight *wc, bool gu,
+                      const float *nw, norm_fold *nf) {
+    if (!g->norm_fold || n != 1 || tap || g->fam || !g->xq2 || !fold_prod_ok(wp) || !fold_cons_ok(wc, gu)) return false;
+    nf->ss = g->nss, nf->g = nw, nf->xq = g->xq2, nf->d = g->hp.n_embd, nf->eps = g->hp.rms_eps;
+    return true;
+}
+
 /* The layers of one decode call, from the embedding to the last layer's residual in g->x, on
  * stream S. rc, rs, tok: the call's RoPE tables and tokens on the device. dpos set (graph
  * capture): the position is read from *dpos by the kernels that depend on it (the KV row
@@ -1414,6 +1430,10 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
     prof_mark(g, 0);
     launch_embed(&g->tok_embd, tok, n, D, g->x, S);
     if (hp->embd_scale != 1.0f) launch_scale(g->x, (size_t)n * D, hp->embd_scale, S); /* gemma: x sqrt(n_embd) */
+    /* fa: the layer's attention norm folded into the down matvec before it (the last layer's
+     * fold_norm), its q8_0 activation in g->xq2 */
+    norm_fold fa = {}, ff = {};
+    bool nfa = false;
 
     for (int il = 0; il < hp->n_layer; il++) {
         dlayer *L = &g->layers[il];
@@ -1479,8 +1499,9 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
         /* decode: the norm also writes the q8_0 activation of the int8 matvecs (into xh, their
          * scratch), which then skip their own quantization launch */
         const bool q8a = dqkv && !fqkv && q8_act(&L->wqkv);
-        bool xq1 = launch_rmsnorm(g->x, L->attn_norm, n, D, hp->rms_eps, !fqkv || want_act || kvq ? g->xn : NULL,
-                                  fqkv ? g->xh : NULL, S, q8a ? (void *)g->xh : NULL);
+        nfa = nfa && dqkv; /* (the down before set it only where this layer's q|k|v takes it) */
+        bool xq1 = !nfa && launch_rmsnorm(g->x, L->attn_norm, n, D, hp->rms_eps, !fqkv || want_act || kvq ? g->xn : NULL,
+                                          fqkv ? g->xh : NULL, S, q8a ? (void *)g->xh : NULL);
         /* decode with separate q, k, v matvecs (q4_k_m's layers whose v is Q6_K and q, k Q4_K):
          * where all three read the same int8 activation it is quantized once for them, not three
          * times */
@@ -1508,7 +1529,8 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
                 launch_qkv_split(g->qkv, 0, n, hp->n_head, nkv, hd, half, hp->rope_type == QF_ROPE_NEOX, rc,
                                  rs, L->bq, L->bk, L->bv, g->q, g->k, g->v, S);
         } else if (dqkv) {
-            if ((st = dev_matmul(g->blas, &L->wqkv, g->xn, n, g->qkv, false, MM_MATVEC, g->wdeq, g->xh, S, err, xq1)))
+            if (nfa) launch_matvec_norm(&L->wqkv, g->qkv, false, &fa, S);
+            else if ((st = dev_matmul(g->blas, &L->wqkv, g->xn, n, g->qkv, false, MM_MATVEC, g->wdeq, g->xh, S, err, xq1)))
                 goto done;
             prof_mark(g, 1);
             if ((dkv16 && fold_split) || fold_q) {
@@ -1646,7 +1668,12 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
         }
         prof_mark(g, 2);
         if ((st = tap_act(g, tap, il, QF_ACT_ATTN_OUT, n, Dq, g->att, err))) goto done;
-        if (att16) {
+        /* the FFN norm folded into o (producer) and gate|up (consumer) */
+        const bool nff = !att16 && !L->post_attn_norm && dgu && !fgu && !L->eg &&
+                         fold_norm(g, tap, n, &L->wo, &L->wgu, true, L->ffn_norm, &ff);
+        if (nff) {
+            launch_matvec_fold(&L->wo, g->att, g->xh, oq, g->x, &ff, S);
+        } else if (att16) {
             if ((st = dev_gemm_h(g->blas, &L->wo, g->xh, n, g->x, true, g->wdeq, err))) goto done;
         } else if (L->post_attn_norm) { /* gemma: x += rmsnorm(att W_o) * post_attn_norm */
             if ((st = dev_matmul(g->blas, &L->wo, g->att, n, g->xn, false, route, g->wdeq, g->xh, S, err))) goto done;
@@ -1655,10 +1682,12 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
         } else if ((st = dev_matmul(g->blas, &L->wo, g->att, n, g->x, true, route, g->wdeq, g->xh, S, err, oq))) goto done;
         prof_mark(g, 4);
 
-        const bool xq2 = launch_rmsnorm(g->x, L->ffn_norm, n, D, hp->rms_eps, !fgu || want_act ? g->xn : NULL,
-                                        fgu ? g->xh : NULL, S, dgu && !fgu && !L->eg && q8_act(&L->wgu) ? (void *)g->xh : NULL);
+        const bool xq2 = !nff && launch_rmsnorm(g->x, L->ffn_norm, n, D, hp->rms_eps, !fgu || want_act ? g->xn : NULL,
+                                                fgu ? g->xh : NULL, S,
+                                                dgu && !fgu && !L->eg && q8_act(&L->wgu) ? (void *)g->xh : NULL);
         if ((st = tap_act(g, tap, il, QF_ACT_FFN_IN, n, D, g->xn, err))) goto done;
         prof_mark(g, 0);
+        nfa = false; /* (this layer's q|k|v took it; the down below may set it for the next) */
         if (L->eg) {
             /* MoE: g->xn <- the routed experts' sum, then the residual (after a post norm) */
             if ((st = moe_ffn(g, L, n, S, err))) goto done;
@@ -1676,7 +1705,8 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             if ((st = dev_gemm_h(g->blas, &L->wd, g->xh, n, g->x, true, g->wdeq, err))) goto done;
         } else if (dgu) {
             /* SiLU(gate) * up at the end of the matvec where it applies (the same bits) */
-            if (!launch_matvec_gu(&L->wgu, g->xn, n, F, g->hb, g->xh, S, xq2)) {
+            if (nff) launch_matvec_norm(&L->wgu, g->hb, true, &ff, S);
+            else if (!launch_matvec_gu(&L->wgu, g->xn, n, F, g->hb, g->xh, S, xq2)) {
                 if ((st = dev_matmul(g->blas, &L->wgu, g->xn, n, g->gu, false, MM_MATVEC, g->wdeq, g->xh, S, err, xq2)))
                     goto done;
                 launch_silu_gu(g->gu, false, n, F, g->hb, NULL, S);
@@ -1684,7 +1714,12 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             prof_mark(g, 5);
             if ((st = tap_act(g, tap, il, QF_ACT_FFN_DOWN, n, F, g->hb, err))) goto done;
             prof_mark(g, 0);
-            if ((st = dev_matmul(g->blas, &L->wd, g->hb, n, g->x, true, route, g->wdeq, g->xh, S, err))) goto done;
+            /* the next layer's attention norm folded into down (producer) and its q|k|v (consumer) */
+            const dlayer *Ln = il + 1 < hp->n_layer ? &g->layers[il + 1] : NULL;
+            nfa = Ln && Ln->wqkv.d && hd % 2 == 0 && !g->rq &&
+                  fold_norm(g, tap, n, &L->wd, &Ln->wqkv, false, Ln->attn_norm, &fa);
+            if (nfa) launch_matvec_fold(&L->wd, g->hb, g->xh, false, g->x, &fa, S);
+            else if ((st = dev_matmul(g->blas, &L->wd, g->hb, n, g->x, true, route, g->wdeq, g->xh, S, err))) goto done;
         } else {
             if ((st = dev_matmul(g->blas, &L->wg, g->xn, n, g->hb, false, route, g->wdeq, g->xh, S, err))) goto done;
             if ((st = dev_matmul(g->blas, &L->wu, g->xn, n, g->hb2, false, route, g->wdeq, g->xh, S, err))) goto done;

@@ -35,8 +35,9 @@ extern "C" {
  * 15: qf_cuda_params gains i8_expand (int8 decode reads the cache in place by default).
  * 16: decode_topk and op_topk (qf_generate's sampler reads the logits' top-k, reduced on the device).
  * 17: op_topk loses one_block (one route for every row length: merge levels, no radix select).
- * 18: op_attention's route 4 (route 3 with --kv-rot hadamard folded into k_attn_one). */
-#define QF_CUDA_ABI 18
+ * 18: op_attention's route 4 (route 3 with --kv-rot hadamard folded into k_attn_one).
+ * 19: qf_cuda_params gains no_norm_fold. */
+#define QF_CUDA_ABI 19
 
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 typedef struct qf_cuda_awq qf_cuda_awq; /* one AWQ group's search state on the device */

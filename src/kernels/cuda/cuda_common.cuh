@@ -526,8 +526,9 @@ __device__ static inline float rotate_back(float o, int e, int hd, float *buf, f
  * lane's): quant.c's quant_q8_0 (d = amax / 127, id = d ? 1 / d : 0, q = roundf(x * id), each
  * operation rounded on its own), the quant to *qs, and from lane 0 the f32 of d's f16 rounding to
  * *xd and the int sum of the block's quants to *xs (the ACT_Q_BYTES layout's three arrays). The
- * one definition of k_quant_act's bytes, which the split-K merge writes as well. */
-__device__ static inline void quant_q8_warp(float v, int lane, int8_t *qs, float *xd, int *xs) {
+ * one definition of k_quant_act's bytes, which the split-K merge writes as well. f16 false: d
+ * itself to *xd (norm_fold's unscaled step, which can lie below f16's normal range). */
+__device__ static inline void quant_q8_warp(float v, int lane, int8_t *qs, float *xd, int *xs, bool f16 = true) {
     float amax = fabsf(v);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -538,7 +539,7 @@ __device__ static inline void quant_q8_warp(float v, int lane, int8_t *qs, float
     int sum = q;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) *xd = __half2float(__float2half_rn(d)), *xs = sum;
+    if (lane == 0) *xd = f16 ? __half2float(__float2half_rn(d)) : d, *xs = sum;
 }
 
 /* ---- the fused q|k|v row: bias and RoPE of one pair of elements ----
@@ -622,6 +623,26 @@ __host__ __device__ static inline act_q act_q_view(void *xq, int n, int K) {
     return a;
 }
 
+/* ---- decode's RMSNorm folded into the matvecs around it (knob no_norm_fold: off) ----
+ * The q8_0 activation of x g rs (rs = 1 / sqrt(mean(x^2) + eps)) has the quants of x g and
+ * steps rs times theirs, so the norm needs no pass of its own. Its producer, the one-token
+ * matvec x += W a before it (o, or the layer's down), 32 rows a block, quantizes x g for its 32
+ * rows into xq (ACT_Q_BYTES(1, d), unscaled) and writes their sum of squares into ss[block];
+ * its consumer, the matvec after it (q|k|v, or gate|up), reads xq as its activation, sums ss
+ * in a fixed order and multiplies its row sums by rs before their end (SiLU(gate) * up for
+ * gate|up). Against launch_rmsnorm's activation only roundings differ: the unscaled steps are
+ * kept in f32 (not rounded to f16: x g can be small enough for subnormal f16 steps), rs
+ * multiplies a row's sum instead of each block's step, and the sum of squares is added in
+ * another order. launch_matvec_fold / launch_matvec_norm (cuda_gemm.cu)
+ * launch the two; fold_prod_ok / fold_cons_ok say where they apply. */
+typedef struct {
+    float *ss;      /* [d / 32] sums of squares of x, one a 32-row block */
+    const float *g; /* the norm's weight [d] */
+    void *xq;       /* x g as a q8_0 activation, ACT_Q_BYTES(1, d), 16-byte aligned */
+    int d;
+    float eps;
+} norm_fold;
+
 /* the device layout's type code: w->type, or QFD_Q4_0G8 / QFD_Q8_0G8 / QFD_Q6_KG */
 static inline int dw_type(const dweight *w) {
     return !w->g8 ? (int)w->type
@@ -654,6 +675,15 @@ qf_status dev_matmul(cublasHandle_t blas, const dweight *w, const float *x, int 
  * weight's int8 matvec reads (q8_0 for Q4_0 / Q8_0: launch_rmsnorm's xq or launch_quant_act; Q8_K
  * for the K formats: launch_quant_act_k), so the matvec skips its quantization launch; other
  * routes read x as always */
+/* norm_fold's producer: x[N] += W a for one token (a: xq's activation of x_in, quantized here
+ * unless ready), and nf's activation and sums of squares of the new x; its consumer: y = rs (W
+ * nf.xq) for one token (gu: hb[F] = SiLU(gate) * up of the fused [2F][K] weight). Launch only
+ * where fold_prod_ok / fold_cons_ok (and launch_matvec_gu for gu) say they apply. */
+bool fold_prod_ok(const dweight *w);
+bool fold_cons_ok(const dweight *w, bool gu);
+void launch_matvec_fold(const dweight *w, const float *x_in, void *xq, bool ready, float *x, const norm_fold *nf,
+                        cudaStream_t s);
+void launch_matvec_norm(const dweight *w, float *y, bool gu, const norm_fold *nf, cudaStream_t s);
 /* decode gate|up with SiLU(gate) * up fused: hb[n][F] from the [2F][K] weight (xq: scratch as
  * dev_matmul's xh); false when it does not apply (nothing launched) */
 bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb, void *xq, cudaStream_t s,

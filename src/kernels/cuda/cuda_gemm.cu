@@ -587,11 +587,46 @@ __device__ static inline void mv1_finish(const float *acc, int warp, int lane, i
 template <int R, int W, bool GU> __device__ static inline int mv1_r0(int grp) {
     return GU ? (int)blockIdx.x * R : ((int)blockIdx.x * W + grp) * R;
 }
-template <int R, int U, int W, int P, bool GU, bool Q8 = false>
+/* The end of a producer of norm_fold (cuda_common.cuh): the block's W R = 32 rows are one q8_0
+ * block of x. Their sums as mv1_finish adds them (parts in order), x[r] += the sum (the
+ * accumulating store's bits), then warp 0 quantizes x g for the 32 rows (quant_q8_warp, the step
+ * kept in f32) into nf.xq and writes the rows' sum of squares into nf.ss[block]. */
+template <int R, int W, int P>
+__device__ static inline void mv1_finish_fold(const float *acc, int warp, int lane, float *x, const norm_fold &nf) {
+    static_assert(W * R == 32, "a producer block's rows are one q8_0 block");
+    __shared__ float red[W * P][R];
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        const float v = warp_sum(acc[j]);
+        if (lane == 0) red[warp][j] = v;
+    }
+    __syncthreads();
+    if (warp) return;
+    const int grp = lane / R, j = lane % R, r = (int)blockIdx.x * 32 + lane;
+    float v = 0.0f;
+    for (int p = 0; p < P; p++) v += red[grp * P + p][j];
+    const float xr = x[r] + v;
+    x[r] = xr;
+    const act_q a = act_q_view(nf.xq, 1, nf.d);
+    quant_q8_warp(xr * __ldg(nf.g + r), lane, a.qs + r, a.xd + blockIdx.x, a.xs + blockIdx.x, false);
+    const float s2 = warp_sum(xr * xr);
+    if (lane == 0) nf.ss[blockIdx.x] = s2;
+}
+/* a consumer's rs = 1 / sqrt(mean(x^2) + eps) from the producer's sums of squares (every lane
+ * the same value: a fixed order) */
+__device__ static inline float norm_fold_rs(const norm_fold &nf, int lane) {
+    float t = 0.0f;
+    for (int i = lane; i < nf.d / 32; i += 32) t += nf.ss[i];
+    return 1.0f / sqrtf(warp_sum(t) / nf.d + nf.eps);
+}
+/* NF (W R = 32, no GU): the producer of nf (y is the residual x, accumulated); else nf.ss set:
+ * a consumer, its row sums times rs before their end */
+template <int R, int U, int W, int P, bool GU, bool Q8 = false, bool NF = false>
 __global__ void __launch_bounds__(W * P * 32)
     k_mv1_q4g(const uint8_t *__restrict__ Wt, size_t rb, int K, int N, const int8_t *__restrict__ xq,
-              const float *__restrict__ xd, const int *__restrict__ xs, float *y, int accumulate) {
+              const float *__restrict__ xd, const int *__restrict__ xs, float *y, int accumulate, norm_fold nf) {
     static_assert(!GU || W == 2, "GU: a gate group and an up group");
+    static_assert(!NF || !GU, "the producer of a norm is o or down");
     pdl_trigger();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = warp / P, part = warp % P;
     const int r0 = mv1_r0<R, W, GU>(grp), nb = K / QK;
@@ -642,7 +677,16 @@ __global__ void __launch_bounds__(W * P * 32)
         if (b0 >= nb) break;
         load(b0);
     }
-    mv1_finish<R, W, P, GU>(acc, warp, lane, r0, N, y, accumulate);
+    if constexpr (NF) {
+        mv1_finish_fold<R, W, P>(acc, warp, lane, y, nf);
+    } else {
+        if (nf.ss) {
+            const float rs = norm_fold_rs(nf, lane);
+#pragma unroll
+            for (int j = 0; j < R; j++) acc[j] *= rs;
+        }
+        mv1_finish<R, W, P, GU>(acc, warp, lane, r0, N, y, accumulate);
+    }
 }
 template <bool BF16, int R, int U, int W, int P, bool GU>
 __global__ void __launch_bounds__(W * P * 32)
@@ -1180,16 +1224,17 @@ static void launch_matvec_k(const dweight *w, const float *x, int n, int N, floa
 /* the G8 kernels of q4_0 (Q8 false) or q8_0 rows: one token over many rows in row groups */
 template <bool GU, bool Q8>
 static void g8_launch(const dweight *w, int n, int N, float *y, const int8_t *qs, const float *xd, const int *xs, int acc,
-                      cudaStream_t s) {
+                      cudaStream_t s, const norm_fold *nfp = NULL) {
     const int K = (int)w->ne0;
     /* q8_0: 2 rows a group, 2 blocks in flight (64 bytes a lane and row): H200, 8B q8_0 decode
      * 402.7 / 398.1 tok/s against 350.8 / 351.4 with 4 rows and 1 block, 399.4 / 399.7 with 4 and
      * 2, 377.1 / 372.9 with 2 and 3, 352.9 / 354.6 with 1 and 2 (docs/gpu.md "Session 24") */
     constexpr int U = 2, RR = Q8 ? 2 : 4;
+    const norm_fold nf = nfp ? *nfp : norm_fold{};
     if (n == 1 && (GU || N >= MV_SPLIT_ROWS)) { /* one token: the grouped kernels */
-        if (GU) cu_launch(k_mv1_q4g<RR, U, 2, 2, true, Q8>, dim3(nblk((size_t)N, RR)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, 0);
-        else if (K >= 8192) cu_launch(k_mv1_q4g<2, U, 2, 2, false, Q8>, dim3(nblk((size_t)N, 4)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc);
-        else cu_launch(k_mv1_q4g<RR, U, 2, 2, false, Q8>, dim3(nblk((size_t)N, 2 * RR)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc);
+        if (GU) cu_launch(k_mv1_q4g<RR, U, 2, 2, true, Q8>, dim3(nblk((size_t)N, RR)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, 0, nf);
+        else if (K >= 8192) cu_launch(k_mv1_q4g<2, U, 2, 2, false, Q8>, dim3(nblk((size_t)N, 4)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc, nf);
+        else cu_launch(k_mv1_q4g<RR, U, 2, 2, false, Q8>, dim3(nblk((size_t)N, 2 * RR)), dim3(128), 0, s, w->d, w->row_bytes, K, N, qs, xd, xs, y, acc, nf);
         return;
     }
     if (GU) { /* n > 1 here */
@@ -1218,6 +1263,36 @@ static void launch_matvec_q4g(const dweight *w, const float *x, int n, int N, fl
     const int acc = accumulate;
     if (w->type == QF_TYPE_Q8_0) g8_launch<GU, true>(w, n, N, y, qs, xd, xs, acc, s);
     else g8_launch<GU, false>(w, n, N, y, qs, xd, xs, acc, s);
+}
+
+/* norm_fold (cuda_common.cuh): the producer is a one-token G8 matvec of at least MV_SPLIT_ROWS
+ * rows, 32 a block (8 groups of 4 rows, 2 warps a row: 16 warps); the consumer one that
+ * g8_launch sends to the grouped kernels (k_mv1_q4g; gate|up as launch_matvec_gu takes it) */
+static bool fold_g8(const dweight *w) {
+    return w->d && w->g8 && (w->type == QF_TYPE_Q4_0 || w->type == QF_TYPE_Q8_0) && ((uintptr_t)w->d % 16) == 0;
+}
+bool fold_prod_ok(const dweight *w) { return fold_g8(w) && w->ne1 >= MV_SPLIT_ROWS && w->ne1 % 32 == 0; }
+bool fold_cons_ok(const dweight *w, bool gu) { return fold_g8(w) && w->ne1 >= (gu ? 8192 : MV_SPLIT_ROWS); }
+void launch_matvec_fold(const dweight *w, const float *x_in, void *xq, bool ready, float *x, const norm_fold *nf,
+                        cudaStream_t s) {
+    const int K = (int)w->ne0, N = (int)w->ne1;
+    const dim3 grid((unsigned)(N / 32));
+    const act_q a = act_q_view(xq, 1, K);
+    if (!ready) launch_quant_act(x_in, 1, K, xq, s);
+    if (w->type == QF_TYPE_Q8_0)
+        cu_launch(k_mv1_q4g<4, 2, 8, 2, false, true, true>, grid, dim3(512), 0, s, w->d, w->row_bytes, K, N, a.qs, a.xd,
+                  a.xs, x, 1, *nf);
+    else
+        cu_launch(k_mv1_q4g<4, 2, 8, 2, false, false, true>, grid, dim3(512), 0, s, w->d, w->row_bytes, K, N, a.qs, a.xd,
+                  a.xs, x, 1, *nf);
+}
+void launch_matvec_norm(const dweight *w, float *y, bool gu, const norm_fold *nf, cudaStream_t s) {
+    const int K = (int)w->ne0, N = gu ? (int)(w->ne1 / 2) : (int)w->ne1;
+    const act_q a = act_q_view(nf->xq, 1, K);
+    if (gu && w->type == QF_TYPE_Q8_0) g8_launch<true, true>(w, 1, N, y, a.qs, a.xd, a.xs, 0, s, nf);
+    else if (gu) g8_launch<true, false>(w, 1, N, y, a.qs, a.xd, a.xs, 0, s, nf);
+    else if (w->type == QF_TYPE_Q8_0) g8_launch<false, true>(w, 1, N, y, a.qs, a.xd, a.xs, 0, s, nf);
+    else g8_launch<false, false>(w, 1, N, y, a.qs, a.xd, a.xs, 0, s, nf);
 }
 
 /* y[n][N] (+)= x[n][K] . W^T for n <= MATVEC_MAX: the wide kernel where the rows are 8-byte
