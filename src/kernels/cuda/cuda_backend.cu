@@ -120,7 +120,7 @@ struct qf_cuda_ctx {
     __half *xh;            /* f16 activations for the f16 gemm */
     __half *xl;            /* [B][n_embd] their f16 residual (launch_f16_lo): q|k|v with a quantized cache */
     void *xq2;             /* norm_fold's activation, ACT_Q_BYTES(1, n_embd) */
-    float *nss;            /* norm_fold's sums of squares [n_embd / 32] */
+    float *nss;            /* norm_fold's sums of squares [NF_REP][n_embd / 32] */
     int32_t *tok, *tgt;
     double *nll;           /* [n_batch] per-row NLL of the PPL scoring kernel */
     float *h_pin;          /* pinned staging for the logits copy (2 halves), or NULL */
@@ -894,7 +894,7 @@ static qf_status ctx_new(const qf_gpu_model *m, const qf_gpu_kv *kv, const qf_gp
         CK(cudaMalloc((void **)&g->xh, (size_t)B * maxK * 2)); sc += (size_t)B * maxK * 2;
         CK(cudaMalloc((void **)&g->xl, (size_t)B * D * 2)); sc += (size_t)B * D * 2;
         CK(cudaMalloc(&g->xq2, ACT_Q_BYTES(1, D))); sc += ACT_Q_BYTES(1, D);
-        CK(cudaMalloc((void **)&g->nss, (size_t)(D / 32 + 1) * 4)); sc += (size_t)(D / 32 + 1) * 4;
+        CK(cudaMalloc((void **)&g->nss, (size_t)NF_REP * (D / 32) * 4 + 4)); sc += (size_t)NF_REP * (D / 32) * 4 + 4;
         CK(cudaMalloc((void **)&g->tok, (size_t)B * 4));
         if (cudaMallocHost((void **)&g->h_lg, (size_t)V * 4) != cudaSuccess) {
             cudaGetLastError();

@@ -633,10 +633,14 @@ __host__ __device__ static inline act_q act_q_view(void *xq, int n, int K) {
  * gate|up). Against launch_rmsnorm's activation only roundings differ: the unscaled steps are
  * kept in f32 (not rounded to f16: x g can be small enough for subnormal f16 steps), rs
  * multiplies a row's sum instead of each block's step, and the sum of squares is added in
- * another order. launch_matvec_fold / launch_matvec_norm (cuda_gemm.cu)
- * launch the two; fold_prod_ok / fold_cons_ok say where they apply. */
+ * another order. launch_matvec_fold / launch_matvec_norm (cuda_gemm.cu) launch the two;
+ * fold_prod_ok / fold_cons_ok say where they apply. The sums are written NF_REP times and
+ * consumer block b reads copy b % NF_REP: were every consumer warp to read the same 512 bytes,
+ * those L2 lines would be hot (8B q4_0 at position 4000, H100: 1.02x with the copies; docs/gpu.md
+ * "Session 43"). */
+#define NF_REP 16
 typedef struct {
-    float *ss;      /* [d / 32] sums of squares of x, one a 32-row block */
+    float *ss;      /* [NF_REP][d / 32] sums of squares of x, one a 32-row block */
     const float *g; /* the norm's weight [d] */
     void *xq;       /* x g as a q8_0 activation, ACT_Q_BYTES(1, d), 16-byte aligned */
     int d;

@@ -590,7 +590,8 @@ template <int R, int W, bool GU> __device__ static inline int mv1_r0(int grp) {
 /* The end of a producer of norm_fold (cuda_common.cuh): the block's W R = 32 rows are one q8_0
  * block of x. Their sums as mv1_finish adds them (parts in order), x[r] += the sum (the
  * accumulating store's bits), then warp 0 quantizes x g for the 32 rows (quant_q8_warp, the step
- * kept in f32) into nf.xq and writes the rows' sum of squares into nf.ss[block]. */
+ * kept in f32) into nf.xq and writes the rows' sum of squares into each of nf.ss's NF_REP
+ * copies. */
 template <int R, int W, int P>
 __device__ static inline void mv1_finish_fold(const float *acc, int warp, int lane, float *x, const norm_fold &nf) {
     static_assert(W * R == 32, "a producer block's rows are one q8_0 block");
@@ -610,13 +611,14 @@ __device__ static inline void mv1_finish_fold(const float *acc, int warp, int la
     const act_q a = act_q_view(nf.xq, 1, nf.d);
     quant_q8_warp(xr * __ldg(nf.g + r), lane, a.qs + r, a.xd + blockIdx.x, a.xs + blockIdx.x, false);
     const float s2 = warp_sum(xr * xr);
-    if (lane == 0) nf.ss[blockIdx.x] = s2;
+    if (lane < NF_REP) nf.ss[lane * (nf.d / 32) + blockIdx.x] = s2; /* NF_REP copies */
 }
-/* a consumer's rs = 1 / sqrt(mean(x^2) + eps) from the producer's sums of squares (every lane
- * the same value: a fixed order) */
+/* a consumer's rs = 1 / sqrt(mean(x^2) + eps) from the producer's sums of squares, copy
+ * blockIdx % NF_REP (every lane the same value: a fixed order) */
 __device__ static inline float norm_fold_rs(const norm_fold &nf, int lane) {
     float t = 0.0f;
-    for (int i = lane; i < nf.d / 32; i += 32) t += nf.ss[i];
+    const float *ss = nf.ss + (blockIdx.x % NF_REP) * (nf.d / 32);
+    for (int i = lane; i < nf.d / 32; i += 32) t += ss[i];
     return 1.0f / sqrtf(warp_sum(t) / nf.d + nf.eps);
 }
 /* NF (W R = 32, no GU): the producer of nf (y is the residual x, accumulated); else nf.ss set:
