@@ -1430,8 +1430,8 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
     prof_mark(g, 0);
     launch_embed(&g->tok_embd, tok, n, D, g->x, S);
     if (hp->embd_scale != 1.0f) launch_scale(g->x, (size_t)n * D, hp->embd_scale, S); /* gemma: x sqrt(n_embd) */
-    /* fa: the layer's attention norm folded into the down matvec before it (the last layer's
-     * fold_norm), its q8_0 activation in g->xq2 */
+    /* norm_fold: fa (nfa) this layer's attention norm folded into the previous layer's down, ff
+     * (nff) the FFN norm into o; the activation in g->xq2 */
     norm_fold fa = {}, ff = {};
     bool nfa = false;
 
