@@ -1411,7 +1411,7 @@ done:
  * knob on, and both matvecs of the forms it has kernels for */
 static bool fold_norm(const qf_cuda_ctx *g, const qf_tap *tap, int n, const dweight *wp, const dweight *wc, bool gu,
                       const float *nw, norm_fold *nf) {
-    if (!g->norm_fold || n != 1 || tap || g->fam || !g->xq2 || !fold_prod_ok(wp) || !fold_cons_ok(wc, gu)) return false;
+    if (!g->norm_fold || n != 1 || tap || g->fam || !fold_prod_ok(wp) || !fold_cons_ok(wc, gu)) return false;
     nf->ss = g->nss, nf->g = nw, nf->xq = g->xq2, nf->d = g->hp.n_embd, nf->eps = g->hp.rms_eps;
     return true;
 }

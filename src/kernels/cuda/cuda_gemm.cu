@@ -744,6 +744,9 @@ __global__ void __launch_bounds__(W * P * 32)
  * H200, 8B q4_0 decode at 256: 374.8 / 375.4 tok/s against 360.7 / 363.2 with 8192, f16 184.3 /
  * 183.9 against 183.0 / 182.3 (docs/gpu.md). */
 #define MV_SPLIT_ROWS 2048
+/* gate|up rows (2 n_ff) from which the fused gate|up kernels (SiLU(gate) * up at their end) run:
+ * launch_matvec_gu, and norm_fold's gate|up consumer with it */
+#define MV_GU_ROWS 8192
 
 /* ---- Q4_K / Q5_K / Q6_K rows with int8 activations (the CPU's vec_dot route) ----
  * The activation is quantized to Q8_K first (k_quant_act_k: quant.c's quant_q8_K bit for bit:
@@ -1274,7 +1277,7 @@ static bool fold_g8(const dweight *w) {
     return w->d && w->g8 && (w->type == QF_TYPE_Q4_0 || w->type == QF_TYPE_Q8_0) && ((uintptr_t)w->d % 16) == 0;
 }
 bool fold_prod_ok(const dweight *w) { return fold_g8(w) && w->ne1 >= MV_SPLIT_ROWS && w->ne1 % 32 == 0; }
-bool fold_cons_ok(const dweight *w, bool gu) { return fold_g8(w) && w->ne1 >= (gu ? 8192 : MV_SPLIT_ROWS); }
+bool fold_cons_ok(const dweight *w, bool gu) { return fold_g8(w) && w->ne1 >= (gu ? MV_GU_ROWS : MV_SPLIT_ROWS); }
 void launch_matvec_fold(const dweight *w, const float *x_in, void *xq, bool ready, float *x, const norm_fold *nf,
                         cudaStream_t s) {
     const int K = (int)w->ne0, N = (int)w->ne1;
@@ -1377,7 +1380,7 @@ static void launch_matvec(const dweight *w, const float *x, int n, float *y, boo
  * matvec and k_silu_gu) */
 bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb, void *xq, cudaStream_t s, bool ready) {
     const int K = (int)w->ne0;
-    if (n > MATVEC_MAX || w->ne1 != 2 * (int64_t)F || 2 * F < 8192 || ((uintptr_t)x % 16)) return false;
+    if (n > MATVEC_MAX || w->ne1 != 2 * (int64_t)F || 2 * F < MV_GU_ROWS || ((uintptr_t)x % 16)) return false;
     const dim3 grid((unsigned)((F + 1) / 2));
     if (w->g8 && w->type != QF_TYPE_Q6_K) { /* q4_0, q8_0 */
         if (!xq || ((uintptr_t)xq % 16) || ((uintptr_t)w->d % 16)) return false;
