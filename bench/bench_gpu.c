@@ -293,7 +293,9 @@ int main(int argc, char **argv) {
     const bool on_gpu = qf_context_gpu_info(c, &gi);
     printf("decode (1 token/step):  %8.1f tok/s at positions %d..%d; bandwidth bound %.0f tok/s -> %.1f%% of roofline",
            steps / dt, half, half + steps - 1, PEAK_BW / bytes, 100 * (steps / dt) / (PEAK_BW / bytes));
-    if (on_gpu) printf("; %ld of the %d one-token steps replayed a CUDA graph", gi.graph_steps, steps + 1 + (steps > 1));
+    if (on_gpu)
+        printf("; %ld of the %d one-token steps replayed a CUDA graph (%ld nodes)", gi.graph_steps, steps + 1 + (steps > 1),
+               gi.graph_nodes);
     printf("\n");
     if (on_gpu && sampler) {
         /* the step qf_generate takes, the same tokens fed (the drawn one is not): the row copied

@@ -1102,8 +1102,8 @@ TEST(e2e_perplexity) {
  * position read on the device). The logits must be the same bits as the plain launches
  * (knob no_graph) at every position, across the split-K attention's range changes, for plain
  * cache modes and --kv-rot; and within the e2e bound of the CPU reference. */
-/* graph_steps of the last CUDA context decode_steps_lay ran (qf_cuda_info) */
-static long last_graph_steps;
+/* graph_steps and graph_nodes of the last CUDA context decode_steps_lay ran (qf_cuda_info) */
+static long last_graph_steps, last_graph_nodes;
 /* decode_steps_lay's context size, and its knob i8_expand (int8 decode through the per-step
  * expansion instead of in place) */
 static int dsl_n_ctx = 256;
@@ -1137,7 +1137,9 @@ static bool decode_steps_lay(qf_model *m, qf_device dev, bool reference, bool no
         ok = qf_decode(c, toks + n0 + i, 1, n0 + i, logits + (size_t)i * nv, 0, &err) == QF_OK;
     CHECK_MSG(ok, "%s", err.msg);
     qf_cuda_info ci = {0};
-    last_graph_steps = dev == QF_DEVICE_CUDA && qf_context_gpu_info(c, &ci) ? ci.graph_steps : 0;
+    const bool gi = dev == QF_DEVICE_CUDA && qf_context_gpu_info(c, &ci);
+    last_graph_steps = gi ? ci.graph_steps : 0;
+    last_graph_nodes = gi ? ci.graph_nodes : 0;
     qf_context_free(c);
     return ok;
 }
@@ -1316,8 +1318,9 @@ TEST(e2e_decode_graph_one) {
  * q4_0 and q8_0, f16 and q8_0 caches. The fold must have run (its logits differ from the norm
  * kernels' where only roundings differ) and stay within e2e_decode_graph's bound of the CPU
  * reference, as the norm kernels do (this random model's logits move by ~3.7e-4 nmse between
- * the CPU's own two routes, so the bound is relative to that). Graph against plain launches
- * with the fold: e2e_decode_graph. */
+ * the CPU's own two routes, so the bound is relative to that). Every norm's launch must be gone
+ * from the decode graph: two a layer and the output norm (the first layer's attention norm is
+ * folded into the embedding). Graph against plain launches with the fold: e2e_decode_graph. */
 TEST(e2e_decode_norm_fold) {
     NEED_GPU();
     const char *models[] = {"models/test-d2048-q4_0.gguf", "models/test-d2048-q8_0.gguf"};
@@ -1333,9 +1336,14 @@ TEST(e2e_decode_norm_fold) {
         for (int k = 0; k < 2 && lf && ln && lc && lx; k++) {
             const qf_kv_rot r0 = QF_KV_ROT_NONE;
             bool ok = decode_steps(m, QF_DEVICE_CUDA, false, false, kvs[k], r0, toks, n0, n1, lf);
+            const long nodes = last_graph_nodes;
             dsl_no_norm_fold = true;
             ok = ok && decode_steps(m, QF_DEVICE_CUDA, false, false, kvs[k], r0, toks, n0, n1, ln);
             dsl_no_norm_fold = false;
+            /* every norm gone: two a layer and the output's (the first layer's into the embedding) */
+            const int nly = qf_model_hparams(m)->n_layer;
+            CHECK_MSG(!ok || last_graph_nodes - nodes == 2 * nly + 1, "%s: %ld graph nodes with the norm kernels, %ld folded",
+                      models[mi], last_graph_nodes, nodes);
             ok = ok && decode_steps(m, QF_DEVICE_CPU, true, true, kvs[k], r0, toks, n0, n1, lc) &&
                  decode_steps(m, QF_DEVICE_CPU, false, true, kvs[k], r0, toks, n0, n1, lx);
             if (!ok) break;
@@ -1343,9 +1351,9 @@ TEST(e2e_decode_norm_fold) {
             const double en = nmse(ln, lc, nl), lb = fmax(1e-4, 2 * r.fe);
             printf("  norm fold %-26s kv %-4s: %zu of %zu logits differ from the norm kernels' (nmse %.3g); nmse "
                    "against the CPU reference %.3g (norm kernels %.3g, the CPU's fast route %.3g), top-1 %d/%d "
-                   "(%d/%d with near-ties)\n",
+                   "(%d/%d with near-ties); graph of %ld nodes\n",
                    models[mi] + 7, qf_kv_mode_name(kvs[k]), r.diff, nl, nmse(lf, ln, nl), r.e, en, r.fe, r.agree, n1,
-                   r.near, n1);
+                   r.near, n1, nodes);
             CHECK_MSG(r.diff > 0, "%s: the fold did not run (the norm kernels' bits)", models[mi]);
             CHECK_MSG(r.e <= lb, "%s kv %s: logits nmse %g (bound %g)", models[mi], qf_kv_mode_name(kvs[k]), r.e, lb);
             CHECK_MSG(r.near >= n1 - 2, "%s kv %s: top-1 %d/%d, %d/%d with near-ties", models[mi],

@@ -121,6 +121,10 @@ struct qf_cuda_ctx {
     __half *xl;            /* [B][n_embd] their f16 residual (launch_f16_lo): q|k|v with a quantized cache */
     void *xq2;             /* norm_fold's activation, ACT_Q_BYTES(1, n_embd) */
     float *nss;            /* norm_fold's sums of squares [NF_REP][n_embd / 32] */
+    /* the output norm folded into the last down, for the forward_logits after it (one token):
+     * forward_layers sets onf_on where it applies */
+    ::norm_fold onf;
+    bool onf_on;
     int32_t *tok, *tgt;
     double *nll;           /* [n_batch] per-row NLL of the PPL scoring kernel */
     float *h_pin;          /* pinned staging for the logits copy (2 halves), or NULL */
@@ -143,6 +147,7 @@ struct qf_cuda_ctx {
     int graph_nctx;        /* while [0] is captured for a longer context: the keys it serves, else 0 */
     bool graph_off;        /* knob no_graph (QF_CUDA_GRAPH=0), or capture failed once */
     long graph_steps;      /* steps replayed from the graph (qf_cuda_info) */
+    long graph_nodes;      /* the last captured graph's nodes (qf_cuda_info) */
     float *dstep, *h_step; /* [cos half | sin half | token | pos]: device, and pinned host staging */
     qf_gpu_topk *dtopk, *h_topk; /* decode_topk's reduction: device, and pinned host (at its first call) */
     void *topk_scr;              /* and launch_topk's scratch */
@@ -1001,6 +1006,7 @@ static void ctx_info(const qf_cuda_ctx *g, qf_cuda_info *out) {
     out->scratch_bytes = g->scratch_bytes;
     out->f16_cache_bytes = g->f16_cache_bytes;
     out->graph_steps = g->graph_steps;
+    out->graph_nodes = g->graph_nodes;
 }
 
 /* which activation w's decode matvec reads (launch_matvec's xq): ACT_Q8_0 (Q4_0, Q8_0: the
@@ -1406,12 +1412,12 @@ done:
     return st;
 }
 
-/* norm_fold (cuda_common.cuh) between the one-token matvec wp (o, down) and wc (q|k|v, or gate|up
- * when gu) over the norm of weight nw: decode of one token, no tap, no family features, the
- * knob on, and both matvecs of the forms it has kernels for */
+/* norm_fold (cuda_common.cuh) between the one-token matvec wp (o, down; NULL: the embedding) and
+ * wc (q|k|v, the output, or gate|up when gu) over the norm of weight nw: decode of one token, no
+ * tap, no family features, the knob on, and both matvecs of the forms it has kernels for */
 static bool fold_norm(const qf_cuda_ctx *g, const qf_tap *tap, int n, const dweight *wp, const dweight *wc, bool gu,
                       const float *nw, norm_fold *nf) {
-    if (!g->norm_fold || n != 1 || tap || g->fam || !fold_prod_ok(wp) || !fold_cons_ok(wc, gu)) return false;
+    if (!g->norm_fold || n != 1 || tap || g->fam || (wp && !fold_prod_ok(wp)) || !fold_cons_ok(wc, gu)) return false;
     nf->ss = g->nss, nf->g = nw, nf->xq = g->xq2, nf->d = g->hp.n_embd, nf->eps = g->hp.rms_eps;
     return true;
 }
@@ -1428,12 +1434,16 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
     qf_status st = QF_OK;
     const int route = g->gemm_f32 ? MM_GEMM_F32 : MM_AUTO;
     prof_mark(g, 0);
-    launch_embed(&g->tok_embd, tok, n, D, g->x, S);
-    if (hp->embd_scale != 1.0f) launch_scale(g->x, (size_t)n * D, hp->embd_scale, S); /* gemma: x sqrt(n_embd) */
-    /* norm_fold: fa (nfa) this layer's attention norm folded into the previous layer's down, ff
-     * (nff) the FFN norm into o; the activation in g->xq2 */
+    /* norm_fold: fa (nfa) this layer's attention norm folded into the previous layer's down (the
+     * first layer's into the embedding), ff (nff) the FFN norm into o; the activation in g->xq2 */
     norm_fold fa = {}, ff = {};
-    bool nfa = false;
+    const dlayer *L0 = hp->n_layer > 0 ? &g->layers[0] : NULL;
+    bool nfa = L0 && L0->wqkv.d && hd % 2 == 0 && !g->rq && D % 32 == 0 && hp->embd_scale == 1.0f &&
+               fold_norm(g, tap, n, NULL, &L0->wqkv, false, L0->attn_norm, &fa);
+    if (nfa) launch_embed_fold(&g->tok_embd, tok, g->x, &fa, S);
+    else launch_embed(&g->tok_embd, tok, n, D, g->x, S);
+    if (hp->embd_scale != 1.0f) launch_scale(g->x, (size_t)n * D, hp->embd_scale, S); /* gemma: x sqrt(n_embd) */
+    g->onf_on = false;
 
     for (int il = 0; il < hp->n_layer; il++) {
         dlayer *L = &g->layers[il];
@@ -1718,7 +1728,10 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             const dlayer *Ln = il + 1 < hp->n_layer ? &g->layers[il + 1] : NULL;
             nfa = Ln && Ln->wqkv.d && hd % 2 == 0 && !g->rq &&
                   fold_norm(g, tap, n, &L->wd, &Ln->wqkv, false, Ln->attn_norm, &fa);
+            /* the last down: the output norm folded into it and the logits matvec (forward_logits) */
+            g->onf_on = !Ln && route == MM_AUTO && fold_norm(g, tap, n, &L->wd, &g->output, false, g->output_norm, &g->onf);
             if (nfa) launch_matvec_fold(&L->wd, g->hb, g->xh, false, g->x, &fa, S);
+            else if (g->onf_on) launch_matvec_fold(&L->wd, g->hb, g->xh, false, g->x, &g->onf, S);
             else if ((st = dev_matmul(g->blas, &L->wd, g->hb, n, g->x, true, route, g->wdeq, g->xh, S, err))) goto done;
         } else {
             if ((st = dev_matmul(g->blas, &L->wg, g->xn, n, g->hb, false, route, g->wdeq, g->xh, S, err))) goto done;
@@ -1856,7 +1869,9 @@ static qf_status forward_logits(qf_cuda_ctx *g, int n, int first, cudaStream_t S
     const int route = g->gemm_f32 ? MM_GEMM_F32 : MM_AUTO;
     qf_status st = QF_OK;
     ensure_h16(g, &g->output, n_out);
-    if (n_out > MATVEC_MAX && route == MM_AUTO && gemm_h_ok(g, &g->output)) {
+    if (g->onf_on && n == 1 && first == 0) /* the last down wrote the norm's activation (forward_layers) */
+        launch_matvec_norm(&g->output, g->logits, false, &g->onf, S);
+    else if (n_out > MATVEC_MAX && route == MM_AUTO && gemm_h_ok(g, &g->output)) {
         launch_rmsnorm(g->x + (size_t)first * D, g->output_norm, n_out, D, hp->rms_eps, NULL, g->xh, S);
         if ((st = dev_gemm_h(g->blas, &g->output, g->xh, n_out, g->logits, false, g->wdeq, err))) goto done;
     } else {
@@ -1928,7 +1943,11 @@ static qf_status forward_graph(qf_cuda_ctx *g, int32_t token, int pos0, float *l
         if (!st) st = forward_logits(g, 1, 0, g->stream, err);
         cu_pdl_set(false);
         cudaError_t e = cudaStreamEndCapture(g->stream, &gr);
-        if (!st && e == cudaSuccess) e = cudaGraphInstantiate(&g->gexec[b], gr, 0);
+        if (!st && e == cudaSuccess) {
+            size_t nn = 0;
+            if (cudaGraphGetNodes(gr, NULL, &nn) == cudaSuccess) g->graph_nodes = (long)nn;
+            e = cudaGraphInstantiate(&g->gexec[b], gr, 0);
+        }
         if (gr) cudaGraphDestroy(gr);
         if (st || e != cudaSuccess) {
             cudaGetLastError(); /* clear */

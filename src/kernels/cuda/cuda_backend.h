@@ -36,8 +36,8 @@ extern "C" {
  * 16: decode_topk and op_topk (qf_generate's sampler reads the logits' top-k, reduced on the device).
  * 17: op_topk loses one_block (one route for every row length: merge levels, no radix select).
  * 18: op_attention's route 4 (route 3 with --kv-rot hadamard folded into k_attn_one).
- * 19: qf_cuda_params gains no_norm_fold. */
-#define QF_CUDA_ABI 19
+ * 19: qf_cuda_params gains no_norm_fold. 20: qf_cuda_info gains graph_nodes. */
+#define QF_CUDA_ABI 20
 
 typedef struct qf_cuda_ctx qf_cuda_ctx;
 typedef struct qf_cuda_awq qf_cuda_awq; /* one AWQ group's search state on the device */
@@ -153,11 +153,13 @@ typedef struct {
     float logit[QF_GPU_TOPK_MAX]; /* and their values */
 } qf_gpu_topk;
 
-/* Sizes the context holds on the GPU (bench), and how many one-token steps replayed the decode
- * graph (tests: that a cache kind runs under the graph, not on the plain launches' fallback). */
+/* Sizes the context holds on the GPU (bench), how many one-token steps replayed the decode
+ * graph (tests: that a cache kind runs under the graph, not on the plain launches' fallback) and
+ * how many nodes that graph has (tests: that a fusion removed its launches). */
 typedef struct {
     size_t weight_bytes, kv_bytes, scratch_bytes, f16_cache_bytes;
     long graph_steps;
+    long graph_nodes; /* the nodes of the decode graph last captured (kernel launches and copies), 0 before */
 } qf_cuda_info;
 
 /* The plugin's function table (libqforge-cuda.so exports qf_cuda_plugin_api). Every pointer

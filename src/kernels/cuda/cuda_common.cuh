@@ -626,9 +626,10 @@ __host__ __device__ static inline act_q act_q_view(void *xq, int n, int K) {
 /* ---- decode's RMSNorm folded into the matvecs around it (knob no_norm_fold: off) ----
  * The q8_0 activation of x g rs (rs = 1 / sqrt(mean(x^2) + eps)) has the quants of x g and
  * steps rs times theirs, so the norm needs no pass of its own. Its producer, the one-token
- * matvec x += W a before it (o, or the layer's down), 32 rows a block, quantizes x g for its 32
- * rows into xq (ACT_Q_BYTES(1, d), unscaled) and writes their sum of squares into ss[block];
- * its consumer, the matvec after it (q|k|v, or gate|up), reads xq as its activation, sums ss
+ * matvec x += W a before it (o, or the layer's down; for the first layer's attention norm the
+ * embedding, launch_embed_fold), 32 rows a block, quantizes x g for its 32 rows into xq
+ * (ACT_Q_BYTES(1, d), unscaled) and writes their sum of squares into ss[block]; its consumer,
+ * the matvec after it (q|k|v, gate|up, or the logits'), reads xq as its activation, sums ss
  * in a fixed order and multiplies its row sums by rs before their end (SiLU(gate) * up for
  * gate|up). Against launch_rmsnorm's activation only roundings differ: the unscaled steps are
  * kept in f32 (not rounded to f16: x g can be small enough for subnormal f16 steps), rs
@@ -688,6 +689,9 @@ bool fold_cons_ok(const dweight *w, bool gu);
 void launch_matvec_fold(const dweight *w, const float *x_in, void *xq, bool ready, float *x, const norm_fold *nf,
                         cudaStream_t s);
 void launch_matvec_norm(const dweight *w, float *y, bool gu, const norm_fold *nf, cudaStream_t s);
+/* norm_fold's producer for the first layer: x = E[tok[0]] (launch_embed's bits, one token) and
+ * nf's activation and sums of squares of it (nf->d % 32 == 0) */
+void launch_embed_fold(const dweight *E, const int32_t *tok, float *x, const norm_fold *nf, cudaStream_t s);
 /* decode gate|up with SiLU(gate) * up fused: hb[n][F] from the [2F][K] weight (xq: scratch as
  * dev_matmul's xh); false when it does not apply (nothing launched) */
 bool launch_matvec_gu(const dweight *w, const float *x, int n, int F, float *hb, void *xq, cudaStream_t s,

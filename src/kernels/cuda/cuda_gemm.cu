@@ -44,6 +44,27 @@ template <int T> __global__ void k_embed(const uint8_t *E, size_t rb, const int3
     deq32<T>(E + (size_t)tok[t] * rb, sb, x + (size_t)t * d + sb * 32);
 }
 
+/* One token's embedding as norm_fold's producer (the first layer's attention norm): x = E[tok],
+ * one warp a 32-block (deq32 into shared memory, then a value a lane), that block of x g
+ * quantized into nf.xq and its sum of squares into each of nf.ss's NF_REP copies, as
+ * mv1_finish_fold writes them */
+template <int T> __global__ void k_embed_fold(const uint8_t *E, size_t rb, const int32_t *tok, float *x, norm_fold nf) {
+    __shared__ float v[4][32];
+    pdl_trigger();
+    pdl_wait();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sb = (int)blockIdx.x * 4 + warp;
+    if (sb >= nf.d / 32) return;
+    if (lane == 0) deq32<T>(E + (size_t)tok[0] * rb, sb, v[warp]);
+    __syncwarp();
+    const int r = sb * 32 + lane;
+    const float xr = v[warp][lane];
+    x[r] = xr;
+    const act_q a = act_q_view(nf.xq, 1, nf.d);
+    quant_q8_warp(xr * __ldg(nf.g + r), lane, a.qs + r, a.xd + sb, a.xs + sb, false);
+    const float s2 = warp_sum(xr * xr);
+    if (lane < NF_REP) nf.ss[lane * (nf.d / 32) + sb] = s2;
+}
+
 /* y[t][r] (+)= sum_k W[r][k] x[t][k]; one warp per output row, lanes stride over sub-blocks */
 template <int T>
 __global__ void k_matvec(const uint8_t *W, size_t rb, int K, int N, const float *x, int n, float *y, int accumulate) {
@@ -557,17 +578,35 @@ __device__ static inline uint4 ld_stream16(const void *p, uint64_t pol) {
 #endif
     return r;
 }
-/* the end of a grouped kernel: part sums of warp w, row j in red[w][j] */
-template <int R, int W, int P, bool GU>
-__device__ static inline void mv1_finish(const float *acc, int warp, int lane, int r0, int N, float *y,
-                                         int accumulate) {
-    __shared__ float red[W * P][R];
+/* the grouped kernels' part sums: warp w's sum of row j into red[w][j], then the block joined */
+template <int R>
+__device__ static __forceinline__ void mv1_parts(const float *acc, int warp, int lane, float (*red)[R]) {
 #pragma unroll
     for (int j = 0; j < R; j++) {
         const float v = warp_sum(acc[j]);
         if (lane == 0) red[warp][j] = v;
     }
     __syncthreads();
+}
+/* a consumer's rs = 1 / sqrt(mean(x^2) + eps) from the producer's sums of squares, copy
+ * blockIdx % NF_REP (every lane the same value: a fixed order) */
+__device__ static inline float norm_fold_rs(const norm_fold &nf, int lane) {
+    float t = 0.0f;
+    const float *ss = nf.ss + (blockIdx.x % NF_REP) * (nf.d / 32);
+    for (int i = lane; i < nf.d / 32; i += 32) t += ss[i];
+    return 1.0f / sqrtf(warp_sum(t) / nf.d + nf.eps);
+}
+/* the end of a grouped kernel: part sums of warp w, row j in red[w][j] */
+template <int R, int W, int P, bool GU, bool RS = false>
+__device__ static inline void mv1_finish(const float *acc, int warp, int lane, int r0, int N, float *y,
+                                         int accumulate, const norm_fold *nfp = nullptr) {
+    __shared__ float red[W * P][R];
+    mv1_parts<R>(acc, warp, lane, red);
+    float rs = 1.0f;
+    if constexpr (RS) {
+        if (warp % P || (GU && warp != 0)) return;
+        rs = norm_fold_rs(*nfp, lane);
+    }
     if (warp % P || lane >= R) return;
     const int r = r0 + lane;
     if (GU) {
@@ -575,12 +614,14 @@ __device__ static inline void mv1_finish(const float *acc, int warp, int lane, i
         float g = 0.0f, u = 0.0f;
         for (int p = 0; p < P; p++) g += red[p][lane];
         for (int p = 0; p < P; p++) u += red[P + p][lane];
+        if constexpr (RS) g *= rs, u *= rs;
         y[r] = g / (1.0f + expf(-g)) * u;
         return;
     }
     if (r >= N) return;
     float v = 0.0f;
     for (int p = 0; p < P; p++) v += red[warp + p][lane];
+    if constexpr (RS) v *= rs;
     y[r] = accumulate ? y[r] + v : v;
 }
 /* the first output row of warp group grp (GU: both groups share it, gate rows and up rows) */
@@ -596,12 +637,7 @@ template <int R, int W, int P>
 __device__ static inline void mv1_finish_fold(const float *acc, int warp, int lane, float *x, const norm_fold &nf) {
     static_assert(W * R == 32, "a producer block's rows are one q8_0 block");
     __shared__ float red[W * P][R];
-#pragma unroll
-    for (int j = 0; j < R; j++) {
-        const float v = warp_sum(acc[j]);
-        if (lane == 0) red[warp][j] = v;
-    }
-    __syncthreads();
+    mv1_parts<R>(acc, warp, lane, red);
     if (warp) return;
     const int grp = lane / R, j = lane % R, r = (int)blockIdx.x * 32 + lane;
     float v = 0.0f;
@@ -612,14 +648,6 @@ __device__ static inline void mv1_finish_fold(const float *acc, int warp, int la
     quant_q8_warp(xr * __ldg(nf.g + r), lane, a.qs + r, a.xd + blockIdx.x, a.xs + blockIdx.x, false);
     const float s2 = warp_sum(xr * xr);
     if (lane < NF_REP) nf.ss[lane * (nf.d / 32) + blockIdx.x] = s2; /* NF_REP copies */
-}
-/* a consumer's rs = 1 / sqrt(mean(x^2) + eps) from the producer's sums of squares, copy
- * blockIdx % NF_REP (every lane the same value: a fixed order) */
-__device__ static inline float norm_fold_rs(const norm_fold &nf, int lane) {
-    float t = 0.0f;
-    const float *ss = nf.ss + (blockIdx.x % NF_REP) * (nf.d / 32);
-    for (int i = lane; i < nf.d / 32; i += 32) t += ss[i];
-    return 1.0f / sqrtf(warp_sum(t) / nf.d + nf.eps);
 }
 /* NF (W R = 32, no GU): the producer of nf (y is the residual x, accumulated); else nf.ss set:
  * a consumer, its row sums times rs before their end */
@@ -682,12 +710,17 @@ __global__ void __launch_bounds__(W * P * 32)
     if constexpr (NF) {
         mv1_finish_fold<R, W, P>(acc, warp, lane, y, nf);
     } else {
+#ifdef QF_RS_FINISH
+        if (nf.ss) mv1_finish<R, W, P, GU, true>(acc, warp, lane, r0, N, y, accumulate, &nf);
+        else mv1_finish<R, W, P, GU>(acc, warp, lane, r0, N, y, accumulate);
+#else
         if (nf.ss) {
             const float rs = norm_fold_rs(nf, lane);
 #pragma unroll
             for (int j = 0; j < R; j++) acc[j] *= rs;
         }
         mv1_finish<R, W, P, GU>(acc, warp, lane, r0, N, y, accumulate);
+#endif
     }
 }
 template <bool BF16, int R, int U, int W, int P, bool GU>
@@ -1443,6 +1476,11 @@ void launch_dequant(const dweight *w, void *dst, bool f32, cudaStream_t s) {
 void launch_embed(const dweight *E, const int32_t *tok, int n, int d, float *x, cudaStream_t s) {
     QF_TYPE_DISPATCH(dw_type(E), (cu_launch(k_embed<TT>, dim3(nblk((size_t)n * (d / 32), 128)), dim3(128), 0, s,
                                             (const uint8_t *)E->d, E->row_bytes, tok, n, d, x)));
+}
+
+void launch_embed_fold(const dweight *E, const int32_t *tok, float *x, const norm_fold *nf, cudaStream_t s) {
+    QF_TYPE_DISPATCH(dw_type(E), (cu_launch(k_embed_fold<TT>, dim3(nblk((size_t)(nf->d / 32), 4)), dim3(128), 0, s,
+                                            (const uint8_t *)E->d, E->row_bytes, tok, x, *nf)));
 }
 
 /* y[n][N] (+)= x[n][K] . W^T on device buffers; wdeq/xh are scratch of the right sizes */
