@@ -597,16 +597,11 @@ __device__ static inline float norm_fold_rs(const norm_fold &nf, int lane) {
     return 1.0f / sqrtf(warp_sum(t) / nf.d + nf.eps);
 }
 /* the end of a grouped kernel: part sums of warp w, row j in red[w][j] */
-template <int R, int W, int P, bool GU, bool RS = false>
+template <int R, int W, int P, bool GU>
 __device__ static inline void mv1_finish(const float *acc, int warp, int lane, int r0, int N, float *y,
-                                         int accumulate, const norm_fold *nfp = nullptr) {
+                                         int accumulate) {
     __shared__ float red[W * P][R];
     mv1_parts<R>(acc, warp, lane, red);
-    float rs = 1.0f;
-    if constexpr (RS) {
-        if (warp % P || (GU && warp != 0)) return;
-        rs = norm_fold_rs(*nfp, lane);
-    }
     if (warp % P || lane >= R) return;
     const int r = r0 + lane;
     if (GU) {
@@ -614,14 +609,12 @@ __device__ static inline void mv1_finish(const float *acc, int warp, int lane, i
         float g = 0.0f, u = 0.0f;
         for (int p = 0; p < P; p++) g += red[p][lane];
         for (int p = 0; p < P; p++) u += red[P + p][lane];
-        if constexpr (RS) g *= rs, u *= rs;
         y[r] = g / (1.0f + expf(-g)) * u;
         return;
     }
     if (r >= N) return;
     float v = 0.0f;
     for (int p = 0; p < P; p++) v += red[warp + p][lane];
-    if constexpr (RS) v *= rs;
     y[r] = accumulate ? y[r] + v : v;
 }
 /* the first output row of warp group grp (GU: both groups share it, gate rows and up rows) */
@@ -710,17 +703,12 @@ __global__ void __launch_bounds__(W * P * 32)
     if constexpr (NF) {
         mv1_finish_fold<R, W, P>(acc, warp, lane, y, nf);
     } else {
-#ifdef QF_RS_FINISH
-        if (nf.ss) mv1_finish<R, W, P, GU, true>(acc, warp, lane, r0, N, y, accumulate, &nf);
-        else mv1_finish<R, W, P, GU>(acc, warp, lane, r0, N, y, accumulate);
-#else
         if (nf.ss) {
             const float rs = norm_fold_rs(nf, lane);
 #pragma unroll
             for (int j = 0; j < R; j++) acc[j] *= rs;
         }
         mv1_finish<R, W, P, GU>(acc, warp, lane, r0, N, y, accumulate);
-#endif
     }
 }
 template <bool BF16, int R, int U, int W, int P, bool GU>
