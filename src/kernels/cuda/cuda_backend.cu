@@ -1421,6 +1421,13 @@ static bool fold_norm(const qf_cuda_ctx *g, const qf_tap *tap, int n, const dwei
     nf->ss = g->nss, nf->g = nw, nf->xq = g->xq2, nf->d = g->hp.n_embd, nf->eps = g->hp.rms_eps;
     return true;
 }
+/* fold_norm of layer Ln's attention norm (NULL: none), its fused q|k|v the consumer where that
+ * layer's decode takes the fused route (forward_layers' dqkv then decides) */
+static bool fold_attn_norm(const qf_cuda_ctx *g, const qf_tap *tap, int n, const dweight *wp, const dlayer *Ln,
+                           norm_fold *nf) {
+    return Ln && Ln->wqkv.d && g->hp.head_dim % 2 == 0 && !g->rq &&
+           fold_norm(g, tap, n, wp, &Ln->wqkv, false, Ln->attn_norm, nf);
+}
 
 /* The layers of one decode call, from the embedding to the last layer's residual in g->x, on
  * stream S. rc, rs, tok: the call's RoPE tables and tokens on the device. dpos set (graph
@@ -1437,9 +1444,8 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
     /* norm_fold: fa (nfa) this layer's attention norm folded into the previous layer's down (the
      * first layer's into the embedding), ff (nff) the FFN norm into o; the activation in g->xq2 */
     norm_fold fa = {}, ff = {};
-    const dlayer *L0 = hp->n_layer > 0 ? &g->layers[0] : NULL;
-    bool nfa = L0 && L0->wqkv.d && hd % 2 == 0 && !g->rq && D % 32 == 0 && hp->embd_scale == 1.0f &&
-               fold_norm(g, tap, n, NULL, &L0->wqkv, false, L0->attn_norm, &fa);
+    bool nfa = D % 32 == 0 && hp->embd_scale == 1.0f &&
+               fold_attn_norm(g, tap, n, NULL, hp->n_layer > 0 ? &g->layers[0] : NULL, &fa);
     if (nfa) launch_embed_fold(&g->tok_embd, tok, g->x, &fa, S);
     else launch_embed(&g->tok_embd, tok, n, D, g->x, S);
     if (hp->embd_scale != 1.0f) launch_scale(g->x, (size_t)n * D, hp->embd_scale, S); /* gemma: x sqrt(n_embd) */
@@ -1726,8 +1732,7 @@ static qf_status forward_layers(qf_cuda_ctx *g, const qf_tap *tap, int n, int po
             prof_mark(g, 0);
             /* the next layer's attention norm folded into down (producer) and its q|k|v (consumer) */
             const dlayer *Ln = il + 1 < hp->n_layer ? &g->layers[il + 1] : NULL;
-            nfa = Ln && Ln->wqkv.d && hd % 2 == 0 && !g->rq &&
-                  fold_norm(g, tap, n, &L->wd, &Ln->wqkv, false, Ln->attn_norm, &fa);
+            nfa = fold_attn_norm(g, tap, n, &L->wd, Ln, &fa);
             /* the last down: the output norm folded into it and the logits matvec (forward_logits) */
             g->onf_on = !Ln && route == MM_AUTO && fold_norm(g, tap, n, &L->wd, &g->output, false, g->output_norm, &g->onf);
             if (nfa) launch_matvec_fold(&L->wd, g->hb, g->xh, false, g->x, &fa, S);

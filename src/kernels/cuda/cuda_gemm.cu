@@ -44,10 +44,20 @@ template <int T> __global__ void k_embed(const uint8_t *E, size_t rb, const int3
     deq32<T>(E + (size_t)tok[t] * rb, sb, x + (size_t)t * d + sb * 32);
 }
 
+/* A producer's end of norm_fold (cuda_common.cuh) for one 32-block b of x, a warp's 32 lanes
+ * holding its new values in order (xr: this lane's): x[32 b + lane] = xr, x g quantized into
+ * nf.xq (quant_q8_warp, the step kept in f32) and the block's sum of squares into each of
+ * nf.ss's NF_REP copies. k_embed_fold's and mv1_finish_fold's. */
+__device__ static inline void nf_store_block(float xr, int b, int lane, float *x, const norm_fold &nf) {
+    const int r = b * 32 + lane;
+    x[r] = xr;
+    const act_q a = act_q_view(nf.xq, 1, nf.d);
+    quant_q8_warp(xr * __ldg(nf.g + r), lane, a.qs + r, a.xd + b, a.xs + b, false);
+    const float s2 = warp_sum(xr * xr);
+    if (lane < NF_REP) nf.ss[lane * (nf.d / 32) + b] = s2; /* NF_REP copies */
+}
 /* One token's embedding as norm_fold's producer (the first layer's attention norm): x = E[tok],
- * one warp a 32-block (deq32 into shared memory, then a value a lane), that block of x g
- * quantized into nf.xq and its sum of squares into each of nf.ss's NF_REP copies, as
- * mv1_finish_fold writes them */
+ * one warp a 32-block (deq32 into shared memory, then a value a lane), then nf_store_block */
 template <int T> __global__ void k_embed_fold(const uint8_t *E, size_t rb, const int32_t *tok, float *x, norm_fold nf) {
     __shared__ float v[4][32];
     pdl_trigger();
@@ -56,13 +66,7 @@ template <int T> __global__ void k_embed_fold(const uint8_t *E, size_t rb, const
     if (sb >= nf.d / 32) return;
     if (lane == 0) deq32<T>(E + (size_t)tok[0] * rb, sb, v[warp]);
     __syncwarp();
-    const int r = sb * 32 + lane;
-    const float xr = v[warp][lane];
-    x[r] = xr;
-    const act_q a = act_q_view(nf.xq, 1, nf.d);
-    quant_q8_warp(xr * __ldg(nf.g + r), lane, a.qs + r, a.xd + sb, a.xs + sb, false);
-    const float s2 = warp_sum(xr * xr);
-    if (lane < NF_REP) nf.ss[lane * (nf.d / 32) + sb] = s2;
+    nf_store_block(v[warp][lane], sb, lane, x, nf);
 }
 
 /* y[t][r] (+)= sum_k W[r][k] x[t][k]; one warp per output row, lanes stride over sub-blocks */
@@ -622,25 +626,19 @@ template <int R, int W, bool GU> __device__ static inline int mv1_r0(int grp) {
     return GU ? (int)blockIdx.x * R : ((int)blockIdx.x * W + grp) * R;
 }
 /* The end of a producer of norm_fold (cuda_common.cuh): the block's W R = 32 rows are one q8_0
- * block of x. Their sums as mv1_finish adds them (parts in order), x[r] += the sum (the
- * accumulating store's bits), then warp 0 quantizes x g for the 32 rows (quant_q8_warp, the step
- * kept in f32) into nf.xq and writes the rows' sum of squares into each of nf.ss's NF_REP
- * copies. */
+ * block of x. Their sums as mv1_finish adds them (parts in order), x[r] + the sum (the
+ * accumulating store's bits), then warp 0 stores the block (nf_store_block). */
 template <int R, int W, int P>
 __device__ static inline void mv1_finish_fold(const float *acc, int warp, int lane, float *x, const norm_fold &nf) {
     static_assert(W * R == 32, "a producer block's rows are one q8_0 block");
     __shared__ float red[W * P][R];
     mv1_parts<R>(acc, warp, lane, red);
     if (warp) return;
-    const int grp = lane / R, j = lane % R, r = (int)blockIdx.x * 32 + lane;
+    const int grp = lane / R, j = lane % R;
     float v = 0.0f;
     for (int p = 0; p < P; p++) v += red[grp * P + p][j];
-    const float xr = x[r] + v;
-    x[r] = xr;
-    const act_q a = act_q_view(nf.xq, 1, nf.d);
-    quant_q8_warp(xr * __ldg(nf.g + r), lane, a.qs + r, a.xd + blockIdx.x, a.xs + blockIdx.x, false);
-    const float s2 = warp_sum(xr * xr);
-    if (lane < NF_REP) nf.ss[lane * (nf.d / 32) + blockIdx.x] = s2; /* NF_REP copies */
+    const int b = (int)blockIdx.x;
+    nf_store_block(x[b * 32 + lane] + v, b, lane, x, nf);
 }
 /* NF (W R = 32, no GU): the producer of nf (y is the residual x, accumulated); else nf.ss set:
  * a consumer, its row sums times rs before their end */
