@@ -3,7 +3,7 @@
  *   build/bench/bench_gpu MODEL.gguf [--corpus TEXT] [--chunks 4] [-c 512] [--kv f16] [--kv-v MODE]
  *       [--device cuda|cpu] (--kv: the cache mode of K and V, --kv-v: V's if it differs)
  *       [--prefill-only]   (with QF_CUDA_PROFILE=1 the backend prints GPU time per stage at exit;
- *                           every QF_CUDA_* knob of the CLI is read here too, see tools/cli.h)
+ *                           every QF_CUDA_* knob of the CLI is read here too, see tools/cuda_env.h)
  *       [--decode-steps N] [--decode-pos P] (decode: N single-token steps after a P-token prefill)
  *       [--sampler]        (decode: also the step qforge generate takes, the sampler three ways)
  *       [--int8 LAYOUT]    (bind a synthetic kv-int8 payload, every scale 0.05, LAYOUT static |
@@ -37,6 +37,7 @@
 #include "qforge/model.h"
 #include "qforge/ppl.h"
 #include "qforge/tokenizer.h"
+#include "../tools/cuda_env.h"
 #include "engine/gpu.h"
 #include "engine/sample.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -102,18 +103,9 @@ int main(int argc, char **argv) {
     const qf_hparams *hp = qf_model_hparams(m);
     qf_context_params p = qf_context_default_params();
     p.n_ctx = n_ctx;
-    {   /* the CLI's QF_CUDA_* defaults (tools/cli_util.c's cli_cuda_env) */
+    cli_cuda_env(&p.cuda); /* the CLI's QF_CUDA_* defaults */
+    {
         const char *v;
-        if ((v = getenv("QF_CUDA_GEMM")) && !strcmp(v, "f32")) p.cuda.gemm_f32 = true;
-        if ((v = getenv("QF_CUDA_ATTN")) && !strcmp(v, "warp")) p.cuda.attn_warp = true;
-        if ((v = getenv("QF_CUDA_GU16")) && !strcmp(v, "1")) p.cuda.gu16 = true;
-        if ((v = getenv("QF_CUDA_F16_CACHE")) && !strcmp(v, "0")) p.cuda.no_f16_cache = true;
-        if ((v = getenv("QF_CUDA_PROFILE")) && atoi(v) > 0) p.cuda.profile = true;
-        if ((v = getenv("QF_CUDA_GRAPH")) && !strcmp(v, "0")) p.cuda.no_graph = true;
-        if ((v = getenv("QF_CUDA_PDL")) && !strcmp(v, "0")) p.cuda.no_pdl = true;
-        if ((v = getenv("QF_CUDA_Q4G")) && !strcmp(v, "0")) p.cuda.no_q4_regroup = true;
-        if ((v = getenv("QF_CUDA_I8_EXPAND")) && !strcmp(v, "1")) p.cuda.i8_expand = true;
-        if ((v = getenv("QF_CUDA_NORM_FOLD")) && !strcmp(v, "0")) p.cuda.no_norm_fold = true;
         if ((v = getenv("QF_KV_ROT")) && !strcmp(v, "hadamard")) p.kv_rot = QF_KV_ROT_HADAMARD;
     }
     if (!qf_kv_mode_from_name(kvs, &p.kv_k) || !qf_kv_mode_from_name(kvvs ? kvvs : kvs, &p.kv_v) ||

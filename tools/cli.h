@@ -11,6 +11,7 @@
 #include "qforge/error.h"
 #include "qforge/model.h"
 #include "qforge/run.h"
+#include "cuda_env.h" /* cli_cuda_env */
 
 /* Print "qforge <cmd>: error: <StatusName>: <message>" to stderr; return the exit code. */
 int cli_fail(const char *cmd, const qf_error *e);
@@ -46,10 +47,6 @@ typedef struct {
  * context it is certified at (qf_run_open refuses that without the flag); nothing otherwise. */
 void cli_warn_uncertified_ctx(const char *cmd, const qf_run *run);
 
-/* The CUDA backend's knobs from the environment (the CLI's defaults; the library never reads
- * it): QF_CUDA_GEMM=f32, QF_CUDA_ATTN=warp, QF_CUDA_GU16=1, QF_CUDA_F16_CACHE=0,
- * QF_CUDA_PROFILE=1. */
-void cli_cuda_env(qf_cuda_params *k);
 /* A path flag given twice (-m, --artifact, --trust-key) is refused, never "last one wins". */
 int cli_engine_flag(int argc, char **argv, int *i, cli_engine_opts *o, char *msg, size_t cap);
 

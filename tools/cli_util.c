@@ -192,16 +192,3 @@ void cli_warn_uncertified_ctx(const char *cmd, const qf_run *run) {
             cmd, qf_context_params_get(run->ctx)->n_ctx, run->certified_ctx);
 }
 
-void cli_cuda_env(qf_cuda_params *k) {
-    const char *v;
-    if ((v = getenv("QF_CUDA_GEMM")) && strcmp(v, "f32") == 0) k->gemm_f32 = true;
-    if ((v = getenv("QF_CUDA_ATTN")) && strcmp(v, "warp") == 0) k->attn_warp = true;
-    if ((v = getenv("QF_CUDA_GU16")) && strcmp(v, "1") == 0) k->gu16 = true;
-    if ((v = getenv("QF_CUDA_F16_CACHE")) && strcmp(v, "0") == 0) k->no_f16_cache = true;
-    if ((v = getenv("QF_CUDA_PROFILE")) && atoi(v) > 0) k->profile = true;
-    if ((v = getenv("QF_CUDA_GRAPH")) && strcmp(v, "0") == 0) k->no_graph = true;
-    if ((v = getenv("QF_CUDA_PDL")) && strcmp(v, "0") == 0) k->no_pdl = true;
-    if ((v = getenv("QF_CUDA_Q4G")) && strcmp(v, "0") == 0) k->no_q4_regroup = true;
-    if ((v = getenv("QF_CUDA_I8_EXPAND")) && strcmp(v, "1") == 0) k->i8_expand = true;
-    if ((v = getenv("QF_CUDA_NORM_FOLD")) && strcmp(v, "0") == 0) k->no_norm_fold = true;
-}
