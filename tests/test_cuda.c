@@ -1216,12 +1216,15 @@ TEST(e2e_decode_graph) {
         const int nv = hp->n_vocab;
         float *lg = malloc((size_t)n1 * nv * 4), *lp = malloc((size_t)n1 * nv * 4), *lc = malloc((size_t)n1 * nv * 4),
               *lf = malloc((size_t)n1 * nv * 4);
-        /* the q4_0 cache and the last f16 one under --kv-rot hadamard (power-of-two head_dim); the
-         * last two K in q8_0 with V in q4_0, and K in q4_0 with V in q8_0 */
-        const qf_kv_mode kvs[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_F32, QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0};
-        const qf_kv_mode kvv[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_F32, QF_KV_F16, QF_KV_Q4_0, QF_KV_Q8_0};
+        /* the q4_0 cache and the last f16 one under --kv-rot hadamard (power-of-two head_dim); then
+         * K in q8_0 with V in q4_0, K in q4_0 with V in q8_0, and one stream f16 with the other
+         * q8_0 or q4_0 (k_attn_split_h with an f16 and a block stream) */
+        const qf_kv_mode kvs[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_F32, QF_KV_F16,
+                                  QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_F16, QF_KV_Q4_0};
+        const qf_kv_mode kvv[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_F32, QF_KV_F16,
+                                  QF_KV_Q4_0, QF_KV_Q8_0, QF_KV_Q8_0, QF_KV_F16};
         const bool wide = hp->n_embd >= 2048; /* its slow CPU reference: two cache modes */
-        for (int k = 0; k < (wide ? 2 : 7); k++) {
+        for (int k = 0; k < (wide ? 2 : 9); k++) {
             const qf_kv_rot rot =
                 (k == 2 || k == 4) && (hp->head_dim & (hp->head_dim - 1)) == 0 ? QF_KV_ROT_HADAMARD : QF_KV_ROT_NONE;
             if (k == 4 && !rot) continue;

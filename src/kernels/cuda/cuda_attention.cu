@@ -823,6 +823,20 @@ template <typename F> static void qz_modes(qf_kv_mode mk, qf_kv_mode mv, F f) {
     }
 }
 
+/* f(ZK, ZV) for K and V each f16 (0), q8_0 or q4_0, not both f16, as std::integral_constant values:
+ * k_attn_split_h's QZ and QV */
+template <typename F> static void hq_modes(qf_kv_mode mk, qf_kv_mode mv, F f) {
+    using F16 = std::integral_constant<int, 0>;
+    using Q8 = std::integral_constant<int, QF_KV_Q8_0>;
+    using Q4 = std::integral_constant<int, QF_KV_Q4_0>;
+    if (kv_qz(mk) && kv_qz(mv)) qz_modes(mk, mv, f);
+    else if (mk == QF_KV_F16) {
+        if (mv == QF_KV_Q8_0) f(F16{}, Q8{});
+        else f(F16{}, Q4{});
+    } else if (mk == QF_KV_Q8_0) f(Q8{}, F16{});
+    else f(Q4{}, F16{});
+}
+
 /* ---- q8_0 / q4_0 rows read straight from global memory by k_attn_split_h<G, HD, false, QZ, QV> ----
  * A lane's bytes of a block (2-byte aligned: blocks are 34 or 18 bytes) as NW words, and its codes
  * as kv_elem gives them: q8_0 the signed bytes, q4_0 the low (hi false) or high nibbles less 8,
@@ -1548,7 +1562,9 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
      * instead of k_attn_split_g's kv_elem an element: on the H100, 8B q4_0 decode with a q8_0
      * cache at positions 4000.. 245.0 -> 394.9 tok/s, at 16000.. 99.2 -> 293.1 (docs/gpu.md
      * "Session 41") */
-    const bool vq = grouped && kv_qz(mk) && kv_qz(mv) && (hd == 64 || hd == 128) &&
+    /* (and where one of K, V is f16 and the other q8_0 or q4_0: the f16 stream as vh reads it) */
+    const bool vq = grouped && (kv_qz(mk) || mk == QF_KV_F16) && (kv_qz(mv) || mv == QF_KV_F16) &&
+                    !(mk == QF_KV_F16 && mv == QF_KV_F16) && (hd == 64 || hd == 128) &&
                     (G == 1 || G == 2 || G == 3 || G == 4 || G == 8) && hsm <= 48 * 1024 && ((uintptr_t)K % 16) == 0 &&
                     ((uintptr_t)V % 16) == 0 && rbk == kv_row_bytes(mk, hd) && rbv == kv_row_bytes(mv, hd) &&
                     ((uintptr_t)q % 16) == 0;
@@ -1626,7 +1642,7 @@ bool launch_attention_split(qf_kv_mode mk, qf_kv_mode mv, const float *q, const 
         });
     else if (vq)
         by_shape([&](auto GG, auto HH) {
-            qz_modes(mk, mv, [&](auto ZK, auto ZV) {
+            hq_modes(mk, mv, [&](auto ZK, auto ZV) {
                 cu_launch(k_attn_split_h<GG.value, HH.value, false, ZK.value, ZV.value>, grid, dim3(SPLIT_WARPS * 32), hsm,
                           s, q, K, V, rbk, rbv, pos0, n_head, n_head_kv, scale, n, dpos, part, (int)early, f, attn_i8{});
             });
