@@ -45,14 +45,15 @@ template <int T> __global__ void k_embed(const uint8_t *E, size_t rb, const int3
 }
 
 /* A producer's end of norm_fold (cuda_common.cuh) for one 32-block b of x, a warp's 32 lanes
- * holding its new values in order (xr: this lane's): x[32 b + lane] = xr, x g quantized into
- * nf.xq (quant_q8_warp, the step kept in f32) and the block's sum of squares into each of
- * nf.ss's NF_REP copies. k_embed_fold's and mv1_finish_fold's. */
-__device__ static inline void nf_store_block(float xr, int b, int lane, float *x, const norm_fold &nf) {
+ * holding its new values in order (xr: this lane's, gr: the norm's weight g[32 b + lane], read
+ * by the caller): x[32 b + lane] = xr, x g quantized into nf.xq (quant_q8_warp, the step kept in
+ * f32) and the block's sum of squares into each of nf.ss's NF_REP copies. Stores only.
+ * k_embed_fold's and mv1_finish_fold's. */
+__device__ static inline void nf_store_block(float xr, float gr, int b, int lane, float *x, const norm_fold &nf) {
     const int r = b * 32 + lane;
     x[r] = xr;
     const act_q a = act_q_view(nf.xq, 1, nf.d);
-    quant_q8_warp(xr * __ldg(nf.g + r), lane, a.qs + r, a.xd + b, a.xs + b, false);
+    quant_q8_warp(xr * gr, lane, a.qs + r, a.xd + b, a.xs + b, false);
     const float s2 = warp_sum(xr * xr);
     if (lane < NF_REP) nf.ss[lane * (nf.d / 32) + b] = s2; /* NF_REP copies */
 }
@@ -66,7 +67,7 @@ template <int T> __global__ void k_embed_fold(const uint8_t *E, size_t rb, const
     if (sb >= nf.d / 32) return;
     if (lane == 0) deq32<T>(E + (size_t)tok[0] * rb, sb, v[warp]);
     __syncwarp();
-    nf_store_block(v[warp][lane], sb, lane, x, nf);
+    nf_store_block(v[warp][lane], __ldg(nf.g + sb * 32 + lane), sb, lane, x, nf);
 }
 
 /* y[t][r] (+)= sum_k W[r][k] x[t][k]; one warp per output row, lanes stride over sub-blocks */
@@ -626,10 +627,12 @@ template <int R, int W, bool GU> __device__ static inline int mv1_r0(int grp) {
     return GU ? (int)blockIdx.x * R : ((int)blockIdx.x * W + grp) * R;
 }
 /* The end of a producer of norm_fold (cuda_common.cuh): the block's W R = 32 rows are one q8_0
- * block of x. Their sums as mv1_finish adds them (parts in order), x[r] + the sum (the
- * accumulating store's bits), then warp 0 stores the block (nf_store_block). */
+ * block of x. Their sums as mv1_finish adds them (parts in order), xo + the sum (xo: warp 0's
+ * lane's x[32 b + lane] as read before, so the accumulating store's bits), then warp 0 stores the
+ * block (nf_store_block, gr: g[32 b + lane], also read before). */
 template <int R, int W, int P>
-__device__ static inline void mv1_finish_fold(const float *acc, int warp, int lane, float *x, const norm_fold &nf) {
+__device__ static inline void mv1_finish_fold(const float *acc, int warp, int lane, float *x, const norm_fold &nf,
+                                              float xo, float gr) {
     static_assert(W * R == 32, "a producer block's rows are one q8_0 block");
     __shared__ float red[W * P][R];
     mv1_parts<R>(acc, warp, lane, red);
@@ -637,8 +640,7 @@ __device__ static inline void mv1_finish_fold(const float *acc, int warp, int la
     const int grp = lane / R, j = lane % R;
     float v = 0.0f;
     for (int p = 0; p < P; p++) v += red[grp * P + p][j];
-    const int b = (int)blockIdx.x;
-    nf_store_block(x[b * 32 + lane] + v, b, lane, x, nf);
+    nf_store_block(xo + v, gr, (int)blockIdx.x, lane, x, nf);
 }
 /* NF (W R = 32, no GU): the producer of nf (y is the residual x, accumulated); else nf.ss set:
  * a consumer, its row sums times rs before their end */
@@ -678,7 +680,15 @@ __global__ void __launch_bounds__(W * P * 32)
             }
     };
     load(b0); /* weights only: before the activations exist */
+    /* NF: warp 0's lane's x and g of the block's 32 rows, read at the start so that the block
+     * ends in stores only (a load at its end is an L2 round trip the wave waits on). On the
+     * H100, 8B q4_0 decode at positions 1..256: 1.016x the loads at the end, and 1.03x with
+     * k_attn_one's softmax in phase 3 (docs/gpu.md "Session 46"). g is a weight (never written);
+     * x is the residual, final once the wait returns, and only this block writes its 32 rows */
+    float xo = 0.0f, gr = 0.0f;
+    if (NF && warp == 0) gr = __ldg(nf.g + blockIdx.x * 32 + lane);
     pdl_wait();
+    if (NF && warp == 0) xo = y[blockIdx.x * 32 + lane];
     for (;;) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -699,7 +709,7 @@ __global__ void __launch_bounds__(W * P * 32)
         load(b0);
     }
     if constexpr (NF) {
-        mv1_finish_fold<R, W, P>(acc, warp, lane, y, nf);
+        mv1_finish_fold<R, W, P>(acc, warp, lane, y, nf, xo, gr);
     } else {
         if (nf.ss) {
             const float rs = norm_fold_rs(nf, lane);
