@@ -1047,9 +1047,14 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
  * it, and the block writes the final output (and the o matvec's q8_0 activation) itself, so
  * neither the split kernel nor the merge has work. Phase 1: HD / 16 lanes a key, each two
  * 8-element chunks of the row (chunks sub and sub + HD / 16: for f16 two 16-byte words,
- * conflict-free), the dot reduced across the key's lanes. Phase 2: the max and sum p = exp(s - M)
- * over the block. Phase 3: thread (key group kg, 8-dim chunk d8) sums p v over keys kg, kg + NKG,
- * ..., the key groups summed in order through shared memory; out = o * (1 / l) as k_attn_merge.
+ * conflict-free), the dot reduced across the key's lanes, each key group keeping its running
+ * max; the block's max M from each warp's (one barrier). Phase 3: thread (key group kg, 8-dim
+ * chunk d8) forms p = exp(s - M) where it uses it and sums p v over keys kg, kg + NKG, ..., and
+ * p into the group's l; the key groups' sums (and l's) added in order through shared memory, out
+ * = o * (1 / l) as k_attn_merge. So two block barriers follow phase 1, where a softmax phase of
+ * its own (max, exp in place, block sum) took about six: on the H100, 8B q4_0 decode at positions
+ * 1..256, 1.03x the step with the producers' early loads (k_mv1_q4g), 1.00x without them
+ * (docs/gpu.md "Session 46"). 512 threads a block (16 warps): 256 ran the step at 0.996x.
  * Blocks of a GQA group each rotate the group's K row themselves; the group's first block writes
  * K and V to the cache. Shared memory holds tmax rows (a graph's longest position). On the H100,
  * 8B q4_0 decode at positions 1..256: 1.06x the step of split-K and merge (docs/gpu.md "Session
@@ -1063,8 +1068,11 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32)
  * rows are rotated in f32 (hadamard_warp: k_hadamard's values) before K and V are stored, in any
  * of the three modes: on the H100, 8B q4_0 at positions 1..256, 1.16x (f16) to 1.21x (q4_0) the
  * step of the separate launches. */
-#define ONE_THREADS 256
-/* the most keys k_attn_one takes: what fits about 138 KiB of shared memory (one_smem) with f16
+#define ONE_THREADS 512
+/* shared floats after the key groups' sums: each warp's max (phase 1), then each key group's l
+ * (phase 3; NKG <= ONE_THREADS / 8 at HD >= 64) */
+#define ONE_SC (ONE_THREADS / 32 + ONE_THREADS / 8)
+/* the most keys k_attn_one takes: what fits about 146 KiB of shared memory (one_smem) with f16
  * rows; q8_0 and q4_0 take as many */
 template <int HD> constexpr int one_keys() { return HD == 64 ? 512 : 256; }
 /* bytes of one (token, kv head) row in mode M, and its stride in shared memory (16-byte aligned) */
@@ -1074,7 +1082,7 @@ template <int HD, int M> __host__ __device__ constexpr int one_rb() {
 template <int HD, int M> __host__ __device__ constexpr int one_rbs() { return (one_rb<HD, M>() + 15) / 16 * 16; }
 template <int HD, int MK, int MV> static size_t one_smem(int tmax) {
     constexpr int NKG = ONE_THREADS / (HD / 8);
-    return (size_t)tmax * (one_rbs<HD, MK>() + one_rbs<HD, MV>()) + (size_t)(tmax + HD + NKG * HD + 32) * sizeof(float);
+    return (size_t)tmax * (one_rbs<HD, MK>() + one_rbs<HD, MV>()) + (size_t)(tmax + HD + NKG * HD + ONE_SC) * sizeof(float);
 }
 
 /* elements [8c, 8c + 8) of a row staged in mode M, as kv_elem<M> gives them (q8_0 / q4_0:
@@ -1181,9 +1189,9 @@ __global__ void __launch_bounds__(ONE_THREADS)
                 one_copy<CWV>(const_cast<uint8_t *>(V) + ((size_t)pos0 * n_head_kv + kh) * rbv + (x - PERK) * CWV,
                               Vs + (size_t)pos0 * RBSV + (x - PERK) * CWV);
         }
-    /* phase 1: S[t] = q . k_t * scale */
+    /* phase 1: S[t] = q . k_t * scale, and mloc the max over this thread's keys */
     const int sub = tid % LPK, t1 = tid / LPK;
-    float qv[16];
+    float qv[16], mloc = -INFINITY;
 #pragma unroll
     for (int u = 0; u < 2; u++)
 #pragma unroll
@@ -1200,44 +1208,38 @@ __global__ void __launch_bounds__(ONE_THREADS)
 #pragma unroll
         for (int o = LPK / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
         if (sub == 0 && t < T) S[t] = a * scale;
+        if (t < T) mloc = fmaxf(mloc, a * scale);
     }
-    __syncthreads();
-    /* phase 2: M = max s, p = exp(s - M) in place, l = sum p */
-    float m = -INFINITY;
-    for (int t = tid; t < T; t += ONE_THREADS) m = fmaxf(m, S[t]);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) sc[tid / 32] = m;
-    __syncthreads();
-    m = sc[0];
+    /* M = the max over the block: each warp's into sc, then all of them read by every thread */
+    for (int o = 16; o > 0; o >>= 1) mloc = fmaxf(mloc, __shfl_xor_sync(0xffffffffu, mloc, o));
+    if (lane == 0) sc[tid / 32] = mloc;
+    __syncthreads(); /* S and the warps' maxima */
+    float m = sc[0];
 #pragma unroll
     for (int w = 1; w < ONE_THREADS / 32; w++) m = fmaxf(m, sc[w]);
-    float l = 0.0f;
-    for (int t = tid; t < T; t += ONE_THREADS) {
-        const float p = expf(S[t] - m);
-        S[t] = p;
-        l += p;
-    }
-    __syncthreads(); /* sc read by all before block_sum reuses it; S's p for phase 3 */
-    l = block_sum(l, sc);
-    /* phase 3: acc[0..8) = sum over this key group's keys of p_t v_t[8 d8 ..] */
+    /* phase 3: acc[0..8) = sum over this key group's keys of p_t v_t[8 d8 ..], p_t = exp(s_t - M)
+     * formed here, lg = the group's sum of p */
     const int d8 = tid % NC8, kg = tid / NC8;
-    float acc[8];
+    float acc[8], lg = 0.0f;
 #pragma unroll
     for (int k = 0; k < 8; k++) acc[k] = 0.0f;
     for (int t = kg; t < T; t += NKG) {
         float vf[8];
         one_load8<MV>(Vs + (size_t)t * RBSV, d8, vf);
-        const float p = S[t];
+        const float p = expf(S[t] - m);
+        lg += p;
 #pragma unroll
         for (int k = 0; k < 8; k++) acc[k] += p * vf[k];
     }
 #pragma unroll
     for (int k = 0; k < 8; k++) red[kg * HD + 8 * d8 + k] = acc[k];
+    if (d8 == 0) sc[ONE_THREADS / 32 + kg] = lg;
     __syncthreads();
     float o = 0.0f;
-    if (tid < HD) {
+    if (tid < HD) { /* the key groups in order: their sums and their l */
+        float l = 0.0f;
 #pragma unroll 4
-        for (int g = 0; g < NKG; g++) o += red[g * HD + tid];
+        for (int g = 0; g < NKG; g++) o += red[g * HD + tid], l += sc[ONE_THREADS / 32 + g];
         o = o * (1.0f / l);
     }
     /* the cache's rows rotated: the output rotated back (qs is free since phase 1) */
@@ -1249,7 +1251,8 @@ __global__ void __launch_bounds__(ONE_THREADS)
     if (aq.qs) quant_q8_warp(o, tid % 32, aq.qs + at, aq.xd + at / 32, aq.xs + at / 32);
 }
 #define ONE_SMEM_MAX (227 * 1024) /* sm_90: 227 KiB of shared memory a block */
-/* The shared memory a k_attn_one block takes, whatever tmax needs: 138 KiB. Measured on the
+/* The shared memory a k_attn_one block takes: what tmax needs, and at least 138 KiB (256 keys
+ * of f16 rows at head_dim 128 need 146 KiB with 512 threads' key groups). Measured on the
  * H100 (8B q4_0 decode at positions 1..128, docs/gpu.md "Session 40"): the 73 KiB that 128 keys
  * need ran the step at 0.87x of 138 KiB, 164 KiB at 0.99x, 207 KiB (or 138 with the carveout
  * preference at 100%) at 0.91x. Below half an SM's 228 KiB two blocks can share an SM; above
