@@ -1223,8 +1223,10 @@ TEST(e2e_decode_graph) {
                                   QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_F16, QF_KV_Q4_0};
         const qf_kv_mode kvv[] = {QF_KV_F16, QF_KV_Q8_0, QF_KV_Q4_0, QF_KV_F32, QF_KV_F16,
                                   QF_KV_Q4_0, QF_KV_Q8_0, QF_KV_Q8_0, QF_KV_F16};
+        _Static_assert(sizeof kvs == sizeof kvv, "a V mode for every K mode");
+        const int n_kv = (int)(sizeof kvs / sizeof kvs[0]);
         const bool wide = hp->n_embd >= 2048; /* its slow CPU reference: two cache modes */
-        for (int k = 0; k < (wide ? 2 : 9); k++) {
+        for (int k = 0; k < (wide ? 2 : n_kv); k++) {
             const qf_kv_rot rot =
                 (k == 2 || k == 4) && (hp->head_dim & (hp->head_dim - 1)) == 0 ? QF_KV_ROT_HADAMARD : QF_KV_ROT_NONE;
             if (k == 4 && !rot) continue;
