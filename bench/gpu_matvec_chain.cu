@@ -7,7 +7,7 @@
  * prints each shape's time against a pure read of the same bytes, and the whole chain's time as
  * a share of the 4.8 TB/s bound (bench_gpu's). docs/gpu.md "Session 18" has the H200 numbers.
  *   make build/bench/gpu_matvec_chain        (needs nvcc; not part of `all`)
- *   build/bench/gpu_matvec_chain [TINY] [f16|q4] [nopf|bulk|l2pf|cpa|occ|hyb]  (TINY: 1-block kernels per layer, default 0)
+ *   build/bench/gpu_matvec_chain [TINY] [f16|q4] [nopf|bulk|l2pf|cpa|occ|hyb|dyn]  (TINY: 1-block kernels per layer, default 0)
  * Then (q4_0) the same step as ONE persistent kernel: the matvecs (and the TINY one-block
  * phases, run by block 0) as phases separated by a grid barrier (an arrival counter and a
  * generation flag), 2 to 16 blocks per SM, with and without an L2 prefetch of the next
@@ -29,6 +29,12 @@
  * With "hyb" (q4_0; docs/gpu.md "Session 39"): the graph4 step against the same step in which
  * each kernel that follows a one-block kernel polls a flag that block stores (release) instead
  * of griddepcontrol.wait; kernels after a matvec still wait by PDL (k_tiny_h, k_q4h).
+ * With "dyn" (q4_0; docs/gpu.md "Session 49"): the graph4 step against one persistent kernel with
+ * a done counter a phase instead of grid barriers (k_dyn): tiles claimed in order from an atomic
+ * counter (1, 2 or 4 row groups each) or a static round robin; each tile's first weights loaded
+ * before it waits for the previous phase; the last two rows (static, claimed 2) held to 7 blocks
+ * an SM, the shipped kernel's. R4 row groups for every shape (-DQF_DYN_ONE=0: R2 for down, as
+ * shipped, at 156 registers).
  * A standalone program: it links nothing of qforge; its matvecs are the experiment's copies (the
  * shipped ones are cuda_gemm.cu's k_mv1_q4g / k_mv1_h), its norm is cuda_norm.cu's, included. */
 #include <cuda_runtime.h>
@@ -337,6 +343,79 @@ __global__ void __launch_bounds__(W * P * 32) k_persist(const phase *ph, int nph
                 }
         }
         gbar(bar, bar + 1);
+    }
+}
+
+// ---- dyn: the same step as one persistent kernel without grid barriers. Each phase (a matvec
+// or a one-block stand-in) has a done counter; a tile of phase p loads its first weights, then
+// waits (acquire) until phase p - 1's counter is complete, computes, stores and adds one to its
+// own counter (release). DYN: tiles of CH row groups claimed in order from one atomic counter
+// (the claim order makes it deadlock-free with every block resident); static: row group g of
+// every phase taken by block (tstart + g) % gridDim.x, continuing the round robin across phases,
+// each block adding one to the counter once it has done all of its row groups of the phase.
+// (The weights and activations are the bench's stand-ins; a real kernel would read its inputs
+// after the acquire through the coherent path, not ld.global.nc.) ----
+#ifndef QF_DYN_ONE
+#define QF_DYN_ONE 1 /* 0: R2 row groups for down as the shipped kernel (two shapes: 156 registers, not 70) */
+#endif
+struct dphase { const uint8_t *w; size_t rb; int K, N; int tiny; int ngr, ntile, tstart; unsigned target; };
+template <int CH>
+__device__ __forceinline__ void dyn_tile(const dphase &P_, int g0, int g1, const int8_t *__restrict__ xq,
+                                         const float *__restrict__ xd, const int *__restrict__ xs, float *y, float *yt,
+                                         const unsigned *wc, unsigned wt, int ns) {
+    if (P_.tiny) {
+        fwait(wc, wt, ns);
+        for (int i = threadIdx.x; i < P_.tiny; i += blockDim.x) yt[i] = yt[i] * 0.5f + 1.f;
+        return;
+    }
+    for (int g = g0; g < g1; g++) {
+        if (QF_DYN_ONE) /* one instantiation: R4 for every shape, down too */
+            mv_rows<4, 2, 2, 2, 2, 2>(P_.w, P_.rb, P_.K, P_.N, xq, xd, xs, y, g, g == g0 ? wc : nullptr, wt, ns);
+        else if (P_.K >= 8192) {
+            if (g == g0) mv_rows<2, 2, 2, 2, 2, 2>(P_.w, P_.rb, P_.K, P_.N, xq, xd, xs, y, g, wc, wt, ns);
+            else mv_rows<2, 2, 2, 2, 2, 0>(P_.w, P_.rb, P_.K, P_.N, xq, xd, xs, y, g);
+        } else {
+            if (g == g0) mv_rows<4, 2, 2, 2, 2, 2>(P_.w, P_.rb, P_.K, P_.N, xq, xd, xs, y, g, wc, wt, ns);
+            else mv_rows<4, 2, 2, 2, 2, 0>(P_.w, P_.rb, P_.K, P_.N, xq, xd, xs, y, g);
+        }
+        __syncthreads(); /* group_store's shared sums are reused by the next row group */
+    }
+}
+template <int CH, bool DYN, int MINB>
+__global__ void __launch_bounds__(128, MINB) k_dyn(const dphase *__restrict__ ph, int nph, int total,
+                                             const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                                             const int *__restrict__ xs, float *y, float *yt, unsigned *ctr, int ns) {
+    unsigned *done = ctr + 1;
+    if (DYN) {
+        __shared__ int s_t;
+        int p = 0;
+        for (;;) {
+            if (threadIdx.x == 0) s_t = (int)atomicAdd(ctr, 1u);
+            __syncthreads();
+            const int t = s_t;
+            __syncthreads();
+            if (t >= total) return;
+            while (p + 1 < nph && t >= ph[p + 1].tstart) p++;
+            const dphase P_ = ph[p];
+            const int lt = t - P_.tstart, g0 = lt * CH, g1 = min(g0 + CH, P_.ngr);
+            dyn_tile<CH>(P_, g0, g1, xq, xd, xs, y, yt, p ? done + p - 1 : nullptr, p ? ph[p - 1].target : 0, ns);
+            fsignal(done + p);
+        }
+    } else {
+        const int G = gridDim.x;
+        for (int p = 0; p < nph; p++) {
+            const dphase P_ = ph[p];
+            /* this block's first row group of the phase: the g with (tstart + g) % G == blockIdx.x */
+            int g = ((int)blockIdx.x - P_.tstart % G + G) % G;
+            if (g >= P_.ngr) continue;
+            const unsigned *wc = p ? done + p - 1 : nullptr;
+            const unsigned wt = p ? ph[p - 1].target : 0;
+            for (; g < P_.ngr; g += G) {
+                dyn_tile<1>(P_, g, g + 1, xq, xd, xs, y, yt, wc, wt, ns);
+                wc = nullptr; /* waited once */
+            }
+            fsignal(done + p);
+        }
     }
 }
 
@@ -797,6 +876,72 @@ int main(int argc, char **argv) {
                 printf("graph4 %-18s (%2d / %2d blocks an SM) %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n", c.name, o4, o2, ms,
                        1000 / ms, bytes / (ms * 1e-3) / 4.8e12 * 100);
             }
+        return 0;
+    }
+
+    // dyn (third argument): the graph4 step as shipped (PDL), with and without its one-block
+    // kernels, against k_dyn (one persistent kernel, counters instead of barriers and launches)
+    if (!F16 && argc > 3 && !strcmp(argv[3], "dyn")) {
+        g_pdl = true;
+        auto ship = [&](const mat &m) { ship_launch(m, s); };
+        for (int tn : {4, 0}) { /* one-block phases a layer: graph4's 4, or none */
+            std::vector<dphase> hp;
+            int tot = 0;
+            auto add = [&](const mat *m, int ch) {
+                dphase d = {};
+                if (m) d.w = m->w, d.rb = m->rb, d.K = m->K, d.N = m->N, d.ngr = (m->N + (m->K >= 8192 && !QF_DYN_ONE ? 4 : 8) - 1) / (m->K >= 8192 && !QF_DYN_ONE ? 4 : 8);
+                else d.tiny = D, d.ngr = 1;
+                d.ntile = (d.ngr + ch - 1) / ch, d.tstart = tot;
+                tot += d.ntile;
+                hp.push_back(d);
+            };
+            for (int cm = 0; cm < 6; cm++) { /* ch 0: static round robin; CH row groups a claimed tile */
+                const int ch = cm < 4 ? cm : cm == 4 ? 0 : 2, mb = cm < 4 ? 1 : 7; /* mb: __launch_bounds__'s minimum */
+                hp.clear(), tot = 0;
+                const int c = ch ? ch : 1;
+                for (int l = 0; l < L; l++) {
+                    if (tn) add(nullptr, c);
+                    add(&qkv[l], c);
+                    if (tn) add(nullptr, c), add(nullptr, c);
+                    add(&wo[l], c);
+                    if (tn) add(nullptr, c);
+                    add(&gu[l], c), add(&dn[l], c);
+                }
+                add(&lm, c);
+                const void *kf = mb == 7 ? (ch == 0 ? (const void *)k_dyn<1, false, 7> : (const void *)k_dyn<2, true, 7>)
+                               : ch == 0 ? (const void *)k_dyn<1, false, 1> : ch == 1 ? (const void *)k_dyn<1, true, 1>
+                               : ch == 2 ? (const void *)k_dyn<2, true, 1> : (const void *)k_dyn<4, true, 1>;
+                int occ = 0;
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kf, 128, 0);
+                const int G = g_nsm * occ;
+                for (auto &d : hp) d.target = ch ? (unsigned)d.ntile : (unsigned)(d.ngr < G ? d.ngr : G);
+                const int nph = (int)hp.size(), nc = nph + 1;
+                dphase *dph; unsigned *ctr;
+                CKE(cudaMalloc(&dph, hp.size() * sizeof(dphase)));
+                CKE(cudaMemcpy(dph, hp.data(), hp.size() * sizeof(dphase), cudaMemcpyHostToDevice));
+                CKE(cudaMalloc(&ctr, nc * 4));
+                for (int ns : {0, 64}) {
+                    g_pdl = false;
+                    float ms = time_graph([&] {
+                        CKE(cudaMemsetAsync(ctr, 0, nc * 4, s));
+                        void *a[] = {(void *)&dph, (void *)&nph, &tot, (void *)&xq, (void *)&xd, (void *)&xs, &y, &yt, &ctr, &ns};
+                        launch(kf, (unsigned)G, 128, a, s); }, 20);
+                    g_pdl = true;
+                    CKE(cudaGetLastError());
+                    printf("dyn one-block %d a layer, %s %d, ns %2d, %4d blocks (%d an SM): %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n",
+                           tn, ch ? "claimed CH" : "static    ", c, ns, G, occ, ms, 1000 / ms, bytes / (ms * 1e-3) / 4.8e12 * 100);
+                }
+                cudaFree(dph), cudaFree(ctr);
+            }
+            for (int rep = 0; rep < 2; rep++) {
+                float ms = time_graph([&] {
+                    void *ta[] = {&yt, (void *)&D};
+                    graph4w(ship, [&] { if (tn) launch((const void *)k_tiny, 1, 256, ta, s); }); }, 20);
+                CKE(cudaGetLastError());
+                printf("graph4 shipped (PDL), one-block %d a layer:                      %.3f ms  %.1f tok/s  %.1f%% of 4.8 TB/s bound\n",
+                       tn, ms, 1000 / ms, bytes / (ms * 1e-3) / 4.8e12 * 100);
+            }
+        }
         return 0;
     }
 
