@@ -896,7 +896,7 @@ int main(int argc, char **argv) {
                 hp.push_back(d);
             };
             for (int cm = 0; cm < 6; cm++) { /* ch 0: static round robin; CH row groups a claimed tile */
-                const int ch = cm < 4 ? cm : cm == 4 ? 0 : 2, mb = cm < 4 ? 1 : 7; /* mb: __launch_bounds__'s minimum */
+                const int ch = cm < 3 ? cm : cm == 3 ? 4 : cm == 4 ? 0 : 2, mb = cm < 4 ? 1 : 7; /* mb: __launch_bounds__'s minimum */
                 hp.clear(), tot = 0;
                 const int c = ch ? ch : 1;
                 for (int l = 0; l < L; l++) {
