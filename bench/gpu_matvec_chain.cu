@@ -359,7 +359,6 @@ __global__ void __launch_bounds__(W * P * 32) k_persist(const phase *ph, int nph
 #define QF_DYN_ONE 1 /* 0: R2 row groups for down as the shipped kernel (two shapes: 156 registers, not 70) */
 #endif
 struct dphase { const uint8_t *w; size_t rb; int K, N; int tiny; int ngr, ntile, tstart; unsigned target; };
-template <int CH>
 __device__ __forceinline__ void dyn_tile(const dphase &P_, int g0, int g1, const int8_t *__restrict__ xq,
                                          const float *__restrict__ xd, const int *__restrict__ xs, float *y, float *yt,
                                          const unsigned *wc, unsigned wt, int ns) {
@@ -398,7 +397,7 @@ __global__ void __launch_bounds__(128, MINB) k_dyn(const dphase *__restrict__ ph
             while (p + 1 < nph && t >= ph[p + 1].tstart) p++;
             const dphase P_ = ph[p];
             const int lt = t - P_.tstart, g0 = lt * CH, g1 = min(g0 + CH, P_.ngr);
-            dyn_tile<CH>(P_, g0, g1, xq, xd, xs, y, yt, p ? done + p - 1 : nullptr, p ? ph[p - 1].target : 0, ns);
+            dyn_tile(P_, g0, g1, xq, xd, xs, y, yt, p ? done + p - 1 : nullptr, p ? ph[p - 1].target : 0, ns);
             fsignal(done + p);
         }
     } else {
@@ -411,7 +410,7 @@ __global__ void __launch_bounds__(128, MINB) k_dyn(const dphase *__restrict__ ph
             const unsigned *wc = p ? done + p - 1 : nullptr;
             const unsigned wt = p ? ph[p - 1].target : 0;
             for (; g < P_.ngr; g += G) {
-                dyn_tile<1>(P_, g, g + 1, xq, xd, xs, y, yt, wc, wt, ns);
+                dyn_tile(P_, g, g + 1, xq, xd, xs, y, yt, wc, wt, ns);
                 wc = nullptr; /* waited once */
             }
             fsignal(done + p);
@@ -889,14 +888,23 @@ int main(int argc, char **argv) {
             int tot = 0;
             auto add = [&](const mat *m, int ch) {
                 dphase d = {};
-                if (m) d.w = m->w, d.rb = m->rb, d.K = m->K, d.N = m->N, d.ngr = (m->N + (m->K >= 8192 && !QF_DYN_ONE ? 4 : 8) - 1) / (m->K >= 8192 && !QF_DYN_ONE ? 4 : 8);
-                else d.tiny = D, d.ngr = 1;
+                if (m) {
+                    const int rows = m->K >= 8192 && !QF_DYN_ONE ? 4 : 8; /* a row group: W x R rows */
+                    d.w = m->w, d.rb = m->rb, d.K = m->K, d.N = m->N, d.ngr = (m->N + rows - 1) / rows;
+                } else
+                    d.tiny = D, d.ngr = 1;
                 d.ntile = (d.ngr + ch - 1) / ch, d.tstart = tot;
                 tot += d.ntile;
                 hp.push_back(d);
             };
-            for (int cm = 0; cm < 6; cm++) { /* ch 0: static round robin; CH row groups a claimed tile */
-                const int ch = cm < 3 ? cm : cm == 3 ? 4 : cm == 4 ? 0 : 2, mb = cm < 4 ? 1 : 7; /* mb: __launch_bounds__'s minimum */
+            /* ch 0: static round robin, else ch row groups a claimed tile; mb: __launch_bounds__'s minimum */
+            struct dcase { int ch, mb; const void *kf; };
+            const dcase cs[] = {{0, 1, (const void *)k_dyn<1, false, 1>}, {1, 1, (const void *)k_dyn<1, true, 1>},
+                                {2, 1, (const void *)k_dyn<2, true, 1>},  {4, 1, (const void *)k_dyn<4, true, 1>},
+                                {0, 7, (const void *)k_dyn<1, false, 7>}, {2, 7, (const void *)k_dyn<2, true, 7>}};
+            for (const dcase &dc : cs) {
+                const int ch = dc.ch;
+                const void *kf = dc.kf;
                 hp.clear(), tot = 0;
                 const int c = ch ? ch : 1;
                 for (int l = 0; l < L; l++) {
@@ -908,9 +916,6 @@ int main(int argc, char **argv) {
                     add(&gu[l], c), add(&dn[l], c);
                 }
                 add(&lm, c);
-                const void *kf = mb == 7 ? (ch == 0 ? (const void *)k_dyn<1, false, 7> : (const void *)k_dyn<2, true, 7>)
-                               : ch == 0 ? (const void *)k_dyn<1, false, 1> : ch == 1 ? (const void *)k_dyn<1, true, 1>
-                               : ch == 2 ? (const void *)k_dyn<2, true, 1> : (const void *)k_dyn<4, true, 1>;
                 int occ = 0;
                 cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kf, 128, 0);
                 const int G = g_nsm * occ;
